@@ -1,0 +1,109 @@
+"""`hearth`: one typer app. Each command imports its subsystem lazily, so `hearth serve`
+never imports torch and `hearth bench` never imports the web stack.
+
+Each command's body only parses arguments and hands them to the subsystem's entry point
+(named in the command); the behaviour lives there, with its tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="hearth: kernels, benchmarks, fine-tune, gateway and companion app.")
+corpus_app = typer.Typer(no_args_is_help=True, help="Build the envelope fine-tune corpus.")
+app.add_typer(corpus_app, name="corpus")
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@app.command()
+def bench(
+    ops: Annotated[Optional[list[str]], typer.Argument(help="ops to run (default: every op in hearth.kernels)")] = None,
+    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bfloat16, float16, float32 (repeatable)")] = None,
+    mode: Annotated[Optional[list[str]], typer.Option("--mode", help="fwd, bwd or full (repeatable)")] = None,
+    providers: Annotated[Optional[list[str]], typer.Option("--providers", help="hearth, eager, compile, liger, vendor (repeatable)")] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="sweep preset (small|default|headline) or a comma list of the op's size knob")] = None,
+    out: Annotated[Path, typer.Option("--out", help="output folder for JSONL, Markdown and PNG")] = Path("benchmarks/latest"),
+    check: Annotated[bool, typer.Option("--check", help="tiny sizes on the CPU under TRITON_INTERPRET=1: validates checks, formulas and writers")] = False,
+) -> None:
+    """Benchmark hearth's kernels against fused peers: time AND peak memory."""
+    from hearth.bench.runner import main
+
+    raise typer.Exit(main(ops=ops, dtypes=dtype, modes=mode, providers=providers, sizes=sizes, out=out, check=check))
+
+
+@app.command()
+def inspect(
+    op: Annotated[str, typer.Argument(help="op whose Triton kernels to compile and read (e.g. matmul, attention)")],
+    shape: Annotated[Optional[str], typer.Option("--shape", help="problem shape, e.g. 4096x4096x4096")] = None,
+    dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+) -> None:
+    """Compile an op's kernels for this GPU and report its instruction mix (tensor cores, registers, spills)."""
+    from hearth.inspect import main
+
+    raise typer.Exit(main(op=op, shape=shape, dtype=dtype))
+
+
+# ----------------------------------------------------------------------------------------- model
+@corpus_app.command("build")
+def corpus_build(
+    input: Annotated[Path, typer.Argument(help="conversation JSONL (see docs/corpus.md)")],
+    out_dir: Annotated[Path, typer.Argument(help="where to write the supervised examples")],
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="local path of the tuned model's tokenizer")] = None,
+) -> None:
+    """Turn conversations into chat examples whose assistant turns are envelopes."""
+    from hearth.train.corpus import build_command
+
+    raise typer.Exit(build_command(input=input, out_dir=out_dir, tokenizer=tokenizer))
+
+
+@app.command("eval")
+def eval_(
+    suite: Annotated[str, typer.Argument(help="companion, feed, analysts or all")],
+    base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")],
+    model: Annotated[str, typer.Option("--model")],
+    api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="environment variable holding the API key")] = None,
+    extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON merged into each request body")] = None,
+    json_schema: Annotated[bool, typer.Option("--json-schema/--no-json-schema", help="send response_format json_schema")] = False,
+    threshold: Annotated[float, typer.Option("--threshold", help="minimum pass fraction; exit 1 below it")] = 1.0,
+    report: Annotated[Optional[Path], typer.Option("--report", help="JSON report path")] = None,
+) -> None:
+    """Score envelope validity at production prompt size against any OpenAI-compatible endpoint."""
+    from hearth.evals.runner import main
+
+    raise typer.Exit(
+        main(suite=suite, base_url=base_url, model=model, api_key_env=api_key_env, extra_body=extra_body,
+             json_schema=json_schema, threshold=threshold, report=report)
+    )
+
+
+# ----------------------------------------------------------------------------------------- services
+@app.command()
+def gateway(
+    config: Annotated[Path, typer.Option("--config", help="gateway TOML file")],
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8400,
+) -> None:
+    """Serve the warm-gated provider chain as an OpenAI-compatible API."""
+    from hearth.gateway.server import main
+
+    raise typer.Exit(main(config=config, host=host, port=port))
+
+
+@app.command()
+def serve(
+    config: Annotated[Optional[Path], typer.Option("--config", help="TOML file (providers, app settings)")] = None,
+    database_url: Annotated[Optional[str], typer.Option("--database-url", help="default: a SQLite file under ./var/")] = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8000,
+) -> None:
+    """Run the companion app (SQLite by default, PostgreSQL by URL)."""
+    from hearth.app.main import serve as run
+
+    raise typer.Exit(run(config=config, database_url=database_url, host=host, port=port))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
