@@ -20,18 +20,23 @@ app.add_typer(corpus_app, name="corpus")
 # ----------------------------------------------------------------------------------------- kernels
 @app.command()
 def bench(
-    ops: Annotated[Optional[list[str]], typer.Argument(help="ops to run (default: every op in hearth.kernels)")] = None,
+    ops: Annotated[Optional[list[str]], typer.Argument(help="ops to run (default: every op in hearth.kernels, plus swiglu_mlp)")] = None,
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bfloat16, float16, float32 (repeatable)")] = None,
     mode: Annotated[Optional[list[str]], typer.Option("--mode", help="fwd, bwd or full (repeatable)")] = None,
-    providers: Annotated[Optional[list[str]], typer.Option("--providers", help="hearth, eager, compile, liger, vendor (repeatable)")] = None,
-    sizes: Annotated[Optional[str], typer.Option("--sizes", help="sweep preset (small|default|headline) or a comma list of the op's size knob")] = None,
-    out: Annotated[Path, typer.Option("--out", help="output folder for JSONL, Markdown and PNG")] = Path("benchmarks/latest"),
+    providers: Annotated[Optional[list[str]], typer.Option("--providers", help="hearth, eager, compile, liger, vendor, cublas, sdpa_flash, sdpa_cudnn, torch_lce (repeatable)")] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="headline (TARGETS.md shapes; default) | sweep | small | a comma list of the op's size knob")] = None,
+    out: Annotated[Path, typer.Option("--out", help="output folder for results.jsonl, Markdown and PNG (rows are merged into an existing results.jsonl)")] = Path("benchmarks/latest"),
     check: Annotated[bool, typer.Option("--check", help="tiny sizes on the CPU under TRITON_INTERPRET=1: validates checks, formulas and writers")] = False,
+    report_only: Annotated[bool, typer.Option("--report-only", help="run nothing: rebuild the reports from OUT/results.jsonl (+ --merge folders)")] = False,
+    merge: Annotated[Optional[list[Path]], typer.Option("--merge", help="folder whose results.jsonl is merged into OUT (repeatable)")] = None,
+    budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="seconds at most per op (default: an equal share of the total)")] = None,
+    total_budget_s: Annotated[float, typer.Option("--total-budget-s", help="seconds for the whole run; cases past it are recorded as skipped")] = 450.0,
 ) -> None:
     """Benchmark hearth's kernels against fused peers: time AND peak memory."""
     from hearth.bench.runner import main
 
-    raise typer.Exit(main(ops=ops, dtypes=dtype, modes=mode, providers=providers, sizes=sizes, out=out, check=check))
+    raise typer.Exit(main(ops=ops, dtypes=dtype, modes=mode, providers=providers, sizes=sizes, out=out, check=check,
+                          report_only=report_only, merge=merge, budget_s=budget_s, total_budget_s=total_budget_s))
 
 
 @app.command()
@@ -39,11 +44,12 @@ def inspect(
     op: Annotated[str, typer.Argument(help="op whose Triton kernels to compile and read (e.g. matmul, attention)")],
     shape: Annotated[Optional[str], typer.Option("--shape", help="problem shape, e.g. 4096x4096x4096")] = None,
     dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the per-kernel report as JSON here")] = None,
 ) -> None:
     """Compile an op's kernels for this GPU and report its instruction mix (tensor cores, registers, spills)."""
     from hearth.inspect import main
 
-    raise typer.Exit(main(op=op, shape=shape, dtype=dtype))
+    raise typer.Exit(main(op=op, shape=shape, dtype=dtype, json_out=json_out))
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -69,13 +75,17 @@ def eval_(
     json_schema: Annotated[bool, typer.Option("--json-schema/--no-json-schema", help="send response_format json_schema")] = False,
     threshold: Annotated[float, typer.Option("--threshold", help="minimum pass fraction; exit 1 below it")] = 1.0,
     report: Annotated[Optional[Path], typer.Option("--report", help="JSON report path")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="max_tokens per reply (0: do not send)")] = 1024,
+    timeout: Annotated[float, typer.Option("--timeout", help="wall-clock seconds per call")] = 120.0,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="calls in flight at once")] = 4,
 ) -> None:
     """Score envelope validity at production prompt size against any OpenAI-compatible endpoint."""
     from hearth.evals.runner import main
 
     raise typer.Exit(
         main(suite=suite, base_url=base_url, model=model, api_key_env=api_key_env, extra_body=extra_body,
-             json_schema=json_schema, threshold=threshold, report=report)
+             json_schema=json_schema, threshold=threshold, report=report, max_tokens=max_tokens or None,
+             timeout_s=timeout, concurrency=concurrency)
     )
 
 

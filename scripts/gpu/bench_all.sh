@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The headline benchmark on one H200: every op (or the ops given as arguments) at the TARGETS.md
+# shapes, all providers, one process per op (a kernel that corrupts the CUDA context then spoils
+# only its own op), rows merged into one results.jsonl, everything tarred into one file in $OUT.
+#
+#   run (device tool), from the repo root, carrying .whl:
+#     bash scripts/gpu/bench_all.sh                      # all ops, < 8 min
+#     bash scripts/gpu/bench_all.sh softmax rms_norm     # a subset; merge later on the workstation:
+#     hearth bench --report-only --out benchmarks/h200 --merge <unpacked dir 1> --merge <unpacked dir 2>
+#
+# Env: OUT (required), BUDGET_S (total seconds for the benchmark, default 420), BENCH_ARGS (extra
+# arguments for every `hearth bench` call, e.g. "--dtype float16").
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${OUT:?set OUT to the folder that comes back}"
+BUDGET_S=${BUDGET_S:-420}
+export PYTHONPATH=src
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
+fi
+ops=("$@")
+[ ${#ops[@]} -gt 0 ] || ops=(softmax cross_entropy linear_cross_entropy rms_norm layer_norm rope swiglu swiglu_mlp attention matmul)
+dest="$OUT/bench"
+mkdir -p "$dest"
+{ nvidia-smi; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv; } > "$dest/nvidia-smi.txt" 2>&1 || true
+start=$SECONDS
+rc=0
+for i in "${!ops[@]}"; do
+  left=$(( BUDGET_S - (SECONDS - start) ))
+  share=$(( left / (${#ops[@]} - i) ))
+  [ $share -ge 10 ] || share=10
+  echo "=== ${ops[$i]}: ${share} s budget ($left s left) ==="
+  # shellcheck disable=SC2086
+  python3 -m hearth.cli bench "${ops[$i]}" --sizes headline --out "$dest" --total-budget-s "$share" ${BENCH_ARGS:-} \
+    >> "$dest/bench.log" 2>&1
+  r=$?
+  [ $r -eq 0 ] || { echo "  exit $r (see bench.log)"; rc=$r; }
+  tail -n 20 "$dest/bench.log" | grep -E "^${ops[$i]} " | tail -n 8
+done
+tar -czf "$OUT/bench-results.tgz" -C "$OUT" bench && rm -rf "$dest"
+echo "total $(( SECONDS - start )) s; results: bench-results.tgz (unpack: tar -xzf bench-results.tgz)"
+exit $rc

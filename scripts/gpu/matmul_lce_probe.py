@@ -1,0 +1,215 @@
+"""GPU probe for hearth's matmul and linear_cross_entropy (run on a CUDA machine, < 3 minutes).
+
+    python scripts/gpu/matmul_lce_probe.py [--out benchmarks/probe] [--skip-lce] [--skip-inspect]
+
+1. matmul: correctness against fp32 (every size, and the backward's transposed-view launches), then
+   TFLOP/s = 2*M*N*K / time against cuBLAS (torch.mm) at 4096^3, 8192^3 and odd sizes; which kernel
+   ran (tma / pointer). Target: >= 0.97x cuBLAS at 4096^3 and 8192^3 bf16.
+2. linear_cross_entropy fwd+bwd (bf16): loss and gradients against eager PyTorch, median ms
+   (triton.testing.do_bench, warmup 25, rep 100, gradients reset each call) and extra peak memory
+   during one call: TOTAL (everything the call allocated, weight gradient included, LESSON 8) and
+   ACTIVATION (total minus the [V, H] and [N, H] gradients that any implementation allocates).
+   Targets: N=8192 H=4096 V=131072 <= 38 ms, <= +128 MiB; H=5120 V=151936 <= 55 ms trainable,
+   <= 36 ms frozen, <= +160 MiB.
+3. `hearth inspect matmul`: tensor-core instructions in the compiled kernels.
+Writes OUT/matmul_lce_probe.json and OUT/matmul_lce_probe.png (GPU name, versions, date inside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+MiB = 1 << 20
+
+
+def bench(fn, grad_to_none=None) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+
+
+def probe_matmul(rows: list) -> None:
+    from hearth.kernels import matmul as mm_mod
+    from hearth.kernels.matmul import matmul
+
+    table = Table(title="matmul bf16 (TFLOP/s = 2*M*N*K / median time)")
+    for col in ("M x N x K", "kernel", "max |err| / ref scale", "hearth TFLOP/s", "cuBLAS TFLOP/s", "ratio", "target"):
+        table.add_column(col)
+    sizes = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 8192), (1000, 3001, 777), (4097, 4095, 4100), (8192, 1024, 4096)]
+    for m, n, k in sizes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        t0 = time.time()
+        out = matmul(a, b)  # includes autotuning for this shape
+        torch.cuda.synchronize()
+        tune_s = time.time() - t0
+        backend = mm_mod.LAST_BACKEND
+        ref = a.float() @ b.float()
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        del ref
+        t_h = bench(lambda: matmul(a, b))
+        t_c = bench(lambda: torch.mm(a, b))
+        flop = 2.0 * m * n * k
+        tf_h, tf_c = flop / t_h / 1e9, flop / t_c / 1e9
+        target = ">= 0.97" if (m, n, k) in ((4096,) * 3, (8192,) * 3) else ""
+        ok = err < 1e-2
+        table.add_row(f"{m}x{n}x{k}", backend, f"{err:.1e}" + ("" if ok else " FAIL"), f"{tf_h:.0f}", f"{tf_c:.0f}",
+                      f"{tf_h / tf_c:.3f}", target)
+        rows.append(dict(case="matmul", m=m, n=n, k=k, kernel=backend, rel_err=err, correct=ok, hearth_ms=t_h,
+                         cublas_ms=t_c, hearth_tflops=tf_h, cublas_tflops=tf_c, ratio=tf_h / tf_c, first_call_s=tune_s))
+    if mm_mod._TMA_BROKEN:
+        console.print(f"[bold red]TMA kernel disabled: {mm_mod._TMA_BROKEN}[/]")
+    console.print(table)
+
+    # backward: dA = dC @ B^T and dB = A^T @ dC run on transposed views (no copies)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        a = torch.randn(2048, 1536, device="cuda", dtype=dtype, requires_grad=True)
+        b = torch.randn(1536, 1000, device="cuda", dtype=dtype, requires_grad=True)
+        g = torch.randn(2048, 1000, device="cuda", dtype=dtype)
+        matmul(a, b).backward(g)
+        a32, b32 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+        (a32 @ b32).backward(g.double())
+        errs = [((x.grad.double() - y.grad).abs().max() / y.grad.abs().max()).item() for x, y in ((a, a32), (b, b32))]
+        ok = max(errs) < (2e-2 if dtype != torch.float16 else 5e-3)
+        console.print(f"matmul backward {dtype}: rel err dA {errs[0]:.1e} dB {errs[1]:.1e} [{'green' if ok else 'red'}]{'ok' if ok else 'FAIL'}[/]"
+                      f" (kernel {mm_mod.LAST_BACKEND}; fp32 runs TF32)")
+        rows.append(dict(case="matmul_backward", dtype=str(dtype), rel_err_da=errs[0], rel_err_db=errs[1], correct=ok))
+
+
+def _lce_check(n, h, v, frozen) -> dict:
+    """Loss and gradients at a smaller N against eager fp32 autograd (full logits)."""
+    from hearth.kernels.linear_cross_entropy import linear_cross_entropy
+
+    torch.manual_seed(0)
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5
+    t = torch.randint(0, v, (n,), device="cuda")
+    t[::9] = -100
+    xh, wh = x.clone().requires_grad_(), w.clone().requires_grad_(not frozen)
+    loss = linear_cross_entropy(xh, wh, t)
+    loss.backward()
+    xr, wr = x.float().requires_grad_(), w.float().requires_grad_(not frozen)
+    ref = torch.nn.functional.cross_entropy(xr @ wr.t(), t, ignore_index=-100)
+    ref.backward()
+    res = dict(loss_rel_err=abs(loss.item() - ref.item()) / abs(ref.item()),
+               grad_input_err=((xh.grad.float() - xr.grad).abs().max() / xr.grad.abs().max()).item())
+    if not frozen:
+        res["grad_weight_err"] = ((wh.grad.float() - wr.grad).abs().max() / wr.grad.abs().max()).item()
+    assert (wh.grad is None) == frozen
+    res["correct"] = res["loss_rel_err"] < 1e-2 and max(v for k, v in res.items() if k.startswith("grad")) < 3e-2
+    return res
+
+
+def probe_lce(rows: list) -> None:
+    from hearth.kernels.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
+
+    table = Table(title="linear_cross_entropy fwd+bwd bf16")
+    for col in ("N x H x V", "weight", "check (rel err)", "chunk rows", "median ms", "target ms", "extra MiB total", "activation MiB", "target MiB"):
+        table.add_column(col)
+    # (N, H, V, frozen, target ms, target MiB, chunk_rows): None = the default 64 MiB logits budget;
+    # the 512-row case shows the time/memory trade (fewer passes over grad_W, 2x the logits chunk).
+    cases = [(8192, 4096, 131072, False, 38.0, 128, None), (8192, 4096, 131072, False, 38.0, 128, 512),
+             (8192, 5120, 151936, False, 55.0, 160, None), (8192, 5120, 151936, True, 36.0, 160, None)]
+    checked = set()
+    for n, h, v, frozen, target_ms, target_mib, chunk in cases:
+        if (h, v, frozen) not in checked:
+            check = _lce_check(1024, h, v, frozen)
+            checked.add((h, v, frozen))
+        chunk = chunk or chunk_rows_for(n, v, 2)
+        x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_(not frozen)
+        t = torch.randint(0, v, (n,), device="cuda")
+
+        def step():
+            linear_cross_entropy(x, w, t, chunk_rows=chunk).backward()
+
+        leaves = [x] if frozen else [x, w]
+        step()  # warm-up / compile
+        for p in leaves:
+            p.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        total = (torch.cuda.max_memory_allocated() - before) / MiB
+        grads = sum(p.numel() * p.element_size() for p in leaves) / MiB
+        for p in leaves:
+            p.grad = None
+        ms = bench(step, grad_to_none=leaves)
+        errs = " ".join(f"{k.split('_')[1] if k.startswith('grad') else 'loss'} {val:.1e}" for k, val in check.items() if k != "correct")
+        table.add_row(f"{n}x{h}x{v}", "frozen" if frozen else "trainable",
+                      f"[{'green' if check['correct'] else 'red'}]{errs}[/]", str(chunk),
+                      f"{ms:.2f}", f"<= {target_ms}", f"{total:.0f}", f"{total - grads:.0f}", f"<= {target_mib}")
+        rows.append(dict(case="linear_cross_entropy", n=n, h=h, v=v, frozen=frozen, chunk_rows=chunk, median_ms=ms, target_ms=target_ms,
+                         extra_total_mib=total, extra_activation_mib=total - grads, target_mib=target_mib, **check))
+        del x, w, t
+        torch.cuda.empty_cache()
+    console.print(table)
+
+
+def plot(rows: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mm = [r for r in rows if r["case"] == "matmul"]
+    if not mm:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in mm]
+    xs = range(len(mm))
+    ax.bar([i - 0.2 for i in xs], [r["hearth_tflops"] for r in mm], width=0.4, label="hearth matmul")
+    ax.bar([i + 0.2 for i in xs], [r["cublas_tflops"] for r in mm], width=0.4, label="cuBLAS (torch.mm)")
+    ax.set_xticks(list(xs), labels, rotation=20, fontsize=8)
+    ax.set_ylabel("TFLOP/s (bf16)")
+    ax.set_title(f"matmul on {torch.cuda.get_device_name()}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/probe"))
+    parser.add_argument("--skip-lce", action="store_true")
+    parser.add_argument("--skip-inspect", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        console.print("[bold red]this probe needs a CUDA GPU[/]")
+        return 2
+    start = time.time()
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    console.print(meta)
+    rows: list = []
+    probe_matmul(rows)
+    console.print(f"[dim]matmul done at {time.time() - start:.0f} s[/]")
+    if not args.skip_lce:
+        probe_lce(rows)
+        console.print(f"[dim]linear_cross_entropy done at {time.time() - start:.0f} s[/]")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "matmul_lce_probe.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    plot(rows, args.out / "matmul_lce_probe.png")
+    rc = 0 if all(r.get("correct", True) for r in rows) else 1
+    if not args.skip_inspect:
+        res = subprocess.run([sys.executable, "-m", "hearth.cli", "inspect", "matmul", "--shape", "4096x4096x4096",
+                              "--json", str(args.out / "inspect_matmul.json")])
+        rc = rc or res.returncode
+    console.print(f"wrote {args.out}/  ({time.time() - start:.0f} s total), exit {rc}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

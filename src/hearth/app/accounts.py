@@ -1,0 +1,177 @@
+"""Accounts: signup, login, logout, sessions, and the login rate limiter.
+
+Passwords are hashed with argon2id (argon2-cffi defaults). Sessions are random tokens; the cookie
+holds the token and the database holds only its SHA-256, so a database leak does not hand out
+live sessions. Each session has its own CSRF token.
+
+Signup writes the user, the user's wrapped data key and the first session in ONE transaction: an
+account either exists and can log in, or does not exist at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import secrets
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from hearth.app import crypto
+from hearth.app.storage.models import Session, User, new_id, utcnow
+
+USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{2,31}$")
+MIN_PASSWORD, MAX_PASSWORD = 10, 256
+
+_hasher = PasswordHasher()  # argon2id
+# verified against when the username does not exist, so both paths cost one argon2 verification
+_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+class AccountError(ValueError):
+    """Bad signup/login input; ``.field`` names it (the message is safe to show)."""
+
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+@dataclass(frozen=True)
+class NewSession:
+    token: str  # goes into the cookie, never stored
+    user_id: str
+    csrf_token: str
+    expires_at: datetime
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def normalise_username(username: str) -> str:
+    name = (username or "").strip().lower()
+    if not USERNAME_RE.match(name):
+        raise AccountError("username", "3-32 characters: letters, digits, '.', '_' or '-'")
+    return name
+
+
+def _check_password(password: str) -> str:
+    if not (MIN_PASSWORD <= len(password or "") <= MAX_PASSWORD):
+        raise AccountError("password", f"must be {MIN_PASSWORD}-{MAX_PASSWORD} characters")
+    return password
+
+
+def _session_row(user_id: str, ttl_s: int) -> tuple[Session, NewSession]:
+    token = secrets.token_urlsafe(32)
+    new = NewSession(token=token, user_id=user_id, csrf_token=secrets.token_urlsafe(32),
+                     expires_at=utcnow() + timedelta(seconds=ttl_s))
+    return Session(id=token_hash(token), user_id=user_id, csrf_token=new.csrf_token, expires_at=new.expires_at), new
+
+
+async def signup(db: AsyncSession, *, username: str, password: str, master_key: bytes, ttl_s: int) -> NewSession:
+    """Create the account and its first session atomically. AccountError for bad input or a taken name."""
+    name = normalise_username(username)
+    _check_password(password)
+    pw_hash = await asyncio.to_thread(_hasher.hash, password)  # ~50 ms of CPU: keep the loop free
+    user_id = new_id()
+    user = User(id=user_id, username=name, password_hash=pw_hash, master_key_id=crypto.master_key_id(master_key),
+                wrapped_key=crypto.wrap_data_key(master_key, crypto.new_data_key(), user_id))
+    row, new = _session_row(user_id, ttl_s)
+    try:
+        async with db.begin():
+            db.add(user)
+            await db.flush()  # the user row must exist before the session's foreign key
+            db.add(row)
+    except IntegrityError:
+        raise AccountError("username", "is taken") from None
+    return new
+
+
+class LoginLimiter:
+    """Failed-login limiter: at most ``attempts`` failures per ``window_s`` per username and per client.
+
+    In memory, per process: with several app workers each enforces its own window (the effective
+    limit is attempts x workers). A shared store would be the next step for a multi-worker deployment.
+    """
+
+    def __init__(self, attempts: int, window_s: float, clock=time.monotonic):
+        self.attempts, self.window_s, self.clock = attempts, window_s, clock
+        self._fails: dict[str, deque[float]] = defaultdict(deque)
+
+    def _recent(self, key: str) -> deque[float]:
+        q = self._fails[key]
+        cutoff = self.clock() - self.window_s
+        while q and q[0] < cutoff:
+            q.popleft()
+        return q
+
+    def retry_after(self, *keys: str) -> float:
+        """Seconds until another attempt is allowed (0 when allowed now)."""
+        wait = 0.0
+        for key in keys:
+            q = self._recent(key)
+            if len(q) >= self.attempts:
+                wait = max(wait, q[0] + self.window_s - self.clock())
+        return wait
+
+    def failed(self, *keys: str) -> None:
+        for key in keys:
+            self._recent(key).append(self.clock())
+
+    def succeeded(self, key: str) -> None:
+        self._fails.pop(key, None)
+
+
+async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -> NewSession | None:
+    """A new session when the password matches, else None (same cost either way)."""
+    name = (username or "").strip().lower()
+    async with db.begin():  # read transaction, closed before the slow hash check
+        user = (await db.execute(select(User).where(User.username == name))).scalar_one_or_none()
+    stored = user.password_hash if user is not None else _DUMMY_HASH
+    try:
+        await asyncio.to_thread(_hasher.verify, stored, password or "")
+    except (VerifyMismatchError, VerificationError, InvalidHashError):
+        return None
+    if user is None:  # pragma: no cover - the dummy hash's password is random
+        return None
+    row, new = _session_row(user.id, ttl_s)
+    async with db.begin():
+        db.add(row)
+        if _hasher.check_needs_rehash(user.password_hash):
+            user.password_hash = await asyncio.to_thread(_hasher.hash, password)
+            db.add(user)
+    return new
+
+
+async def logout(db: AsyncSession, token: str) -> None:
+    async with db.begin():
+        await db.execute(delete(Session).where(Session.id == token_hash(token)))
+
+
+async def session_user(db: AsyncSession, token: str) -> tuple[Session, User] | None:
+    """The live session and its user for a cookie token, or None (unknown or expired)."""
+    if not token or len(token) > 128:
+        return None
+    async with db.begin():
+        row = (await db.execute(
+            select(Session, User).join(User, User.id == Session.user_id).where(Session.id == token_hash(token))
+        )).first()
+    if row is None:
+        return None
+    sess, user = row
+    expires = sess.expires_at if sess.expires_at.tzinfo else sess.expires_at.replace(tzinfo=timezone.utc)
+    if expires <= utcnow():
+        return None
+    return sess, user
+
+
+def csrf_matches(expected: str, given: str | None) -> bool:
+    return bool(given) and secrets.compare_digest(expected.encode(), given.encode())

@@ -1,0 +1,52 @@
+"""Small helpers shared by the app's services: the not-found error, input text checks, and
+encrypt/decrypt of one model field (table + record id + field bound as associated data)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hearth.app.crypto import UserCipher
+
+
+class NotFound(LookupError):
+    """The record does not exist or belongs to another user (routes answer 404 either way)."""
+
+
+class InputError(ValueError):
+    """Bad form input; ``.field`` names it and the message is safe to show to the user."""
+
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+def clean_text(value: Any, field: str, max_chars: int, *, required: bool = True) -> str:
+    """Strip and bound a user-supplied text; InputError naming ``field`` when empty or too long."""
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise InputError(field, "must be text")
+    text = value.strip().replace("\r\n", "\n")
+    if required and not text:
+        raise InputError(field, "must not be empty")
+    if len(text) > max_chars:
+        raise InputError(field, f"must be at most {max_chars} characters (got {len(text)})")
+    return text
+
+
+def seal(cipher: UserCipher, row: Any, field: str, text: str) -> bytes:
+    """Encrypt ``text`` for column ``field`` of ``row`` (the row's id must already be set)."""
+    return cipher.encrypt(row.__tablename__, row.id, field, text)
+
+
+def unseal(cipher: UserCipher, row: Any, field: str) -> str:
+    return cipher.decrypt(row.__tablename__, row.id, field, getattr(row, field))
+
+
+def seal_json(cipher: UserCipher, row: Any, field: str, data: Any) -> bytes:
+    return seal(cipher, row, field, json.dumps(data, ensure_ascii=False))
+
+
+def unseal_json(cipher: UserCipher, row: Any, field: str) -> Any:
+    return json.loads(unseal(cipher, row, field))

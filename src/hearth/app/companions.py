@@ -1,0 +1,287 @@
+"""Companions: persona, world view, the context the user shares, and chat turns.
+
+A chat turn is: read (companion, shared context, memories, recent turns) -> ask the gateway chain for
+a ``chat`` envelope -> ONE transaction that saves the user's message, the reply, the new memories and
+the affection/trust change. If the model fails, nothing is written; if the write fails, the turn was
+not acknowledged. Either the whole turn exists or none of it does.
+
+Clearing a chat deletes its messages and memories (rows gone, not flagged).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from hearth import prompts
+from hearth.app.common import InputError, NotFound, clean_text, seal, seal_json, unseal, unseal_json
+from hearth.app.crypto import UserCipher
+from hearth.app.relationship import Standing, standing
+from hearth.app.storage.models import Companion, Memory, Message, User, new_id, utcnow
+from hearth.envelope import ChatReply
+
+MAX_NAME = 60
+MAX_PERSONA = 4000
+MAX_CONTEXT = 8000
+MAX_MEMORIES_KEPT = 200  # per companion; the oldest go first
+
+
+@dataclass
+class CompanionView:
+    id: str
+    name: str
+    persona: str  # a hearth.prompts.PERSONAS key or custom persona text
+    world_view: str
+    share_context: bool
+    affection: int
+    trust: int
+    standing: Standing
+
+    @property
+    def builtin(self) -> bool:
+        return self.persona in prompts.PERSONAS
+
+
+@dataclass
+class MessageView:
+    id: str
+    role: str  # "user" | "companion"
+    text: str
+    created_at: datetime
+    mood: str | None = None
+    suggestions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TurnResult:
+    user_message: MessageView
+    reply: MessageView
+    new_memories: list[str]
+    standing: Standing
+    provider: str | None
+
+
+def _view(cipher: UserCipher, row: Companion) -> CompanionView:
+    return CompanionView(id=row.id, name=unseal(cipher, row, "name_ct"), persona=unseal(cipher, row, "persona_ct"),
+                         world_view=row.world_view, share_context=row.share_context, affection=row.affection,
+                         trust=row.trust, standing=standing(row.affection, row.trust))
+
+
+def _check_world_view(world_view: str) -> str:
+    if world_view not in prompts.WORLD_VIEWS:
+        raise InputError("world_view", f"must be one of {', '.join(prompts.WORLD_VIEWS)}")
+    return world_view
+
+
+# ------------------------------------------------------------------------------ shared context
+async def get_shared_context(db: AsyncSession, cipher: UserCipher) -> str:
+    async with db.begin():
+        user = (await db.execute(select(User).where(User.id == cipher.user_id))).scalar_one()
+        return unseal(cipher, user, "shared_context_ct") if user.shared_context_ct else ""
+
+
+async def set_shared_context(db: AsyncSession, cipher: UserCipher, text: str) -> None:
+    text = clean_text(text, "shared_context", MAX_CONTEXT, required=False)
+    async with db.begin():
+        user = (await db.execute(select(User).where(User.id == cipher.user_id))).scalar_one()
+        user.shared_context_ct = seal(cipher, user, "shared_context_ct", text) if text else None
+
+
+def context_for(companion: CompanionView, shared: str) -> str:
+    """What this companion (and its Simulation Mode panel) may see: the shared context, if allowed."""
+    return shared if companion.share_context else ""
+
+
+# ------------------------------------------------------------------------------ companions CRUD
+async def create_companion(db: AsyncSession, cipher: UserCipher, *, persona: str, name: str = "",
+                           world_view: str = "grounded", share_context: bool = True) -> CompanionView:
+    """persona: a built-in key (PERSONAS) or custom persona text; name defaults to the built-in's name."""
+    persona = clean_text(persona, "persona", MAX_PERSONA)
+    name = clean_text(name, "name", MAX_NAME, required=False)
+    if not name:
+        if persona not in prompts.PERSONAS:
+            raise InputError("name", "a custom persona needs a name")
+        name = prompts.PERSONAS[persona].name
+    row = Companion(id=new_id(), user_id=cipher.user_id, world_view=_check_world_view(world_view),
+                    share_context=bool(share_context), affection=0, trust=0)
+    row.name_ct = seal(cipher, row, "name_ct", name)
+    row.persona_ct = seal(cipher, row, "persona_ct", persona)
+    async with db.begin():
+        db.add(row)
+    return _view(cipher, row)
+
+
+async def _row(db: AsyncSession, user_id: str, companion_id: str) -> Companion:
+    row = (await db.execute(select(Companion).where(Companion.id == companion_id, Companion.user_id == user_id)
+                            .execution_options(populate_existing=True))).scalar_one_or_none()
+    if row is None:
+        raise NotFound("companion")
+    return row
+
+
+async def get_companion(db: AsyncSession, cipher: UserCipher, companion_id: str) -> CompanionView:
+    async with db.begin():
+        return _view(cipher, await _row(db, cipher.user_id, companion_id))
+
+
+async def list_companions(db: AsyncSession, cipher: UserCipher) -> list[CompanionView]:
+    async with db.begin():
+        rows = (await db.execute(select(Companion).where(Companion.user_id == cipher.user_id)
+                                 .order_by(Companion.created_at))).scalars().all()
+        return [_view(cipher, r) for r in rows]
+
+
+async def update_companion(db: AsyncSession, cipher: UserCipher, companion_id: str, *, world_view: str,
+                           share_context: bool, persona: str | None = None, name: str | None = None) -> None:
+    """Switch the world view, the sharing choice, and (optionally) rename or rewrite the persona."""
+    _check_world_view(world_view)
+    async with db.begin():
+        row = await _row(db, cipher.user_id, companion_id)
+        row.world_view, row.share_context = world_view, bool(share_context)
+        if persona:
+            row.persona_ct = seal(cipher, row, "persona_ct", clean_text(persona, "persona", MAX_PERSONA))
+        if name:
+            row.name_ct = seal(cipher, row, "name_ct", clean_text(name, "name", MAX_NAME))
+
+
+async def delete_companion(db: AsyncSession, user_id: str, companion_id: str) -> None:
+    async with db.begin():
+        result = await db.execute(delete(Companion).where(Companion.id == companion_id, Companion.user_id == user_id))
+        if result.rowcount != 1:
+            raise NotFound("companion")
+
+
+# ------------------------------------------------------------------------------ chat
+def _message_view(cipher: UserCipher, row: Message) -> MessageView:
+    meta = unseal_json(cipher, row, "meta_ct") if row.meta_ct else {}
+    return MessageView(id=row.id, role=row.role, text=unseal(cipher, row, "body_ct"), created_at=row.created_at,
+                       mood=meta.get("mood"), suggestions=meta.get("suggested_actions", []))
+
+
+async def history(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 200) -> list[MessageView]:
+    """The last ``limit`` messages of this chat, oldest first. NotFound for another user's companion."""
+    async with db.begin():
+        await _row(db, cipher.user_id, companion_id)
+        rows = (await db.execute(select(Message).where(Message.companion_id == companion_id,
+                                                       Message.user_id == cipher.user_id)
+                                 .order_by(Message.created_at.desc()).limit(limit))).scalars().all()
+        return [_message_view(cipher, r) for r in reversed(rows)]
+
+
+async def memories(db: AsyncSession, cipher: UserCipher, companion_id: str) -> list[str]:
+    """Everything remembered in this chat, oldest first."""
+    async with db.begin():
+        await _row(db, cipher.user_id, companion_id)
+        rows = (await db.execute(select(Memory).where(Memory.companion_id == companion_id,
+                                                      Memory.user_id == cipher.user_id)
+                                 .order_by(Memory.created_at))).scalars().all()
+        return [unseal(cipher, r, "text_ct") for r in rows]
+
+
+@dataclass
+class ChatContext:
+    """Everything one chat turn needs, read before the model is called."""
+
+    companion: CompanionView
+    shared_context: str
+    memories: list[str]
+    recent: list[MessageView]
+
+
+async def load_chat_context(db: AsyncSession, cipher: UserCipher, companion_id: str, turns: int) -> ChatContext:
+    companion = await get_companion(db, cipher, companion_id)
+    return ChatContext(companion=companion, shared_context=await get_shared_context(db, cipher),
+                       memories=await memories(db, cipher, companion_id),
+                       recent=await history(db, cipher, companion_id, limit=2 * turns))
+
+
+def chat_messages(ctx: ChatContext, user_text: str, *, prompt_memories: int) -> list[dict]:
+    """OpenAI-style messages: the production system prompt, the recent turns, then the new message."""
+    system = prompts.companion_system_prompt(
+        persona=ctx.companion.persona, world_view=ctx.companion.world_view,
+        shared_context=context_for(ctx.companion, ctx.shared_context), stage=ctx.companion.standing.key,
+        memories=ctx.memories[-prompt_memories:] if prompt_memories else [])
+    out = [{"role": "system", "content": system}]
+    for m in ctx.recent:
+        out.append({"role": "user" if m.role == "user" else "assistant", "content": m.text})
+    out.append({"role": "user", "content": user_text})
+    return out
+
+
+def _new_memories(existing: list[str], proposed: list[str]) -> list[str]:
+    seen = {m.casefold() for m in existing}
+    fresh = []
+    for m in proposed:
+        if m.casefold() not in seen:
+            seen.add(m.casefold())
+            fresh.append(m)
+    return fresh
+
+
+async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,
+                    provider: str | None) -> TurnResult:
+    """Write the whole turn in one transaction: user message, reply, memories, affection/trust."""
+    uid, cid = cipher.user_id, ctx.companion.id
+    now = utcnow()
+    user_row = Message(id=new_id(), user_id=uid, companion_id=cid, role="user", created_at=now)
+    user_row.body_ct = seal(cipher, user_row, "body_ct", user_text)
+    # the reply sorts after the message it answers even when both share a clock tick
+    reply_row = Message(id=new_id(), user_id=uid, companion_id=cid, role="companion",
+                        created_at=now + timedelta(microseconds=1))
+    reply_row.body_ct = seal(cipher, reply_row, "body_ct", reply.message)
+    reply_row.meta_ct = seal_json(cipher, reply_row, "meta_ct", {
+        "mood": reply.mood, "suggested_actions": list(reply.suggested_actions), "provider": provider})
+    fresh = _new_memories(ctx.memories, list(reply.memories))
+    memory_rows = []
+    for i, text in enumerate(fresh):
+        row = Memory(id=new_id(), user_id=uid, companion_id=cid, created_at=now + timedelta(microseconds=i))
+        row.text_ct = seal(cipher, row, "text_ct", text)
+        memory_rows.append(row)
+    async with db.begin():
+        # the UPDATE doubles as the ownership/existence check: a companion deleted meanwhile aborts the turn
+        result = await db.execute(
+            update(Companion).where(Companion.id == cid, Companion.user_id == uid)
+            .values(affection=Companion.affection + reply.affection, trust=Companion.trust + reply.trust))
+        if result.rowcount != 1:
+            raise NotFound("companion")
+        db.add_all([user_row, reply_row, *memory_rows])
+        await db.flush()
+        total = (await db.execute(select(func.count()).select_from(Memory).where(Memory.companion_id == cid))).scalar_one()
+        if total > MAX_MEMORIES_KEPT:
+            oldest = select(Memory.id).where(Memory.companion_id == cid).order_by(Memory.created_at).limit(
+                total - MAX_MEMORIES_KEPT).scalar_subquery()
+            await db.execute(delete(Memory).where(Memory.id.in_(oldest)))
+        comp = await _row(db, uid, cid)
+        new_standing = standing(comp.affection, comp.trust)
+    return TurnResult(
+        user_message=MessageView(user_row.id, "user", user_text, user_row.created_at),
+        reply=MessageView(reply_row.id, "companion", reply.message, reply_row.created_at, reply.mood,
+                          list(reply.suggested_actions)),
+        new_memories=fresh, standing=new_standing, provider=provider)
+
+
+async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_id: str, text: str, *,
+                    max_chars: int, turns: int, prompt_memories: int, deadline_s: float) -> TurnResult:
+    """One complete turn (non-streaming). InputError / NotFound / the gateway's errors propagate."""
+    text = clean_text(text, "message", max_chars)
+    ctx = await load_chat_context(db, cipher, companion_id, turns)
+    result = await model.complete(chat_messages(ctx, text, prompt_memories=prompt_memories), kind="chat",
+                                  deadline_s=deadline_s, request_id=uuid.uuid4().hex)
+    return await save_turn(db, cipher, ctx, text, result.envelope, getattr(result, "provider", None))
+
+
+async def clear_chat(db: AsyncSession, user_id: str, companion_id: str) -> int:
+    """Delete every message and memory of this chat for good; returns how many messages went."""
+    async with db.begin():
+        owned = (await db.execute(select(Companion.id).where(Companion.id == companion_id,
+                                                             Companion.user_id == user_id))).scalar_one_or_none()
+        if owned is None:
+            raise NotFound("companion")
+        gone = await db.execute(delete(Message).where(Message.companion_id == companion_id, Message.user_id == user_id))
+        await db.execute(delete(Memory).where(Memory.companion_id == companion_id, Memory.user_id == user_id))
+        return gone.rowcount

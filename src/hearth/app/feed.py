@@ -1,0 +1,109 @@
+"""The feed: the user posts; companions comment (``feed_comment`` envelopes).
+
+Comments are asked for concurrently (one call per companion, each with its own timeout) before
+anything is written; the post and the comments that arrived are then saved in ONE transaction. A
+companion whose call failed simply has no comment; the post is saved either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from hearth import prompts
+from hearth.app.common import NotFound, clean_text, seal, unseal
+from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
+from hearth.app.crypto import UserCipher
+from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
+
+
+@dataclass
+class CommentView:
+    companion_id: str
+    companion_name: str
+    text: str
+    tone: str
+
+
+@dataclass
+class PostView:
+    id: str
+    text: str
+    created_at: datetime
+    comments: list[CommentView] = field(default_factory=list)
+
+
+@dataclass
+class PostResult:
+    post_id: str
+    comments: list[CommentView]
+    failed: list[str]  # names of companions whose comment did not arrive
+
+
+async def _comment(model: Any, companion: CompanionView, shared: str, text: str, timeout_s: float):
+    system = prompts.feed_system_prompt(persona=companion.persona, world_view=companion.world_view,
+                                        shared_context=context_for(companion, shared))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    result = await asyncio.wait_for(model.complete(messages, kind="feed_comment", deadline_s=timeout_s,
+                                                   request_id=uuid.uuid4().hex), timeout=timeout_s + 1.0)
+    return result.envelope
+
+
+async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: str, *, max_chars: int,
+                      max_commenters: int, timeout_s: float) -> PostResult:
+    text = clean_text(text, "post", max_chars)
+    companions = (await list_companions(db, cipher))[:max_commenters]
+    shared = await get_shared_context(db, cipher)
+    outcomes = await asyncio.gather(*(_comment(model, c, shared, text, timeout_s) for c in companions),
+                                    return_exceptions=True)
+    now = utcnow()
+    post = Post(id=new_id(), user_id=cipher.user_id, created_at=now)
+    post.body_ct = seal(cipher, post, "body_ct", text)
+    rows, views, failed = [], [], []
+    for i, (comp, out) in enumerate(zip(companions, outcomes)):
+        if isinstance(out, BaseException):
+            if not isinstance(out, Exception):  # CancelledError & co. must not be swallowed
+                raise out
+            failed.append(comp.name)
+            continue
+        row = Comment(id=new_id(), user_id=cipher.user_id, post_id=post.id, companion_id=comp.id, tone=out.tone[:32],
+                      created_at=now + timedelta(microseconds=i + 1))
+        row.body_ct = seal(cipher, row, "body_ct", out.comment)
+        rows.append(row)
+        views.append(CommentView(comp.id, comp.name, out.comment, out.tone))
+    async with db.begin():
+        db.add(post)
+        await db.flush()
+        # a companion deleted while the comments were generated must not get a dangling comment
+        alive = set((await db.execute(select(Companion.id).where(Companion.user_id == cipher.user_id))).scalars())
+        db.add_all([r for r in rows if r.companion_id in alive])
+    return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
+
+
+async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> list[PostView]:
+    async with db.begin():
+        posts = (await db.execute(select(Post).where(Post.user_id == cipher.user_id)
+                                  .order_by(Post.created_at.desc()).limit(limit))).scalars().all()
+        ids = [p.id for p in posts]
+        comments = (await db.execute(select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
+                                     .where(Comment.post_id.in_(ids), Comment.user_id == cipher.user_id)
+                                     .order_by(Comment.created_at))).all() if ids else []
+        by_post: dict[str, list[CommentView]] = {}
+        for c, comp in comments:
+            by_post.setdefault(c.post_id, []).append(
+                CommentView(comp.id, unseal(cipher, comp, "name_ct"), unseal(cipher, c, "body_ct"), c.tone))
+        return [PostView(id=p.id, text=unseal(cipher, p, "body_ct"), created_at=p.created_at,
+                         comments=by_post.get(p.id, [])) for p in posts]
+
+
+async def delete_post(db: AsyncSession, user_id: str, post_id: str) -> None:
+    async with db.begin():
+        gone = await db.execute(delete(Post).where(Post.id == post_id, Post.user_id == user_id))
+        if gone.rowcount != 1:
+            raise NotFound("post")

@@ -1,0 +1,160 @@
+"""The FastAPI app and ``hearth serve``.
+
+    app = create_app(settings)                   # model: the gateway chain from settings.config_path
+    app = create_app(settings, model=backend)    # tests: anything with the chain's complete()/stream()
+    exit_code = serve(config, database_url, host, port)
+
+Start-up (lifespan): open the database, run the packaged alembic migrations, re-wrap data keys if a
+previous master key is given, start the chain. Shutdown closes the chain and the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from hearth.app import accounts
+from hearth.app.common import InputError, NotFound
+from hearth.app.deps import AppState, LoginRequired
+from hearth.app.keys import rotate_master_key, users_not_under
+from hearth.app.limits import BodyLimit, SecurityHeaders
+from hearth.app.model import SETUP_SNIPPET, ModelUnavailable, NoModel, build_backend, has_providers
+from hearth.app.settings import AppSettings, SettingsError, load_settings
+from hearth.app.storage import create_database, upgrade
+
+log = logging.getLogger("hearth.app")
+HERE = Path(__file__).parent
+
+
+def _templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals["setup_snippet"] = SETUP_SNIPPET
+    return templates
+
+
+def _error_page(request: Request, status: int, title: str, detail: str) -> Any:
+    if "text/html" not in request.headers.get("accept", "") or request.headers.get("x-requested-with"):
+        return JSONResponse({"error": title, "detail": detail}, status_code=status)
+    state: AppState = request.app.state.hearth
+    return state.templates.TemplateResponse(request, "error.html", {"title": title, "detail": detail,
+                                                                    "status": status}, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(LoginRequired)
+    async def _login(request: Request, exc: LoginRequired):
+        if request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return JSONResponse({"error": "login required"}, status_code=401)
+
+    @app.exception_handler(NotFound)
+    async def _missing(request: Request, exc: NotFound):
+        return _error_page(request, 404, "Not found", f"No such {exc.args[0] if exc.args else 'page'}.")
+
+    @app.exception_handler(InputError)
+    async def _input(request: Request, exc: InputError):
+        return _error_page(request, 400, "Please check your input", str(exc))
+
+    @app.exception_handler(ModelUnavailable)
+    async def _no_model(request: Request, exc: ModelUnavailable):
+        return _error_page(request, 503, "No model is configured",
+                           "Point the app at an OpenAI-compatible endpoint (see the snippet on the home page). "
+                           "Nothing was saved.")
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        return _error_page(request, exc.status_code, "Request refused", str(exc.detail))
+
+    try:
+        from hearth.gateway.errors import GatewayError
+    except ImportError:  # pragma: no cover - the gateway ships with the app
+        return
+
+    @app.exception_handler(GatewayError)
+    async def _gateway(request: Request, exc: GatewayError):
+        log.warning("model call failed: %s", exc)
+        return _error_page(request, 502, "The model did not answer",
+                           f"{describe_failure(exc)} Nothing was saved; try again.")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, user-safe account of a gateway failure (provider names and outcome labels)."""
+    if isinstance(exc, BaseExceptionGroup):
+        parts = [f"{getattr(e, 'provider', '?')}: {type(e).__name__}" for e in exc.exceptions]
+        return "Every provider failed (" + "; ".join(parts) + ")."
+    if isinstance(exc, ModelUnavailable):
+        return "No model is configured."
+    return f"{type(exc).__name__}."
+
+
+def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
+    """The ASGI app. ``model`` defaults to the chain built from ``settings.config_path``."""
+    backend = model if model is not None else build_backend(settings.config_path)
+    templates = _templates()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        db = create_database(settings.database_url)
+        try:
+            await upgrade(db.engine)
+            master = settings.master_key.get_secret_value()
+            if settings.previous_master_key is not None:
+                n = await rotate_master_key(db, settings.previous_master_key.get_secret_value(), master)
+                log.warning("re-wrapped %d users' data keys under the new master key", n)
+            stranded = await users_not_under(db, master)
+            if stranded:
+                log.error("%d users have data keys wrapped under another master key; they cannot log in "
+                          "(set HEARTH_PREVIOUS_MASTER_KEY to rotate them)", stranded)
+            if hasattr(backend, "start"):
+                await backend.start()
+            app.state.hearth = AppState(
+                settings=settings, db=db, model=backend, model_configured=not isinstance(backend, NoModel),
+                limiter=accounts.LoginLimiter(settings.login_attempts, settings.login_window_s), templates=templates)
+            yield
+        finally:
+            if hasattr(backend, "aclose"):
+                await backend.aclose()
+            await db.dispose()
+
+    app = FastAPI(title="hearth", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    from hearth.app.routes import ROUTERS
+
+    for router in ROUTERS:
+        app.include_router(router)
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def serve(config: Path | None = None, database_url: str | None = None, host: str = "127.0.0.1",
+          port: int = 8000) -> int:
+    """`hearth serve`: validate settings, then run uvicorn until interrupted. Returns the exit code
+    (2 for a configuration error, which is printed naming the field)."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(config, database_url=database_url, host=host, port=port)
+        app = create_app(settings)
+    except (SettingsError, ValueError) as exc:  # the gateway's ConfigError is a ValueError too
+        print(f"hearth serve: configuration error: {exc}", file=sys.stderr)
+        return 2
+    shown_host = f"[{host}]" if ":" in host else host
+    mode = settings.environment
+    model = "model: configured" if has_providers(settings.config_path) else "no model configured yet"
+    print(f"hearth: serving on http://{shown_host}:{port}/  ({mode} mode, {model}, database "
+          f"{settings.database_url.split('://')[0]})", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
+                                           proxy_headers=False, server_header=False))
+    server.run()
+    return 0 if server.started else 1

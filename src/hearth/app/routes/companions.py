@@ -1,0 +1,107 @@
+"""A companion's page: chat (streamed over SSE when the page asks for it), settings, clearing."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+
+from hearth import prompts
+from hearth.app import companions as svc
+from hearth.app import simulation
+from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
+from hearth.app.model import ModelUnavailable
+from hearth.app.routes._util import SSE_HEADERS, IdParam, sse
+from hearth.app.streamtext import MessageStream
+
+router = APIRouter(prefix="/companions")
+log = logging.getLogger("hearth.app.chat")
+
+
+@router.get("/{companion_id}")
+async def companion_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
+    companion = await svc.get_companion(db, viewer.cipher, companion_id)
+    return state.templates.TemplateResponse(request, "companion.html", {
+        "viewer": viewer, "companion": companion,
+        "messages": await svc.history(db, viewer.cipher, companion_id),
+        "memories": await svc.memories(db, viewer.cipher, companion_id),
+        "rehearsals": await simulation.list_rehearsals(db, viewer.cipher, companion_id),
+        "world_views": prompts.WORLD_VIEWS, "model_configured": state.model_configured})
+
+
+def _turn_json(turn: svc.TurnResult) -> dict:
+    return {"user_message_id": turn.user_message.id, "reply_id": turn.reply.id, "message": turn.reply.text,
+            "mood": turn.reply.mood, "suggested_actions": turn.reply.suggestions, "memories": turn.new_memories,
+            "stage": turn.standing.label, "provider": turn.provider}
+
+
+async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str):
+    """SSE: ``delta`` events with the message as it streams, then ``done`` once the turn is committed
+    (that is the acknowledgement), or ``error`` (nothing saved)."""
+    s = state.settings
+    try:
+        async with state.db.sessions() as db:
+            ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns)
+            messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories)
+            result = None
+            if hasattr(state.model, "stream"):
+                preview = MessageStream()
+                async for ev in state.model.stream(messages, kind="chat", deadline_s=s.reply_deadline_s,
+                                                   request_id=uuid.uuid4().hex):
+                    if hasattr(ev, "result"):
+                        result = ev.result
+                    elif piece := preview.feed(ev.text):
+                        yield sse("delta", {"text": piece})
+            else:
+                result = await state.model.complete(messages, kind="chat", deadline_s=s.reply_deadline_s)
+            if result is None:
+                raise RuntimeError("stream ended without a result")
+            turn = await svc.save_turn(db, viewer.cipher, ctx, text, result.envelope, getattr(result, "provider", None))
+        yield sse("done", _turn_json(turn))
+    except ModelUnavailable:
+        yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
+    except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
+        from hearth.app.main import describe_failure
+
+        log.warning("chat turn failed: %r", exc)
+        yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})
+
+
+@router.post("/{companion_id}/messages")
+async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewer, companion_id: IdParam,
+                       message: Annotated[str, Form(max_length=50000)]) -> Response:
+    s = state.settings
+    if wants_stream(request):
+        text = svc.clean_text(message, "message", s.max_text_chars)
+        await svc.get_companion(db, viewer.cipher, companion_id)  # 404 before the stream starts
+        return StreamingResponse(_stream_turn(state, viewer, companion_id, text), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
+                        turns=s.chat_context_turns, prompt_memories=s.prompt_memories, deadline_s=s.reply_deadline_s)
+    return RedirectResponse(f"/companions/{companion_id}#bottom", status_code=303)
+
+
+@router.post("/{companion_id}/settings")
+async def update_settings(db: DB, viewer: CsrfViewer, companion_id: IdParam,
+                          world_view: Annotated[str, Form(max_length=40)],
+                          share_context: Annotated[bool, Form()] = False,
+                          persona: Annotated[str, Form(max_length=20000)] = "",
+                          name: Annotated[str, Form(max_length=200)] = "") -> Response:
+    await svc.update_companion(db, viewer.cipher, companion_id, world_view=world_view, share_context=share_context,
+                               persona=persona or None, name=name or None)
+    return RedirectResponse(f"/companions/{companion_id}", status_code=303)
+
+
+@router.post("/{companion_id}/clear")
+async def clear_chat(db: DB, viewer: CsrfViewer, companion_id: IdParam) -> Response:
+    await svc.clear_chat(db, viewer.user_id, companion_id)
+    return RedirectResponse(f"/companions/{companion_id}", status_code=303)
+
+
+@router.post("/{companion_id}/delete")
+async def delete_companion(db: DB, viewer: CsrfViewer, companion_id: IdParam) -> Response:
+    await svc.delete_companion(db, viewer.user_id, companion_id)
+    return RedirectResponse("/", status_code=303)

@@ -1,0 +1,36 @@
+"""The feed: the user's posts and their companions' comments."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from hearth.app import feed as svc
+from hearth.app.deps import DB, CsrfViewer, State, Viewer
+from hearth.app.routes._util import IdParam
+
+router = APIRouter()
+
+
+@router.get("/feed")
+async def feed_page(request: Request, state: State, db: DB, viewer: Viewer) -> Response:
+    return state.templates.TemplateResponse(request, "feed.html", {
+        "viewer": viewer, "posts": await svc.list_posts(db, viewer.cipher),
+        "model_configured": state.model_configured, "failed": request.query_params.get("failed", "")})
+
+
+@router.post("/feed/posts")
+async def create_post(state: State, db: DB, viewer: CsrfViewer, post: Annotated[str, Form(max_length=50000)]) -> Response:
+    s = state.settings
+    result = await svc.create_post(db, state.model, viewer.cipher, post, max_chars=s.max_text_chars,
+                                   max_commenters=s.max_commenters, timeout_s=s.comment_timeout_s)
+    suffix = f"?failed={len(result.failed)}" if result.failed else ""
+    return RedirectResponse(f"/feed{suffix}#p-{result.post_id}", status_code=303)
+
+
+@router.post("/posts/{post_id}/delete")
+async def delete_post(db: DB, viewer: CsrfViewer, post_id: IdParam) -> Response:
+    await svc.delete_post(db, viewer.user_id, post_id)
+    return RedirectResponse("/feed", status_code=303)

@@ -1,0 +1,196 @@
+"""App settings, validated once at start-up.
+
+Sources, later ones winning: defaults < the ``[app]`` table of the TOML file (the same file that
+configures the gateway's providers) < ``HEARTH_*`` environment variables < command-line arguments.
+
+The master key (the one secret) comes from ``HEARTH_MASTER_KEY`` or a key file
+(``HEARTH_MASTER_KEY_FILE`` / ``[app] master_key_file``). In development mode, with neither set, a
+key file is created under ``var_dir`` with 0600 permissions and the log says so. Outside
+development a missing key, a placeholder key or a key file that was generated for development is
+refused: :class:`SettingsError` (a ValueError) names the field.
+
+Development mode is the default only when the app binds a loopback address, so ``hearth serve``
+just works on a laptop and a server bound to a public interface must be configured on purpose.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, model_validator
+
+from hearth.app.crypto import new_master_key_text, parse_master_key
+
+log = logging.getLogger("hearth.app")
+
+DEV_KEY_MARKER = "# hearth development master key: generated on first run; never use it in production"
+DEFAULT_DB = "sqlite+aiosqlite:///./var/hearth.sqlite3"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; ``.field`` names it."""
+
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class AppSettings(BaseModel):
+    """Validated settings. Durations in seconds, sizes in bytes / characters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    environment: Literal["development", "production"]
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    database_url: str = DEFAULT_DB
+    var_dir: Path = Path("var")
+    master_key: SecretBytes
+    previous_master_key: SecretBytes | None = None  # set while rotating: data keys re-wrapped at start-up
+    config_path: Path | None = None
+    cookie_secure: bool = True
+    session_ttl_s: int = Field(14 * 24 * 3600, ge=60)
+    max_body_bytes: int = Field(64 * 1024, ge=1024)
+    max_text_chars: int = Field(4000, ge=10)
+    login_attempts: int = Field(5, ge=1)
+    login_window_s: int = Field(300, ge=1)
+    chat_context_turns: int = Field(20, ge=1, le=200)
+    prompt_memories: int = Field(30, ge=0, le=500)
+    reply_deadline_s: float = Field(60.0, gt=0)
+    analyst_timeout_s: float = Field(45.0, gt=0)
+    comment_timeout_s: float = Field(30.0, gt=0)
+    max_commenters: int = Field(3, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _secure_outside_dev(self) -> "AppSettings":
+        if self.environment == "production" and not self.cookie_secure:
+            raise ValueError("cookie_secure: must be true outside development mode")
+        return self
+
+    @property
+    def dev(self) -> bool:
+        return self.environment == "development"
+
+
+_ENV_FIELDS = {
+    "HEARTH_ENV": "environment", "HEARTH_DATABASE_URL": "database_url", "HEARTH_VAR_DIR": "var_dir",
+    "HEARTH_MAX_BODY_BYTES": "max_body_bytes", "HEARTH_SESSION_TTL_S": "session_ttl_s",
+}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise SettingsError("config", f"file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError("config", f"{path} is not valid TOML: {exc}") from None
+    app = data.get("app", {})
+    if not isinstance(app, dict):
+        raise SettingsError("app", "must be a table ([app])")
+    return dict(app)
+
+
+def _load_key_text(text: str, field: str, *, dev: bool) -> bytes:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    generated_for_dev = DEV_KEY_MARKER in lines
+    if generated_for_dev and not dev:
+        raise SettingsError(field, "is the generated development key; set a real key outside development")
+    body = [ln for ln in lines if not ln.startswith("#")]
+    if len(body) != 1:
+        raise SettingsError(field, "expected exactly one key line")
+    try:
+        return parse_master_key(body[0])
+    except ValueError as exc:
+        raise SettingsError(field, str(exc).split(": ", 1)[-1]) from None
+
+
+def _read_key_file(path: Path, field: str, *, dev: bool) -> bytes:
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SettingsError(field, f"key file not found: {path}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SettingsError(field, f"{path} is readable by group/others; chmod 600 it")
+    return _load_key_text(text, field, dev=dev)
+
+
+def _dev_key(var_dir: Path) -> bytes:
+    path = var_dir / "master.key"
+    if path.exists():
+        return _read_key_file(path, "master_key_file", dev=True)
+    var_dir.mkdir(parents=True, exist_ok=True)
+    # O_EXCL + mode 0600 at creation: never a moment where the key is world-readable
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{DEV_KEY_MARKER}\n{new_master_key_text()}\n")
+    log.warning("created a development master key at %s (0600). Back it up: without it the data cannot be "
+                "decrypted. Outside development set HEARTH_MASTER_KEY or [app] master_key_file.", path)
+    print(f"hearth: created development master key {path} (mode 0600)", flush=True)
+    return _read_key_file(path, "master_key_file", dev=True)
+
+
+def load_settings(config: Path | None = None, *, database_url: str | None = None, host: str | None = None,
+                  port: int | None = None, env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> AppSettings:
+    """Merge the sources (see module docstring) and validate; SettingsError names the bad field."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = _read_toml(config) if config is not None else {}
+    for var, field in _ENV_FIELDS.items():
+        if env.get(var):
+            raw[field] = env[var]
+    if database_url:
+        raw["database_url"] = database_url
+    if host is not None:
+        raw["host"] = host
+    if port is not None:
+        raw["port"] = port
+    raw.update(overrides or {})
+    raw["config_path"] = config
+
+    host_ = str(raw.get("host", "127.0.0.1"))
+    raw.setdefault("environment", "development" if is_loopback(host_) else "production")
+    dev = raw["environment"] == "development"
+    raw.setdefault("cookie_secure", not (dev and is_loopback(host_)))
+    var_dir = Path(raw.get("var_dir", "var"))
+
+    key_file = raw.pop("master_key_file", None) or env.get("HEARTH_MASTER_KEY_FILE")
+    if "master_key" in raw:
+        raise SettingsError("master_key", "do not put the key in the TOML file; use HEARTH_MASTER_KEY or master_key_file")
+    if env.get("HEARTH_MASTER_KEY"):
+        key = _load_key_text(env["HEARTH_MASTER_KEY"], "HEARTH_MASTER_KEY", dev=dev)
+    elif key_file:
+        key = _read_key_file(Path(key_file), "master_key_file", dev=dev)
+    elif dev:
+        key = _dev_key(var_dir)
+    else:
+        raise SettingsError("master_key", "missing outside development mode; set HEARTH_MASTER_KEY or [app] master_key_file")
+    raw["master_key"] = key
+    if env.get("HEARTH_PREVIOUS_MASTER_KEY"):
+        raw["previous_master_key"] = _load_key_text(env["HEARTH_PREVIOUS_MASTER_KEY"], "HEARTH_PREVIOUS_MASTER_KEY", dev=dev)
+    try:
+        return AppSettings.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "app"
+        msg = first["msg"]
+        if first["type"] == "value_error" and ": " in msg:  # our own validator already named the field
+            field, msg = msg.removeprefix("Value error, ").split(": ", 1)
+        raise SettingsError(field, msg) from None

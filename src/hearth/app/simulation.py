@@ -1,0 +1,333 @@
+"""Simulation Mode: the five-analyst panel, custom agents, and rehearsals.
+
+Panel: one situation goes to the five analysts (hearth.prompts.ANALYSTS) CONCURRENTLY, each call
+with its own timeout; each analyst sees the context the user shares with the companion. An analyst
+that fails or times out is reported as failed; the others still arrive. The situation and every
+reading (ok or failed) are written in one transaction once the panel has finished.
+
+Rehearsal: the model plays a custom agent (rehearsal_system_prompt, a ``chat`` envelope) and the
+panel reads each exchange. A rehearsal is its own thread, separate from the companion chat, so the
+user can leave it for the companion and come back to the same place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, AsyncIterator
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from hearth import prompts
+from hearth.app.common import InputError, NotFound, clean_text, seal, seal_json, unseal, unseal_json
+from hearth.app.companions import context_for, get_companion, get_shared_context
+from hearth.app.crypto import UserCipher
+from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
+                                       utcnow)
+
+MAX_AGENT_FIELD = 2000
+ANALYST_TITLES = {a: prompts.ANALYST_LENSES[a][0] for a in prompts.ANALYSTS}
+
+
+@dataclass
+class PanelResult:
+    """One analyst's outcome: ``ok`` with reading/advice/risk, or failed with ``error``."""
+
+    analyst: str
+    ok: bool
+    reading: str = ""
+    advice: str = ""
+    risk: str = ""
+    error: str = ""
+
+    @property
+    def title(self) -> str:
+        return ANALYST_TITLES.get(self.analyst, self.analyst)
+
+    def as_json(self) -> dict:
+        return {"analyst": self.analyst, "title": self.title, "ok": self.ok, "reading": self.reading,
+                "advice": self.advice, "risk": self.risk, "error": self.error}
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return "timed out"
+    name = type(exc).__name__
+    if isinstance(exc, BaseExceptionGroup):
+        inner = ", ".join(sorted({type(e).__name__ for e in exc.exceptions}))
+        return f"{name} ({inner})"
+    return name
+
+
+async def _ask_analyst(model: Any, analyst: str, shared_context: str, situation: str, timeout_s: float) -> PanelResult:
+    messages = [{"role": "system", "content": prompts.analyst_system_prompt(analyst, shared_context=shared_context)},
+                {"role": "user", "content": situation}]
+    try:
+        # the chain enforces deadline_s; wait_for is the backstop so no analyst can hang the panel
+        result = await asyncio.wait_for(
+            model.complete(messages, kind="analyst", deadline_s=timeout_s, request_id=uuid.uuid4().hex),
+            timeout=timeout_s + 1.0)
+    except Exception as exc:  # noqa: BLE001 - any failure of one analyst is shown, never fatal to the panel
+        return PanelResult(analyst=analyst, ok=False, error=_failure(exc))
+    env = result.envelope
+    if env.analyst != analyst:
+        return PanelResult(analyst=analyst, ok=False, error=f"answered as {env.analyst!r}")
+    return PanelResult(analyst=analyst, ok=True, reading=env.reading, advice=env.advice, risk=env.risk)
+
+
+async def panel(model: Any, shared_context: str, situation: str, timeout_s: float) -> AsyncIterator[PanelResult]:
+    """Yield each analyst's result as it arrives (all five run concurrently). Pending calls are
+    cancelled if the consumer stops early."""
+    tasks = [asyncio.create_task(_ask_analyst(model, a, shared_context, situation, timeout_s)) for a in prompts.ANALYSTS]
+    try:
+        for next_done in asyncio.as_completed(tasks):
+            yield await next_done
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_panel(model: Any, shared_context: str, situation: str, timeout_s: float) -> list[PanelResult]:
+    """All five results, in ANALYSTS order."""
+    got = {r.analyst: r async for r in panel(model, shared_context, situation, timeout_s)}
+    return [got[a] for a in prompts.ANALYSTS]
+
+
+def _reading_rows(cipher: UserCipher, results: list[PanelResult], *, situation_id: str | None = None,
+                  turn_id: str | None = None) -> list[Reading]:
+    rows, now = [], utcnow()
+    order = {a: i for i, a in enumerate(prompts.ANALYSTS)}
+    for r in results:
+        row = Reading(id=new_id(), user_id=cipher.user_id, situation_id=situation_id, turn_id=turn_id,
+                      analyst=r.analyst, status="ok" if r.ok else "failed",
+                      created_at=now + timedelta(microseconds=order.get(r.analyst, 9)))
+        row.body_ct = seal_json(cipher, row, "body_ct", r.as_json())
+        rows.append(row)
+    return rows
+
+
+def _read_results(cipher: UserCipher, rows: list[Reading]) -> list[PanelResult]:
+    out = []
+    for row in sorted(rows, key=lambda r: r.created_at):
+        d = unseal_json(cipher, row, "body_ct")
+        out.append(PanelResult(analyst=row.analyst, ok=row.status == "ok", reading=d.get("reading", ""),
+                               advice=d.get("advice", ""), risk=d.get("risk", ""), error=d.get("error", "")))
+    return out
+
+
+# ------------------------------------------------------------------------------ situations
+@dataclass
+class SituationView:
+    id: str
+    text: str
+    created_at: datetime
+    results: list[PanelResult]
+
+
+async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str) -> str:
+    """The shared context the panel sees: what the user shares with this companion."""
+    companion = await get_companion(db, cipher, companion_id)
+    return context_for(companion, await get_shared_context(db, cipher))
+
+
+async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
+                         results: list[PanelResult]) -> str:
+    row = Situation(id=new_id(), user_id=cipher.user_id, companion_id=companion_id)
+    row.text_ct = seal(cipher, row, "text_ct", text)
+    async with db.begin():
+        owned = (await db.execute(select(Companion.id).where(Companion.id == companion_id,
+                                                             Companion.user_id == cipher.user_id))).scalar_one_or_none()
+        if owned is None:
+            raise NotFound("companion")
+        db.add(row)
+        await db.flush()
+        db.add_all(_reading_rows(cipher, results, situation_id=row.id))
+    return row.id
+
+
+async def list_situations(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 20) -> list[SituationView]:
+    async with db.begin():
+        rows = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
+                                                         Situation.user_id == cipher.user_id)
+                                 .order_by(Situation.created_at.desc()).limit(limit))).scalars().all()
+        ids = [r.id for r in rows]
+        readings = (await db.execute(select(Reading).where(Reading.situation_id.in_(ids),
+                                                           Reading.user_id == cipher.user_id))).scalars().all() if ids else []
+        by_sit: dict[str, list[Reading]] = {}
+        for rd in readings:
+            by_sit.setdefault(rd.situation_id, []).append(rd)
+        return [SituationView(id=r.id, text=unseal(cipher, r, "text_ct"), created_at=r.created_at,
+                              results=_read_results(cipher, by_sit.get(r.id, []))) for r in rows]
+
+
+async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) -> None:
+    async with db.begin():
+        gone = await db.execute(delete(Situation).where(Situation.id == situation_id, Situation.user_id == user_id))
+        if gone.rowcount != 1:
+            raise NotFound("situation")
+
+
+# ------------------------------------------------------------------------------ agents
+@dataclass
+class AgentView:
+    id: str
+    name: str
+    personality: str
+    backstory: str
+    relationship: str
+
+
+_AGENT_FIELDS = ("name", "personality", "backstory", "relationship")
+
+
+def _agent_view(cipher: UserCipher, row: Agent) -> AgentView:
+    return AgentView(id=row.id, **{f: unseal(cipher, row, f"{f}_ct") for f in _AGENT_FIELDS})
+
+
+async def create_agent(db: AsyncSession, cipher: UserCipher, **fields: str) -> AgentView:
+    """fields: name, personality, backstory, relationship (all required text)."""
+    unknown = set(fields) - set(_AGENT_FIELDS)
+    if unknown:
+        raise TypeError(f"unexpected fields: {sorted(unknown)}")
+    row = Agent(id=new_id(), user_id=cipher.user_id)
+    for f in _AGENT_FIELDS:
+        limit = 60 if f == "name" else MAX_AGENT_FIELD
+        setattr(row, f"{f}_ct", seal(cipher, row, f"{f}_ct", clean_text(fields.get(f), f, limit)))
+    async with db.begin():
+        db.add(row)
+    return _agent_view(cipher, row)
+
+
+async def list_agents(db: AsyncSession, cipher: UserCipher) -> list[AgentView]:
+    async with db.begin():
+        rows = (await db.execute(select(Agent).where(Agent.user_id == cipher.user_id)
+                                 .order_by(Agent.created_at))).scalars().all()
+        return [_agent_view(cipher, r) for r in rows]
+
+
+async def delete_agent(db: AsyncSession, user_id: str, agent_id: str) -> None:
+    async with db.begin():
+        gone = await db.execute(delete(Agent).where(Agent.id == agent_id, Agent.user_id == user_id))
+        if gone.rowcount != 1:
+            raise NotFound("agent")
+
+
+# ------------------------------------------------------------------------------ rehearsals
+@dataclass
+class TurnView:
+    id: str
+    role: str  # "user" | "agent"
+    text: str
+    created_at: datetime
+    results: list[PanelResult] = field(default_factory=list)
+
+
+@dataclass
+class RehearsalView:
+    id: str
+    companion_id: str
+    agent: AgentView
+    turns: list[TurnView]
+
+
+async def start_rehearsal(db: AsyncSession, cipher: UserCipher, companion_id: str, agent_id: str) -> str:
+    async with db.begin():
+        comp = (await db.execute(select(Companion.id).where(Companion.id == companion_id,
+                                                            Companion.user_id == cipher.user_id))).scalar_one_or_none()
+        agent = (await db.execute(select(Agent.id).where(Agent.id == agent_id,
+                                                         Agent.user_id == cipher.user_id))).scalar_one_or_none()
+        if comp is None:
+            raise NotFound("companion")
+        if agent is None:
+            raise InputError("agent_id", "choose one of your agents")
+        row = Rehearsal(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, agent_id=agent_id)
+        db.add(row)
+    return row.id
+
+
+async def list_rehearsals(db: AsyncSession, cipher: UserCipher, companion_id: str) -> list[tuple[str, str]]:
+    """(rehearsal id, agent name) pairs for this companion, newest first."""
+    async with db.begin():
+        rows = (await db.execute(select(Rehearsal, Agent).join(Agent, Agent.id == Rehearsal.agent_id)
+                                 .where(Rehearsal.companion_id == companion_id, Rehearsal.user_id == cipher.user_id)
+                                 .order_by(Rehearsal.created_at.desc()))).all()
+        return [(r.id, unseal(cipher, a, "name_ct")) for r, a in rows]
+
+
+async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str) -> RehearsalView:
+    async with db.begin():
+        row = (await db.execute(select(Rehearsal, Agent).join(Agent, Agent.id == Rehearsal.agent_id)
+                                .where(Rehearsal.id == rehearsal_id, Rehearsal.user_id == cipher.user_id))).first()
+        if row is None:
+            raise NotFound("rehearsal")
+        reh, agent = row
+        turns = (await db.execute(select(RehearsalTurn).where(RehearsalTurn.rehearsal_id == reh.id)
+                                  .order_by(RehearsalTurn.created_at))).scalars().all()
+        ids = [t.id for t in turns]
+        readings = (await db.execute(select(Reading).where(Reading.turn_id.in_(ids)))).scalars().all() if ids else []
+        by_turn: dict[str, list[Reading]] = {}
+        for rd in readings:
+            by_turn.setdefault(rd.turn_id, []).append(rd)
+        views = [TurnView(id=t.id, role=t.role, text=unseal(cipher, t, "body_ct"), created_at=t.created_at,
+                          results=_read_results(cipher, by_turn.get(t.id, []))) for t in turns]
+        return RehearsalView(id=reh.id, companion_id=reh.companion_id, agent=_agent_view(cipher, agent), turns=views)
+
+
+def rehearsal_messages(view: RehearsalView, shared_context: str, text: str, turns: int) -> list[dict]:
+    a = view.agent
+    system = prompts.rehearsal_system_prompt(name=a.name, personality=a.personality, backstory=a.backstory,
+                                             relationship=a.relationship, shared_context=shared_context)
+    out = [{"role": "system", "content": system}]
+    for t in view.turns[-2 * turns:]:
+        out.append({"role": "user" if t.role == "user" else "assistant", "content": t.text})
+    out.append({"role": "user", "content": text})
+    return out
+
+
+def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
+    """What the analysts read after a rehearsal turn: who it is, and the latest exchange in context."""
+    a = view.agent
+    lines = [f"I am rehearsing a hard conversation with {a.name} ({a.relationship}). "
+             f"{a.name}: {a.personality}", "", "The conversation so far:"]
+    for t in view.turns[-6:]:
+        lines.append(f"{'Me' if t.role == 'user' else a.name}: {t.text}")
+    lines += [f"Me: {text}", f"{a.name}: {reply}", "", "How is it going, and what should I say next?"]
+    return "\n".join(lines)
+
+
+async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
+                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float) -> TurnView:
+    """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
+    text = clean_text(text, "message", max_chars)
+    view = await get_rehearsal(db, cipher, rehearsal_id)
+    shared = await panel_context(db, cipher, view.companion_id)
+    result = await model.complete(rehearsal_messages(view, shared, text, turns), kind="chat", deadline_s=deadline_s,
+                                  request_id=uuid.uuid4().hex)
+    reply = result.envelope.message
+    results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+    now = utcnow()
+    user_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="user", created_at=now)
+    user_row.body_ct = seal(cipher, user_row, "body_ct", text)
+    agent_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="agent",
+                              created_at=now + timedelta(microseconds=1))
+    agent_row.body_ct = seal(cipher, agent_row, "body_ct", reply)
+    async with db.begin():
+        owned = (await db.execute(select(Rehearsal.id).where(Rehearsal.id == rehearsal_id,
+                                                             Rehearsal.user_id == cipher.user_id))).scalar_one_or_none()
+        if owned is None:
+            raise NotFound("rehearsal")
+        db.add_all([user_row, agent_row])
+        await db.flush()
+        db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
+    return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
+
+
+async def delete_rehearsal(db: AsyncSession, user_id: str, rehearsal_id: str) -> None:
+    async with db.begin():
+        gone = await db.execute(delete(Rehearsal).where(Rehearsal.id == rehearsal_id, Rehearsal.user_id == user_id))
+        if gone.rowcount != 1:
+            raise NotFound("rehearsal")

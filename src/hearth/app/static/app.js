@@ -1,0 +1,161 @@
+// hearth: a little progressive enhancement. Every form works without this file (plain POST +
+// redirect); with it, chat replies stream in and the analyst panel fills in as each analyst answers.
+"use strict";
+
+async function readEvents(response, onEvent) {
+  // Minimal SSE reader over fetch (EventSource cannot POST).
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let event = "message", data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event: ")) event = line.slice(7);
+        else if (line.startsWith("data: ")) data += line.slice(6);
+      }
+      onEvent(event, data ? JSON.parse(data) : {});
+    }
+  }
+}
+
+async function postStream(form) {
+  const body = new URLSearchParams(new FormData(form));
+  const response = await fetch(form.action, {
+    method: "POST", body, credentials: "same-origin",
+    headers: { "Accept": "text/event-stream", "X-CSRF-Token": form.elements.csrf.value },
+  });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { const j = await response.json(); detail = j.detail || j.error || detail; } catch (e) { /* not JSON */ }
+    throw new Error(detail);
+  }
+  return response;
+}
+
+function bubble(list, role, text) {
+  const li = document.createElement("li");
+  li.className = "msg " + role;
+  const p = document.createElement("p");
+  p.textContent = text;
+  li.appendChild(p);
+  list.appendChild(li);
+  li.scrollIntoView({ block: "end" });
+  return li;
+}
+
+function setupChat(form) {
+  const list = document.getElementById("messages");
+  const error = document.getElementById("chat-error");
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const box = form.elements.message;
+    const text = box.value.trim();
+    if (!text) return;
+    const button = form.querySelector("button");
+    button.disabled = true;
+    error.hidden = true;
+    const mine = bubble(list, "user pending", text);
+    const reply = bubble(list, "companion pending", "");
+    box.value = "";
+    let finished = false;
+    try {
+      const response = await postStream(form);
+      await readEvents(response, (event, data) => {
+        if (event === "delta") {
+          reply.querySelector("p").textContent += data.text;
+        } else if (event === "done") {
+          finished = true;
+          reply.querySelector("p").textContent = data.message;
+          reply.dataset.id = data.reply_id;
+          mine.dataset.id = data.user_message_id;
+          mine.classList.remove("pending");
+          reply.classList.remove("pending");
+          if (data.mood) {
+            const mood = document.createElement("span");
+            mood.className = "mood"; mood.textContent = data.mood; reply.appendChild(mood);
+          }
+          const stage = document.getElementById("stage");
+          if (stage && data.stage) stage.textContent = data.stage;
+        } else if (event === "error") {
+          throw new Error(data.message);
+        }
+      });
+      if (!finished) throw new Error("The connection closed before the reply was saved.");
+    } catch (e) {
+      mine.remove(); reply.remove();
+      box.value = text;  // nothing was saved: give the text back
+      error.textContent = e.message; error.hidden = false;
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
+function setupPanel(form) {
+  const panel = document.getElementById("live-panel");
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const button = form.querySelector("button");
+    button.disabled = true;
+    panel.hidden = false;
+    for (const li of panel.querySelectorAll("li")) {
+      li.className = "reading pending";
+      li.querySelector("p").textContent = "thinking…";
+      li.querySelectorAll(".advice, .risk").forEach((n) => n.remove());
+    }
+    try {
+      const response = await postStream(form);
+      await readEvents(response, (event, data) => {
+        if (event === "reading") {
+          const li = panel.querySelector(`[data-analyst="${data.analyst}"]`);
+          li.className = "reading " + (data.ok ? "ok" : "failed");
+          const risk = document.createElement("span");
+          risk.className = "risk " + (data.ok ? data.risk : "high");
+          risk.textContent = data.ok ? "risk: " + data.risk : "failed";
+          li.querySelector("h4").appendChild(risk);
+          li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer (" + data.error + ").";
+          if (data.ok) {
+            const advice = document.createElement("p");
+            advice.className = "advice"; advice.textContent = data.advice; li.appendChild(advice);
+          }
+        } else if (event === "done") {
+          panel.dataset.saved = data.situation_id;
+          form.elements.situation.value = "";
+        } else if (event === "error") {
+          throw new Error(data.message);
+        }
+      });
+    } catch (e) {
+      panel.dataset.error = e.message;
+      alert(e.message);
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  for (const form of document.querySelectorAll("form[data-confirm]")) {
+    form.addEventListener("submit", (ev) => { if (!confirm(form.dataset.confirm)) ev.preventDefault(); });
+  }
+  for (const form of document.querySelectorAll("form[data-busy]")) {
+    form.addEventListener("submit", () => {
+      const button = form.querySelector("button");
+      button.disabled = true;
+      button.textContent = form.dataset.busy;
+    });
+  }
+  const chat = document.querySelector('form[data-stream="chat"]');
+  if (chat) setupChat(chat);
+  const panel = document.querySelector('form[data-stream="panel"]');
+  if (panel) setupPanel(panel);
+  const bottom = document.getElementById("bottom");
+  if (bottom && location.hash === "#bottom") bottom.scrollIntoView();
+});

@@ -1,0 +1,178 @@
+"""SQLAlchemy 2 models. Every column holding user text is ``*_ct`` (AES-GCM ciphertext, see
+``hearth.app.crypto``); plaintext columns hold only identifiers, enum-like labels, counters and times.
+
+Ids are 32-character hex uuids generated in Python *before* insert, because each ciphertext binds
+its record id as associated data. Child rows reference their owner with ``ON DELETE CASCADE`` so
+clearing or deleting is a real delete, not a flag.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from sqlalchemy import (Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, MetaData, String)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def _id() -> Mapped[str]:
+    return mapped_column(String(32), primary_key=True, default=new_id)
+
+
+def _owner() -> Mapped[str]:
+    return mapped_column(String(32), ForeignKey("users.id", ondelete="CASCADE"), index=True)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[str] = _id()
+    username: Mapped[str] = mapped_column(String(64), unique=True)  # login name (lower-case)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    wrapped_key: Mapped[bytes] = mapped_column(LargeBinary)  # data key under the master key
+    master_key_id: Mapped[str] = mapped_column(String(16))
+    shared_context_ct: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class Session(Base):
+    __tablename__ = "sessions"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the cookie token
+    user_id: Mapped[str] = _owner()
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Companion(Base):
+    __tablename__ = "companions"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    name_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    persona_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    world_view: Mapped[str] = mapped_column(String(32))
+    share_context: Mapped[bool] = mapped_column(Boolean, default=True)
+    affection: Mapped[int] = mapped_column(Integer, default=0)
+    trust: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = _created()
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_companion_created", "companion_id", "created_at"),)
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))  # "user" | "companion"
+    body_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    meta_ct: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # mood, suggestions, provider
+    created_at: Mapped[datetime] = _created()
+
+
+class Memory(Base):
+    __tablename__ = "memories"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"), index=True)
+    text_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _created()
+
+
+class Post(Base):
+    __tablename__ = "posts"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    body_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _created()
+
+
+class Comment(Base):
+    __tablename__ = "comments"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    post_id: Mapped[str] = mapped_column(String(32), ForeignKey("posts.id", ondelete="CASCADE"), index=True)
+    companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"))
+    body_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    tone: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = _created()
+
+
+class Situation(Base):
+    __tablename__ = "situations"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"), index=True)
+    text_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _created()
+
+
+class Agent(Base):
+    """A person the user rehearses a conversation with (the model plays them)."""
+
+    __tablename__ = "agents"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    name_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    personality_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    backstory_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    relationship_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _created()
+
+
+class Rehearsal(Base):
+    __tablename__ = "rehearsals"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"), index=True)
+    agent_id: Mapped[str] = mapped_column(String(32), ForeignKey("agents.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = _created()
+
+
+class RehearsalTurn(Base):
+    __tablename__ = "rehearsal_turns"
+    __table_args__ = (Index("ix_rehearsal_turns_rehearsal_created", "rehearsal_id", "created_at"),)
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    rehearsal_id: Mapped[str] = mapped_column(String(32), ForeignKey("rehearsals.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))  # "user" | "agent"
+    body_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _created()
+
+
+class Reading(Base):
+    """One analyst's reading of a situation, or of a rehearsal turn (exactly one parent is set)."""
+
+    __tablename__ = "readings"
+    id: Mapped[str] = _id()
+    user_id: Mapped[str] = _owner()
+    situation_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("situations.id", ondelete="CASCADE"), nullable=True, index=True)
+    turn_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("rehearsal_turns.id", ondelete="CASCADE"), nullable=True, index=True)
+    analyst: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))  # "ok" | "failed"
+    body_ct: Mapped[bytes] = mapped_column(LargeBinary)  # JSON: reading/advice/risk, or the failure
+    created_at: Mapped[datetime] = _created()

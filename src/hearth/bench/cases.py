@@ -1,0 +1,430 @@
+"""Op specs for the benchmark: sizes, byte / FLOP formulas, input makers and fp32 references.
+
+A *case* is op x size x dtype x mode, where mode is
+  fwd  - the forward alone, inputs without requires_grad (inference forward);
+  bwd  - the backward alone (forward run once outside the timed region, backward with retain_graph);
+  full - forward then backward, gradients reset to None before every call.
+
+Each OpSpec states the work a case must do at least: for memory-bound ops the fewest bytes
+(each input read once, each output written once) giving GB/s, for matmul-bound ops the FLOPs
+giving TFLOP/s. The same formula text is written into the Markdown report.
+
+Inputs are random normal (never zeros: zeros hide unwritten outputs), drawn from a seeded
+generator so every provider of a case sees the same tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+MODES = ("fwd", "bwd", "full")
+
+
+@dataclass
+class OpSpec:
+    """One benchmarked op.
+
+    make(size, dtype, device, requires_grad) -> dict of named input tensors.
+    reference(**fp32 inputs) -> output tensor or tuple (autograd-differentiable, fp32).
+    grad_names: the inputs whose gradients are checked and reset (in this order).
+    work(size, itemsize, mode) -> bytes (metric "GB/s") or FLOPs (metric "TFLOP/s").
+    """
+
+    name: str
+    metric: str  # "GB/s" or "TFLOP/s"
+    formula: str
+    work: Callable[[dict, int, str], float]
+    make: Callable
+    reference: Callable
+    grad_names: Callable[[dict], list[str]]
+    label: Callable[[dict], str]
+    sizes: dict[str, list[dict]]
+    headline: list[tuple[dict, tuple[str, ...]]]
+    knob: str
+    explicit: Callable[[int], dict]
+    modes: tuple[str, ...] = MODES
+    notes: str = ""
+    check_sizes: list[dict] = field(default_factory=list)
+    # non-tensor keyword arguments a size implies for the op and its reference (attention: causal)
+    call_kwargs: Callable[[dict], dict] = lambda s: {}
+
+
+# ----------------------------------------------------------------------------- helpers
+def _randn(shape, dtype, device, gen, requires_grad=False, scale=1.0):
+    import torch
+
+    t = torch.randn(shape, generator=gen, device="cpu", dtype=torch.float32) * scale
+    return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+
+def _gen(seed=0):
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def _mode_factor(mode: str, fwd: float, bwd: float) -> float:
+    """Work of a mode from the forward and backward terms (full = fwd + bwd unless fused)."""
+    return {"fwd": fwd, "bwd": bwd, "full": fwd + bwd}[mode]
+
+
+# ----------------------------------------------------------------------------- softmax
+def _softmax_make(s, dtype, device, rg):
+    return {"x": _randn((s["M"], s["N"]), dtype, device, _gen(), rg)}
+
+
+def _softmax_ref(x):
+    import torch
+
+    return torch.softmax(x, dim=-1)
+
+
+def _softmax_work(s, b, mode):
+    mn = s["M"] * s["N"] * b
+    return {"fwd": 2 * mn, "bwd": 3 * mn, "full": 5 * mn}[mode]
+
+
+# ----------------------------------------------------------------------------- cross entropy
+def _ce_make(s, dtype, device, rg):
+    import torch
+
+    x = _randn((s["N"], s["V"]), dtype, device, _gen(), rg, scale=2.0)
+    t = torch.randint(0, s["V"], (s["N"],), generator=_gen(1)).to(device)
+    return {"input": x, "target": t}
+
+
+def _ce_ref(input, target):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(input, target)
+
+
+def _ce_work(s, b, mode):
+    nv = s["N"] * s["V"] * b
+    # fwd reads the logits once; bwd reads logits and writes their gradient; a fused fwd+bwd
+    # can write the gradient while it reads the logits: read once + write once.
+    return {"fwd": nv, "bwd": 2 * nv, "full": 2 * nv}[mode] + s["N"] * 8
+
+
+# ----------------------------------------------------------------------------- linear cross entropy
+def _lce_make(s, dtype, device, rg):
+    import torch
+
+    x = _randn((s["N"], s["H"]), dtype, device, _gen(), rg)
+    w = _randn((s["V"], s["H"]), dtype, device, _gen(2), rg and not s.get("frozen", 0), scale=1.0 / math.sqrt(s["H"]))
+    t = torch.randint(0, s["V"], (s["N"],), generator=_gen(1)).to(device)
+    return {"input": x, "linear_weight": w, "target": t}
+
+
+def _lce_ref(input, linear_weight, target):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(F.linear(input, linear_weight), target)
+
+
+def _lce_work(s, b, mode):
+    mm = 2 * s["N"] * s["H"] * s["V"]
+    bwd = mm if s.get("frozen", 0) else 2 * mm  # grad input (+ grad weight unless frozen)
+    return _mode_factor(mode, mm, bwd)
+
+
+def _lce_grads(s):
+    return ["input"] if s.get("frozen", 0) else ["input", "linear_weight"]
+
+
+# ----------------------------------------------------------------------------- norms
+def _rms_make(s, dtype, device, rg):
+    import torch
+
+    w = (torch.randn((s["N"],), generator=_gen(3)) * 0.1 + 1.0).to(device=device, dtype=dtype)
+    return {"x": _randn((s["M"], s["N"]), dtype, device, _gen(), rg), "weight": w.requires_grad_(rg)}
+
+
+def _rms_ref(x, weight):
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+
+def _ln_make(s, dtype, device, rg):
+    d = _rms_make(s, dtype, device, rg)
+    d["bias"] = _randn((s["N"],), dtype, device, _gen(4), rg, scale=0.1)
+    return d
+
+
+def _ln_ref(x, weight, bias):
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5)
+
+
+def _norm_work(s, b, mode):
+    mn = s["M"] * s["N"] * b
+    # fwd: read x, write y. bwd: read x and dy, write dx. full: read x and dy, write y and dx
+    # (a fused fwd+bwd need not re-read x). Weight/bias terms (N elements) are counted once.
+    return {"fwd": 2 * mn, "bwd": 3 * mn, "full": 4 * mn}[mode] + 2 * s["N"] * b
+
+
+# ----------------------------------------------------------------------------- rope
+def _rope_make(s, dtype, device, rg):
+    import torch
+
+    B, Hq, Hk, T, D = s["B"], s["Hq"], s["Hk"], s["T"], s["D"]
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
+    emb = torch.cat([ang, ang], dim=-1)[None]  # [1, T, D], rotate-half convention
+    return {
+        "q": _randn((B, Hq, T, D), dtype, device, _gen(), rg),
+        "k": _randn((B, Hk, T, D), dtype, device, _gen(5), rg),
+        "cos": emb.cos().to(device=device, dtype=dtype),
+        "sin": emb.sin().to(device=device, dtype=dtype),
+    }
+
+
+def rotate_half(x):
+    import torch
+
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope_ref(q, k, cos, sin):
+    c, s_ = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * c + rotate_half(q) * s_, k * c + rotate_half(k) * s_
+
+
+def _rope_work(s, b, mode):
+    qk = s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"] * b
+    cs = 2 * s["T"] * s["D"] * b
+    return {"fwd": 2 * qk + cs, "bwd": 2 * qk + cs, "full": 4 * qk + cs}[mode]
+
+
+# ----------------------------------------------------------------------------- swiglu
+def _swiglu_make(s, dtype, device, rg):
+    return {"gate": _randn((s["M"], s["I"]), dtype, device, _gen(), rg), "up": _randn((s["M"], s["I"]), dtype, device, _gen(6), rg)}
+
+
+def _swiglu_ref(gate, up):
+    import torch.nn.functional as F
+
+    return F.silu(gate) * up
+
+
+def _swiglu_work(s, b, mode):
+    mi = s["M"] * s["I"] * b
+    # fwd: read g, u; write h. bwd: read g, u, dh; write dg, du. full: read g, u, dh; write h, dg, du.
+    return {"fwd": 3 * mi, "bwd": 5 * mi, "full": 6 * mi}[mode]
+
+
+# ----------------------------------------------------------------------------- swiglu mlp
+def _mlp_make(s, dtype, device, rg):
+    H, I = s["H"], s["I"]
+    return {
+        "x": _randn((s["N"], H), dtype, device, _gen(), rg),
+        "w_gate": _randn((I, H), dtype, device, _gen(7), rg, scale=1 / math.sqrt(H)),
+        "w_up": _randn((I, H), dtype, device, _gen(8), rg, scale=1 / math.sqrt(H)),
+        "w_down": _randn((H, I), dtype, device, _gen(9), rg, scale=1 / math.sqrt(I)),
+    }
+
+
+def _mlp_ref(x, w_gate, w_up, w_down):
+    import torch.nn.functional as F
+
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def _mlp_work(s, b, mode):
+    mm = 3 * 2 * s["N"] * s["H"] * s["I"]  # gate, up, down projections
+    return _mode_factor(mode, mm, 2 * mm)
+
+
+# ----------------------------------------------------------------------------- attention
+def _attn_make(s, dtype, device, rg):
+    B, Hq, Hk, T, D = s["B"], s["Hq"], s["Hk"], s["T"], s["D"]
+    return {
+        "q": _randn((B, Hq, T, D), dtype, device, _gen(), rg),
+        "k": _randn((B, Hk, T, D), dtype, device, _gen(10), rg),
+        "v": _randn((B, Hk, T, D), dtype, device, _gen(11), rg),
+    }
+
+
+def attention_reference(q, k, v, causal):
+    """fp32 attention one (batch, kv-head) group at a time, so T=16k never materialises all
+    B*H*T*T scores at once. Differentiable: autograd flows through each chunk."""
+    import torch
+
+    B, Hq, T, D = q.shape
+    Hk = k.shape[1]
+    g = Hq // Hk
+    scale = 1.0 / math.sqrt(D)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if causal else None
+    outs = []
+    for b in range(B):
+        heads = []
+        for h in range(Hk):
+            qs = q[b, h * g:(h + 1) * g]  # [g, T, D]
+            sc = (qs @ k[b, h].transpose(-1, -2)) * scale  # [g, T, T]
+            if mask is not None:
+                sc = sc.masked_fill(~mask, float("-inf"))
+            heads.append(torch.softmax(sc, dim=-1) @ v[b, h])
+        outs.append(torch.cat(heads, 0))
+    return torch.stack(outs, 0)
+
+
+def _attn_work(s, b, mode):
+    f = 4 * s["B"] * s["Hq"] * s["T"] * s["T"] * s["D"] * (0.5 if s["causal"] else 1.0)
+    return {"fwd": f, "bwd": 2.5 * f, "full": 3.5 * f}[mode]
+
+
+# ----------------------------------------------------------------------------- matmul
+def _mm_make(s, dtype, device, rg):
+    return {"a": _randn((s["M"], s["K"]), dtype, device, _gen(), rg), "b": _randn((s["K"], s["N"]), dtype, device, _gen(12), rg)}
+
+
+def _mm_ref(a, b):
+    return a @ b
+
+
+def _mm_work(s, b, mode):
+    f = 2 * s["M"] * s["N"] * s["K"]
+    return _mode_factor(mode, f, 2 * f)
+
+
+# ----------------------------------------------------------------------------- labels
+def _mn(s):
+    return f"{s['M']}x{s['N']}"
+
+
+def _attn_label(s):
+    heads = f"H={s['Hq']}" if s["Hq"] == s["Hk"] else f"Hq={s['Hq']} Hk={s['Hk']}"
+    return f"B={s['B']} {heads} T={s['T']} D={s['D']} {'causal' if s['causal'] else 'non-causal'}"
+
+
+def _rope_label(s):
+    return f"q[{s['B']},{s['Hq']},{s['T']},{s['D']}] k[{s['B']},{s['Hk']},{s['T']},{s['D']}]"
+
+
+def _lce_label(s):
+    return f"N={s['N']} H={s['H']} V={s['V']}" + (" frozen W" if s.get("frozen", 0) else "")
+
+
+def _attn(B, Hq, Hk, T, D=128, causal=1):
+    return dict(B=B, Hq=Hq, Hk=Hk, T=T, D=D, causal=causal)
+
+
+FWD, FULL, BOTH = ("fwd",), ("full",), ("fwd", "full")
+
+SPECS: dict[str, OpSpec] = {
+    "softmax": OpSpec(
+        "softmax", "GB/s", "bytes: fwd 2*M*N*b (read x, write y); bwd 3*M*N*b (read y, dy; write dx); full 5*M*N*b",
+        _softmax_work, _softmax_make, _softmax_ref, lambda s: ["x"], _mn,
+        sizes={"sweep": [dict(M=4096, N=n) for n in (1024, 4096, 16384, 65536, 262144)],
+               "small": [dict(M=1024, N=n) for n in (1024, 8192)]},
+        headline=[(dict(M=16384, N=8192), BOTH), (dict(M=4096, N=262144), FWD)],
+        knob="N", explicit=lambda v: dict(M=4096, N=v),
+        check_sizes=[dict(M=5, N=100)]),
+    "cross_entropy": OpSpec(
+        "cross_entropy", "GB/s", "bytes: fwd N*V*b; bwd 2*N*V*b; full 2*N*V*b (read logits once, write grad once); + 8*N for targets",
+        _ce_work, _ce_make, _ce_ref, lambda s: ["input"], lambda s: f"N={s['N']} V={s['V']}",
+        sizes={"sweep": [dict(N=8192, V=v) for v in (32768, 65536, 131072, 151936, 262144)],
+               "small": [dict(N=1024, V=v) for v in (32768, 131072)]},
+        headline=[(dict(N=8192, V=131072), FULL), (dict(N=16384, V=151936), FULL)],
+        knob="V", explicit=lambda v: dict(N=8192, V=v),
+        check_sizes=[dict(N=6, V=100)]),
+    "linear_cross_entropy": OpSpec(
+        "linear_cross_entropy", "TFLOP/s", "FLOPs: fwd 2*N*H*V; bwd 4*N*H*V (2*N*H*V with frozen W); full = fwd + bwd",
+        _lce_work, _lce_make, _lce_ref, _lce_grads, _lce_label,
+        sizes={"sweep": [dict(N=8192, H=4096, V=v) for v in (32768, 65536, 131072, 262144)],
+               "small": [dict(N=1024, H=1024, V=32768)]},
+        headline=[(dict(N=8192, H=4096, V=131072), FULL), (dict(N=8192, H=5120, V=151936), FULL),
+                  (dict(N=8192, H=5120, V=151936, frozen=1), FULL)],
+        knob="V", explicit=lambda v: dict(N=8192, H=4096, V=v),
+        notes="memory: total = everything the call allocates incl. the [V, H] weight gradient; activation = total - gradients",
+        check_sizes=[dict(N=6, H=32, V=100), dict(N=6, H=32, V=100, frozen=1)]),
+    "rms_norm": OpSpec(
+        "rms_norm", "GB/s", "bytes: fwd 2*M*N*b; bwd 3*M*N*b; full 4*M*N*b (read x, dy; write y, dx); + 2*N*b for the weight",
+        _norm_work, _rms_make, _rms_ref, lambda s: ["x", "weight"], _mn,
+        sizes={"sweep": [dict(M=16384, N=n) for n in (1024, 2048, 4096, 8192, 16384)] + [dict(M=m, N=4096) for m in (4096, 65536)],
+               "small": [dict(M=4096, N=n) for n in (1024, 4096)]},
+        headline=[(dict(M=32768, N=4096), FULL)],
+        knob="N", explicit=lambda v: dict(M=16384, N=v), check_sizes=[dict(M=5, N=96)]),
+    "layer_norm": OpSpec(
+        "layer_norm", "GB/s", "bytes: fwd 2*M*N*b; bwd 3*M*N*b; full 4*M*N*b; + 2*N*b for weight and bias",
+        _norm_work, _ln_make, _ln_ref, lambda s: ["x", "weight", "bias"], _mn,
+        sizes={"sweep": [dict(M=16384, N=n) for n in (1024, 2048, 4096, 8192, 16384)] + [dict(M=m, N=4096) for m in (4096, 65536)],
+               "small": [dict(M=4096, N=n) for n in (1024, 4096)]},
+        headline=[(dict(M=32768, N=4096), FULL)],
+        knob="N", explicit=lambda v: dict(M=16384, N=v), check_sizes=[dict(M=5, N=96)]),
+    "rope": OpSpec(
+        "rope", "GB/s", "bytes: fwd and bwd 2*(Nq+Nk)*b; full 4*(Nq+Nk)*b, Nq = B*Hq*T*D, Nk = B*Hk*T*D; + 2*T*D*b for cos/sin",
+        _rope_work, _rope_make, _rope_ref, lambda s: ["q", "k"], _rope_label,
+        sizes={"sweep": [dict(B=1, Hq=32, Hk=8, T=t, D=128) for t in (1024, 2048, 4096, 8192, 16384)],
+               "small": [dict(B=1, Hq=32, Hk=8, T=1024, D=128)]},
+        headline=[(dict(B=4, Hq=32, Hk=8, T=4096, D=128), FULL)],
+        knob="T", explicit=lambda v: dict(B=1, Hq=32, Hk=8, T=v, D=128), check_sizes=[dict(B=1, Hq=4, Hk=2, T=8, D=16)]),
+    "swiglu": OpSpec(
+        "swiglu", "GB/s", "bytes: fwd 3*M*I*b; bwd 5*M*I*b; full 6*M*I*b (read g, u, dh; write h, dg, du)",
+        _swiglu_work, _swiglu_make, _swiglu_ref, lambda s: ["gate", "up"], lambda s: f"{s['M']}x{s['I']}",
+        sizes={"sweep": [dict(M=m, I=14336) for m in (1024, 4096, 8192, 16384, 32768)],
+               "small": [dict(M=1024, I=14336)]},
+        headline=[(dict(M=8192, I=14336), FULL)],
+        knob="M", explicit=lambda v: dict(M=v, I=14336), check_sizes=[dict(M=5, I=96)]),
+    "swiglu_mlp": OpSpec(
+        "swiglu_mlp", "TFLOP/s", "FLOPs: fwd 6*N*H*I (gate, up, down); bwd 12*N*H*I; full 18*N*H*I",
+        _mlp_work, _mlp_make, _mlp_ref, lambda s: ["x", "w_gate", "w_up", "w_down"], lambda s: f"N={s['N']} H={s['H']} I={s['I']}",
+        sizes={"sweep": [dict(N=n, H=4096, I=14336) for n in (1024, 2048, 4096, 8192, 16384)],
+               "small": [dict(N=1024, H=1024, I=4096)]},
+        headline=[(dict(N=8192, H=4096, I=14336), FULL)],
+        knob="N", explicit=lambda v: dict(N=v, H=4096, I=14336),
+        notes="hearth = hearth.nn.SwiGLUMLP; memory: total incl. the three weight gradients, activation = total - gradients",
+        check_sizes=[dict(N=5, H=32, I=64)]),
+    "attention": OpSpec(
+        "attention", "TFLOP/s", "FLOPs: fwd 4*B*Hq*T*T*D (halved when causal); bwd 2.5x fwd; full 3.5x fwd",
+        _attn_work, _attn_make, None, lambda s: ["q", "k", "v"], _attn_label,
+        sizes={"sweep": [_attn(max(1, 16384 // t), 32, 32, t) for t in (512, 1024, 2048, 4096, 8192, 16384)],
+               "small": [_attn(2, 16, 16, 1024)]},
+        headline=[(_attn(4, 32, 32, 4096), BOTH), (_attn(4, 40, 8, 4096), BOTH), (_attn(4, 32, 32, 4096, causal=0), BOTH)],
+        knob="T", explicit=lambda v: _attn(max(1, 16384 // v), 32, 32, v),
+        check_sizes=[_attn(1, 4, 2, 16, D=16, causal=1), _attn(1, 2, 2, 16, D=16, causal=0)]),
+    "matmul": OpSpec(
+        "matmul", "TFLOP/s", "FLOPs: fwd 2*M*N*K; bwd 4*M*N*K; full 6*M*N*K",
+        _mm_work, _mm_make, _mm_ref, lambda s: ["a", "b"], lambda s: f"{s['M']}x{s['N']}x{s['K']}",
+        sizes={"sweep": [dict(M=n, N=n, K=n) for n in (1024, 2048, 4096, 8192, 16384)],
+               "small": [dict(M=2048, N=2048, K=2048)]},
+        headline=[(dict(M=4096, N=4096, K=4096), FWD), (dict(M=8192, N=8192, K=8192), FWD)],
+        knob="M", explicit=lambda v: dict(M=v, N=v, K=v), check_sizes=[dict(M=33, N=40, K=48)]),
+}
+SPECS["attention"].reference = attention_reference
+SPECS["attention"].call_kwargs = lambda s: {"causal": bool(s["causal"])}
+
+
+def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) -> list[tuple[dict, str]]:
+    """(size, mode) pairs for `spec` under a size preset.
+
+    sizes: "headline" (the TARGETS.md shapes with their modes), "sweep", "small", or a comma list
+    of integers for the op's knob (spec.explicit builds the size). check=True uses the tiny
+    CPU-interpreter sizes whatever `sizes` says. modes filters (default: the preset's modes;
+    fwd+full for sweeps, since bwd alone is full minus fwd to within noise)."""
+    if check:
+        pairs = [(s, m) for s in spec.check_sizes for m in spec.modes]
+    elif sizes == "headline":
+        pairs = [(s, m) for s, ms in spec.headline for m in ms]
+    elif sizes in ("sweep", "small"):
+        pairs = [(s, m) for s in spec.sizes[sizes] for m in ("fwd", "full")]
+    else:
+        try:
+            values = [int(v) for v in sizes.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"sizes must be headline, sweep, small or a comma list of integers, got {sizes!r}") from None
+        if not values:
+            raise ValueError(f"sizes must name at least one size, got {sizes!r}")
+        pairs = [(spec.explicit(v), m) for v in values for m in ("fwd", "full")]
+    if modes:
+        bad = [m for m in modes if m not in MODES]
+        if bad:
+            raise ValueError(f"modes must be among {MODES}, got {bad}")
+        distinct = list({spec.label(s): s for s, _ in pairs}.values())
+        pairs = [(s, m) for s in distinct for m in modes]
+    return [(s, m) for s, m in pairs if m in spec.modes]

@@ -1,0 +1,55 @@
+"""PNG plots per op, dtype and mode: throughput vs size and peak extra memory vs size, one line
+per provider. Only correct ("ok") results are drawn; sizes go left to right by the work they do."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from hearth.bench.providers import PROVIDERS
+
+
+def write_plots(out: Path, rows: list[dict]) -> list[Path]:
+    """One PNG per (op, dtype, mode) with at least one ok row; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["status"] == "ok":
+            groups[(r["op"], r["dtype"], r["mode"])].append(r)
+    paths = []
+    for (op, dtype, mode), rs in sorted(groups.items()):
+        labels = [lab for lab, _ in sorted({(r["size_label"], r.get("work") or 0) for r in rs}, key=lambda t: (t[1], t[0]))]
+        xs = {lab: i for i, lab in enumerate(labels)}
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        have_mem = False
+        for prov in [p for p in PROVIDERS if any(r["provider"] == p for r in rs)]:
+            pr = sorted((r for r in rs if r["provider"] == prov), key=lambda r: xs[r["size_label"]])
+            style = dict(marker="o", linewidth=2.5 if prov == "hearth" else 1.2, label=prov)
+            ax1.plot([xs[r["size_label"]] for r in pr], [r["value"] for r in pr], **style)
+            mem = [r for r in pr if r.get("extra_mib") is not None]
+            if mem:
+                have_mem = True
+                ax2.plot([xs[r["size_label"]] for r in mem], [r["extra_mib"] for r in mem], **style)
+        metric = rs[0]["metric"]
+        ax1.set_title(f"{op} {mode} {dtype}: {metric}")
+        ax1.set_ylabel(metric)
+        ax2.set_title(f"{op} {mode} {dtype}: peak extra memory")
+        ax2.set_ylabel("MiB (peak during call - allocated before)")
+        if not have_mem:
+            ax2.text(0.5, 0.5, "not measured (no CUDA)", ha="center", va="center", transform=ax2.transAxes)
+        for ax in (ax1, ax2):
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=7)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = out / f"{op}_{mode}_{dtype}.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths

@@ -1,0 +1,247 @@
+"""Who runs each op: hearth, torch eager, torch.compile, Liger-Kernel and vendor libraries.
+
+bind(op, provider, inputs, size, ...) -> Bound(fn, leaves): fn() runs the op once on the case's
+inputs and returns its output(s); leaves are the tensors whose .grad the backward fills (in the
+spec's grad order), so the harness can check them against the reference and reset them.
+A provider that cannot run a case raises Unavailable (not installed / not importable),
+Refuses (a documented limit, with the reason) or Skipped (not applicable, or not run here).
+
+Baselines run in the case's dtype: no .float() upcast (LESSON 7: an upcast baseline pays for an
+fp32 copy that the kernel never makes, and inflates the speed-up).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+VENDOR = ("cublas", "sdpa_flash", "sdpa_cudnn", "torch_lce")
+PROVIDERS = ("hearth", "eager", "compile", "liger") + VENDOR
+FUSED_PEERS = ("compile", "liger") + VENDOR  # the peers a verdict compares against
+LIGER_SOFTMAX_MAX_N = 65536  # Liger refuses rows longer than its largest Triton block
+
+
+class Unavailable(Exception):
+    """The provider's code is not installed or does not import."""
+
+
+class Refuses(Exception):
+    """The provider declines this case by design (reason in the message)."""
+
+
+class Skipped(Exception):
+    """Not applicable to this op, or not run in this mode (reason in the message)."""
+
+
+@dataclass
+class Bound:
+    fn: Callable[[], object]
+    leaves: list
+
+
+def expand(names: list[str] | None) -> list[str]:
+    """Provider names from the CLI: 'vendor' stands for every vendor library; unknown -> ValueError."""
+    if not names:
+        return list(PROVIDERS)
+    out: list[str] = []
+    for n in names:
+        for part in n.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part == "vendor":
+                out += [v for v in VENDOR if v not in out]
+            elif part in PROVIDERS:
+                if part not in out:
+                    out.append(part)
+            else:
+                raise ValueError(f"providers: unknown provider {part!r}; choose from {PROVIDERS + ('vendor',)}")
+    return out
+
+
+# ----------------------------------------------------------------------------- torch eager (native dtype)
+def _rope_eager(q, k, cos, sin):
+    from hearth.bench.cases import rotate_half
+
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+def _eager_table():
+    import torch
+    import torch.nn.functional as F
+
+    return {
+        "softmax": lambda x: torch.softmax(x, dim=-1),
+        "cross_entropy": lambda input, target: F.cross_entropy(input, target),
+        "linear_cross_entropy": lambda input, linear_weight, target: F.cross_entropy(F.linear(input, linear_weight), target),
+        "rms_norm": lambda x, weight: F.rms_norm(x, (x.shape[-1],), weight, 1e-6),
+        "layer_norm": lambda x, weight, bias: F.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5),
+        "rope": _rope_eager,
+        "swiglu": lambda gate, up: F.silu(gate) * up,
+        "swiglu_mlp": lambda x, w_gate, w_up, w_down: F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down),
+        "attention": lambda q, k, v, causal: F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]),
+    }
+
+
+def _tensor_bound(fn, inputs, grad_names, kwargs):
+    return Bound(lambda: fn(**inputs, **kwargs), [inputs[n] for n in grad_names])
+
+
+# ----------------------------------------------------------------------------- hearth
+def _hearth_fn(op: str):
+    try:
+        module = importlib.import_module(f"hearth.kernels.{op}")
+        return getattr(module, op)
+    except Exception as e:  # a kernel being written may fail to import for any reason: report it
+        raise Unavailable(f"hearth.kernels.{op} does not import: {type(e).__name__}: {e}") from None
+
+
+def _mlp_module_bound(module, inputs, rg):
+    """Copy the case's weights into an MLP module whose parameters are named like
+    gate/up/down (hearth.nn.SwiGLUMLP, LigerSwiGLUMLP), so every provider sees one function."""
+    import torch
+
+    params = dict(module.named_parameters())
+    picked = []
+    for key in ("gate", "up", "down"):
+        w = inputs[f"w_{key}"]
+        found = [p for n, p in params.items() if key in n.split(".")[0] and tuple(p.shape) == tuple(w.shape)]
+        if len(found) != 1:
+            raise RuntimeError(f"cannot map w_{key} {tuple(w.shape)} onto the module's parameters {[(n, tuple(p.shape)) for n, p in params.items()]}")
+        picked.append(found[0])
+    with torch.no_grad():
+        for p, key in zip(picked, ("gate", "up", "down")):
+            p.data = inputs[f"w_{key}"].detach().clone()
+            p.requires_grad_(rg)
+    x = inputs["x"]
+    return Bound(lambda: module(x), [x] + picked)
+
+
+def _hearth(op, inputs, spec, size, rg, check):
+    if op == "swiglu_mlp":
+        try:
+            from hearth.nn import SwiGLUMLP
+        except Exception as e:
+            raise Unavailable(f"hearth.nn.SwiGLUMLP does not import: {type(e).__name__}: {e}") from None
+        module = SwiGLUMLP(size["H"], size["I"]).to(device=inputs["x"].device, dtype=inputs["x"].dtype)
+        return _mlp_module_bound(module, inputs, rg)
+    return _tensor_bound(_hearth_fn(op), inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
+# ----------------------------------------------------------------------------- torch eager / compile
+def _eager(op, inputs, spec, size, rg, check):
+    table = _eager_table()
+    if op == "matmul":
+        raise Skipped("torch.matmul is the cuBLAS (vendor) row")
+    return _tensor_bound(table[op], inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
+def _compile(op, inputs, spec, size, rg, check):
+    if check:
+        raise Skipped("torch.compile on the CPU takes tens of seconds per graph: not run under --check")
+    if op in ("matmul", "attention"):
+        raise Skipped("torch.compile lowers this to the same cuBLAS / SDPA call as the vendor rows")
+    import torch
+
+    # dynamic=False: one graph specialised to this shape, compiled during the correctness check
+    # (the first call), which runs before timing starts.
+    fn = torch.compile(_eager_table()[op], dynamic=False)
+    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
+# ----------------------------------------------------------------------------- Liger-Kernel
+def _liger(op, inputs, spec, size, rg, check):
+    if op in ("matmul", "attention"):
+        raise Skipped(f"Liger-Kernel has no {op} op")
+    try:
+        lf = importlib.import_module("liger_kernel.transformers.functional")
+    except Exception as e:
+        raise Unavailable(f"liger_kernel does not import: {type(e).__name__}: {e}") from None
+    if op == "softmax" and size["N"] > LIGER_SOFTMAX_MAX_N:
+        raise Refuses(f"Liger softmax refuses n = {size['N']} > {LIGER_SOFTMAX_MAX_N} (its largest Triton block size)")
+    if op == "swiglu_mlp":
+        from types import SimpleNamespace
+
+        from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+
+        cfg = SimpleNamespace(hidden_size=size["H"], intermediate_size=size["I"], hidden_act="silu")
+        module = LigerSwiGLUMLP(cfg).to(device=inputs["x"].device, dtype=inputs["x"].dtype)
+        return _mlp_module_bound(module, inputs, rg)
+    table = {
+        "softmax": lambda x: lf.liger_softmax(x),
+        "cross_entropy": lambda input, target: lf.liger_cross_entropy(input, target),
+        "linear_cross_entropy": lambda input, linear_weight, target: lf.liger_fused_linear_cross_entropy(input, linear_weight, target),
+        # Liger's defaults as its model patches use them (casting_mode llama, in_place backward)
+        "rms_norm": lambda x, weight: lf.liger_rms_norm(x, weight, 1e-6),
+        "layer_norm": lambda x, weight, bias: lf.liger_layer_norm(x, weight, bias, 1e-5),
+        "rope": lambda q, k, cos, sin: lf.liger_rope(q, k, cos, sin),
+        "swiglu": lambda gate, up: lf.liger_swiglu(gate, up),
+    }
+    return _tensor_bound(table[op], inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
+# ----------------------------------------------------------------------------- vendor libraries
+def _vendor(name):
+    def bind(op, inputs, spec, size, rg, check):
+        import torch
+        import torch.nn.functional as F
+
+        if name == "cublas":
+            if op != "matmul":
+                raise Skipped("cuBLAS row is for matmul only")
+            if inputs["a"].device.type != "cuda":
+                raise Skipped("cuBLAS needs CUDA (torch.matmul on the CPU is not cuBLAS)")
+            return _tensor_bound(lambda a, b: torch.matmul(a, b), inputs, spec.grad_names(size), {})
+        if name in ("sdpa_flash", "sdpa_cudnn"):
+            if op != "attention":
+                raise Skipped("SDPA rows are for attention only")
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            if name == "sdpa_cudnn" and inputs["q"].device.type != "cuda":
+                raise Unavailable("the cuDNN SDPA backend needs CUDA")
+            backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
+            eager = _eager_table()["attention"]
+
+            def fn(q, k, v, causal):
+                with sdpa_kernel(backend):
+                    return eager(q, k, v, causal)
+
+            return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+        if name == "torch_lce":
+            if op != "linear_cross_entropy":
+                raise Skipped("torch's fused linear cross entropy is for linear_cross_entropy only")
+            if not hasattr(F, "linear_cross_entropy"):
+                raise Unavailable(f"torch {torch.__version__} has no F.linear_cross_entropy")
+            return _tensor_bound(lambda input, linear_weight, target: F.linear_cross_entropy(input, linear_weight, target),
+                                 inputs, spec.grad_names(size), {})
+        raise AssertionError(name)
+
+    return bind
+
+
+BINDERS = {"hearth": _hearth, "eager": _eager, "compile": _compile, "liger": _liger}
+BINDERS.update({v: _vendor(v) for v in VENDOR})
+
+
+def applies(op: str, provider: str) -> bool:
+    """False for provider rows that can never apply to an op (a vendor library for another op);
+    those are left out of the tables instead of filling them with 'skipped'."""
+    only = {"cublas": "matmul", "sdpa_flash": "attention", "sdpa_cudnn": "attention", "torch_lce": "linear_cross_entropy"}
+    if provider in only:
+        return only[provider] == op
+    if provider == "compile" and op in ("matmul", "attention"):
+        return False
+    if provider == "liger" and op in ("matmul", "attention"):
+        return False
+    return not (provider == "eager" and op == "matmul")
+
+
+def bind(op, provider, inputs, spec, size, rg, check=False, registry=None) -> Bound:
+    """Bind `provider` to a case. `registry` (tests) maps provider -> binder to replace BINDERS."""
+    binders = registry if registry is not None else BINDERS
+    if provider not in binders:
+        raise Unavailable(f"no binder for provider {provider!r}")
+    return binders[provider](op, inputs, spec, size, rg, check)

@@ -1,0 +1,346 @@
+"""`hearth bench` entry point: build the cases, check then time every provider, write the reports.
+
+Per case (op x size x dtype x mode): make the inputs once, compute the fp32 reference once, then
+for each provider: bind, run once and compare with the reference (outputs, and gradients in
+bwd / full); only a correct provider is timed and its memory measured. Rows are written to
+results.jsonl after every case, so a run cut short keeps what it measured.
+
+Time budget: the run gets `total_budget_s`; each op gets an equal share of what is left when
+it starts (or `budget_s` if smaller). Cases left when an op's share is spent are written as
+'skipped' with the reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
+            "swiglu_mlp", "attention", "matmul")
+
+
+def env_info(device) -> dict:
+    """GPU name, driver, library versions, date and command line, written into every row."""
+    import importlib.metadata as md
+    import platform
+    import subprocess
+
+    import torch
+    import triton
+
+    def version(dist):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    driver = None
+    if device.type == "cuda":
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except Exception:  # no nvidia-smi in the container: the row says so
+            driver = "unknown"
+    return {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {platform.machine()} (TRITON_INTERPRET=1)",
+        "driver": driver,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "liger": version("liger_kernel") or version("liger-kernel"),
+        "hearth": version("hearth"),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": "hearth bench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("hearth") else " ".join(sys.argv),
+    }
+
+
+def _outputs_needing_grad(out):
+    from hearth.bench.check import as_tuple
+
+    return [o for o in as_tuple(out) if getattr(o, "requires_grad", False)]
+
+
+def _grad_outputs(ref_out, dtype, device):
+    """dy for each output: ones for a scalar loss (as in training), seeded random otherwise."""
+    import torch
+
+    from hearth.bench.check import as_tuple
+
+    gen = torch.Generator().manual_seed(1234)
+    gs = []
+    for o in as_tuple(ref_out):
+        if o.numel() == 1:
+            gs.append(torch.ones_like(o, dtype=dtype, device=device))
+        else:
+            gs.append(torch.randn(o.shape, generator=gen).to(device=device, dtype=dtype))
+    return gs
+
+
+def _reference(spec, inputs, size, mode, gouts):
+    """fp32 outputs and gradients (None where an input gets no gradient)."""
+    import torch
+
+    grad_names = spec.grad_names(size) if mode != "fwd" else []
+    ref_in = {k: (v.detach().float().requires_grad_(k in grad_names) if v.is_floating_point() else v) for k, v in inputs.items()}
+    with torch.set_grad_enabled(mode != "fwd"):
+        out = spec.reference(**ref_in, **spec.call_kwargs(size))
+    grads = []
+    if mode != "fwd":
+        from hearth.bench.check import as_tuple
+
+        torch.autograd.backward(list(as_tuple(out)), [g.float() for g in gouts])
+        grads = [ref_in[n].grad for n in grad_names]
+    out = tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach()
+    return out, grads
+
+
+def _timed_fn(bound, mode, gouts):
+    """The callable that is timed for `mode`, plus the forward output kept alive for bwd."""
+    import torch
+
+    if mode == "fwd":
+        return bound.fn, None
+    if mode == "full":
+        def full():
+            out = bound.fn()
+            torch.autograd.backward(_outputs_needing_grad(out), gouts)
+        return full, None
+    out = bound.fn()  # bwd: one forward outside the timed region, backward retains the graph
+
+    def bwd():
+        torch.autograd.backward(_outputs_needing_grad(out), gouts, retain_graph=True)
+    return bwd, out
+
+
+def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, check, registry=None) -> dict:
+    """Check, time and measure one provider on one case; returns the fields of its row."""
+    import torch
+
+    from hearth.bench import providers as P
+    from hearth.bench.check import TOLERANCE, compare
+    from hearth.bench.timing import measure_memory, sol_percent, throughput, time_call
+
+    ref_out, ref_grads, gouts, limits = ref
+    row = {"status": "ok", "reason": "", "tolerance": TOLERANCE[dtype_name]}
+    bound = keep = None
+    try:
+        t0 = time.perf_counter()
+        bound = P.bind(spec.name, provider, inputs, spec, size, mode != "fwd", check, registry)
+        out = bound.fn()
+        grads = []
+        if mode != "fwd":
+            # clones: some providers (Liger rms_norm) write the input gradient into dy in place
+            torch.autograd.backward(_outputs_needing_grad(out), [g.clone() for g in gouts])
+            grads = [getattr(t, "grad", None) for t in bound.leaves]
+        ok, err, why = compare(out, grads, ref_out, ref_grads, dtype_name)
+        row["setup_s"] = time.perf_counter() - t0  # first call: includes torch.compile / Triton JIT
+        row["rel_err"] = None if err == float("inf") else err
+        del out, grads
+        if not ok:
+            row.update(status="wrong", reason=why)
+            return row
+        fn, keep = _timed_fn(bound, mode, gouts)
+        t = time_call(fn, bound.leaves, device)
+        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, n_reps=t.n)
+        row.update(measure_memory(fn, bound.leaves, device))
+        row["value"] = throughput(spec.work(size, _itemsize(dtype_name), mode), t.median_ms, spec.metric)
+        row["sol_pct"] = sol_percent(row["value"], spec.metric, limits)
+    except P.Unavailable as e:
+        row.update(status="unavailable", reason=str(e))
+    except P.Refuses as e:
+        row.update(status="refuses", reason=str(e))
+    except P.Skipped as e:
+        row.update(status="skipped", reason=str(e))
+    except torch.OutOfMemoryError as e:
+        row.update(status="oom", reason=str(e).splitlines()[0][:300])
+    except Exception as e:  # any failure of a provider is a result, not a crash of the run
+        row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+    finally:
+        del bound, keep
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def _itemsize(dtype_name):
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype_name]
+
+
+def run_case(spec, size, dtype_name, mode, providers, device, limits, env, headline, check, registry=None) -> list[dict]:
+    """All provider rows of one case."""
+    import torch
+
+    from hearth.bench.providers import applies
+
+    dtype = getattr(torch, dtype_name)
+    base = {"op": spec.name, "size": size, "size_label": spec.label(size), "dtype": dtype_name, "mode": mode,
+            "metric": spec.metric, "formula": spec.formula, "notes": spec.notes, "headline": headline,
+            "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env}
+    rows = []
+    try:
+        inputs = spec.make(size, dtype, device, mode != "fwd")
+        gouts = []
+        if mode != "fwd":
+            with torch.no_grad():
+                probe, _ = _reference(spec, inputs, size, "fwd", [])
+            gouts = _grad_outputs(probe, dtype, device)
+            del probe
+        ref_out, ref_grads = _reference(spec, inputs, size, mode, gouts)
+    except Exception as e:  # the harness's own reference failed: every provider row says so
+        reason = f"reference failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        status = "oom" if isinstance(e, torch.OutOfMemoryError) else "error"
+        return [{**base, "provider": p, "status": status, "reason": reason} for p in providers if applies(spec.name, p)]
+    for p in providers:
+        if registry is None and not applies(spec.name, p):
+            continue
+        # fresh copies per provider: some write into their inputs or dy in place (Liger's cross
+        # entropy stores the gradient in the logits), which must not leak into the next provider
+        mine = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
+        my_gouts = [g.clone() for g in gouts]
+        r = run_provider(spec, p, mine, size, dtype_name, mode, (ref_out, ref_grads, my_gouts, limits), device, check, registry)
+        rows.append({**base, "provider": p, **r})
+        del mine, my_gouts
+    del inputs, ref_out, ref_grads, gouts
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _selected_ops(ops):
+    from hearth.bench.cases import SPECS
+
+    if not ops:
+        return list(OP_ORDER)
+    names = [p.strip() for o in ops for p in o.split(",") if p.strip()]
+    bad = [n for n in names if n not in SPECS]
+    if bad:
+        raise ValueError(f"ops: unknown op(s) {bad}; choose from {list(OP_ORDER)}")
+    return names
+
+
+def _selected_dtypes(dtypes, check):
+    names = [p.strip() for d in (dtypes or []) for p in d.split(",") if p.strip()] or (["float32"] if check else ["bfloat16"])
+    bad = [n for n in names if n not in ("float32", "bfloat16", "float16")]
+    if bad:
+        raise ValueError(f"dtype: unknown dtype(s) {bad}; choose from float32, bfloat16, float16")
+    return names
+
+
+def _line(rows) -> str:
+    from hearth.bench.report import verdict
+
+    r0 = rows[0]
+    parts = []
+    for r in rows:
+        parts.append(f"{r['provider']} {r['ms']:.4g} ms" if r["status"] == "ok" else f"{r['provider']} {r['status']}")
+    return f"{r0['op']} {r0['size_label']} {r0['dtype']} {r0['mode']}: " + " | ".join(parts) + f" -> {verdict(rows)['text']}"
+
+
+def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path("benchmarks/latest"), check=False,
+         report_only=False, merge=None, budget_s=None, total_budget_s=450.0, plots=True, registry=None) -> int:
+    """Run the benchmark (or only regenerate reports) and return a process exit code.
+
+    ops / dtypes / modes / providers: lists of names (None = defaults: every op, bfloat16 (float32
+    under --check), the size preset's modes, every provider). sizes: headline | sweep | small | a
+    comma list of the op's knob (default headline). out: folder for results.jsonl, <op>.md,
+    summary.md and PNGs. check: tiny sizes on the CPU under TRITON_INTERPRET=1. report_only:
+    rebuild the reports from out/results.jsonl merged with each folder in `merge`.
+    Exit codes: 0 done; 1 under --check when an eager baseline row is not ok (the harness's own
+    checks are broken); 2 bad arguments or no CUDA without --check."""
+    if check:
+        # must precede the first import of triton, which reads it once
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from rich.console import Console
+
+    from hearth.bench.report import merge_rows, read_rows, write_reports, write_rows
+
+    console = Console(stderr=False)
+    out = Path(out)
+    results = out / "results.jsonl"
+    try:
+        extra = [read_rows(Path(d) / "results.jsonl") for d in (merge or [])]
+        for d in merge or []:
+            if not (Path(d) / "results.jsonl").exists():
+                raise ValueError(f"merge: {d} has no results.jsonl")
+        rows = merge_rows(read_rows(results), *extra)
+    except ValueError as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    if report_only:
+        write_rows(results, rows)
+        paths = write_reports(out, rows, plots=plots)
+        console.print(f"{len(rows)} rows -> {len(paths)} report files in {out}")
+        return 0
+
+    import torch
+
+    from hearth.bench.cases import SPECS, cases_for
+    from hearth.bench.providers import expand
+    from hearth.bench.timing import measure_limits
+
+    try:
+        op_names = _selected_ops(ops)
+        dtype_names = _selected_dtypes(dtypes, check)
+        provider_names = expand(providers)
+        preset = sizes or "headline"
+        plan = [(name, s, m, d) for name in op_names for s, m in cases_for(SPECS[name], preset, modes, check) for d in dtype_names]
+    except ValueError as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    if check:
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        console.print("[red]no CUDA device: run with --check for the CPU self-test[/red]")
+        return 2
+    env = env_info(device)
+    limits = measure_limits(device)
+    console.print(f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, liger {env['liger']}; "
+                  f"copy {limits['copy_GBps']:.0f} GB/s, matmul {limits['matmul_TFLOPs']:.3g} TFLOP/s; {len(plan)} cases")
+    headline = preset == "headline" and not check
+    new_rows: list[dict] = []
+    start = time.perf_counter()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("bench", total=len(plan))
+        for i_op, name in enumerate(op_names):
+            op_plan = [p for p in plan if p[0] == name]
+            left = max(0.0, total_budget_s - (time.perf_counter() - start))
+            share = left / (len(op_names) - i_op)
+            if budget_s is not None:
+                share = min(share, budget_s)
+            op_start = time.perf_counter()
+            for _, size, mode, dtype_name in op_plan:
+                spec = SPECS[name]
+                progress.update(task, description=f"{name} {spec.label(size)} {dtype_name} {mode}")
+                spent = time.perf_counter() - op_start
+                if spent > share:
+                    reason = f"time budget spent: {spent:.0f} s of this op's {share:.0f} s share (--budget-s / --total-budget-s)"
+                    case_rows = [{"op": name, "size": size, "size_label": spec.label(size), "dtype": dtype_name, "mode": mode,
+                                  "metric": spec.metric, "formula": spec.formula, "notes": spec.notes, "headline": headline,
+                                  "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env,
+                                  "provider": p, "status": "skipped", "reason": reason} for p in provider_names]
+                else:
+                    case_rows = run_case(spec, size, dtype_name, mode, provider_names, device, limits, env, headline, check, registry)
+                    progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)
+                new_rows += case_rows
+                rows = merge_rows(rows, case_rows)
+                write_rows(results, rows)
+                progress.advance(task)
+    paths = write_reports(out, rows, plots=plots)
+    console.print(f"{len(new_rows)} rows this run, {len(rows)} in {results}; {len(paths)} report files; "
+                  f"{time.perf_counter() - start:.0f} s")
+    if check:
+        broken = [r for r in new_rows if r["provider"] == "eager" and r["status"] not in ("ok", "skipped")]
+        for r in broken:
+            console.print(f"[red]self-test: eager {r['op']} {r['size_label']} {r['mode']}: {r['status']}: {r['reason']}[/red]")
+        return 1 if broken else 0
+    return 0

@@ -1,0 +1,160 @@
+"""Time, peak memory and speed-of-light limits, all measured in the run that reports them.
+
+Timing (CUDA): CUDA events around each call, after a warm-up of at least 3 calls and 25 ms;
+between timed calls the 256 MiB L2-flush buffer is rewritten and gradients are reset to None
+(both outside the events). Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms
+of calls, at most 500). On the CPU (--check) a host clock does the same with fewer repeats.
+
+Memory (CUDA): gradients reset to None, then allocated-before = torch.cuda.memory_allocated(),
+torch.cuda.reset_peak_memory_stats(), one call, synchronize; extra = max_memory_allocated() -
+allocated-before. Inputs and earlier gradients are thus excluded; whatever the call allocates and
+keeps (outputs, new gradients) or frees (activations, workspaces) counts at its peak.
+grad_bytes = the gradients the call left on the leaves; activation = extra - grad_bytes.
+
+Limits: device copy bandwidth from a ~4 GiB device-to-device copy (read + write counted) and
+cuBLAS bf16 TFLOP/s at 8192^3 (smaller stand-ins on the CPU, marked as such).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    n: int
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile of `xs` (q in [0, 1]); ValueError if empty."""
+    if not xs:
+        raise ValueError("xs must not be empty")
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def reset_grads(leaves) -> None:
+    for t in leaves:
+        if getattr(t, "grad", None) is not None:
+            t.grad = None
+
+
+def time_call(fn, leaves, device, *, warmup_ms=25.0, rep_ms=100.0, min_reps=10, max_reps=500) -> Timing:
+    """Median / p20 / p80 of `fn()` in ms; gradients on `leaves` reset before every call."""
+    import torch
+
+    if device.type != "cuda":
+        return _time_cpu(fn, leaves)
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+    # warm-up, and a first estimate of one call
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n_warm = 0
+    while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        reset_grads(leaves)
+        fn()
+        torch.cuda.synchronize()
+        n_warm += 1
+    est = (time.perf_counter() - t0) * 1e3 / n_warm
+    reps = int(min(max_reps, max(min_reps, rep_ms / max(est, 1e-3))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        reset_grads(leaves)
+        flush.zero_()  # evict the inputs from L2 so every call reads them from memory
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    del flush
+    return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps)
+
+
+def _time_cpu(fn, leaves, warm=0, reps=3) -> Timing:
+    # the correctness call before timing already paid the JIT, so no separate warm-up here
+    for _ in range(warm):
+        reset_grads(leaves)
+        fn()
+    ms = []
+    for _ in range(reps):
+        reset_grads(leaves)
+        t0 = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps)
+
+
+def measure_memory(fn, leaves, device) -> dict:
+    """Peak extra memory of one call (see the module docstring). On the CPU: all None."""
+    import torch
+
+    if device.type != "cuda":
+        return {"extra_mib": None, "grad_mib": None, "activation_mib": None}
+    reset_grads(leaves)
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated(device) - before
+    grads = sum(t.grad.nbytes for t in leaves if getattr(t, "grad", None) is not None)
+    del out
+    reset_grads(leaves)
+    mib = 2.0**20
+    return {"extra_mib": extra / mib, "grad_mib": grads / mib, "activation_mib": max(0, extra - grads) / mib}
+
+
+def measure_limits(device) -> dict:
+    """Copy bandwidth (GB/s, read + write counted) and bf16 matmul TFLOP/s measured now."""
+    import torch
+
+    cuda = device.type == "cuda"
+    copy_bytes = 4 * 2**30 if cuda else 64 * 2**20
+    src = torch.randn(copy_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    t = time_call(lambda: dst.copy_(src), [], device)
+    copy_gbps = 2 * copy_bytes / (t.median_ms * 1e-3) / 1e9
+    del src, dst
+    n = 8192 if cuda else 256
+    mm_dtype = torch.bfloat16 if cuda else torch.float32
+    a = torch.randn(n, n, device=device, dtype=mm_dtype)
+    b = torch.randn(n, n, device=device, dtype=mm_dtype)
+    t2 = time_call(lambda: a @ b, [], device)
+    tflops = 2 * n**3 / (t2.median_ms * 1e-3) / 1e12
+    del a, b
+    if cuda:
+        torch.cuda.empty_cache()
+    lib = "cuBLAS bf16" if cuda else "CPU fp32 (stand-in)"
+    return {
+        "copy_GBps": copy_gbps,
+        "copy_what": f"device copy of {copy_bytes / 2**30:.2f} GiB, read+write counted",
+        "matmul_TFLOPs": tflops,
+        "matmul_what": f"{lib} matmul {n}^3",
+    }
+
+
+def throughput(work: float, ms: float, metric: str) -> float:
+    """GB/s (work in bytes) or TFLOP/s (work in FLOPs) for one call of `ms` milliseconds."""
+    if ms <= 0:
+        raise ValueError(f"ms must be > 0, got {ms}")
+    scale = 1e9 if metric == "GB/s" else 1e12
+    if metric not in ("GB/s", "TFLOP/s"):
+        raise ValueError(f"metric must be GB/s or TFLOP/s, got {metric!r}")
+    return work / (ms * 1e-3) / scale
+
+
+def sol_percent(value: float, metric: str, limits: dict) -> float | None:
+    """Percent of the speed-of-light limit measured in this run for `metric`."""
+    limit = limits.get("copy_GBps") if metric == "GB/s" else limits.get("matmul_TFLOPs")
+    return 100.0 * value / limit if limit else None

@@ -1,0 +1,332 @@
+"""The JSON envelope every model reply travels in: one definition for train, evals, gateway and app.
+
+The app does not want free text from the model: it wants a message plus the fields it acts on
+(memories to store, mood, relationship signals, suggested next actions). A fine-tune that learns a
+persona's voice but not this shape is useless to the app, so the corpus trains on exactly what
+:func:`dumps` writes, the eval scores exactly what :func:`parse_envelope` accepts, and the gateway
+sends :func:`response_format` to providers that can constrain decoding.
+
+Three reply kinds (``REPLY_KINDS``):
+
+    chat          ChatReply        companion (and rehearsal) turn
+    feed_comment  FeedComment      a companion's comment on the user's feed post
+    analyst       AnalystReading   one of the five Simulation Mode analysts reading a situation
+
+Strings are stripped (Python ``str.strip``) and must be non-empty afterwards; every string and list
+has an upper bound so a runaway reply fails validation instead of filling a database column.
+Validation is strict: ``"1"`` is not an int and ``true`` is not an int either; unknown keys fail.
+
+Repair is bounded on purpose (:func:`repair`): it removes wrapping and nothing else (a leading
+``<think>...</think>`` block, code fences and chatter around exactly one JSON object). It never fills
+in a field, closes a bracket or picks one of two objects; those replies are refused with an
+:class:`EnvelopeError` that names the field (or ``None`` for the reply as a whole) and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
+
+__all__ = [
+    "ReplyKind", "REPLY_KINDS", "ChatReply", "FeedComment", "AnalystReading", "MODELS", "EnvelopeError",
+    "parse_envelope", "repair", "json_schema", "response_format", "dumps", "kind_of", "MAX_REPLY_CHARS",
+    "schema_text", "export_schemas",
+]
+
+ReplyKind = Literal["chat", "feed_comment", "analyst"]
+REPLY_KINDS: tuple[str, ...] = get_args(ReplyKind)
+
+AnalystId = Literal["optimist", "cynic", "mentor", "status_observer", "gossiper"]
+Risk = Literal["low", "medium", "high"]
+
+# Replies longer than this are refused before any scanning: repair is linear in the text, but a
+# provider that streams 1 MB of garbage should fail fast and clearly, not be searched for JSON.
+MAX_REPLY_CHARS = 64_000
+
+
+def _strip(value: Any) -> Any:
+    # Python's str.strip, not pydantic's strip_whitespace (Rust trim): they disagree on characters
+    # such as U+001C, and the envelope must strip the same way everywhere it is checked.
+    return value.strip() if isinstance(value, str) else value
+
+
+def _text(max_length: int) -> Any:
+    """A stripped string of 1..max_length characters."""
+    return Annotated[str, StringConstraints(min_length=1, max_length=max_length), BeforeValidator(_strip)]
+
+
+Message = _text(2000)
+Short = _text(40)
+Memory = _text(300)
+Action = _text(120)
+Comment = _text(600)
+Reading = _text(1200)
+Advice = _text(600)
+
+
+class _Envelope(BaseModel):
+    # strict: the JSON types must be right as written (no "1" -> 1, no true -> 1);
+    # forbid: an unknown key is a format error, and the exported schema says additionalProperties false.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class ChatReply(_Envelope):
+    """A companion's (or rehearsal partner's) reply in a conversation."""
+
+    message: Message = Field(description="what the companion says to the user, in its own voice")
+    mood: Short = Field(description="the companion's mood after this turn, one or two words (e.g. warm, amused, worried)")
+    memories: list[Memory] = Field(
+        max_length=5,
+        description="new facts about the user worth remembering, each a short third-person sentence; [] when none",
+    )
+    affection: int = Field(ge=-2, le=2, description="how this turn changed warmth toward the user, -2..2 (0 = no change)")
+    trust: int = Field(ge=-2, le=2, description="how this turn changed trust in the user, -2..2 (0 = no change)")
+    suggested_actions: list[Action] = Field(
+        max_length=3,
+        description="up to three short next steps the user might take, as tappable suggestions; [] when none",
+    )
+
+
+class FeedComment(_Envelope):
+    """A companion's comment under one of the user's feed posts."""
+
+    comment: Comment = Field(description="the comment, in the companion's voice")
+    tone: Short = Field(description="the comment's tone in one or two words (e.g. playful, proud, gentle)")
+
+
+class AnalystReading(_Envelope):
+    """One Simulation Mode analyst's reading of the user's situation."""
+
+    analyst: AnalystId = Field(description="which analyst is speaking (must be the analyst you were asked to be)")
+    reading: Reading = Field(description="what this analyst sees in the situation, through its own lens")
+    advice: Advice = Field(description="one concrete piece of advice from this analyst")
+    risk: Risk = Field(description="how risky this analyst judges the situation for the user: low, medium or high")
+
+
+MODELS: dict[str, type[_Envelope]] = {"chat": ChatReply, "feed_comment": FeedComment, "analyst": AnalystReading}
+
+
+class EnvelopeError(ValueError):
+    """A reply that is not a valid envelope.
+
+    field:  dotted path of the offending field (``"memories.2"``), or None when the reply as a whole
+            is wrong (not JSON, two objects, unterminated think block, ...).
+    reason: why, in words.
+    raw:    the reply text as received (before repair).
+    errors: pydantic's error list when validation failed (empty otherwise).
+    """
+
+    def __init__(self, reason: str, *, field: str | None = None, raw: str = "", errors: list[dict] | None = None):
+        self.field = field
+        self.reason = reason
+        self.raw = raw
+        self.errors = errors or []
+        super().__init__(f"{field}: {reason}" if field else f"envelope: {reason}")
+
+    def __reduce__(self):  # keep the keyword-only fields when pickled across processes
+        return (_rebuild_error, (self.reason, self.field, self.raw, self.errors))
+
+
+def _rebuild_error(reason: str, field: str | None, raw: str, errors: list[dict]) -> EnvelopeError:
+    return EnvelopeError(reason, field=field, raw=raw, errors=errors)
+
+
+def _check_kind(kind: Any) -> type[_Envelope]:
+    if kind not in MODELS:
+        raise ValueError(f"kind must be one of {REPLY_KINDS}, got {kind!r}")
+    return MODELS[kind]
+
+
+def kind_of(envelope: BaseModel) -> str:
+    """The ReplyKind of an envelope instance; TypeError for anything else."""
+    for kind, model in MODELS.items():
+        if type(envelope) is model:
+            return kind
+    raise TypeError(f"envelope must be one of {[m.__name__ for m in MODELS.values()]}, got {type(envelope).__name__}")
+
+
+# ------------------------------------------------------------------------------------------ repair
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
+    """Top-level brace-balanced spans ``[start, end)`` in ``text``, and the start of an unterminated one.
+
+    Outside a span, everything is chatter (quotes there mean nothing); inside, JSON string literals
+    are honoured so a ``}`` inside ``"..."`` does not close the object. One linear pass.
+    """
+    spans: list[tuple[int, int]] = []
+    depth, start, in_string, escaped = 0, -1, False, False
+    for i, ch in enumerate(text):
+        if depth == 0:
+            if ch == "{":
+                depth, start = 1, i
+            continue
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                spans.append((start, i + 1))
+    return spans, (start if depth > 0 else None)
+
+
+def _loads_object(candidate: str) -> bool:
+    try:
+        return isinstance(json.loads(candidate), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def repair(text: str) -> str:
+    """Strip the wrapping around one JSON object; never invent, close or choose content.
+
+    Removes, in order: surrounding whitespace; one leading ``<think>...</think>`` block (empty, as
+    Qwen3 emits with thinking disabled, or complete); then any text around the single top-level JSON
+    object (code fences, "Here you go:", trailing remarks). Returns the text unchanged (stripped)
+    when it holds no complete JSON object, so the parser can say why; when it holds one unterminated
+    object after chatter, returns that object's text from its ``{`` (still unterminated).
+
+    Raises EnvelopeError (field None) when repairing would mean guessing: an unterminated leading
+    think block, two or more JSON objects, or a reply longer than MAX_REPLY_CHARS.
+    TypeError when ``text`` is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    if len(text) > MAX_REPLY_CHARS:
+        raise EnvelopeError(f"reply is {len(text)} characters, over the {MAX_REPLY_CHARS} limit", raw=text[:2000])
+    out = text.strip()
+    if out.startswith(_THINK_OPEN):
+        end = out.find(_THINK_CLOSE)
+        if end < 0:
+            raise EnvelopeError("unterminated <think> block (the reply ran out while thinking?)", raw=text)
+        out = out[end + len(_THINK_CLOSE):].strip()
+    spans, open_start = _object_spans(out)
+    objects = [(a, b) for a, b in spans if _loads_object(out[a:b])]
+    if len(objects) > 1:
+        raise EnvelopeError(f"{len(objects)} JSON objects in the reply; refusing to choose one", raw=text)
+    if objects:
+        a, b = objects[0]
+        return out[a:b]
+    # No complete object: hand the parser the one candidate there is, so its error points at it.
+    candidates = spans + ([(open_start, len(out))] if open_start is not None else [])
+    if len(candidates) == 1:
+        a, b = candidates[0]
+        return out[a:b]
+    return out
+
+
+# ------------------------------------------------------------------------------------------- parse
+def _loc(loc: tuple) -> str | None:
+    return ".".join(str(p) for p in loc) or None
+
+
+def _reason(error: dict) -> str:
+    if error["type"] == "string_too_short":
+        return "must not be empty (or only whitespace)"
+    return error["msg"]
+
+
+def parse_envelope(text: str, kind: str) -> _Envelope:
+    """Repair (bounded), decode and validate a reply as an envelope of ``kind``.
+
+    Returns the pydantic model (ChatReply, FeedComment or AnalystReading). Raises EnvelopeError with
+    ``.field`` naming the first failing field (None for reply-level failures) and ``.reason``;
+    ValueError when ``kind`` is not a ReplyKind, TypeError when ``text`` is not a str.
+    Never raises anything else, whatever the text.
+    """
+    model = _check_kind(kind)
+    body = repair(text)
+    if not body:
+        raise EnvelopeError("empty reply", raw=text)
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise EnvelopeError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", raw=text) from None
+    except (ValueError, RecursionError) as exc:  # e.g. a 5000-digit integer, or nesting deeper than the stack
+        raise EnvelopeError(f"not valid JSON: {type(exc).__name__}: {str(exc)[:200]}", raw=text) from None
+    if not isinstance(data, dict):
+        raise EnvelopeError(f"expected a JSON object, got {type(data).__name__}", raw=text)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise EnvelopeError(_reason(first) + more, field=_loc(first["loc"]), raw=text, errors=errors) from None
+    except RecursionError:  # pragma: no cover - json.loads already bounds depth below pydantic's
+        raise EnvelopeError("nesting too deep", raw=text) from None
+
+
+# ----------------------------------------------------------------------------------- schema, dumps
+def json_schema(kind: str) -> dict:
+    """JSON Schema (draft 2020-12, as pydantic writes it) of the envelope of ``kind``.
+
+    Every property is required and additionalProperties is false, so it is also valid for
+    OpenAI-style strict structured outputs. ValueError for an unknown kind.
+    """
+    return _check_kind(kind).model_json_schema()
+
+
+def response_format(kind: str) -> dict:
+    """The OpenAI ``response_format`` asking for this kind's schema (vLLM, OpenAI, most gateways)."""
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": f"hearth_{kind}", "schema": json_schema(kind), "strict": True},
+    }
+
+
+def dumps(envelope: BaseModel) -> str:
+    """Canonical one-line serialisation: field order as declared, ``", "``/``": "`` separators, UTF-8
+    kept as is (no ``\\u`` escapes). This is the exact text the corpus trains assistant turns on.
+
+    The envelope is re-validated first, so a model built with ``model_construct`` cannot smuggle an
+    invalid target into the corpus: EnvelopeError if it does not validate, TypeError if it is not an
+    envelope model at all.
+    """
+    model = MODELS[kind_of(envelope)]
+    data = envelope.model_dump(mode="json")
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise EnvelopeError(_reason(first), field=_loc(first["loc"]), raw=repr(data)) from None
+    return json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
+
+
+# ------------------------------------------------------------------------------------------ export
+def schema_text(kind: str) -> str:
+    """The committed form of ``json_schema(kind)`` (docs/envelope/<kind>.schema.json): sorted, indented."""
+    return json.dumps(json_schema(kind), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def export_schemas(out_dir: str) -> list[str]:
+    """Write one ``<kind>.schema.json`` per reply kind into ``out_dir``; returns the paths written."""
+    from pathlib import Path
+
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind in REPLY_KINDS:
+        path = folder / f"{kind}.schema.json"
+        path.write_text(schema_text(kind), encoding="utf-8")
+        written.append(str(path))
+    return written
+
+
+if __name__ == "__main__":  # python -m hearth.envelope [OUT_DIR]  (default docs/envelope)
+    import sys
+
+    for written_path in export_schemas(sys.argv[1] if len(sys.argv) > 1 else "docs/envelope"):
+        print(written_path)

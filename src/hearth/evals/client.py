@@ -1,0 +1,76 @@
+"""The eval's one exit point to a model: POST {base_url}/chat/completions on any OpenAI-compatible server.
+
+Small on purpose: one shared httpx.AsyncClient, a hard wall-clock timeout per call (a fallback can
+fall through an error but not through a hang, so every call has one), and a result that keeps the
+status code and finish_reason instead of flattening them into a string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """Outcome of one call.
+
+    content:       the assistant message text ("" when there is none).
+    finish_reason: as the server reported it (None when missing or on error).
+    status:        HTTP status code, or None when no response arrived (timeout, connection error).
+    error:         why the call failed at the transport/HTTP level, or None when a 200 with a message came back.
+    latency_s:     wall-clock seconds from sending to the full response (or to the failure).
+    """
+
+    content: str
+    finish_reason: str | None
+    status: int | None
+    error: str | None
+    latency_s: float
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        payload = response.json()
+        message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
+    except ValueError:
+        message = None
+    return f"HTTP {response.status_code}" + (f": {str(message)[:200]}" if message else "")
+
+
+async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, *, timeout_s: float,
+                          api_key: str | None = None) -> ChatResult:
+    """One non-streaming chat completion. Never raises for server or network trouble: the failure is
+    in ``ChatResult.error`` (with ``status`` when the server answered)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/chat/completions"
+    start = time.perf_counter()
+
+    def done(content="", finish=None, status=None, error=None) -> ChatResult:
+        return ChatResult(content, finish, status, error, time.perf_counter() - start)
+
+    try:
+        async with asyncio.timeout(timeout_s):  # wall clock: also bounds a server that drips bytes
+            response = await client.post(url, json=body, headers=headers, timeout=timeout_s)
+    except TimeoutError:
+        return done(error=f"timeout after {timeout_s:g}s")
+    except httpx.TimeoutException:
+        return done(error=f"timeout after {timeout_s:g}s")
+    except httpx.HTTPError as exc:
+        return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
+    if response.status_code != 200:
+        return done(status=response.status_code, error=_error_message(response))
+    try:
+        payload = response.json()
+        choice = payload["choices"][0]
+        content = choice["message"].get("content") or ""
+        finish = choice.get("finish_reason")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return done(status=200, error=f"malformed completion: {response.text[:200]!r}")
+    if not isinstance(content, str):
+        content = json.dumps(content)
+    return done(content=content, finish=finish, status=200)

@@ -1,0 +1,99 @@
+"""Score one eval reply: does the app get an envelope it can use?
+
+Checks, each True/False (None when an earlier failure made it meaningless):
+
+    response       the server answered 200 with a message
+    json           after hearth.envelope.repair (wrapping only), the reply is one JSON object
+    schema         it validates against the kind's model, ignoring emptiness errors
+    non_empty      no required string is empty or whitespace
+    not_truncated  finish_reason != "length" (a reply cut by max_tokens fails even if it parses)
+    expected       case-specific facts hold (the analyst answers as the analyst it was asked to be)
+
+A case passes when every check is True. ``repaired`` records whether repair had to strip wrapping
+(fences, think block, chatter): the envelope still counts, but the report shows how often.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from hearth.envelope import EnvelopeError, parse_envelope, repair
+from hearth.evals.client import ChatResult
+from hearth.evals.suites import Case
+
+CHECKS = ("response", "json", "schema", "non_empty", "not_truncated", "expected")
+
+
+@dataclass
+class CaseScore:
+    suite: str
+    id: str
+    kind: str
+    passed: bool
+    checks: dict[str, bool | None]
+    reason: str | None  # the first failure, in words (None when passed)
+    latency_s: float
+    status: int | None
+    finish_reason: str | None
+    repaired: bool
+    content: str = field(repr=False, default="")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["content"] = self.content[:2000]
+        out["latency_s"] = round(self.latency_s, 4)
+        return out
+
+
+def score(case: Case, result: ChatResult) -> CaseScore:
+    """Score ``result`` as the reply to ``case``. Pure: no I/O."""
+    checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
+    reasons: list[str] = []
+    repaired = False
+    checks["response"] = result.error is None and bool(result.content.strip())
+    if result.error is not None:
+        reasons.append(result.error)
+    elif not result.content.strip():
+        reasons.append("empty reply")
+    checks["not_truncated"] = result.finish_reason != "length" if result.error is None else None
+    if checks["not_truncated"] is False:
+        reasons.append("truncated (finish_reason=length)")
+
+    if checks["response"]:
+        try:
+            body = repair(result.content)
+            repaired = body != result.content
+            checks["json"] = isinstance(json.loads(body), dict)
+            if not checks["json"]:
+                reasons.append("reply is JSON but not an object")
+        except EnvelopeError as exc:
+            checks["json"] = False
+            reasons.append(exc.reason)
+        except (ValueError, RecursionError) as exc:
+            checks["json"] = False
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+            reasons.append(f"not valid JSON: {msg}")
+
+    if checks["json"]:
+        try:
+            envelope = parse_envelope(result.content, case.kind)
+            checks["schema"] = checks["non_empty"] = True
+        except EnvelopeError as exc:
+            envelope = None
+            kinds = {e["type"] for e in exc.errors}
+            checks["non_empty"] = "string_too_short" not in kinds
+            checks["schema"] = bool(kinds) and kinds <= {"string_too_short"}
+            reasons.append(str(exc))
+        if envelope is not None:
+            wrong = {k: v for k, v in case.expect.items() if getattr(envelope, k, None) != v}
+            checks["expected"] = not wrong
+            if wrong:
+                reasons.append("; ".join(f"{k}: expected {v!r}, got {getattr(envelope, k)!r}" for k, v in wrong.items()))
+        else:
+            checks["expected"] = None
+    passed = all(v is True for v in checks.values())
+    return CaseScore(suite=case.suite, id=case.id, kind=case.kind, passed=passed, checks=checks,
+                     reason=None if passed else (reasons[0] if reasons else "failed"), latency_s=result.latency_s,
+                     status=result.status, finish_reason=result.finish_reason, repaired=repaired,
+                     content=result.content)

@@ -1,0 +1,231 @@
+"""Gateway configuration: one TOML file plus ``${VAR}`` expansion from the environment.
+
+Environment: any string value in the TOML may contain ``${NAME}``; it is replaced by the
+environment variable NAME at load time (a missing variable is a ConfigError naming the field and
+the variable). We picked expansion over HEARTH_GATEWAY__... overrides because the file then shows
+every setting that is in effect and where its secret-ish parts come from. API keys are never written
+in the file: a provider names the variable (``api_key_env``) and a missing one fails start-up.
+
+    [gateway]                  # all optional
+    deadline_s = 30.0          # whole-request budget; caps every attempt
+    breaker_failures = 3       # consecutive failures that open a provider's breaker
+    cooldown_s = 30.0          # how long an open breaker skips the provider
+    max_retry_after_s = 300.0  # a Retry-After longer than this is capped
+    max_connections = 1024     # shared HTTP client pool size
+    default_kind = "chat"
+
+    [[providers]]              # in fallback order
+    name = "finetune"                         # unique, [A-Za-z0-9_.-]
+    base_url = "http://10.0.0.5:8000/v1"      # OpenAI-compatible root (…/chat/completions is appended)
+    model = "hearth-lora"
+    api_key_env = "VLLM_API_KEY"              # optional; missing variable = ConfigError
+    json_schema = true                        # send envelope.response_format(kind)
+    extra_body = { chat_template_kwargs = { enable_thinking = false } }
+    headers = {}                              # extra request headers
+    scale_to_zero = true                      # warm-gated (needs health_url)
+    health_url = "http://10.0.0.5:8000/health"
+    [providers.timeouts]                      # seconds
+    connect_s = 2.0
+    first_token_s = 10.0                      # headers (JSON) / first content delta (SSE); also the idle gap while streaming
+    total_s = 30.0
+    [providers.warm]                          # only for scale_to_zero
+    probe_timeout_s = 0.5                     # per-request probe (the request waits at most this)
+    ttl_s = 5.0                               # how long a probe answer is trusted
+    warmup_budget_s = 180.0                   # background warm-up keeps knocking for this long
+    warmup_poll_s = 2.0                       # pause between warm-up knocks that were refused
+    warmup_request_timeout_s = 120.0          # one warm-up knock may wait this long (cold start)
+
+Other top-level tables (e.g. [app]) are ignored. Unknown keys inside [gateway] or a provider are
+errors (a typo would otherwise silently keep a default).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hearth.envelope import REPLY_KINDS
+from hearth.gateway.errors import ConfigError
+
+__all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "WarmSettings", "ConfigError",
+           "load_config", "config_from_dict"]
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    connect_s: float = Field(2.0, gt=0)
+    first_token_s: float = Field(10.0, gt=0)
+    total_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Timeouts":
+        if self.first_token_s > self.total_s:
+            raise ValueError("first_token_s must be <= total_s")
+        return self
+
+
+class WarmSettings(_Strict):
+    probe_timeout_s: float = Field(0.5, gt=0)
+    ttl_s: float = Field(5.0, ge=0)
+    warmup_budget_s: float = Field(180.0, gt=0)
+    warmup_poll_s: float = Field(2.0, ge=0)
+    warmup_request_timeout_s: float = Field(120.0, gt=0)
+
+
+class ProviderConfig(_Strict):
+    name: str
+    base_url: str
+    model: str = Field(min_length=1)
+    api_key_env: str | None = None
+    api_key: str | None = Field(None, exclude=True, repr=False)  # filled from api_key_env, never from TOML
+    json_schema: bool = False
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    scale_to_zero: bool = False
+    health_url: str | None = None
+    timeouts: Timeouts = Timeouts()
+    warm: WarmSettings = WarmSettings()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 characters of letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("base_url", "health_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"must be an http(s) URL, got {v!r}")
+        return v.rstrip("/") if v else v
+
+    @field_validator("extra_body")
+    @classmethod
+    def _extra(cls, v: dict) -> dict:
+        reserved = {"model", "messages", "stream"} & set(v)
+        if reserved:
+            raise ValueError(f"must not set {sorted(reserved)} (the gateway sets them)")
+        return v
+
+    @model_validator(mode="after")
+    def _health(self) -> "ProviderConfig":
+        if self.scale_to_zero and not self.health_url:
+            raise ValueError("health_url is required when scale_to_zero = true")
+        return self
+
+    @property
+    def chat_url(self) -> str:
+        return self.base_url + "/chat/completions"
+
+
+class GatewaySettings(_Strict):
+    deadline_s: float = Field(30.0, gt=0)
+    breaker_failures: int = Field(3, ge=1)
+    cooldown_s: float = Field(30.0, ge=0)
+    max_retry_after_s: float = Field(300.0, ge=0)
+    max_connections: int = Field(1024, ge=1)
+    default_kind: str = "chat"
+
+    @field_validator("default_kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in REPLY_KINDS:
+            raise ValueError(f"must be one of {REPLY_KINDS}")
+        return v
+
+
+class GatewayConfig(_Strict):
+    gateway: GatewaySettings = GatewaySettings()
+    providers: tuple[ProviderConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "GatewayConfig":
+        seen: set[str] = set()
+        for p in self.providers:
+            if p.name in seen:
+                raise ValueError(f"duplicate provider name {p.name!r}")
+            seen.add(p.name)
+        return self
+
+    def provider(self, name: str) -> ProviderConfig:
+        for p in self.providers:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+def _expand(value: Any, path: str, env: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        def sub(m: re.Match) -> str:
+            if m.group(1) not in env:
+                raise ConfigError(path, f"environment variable {m.group(1)} is not set (used as ${{{m.group(1)}}})")
+            return env[m.group(1)]
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    return value
+
+
+def _field_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(root)"
+
+
+def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> GatewayConfig:
+    """Validate an already-parsed TOML document. Raises ConfigError naming the first bad field."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data must be a mapping, got {type(data).__name__}")
+    wanted = {k: data[k] for k in ("gateway", "providers") if k in data}  # other tables belong to others
+    wanted = _expand(wanted, "", env)
+    try:
+        config = GatewayConfig.model_validate(wanted)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(_field_path(err["loc"]), err["msg"]) from None
+    providers = []
+    for i, p in enumerate(config.providers):
+        if p.api_key is not None:
+            raise ConfigError(f"providers[{i}].api_key", "put the key in an environment variable and name it in api_key_env")
+        if p.api_key_env is not None:
+            key = env.get(p.api_key_env)
+            if not key:
+                raise ConfigError(f"providers[{i}].api_key_env",
+                                  f"environment variable {p.api_key_env} is not set (API key of provider {p.name!r})")
+            p = p.model_copy(update={"api_key": key})
+        providers.append(p)
+    return config.model_copy(update={"providers": tuple(providers)})
+
+
+def load_config(path: Path | None, env: Mapping[str, str] = os.environ) -> GatewayConfig:
+    """Read and validate the gateway TOML at `path` (None: the HEARTH_GATEWAY_CONFIG variable).
+
+    Raises ConfigError (field "config" for an unreadable or unparsable file) naming the bad field.
+    """
+    if path is None:
+        if not env.get("HEARTH_GATEWAY_CONFIG"):
+            raise ConfigError("config", "no path given and HEARTH_GATEWAY_CONFIG is not set")
+        path = Path(env["HEARTH_GATEWAY_CONFIG"])
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
+    return config_from_dict(data, env)

@@ -1,0 +1,151 @@
+"""The gateway's errors: a small tree, so the chain decides by type and never by string matching.
+
+    GatewayError
+    ├── ConfigError (also ValueError)        the TOML or environment is wrong; .field names where
+    ├── ProviderError                        one attempt at one provider failed; .provider
+    │   ├── Timeout                          .kind: "connect" | "first_token" | "total"
+    │   ├── UpstreamStatus                   non-2xx answer; .status, .retry_after (s or None), .body
+    │   ├── ConnectionFailed                 refused / reset / DNS / closed mid-body
+    │   ├── InvalidResponse                  2xx but not an OpenAI chat completion (bad JSON, no choices)
+    │   ├── InvalidEnvelope                  a completion whose text fails hearth.envelope.parse_envelope;
+    │   │                                    .envelope_error (the EnvelopeError), .finish_reason
+    │   ├── Cooldown                         not tried: breaker open or Retry-After pending; .until_s
+    │   ├── Cold                             not tried: scale-to-zero provider is not warm
+    │   └── DeadlineExceeded                 the request's own deadline ran out (before or during it)
+    ├── StreamInterrupted                    upstream failed after bytes were sent to the client;
+    │                                        .provider, __cause__ is the ProviderError; no fallback
+    └── AllProvidersFailed (ExceptionGroup)  every provider failed; .exceptions holds one
+                                             ProviderError per provider, in chain order
+
+Every ProviderError keeps what a fallback or a log needs (status, Retry-After, timeout kind);
+nothing is flattened into a message string.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from hearth.envelope import EnvelopeError
+
+TimeoutKind = Literal["connect", "first_token", "total"]
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+
+class ConfigError(GatewayError, ValueError):
+    """Invalid gateway configuration. ``field`` is a dotted path such as ``providers[1].timeouts.total_s``."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class ProviderError(GatewayError):
+    """One provider attempt failed. ``outcome`` is the short label used in attempts and metrics."""
+
+    outcome = "error"
+
+    def __init__(self, provider: str, message: str) -> None:
+        self.provider = provider
+        super().__init__(f"{provider}: {message}")
+
+
+class Timeout(ProviderError):
+    outcome = "timeout"
+
+    def __init__(self, provider: str, kind: TimeoutKind, after_s: float) -> None:
+        self.kind = kind
+        self.after_s = after_s
+        super().__init__(provider, f"{kind} timeout after {after_s:.3f} s")
+
+    @property
+    def label(self) -> str:
+        return f"timeout_{self.kind}"
+
+
+class UpstreamStatus(ProviderError):
+    outcome = "status"
+
+    def __init__(self, provider: str, status: int, retry_after: float | None = None, body: str = "") -> None:
+        self.status = status
+        self.retry_after = retry_after
+        self.body = body
+        extra = f", Retry-After {retry_after:g} s" if retry_after is not None else ""
+        super().__init__(provider, f"HTTP {status}{extra}: {body[:200]}")
+
+    @property
+    def label(self) -> str:
+        return f"status_{self.status}"
+
+
+class ConnectionFailed(ProviderError):
+    outcome = "connection"
+
+
+class InvalidResponse(ProviderError):
+    outcome = "invalid_response"
+
+
+class InvalidEnvelope(ProviderError):
+    outcome = "invalid_envelope"
+
+    def __init__(self, provider: str, envelope_error: EnvelopeError, finish_reason: str | None = None) -> None:
+        self.envelope_error = envelope_error
+        self.finish_reason = finish_reason
+        note = " (truncated: finish_reason=length)" if finish_reason == "length" else ""
+        super().__init__(provider, f"invalid envelope{note}: {envelope_error}")
+        self.__cause__ = envelope_error
+
+
+class Cooldown(ProviderError):
+    outcome = "cooldown"
+
+    def __init__(self, provider: str, remaining_s: float, why: str) -> None:
+        self.remaining_s = remaining_s
+        self.why = why
+        super().__init__(provider, f"cooling down for {remaining_s:.2f} s more ({why})")
+
+
+class Cold(ProviderError):
+    outcome = "cold"
+
+    def __init__(self, provider: str) -> None:
+        super().__init__(provider, "scale-to-zero endpoint is not warm; skipped (warm-up running)")
+
+
+class DeadlineExceeded(ProviderError):
+    outcome = "deadline"
+
+    def __init__(self, provider: str, deadline_s: float) -> None:
+        self.deadline_s = deadline_s
+        super().__init__(provider, f"request deadline of {deadline_s:.3f} s exhausted")
+
+
+class StreamInterrupted(GatewayError):
+    """The upstream failed after the first byte reached the client: the stream ends with an error."""
+
+    def __init__(self, provider: str, cause: BaseException) -> None:
+        self.provider = provider
+        super().__init__(f"{provider}: stream interrupted after first byte: {cause}")
+        self.__cause__ = cause
+
+
+class AllProvidersFailed(ExceptionGroup, GatewayError):
+    """Every provider in the chain failed; ``exceptions`` lists each one's ProviderError in order."""
+
+    def __new__(cls, message: str, exceptions):
+        return super().__new__(cls, message, exceptions)
+
+    def derive(self, excs):  # keep the type when ExceptionGroup.split/subgroup rebuild it
+        return AllProvidersFailed(self.message, excs)
+
+    def __str__(self) -> str:
+        return self.message + ": " + "; ".join(str(e) for e in self.exceptions)
+
+
+def label(error: ProviderError) -> str:
+    """Metric / attempt label of an error: 'timeout_first_token', 'status_429', 'cooldown', ..."""
+    return getattr(error, "label", error.outcome)

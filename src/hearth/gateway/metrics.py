@@ -1,0 +1,42 @@
+"""Prometheus metrics of one gateway (its own registry, so two chains in one process never collide).
+
+    hearth_gateway_requests_total{kind, outcome}                    outcome: ok | failed | interrupted
+    hearth_gateway_request_seconds{kind}                            histogram, whole request
+    hearth_gateway_attempt_seconds{provider, outcome}               histogram, one attempt (ok or failed)
+    hearth_gateway_errors_total{provider, error}                    error: timeout_first_token, status_429, ...
+    hearth_gateway_fallbacks_total{provider}                        fell through from `provider` to the next
+    hearth_gateway_warm_decisions_total{provider, decision}         decision: warm | cold
+    hearth_gateway_warmups_total{provider, outcome}                 outcome: ok | failed
+    hearth_gateway_breaker_open{provider}                           1 while the provider is cooling down
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Loopback answers take ~1 ms, hosted ones seconds, cold starts minutes: buckets span all three.
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("hearth_gateway_requests", "Requests by reply kind and outcome", ["kind", "outcome"], registry=r)
+        self.request_seconds = Histogram("hearth_gateway_request_seconds", "Whole-request latency", ["kind"],
+                                         buckets=_BUCKETS, registry=r)
+        self.attempt_seconds = Histogram("hearth_gateway_attempt_seconds", "Latency of one provider attempt",
+                                         ["provider", "outcome"], buckets=_BUCKETS, registry=r)
+        self.errors = Counter("hearth_gateway_errors", "Provider failures by kind", ["provider", "error"], registry=r)
+        self.fallbacks = Counter("hearth_gateway_fallbacks", "Fell through from this provider to the next",
+                                 ["provider"], registry=r)
+        self.warm_decisions = Counter("hearth_gateway_warm_decisions", "Warm gate decisions", ["provider", "decision"],
+                                      registry=r)
+        self.warmups = Counter("hearth_gateway_warmups", "Background warm-ups by outcome", ["provider", "outcome"],
+                               registry=r)
+        self.breaker_open = Gauge("hearth_gateway_breaker_open", "1 while a provider is cooling down", ["provider"],
+                                  registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,252 @@
+"""One OpenAI-compatible chat provider: build the request, time every phase, parse, check the envelope.
+
+A provider is a ProviderConfig plus the shared Transport; there is no per-vendor subclass (vendor
+differences are data: extra_body, headers, json_schema).
+
+Timing of one attempt (all in seconds, against time.monotonic):
+    limit      = min(timeouts.total_s, budget_s)          budget_s: what is left of the request deadline
+    connect    <= timeouts.connect_s                       -> Timeout("connect")
+    headers    <= min(timeouts.first_token_s, limit)       -> Timeout("first_token") (JSON: the reply's
+               headers; SSE: the first non-empty content delta)
+    the rest   <= limit                                    -> Timeout("total")
+When budget_s is the binding limit the error is DeadlineExceeded instead, so a log says whose budget ran out.
+On any early exit the response is closed, which drops the connection rather than re-pooling it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Awaitable, TypeVar
+
+from pydantic import BaseModel
+
+from hearth import envelope as env
+from hearth.gateway.config import ProviderConfig
+from hearth.gateway.errors import (
+    ConnectionFailed, DeadlineExceeded, InvalidEnvelope, InvalidResponse, ProviderError, Timeout, UpstreamStatus,
+)
+from hearth.gateway.transport.client import ConnectFailed, ConnectTimeout, Transport, UpstreamResponse
+
+T = TypeVar("T")
+_MAX_ERROR_BODY = 2000
+
+
+@dataclass(frozen=True)
+class Completion:
+    envelope: BaseModel
+    text: str
+    finish_reason: str | None
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds from now: delta-seconds or an HTTP-date; None when absent or unparsable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class _Clock:
+    """Deadlines of one attempt; turns an expired await into the right ProviderError."""
+
+    __slots__ = ("provider", "start", "limit", "deadline_bound", "first_token_s")
+
+    def __init__(self, p: ProviderConfig, budget_s: float) -> None:
+        self.provider = p.name
+        self.start = time.monotonic()
+        self.deadline_bound = budget_s < p.timeouts.total_s
+        self.limit = min(p.timeouts.total_s, budget_s)
+        self.first_token_s = p.timeouts.first_token_s
+
+    def expired(self, phase: str) -> ProviderError:
+        elapsed = time.monotonic() - self.start
+        if phase == "first_token" and self.first_token_s < self.limit:
+            return Timeout(self.provider, "first_token", self.first_token_s)
+        if self.deadline_bound:
+            return DeadlineExceeded(self.provider, self.limit)
+        return Timeout(self.provider, "total", max(elapsed, self.limit))
+
+    def left(self) -> float:
+        return self.limit - (time.monotonic() - self.start)
+
+    def first_token_left(self) -> float:
+        return min(self.first_token_s, self.limit) - (time.monotonic() - self.start)
+
+    async def within(self, aw: Awaitable[T], seconds: float, phase: str) -> T:
+        if seconds <= 0:
+            if asyncio.iscoroutine(aw):
+                aw.close()
+            raise self.expired(phase)
+        try:
+            async with asyncio.timeout(seconds):
+                return await aw
+        except TimeoutError:
+            raise self.expired(phase) from None
+
+
+class Provider:
+    """Sends chat requests for one configured provider over the shared transport."""
+
+    def __init__(self, config: ProviderConfig, transport: Transport) -> None:
+        self.config = config
+        self.name = config.name
+        self.transport = transport
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        headers.update(config.headers)
+        self._headers = headers
+
+    # ------------------------------------------------------------------ request
+    def body(self, messages: list[dict], kind: str, *, max_tokens: int | None, stream: bool) -> bytes:
+        body: dict[str, Any] = dict(self.config.extra_body)
+        body["model"] = self.config.model
+        body["messages"] = messages
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if self.config.json_schema:
+            body["response_format"] = env.response_format(kind)
+        if stream:
+            body["stream"] = True
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    async def _open(self, clock: _Clock, body: bytes, stream: bool) -> UpstreamResponse:
+        headers = self._headers if not stream else {**self._headers, "Accept": "text/event-stream"}
+        connect_s = min(self.config.timeouts.connect_s, max(clock.left(), 1e-3))
+        try:
+            resp = await clock.within(
+                self.transport.open("POST", self.config.chat_url, headers=headers, body=body, connect_timeout_s=connect_s),
+                clock.first_token_left(), "first_token")
+        except ConnectTimeout:
+            raise Timeout(self.name, "connect", connect_s) from None
+        except ConnectFailed as exc:
+            raise ConnectionFailed(self.name, str(exc)) from exc
+        if not 200 <= resp.status < 300:
+            try:
+                raw = await clock.within(resp.read(), min(clock.left(), 1.0), "total")
+            except (ProviderError, ConnectFailed):
+                raw = b""
+            finally:
+                resp.close()
+            raise UpstreamStatus(self.name, resp.status, parse_retry_after(resp.headers.get("Retry-After")),
+                                 raw[:_MAX_ERROR_BODY].decode("utf-8", "replace"))
+        return resp
+
+    # ------------------------------------------------------------------ JSON
+    async def complete(self, messages: list[dict], kind: str, *, budget_s: float,
+                       max_tokens: int | None = None) -> Completion:
+        """One non-streaming attempt. Raises a ProviderError subclass; never anything else on purpose."""
+        clock = _Clock(self.config, budget_s)
+        resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=False), False)
+        try:
+            raw = await clock.within(resp.read(), clock.left(), "total")
+        except ConnectFailed as exc:
+            raise ConnectionFailed(self.name, str(exc)) from exc
+        finally:
+            resp.close()
+        text, finish = self._message(raw)
+        return Completion(self._envelope(text, kind, finish), text, finish)
+
+    def _message(self, raw: bytes) -> tuple[str, str | None]:
+        try:
+            doc = json.loads(raw)
+            choice = doc["choices"][0]
+            content = choice["message"].get("content")
+            finish = choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise InvalidResponse(self.name, f"not a chat completion ({exc.__class__.__name__}): "
+                                             f"{raw[:200].decode('utf-8', 'replace')!r}") from None
+        if content is not None and not isinstance(content, str):
+            raise InvalidResponse(self.name, f"message.content is {type(content).__name__}, not a string")
+        return content or "", finish
+
+    def _envelope(self, text: str, kind: str, finish: str | None) -> BaseModel:
+        try:
+            return env.parse_envelope(text, kind)
+        except env.EnvelopeError as exc:
+            raise InvalidEnvelope(self.name, exc, finish) from exc
+
+    # ------------------------------------------------------------------ SSE
+    async def open_stream(self, messages: list[dict], kind: str, *, budget_s: float,
+                          max_tokens: int | None = None) -> tuple["ChatStream", str]:
+        """Start a streaming attempt and wait for its first non-empty content delta.
+
+        Returns (stream, first_delta). Everything that can fail before the first byte reaches the
+        client fails here, so the chain can still fall back.
+        """
+        clock = _Clock(self.config, budget_s)
+        resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=True), True)
+        stream = ChatStream(self, resp, clock)
+        try:
+            first = await stream.next_delta(phase="first_token")
+        except BaseException:
+            stream.close()
+            raise
+        if first is None:
+            stream.close()
+            self._envelope("", kind, stream.finish_reason)  # raises InvalidEnvelope: empty reply
+            raise InvalidResponse(self.name, "stream ended without content")  # pragma: no cover
+        return stream, first
+
+
+class ChatStream:
+    """An open SSE chat stream. next_delta() -> text, or None at the end; raises ProviderError."""
+
+    def __init__(self, provider: Provider, resp: UpstreamResponse, clock: _Clock) -> None:
+        self.provider = provider
+        self._resp = resp
+        self._lines = resp.lines()
+        self._clock = clock
+        self.finish_reason: str | None = None
+        self._done = False
+
+    async def next_delta(self, phase: str = "total") -> str | None:
+        name = self.provider.name
+        # While streaming, first_token_s also bounds the gap between two deltas: a stall ends the stream.
+        idle = self.provider.config.timeouts.first_token_s
+        while not self._done:
+            wait = min(idle, self._clock.left()) if phase == "total" else self._clock.first_token_left()
+            try:
+                line = await self._clock.within(anext(self._lines, b""), wait,
+                                                "first_token" if phase != "total" or idle < self._clock.left() else "total")
+            except ConnectFailed as exc:
+                raise ConnectionFailed(name, str(exc)) from exc
+            if not line:
+                self._done = True
+                return None
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue  # comments, event names, blank separators
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                self._done = True
+                return None
+            try:
+                choice = json.loads(data)["choices"][0]
+                delta = choice.get("delta") or {}
+                text = delta.get("content") or ""
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                raise InvalidResponse(name, f"bad SSE event: {data[:200].decode('utf-8', 'replace')!r}") from None
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            if text:
+                return text
+        return None
+
+    def envelope(self, text: str, kind: str) -> BaseModel:
+        return self.provider._envelope(text, kind, self.finish_reason)
+
+    def close(self) -> None:
+        self._resp.close()

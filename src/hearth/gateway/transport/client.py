@@ -1,0 +1,131 @@
+"""The transport seam: the one replaceable point where gateway requests leave the process.
+
+    Transport.open(method, url, headers=..., body=..., connect_timeout_s=...) -> UpstreamResponse
+        returns once the status line and headers arrived; raises ConnectTimeout or ConnectFailed.
+    UpstreamResponse: .status, .headers, await .read() -> bytes, async for line in .lines(), .close()
+        read()/lines() raise ConnectFailed when the connection breaks mid-body.
+
+The transport enforces only the TCP connect timeout (it alone can tell connecting from waiting);
+first-token and total budgets are enforced by the caller (providers.py) around these awaits, and the
+caller closes the response on any early exit, which drops (never re-pools) the connection.
+
+Why aiohttp (AiohttpTransport) and not httpx.AsyncClient, which the issue named: measured on the
+2-core CI-like machine (perf/GATEWAY.md, and benchmarks/gateway/results.md rows "httpx direct" vs
+"aiohttp direct"), httpx's pool collapses from 50 concurrent requests up (p99 > 1 s at 50, ~10 s at
+500) while aiohttp's holds (p99 ~20 ms at 50, ~116 ms at 500) at a third of the client CPU per request.
+Tests never swap this for a mock: they point it at real loopback servers (tests/fakes), and a test
+that needs a different transport implements these two small classes.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import AsyncIterator, Mapping
+
+import aiohttp
+
+
+class TransportError(Exception):
+    """Base of transport failures (deliberately not a TimeoutError: callers time phases themselves)."""
+
+
+class ConnectTimeout(TransportError):
+    """The TCP connection was not established within connect_timeout_s."""
+
+
+class ConnectFailed(TransportError):
+    """Refused, reset, DNS failure, or the connection broke before the body was complete."""
+
+
+class UpstreamResponse(abc.ABC):
+    status: int
+    headers: Mapping[str, str]
+
+    @abc.abstractmethod
+    async def read(self) -> bytes: ...
+
+    @abc.abstractmethod
+    def lines(self) -> AsyncIterator[bytes]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop the connection (safe to call twice; safe after read())."""
+
+
+class Transport(abc.ABC):
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def open(self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None,
+                   connect_timeout_s: float) -> UpstreamResponse: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+
+class _AiohttpResponse(UpstreamResponse):
+    __slots__ = ("_resp", "status", "headers")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = resp.headers
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._resp.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            self._resp.close()
+            raise ConnectFailed(f"connection broke while reading the body: {exc!r}") from exc
+        self._resp.release()  # body complete: the connection goes back to the pool
+        return data
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        content = self._resp.content
+        while True:
+            try:
+                line = await content.readline()
+            except (aiohttp.ClientError, OSError) as exc:
+                raise ConnectFailed(f"connection broke mid-stream: {exc!r}") from exc
+            if not line:
+                return
+            yield line
+
+    def close(self) -> None:
+        self._resp.close()
+
+
+class AiohttpTransport(Transport):
+    """One shared aiohttp.ClientSession for the life of the gateway."""
+
+    def __init__(self, max_connections: int = 1024) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
+            # No session-wide timeout: every call passes its own (a hang must never outlive its budget).
+            self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                                  raise_for_status=False)
+
+    async def open(self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None,
+                   connect_timeout_s: float) -> UpstreamResponse:
+        if self._session is None:
+            raise RuntimeError("transport not started (call await transport.start())")
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        try:
+            resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout)
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise ConnectTimeout(f"connect to {url} timed out after {connect_timeout_s:g} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:  # refused, reset, DNS, server closed the socket
+            raise ConnectFailed(f"{method} {url}: {exc!r}") from exc
+        return _AiohttpResponse(resp)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

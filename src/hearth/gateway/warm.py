@@ -1,0 +1,159 @@
+"""Warm gate for a scale-to-zero provider: is a container warm right now?
+
+A scale-to-zero endpoint (vLLM on Modal and the like) can take minutes to cold-start, and nobody
+waits minutes for a chat reply. So before each request the chain asks `await gate.is_warm()`:
+
+    * a cached answer younger than warm.ttl_s is returned at once;
+    * otherwise ONE probe (GET health_url, warm.probe_timeout_s) runs and every concurrent caller
+      awaits that same probe (no stampede); 2xx = warm;
+    * cold (refused, non-2xx, timeout) -> the caller skips the provider, and a background warm-up
+      starts: it knocks on health_url (each knock may wait warm.warmup_request_timeout_s, refused
+      knocks are retried every warm.warmup_poll_s) until the endpoint answers 2xx or
+      warm.warmup_budget_s has passed. Knocking is what wakes a scale-to-zero platform up, so the
+      probe doubles as the warm-up. While it runs, callers get "cold" without another probe; when it
+      succeeds the gate is warm and later requests go to the provider first.
+
+Background tasks are tracked (aclose() cancels and awaits them) and their failures are logged at
+ERROR and counted in hearth_gateway_warmups_total{outcome="failed"}, never swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from hearth.gateway.config import ProviderConfig
+from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.transport.client import Transport, TransportError
+
+log = logging.getLogger("hearth.gateway.warm")
+
+
+class WarmupFailed(RuntimeError):
+    """The endpoint never answered 2xx within warm.warmup_budget_s."""
+
+
+class WarmGate:
+    def __init__(self, provider: ProviderConfig, transport: Transport, metrics: GatewayMetrics) -> None:
+        if not provider.scale_to_zero or not provider.health_url:
+            raise ValueError(f"provider {provider.name!r} is not scale_to_zero with a health_url")
+        self.provider = provider
+        self.settings = provider.warm
+        self.transport = transport
+        self.metrics = metrics
+        self._warm: bool | None = None       # last answer; None = never asked
+        self._checked_at = float("-inf")     # time.monotonic() of that answer
+        self._probe: asyncio.Task[bool] | None = None
+        self._warmup: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ public
+    @property
+    def warming(self) -> bool:
+        return self._warmup is not None and not self._warmup.done()
+
+    def state(self) -> dict:
+        age = time.monotonic() - self._checked_at
+        return {"warm": self._warm, "checked_s_ago": None if self._warm is None else round(age, 3),
+                "warming": self.warming, "last_error": self.last_error}
+
+    async def is_warm(self) -> bool:
+        """True when the provider may be tried now. Waits at most probe_timeout_s (shared probe)."""
+        decision = await self._decide()
+        self.metrics.warm_decisions.labels(self.provider.name, "warm" if decision else "cold").inc()
+        return decision
+
+    async def wait_warmup(self) -> None:
+        """Wait until the running warm-up (if any) ends. Its failure is logged, not raised here."""
+        if self._warmup is not None and not self._warmup.done():
+            await asyncio.wait([self._warmup])
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ internals
+    async def _decide(self) -> bool:
+        if self._warm is not None and time.monotonic() - self._checked_at < self.settings.ttl_s:
+            return self._warm
+        if self.warming:
+            return False
+        if self._probe is None or self._probe.done():
+            self._probe = self._track(self._run_probe(), "probe")
+        # shield: one caller giving up (its own deadline) must not cancel the probe the others share
+        return await asyncio.shield(self._probe)
+
+    def _track(self, coro, what: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=f"warm-{what}-{self.provider.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieving it marks it handled; we log it instead of dropping it
+        if exc is not None:
+            log.error("%s for provider %s failed: %r", task.get_name(), self.provider.name, exc, exc_info=exc)
+
+    def _set(self, warm: bool) -> None:
+        self._warm = warm
+        self._checked_at = time.monotonic()
+
+    async def _knock(self, timeout_s: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self.transport.open("GET", self.provider.health_url, headers={}, body=None,
+                                                 connect_timeout_s=timeout_s)
+                try:
+                    await resp.read()
+                finally:
+                    resp.close()
+        except TimeoutError:
+            self.last_error = f"no answer within {timeout_s:g} s"
+            return False
+        except TransportError as exc:
+            self.last_error = str(exc)
+            return False
+        if 200 <= resp.status < 300:
+            self.last_error = None
+            return True
+        self.last_error = f"health answered HTTP {resp.status}"
+        return False
+
+    async def _run_probe(self) -> bool:
+        warm = await self._knock(self.settings.probe_timeout_s)
+        self._set(warm)
+        if not warm and not self.warming:
+            log.info("provider %s is cold (%s); starting warm-up", self.provider.name, self.last_error)
+            self._warmup = self._track(self._run_warmup(), "warmup")
+        return warm
+
+    async def _run_warmup(self) -> None:
+        s = self.settings
+        start = time.monotonic()
+        try:
+            while True:
+                left = s.warmup_budget_s - (time.monotonic() - start)
+                if left <= 0:
+                    raise WarmupFailed(f"{self.provider.name} not warm after {s.warmup_budget_s:g} s: {self.last_error}")
+                knock_start = time.monotonic()
+                if await self._knock(min(s.warmup_request_timeout_s, left)):
+                    self._set(True)
+                    self.metrics.warmups.labels(self.provider.name, "ok").inc()
+                    log.info("provider %s is warm after %.2f s", self.provider.name, time.monotonic() - start)
+                    return
+                self._set(False)
+                # A refused knock returns at once: pause before the next; a knock that waited long did not.
+                pause = s.warmup_poll_s - (time.monotonic() - knock_start)
+                if pause > 0:
+                    await asyncio.sleep(min(pause, max(0.0, left)))
+        except WarmupFailed:
+            self.metrics.warmups.labels(self.provider.name, "failed").inc()
+            raise

@@ -1,0 +1,328 @@
+"""`hearth inspect OP`: compile an op's Triton kernels for this GPU and read what the compiler made.
+
+LESSON 4: a matmul sat flat at ~1 TFLOP/s because its PTX had no mma instruction at all -- whether
+the tensor cores are used is read in the compiled code, not guessed. Per kernel this reports:
+  * tensor-core instructions: PTX `wgmma.mma_async` (Hopper), `mma.sync` / `wmma` (Ampere style);
+    SASS `HGMMA` / `QGMMA` (Hopper), `HMMA` / `IMMA` (older path) -- SASS through cuobjdump on the
+    cubin when the tool is there (Triton ships one);
+  * TMA bulk copies (PTX cp.async.bulk.tensor, SASS UTMALDG/UTMASTG), fp32 FMAs (FFMA);
+  * registers per thread, spills (stack frame / local memory bytes), shared memory per program;
+  * a one-line verdict. A kernel whose Triton IR holds a `tt.dot` (matmul-like) but whose code has
+    no tensor-core instruction gets "No tensor-core instructions were emitted", in red.
+
+How kernels are found: a kernel module may expose `inspect_kernels(shape, dtype)` returning
+[(label, CompiledKernel)] (matmul and linear_cross_entropy do). For other ops, the public op is run
+once at the shape and every Triton kernel launched meanwhile is captured (JITFunction.run returns the
+CompiledKernel it launched; the capture wraps it for the duration of the call).
+
+The parsing functions (count_ptx, count_sass, parse_res_usage, uses_dot, verdict) are pure and are
+tested on stored compiler output (tests/data/inspect/). `main` returns an exit code: 0 fine,
+1 a matmul-like kernel without tensor-core instructions, 2 bad arguments / no CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PTX_PATTERNS = {
+    "wgmma": r"\bwgmma\.mma_async\b",
+    "mma.sync": r"\bmma\.sync\b",
+    "wmma": r"\bwmma\.mma\b",
+    "tma": r"\bcp\.async\.bulk\.tensor\b",
+    "fma.f32": r"\bfma\.rn\.f32\b",
+    "local": r"\b(?:ld|st)\.local\b",
+}
+SASS_PATTERNS = {
+    "HGMMA": r"\bHGMMA\b",
+    "QGMMA": r"\bQGMMA\b",
+    "HMMA": r"\bHMMA\b",  # not HFMA2.MMA (a plain fp16x2 FMA on the MMA pipe)
+    "IMMA": r"\bIMMA\b",
+    "UTMA": r"\bUTMA(?:LDG|STG)\b",
+    "FFMA": r"\bFFMA\b",
+    "LDL/STL": r"\b(?:LDL|STL)\b",
+}
+DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+               "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+# ----------------------------------------------------------------------------------------- pure parsing
+def _count(text: str, patterns: dict[str, str]) -> dict[str, int]:
+    # count instruction lines, skipping comments (PTX //, SASS /* */ encodings)
+    body = "\n".join(line.split("//")[0] for line in text.splitlines())
+    body = re.sub(r"/\*.*?\*/", "", body)
+    return {name: len(re.findall(pat, body)) for name, pat in patterns.items()}
+
+
+def count_ptx(ptx: str) -> dict[str, int]:
+    """Instruction counts in PTX text (keys of PTX_PATTERNS)."""
+    return _count(ptx, PTX_PATTERNS)
+
+
+def count_sass(sass: str) -> dict[str, int]:
+    """Instruction counts in `cuobjdump -sass` / nvdisasm text (keys of SASS_PATTERNS)."""
+    return _count(sass, SASS_PATTERNS)
+
+
+def ptx_target(ptx: str) -> str | None:
+    """The `.target` of a PTX module, e.g. 'sm_90a'."""
+    m = re.search(r"^\s*\.target\s+(\S+)", ptx, re.M)
+    return m.group(1).rstrip(",") if m else None
+
+
+def parse_res_usage(text: str) -> dict[str, dict[str, int]]:
+    """`cuobjdump -res-usage` output -> {function: {"REG": n, "STACK": n, "SHARED": n, "LOCAL": n, ...}}."""
+    out: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function\s+([^:\s]+)\s*:", line)
+        if m:
+            current = m.group(1)
+            continue
+        if current and "REG:" in line:
+            out[current] = {k: int(v) for k, v in re.findall(r"([A-Z_]+(?:\[\d+\])?):(\d+)", line)}
+            current = None
+    return out
+
+
+def uses_dot(ttir: str) -> bool:
+    """True when the kernel's Triton IR holds a tl.dot (it is matmul-like: tensor cores expected)."""
+    return bool(re.search(r"\btt\.(?:dot|dot_scaled)\b", ttir))
+
+
+@dataclass
+class KernelReport:
+    label: str
+    name: str
+    target: str | None
+    matmul_like: bool
+    ptx: dict[str, int]
+    sass: dict[str, int] | None
+    registers: int | None
+    spill_bytes: int | None  # stack frame + local memory (ptxas spills land there)
+    shared_bytes: int | None
+    num_warps: int | None
+    num_stages: int | None
+    level: str = ""
+    verdict: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def tensor_core_count(report: KernelReport) -> int:
+    sass = report.sass or {}
+    return (report.ptx["wgmma"] + report.ptx["mma.sync"] + report.ptx["wmma"]
+            + sass.get("HGMMA", 0) + sass.get("QGMMA", 0) + sass.get("HMMA", 0) + sass.get("IMMA", 0))
+
+
+def verdict(report: KernelReport) -> tuple[str, str]:
+    """(level, one line): level "error" (matmul-like without tensor cores), "warn", or "ok"."""
+    hopper = (report.target or "").startswith("sm_9")
+    spill = f"; {report.spill_bytes} bytes spilled to local memory" if report.spill_bytes else ""
+    if report.matmul_like and tensor_core_count(report) == 0:
+        return "error", "No tensor-core instructions were emitted" + spill
+    if report.ptx["wgmma"] or (report.sass or {}).get("HGMMA") or (report.sass or {}).get("QGMMA"):
+        tma = ", TMA loads" if report.ptx["tma"] else ""
+        return ("warn" if spill else "ok"), f"wgmma tensor cores (Hopper path){tma}{spill}"
+    if report.ptx["mma.sync"] or report.ptx["wmma"] or (report.sass or {}).get("HMMA"):
+        if hopper:
+            return "warn", "mma.sync tensor cores only: on Hopper wgmma (HGMMA) is the fast path" + spill
+        return ("warn" if spill else "ok"), "mma.sync tensor cores" + spill
+    return ("warn" if spill else "ok"), "no matmul in this kernel: tensor cores not expected" + spill
+
+
+# ----------------------------------------------------------------------------------------- compiled kernels
+def _tool(name: str) -> str | None:
+    try:
+        import triton
+
+        path = getattr(getattr(triton.knobs.nvidia, name), "path", None)
+        if path:
+            return path
+    except Exception:  # older triton without knobs: fall back to PATH
+        pass
+    return shutil.which(name)
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str | None:
+    tool = _tool("cuobjdump")
+    if not tool or not cubin:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, flag, f.name], capture_output=True, text=True, timeout=120)
+    return res.stdout if res.returncode == 0 else None
+
+
+def report_compiled(label: str, kernel) -> KernelReport:
+    """Build a KernelReport from a triton CompiledKernel (asm dict + metadata)."""
+    asm = kernel.asm
+    ptx = asm.get("ptx", "")
+    cubin = asm.get("cubin", b"")
+    sass_text = _cuobjdump(cubin, "-sass")
+    usage = parse_res_usage(_cuobjdump(cubin, "-res-usage") or "")
+    name = kernel.metadata.name
+    res = usage.get(name) or (next(iter(usage.values())) if usage else {})
+    registers = getattr(kernel, "n_regs", None) or res.get("REG")
+    spills = getattr(kernel, "n_spills", None)
+    if spills is None and res:
+        spills = res.get("STACK", 0) + res.get("LOCAL", 0)
+    rep = KernelReport(
+        label=label, name=name, target=ptx_target(ptx), matmul_like=uses_dot(asm.get("ttir", "")),
+        ptx=count_ptx(ptx), sass=count_sass(sass_text) if sass_text else None, registers=registers,
+        spill_bytes=spills, shared_bytes=getattr(kernel.metadata, "shared", None),
+        num_warps=getattr(kernel.metadata, "num_warps", None), num_stages=getattr(kernel.metadata, "num_stages", None),
+    )
+    if sass_text is None:
+        rep.notes.append("SASS unavailable (no cuobjdump); PTX counts only")
+    rep.level, rep.verdict = verdict(rep)
+    return rep
+
+
+def capture_launched_kernels(run, *, label: str) -> list[tuple[str, object]]:
+    """Call `run()` and return [(label, CompiledKernel)] for every distinct Triton kernel it launched
+    (autotuned kernels: each benchmarked config appears once)."""
+    from triton.runtime.jit import JITFunction
+
+    seen: dict[int, tuple[str, object]] = {}
+    original = JITFunction.run
+
+    def recording(self, *args, **kwargs):
+        kernel = original(self, *args, **kwargs)
+        if kernel is not None and hasattr(kernel, "asm"):
+            seen.setdefault(id(kernel), (f"{label}: {kernel.metadata.name}", kernel))
+        return kernel
+
+    JITFunction.run = recording
+    try:
+        run()
+    finally:
+        JITFunction.run = original
+    return list(seen.values())
+
+
+# ----------------------------------------------------------------------------------------- op table
+def _parse_shape(shape: str | None) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    try:
+        dims = tuple(int(s) for s in shape.lower().replace(",", "x").split("x") if s.strip())
+    except ValueError:
+        raise ValueError(f"--shape must look like 4096x4096x4096, got {shape!r}") from None
+    if not dims or min(dims) < 1:
+        raise ValueError(f"--shape must be positive integers joined by 'x', got {shape!r}")
+    return dims
+
+
+def _generic_runner(op: str, shape, dtype):
+    """Inputs for ops without inspect_kernels: run the public op (and its backward) once."""
+    import torch
+
+    import hearth.kernels as K
+
+    dev = torch.device("cuda")
+
+    def r(*s):
+        return torch.randn(*s, device=dev, dtype=dtype, requires_grad=True)
+
+    dims = shape or ()
+    if op in ("softmax", "rms_norm", "layer_norm", "swiglu", "cross_entropy"):
+        n, d = (tuple(dims) + (4096, 4096))[:2]
+        x = r(n, d)
+        calls = {
+            "softmax": lambda: K.softmax(x),
+            "rms_norm": lambda: K.rms_norm(x, r(d)),
+            "layer_norm": lambda: K.layer_norm(x, r(d), r(d)),
+            "swiglu": lambda: K.swiglu(x, r(n, d)),
+            "cross_entropy": lambda: K.cross_entropy(x, torch.randint(0, d, (n,), device=dev)),
+        }
+        return lambda: calls[op]().float().sum().backward()
+    if op in ("attention", "rope"):
+        b, h, t, d = (tuple(dims) + (1, 8, 1024, 128))[:4]
+        if op == "attention":
+            return lambda: K.attention(r(b, h, t, d), r(b, h, t, d), r(b, h, t, d), causal=True).float().sum().backward()
+        cos, sin = torch.randn(1, t, d, device=dev, dtype=dtype), torch.randn(1, t, d, device=dev, dtype=dtype)
+        return lambda: sum(o.float().sum() for o in K.rope(r(b, h, t, d), r(b, h, t, d), cos, sin)).backward()
+    raise ValueError(f"unknown op {op!r}; known: {', '.join(K.__all__)}")
+
+
+def collect(op: str, shape, dtype) -> list[KernelReport]:
+    """Compile (by running) the op's kernels on this GPU and report each."""
+    import importlib
+
+    import hearth.kernels as K
+
+    if op not in K.__all__:
+        raise ValueError(f"unknown op {op!r}; known: {', '.join(K.__all__)}")
+    module = importlib.import_module(f"hearth.kernels.{op}")
+    if hasattr(module, "inspect_kernels"):
+        kernels = module.inspect_kernels(shape, dtype)
+    else:
+        kernels = capture_launched_kernels(_generic_runner(op, shape, dtype), label=op)
+    return [report_compiled(label, k) for label, k in kernels]
+
+
+# ----------------------------------------------------------------------------------------- output
+def render(reports: list[KernelReport], console) -> None:
+    from rich.table import Table
+
+    table = Table(title="hearth inspect", show_lines=False)
+    for col in ("kernel", "target", "wgmma", "mma.sync", "HGMMA", "HMMA", "TMA", "FFMA", "regs", "spill B", "smem KiB", "warps/stages", "verdict"):
+        table.add_column(col, overflow="fold")
+    style = {"ok": "green", "warn": "yellow", "error": "bold red"}
+    for r in reports:
+        s = r.sass or {}
+        na = "-" if r.sass is None else None
+        table.add_row(
+            r.label, r.target or "?", str(r.ptx["wgmma"]), str(r.ptx["mma.sync"]), na or str(s["HGMMA"]),
+            na or str(s["HMMA"]), str(r.ptx["tma"]), na or str(s["FFMA"]), str(r.registers), str(r.spill_bytes),
+            "?" if r.shared_bytes is None else f"{r.shared_bytes / 1024:.1f}", f"{r.num_warps}/{r.num_stages}",
+            f"[{style[r.level]}]{r.verdict}[/]",
+        )
+    console.print(table)
+    for r in reports:
+        if r.level == "error":
+            console.print(f"[bold red]{r.label}: NO TENSOR-CORE INSTRUCTIONS WERE EMITTED for a matmul-like kernel "
+                          f"(tl.dot compiled to plain FMAs: expect ~1/20 of the tensor-core throughput).[/]")
+        for note in r.notes:
+            console.print(f"[dim]{r.label}: {note}[/]")
+
+
+def main(op: str, shape: str | None = None, dtype: str = "bfloat16", json_out: Path | None = None) -> int:
+    """Entry point of `hearth inspect`. Returns the process exit code (see module docstring)."""
+    from rich.console import Console
+
+    console = Console()
+    try:
+        dims = _parse_shape(shape)
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"--dtype must be one of {sorted(set(DTYPE_NAMES.values()))}, got {dtype!r}")
+    except ValueError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+    import torch
+
+    from hearth.kernels._common import interpret_mode
+
+    if not torch.cuda.is_available() or interpret_mode():
+        why = "TRITON_INTERPRET=1 is set (the interpreter compiles nothing)" if torch.cuda.is_available() else "no CUDA GPU is visible"
+        console.print(f"[bold red]error:[/] hearth inspect compiles kernels for the GPU at hand, but {why}.")
+        return 2
+    try:
+        reports = collect(op, dims, getattr(torch, DTYPE_NAMES[dtype]))
+    except ValueError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+    if not reports:
+        console.print(f"[yellow]{op}: no Triton kernel was launched at this shape/dtype.[/]")
+        return 0
+    render(reports, console)
+    if json_out is not None:
+        json_out.write_text(json.dumps([asdict(r) for r in reports], indent=2))
+        console.print(f"wrote {json_out}")
+    return 1 if any(r.level == "error" for r in reports) else 0

@@ -1,0 +1,878 @@
+"""Flash attention (forward and backward) in Triton: ``attention(q, k, v, *, causal, scale)``.
+
+Math (per batch b and query head h; the KV head is h // (Hq // Hk), grouped-query attention):
+
+    S = scale * Q K^T          [T, T]  (never stored)
+    P = softmax(S (+ causal mask, -inf above the diagonal))
+    O = P V                    [T, D]
+    lse = logsumexp(S, -1)     [T]     fp32, saved for the backward
+
+Forward: one program per (block of BLOCK_M query rows, b, h) streams over key blocks with an online
+softmax in fp32. ``exp`` is computed as ``exp2`` with log2(e) folded into the scale, so each score
+costs one multiply and one exp2. Reads Q once and K, V once per query block; writes O and lse once.
+
+Backward (P is recomputed from Q, K and lse, the T x T matrix is never stored):
+    delta = rowsum(dO * O)                                  (preprocess kernel)
+    dP = dO V^T,  dS = P * (dP - delta),
+    dV = P^T dO,  dK = scale * dS^T Q                       (kernel 1: one program per key block and
+                                                             KV head, looping over the Hq/Hk query heads
+                                                             of its group and over query blocks, so the
+                                                             GQA sum happens in registers: no expanded
+                                                             K/V, no atomics)
+    dQ = scale * dS K                                       (kernel 2: one program per query block and
+                                                             query head, looping over key blocks)
+
+Causal: blocks entirely above the diagonal are skipped; only the diagonal blocks apply the mask, in a
+separate loop stage, so the bulk of the work runs mask-free. The ragged tail (T not a multiple of the
+block) is likewise its own masked stage.
+
+FLOPs: forward 4*B*Hq*Tq*Tk*D (two matmuls), halved when causal; backward 2.5x the forward.
+
+fp32 inputs: the matmuls run in full fp32 ("ieee"; slow, no tensor cores) so fp32 means fp32, as
+in PyTorch's default. bf16/fp16 inputs: tensor-core matmuls with fp32 accumulation; P and dS are
+rounded to the input dtype before their matmuls (as FlashAttention does).
+
+Limitations: causal needs Tq == Tk (the mask is the top-left aligned square); non-causal accepts
+Tq != Tk. Head dim D must be a power of two in 16..256 and equal for q, k and v.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from hearth.kernels._common import (
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    interpret_mode,
+)
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+# ----------------------------------------------------------------------------------------------
+# Matmul helpers
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _mm(a, b, DOT_PREC: tl.constexpr, INTERP: tl.constexpr):
+    """a @ b with fp32 accumulation. The CPU interpreter mis-multiplies bf16 operands, so there
+    they are widened first (exact for bf16/fp16, so the result is what the tensor cores give)."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PREC: tl.constexpr, INTERP: tl.constexpr):
+    """acc + a @ b (see _mm)."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_stage(
+    acc, l_i, m_i, q,
+    k_base, v_base, k_desc, v_desc,
+    stride_kt, stride_kd, stride_vt, stride_vd,
+    offs_m, offs_d, lo, hi, qk_scale, N_CTX_K,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Fold key blocks [lo, hi) into the running (acc, l_i, m_i). MASKED: apply the causal and
+    key-bounds masks (diagonal / ragged-tail stage only)."""
+    if INTERP:
+        # The CPU interpreter (with numpy >= 2.4) cannot use a run-time bound in range(); on the GPU
+        # the for loop is kept because only it is software-pipelined (num_stages).
+        start_n = lo
+        while start_n < hi:
+            acc, l_i, m_i = _fwd_step(
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+                offs_m, offs_d, start_n, qk_scale, N_CTX_K, BLOCK_N, MASKED, CAUSAL, USE_TMA, DOT_PREC, INTERP,
+            )
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _fwd_step(
+                acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+                offs_m, offs_d, start_n, qk_scale, N_CTX_K, BLOCK_N, MASKED, CAUSAL, USE_TMA, DOT_PREC, INTERP,
+            )
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_step(
+    acc, l_i, m_i, q,
+    k_base, v_base, k_desc, v_desc,
+    stride_kt, stride_kd, stride_vt, stride_vd,
+    offs_m, offs_d, start_n, qk_scale, N_CTX_K,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    """One key block of the online softmax."""
+    start_n = tl.multiple_of(start_n, BLOCK_N)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if USE_TMA:
+        # TMA zero-fills rows past N_CTX_K: no load masks needed.
+        k = k_desc.load([start_n, 0])
+    else:
+        k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(offs_n < N_CTX_K)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+    qk = _mm(q, tl.trans(k), DOT_PREC, INTERP)  # fp32, unscaled
+    if MASKED:
+        keep = (offs_n < N_CTX_K)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        qk = tl.where(keep, qk, float("-inf"))
+    # The scale (> 0, log2(e) folded in) is applied inside the exponent so that scale-and-subtract
+    # is one FMA per score. Every row sees an unmasked key in its first block: m_new is finite.
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if USE_TMA:
+        v = v_desc.load([start_n, 0])
+    else:
+        v_ptrs = v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd
+        if MASKED:
+            v = tl.load(v_ptrs, mask=(offs_n < N_CTX_K)[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+    acc = _mma(p.to(v.dtype), v, acc, DOT_PREC, INTERP)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    # pointers
+    Q, K, V, Out, Lse,
+    # strides (elements)
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    # shapes / scalars
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Causal: the last query blocks have the most keys; launch them first to shorten the tail.
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    hk = h // GROUP
+    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(
+            k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+        v_desc = tl.make_tensor_descriptor(
+            v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+    else:
+        k_desc = k_base
+        v_desc = v_base
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+        mask=(offs_m < N_CTX_Q)[:, None], other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    if CAUSAL:
+        # Stage 1: key blocks fully below the diagonal (all keys < start_m*BLOCK_M <= T): no mask.
+        diag_lo = start_m * BLOCK_M
+        acc, l_i, m_i = _fwd_stage(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc,
+            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, 0, diag_lo, qk_scale, N_CTX_K,
+            BLOCK_N, False, True, USE_TMA, DOT_PREC, INTERP,
+        )
+        # Stage 2: the diagonal block(s), causal + bounds mask.
+        diag_hi = tl.minimum(diag_lo + BLOCK_M, N_CTX_K)
+        acc, l_i, m_i = _fwd_stage(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc,
+            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, diag_lo, diag_hi, qk_scale, N_CTX_K,
+            BLOCK_N, True, True, USE_TMA, DOT_PREC, INTERP,
+        )
+    else:
+        full_hi = (N_CTX_K // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_stage(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc,
+            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, 0, full_hi, qk_scale, N_CTX_K,
+            BLOCK_N, False, False, USE_TMA, DOT_PREC, INTERP,
+        )
+        acc, l_i, m_i = _fwd_stage(
+            acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc,
+            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, full_hi, N_CTX_K, qk_scale, N_CTX_K,
+            BLOCK_N, True, False, USE_TMA, DOT_PREC, INTERP,
+        )
+
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < N_CTX_Q
+    # lse in natural-log units: (m + log2 l) * ln 2.
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    tl.store(Lse + bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=row_ok)
+    tl.store(
+        o_base + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+        acc.to(Out.dtype.element_ty), mask=row_ok[:, None],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess_kernel(
+    Out, DO, Delta,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    stride_dob, stride_doh, stride_dot, stride_dod,
+    H_Q, N_CTX_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta[b, h, t] = sum_d dO * O, in fp32. Reads O and dO once, writes B*H*T floats."""
+    bh = tl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_CTX_Q
+    o = tl.load(
+        Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+        mask=row_ok[:, None], other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod,
+        mask=row_ok[:, None], other=0.0,
+    ).to(tl.float32)
+    tl.store(Delta + bh.to(tl.int64) * N_CTX_Q + offs_m, tl.sum(o * do, 1), mask=row_ok)
+
+
+@triton.jit
+def _dkdv_stage(
+    dk, dv, k, v,
+    q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+    stride_qt, stride_qd, stride_dot, stride_dod,
+    offs_n, offs_d, lo, hi, qk_scale, N_CTX_Q,
+    BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Accumulate dK, dV of one key block over query blocks [lo, hi) of one query head."""
+    if INTERP:  # see _fwd_stage
+        start_m = lo
+        while start_m < hi:
+            dk, dv = _dkdv_step(
+                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_m, qk_scale, N_CTX_Q,
+                BLOCK_M, CAUSAL_MASK, BOUNDS, USE_TMA, DOT_PREC, INTERP,
+            )
+            start_m += BLOCK_M
+    else:
+        for start_m in range(lo, hi, BLOCK_M):
+            dk, dv = _dkdv_step(
+                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_m, qk_scale, N_CTX_Q,
+                BLOCK_M, CAUSAL_MASK, BOUNDS, USE_TMA, DOT_PREC, INTERP,
+            )
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_step(
+    dk, dv, k, v,
+    q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+    stride_qt, stride_qd, stride_dot, stride_dod,
+    offs_n, offs_d, start_m, qk_scale, N_CTX_Q,
+    BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    """One query block's contribution to dK, dV. Works on the transposed scores (keys x queries)
+    so that both accumulators are [BLOCK_N, D] row-major."""
+    start_m = tl.multiple_of(start_m, BLOCK_M)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    # Rows past T: q = dO = 0 and lse = +inf make P = 0 and dS = 0 there.
+    row_ok = offs_m < N_CTX_Q
+    if USE_TMA:  # TMA zero-fills rows past T
+        q = q_desc.load([start_m, 0])
+        do = do_desc.load([start_m, 0])
+    else:
+        q_ptrs = q_base + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
+        do_ptrs = do_base + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod
+        if BOUNDS:
+            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+    if BOUNDS:
+        lse = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    qkT = _mm(k, tl.trans(q), DOT_PREC, INTERP)  # [BLOCK_N, BLOCK_M] fp32
+    pT = tl.math.exp2(qkT * qk_scale - (lse * 1.4426950408889634)[None, :])
+    if CAUSAL_MASK:
+        pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+    dv = _mma(pT.to(do.dtype), do, dv, DOT_PREC, INTERP)
+    dpT = _mm(v, tl.trans(do), DOT_PREC, INTERP)
+    dsT = pT * (dpT - delta[None, :])
+    dk = _mma(dsT.to(q.dtype), q, dk, DOT_PREC, INTERP)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_head(
+    dk, dv, k, v, Q, DO, Lse, Delta,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
+    b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK, dV contributions of query head hk*GROUP + g to one key block."""
+    h = hk * GROUP + g
+    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    do_base = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    row_base = (b * H_Q + h).to(tl.int64) * N_CTX_Q
+    if USE_TMA:
+        q_desc = tl.make_tensor_descriptor(
+            q_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_qt, 1], block_shape=[BLOCK_M, HEAD_DIM]
+        )
+        do_desc = tl.make_tensor_descriptor(
+            do_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_dot, 1], block_shape=[BLOCK_M, HEAD_DIM]
+        )
+    else:
+        q_desc = q_base
+        do_desc = do_base
+    if CAUSAL:
+        # Diagonal: query blocks overlapping this key block (mask, and bounds near T).
+        diag_hi = tl.minimum(start_n + BLOCK_N, N_CTX_Q)
+        dk, dv = _dkdv_stage(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base,
+            stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, diag_hi, qk_scale, N_CTX_Q,
+            BLOCK_M, True, True, USE_TMA, DOT_PREC, INTERP,
+        )
+        lo = start_n + BLOCK_N  # query blocks above the key block never see it: skipped
+    else:
+        lo = 0
+    dk, dv = _dkdv_stage(
+        dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, lo, full_hi, qk_scale, N_CTX_Q,
+        BLOCK_M, False, False, USE_TMA, DOT_PREC, INTERP,
+    )
+    dk, dv = _dkdv_stage(
+        dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, tl.maximum(lo, full_hi), N_CTX_Q,
+        qk_scale, N_CTX_Q, BLOCK_M, False, True, USE_TMA, DOT_PREC, INTERP,
+    )
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    # pointers
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    # strides (elements); DK and DV share the contiguous layout of their allocation
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_dob, stride_doh, stride_dot, stride_dod,
+    stride_dkb, stride_dkh, stride_dkt, stride_dkd,
+    # shapes / scalars
+    sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)
+    b = bhk // H_K
+    hk = bhk % H_K
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < N_CTX_K
+    k = tl.load(
+        K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+        + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+        mask=col_ok[:, None], other=0.0,
+    )
+    v = tl.load(
+        V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+        + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+        mask=col_ok[:, None], other=0.0,
+    )
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    full_hi = (N_CTX_Q // BLOCK_M) * BLOCK_M
+
+    # GQA: the query heads hk*GROUP .. hk*GROUP+GROUP-1 all read this KV head; sum them here.
+    if INTERP:  # see _fwd_stage
+        g = 0
+        while g < GROUP:
+            dk, dv = _dkdv_head(
+                dk, dv, k, v, Q, DO, Lse, Delta,
+                stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
+                b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
+                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, BLOCK_M, BLOCK_N,
+            )
+            g += 1
+    else:
+        for g in range(GROUP):
+            dk, dv = _dkdv_head(
+                dk, dv, k, v, Q, DO, Lse, Delta,
+                stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
+                b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
+                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, BLOCK_M, BLOCK_N,
+            )
+
+    dk = dk * sm_scale
+    out_off = (
+        b.to(tl.int64) * stride_dkb + hk.to(tl.int64) * stride_dkh
+        + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
+    )
+    tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _dq_stage(
+    dq, q, do, lse2, delta,
+    k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+    offs_m, offs_d, lo, hi, qk_scale, N_CTX_K,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Accumulate dQ of one query block over key blocks [lo, hi)."""
+    if INTERP:  # see _fwd_stage
+        start_n = lo
+        while start_n < hi:
+            dq = _dq_step(
+                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+                offs_m, offs_d, start_n, qk_scale, N_CTX_K, BLOCK_N, MASKED, CAUSAL, USE_TMA, DOT_PREC, INTERP,
+            )
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            dq = _dq_step(
+                dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+                offs_m, offs_d, start_n, qk_scale, N_CTX_K, BLOCK_N, MASKED, CAUSAL, USE_TMA, DOT_PREC, INTERP,
+            )
+    return dq
+
+
+@triton.jit
+def _dq_step(
+    dq, q, do, lse2, delta,
+    k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+    offs_m, offs_d, start_n, qk_scale, N_CTX_K,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+):
+    """One key block's contribution to dQ."""
+    start_n = tl.multiple_of(start_n, BLOCK_N)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if USE_TMA:  # TMA zero-fills rows past T
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+    else:
+        k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
+        v_ptrs = v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(offs_n < N_CTX_K)[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n < N_CTX_K)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+    qk = _mm(q, tl.trans(k), DOT_PREC, INTERP)
+    p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+    if MASKED:
+        keep = (offs_n < N_CTX_K)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        p = tl.where(keep, p, 0.0)
+    dp = _mm(do, tl.trans(v), DOT_PREC, INTERP)
+    ds = p * (dp - delta[:, None])
+    dq = _mma(ds.to(k.dtype), k, dq, DOT_PREC, INTERP)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    # pointers
+    Q, K, V, DO, Lse, Delta, DQ,
+    # strides (elements)
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_dob, stride_doh, stride_dot, stride_dod,
+    stride_dqb, stride_dqh, stride_dqt, stride_dqd,
+    # shapes / scalars
+    sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
+    INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    hk = h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_CTX_Q
+    q = tl.load(
+        Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None], other=0.0,
+    )
+    do = tl.load(
+        DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod,
+        mask=row_ok[:, None], other=0.0,
+    )
+    row_base = bh.to(tl.int64) * N_CTX_Q
+    lse2 = tl.load(Lse + row_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(
+            k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+        v_desc = tl.make_tensor_descriptor(
+            v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+    else:
+        k_desc = k_base
+        v_desc = v_base
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if CAUSAL:
+        diag_lo = start_m * BLOCK_M
+        dq = _dq_stage(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, 0, diag_lo, qk_scale, N_CTX_K, BLOCK_N, False, True, USE_TMA, DOT_PREC, INTERP,
+        )
+        dq = _dq_stage(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, diag_lo, tl.minimum(diag_lo + BLOCK_M, N_CTX_K), qk_scale, N_CTX_K,
+            BLOCK_N, True, True, USE_TMA, DOT_PREC, INTERP,
+        )
+    else:
+        full_hi = (N_CTX_K // BLOCK_N) * BLOCK_N
+        dq = _dq_stage(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, 0, full_hi, qk_scale, N_CTX_K, BLOCK_N, False, False, USE_TMA, DOT_PREC, INTERP,
+        )
+        dq = _dq_stage(
+            dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, full_hi, N_CTX_K, qk_scale, N_CTX_K, BLOCK_N, True, False, USE_TMA, DOT_PREC, INTERP,
+        )
+    dq = dq * sm_scale
+    tl.store(
+        DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+        + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
+        dq.to(DQ.dtype.element_ty), mask=row_ok[:, None],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: block sizes, warps and pipeline depth chosen here, in one place.
+# ----------------------------------------------------------------------------------------------
+# Hopper-sensible candidates (BLOCK_M, BLOCK_N, num_warps, num_stages), keyed by head dim class.
+# Causal correctness needs BLOCK_M % BLOCK_N == 0 (forward, dQ) and BLOCK_N % BLOCK_M == 0 (dK/dV):
+# every entry satisfies it. Large head dims get smaller tiles to fit registers / shared memory.
+_FWD_CANDIDATES = {
+    "small": [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
+    "large": [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2)],
+}
+_DKDV_CANDIDATES = {
+    "small": [(64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 3)],
+    "large": [(32, 64, 4, 2), (32, 64, 8, 2), (16, 64, 4, 2)],
+}
+_DQ_CANDIDATES = {
+    "small": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)],
+    "large": [(64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2)],
+}
+# Under the interpreter: tiny blocks so that small test shapes still cross several blocks, the
+# diagonal spans more than one inner block, and ragged tails are exercised.
+_INTERPRET = {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)}
+
+# Flags the probe script (and users) may flip at run time.
+USE_TMA = os.environ.get("HEARTH_ATTN_TMA", "0") == "1"  # streamed tiles through TMA descriptors
+AUTOTUNE = os.environ.get("HEARTH_ATTN_AUTOTUNE", "1") == "1"  # off: first candidate of each list
+_FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC"]
+_BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC"]
+
+
+def _size_class(head_dim: int, element_size: int) -> str:
+    # fp32 tiles take twice the registers / shared memory of 16-bit ones.
+    return "small" if head_dim * element_size <= 256 else "large"
+
+
+def _configs(table):
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=None)
+        for cls in table.values() for (m, n, w, s) in cls
+    ]
+
+
+def _pruner(table):
+    def prune(configs, named_args, **kwargs):
+        head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        wanted = set(table[_size_class(head_dim, named_args["Q"].element_size())])
+        kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+        return kept or configs[:1]
+    return prune
+
+
+_fwd_tuned = triton.autotune(
+    _configs(_FWD_CANDIDATES), key=_FWD_KEY, prune_configs_by={"early_config_prune": _pruner(_FWD_CANDIDATES)}
+)(_attn_fwd_kernel)
+_dkdv_tuned = triton.autotune(
+    _configs(_DKDV_CANDIDATES), key=_BWD_KEY, prune_configs_by={"early_config_prune": _pruner(_DKDV_CANDIDATES)}
+)(_attn_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(
+    _configs(_DQ_CANDIDATES), key=_BWD_KEY, prune_configs_by={"early_config_prune": _pruner(_DQ_CANDIDATES)}
+)(_attn_bwd_dq_kernel)
+
+
+def _launch(raw_kernel, tuned_kernel, which, table, n_rows, bh, args, meta):
+    """Launch with the autotuner on CUDA, or with one fixed config (interpreter / AUTOTUNE off)."""
+    if interpret_mode() or not AUTOTUNE:
+        if interpret_mode():
+            bm, bn, warps, stages = _INTERPRET[which]
+        else:
+            bm, bn, warps, stages = table[_size_class(meta["HEAD_DIM"], args[0].element_size())][0]
+        rows_block = bn if which == "dkdv" else bm
+        raw_kernel[(triton.cdiv(n_rows, rows_block), bh)](
+            *args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
+        )
+        return
+    row_key = "BLOCK_N" if which == "dkdv" else "BLOCK_M"
+    tuned_kernel[lambda META: (triton.cdiv(n_rows, META[row_key]), bh)](*args, **meta)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 stays fp32 (as torch's default matmul); 16-bit types use tensor cores either way.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+_ALLOCATOR_SET = False
+
+
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA descriptors need a contiguous last dim and 16-byte aligned, non-zero outer strides
+    (a dO expanded from a sum() has zero strides: the pointer path takes it)."""
+    for t in tensors:
+        if t.device.type != "cuda" or t.stride(-1) != 1:
+            return False
+        es = t.element_size()
+        if t.data_ptr() % 16 or any(s <= 0 or (s * es) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _ensure_allocator() -> None:
+    # Device-side tensor descriptors live in a global scratch buffer Triton asks us for.
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET = True
+
+
+def _attention_forward(q, k, v, causal: bool, scale: float):
+    """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
+    use_tma = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
+    if use_tma:
+        _ensure_allocator()
+    args = (
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+    )
+    meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode())
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+        _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta)
+    return out, lse
+
+
+def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
+    """Gradients of attention: dq [B, Hq, Tq, D], dk/dv [B, Hk, Tk, D] (contiguous, input dtype)."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    delta = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
+    dq = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, Hk, Tk, D), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, Hk, Tk, D), dtype=v.dtype, device=v.device)
+    prec = _dot_precision(q.dtype)
+    use_tma_dkdv = bool(USE_TMA and not interpret_mode() and _tma_ok(q, do))
+    use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
+    if use_tma_dkdv or use_tma_dq:
+        _ensure_allocator()
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+        pre_block = 16 if interpret_mode() else 128
+        _bwd_preprocess_kernel[(triton.cdiv(Tq, pre_block), B * Hq)](
+            out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
+        )
+        dkdv_args = (
+            q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
+            scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
+        )
+        meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma_dkdv, DOT_PREC=prec, INTERP=interpret_mode())
+        _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args, meta)
+        dq_args = (
+            q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+            scale, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+        )
+        meta["USE_TMA"] = use_tma_dq
+        _launch(_attn_bwd_dq_kernel, _dq_tuned, "dq", _DQ_CANDIDATES, Tq, B * Hq, dq_args, meta)
+    return dq, dk, dv
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library op + autograd: opaque to torch.compile (no graph break), fake impls give shapes.
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("hearth::attention_fwd", mutates_args=())
+def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention_forward(q, k, v, causal, scale)
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, causal, scale):
+    B, Hq, Tq, D = q.shape
+    return q.new_empty((B, Hq, Tq, D)), q.new_empty((B, Hq, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("hearth::attention_bwd", mutates_args=())
+def _attention_bwd_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _attention_backward(do, q, k, v, out, lse, causal, scale)
+
+
+@_attention_bwd_op.register_fake
+def _(do, q, k, v, out, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal = causal
+    ctx.scale = scale
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _attention_bwd_op(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public function
+# ----------------------------------------------------------------------------------------------
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Scaled dot-product attention, flash-style: softmax(q k^T * scale (+ causal mask)) v.
+
+    Args:
+        q: [B, Hq, Tq, D] queries (any strides, e.g. a transposed [B, T, H, D] view).
+        k: [B, Hk, Tk, D] keys; Hk must divide Hq (grouped-query attention when Hk < Hq).
+        v: [B, Hk, Tk, D] values.
+        causal: mask keys after the query position (top-left aligned; needs Tq == Tk).
+        scale: multiplier of q k^T; default 1/sqrt(D).
+
+    Returns:
+        [B, Hq, Tq, D] contiguous, in the input dtype. Differentiable in q, k and v.
+
+    dtypes: float16 / bfloat16 (tensor cores, fp32 accumulation and softmax) and float32 (full fp32
+    matmuls, slow). D: a power of two in 16..256. Cost: 4*B*Hq*Tq*Tk*D FLOPs forward (half when
+    causal), 2.5x that backward; memory O(B*H*T*D) (the T x T scores are never stored; the forward
+    keeps a [B, Hq, Tq] fp32 logsumexp for the backward).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype, mixed dtypes, a non-bool causal or a non-number scale.
+        ValueError: wrong ndim, empty, different devices, mismatched B / T / D / heads, Hq not a multiple
+            of Hk, an unsupported D, causal with Tq != Tk, a scale that is not positive and finite.
+    """
+    check_tensor(q, "q", ndim=4)
+    check_tensor(k, "k", ndim=4)
+    check_tensor(v, "v", ndim=4)
+    check_same_device(q=q, k=k, v=v)
+    check_same_dtype(q=q, k=k, v=v)
+    B, Hq, Tq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"k and v must have batch {B} like q, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"q head dim (last dim) must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
+    if k.shape[3] != D:
+        raise ValueError(f"k head dim must equal q's ({D}), got shape {tuple(k.shape)}")
+    if v.shape[3] != D:
+        raise ValueError(f"v head dim must equal q's ({D}), got shape {tuple(v.shape)}")
+    if v.shape[1:3] != k.shape[1:3]:
+        raise ValueError(f"v must have the heads and length of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    Hk, Tk = k.shape[1], k.shape[2]
+    if Hq % Hk:
+        raise ValueError(f"k heads ({Hk}) must divide q heads ({Hq}) for grouped-query attention")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal and Tq != Tk:
+        raise ValueError(f"causal attention needs q and k of the same length, got q T={Tq} and k T={Tk}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"scale must be positive and finite, got {scale}")
+    out, _ = _attention_fwd_op(q, k, v, causal, scale)
+    return out

@@ -1,0 +1,456 @@
+"""Cross-entropy over a vocabulary, forward and backward in ONE pass over each row of logits.
+
+Per row i with logits x (width V), target t, label smoothing eps, z-loss weight zl, softcap c:
+    z    = c * tanh(x / c)                 (z = x when softcap is None)
+    lse  = logsumexp(z)                    (online: running max + sum over vocab chunks, fp32)
+    loss = lse - (1 - eps) * z[t] - eps * mean(z) + zl * lse**2          (torch's label smoothing)
+    dloss/dz = softmax(z) * (1 + 2*zl*lse) - (1 - eps) * onehot(t) - eps / V
+    dloss/dx = dloss/dz * (1 - (z / c)**2)           (softcap only)
+Rows whose target is ignore_index have loss 0 and gradient 0. reduction="mean" divides by the number of
+non-ignored rows, counted on the device (no host sync); an all-ignored batch gives loss 0, grad 0.
+
+Kernel: one program per row. Loop 1 reads the row once for the statistics (max, sum, and sum(z) when
+smoothing). Loop 2 (only when a gradient is wanted) walks the chunks in reverse, so the re-read starts
+where L2 is warmest, and writes the gradient OVER THE LOGITS BUFFER: the second [N, V] tensor never
+exists. Traffic: read N*V*b once (+ the part of the re-read that misses L2), write N*V*b once.
+
+IN-PLACE: when `input.requires_grad`, cross_entropy overwrites `input` with the gradient during the
+forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
+and do not pass a tensor that another autograd node saved for its own backward (e.g. the output of an
+op that saves its result). The logits of an lm_head matmul are fine (matmul saves its inputs, not its
+output). A non-contiguous `input` (column stride != 1) is first copied; the copy then holds the
+gradient and the caller's tensor is untouched.
+
+Where the scale goes (LESSON 7): the stored gradient is g = dloss/dx times a forward scale, and the
+backward multiplies by grad_output (times what the forward did not fold in), in fp32, in place.
+  * fp32 / bf16: 1/n_valid is folded into the forward store (bf16 has fp32's exponent range, so
+    1/(V*n) is representable). The backward kernel reads grad_output on the device and returns at
+    once when it is 1.0 (the usual loss.backward()): no second pass over [N, V], no host sync.
+  * fp16: g (in [-1, 1] without z_loss) is stored WITHOUT 1/n, times FP16_STORE_SCALE = 2^12 (exact
+    power of two: moves small softmax values out of fp16's subnormal range, 16x headroom below 65504);
+    the backward always multiplies by grad_output / (n_valid * 2^12) in fp32. Folding 1/n in would
+    store ~1/(V*n) values below fp16's smallest subnormal (6e-8) and a GradScaler's large grad_output
+    could not bring back the stored zeros. Cost: one extra read+write of [N, V] in the fp16 backward.
+    Limit: overflow (inf) if 1 + 2*z_loss*lse > 16, far outside any sane z_loss.
+  * reduction="sum": nothing folded; "none": the backward multiplies row i by grad_output[i].
+
+torch.compile: a function that mutates its (autograd-tracked) input cannot be functionalized, so under
+compile `cross_entropy` calls the functional op `hearth::cross_entropy_fwd`, which returns the gradient
+in ONE extra [N, V] buffer (the logits are left intact), and `hearth::cross_entropy_scale_grad` scales
+it in place in the backward. Same kernel, same numbers; +N*V*b of memory under compile only.
+
+`ce_rows_` is the row launcher linear_cross_entropy calls (CONTRACTS.md section A).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hearth.kernels._common import check_same_device, check_tensor, interpret_mode, num_sms
+from hearth.kernels.softmax import _patch_interpreter_scalar_index
+
+if interpret_mode():
+    _patch_interpreter_scalar_index()  # runtime-bounded loops under the CPU interpreter
+
+REDUCTIONS = ("mean", "sum", "none")
+# fp16 only: the forward stores g * FP16_STORE_SCALE (a power of two, so exact) to lift small softmax
+# values out of fp16's subnormal range; the backward multiplies by grad_output / (n * scale) in fp32.
+# |g| <= 1 + 2*z_loss*lse, so 2^12 leaves 16x headroom below fp16's max (65504).
+FP16_STORE_SCALE = 2.0**12
+# Backward scaling kernel: tile width (columns) and persistent programs per SM.
+SCALE_BLOCK = 4096
+SCALE_PROGRAMS_PER_SM = 8
+# Host check of target range (one device->host sync per call). False skips it: the kernel stays
+# memory-safe (masked loads) and an out-of-range target then yields a nan loss instead of an error.
+CHECK_TARGETS = True
+# (largest V, chunk BLOCK, num_warps) for the row kernel: the one tuning table.
+_CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
+
+# grad_scale modes of the row kernel
+_SCALE_VALUE, _SCALE_SCALAR_PTR, _SCALE_ROW_PTR = 0, 1, 2
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _capped(x, softcap, HAS_SOFTCAP: tl.constexpr):
+    if HAS_SOFTCAP:
+        # softcap * tanh(x / softcap); tanh(u) = 1 - 2 / (exp(2u) + 1) stays finite for any u
+        x = softcap * (1.0 - 2.0 / (tl.exp(2.0 * x / softcap) + 1.0))
+    return x
+
+
+@triton.jit
+def _ce_rows_kernel(
+    # pointers
+    logits_ptr, grad_ptr, target_ptr, loss_ptr, scale_ptr,
+    # shapes and strides (elements; vocab has stride 1)
+    n_cols, stride_logits, stride_grad,
+    # scalars
+    ignore_index, label_smoothing, z_loss, softcap, scale_value,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+    HAS_ZLOSS: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = logits_ptr + row * stride_logits
+    g_row = grad_ptr + row * stride_grad
+    offs = tl.arange(0, BLOCK)
+    target = tl.load(target_ptr + row)
+    valid = target != ignore_index
+
+    if valid:
+        # ---- loop 1: online logsumexp (and sum of z for label smoothing)
+        m = -float("inf")
+        d = 0.0
+        sum_z = 0.0
+        for start in range(0, n_cols, BLOCK):
+            cols = start + offs
+            mask = cols < n_cols
+            # evict_last: loop 2 re-reads this row
+            x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
+            z = _capped(x, softcap, HAS_SOFTCAP)
+            z = tl.where(mask, z, -float("inf"))
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # no -inf - -inf
+            d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
+            m = m_new
+            if HAS_SMOOTHING:
+                sum_z += tl.sum(tl.where(mask, z, 0.0), axis=0)
+        lse = m + tl.log(d)
+        # target logit; an out-of-range target (only reachable when the host check was skipped) gives nan
+        in_range = (target >= 0) & (target < n_cols)
+        x_t = tl.load(x_row + target, mask=in_range, other=float("nan")).to(tl.float32)
+        z_t = _capped(x_t, softcap, HAS_SOFTCAP)
+        loss = lse - (1.0 - label_smoothing) * z_t
+        if HAS_SMOOTHING:
+            loss -= label_smoothing * sum_z / n_cols
+        if HAS_ZLOSS:
+            loss += z_loss * lse * lse
+        tl.store(loss_ptr + row, loss)
+
+        # ---- loop 2: gradient over the buffer, chunks in reverse (warmest in L2 first)
+        if WRITE_GRAD:
+            if SCALE_MODE == 1:
+                scale = tl.load(scale_ptr).to(tl.float32)
+            elif SCALE_MODE == 2:
+                scale = tl.load(scale_ptr + row).to(tl.float32)
+            else:
+                scale = scale_value
+            coef = 1.0
+            if HAS_ZLOSS:
+                coef = 1.0 + 2.0 * z_loss * lse
+            uniform = label_smoothing / n_cols
+            n_chunks = tl.cdiv(n_cols, BLOCK)
+            for i in range(0, n_chunks):
+                cols = (n_chunks - 1 - i) * BLOCK + offs
+                mask = cols < n_cols
+                x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                z = _capped(x, softcap, HAS_SOFTCAP)
+                g = tl.exp(z - lse) * coef - tl.where(cols == target, 1.0 - label_smoothing, 0.0)
+                if HAS_SMOOTHING:
+                    g -= uniform
+                if HAS_SOFTCAP:
+                    r = z / softcap
+                    g = g * (1.0 - r * r)
+                tl.store(g_row + cols, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(loss_ptr + row, 0.0)
+        if WRITE_GRAD:
+            zeros = tl.zeros([BLOCK], dtype=grad_ptr.dtype.element_ty)
+            for start in range(0, n_cols, BLOCK):
+                cols = start + offs
+                tl.store(g_row + cols, zeros, mask=cols < n_cols)
+
+
+@triton.jit
+def _scale_rows_kernel(
+    # pointers
+    grad_ptr, scale_ptr,
+    # shapes and strides
+    n_rows, n_cols, stride_grad,
+    # meta-parameters
+    ROWWISE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """grad[row, :] *= scale (scalar, or scale[row]) in fp32, in place. Persistent: each program walks
+    tiles pid, pid + P, ...; with a scalar scale of exactly 1.0 every program returns after one load,
+    so the usual loss.backward() costs one tiny launch and no pass over [N, V]."""
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    n_col_blocks = tl.cdiv(n_cols, BLOCK)
+    n_tiles = n_rows * n_col_blocks
+    offs = tl.arange(0, BLOCK)
+    if ROWWISE:
+        for tile in range(pid, n_tiles, n_progs):
+            row = (tile // n_col_blocks).to(tl.int64)
+            scale = tl.load(scale_ptr + row).to(tl.float32)
+            if scale != 1.0:
+                cols = (tile % n_col_blocks) * BLOCK + offs
+                ptrs = grad_ptr + row * stride_grad + cols
+                g = tl.load(ptrs, mask=cols < n_cols, other=0.0).to(tl.float32)
+                tl.store(ptrs, (g * scale).to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+    else:
+        scale = tl.load(scale_ptr).to(tl.float32)
+        if scale != 1.0:
+            for tile in range(pid, n_tiles, n_progs):
+                row = (tile // n_col_blocks).to(tl.int64)
+                cols = (tile % n_col_blocks) * BLOCK + offs
+                ptrs = grad_ptr + row * stride_grad + cols
+                g = tl.load(ptrs, mask=cols < n_cols, other=0.0).to(tl.float32)
+                tl.store(ptrs, (g * scale).to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+# ---------------------------------------------------------------------------------------- launchers
+def _config(n_cols: int) -> tuple[int, int]:
+    """(chunk BLOCK, num_warps) for vocab width n_cols."""
+    for limit, block, warps in _CE_CONFIGS:
+        if n_cols <= limit:
+            return min(block, triton.next_power_of_2(n_cols)), warps
+    raise AssertionError("unreachable: last limit is unbounded")
+
+
+def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss, softcap, grad_scale):
+    """Run the row kernel. grad: tensor receiving the gradient (may be `logits` itself) or None."""
+    n_rows, n_cols = logits.shape
+    loss = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    if n_rows == 0:
+        return loss
+    write_grad = grad is not None
+    scale_mode, scale_value, scale_ptr = _SCALE_VALUE, 1.0, loss  # loss: a dummy pointer, never read
+    if write_grad and isinstance(grad_scale, torch.Tensor):
+        scale_ptr = grad_scale.to(device=logits.device, dtype=torch.float32)
+        scale_mode = _SCALE_ROW_PTR if grad_scale.dim() == 1 else _SCALE_SCALAR_PTR
+    elif write_grad and grad_scale is not None:
+        scale_value = float(grad_scale)
+    block, warps = _config(n_cols)
+    _ce_rows_kernel[(n_rows,)](
+        logits, grad if write_grad else logits, target, loss, scale_ptr,
+        n_cols, logits.stride(0), grad.stride(0) if write_grad else 0,
+        ignore_index, float(label_smoothing), float(z_loss), float(softcap or 1.0), scale_value,
+        BLOCK=block,
+        HAS_SOFTCAP=softcap is not None,
+        HAS_SMOOTHING=label_smoothing > 0,
+        HAS_ZLOSS=z_loss != 0,
+        WRITE_GRAD=write_grad,
+        SCALE_MODE=scale_mode,
+        num_warps=warps,
+    )
+    return loss
+
+
+def ce_rows_(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, grad_scale=None):
+    """Per-row cross-entropy of `logits` [n, V] (contiguous rows; fp32/bf16/fp16) against `target` [n]
+    int64 (validated by the caller). Returns fp32 [n] (0.0 for ignored rows), the math of
+    cross_entropy(reduction="none").
+
+    If grad_scale is not None (python float, or fp32 tensor [] or [n] on logits' device), writes
+    grad_scale * d loss_i / d logits_i IN PLACE over `logits` (logits' dtype) in the same pass; ignored
+    rows get 0. No extra [n, V] tensor. Contract: CONTRACTS.md section A.
+    """
+    return _launch_rows(
+        logits, logits if grad_scale is not None else None, target,
+        ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+        grad_scale=grad_scale,
+    )
+
+
+def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
+    """grad [N, V] *= scale ([] or [N], fp32) in place; a no-op pass when scale is 1 (decided on device)."""
+    if grad.numel() == 0:
+        return
+    n_rows, n_cols = grad.shape
+    block = min(SCALE_BLOCK, triton.next_power_of_2(n_cols))
+    scale = scale.to(device=grad.device, dtype=torch.float32).contiguous()
+    n_tiles = n_rows * triton.cdiv(n_cols, block)
+    grid = (min(n_tiles, num_sms(grad.device) * SCALE_PROGRAMS_PER_SM),)
+    _scale_rows_kernel[grid](
+        grad, scale, n_rows, n_cols, grad.stride(0), ROWWISE=scale.dim() == 1, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
+
+
+def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
+    """Host check (ONE device->host sync): every non-ignored target lies in [0, V)."""
+    bad = ((target < 0) | (target >= n_cols)) & (target != ignore_index)
+    if bool(bad.any()):
+        first = int(target[bad][0])
+        raise ValueError(f"target values must be in [0, {n_cols}) or equal ignore_index={ignore_index}, found {first}")
+
+
+def _plan(input, target, ignore_index, reduction):
+    """Device-side (no sync) scalars: the forward grad scale and the backward's extra factor.
+
+    Returns (inv_n [] fp32, forward grad_scale, backward factor [] fp32 or None)."""
+    n_valid = (target != ignore_index).sum()
+    inv_n = 1.0 / n_valid.clamp(min=1).to(torch.float32)  # all ignored: loss sum is 0 -> 0, not nan
+    if input.dtype == torch.float16:
+        # LESSON 7: never fold 1/n into an fp16 store; store g * 2^k (exact) and undo it in fp32 later
+        undo = inv_n if reduction == "mean" else torch.ones_like(inv_n)
+        return inv_n, FP16_STORE_SCALE, undo / FP16_STORE_SCALE
+    if reduction != "mean":
+        return inv_n, 1.0, None
+    return inv_n, inv_n, None
+
+
+def _reduce(rows_loss, inv_n, reduction, dtype):
+    if reduction == "none":
+        return rows_loss.to(dtype)
+    total = rows_loss.sum()
+    return (total * inv_n if reduction == "mean" else total).to(dtype)
+
+
+def _backward_scale(grad_output, extra):
+    scale = grad_output.to(torch.float32)
+    return scale * extra if extra is not None else scale
+
+
+# -------------------------------------------------------------------------- eager autograd (in place)
+class _CrossEntropyInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad):
+        logits = input if input.stride(1) == 1 else input.contiguous()
+        inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction)
+        rows_loss = _launch_rows(
+            logits, logits if write_grad else None, target, ignore_index=ignore_index,
+            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale,
+        )
+        if write_grad:
+            ctx.save_for_backward(logits, extra if extra is not None else inv_n)
+            ctx.has_extra = extra is not None
+        return _reduce(rows_loss, inv_n, reduction, input.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grad, extra = ctx.saved_tensors
+        _scale_grad_(grad, _backward_scale(grad_output, extra if ctx.has_extra else None))
+        # detach: a fresh tensor object, so autograd may adopt it as .grad without cloning [N, V]
+        return grad.detach(), None, None, None, None, None, None, None
+
+
+# ------------------------------------------------------------------ torch.library ops (torch.compile)
+@torch.library.custom_op("hearth::cross_entropy_fwd", mutates_args=())
+def _ce_fwd_op(
+    input: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
+    z_loss: float, softcap: float, with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Functional forward: (loss, grad [N, V] or empty [0], backward factor [] fp32). softcap 0 = off."""
+    if CHECK_TARGETS:  # runs at run time, even under compile (the op is opaque to the compiler)
+        _check_targets(target, input.shape[1], ignore_index)
+    inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction)
+    logits = input if input.stride(1) == 1 else input.contiguous()
+    grad = torch.empty(logits.shape, dtype=input.dtype, device=input.device) if with_grad else None
+    rows_loss = _launch_rows(
+        logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+        z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale,
+    )
+    factor = extra if extra is not None else torch.ones((), dtype=torch.float32, device=input.device)
+    if grad is None:
+        grad = torch.empty(0, dtype=input.dtype, device=input.device)
+    return _reduce(rows_loss, inv_n, reduction, input.dtype), grad, factor
+
+
+@_ce_fwd_op.register_fake
+def _(input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, with_grad):
+    loss_shape = (input.shape[0],) if reduction == "none" else ()
+    grad_shape = input.shape if with_grad else (0,)
+    return (
+        input.new_empty(loss_shape),
+        input.new_empty(grad_shape),
+        input.new_empty((), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("hearth::cross_entropy_scale_grad", mutates_args=("grad",))
+def _ce_scale_grad_op(grad: torch.Tensor, grad_output: torch.Tensor, factor: torch.Tensor) -> None:
+    _scale_grad_(grad, grad_output.to(torch.float32) * factor)
+
+
+@_ce_scale_grad_op.register_fake
+def _(grad, grad_output, factor):
+    return None
+
+
+def _ce_setup_context(ctx, inputs, output):
+    _, grad, factor = output
+    ctx.save_for_backward(grad, factor)
+
+
+def _ce_backward(ctx, grad_loss, _grad_grad, _grad_factor):
+    grad, factor = ctx.saved_tensors
+    _ce_scale_grad_op(grad, grad_loss, factor)
+    return grad, None, None, None, None, None, None, None
+
+
+_ce_fwd_op.register_autograd(_ce_backward, setup_context=_ce_setup_context)
+
+
+# ---------------------------------------------------------------------------------------- public fn
+def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0, softcap=None):
+    """Cross-entropy of logits `input` [N, V] against class indices `target` [N], like
+    torch.nn.functional.cross_entropy, plus z_loss (adds z_loss * logsumexp**2 per row) and softcap
+    (logits -> softcap * tanh(logits / softcap) before the softmax). Differentiable w.r.t. input.
+
+    Args:
+        input: [N, V] float32 / bfloat16 / float16 logits (CUDA; CPU under TRITON_INTERPRET=1).
+            WHEN input.requires_grad, THE FORWARD OVERWRITES input WITH ITS GRADIENT (see module
+            docstring): treat the logits as consumed.
+        target: [N] int64 class indices in [0, V), or ignore_index.
+        ignore_index: rows with this target contribute 0 loss / 0 gradient and are not counted.
+        label_smoothing: in [0, 1], as torch defines it.
+        reduction: "mean" (over non-ignored rows; 0 when all are ignored), "sum", or "none" ([N] losses).
+        z_loss: >= 0; softcap: None or > 0.
+
+    Returns: a 0-D tensor ("mean", "sum") or [N] ("none") in input's dtype (computed in fp32).
+
+    Memory traffic: reads N*V*b once and, with a gradient, writes N*V*b once (the reverse re-read is
+    meant to hit L2); extra memory O(N) floats. fp16 (any reduction), "none", or a grad_output != 1
+    adds one read+write of [N, V] in the backward.
+
+    Raises:
+        TypeError: input not float32/bf16/fp16, target not int64, or option of the wrong type.
+        ValueError: wrong shapes, devices, empty input, bad option values, or a target outside [0, V)
+            that is not ignore_index (checked on the host: ONE device->host sync per call).
+    """
+    check_tensor(input, "input", ndim=2)
+    check_tensor(target, "target", dtypes=(torch.int64,), ndim=1, allow_empty=True)
+    check_same_device(input=input, target=target)
+    if target.shape[0] != input.shape[0]:
+        raise ValueError(f"target must have shape [{input.shape[0]}] to match input {tuple(input.shape)}, got {tuple(target.shape)}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not z_loss >= 0.0:
+        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(f"softcap must be None or a float, got {type(softcap).__name__}")
+        if not softcap > 0:
+            raise ValueError(f"softcap must be > 0, got {softcap}")
+    target = target.contiguous()
+    # no gradient wanted (eval, no_grad): the logits are only read, never overwritten
+    want_grad = input.requires_grad and torch.is_grad_enabled()
+    if torch.compiler.is_compiling():
+        loss, _, _ = _ce_fwd_op(
+            input, target, ignore_index, float(label_smoothing), reduction, float(z_loss),
+            float(softcap or 0.0), want_grad,
+        )
+        return loss
+    if CHECK_TARGETS:
+        _check_targets(target, input.shape[1], ignore_index)
+    return _CrossEntropyInPlace.apply(
+        input, target, ignore_index, float(label_smoothing), reduction, float(z_loss),
+        None if softcap is None else float(softcap), want_grad,
+    )

@@ -1,0 +1,362 @@
+"""matmul(a, b): C = A @ B on the tensor cores, two Triton kernels and one torch.library op.
+
+Math and traffic: C[M, N] = A[M, K] @ B[K, N], 2*M*N*K flops; with tiles BM x BN each A tile is
+read N/BN times and each B tile M/BM times (mostly from L2 thanks to grouped tile ordering), C is
+written once. bf16/fp16 feed the tensor cores directly (wgmma on Hopper, mma.sync on Ampere),
+accumulating in fp32. fp32 inputs use TF32 tensor-core dots (10-bit mantissa, like
+torch.backends.cuda.matmul.allow_tf32=True); under the interpreter they are exact fp32.
+
+Kernels
+- `_matmul_tma_kernel` (Hopper, sm_90+): persistent grid of at most one program per SM, tiles
+  visited in grouped order (GROUP_M rows of tiles share the B panel in L2), operands loaded by TMA
+  through device-side tensor descriptors (tl.make_tensor_descriptor, which needs a global scratch
+  allocator: triton.set_allocator). TMA needs a unit stride on the descriptor's last dimension and
+  16-byte aligned rows, so a transposed view (a.T) is described over its own contiguous storage and
+  the loaded tile is transposed in shared memory (A_T / B_T constexpr) -- the backward pass never
+  copies. Out-of-bounds tiles are zero-filled by TMA and clipped on store: any M, N, K.
+- `_matmul_kernel`: plain pointer kernel with masks, any strides. Used by the interpreter, pre-Hopper
+  GPUs, and for operands TMA cannot describe (e.g. bf16 with K not a multiple of 8).
+
+Both are autotuned on CUDA over a small config set keyed on (M, N, K) (the autotuner caches the
+choice per shape). The launcher picks the kernel; `matmul` is a torch.library custom op with an
+autograd formula (dA = dC @ B^T, dB = A^T @ dC through the same op on transposed views) and a fake
+implementation, so torch.compile(fullgraph=True) traces it without a graph break.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
+
+
+def _interpreter_numpy2_compat() -> None:
+    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds
+    with int(array), which NumPy >= 2.4 refuses for ndim > 0: every `range(K)` over a runtime
+    argument fails. Re-point tensor.__index__ at the element. Idempotent; interpreter only.
+    (Belongs in _common.py; kept here until the lead moves it.)"""
+    from triton.runtime import interpreter as interp
+
+    if getattr(interp._patch_lang_tensor, "_hearth_compat", False):
+        return
+    original = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._hearth_compat = True
+    interp._patch_lang_tensor = patched
+
+
+if interpret_mode():
+    _interpreter_numpy2_compat()
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: consecutive tile ids walk GROUP_M tile rows down one tile column, so the
+    programs running at once share B panels (and A panels) in L2."""
+    tiles_per_group = GROUP_M * num_pid_n
+    group_id = tile_id // tiles_per_group
+    first_m = group_id * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    in_group = tile_id % tiles_per_group
+    pid_m = first_m + in_group % group_rows
+    pid_n = in_group // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _matmul_kernel(
+    # pointers
+    a_ptr, b_ptr, c_ptr,
+    # shapes
+    M, N, K,
+    # strides (elements)
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_of(pid, num_pid_m, num_pid_n, GROUP_M)
+
+    # int64 row/column offsets: V x H weights (151936 x 5120) approach 2^31 elements.
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_left = K - k0
+        a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
+        if UPCAST:  # interpreter only: its bf16 dot multiplies raw bits; fp32 of bf16 values is exact
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    # pointers
+    a_ptr, b_ptr, c_ptr,
+    # shapes
+    M, N, K,
+    # strides (elements): the leading stride of each operand's contiguous storage
+    lda, ldb, ldc,
+    # meta-parameters
+    A_T: tl.constexpr, B_T: tl.constexpr,  # operand is a transposed view of row-major storage
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr,  # store C in two halves: halves the epilogue's shared memory
+    NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    dtype = c_ptr.dtype.element_ty
+    if A_T:  # storage is A^T [K, M] row-major
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[lda, 1], block_shape=[BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[lda, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if B_T:  # storage is B^T [N, K] row-major
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[ldb, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[ldb, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if EPILOGUE_SPLIT:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
+    else:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N])
+
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+
+    # flatten=True lets the software pipeliner overlap the next tile's first loads with this
+    # tile's epilogue (one loop nest instead of a restart per tile).
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if A_T:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_T:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST:  # interpreter only (see _matmul_kernel)
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if EPILOGUE_SPLIT:
+            halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
+            c0, c1 = tl.split(halves)
+            c_desc.store([off_m, off_n], c0.to(dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], c1.to(dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(dtype))
+
+
+# ----------------------------------------------------------------------------------------- launcher
+# Small config sets (each autotuned shape pays ~len(configs) benchmark runs once).
+# 128x256x64: the wgmma-friendly tile (one warpgroup pair, 64 KB of A/B per stage);
+# 128x128x64 with 4 stages: for shapes with few tiles (more programs per SM wave).
+_TMA_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": True}, num_stages=3, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": True}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": False}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": False}, num_stages=4, num_warps=4),
+]
+_PTR_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=3, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=4),
+]
+# Interpreter: one small config (tests use shapes of a few dozen rows, so the masks are exercised).
+_INTERP_PTR = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
+_INTERP_TMA = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, EPILOGUE_SPLIT=True)
+
+_matmul_ptr_tuned = triton.autotune(configs=_PTR_CONFIGS, key=["M", "N", "K", "PRECISION"])(_matmul_kernel)
+_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"])(_matmul_tma_kernel)
+
+_TMA_BROKEN: str | None = None  # set once if the TMA kernel fails to compile on this GPU/toolchain
+LAST_BACKEND: str | None = None  # "tma" or "pointer": which kernel the last launch used (probe/inspect)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 operands: TF32 tensor-core dots on the GPU; the interpreter computes exactly anyway.
+    return "tf32" if dtype == torch.float32 else "ieee"
+
+
+def _alloc_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_layout(t: torch.Tensor):
+    """(transposed, leading stride) if TMA can describe `t` (2-D), else None. TMA needs a unit
+    stride on one dimension, 16-byte aligned base and leading stride."""
+    esize = t.element_size()
+    if t.data_ptr() % 16:
+        return None
+    if t.stride(1) == 1 and (t.stride(0) * esize) % 16 == 0 and (t.size(1) * esize) >= 16:
+        return False, t.stride(0)
+    if t.stride(0) == 1 and (t.stride(1) * esize) % 16 == 0 and (t.size(0) * esize) >= 16:
+        return True, t.stride(1)
+    return None
+
+
+def _use_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
+    if _TMA_BROKEN is not None or a.device.type != "cuda" or interpret_mode():
+        return False
+    if a.dtype not in (torch.bfloat16, torch.float16) or torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False  # fp32 (TF32) stays on the pointer kernel: wgmma reads 32-bit operands K-major only
+    return None not in (_tma_layout(a), _tma_layout(b)) and _tma_layout(c) == (False, c.stride(0))
+
+
+def _launch_tma(a, b, c, *, tuned: bool = True):
+    M, K = a.shape
+    N = b.shape[1]
+    if None in (_tma_layout(a), _tma_layout(b)):
+        raise ValueError("the TMA kernel needs a unit stride and 16-byte aligned rows for a and b")
+    a_t, lda = _tma_layout(a)
+    b_t, ldb = _tma_layout(b)
+    sms = num_sms(a.device)
+    if a.device.type == "cuda":
+        # A ContextVar: set it on every launch (autograd's backward runs on another thread).
+        triton.set_allocator(_alloc_scratch)
+    args = (a, b, c, M, N, K, lda, ldb, c.stride(0))
+    meta = dict(A_T=a_t, B_T=b_t, NUM_SMS=sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
+    if tuned:
+        grid = lambda m: (min(sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+        return _matmul_tma_tuned[grid](*args, **meta)
+    cfg = _INTERP_TMA
+    grid = (min(sms, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])),)
+    return _matmul_tma_kernel[grid](*args, **meta, **cfg)
+
+
+def _launch_pointer(a, b, c, *, tuned: bool = True):
+    M, K = a.shape
+    N = b.shape[1]
+    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    if tuned:
+        grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        return _matmul_ptr_tuned[grid](*args, PRECISION=_precision(a.dtype), UPCAST=False)
+    cfg = _INTERP_PTR
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    return _matmul_kernel[grid](*args, PRECISION=_precision(a.dtype), UPCAST=True, **cfg)
+
+
+def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, backend: str | None = None):
+    """Launch C = A @ B into `out` [M, N] (row-major). a [M, K], b [K, N], any strides, same dtype,
+    already validated. backend: None (pick), "tma" or "pointer" (tests force one). Returns the
+    compiled kernel handle Triton's launch gives back (used by `inspect_kernels`)."""
+    global _TMA_BROKEN, LAST_BACKEND
+    tuned = a.device.type == "cuda" and not interpret_mode()
+    if backend is None:
+        backend = "tma" if _use_tma(a, b, out) else "pointer"
+    if backend == "tma":
+        try:
+            handle = _launch_tma(a, b, out, tuned=tuned)
+            LAST_BACKEND = "tma"
+            return handle
+        except (triton.CompilationError, RuntimeError) as exc:  # toolchain without TMA support
+            if not tuned:
+                raise
+            _TMA_BROKEN = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"hearth.matmul: the TMA kernel failed ({_TMA_BROKEN[:300]}); using the pointer kernel", stacklevel=2)
+    handle = _launch_pointer(a, b, out, tuned=tuned)
+    LAST_BACKEND = "pointer"
+    return handle
+
+
+# ----------------------------------------------------------------------------------------- torch.library op
+@torch.library.custom_op("hearth::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    matmul_into(a, b, out)
+    return out
+
+
+@_matmul_op.register_fake
+def _(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+
+
+def _backward(ctx, grad_c):
+    a, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    # Transposed *views*: the kernels take the strides, nothing is copied.
+    if ctx.needs_input_grad[0]:
+        grad_a = _matmul_op(grad_c, b.t())
+    if ctx.needs_input_grad[1]:
+        grad_b = _matmul_op(a.t(), grad_c)
+    return grad_a, grad_b
+
+
+_matmul_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------- public
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C = a @ b on the tensor cores (differentiable, torch.compile-able).
+
+    a: [..., M, K] (leading dims are flattened into M), b: [K, N]; same dtype (float32, bfloat16,
+    float16), same device. Returns [..., M, N] in the inputs' dtype, accumulated in fp32; float32
+    inputs use TF32 tensor-core dots on the GPU. Any strides (transposed views are read in place).
+    Raises TypeError (non-tensor, dtype) or ValueError (shape, device, empty) naming the argument.
+    """
+    check_tensor(a, "a")
+    check_tensor(b, "b", ndim=2)
+    if a.dim() < 2:
+        raise ValueError(f"a must have at least 2 dimensions [..., M, K], got shape {tuple(a.shape)}")
+    check_same_dtype(a=a, b=b)
+    check_same_device(a=a, b=b)
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"b has {b.shape[0]} rows but a has {a.shape[-1]} columns (K must match): a {tuple(a.shape)}, b {tuple(b.shape)}")
+    lead = a.shape[:-1]
+    out = _matmul_op(a.reshape(-1, a.shape[-1]), b)
+    return out.reshape(*lead, b.shape[1])
+
+
+def inspect_kernels(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, object]]:
+    """`hearth inspect` convention: compile this op's kernels at `shape` = (M, N, K) and return
+    [(label, compiled kernel)], each compiled kernel exposing .asm (ptx, cubin...) and .metadata."""
+    m, n, k = (tuple(shape) + (4096, 4096, 4096))[:3] if shape else (4096, 4096, 4096)
+    dev = torch.device("cuda")
+    a = torch.randn(m, k, device=dev, dtype=dtype)
+    b = torch.randn(k, n, device=dev, dtype=dtype)
+    out = torch.empty(m, n, device=dev, dtype=dtype)
+    found = []
+    for backend in ("tma", "pointer"):
+        if backend == "tma" and not _use_tma(a, b, out):
+            continue
+        handle = matmul_into(a, b, out, backend=backend)
+        if LAST_BACKEND == backend and handle is not None:
+            found.append((f"matmul[{backend}] {m}x{n}x{k}", handle))
+    return found

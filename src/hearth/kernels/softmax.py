@@ -1,0 +1,298 @@
+"""Softmax over one dimension, forward and backward, in Triton.
+
+Math (per row x of width n, computed in fp32 whatever the storage dtype):
+    y  = exp(x - max(x)) / sum(exp(x - max(x)))
+    dx = y * (dy - sum(dy * y))
+
+Two paths, chosen by row width in `_config` (the one place BLOCK / num_warps are picked):
+  * one pass (n <= ONEPASS_MAX_COLS): the whole row sits in registers; the kernel reads x once and
+    writes y once -> 2*M*n*bytes of HBM traffic (backward: reads y, dy, writes dx -> 3*M*n*bytes).
+  * wide rows (n > ONEPASS_MAX_COLS, e.g. 262,144 columns where Liger refuses): loop 1 walks the row
+    in CHUNK-column chunks keeping an online running max and sum (HBM read once for the statistics);
+    loop 2 walks the chunks in REVERSE order and writes the output, so the re-read starts with the
+    chunks loop 1 touched last, which are the likeliest to still be in L2. Traffic: 2*M*n*bytes from
+    HBM plus the re-read that misses L2 (zero when a row's re-read is served from L2).
+    Backward uses the same split: loop 1 accumulates sum(dy*y), loop 2 (reverse) writes dx.
+
+Layout: the softmax dim is moved last (`movedim`, a view). Rows are copied to contiguous memory only
+when the moved dim does not have stride 1 (or the leading dims cannot be flattened into one row
+stride); otherwise the kernel reads the caller's memory in place through its row stride. The output
+is allocated row-contiguous in the moved layout and returned as the view moved back, so for dim != -1
+it can be a non-contiguous view (values and shape are what torch.softmax returns).
+
+Registered as torch.library custom ops `hearth::softmax_fwd` / `hearth::softmax_bwd` (fake kernels and
+autograd registered), so `torch.compile(fullgraph=True)` sees one opaque op and does not break the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hearth.kernels._common import check_tensor, interpret_mode
+
+# Row widths above this use the chunked (online) kernels. Tests lower it (monkeypatch) to exercise the
+# wide path on the CPU interpreter. 32768 fp32 values per row = 32 registers/thread at 32 warps.
+ONEPASS_MAX_COLS = 32768
+# Column chunk of the wide-row kernels and their warp count (tuning knobs for the H200).
+WIDE_CHUNK = 8192
+WIDE_WARPS = 16
+
+# (largest BLOCK, num_warps) for the one-pass kernels, keyed by next_power_of_2(n).
+_ONEPASS_WARPS = ((1024, 4), (4096, 8), (16384, 16), (1 << 62, 32))
+
+
+
+
+def _patch_interpreter_scalar_index() -> None:
+    """Let Triton 3.6's CPU interpreter run loops with a runtime bound under numpy >= 2.3.
+
+    The interpreter holds every scalar as a shape-(1,) array and implements `range(0, n, B)` with
+    `int(array)`, which numpy 2.3+ refuses ("only 0-dimensional arrays can be converted"). We wrap
+    its per-launch patch so `__index__` reads the single element. Interpreter only; idempotent.
+    (Generic: a candidate for _common.py, which this task does not own.)
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_hearth_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._hearth_index_fix = True
+    interpreter._patch_lang_tensor = patched
+
+
+if interpret_mode():
+    _patch_interpreter_scalar_index()
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _softmax_fwd_onepass_kernel(
+    # pointers
+    x_ptr, y_ptr,
+    # strides (elements; columns have stride 1)
+    stride_x, stride_y,
+    # shapes
+    n_cols,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    # evict_first: each byte is read exactly once, keep L2 for others.
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+    x = x.to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    y = e / tl.sum(e, axis=0)
+    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_fwd_chunked_kernel(
+    # pointers
+    x_ptr, y_ptr,
+    # strides
+    stride_x, stride_y,
+    # shapes
+    n_cols,
+    # meta-parameters
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    offs = tl.arange(0, CHUNK)
+    m = -float("inf")  # running max
+    s = 0.0  # running sum of exp(x - m)
+    for start in range(0, n_cols, CHUNK):
+        cols = start + offs
+        # evict_last: loop 2 re-reads this row; ask L2 to keep it.
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last")
+        x = x.to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # while every value so far is -inf, shift by 0 instead of -inf (avoids -inf - -inf = nan)
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+        m = m_new
+    inv_s = 1.0 / s  # all -inf row: s == 0 -> inf, and 0 * inf = nan, like torch
+    n_chunks = tl.cdiv(n_cols, CHUNK)
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * CHUNK + offs  # reverse: most recently read chunks first
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+        y = tl.exp(x - m) * inv_s
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_onepass_kernel(
+    # pointers
+    y_ptr, dy_ptr, dx_ptr,
+    # strides
+    stride_y, stride_dy, stride_dx,
+    # shapes
+    n_cols,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dot = tl.sum(y * dy, axis=0)
+    dx = y * (dy - dot)
+    tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_chunked_kernel(
+    # pointers
+    y_ptr, dy_ptr, dx_ptr,
+    # strides
+    stride_y, stride_dy, stride_dx,
+    # shapes
+    n_cols,
+    # meta-parameters
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    y_row = y_ptr + row * stride_y
+    dy_row = dy_ptr + row * stride_dy
+    dx_row = dx_ptr + row * stride_dx
+    offs = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], dtype=tl.float32)  # lane-wise partial sums: one reduction at the end
+    for start in range(0, n_cols, CHUNK):
+        cols = start + offs
+        mask = cols < n_cols
+        y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        acc += y * dy
+    dot = tl.sum(acc, axis=0)
+    n_chunks = tl.cdiv(n_cols, CHUNK)
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * CHUNK + offs
+        mask = cols < n_cols
+        y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------- launcher
+def _config(n_cols: int) -> tuple[bool, int, int]:
+    """(chunked?, BLOCK or CHUNK, num_warps) for rows of width n_cols: the one tuning table."""
+    if n_cols > ONEPASS_MAX_COLS:
+        return True, min(WIDE_CHUNK, triton.next_power_of_2(n_cols)), WIDE_WARPS
+    block = triton.next_power_of_2(n_cols)
+    warps = next(w for limit, w in _ONEPASS_WARPS if block <= limit)
+    return False, block, warps
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """View `t` (softmax dim last) as [rows, n] with unit column stride; copies only when it must."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    rows = t.reshape(-1, t.shape[-1])  # a view when the leading dims collapse into one stride
+    if rows.stride(-1) != 1:  # (size-1 edge cases)
+        rows = rows.contiguous()
+    return rows
+
+
+def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
+    """Launch the forward over the last dim of x. Returns a contiguous tensor shaped like x."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    xr, yr = _as_rows(x), y.view(-1, x.shape[-1] if x.dim() else 1)
+    n_rows, n_cols = xr.shape
+    chunked, block, warps = _config(n_cols)
+    kernel = _softmax_fwd_chunked_kernel if chunked else _softmax_fwd_onepass_kernel
+    kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=warps)
+    return y
+
+
+def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """Launch the backward over the last dim. y, dy shaped alike; returns a contiguous dx."""
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if y.numel() == 0:
+        return dx
+    yr, dyr = _as_rows(y), _as_rows(dy.to(y.dtype))
+    dxr = dx.view(-1, y.shape[-1] if y.dim() else 1)
+    n_rows, n_cols = yr.shape
+    chunked, block, warps = _config(n_cols)
+    kernel = _softmax_bwd_chunked_kernel if chunked else _softmax_bwd_onepass_kernel
+    kernel[(n_rows,)](yr, dyr, dxr, yr.stride(0), dyr.stride(0), dxr.stride(0), n_cols, block, num_warps=warps)
+    return dx
+
+
+# ------------------------------------------------------------------------------- torch.library ops
+@torch.library.custom_op("hearth::softmax_fwd", mutates_args=())
+def _softmax_fwd_op(x: torch.Tensor) -> torch.Tensor:
+    return _softmax_fwd(x)
+
+
+@_softmax_fwd_op.register_fake
+def _(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("hearth::softmax_bwd", mutates_args=())
+def _softmax_bwd_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return _softmax_bwd(y, dy)
+
+
+@_softmax_bwd_op.register_fake
+def _(y, dy):
+    return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, grad_y):
+    (y,) = ctx.saved_tensors
+    return _softmax_bwd_op(y, grad_y)
+
+
+_softmax_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------- public fn
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax of `x` along `dim`, like torch.softmax(x, dim); differentiable.
+
+    Args:
+        x: any shape (at least 1-D), float32 / bfloat16 / float16, on CUDA (CPU under
+            TRITON_INTERPRET=1). Math is done in fp32; the result has x's dtype and shape.
+        dim: the dimension to normalise over (negative counts from the end).
+
+    Memory traffic (M rows of n columns, b bytes per element): forward reads x once and writes y once,
+    2*M*n*b bytes (wide rows: plus whatever part of the reverse re-read misses L2); backward reads y and
+    dy and writes dx, 3*M*n*b. A copy is added only when `dim` is not unit-stride after moving it last.
+    An empty x gives an empty result; a row of all -inf gives nan (as torch does).
+
+    Raises:
+        TypeError: x is not a tensor or not a float dtype; dim is not an int.
+        ValueError: x is 0-D or not on a usable device; dim is out of range.
+    """
+    check_tensor(x, "x", allow_empty=True)
+    if x.dim() == 0:
+        raise ValueError("x must have at least 1 dimension, got a 0-D tensor")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, got {dim}")
+    dim = dim % x.dim()
+    if dim == x.dim() - 1:
+        return _softmax_fwd_op(x)
+    return _softmax_fwd_op(x.movedim(dim, -1)).movedim(-1, dim)

@@ -1,0 +1,329 @@
+"""SwiGLU: h = silu(gate) * up, and the SwiGLU MLP built around it.
+
+Math (fp32 inside the kernel):
+    s = sigmoid(g)     h = g * s * u
+    dg = dh * u * s * (1 + g * (1 - s))       du = dh * g * s
+The backward recomputes s from g instead of storing silu(g).
+
+Memory traffic for [M, N] in b bytes per element:
+    forward  reads g, u, writes h:            3*M*N*b
+    backward reads dh, g, u, writes dg, du:   5*M*N*b (+ M*N*b when it also re-emits h for the MLP)
+
+swiglu_mlp (LESSON 9): one autograd node for down(swiglu(gate(x), up(x))). Only x, g and u are
+saved; h = silu(g) * u lives only inside the forward (one row chunk at a time) and is recomputed
+from g and u in the backward, where dg and du overwrite g and u in place (they are dead after),
+so the backward's only extra [rows, I] memory is one column chunk of dh.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
+
+BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
+# swiglu_mlp works on chunks of about this many elements of [rows, I] at a time (h in the forward,
+# dh in the backward): 16 Mi elements = 32 MiB in bf16, still big enough for full-speed matmuls.
+MLP_CHUNK_ELEMS = 16 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _swiglu_fwd_kernel(
+    # pointers
+    g_ptr, u_ptr, h_ptr,
+    # shapes
+    N,
+    # strides (between rows; columns are contiguous)
+    stride_g, stride_u, stride_h,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    h = g * tl.sigmoid(g) * u
+    tl.store(h_ptr + row * stride_h + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(
+    # pointers (dg/du may alias g/u and h may alias dh: every element is read before it is written)
+    dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, h_ptr,
+    # shapes
+    N,
+    # strides
+    stride_dh, stride_g, stride_u, stride_dg, stride_du, stride_h,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+    STORE_H: tl.constexpr,  # also write h = silu(g) * u (the MLP needs it for the down-proj grad)
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    dh = tl.load(dh_ptr + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g)
+    silu = g * s
+    dg = dh * u * s * (1.0 + g * (1.0 - s))
+    du = dh * silu
+    tl.store(dg_ptr + row * stride_dg + cols, dg.to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + row * stride_du + cols, du.to(du_ptr.dtype.element_ty), mask=mask)
+    if STORE_H:
+        tl.store(h_ptr + row * stride_h + cols, (silu * u).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers: 2-D [M, N] views whose last dim is contiguous (row strides may be anything)
+# --------------------------------------------------------------------------------------------
+def _grid(m: int, n: int):
+    return (m, triton.cdiv(n, BLOCK_COLS))
+
+
+def _launch_fwd(g2, u2, h2) -> None:
+    m, n = g2.shape
+    if m and n:
+        _swiglu_fwd_kernel[_grid(m, n)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0), BLOCK=BLOCK_COLS, num_warps=4)
+
+
+def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None) -> None:
+    m, n = g2.shape
+    if m and n:
+        h_out = h2 if h2 is not None else dg2
+        _swiglu_bwd_kernel[_grid(m, n)](
+            dh2, g2, u2, dg2, du2, h_out, n,
+            dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0), h_out.stride(0),
+            BLOCK=BLOCK_COLS, STORE_H=h2 is not None, num_warps=4,
+        )
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library ops + autograd: elementwise swiglu
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("hearth::swiglu_fwd", mutates_args=())
+def _swiglu_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _launch_fwd(_rows(gate), _rows(up), h.view(-1, h.shape[-1]) if h.dim() else h)
+    return h
+
+
+@_swiglu_fwd_op.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("hearth::swiglu_bwd", mutates_args=())
+def _swiglu_bwd_op(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    n = gate.shape[-1]
+    _launch_bwd(_rows(dh), _rows(gate), _rows(up), dg.view(-1, n), du.view(-1, n))
+    return dg, du
+
+
+@_swiglu_bwd_op.register_fake
+def _(dh, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, dh):
+    gate, up = ctx.saved_tensors
+    return torch.ops.hearth.swiglu_bwd(dh, gate, up)
+
+
+_swiglu_fwd_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library ops + autograd: the SwiGLU MLP as one node (LESSON 9)
+# --------------------------------------------------------------------------------------------
+def _chunk(total: int, other: int) -> int:
+    return max(1, min(total, MLP_CHUNK_ELEMS // max(1, other)))
+
+
+@torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())
+def _mlp_fwd_op(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+    b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, H] -> (out [M, H], g [M, I], u [M, I]); h is formed one row chunk at a time."""
+    g = F.linear(x, w_gate, b_gate)
+    u = F.linear(x, w_up, b_up)
+    m, inter = g.shape
+    out = x.new_empty((m, w_down.shape[0]))
+    rows = _chunk(m, inter)
+    h = g.new_empty((min(rows, m), inter))
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        hc = h[: r1 - r0]
+        _launch_fwd(g[r0:r1], u[r0:r1], hc)
+        if b_down is None:
+            torch.mm(hc, w_down.t(), out=out[r0:r1])
+        else:
+            torch.addmm(b_down, hc, w_down.t(), out=out[r0:r1])
+    return out, g, u
+
+
+@_mlp_fwd_op.register_fake
+def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
+    m = x.shape[0]
+    inter = w_gate.shape[0]
+    return x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), x.new_empty((m, inter))
+
+
+@torch.library.custom_op("hearth::swiglu_mlp_bwd", mutates_args=("g", "u"))
+def _mlp_bwd_op(
+    dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, need_weight_grads: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down (weight/bias grads are empty
+    [0] tensors when need_weight_grads is False). Overwrites g with dg and u with du."""
+    dout = dout.contiguous()
+    m, inter = g.shape
+    cols = _chunk(inter, m)
+    dw_down = w_down.new_empty(w_down.shape) if need_weight_grads else w_down.new_empty(0)
+    dh = g.new_empty((m, min(cols, inter)))
+    # Column chunks of I: each chunk of dW_down is produced whole by one matmul (no accumulation).
+    for c0 in range(0, inter, cols):
+        c1 = min(inter, c0 + cols)
+        dhc = dh[:, : c1 - c0]
+        torch.mm(dout, w_down[:, c0:c1], out=dhc)
+        gc, uc = g[:, c0:c1], u[:, c0:c1]
+        # dg -> g, du -> u, h -> dh, all in place.
+        _launch_bwd(dhc, gc, uc, gc, uc, dhc if need_weight_grads else None)
+        if need_weight_grads:
+            dw_down[:, c0:c1].copy_(dout.t() @ dhc)
+    dg, du = g, u
+    dx = torch.mm(dg, w_gate)
+    dx.addmm_(du, w_up)
+    if need_weight_grads:
+        dw_gate, dw_up = dg.t() @ x, du.t() @ x
+        db_gate, db_up, db_down = dg.sum(0), du.sum(0), dout.sum(0)
+    else:
+        dw_gate = dw_up = db_gate = db_up = db_down = x.new_empty(0)
+    return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
+
+
+@_mlp_bwd_op.register_fake
+def _(dout, x, g, u, w_gate, w_up, w_down, need_weight_grads):
+    if need_weight_grads:
+        grads = [w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape),
+                 x.new_empty((w_gate.shape[0],)), x.new_empty((w_up.shape[0],)), x.new_empty((w_down.shape[0],))]
+    else:
+        grads = [x.new_empty(0) for _ in range(6)]
+    return (x.new_empty(x.shape), *grads)
+
+
+def _mlp_setup(ctx, inputs, output):
+    x, w_gate, w_up, w_down, b_gate, b_up, b_down = inputs
+    _out, g, u = output
+    ctx.save_for_backward(x, g, u, w_gate, w_up, w_down)
+    ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
+
+
+def _mlp_backward(ctx, dout, _dg, _du):
+    x, g, u, w_gate, w_up, w_down = ctx.saved_tensors
+    need_w = any(ctx.needs_input_grad[1:7])
+    dx, dwg, dwu, dwd, dbg, dbu, dbd = torch.ops.hearth.swiglu_mlp_bwd(dout, x, g, u, w_gate, w_up, w_down, need_w)
+    if not need_w:
+        return dx, None, None, None, None, None, None
+    bg, bu, bd = ctx.has_bias
+    return dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None
+
+
+_mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------------------------
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, fused; the backward recomputes silu from gate.
+
+    Args:
+        gate, up: same shape [..., N], same float dtype (float32 / bfloat16 / float16), same device.
+            Views whose last dim is contiguous are read through their row stride; others are copied.
+            Empty tensors give an empty result.
+
+    Returns:
+        h: gate.shape, gate.dtype (computed in fp32, rounded once).
+
+    Bytes moved: forward 3*numel*b, backward 5*numel*b.
+
+    Raises:
+        TypeError: not tensors, unsupported dtype, or dtypes differ.
+        ValueError: shapes differ, 0-d tensors, different devices, not on CUDA (CPU only under
+            TRITON_INTERPRET=1).
+    """
+    check_tensor(gate, "gate", allow_empty=True)
+    check_tensor(up, "up", allow_empty=True)
+    check_same_dtype(gate=gate, up=up)
+    check_same_device(gate=gate, up=up)
+    if gate.dim() == 0:
+        raise ValueError("gate must have at least one dimension, got a 0-d tensor")
+    if gate.shape != up.shape:
+        raise ValueError(f"up must have the shape of gate {tuple(gate.shape)}, got {tuple(up.shape)}")
+    return torch.ops.hearth.swiglu_fwd(gate, up)
+
+
+def swiglu_mlp(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+    b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) as ONE autograd node (weights in nn.Linear layout [out, in]).
+
+    Args:
+        x: [..., H]; w_gate, w_up: [I, H]; w_down: [H, I]; optional biases [I], [I], [H].
+            All the same float dtype and device (cast before calling under autocast).
+
+    Returns:
+        [..., H] in x.dtype.
+
+    Saved for backward: x, g = gate(x) and u = up(x) only (2 x rows x I elements); h is never held
+    whole. Extra memory beyond the saved tensors: one ~32 MiB (bf16) chunk of h (forward) / dh
+    (backward), see MLP_CHUNK_ELEMS. The backward may run only once per forward (it reuses g and u
+    as the buffers of their own gradients; a second backward raises autograd's saved-tensor error).
+
+    Raises:
+        TypeError / ValueError naming the argument, as for the other ops.
+    """
+    check_tensor(x, "x", allow_empty=True)
+    names = {"w_gate": w_gate, "w_up": w_up, "w_down": w_down, "b_gate": b_gate, "b_up": b_up, "b_down": b_down}
+    for name, t in names.items():
+        if t is not None:
+            check_tensor(t, name, ndim=2 if name.startswith("w") else 1)
+    check_same_dtype(x=x, **names)
+    check_same_device(x=x, **names)
+    hidden = x.shape[-1]
+    inter = w_gate.shape[0]
+    if tuple(w_gate.shape) != (inter, hidden):
+        raise ValueError(f"w_gate must be [I, {hidden}], got {tuple(w_gate.shape)}")
+    if tuple(w_up.shape) != (inter, hidden):
+        raise ValueError(f"w_up must have the shape of w_gate {(inter, hidden)}, got {tuple(w_up.shape)}")
+    if tuple(w_down.shape) != (hidden, inter):
+        raise ValueError(f"w_down must be [{hidden}, {inter}], got {tuple(w_down.shape)}")
+    for name, t, size in (("b_gate", b_gate, inter), ("b_up", b_up, inter), ("b_down", b_down, hidden)):
+        if t is not None and t.shape[0] != size:
+            raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
+    x2 = x.reshape(-1, hidden)
+    out, _g, _u = torch.ops.hearth.swiglu_mlp_fwd(x2, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    return out.view(*x.shape[:-1], hidden)

@@ -1,0 +1,302 @@
+"""Conversations -> supervised chat examples whose assistant turns are envelopes (docs/corpus.md).
+
+Input: JSONL, one conversation per line:
+
+    {"id": "wren-exam", "kind": "chat", "persona": "wren", "world_view": "grounded", "stage": "friend",
+     "memories": ["..."], "shared_context": "...",
+     "turns": [{"role": "user", "content": "..."}, {"role": "assistant", "envelope": {...}}, ...]}
+
+``kind`` picks the prompt (chat -> companion, feed_comment -> feed, analyst -> analyst; ``"prompt":
+"rehearsal"`` with a ``rehearsal`` object for rehearsal chats). Every assistant turn is an envelope
+object; it is validated with hearth.envelope and serialised with ``envelope.dumps``, so the model
+trains on exactly the text the app parses. The system prompt comes from hearth.prompts, i.e. at
+production size.
+
+Output (OUT_DIR): train.jsonl (one example per assistant turn: input_ids + labels with -100 outside
+the reply when a tokenizer is given, else text + trained character spans), rejected.jsonl (line,
+id, reason for every conversation refused) and stats.json. A conversation is refused as a whole
+when any of its targets fails, so no example is trained on a history the app would have rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from hearth.envelope import MODELS, EnvelopeError, dumps
+from hearth.prompts import system_prompt_for
+from hearth.train.chat_format import Rendered, render
+
+IGNORE_INDEX = -100
+TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
+
+
+class CorpusError(ValueError):
+    """One conversation that cannot become training examples: ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass
+class Example:
+    """One supervised example: the last assistant turn of ``rendered`` is the target."""
+
+    id: str
+    line: int
+    kind: str
+    rendered: Rendered
+
+
+@dataclass
+class BuildResult:
+    examples: list[Example] = field(default_factory=list)
+    rejected: list[dict] = field(default_factory=list)  # {"line", "id", "reason"}
+    conversations: int = 0
+
+
+# ----------------------------------------------------------------------------------- conversations
+def _field(obj: dict, name: str, kind: type = str) -> Any:
+    if name not in obj:
+        raise CorpusError(f"missing field {name!r}")
+    if not isinstance(obj[name], kind):
+        raise CorpusError(f"field {name!r} must be {kind.__name__}, got {type(obj[name]).__name__}")
+    return obj[name]
+
+
+def system_prompt(conv: dict) -> tuple[str, str]:
+    """(kind, system prompt) for a conversation object, from hearth.prompts; CorpusError if it cannot."""
+    try:
+        return system_prompt_for(conv)
+    except (TypeError, ValueError) as exc:
+        raise CorpusError(str(exc)) from None
+
+
+def _target(turn: dict, kind: str, index: int, conv: dict) -> str:
+    envelope = turn.get("envelope")
+    if not isinstance(envelope, dict):
+        raise CorpusError(f"turns[{index}]: an assistant turn needs an 'envelope' object")
+    try:
+        model = MODELS[kind].model_validate(envelope)
+    except ValidationError as exc:  # keep the first field and reason
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "envelope"
+        reason = "must not be empty (or only whitespace)" if first["type"] == "string_too_short" else first["msg"]
+        raise CorpusError(f"turns[{index}].envelope.{loc}: {reason}") from None
+    if kind == "analyst" and model.analyst != conv.get("analyst"):
+        raise CorpusError(f"turns[{index}].envelope.analyst: {model.analyst!r} but the prompt is for "
+                          f"{conv.get('analyst')!r}")
+    try:
+        return dumps(model)
+    except EnvelopeError as exc:  # pragma: no cover - model_validate above already passed
+        raise CorpusError(f"turns[{index}].envelope.{exc.field}: {exc.reason}") from None
+
+
+def conversation_examples(conv: Any, *, line: int = 0) -> list[Example]:
+    """All examples (one per assistant turn) of one conversation object; CorpusError if any is invalid."""
+    if not isinstance(conv, dict):
+        raise CorpusError(f"a conversation must be a JSON object, got {type(conv).__name__}")
+    conv_id = _field(conv, "id")
+    kind, system = system_prompt(conv)
+    turns = _field(conv, "turns", list)
+    if not turns:
+        raise CorpusError("turns is empty")
+    messages: list[dict[str, str]] = []
+    examples: list[Example] = []
+    for i, turn in enumerate(turns):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if not isinstance(turn, dict) or turn.get("role") != expected:
+            got = turn.get("role") if isinstance(turn, dict) else type(turn).__name__
+            raise CorpusError(f"turns[{i}] must be a {expected} turn (turns alternate, user first), got {got!r}")
+        if expected == "user":
+            content = turn.get("content")
+            if not isinstance(content, str) or not content.strip():
+                raise CorpusError(f"turns[{i}].content must be a non-empty string")
+            messages.append({"role": "user", "content": content})
+            continue
+        messages.append({"role": "assistant", "content": _target(turn, kind, i, conv)})
+        try:
+            rendered = render(system, messages)
+        except (TypeError, ValueError) as exc:
+            raise CorpusError(str(exc)) from None
+        examples.append(Example(id=f"{conv_id}#{i}", line=line, kind=kind, rendered=rendered))
+    if turns[-1].get("role") != "assistant":
+        raise CorpusError("the last turn must be an assistant turn (a trailing user turn has no target)")
+    return examples
+
+
+def read_corpus(lines: Iterable[str]) -> BuildResult:
+    """Parse JSONL lines (1-based line numbers); every bad line is collected, none stops the build."""
+    result = BuildResult()
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        result.conversations += 1
+        conv_id = None
+        try:
+            conv = json.loads(raw)
+            conv_id = conv.get("id") if isinstance(conv, dict) else None
+            result.examples.extend(conversation_examples(conv, line=number))
+        except json.JSONDecodeError as exc:
+            result.rejected.append({"line": number, "id": None, "reason": f"not JSON: {exc.msg} (column {exc.colno})"})
+        except CorpusError as exc:
+            result.rejected.append({"line": number, "id": conv_id, "reason": exc.reason})
+    return result
+
+
+# --------------------------------------------------------------------------------------- tokenize
+def load_tokenizer(path: Path):
+    """A local Hugging Face tokenizer (never downloads). ValueError naming ``tokenizer`` if unusable."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError depending on what is missing
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {path}: {exc}") from exc
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"tokenizer: {path} is not a fast tokenizer (offsets are needed for the loss mask)")
+    return tok
+
+
+def tokenize(tokenizer, rendered: Rendered) -> tuple[list[int], list[int]]:
+    """input_ids and labels for one example: labels copy input_ids on tokens that start inside a
+    trained span and are -100 elsewhere. Tokenizes the whole text once (no per-segment joins, so no
+    boundary merges differ from what the server tokenizes)."""
+    enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    labels = [IGNORE_INDEX] * len(ids)
+    for t, (start, end) in enumerate(offsets):
+        if end > start and any(a <= start < b for a, b in rendered.spans):
+            labels[t] = ids[t]
+    return ids, labels
+
+
+def template_matches(tokenizer, example: Example, system: str | None = None) -> bool | None:
+    """Whether the tokenizer's own chat template renders ``example`` identically (None: no template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    text = example.rendered.text
+    messages = _messages_from_text(text)
+    try:
+        theirs = tokenizer.apply_chat_template(messages, tokenize=False, enable_thinking=False)
+    except Exception:  # a template that cannot render our messages does not match
+        return False
+    return theirs == text
+
+
+def _messages_from_text(text: str) -> list[dict[str, str]]:
+    """Split a rendered sequence back into messages (think block stripped from the reply)."""
+    out = []
+    for block in text.split("<|im_start|>")[1:]:
+        role, _, rest = block.partition("\n")
+        content = rest[: rest.rindex("<|im_end|>")]
+        if role == "assistant":
+            content = content.split("</think>")[-1].lstrip("\n")
+        out.append({"role": role, "content": content})
+    return out
+
+
+# ------------------------------------------------------------------------------------------ build
+def _length_stats(lengths: list[int]) -> dict:
+    if not lengths:
+        return {"count": 0}
+    ordered = sorted(lengths)
+    return {"count": len(ordered), "min": ordered[0], "mean": round(statistics.fmean(ordered), 1),
+            "p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+            "max": ordered[-1], "total": sum(ordered)}
+
+
+def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None) -> dict:
+    """Build the corpus; returns the stats dict (also written to OUT_DIR/stats.json).
+
+    Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name and
+    renamed, so an interrupted build never leaves a half-written train.jsonl behind.
+    ValueError naming ``input``/``tokenizer`` when they cannot be read.
+    """
+    input, out_dir = Path(input), Path(out_dir)
+    if not input.is_file():
+        raise ValueError(f"input: {input} is not a file")
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    with input.open(encoding="utf-8") as fh:
+        result = read_corpus(fh)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    rows, lengths, trained = [], [], []
+    for example in (progress(result.examples) if progress else result.examples):
+        row = {"id": example.id, "line": example.line, "kind": example.kind}
+        if tok is not None:
+            ids, labels = tokenize(tok, example.rendered)
+            row.update(input_ids=ids, labels=labels)
+            lengths.append(len(ids))
+            trained.append(sum(1 for x in labels if x != IGNORE_INDEX))
+        else:
+            row.update(text=example.rendered.text, mask=[list(s) for s in example.rendered.spans])
+            lengths.append(len(example.rendered.text))
+            trained.append(sum(b - a for a, b in example.rendered.spans))
+        rows.append(row)
+
+    unit = "tokens" if tok is not None else "characters"
+    by_kind: dict[str, int] = {}
+    for example in result.examples:
+        by_kind[example.kind] = by_kind.get(example.kind, 0) + 1
+    stats = {
+        "input": str(input), "tokenizer": str(tokenizer) if tokenizer else None, "unit": unit,
+        "conversations": result.conversations, "accepted": result.conversations - len(result.rejected),
+        "rejected": len(result.rejected), "examples": len(rows), "examples_by_kind": by_kind,
+        "length": _length_stats(lengths), "trained": _length_stats(trained),
+        "chat_template_matches": template_matches(tok, result.examples[0]) if tok is not None and result.examples else None,
+    }
+    _write_jsonl(out_dir / "train.jsonl", rows)
+    _write_jsonl(out_dir / "rejected.jsonl", result.rejected)
+    _write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+    stats["rejected_lines"] = result.rejected
+    return stats
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    _write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None) -> int:
+    """`hearth corpus build`: build, print counts, rejections and length stats; exit code 0, or 2 on bad
+    arguments. Rejected lines do not fail the command (they are reported and written out)."""
+    from rich.console import Console
+    from rich.progress import track
+    from rich.table import Table
+
+    console = Console()
+    try:
+        stats = build(input, out_dir, tokenizer,
+                      progress=lambda xs: track(xs, description="tokenizing", console=console, transient=True))
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    console.print(f"{stats['conversations']} conversations: {stats['accepted']} accepted, "
+                  f"{stats['rejected']} rejected -> {stats['examples']} examples "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(stats["examples_by_kind"].items())))
+    for rej in stats["rejected_lines"]:
+        console.print(f"[yellow]rejected[/yellow] line {rej['line']} ({rej['id']}): {rej['reason']}")
+    table = Table(title=f"example length ({stats['unit']})")
+    for col in ("", "min", "mean", "p50", "p95", "max", "total"):
+        table.add_column(col, justify="right")
+    for name in ("length", "trained"):
+        s = stats[name]
+        table.add_row(name, *(str(s.get(k, "-")) for k in ("min", "mean", "p50", "p95", "max", "total")))
+    console.print(table)
+    if stats["chat_template_matches"] is False:
+        console.print("[yellow]warning:[/yellow] the tokenizer's chat template renders differently from "
+                      "hearth's Qwen3 renderer; check docs/corpus.md before training")
+    console.print(f"wrote {out_dir}/train.jsonl, rejected.jsonl, stats.json")
+    return 0

@@ -1,0 +1,99 @@
+"""Fixtures for the app tests: a database per test (SQLite file, and PostgreSQL when
+HEARTH_TEST_POSTGRES_URL is set; under CI=true its absence is a failure, not a skip), settings,
+and an in-process app client with the lifespan run."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from hearth.app.crypto import new_master_key_text, parse_master_key
+from hearth.app.main import create_app
+from hearth.app.settings import load_settings
+from tests.app.app_fakes import FakeModel
+
+PG_ENV = "HEARTH_TEST_POSTGRES_URL"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _pg_connect_args(url: str) -> dict:
+    u = make_url(url)
+    return dict(host=u.host, port=u.port, user=u.username, password=u.password, database=u.database)
+
+
+async def _pg_admin(url: str, sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(**_pg_connect_args(url))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def pg_base_url() -> str | None:
+    url = os.environ.get(PG_ENV)
+    if not url:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{PG_ENV} is not set under CI=true: the PostgreSQL storage tests must run in CI")
+        pytest.skip(f"{PG_ENV} not set (start a PostgreSQL server the way .ci/run does)")
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database_url(request, tmp_path):
+    """A fresh, empty database for one test, on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'hearth.sqlite3'}"
+        return
+    base = pg_base_url()
+    name = f"hearth_t_{uuid.uuid4().hex[:12]}"
+    await _pg_admin(base, f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        await _pg_admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite+aiosqlite:///{tmp_path / 'hearth.sqlite3'}"
+
+
+@pytest.fixture
+def master_key_text() -> str:
+    return new_master_key_text()
+
+
+@pytest.fixture
+def master_key(master_key_text) -> bytes:
+    return parse_master_key(master_key_text)
+
+
+@pytest.fixture
+def make_settings(tmp_path, master_key_text):
+    def make(database_url: str, **overrides):
+        env = {"HEARTH_MASTER_KEY": master_key_text}
+        return load_settings(None, env=env, overrides={"var_dir": str(tmp_path / "var"),
+                                                        "database_url": database_url, **overrides})
+    return make
+
+
+@asynccontextmanager
+async def running_app(settings, model=None):
+    """(app, client) with the lifespan run (migrations, chain start) around the block."""
+    app = create_app(settings, model=model if model is not None else FakeModel())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver",
+                                     follow_redirects=False) as client:
+            yield app, client

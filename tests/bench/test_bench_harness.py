@@ -1,0 +1,286 @@
+"""Unit tests of the benchmark harness with a fake provider registry, so they pass whichever
+kernels exist: a wrong provider is marked wrong, a failing one error, formulas give the
+expected GB/s, verdicts say win / loss correctly, and the writers produce their files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from hearth.bench import cases, providers as P, report, runner, timing
+from hearth.bench.check import compare, rel_err
+
+
+def _softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def _registry(**override):
+    """provider -> binder; 'good' computes softmax right, the others are set per test."""
+    def good(op, inputs, spec, size, rg, check):
+        return P.Bound(lambda: _softmax(inputs["x"]), [inputs["x"]])
+
+    reg = {"hearth": good, "eager": good}
+    reg.update(override)
+    return reg
+
+
+def _run(reg, mode="full", size=None):
+    spec = cases.SPECS["softmax"]
+    size = size or dict(M=3, N=40)
+    limits = {"copy_GBps": 10.0, "matmul_TFLOPs": 1.0}
+    rows = runner.run_case(spec, size, "float32", mode, list(reg), torch.device("cpu"), limits, {"gpu": "test"}, False, True, reg)
+    return {r["provider"]: r for r in rows}
+
+
+def test_correct_provider_is_ok_and_timed():
+    rows = _run(_registry())
+    assert rows["hearth"]["status"] == "ok", rows["hearth"]
+    assert rows["hearth"]["ms"] > 0 and rows["hearth"]["p20_ms"] <= rows["hearth"]["p80_ms"]
+    assert rows["hearth"]["rel_err"] < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "full"])
+def test_wrong_output_is_marked_wrong_and_not_timed(mode):
+    def wrong(op, inputs, spec, size, rg, check):
+        return P.Bound(lambda: _softmax(inputs["x"]) * 1.01, [inputs["x"]])
+
+    rows = _run(_registry(hearth=wrong), mode=mode)
+    assert rows["hearth"]["status"] == "wrong"
+    assert "output0" in rows["hearth"]["reason"]
+    assert "ms" not in rows["hearth"]
+    assert rows["eager"]["status"] == "ok"
+
+
+def test_wrong_gradient_is_marked_wrong():
+    class BadGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.softmax(x, -1)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            (y,) = ctx.saved_tensors
+            return y * dy  # drops the -y * sum(y * dy) term
+
+    def bad(op, inputs, spec, size, rg, check):
+        return P.Bound(lambda: BadGrad.apply(inputs["x"]), [inputs["x"]])
+
+    rows = _run(_registry(hearth=bad), mode="full")
+    assert rows["hearth"]["status"] == "wrong"
+    assert "grad0" in rows["hearth"]["reason"]
+
+
+def test_missing_gradient_is_wrong():
+    def detached(op, inputs, spec, size, rg, check):
+        x = inputs["x"]
+        return P.Bound(lambda: _softmax(x.detach()).requires_grad_(), [x])
+
+    rows = _run(_registry(hearth=detached), mode="full")
+    assert rows["hearth"]["status"] == "wrong" and "missing" in rows["hearth"]["reason"]
+
+
+def test_nan_is_wrong():
+    def nan(op, inputs, spec, size, rg, check):
+        return P.Bound(lambda: _softmax(inputs["x"]) * float("nan"), [inputs["x"]])
+
+    rows = _run(_registry(hearth=nan), mode="fwd")
+    assert rows["hearth"]["status"] == "wrong"
+
+
+def test_failing_provider_is_error_and_run_continues():
+    def boom(op, inputs, spec, size, rg, check):
+        def fn():
+            raise RuntimeError("illegal launch\nsecond line")
+        return P.Bound(fn, [inputs["x"]])
+
+    rows = _run(_registry(hearth=boom))
+    assert rows["hearth"]["status"] == "error"
+    assert rows["hearth"]["reason"] == "RuntimeError: illegal launch"
+    assert rows["eager"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("exc,status", [(P.Unavailable, "unavailable"), (P.Refuses, "refuses"), (P.Skipped, "skipped")])
+def test_declined_cases_keep_their_reason(exc, status):
+    def declines(op, inputs, spec, size, rg, check):
+        raise exc("because")
+
+    rows = _run(_registry(liger=declines))
+    assert rows["liger"]["status"] == status and rows["liger"]["reason"] == "because"
+
+
+def test_provider_mutating_its_inputs_does_not_leak():
+    def mutates(op, inputs, spec, size, rg, check):
+        x = inputs["x"]
+
+        def fn():
+            y = _softmax(x)
+            with torch.no_grad():
+                x.mul_(3.0)  # like a loss that stores its gradient in the logits
+            return y
+        return P.Bound(fn, [x])
+
+    reg = {"hearth": mutates, "eager": _registry()["eager"]}
+    rows = _run(reg, mode="fwd")
+    assert rows["eager"]["status"] == "ok"
+
+
+def test_missing_hearth_kernel_is_unavailable(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name == "hearth.kernels.softmax":
+            raise ImportError("no module named hearth.kernels.softmax")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(P.importlib, "import_module", fake)
+    with pytest.raises(P.Unavailable, match="does not import"):
+        P._hearth_fn("softmax")
+
+
+def test_liger_refuses_long_softmax_rows():
+    pytest.importorskip("liger_kernel")
+    spec = cases.SPECS["softmax"]
+    with pytest.raises(P.Refuses, match="65536"):
+        P.bind("softmax", "liger", {"x": torch.zeros(1)}, spec, dict(M=1, N=262144), False, True)
+
+
+# ----------------------------------------------------------------------------- formulas
+def test_softmax_bytes_give_the_anchor_gbps():
+    # TARGETS.md: eager softmax fwd bf16 16384x8192 took 0.5067 ms = 1059.6 GB/s (read x + write y)
+    work = cases.SPECS["softmax"].work(dict(M=16384, N=8192), 2, "fwd")
+    assert work == 2 * 16384 * 8192 * 2
+    assert timing.throughput(work, 0.5067, "GB/s") == pytest.approx(1059.6, rel=1e-3)
+
+
+def test_hand_example_gbps_and_sol():
+    # 1 GB in 1 ms = 1000 GB/s; half of a 2000 GB/s copy limit
+    assert timing.throughput(1e9, 1.0, "GB/s") == pytest.approx(1000.0)
+    assert timing.sol_percent(1000.0, "GB/s", {"copy_GBps": 2000.0}) == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="ms"):
+        timing.throughput(1.0, 0.0, "GB/s")
+
+
+def test_flop_formulas_match_targets_floors():
+    # TARGETS.md floors at 790 TFLOP/s: linear CE 33.4 ms, frozen W 32.3 ms, SwiGLU MLP 10.96 ms
+    lce = cases.SPECS["linear_cross_entropy"].work
+    assert lce(dict(N=8192, H=4096, V=131072), 2, "full") / 790e12 * 1e3 == pytest.approx(33.4, rel=2e-3)
+    assert lce(dict(N=8192, H=5120, V=151936, frozen=1), 2, "full") / 790e12 * 1e3 == pytest.approx(32.3, rel=2e-3)
+    mlp = cases.SPECS["swiglu_mlp"].work(dict(N=8192, H=4096, I=14336), 2, "full")
+    assert mlp / 790e12 * 1e3 == pytest.approx(10.96, rel=2e-3)
+    # attention: anchor 1.7264 ms causal fwd = 318.4 TFLOP/s
+    att = cases.SPECS["attention"].work(cases._attn(4, 32, 32, 4096), 2, "fwd")
+    assert timing.throughput(att, 1.726353919506073, "TFLOP/s") == pytest.approx(318.4, rel=1e-3)
+    assert cases.SPECS["attention"].work(cases._attn(4, 32, 32, 4096), 2, "full") == 3.5 * att
+
+
+def test_memory_bound_floors_match_targets():
+    # cross entropy read once + write once at 4.27 TB/s ~ 1.0 ms; rope ~0.16 ms; rms_norm ~0.25 ms
+    ce = cases.SPECS["cross_entropy"].work(dict(N=8192, V=131072), 2, "full")
+    assert ce / 4.27e12 * 1e3 == pytest.approx(1.0, rel=0.02)
+    rope = cases.SPECS["rope"].work(dict(B=4, Hq=32, Hk=8, T=4096, D=128), 2, "full")
+    assert rope / 4.27e12 * 1e3 == pytest.approx(0.16, rel=0.05)
+    rms = cases.SPECS["rms_norm"].work(dict(M=32768, N=4096), 2, "full")
+    assert rms / 4.27e12 * 1e3 == pytest.approx(0.25, rel=0.02)
+
+
+def test_quantile():
+    assert timing.quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.5) == 3.0
+    assert timing.quantile([1.0, 2.0], 0.2) == pytest.approx(1.2)
+    with pytest.raises(ValueError):
+        timing.quantile([], 0.5)
+
+
+def test_rel_err_and_compare():
+    a = torch.tensor([1.0, 2.0, 2.0])
+    assert rel_err(a, a) == 0.0
+    assert rel_err(a * 1.1, a) == pytest.approx(0.1, rel=1e-5)
+    assert math.isinf(rel_err(torch.tensor([float("inf"), 1.0, 1.0]), a))
+    ok, err, why = compare(a.bfloat16(), [], a, [], "bfloat16")
+    assert ok and err < 1e-2 and why == ""
+    ok, _, why = compare(a * 1.05, [], a, [], "float32")
+    assert not ok and "output0" in why
+
+
+# ----------------------------------------------------------------------------- verdicts
+def _row(p, ms, status="ok"):
+    return {"provider": p, "ms": ms, "status": status, "op": "softmax", "size_label": "s", "dtype": "bfloat16", "mode": "fwd"}
+
+
+def test_verdict_loss_against_best_fused_peer():
+    v = report.verdict([_row("hearth", 0.15), _row("eager", 0.5), _row("compile", 0.3), _row("liger", 0.1305)])
+    assert v["verdict"] == "loss" and v["peer"] == "liger"
+    assert v["text"] == "loss 0.87x vs liger"
+
+
+def test_verdict_win_and_wrong_peer_not_ranked():
+    v = report.verdict([_row("hearth", 0.1), _row("liger", 0.05, status="wrong"), _row("compile", 0.2)])
+    assert v["verdict"] == "win" and v["peer"] == "compile" and v["ratio"] == pytest.approx(2.0)
+
+
+def test_verdict_eager_fallback_and_missing_hearth():
+    v = report.verdict([_row("hearth", 1.0), _row("eager", 2.0), _row("liger", 0.0, status="refuses")])
+    assert v["verdict"] == "win" and "no fused peer" in v["text"]
+    assert report.verdict([_row("hearth", 0, status="error"), _row("liger", 1.0)])["text"] == "hearth error"
+
+
+# ----------------------------------------------------------------------------- sizes
+def test_headline_sizes_are_the_targets_shapes():
+    got = {(op, spec.label(s), m) for op, spec in cases.SPECS.items() for s, m in cases.cases_for(spec, "headline", None, False)}
+    for want in [("softmax", "16384x8192", "fwd"), ("softmax", "16384x8192", "full"), ("softmax", "4096x262144", "fwd"),
+                 ("cross_entropy", "N=16384 V=151936", "full"), ("linear_cross_entropy", "N=8192 H=5120 V=151936 frozen W", "full"),
+                 ("rms_norm", "32768x4096", "full"), ("rope", "q[4,32,4096,128] k[4,8,4096,128]", "full"),
+                 ("swiglu_mlp", "N=8192 H=4096 I=14336", "full"), ("attention", "B=4 Hq=40 Hk=8 T=4096 D=128 causal", "full"),
+                 ("matmul", "8192x8192x8192", "fwd")]:
+        assert want in got, want
+    assert set(runner.OP_ORDER) == set(cases.SPECS)
+
+
+def test_explicit_sizes_and_bad_input():
+    pairs = cases.cases_for(cases.SPECS["softmax"], "1024,2048", ["fwd"], False)
+    assert [(s["N"], m) for s, m in pairs] == [(1024, "fwd"), (2048, "fwd")]
+    with pytest.raises(ValueError, match="sizes"):
+        cases.cases_for(cases.SPECS["softmax"], "big", None, False)
+    with pytest.raises(ValueError, match="modes"):
+        cases.cases_for(cases.SPECS["softmax"], "headline", ["sideways"], False)
+    with pytest.raises(ValueError, match="providers"):
+        P.expand(["nobody"])
+    assert P.expand(["hearth", "vendor"]) == ["hearth", *P.VENDOR]
+
+
+# ----------------------------------------------------------------------------- writers and merge
+def test_writers_and_merge(tmp_path):
+    spec = cases.SPECS["softmax"]
+    limits = {"copy_GBps": 10.0, "matmul_TFLOPs": 1.0, "copy_what": "x", "matmul_what": "y"}
+    reg = _registry()
+    a = runner.run_case(spec, dict(M=3, N=40), "float32", "fwd", list(reg), torch.device("cpu"), limits, {"gpu": "test"}, True, True, reg)
+    b = runner.run_case(spec, dict(M=3, N=80), "float32", "fwd", list(reg), torch.device("cpu"), limits, {"gpu": "test"}, True, True, reg)
+    d1, d2, out = tmp_path / "one", tmp_path / "two", tmp_path / "all"
+    report.write_rows(d1 / "results.jsonl", a)
+    report.write_rows(d2 / "results.jsonl", b)
+    assert runner.main(out=out, report_only=True, merge=[d1, d2]) == 0
+    rows = report.read_rows(out / "results.jsonl")
+    assert len(rows) == 4 and {r["size_label"] for r in rows} == {"3x40", "3x80"}
+    summary = (out / "summary.md").read_text()
+    assert "## Headline" in summary and "## Losses" in summary
+    assert "3x80" in (out / "softmax.md").read_text()
+    png = out / "softmax_fwd_float32.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a rerun of one case replaces its rows instead of duplicating them
+    assert len(report.merge_rows(rows, a)) == 4
+    assert runner.main(out=tmp_path / "none", report_only=True, merge=[tmp_path / "missing"]) == 2
+
+
+def test_corrupt_jsonl_names_the_line(tmp_path):
+    p = tmp_path / "results.jsonl"
+    p.write_text('{"a": 1}\nnot json\n')
+    with pytest.raises(ValueError, match="results.jsonl:2"):
+        report.read_rows(p)
+    json.loads(p.read_text().splitlines()[0])

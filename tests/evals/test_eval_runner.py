@@ -1,0 +1,205 @@
+"""`hearth eval` against a real OpenAI-compatible server on loopback (tests/fakes/openai_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hearth.cli import app
+from hearth.envelope import AnalystReading, ChatReply, FeedComment, dumps, response_format
+from hearth.evals.client import ChatResult
+from hearth.evals.runner import main, run_cases
+from hearth.evals.scoring import score
+from hearth.evals.suites import SUITES, load_suite
+from tests.fakes.openai_server import Behavior, FakeOpenAI
+
+
+def valid_reply(kind: str, analyst: str = "mentor") -> str:
+    if kind == "chat":
+        return dumps(ChatReply(message="I'm here. Tell me the worst part first.", mood="steady", memories=[],
+                               affection=0, trust=1, suggested_actions=["Say the worst part"]))
+    if kind == "feed_comment":
+        return dumps(FeedComment(comment="Look at that loaf.", tone="delighted"))
+    return dumps(AnalystReading(analyst=analyst, reading="Owen named the hard topic himself.",
+                                advice="Ask what worries him before you argue.", risk="low"))
+
+
+def case_of(body: dict, cases) -> object:
+    """Which case a request is for: the last user message is unique per case within a suite run."""
+    user = body["messages"][-1]["content"]
+    system = body["messages"][0]["content"]
+    return next(c for c in cases if c.user == user and c.system_prompt() == system)
+
+
+# One scripted outcome per position in the companion suite (15 cases): what the fake replies, and
+# whether the case should pass. Wrapping that repair may strip passes; anything else fails.
+def companion_script(kind: str):
+    good = valid_reply(kind)
+    return [
+        (Behavior.reply(good), True, None),
+        (Behavior.reply(f"```json\n{good}\n```"), True, None),
+        (Behavior.reply(f"<think>\n\n</think>\n\n{good}"), True, None),
+        (Behavior.reply(f"<think>The user sounds tired; be gentle.</think>\n{good}"), True, None),
+        (Behavior.reply(f"Sure! Here's my reply:\n{good}\nLet me know!"), True, None),
+        (Behavior.reply(good[:-25], finish_reason="length"), False, "truncated"),
+        (Behavior.reply(good, finish_reason="length"), False, "truncated"),  # parses, but was cut: still fails
+        (Behavior.reply("I am so sorry to hear that. Do you want to talk about it?"), False, "not valid JSON"),
+        (Behavior.status(500), False, "HTTP 500"),
+        (Behavior.reply(json.dumps({**json.loads(good), "message": "   "})), False, "message: must not be empty"),
+        (Behavior.reply(json.dumps({**json.loads(good), "trust": "1"})), False, "trust"),
+        (Behavior.reply(good + "\n" + good), False, "2 JSON objects"),
+        (Behavior.reply("<think>I should reply with {\"message\": \"hi\"}"), False, "unterminated <think>"),
+        (Behavior.raw(b"<html>bad gateway</html>", content_type="text/html"), False, "malformed completion"),
+        (Behavior.reply(""), False, "empty reply"),
+    ]
+
+
+@pytest.fixture()
+def companion_server():
+    cases = load_suite("companion")
+    script = companion_script("chat")
+    assert len(script) == len(cases) == 15
+    by_id = {c.id: s for c, s in zip(cases, script)}
+    server = FakeOpenAI(lambda body: by_id[case_of(body, cases).id][0]).start_in_thread()
+    try:
+        yield server, cases, by_id
+    finally:
+        server.stop()
+
+
+def test_each_reply_shape_is_scored(companion_server, tmp_path):
+    server, cases, by_id = companion_server
+    report = tmp_path / "report.json"
+    code = main(suite="companion", base_url=server.base_url, model="fake-model", report=report, threshold=0.3,
+                concurrency=4, timeout_s=10)
+    doc = json.loads(report.read_text())
+    results = {c["id"]: c for c in doc["cases"]}
+    for case_id, (_, should_pass, reason) in by_id.items():
+        got = results[case_id]
+        assert got["passed"] is should_pass, (case_id, got)
+        if reason:
+            assert reason in got["reason"], (case_id, got["reason"])
+    assert doc["suites"]["companion"]["passed"] == 5 and doc["suites"]["companion"]["total"] == 15
+    assert doc["suites"]["companion"]["repaired"] == 4  # fence, two think blocks, chatter
+    assert code == 0 and doc["ok"] is True  # 5/15 >= 0.3
+    checks = {c["id"]: c["checks"] for c in doc["cases"]}
+    truncated_but_parses = cases[6].id
+    assert checks[truncated_but_parses] == {"response": True, "json": True, "schema": True, "non_empty": True,
+                                            "not_truncated": False, "expected": True}
+    empty_message = cases[9].id
+    assert checks[empty_message]["schema"] is True and checks[empty_message]["non_empty"] is False
+    wrong_type = cases[10].id
+    assert checks[wrong_type]["schema"] is False and checks[wrong_type]["non_empty"] is True
+    assert results[cases[8].id]["status"] == 500
+    # every request carried the production prompt, no response_format unless asked
+    assert all("response_format" not in r for r in server.requests)
+    assert all(len(r["messages"][0]["content"]) > 6000 and r["max_tokens"] == 1024 for r in server.requests)
+
+
+def test_exit_code_follows_threshold(companion_server, tmp_path):
+    server, _, _ = companion_server
+    assert main(suite="companion", base_url=server.base_url, model="m", threshold=0.34, timeout_s=10) == 1
+    assert main(suite="companion", base_url=server.base_url, model="m", threshold=0.33, timeout_s=10) == 0
+
+
+def test_cli_all_suites_with_schema_key_and_extra_body(tmp_path, monkeypatch):
+    cases = {c.id: c for name in SUITES for c in load_suite(name)}
+
+    def handler(body):
+        case = case_of(body, cases.values())
+        return Behavior.reply(valid_reply(case.kind, case.expect.get("analyst", "mentor")))
+
+    monkeypatch.setenv("HEARTH_TEST_KEY", "sk-test-123")
+    with FakeOpenAI(handler) as server:
+        report = tmp_path / "all.json"
+        result = CliRunner().invoke(app, [
+            "eval", "all", "--base-url", server.base_url, "--model", "hearth-test", "--json-schema",
+            "--api-key-env", "HEARTH_TEST_KEY", "--extra-body", '{"chat_template_kwargs": {"enable_thinking": false}}',
+            "--report", str(report), "--concurrency", "3"])
+        assert result.exit_code == 0, result.output
+        for name in ("companion 15/15", "feed 15/15", "analysts 15/15", "overall 45/45"):
+            assert name in result.output
+        assert len(server.requests) == 45
+        for body, headers in zip(server.requests, server.headers):
+            case = case_of(body, cases.values())
+            assert body["response_format"] == response_format(case.kind)
+            assert body["chat_template_kwargs"] == {"enable_thinking": False}
+            assert body["model"] == "hearth-test" and body["stream"] is False
+            assert headers["Authorization"] == "Bearer sk-test-123"
+    doc = json.loads(report.read_text())
+    assert doc["overall"] == {**doc["overall"], "passed": 45, "total": 45, "fraction": 1.0}
+    assert "sk-test-123" not in report.read_text()
+
+
+def test_analyst_must_answer_as_itself():
+    cases = load_suite("analysts")
+    wrong = score(cases[1], ChatResult(valid_reply("analyst", "optimist"), "stop", 200, None, 0.1))
+    assert cases[1].expect == {"analyst": "cynic"}
+    assert not wrong.passed and wrong.checks["expected"] is False and "expected 'cynic'" in wrong.reason
+
+
+def test_hang_times_out_and_concurrency_is_bounded():
+    cases = load_suite("feed")[:6]
+    in_flight = {"now": 0, "max": 0}
+
+    async def handler(body):
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.05)
+        in_flight["now"] -= 1
+        if body["messages"][-1]["content"] == cases[0].user:
+            return Behavior.hang()
+        return Behavior.reply(valid_reply("feed_comment"))
+
+    async def go():
+        async with FakeOpenAI(handler) as server:
+            return await run_cases(cases, base_url=server.base_url, model="m", concurrency=2, timeout_s=0.5)
+
+    scores = asyncio.run(go())
+    assert in_flight["max"] == 2
+    assert not scores[0].passed and "timeout after 0.5s" in scores[0].reason and scores[0].status is None
+    assert 0.5 <= scores[0].latency_s < 2.0
+    assert all(s.passed for s in scores[1:])
+
+
+def test_connection_refused_is_a_failure_not_a_crash():
+    from tests.fakes.openai_server import free_port
+
+    scores = asyncio.run(run_cases(load_suite("feed")[:2], base_url=f"http://127.0.0.1:{free_port()}/v1",
+                                   model="m", timeout_s=2))
+    assert [s.passed for s in scores] == [False, False]
+    assert all(s.checks["response"] is False and s.status is None for s in scores)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "poems", "--base-url", "http://127.0.0.1:1/v1", "--model", "m"], "suite"),
+        (["eval", "feed", "--base-url", "127.0.0.1:1", "--model", "m"], "--base-url"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--threshold", "1.5"], "--threshold"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", "{x"], "--extra-body"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", "[1]"], "--extra-body"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--api-key-env", "HEARTH_UNSET_VAR_X"],
+         "HEARTH_UNSET_VAR_X"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--concurrency", "0"], "concurrency"),
+    ],
+)
+def test_bad_arguments_exit_2(args, message):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_suites_are_fifteen_production_size_cases_each():
+    for name in SUITES:
+        cases = load_suite(name)
+        assert len(cases) == 15 and len({c.id for c in cases}) == 15
+        assert all(len(c.system_prompt()) > 5000 for c in cases)
+        assert len({(c.system_prompt(), c.user) for c in cases}) == 15  # cases are distinguishable
+    assert {c.expect["analyst"] for c in load_suite("analysts")} == {
+        "optimist", "cynic", "mentor", "status_observer", "gossiper"}
+    with pytest.raises(ValueError, match="name"):
+        load_suite("poems")

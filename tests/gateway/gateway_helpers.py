@@ -1,0 +1,46 @@
+"""Shared helpers for the gateway tests: configs pointing at loopback fakes, valid envelopes."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+
+from hearth.gateway.config import GatewayConfig, config_from_dict
+
+CHAT = {"message": "Hello there.", "mood": "warm", "memories": [], "affection": 1, "trust": 0, "suggested_actions": []}
+CHAT_JSON = json.dumps(CHAT)
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+# Fault budgets: small so the suite is fast, large enough that a loaded 2-core CI box still
+# distinguishes "cost its timeout" from "hung forever". MARGIN_S is the slack allowed on top of a
+# timeout; the benchmark measures the real overhead (target <= 10 ms) on a quiet machine.
+FIRST_TOKEN_S = 0.3
+MARGIN_S = 0.25
+
+
+def provider(name: str, server, **overrides) -> dict:
+    """A provider table pointing at a FakeOpenAI `server`, with small timeouts."""
+    p = {"name": name, "base_url": server.base_url, "model": f"{name}-model",
+         "timeouts": {"connect_s": 0.5, "first_token_s": FIRST_TOKEN_S, "total_s": 1.0}}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(p.get(key), dict):
+            p[key] = {**p[key], **value}
+        else:
+            p[key] = value
+    return p
+
+
+def make_config(*providers: dict, env: dict | None = None, **gateway) -> GatewayConfig:
+    data = {"gateway": {"deadline_s": 3.0, "cooldown_s": 30.0, "breaker_failures": 3, **gateway},
+            "providers": list(providers)}
+    return config_from_dict(data, env or {})
+
+
+@contextmanager
+def stopwatch():
+    """`with stopwatch() as t: ...` then t() is the elapsed seconds."""
+    start = time.perf_counter()
+    end: list[float] = []
+    yield lambda: (end[0] if end else time.perf_counter()) - start
+    end.append(time.perf_counter())

@@ -1,0 +1,115 @@
+"""Warm gate: a cold scale-to-zero endpoint is skipped, warmed in the background, then used."""
+
+import asyncio
+import logging
+
+from hearth.gateway.chain import Chain
+from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
+from tests.gateway.gateway_helpers import CHAT_JSON, MARGIN_S, MESSAGES, make_config, provider, stopwatch
+
+GOOD = Behavior.reply(CHAT_JSON)
+PROBE_S = 0.1
+WARM = {"probe_timeout_s": PROBE_S, "ttl_s": 30.0, "warmup_budget_s": 5.0, "warmup_poll_s": 0.02,
+        "warmup_request_timeout_s": 2.0}
+
+
+def _finetune(port: int, **warm) -> dict:
+    return {"name": "ft", "base_url": f"http://127.0.0.1:{port}/v1", "model": "lora", "scale_to_zero": True,
+            "health_url": f"http://127.0.0.1:{port}/health", "warm": {**WARM, **warm},
+            "timeouts": {"connect_s": 0.5, "first_token_s": 0.3, "total_s": 1.0}}
+
+
+def test_refusing_cold_endpoint_is_skipped_warmed_then_used():
+    async def main():
+        port = free_port()
+        async with FakeOpenAI(GOOD) as hosted:
+            async with Chain(make_config(_finetune(port), provider("hosted", hosted))) as chain:
+                gate = chain.gates["ft"]
+                with stopwatch() as t:
+                    first = await chain.complete(MESSAGES, kind="chat")   # refused: cold, hosted answers
+                cold_cost = t()
+                assert gate.warming                                    # background warm-up is knocking
+                async with FakeOpenAI(GOOD, port=port) as ft:          # the container comes up
+                    await gate.wait_warmup()
+                    second = await chain.complete(MESSAGES, kind="chat")
+                    metrics = chain.metrics.render().decode()
+                    return first, cold_cost, second, len(ft.requests), ft.health_calls, metrics
+
+    first, cold_cost, second, ft_calls, health_calls, metrics = asyncio.run(main())
+    assert first.provider == "hosted" and first.attempts == [("ft", "cold"), ("hosted", "ok")]
+    assert cold_cost < PROBE_S + MARGIN_S                      # nobody waits on the cold fine-tune
+    assert second.provider == "ft" and second.attempts == [("ft", "ok")]
+    assert ft_calls == 1 and health_calls == 1                 # warm-up's knock; request 2 used the cache
+    assert 'hearth_gateway_warm_decisions_total{decision="cold",provider="ft"} 1.0' in metrics
+    assert 'hearth_gateway_warm_decisions_total{decision="warm",provider="ft"} 1.0' in metrics
+    assert 'hearth_gateway_warmups_total{outcome="ok",provider="ft"} 1.0' in metrics
+
+
+def test_hanging_cold_endpoint_shares_one_probe_and_serves_after_warmup():
+    async def main():
+        # cold start: the first health call hangs (probe times out), the warm-up's knock waits 0.4 s, then 200
+        health = [Behavior.hang(), Behavior.raw(b'{"status": "ok"}', delay_s=0.4)]
+        async with FakeOpenAI(GOOD, health=health) as ft, FakeOpenAI(GOOD) as hosted:
+            ft_cfg = _finetune(ft.port)
+            async with Chain(make_config(ft_cfg, provider("hosted", hosted))) as chain:
+                with stopwatch() as t:
+                    burst = await asyncio.gather(*(chain.complete(MESSAGES, kind="chat") for _ in range(20)))
+                burst_cost = t()
+                await chain.gates["ft"].wait_warmup()
+                later = await chain.complete(MESSAGES, kind="chat")
+                return burst, burst_cost, later, ft.health_calls, len(ft.requests), chain.status()[0]
+
+    burst, burst_cost, later, health_calls, ft_calls, status = asyncio.run(main())
+    assert {r.provider for r in burst} == {"hosted"}
+    assert burst_cost < PROBE_S + MARGIN_S                     # the whole burst waited one short probe
+    assert health_calls == 2                                   # one shared probe + one warm-up knock: no stampede
+    assert later.provider == "ft" and ft_calls == 1
+    assert status["warm_gate"]["warm"] is True and status["warm_gate"]["warming"] is False
+
+
+def test_warm_gated_provider_goes_first_even_when_listed_later():
+    async def main():
+        async with FakeOpenAI(GOOD) as ft, FakeOpenAI(GOOD) as hosted:
+            cfg = make_config(provider("hosted", hosted), _finetune(ft.port))
+            async with Chain(cfg) as chain:
+                results = [await chain.complete(MESSAGES, kind="chat") for _ in range(3)]
+                return results, ft.health_calls
+
+    results, health_calls = asyncio.run(main())
+    assert [r.provider for r in results] == ["ft"] * 3
+    assert health_calls == 1                                   # answer cached for ttl_s
+
+
+def test_failed_warmup_is_logged_and_counted_not_swallowed(caplog):
+    async def main():
+        async with FakeOpenAI(GOOD, health=Behavior.status(503)) as ft, FakeOpenAI(GOOD) as hosted:
+            cfg = make_config(_finetune(ft.port, warmup_budget_s=0.2), provider("hosted", hosted))
+            async with Chain(cfg) as chain:
+                result = await chain.complete(MESSAGES, kind="chat")
+                await chain.gates["ft"].wait_warmup()
+                await asyncio.sleep(0)  # let the done-callback run
+                return result, chain.metrics.render().decode(), chain.gates["ft"].state()
+
+    with caplog.at_level(logging.ERROR, logger="hearth.gateway.warm"):
+        result, metrics, state = asyncio.run(main())
+    assert result.provider == "hosted"
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors and "warm-warmup-ft" in errors[0].getMessage() and "HTTP 503" in errors[0].getMessage()
+    assert 'hearth_gateway_warmups_total{outcome="failed",provider="ft"} 1.0' in metrics
+    assert state["warm"] is False and state["last_error"] == "health answered HTTP 503"
+
+
+def test_aclose_cancels_a_running_warmup():
+    async def main():
+        async with FakeOpenAI(GOOD, health=Behavior.hang()) as ft, FakeOpenAI(GOOD) as hosted:
+            chain = Chain(make_config(_finetune(ft.port), provider("hosted", hosted)))
+            await chain.start()
+            await chain.complete(MESSAGES, kind="chat")
+            gate = chain.gates["ft"]
+            assert gate.warming
+            with stopwatch() as t:
+                await chain.aclose()
+            return t(), gate.warming
+
+    elapsed, warming = asyncio.run(main())
+    assert elapsed < 0.5 and warming is False

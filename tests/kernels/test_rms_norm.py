@@ -1,0 +1,120 @@
+"""hearth.kernels.rms_norm against an fp32 PyTorch reference (interpreter on CPU, real shapes on GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hearth.kernels.rms_norm import rms_norm
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+
+
+def reference(x, w, eps=1e-6):
+    x32 = x.float()
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+def check_fwd_bwd(x, w, dtype, eps=1e-6, grad_scale=2.0):
+    """Forward and every gradient vs the fp32 reference on the same (rounded) inputs."""
+    x = x.detach().requires_grad_()
+    w = w.detach().requires_grad_()
+    y = rms_norm(x, w, eps)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    dy = torch.randn_like(y)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    xr = x.detach().float().requires_grad_()
+    wr = w.detach().float().requires_grad_()
+    yr = reference(xr, wr, eps)
+    dxr, dwr = torch.autograd.grad(yr, (xr, wr), dy.float())
+    assert_close(y, yr, dtype, msg="y")
+    assert_close(dx, dxr, dtype, scale=grad_scale, msg="dx")
+    # dw sums over rows, but in fp32: its error is one final rounding, so no extra allowance.
+    assert_close(dw, dwr, dtype, scale=grad_scale, msg="dw")
+    assert dw.dtype == w.dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 80), (17, 130), (2, 3, 64)], ids=["1row", "17rows_130", "3d"])
+def test_matches_fp32_reference(dtype, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEVICE, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], device=DEVICE)).to(dtype)
+    check_fwd_bwd(x, w, dtype)
+
+
+def test_fp32_weight_with_bf16_input():
+    torch.manual_seed(1)
+    x = torch.randn(5, 80, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(80, device=DEVICE, dtype=torch.float32)
+    check_fwd_bwd(x, w, torch.bfloat16)
+
+
+def test_many_rows_exercise_the_persistent_grid_tail():
+    # 37 rows over 4 x 4 interpreter "SMs": rows_per_program 4, last program has a masked tail.
+    torch.manual_seed(2)
+    x = torch.randn(37, 24, device=DEVICE)
+    check_fwd_bwd(x, torch.randn(24, device=DEVICE), torch.float32)
+
+
+def test_row_strided_and_non_contiguous_inputs():
+    torch.manual_seed(3)
+    base = torch.randn(9, 100, device=DEVICE)
+    w = torch.randn(80, device=DEVICE)
+    check_fwd_bwd(base[:, :80], w, torch.float32)  # row stride 100, read in place
+    check_fwd_bwd(torch.randn(80, 9, device=DEVICE).t(), w, torch.float32)  # feature stride 9: copied
+
+
+def test_zero_rows_give_empty_output_and_zero_weight_grad():
+    x = torch.randn(0, 16, device=DEVICE, requires_grad=True)
+    w = torch.randn(16, device=DEVICE, requires_grad=True)
+    y = rms_norm(x, w)
+    assert y.shape == (0, 16)
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros(16, device=DEVICE))
+
+
+def test_wrong_dtype_names_x():
+    with pytest.raises(TypeError, match=r"^x\b"):
+        rms_norm(torch.ones(2, 4, dtype=torch.int32, device=DEVICE), torch.ones(4, device=DEVICE))
+
+
+def test_weight_length_mismatch_names_weight():
+    with pytest.raises(ValueError, match=r"^weight\b"):
+        rms_norm(torch.ones(2, 4, device=DEVICE), torch.ones(5, device=DEVICE))
+
+
+def test_weight_on_other_device_names_weight():
+    with pytest.raises(ValueError, match=r"^weight\b"):
+        rms_norm(torch.ones(2, 4, device=DEVICE), torch.ones(4, device="meta"))
+
+
+def test_zero_width_rows_name_x():
+    with pytest.raises(ValueError, match=r"^x\b"):
+        rms_norm(torch.ones(2, 0, device=DEVICE), torch.ones(0, device=DEVICE))
+
+
+def test_bad_eps_names_eps():
+    with pytest.raises(ValueError, match=r"^eps\b"):
+        rms_norm(torch.ones(2, 4, device=DEVICE), torch.ones(4, device=DEVICE), eps=-1.0)
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(4)
+    x = torch.randn(3, 48, device=DEVICE, requires_grad=True)
+    w = torch.randn(48, device=DEVICE, requires_grad=True)
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+    fn = torch.compile(lambda a, b: rms_norm(a, b).square().sum(), backend=backend, fullgraph=True)
+    gx, gw = torch.autograd.grad(fn(x, w), (x, w))
+    ex, ew = torch.autograd.grad(rms_norm(x, w).square().sum(), (x, w))
+    assert_close(gx, ex, torch.float32)
+    assert_close(gw, ew, torch.float32)
+
+
+@gpu_only
+@pytest.mark.parametrize("n", [4096, 5120, 17408])
+def test_real_shapes_bf16(n):
+    torch.manual_seed(5)
+    m = 32768 if n == 4096 else 4096
+    x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
+    check_fwd_bwd(x, w, torch.bfloat16, grad_scale=4.0)

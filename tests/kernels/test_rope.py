@@ -1,0 +1,166 @@
+"""hearth.kernels.rope (rotate-half) against an fp32 PyTorch reference, GQA and strided layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hearth.kernels.rope import rope
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def reference(x, cos, sin):
+    # cos/sin [B or 1, T, D] broadcast over heads: [B or 1, 1, T, D]
+    c, s = cos.float()[:, None], sin.float()[:, None]
+    return x.float() * c + rotate_half(x.float()) * s
+
+
+def tables(batch, t, d, dtype, offset=0.0):
+    """Llama-style cos/sin tables (both halves equal), positions shifted per batch row by `offset`."""
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    pos = torch.arange(t, device=DEVICE).float()[None, :, None] + offset * torch.arange(batch, device=DEVICE)[:, None, None]
+    freqs = pos * inv
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def make_qk(b, hq, hk, t, d, dtype, hf_layout):
+    if hf_layout:  # [B, T, H, D] transposed to [B, H, T, D]: non-contiguous, read through strides
+        q = torch.randn(b, t, hq, d, device=DEVICE).to(dtype).transpose(1, 2)
+    else:
+        q = torch.randn(b, hq, t, d, device=DEVICE).to(dtype)
+    k = torch.randn(b, hk, t, d, device=DEVICE).to(dtype)
+    return q, k
+
+
+def check_fwd_bwd(q, k, cos, sin, dtype):
+    q = q.detach().requires_grad_()
+    k = k.detach().requires_grad_()
+    qo, ko = rope(q, k, cos, sin)
+    assert qo.shape == q.shape and ko.shape == k.shape and qo.dtype == q.dtype
+    dq_out, dk_out = torch.randn_like(qo), torch.randn_like(ko)
+    dq, dk = torch.autograd.grad((qo, ko), (q, k), (dq_out, dk_out))
+    qr, kr = q.detach().float().requires_grad_(), k.detach().float().requires_grad_()
+    qor, kor = reference(qr, cos, sin), reference(kr, cos, sin)
+    dqr, dkr = torch.autograd.grad((qor, kor), (qr, kr), (dq_out.float(), dk_out.float()))
+    assert_close(qo, qor, dtype, msg="q_rot")
+    assert_close(ko, kor, dtype, msg="k_rot")
+    assert_close(dq, dqr, dtype, msg="dq")
+    assert_close(dk, dkr, dtype, msg="dk")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cos_batch", [1, 2], ids=["cos_b1", "cos_bB"])
+@pytest.mark.parametrize("hf_layout", [False, True], ids=["bhtd", "bthd_transposed"])
+def test_gqa_matches_fp32_reference(dtype, cos_batch, hf_layout):
+    torch.manual_seed(0)
+    q, k = make_qk(2, 4, 2, 5, 16, dtype, hf_layout)
+    cos, sin = tables(cos_batch, 5, 16, dtype, offset=3.0)
+    check_fwd_bwd(q, k, cos, sin, dtype)
+
+
+def test_head_dim_not_a_power_of_two_and_one_token():
+    torch.manual_seed(1)
+    q, k = make_qk(1, 3, 1, 1, 12, torch.float32, False)
+    check_fwd_bwd(q, k, *tables(1, 1, 12, torch.float32), torch.float32)
+
+
+def test_general_tables_get_the_exact_transpose_in_backward():
+    # cos/sin halves that differ (not a Llama table): the backward must still be R^T exactly.
+    torch.manual_seed(2)
+    q, k = make_qk(2, 2, 2, 3, 8, torch.float32, False)
+    cos, sin = torch.randn(2, 3, 8, device=DEVICE), torch.randn(2, 3, 8, device=DEVICE)
+    check_fwd_bwd(q, k, cos, sin, torch.float32)
+
+
+def test_output_keeps_the_input_layout():
+    q, k = make_qk(1, 2, 1, 4, 8, torch.float32, True)
+    qo, _ = rope(q, k, *tables(1, 4, 8, torch.float32))
+    assert qo.stride() == q.stride()
+
+
+def test_backward_of_forward_is_the_identity():
+    # R^T R = I for rotations: feeding rope(x) back as the upstream gradient returns x.
+    torch.manual_seed(3)
+    q, k = make_qk(2, 4, 2, 6, 16, torch.float32, True)
+    q.requires_grad_()
+    k.requires_grad_()
+    cos, sin = tables(2, 6, 16, torch.float32, offset=5.0)
+    qo, ko = rope(q, k, cos, sin)
+    q_back, k_back = torch.autograd.grad((qo, ko), (q, k), (qo.detach(), ko.detach()))
+    assert_close(q_back, q, torch.float32)
+    assert_close(k_back, k, torch.float32)
+
+
+def test_odd_head_dim_names_q():
+    q, k = torch.ones(1, 2, 3, 5, device=DEVICE), torch.ones(1, 1, 3, 5, device=DEVICE)
+    cos = torch.ones(1, 3, 5, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^q\b"):
+        rope(q, k, cos, cos)
+
+
+def test_cos_wrong_length_names_cos():
+    q, k = torch.ones(1, 2, 3, 4, device=DEVICE), torch.ones(1, 1, 3, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^cos\b"):
+        rope(q, k, torch.ones(1, 2, 4, device=DEVICE), torch.ones(1, 3, 4, device=DEVICE))
+
+
+def test_sin_batch_mismatch_names_sin():
+    q, k = torch.ones(2, 2, 3, 4, device=DEVICE), torch.ones(2, 1, 3, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^sin\b"):
+        rope(q, k, torch.ones(2, 3, 4, device=DEVICE), torch.ones(3, 3, 4, device=DEVICE))
+
+
+def test_k_shape_mismatch_names_k():
+    q, k = torch.ones(1, 2, 3, 4, device=DEVICE), torch.ones(1, 1, 2, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^k\b"):
+        rope(q, k, torch.ones(1, 3, 4, device=DEVICE), torch.ones(1, 3, 4, device=DEVICE))
+
+
+def test_dtype_mismatch_names_k():
+    q, k = torch.ones(1, 2, 3, 4, device=DEVICE), torch.ones(1, 1, 3, 4, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"^k\b"):
+        rope(q, k, torch.ones(1, 3, 4, device=DEVICE), torch.ones(1, 3, 4, device=DEVICE))
+
+
+def test_cos_on_other_device_names_cos():
+    q, k = torch.ones(1, 2, 3, 4, device=DEVICE), torch.ones(1, 1, 3, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^cos\b"):
+        rope(q, k, torch.ones(1, 3, 4, device="meta"), torch.ones(1, 3, 4, device=DEVICE))
+
+
+def test_empty_q_names_q():
+    q, k = torch.ones(1, 2, 0, 4, device=DEVICE), torch.ones(1, 1, 0, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^q\b"):
+        rope(q, k, torch.ones(1, 0, 4, device=DEVICE), torch.ones(1, 0, 4, device=DEVICE))
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(4)
+    q, k = make_qk(1, 4, 2, 3, 8, torch.float32, True)
+    q.requires_grad_()
+    k.requires_grad_()
+    cos, sin = tables(1, 3, 8, torch.float32)
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+
+    def loss(q, k, cos, sin):
+        qo, ko = rope(q, k, cos, sin)
+        return qo.square().sum() + (ko * 3).sum()
+
+    got = torch.autograd.grad(torch.compile(loss, backend=backend, fullgraph=True)(q, k, cos, sin), (q, k))
+    want = torch.autograd.grad(loss(q, k, cos, sin), (q, k))
+    for g, w in zip(got, want):
+        assert_close(g, w, torch.float32)
+
+
+@gpu_only
+@pytest.mark.parametrize("hf_layout", [False, True], ids=["bhtd", "bthd_transposed"])
+def test_real_shape_bf16(hf_layout):
+    torch.manual_seed(5)
+    q, k = make_qk(4, 32, 8, 4096, 128, torch.bfloat16, hf_layout)
+    check_fwd_bwd(q, k, *tables(1, 4096, 128, torch.bfloat16), torch.bfloat16)

@@ -1,0 +1,146 @@
+"""hearth.kernels.softmax against an fp32 PyTorch reference (CPU interpreter at tiny shapes; real
+shapes on CUDA only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hearth.kernels.softmax as sm
+from hearth.kernels.softmax import softmax
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+
+
+def _check(x_fp32: torch.Tensor, dtype: torch.dtype, dim: int = -1, seed: int = 0) -> None:
+    """Forward and input gradient of softmax(x.to(dtype), dim) vs torch in fp32 from the same values."""
+    x = x_fp32.to(dtype).detach().requires_grad_()
+    y = softmax(x, dim)
+    assert y.dtype == dtype and y.shape == x.shape
+    x_ref = x.detach().float().requires_grad_()
+    y_ref = torch.softmax(x_ref, dim)
+    assert_close(y, y_ref, dtype, msg="forward")
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dy = torch.randn(x.shape, generator=gen).to(x.device)
+    y.backward(dy.to(dtype))
+    y_ref.backward(dy.to(dtype).float())
+    assert_close(x.grad, x_ref.grad, dtype, scale=2.0, msg="grad")
+
+
+@pytest.fixture
+def wide_path(monkeypatch):
+    """Force the chunked (online max/sum, reverse second loop) kernels at tiny widths."""
+    monkeypatch.setattr(sm, "ONEPASS_MAX_COLS", 64)
+    monkeypatch.setattr(sm, "WIDE_CHUNK", 32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 7), (17, 4099), (4, 3, 33)])
+def test_matches_reference(shape, dtype):
+    _check(torch.randn(shape, device=DEVICE) * 4, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 65), (5, 301), (2, 3, 128)])
+def test_wide_path_matches_reference(wide_path, shape, dtype):
+    assert sm._config(shape[-1])[0], "the chunked kernels must be the ones under test"
+    _check(torch.randn(shape, device=DEVICE) * 4, dtype)
+
+
+def test_wide_path_leading_masked_chunk(wide_path):
+    # A first chunk of all -inf (e.g. a masked prefix) must not turn the running sum into nan.
+    x = torch.randn(3, 200, device=DEVICE)
+    x[:, :70] = float("-inf")
+    y = softmax(x)
+    assert_close(y, torch.softmax(x, -1), torch.float32)
+    assert torch.all(y[:, :70] == 0)
+
+
+@pytest.mark.parametrize("use_wide", [False, True])
+def test_rows_sum_to_one(monkeypatch, use_wide):
+    if use_wide:
+        monkeypatch.setattr(sm, "ONEPASS_MAX_COLS", 64)
+        monkeypatch.setattr(sm, "WIDE_CHUNK", 32)
+    x = torch.randn(9, 257, device=DEVICE) * 10
+    y = softmax(x)
+    assert torch.all(y >= 0)
+    torch.testing.assert_close(y.sum(-1), torch.ones(9, device=DEVICE), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1, -3])
+def test_any_dim(dim):
+    _check(torch.randn(5, 6, 37, device=DEVICE), torch.float32, dim=dim)
+
+
+def test_non_contiguous_inputs():
+    base = torch.randn(37, 12, device=DEVICE)
+    _check(base.t(), torch.float32)  # column stride 37: copied to contiguous rows
+    _check(base[:, ::2], torch.float32)  # row stride 24, column stride 2
+    _check(torch.randn(8, 40, device=DEVICE)[::2, 3:], torch.float32)  # strided rows, read in place
+
+
+def test_does_not_modify_input():
+    x = torch.randn(4, 50, device=DEVICE)
+    before = x.clone()
+    softmax(x)
+    assert torch.equal(x, before)
+
+
+def test_empty_input_gives_empty_output():
+    x = torch.empty(0, 5, device=DEVICE, requires_grad=True)
+    y = softmax(x)
+    assert y.shape == (0, 5)
+    y.sum().backward()
+    assert x.grad.shape == (0, 5)
+
+
+@pytest.mark.parametrize(
+    "call, exc, name",
+    [
+        (lambda: softmax([1.0, 2.0]), TypeError, "x"),
+        (lambda: softmax(torch.ones(3, 4, dtype=torch.int32, device=DEVICE)), TypeError, "x"),
+        (lambda: softmax(torch.ones(3, 4, dtype=torch.float64, device=DEVICE)), TypeError, "x"),
+        (lambda: softmax(torch.tensor(1.0, device=DEVICE)), ValueError, "x"),
+        (lambda: softmax(torch.ones(3, 4, device=DEVICE), dim=2), ValueError, "dim"),
+        (lambda: softmax(torch.ones(3, 4, device=DEVICE), dim=-3), ValueError, "dim"),
+        (lambda: softmax(torch.ones(3, 4, device=DEVICE), dim=1.0), TypeError, "dim"),
+        (lambda: softmax(torch.ones(3, 4, device="meta")), ValueError, "x"),
+    ],
+)
+def test_bad_input_names_the_argument(call, exc, name):
+    with pytest.raises(exc, match=rf"\b{name}\b"):
+        call()
+
+
+def test_compile_fullgraph_cpu_or_gpu():
+    """torch.compile(fullgraph=True) over softmax: no graph break, same values and gradients."""
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+    torch._dynamo.reset()
+
+    def f(x):
+        return (softmax(x, 0) * x).sum() + softmax(x * 2.0, -1).pow(2).sum()
+
+    x = torch.randn(6, 70, device=DEVICE, requires_grad=True)
+    out = torch.compile(f, fullgraph=True, backend=backend)(x)
+    out.backward()
+    x_ref = x.detach().clone().requires_grad_()
+    ref = (torch.softmax(x_ref, 0) * x_ref).sum() + torch.softmax(x_ref * 2.0, -1).pow(2).sum()
+    ref.backward()
+    assert_close(out, ref, torch.float32, scale=10)
+    assert_close(x.grad, x_ref.grad, torch.float32, scale=10)
+
+
+# ------------------------------------------------------------------------------- real shapes (GPU)
+@gpu_only
+@pytest.mark.parametrize("shape", [(16384, 8192), (4096, 262144)])
+def test_real_shapes_bf16(shape):
+    torch.manual_seed(0)
+    x = (torch.randn(shape, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
+    assert sm._config(shape[1])[0] == (shape[1] > sm.ONEPASS_MAX_COLS)
+    y = softmax(x)
+    ref = torch.softmax(x.detach().float(), -1)
+    assert_close(y, ref, torch.bfloat16)
+    torch.testing.assert_close(y.float().sum(-1), torch.ones(shape[0], device="cuda"), atol=2e-2, rtol=0)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref_grad = ref * (dy.float() - (dy.float() * ref).sum(-1, keepdim=True))
+    assert_close(x.grad, ref_grad, torch.bfloat16, scale=2.0)
