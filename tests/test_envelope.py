@@ -136,7 +136,7 @@ def test_repair_only_removes_wrapping(text_):
     assert out in text_  # a contiguous piece of the input: nothing invented, nothing reordered
 
 
-@pytest.mark.parametrize("text_", ["[" * 100_00, "{" * 5000, '{"a":' * 3000, "1" * 5000, "\x00" * 10, "nan"])
+@pytest.mark.parametrize("text_", ["[" * 10_000, "{" * 5000, '{"a":' * 3000, "1" * 5000, "\x00" * 10, "nan"])
 def test_pathological_inputs_raise_envelope_error(text_):
     with pytest.raises(EnvelopeError) as info:
         parse_envelope(text_, "chat")

@@ -347,7 +347,9 @@ def rehearsal_system_prompt(*, name: str, personality: str, backstory: str, rela
         f"play {name} as realistically as you can from the user's description, including the reactions the "
         "user is nervous about. Do not make it easy, and do not make it cruel: react the way this person "
         f"plausibly would. You are {name}, not a companion and not a coach, in your message.\n"
-        f"Personality: {personality}\nBackstory: {backstory}\nRelationship to the user: {relationship}",
+        f"Personality: {personality}\nBackstory: {backstory}\nRelationship to the user: {relationship}\n"
+        f"The user's shared context below is background so you can play {name} realistically. {name} knows only "
+        f"what {name} would plausibly know: never mention private details {name} could not have heard.",
         _shared_block(shared_context),
         "## What the app does with your reply\n"
         f"The app shows your message as {name}'s reply and your mood as {name}'s mood. Affection and trust say "

@@ -84,6 +84,11 @@ def test_each_reply_shape_is_scored(companion_server, tmp_path):
             assert reason in got["reason"], (case_id, got["reason"])
     assert doc["suites"]["companion"]["passed"] == 5 and doc["suites"]["companion"]["total"] == 15
     assert doc["suites"]["companion"]["repaired"] == 4  # fence, two think blocks, chatter
+    # counted by hand from the script: e.g. json passes for the 5 clean/wrapped replies, the parseable
+    # truncated one, the blank message and the string-typed trust; not_truncated is unknown (None) when
+    # no completion arrived (500, malformed body) and False for the two finish_reason=length replies
+    assert doc["suites"]["companion"]["checks"] == {"response": 12, "json": 8, "schema": 7, "non_empty": 7,
+                                                    "not_truncated": 11, "expected": 6}
     assert code == 0 and doc["ok"] is True  # 5/15 >= 0.3
     checks = {c["id"]: c["checks"] for c in doc["cases"]}
     truncated_but_parses = cases[6].id

@@ -35,3 +35,13 @@ def build_tokenizer(out_dir: Path, texts: Iterable[str], *, vocab_size: int = 12
     out_dir = Path(out_dir)
     wrapped.save_pretrained(str(out_dir))
     return out_dir
+
+
+if __name__ == "__main__":  # python -m tests.train.envelope_tokenizer OUT_DIR [CORPUS.jsonl]
+    import sys
+
+    from hearth.train.corpus import read_corpus
+
+    corpus = Path(sys.argv[2]) if len(sys.argv) > 2 else TEMPLATE_PATH.parent / "example_corpus.jsonl"
+    examples = read_corpus(corpus.read_text(encoding="utf-8").splitlines()).examples
+    print(build_tokenizer(Path(sys.argv[1]), [e.rendered.text for e in examples]))

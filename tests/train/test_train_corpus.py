@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from hearth.cli import app
-from hearth.envelope import MODELS, dumps, parse_envelope
+from hearth.envelope import MODELS, ChatReply, dumps, parse_envelope
 from hearth.prompts import system_prompt_for
 from hearth.train.chat_format import EMPTY_THINK, render
 from hearth.train.corpus import (
@@ -200,3 +202,39 @@ def test_cli_bad_arguments(tmp_path):
     assert result.exit_code == 2 and "input" in result.output
     result = runner.invoke(app, ["corpus", "build", str(EXAMPLE), str(tmp_path / "o"), "--tokenizer", str(tmp_path)])
     assert result.exit_code == 2 and "tokenizer" in result.output
+
+
+def test_a_different_chat_template_is_reported(corpus, tokenizer_dir):
+    from hearth.train.corpus import _template_check
+
+    tok = load_tokenizer(tokenizer_dir)  # a private copy: the template is changed below
+    # a template that keeps the think block on history replies too (not what Qwen3 does)
+    tok.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' -}}"
+        "{%- if m.role == 'assistant' -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+        "{{- m.content + '<|im_end|>\\n' -}}{%- endfor -%}")
+    check = _template_check(tok, corpus.examples)
+    assert check["chat_template_matches"] is False
+    assert check["chat_template_mismatches"] == ["wren-tama-scholarship#3"]  # the only example with history
+
+
+@settings(max_examples=60, deadline=None)
+@given(replies=st.lists(st.builds(
+    ChatReply, message=st.text(min_size=1, max_size=80).map(str.strip).filter(bool),
+    mood=st.sampled_from(["warm", "dry", "worried"]), memories=st.lists(st.text(max_size=30).map(str.strip).filter(bool), max_size=2),
+    affection=st.integers(-2, 2), trust=st.integers(-2, 2), suggested_actions=st.just([])), min_size=1, max_size=3))
+def test_any_valid_conversation_trains_on_exactly_its_envelopes(replies):
+    turns = []
+    for i, reply in enumerate(replies):
+        turns += [{"role": "user", "content": f"turn {i}"}, {"role": "assistant", "envelope": reply.model_dump()}]
+    conv = {"id": "p", "kind": "chat", "persona": "mina", "world_view": "grounded", "stage": "friend", "turns": turns}
+    try:
+        examples = conversation_examples(conv)
+    except CorpusError as exc:  # only control strings inside the text may refuse a valid envelope
+        assert "control string" in exc.reason
+        return
+    assert len(examples) == len(replies)
+    for example, reply in zip(examples, replies):
+        (a, b), = example.rendered.spans
+        assert example.rendered.text[a:b] == EMPTY_THINK + dumps(reply) + "<|im_end|>"
+        assert example.rendered.text[b:] == "\n"

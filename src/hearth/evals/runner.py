@@ -23,7 +23,7 @@ import httpx
 
 from hearth.envelope import response_format
 from hearth.evals.client import chat_completion
-from hearth.evals.scoring import CaseScore, score
+from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
 
 
@@ -78,6 +78,7 @@ def summarize(scores: list[CaseScore]) -> dict:
         return {
             "passed": passed, "total": len(items), "fraction": passed / len(items) if items else 0.0,
             "repaired": sum(s.repaired for s in items),
+            "checks": {c: sum(s.checks.get(c) is True for s in items) for c in CHECKS},
             "latency_s": {"p50": round(statistics.median(lat), 4), "p95": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4),
                           "max": round(lat[-1], 4)} if lat else {},
         }
@@ -95,6 +96,13 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
         lat = s["latency_s"]
         console.print(f"[bold]{name}[/bold] {s['passed']}/{s['total']}  "
                       f"(repaired {s['repaired']}, latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s)")
+    checks = Table(title="checks passed per suite")
+    checks.add_column("suite")
+    for c in CHECKS:
+        checks.add_column(c, justify="right")
+    for name, s in summary["suites"].items():
+        checks.add_row(name, *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
+    console.print(checks)
     failures = [s for s in scores if not s.passed]
     if failures:
         table = Table(title="failures")

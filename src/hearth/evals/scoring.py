@@ -70,10 +70,12 @@ def score(case: Case, result: ChatResult) -> CaseScore:
         except EnvelopeError as exc:
             checks["json"] = False
             reasons.append(exc.reason)
-        except (ValueError, RecursionError) as exc:
+        except json.JSONDecodeError as exc:
             checks["json"] = False
-            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-            reasons.append(f"not valid JSON: {msg}")
+            reasons.append(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting deeper than the stack
+            checks["json"] = False
+            reasons.append(f"not valid JSON: {type(exc).__name__}")
 
     if checks["json"]:
         try:

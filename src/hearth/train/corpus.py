@@ -177,7 +177,7 @@ def tokenize(tokenizer, rendered: Rendered) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def template_matches(tokenizer, example: Example, system: str | None = None) -> bool | None:
+def template_matches(tokenizer, example: Example) -> bool | None:
     """Whether the tokenizer's own chat template renders ``example`` identically (None: no template)."""
     if not getattr(tokenizer, "chat_template", None):
         return None
@@ -200,6 +200,15 @@ def _messages_from_text(text: str) -> list[dict[str, str]]:
             content = content.split("</think>")[-1].lstrip("\n")
         out.append({"role": role, "content": content})
     return out
+
+
+def _template_check(tok, examples: list[Example]) -> dict:
+    """chat_template_matches: True when the tokenizer's template renders every example identically,
+    False when any differs (their ids, up to 10, in chat_template_mismatches), None without a template."""
+    if tok is None or not getattr(tok, "chat_template", None) or not examples:
+        return {"chat_template_matches": None, "chat_template_mismatches": []}
+    wrong = [e.id for e in examples if not template_matches(tok, e)]
+    return {"chat_template_matches": not wrong, "chat_template_mismatches": wrong[:10]}
 
 
 # ------------------------------------------------------------------------------------------ build
@@ -250,8 +259,8 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         "conversations": result.conversations, "accepted": result.conversations - len(result.rejected),
         "rejected": len(result.rejected), "examples": len(rows), "examples_by_kind": by_kind,
         "length": _length_stats(lengths), "trained": _length_stats(trained),
-        "chat_template_matches": template_matches(tok, result.examples[0]) if tok is not None and result.examples else None,
     }
+    stats.update(_template_check(tok, result.examples))
     _write_jsonl(out_dir / "train.jsonl", rows)
     _write_jsonl(out_dir / "rejected.jsonl", result.rejected)
     _write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
@@ -297,6 +306,6 @@ def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None) 
     console.print(table)
     if stats["chat_template_matches"] is False:
         console.print("[yellow]warning:[/yellow] the tokenizer's chat template renders differently from "
-                      "hearth's Qwen3 renderer; check docs/corpus.md before training")
+                      f"hearth's Qwen3 renderer for {stats['chat_template_mismatches']}; check docs/corpus.md before training")
     console.print(f"wrote {out_dir}/train.jsonl, rejected.jsonl, stats.json")
     return 0
