@@ -8,12 +8,12 @@
 #     bash scripts/gpu/bench_all.sh softmax rms_norm     # a subset; merge later on the workstation:
 #     hearth bench --report-only --out benchmarks/h200 --merge <unpacked dir 1> --merge <unpacked dir 2>
 #
-# Env: OUT (required), BUDGET_S (total seconds for the benchmark, default 420), BENCH_ARGS (extra
+# Env: OUT (required), BUDGET_S (total seconds for the benchmark, default 390), BENCH_ARGS (extra
 # arguments for every `hearth bench` call, e.g. "--dtype float16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
-BUDGET_S=${BUDGET_S:-420}
+BUDGET_S=${BUDGET_S:-390}
 export PYTHONPATH=src
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
@@ -23,20 +23,28 @@ ops=("$@")
 dest="$OUT/bench"
 mkdir -p "$dest"
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv; } > "$dest/nvidia-smi.txt" 2>&1 || true
+# relative cost of each op's headline cases (cases x torch.compile graphs), to split the budget
+declare -A weight=([softmax]=3 [cross_entropy]=2 [linear_cross_entropy]=3 [rms_norm]=1 [layer_norm]=1 [rope]=1
+                   [swiglu]=1 [swiglu_mlp]=1 [attention]=3 [matmul]=1)
 start=$SECONDS
 rc=0
 for i in "${!ops[@]}"; do
   left=$(( BUDGET_S - (SECONDS - start) ))
-  share=$(( left / (${#ops[@]} - i) ))
+  w_rest=0
+  for op in "${ops[@]:$i}"; do w_rest=$(( w_rest + ${weight[$op]:-1} )); done
+  share=$(( left * ${weight[${ops[$i]}]:-1} / w_rest ))
   [ $share -ge 10 ] || share=10
   echo "=== ${ops[$i]}: ${share} s budget ($left s left) ==="
   # shellcheck disable=SC2086
-  python3 -m hearth.cli bench "${ops[$i]}" --sizes headline --out "$dest" --total-budget-s "$share" ${BENCH_ARGS:-} \
+  python3 -m hearth.bench "${ops[$i]}" --sizes headline --out "$dest" --total-budget-s "$share" --no-report ${BENCH_ARGS:-} \
     >> "$dest/bench.log" 2>&1
   r=$?
   [ $r -eq 0 ] || { echo "  exit $r (see bench.log)"; rc=$r; }
   tail -n 20 "$dest/bench.log" | grep -E "^${ops[$i]} " | tail -n 8
 done
+python3 -m hearth.bench --report-only --out "$dest" >> "$dest/bench.log" 2>&1 || { echo "report failed (see bench.log)"; rc=1; }
+# the reply shows the end of the output: the summary (headline table, losses) goes last
+[ -f "$dest/summary.md" ] && tail -c 9000 "$dest/summary.md"
 tar -czf "$OUT/bench-results.tgz" -C "$OUT" bench && rm -rf "$dest"
 echo "total $(( SECONDS - start )) s; results: bench-results.tgz (unpack: tar -xzf bench-results.tgz)"
 exit $rc

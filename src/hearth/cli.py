@@ -45,11 +45,12 @@ def inspect(
     shape: Annotated[Optional[str], typer.Option("--shape", help="problem shape, e.g. 4096x4096x4096")] = None,
     dtype: Annotated[str, typer.Option("--dtype")] = "bfloat16",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the per-kernel report as JSON here")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="compile offline for this GPU (e.g. sm_90), no CUDA needed")] = None,
 ) -> None:
     """Compile an op's kernels for this GPU and report its instruction mix (tensor cores, registers, spills)."""
     from hearth.inspect import main
 
-    raise typer.Exit(main(op=op, shape=shape, dtype=dtype, json_out=json_out))
+    raise typer.Exit(main(op=op, shape=shape, dtype=dtype, json_out=json_out, arch=arch))
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -113,6 +114,28 @@ def serve(
     from hearth.app.main import serve as run
 
     raise typer.Exit(run(config=config, database_url=database_url, host=host, port=port))
+
+
+@app.command()
+def train(
+    corpus: Annotated[Path, typer.Option("--corpus", help="OUT_DIR/train.jsonl from `hearth corpus build --tokenizer ...`")],
+    model: Annotated[Path, typer.Option("--model", help="local model directory (or, with --random-init, a config JSON)")],
+    out: Annotated[Path, typer.Option("--out", help="adapter directory (peft save_pretrained + metrics.json)")],
+    max_steps: Annotated[int, typer.Option("--max-steps", help="optimizer steps, one example each")] = 100,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate")] = 2e-4,
+    rank: Annotated[int, typer.Option("--rank", help="LoRA rank r")] = 16,
+    alpha: Annotated[float, typer.Option("--alpha", help="LoRA alpha")] = 32.0,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="tokens per example at most (longer ones keep their end)")] = 4096,
+    memory_budget_gib: Annotated[Optional[float], typer.Option("--memory-budget-gib", help="picks activation checkpointing (default: 90% of the GPU)")] = None,
+    no_patch: Annotated[bool, typer.Option("--no-patch", help="train without hearth's kernels (plain transformers)")] = False,
+    random_init: Annotated[bool, typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = False,
+) -> None:
+    """LoRA fine-tune on the envelope corpus with hearth's kernels patched in; saves the adapter."""
+    from hearth.train.finetune import main
+
+    raise typer.Exit(main(corpus=corpus, model=model, out=out, max_steps=max_steps, lr=lr, rank=rank, alpha=alpha,
+                          seq_len=seq_len, memory_budget_gib=memory_budget_gib, patch=not no_patch,
+                          random_init=random_init))
 
 
 if __name__ == "__main__":  # pragma: no cover

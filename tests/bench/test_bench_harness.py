@@ -284,3 +284,44 @@ def test_corrupt_jsonl_names_the_line(tmp_path):
     with pytest.raises(ValueError, match="results.jsonl:2"):
         report.read_rows(p)
     json.loads(p.read_text().splitlines()[0])
+
+
+# ----------------------------------------------------------------------------- references and run control
+def test_chunked_attention_reference_matches_sdpa_with_gqa():
+    torch.manual_seed(0)
+    q = torch.randn(2, 6, 17, 8, requires_grad=True)
+    k = torch.randn(2, 2, 17, 8, requires_grad=True)
+    v = torch.randn(2, 2, 17, 8, requires_grad=True)
+    out = cases.attention_reference(q, k, v, True)
+    dy = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dy)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    want_grads = torch.autograd.grad(want, (q, k, v), dy)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_sticky_cuda_error_stops_the_rest(tmp_path):
+    def sticky(op, inputs, spec, size, rg, check):
+        def fn():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return P.Bound(fn, [inputs["x"]])
+
+    reg = _registry(hearth=sticky)
+    code = runner.main(ops=["softmax"], sizes=None, check=True, modes=["fwd", "full"], out=tmp_path, registry=reg, plots=False,
+                       providers=["hearth", "eager"])
+    assert code == 0
+    rows = report.read_rows(tmp_path / "results.jsonl")
+    first, later = rows[:2], rows[2:]
+    assert {r["status"] for r in first} == {"error", "ok"}
+    assert later and all(r["status"] == "skipped" and "sticky CUDA error" in r["reason"] for r in later)
+
+
+def test_spent_budget_records_skipped_rows(tmp_path):
+    code = runner.main(ops=["softmax"], check=True, modes=["fwd"], out=tmp_path, registry=_registry(), plots=False,
+                       providers=["hearth", "eager"], total_budget_s=0.0)
+    assert code == 0
+    rows = report.read_rows(tmp_path / "results.jsonl")
+    assert rows and all(r["status"] == "skipped" and "time budget" in r["reason"] for r in rows)
+    assert "skipped" in (tmp_path / "softmax.md").read_text()

@@ -2,7 +2,7 @@
 
 A *case* is op x size x dtype x mode, where mode is
   fwd  - the forward alone, inputs without requires_grad (inference forward);
-  bwd  - the backward alone (forward run once outside the timed region, backward with retain_graph);
+  bwd  - the backward alone (each forward runs outside the timed region, then the backward is timed);
   full - forward then backward, gradients reset to None before every call.
 
 Each OpSpec states the work a case must do at least: for memory-bound ops the fewest bytes
@@ -52,17 +52,25 @@ class OpSpec:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _randn(shape, dtype, device, gen, requires_grad=False, scale=1.0):
+def _randn(shape, dtype, device, seed, requires_grad=False, scale=1.0):
+    """Seeded N(0, scale^2) drawn on `device` itself (drawing 10 GB of logits on the host and
+    copying them over would take longer than the benchmark)."""
     import torch
 
-    t = torch.randn(shape, generator=gen, device="cpu", dtype=torch.float32) * scale
-    return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
+    return t.to(dtype=dtype).requires_grad_(requires_grad)
+
+
+def _randint(high, shape, device, seed):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(0, high, shape, generator=gen, device=device)
 
 
 def _gen(seed=0):
-    import torch
-
-    return torch.Generator().manual_seed(seed)
+    return seed
 
 
 def _mode_factor(mode: str, fwd: float, bwd: float) -> float:
@@ -91,7 +99,7 @@ def _ce_make(s, dtype, device, rg):
     import torch
 
     x = _randn((s["N"], s["V"]), dtype, device, _gen(), rg, scale=2.0)
-    t = torch.randint(0, s["V"], (s["N"],), generator=_gen(1)).to(device)
+    t = _randint(s["V"], (s["N"],), device, 1)
     return {"input": x, "target": t}
 
 
@@ -114,7 +122,7 @@ def _lce_make(s, dtype, device, rg):
 
     x = _randn((s["N"], s["H"]), dtype, device, _gen(), rg)
     w = _randn((s["V"], s["H"]), dtype, device, _gen(2), rg and not s.get("frozen", 0), scale=1.0 / math.sqrt(s["H"]))
-    t = torch.randint(0, s["V"], (s["N"],), generator=_gen(1)).to(device)
+    t = _randint(s["V"], (s["N"],), device, 1)
     return {"input": x, "linear_weight": w, "target": t}
 
 
@@ -138,7 +146,7 @@ def _lce_grads(s):
 def _rms_make(s, dtype, device, rg):
     import torch
 
-    w = (torch.randn((s["N"],), generator=_gen(3)) * 0.1 + 1.0).to(device=device, dtype=dtype)
+    w = (_randn((s["N"],), torch.float32, device, 3, scale=0.1) + 1.0).to(dtype)
     return {"x": _randn((s["M"], s["N"]), dtype, device, _gen(), rg), "weight": w.requires_grad_(rg)}
 
 
@@ -250,25 +258,34 @@ def _attn_make(s, dtype, device, rg):
     }
 
 
-def attention_reference(q, k, v, causal):
-    """fp32 attention one (batch, kv-head) group at a time, so T=16k never materialises all
-    B*H*T*T scores at once. Differentiable: autograd flows through each chunk."""
+def _attention_chunk(qs, k, v, scale, causal):
     import torch
+
+    sc = (qs @ k.transpose(-1, -2)) * scale  # [g, T, T]
+    if causal:
+        T = sc.shape[-1]
+        sc = sc.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=sc.device).tril(), float("-inf"))
+    return torch.softmax(sc, dim=-1) @ v
+
+
+def attention_reference(q, k, v, causal):
+    """fp32 attention one (batch, kv-head) group at a time, each chunk under activation
+    checkpointing: only one group's T*T scores exist at once, in the forward and the backward
+    (at T=16k, all heads' scores at once would need ~100 GB). Query head i uses kv head i // g."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
 
     B, Hq, T, D = q.shape
     Hk = k.shape[1]
     g = Hq // Hk
     scale = 1.0 / math.sqrt(D)
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if causal else None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     outs = []
     for b in range(B):
         heads = []
         for h in range(Hk):
-            qs = q[b, h * g:(h + 1) * g]  # [g, T, D]
-            sc = (qs @ k[b, h].transpose(-1, -2)) * scale  # [g, T, T]
-            if mask is not None:
-                sc = sc.masked_fill(~mask, float("-inf"))
-            heads.append(torch.softmax(sc, dim=-1) @ v[b, h])
+            args = (q[b, h * g:(h + 1) * g], k[b, h], v[b, h], scale, causal)
+            heads.append(checkpoint(_attention_chunk, *args, use_reentrant=False) if grad else _attention_chunk(*args))
         outs.append(torch.cat(heads, 0))
     return torch.stack(outs, 0)
 
@@ -332,6 +349,7 @@ SPECS: dict[str, OpSpec] = {
                "small": [dict(N=1024, V=v) for v in (32768, 131072)]},
         headline=[(dict(N=8192, V=131072), FULL), (dict(N=16384, V=151936), FULL)],
         knob="V", explicit=lambda v: dict(N=8192, V=v),
+        notes="fused losses (Liger, hearth) may compute the gradient inside the forward, so their bwd alone is near zero: compare full",
         check_sizes=[dict(N=6, V=100)]),
     "linear_cross_entropy": OpSpec(
         "linear_cross_entropy", "TFLOP/s", "FLOPs: fwd 2*N*H*V; bwd 4*N*H*V (2*N*H*V with frozen W); full = fwd + bwd",

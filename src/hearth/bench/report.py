@@ -77,7 +77,7 @@ def verdict(case_rows: list[dict]) -> dict:
     best = min(peers, key=lambda r: r["ms"])
     ratio = best["ms"] / h["ms"]
     word = "win" if ratio >= 1.0 else "loss"
-    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "text": f"{word} {ratio:.2f}x vs {best['provider']}{suffix}"}
+    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "text": f"{word} {ratio:.3g}x vs {best['provider']}{suffix}"}
 
 
 def group_cases(rows: list[dict]) -> dict[tuple, list[dict]]:

@@ -5,8 +5,8 @@ for each provider: bind, run once and compare with the reference (outputs, and g
 bwd / full); only a correct provider is timed and its memory measured. Rows are written to
 results.jsonl after every case, so a run cut short keeps what it measured.
 
-Time budget: the run gets `total_budget_s`; each op gets an equal share of what is left when
-it starts (or `budget_s` if smaller). Cases left when an op's share is spent are written as
+Time budget: the run gets `total_budget_s`; each op gets a share of what is left when it starts,
+in proportion to its number of cases (or `budget_s` if smaller). Cases left when an op's share is spent are written as
 'skipped' with the reason, never dropped.
 """
 
@@ -69,50 +69,49 @@ def _grad_outputs(ref_out, dtype, device):
 
     from hearth.bench.check import as_tuple
 
-    gen = torch.Generator().manual_seed(1234)
+    gen = torch.Generator(device=device).manual_seed(1234)
     gs = []
     for o in as_tuple(ref_out):
         if o.numel() == 1:
-            gs.append(torch.ones_like(o, dtype=dtype, device=device))
+            gs.append(torch.ones(o.shape, dtype=dtype, device=device))
         else:
-            gs.append(torch.randn(o.shape, generator=gen).to(device=device, dtype=dtype))
+            gs.append(torch.randn(o.shape, generator=gen, device=device, dtype=torch.float32).to(dtype))
     return gs
 
 
-def _reference(spec, inputs, size, mode, gouts):
-    """fp32 outputs and gradients (None where an input gets no gradient)."""
+def _reference(spec, inputs, size, mode, dtype):
+    """fp32 outputs, gradients (None where an input gets no gradient) and the dy used, in `dtype`."""
     import torch
+
+    from hearth.bench.check import as_tuple
 
     grad_names = spec.grad_names(size) if mode != "fwd" else []
     ref_in = {k: (v.detach().float().requires_grad_(k in grad_names) if v.is_floating_point() else v) for k, v in inputs.items()}
     with torch.set_grad_enabled(mode != "fwd"):
         out = spec.reference(**ref_in, **spec.call_kwargs(size))
-    grads = []
+    grads, gouts = [], []
     if mode != "fwd":
-        from hearth.bench.check import as_tuple
-
+        device = next(iter(inputs.values())).device
+        gouts = _grad_outputs(out, dtype, device)
         torch.autograd.backward(list(as_tuple(out)), [g.float() for g in gouts])
         grads = [ref_in[n].grad for n in grad_names]
     out = tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach()
-    return out, grads
+    return out, grads, gouts
 
 
 def _timed_fn(bound, mode, gouts):
-    """The callable that is timed for `mode`, plus the forward output kept alive for bwd."""
+    """(fn, setup) timed for `mode`: fwd times the forward; full forward + backward; bwd runs the
+    forward in the untimed setup and times the backward alone."""
     import torch
+
+    def backward(out):
+        torch.autograd.backward(_outputs_needing_grad(out), gouts)
 
     if mode == "fwd":
         return bound.fn, None
     if mode == "full":
-        def full():
-            out = bound.fn()
-            torch.autograd.backward(_outputs_needing_grad(out), gouts)
-        return full, None
-    out = bound.fn()  # bwd: one forward outside the timed region, backward retains the graph
-
-    def bwd():
-        torch.autograd.backward(_outputs_needing_grad(out), gouts, retain_graph=True)
-    return bwd, out
+        return (lambda: backward(bound.fn())), None
+    return backward, bound.fn
 
 
 def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, check, registry=None) -> dict:
@@ -125,7 +124,7 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
 
     ref_out, ref_grads, gouts, limits = ref
     row = {"status": "ok", "reason": "", "tolerance": TOLERANCE[dtype_name]}
-    bound = keep = None
+    bound = None
     try:
         t0 = time.perf_counter()
         bound = P.bind(spec.name, provider, inputs, spec, size, mode != "fwd", check, registry)
@@ -142,10 +141,10 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
         if not ok:
             row.update(status="wrong", reason=why)
             return row
-        fn, keep = _timed_fn(bound, mode, gouts)
-        t = time_call(fn, bound.leaves, device)
+        fn, setup = _timed_fn(bound, mode, gouts)
+        t = time_call(fn, bound.leaves, device, setup=setup)
         row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, n_reps=t.n)
-        row.update(measure_memory(fn, bound.leaves, device))
+        row.update(measure_memory(fn, bound.leaves, device, setup=setup))
         row["value"] = throughput(spec.work(size, _itemsize(dtype_name), mode), t.median_ms, spec.metric)
         row["sol_pct"] = sol_percent(row["value"], spec.metric, limits)
     except P.Unavailable as e:
@@ -159,11 +158,22 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
     except Exception as e:  # any failure of a provider is a result, not a crash of the run
         row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
     finally:
-        del bound, keep
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        del bound
+        _free(device)
     return row
+
+
+def _free(device) -> None:
+    """Return cached blocks between providers. Never raises: after a sticky CUDA error every
+    CUDA call fails, and the run must still write its rows (see _poisoned)."""
+    gc.collect()
+    if device.type == "cuda":
+        try:
+            import torch
+
+            torch.cuda.empty_cache()
+        except Exception:
+            pass
 
 
 def _itemsize(dtype_name):
@@ -183,13 +193,7 @@ def run_case(spec, size, dtype_name, mode, providers, device, limits, env, headl
     rows = []
     try:
         inputs = spec.make(size, dtype, device, mode != "fwd")
-        gouts = []
-        if mode != "fwd":
-            with torch.no_grad():
-                probe, _ = _reference(spec, inputs, size, "fwd", [])
-            gouts = _grad_outputs(probe, dtype, device)
-            del probe
-        ref_out, ref_grads = _reference(spec, inputs, size, mode, gouts)
+        ref_out, ref_grads, gouts = _reference(spec, inputs, size, mode, dtype)
     except Exception as e:  # the harness's own reference failed: every provider row says so
         reason = f"reference failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         status = "oom" if isinstance(e, torch.OutOfMemoryError) else "error"
@@ -205,9 +209,7 @@ def run_case(spec, size, dtype_name, mode, providers, device, limits, env, headl
         rows.append({**base, "provider": p, **r})
         del mine, my_gouts
     del inputs, ref_out, ref_grads, gouts
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    _free(device)
     return rows
 
 
@@ -231,6 +233,19 @@ def _selected_dtypes(dtypes, check):
     return names
 
 
+_STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "CUDA error: an illegal")
+
+
+def _poisoned(rows) -> str:
+    """A reason to stop when a provider left a sticky CUDA error: every later call in this
+    process would fail too, and its rows would blame the wrong provider."""
+    for r in rows:
+        if r["status"] == "error" and any(s in r.get("reason", "") for s in _STICKY):
+            return (f"not run: {r['provider']} on {r['op']} {r['size_label']} {r['mode']} left a sticky CUDA error "
+                    f"({r['reason'][:120]}); rerun this op in its own process")
+    return ""
+
+
 def _line(rows) -> str:
     from hearth.bench.report import verdict
 
@@ -242,14 +257,16 @@ def _line(rows) -> str:
 
 
 def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path("benchmarks/latest"), check=False,
-         report_only=False, merge=None, budget_s=None, total_budget_s=450.0, plots=True, registry=None) -> int:
+         report_only=False, merge=None, budget_s=None, total_budget_s=450.0, plots=True, registry=None,
+         write_report=True) -> int:
     """Run the benchmark (or only regenerate reports) and return a process exit code.
 
     ops / dtypes / modes / providers: lists of names (None = defaults: every op, bfloat16 (float32
     under --check), the size preset's modes, every provider). sizes: headline | sweep | small | a
     comma list of the op's knob (default headline). out: folder for results.jsonl, <op>.md,
     summary.md and PNGs. check: tiny sizes on the CPU under TRITON_INTERPRET=1. report_only:
-    rebuild the reports from out/results.jsonl merged with each folder in `merge`.
+    rebuild the reports from out/results.jsonl merged with each folder in `merge`. write_report=False:
+    only results.jsonl (a script running op by op builds the reports once at the end).
     Exit codes: 0 done; 1 under --check when an eager baseline row is not ok (the harness's own
     checks are broken); 2 bad arguments or no CUDA without --check."""
     if check:
@@ -305,6 +322,7 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
                   f"copy {limits['copy_GBps']:.0f} GB/s, matmul {limits['matmul_TFLOPs']:.3g} TFLOP/s; {len(plan)} cases")
     headline = preset == "headline" and not check
     new_rows: list[dict] = []
+    poisoned = ""
     start = time.perf_counter()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -314,7 +332,9 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         for i_op, name in enumerate(op_names):
             op_plan = [p for p in plan if p[0] == name]
             left = max(0.0, total_budget_s - (time.perf_counter() - start))
-            share = left / (len(op_names) - i_op)
+            # share of what is left, in proportion to the op's number of cases
+            remaining = sum(1 for p in plan if p[0] in op_names[i_op:])
+            share = left * len(op_plan) / max(1, remaining)
             if budget_s is not None:
                 share = min(share, budget_s)
             op_start = time.perf_counter()
@@ -322,8 +342,8 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
                 spec = SPECS[name]
                 progress.update(task, description=f"{name} {spec.label(size)} {dtype_name} {mode}")
                 spent = time.perf_counter() - op_start
-                if spent > share:
-                    reason = f"time budget spent: {spent:.0f} s of this op's {share:.0f} s share (--budget-s / --total-budget-s)"
+                if poisoned or spent > share:
+                    reason = poisoned or f"time budget spent: {spent:.0f} s of this op's {share:.0f} s share (--budget-s / --total-budget-s)"
                     case_rows = [{"op": name, "size": size, "size_label": spec.label(size), "dtype": dtype_name, "mode": mode,
                                   "metric": spec.metric, "formula": spec.formula, "notes": spec.notes, "headline": headline,
                                   "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env,
@@ -331,11 +351,12 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
                 else:
                     case_rows = run_case(spec, size, dtype_name, mode, provider_names, device, limits, env, headline, check, registry)
                     progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)
+                    poisoned = _poisoned(case_rows)
                 new_rows += case_rows
                 rows = merge_rows(rows, case_rows)
                 write_rows(results, rows)
                 progress.advance(task)
-    paths = write_reports(out, rows, plots=plots)
+    paths = write_reports(out, rows, plots=plots) if write_report else []
     console.print(f"{len(new_rows)} rows this run, {len(rows)} in {results}; {len(paths)} report files; "
                   f"{time.perf_counter() - start:.0f} s")
     if check:

@@ -2,8 +2,9 @@
 
 Timing (CUDA): CUDA events around each call, after a warm-up of at least 3 calls and 25 ms;
 between timed calls the 256 MiB L2-flush buffer is rewritten and gradients are reset to None
-(both outside the events). Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms
-of calls, at most 500). On the CPU (--check) a host clock does the same with fewer repeats.
+(both outside the events). The bwd mode runs its forward there too, outside the events, and
+times the backward alone (no retain_graph: fused losses need not support a second backward).
+Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms of calls, at most 500). On the CPU (--check) a host clock does the same with fewer repeats.
 
 Memory (CUDA): gradients reset to None, then allocated-before = torch.cuda.memory_allocated(),
 torch.cuda.reset_peak_memory_stats(), one call, synchronize; extra = max_memory_allocated() -
@@ -48,20 +49,27 @@ def reset_grads(leaves) -> None:
             t.grad = None
 
 
-def time_call(fn, leaves, device, *, warmup_ms=25.0, rep_ms=100.0, min_reps=10, max_reps=500) -> Timing:
-    """Median / p20 / p80 of `fn()` in ms; gradients on `leaves` reset before every call."""
+def _prepare(leaves, setup):
+    reset_grads(leaves)
+    return (setup(),) if setup is not None else ()
+
+
+def time_call(fn, leaves, device, *, setup=None, warmup_ms=25.0, rep_ms=100.0, min_reps=10, max_reps=500) -> Timing:
+    """Median / p20 / p80 of `fn()` in ms; gradients on `leaves` reset before every call.
+
+    setup: optional untimed callable run before every call; its result is passed to fn
+    (the bwd mode runs the forward there and times fn(out) = the backward alone)."""
     import torch
 
     if device.type != "cuda":
-        return _time_cpu(fn, leaves)
+        return _time_cpu(fn, leaves, setup)
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
     # warm-up, and a first estimate of one call
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     n_warm = 0
     while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
-        reset_grads(leaves)
-        fn()
+        fn(*_prepare(leaves, setup))
         torch.cuda.synchronize()
         n_warm += 1
     est = (time.perf_counter() - t0) * 1e3 / n_warm
@@ -69,47 +77,46 @@ def time_call(fn, leaves, device, *, warmup_ms=25.0, rep_ms=100.0, min_reps=10, 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
-        reset_grads(leaves)
+        args = _prepare(leaves, setup)
         flush.zero_()  # evict the inputs from L2 so every call reads them from memory
         starts[i].record()
-        fn()
+        fn(*args)
         ends[i].record()
+        del args
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     del flush
     return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps)
 
 
-def _time_cpu(fn, leaves, warm=0, reps=3) -> Timing:
+def _time_cpu(fn, leaves, setup=None, reps=3) -> Timing:
     # the correctness call before timing already paid the JIT, so no separate warm-up here
-    for _ in range(warm):
-        reset_grads(leaves)
-        fn()
     ms = []
     for _ in range(reps):
-        reset_grads(leaves)
+        args = _prepare(leaves, setup)
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         ms.append((time.perf_counter() - t0) * 1e3)
     return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps)
 
 
-def measure_memory(fn, leaves, device) -> dict:
-    """Peak extra memory of one call (see the module docstring). On the CPU: all None."""
+def measure_memory(fn, leaves, device, setup=None) -> dict:
+    """Peak extra memory of one call (see the module docstring); setup as in time_call, its
+    result (the bwd mode's forward output) is allocated before and so not counted. CPU: None."""
     import torch
 
     if device.type != "cuda":
         return {"extra_mib": None, "grad_mib": None, "activation_mib": None}
-    reset_grads(leaves)
+    args = _prepare(leaves, setup)
     gc.collect()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    out = fn()
+    out = fn(*args)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated(device) - before
     grads = sum(t.grad.nbytes for t in leaves if getattr(t, "grad", None) is not None)
-    del out
+    del out, args
     reset_grads(leaves)
     mib = 2.0**20
     return {"extra_mib": extra / mib, "grad_mib": grads / mib, "activation_mib": max(0, extra - grads) / mib}
