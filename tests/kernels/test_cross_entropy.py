@@ -116,6 +116,35 @@ def test_without_grad_leaves_logits_alone():
     assert_close(loss, reference(before, t), torch.float32)
 
 
+def test_second_backward_through_the_same_graph_raises():
+    x, t = _inputs(4, 20, torch.float32)
+    x.requires_grad_()
+    loss = cross_entropy(x, t)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="once"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compile_low_precision(reduction, dtype):
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+    torch._dynamo.reset()
+    x_vals, t = _inputs(6, 301, dtype, n_ignored=2)
+    x = x_vals.clone().requires_grad_()
+    f = torch.compile(lambda x, t: cross_entropy(x, t, reduction=reduction, softcap=20.0), fullgraph=True, backend=backend)
+    loss = f(x, t)
+    x_ref = x_vals.float().requires_grad_()
+    ref = reference(x_ref, t, reduction=reduction, softcap=20.0)
+    go = torch.linspace(0.5, 3.0, ref.numel(), device=DEVICE).reshape(ref.shape)
+    loss.backward(go.to(dtype))
+    ref.backward(go.to(dtype).float())
+    assert_close(loss, ref, dtype, scale=4.0)
+    assert_close(x.grad, x_ref.grad, dtype, scale=2.0)
+    with torch.no_grad():  # no gradient wanted: no gradient buffer, logits untouched
+        assert_close(f(x_vals, t), ref.detach(), dtype, scale=4.0)
+
+
 def test_non_contiguous_input_is_copied_not_overwritten():
     x_vals, t = _inputs(8, 30, torch.float32)
     xt = x_vals.t().contiguous().requires_grad_()  # [V, N]

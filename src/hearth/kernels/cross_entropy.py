@@ -9,12 +9,14 @@ Per row i with logits x (width V), target t, label smoothing eps, z-loss weight 
 Rows whose target is ignore_index have loss 0 and gradient 0. reduction="mean" divides by the number of
 non-ignored rows, counted on the device (no host sync); an all-ignored batch gives loss 0, grad 0.
 
-Kernel: one program per row. Loop 1 reads the row once for the statistics (max, sum, and sum(z) when
-smoothing). Loop 2 (only when a gradient is wanted) walks the chunks in reverse, so the re-read starts
-where L2 is warmest, and writes the gradient OVER THE LOGITS BUFFER: the second [N, V] tensor never
-exists. Traffic: read N*V*b once (+ the part of the re-read that misses L2), write N*V*b once.
+Kernel: persistent programs (CE_PROGRAMS_PER_SM per SM), each walking rows p, p + P, ...; that bounds
+the rows in flight so a row's bytes are still in L2 when it is re-read. Per row, loop 1 reads the row
+once for the statistics (max, sum, and sum(z) when smoothing); loop 2 (only when a gradient is wanted)
+walks the chunks in reverse, so the re-read starts where L2 is warmest, and writes the gradient OVER
+THE LOGITS BUFFER: the second [N, V] tensor never exists. Traffic: read N*V*b once (+ the part of the
+re-read that misses L2), write N*V*b once. Chunk BLOCK / num_warps come from the table _CE_CONFIGS.
 
-IN-PLACE: when `input.requires_grad`, cross_entropy overwrites `input` with the gradient during the
+IN-PLACE: when `input.requires_grad` (and grad mode is on), cross_entropy overwrites `input` with the gradient during the
 forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
 and do not pass a tensor that another autograd node saved for its own backward (e.g. the output of an
 op that saves its result). The logits of an lm_head matmul are fine (matmul saves its inputs, not its
@@ -34,10 +36,14 @@ backward multiplies by grad_output (times what the forward did not fold in), in 
     Limit: overflow (inf) if 1 + 2*z_loss*lse > 16, far outside any sane z_loss.
   * reduction="sum": nothing folded; "none": the backward multiplies row i by grad_output[i].
 
-torch.compile: a function that mutates its (autograd-tracked) input cannot be functionalized, so under
-compile `cross_entropy` calls the functional op `hearth::cross_entropy_fwd`, which returns the gradient
-in ONE extra [N, V] buffer (the logits are left intact), and `hearth::cross_entropy_scale_grad` scales
-it in place in the backward. Same kernel, same numbers; +N*V*b of memory under compile only.
+torch.compile: the compiler functionalizes graphs, and a hidden write over an input that requires grad
+is exactly what it must not be lied to about. So under compile (torch.compiler.is_compiling())
+`cross_entropy` calls the functional op `hearth::cross_entropy_fwd` (fake kernel + autograd registered),
+which writes the gradient into ONE extra [N, V] buffer (the logits are left intact), and the backward
+scales that buffer in place with the mutating op `hearth::cross_entropy_scale_grad`. Same kernel, same
+numbers; +N*V*b of memory under compile only. The target range check runs inside the op at run time.
+Backward through the same graph twice (retain_graph=True) raises in eager mode: the in-place gradient
+can be consumed once.
 
 `ce_rows_` is the row launcher linear_cross_entropy calls (CONTRACTS.md section A).
 """
@@ -65,6 +71,9 @@ SCALE_PROGRAMS_PER_SM = 8
 # Host check of target range (one device->host sync per call). False skips it: the kernel stays
 # memory-safe (masked loads) and an out-of-range target then yields a nan loss instead of an error.
 CHECK_TARGETS = True
+# Persistent row kernel: programs per SM (rows in flight = SMs * this; 0 = one program per row).
+# Rows in flight * V * bytes should stay under L2 (~50 MB on H100/H200) so loop 2's re-read hits L2.
+CE_PROGRAMS_PER_SM = 2
 # (largest V, chunk BLOCK, num_warps) for the row kernel: the one tuning table.
 _CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
 
@@ -86,7 +95,7 @@ def _ce_rows_kernel(
     # pointers
     logits_ptr, grad_ptr, target_ptr, loss_ptr, scale_ptr,
     # shapes and strides (elements; vocab has stride 1)
-    n_cols, stride_logits, stride_grad,
+    n_rows, n_cols, stride_logits, stride_grad,
     # scalars
     ignore_index, label_smoothing, z_loss, softcap, scale_value,
     # meta-parameters
@@ -97,75 +106,78 @@ def _ce_rows_kernel(
     WRITE_GRAD: tl.constexpr,
     SCALE_MODE: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = logits_ptr + row * stride_logits
-    g_row = grad_ptr + row * stride_grad
     offs = tl.arange(0, BLOCK)
-    target = tl.load(target_ptr + row)
-    valid = target != ignore_index
+    # persistent: program p handles rows p, p + P, ... (P bounds the rows in flight, hence the
+    # bytes between loop 1 reading a row and loop 2 re-reading it: keep that under L2)
+    # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
+    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        x_row = logits_ptr + row * stride_logits
+        g_row = grad_ptr + row * stride_grad
+        target = tl.load(target_ptr + row)
+        valid = target != ignore_index
 
-    if valid:
-        # ---- loop 1: online logsumexp (and sum of z for label smoothing)
-        m = -float("inf")
-        d = 0.0
-        sum_z = 0.0
-        for start in range(0, n_cols, BLOCK):
-            cols = start + offs
-            mask = cols < n_cols
-            # evict_last: loop 2 re-reads this row
-            x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
-            z = _capped(x, softcap, HAS_SOFTCAP)
-            z = tl.where(mask, z, -float("inf"))
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # no -inf - -inf
-            d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
-            m = m_new
-            if HAS_SMOOTHING:
-                sum_z += tl.sum(tl.where(mask, z, 0.0), axis=0)
-        lse = m + tl.log(d)
-        # target logit; an out-of-range target (only reachable when the host check was skipped) gives nan
-        in_range = (target >= 0) & (target < n_cols)
-        x_t = tl.load(x_row + target, mask=in_range, other=float("nan")).to(tl.float32)
-        z_t = _capped(x_t, softcap, HAS_SOFTCAP)
-        loss = lse - (1.0 - label_smoothing) * z_t
-        if HAS_SMOOTHING:
-            loss -= label_smoothing * sum_z / n_cols
-        if HAS_ZLOSS:
-            loss += z_loss * lse * lse
-        tl.store(loss_ptr + row, loss)
-
-        # ---- loop 2: gradient over the buffer, chunks in reverse (warmest in L2 first)
-        if WRITE_GRAD:
-            if SCALE_MODE == 1:
-                scale = tl.load(scale_ptr).to(tl.float32)
-            elif SCALE_MODE == 2:
-                scale = tl.load(scale_ptr + row).to(tl.float32)
-            else:
-                scale = scale_value
-            coef = 1.0
-            if HAS_ZLOSS:
-                coef = 1.0 + 2.0 * z_loss * lse
-            uniform = label_smoothing / n_cols
-            n_chunks = tl.cdiv(n_cols, BLOCK)
-            for i in range(0, n_chunks):
-                cols = (n_chunks - 1 - i) * BLOCK + offs
-                mask = cols < n_cols
-                x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                z = _capped(x, softcap, HAS_SOFTCAP)
-                g = tl.exp(z - lse) * coef - tl.where(cols == target, 1.0 - label_smoothing, 0.0)
-                if HAS_SMOOTHING:
-                    g -= uniform
-                if HAS_SOFTCAP:
-                    r = z / softcap
-                    g = g * (1.0 - r * r)
-                tl.store(g_row + cols, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(loss_ptr + row, 0.0)
-        if WRITE_GRAD:
-            zeros = tl.zeros([BLOCK], dtype=grad_ptr.dtype.element_ty)
+        if valid:
+            # ---- loop 1: online logsumexp (and sum of z for label smoothing)
+            m = -float("inf")
+            d = 0.0
+            sum_z = 0.0
             for start in range(0, n_cols, BLOCK):
                 cols = start + offs
-                tl.store(g_row + cols, zeros, mask=cols < n_cols)
+                mask = cols < n_cols
+                # evict_last: loop 2 re-reads this row
+                x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
+                z = _capped(x, softcap, HAS_SOFTCAP)
+                z = tl.where(mask, z, -float("inf"))
+                m_new = tl.maximum(m, tl.max(z, axis=0))
+                m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # no -inf - -inf
+                d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
+                m = m_new
+                if HAS_SMOOTHING:
+                    sum_z += tl.sum(tl.where(mask, z, 0.0), axis=0)
+            lse = m + tl.log(d)
+            # target logit; an out-of-range target (only reachable when the host check was skipped) gives nan
+            in_range = (target >= 0) & (target < n_cols)
+            x_t = tl.load(x_row + target, mask=in_range, other=float("nan")).to(tl.float32)
+            z_t = _capped(x_t, softcap, HAS_SOFTCAP)
+            loss = lse - (1.0 - label_smoothing) * z_t
+            if HAS_SMOOTHING:
+                loss -= label_smoothing * sum_z / n_cols
+            if HAS_ZLOSS:
+                loss += z_loss * lse * lse
+            tl.store(loss_ptr + row, loss)
+
+            # ---- loop 2: gradient over the buffer, chunks in reverse (warmest in L2 first)
+            if WRITE_GRAD:
+                if SCALE_MODE == 1:
+                    scale = tl.load(scale_ptr).to(tl.float32)
+                elif SCALE_MODE == 2:
+                    scale = tl.load(scale_ptr + row).to(tl.float32)
+                else:
+                    scale = scale_value
+                coef = 1.0
+                if HAS_ZLOSS:
+                    coef = 1.0 + 2.0 * z_loss * lse
+                uniform = label_smoothing / n_cols
+                n_chunks = tl.cdiv(n_cols, BLOCK)
+                for i in range(0, n_chunks):
+                    cols = (n_chunks - 1 - i) * BLOCK + offs
+                    mask = cols < n_cols
+                    x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                    z = _capped(x, softcap, HAS_SOFTCAP)
+                    g = tl.exp(z - lse) * coef - tl.where(cols == target, 1.0 - label_smoothing, 0.0)
+                    if HAS_SMOOTHING:
+                        g -= uniform
+                    if HAS_SOFTCAP:
+                        r = z / softcap
+                        g = g * (1.0 - r * r)
+                    tl.store(g_row + cols, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(loss_ptr + row, 0.0)
+            if WRITE_GRAD:
+                zeros = tl.zeros([BLOCK], dtype=grad_ptr.dtype.element_ty)
+                for start in range(0, n_cols, BLOCK):
+                    cols = start + offs
+                    tl.store(g_row + cols, zeros, mask=cols < n_cols)
 
 
 @triton.jit
@@ -207,6 +219,13 @@ def _scale_rows_kernel(
 
 
 # ---------------------------------------------------------------------------------------- launchers
+def _grid_rows(n_rows: int, device: torch.device) -> int:
+    """Programs for the persistent row kernel: CE_PROGRAMS_PER_SM per SM (0: one program per row)."""
+    if CE_PROGRAMS_PER_SM <= 0:
+        return n_rows
+    return max(1, min(n_rows, int(num_sms(device) * CE_PROGRAMS_PER_SM)))
+
+
 def _config(n_cols: int) -> tuple[int, int]:
     """(chunk BLOCK, num_warps) for vocab width n_cols."""
     for limit, block, warps in _CE_CONFIGS:
@@ -224,14 +243,15 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
     write_grad = grad is not None
     scale_mode, scale_value, scale_ptr = _SCALE_VALUE, 1.0, loss  # loss: a dummy pointer, never read
     if write_grad and isinstance(grad_scale, torch.Tensor):
-        scale_ptr = grad_scale.to(device=logits.device, dtype=torch.float32)
+        scale_ptr = grad_scale.to(device=logits.device, dtype=torch.float32).contiguous()
         scale_mode = _SCALE_ROW_PTR if grad_scale.dim() == 1 else _SCALE_SCALAR_PTR
     elif write_grad and grad_scale is not None:
         scale_value = float(grad_scale)
     block, warps = _config(n_cols)
-    _ce_rows_kernel[(n_rows,)](
+    grid = (_grid_rows(n_rows, logits.device),)
+    _ce_rows_kernel[grid](
         logits, grad if write_grad else logits, target, loss, scale_ptr,
-        n_cols, logits.stride(0), grad.stride(0) if write_grad else 0,
+        n_rows, n_cols, logits.stride(0), grad.stride(0) if write_grad else 0,
         ignore_index, float(label_smoothing), float(z_loss), float(softcap or 1.0), scale_value,
         BLOCK=block,
         HAS_SOFTCAP=softcap is not None,
@@ -323,11 +343,18 @@ class _CrossEntropyInPlace(torch.autograd.Function):
         if write_grad:
             ctx.save_for_backward(logits, extra if extra is not None else inv_n)
             ctx.has_extra = extra is not None
+            ctx.consumed = False
         return _reduce(rows_loss, inv_n, reduction, input.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
+        if ctx.consumed:  # the buffer was already scaled and handed out as the gradient
+            raise RuntimeError(
+                "hearth cross_entropy: backward ran twice through the same graph (retain_graph=True); its "
+                "gradient lives in the overwritten logits buffer and can be consumed only once"
+            )
+        ctx.consumed = True
         grad, extra = ctx.saved_tensors
         _scale_grad_(grad, _backward_scale(grad_output, extra if ctx.has_extra else None))
         # detach: a fresh tensor object, so autograd may adopt it as .grad without cloning [N, V]

@@ -13,6 +13,9 @@ Two paths, chosen by row width in `_config` (the one place BLOCK / num_warps are
     chunks loop 1 touched last, which are the likeliest to still be in L2. Traffic: 2*M*n*bytes from
     HBM plus the re-read that misses L2 (zero when a row's re-read is served from L2).
     Backward uses the same split: loop 1 accumulates sum(dy*y), loop 2 (reverse) writes dx.
+    The wide kernels are persistent (WIDE_PROGRAMS_PER_SM programs per SM, each walking rows p, p+P,
+    ...): that bounds the rows in flight, and so the bytes between a row's read and its re-read,
+    which is what decides whether the re-read hits L2.
 
 Layout: the softmax dim is moved last (`movedim`, a view). Rows are copied to contiguous memory only
 when the moved dim does not have stride 1 (or the leading dims cannot be flattened into one row
@@ -30,14 +33,17 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_tensor, interpret_mode
+from hearth.kernels._common import check_tensor, interpret_mode, num_sms
 
 # Row widths above this use the chunked (online) kernels. Tests lower it (monkeypatch) to exercise the
 # wide path on the CPU interpreter. 32768 fp32 values per row = 32 registers/thread at 32 warps.
 ONEPASS_MAX_COLS = 32768
-# Column chunk of the wide-row kernels and their warp count (tuning knobs for the H200).
-WIDE_CHUNK = 8192
-WIDE_WARPS = 16
+# Wide-row kernels (tuning knobs for the H200): column chunk, warps, and persistent programs per SM.
+# Rows in flight = SMs * WIDE_PROGRAMS_PER_SM; rows in flight * n * bytes should stay near L2 (~50 MB)
+# for loop 2's reverse re-read to hit L2 (4096x262144 bf16: 512 KiB a row, 132 rows = 66 MiB).
+WIDE_CHUNK = 16384
+WIDE_WARPS = 32
+WIDE_PROGRAMS_PER_SM = 1.0
 
 # (largest BLOCK, num_warps) for the one-pass kernels, keyed by next_power_of_2(n).
 _ONEPASS_WARPS = ((1024, 4), (4096, 8), (16384, 16), (1 << 62, 32))
@@ -101,34 +107,37 @@ def _softmax_fwd_chunked_kernel(
     # strides
     stride_x, stride_y,
     # shapes
-    n_cols,
+    n_rows, n_cols,
     # meta-parameters
     CHUNK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
-    offs = tl.arange(0, CHUNK)
-    m = -float("inf")  # running max
-    s = 0.0  # running sum of exp(x - m)
-    for start in range(0, n_cols, CHUNK):
-        cols = start + offs
-        # evict_last: loop 2 re-reads this row; ask L2 to keep it.
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last")
-        x = x.to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # while every value so far is -inf, shift by 0 instead of -inf (avoids -inf - -inf = nan)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
-        m = m_new
-    inv_s = 1.0 / s  # all -inf row: s == 0 -> inf, and 0 * inf = nan, like torch
-    n_chunks = tl.cdiv(n_cols, CHUNK)
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * CHUNK + offs  # reverse: most recently read chunks first
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
-        y = tl.exp(x - m) * inv_s
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    # persistent: program p handles rows p, p + P, ...; P bounds the rows in flight, hence the
+    # bytes read between loop 1 and loop 2 of a row (keep them under L2)
+    # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
+    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        x_row = x_ptr + row * stride_x
+        y_row = y_ptr + row * stride_y
+        offs = tl.arange(0, CHUNK)
+        m = -float("inf")  # running max
+        s = 0.0  # running sum of exp(x - m)
+        for start in range(0, n_cols, CHUNK):
+            cols = start + offs
+            # evict_last: loop 2 re-reads this row; ask L2 to keep it.
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last")
+            x = x.to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            # while every value so far is -inf, shift by 0 instead of -inf (avoids -inf - -inf = nan)
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+            m = m_new
+        inv_s = 1.0 / s  # all -inf row: s == 0 -> inf, and 0 * inf = nan, like torch
+        n_chunks = tl.cdiv(n_cols, CHUNK)
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * CHUNK + offs  # reverse: most recently read chunks first
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+            y = tl.exp(x - m) * inv_s
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -159,30 +168,33 @@ def _softmax_bwd_chunked_kernel(
     # strides
     stride_y, stride_dy, stride_dx,
     # shapes
-    n_cols,
+    n_rows, n_cols,
     # meta-parameters
     CHUNK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    y_row = y_ptr + row * stride_y
-    dy_row = dy_ptr + row * stride_dy
-    dx_row = dx_ptr + row * stride_dx
-    offs = tl.arange(0, CHUNK)
-    acc = tl.zeros([CHUNK], dtype=tl.float32)  # lane-wise partial sums: one reduction at the end
-    for start in range(0, n_cols, CHUNK):
-        cols = start + offs
-        mask = cols < n_cols
-        y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        acc += y * dy
-    dot = tl.sum(acc, axis=0)
-    n_chunks = tl.cdiv(n_cols, CHUNK)
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * CHUNK + offs
-        mask = cols < n_cols
-        y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+    # persistent: program p handles rows p, p + P, ...; P bounds the rows in flight, hence the
+    # bytes read between loop 1 and loop 2 of a row (keep them under L2)
+    # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
+    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        y_row = y_ptr + row * stride_y
+        dy_row = dy_ptr + row * stride_dy
+        dx_row = dx_ptr + row * stride_dx
+        offs = tl.arange(0, CHUNK)
+        acc = tl.zeros([CHUNK], dtype=tl.float32)  # lane-wise partial sums: one reduction at the end
+        for start in range(0, n_cols, CHUNK):
+            cols = start + offs
+            mask = cols < n_cols
+            y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            acc += y * dy
+        dot = tl.sum(acc, axis=0)
+        n_chunks = tl.cdiv(n_cols, CHUNK)
+        for i in range(0, n_chunks):
+            cols = (n_chunks - 1 - i) * CHUNK + offs
+            mask = cols < n_cols
+            y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -193,6 +205,11 @@ def _config(n_cols: int) -> tuple[bool, int, int]:
     block = triton.next_power_of_2(n_cols)
     warps = next(w for limit, w in _ONEPASS_WARPS if block <= limit)
     return False, block, warps
+
+
+def _wide_programs(n_rows: int, device: torch.device) -> int:
+    """Programs of the persistent wide-row kernels: WIDE_PROGRAMS_PER_SM per SM, at most one per row."""
+    return max(1, min(n_rows, int(num_sms(device) * WIDE_PROGRAMS_PER_SM)))
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -212,11 +229,14 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
-    xr, yr = _as_rows(x), y.view(-1, x.shape[-1] if x.dim() else 1)
+    xr, yr = _as_rows(x), y.view(-1, x.shape[-1])
     n_rows, n_cols = xr.shape
     chunked, block, warps = _config(n_cols)
-    kernel = _softmax_fwd_chunked_kernel if chunked else _softmax_fwd_onepass_kernel
-    kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=warps)
+    if chunked:
+        grid = (_wide_programs(n_rows, x.device),)
+        _softmax_fwd_chunked_kernel[grid](xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, block, num_warps=warps)
+    else:
+        _softmax_fwd_onepass_kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=warps)
     return y
 
 
@@ -226,11 +246,15 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     if y.numel() == 0:
         return dx
     yr, dyr = _as_rows(y), _as_rows(dy.to(y.dtype))
-    dxr = dx.view(-1, y.shape[-1] if y.dim() else 1)
+    dxr = dx.view(-1, y.shape[-1])
     n_rows, n_cols = yr.shape
     chunked, block, warps = _config(n_cols)
-    kernel = _softmax_bwd_chunked_kernel if chunked else _softmax_bwd_onepass_kernel
-    kernel[(n_rows,)](yr, dyr, dxr, yr.stride(0), dyr.stride(0), dxr.stride(0), n_cols, block, num_warps=warps)
+    strides = (yr.stride(0), dyr.stride(0), dxr.stride(0))
+    if chunked:
+        grid = (_wide_programs(n_rows, y.device),)
+        _softmax_bwd_chunked_kernel[grid](yr, dyr, dxr, *strides, n_rows, n_cols, block, num_warps=warps)
+    else:
+        _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dxr, *strides, n_cols, block, num_warps=warps)
     return dx
 
 
