@@ -59,6 +59,8 @@ class SwiGLUMLP(nn.Module):
 
     With plain nn.Linear projections the whole MLP is ONE autograd node (kernels.swiglu_mlp): only
     x, g and u are saved and h = silu(g) * u is recomputed in the backward (LESSON 9).
+    recompute_up=True saves only x and g (u is recomputed in the backward: one more matmul), for
+    when memory matters more than ~10% of the MLP's time.
 
     When a projection is not a plain nn.Linear (e.g. peft wrapped it in a LoRA layer, or it was
     quantized), the modules are called as they are, so their own forward (LoRA branches, dropout,
@@ -67,8 +69,10 @@ class SwiGLUMLP(nn.Module):
     more memory than the fused node.
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, *, device=None, dtype=None):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, *, recompute_up: bool = False,
+                 device=None, dtype=None):
         super().__init__()
+        self.recompute_up = recompute_up
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -81,7 +85,7 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fusable():
             g, u, d = self.gate_proj, self.up_proj, self.down_proj
-            return swiglu_mlp(x, g.weight, u.weight, d.weight, g.bias, u.bias, d.bias)
+            return swiglu_mlp(x, g.weight, u.weight, d.weight, g.bias, u.bias, d.bias, recompute_up=self.recompute_up)
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -91,6 +91,12 @@ def test_torch_compile_fullgraph():
         assert_close(g, w, torch.float32)
 
 
+def test_opcheck():
+    x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+    w = torch.randn(8, device=DEVICE, requires_grad=True)
+    b = torch.randn(8, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(torch.ops.hearth.layer_norm_fwd, (x, w, b, 1e-5))
+
 @gpu_only
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
 def test_real_shapes_bf16(n):

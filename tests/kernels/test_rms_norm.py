@@ -110,6 +110,23 @@ def test_torch_compile_fullgraph():
     assert_close(gw, ew, torch.float32)
 
 
+def test_sum_backward_with_an_expanded_gradient():
+    # y.sum().backward() hands the op a stride-0 dy; it must be read correctly.
+    torch.manual_seed(6)
+    x = torch.randn(5, 24, device=DEVICE, requires_grad=True)
+    w = torch.randn(24, device=DEVICE, requires_grad=True)
+    rms_norm(x, w).sum().backward()
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    reference(xr, wr).sum().backward()
+    assert_close(x.grad, xr.grad, torch.float32)
+    assert_close(w.grad, wr.grad, torch.float32)
+
+
+def test_opcheck():
+    x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+    w = torch.randn(8, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(torch.ops.hearth.rms_norm_fwd, (x, w, 1e-6))
+
 @gpu_only
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
 def test_real_shapes_bf16(n):

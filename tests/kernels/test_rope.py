@@ -158,6 +158,24 @@ def test_torch_compile_fullgraph():
         assert_close(g, w, torch.float32)
 
 
+def test_sum_backward_with_expanded_gradients():
+    torch.manual_seed(6)
+    q, k = make_qk(1, 2, 1, 3, 8, torch.float32, True)
+    q.requires_grad_()
+    k.requires_grad_()
+    cos, sin = tables(1, 3, 8, torch.float32, offset=1.0)
+    qo, ko = rope(q, k, cos, sin)
+    dq, dk = torch.autograd.grad(qo.sum() + ko.sum(), (q, k))
+    want_q, want_k = torch.autograd.grad(reference(q, cos, sin).sum() + reference(k, cos, sin).sum(), (q, k))
+    assert_close(dq, want_q, torch.float32)
+    assert_close(dk, want_k, torch.float32)
+
+
+def test_opcheck():
+    q, k = make_qk(1, 3, 2, 3, 8, torch.float32, True)
+    cos, sin = tables(1, 3, 8, torch.float32)
+    torch.library.opcheck(torch.ops.hearth.rope, (q.requires_grad_(), k.requires_grad_(), cos, sin, False))
+
 @gpu_only
 @pytest.mark.parametrize("hf_layout", [False, True], ids=["bhtd", "bthd_transposed"])
 def test_real_shape_bf16(hf_layout):

@@ -29,6 +29,8 @@ from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_d
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
 MAX_TILE = 4096
+# Tuning override for the launcher's num_warps choice (None: 4 for tiles <= 2048 elements, else 8).
+NUM_WARPS: int | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,7 +76,8 @@ def _rope_kernel(
     # compile-time trip count, which Triton 3.6's interpreter also needs)
     HQ: tl.constexpr,
     HK: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BACKWARD: tl.constexpr,  # apply R^T (rotate by -theta) instead of R
 ):
@@ -94,9 +97,9 @@ def _rope_kernel(
         s1 = tl.load(s_row + d * ss_d, mask=dmask, other=0.0).to(tl.float32)
         s2 = tl.load(s_row + (d + HALF) * ss_d, mask=dmask, other=0.0).to(tl.float32)
     _rotate_heads(q_ptr + b * sq_b + t * sq_t, qo_ptr + b * sqo_b + t * sqo_t, HALF,
-                  sq_h, sq_d, sqo_h, sqo_d, c1, c2, s1, s2, d, HQ, BLOCK_H)
+                  sq_h, sq_d, sqo_h, sqo_d, c1, c2, s1, s2, d, HQ, BLOCK_HQ)
     _rotate_heads(k_ptr + b * sk_b + t * sk_t, ko_ptr + b * sko_b + t * sko_t, HALF,
-                  sk_h, sk_d, sko_h, sko_d, c1, c2, s1, s2, d, HK, BLOCK_H)
+                  sk_h, sk_d, sko_h, sko_d, c1, c2, s1, s2, d, HK, BLOCK_HK)
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,8 +116,10 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
         return qo, ko
     half = dim // 2
     block_half = triton.next_power_of_2(half)
-    block_h = max(1, min(triton.next_power_of_2(max(hq, hk)), MAX_TILE // block_half))
-    num_warps = 4 if block_h * block_half <= 2048 else 8
+    max_heads = max(1, MAX_TILE // block_half)
+    block_hq = min(triton.next_power_of_2(hq), max_heads)
+    block_hk = min(triton.next_power_of_2(hk), max_heads)
+    num_warps = NUM_WARPS or (4 if max(block_hq, block_hk) * block_half <= 2048 else 8)
     cb = 0 if cos.shape[0] == 1 else cos.stride(0)
     sb = 0 if sin.shape[0] == 1 else sin.stride(0)
     _rope_kernel[(bsz * t,)](
@@ -122,7 +127,7 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
         t, half,
         *q.stride(), *k.stride(), *qo.stride(), *ko.stride(),
         cb, cos.stride(1), cos.stride(2), sb, sin.stride(1), sin.stride(2),
-        HQ=hq, HK=hk, BLOCK_H=block_h, BLOCK_HALF=block_half, BACKWARD=backward, num_warps=num_warps,
+        HQ=hq, HK=hk, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half, BACKWARD=backward, num_warps=num_warps,
     )
     return qo, ko
 

@@ -12,7 +12,8 @@ Memory traffic for [M, N] in b bytes per element:
 swiglu_mlp (LESSON 9): one autograd node for down(swiglu(gate(x), up(x))). Only x, g and u are
 saved; h = silu(g) * u lives only inside the forward (one row chunk at a time) and is recomputed
 from g and u in the backward, where dg and du overwrite g and u in place (they are dead after),
-so the backward's only extra [rows, I] memory is one column chunk of dh.
+so the backward's only extra [rows, I] memory is one column chunk of dh. With recompute_up, u is
+not saved either (recomputed per column chunk in the backward: one extra matmul).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import triton.language as tl
 from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
 
 BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
+NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_COLS = 1024
 # swiglu_mlp works on chunks of about this many elements of [rows, I] at a time (h in the forward,
 # dh in the backward): 16 Mi elements = 32 MiB in bf16, still big enough for full-speed matmuls.
 MLP_CHUNK_ELEMS = 16 * 1024 * 1024
@@ -93,7 +95,7 @@ def _grid(m: int, n: int):
 def _launch_fwd(g2, u2, h2) -> None:
     m, n = g2.shape
     if m and n:
-        _swiglu_fwd_kernel[_grid(m, n)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0), BLOCK=BLOCK_COLS, num_warps=4)
+        _swiglu_fwd_kernel[_grid(m, n)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0), BLOCK=BLOCK_COLS, num_warps=NUM_WARPS)
 
 
 def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None) -> None:
@@ -103,7 +105,7 @@ def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None) -> None:
         _swiglu_bwd_kernel[_grid(m, n)](
             dh2, g2, u2, dg2, du2, h_out, n,
             dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0), h_out.stride(0),
-            BLOCK=BLOCK_COLS, STORE_H=h2 is not None, num_warps=4,
+            BLOCK=BLOCK_COLS, STORE_H=h2 is not None, num_warps=NUM_WARPS,
         )
 
 
@@ -157,74 +159,115 @@ _swiglu_fwd_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
 # torch.library ops + autograd: the SwiGLU MLP as one node (LESSON 9)
 # --------------------------------------------------------------------------------------------
 def _chunk(total: int, other: int) -> int:
-    return max(1, min(total, MLP_CHUNK_ELEMS // max(1, other)))
+    """Rows (or columns) per chunk so that chunk x other ~ MLP_CHUNK_ELEMS; a multiple of 256 when
+    that large, so every chunk's matmul tiles evenly."""
+    size = MLP_CHUNK_ELEMS // max(1, other)
+    if size >= 256:
+        size -= size % 256
+    return max(1, min(total, size))
+
+
+def _linear_into(out, a, w, b) -> None:
+    """out = a @ w.T (+ b), written into the given (contiguous) buffer."""
+    if b is None:
+        torch.mm(a, w.t(), out=out)
+    else:
+        torch.addmm(b, a, w.t(), out=out)
 
 
 @torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())
 def _mlp_fwd_op(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
     b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
+    recompute_up: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, H] -> (out [M, H], g [M, I], u [M, I]); h is formed one row chunk at a time."""
+    """x [M, H] -> (out [M, H], g [M, I], u [M, I] or an empty [0] tensor when recompute_up).
+
+    h (and, when recompute_up, u) is formed one row chunk at a time and never held whole."""
     g = F.linear(x, w_gate, b_gate)
-    u = F.linear(x, w_up, b_up)
+    u = x.new_empty(0) if recompute_up else F.linear(x, w_up, b_up)
     m, inter = g.shape
     out = x.new_empty((m, w_down.shape[0]))
     rows = _chunk(m, inter)
-    h = g.new_empty((min(rows, m), inter))
+    h_buf = g.new_empty((min(rows, m), inter))
+    u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
-        hc = h[: r1 - r0]
-        _launch_fwd(g[r0:r1], u[r0:r1], hc)
-        if b_down is None:
-            torch.mm(hc, w_down.t(), out=out[r0:r1])
+        hc = h_buf[: r1 - r0]
+        if recompute_up:
+            uc = u_buf[: r1 - r0]
+            _linear_into(uc, x[r0:r1], w_up, b_up)
         else:
-            torch.addmm(b_down, hc, w_down.t(), out=out[r0:r1])
+            uc = u[r0:r1]
+        _launch_fwd(g[r0:r1], uc, hc)
+        _linear_into(out[r0:r1], hc, w_down, b_down)
     return out, g, u
 
 
 @_mlp_fwd_op.register_fake
-def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down):
+def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
     m = x.shape[0]
     inter = w_gate.shape[0]
-    return x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), x.new_empty((m, inter))
+    u = x.new_empty(0) if recompute_up else x.new_empty((m, inter))
+    return x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), u
 
 
 @torch.library.custom_op("hearth::swiglu_mlp_bwd", mutates_args=("g", "u"))
 def _mlp_bwd_op(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
-    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, need_weight_grads: bool,
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: Optional[torch.Tensor],
+    need_weight_grads: bool, recompute_up: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down (weight/bias grads are empty
-    [0] tensors when need_weight_grads is False). Overwrites g with dg and u with du."""
+    [0] tensors when need_weight_grads is False). Overwrites g with dg and u with du; when
+    recompute_up, u is an empty placeholder and each column chunk of u is recomputed from x."""
     dout = dout.contiguous()
     m, inter = g.shape
     cols = _chunk(inter, m)
-    dw_down = w_down.new_empty(w_down.shape) if need_weight_grads else w_down.new_empty(0)
-    dh = g.new_empty((m, min(cols, inter)))
-    # Column chunks of I: each chunk of dW_down is produced whole by one matmul (no accumulation).
+    need_w = need_weight_grads
+    dw_down = w_down.new_empty(w_down.shape) if need_w else w_down.new_empty(0)
+    dw_up = w_up.new_empty(w_up.shape) if need_w else w_up.new_empty(0)
+    db_up = x.new_empty((inter,)) if need_w else x.new_empty(0)
+    dh_buf = g.new_empty(m * min(cols, inter))
+    u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
+    dx = torch.zeros_like(x) if recompute_up else None
+    # Column chunks of I: each chunk of dW_down (and dW_up) is produced whole by one matmul.
     for c0 in range(0, inter, cols):
         c1 = min(inter, c0 + cols)
-        dhc = dh[:, : c1 - c0]
+        width = c1 - c0
+        dhc = dh_buf[: m * width].view(m, width)  # contiguous, also for the ragged last chunk
         torch.mm(dout, w_down[:, c0:c1], out=dhc)
-        gc, uc = g[:, c0:c1], u[:, c0:c1]
-        # dg -> g, du -> u, h -> dh, all in place.
-        _launch_bwd(dhc, gc, uc, gc, uc, dhc if need_weight_grads else None)
-        if need_weight_grads:
+        gc = g[:, c0:c1]
+        if recompute_up:
+            uc = u_buf[: m * width].view(m, width)
+            _linear_into(uc, x, w_up[c0:c1], b_up[c0:c1] if b_up is not None else None)
+        else:
+            uc = u[:, c0:c1]
+        # dg -> g, du -> u (chunk), h -> dh, all in place.
+        _launch_bwd(dhc, gc, uc, gc, uc, dhc if need_w else None)
+        if need_w:
             dw_down[:, c0:c1].copy_(dout.t() @ dhc)
-    dg, du = g, u
-    dx = torch.mm(dg, w_gate)
-    dx.addmm_(du, w_up)
-    if need_weight_grads:
-        dw_gate, dw_up = dg.t() @ x, du.t() @ x
-        db_gate, db_up, db_down = dg.sum(0), du.sum(0), dout.sum(0)
+            torch.mm(uc.t(), x, out=dw_up[c0:c1])
+            db_up[c0:c1] = uc.sum(0)
+        if recompute_up:  # du chunk dies here: fold it into dx now
+            dx.addmm_(uc, w_up[c0:c1])
+    dg = g
+    if recompute_up:
+        dx.addmm_(dg, w_gate)
     else:
-        dw_gate = dw_up = db_gate = db_up = db_down = x.new_empty(0)
+        dx = torch.mm(dg, w_gate)
+        dx.addmm_(u, w_up)
+    if need_w:
+        dw_gate = dg.t() @ x
+        db_gate, db_down = dg.sum(0), dout.sum(0)
+    else:
+        # Distinct placeholders: custom op outputs may not alias each other.
+        dw_gate, db_gate, db_down = (x.new_empty(0) for _ in range(3))
     return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
 @_mlp_bwd_op.register_fake
-def _(dout, x, g, u, w_gate, w_up, w_down, need_weight_grads):
+def _(dout, x, g, u, w_gate, w_up, w_down, b_up, need_weight_grads, recompute_up):
     if need_weight_grads:
         grads = [w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape),
                  x.new_empty((w_gate.shape[0],)), x.new_empty((w_up.shape[0],)), x.new_empty((w_down.shape[0],))]
@@ -234,20 +277,25 @@ def _(dout, x, g, u, w_gate, w_up, w_down, need_weight_grads):
 
 
 def _mlp_setup(ctx, inputs, output):
-    x, w_gate, w_up, w_down, b_gate, b_up, b_down = inputs
+    x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up = inputs
     _out, g, u = output
-    ctx.save_for_backward(x, g, u, w_gate, w_up, w_down)
+    # g and u are op outputs only so that they can be saved; nothing differentiates through them.
+    ctx.mark_non_differentiable(g, u)
+    ctx.save_for_backward(x, g, u, w_gate, w_up, w_down, b_up)
     ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
+    ctx.recompute_up = recompute_up
 
 
 def _mlp_backward(ctx, dout, _dg, _du):
-    x, g, u, w_gate, w_up, w_down = ctx.saved_tensors
+    x, g, u, w_gate, w_up, w_down, b_up = ctx.saved_tensors
     need_w = any(ctx.needs_input_grad[1:7])
-    dx, dwg, dwu, dwd, dbg, dbu, dbd = torch.ops.hearth.swiglu_mlp_bwd(dout, x, g, u, w_gate, w_up, w_down, need_w)
+    dx, dwg, dwu, dwd, dbg, dbu, dbd = torch.ops.hearth.swiglu_mlp_bwd(
+        dout, x, g, u, w_gate, w_up, w_down, b_up, need_w, ctx.recompute_up
+    )
     if not need_w:
-        return dx, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None
     bg, bu, bd = ctx.has_bias
-    return dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None
+    return dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None, None
 
 
 _mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
@@ -288,6 +336,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def swiglu_mlp(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
     b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
+    *, recompute_up: bool = False,
 ) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)) as ONE autograd node (weights in nn.Linear layout [out, in]).
 
@@ -299,8 +348,10 @@ def swiglu_mlp(
         [..., H] in x.dtype.
 
     Saved for backward: x, g = gate(x) and u = up(x) only (2 x rows x I elements); h is never held
-    whole. Extra memory beyond the saved tensors: one ~32 MiB (bf16) chunk of h (forward) / dh
-    (backward), see MLP_CHUNK_ELEMS. The backward may run only once per forward (it reuses g and u
+    whole. recompute_up=True saves only x and g and recomputes u chunk by chunk in the backward:
+    half the [rows, I] memory for one more x @ W_up matmul (2*rows*H*I FLOPs, ~+11% MLP time).
+    Extra memory beyond the saved tensors: a ~32 MiB (bf16) chunk of h (forward) / dh (backward),
+    see MLP_CHUNK_ELEMS. The backward may run only once per forward (it reuses g and u
     as the buffers of their own gradients; a second backward raises autograd's saved-tensor error).
 
     Raises:
@@ -325,5 +376,5 @@ def swiglu_mlp(
         if t is not None and t.shape[0] != size:
             raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
     x2 = x.reshape(-1, hidden)
-    out, _g, _u = torch.ops.hearth.swiglu_mlp_fwd(x2, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    out, _g, _u = torch.ops.hearth.swiglu_mlp_fwd(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up))
     return out.view(*x.shape[:-1], hidden)
