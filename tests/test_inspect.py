@@ -120,9 +120,16 @@ def test_report_compiled_and_render_shout_on_flat_matmul(tmp_path):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU path")
-def test_main_without_cuda_exits_nonzero(capsys):
+def test_main_without_cuda_exits_nonzero(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert hi.main("matmul") == 2
     assert "no CUDA GPU" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_main_under_interpreter_exits_nonzero(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert hi.main("matmul", arch="sm_90") == 2
+    assert "TRITON_INTERPRET" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("shape,dtype", [("12xq", "bfloat16"), ("0x4", "bfloat16"), (None, "int8")])
@@ -137,7 +144,7 @@ def test_cli_inspect_refuses_without_cuda():
 
     from hearth.cli import app
 
-    res = CliRunner().invoke(app, ["inspect", "matmul", "--shape", "64x64x64"])
+    res = CliRunner().invoke(app, ["inspect", "matmul", "--shape", "64x64x64"], env={"TRITON_INTERPRET": "0"})
     assert res.exit_code == 2
     assert "CUDA" in res.output
 
@@ -151,3 +158,49 @@ def test_gpu_inspect_matmul_has_tensor_cores(tmp_path):
     assert all(r["ptx"]["wgmma"] + r["ptx"]["mma.sync"] > 0 for r in reports)
     if torch.cuda.get_device_capability()[0] == 9:
         assert any(r["ptx"]["wgmma"] > 0 for r in reports)
+
+
+_OFFLINE = r"""
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hearth import inspect as hi
+from hearth.kernels import matmul as mm
+# LESSON 4 for real: an fp32 dot forced to 'ieee' precision compiles to plain FMAs on sm_90
+const = dict(stride_ak=1, stride_bn=1, stride_cn=1, PRECISION="ieee", UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8)
+sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"}
+sig.update({k: "constexpr" for k in const})
+flat = triton.compile(ASTSource(fn=mm._matmul_kernel, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+reports = [hi.report_compiled(label, k) for label, k in mm.offline_kernels(90, torch.bfloat16)]
+reports.append(hi.report_compiled("flat", flat))
+rc = hi.main("matmul", arch="sm_90", json_out=__import__("pathlib").Path(sys.argv[1]))  # the command's offline path
+assert rc == 0, rc
+print(json.dumps([dict(label=r.label, level=r.level, verdict=r.verdict, ptx=r.ptx, sass=r.sass, registers=r.registers) for r in reports]))
+"""
+
+
+def test_offline_sm90_build_of_the_real_kernels(tmp_path):
+    """Compiles hearth's matmul for sm_90 on this (GPU-less) machine with Triton's bundled ptxas:
+    the TMA kernels must emit wgmma (HGMMA in SASS) and TMA copies; a forced-'ieee' fp32 dot must be
+    called out as having no tensor-core instructions."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "r.json"
+    res = subprocess.run([sys.executable, "-c", _OFFLINE, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    reports = {r["label"]: r for r in json.loads(res.stdout.strip().splitlines()[-1])}
+    tma = [r for label, r in reports.items() if "[tma]" in label]
+    assert len(tma) == 2
+    for r in tma:
+        assert r["level"] == "ok" and r["ptx"]["wgmma"] > 0 and r["ptx"]["tma"] > 0, r
+        if r["sass"] is not None:
+            assert r["sass"]["HGMMA"] > 0 and r["sass"]["UTMA"] > 0
+        assert r["registers"] and r["registers"] <= 255
+    flat = reports["flat"]
+    assert flat["level"] == "error" and flat["verdict"].startswith("No tensor-core instructions")
+    assert flat["ptx"]["fma.f32"] > 0
+    assert all(r["ptx"]["wgmma"] > 0 for r in json.loads(out.read_text()))  # `hearth inspect matmul --arch sm_90 --json`
+    assert hi.main("matmul", arch="sm_9x") == 2
