@@ -3,18 +3,24 @@
     python benchmarks/gateway/bench_gateway.py                 # full run (lead, on a quiet machine)
     python benchmarks/gateway/bench_gateway.py --quick         # smoke run: small counts, short timeouts
 
+Bounded: at most --requests per row and --time-limit-s per row; everything on 127.0.0.1.
+
 Load rows (each: N requests at concurrency C in {1, 50, 500}; upstream = FakeOpenAI in its own process):
     aiohttp direct        client -> upstream, aiohttp.ClientSession (the fastest direct client)
     httpx direct          client -> upstream, httpx.AsyncClient
     hearth chain          Chain.complete in the client process (the library API the app uses)
     hearth gateway        client -> `hearth gateway` (aiohttp.web, own process) -> upstream
     fastapi gateway       client -> the same Chain behind FastAPI + uvicorn (own process) -> upstream
-    litellm router        Router.acompletion in the client process (LiteLLM, imported only here)
+    litellm router        Router.acompletion in the load generator's process (LiteLLM, imported only by
+                          this benchmark, never by hearth or CI). LiteLLM's rows (load and faults) run in a
+                          child process: once LiteLLM ran, its background threads slowed every later
+                          measurement in the same process.
 Per row: p50 / p99 latency (ms), req/s, client CPU ms per request (the load generator's process; for
 in-process rows it includes the chain's or router's own work) and server CPU ms per request (gateway
 process, HTTP rows only). Overhead = row p50/p99 minus aiohttp direct at the same concurrency.
 
-Fault rows (sequential requests; primary and hosted are FakeOpenAIs in threads):
+Fault rows (sequential requests; primary and hosted are FakeOpenAIs in threads; hearth's chain and
+LiteLLM's Router each with the same timeout T and no retries):
     hung primary          primary never answers; timeout T; cost over T is the chain's overhead
     500 primary           primary answers 500; hearth cools it down after 3 failures
     cold fine-tune        primary (scale_to_zero) is cold for --cold-s seconds, then serves; requests
@@ -28,9 +34,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +51,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch LiteLLM's cost map from the internet
 
-import servers  # noqa: E402
 from servers import CHAT_JSON, cpu_seconds, start_gateway, start_upstream  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hello in the envelope."}]
@@ -262,23 +269,26 @@ async def fault_rows(args, progress) -> list[dict]:
                                 _litellm_deployment("hosted", hosted.base_url, 30)],
                                fallbacks=[{"primary": ["hosted"]}], num_retries=0, **kw)
 
+    systems = ["litellm"] if args.rows == ["litellm"] else ["hearth"]
     try:
-        # 1. hung primary
-        with FakeOpenAI(Behavior.hang()) as hung:
-            for label, gw in (("hung primary (breaker off)", {"breaker_failures": 1_000_000}),
-                              ("hung primary (breaker 3)", {"breaker_failures": 3, "cooldown_s": 60})):
-                async with Chain(hearth_cfg(primary(hung), **gw)) as chain:
-                    await run(label, "hearth", lambda: hearth_call(chain), args.fault_requests, timeout_s=T)
-            if "litellm" in args.rows:
-                await run("hung primary", "litellm", litellm_call(litellm_for(hung)), args.fault_requests, timeout_s=T)
-        # 2. failing primary
-        with FakeOpenAI(Behavior.status(500)) as failing:
-            async with Chain(hearth_cfg(primary(failing), breaker_failures=3, cooldown_s=60)) as chain:
-                await run("500 primary (breaker 3)", "hearth", lambda: hearth_call(chain), args.fault_requests)
-            if "litellm" in args.rows:
-                await run("500 primary", "litellm", litellm_call(litellm_for(failing)), args.fault_requests)
-        # 3. cold fine-tune: health and chat wait until ready_at (a cold start), then answer at once
-        for system in ("hearth", "litellm") if "litellm" in args.rows else ("hearth",):
+        for system in systems:
+            # 1. hung primary
+            with FakeOpenAI(Behavior.hang()) as hung:
+                if system == "hearth":
+                    for label, gw in (("hung primary (breaker off)", {"breaker_failures": 1_000_000}),
+                                      ("hung primary (breaker 3)", {"breaker_failures": 3, "cooldown_s": 60})):
+                        async with Chain(hearth_cfg(primary(hung), **gw)) as chain:
+                            await run(label, "hearth", lambda: hearth_call(chain), args.fault_requests, timeout_s=T)
+                else:
+                    await run("hung primary", "litellm", litellm_call(litellm_for(hung)), args.fault_requests, timeout_s=T)
+            # 2. failing primary
+            with FakeOpenAI(Behavior.status(500)) as failing:
+                if system == "hearth":
+                    async with Chain(hearth_cfg(primary(failing), breaker_failures=3, cooldown_s=60)) as chain:
+                        await run("500 primary (breaker 3)", "hearth", lambda: hearth_call(chain), args.fault_requests)
+                else:
+                    await run("500 primary", "litellm", litellm_call(litellm_for(failing)), args.fault_requests)
+            # 3. cold fine-tune: health and chat wait until ready_at (a cold start), then answer at once
             ready_at = time.monotonic() + args.cold_s
 
             def wait_left() -> float:
@@ -316,18 +326,22 @@ def environment() -> dict:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts and short timeouts (smoke run)")
-    ap.add_argument("--requests", type=int, default=2000, help="requests per load row (at least the concurrency)")
+    ap.add_argument("--requests", type=int, default=None, help="requests per load row, at least the concurrency (2000; --quick 200)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 50, 500])
     ap.add_argument("--rows", nargs="+", default=list(LABELS), choices=list(LABELS))
     ap.add_argument("--time-limit-s", type=float, default=60.0, help="stop issuing requests in a row after this")
-    ap.add_argument("--fault-requests", type=int, default=20)
-    ap.add_argument("--hang-timeout-s", type=float, default=1.0)
-    ap.add_argument("--cold-s", type=float, default=4.0)
+    ap.add_argument("--fault-requests", type=int, default=None, help="requests per fault row (20; --quick 6)")
+    ap.add_argument("--hang-timeout-s", type=float, default=None, help="hung provider's timeout (1.0; --quick 0.3)")
+    ap.add_argument("--cold-s", type=float, default=None, help="cold-start length (4.0; --quick 1.0)")
     ap.add_argument("--skip-faults", action="store_true")
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--emit", type=Path, help=argparse.SUPPRESS)  # child mode: write rows as JSON here
     args = ap.parse_args(argv)
+    defaults = ((200, 6, 0.3, 1.0) if args.quick else (2000, 20, 1.0, 4.0))
+    for name, value in zip(("requests", "fault_requests", "hang_timeout_s", "cold_s"), defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.quick:
-        args.requests, args.fault_requests, args.hang_timeout_s, args.cold_s = 200, 6, 0.3, 1.0
         args.time_limit_s = min(args.time_limit_s, 20.0)
     if args.requests < 1 or args.fault_requests < 1 or args.hang_timeout_s <= 0 or args.cold_s <= 0:
         ap.error("--requests, --fault-requests, --hang-timeout-s and --cold-s must be positive")
@@ -345,12 +359,38 @@ async def amain(args) -> list[dict]:
     return rows
 
 
+def _litellm_in_child(args) -> list[dict]:
+    """LiteLLM's rows in a separate process: once imported and run, LiteLLM's background threads and
+    tasks slow every later measurement in the process (seen: +0.7 s on a 0.3 s timeout), so it must
+    not share one with hearth's rows."""
+    with tempfile.TemporaryDirectory(prefix="hearth-gw-litellm-") as tmp:
+        emit = Path(tmp) / "rows.json"
+        argv = [sys.executable, __file__, "--rows", "litellm", "--emit", str(emit),
+                "--requests", str(args.requests), "--fault-requests", str(args.fault_requests),
+                "--hang-timeout-s", str(args.hang_timeout_s), "--cold-s", str(args.cold_s),
+                "--time-limit-s", str(args.time_limit_s), "--concurrency", *map(str, args.concurrency)]
+        if args.skip_faults:
+            argv.append("--skip-faults")
+        subprocess.run(argv, check=True)
+        return json.loads(emit.read_text())
+
+
 def main(argv=None) -> int:
     from report import write_reports
 
     args = parse_args(argv)
+    # the chain logs fallbacks and cooldowns at WARNING; in a benchmark they would only scramble the progress bars
+    logging.getLogger("hearth").setLevel(logging.ERROR)
     env = environment()
-    rows = asyncio.run(amain(args))
+    if args.emit:  # child: run what was asked, hand the rows back
+        args.emit.write_text(json.dumps(asyncio.run(amain(args))))
+        return 0
+    want_litellm = "litellm" in args.rows
+    args.rows = [r for r in args.rows if r != "litellm"]
+    rows = asyncio.run(amain(args)) if args.rows else []
+    if want_litellm:
+        rows += _litellm_in_child(args)
+        args.rows.append("litellm")
     args.out.mkdir(parents=True, exist_ok=True)
     write_reports(rows, env, vars(args), args.out)
     print(f"wrote {args.out / 'results.jsonl'}, results.md, results.png")

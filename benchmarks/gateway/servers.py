@@ -6,9 +6,8 @@
                                       a lower bound on what a FastAPI gateway costs)
 
 Every process binds 127.0.0.1 only. bench_gateway.py starts and stops them.
+(No `from __future__ import annotations` here: FastAPI must resolve the `Request` annotation.)
 """
-
-from __future__ import annotations
 
 import asyncio
 import json
@@ -120,7 +119,7 @@ class Proc:
         self.log.close()
 
 
-def start_upstream(workdir: Path) -> tuple[Proc, str]:
+def start_upstream(workdir: Path) -> "tuple[Proc, str]":
     portfile = workdir / "upstream.port"
     portfile.unlink(missing_ok=True)
     proc = Proc([__file__, "upstream", str(portfile)], workdir / "upstream.log")
@@ -134,7 +133,7 @@ def start_upstream(workdir: Path) -> tuple[Proc, str]:
     return proc, url + "/v1"
 
 
-def start_gateway(kind: str, config: Path, workdir: Path) -> tuple[Proc, str]:
+def start_gateway(kind: str, config: Path, workdir: Path) -> "tuple[Proc, str]":
     port = free_port()
     if kind == "hearth":
         args = ["-m", "hearth.cli", "gateway", "--config", str(config), "--port", str(port)]

@@ -224,3 +224,30 @@ def test_connection_failed_and_invalid_response_types():
 
     reset, html = asyncio.run(main())
     assert isinstance(reset, ConnectionFailed) and isinstance(html, InvalidResponse)
+
+
+def test_thinking_that_eats_the_budget_is_reported_as_truncated():
+    async def main():
+        thinking = Behavior.reply("<think>The user greets me. I should consider", finish_reason="length")
+        async with FakeOpenAI(thinking) as a:
+            async with Chain(make_config(provider("a", a))) as chain:
+                with pytest.raises(AllProvidersFailed) as info:
+                    await chain.complete(MESSAGES, kind="chat", max_tokens=16)
+        return info.value.exceptions[0], a.requests[0]
+
+    err, body = asyncio.run(main())
+    assert isinstance(err, InvalidEnvelope) and err.finish_reason == "length"
+    assert "truncated: finish_reason=length" in str(err) and "think" in err.envelope_error.reason
+    assert body["max_tokens"] == 16
+
+
+def test_retry_after_seconds_and_http_date():
+    from email.utils import formatdate
+
+    from hearth.gateway.providers import parse_retry_after
+
+    now = 1_800_000_000.0
+    assert parse_retry_after("5", now) == 5.0 and parse_retry_after(" 0.5 ", now) == 0.5
+    assert parse_retry_after("-3", now) == 0.0
+    assert parse_retry_after(formatdate(now + 120, usegmt=True), now) == 120.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -11,7 +12,6 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 import httpx
-import pytest
 from aiohttp import web
 
 from hearth.gateway.server import create_app, main
@@ -152,7 +152,13 @@ def test_models_health_ready_providers_metrics():
 def test_main_refuses_bad_config(tmp_path, capsys):
     cfg = tmp_path / "g.toml"
     cfg.write_text('[[providers]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\napi_key_env = "HEARTH_TEST_UNSET_KEY"\n')
-    assert main(cfg, "127.0.0.1", 0) == 2
+    hearth_log = logging.getLogger("hearth")
+    saved = (hearth_log.handlers[:], hearth_log.level)
+    try:
+        assert main(cfg, "127.0.0.1", 0) == 2          # main() installs the JSON log handler
+    finally:
+        hearth_log.handlers[:], _ = saved
+        hearth_log.setLevel(saved[1])
     assert "HEARTH_TEST_UNSET_KEY" in capsys.readouterr().err
 
 

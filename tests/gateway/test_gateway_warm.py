@@ -113,3 +113,21 @@ def test_aclose_cancels_a_running_warmup():
 
     elapsed, warming = asyncio.run(main())
     assert elapsed < 0.5 and warming is False
+
+
+def test_warm_endpoint_that_goes_away_is_reprobed():
+    async def main():
+        port = free_port()
+        async with FakeOpenAI(GOOD) as hosted:
+            async with Chain(make_config(_finetune(port), provider("hosted", hosted))) as chain:
+                async with FakeOpenAI(GOOD, port=port):
+                    first = await chain.complete(MESSAGES, kind="chat")       # warm: ft answers
+                # ft scaled back to zero while its "warm" answer is still cached (ttl 30 s)
+                second = await chain.complete(MESSAGES, kind="chat")          # tried, refused, hosted answers
+                third = await chain.complete(MESSAGES, kind="chat")           # re-probed: cold, skipped
+                return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.provider == "ft"
+    assert second.attempts == [("ft", "connection"), ("hosted", "ok")]
+    assert third.attempts == [("ft", "cold"), ("hosted", "ok")]

@@ -33,7 +33,8 @@ from hearth.envelope import REPLY_KINDS
 from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
-    AllProvidersFailed, Cold, DeadlineExceeded, GatewayError, ProviderError, StreamInterrupted, label,
+    AllProvidersFailed, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, ProviderError, StreamInterrupted,
+    Timeout, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
@@ -156,6 +157,9 @@ class Chain:
         if elapsed is None:  # skipped: no request was made, the breaker learns nothing
             return
         self.metrics.attempt_seconds.labels(name, "error").observe(elapsed)
+        if name in self.gates and isinstance(error, (ConnectionFailed, Timeout)):
+            # a "warm" answer is stale once the endpoint stops answering (scaled back to zero): re-probe
+            self.gates[name].invalidate()
         if self.breakers[name].failure(error):
             self.metrics.breaker_open.labels(name).set(1)
             log.warning("provider %s cooling down: %s", name, self.breakers[name].why,
@@ -163,7 +167,7 @@ class Chain:
         log.info("attempt failed: %s", error, extra={"request_id": request_id, "provider": name, "error": lab})
 
     def _succeeded(self, name: str, elapsed: float) -> None:
-        self.metrics.attempt_seconds.labels(name, "ok").observe(elapsed)
+        self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(elapsed)
         breaker = self.breakers[name]
         if breaker.failures:
             breaker.success()
@@ -191,7 +195,7 @@ class Chain:
                 break
             t0 = time.monotonic()
             try:
-                done = await p.complete(messages, kind, budget_s=left, max_tokens=max_tokens)
+                done = await p.complete(messages, kind, budget_s=left, max_tokens=max_tokens, request_id=request_id)
             except ProviderError as exc:
                 self._failed(exc, time.monotonic() - t0, request_id)
                 errors.append(exc)
@@ -201,8 +205,8 @@ class Chain:
                 continue
             now = time.monotonic()
             self._succeeded(p.name, now - t0)
-            self.metrics.requests.labels(kind, "ok").inc()
-            self.metrics.request_seconds.labels(kind).observe(now - start)
+            self.metrics.child(self.metrics.requests, kind, "ok").inc()
+            self.metrics.child(self.metrics.request_seconds, kind).observe(now - start)
             attempts.append((p.name, "ok"))
             return ChainResult(done.envelope, done.text, p.name, now - start, attempts, done.finish_reason)
         raise self._all_failed(errors, kind, start)
@@ -227,7 +231,8 @@ class Chain:
                 break
             t0 = time.monotonic()
             try:
-                upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens)
+                upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                      request_id=request_id)
             except ProviderError as exc:
                 self._failed(exc, time.monotonic() - t0, request_id)
                 errors.append(exc)
@@ -252,8 +257,8 @@ class Chain:
                 upstream.close()
             now = time.monotonic()
             self._succeeded(p.name, now - t0)
-            self.metrics.requests.labels(kind, "ok").inc()
-            self.metrics.request_seconds.labels(kind).observe(now - start)
+            self.metrics.child(self.metrics.requests, kind, "ok").inc()
+            self.metrics.child(self.metrics.request_seconds, kind).observe(now - start)
             attempts.append((p.name, "ok"))
             yield StreamDone(ChainResult(envelope, text, p.name, now - start, attempts, upstream.finish_reason))
             return

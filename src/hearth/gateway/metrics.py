@@ -38,5 +38,16 @@ class GatewayMetrics:
         self.breaker_open = Gauge("hearth_gateway_breaker_open", "1 while a provider is cooling down", ["provider"],
                                   registry=r)
 
+        self._children: dict = {}
+
+    def child(self, metric, *labels: str):
+        """metric.labels(*labels), memoised: the hot path skips prometheus' lock and label checks.
+        Label values are bounded (providers x outcomes x kinds), so the memo is too."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

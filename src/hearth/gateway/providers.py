@@ -11,6 +11,7 @@ Timing of one attempt (all in seconds, against time.monotonic):
     the rest   <= limit                                    -> Timeout("total")
 When budget_s is the binding limit the error is DeadlineExceeded instead, so a log says whose budget ran out.
 On any early exit the response is closed, which drops the connection rather than re-pooling it.
+The caller's request id goes upstream as X-Request-ID, so provider logs can be joined with ours.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class Provider:
             headers["Authorization"] = f"Bearer {config.api_key}"
         headers.update(config.headers)
         self._headers = headers
+        # Building a JSON Schema costs far more than the rest of a request: do it once per kind.
+        self._response_formats = {k: env.response_format(k) for k in env.REPLY_KINDS} if config.json_schema else {}
 
     # ------------------------------------------------------------------ request
     def body(self, messages: list[dict], kind: str, *, max_tokens: int | None, stream: bool) -> bytes:
@@ -117,13 +120,16 @@ class Provider:
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if self.config.json_schema:
-            body["response_format"] = env.response_format(kind)
+            body["response_format"] = self._response_formats[kind]
         if stream:
             body["stream"] = True
         return json.dumps(body, separators=(",", ":")).encode()
 
-    async def _open(self, clock: _Clock, body: bytes, stream: bool) -> UpstreamResponse:
-        headers = self._headers if not stream else {**self._headers, "Accept": "text/event-stream"}
+    async def _open(self, clock: _Clock, body: bytes, stream: bool, request_id: str | None) -> UpstreamResponse:
+        headers = self._headers
+        if stream or request_id:
+            headers = {**headers, **({"Accept": "text/event-stream"} if stream else {}),
+                       **({"X-Request-ID": request_id} if request_id else {})}
         connect_s = min(self.config.timeouts.connect_s, max(clock.left(), 1e-3))
         try:
             resp = await clock.within(
@@ -146,10 +152,10 @@ class Provider:
 
     # ------------------------------------------------------------------ JSON
     async def complete(self, messages: list[dict], kind: str, *, budget_s: float,
-                       max_tokens: int | None = None) -> Completion:
+                       max_tokens: int | None = None, request_id: str | None = None) -> Completion:
         """One non-streaming attempt. Raises a ProviderError subclass; never anything else on purpose."""
         clock = _Clock(self.config, budget_s)
-        resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=False), False)
+        resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=False), False, request_id)
         try:
             raw = await clock.within(resp.read(), clock.left(), "total")
         except ConnectFailed as exc:
@@ -180,14 +186,14 @@ class Provider:
 
     # ------------------------------------------------------------------ SSE
     async def open_stream(self, messages: list[dict], kind: str, *, budget_s: float,
-                          max_tokens: int | None = None) -> tuple["ChatStream", str]:
+                          max_tokens: int | None = None, request_id: str | None = None) -> tuple["ChatStream", str]:
         """Start a streaming attempt and wait for its first non-empty content delta.
 
         Returns (stream, first_delta). Everything that can fail before the first byte reaches the
         client fails here, so the chain can still fall back.
         """
         clock = _Clock(self.config, budget_s)
-        resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=True), True)
+        resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=True), True, request_id)
         stream = ChatStream(self, resp, clock)
         try:
             first = await stream.next_delta(phase="first_token")

@@ -14,10 +14,16 @@ Routes:
     GET  /metrics               Prometheus text format
 
 Every response carries X-Request-ID (the client's, when it sent one, else a new one) and each request
-logs one JSON line with it. Why aiohttp.web rather than FastAPI: the chain's client already runs on
-aiohttp, so the server adds no second HTTP stack; the routes are few and hand-validated; and the
-benchmark (benchmarks/gateway/results.md, "server" rows) measured it against FastAPI+uvicorn on the
-same 2 cores.
+logs one JSON line with it.
+
+Why aiohttp.web rather than FastAPI: the benchmark runs the same Chain behind both (rows "hearth
+gateway (aiohttp.web)" and "fastapi gateway (same chain)" in benchmarks/gateway/results.md). On the
+shared 2-core box they came out even within noise (server CPU 0.5-0.85 ms per request each, req/s
+within +-30% either way between runs), even though the FastAPI variant there does less (no request
+log, no request-id middleware). With no measured win for FastAPI, aiohttp.web keeps ONE HTTP stack in
+the process (the client is aiohttp, chosen by measurement), and our six routes are validated by hand
+anyway. If the lead's quiet-machine run shows FastAPI clearly ahead, create_app() is the only thing
+to replace.
 """
 
 from __future__ import annotations
@@ -66,7 +72,6 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger("hearth")
     root.handlers[:] = [handler]
     root.setLevel(level)
-    root.propagate = False
 
 
 # ---------------------------------------------------------------------------------------- helpers

@@ -62,8 +62,12 @@ class WarmGate:
     async def is_warm(self) -> bool:
         """True when the provider may be tried now. Waits at most probe_timeout_s (shared probe)."""
         decision = await self._decide()
-        self.metrics.warm_decisions.labels(self.provider.name, "warm" if decision else "cold").inc()
+        self.metrics.child(self.metrics.warm_decisions, self.provider.name, "warm" if decision else "cold").inc()
         return decision
+
+    def invalidate(self) -> None:
+        """Forget the cached answer (the chain calls this when a warm-gated provider stops answering)."""
+        self._checked_at = float("-inf")
 
     async def wait_warmup(self) -> None:
         """Wait until the running warm-up (if any) ends. Its failure is logged, not raised here."""
