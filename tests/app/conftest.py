@@ -89,11 +89,14 @@ def make_settings(tmp_path, master_key_text):
 
 
 @asynccontextmanager
-async def running_app(settings, model=None):
-    """(app, client) with the lifespan run (migrations, chain start) around the block."""
-    app = create_app(settings, model=model if model is not None else FakeModel())
+async def running_app(settings, model="fake", base_url: str = "http://testserver"):
+    """(app, client) with the lifespan run (migrations, chain start) around the block.
+
+    model: "fake" (default) an in-process FakeModel; None the real gateway chain from the settings' TOML.
+    """
+    app = create_app(settings, model=FakeModel() if model == "fake" else model)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver",
+        async with httpx.AsyncClient(transport=transport, base_url=base_url,
                                      follow_redirects=False) as client:
             yield app, client

@@ -286,3 +286,14 @@ async def test_feed_post_saved_with_the_comments_that_arrived(db, master_key):
         posts = await feed.list_posts(s, cipher)
     assert result.failed == ["Juno"]
     assert posts[0].text == "Second post" and [c.companion_name for c in posts[0].comments] == ["Wren"]
+
+
+async def test_memories_are_capped_oldest_first(db, master_key, monkeypatch):
+    monkeypatch.setattr(companions, "MAX_MEMORIES_KEPT", 2)
+    cipher = await _user(db, master_key)
+    async with db.sessions() as s:
+        comp = await companions.create_companion(s, cipher, persona="wren")
+        for name in ("Ann", "Bo", "Cy"):
+            await companions.chat_turn(s, FakeModel(), cipher, comp.id, f"my name is {name}", **TURN)
+        kept = await companions.memories(s, cipher, comp.id)
+    assert kept == ["The user's name is Bo", "The user's name is Cy"]

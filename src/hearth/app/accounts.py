@@ -15,7 +15,7 @@ import hashlib
 import re
 import secrets
 import time
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -96,21 +96,31 @@ async def signup(db: AsyncSession, *, username: str, password: str, master_key: 
 
 
 class LoginLimiter:
-    """Failed-login limiter: at most ``attempts`` failures per ``window_s`` per username and per client.
+    """Failed-login limiter: at most ``attempts`` failures per ``window_s`` per username, and
+    ``attempts * client_factor`` per client address (several people can share one address).
 
     In memory, per process: with several app workers each enforces its own window (the effective
     limit is attempts x workers). A shared store would be the next step for a multi-worker deployment.
     """
 
-    def __init__(self, attempts: int, window_s: float, clock=time.monotonic):
-        self.attempts, self.window_s, self.clock = attempts, window_s, clock
-        self._fails: dict[str, deque[float]] = defaultdict(deque)
+    SWEEP_AT = 10_000
+
+    def __init__(self, attempts: int, window_s: float, *, client_factor: int = 4, clock=time.monotonic):
+        self.attempts, self.window_s, self.client_factor, self.clock = attempts, window_s, client_factor, clock
+        self._fails: dict[str, deque[float]] = {}
+
+    def _limit(self, key: str) -> int:
+        return self.attempts * (self.client_factor if key.startswith("ip:") else 1)
 
     def _recent(self, key: str) -> deque[float]:
-        q = self._fails[key]
+        q = self._fails.get(key)
+        if q is None:
+            return deque()
         cutoff = self.clock() - self.window_s
         while q and q[0] < cutoff:
             q.popleft()
+        if not q:
+            del self._fails[key]  # keep the table as small as the set of recent offenders
         return q
 
     def retry_after(self, *keys: str) -> float:
@@ -118,13 +128,18 @@ class LoginLimiter:
         wait = 0.0
         for key in keys:
             q = self._recent(key)
-            if len(q) >= self.attempts:
+            if len(q) >= self._limit(key):
                 wait = max(wait, q[0] + self.window_s - self.clock())
         return wait
 
     def failed(self, *keys: str) -> None:
+        now = self.clock()
+        if len(self._fails) > self.SWEEP_AT:  # many distinct names (a spray): drop every expired entry
+            for key in list(self._fails):
+                self._recent(key)
         for key in keys:
-            self._recent(key).append(self.clock())
+            self._recent(key)
+            self._fails.setdefault(key, deque()).append(now)
 
     def succeeded(self, key: str) -> None:
         self._fails.pop(key, None)
@@ -144,6 +159,7 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -
         return None
     row, new = _session_row(user.id, ttl_s)
     async with db.begin():
+        await db.execute(delete(Session).where(Session.user_id == user.id, Session.expires_at <= utcnow()))
         db.add(row)
         if _hasher.check_needs_rehash(user.password_hash):
             user.password_hash = await asyncio.to_thread(_hasher.hash, password)

@@ -17,16 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.engine import make_url
 
 from hearth.app import accounts
 from hearth.app.common import InputError, NotFound
 from hearth.app.deps import AppState, LoginRequired
 from hearth.app.keys import rotate_master_key, users_not_under
 from hearth.app.limits import BodyLimit, SecurityHeaders
-from hearth.app.model import SETUP_SNIPPET, ModelUnavailable, NoModel, build_backend, has_providers
+from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_backend, describe_failure,
+                              has_providers)
 from hearth.app.settings import AppSettings, SettingsError, load_settings
 from hearth.app.storage import create_database, upgrade
 
@@ -69,6 +72,11 @@ def _install_error_handlers(app: FastAPI) -> None:
                            "Point the app at an OpenAI-compatible endpoint (see the snippet on the home page). "
                            "Nothing was saved.")
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        parts = [f"{err['loc'][-1]}: {err['msg']}" for err in exc.errors()]
+        return _error_page(request, 422, "Please check your input", "; ".join(parts))
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         return _error_page(request, exc.status_code, "Request refused", str(exc.detail))
@@ -83,16 +91,6 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.warning("model call failed: %s", exc)
         return _error_page(request, 502, "The model did not answer",
                            f"{describe_failure(exc)} Nothing was saved; try again.")
-
-
-def describe_failure(exc: BaseException) -> str:
-    """A short, user-safe account of a gateway failure (provider names and outcome labels)."""
-    if isinstance(exc, BaseExceptionGroup):
-        parts = [f"{getattr(e, 'provider', '?')}: {type(e).__name__}" for e in exc.exceptions]
-        return "Every provider failed (" + "; ".join(parts) + ")."
-    if isinstance(exc, ModelUnavailable):
-        return "No model is configured."
-    return f"{type(exc).__name__}."
 
 
 def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
@@ -150,11 +148,13 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
         print(f"hearth serve: configuration error: {exc}", file=sys.stderr)
         return 2
     shown_host = f"[{host}]" if ":" in host else host
-    mode = settings.environment
     model = "model: configured" if has_providers(settings.config_path) else "no model configured yet"
-    print(f"hearth: serving on http://{shown_host}:{port}/  ({mode} mode, {model}, database "
-          f"{settings.database_url.split('://')[0]})", flush=True)
+    database = make_url(settings.database_url).render_as_string(hide_password=True)
+    print(f"hearth: serving on http://{shown_host}:{port}/  ({settings.environment} mode, {model}, "
+          f"database {database})", flush=True)
+    # a bounded graceful shutdown: in-flight turns get time to commit, a hung one cannot block exit
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
-                                           proxy_headers=False, server_header=False))
+                                           proxy_headers=False, server_header=False,
+                                           timeout_graceful_shutdown=30))
     server.run()
     return 0 if server.started else 1

@@ -81,3 +81,13 @@ def build_backend(config: Path | None) -> Any:
     from hearth.gateway.config import load_config
 
     return Chain(load_config(config))
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, user-safe account of a gateway failure (provider names and outcome labels)."""
+    if isinstance(exc, BaseExceptionGroup):
+        parts = [f"{getattr(e, 'provider', '?')}: {type(e).__name__}" for e in exc.exceptions]
+        return "Every provider failed (" + "; ".join(parts) + ")."
+    if isinstance(exc, ModelUnavailable):
+        return "No model is configured."
+    return f"{type(exc).__name__}."

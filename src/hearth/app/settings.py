@@ -170,6 +170,7 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     dev = raw["environment"] == "development"
     raw.setdefault("cookie_secure", not (dev and is_loopback(host_)))
     var_dir = Path(raw.get("var_dir", "var"))
+    raw.setdefault("database_url", f"sqlite+aiosqlite:///{var_dir / 'hearth.sqlite3'}")
 
     key_file = raw.pop("master_key_file", None) or env.get("HEARTH_MASTER_KEY_FILE")
     if "master_key" in raw:

@@ -25,15 +25,18 @@ async function readEvents(response, onEvent) {
   }
 }
 
-async function postStream(form) {
-  const body = new URLSearchParams(new FormData(form));
+async function postStream(form, body) {
   const response = await fetch(form.action, {
     method: "POST", body, credentials: "same-origin",
     headers: { "Accept": "text/event-stream", "X-CSRF-Token": form.elements.csrf.value },
   });
   if (!response.ok) {
     let detail = response.statusText;
-    try { const j = await response.json(); detail = j.detail || j.error || detail; } catch (e) { /* not JSON */ }
+    try {
+      const j = await response.json();
+      detail = j.detail || j.error || detail;
+      if (typeof detail !== "string") detail = JSON.stringify(detail);
+    } catch (e) { /* not JSON */ }
     throw new Error(detail);
   }
   return response;
@@ -50,14 +53,37 @@ function bubble(list, role, text) {
   return li;
 }
 
+function addMemories(memories) {
+  let list = document.getElementById("memories");
+  if (!memories.length) return;
+  if (!list) {
+    const empty = document.getElementById("no-memories");
+    list = document.createElement("ul");
+    list.className = "list"; list.id = "memories";
+    if (empty) empty.replaceWith(list); else return;
+  }
+  for (const text of memories) {
+    const li = document.createElement("li");
+    li.textContent = text;
+    list.appendChild(li);
+  }
+}
+
 function setupChat(form) {
   const list = document.getElementById("messages");
   const error = document.getElementById("chat-error");
+  list.addEventListener("click", (ev) => {  // a tapped suggestion becomes the next message draft
+    if (ev.target.classList.contains("suggestion")) {
+      form.elements.message.value = ev.target.textContent;
+      form.elements.message.focus();
+    }
+  });
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const box = form.elements.message;
     const text = box.value.trim();
     if (!text) return;
+    const body = new URLSearchParams(new FormData(form));  // before the box is emptied
     const button = form.querySelector("button");
     button.disabled = true;
     error.hidden = true;
@@ -66,7 +92,7 @@ function setupChat(form) {
     box.value = "";
     let finished = false;
     try {
-      const response = await postStream(form);
+      const response = await postStream(form, body);
       await readEvents(response, (event, data) => {
         if (event === "delta") {
           reply.querySelector("p").textContent += data.text;
@@ -83,6 +109,17 @@ function setupChat(form) {
           }
           const stage = document.getElementById("stage");
           if (stage && data.stage) stage.textContent = data.stage;
+          addMemories(data.memories || []);
+          document.querySelectorAll("#messages .suggestions").forEach((n) => n.remove());
+          if ((data.suggested_actions || []).length) {
+            const box = document.createElement("div");
+            box.className = "suggestions";
+            for (const text of data.suggested_actions) {
+              const b = document.createElement("button");
+              b.type = "button"; b.className = "suggestion"; b.textContent = text; box.appendChild(b);
+            }
+            reply.appendChild(box);
+          }
         } else if (event === "error") {
           throw new Error(data.message);
         }
@@ -111,7 +148,7 @@ function setupPanel(form) {
       li.querySelectorAll(".advice, .risk").forEach((n) => n.remove());
     }
     try {
-      const response = await postStream(form);
+      const response = await postStream(form, new URLSearchParams(new FormData(form)));
       await readEvents(response, (event, data) => {
         if (event === "reading") {
           const li = panel.querySelector(`[data-analyst="${data.analyst}"]`);

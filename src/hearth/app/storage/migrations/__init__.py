@@ -1,0 +1,1 @@
+"""Alembic migrations of the app schema (a package so that wheels ship them)."""

@@ -1,0 +1,1 @@
+"""Revision files (one per schema change)."""

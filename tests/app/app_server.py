@@ -1,0 +1,84 @@
+"""Run the real `hearth serve` as a subprocess on loopback, pointed at a FakeOpenAI server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, base_url: str, *, total_s: float = 60.0) -> Path:
+    path.write_text(f"""
+[gateway]
+deadline_s = {total_s}
+
+[[providers]]
+name = "fake"
+base_url = "{base_url}"
+model = "fake-model"
+json_schema = true
+[providers.timeouts]
+connect_s = 2.0
+first_token_s = {total_s}
+total_s = {total_s}
+
+[app]
+analyst_timeout_s = 20.0
+""")
+    return path
+
+
+class ServeProcess:
+    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
+        self.proc, self.url, self.log = proc, url, log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | None = None, ready_s: float = 60.0,
+                 pass_port: bool = True):
+    """Start `python -m hearth.cli serve ARGS [--port PORT]` in ``cwd``; yields once /healthz answers.
+
+    pass_port=False runs it with exactly ARGS (the default port 8000 is then expected).
+    The process is killed (SIGKILL) on exit if it is still running.
+    """
+    port = port or (free_port() if pass_port else 8000)
+    cmd = [sys.executable, "-m", "hearth.cli", "serve", *args] + (["--port", str(port)] if pass_port else [])
+    log = cwd / f"serve-{port}-{time.monotonic_ns()}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    server = ServeProcess(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"hearth serve exited with {proc.returncode}:\n{server.output()}")
+            try:
+                if httpx.get(server.url + "/healthz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hearth serve not ready after {ready_s} s:\n{server.output()}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(10)

@@ -1,0 +1,64 @@
+"""The app through the REAL gateway chain (in process) against the real-socket fake OpenAI server:
+provider failures surface as a failed turn with nothing stored, one failing analyst shows as failed
+while the other four arrive, and replies stream through Chain.stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+from hearth.app.settings import load_settings
+from hearth.app.storage.models import Message
+from tests.app.app_client import create_companion, signup
+from tests.app.app_fakes import analyst_of, openai_handler
+from tests.app.app_server import write_config
+from tests.app.conftest import running_app
+from tests.fakes.openai_server import Behavior, FakeOpenAI
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_real_chain_failures_store_nothing_and_one_analyst_failing_is_shown(tmp_path, master_key_text):
+    mode = {"broken": True}
+
+    def handler(body):
+        if mode["broken"]:
+            return Behavior.status(500)
+        if analyst_of(body["messages"]) == "status_observer":
+            return Behavior.status(503)
+        return openai_handler(body)
+
+    async with FakeOpenAI(handler) as fake:
+        cfg = write_config(tmp_path / "hearth.toml", fake.base_url, total_s=10.0)
+        settings = load_settings(cfg, env={"HEARTH_MASTER_KEY": master_key_text},
+                                 overrides={"database_url": f"sqlite:///{tmp_path / 'c.sqlite3'}"})
+        async with running_app(settings, model=None) as (app, client):  # model=None: the chain from the TOML
+            assert type(app.state.hearth.model).__name__ == "Chain"
+            csrf = await signup(client, "hana")
+            cid = await create_companion(client, csrf)
+            r = await client.post(f"/companions/{cid}/messages", data={"message": "hello", "csrf": csrf},
+                                  headers={"accept": "text/html"})
+            assert r.status_code == 502 and "fake" in r.text and "Nothing was saved" in r.text
+            r = await client.post(f"/companions/{cid}/messages", data={"message": "hello"},
+                                  headers={"accept": "text/event-stream", "x-csrf-token": csrf})
+            assert "event: error" in r.text
+
+            mode["broken"] = False
+            r = await client.post(f"/companions/{cid}/messages", data={"message": "hello again"},
+                                  headers={"accept": "text/event-stream", "x-csrf-token": csrf})
+            blocks = [b.splitlines() for b in r.text.strip().split("\n\n")]
+            assert [b[0] for b in blocks].count("event: delta") >= 1 and blocks[-1][0] == "event: done"
+            assert json.loads(blocks[-1][1][6:])["provider"] == "fake"
+            assert fake.requests[-1]["stream"] is True
+
+            r = await client.post(f"/companions/{cid}/situations", data={"situation": "A tense meeting"},
+                                  headers={"accept": "text/event-stream", "x-csrf-token": csrf})
+            readings = [json.loads(b[1][6:]) for b in (blk.splitlines() for blk in r.text.strip().split("\n\n"))
+                        if b[0] == "event: reading"]
+            assert len(readings) == 5
+            assert [d["analyst"] for d in readings if not d["ok"]] == ["status_observer"]
+            async with app.state.hearth.db.sessions() as s:
+                n = (await s.execute(select(func.count()).select_from(Message))).scalar_one()
+            assert n == 2  # only the turn that succeeded
