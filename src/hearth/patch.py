@@ -1,0 +1,419 @@
+"""apply(model) -> PatchReport: swap a Hugging Face causal LM's RMSNorm, rotary application, SwiGLU MLP
+and loss for hearth's kernels, chosen by module type from ONE table (RULES), not one function per family.
+
+    report = apply(model)               # Qwen3, Llama, Mistral, Qwen2... (same structure), before or after peft
+    report.print()                      # rich table: what was replaced (counts per kind), what was left and why
+
+What each rule does (a rule matches a module by its class name; its builder checks the structure and may
+refuse with a reason, which the report lists):
+
+    norm  r"RMSNorm$"       module swapped for hearth.nn.RMSNorm sharing the SAME weight Parameter
+    mlp   r"(MLP|FeedForward)$" with gate_proj/up_proj/down_proj and a SiLU activation: swapped for
+                            hearth.nn.SwiGLUMLP holding the SAME child modules. With plain nn.Linear children
+                            the MLP is one fused autograd node; when peft has wrapped the projections (LoRA),
+                            the wrapped modules are called as modules (their LoRA branches run) and only
+                            silu(g) * u is fused (hearth.nn.SwiGLUMLP decides at each call).
+    rope  r"Attention$"     the module-level `apply_rotary_pos_emb` of the attention class's modeling file is
+                            replaced by one that calls hearth.kernels.rope for q/k [B, H, T, D] with cos/sin
+                            [B, T, D] (and falls back to the original for any other call, e.g. partial rotary).
+                            This is process-wide for that modeling file (every model of the family), as the
+                            function is a module global.
+    loss  r"ForCausalLM$"   the model instance's forward is wrapped: when labels are given, the decoder runs,
+                            and the causal LM loss is hearth.kernels.linear_cross_entropy(final hidden states,
+                            lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
+                            and the output has logits=None. Without labels the original forward runs.
+    attention r"Attention$" OPT-IN (attention=True): the module's config is switched to the "hearth" attention
+                            implementation, registered with transformers' AttentionInterface: causal/full
+                            attention without a mask goes to hearth.kernels.attention, anything else (a padding
+                            mask, sliding window, dropout, softcap) to transformers' own SDPA function. Off by
+                            default: SDPA's flash / cuDNN backends are the peers it has to beat (hearth bench).
+
+Before a norm / MLP / rope replacement is kept it is PROBED: the original and the replacement run on a small
+random input (once per class, with the module's own weights) and must agree within the dtype's tolerance,
+so a look-alike with different math (Gemma's RMSNorm scales by 1 + weight) is left alone and reported,
+never silently changed. Modules on the meta device are not probed (reported).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -100
+KINDS = ("norm", "rope", "mlp", "loss", "attention")
+# rtol/atol of a probe per dtype: hearth computes in fp32 and rounds once; HF may round twice.
+_PROBE_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (3e-2, 3e-2), torch.float16: (5e-3, 5e-3)}
+# config attributes that scale the logits before the loss: the fused loss would not apply them.
+_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+class Leave(Exception):
+    """A rule matched a module but must not replace it; str(self) is the reason shown in the report."""
+
+
+@dataclass
+class PatchReport:
+    """replaced: kind -> {class name: count}; left: (kind, class name, reason, count) rows."""
+
+    replaced: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    left: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def add(self, kind: str, cls: str) -> None:
+        self.replaced[kind][cls] = self.replaced[kind].get(cls, 0) + 1
+
+    def leave(self, kind: str, cls: str, reason: str) -> None:
+        self.left[(kind, cls, reason)] = self.left.get((kind, cls, reason), 0) + 1
+
+    def count(self, kind: str) -> int:
+        return sum(self.replaced[kind].values())
+
+    def as_dict(self) -> dict:
+        return {"replaced": {k: dict(v) for k, v in self.replaced.items()},
+                "left": [{"kind": k, "class": c, "reason": r, "count": n} for (k, c, r), n in self.left.items()]}
+
+    def print(self, console=None) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="hearth patch")
+        for col in ("kind", "class", "result", "count"):
+            table.add_column(col)
+        for kind in KINDS:
+            for cls, n in self.replaced[kind].items():
+                table.add_row(kind, cls, "[green]replaced[/green]", str(n))
+        for (kind, cls, reason), n in self.left.items():
+            table.add_row(kind, cls, f"[yellow]left:[/yellow] {reason}", str(n))
+        (console or Console()).print(table)
+
+    def __str__(self) -> str:
+        done = ", ".join(f"{k}={self.count(k)}" for k in KINDS)
+        left = "; ".join(f"{k} {c} x{n}: {r}" for (k, c, r), n in self.left.items())
+        return f"replaced {done}" + (f"; left {left}" if left else "")
+
+
+# --------------------------------------------------------------------------------------------- probes
+def _param_of(module: nn.Module) -> torch.Tensor | None:
+    return next(module.parameters(), None)
+
+
+def _probe(kind: str, original: Callable, replacement: Callable, *inputs: torch.Tensor) -> None:
+    """Leave(...) unless replacement(*inputs) matches original(*inputs) in dtype, shape and values."""
+    with torch.no_grad():
+        want = original(*inputs)
+        try:
+            got = replacement(*inputs)
+        except Exception as exc:  # e.g. no GPU and no TRITON_INTERPRET: leave the module, say why
+            raise Leave(f"{kind} probe: hearth's kernel raised {type(exc).__name__}: {exc}") from exc
+    want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
+    for w, g in zip(want, got):
+        if w.dtype != g.dtype or w.shape != g.shape:
+            raise Leave(f"{kind} probe: output {g.dtype}{tuple(g.shape)} differs from {w.dtype}{tuple(w.shape)}")
+        rtol, atol = _PROBE_TOL.get(w.dtype, (1e-2, 1e-2))
+        if not torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol):
+            err = (g.float() - w.float()).abs().max().item()
+            raise Leave(f"{kind} probe: numerics differ from hearth's (max abs err {err:.3g}); different math")
+
+
+def _randn(shape, like: torch.Tensor) -> torch.Tensor:
+    # A private generator: probing must not move the global RNG that training relies on.
+    gen = torch.Generator(device=like.device).manual_seed(0)
+    return torch.randn(shape, generator=gen, device=like.device, dtype=torch.float32).to(like.dtype)
+
+
+# ------------------------------------------------------------------------------------------- builders
+def _rms_norm(module: nn.Module, state: dict) -> nn.Module:
+    from hearth.nn import RMSNorm
+
+    weight = getattr(module, "weight", None)
+    eps = next((getattr(module, a) for a in ("variance_epsilon", "eps") if isinstance(getattr(module, a, None), float)), None)
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or eps is None:
+        raise Leave("no 1-D weight Parameter and float eps / variance_epsilon")
+    new = RMSNorm(weight.shape[0], eps, device="meta")
+    new.weight = weight  # the same Parameter: optimizer state, tying and checkpoints keep working
+    _probe_once(state, "norm", module, new, lambda: (_randn((3, weight.shape[0]), weight),))
+    return new
+
+
+def _silu_act(module: nn.Module) -> bool:
+    act = getattr(module, "act_fn", None) or getattr(module, "act", None)
+    if isinstance(act, nn.SiLU):
+        return True
+    hidden_act = getattr(getattr(module, "config", None), "hidden_act", None)
+    return hidden_act in ("silu", "swish") or type(act).__name__ in ("SiLUActivation", "SiLU")
+
+
+def _swiglu_mlp(module: nn.Module, state: dict) -> nn.Module:
+    from hearth.nn import SwiGLUMLP
+
+    projs = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if any(p is None for p in projs):
+        raise Leave("no gate_proj / up_proj / down_proj")
+    if not _silu_act(module):
+        raise Leave("activation is not SiLU")
+    base = [getattr(p, "base_layer", p) for p in projs]  # peft keeps the nn.Linear as base_layer
+    if not all(isinstance(b, nn.Linear) for b in base):
+        raise Leave("projections are not (LoRA-wrapped) nn.Linear")
+    new = SwiGLUMLP(base[0].in_features, base[0].out_features, device="meta")
+    new.gate_proj, new.up_proj, new.down_proj = projs  # the same modules (LoRA wrappers included)
+    _probe_once(state, "mlp", module, new, lambda: (_randn((3, base[0].in_features), base[0].weight),))
+    return new
+
+
+def _probe_once(state: dict, kind: str, old: nn.Module, new: nn.Module, make_inputs: Callable) -> None:
+    key = (kind, type(old))
+    if key not in state["probed"]:
+        p = _param_of(old)
+        if p is None or p.device.type == "meta":
+            state["probed"][key] = "not probed (meta device)"
+        else:
+            try:
+                _probe(kind, old, new, *make_inputs())
+                state["probed"][key] = None
+            except Leave as why:
+                state["probed"][key] = str(why)
+    if state["probed"][key] and not state["probed"][key].startswith("not probed"):
+        raise Leave(state["probed"][key])
+
+
+def _hearth_rope_for(original: Callable) -> Callable:
+    from hearth.kernels.rope import rope
+
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
+        if (unsqueeze_dim == 1 and len(args) <= 1 and set(kwargs) <= {"unsqueeze_dim"} and q.dim() == 4
+                and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and cos.shape[-1] == q.shape[-1]
+                and q.dtype == k.dtype):
+            return rope(q, k, cos, sin)
+        return original(q, k, cos, sin, *args, **kwargs)  # partial rotary, other layouts: unchanged
+
+    apply_rotary_pos_emb.__hearth_original__ = original
+    return apply_rotary_pos_emb
+
+
+def _rope(module: nn.Module, state: dict) -> None:
+    mod = sys.modules.get(type(module).__module__)
+    original = getattr(mod, "apply_rotary_pos_emb", None)
+    if original is None:
+        raise Leave(f"{type(module).__module__} has no apply_rotary_pos_emb")
+    if getattr(original, "__hearth_original__", None) is not None:
+        return None  # already patched (another layer, or an earlier apply)
+    if mod.__name__ not in state["rope_checked"]:
+        replacement = _hearth_rope_for(original)
+        head_dim = getattr(module, "head_dim", None) or 16
+        p = _param_of(module)
+        like = torch.empty(0, device=p.device, dtype=p.dtype) if p is not None and p.device.type != "meta" else torch.empty(0)
+        angles = _randn((1, 5, head_dim // 2), torch.empty(0, device=like.device)).float()
+        emb = torch.cat((angles, angles), dim=-1)
+        try:
+            _probe("rope", original, replacement, _randn((1, 2, 5, head_dim), like), _randn((1, 1, 5, head_dim), like),
+                   emb.cos().to(like.dtype), emb.sin().to(like.dtype))
+        except Leave as why:
+            state["rope_checked"][mod.__name__] = str(why)
+        else:
+            state["rope_checked"][mod.__name__] = None
+            mod.apply_rotary_pos_emb = replacement
+            return None
+    if state["rope_checked"][mod.__name__]:
+        raise Leave(state["rope_checked"][mod.__name__])
+    return None
+
+
+HEARTH_ATTENTION = "hearth"
+
+
+def hearth_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                             **kwargs):
+    """transformers attention-interface function: q [B, Hq, T, D], k/v [B, Hk, T, D] -> ([B, T, Hq, D], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from hearth.kernels.attention import SUPPORTED_HEAD_DIMS, attention
+
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal and query.shape[2] > 1)
+    if (attention_mask is None and not dropout and kwargs.get("sliding_window") is None
+            and kwargs.get("softcap") is None and query.shape[-1] in SUPPORTED_HEAD_DIMS
+            and (not causal or query.shape[2] == key.shape[2]) and query.shape[1] % key.shape[1] == 0):
+        return attention(query, key, value, causal=causal, scale=scaling).transpose(1, 2), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(HEARTH_ATTENTION, hearth_attention_forward)
+    # SDPA's mask function: None (is_causal) when nothing is padded, so the fast path applies
+    AttentionMaskInterface.register(HEARTH_ATTENTION, sdpa_mask)
+
+
+def _attention(module: nn.Module, state: dict) -> None:
+    config = getattr(module, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current == HEARTH_ATTENTION:
+        return None
+    if current not in ("sdpa", "eager", None):
+        raise Leave(f"attention implementation {current!r} is kept (only sdpa / eager are switched)")
+    if getattr(module, "head_dim", None) not in (16, 32, 64, 128, 256):
+        raise Leave(f"head_dim {getattr(module, 'head_dim', None)} is not one hearth's attention supports")
+    _register_attention()
+    if "attention" not in state["attention_checked"]:
+        state["attention_checked"]["attention"] = None
+        p = _param_of(module)
+        if p is not None and p.device.type != "meta":
+            groups = getattr(module, "num_key_value_groups", 1)
+            hk, d = 1, module.head_dim
+            q, k, v = _randn((1, hk * groups, 7, d), p), _randn((1, hk, 7, d), p) * 0.5, _randn((1, hk, 7, d), p) * 2
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            def ref(q, k, v):
+                return sdpa_attention_forward(module, q, k, v, None, scaling=d ** -0.5, is_causal=True)[0]
+
+            def new(q, k, v):
+                return hearth_attention_forward(module, q, k, v, None, scaling=d ** -0.5, is_causal=True)[0]
+
+            try:
+                _probe("attention", ref, new, q, k, v)
+            except Leave as why:
+                state["attention_checked"]["attention"] = str(why)
+    if state["attention_checked"]["attention"]:
+        raise Leave(state["attention_checked"]["attention"])
+    config._attn_implementation = HEARTH_ATTENTION
+    return None
+
+
+def _loss(model: nn.Module, state: dict) -> None:
+    if hasattr(model, "get_base_model"):
+        raise Leave("peft wrapper: its inner causal LM is patched instead")
+    if getattr(model, "_hearth_loss", False):
+        return None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = getattr(model, getattr(model, "base_model_prefix", "") or "model", None)
+    if type(head) is not nn.Linear:
+        raise Leave(f"lm_head is {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)")
+    if not isinstance(decoder, nn.Module):
+        raise Leave("no decoder at base_model_prefix")
+    config = getattr(model, "config", None)
+    for name in _LOGIT_SCALES:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            raise Leave(f"config.{name} scales the logits")
+    softcap = getattr(config, "final_logit_softcapping", None)
+    _wrap_forward(model, decoder, head, softcap)
+    return None
+
+
+def _wrap_forward(model: nn.Module, decoder: nn.Module, head: nn.Linear, softcap: float | None) -> None:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from hearth.kernels.linear_cross_entropy import linear_cross_entropy
+
+    original = model.forward
+    signature = inspect.signature(original)
+    var_kw = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        call = {k: v for k, v in bound.items() if k != var_kw}
+        call.update(bound.get(var_kw, {}) if var_kw else {})
+        labels, shift_labels = call.pop("labels", None), call.pop("shift_labels", None)
+        if labels is None and shift_labels is None:
+            return original(*args, **kwargs)
+        num_items = call.pop("num_items_in_batch", None)
+        return_dict = call.pop("return_dict", None)
+        call.pop("logits_to_keep", None)
+        out = decoder(**call)
+        hidden = out[0]  # last_hidden_state [B, T, H]
+        if shift_labels is None:
+            # position t predicts token t + 1; the last position has no target
+            shift_labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+        loss = linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]), head.weight, shift_labels.reshape(-1).to(hidden.device),
+            linear_bias=head.bias, ignore_index=IGNORE_INDEX, softcap=softcap,
+            reduction="mean" if num_items is None else "sum",
+        )
+        if num_items is not None:  # the HF trainer's token-count normalisation across accumulation steps
+            loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+        result = CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=getattr(out, "hidden_states", None),
+                                        attentions=getattr(out, "attentions", None))
+        return result.to_tuple() if return_dict is False else result
+
+    model.forward = forward
+    model._hearth_loss = True
+
+
+# ------------------------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    pattern: re.Pattern
+    build: Callable[[nn.Module, dict], nn.Module | None]  # a module to swap in, None (patched in place) or Leave
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("norm", re.compile(r"RMSNorm$"), _rms_norm),
+    Rule("mlp", re.compile(r"(MLP|FeedForward)$"), _swiglu_mlp),
+    Rule("rope", re.compile(r"Attention$"), _rope),
+    Rule("loss", re.compile(r"ForCausalLM$"), _loss),
+    Rule("attention", re.compile(r"Attention$"), _attention),
+)
+# Class names that look like a candidate but match no rule are reported as left (nothing is guessed).
+_LOOKS_LIKE = {"norm": re.compile(r"Norm"), "mlp": re.compile(r"MLP|FeedForward"),
+               "rope": re.compile(r"Attention$"), "loss": re.compile(r"(LMHead|CausalLM)")}
+
+
+def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool = True, loss: bool = True,
+          attention: bool = False) -> PatchReport:
+    """Patch `model` (a transformers causal LM, optionally wrapped by peft) in place; returns the report.
+
+    Call it before or after peft's get_peft_model; the replacements keep the same parameters and child
+    modules, so state dicts, LoRA targets and optimizer state are unaffected. Calling it twice is a no-op.
+    Raises TypeError when model is not an nn.Module.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "attention": attention}
+    report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {}}
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    named = dict(model.named_modules())
+    for name, module in named.items():
+        cls = type(module).__name__
+        if type(module).__module__.startswith("hearth."):
+            continue  # already hearth's
+        rules = [r for r in RULES if r.pattern.search(cls)]
+        if not rules:
+            kind = next((k for k, rx in _LOOKS_LIKE.items() if rx.search(cls)), None)
+            if kind is not None and not cls.startswith("Peft") and cls not in ("LoraModel",):
+                report.leave(kind, cls, "no hearth rule for this class")
+            continue
+        for rule in rules:  # e.g. an attention class: its rope, and (opt-in) its attention function
+            if not enabled[rule.kind]:
+                if rule.kind != "attention":  # attention is opt-in: not asking for it is not news
+                    report.leave(rule.kind, cls, "disabled by the caller")
+                continue
+            try:
+                new = rule.build(module, state)
+            except Leave as why:
+                if not (rule.kind == "loss" and hasattr(module, "get_base_model")):
+                    report.leave(rule.kind, cls, str(why))
+                continue
+            report.add(rule.kind, cls)
+            if new is not None:
+                parent_name, _, child = name.rpartition(".")
+                swaps.append((named[parent_name] if name else None, child, new))
+    for parent, child, new in swaps:
+        if parent is None:
+            raise ValueError("model: the top-level module itself cannot be swapped; pass its parent")
+        setattr(parent, child, new)
+    for (kind, cls), why in state["probed"].items():
+        if why and why.startswith("not probed"):
+            report.leave(kind, cls.__name__, why + ": replaced without a numerics check")
+    return report
