@@ -1,30 +1,29 @@
-"""hearth's Triton kernels, named like torch.nn.functional.
+"""hearth's Triton kernels, named like torch.nn.functional (one file per op).
 
-Each op lives in its own module (one file per op); this package re-exports the public
-functions lazily so that importing one op does not compile or import the others.
+The public functions are imported eagerly: a lazy module __getattr__ would be shadowed by the
+submodule of the same name as soon as anything imported `hearth.kernels.<op>` (Python binds the
+submodule onto the package), and `hearth.kernels.softmax` would silently become a module.
+Importing defines the @triton.jit functions but compiles nothing.
 """
 
-from __future__ import annotations
+from hearth.kernels.attention import attention
+from hearth.kernels.cross_entropy import cross_entropy
+from hearth.kernels.layer_norm import layer_norm
+from hearth.kernels.linear_cross_entropy import linear_cross_entropy
+from hearth.kernels.matmul import matmul
+from hearth.kernels.rms_norm import rms_norm
+from hearth.kernels.rope import rope
+from hearth.kernels.softmax import softmax
+from hearth.kernels.swiglu import swiglu
 
-import importlib
-
-_OPS = {
-    "softmax": "softmax",
-    "cross_entropy": "cross_entropy",
-    "linear_cross_entropy": "linear_cross_entropy",
-    "rms_norm": "rms_norm",
-    "layer_norm": "layer_norm",
-    "rope": "rope",
-    "swiglu": "swiglu",
-    "attention": "attention",
-    "matmul": "matmul",
-}
-
-__all__ = list(_OPS)
-
-
-def __getattr__(name: str):
-    if name in _OPS:
-        module = importlib.import_module(f"hearth.kernels.{_OPS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module 'hearth.kernels' has no attribute {name!r}")
+__all__ = [
+    "softmax",
+    "cross_entropy",
+    "linear_cross_entropy",
+    "rms_norm",
+    "layer_norm",
+    "rope",
+    "swiglu",
+    "attention",
+    "matmul",
+]
