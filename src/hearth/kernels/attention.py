@@ -9,7 +9,7 @@ Math (per batch b and query head h; the KV head is h // (Hq // Hk), grouped-quer
 
 Forward: one program per (block of BLOCK_M query rows, b, h) streams over key blocks with an online
 softmax in fp32. ``exp`` is computed as ``exp2`` with log2(e) folded into the scale, so each score
-costs one multiply and one exp2. Reads Q once and K, V once per query block; writes O and lse once.
+costs one FMA and one exp2. Reads Q once and K, V once per query block; writes O and lse once.
 
 Backward (P is recomputed from Q, K and lse, the T x T matrix is never stored):
     delta = rowsum(dO * O)                                  (preprocess kernel)
@@ -24,9 +24,20 @@ Backward (P is recomputed from Q, K and lse, the T x T matrix is never stored):
 
 Causal: blocks entirely above the diagonal are skipped; only the diagonal blocks apply the mask, in a
 separate loop stage, so the bulk of the work runs mask-free. The ragged tail (T not a multiple of the
-block) is likewise its own masked stage.
+block) is likewise its own masked stage (except in causal dK/dV, where the off-diagonal stage keeps a
+cheap row-bounds mask: a third pipelined loop made ptxas spill registers there).
 
-FLOPs: forward 4*B*Hq*Tq*Tk*D (two matmuls), halved when causal; backward 2.5x the forward.
+Hopper: every tl.dot compiles to wgmma and streamed tiles are pipelined with cp.async (checked in the
+sm_90a PTX/SASS). USE_TMA (env HEARTH_ATTN_TMA=1) loads streamed tiles through device-side TMA
+descriptors instead (needs 16-byte aligned strides; otherwise the pointer path is used). Block sizes
+are autotuned per (T, D, causal, dtype) from short lists below; HEARTH_ATTN_AUTOTUNE=0 pins the first.
+Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
+around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
+
+FLOPs: forward 4*B*Hq*Tq*Tk*D (two matmuls), halved when causal; backward 2.5x the forward (the
+default kernels execute 3.5x: the dQ kernel recomputes P and dP). FUSED_DQ (env HEARTH_ATTN_FUSED_DQ=1)
+instead adds scale * dS K into an fp32 dQ buffer with atomics from the dK/dV kernel: 2.5x executed,
++4 bytes * B*Hq*T*D of memory, and dQ is no longer bit-reproducible. Off by default until measured.
 
 fp32 inputs: the matmuls run in full fp32 ("ieee"; slow, no tensor cores) so fp32 means fp32, as
 in PyTorch's default. bf16/fp16 inputs: tensor-core matmuls with fp32 accumulation; P and dS are
@@ -38,6 +49,7 @@ Tq != Tk. Head dim D must be a power of two in 16..256 and equal for q, k and v.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -280,28 +292,28 @@ def _bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_stage(
     dk, dv, k, v,
-    q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+    q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, sm_scale,
     stride_qt, stride_qd, stride_dot, stride_dod,
     offs_n, offs_d, lo, hi, qk_scale, N_CTX_Q,
     BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+    DOT_PREC: tl.constexpr, INTERP: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """Accumulate dK, dV of one key block over query blocks [lo, hi) of one query head."""
     if INTERP:  # see _fwd_stage
         start_m = lo
         while start_m < hi:
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, sm_scale,
                 stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_m, qk_scale, N_CTX_Q,
-                BLOCK_M, CAUSAL_MASK, BOUNDS, USE_TMA, DOT_PREC, INTERP,
+                BLOCK_M, CAUSAL_MASK, BOUNDS, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, HEAD_DIM,
             )
             start_m += BLOCK_M
     else:
         for start_m in range(lo, hi, BLOCK_M):
             dk, dv = _dkdv_step(
-                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, sm_scale,
                 stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_m, qk_scale, N_CTX_Q,
-                BLOCK_M, CAUSAL_MASK, BOUNDS, USE_TMA, DOT_PREC, INTERP,
+                BLOCK_M, CAUSAL_MASK, BOUNDS, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, HEAD_DIM,
             )
     return dk, dv
 
@@ -309,11 +321,11 @@ def _dkdv_stage(
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v,
-    q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+    q_base, do_base, q_desc, do_desc, lse_base, delta_base, dq_base, sm_scale,
     stride_qt, stride_qd, stride_dot, stride_dod,
     offs_n, offs_d, start_m, qk_scale, N_CTX_Q,
     BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr, BOUNDS: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PREC: tl.constexpr, INTERP: tl.constexpr,
+    DOT_PREC: tl.constexpr, INTERP: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """One query block's contribution to dK, dV. Works on the transposed scores (keys x queries)
     so that both accumulators are [BLOCK_N, D] row-major."""
@@ -347,22 +359,29 @@ def _dkdv_step(
     dpT = _mm(v, tl.trans(do), DOT_PREC, INTERP)
     dsT = pT * (dpT - delta[None, :])
     dk = _mma(dsT.to(q.dtype), q, dk, DOT_PREC, INTERP)
+    if FUSED_DQ:
+        # dQ[rows] += scale * dS K, summed over key blocks by fp32 atomics (no second kernel
+        # recomputing P and dP; not bit-reproducible run to run).
+        dq_part = _mm(tl.trans(dsT.to(k.dtype)), k, DOT_PREC, INTERP) * sm_scale
+        dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.atomic_add(dq_ptrs, dq_part, mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _dkdv_head(
-    dk, dv, k, v, Q, DO, Lse, Delta,
+    dk, dv, k, v, Q, DO, Lse, Delta, DQacc, sm_scale,
     stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
     b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
-    INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV contributions of query head hk*GROUP + g to one key block."""
     h = hk * GROUP + g
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     do_base = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
     row_base = (b * H_Q + h).to(tl.int64) * N_CTX_Q
+    dq_base = DQacc + row_base * HEAD_DIM  # fp32 [B, Hq, T, D] contiguous (FUSED_DQ only)
     if USE_TMA:
         q_desc = tl.make_tensor_descriptor(
             q_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_qt, 1], block_shape=[BLOCK_M, HEAD_DIM]
@@ -377,30 +396,36 @@ def _dkdv_head(
         # Diagonal: query blocks overlapping this key block (mask, and bounds near T).
         diag_hi = tl.minimum(start_n + BLOCK_N, N_CTX_Q)
         dk, dv = _dkdv_stage(
-            dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base,
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base, dq_base, sm_scale,
             stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, diag_hi, qk_scale, N_CTX_Q,
-            BLOCK_M, True, True, USE_TMA, DOT_PREC, INTERP,
+            BLOCK_M, True, True, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, HEAD_DIM,
         )
-        lo = start_n + BLOCK_N  # query blocks above the key block never see it: skipped
+        # The rest, bounds-masked: a third (tail) stage here made ptxas spill (three pipelined
+        # loops live in one kernel), and the masks cost little next to the four matmuls.
+        # Query blocks above the key block never see it: skipped.
+        dk, dv = _dkdv_stage(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base, dq_base, sm_scale,
+            stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n + BLOCK_N, N_CTX_Q,
+            qk_scale, N_CTX_Q, BLOCK_M, False, True, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, HEAD_DIM,
+        )
     else:
-        lo = 0
-    dk, dv = _dkdv_stage(
-        dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, lo, full_hi, qk_scale, N_CTX_Q,
-        BLOCK_M, False, False, USE_TMA, DOT_PREC, INTERP,
-    )
-    dk, dv = _dkdv_stage(
-        dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, tl.maximum(lo, full_hi), N_CTX_Q,
-        qk_scale, N_CTX_Q, BLOCK_M, False, True, USE_TMA, DOT_PREC, INTERP,
-    )
+        dk, dv = _dkdv_stage(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base, dq_base, sm_scale,
+            stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, 0, full_hi, qk_scale, N_CTX_Q,
+            BLOCK_M, False, False, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, HEAD_DIM,
+        )
+        dk, dv = _dkdv_stage(
+            dk, dv, k, v, q_base, do_base, q_desc, do_desc, Lse + row_base, Delta + row_base, dq_base, sm_scale,
+            stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, full_hi, N_CTX_Q,
+            qk_scale, N_CTX_Q, BLOCK_M, False, True, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, HEAD_DIM,
+        )
     return dk, dv
 
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
     # pointers
-    Q, K, V, DO, Lse, Delta, DK, DV,
+    Q, K, V, DO, Lse, Delta, DK, DV, DQacc,
     # strides (elements); DK and DV share the contiguous layout of their allocation
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
@@ -411,7 +436,7 @@ def _attn_bwd_dkdv_kernel(
     sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K,
     # meta-parameters
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
-    INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
@@ -439,19 +464,19 @@ def _attn_bwd_dkdv_kernel(
         g = 0
         while g < GROUP:
             dk, dv = _dkdv_head(
-                dk, dv, k, v, Q, DO, Lse, Delta,
+                dk, dv, k, v, Q, DO, Lse, Delta, DQacc, sm_scale,
                 stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
                 b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
-                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, BLOCK_M, BLOCK_N,
+                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, BLOCK_M, BLOCK_N,
             )
             g += 1
     else:
         for g in range(GROUP):
             dk, dv = _dkdv_head(
-                dk, dv, k, v, Q, DO, Lse, Delta,
+                dk, dv, k, v, Q, DO, Lse, Delta, DQacc, sm_scale,
                 stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
                 b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
-                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, BLOCK_M, BLOCK_N,
+                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, BLOCK_M, BLOCK_N,
             )
 
     dk = dk * sm_scale
@@ -610,20 +635,30 @@ def _attn_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers: block sizes, warps and pipeline depth chosen here, in one place.
 # ----------------------------------------------------------------------------------------------
-# Hopper-sensible candidates (BLOCK_M, BLOCK_N, num_warps, num_stages), keyed by head dim class.
-# Causal correctness needs BLOCK_M % BLOCK_N == 0 (forward, dQ) and BLOCK_N % BLOCK_M == 0 (dK/dV):
-# every entry satisfies it. Large head dims get smaller tiles to fit registers / shared memory.
+# Hopper-sensible candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per tile-width class (head dim
+# x element size, see _size_class). Chosen from ptxas reports for sm_90a (`python
+# scripts/gpu/attention_probe.py --ptxas D dtype`, no GPU needed): all use wgmma and cp.async; the lists
+# drop configs that spilled registers (dK/dV with BLOCK_N 64 or BLOCK_M 64, forward 128x64 with 4 warps
+# at D=128). First H200 run (benchmarks/h200/probe-1): fwd 128x128 w8 s3 (causal) / 128x64 w8 s3,
+# dK/dV 32x128 w8, dQ 128x64 w8 s3 won at B=4 H=32 T=4096 D=128 bf16. Causal correctness
+# needs BLOCK_M % BLOCK_N == 0 (forward, dQ) and BLOCK_N % BLOCK_M == 0 (dK/dV): all satisfy it.
 _FWD_CANDIDATES = {
-    "small": [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
+    "d64": [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+    "d128": [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4), (256, 64, 8, 3)],
     "large": [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2)],
+    "fp32": [(32, 16, 4, 2)],
 }
 _DKDV_CANDIDATES = {
-    "small": [(64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 3)],
-    "large": [(32, 64, 4, 2), (32, 64, 8, 2), (16, 64, 4, 2)],
+    "d64": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3)],
+    "d128": [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3)],
+    "large": [(32, 64, 8, 2), (16, 64, 8, 2)],
+    "fp32": [(16, 32, 4, 2)],
 }
 _DQ_CANDIDATES = {
-    "small": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)],
+    "d64": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3)],
+    "d128": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
     "large": [(64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2)],
+    "fp32": [(32, 16, 4, 2)],
 }
 # Under the interpreter: tiny blocks so that small test shapes still cross several blocks, the
 # diagonal spans more than one inner block, and ragged tails are exercised.
@@ -631,21 +666,25 @@ _INTERPRET = {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1
 
 # Flags the probe script (and users) may flip at run time.
 USE_TMA = os.environ.get("HEARTH_ATTN_TMA", "0") == "1"  # streamed tiles through TMA descriptors
+FUSED_DQ = os.environ.get("HEARTH_ATTN_FUSED_DQ", "0") == "1"  # dQ by fp32 atomics in the dK/dV kernel
 AUTOTUNE = os.environ.get("HEARTH_ATTN_AUTOTUNE", "1") == "1"  # off: first candidate of each list
 _FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC"]
 _BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC"]
+_DKDV_KEY = _BWD_KEY + ["FUSED_DQ"]
 
 
 def _size_class(head_dim: int, element_size: int) -> str:
-    # fp32 tiles take twice the registers / shared memory of 16-bit ones.
-    return "small" if head_dim * element_size <= 256 else "large"
+    """Tile-width class by bytes per row of a Q/K/V tile. fp32 ("ieee" matmuls run on the FMA
+    units, not wgmma) gets small tiles: larger ones spilled tens of KB per thread under ptxas."""
+    if element_size == 4:
+        return "fp32"
+    row_bytes = head_dim * element_size
+    return "d64" if row_bytes <= 128 else ("d128" if row_bytes <= 256 else "large")
 
 
 def _configs(table):
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=None)
-        for cls in table.values() for (m, n, w, s) in cls
-    ]
+    unique = dict.fromkeys(c for cls in table.values() for c in cls)
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for (m, n, w, s) in unique]
 
 
 def _pruner(table):
@@ -660,8 +699,9 @@ def _pruner(table):
 _fwd_tuned = triton.autotune(
     _configs(_FWD_CANDIDATES), key=_FWD_KEY, prune_configs_by={"early_config_prune": _pruner(_FWD_CANDIDATES)}
 )(_attn_fwd_kernel)
-_dkdv_tuned = triton.autotune(
-    _configs(_DKDV_CANDIDATES), key=_BWD_KEY, prune_configs_by={"early_config_prune": _pruner(_DKDV_CANDIDATES)}
+_dkdv_tuned = triton.autotune(  # DQacc accumulates atomically: zeroed before each timing run
+    _configs(_DKDV_CANDIDATES), key=_DKDV_KEY, prune_configs_by={"early_config_prune": _pruner(_DKDV_CANDIDATES)},
+    reset_to_zero=["DQacc"],
 )(_attn_bwd_dkdv_kernel)
 _dq_tuned = triton.autotune(
     _configs(_DQ_CANDIDATES), key=_BWD_KEY, prune_configs_by={"early_config_prune": _pruner(_DQ_CANDIDATES)}
@@ -689,9 +729,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-_ALLOCATOR_SET = False
-
-
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA descriptors need a contiguous last dim and 16-byte aligned, non-zero outer strides
     (a dO expanded from a sum() has zero strides: the pointer path takes it)."""
@@ -704,12 +741,15 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def _tma_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _ensure_allocator() -> None:
-    # Device-side tensor descriptors live in a global scratch buffer Triton asks us for.
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _ALLOCATOR_SET = True
+    # Device-side tensor descriptors live in a global scratch buffer Triton asks us for. Triton keeps
+    # the allocator in a ContextVar, i.e. per thread: the backward runs on autograd's own thread, so
+    # it is set before every TMA launch (one ContextVar.set), not once per process.
+    triton.set_allocator(_tma_scratch)
 
 
 def _attention_forward(q, k, v, causal: bool, scale: float):
@@ -726,7 +766,7 @@ def _attention_forward(q, k, v, causal: bool, scale: float):
         scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
     )
     meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode())
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta)
     return out, lse
 
@@ -736,7 +776,6 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     delta = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
-    dq = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, Hk, Tk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, Hk, Tk, D), dtype=v.dtype, device=v.device)
     prec = _dot_precision(q.dtype)
@@ -744,17 +783,25 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
     if use_tma_dkdv or use_tma_dq:
         _ensure_allocator()
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
-        pre_block = 16 if interpret_mode() else 128
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
         _bwd_preprocess_kernel[(triton.cdiv(Tq, pre_block), B * Hq)](
             out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
         )
+        fused = bool(FUSED_DQ)
+        # fp32 dQ accumulator (fused) or a 1-element stand-in the kernel never touches
+        dq_acc = torch.zeros((B, Hq, Tq, D) if fused else (1,), dtype=torch.float32, device=q.device)
         dkdv_args = (
-            q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
+            q, k, v, do, lse, delta, dk, dv, dq_acc,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
             scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
         )
         meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma_dkdv, DOT_PREC=prec, INTERP=interpret_mode())
-        _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args, meta)
+        _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args,
+                dict(meta, FUSED_DQ=fused))
+        if fused:
+            return dq_acc.to(q.dtype), dk, dv
+        dq = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
         dq_args = (
             q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
             scale, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
@@ -762,14 +809,6 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
         meta["USE_TMA"] = use_tma_dq
         _launch(_attn_bwd_dq_kernel, _dq_tuned, "dq", _DQ_CANDIDATES, Tq, B * Hq, dq_args, meta)
     return dq, dk, dv
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -803,6 +842,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
+    ctx.mark_non_differentiable(lse)  # saved for the backward only; no gradient flows through it
     ctx.causal = causal
     ctx.scale = scale
 
