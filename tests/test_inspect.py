@@ -5,6 +5,7 @@ and the command's refusal without CUDA. The GPU test compiles the real matmul.""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -161,11 +162,11 @@ def test_gpu_inspect_matmul_has_tensor_cores(tmp_path):
 
 
 _OFFLINE = r"""
-import json, sys, torch, triton
+import importlib, json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from hearth import inspect as hi
-from hearth.kernels import matmul as mm
+mm = importlib.import_module("hearth.kernels.matmul")
 # LESSON 4 for real: an fp32 dot forced to 'ieee' precision compiles to plain FMAs on sm_90
 const = dict(stride_ak=1, stride_bn=1, stride_cn=1, PRECISION="ieee", UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8)
 sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"}

@@ -4,6 +4,7 @@ each replacement kind is in place and in use; an unknown architecture is reporte
 
 from __future__ import annotations
 
+import importlib
 import contextlib
 
 import pytest
@@ -146,7 +147,7 @@ def test_lora_then_patch_matches_lora():
 
 
 def test_opt_in_attention_matches_sdpa(monkeypatch):
-    import hearth.kernels.attention as hka
+    hka = importlib.import_module("hearth.kernels.attention")
 
     calls = []
     kernel = hka.attention

@@ -16,6 +16,7 @@ before anything is timed: max |error| of out/dq/dk/dv against an fp32 math refer
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-import hearth.kernels.attention as attn_mod  # noqa: E402
+attn_mod = importlib.import_module("hearth.kernels.attention")  # noqa: E402
 from hearth.kernels.attention import attention  # noqa: E402
 
 T0 = time.time()

@@ -9,6 +9,7 @@ bound, and also require the error to be within 4x of torch SDPA's (flash / effic
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -107,7 +108,7 @@ def test_custom_scale():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fused_dq_variant(monkeypatch, causal):
     """FUSED_DQ: dQ summed by fp32 atomics inside the dK/dV kernel; same bound, GQA and ragged T."""
-    import hearth.kernels.attention as mod
+    mod = importlib.import_module("hearth.kernels.attention")
 
     monkeypatch.setattr(mod, "FUSED_DQ", True)
     q, k, v, do = _make(1, 4, 2, 70, 32, torch.bfloat16, seed=8)
@@ -294,7 +295,7 @@ def test_gpu_other_head_dims(D):
 @gpu_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_fused_dq_variant(monkeypatch, causal):
-    import hearth.kernels.attention as mod
+    mod = importlib.import_module("hearth.kernels.attention")
 
     monkeypatch.setattr(mod, "FUSED_DQ", True)
     _gpu_bound_vs_sdpa(1, 40, 8, 4097, 128, torch.bfloat16, causal)
@@ -302,7 +303,7 @@ def test_gpu_fused_dq_variant(monkeypatch, causal):
 
 @gpu_only
 def test_gpu_tma_path_matches_pointer_path():
-    import hearth.kernels.attention as mod
+    mod = importlib.import_module("hearth.kernels.attention")
 
     q, k, v, do = _make(2, 8, 2, 1000, 128, torch.bfloat16, device="cuda")
     fn = lambda a, b, c: attention(a, b, c, causal=True)  # noqa: E731
