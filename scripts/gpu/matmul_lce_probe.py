@@ -4,7 +4,8 @@
 
 1. matmul: correctness against fp32 (every size, and the backward's transposed-view launches), then
    TFLOP/s = 2*M*N*K / time against cuBLAS (torch.mm) at 4096^3, 8192^3 and odd sizes; which kernel
-   ran (tma / pointer). Target: >= 0.97x cuBLAS at 4096^3 and 8192^3 bf16.
+   ran (tma / pointer), the autotuner's pick and every config's autotune time, and the host time per
+   call (a shape whose host time exceeds its GPU time is launch-bound, not badly tiled). Target: >= 0.97x cuBLAS at 4096^3 and 8192^3 bf16.
 2. linear_cross_entropy fwd+bwd (bf16): loss and gradients against eager PyTorch, median ms
    (triton.testing.do_bench, warmup 25, rep 100, gradients reset each call) and extra peak memory
    during one call: TOTAL (everything the call allocated, weight gradient included, LESSON 8) and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import json
 import subprocess
 import sys
@@ -39,13 +41,15 @@ def bench(fn, grad_to_none=None) -> float:
 
 
 def probe_matmul(rows: list) -> None:
-    from hearth.kernels import matmul as mm_mod
+    mm_mod = importlib.import_module("hearth.kernels.matmul")  # the module (the package re-exports the function)
     from hearth.kernels.matmul import matmul
 
     table = Table(title="matmul bf16 (TFLOP/s = 2*M*N*K / median time)")
     for col in ("M x N x K", "kernel", "max |err| / ref scale", "hearth TFLOP/s", "cuBLAS TFLOP/s", "ratio", "target"):
         table.add_column(col)
-    sizes = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 8192), (1000, 3001, 777), (4097, 4095, 4100), (8192, 1024, 4096)]
+    # (2048, 2048, 8192): 128 tiles of 128x256 < 132 SMs -> only the 128x128 configs are tuned (_prune_few_tiles)
+    sizes = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 8192), (1000, 3001, 777), (4097, 4095, 4100), (8192, 1024, 4096),
+             (2048, 2048, 8192)]
     for m, n, k in sizes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -54,6 +58,18 @@ def probe_matmul(rows: list) -> None:
         torch.cuda.synchronize()
         tune_s = time.time() - t0
         backend = mm_mod.LAST_BACKEND
+        tuner = mm_mod.LAST_TUNER
+        best = tuner.best_config if tuner is not None else None
+        # every config's autotune median (ms): tells a bad tile choice from a launch-bound shape
+        timings = {str(c): round(float(t[0] if isinstance(t, (list, tuple)) else t), 4)
+                   for c, t in (getattr(tuner, "configs_timings", None) or {}).items()}
+        # host time per call (launch-bound when it exceeds the GPU time)
+        torch.cuda.synchronize()
+        h0 = time.perf_counter()
+        for _ in range(50):
+            matmul(a, b)
+        host_us = (time.perf_counter() - h0) / 50 * 1e6
+        torch.cuda.synchronize()
         ref = a.float() @ b.float()
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
         del ref
@@ -66,7 +82,10 @@ def probe_matmul(rows: list) -> None:
         table.add_row(f"{m}x{n}x{k}", backend, f"{err:.1e}" + ("" if ok else " FAIL"), f"{tf_h:.0f}", f"{tf_c:.0f}",
                       f"{tf_h / tf_c:.3f}", target)
         rows.append(dict(case="matmul", m=m, n=n, k=k, kernel=backend, rel_err=err, correct=ok, hearth_ms=t_h,
-                         cublas_ms=t_c, hearth_tflops=tf_h, cublas_tflops=tf_c, ratio=tf_h / tf_c, first_call_s=tune_s))
+                         cublas_ms=t_c, hearth_tflops=tf_h, cublas_tflops=tf_c, ratio=tf_h / tf_c, first_call_s=tune_s,
+                         host_us_per_call=host_us, best_config=str(best), config_ms=timings))
+        console.print(f"[dim]{m}x{n}x{k}: {backend} {best} | host {host_us:.0f} us/call vs GPU {t_h * 1e3:.0f} us | "
+                      f"autotune ms: {timings}[/]")
     if mm_mod._TMA_BROKEN:
         console.print(f"[bold red]TMA kernel disabled: {mm_mod._TMA_BROKEN}[/]")
     console.print(table)
@@ -116,10 +135,12 @@ def probe_lce(rows: list) -> None:
     table = Table(title="linear_cross_entropy fwd+bwd bf16")
     for col in ("N x H x V", "weight", "check (rel err)", "chunk rows", "median ms", "target ms", "extra MiB total", "activation MiB", "target MiB"):
         table.add_column(col)
-    # (N, H, V, frozen, target ms, target MiB, chunk_rows): None = the default 64 MiB logits budget;
-    # the 512-row case shows the time/memory trade (fewer passes over grad_W, 2x the logits chunk).
+    # (N, H, V, frozen, target ms, target MiB, chunk_rows): None = the default (chunk_rows_for:
+    # logits chunk <= EXTRA_MEMORY_BUDGET, 120 MiB); the 512-row cases show the time/memory trade
+    # (fewer passes over grad_W, a larger logits chunk: 128 MiB at V=131072, 148 MiB at V=151936).
     cases = [(8192, 4096, 131072, False, 38.0, 128, None), (8192, 4096, 131072, False, 38.0, 128, 512),
-             (8192, 5120, 151936, False, 55.0, 160, None), (8192, 5120, 151936, True, 36.0, 160, None)]
+             (8192, 5120, 151936, False, 55.0, 160, None), (8192, 5120, 151936, False, 55.0, 160, 512),
+             (8192, 5120, 151936, True, 36.0, 160, None)]
     checked = set()
     for n, h, v, frozen, target_ms, target_mib, chunk in cases:
         if (h, v, frozen) not in checked:

@@ -4,13 +4,17 @@ torch.compile. Runs hearth's own ce_rows_ (the Triton row kernel, interpreted on
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-import hearth.kernels.linear_cross_entropy as lce_mod
 from hearth.kernels.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+
+# the module, not the function: hearth.kernels re-exports linear_cross_entropy under the same name
+lce_mod = importlib.import_module("hearth.kernels.linear_cross_entropy")
 
 
 def reference(x, w, target, bias=None, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0, softcap=None):
@@ -190,14 +194,49 @@ def test_second_backward_refused():
 
 
 def test_chunk_rows_from_budget():
-    assert chunk_rows_for(8192, 131072, 2) == 256  # 64 MiB / (131072 * 2 B) = 256 rows, 32 chunks
-    assert chunk_rows_for(8192, 151936, 2) == 216  # at most 220 -> 38 chunks of 216 (62.6 MiB)
-    assert chunk_rows_for(8000, 131072, 2) == 256  # 32 chunks: the fewest that fit the budget
+    assert lce_mod.EXTRA_MEMORY_BUDGET == 120 << 20
+    assert chunk_rows_for(8192, 131072, 2) == 448  # 120 MiB / 256 KiB = 480 -> 448 (x64), 19 chunks, 112 MiB
+    assert chunk_rows_for(8192, 151936, 2) == 384  # 414 -> 384, 22 chunks, 111.3 MiB
+    assert chunk_rows_for(8000, 131072, 2) == 448  # 18 chunks: ceil(8000/18) = 445 -> 448
+    assert chunk_rows_for(8192, 131072, 2, budget=64 << 20) == 256
+    assert chunk_rows_for(8192, 151936, 2, budget=64 << 20) == 192  # 220 -> 192 (x64)
     assert chunk_rows_for(10, 131072, 2) == 10
     assert chunk_rows_for(100, 1 << 30, 4) == 1
-    for n, v in ((8192, 151936), (777, 50000), (5000, 4099)):
-        rows = chunk_rows_for(n, v, 2)
-        assert rows * v * 2 <= 64 << 20 and -(-n // rows) == -(-n // ((64 << 20) // (v * 2)))
+    assert chunk_rows_for(100, 1 << 20, 4, budget=40 << 20) == 8  # cap 10 -> 8 (x8 below 64 rows)
+    for n, v, budget in ((8192, 151936, None), (777, 50000, 16 << 20), (5000, 4099, 1 << 20), (12345, 32000, None)):
+        rows = chunk_rows_for(n, v, 2, budget=budget)
+        max_rows = (budget or lce_mod.EXTRA_MEMORY_BUDGET) // (v * 2)
+        cap = max_rows - max_rows % 64
+        assert rows * v * 2 <= (budget or lce_mod.EXTRA_MEMORY_BUDGET)  # the logits chunk fits the budget
+        assert rows % 64 == 0 and -(-n // rows) == -(-n // cap)  # full row tiles, fewest chunks at that cap
+
+
+def test_backward_allocates_no_zero_gradient_buffers():
+    # The op's carrier outputs (grad_x, grad_W, grad_b, factor) must not get materialised zero
+    # gradients in the backward: at H=4096 V=131072 that was a 1 GiB [V, H] + 64 MiB [N, H] alloc.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Allocs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.big = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                # a new buffer as large as grad_x (views such as detach share an input's storage)
+                if isinstance(t, torch.Tensor) and t.numel() >= 12 * 8 and t.untyped_storage().data_ptr() not in inputs:
+                    self.big.append((str(func), tuple(t.shape)))
+            return out
+
+    x, w, t, b = _inputs(12, 8, 19, torch.float32, bias=True)
+    xg, wg, bg = (v.clone().requires_grad_() for v in (x, w, b))
+    loss = linear_cross_entropy(xg, wg, t, linear_bias=bg, chunk_rows=5)
+    with Allocs() as mode:
+        loss.backward()
+    assert mode.big == []
+    assert xg.grad is not None and wg.grad is not None and bg.grad is not None
 
 
 def _torch_ce_rows_(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, grad_scale=None):
@@ -313,3 +352,14 @@ def test_gpu_qwen_vocab_bf16(frozen):
         s = e.abs().max().item()
         torch.testing.assert_close(a.float() / s, e / s, atol=3e-2, rtol=0)
     assert (wg.grad is None) == frozen
+
+
+@pytest.mark.parametrize("s", [0.5, 1.0])
+def test_scale_inplace_grid_stride_covers_every_element(s, monkeypatch):
+    # The scaling grid is capped at 8 programs per SM; each program strides over the rest.
+    monkeypatch.setattr(lce_mod, "SCALE_BLOCK", 64)
+    n = 64 * 8 * lce_mod.num_sms(DEVICE) * 2 + 7  # > 2 strides per program, a partial last block
+    x = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    before = x.clone()
+    lce_mod._scale_inplace(x, torch.tensor(s, device=DEVICE, dtype=torch.float32))
+    torch.testing.assert_close(x, (before.float() * s).to(torch.bfloat16), rtol=0, atol=0)

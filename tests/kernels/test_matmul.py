@@ -129,3 +129,21 @@ def test_gpu_real_shapes_bf16(size):
     ref = _ref(a, b)
     # bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds ~1e-6*sqrt(K).
     torch.testing.assert_close(out.float(), ref, atol=0.05 * k ** 0.5 / 8, rtol=1.6e-2)
+
+
+def test_autotune_prune_keeps_configs_that_fill_the_sms():
+    # num_sms is 4 for a CPU tensor: a 256 x 256 output gives 128x256 / 256x128 tiles only 2
+    # tiles, 128x128 tiles 4 -> only the 128x128 configs are benchmarked; big outputs keep all.
+    import importlib
+
+    mm = importlib.import_module("hearth.kernels.matmul")
+    t = torch.empty(1)
+    for configs in (mm._TMA_CONFIGS, mm._PTR_CONFIGS):
+        kept = mm._prune_few_tiles(configs, dict(M=256, N=256, a_ptr=t))
+        assert kept and all((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) in ((128, 128), (64, 128)) for c in kept)
+        assert mm._prune_few_tiles(configs, dict(M=4096, N=4096, a_ptr=t)) == configs
+        # nothing fills the SMs (60 x 200 output): the configs with the most tiles, and only those
+        tiles = {c: -(-60 // c.kwargs["BLOCK_M"]) * -(-200 // c.kwargs["BLOCK_N"]) for c in configs}
+        assert max(tiles.values()) < 4
+        tiny = mm._prune_few_tiles(configs, dict(M=60, N=200, a_ptr=t))
+        assert tiny == [c for c in configs if tiles[c] == max(tiles.values())] and len(tiny) < len(configs)

@@ -1,26 +1,50 @@
 """linear_cross_entropy: cross_entropy(input @ W^T + b, target) without ever holding the [N, V] logits.
 
 Memory plan (the fusion is here, not in a new GEMM): tokens are processed in chunks of C rows, C
-chosen so that one chunk's logits take <= LOGITS_CHUNK_BYTES (64 MiB). Per chunk, in the forward:
+chosen by `chunk_rows_for` so that one chunk's logits fit EXTRA_MEMORY_BUDGET. Per chunk, in the forward:
     logits_c = x_c @ W^T (+ b)                      cuBLAS (torch.mm / addmm) into ONE reused buffer
     loss_c   = ce_rows_(logits_c, ...)               hearth's row kernel; it also writes
                g_c = grad_scale * dloss/dlogits_c    IN PLACE over logits_c (same pass)
-    grad_x[c]  = g_c @ W                             (when input needs a gradient)
-    grad_W    += g_c^T @ x_c                         (when linear_weight needs one; skipped when frozen)
+    grad_x[c]  = g_c @ W                             written straight into the returned [N, H] tensor
+    grad_W    += g_c^T @ x_c                         into the ONE [V, H] tensor that becomes .grad
+                                                     (skipped when linear_weight is frozen)
     grad_b    += sum_rows g_c                         (fp32)
 grad_scale = 1/n_valid with n_valid counted over ALL N rows first, on the device (no host sync).
 The gradients are thus computed during the forward (as Liger does); the backward only multiplies
 them, in place, by grad_output -- a Triton kernel reads grad_output on the device and returns at once
-when it is 1.0, so the usual loss.backward() costs a few launches, no pass and no host sync.
-Extra memory: one logits chunk (<= 64 MiB) + O(N) floats; the gradients themselves ([N, H] and
-[V, H]) are allocated as autograd would anyway (LESSON 8: report both figures).
+when it is 1.0, so the usual loss.backward() costs a few launches, no pass and no host sync. autograd
+adopts the forward's buffers as .grad without a copy, and the op's four carrier outputs are marked
+non-differentiable with set_materialize_grads(False): otherwise autograd passes the backward a zero
+[N, H] and a zero [V, H] tensor (the extra 1088 MiB the first H200 probe saw at H=4096 V=131072).
+
+Memory arithmetic (bf16, N=8192; "extra" = peak during the call minus inputs, LESSON 8):
+    gradients any implementation returns: [V, H] + [N, H]
+        H=4096 V=131072: 1024 + 64 MiB;  H=5120 V=151936: 1484 + 80 MiB
+    activation extra = one logits chunk C*V*2 B + O(N + V) bookkeeping (< 2 MiB: losses, target
+        checks, fp32 grad_b) <= EXTRA_MEMORY_BUDGET (120 MiB) + 2 MiB, under both targets
+        (128 MiB at V=131072, 160 MiB at V=151936)
+    C (chunk_rows_for: the largest multiple of 64 whose logits fit the budget, rows spread evenly):
+        V=131072: 120 MiB / 256 KiB per row = 480 -> 448 rows (112 MiB), 19 chunks
+        V=151936: 120 MiB / 296.75 KiB per row = 414 -> 384 rows (111.3 MiB), 22 chunks
+    Multiples of 64 keep the GEMMs' row tiles full (216 rows filled 2 tiles of 128 to 84%).
+
+Time model (H200, cuBLAS ~750 TFLOP/s, copy ~4.3 TB/s): 2 GEMMs of 2*N*H*V flops (3 when grad_W
+is needed) + ce_rows_ over the N*V logits (read, write g in place; ~1.9 TB/s in the first H200
+bench: ~3-4 ms) + one read+write of grad_W [V, H] per chunk beyond the first (cuBLAS addmm with
+beta=1 does not hide it: 2 GiB = ~0.5 ms at V=131072, 2.97 GiB = ~0.75 ms at V=151936). Predictions:
+    H=4096 V=131072 trainable: 35.2 + 18*0.5 + ~3 = ~47 ms  (probe-1: 54.7 at 256 rows, 46.5 at 512)
+    H=5120 V=151936 trainable: 51.0 + 21*0.75 + ~3.5 = ~70 ms (probe-1: 88.0 at 216 rows)
+    H=5120 V=151936 frozen:    34.0 + ~3.5 + tile waste ~0 = ~38 ms (probe-1: 44.7 at 216 rows)
+The trainable targets (38 / 55 ms) are out of reach for this design within the memory target: the
+grad_W passes alone cost 9-16 ms. Larger chunks trade memory for time (chunk_rows=512 at
+V=151936: 148 MiB, 16 chunks, ~4.5 ms faster).
 
 Numerics
 - grad_W accumulates in linear_weight's dtype: the first chunk writes it (beta = 0), later chunks
   add with cuBLAS addmm (fp32 accumulation inside each GEMM, one rounding to bf16 per chunk). Each
   chunk adds one bf16 rounding (relative 2^-9) to the running sum, so after k chunks the relative
   error is <= k * 2^-9 in the worst case and ~sqrt(k) * 2^-9 typically. The chunk budget keeps k
-  small (k = N*V*2 / 64 MiB: 32 at N=8192, V=131072). tests/kernels/test_linear_cross_entropy.py
+  small (k = N / chunk_rows: 19 at N=8192, V=131072; 22 at V=151936). tests/kernels/test_linear_cross_entropy.py
   measures it at V=4099 with k=32 chunks against an fp32 accumulator of the same chunk gradients:
   5.8e-3 relative (Frobenius), vs 1.7e-3 for a single final bf16 rounding; the bound asserted is
   2 * sqrt(k) * 2^-9 (2.2e-2 at k=32). An fp32 [V, H] accumulator would cost 2.5 GiB at Qwen3-14B
@@ -42,9 +66,15 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor
+from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
 
-LOGITS_CHUNK_BYTES = 64 << 20  # one chunk of logits; the memory the fusion trades against GEMM size
+if interpret_mode():  # loops over runtime bounds under Triton 3.6's interpreter with NumPy >= 2.4
+    from hearth.kernels.matmul import _interpreter_numpy2_compat
+
+    _interpreter_numpy2_compat()
+
+EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
+CHUNK_ROW_MULTIPLE = 64  # GEMM row-tile granularity (cuBLAS / hearth tiles are 64 or 128 rows)
 REDUCTIONS = ("mean", "sum", "none")
 SCALE_BLOCK = 4096
 
@@ -52,19 +82,25 @@ SCALE_BLOCK = 4096
 # ----------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _scale_inplace_kernel(x_ptr, s_ptr, n, BLOCK: tl.constexpr):
-    """x[:] *= s (s: one fp32 on the device). Returns at once when s == 1: no pass, no host sync."""
+    """x[:] *= s (s: one fp32 on the device), grid-stride over BLOCK-element blocks. Returns at once
+    when s == 1: no pass, no host sync."""
     s = tl.load(s_ptr)
     if s != 1.0:
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(x_ptr + offs, (x * s).to(x_ptr.dtype.element_ty), mask=mask)
+        step = tl.num_programs(0).to(tl.int64) * BLOCK
+        for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, step):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(x_ptr + offs, (x * s).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 def _scale_inplace(t: torch.Tensor, scale: torch.Tensor) -> None:
     if t.numel() == 0:
         return
-    _scale_inplace_kernel[(triton.cdiv(t.numel(), SCALE_BLOCK),)](t, scale, t.numel(), BLOCK=SCALE_BLOCK, num_warps=8)
+    # a bounded grid (8 programs per SM): the usual grad_output == 1 launch then costs ~1k programs
+    # that read one float and exit, not V*H/4096 of them (190k for a 151936 x 5120 grad_W)
+    grid = (min(triton.cdiv(t.numel(), SCALE_BLOCK), 8 * num_sms(t.device)),)
+    _scale_inplace_kernel[grid](t, scale, t.numel(), BLOCK=SCALE_BLOCK, num_warps=8)
 
 
 # ----------------------------------------------------------------------------------------- launcher
@@ -76,19 +112,22 @@ def _ce_rows():
 
 
 def chunk_rows_for(n_rows: int, vocab: int, elem_bytes: int, budget: int | None = None) -> int:
-    """Rows per chunk: the fewest chunks whose logits fit `budget` bytes each (default
-    LOGITS_CHUNK_BYTES) -- every chunk costs one read+write pass over grad_W -- with the rows spread
-    evenly over them and rounded to a multiple of 8 (aligned GEMM rows) when >= 8."""
-    max_rows = max(1, (budget or LOGITS_CHUNK_BYTES) // (vocab * elem_bytes))
+    """Rows per chunk for `n_rows` tokens at vocabulary `vocab` (logits of `elem_bytes` each).
+
+    The chunk's logits must fit `budget` bytes (default EXTRA_MEMORY_BUDGET): max_rows = budget //
+    (vocab * elem_bytes). Every chunk beyond the first costs one read+write pass over grad_W, so the
+    fewest chunks win; the cap is rounded down to a multiple of CHUNK_ROW_MULTIPLE (full GEMM row
+    tiles; 8 or 1 when the cap is smaller), and the rows are spread evenly over that many chunks
+    (rounded up to the same multiple, never above the cap). E.g. 8192 x 131072 bf16: cap 480 -> 448,
+    19 chunks of 448 rows (the last 128). Raises nothing; returns >= 1."""
+    max_rows = max(1, (budget or EXTRA_MEMORY_BUDGET) // (vocab * elem_bytes))
     if max_rows >= n_rows:
         return n_rows
-    n_chunks = -(-n_rows // max_rows)
+    step = next(m for m in (CHUNK_ROW_MULTIPLE, 8, 1) if max_rows >= m)
+    cap = max_rows - max_rows % step
+    n_chunks = -(-n_rows // cap)
     rows = -(-n_rows // n_chunks)
-    if rows >= 8:
-        rows = -(-rows // 8) * 8
-        if rows > max_rows:
-            rows = max_rows - max_rows % 8
-    return rows
+    return min(cap, -(-rows // step) * step)
 
 
 def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, softcap, scale,
@@ -226,6 +265,11 @@ def _(grad, grad_output, factor):
 def _setup_context(ctx, inputs, output):
     x, w, target, bias, ignore_index, label_smoothing, reduction, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows = inputs
     _, gx, gw, gb, factor = output
+    # The four extra outputs are carriers, never differentiated: without these two calls autograd
+    # hands the backward a zero tensor for each one -- a [V, H] and an [N, H] buffer allocated in
+    # every backward (the +1088 MiB "activation" of the first H200 probe at V=131072, H=4096).
+    ctx.mark_non_differentiable(gx, gw, gb, factor)
+    ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     ctx.opts = (ignore_index, label_smoothing, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows)
     ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -240,6 +284,8 @@ def _backward(ctx, grad_loss, *_unused):
     if ctx.used:  # the stored gradients are scaled in place: a second backward would scale twice
         raise RuntimeError("linear_cross_entropy: backward through the same graph twice is not supported (retain_graph)")
     ctx.used = True
+    if grad_loss is None:  # the loss did not reach the graph's output: nothing flows back
+        return (None,) * 13
     ignore_index, label_smoothing, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows = ctx.opts
     if ctx.reduction == "none":
         x, w, target, bias = ctx.saved_tensors
@@ -271,7 +317,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
         ignore_index, label_smoothing, reduction ("mean" over non-ignored rows, 0 when all are
             ignored; "sum"; "none" -> [N]), z_loss (adds z_loss * logsumexp**2 per row), softcap
             (logits -> softcap * tanh(logits / softcap)): as hearth.kernels.cross_entropy.
-        chunk_rows: rows per chunk (default: as many as fit LOGITS_CHUNK_BYTES of logits).
+        chunk_rows: rows per chunk (default: chunk_rows_for, logits chunk <= EXTRA_MEMORY_BUDGET).
 
     Returns: a 0-D loss ("mean", "sum") or [N] ("none") in input's dtype (computed in fp32).
     Gradients are computed in the forward when any input requires grad; calling backward twice on

@@ -23,13 +23,16 @@ all four operand layouts, bf16 and fp16, emits wgmma.mma_async and cp.async.bulk
 shared memory (128x256x64 x 4 stages: 229,408 B of the 232,448 B limit); no spills (161 registers).
 
 Both are autotuned on CUDA over a small config set keyed on (M, N, K) (the autotuner caches the
-choice per shape). The launcher picks the kernel; `matmul` is a torch.library custom op with an
+choice per shape); tile shapes that would leave SMs idle are pruned before timing (_prune_few_tiles). The launcher picks the kernel; `matmul` is a torch.library custom op with an
 autograd formula (dA = dC @ B^T, dB = A^T @ dC through the same op on transposed views) and a fake
-implementation, so torch.compile(fullgraph=True) traces it without a graph break.
+implementation, so torch.compile(fullgraph=True) traces it without a graph break. When there is no
+graph to record (no input requires grad, or grad mode is off, outside torch.compile) `matmul` calls
+the launcher directly: the custom-op dispatch costs host time that small GEMMs cannot hide.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -185,10 +188,24 @@ def _matmul_tma_kernel(
 # ----------------------------------------------------------------------------------------- launcher
 # Small config sets (each autotuned shape pays ~len(configs) benchmark runs once).
 # 128x256x64: the wgmma-friendly tile (one warpgroup pair, 64 KB of A/B per stage);
+# 256x128x64: the same work per stage with the roles of A and B swapped (tall outputs, N <= 1024);
+# 128x256x128 x 2 stages: half the k-steps, so half the two CTA barriers each k-step costs in
+#   Triton's (not warp-specialised) Hopper pipeline;
 # 128x128x64 with 4 stages: for shapes with few tiles (more programs per SM wave).
+# sm_90 offline build (hearth inspect matmul --arch sm_90, bf16, all layouts): every config emits
+# wgmma + cp.async.bulk.tensor (SASS HGMMA + UTMA), no spills; 128x256 / 256x128 x 3 stages: 154
+# registers, 176 KiB shared; x 4 stages: 224 KiB; 128x256x128 x 2: 154 registers, 224 KiB;
+# 128x128 x 4 stages: 160 KiB (90 registers with 8 warps, 159 with 4).
+# Where the time goes at 4096^3 (0.88x cuBLAS in probe-1, 0.98x at K=8192): the per-tile epilogue
+# (wgmma drain, acc -> smem -> TMA store) is not overlapped with the next tile's MMAs; halving the
+# tiles' share of it (K=8192) closes most of the gap. Overlapping it needs warp specialisation.
+# (tl.range(warp_specialize=True) builds for sm_90 in Triton 3.6 but emits no setmaxnreg and the
+# same code: no producer/consumer split on Hopper, so it is not offered.)
 _TMA_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": True}, num_stages=3, num_warps=8),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": True}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": True}, num_stages=3, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "EPILOGUE_SPLIT": True}, num_stages=2, num_warps=8),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": False}, num_stages=4, num_warps=8),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": False}, num_stages=4, num_warps=4),
 ]
@@ -202,11 +219,30 @@ _PTR_CONFIGS = [
 _INTERP_PTR = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2)
 _INTERP_TMA = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, EPILOGUE_SPLIT=True)
 
-_matmul_ptr_tuned = triton.autotune(configs=_PTR_CONFIGS, key=["M", "N", "K", "PRECISION"])(_matmul_kernel)
-_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"])(_matmul_tma_kernel)
+
+
+def _prune_few_tiles(configs, named_args, **kwargs):
+    """Autotuner pre-filter: keep the tile shapes that give every SM at least one tile; when none
+    does (small outputs), only those with the most tiles. A 128x256 tile on a 1000 x 3001 output
+    leaves 36 of 132 SMs idle, and small shapes are launch-bound, so their autotune timings cannot
+    be trusted to see it. Big shapes keep every config."""
+    m, n = named_args["M"], named_args["N"]
+    sms = num_sms(named_args["a_ptr"].device)
+    tiles = {c: triton.cdiv(m, c.kwargs["BLOCK_M"]) * triton.cdiv(n, c.kwargs["BLOCK_N"]) for c in configs}
+    full = [c for c in configs if tiles[c] >= sms]
+    if full:
+        return full
+    most = max(tiles.values())
+    return [c for c in configs if tiles[c] == most]
+
+
+_PRUNE = {"early_config_prune": _prune_few_tiles}
+_matmul_ptr_tuned = triton.autotune(configs=_PTR_CONFIGS, key=["M", "N", "K", "PRECISION"], prune_configs_by=_PRUNE)(_matmul_kernel)
+_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"], prune_configs_by=_PRUNE)(_matmul_tma_kernel)
 
 _TMA_BROKEN: str | None = None  # set once if the TMA kernel fails to compile on this GPU/toolchain
 LAST_BACKEND: str | None = None  # "tma" or "pointer": which kernel the last launch used (probe/inspect)
+LAST_TUNER = None  # the autotuner of the last tuned launch (.best_config, .configs_timings: probe)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -231,15 +267,22 @@ def _tma_layout(t: torch.Tensor):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _cc_major(index: int) -> int:
+    # cached: this sits on every launch's host path (small GEMMs are launch-bound)
+    return torch.cuda.get_device_capability(index)[0]
+
+
 def _use_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
     if _TMA_BROKEN is not None or a.device.type != "cuda" or interpret_mode():
         return False
-    if a.dtype not in (torch.bfloat16, torch.float16) or torch.cuda.get_device_capability(a.device)[0] < 9:
+    if a.dtype not in (torch.bfloat16, torch.float16) or _cc_major(a.device.index if a.device.index is not None else torch.cuda.current_device()) < 9:
         return False  # fp32 (TF32) stays on the pointer kernel: wgmma reads 32-bit operands K-major only
     return None not in (_tma_layout(a), _tma_layout(b)) and _tma_layout(c) == (False, c.stride(0))
 
 
 def _launch_tma(a, b, c, *, tuned: bool = True):
+    global LAST_TUNER
     M, K = a.shape
     N = b.shape[1]
     if None in (_tma_layout(a), _tma_layout(b)):
@@ -254,6 +297,7 @@ def _launch_tma(a, b, c, *, tuned: bool = True):
     meta = dict(A_T=a_t, B_T=b_t, NUM_SMS=sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
     if tuned:
         grid = lambda m: (min(sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+        LAST_TUNER = _matmul_tma_tuned
         return _matmul_tma_tuned[grid](*args, **meta)
     cfg = _INTERP_TMA
     grid = (min(sms, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])),)
@@ -261,11 +305,13 @@ def _launch_tma(a, b, c, *, tuned: bool = True):
 
 
 def _launch_pointer(a, b, c, *, tuned: bool = True):
+    global LAST_TUNER
     M, K = a.shape
     N = b.shape[1]
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if tuned:
         grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        LAST_TUNER = _matmul_ptr_tuned
         return _matmul_ptr_tuned[grid](*args, PRECISION=_precision(a.dtype), UPCAST=False)
     cfg = _INTERP_PTR
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
@@ -346,7 +392,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"b has {b.shape[0]} rows but a has {a.shape[-1]} columns (K must match): a {tuple(a.shape)}, b {tuple(b.shape)}")
     lead = a.shape[:-1]
-    out = _matmul_op(a.reshape(-1, a.shape[-1]), b)
+    a2 = a.reshape(-1, a.shape[-1])
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        out = _matmul_op(a2, b)
+    else:  # no graph to record: skip the custom-op dispatch (tens of microseconds of host time)
+        out = torch.empty((a2.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        matmul_into(a2, b, out)
     return out.reshape(*lead, b.shape[1])
 
 
@@ -379,7 +430,7 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     target = GPUTarget("cuda", arch, 32)
     found = []
     if arch >= 90 and dtype != torch.float32:
-        for cfg in _TMA_CONFIGS[:1] + _TMA_CONFIGS[2:3]:
+        for cfg in (_TMA_CONFIGS[0], _TMA_CONFIGS[4]):  # 128x256x64 and 128x128x64 (the others: see _TMA_CONFIGS)
             const = dict(A_T=False, B_T=False, NUM_SMS=132, PRECISION="ieee", UPCAST=False, **cfg.kwargs)
             sig = {"a_ptr": ptr, "b_ptr": ptr, "c_ptr": ptr, "M": "i32", "N": "i32", "K": "i32", "lda": "i32", "ldb": "i32", "ldc": "i32"}
             sig.update({k: "constexpr" for k in const})
