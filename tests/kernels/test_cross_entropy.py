@@ -4,11 +4,15 @@ CPU interpreter at tiny shapes; real vocabularies and the memory bound on CUDA o
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-import hearth.kernels.cross_entropy as ce
+# the module, not the function: hearth.kernels re-exports cross_entropy() under the submodule's name, so
+# `import hearth.kernels.cross_entropy as ...` can bind the function (depending on import order)
+ce = importlib.import_module("hearth.kernels.cross_entropy")
 from hearth.kernels.cross_entropy import ce_rows_, cross_entropy
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
 

@@ -3,10 +3,14 @@ shapes on CUDA only)."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
-import hearth.kernels.softmax as sm
+# the module, not the function: hearth.kernels re-exports softmax() under the submodule's name, so
+# `import hearth.kernels.softmax as sm` can bind the function (depending on import order)
+sm = importlib.import_module("hearth.kernels.softmax")
 from hearth.kernels.softmax import softmax
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
 
@@ -26,11 +30,16 @@ def _check(x_fp32: torch.Tensor, dtype: torch.dtype, dim: int = -1, seed: int = 
     assert_close(x.grad, x_ref.grad, dtype, scale=2.0, msg="grad")
 
 
-@pytest.fixture
-def wide_path(monkeypatch):
-    """Force the chunked (online max/sum, reverse second loop) kernels at tiny widths."""
+@pytest.fixture(params=[1, 3], ids=["unpipelined", "pipelined"])
+def wide_path(monkeypatch, request):
+    """Force the chunked (online max/sum, reverse second loop) kernels at tiny widths, with the
+    column loops unpipelined or software-pipelined 3 deep (one launch config each: no GPU tuning,
+    so both variants are checked on the GPU; the interpreter ignores the pipelining depth)."""
     monkeypatch.setattr(sm, "ONEPASS_MAX_COLS", 64)
     monkeypatch.setattr(sm, "WIDE_CHUNK", 32)
+    stages = request.param
+    cfg = (sm.WIDE_PROGRAMS_PER_SM, 32, sm.WIDE_WARPS if stages == 1 else 1, stages)
+    monkeypatch.setattr(sm, "_wide_candidates", lambda *args: [cfg])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -144,3 +153,42 @@ def test_real_shapes_bf16(shape):
     y.backward(dy)
     ref_grad = ref * (dy.float() - (dy.float() * ref).sum(-1, keepdim=True))
     assert_close(x.grad, ref_grad, torch.bfloat16, scale=2.0)
+
+
+class _FakeCudaDevice:
+    type = "cuda"
+
+
+def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
+    """The launch-config picker (shared by the row kernels): default off the GPU; on the GPU it times
+    every candidate, skips one that fails to launch, keeps the fastest and caches it per key."""
+    import triton.testing
+
+    calls = []
+    # "do_bench" runs the launch once and reports the candidate's made-up time
+    fake_ms = {"a": 3.0, "b": 1.0, "c": 2.0}
+
+    def fake_bench(fn, **kwargs):
+        return fn()
+
+    def launch(cfg):
+        calls.append(cfg)
+        if cfg == "bad":
+            raise RuntimeError("out of resources")
+        return fake_ms[cfg]
+
+    # off the GPU (and under the interpreter): the first candidate, nothing run, nothing cached
+    assert sm.pick_config(("k", 1), ["a", "b"], launch, torch.device("cpu")) == "a"
+    assert calls == []
+    monkeypatch.setattr(sm, "interpret_mode", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(sm, "_PICKED", {})
+    assert sm.pick_config(("k", 1), ["a", "bad", "b", "c"], launch, _FakeCudaDevice()) == "b"
+    assert calls == ["a", "bad", "b", "c"]
+    # cached: no second timing for the same key
+    assert sm.pick_config(("k", 1), ["a", "bad", "b", "c"], launch, _FakeCudaDevice()) == "b"
+    assert calls == ["a", "bad", "b", "c"]
+    # a single candidate is returned untimed
+    assert sm.pick_config(("k", 2), ["c"], launch, _FakeCudaDevice()) == "c"
+    assert len(calls) == 4

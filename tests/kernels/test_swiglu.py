@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-import hearth.kernels.swiglu as swiglu_module
+# the module, not the function: hearth.kernels re-exports swiglu() under the submodule's name, so
+# `import hearth.kernels.swiglu as ...` can bind the function (depending on import order)
+swiglu_module = importlib.import_module("hearth.kernels.swiglu")
 from hearth.kernels.swiglu import swiglu, swiglu_mlp
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
 

@@ -14,7 +14,9 @@ the rows in flight so a row's bytes are still in L2 when it is re-read. Per row,
 once for the statistics (max, sum, and sum(z) when smoothing); loop 2 (only when a gradient is wanted)
 walks the chunks in reverse, so the re-read starts where L2 is warmest, and writes the gradient OVER
 THE LOGITS BUFFER: the second [N, V] tensor never exists. Traffic: read N*V*b once (+ the part of the
-re-read that misses L2), write N*V*b once. Chunk BLOCK / num_warps come from the table _CE_CONFIGS.
+re-read that misses L2), write N*V*b once. Chunk BLOCK / num_warps come from the table _CE_CONFIGS;
+for V > 8192 on the GPU, (programs per SM, BLOCK, num_warps, pipelining depth) is picked once per
+(V, dtype) among _CE_WIDE_CANDIDATES by timing them on a scratch copy of the first rows.
 
 IN-PLACE: when `input.requires_grad` (and grad mode is on), cross_entropy overwrites `input` with the gradient during the
 forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
@@ -55,7 +57,7 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import check_same_device, check_tensor, interpret_mode, num_sms
-from hearth.kernels.softmax import _patch_interpreter_scalar_index
+from hearth.kernels.softmax import _patch_interpreter_scalar_index, pick_config
 
 if interpret_mode():
     _patch_interpreter_scalar_index()  # runtime-bounded loops under the CPU interpreter
@@ -74,8 +76,24 @@ CHECK_TARGETS = True
 # Persistent row kernel: programs per SM (rows in flight = SMs * this; 0 = one program per row).
 # Rows in flight * V * bytes should stay under L2 (~50 MB on H100/H200) so loop 2's re-read hits L2.
 CE_PROGRAMS_PER_SM = 2
-# (largest V, chunk BLOCK, num_warps) for the row kernel: the one tuning table.
+# (largest V, chunk BLOCK, num_warps) for the row kernel: the default table (CPU, interpreter, and
+# the first GPU candidate below V = 8192).
 _CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
+# Wide vocabularies on the GPU: candidate (programs_per_SM, BLOCK, num_warps, num_stages), timed once
+# per (V, dtype) on a scratch copy of the first rows (pick_config); the fastest is kept. Both vocab
+# loops are software-pipelined (tl.range num_stages: cp.async into shared memory), so a program keeps
+# num_stages - 1 chunks in flight without more programs, and fewer programs means fewer rows in flight:
+# at V = 131072 bf16, 132 rows x 256 KiB = 33 MiB fits the H200's 50 MB L2, so loop 2's re-read can
+# hit L2 (the first run used 264 unpipelined programs = 66 MiB: the re-read mostly missed).
+# The last candidate is the first run's configuration (no pipelining).
+_CE_WIDE_CANDIDATES = (
+    (1, 8192, 16, 3), (1, 16384, 32, 3), (2, 8192, 16, 3), (1, 8192, 16, 1), (0.5, 16384, 32, 4),
+    (2, 8192, 16, 1),
+)
+# (cp.async, which the pipelined loops use, carries no L2 evict_last hint; the unpipelined candidates
+# keep the hints, with 1 or 2 programs per SM.)
+# Rows of the scratch copy the candidates are timed on (bounded: a copy of the logits is made).
+_TUNE_ROWS = 2048
 
 # grad_scale modes of the row kernel
 _SCALE_VALUE, _SCALE_SCALAR_PTR, _SCALE_ROW_PTR = 0, 1, 2
@@ -105,6 +123,7 @@ def _ce_rows_kernel(
     HAS_ZLOSS: tl.constexpr,
     WRITE_GRAD: tl.constexpr,
     SCALE_MODE: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,  # software-pipelining depth of the vocab loops (1: none)
 ):
     offs = tl.arange(0, BLOCK)
     # persistent: program p handles rows p, p + P, ... (P bounds the rows in flight, hence the
@@ -121,7 +140,7 @@ def _ce_rows_kernel(
             m = -float("inf")
             d = 0.0
             sum_z = 0.0
-            for start in range(0, n_cols, BLOCK):
+            for start in tl.range(0, n_cols, BLOCK, num_stages=NUM_STAGES):
                 cols = start + offs
                 mask = cols < n_cols
                 # evict_last: loop 2 re-reads this row
@@ -159,7 +178,7 @@ def _ce_rows_kernel(
                     coef = 1.0 + 2.0 * z_loss * lse
                 uniform = label_smoothing / n_cols
                 n_chunks = tl.cdiv(n_cols, BLOCK)
-                for i in range(0, n_chunks):
+                for i in tl.range(0, n_chunks, num_stages=NUM_STAGES):
                     cols = (n_chunks - 1 - i) * BLOCK + offs
                     mask = cols < n_cols
                     x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -219,11 +238,13 @@ def _scale_rows_kernel(
 
 
 # ---------------------------------------------------------------------------------------- launchers
-def _grid_rows(n_rows: int, device: torch.device) -> int:
-    """Programs for the persistent row kernel: CE_PROGRAMS_PER_SM per SM (0: one program per row)."""
-    if CE_PROGRAMS_PER_SM <= 0:
+def _grid_rows(n_rows: int, device: torch.device, programs_per_sm: float | None = None) -> int:
+    """Programs for the persistent row kernel: programs_per_sm (default CE_PROGRAMS_PER_SM) per SM
+    (0: one program per row)."""
+    per_sm = CE_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+    if per_sm <= 0:
         return n_rows
-    return max(1, min(n_rows, int(num_sms(device) * CE_PROGRAMS_PER_SM)))
+    return max(1, min(n_rows, int(num_sms(device) * per_sm)))
 
 
 def _config(n_cols: int) -> tuple[int, int]:
@@ -247,21 +268,53 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
         scale_mode = _SCALE_ROW_PTR if grad_scale.dim() == 1 else _SCALE_SCALAR_PTR
     elif write_grad and grad_scale is not None:
         scale_value = float(grad_scale)
-    block, warps = _config(n_cols)
-    grid = (_grid_rows(n_rows, logits.device),)
-    _ce_rows_kernel[grid](
-        logits, grad if write_grad else logits, target, loss, scale_ptr,
-        n_rows, n_cols, logits.stride(0), grad.stride(0) if write_grad else 0,
-        ignore_index, float(label_smoothing), float(z_loss), float(softcap or 1.0), scale_value,
-        BLOCK=block,
-        HAS_SOFTCAP=softcap is not None,
-        HAS_SMOOTHING=label_smoothing > 0,
-        HAS_ZLOSS=z_loss != 0,
-        WRITE_GRAD=write_grad,
-        SCALE_MODE=scale_mode,
-        num_warps=warps,
-    )
+
+    def launch(cfg, x, g, t, out):
+        programs_per_sm, block, warps, stages = cfg
+        _ce_rows_kernel[(_grid_rows(x.shape[0], x.device, programs_per_sm),)](
+            x, g if write_grad else x, t, out, scale_ptr,
+            x.shape[0], n_cols, x.stride(0), g.stride(0) if write_grad else 0,
+            ignore_index, float(label_smoothing), float(z_loss), float(softcap or 1.0), scale_value,
+            BLOCK=block,
+            HAS_SOFTCAP=softcap is not None,
+            HAS_SMOOTHING=label_smoothing > 0,
+            HAS_ZLOSS=z_loss != 0,
+            WRITE_GRAD=write_grad,
+            SCALE_MODE=scale_mode,
+            NUM_STAGES=stages,
+            num_warps=warps,
+            num_stages=stages,
+        )
+
+    cfg = _pick_rows_config(logits, grad, target, scale_mode, launch)
+    launch(cfg, logits, grad, target, loss)
     return loss
+
+
+def _pick_rows_config(logits, grad, target, scale_mode, launch):
+    """The row kernel's (programs_per_SM, BLOCK, num_warps, num_stages) for this vocab width.
+
+    Narrow vocabularies (V <= 8192) use the _CE_CONFIGS default. Wide ones pick among
+    _CE_WIDE_CANDIDATES on the GPU, timed once on a SCRATCH copy of the first rows: the kernel
+    writes the gradient in place, so the caller's logits are never run twice."""
+    n_rows, n_cols = logits.shape
+    block, warps = _config(n_cols)
+    default = (CE_PROGRAMS_PER_SM, block, warps, 1)
+    if n_cols <= 8192:
+        return default
+    cands = [c for c in _CE_WIDE_CANDIDATES if c[1] <= triton.next_power_of_2(n_cols)] or [default]
+    key = ("cross_entropy_rows", n_cols, logits.dtype, grad is not None, scale_mode)
+
+    def timed(cfg):
+        rows = min(n_rows, _TUNE_ROWS)
+        x = scratch.setdefault("x", logits[:rows].clone())
+        out = scratch.setdefault("loss", torch.empty(rows, dtype=torch.float32, device=logits.device))
+        launch(cfg, x, x, target[:rows], out)
+
+    scratch: dict = {}
+    cfg = pick_config(key, cands, timed, logits.device)
+    scratch.clear()
+    return cfg
 
 
 def ce_rows_(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, grad_scale=None):

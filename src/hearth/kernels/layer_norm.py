@@ -125,7 +125,7 @@ def _backward(dy, x, weight, mean, rstd):
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0:
         return dx, torch.zeros_like(weight), torch.zeros_like(weight)
-    grid, rows_per_program = persistent_grid(m, x.device)
+    grid, rows_per_program = persistent_grid(m, x.device, 4)  # 4 programs per SM (unpipelined loop)
     dw_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     db_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     block, num_warps = _config(n)

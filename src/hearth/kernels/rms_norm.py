@@ -14,6 +14,8 @@ At 32768x4096 bf16 that is 256 MiB + 384 MiB = 640 MiB, ~0.16 ms at 4.27 TB/s co
 The weight gradient is a sum over every row. It is reduced in two stages (LESSON 5): a persistent
 grid of G programs each walks a contiguous run of rows and keeps its partial dw in fp32 registers,
 writes one row of a [G, N] fp32 buffer, and one torch.sum over G finishes it. No atomics.
+The row loop is software-pipelined (the next rows' x and dy stream into shared memory while one row
+is computed); G, num_warps and the pipelining depth are picked on the GPU (see _BWD_CANDIDATES).
 """
 
 from __future__ import annotations
@@ -23,12 +25,21 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import check_same_device, check_tensor, num_sms
+from hearth.kernels.softmax import pick_config
 
 # Largest feature width kept in registers as one block (fp32 [BLOCK_N] per live tensor).
 MAX_N = 65536
-# Backward persistent grid = PROGRAMS_PER_SM * num_SMs programs: more than one per SM keeps
-# several rows' loads in flight per SM (one 8 KiB row at a time cannot cover HBM latency).
-PROGRAMS_PER_SM = 4
+# Backward persistent grid = programs_per_SM * num_SMs programs. The row loop is software-pipelined
+# (tl.range num_stages: cp.async copies of the next rows into shared memory while this row is
+# computed), so each program keeps num_stages - 1 rows' loads in flight; without it (the first
+# H200 run) a program waited on every row's loads: load -> reduce -> store, one row at a time.
+# Candidate (programs_per_SM, num_warps, num_stages); the first is the default (CPU / interpreter),
+# the GPU times all of them once per (N, dtype) and keeps the fastest (softmax.pick_config).
+# At N=4096 bf16, 8 warps: 119 registers/thread -> 2 programs fit an SM; stages=3 -> 32 KiB smem.
+_BWD_CANDIDATES = ((2, 8, 3), (2, 8, 4), (1, 16, 4), (2, 16, 3), (4, 8, 2), (4, 8, 1))
+PROGRAMS_PER_SM = _BWD_CANDIDATES[0][0]
+# Forward: one row per program; candidate num_warps multipliers of the _config default.
+_FWD_WARP_SCALE = (1, 2, 0.5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,6 +79,7 @@ def _rms_norm_bwd_kernel(
     # meta-parameters
     BLOCK_N: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
 ):
     pid = tl.program_id(0)
     row_start = pid * ROWS_PER_PROGRAM
@@ -77,7 +89,7 @@ def _rms_norm_bwd_kernel(
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     # A compile-time trip count with a row mask: the last program's tail rows load zeros and add
     # nothing to dw.
-    for i in range(0, ROWS_PER_PROGRAM):
+    for i in tl.range(0, ROWS_PER_PROGRAM, num_stages=NUM_STAGES):
         row = row_start + i
         mask = col_mask & (row < M)
         row64 = row.to(tl.int64)
@@ -93,14 +105,14 @@ def _rms_norm_bwd_kernel(
     tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
 
 
-def persistent_grid(m: int, device: torch.device) -> tuple[int, int]:
+def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
     """(programs, rows_per_program) for a persistent pass over m rows.
 
     rows_per_program is rounded up to a power of two and passed as a constexpr: the loop has a
     compile-time trip count (Triton 3.6's interpreter, with numpy 2.4, cannot loop to a runtime
     bound), and only ~log2(M) variants are ever compiled.
     """
-    target = max(1, min(m, PROGRAMS_PER_SM * num_sms(device)))
+    target = max(1, min(m, programs_per_sm * num_sms(device)))
     rows = triton.next_power_of_2(triton.cdiv(m, target))
     return triton.cdiv(m, rows), rows
 
@@ -133,7 +145,13 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
         return y, rstd
     block, num_warps = _config(n)
     y2 = y.view(-1, n)
-    _rms_norm_fwd_kernel[(m,)](x2, weight, y2, rstd, n, eps, x2.stride(0), y2.stride(0), BLOCK_N=block, num_warps=num_warps)
+
+    def launch(warps):
+        _rms_norm_fwd_kernel[(m,)](x2, weight, y2, rstd, n, eps, x2.stride(0), y2.stride(0), BLOCK_N=block, num_warps=warps)
+
+    # idempotent (writes y and rstd only), so candidates are timed on the real arguments
+    cands = list(dict.fromkeys(max(1, min(32, int(num_warps * f))) for f in _FWD_WARP_SCALE))
+    launch(pick_config(("rms_norm_fwd", n, x.dtype, weight.dtype), cands, launch, x.device))
     return y, rstd
 
 
@@ -145,16 +163,31 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0:
         return dx, torch.zeros_like(weight)
-    grid, rows_per_program = persistent_grid(m, x.device)
-    partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-    block, num_warps = _config(n)
+    block, _ = _config(n)
     dx2 = dx.view(-1, n)
-    _rms_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight, rstd, dx2, partial, m, n,
-        dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=num_warps,
-        ROWS_PER_PROGRAM=rows_per_program,
-    )
-    return dx, partial.sum(0).to(weight.dtype)
+
+    def launch(cfg):
+        programs_per_sm, warps, stages = cfg
+        grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
+        partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+        _rms_norm_bwd_kernel[(grid,)](
+            dy2, x2, weight, rstd, dx2, partial, m, n,
+            dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
+            ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages,
+        )
+        return partial
+
+    # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
+    cfg = pick_config(("rms_norm_bwd", n, x.dtype, weight.dtype), _bwd_candidates(n), launch, x.device)
+    return dx, launch(cfg).sum(0).to(weight.dtype)
+
+
+def _bwd_candidates(n: int) -> list[tuple[int, int, int]]:
+    """(programs_per_SM, num_warps, num_stages) candidates for rows of n features. Rows wider than
+    8192 keep the _config warps (registers), pipelined 2 deep; the table is tuned for N <= 8192."""
+    if triton.next_power_of_2(n) > 8192:
+        return [(1, _config(n)[1], 2), (1, _config(n)[1], 1)]
+    return list(_BWD_CANDIDATES)
 
 
 # --------------------------------------------------------------------------------------------

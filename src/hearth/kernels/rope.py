@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor
+from hearth.kernels.softmax import pick_config
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
 MAX_TILE = 4096
@@ -122,13 +123,21 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
     num_warps = NUM_WARPS or (4 if max(block_hq, block_hk) * block_half <= 2048 else 8)
     cb = 0 if cos.shape[0] == 1 else cos.stride(0)
     sb = 0 if sin.shape[0] == 1 else sin.stride(0)
-    _rope_kernel[(bsz * t,)](
-        q, k, cos, sin, qo, ko,
-        t, half,
-        *q.stride(), *k.stride(), *qo.stride(), *ko.stride(),
-        cb, cos.stride(1), cos.stride(2), sb, sin.stride(1), sin.stride(2),
-        HQ=hq, HK=hk, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half, BACKWARD=backward, num_warps=num_warps,
-    )
+
+    def launch(warps):
+        _rope_kernel[(bsz * t,)](
+            q, k, cos, sin, qo, ko,
+            t, half,
+            *q.stride(), *k.stride(), *qo.stride(), *ko.stride(),
+            cb, cos.stride(1), cos.stride(2), sb, sin.stride(1), sin.stride(2),
+            HQ=hq, HK=hk, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half, BACKWARD=backward, num_warps=warps,
+        )
+
+    # the kernel only writes qo / ko, so the GPU times the warp counts on the real arguments once per
+    # (shape, layout, dtype) and keeps the fastest (softmax.pick_config); NUM_WARPS pins it
+    cands = [num_warps] if NUM_WARPS else list(dict.fromkeys([num_warps, 8, 4, 2]))
+    key = ("rope", hq, hk, dim, q.dtype, q.stride(), k.stride(), cos.dtype, backward)
+    launch(pick_config(key, cands, launch, q.device))
     return qo, ko
 
 

@@ -15,7 +15,9 @@ Two paths, chosen by row width in `_config` (the one place BLOCK / num_warps are
     Backward uses the same split: loop 1 accumulates sum(dy*y), loop 2 (reverse) writes dx.
     The wide kernels are persistent (WIDE_PROGRAMS_PER_SM programs per SM, each walking rows p, p+P,
     ...): that bounds the rows in flight, and so the bytes between a row's read and its re-read,
-    which is what decides whether the re-read hits L2.
+    which is what decides whether the re-read hits L2. On the GPU, (programs per SM, CHUNK, num_warps,
+    pipelining depth) is picked once per (n, dtype) by timing a few candidates (`pick_config`), and the
+    one-pass kernels pick their num_warps the same way.
 
 Layout: the softmax dim is moved last (`movedim`, a view). Rows are copied to contiguous memory only
 when the moved dim does not have stride 1 (or the leading dims cannot be flattened into one row
@@ -28,6 +30,9 @@ autograd registered), so `torch.compile(fullgraph=True)` sees one opaque op and 
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import torch
 import triton
@@ -77,6 +82,47 @@ if interpret_mode():
     _patch_interpreter_scalar_index()
 
 
+# ------------------------------------------------------------------------------ launch-config picker
+# Chosen configs, keyed by (kernel family, row width, dtype, ...): filled once per key on the GPU.
+_PICKED: dict = {}
+
+
+def pick_config(key, candidates, launch, device: torch.device):
+    """The fastest of `candidates` for `key`, timed once on the GPU (later calls hit a cache).
+
+    candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
+    under the interpreter, on CPU, during CUDA-graph capture or torch.compile tracing, or when only
+    one candidate is given. launch(config) must run the kernel on scratch or idempotent arguments
+    (each candidate runs several times). Timing: triton.testing.do_bench (L2 flushed), median.
+    Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
+    environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
+    """
+    # the candidate list is part of the key: a cached pick is always one of the candidates passed now
+    # (the same width can meet different lists, e.g. when tests lower ONEPASS_MAX_COLS / WIDE_CHUNK)
+    key = (key, tuple(candidates))
+    if key in _PICKED:
+        return _PICKED[key]
+    if (len(candidates) == 1 or device.type != "cuda" or interpret_mode()
+            or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
+        return candidates[0]
+    import triton.testing
+
+    best, best_ms, timings = candidates[0], float("inf"), []
+    for cfg in candidates:
+        try:
+            ms = triton.testing.do_bench(lambda cfg=cfg: launch(cfg), warmup=10, rep=40, return_mode="median")
+        except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
+            timings.append((cfg, f"{type(e).__name__}"))
+            continue
+        timings.append((cfg, round(ms, 4)))
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _PICKED[key] = best
+    if os.environ.get("HEARTH_PICK_LOG"):
+        print(f"hearth pick_config {key}: {best} of {timings}", file=sys.stderr, flush=True)
+    return best
+
+
 # ----------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _softmax_fwd_onepass_kernel(
@@ -110,6 +156,7 @@ def _softmax_fwd_chunked_kernel(
     n_rows, n_cols,
     # meta-parameters
     CHUNK: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,  # software-pipelining depth of the column loops (1: none)
 ):
     # persistent: program p handles rows p, p + P, ...; P bounds the rows in flight, hence the
     # bytes read between loop 1 and loop 2 of a row (keep them under L2)
@@ -120,7 +167,7 @@ def _softmax_fwd_chunked_kernel(
         offs = tl.arange(0, CHUNK)
         m = -float("inf")  # running max
         s = 0.0  # running sum of exp(x - m)
-        for start in range(0, n_cols, CHUNK):
+        for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + offs
             # evict_last: loop 2 re-reads this row; ask L2 to keep it.
             x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last")
@@ -132,12 +179,12 @@ def _softmax_fwd_chunked_kernel(
             m = m_new
         inv_s = 1.0 / s  # all -inf row: s == 0 -> inf, and 0 * inf = nan, like torch
         n_chunks = tl.cdiv(n_cols, CHUNK)
-        for i in range(0, n_chunks):
+        for i in tl.range(0, n_chunks, num_stages=NUM_STAGES):
             cols = (n_chunks - 1 - i) * CHUNK + offs  # reverse: most recently read chunks first
             mask = cols < n_cols
             x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
             y = tl.exp(x - m) * inv_s
-            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -171,6 +218,7 @@ def _softmax_bwd_chunked_kernel(
     n_rows, n_cols,
     # meta-parameters
     CHUNK: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,  # software-pipelining depth of the column loops (1: none)
 ):
     # persistent: program p handles rows p, p + P, ...; P bounds the rows in flight, hence the
     # bytes read between loop 1 and loop 2 of a row (keep them under L2)
@@ -181,7 +229,7 @@ def _softmax_bwd_chunked_kernel(
         dx_row = dx_ptr + row * stride_dx
         offs = tl.arange(0, CHUNK)
         acc = tl.zeros([CHUNK], dtype=tl.float32)  # lane-wise partial sums: one reduction at the end
-        for start in range(0, n_cols, CHUNK):
+        for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + offs
             mask = cols < n_cols
             y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -189,12 +237,12 @@ def _softmax_bwd_chunked_kernel(
             acc += y * dy
         dot = tl.sum(acc, axis=0)
         n_chunks = tl.cdiv(n_cols, CHUNK)
-        for i in range(0, n_chunks):
+        for i in tl.range(0, n_chunks, num_stages=NUM_STAGES):
             cols = (n_chunks - 1 - i) * CHUNK + offs
             mask = cols < n_cols
             y = tl.load(y_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             dy = tl.load(dy_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(dx_row + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -207,9 +255,32 @@ def _config(n_cols: int) -> tuple[bool, int, int]:
     return False, block, warps
 
 
-def _wide_programs(n_rows: int, device: torch.device) -> int:
-    """Programs of the persistent wide-row kernels: WIDE_PROGRAMS_PER_SM per SM, at most one per row."""
-    return max(1, min(n_rows, int(num_sms(device) * WIDE_PROGRAMS_PER_SM)))
+def _wide_programs(n_rows: int, device: torch.device, per_sm: float | None = None) -> int:
+    """Programs of the persistent wide-row kernels: per_sm (default WIDE_PROGRAMS_PER_SM) per SM,
+    at most one per row."""
+    per_sm = WIDE_PROGRAMS_PER_SM if per_sm is None else per_sm
+    return max(1, min(n_rows, int(num_sms(device) * per_sm)))
+
+
+def _wide_candidates(n_cols: int, itemsize: int = 2, n_inputs: int = 1) -> list[tuple[float, int, int, int]]:
+    """(programs_per_SM, CHUNK, num_warps, num_stages) candidates of the wide kernels; the first is the
+    default (CPU / interpreter: the module constants, unpipelined). On the GPU the fastest is kept.
+    Pipelined loops (num_stages > 1: cp.async into shared memory) keep chunks in flight without more
+    programs; fewer programs = fewer rows in flight = more of the reverse re-read served by L2
+    (4096 x 262144 bf16: 66 programs x 512 KiB = 33 MiB, under the 50 MB L2; 132 = 66 MiB, over)."""
+    cap = triton.next_power_of_2(n_cols)
+    first = (WIDE_PROGRAMS_PER_SM, min(WIDE_CHUNK, cap), WIDE_WARPS, 1)
+    cands = [first, (1.0, 16384, 32, 3), (0.5, 16384, 32, 3), (0.5, 16384, 32, 1), (0.5, 16384, 32, 2), (0.25, 16384, 32, 4)]
+    # shared memory of the pipelined loads: (stages - 1) x CHUNK x itemsize per input (the compiled
+    # sm_90 kernels hold stages - 1 buffers); keep <= 160 KiB
+    # (the H200 allows 227 KiB a block; candidates over it would fail to launch and be skipped anyway)
+    fits = [c for c in cands if c[3] == 1 or (c[3] - 1) * min(c[1], cap) * itemsize * n_inputs <= 160 * 1024]
+    return list(dict.fromkeys((p, min(c, cap), w, s) for p, c, w, s in fits))
+
+
+def _onepass_candidates(warps: int) -> list[int]:
+    """num_warps candidates of the one-pass kernels: the table's value first, then half and double."""
+    return list(dict.fromkeys([warps, max(4, warps // 2), min(32, warps * 2)]))
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -232,11 +303,18 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
     xr, yr = _as_rows(x), y.view(-1, x.shape[-1])
     n_rows, n_cols = xr.shape
     chunked, block, warps = _config(n_cols)
+    key = ("softmax_fwd", n_cols, x.dtype)
+    # both kernels only write y, so candidates are timed on the real arguments
     if chunked:
-        grid = (_wide_programs(n_rows, x.device),)
-        _softmax_fwd_chunked_kernel[grid](xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, block, num_warps=warps)
+        def launch(cfg):
+            per_sm, chunk, w, stages = cfg
+            _softmax_fwd_chunked_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
+                xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
+        launch(pick_config(key, _wide_candidates(n_cols, x.element_size(), 1), launch, x.device))
     else:
-        _softmax_fwd_onepass_kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=warps)
+        def launch(w):
+            _softmax_fwd_onepass_kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=w)
+        launch(pick_config(key, _onepass_candidates(warps), launch, x.device))
     return y
 
 
@@ -250,11 +328,18 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     n_rows, n_cols = yr.shape
     chunked, block, warps = _config(n_cols)
     strides = (yr.stride(0), dyr.stride(0), dxr.stride(0))
+    key = ("softmax_bwd", n_cols, y.dtype)
+    # both kernels only write dx, so candidates are timed on the real arguments
     if chunked:
-        grid = (_wide_programs(n_rows, y.device),)
-        _softmax_bwd_chunked_kernel[grid](yr, dyr, dxr, *strides, n_rows, n_cols, block, num_warps=warps)
+        def launch(cfg):
+            per_sm, chunk, w, stages = cfg
+            _softmax_bwd_chunked_kernel[(_wide_programs(n_rows, y.device, per_sm),)](
+                yr, dyr, dxr, *strides, n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
+        launch(pick_config(key, _wide_candidates(n_cols, y.element_size(), 2), launch, y.device))
     else:
-        _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dxr, *strides, n_cols, block, num_warps=warps)
+        def launch(w):
+            _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dxr, *strides, n_cols, block, num_warps=w)
+        launch(pick_config(key, _onepass_candidates(warps), launch, y.device))
     return dx
 
 

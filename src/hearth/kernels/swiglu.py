@@ -26,12 +26,18 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
+from hearth.kernels.softmax import pick_config
 
 BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
 NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_COLS = 1024
 # swiglu_mlp works on chunks of about this many elements of [rows, I] at a time (h in the forward,
 # dh in the backward): 16 Mi elements = 32 MiB in bf16, still big enough for full-speed matmuls.
 MLP_CHUNK_ELEMS = 16 * 1024 * 1024
+# The out-of-place elementwise ops (swiglu) time these (BLOCK_COLS, num_warps) once per (n, dtype) on
+# the GPU and keep the fastest (softmax.pick_config); the first is the default. Bigger programs cut
+# the per-program cost of a 114,688-program grid (8192 x 14336 at 1024 columns). The in-place MLP
+# backward keeps the default (a candidate run there would overwrite its inputs).
+_CANDIDATES = ((BLOCK_COLS, NUM_WARPS), (2048, 4), (2048, 8), (4096, 8), (8192, 16))
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,25 +94,43 @@ def _swiglu_bwd_kernel(
 # --------------------------------------------------------------------------------------------
 # Launchers: 2-D [M, N] views whose last dim is contiguous (row strides may be anything)
 # --------------------------------------------------------------------------------------------
-def _grid(m: int, n: int):
-    return (m, triton.cdiv(n, BLOCK_COLS))
+def _grid(m: int, n: int, block: int = BLOCK_COLS):
+    return (m, triton.cdiv(n, block))
 
 
-def _launch_fwd(g2, u2, h2) -> None:
+def _candidates(n: int) -> list[tuple[int, int]]:
+    """(BLOCK_COLS, num_warps) candidates for rows of n columns (no block wider than the row needs)."""
+    cap = max(BLOCK_COLS, triton.next_power_of_2(n))
+    return [c for c in _CANDIDATES if c[0] <= cap]
+
+
+def _launch_fwd(g2, u2, h2, tune: bool = False) -> None:
     m, n = g2.shape
     if m and n:
-        _swiglu_fwd_kernel[_grid(m, n)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0), BLOCK=BLOCK_COLS, num_warps=NUM_WARPS)
+        def launch(cfg):
+            block, warps = cfg
+            _swiglu_fwd_kernel[_grid(m, n, block)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0), BLOCK=block, num_warps=warps)
+
+        cands = _candidates(n) if tune else [(BLOCK_COLS, NUM_WARPS)]
+        launch(pick_config(("swiglu_fwd", n, g2.dtype), cands, launch, g2.device) if tune else cands[0])
 
 
-def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None) -> None:
+def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None, tune: bool = False) -> None:
+    """tune=True only when dg2/du2/h2 do not alias the inputs (candidates run several times)."""
     m, n = g2.shape
     if m and n:
         h_out = h2 if h2 is not None else dg2
-        _swiglu_bwd_kernel[_grid(m, n)](
-            dh2, g2, u2, dg2, du2, h_out, n,
-            dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0), h_out.stride(0),
-            BLOCK=BLOCK_COLS, STORE_H=h2 is not None, num_warps=NUM_WARPS,
-        )
+
+        def launch(cfg):
+            block, warps = cfg
+            _swiglu_bwd_kernel[_grid(m, n, block)](
+                dh2, g2, u2, dg2, du2, h_out, n,
+                dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0), h_out.stride(0),
+                BLOCK=block, STORE_H=h2 is not None, num_warps=warps,
+            )
+
+        cands = _candidates(n) if tune else [(BLOCK_COLS, NUM_WARPS)]
+        launch(pick_config(("swiglu_bwd", n, g2.dtype, h2 is not None), cands, launch, g2.device) if tune else cands[0])
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -120,7 +144,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("hearth::swiglu_fwd", mutates_args=())
 def _swiglu_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    _launch_fwd(_rows(gate), _rows(up), h.view(-1, h.shape[-1]) if h.dim() else h)
+    _launch_fwd(_rows(gate), _rows(up), h.view(-1, h.shape[-1]) if h.dim() else h, tune=True)
     return h
 
 
@@ -134,7 +158,7 @@ def _swiglu_bwd_op(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tu
     dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     n = gate.shape[-1]
-    _launch_bwd(_rows(dh), _rows(gate), _rows(up), dg.view(-1, n), du.view(-1, n))
+    _launch_bwd(_rows(dh), _rows(gate), _rows(up), dg.view(-1, n), du.view(-1, n), tune=True)
     return dg, du
 
 
