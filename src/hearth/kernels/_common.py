@@ -22,6 +22,31 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 
 
+def _patch_interpreter_scalar_index() -> None:
+    """Let Triton 3.6's CPU interpreter run loops whose bound is a runtime argument under numpy >= 2.3.
+
+    The interpreter holds every scalar as a shape-(1,) array and implements `range(0, n, B)` with
+    `int(array)`, which numpy 2.3+ refuses ("only 0-dimensional arrays can be converted"). We wrap
+    its per-launch patch so `__index__` reads the single element. Interpreter only; idempotent.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_hearth_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._hearth_index_fix = True
+    interpreter._patch_lang_tensor = patched
+
+
+if interpret_mode():  # every kernel module imports this one, so the fix is in place before any launch
+    _patch_interpreter_scalar_index()
+
+
 def check_tensor(
     t,
     name: str,

@@ -66,12 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
-
-if interpret_mode():  # loops over runtime bounds under Triton 3.6's interpreter with NumPy >= 2.4
-    from hearth.kernels.matmul import _interpreter_numpy2_compat
-
-    _interpreter_numpy2_compat()
+from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, num_sms
 
 EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
 CHUNK_ROW_MULTIPLE = 64  # GEMM row-tile granularity (cuBLAS / hearth tiles are 64 or 128 rows)

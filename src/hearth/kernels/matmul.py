@@ -42,27 +42,6 @@ import triton.language as tl
 from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
 
 
-def _interpreter_numpy2_compat() -> None:
-    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into loop bounds
-    with int(array), which NumPy >= 2.4 refuses for ndim > 0: every `range(K)` over a runtime
-    argument fails. Re-point tensor.__index__ at the element. Idempotent; interpreter only.
-    (Belongs in _common.py; kept here until the lead moves it.)"""
-    from triton.runtime import interpreter as interp
-
-    if getattr(interp._patch_lang_tensor, "_hearth_compat", False):
-        return
-    original = interp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._hearth_compat = True
-    interp._patch_lang_tensor = patched
-
-
-if interpret_mode():
-    _interpreter_numpy2_compat()
 
 
 # ----------------------------------------------------------------------------------------- kernels

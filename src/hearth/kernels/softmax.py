@@ -54,34 +54,6 @@ WIDE_PROGRAMS_PER_SM = 1.0
 _ONEPASS_WARPS = ((1024, 4), (4096, 8), (16384, 16), (1 << 62, 32))
 
 
-
-
-def _patch_interpreter_scalar_index() -> None:
-    """Let Triton 3.6's CPU interpreter run loops with a runtime bound under numpy >= 2.3.
-
-    The interpreter holds every scalar as a shape-(1,) array and implements `range(0, n, B)` with
-    `int(array)`, which numpy 2.3+ refuses ("only 0-dimensional arrays can be converted"). We wrap
-    its per-launch patch so `__index__` reads the single element. Interpreter only; idempotent.
-    (Generic: a candidate for _common.py, which this task does not own.)
-    """
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_hearth_index_fix", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._hearth_index_fix = True
-    interpreter._patch_lang_tensor = patched
-
-
-if interpret_mode():
-    _patch_interpreter_scalar_index()
-
-
 # ------------------------------------------------------------------------------ launch-config picker
 # Chosen configs, keyed by (kernel family, row width, dtype, ...): filled once per key on the GPU.
 _PICKED: dict = {}
