@@ -469,6 +469,27 @@ _ce_fwd_op.register_autograd(_ce_backward, setup_context=_ce_setup_context)
 
 
 # ---------------------------------------------------------------------------------------- public fn
+def check_loss_options(ignore_index, label_smoothing, reduction, z_loss, softcap) -> None:
+    """Raise TypeError/ValueError naming the option: the checks shared by cross_entropy and
+    linear_cross_entropy (same options, same meaning)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not z_loss >= 0.0:
+        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(f"softcap must be None or a float, got {type(softcap).__name__}")
+        if not softcap > 0:
+            raise ValueError(f"softcap must be > 0, got {softcap}")
+
+
 def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0, softcap=None):
     """Cross-entropy of logits `input` [N, V] against class indices `target` [N], like
     torch.nn.functional.cross_entropy, plus z_loss (adds z_loss * logsumexp**2 per row) and softcap
@@ -500,22 +521,7 @@ def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, redu
     check_same_device(input=input, target=target)
     if target.shape[0] != input.shape[0]:
         raise ValueError(f"target must have shape [{input.shape[0]}] to match input {tuple(input.shape)}, got {tuple(target.shape)}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not z_loss >= 0.0:
-        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
-    if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-            raise TypeError(f"softcap must be None or a float, got {type(softcap).__name__}")
-        if not softcap > 0:
-            raise ValueError(f"softcap must be > 0, got {softcap}")
+    check_loss_options(ignore_index, label_smoothing, reduction, z_loss, softcap)
     target = target.contiguous()
     # no gradient wanted (eval, no_grad): the logits are only read, never overwritten
     want_grad = input.requires_grad and torch.is_grad_enabled()

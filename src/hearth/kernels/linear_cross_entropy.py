@@ -67,10 +67,10 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, num_sms
+from hearth.kernels.cross_entropy import check_loss_options
 
 EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
 CHUNK_ROW_MULTIPLE = 64  # GEMM row-tile granularity (cuBLAS / hearth tiles are 64 or 128 rows)
-REDUCTIONS = ("mean", "sum", "none")
 SCALE_BLOCK = 4096
 
 
@@ -338,22 +338,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
         check_same_device(input=input, linear_bias=linear_bias)
         if linear_bias.shape[0] != linear_weight.shape[0]:
             raise ValueError(f"linear_bias must have shape [{linear_weight.shape[0]}] (V), got {tuple(linear_bias.shape)}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not z_loss >= 0.0:
-        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
-    if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-            raise TypeError(f"softcap must be None or a float, got {type(softcap).__name__}")
-        if not softcap > 0:
-            raise ValueError(f"softcap must be > 0, got {softcap}")
+    check_loss_options(ignore_index, label_smoothing, reduction, z_loss, softcap)
     if chunk_rows is None:
         chunk_rows = chunk_rows_for(x.shape[0], linear_weight.shape[0], x.element_size())
     elif isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
