@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # the module, not the function: hearth.kernels re-exports swiglu() under the submodule's name, so
 # `import hearth.kernels.swiglu as ...` can bind the function (depending on import order)
 swiglu_module = importlib.import_module("hearth.kernels.swiglu")
 from hearth.kernels.swiglu import swiglu, swiglu_mlp
+from hearth.nn import SwiGLUMLP
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
 
 
@@ -129,6 +133,29 @@ def test_mlp_second_backward_is_refused():
         out.backward()
 
 
+class _DropFirstGrad(torch.autograd.Function):
+    """b, with a's gradient undefined: the node that produced a gets None for it."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return b.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, grad
+
+
+def test_mlp_undefined_output_grad_gives_no_weight_grads():
+    # The node does not materialise zero gradients (they cost two [rows, I] buffers at the
+    # backward's peak), so its backward must accept dout = None and pass None on.
+    ws, _ = mlp_params(8, 24, torch.float32, False)
+    ws = [w.requires_grad_() for w in ws]
+    x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+    _DropFirstGrad.apply(swiglu_mlp(x, *ws), x).sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+    assert all(w.grad is None for w in ws)
+
+
 def test_mlp_w_down_shape_names_w_down():
     ws, _ = mlp_params(8, 24, torch.float32, False)
     with pytest.raises(ValueError, match=r"^w_down\b"):
@@ -187,3 +214,140 @@ def test_mlp_real_shape_bf16_numerics():
     for recompute_up in (False, True):
         check_mlp(torch.randn(2048, 4096, device=DEVICE, dtype=torch.bfloat16), ws, [None] * 3, torch.bfloat16,
                   recompute_up=recompute_up)
+
+
+# ----------------------------------------------------------------------------------------------
+# swiglu_mlp: peak live memory over forward + backward, measured on the CPU
+# ----------------------------------------------------------------------------------------------
+class LiveBytes(TorchDispatchMode):
+    """Bytes of tensor storage created while the mode is on and still alive: `peak`, and `at_peak`
+    = [(bytes, "op (shape) dtype")] of the storages alive at that moment.
+
+    A storage counts from the op that returned it (a result sharing an input's storage -- a view,
+    an out= or in-place result -- is not new) until it is freed: weakref.finalize on the storage's
+    Python object, which torch keeps for as long as the storage lives (also when only autograd's
+    saved tensors hold it). Ops of the hearth:: namespace are run through their Python bodies under
+    the mode, so their chunk buffers and temporaries count too. Storages created before the mode
+    (inputs, weights) are not counted; like the bench's CUDA figure, this is the call's extra.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, tuple[int, str]] = {}
+        self.now = self.peak = 0
+        self.at_peak: list[tuple[int, str]] = []
+        self._inside: list[str] = []
+
+    def _free(self, key):
+        self.now -= self.live.pop(key)[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "hearth":
+            from torch._library.custom_ops import OPDEFS
+
+            self._inside.append(func._schema.name)
+            with self:  # __torch_dispatch__ runs with the mode popped: push it back for the op's body
+                out = OPDEFS[func._schema.name]._init_fn(*args, **kwargs)
+            self._inside.pop()
+        else:
+            out = func(*args, **kwargs)
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        inputs = {a.untyped_storage()._cdata for a in leaves if isinstance(a, torch.Tensor)}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key, nbytes = st._cdata, st.nbytes()
+            if nbytes == 0 or key in inputs or key in self.live:
+                continue
+            where = "/".join(self._inside + [func.__name__])
+            self.live[key] = (nbytes, f"{where} {tuple(t.shape)} {str(t.dtype)[6:]}")
+            self.now += nbytes
+            weakref.finalize(st, self._free, key)
+            if self.now > self.peak:
+                self.peak = self.now
+                self.at_peak = sorted(self.live.values(), reverse=True)
+        return out
+
+
+class _IdealMLP(torch.autograd.Function):
+    """The memory reference: saves x, g, u only; the backward forms dh = dout @ W_down whole and
+    overwrites g, u, dh with dg, du, h in place (fp32 math on narrow column strips)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down):
+        g, u = x @ w_gate.t(), x @ w_up.t()
+        ctx.save_for_backward(x, g, u, w_gate, w_up, w_down)
+        return (F.silu(g) * u) @ w_down.t()
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, g, u, w_gate, w_up, w_down = ctx.saved_tensors
+        dh = dout @ w_down
+        step = max(1, g.shape[1] // 32)
+        for c in range(0, g.shape[1], step):
+            cs = slice(c, c + step)
+            gf, uf, dhf = g[:, cs].float(), u[:, cs].float(), dh[:, cs].float()
+            s = torch.sigmoid(gf)
+            g[:, cs] = dhf * uf * s * (1 + gf * (1 - s))
+            u[:, cs] = dhf * gf * s
+            dh[:, cs] = gf * s * uf
+            del gf, uf, dhf, s
+        dw_down = dout.t() @ dh
+        del dh
+        dx = g @ w_gate
+        dx.addmm_(u, w_up)
+        return dx, g.t() @ x, u.t() @ x, dw_down
+
+
+def peak_live_bytes(kind, n, hidden, inter, dtype):
+    """(peak, at_peak) of LiveBytes over out = MLP(x); out.backward(dout), as the bench's
+    swiglu_mlp case runs it: no bias, x and the three weights require grad, grads None before,
+    out alive during the backward."""
+    torch.manual_seed(5)
+    mlp = SwiGLUMLP(hidden, inter, device=DEVICE, dtype=dtype)
+    x = torch.randn(n, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    dout = torch.randn(n, hidden, device=DEVICE, dtype=dtype)
+    w = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+    fn = {
+        "hearth": lambda: mlp(x),
+        "eager": lambda: F.linear(F.silu(F.linear(x, w[0])) * F.linear(x, w[1]), w[2]),
+        "ideal": lambda: _IdealMLP.apply(x, *w),
+    }[kind]
+    with LiveBytes() as mode:
+        fn().backward(dout)
+    assert all(t.grad is not None for t in (x, *w))
+    return mode.peak, mode.at_peak
+
+
+def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch):
+    # The bench case (N=8192 H=4096 I=14336) scaled by 1/128 per dim, the chunks like [N, I]
+    # (1/16384): 8 row chunks in the forward, 7 column chunks in the backward, as on the H200.
+    n, hidden, inter = 64, 32, 112
+    monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", swiglu_module.MLP_CHUNK_ELEMS // 128**2)
+    # The Triton interpreter leaves each launch's arguments in a reference cycle (a compiled GPU
+    # launch holds nothing): collect right after every launch so freed chunk buffers really go.
+    for name in ("_launch_fwd", "_launch_bwd"):
+        launch = getattr(swiglu_module, name)
+
+        def collected(*a, _launch=launch, **k):
+            _launch(*a, **k)
+            gc.collect(0)
+
+        monkeypatch.setattr(swiglu_module, name, collected)
+    was_enabled = gc.isenabled()
+    gc.disable()  # nothing promoted out of generation 0 behind the collections above
+    try:
+        peaks = {k: peak_live_bytes(k, n, hidden, inter, torch.bfloat16) for k in ("hearth", "ideal", "eager")}
+    finally:
+        if was_enabled:
+            gc.enable()
+    ni = n * inter * 2  # one [N, I] bf16 tensor
+    hearth, ideal, eager = (peaks[k][0] for k in ("hearth", "ideal", "eager"))
+    alive = "\n".join(f"  {b / ni:5.2f} x [N,I]  {d}" for b, d in peaks["hearth"][1] if b >= ni // 8)
+    msg = (f"peak in [N, I] units: hearth {hearth / ni:.2f}, ideal {ideal / ni:.2f}, eager {eager / ni:.2f}; "
+           f"alive at hearth's peak:\n{alive}")
+    # Ideal = gradients (3 weights + dx) + out + the saved g and u; the margin is half a chunk.
+    assert hearth <= ideal + ni // 16, msg
+    assert hearth < eager, msg

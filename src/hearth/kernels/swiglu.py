@@ -12,8 +12,13 @@ Memory traffic for [M, N] in b bytes per element:
 swiglu_mlp (LESSON 9): one autograd node for down(swiglu(gate(x), up(x))). Only x, g and u are
 saved; h = silu(g) * u lives only inside the forward (one row chunk at a time) and is recomputed
 from g and u in the backward, where dg and du overwrite g and u in place (they are dead after),
-so the backward's only extra [rows, I] memory is one column chunk of dh. With recompute_up, u is
-not saved either (recomputed per column chunk in the backward: one extra matmul).
+so the backward's only extra [rows, I] memory is one column chunk of dh, freed before the final
+[rows, H] / [I, H] gradients are allocated. g and u leave the forward op only to be saved: they are
+non-differentiable and grads are not materialised, else autograd would hand the backward a zero
+[rows, I] tensor for each (+448 MiB at the peak for N=8192, I=14336 bf16, the first H200 run).
+Peak over forward + backward: the four gradients + out + g and u (tests/kernels/test_swiglu.py
+measures it). With recompute_up, u is not saved either (recomputed per column chunk in the
+backward: one extra matmul).
 """
 
 from __future__ import annotations
@@ -275,6 +280,8 @@ def _mlp_bwd_op(
             db_up[c0:c1] = uc.sum(0)
         if recompute_up:  # du chunk dies here: fold it into dx now
             dx.addmm_(uc, w_up[c0:c1])
+    # The chunk buffers are dead: free them before the [I, H] / [rows, H] results below are allocated.
+    dh_buf = u_buf = dhc = gc = uc = None
     dg = g
     if recompute_up:
         dx.addmm_(dg, w_gate)
@@ -304,13 +311,18 @@ def _mlp_setup(ctx, inputs, output):
     x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up = inputs
     _out, g, u = output
     # g and u are op outputs only so that they can be saved; nothing differentiates through them.
+    # Without set_materialize_grads(False) autograd hands the backward a zero tensor for each of them:
+    # two [rows, I] allocations alive at the backward's peak (+448 MiB at N=8192, I=14336 in bf16).
     ctx.mark_non_differentiable(g, u)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, g, u, w_gate, w_up, w_down, b_up)
     ctx.has_bias = (b_gate is not None, b_up is not None, b_down is not None)
     ctx.recompute_up = recompute_up
 
 
 def _mlp_backward(ctx, dout, _dg, _du):
+    if dout is None:  # the output did not reach the loss (grads are not materialised): nothing flows back
+        return (None,) * 8
     x, g, u, w_gate, w_up, w_down, b_up = ctx.saved_tensors
     need_w = any(ctx.needs_input_grad[1:7])
     dx, dwg, dwu, dwd, dbg, dbu, dbd = torch.ops.hearth.swiglu_mlp_bwd(
