@@ -286,3 +286,70 @@ def test_export_writes_every_kind(tmp_path):
     for p in paths:
         kind = Path(p).name.split(".")[0]
         assert json.loads(Path(p).read_text()) == json_schema(kind)
+
+
+# ------------------------------------------------------------------ repair fast path = the scan
+def _scan_only_repair(text_: str) -> str:
+    """repair() as it was before its fast path: the brace scan alone (the reference)."""
+    from hearth.envelope import _object_spans
+
+    out = text_.strip()
+    if out.startswith("<think>"):
+        end = out.find("</think>")
+        if end < 0:
+            raise EnvelopeError("unterminated think")
+        out = out[end + len("</think>"):].strip()
+    spans, open_start = _object_spans(out)
+
+    def is_object(s: str) -> bool:
+        try:
+            return isinstance(json.loads(s), dict)
+        except (ValueError, RecursionError):
+            return False
+
+    objects = [(a, b) for a, b in spans if is_object(out[a:b])]
+    if len(objects) > 1:
+        raise EnvelopeError("two objects")
+    if objects:
+        return out[objects[0][0]:objects[0][1]]
+    candidates = spans + ([(open_start, len(out))] if open_start is not None else [])
+    return out[candidates[0][0]:candidates[0][1]] if len(candidates) == 1 else out
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='{}[]"\\:, ab\n', max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='{}"\\ab', max_size=4), inner, max_size=3),
+    max_leaves=8)
+_objects = st.dictionaries(st.text(alphabet='{}"\\ab', max_size=4), _json_values, max_size=4).map(json.dumps)
+_near_objects = st.one_of(
+    _objects,                                                          # one object (the fast path)
+    st.tuples(_objects, st.sampled_from(["", " ", "\n", "}{", "} {", ",", "x"]), _objects).map("".join),  # two
+    st.tuples(_objects, st.integers(0, 40)).map(lambda t: t[0][: max(1, len(t[0]) - t[1] % len(t[0]))]),  # cut
+    st.text(alphabet='{}[]"\\:, ab', max_size=30).map(lambda s: "{" + s + "}"),   # brace-wrapped noise
+)
+
+
+@FAST
+@given(body=_near_objects, before=st.sampled_from(["", "  ", "<think></think>", "<think>{\"a\": 1}</think>\n"]),
+       after=st.sampled_from(["", "\n", " "]))
+def test_repair_fast_path_returns_exactly_what_the_scan_returns(body, before, after):
+    text_ = before + body + after
+    try:
+        expected = _scan_only_repair(text_)
+    except EnvelopeError:
+        with pytest.raises(EnvelopeError):
+            repair(text_)
+        return
+    assert repair(text_) == expected
+    for kind in REPLY_KINDS:  # parse decodes once now; it must still agree with decoding the repaired text
+        out = _parse_outcome(text_, kind)
+        assert isinstance(out, EnvelopeError) or out == MODELS[kind].model_validate(json.loads(expected))
+
+
+def test_dumps_parsed_is_dumps_without_revalidation():
+    from hearth.envelope import dumps_parsed
+
+    env = parse_envelope(json.dumps(VALID_CHAT), "chat")
+    assert dumps_parsed(env) == dumps(env)
+    with pytest.raises(TypeError):
+        dumps_parsed({"message": "hi"})

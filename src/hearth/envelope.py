@@ -32,7 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 __all__ = [
     "ReplyKind", "REPLY_KINDS", "ChatReply", "FeedComment", "AnalystReading", "MODELS", "EnvelopeError",
     "parse_envelope", "repair", "json_schema", "response_format", "dumps", "kind_of", "MAX_REPLY_CHARS",
-    "schema_text", "export_schemas",
+    "schema_text", "export_schemas", "dumps_parsed",
 ]
 
 ReplyKind = Literal["chat", "feed_comment", "analyst"]
@@ -182,13 +182,6 @@ def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
     return spans, (start if depth > 0 else None)
 
 
-def _loads_object(candidate: str) -> bool:
-    try:
-        return isinstance(json.loads(candidate), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
 def repair(text: str) -> str:
     """Strip the wrapping around one JSON object; never invent, close or choose content.
 
@@ -202,6 +195,20 @@ def repair(text: str) -> str:
     think block, two or more JSON objects, or a reply longer than MAX_REPLY_CHARS.
     TypeError when ``text`` is not a str.
     """
+    return _repair(text)[0]
+
+
+def _loads_dict(candidate: str) -> dict | None:
+    """``json.loads(candidate)`` when that is a dict, else None (never raises)."""
+    try:
+        data = json.loads(candidate)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _repair(text: str) -> tuple[str, dict | None]:
+    """repair(text), plus the decoded object when repair already decoded it (so parse decodes once)."""
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
     if len(text) > MAX_REPLY_CHARS:
@@ -212,19 +219,30 @@ def repair(text: str) -> str:
         if end < 0:
             raise EnvelopeError("unterminated <think> block (the reply ran out while thinking?)", raw=text)
         out = out[end + len(_THINK_CLOSE):].strip()
+    # Fast path, same answer as the scan: text that decodes as one JSON object from its first to its
+    # last character is a single brace-balanced span (the scan honours JSON strings exactly as JSON
+    # does), so the scan would find that one span and return it whole. Two objects never decode.
+    if out.startswith("{") and out.endswith("}"):
+        data = _loads_dict(out)
+        if data is not None:
+            return out, data
     spans, open_start = _object_spans(out)
-    objects = [(a, b) for a, b in spans if _loads_object(out[a:b])]
+    objects = []
+    for a, b in spans:
+        data = _loads_dict(out[a:b])
+        if data is not None:
+            objects.append((a, b, data))
     if len(objects) > 1:
         raise EnvelopeError(f"{len(objects)} JSON objects in the reply; refusing to choose one", raw=text)
     if objects:
-        a, b = objects[0]
-        return out[a:b]
+        a, b, data = objects[0]
+        return out[a:b], data
     # No complete object: hand the parser the one candidate there is, so its error points at it.
     candidates = spans + ([(open_start, len(out))] if open_start is not None else [])
     if len(candidates) == 1:
         a, b = candidates[0]
-        return out[a:b]
-    return out
+        return out[a:b], None
+    return out, None
 
 
 # ------------------------------------------------------------------------------------------- parse
@@ -247,7 +265,9 @@ def parse_envelope(text: str, kind: str) -> _Envelope:
     Never raises anything else, whatever the text.
     """
     model = _check_kind(kind)
-    body = repair(text)
+    body, data = _repair(text)
+    if data is not None:
+        return _validate(model, data, text)
     if not body:
         raise EnvelopeError("empty reply", raw=text)
     try:
@@ -258,6 +278,10 @@ def parse_envelope(text: str, kind: str) -> _Envelope:
         raise EnvelopeError(f"not valid JSON: {type(exc).__name__}: {str(exc)[:200]}", raw=text) from None
     if not isinstance(data, dict):
         raise EnvelopeError(f"expected a JSON object, got {type(data).__name__}", raw=text)
+    return _validate(model, data, text)
+
+
+def _validate(model: type[_Envelope], data: dict, text: str) -> _Envelope:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -302,7 +326,22 @@ def dumps(envelope: BaseModel) -> str:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise EnvelopeError(_reason(first), field=_loc(first["loc"]), raw=repr(data)) from None
-    return json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
+    return _CANONICAL.encode(data)
+
+
+def dumps_parsed(envelope: BaseModel) -> str:
+    """:func:`dumps` for an envelope that :func:`parse_envelope` returned, without validating it again.
+
+    Envelopes are frozen, so one that parse_envelope validated is still valid; only instances built
+    with ``model_construct`` can be invalid, and those must go through :func:`dumps`. Same text as
+    dumps(envelope). TypeError if ``envelope`` is not an envelope model.
+    """
+    kind_of(envelope)
+    return _CANONICAL.encode(envelope.model_dump(mode="json"))
+
+
+# One encoder for the canonical form (json.dumps would build a new JSONEncoder on every call).
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
 
 
 # ------------------------------------------------------------------------------------------ export

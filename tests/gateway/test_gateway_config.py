@@ -40,7 +40,7 @@ def test_missing_environment_variable_is_named(missing):
 @pytest.mark.parametrize("data, field, words", [
     (_one(timeouts={"first_token_s": 5, "total_s": 1}), "providers[0].timeouts", "first_token_s"),
     (_one(timeouts={"total_s": -1}), "providers[0].timeouts.total_s", "greater than 0"),
-    (_one(scale_to_zero=True), "providers[0]", "health_url"),
+    (_one(scale_to_zero=True), "providers[0].health_url", "scale_to_zero"),
     (_one(base_url="localhost:8000"), "providers[0].base_url", "http"),
     (_one(name="has space"), "providers[0].name", "letters"),
     (_one(extra_body={"stream": True}), "providers[0].extra_body", "stream"),
@@ -49,7 +49,9 @@ def test_missing_environment_variable_is_named(missing):
     ({"providers": []}, "providers", "at least 1"),
     ({"gateway": {"deadline_s": 0}, **_one()}, "gateway.deadline_s", "greater than 0"),
     ({"gateway": {"default_kind": "poem"}, **_one()}, "gateway.default_kind", "chat"),
-    ({"providers": _one()["providers"] * 2}, "(root)", "duplicate provider name 'a'"),
+    ({"providers": _one()["providers"] * 2}, "providers[1].name", "duplicate provider name 'a'"),
+    # TOML has dates; a date in extra_body cannot be sent as JSON: refuse at start-up, not per request
+    (_one(extra_body={"since": __import__("datetime").date(2024, 1, 2)}), "providers[0].extra_body", "JSON"),
 ])
 def test_errors_name_the_field(data, field, words):
     with pytest.raises(ConfigError) as info:
@@ -75,6 +77,20 @@ def test_unreadable_and_invalid_toml(tmp_path):
         load_config(bad, env={})
     with pytest.raises(ConfigError, match="HEARTH_GATEWAY_CONFIG"):
         load_config(None, env={})
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('[[providers]]\nname = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="UTF-8") as info:
+        load_config(latin1, env={})
+    assert info.value.field == "config"
+
+
+def test_toml_datetime_in_extra_body_is_refused_at_load(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text('[[providers]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+                    'extra_body = { since = 2024-01-02T03:04:05Z }\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert info.value.field == "providers[0].extra_body"
 
 
 def test_api_key_not_in_repr():

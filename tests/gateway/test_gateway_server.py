@@ -190,3 +190,22 @@ def test_cli_serves_requests_end_to_end(tmp_path):
         upstream.stop()
     lines = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
     assert any(l.get("request_id") == "cli-1" and l.get("status") == 200 and l.get("provider") == "up" for l in lines), err
+
+
+def test_generated_request_ids_are_unique_and_differ_in_a_forked_child():
+    import os
+
+    from hearth.gateway import server
+
+    ids = {server._new_request_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report its first id and leave at once
+        os.write(write, server._new_request_id().encode())
+        os._exit(0)
+    os.close(write)
+    child_id = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child_id) == 32 and child_id[:16] != server._new_request_id()[:16]

@@ -81,3 +81,12 @@ def test_stream_all_fail_before_first_byte():
     (exc,) = events
     assert isinstance(exc, AllProvidersFailed)
     assert [e.status for e in exc.exceptions] == [500, 502]
+
+
+def test_oversized_sse_line_falls_back_instead_of_escaping_the_error_tree():
+    # A 256 KiB event line (over aiohttp's default read buffer) from a broken upstream must end as a
+    # ProviderError of that provider, so the chain falls back before the first byte.
+    huge = b"data: " + b"x" * (1 << 18) + b"\n\n"
+    events, _, a, b = asyncio.run(_two(Behavior.raw(huge, content_type="text/event-stream")))
+    assert isinstance(events[-1], StreamDone) and events[-1].result.provider == "b"
+    assert events[-1].result.attempts[0] == ("a", "invalid_response")

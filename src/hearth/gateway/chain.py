@@ -153,10 +153,10 @@ class Chain:
     def _failed(self, error: ProviderError, elapsed: float | None, request_id: str | None) -> None:
         name = error.provider
         lab = label(error)
-        self.metrics.errors.labels(name, lab).inc()
+        self.metrics.child(self.metrics.errors, name, lab).inc()
         if elapsed is None:  # skipped: no request was made, the breaker learns nothing
             return
-        self.metrics.attempt_seconds.labels(name, "error").observe(elapsed)
+        self.metrics.child(self.metrics.attempt_seconds, name, "error").observe(elapsed)
         if name in self.gates and isinstance(error, (ConnectionFailed, Timeout)):
             # a "warm" answer is stale once the endpoint stops answering (scaled back to zero): re-probe
             self.gates[name].invalidate()
@@ -174,8 +174,8 @@ class Chain:
             self.metrics.breaker_open.labels(name).set(0)
 
     def _all_failed(self, errors: list[ProviderError], kind: str, start: float, outcome: str = "failed") -> AllProvidersFailed:
-        self.metrics.requests.labels(kind, outcome).inc()
-        self.metrics.request_seconds.labels(kind).observe(time.monotonic() - start)
+        self.metrics.child(self.metrics.requests, kind, outcome).inc()
+        self.metrics.child(self.metrics.request_seconds, kind).observe(time.monotonic() - start)
         return AllProvidersFailed(f"all {len(self.providers)} providers failed", errors)
 
     # ------------------------------------------------------------------ JSON
@@ -201,7 +201,7 @@ class Chain:
                 errors.append(exc)
                 attempts.append((p.name, label(exc)))
                 if i + 1 < len(plan):
-                    self.metrics.fallbacks.labels(p.name).inc()
+                    self.metrics.child(self.metrics.fallbacks, p.name).inc()
                 continue
             now = time.monotonic()
             self._succeeded(p.name, now - t0)
@@ -238,7 +238,7 @@ class Chain:
                 errors.append(exc)
                 attempts.append((p.name, label(exc)))
                 if i + 1 < len(plan):
-                    self.metrics.fallbacks.labels(p.name).inc()
+                    self.metrics.child(self.metrics.fallbacks, p.name).inc()
                 continue
             # committed to this provider: from here on a failure cannot fall back
             parts = [first]
@@ -251,7 +251,7 @@ class Chain:
                 envelope = upstream.envelope(text, kind)
             except ProviderError as exc:
                 self._failed(exc, time.monotonic() - t0, request_id)
-                self.metrics.requests.labels(kind, "interrupted").inc()
+                self.metrics.child(self.metrics.requests, kind, "interrupted").inc()
                 raise StreamInterrupted(p.name, exc) from exc
             finally:
                 upstream.close()

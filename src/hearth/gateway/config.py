@@ -41,13 +41,14 @@ errors (a typo would otherwise silently keep a default).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hearth.envelope import REPLY_KINDS
 from hearth.gateway.errors import ConfigError
@@ -93,7 +94,7 @@ class ProviderConfig(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
     scale_to_zero: bool = False
-    health_url: str | None = None
+    health_url: str | None = Field(None, validate_default=True)  # validated when absent too (scale_to_zero needs it)
     timeouts: Timeouts = Timeouts()
     warm: WarmSettings = WarmSettings()
 
@@ -117,13 +118,19 @@ class ProviderConfig(_Strict):
         reserved = {"model", "messages", "stream"} & set(v)
         if reserved:
             raise ValueError(f"must not set {sorted(reserved)} (the gateway sets them)")
+        try:  # TOML has dates and nan/inf, JSON has not: refuse here, not on every request
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"must hold only JSON values (no dates, nan or inf): {exc}") from None
         return v
 
-    @model_validator(mode="after")
-    def _health(self) -> "ProviderConfig":
-        if self.scale_to_zero and not self.health_url:
-            raise ValueError("health_url is required when scale_to_zero = true")
-        return self
+    @field_validator("health_url", mode="after")
+    @classmethod
+    def _health(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # a field validator (not a model one) so the error names providers[i].health_url
+        if info.data.get("scale_to_zero") and not v:
+            raise ValueError("required when scale_to_zero = true")
+        return v
 
     @property
     def chat_url(self) -> str:
@@ -187,12 +194,28 @@ def _field_path(loc: tuple) -> str:
     return out or "(root)"
 
 
+def _check_unique_names(providers: Any) -> None:
+    """ConfigError naming the second of two providers with one name (GatewayConfig checks it too, but
+    a model-level check can only blame the whole document)."""
+    if not isinstance(providers, list):
+        return  # not a list: validation says so
+    first: dict[str, int] = {}
+    for i, p in enumerate(providers):
+        name = p.get("name") if isinstance(p, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            raise ConfigError(f"providers[{i}].name", f"duplicate provider name {name!r} (also providers[{first[name]}])")
+        first[name] = i
+
+
 def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> GatewayConfig:
     """Validate an already-parsed TOML document. Raises ConfigError naming the first bad field."""
     if not isinstance(data, Mapping):
         raise TypeError(f"data must be a mapping, got {type(data).__name__}")
     wanted = {k: data[k] for k in ("gateway", "providers") if k in data}  # other tables belong to others
     wanted = _expand(wanted, "", env)
+    _check_unique_names(wanted.get("providers"))
     try:
         config = GatewayConfig.model_validate(wanted)
     except ValidationError as exc:
@@ -226,6 +249,8 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ) -> Gatew
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
     return config_from_dict(data, env)

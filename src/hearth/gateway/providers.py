@@ -34,6 +34,8 @@ from hearth.gateway.transport.client import ConnectFailed, ConnectTimeout, Trans
 
 T = TypeVar("T")
 _MAX_ERROR_BODY = 2000
+# One compact encoder for request bodies (json.dumps with separators builds a new one per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Provider:
             body["response_format"] = self._response_formats[kind]
         if stream:
             body["stream"] = True
-        return json.dumps(body, separators=(",", ":")).encode()
+        return _COMPACT.encode(body).encode()
 
     async def _open(self, clock: _Clock, body: bytes, stream: bool, request_id: str | None) -> UpstreamResponse:
         headers = self._headers

@@ -28,11 +28,12 @@ to replace.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from aiohttp import web
@@ -47,6 +48,25 @@ CHAIN: web.AppKey[Chain] = web.AppKey("chain", Chain)
 REQUEST_ID = web.RequestKey("request_id", str)
 PROVIDER = web.RequestKey("provider", str)
 _MAX_BODY = 4 * 1024 * 1024
+# Generated request ids: 16 random hex digits per process + a 16-digit counter (32 hex, like a uuid4
+# hex). Unique across processes like uuid4, without an os.urandom syscall on every request. A forked
+# worker (e.g. a pre-loading process manager) draws its own prefix, so workers never share ids.
+_RID_PREFIX = os.urandom(8).hex()
+_rid_counter = itertools.count(1)
+
+
+def _new_rid_prefix() -> None:
+    global _RID_PREFIX, _rid_counter
+    _RID_PREFIX = os.urandom(8).hex()
+    _rid_counter = itertools.count(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_rid_prefix)
+
+
+def _new_request_id() -> str:
+    return f"{_RID_PREFIX}{next(_rid_counter):016x}"
 
 
 # ---------------------------------------------------------------------------------------- logging
@@ -101,7 +121,7 @@ def _failure_status(exc: AllProvidersFailed) -> int:
 def _completion(result, kind: str, request_id: str) -> dict:
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()),
             "model": result.provider,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": env.dumps(result.envelope)},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": env.dumps_parsed(result.envelope)},
                          "finish_reason": result.finish_reason or "stop"}],
             "hearth": {"kind": kind, "provider": result.provider, "latency_ms": round(result.latency_s * 1e3, 3),
                        "attempts": [list(a) for a in result.attempts]}}
@@ -116,9 +136,9 @@ def _chunk(request_id: str, model: str, delta: dict, finish: str | None = None, 
 # ---------------------------------------------------------------------------------------- middleware
 @web.middleware
 async def request_context(request: web.Request, handler):
-    rid = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+    rid = request.headers.get("X-Request-ID") or _new_request_id()
     if len(rid) > 128 or not rid.isprintable():
-        rid = uuid.uuid4().hex
+        rid = _new_request_id()
     request[REQUEST_ID] = rid
     start = time.perf_counter()
     status = 500
@@ -133,7 +153,8 @@ async def request_context(request: web.Request, handler):
         exc.headers["X-Request-ID"] = rid
         raise
     finally:
-        if request.path.startswith("/v1/chat"):  # one line per chat request; probes and scrapes stay quiet
+        # one line per chat request; probes and scrapes stay quiet (and no extra dict when INFO is off)
+        if request.path.startswith("/v1/chat") and log.isEnabledFor(logging.INFO):
             log.info("request", extra={"request_id": rid, "method": request.method, "path": request.path,
                                        "status": status, "latency_ms": round((time.perf_counter() - start) * 1e3, 3),
                                        "provider": request.get(PROVIDER)})
@@ -191,7 +212,7 @@ async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadli
                 r = ev.result
                 await resp.write(_chunk(rid, r.provider, {}, r.finish_reason or "stop",
                                         hearth={"kind": kind, "provider": r.provider,
-                                                "envelope": json.loads(env.dumps(r.envelope)),
+                                                "envelope": r.envelope.model_dump(mode="json"),
                                                 "attempts": [list(a) for a in r.attempts]}))
                 await resp.write(b"data: [DONE]\n\n")
     except AllProvidersFailed as exc:
