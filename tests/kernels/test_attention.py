@@ -317,3 +317,37 @@ def test_gpu_tma_path_matches_pointer_path():
         mod.USE_TMA = old
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------- audit additions (CPU-sized)
+def test_plane_wider_than_int32_is_copied_not_overflowed():
+    # the kernels index inside one (b, h) [T, D] plane in int32; a strided q whose rows lie 2^30
+    # elements apart spans > 2^31 elements there: it must be copied (same result), not overflow
+    stride = (1 << 30) + 64
+    g = torch.Generator().manual_seed(12)
+    q = torch.empty(2 * stride + 16, dtype=torch.float16, device=DEVICE).as_strided((1, 1, 3, 16), (0, 0, stride, 1))
+    q.copy_(torch.randn(1, 1, 3, 16, generator=g).to(DEVICE))
+    k = torch.randn(1, 1, 3, 16, generator=g).to(DEVICE, torch.float16)
+    v = torch.randn(1, 1, 3, 16, generator=g).to(DEVICE, torch.float16)
+    q.requires_grad_()
+    out = attention(q, k, v, causal=True)
+    out.float().sum().backward()
+    q_dense = q.detach().contiguous().requires_grad_()
+    expected = attention(q_dense, k, v, causal=True)
+    expected.float().sum().backward()
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    torch.testing.assert_close(q.grad, q_dense.grad, atol=0, rtol=0)
+
+
+def test_rejects_batch_times_heads_beyond_the_grid_limit():
+    q = torch.zeros(65536, 1, 1, 16, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^q has batch x heads"):
+        attention(q, q, q)
+
+
+def test_rejects_int_dtype_and_other_device_for_each_argument():
+    q, k, v = _ok()
+    with pytest.raises(TypeError, match=r"^q\b"):
+        attention(q.to(torch.int32), k.to(torch.int32), v.to(torch.int32))
+    with pytest.raises(ValueError, match=r"\bv\b"):
+        attention(q, k, v.to("meta"))

@@ -330,3 +330,63 @@ def test_real_shape_bf16_memory_and_values(n, v):
 def test_real_vocab_fp16_and_fp32():
     for dtype in (torch.float16, torch.float32):
         _check(512, 151936, dtype, n_ignored=5, z_loss=1e-4, label_smoothing=0.05)
+
+
+# ------------------------------------------------------------------------- audit additions (CPU-sized)
+def test_expanded_input_rows_sharing_memory_get_their_own_gradient():
+    # an expanded [1, V] -> [N, V] input has row stride 0: writing each row's gradient in place over
+    # the shared memory would race (the rows overwrite each other); it must be copied first
+    row = torch.randn(1, 10, device=DEVICE)
+    t = torch.tensor([0, 1, 2, 3], device=DEVICE)
+    leaf = row.clone().requires_grad_()
+    cross_entropy(leaf.expand(4, 10), t).backward()
+    ref = row.clone().requires_grad_()
+    F.cross_entropy(ref.expand(4, 10), t).backward()
+    assert_close(leaf.grad, ref.grad, torch.float32)
+    # loss-only (no gradient wanted): read in place, same value
+    assert_close(cross_entropy(row.expand(4, 10), t), F.cross_entropy(row.expand(4, 10), t), torch.float32)
+
+
+def _rows_past_int32(n_rows, n_cols, dtype):
+    """[n_rows, n_cols] view whose last row starts past element 2^31 with a row stride below 2^31
+    (passed to Triton as int32): `row * stride` wraps unless the kernel computes it in int64 (the
+    16384 x 151936 = 2.49e9-element case). ~4 GiB virtual, only the touched rows resident."""
+    stride = (1 << 30) + 64
+    storage = torch.empty(stride * (n_rows - 1) + n_cols, dtype=dtype, device=DEVICE)
+    view = storage.as_strided((n_rows, n_cols), (stride, 1))
+    view.copy_(torch.randn(n_rows, n_cols, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 3)
+    assert (n_rows - 1) * stride >= 2**31 > stride
+    return view
+
+
+def test_row_offsets_past_int32_are_int64():
+    x = _rows_past_int32(3, 70, torch.float16)
+    t = torch.tensor([5, -100, 69], device=DEVICE)
+    x_ref = x.detach().float().requires_grad_()
+    loss_ref = reference(x_ref, t, reduction="none")
+    loss_ref.backward(torch.full((3,), 2.0, device=DEVICE))
+    x.requires_grad_()
+    # the row kernel reads and writes the gradient in place through the huge row stride; the backward's
+    # scaling kernel (fp16 always scales; grad_output 2) walks the same rows
+    loss = cross_entropy(x, t, reduction="none")
+    assert_close(loss, loss_ref, torch.float16, scale=4.0)
+    loss.backward(torch.full((3,), 2.0, device=DEVICE, dtype=torch.float16))
+    # the gradient was written (and scaled) over the caller's strided buffer itself, rows past 2^31
+    # included (autograd then hands .grad over as a dense copy of it)
+    assert torch.equal(x.detach(), x.grad)
+    assert_close(x.grad, x_ref.grad, torch.float16, scale=2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen_vocab_and_seventeen_rows(dtype):
+    _check(2, 151936, dtype, n_ignored=0, label_smoothing=0.1)  # vocab 151,936: not a power of two
+    _check(17, 257, dtype, n_ignored=2)
+
+
+def test_wrong_target_dtypes_and_devices_name_the_argument():
+    x = torch.randn(4, 10, device=DEVICE)
+    for bad in (torch.int32, torch.int16, torch.uint8, torch.bool, torch.float16):
+        with pytest.raises(TypeError, match=r"\btarget\b"):
+            cross_entropy(x, torch.zeros(4, dtype=bad, device=DEVICE))
+    with pytest.raises(ValueError, match=r"\binput\b"):
+        cross_entropy(x.to("meta"), torch.zeros(4, dtype=torch.int64, device=DEVICE))

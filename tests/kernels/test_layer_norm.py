@@ -106,3 +106,49 @@ def test_real_shapes_bf16(n):
     w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
     b = (0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
     check_fwd_bwd(x, w, b, torch.bfloat16, grad_scale=4.0)
+
+
+# ------------------------------------------------------------------------- audit additions (CPU-sized)
+def test_strided_weight_and_bias_are_read_correctly():
+    # the kernels index weight / bias as ptr + col: strided views must not be read as contiguous
+    torch.manual_seed(7)
+    x = torch.randn(5, 24, device=DEVICE)
+    p = torch.randn(24, 3, device=DEVICE)
+    check_fwd_bwd(x, p[:, 0], p[:, 2], torch.float32)
+    check_fwd_bwd(x, torch.randn(1, device=DEVICE).expand(24), torch.randn(1, device=DEVICE).expand(24), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seventeen_rows_of_4099(dtype):
+    torch.manual_seed(8)
+    x = torch.randn(17, 4099, device=DEVICE, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(4099, device=DEVICE)).to(dtype)
+    check_fwd_bwd(x, w, (0.1 * torch.randn(4099, device=DEVICE)).to(dtype), dtype, grad_scale=4.0)
+
+
+def test_row_offsets_past_int32_are_int64():
+    # last row starts past element 2^31 with an int32 row stride (~4 GiB virtual, few pages resident)
+    stride = (1 << 30) + 64
+    storage = torch.empty(2 * stride + 40, dtype=torch.float16, device=DEVICE)
+    x = storage.as_strided((3, 40), (stride, 1))
+    x.copy_(torch.randn(3, 40, generator=torch.Generator().manual_seed(9)).to(DEVICE))
+    w = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    check_fwd_bwd(x, w, torch.randn(40, device=DEVICE, dtype=torch.float16), torch.float16)
+
+
+@pytest.mark.parametrize(
+    "x, w, b, exc, name",
+    [
+        (torch.ones(2, 4, dtype=torch.float64), torch.ones(4), None, TypeError, "x"),
+        (torch.ones(2, 4), torch.ones(4, dtype=torch.int64), None, TypeError, "weight"),
+        (torch.ones(2, 4), torch.ones(4), torch.ones(4, dtype=torch.int32), TypeError, "bias"),
+        (torch.ones(2, 4), torch.ones(5), None, ValueError, "weight"),
+        (torch.ones(2, 4), torch.ones(4), torch.ones(4, 1), ValueError, "bias"),
+        (torch.ones(2, 4), torch.ones(4, device="meta"), None, ValueError, "weight"),
+        (torch.ones(2, 0), torch.ones(0), None, ValueError, "x"),
+    ],
+)
+def test_bad_input_names_the_argument(x, w, b, exc, name):
+    to = lambda t: t if t is None or t.device.type == "meta" else t.to(DEVICE)  # noqa: E731
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        layer_norm(to(x), to(w), to(b))

@@ -363,3 +363,46 @@ def test_scale_inplace_grid_stride_covers_every_element(s, monkeypatch):
     before = x.clone()
     lce_mod._scale_inplace(x, torch.tensor(s, device=DEVICE, dtype=torch.float32))
     torch.testing.assert_close(x, (before.float() * s).to(torch.bfloat16), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------- audit additions (CPU-sized)
+@pytest.mark.parametrize("which", ["linear_weight", "target", "linear_bias"])
+def test_other_device_names_the_argument(which):
+    args = dict(input=torch.ones(4, 8), linear_weight=torch.ones(5, 8), target=torch.zeros(4, dtype=torch.int64),
+                linear_bias=torch.ones(5))
+    args = {k: v.to(DEVICE) for k, v in args.items()}
+    args[which] = args[which].to("meta")
+    with pytest.raises(ValueError, match=rf"\b{which}\b"):
+        linear_cross_entropy(args.pop("input"), args.pop("linear_weight"), args.pop("target"), **args)
+
+
+def test_empty_input_and_weight_name_the_argument():
+    with pytest.raises(ValueError, match=r"\binput\b"):
+        linear_cross_entropy(torch.ones(0, 8, device=DEVICE), torch.ones(5, 8, device=DEVICE), torch.zeros(0, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match=r"\blinear_weight\b"):
+        linear_cross_entropy(torch.ones(4, 8, device=DEVICE), torch.ones(0, 8, device=DEVICE), torch.zeros(4, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.parametrize("bad", [5, 10**6, -2])
+def test_out_of_range_target_raises_before_any_work(bad, monkeypatch):
+    calls = []
+    monkeypatch.setattr(lce_mod, "_run_chunks", lambda *a, **k: calls.append(1))
+    x = torch.ones(4, 8, device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match=r"\btarget\b"):
+        linear_cross_entropy(x, torch.ones(5, 8, device=DEVICE), torch.tensor([0, 1, bad, 2], device=DEVICE))
+    assert calls == []
+
+
+def test_non_contiguous_input_and_weight_seventeen_rows_odd_vocab():
+    # 17 rows (chunks of 8: the last one partial), vocab 131 (not a power of two), x and W read through
+    # transposed views; values and all three gradients against the fp32 reference
+    x, w, t, b = _inputs(17, 16, 131, torch.float32, bias=True, seed=3)
+    xs = x.t().contiguous().t()  # [17, 16] with column stride 17
+    ws = w.t().contiguous().t()  # [131, 16] with column stride 131 (e.g. a tied, transposed embedding)
+    assert not xs.is_contiguous() and not ws.is_contiguous()
+    grad_out = torch.tensor(0.7, device=DEVICE)
+    got, got_g = _grads(lambda a, c, d: linear_cross_entropy(a, c, t, linear_bias=d, chunk_rows=8), xs, ws, b, grad_out)
+    ref, ref_g = _grads(lambda a, c, d: reference(a, c, t, d), x, w, b, grad_out)
+    assert_close(got, ref, torch.float32, scale=10, msg="loss")
+    for name, a, e in zip(("input", "weight", "bias"), got_g, ref_g):
+        assert_close(a, e, torch.float32, scale=10, msg=f"grad {name}")

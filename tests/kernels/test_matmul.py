@@ -147,3 +147,41 @@ def test_autotune_prune_keeps_configs_that_fill_the_sms():
         assert max(tiles.values()) < 4
         tiny = mm._prune_few_tiles(configs, dict(M=60, N=200, a_ptr=t))
         assert tiny == [c for c in configs if tiles[c] == max(tiles.values())] and len(tiny) < len(configs)
+
+
+# ------------------------------------------------------------------------- audit additions (CPU-sized)
+def test_row_and_column_offsets_past_int32_are_int64():
+    # a's row stride and b's column stride are int32 arguments, but row * stride passes 2^31 elements:
+    # the pointer kernel forms its M / N offsets in int64 (~4 GiB virtual each, few pages resident)
+    stride = (1 << 30) + 64
+    g = torch.Generator().manual_seed(13)
+
+    def huge(shape, strides):
+        t = torch.empty(2 * stride + 16, dtype=torch.float16, device=DEVICE).as_strided(shape, strides)
+        return t.copy_(torch.randn(shape, generator=g).to(DEVICE))
+
+    a = huge((3, 16), (stride, 1))
+    b = huge((16, 3), (1, stride))
+    assert_close(matmul(a, b), _ref(a, b), torch.float16, scale=4.0)
+
+
+def test_other_device_and_int_a_name_the_argument():
+    with pytest.raises(ValueError, match=r"\bb\b"):
+        matmul(torch.ones(2, 3, device=DEVICE), torch.ones(3, 2, device="meta"))
+    with pytest.raises(TypeError, match=r"\ba\b"):
+        matmul(torch.ones(2, 3, dtype=torch.int64, device=DEVICE), torch.ones(3, 2, device=DEVICE))
+
+
+def test_k_strides_past_int32_are_relaid_out():
+    # K-direction strides of 2^30 + 64 elements: the pointer kernel's in-tile K offsets are int32, so
+    # such operands are re-laid out (unit K stride) before launch instead of overflowing
+    stride = (1 << 30) + 64
+    g = torch.Generator().manual_seed(14)
+
+    def huge(shape, strides):
+        t = torch.empty(2 * stride + 16, dtype=torch.float16, device=DEVICE).as_strided(shape, strides)
+        return t.copy_(torch.randn(shape, generator=g).to(DEVICE))
+
+    a = huge((4, 3), (1, stride))  # a's K stride is huge
+    b = huge((3, 5), (stride, 1))  # b's K stride is huge
+    assert_close(matmul(a, b), _ref(a, b), torch.float16, scale=4.0)

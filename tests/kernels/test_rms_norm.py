@@ -135,3 +135,47 @@ def test_real_shapes_bf16(n):
     x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
     w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
     check_fwd_bwd(x, w, torch.bfloat16, grad_scale=4.0)
+
+
+# ------------------------------------------------------------------------- audit additions (CPU-sized)
+def test_strided_weight_is_read_correctly():
+    # the kernels index weight as w_ptr + col: a strided view (a column of a [N, 2] tensor) must not
+    # be read as if it were contiguous (it was: wrong values, and an expanded weight read out of bounds)
+    torch.manual_seed(7)
+    x = torch.randn(5, 24, device=DEVICE)
+    w2 = torch.randn(24, 2, device=DEVICE)
+    check_fwd_bwd(x, w2[:, 1], torch.float32)
+    check_fwd_bwd(x, torch.randn(1, device=DEVICE).expand(24), torch.float32)  # stride 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seventeen_rows_of_4099(dtype):
+    torch.manual_seed(8)
+    x = torch.randn(17, 4099, device=DEVICE, dtype=dtype)
+    check_fwd_bwd(x, (1 + 0.1 * torch.randn(4099, device=DEVICE)).to(dtype), dtype, grad_scale=4.0)
+
+
+def test_row_offsets_past_int32_are_int64():
+    # last row starts past element 2^31 with an int32 row stride: forward and backward must use int64
+    # row offsets (~4 GiB of virtual memory; only the touched rows are resident)
+    stride = (1 << 30) + 64
+    storage = torch.empty(2 * stride + 40, dtype=torch.float16, device=DEVICE)
+    x = storage.as_strided((3, 40), (stride, 1))
+    x.copy_(torch.randn(3, 40, generator=torch.Generator().manual_seed(9)).to(DEVICE))
+    check_fwd_bwd(x, torch.randn(40, device=DEVICE, dtype=torch.float16), torch.float16)
+
+
+@pytest.mark.parametrize(
+    "x, w, exc, name",
+    [
+        (torch.ones(2, 4, dtype=torch.float64), torch.ones(4), TypeError, "x"),
+        (torch.ones(2, 4), torch.ones(4, dtype=torch.int64), TypeError, "weight"),
+        (torch.ones(2, 4), torch.ones(4, 1), ValueError, "weight"),
+        (torch.ones(2, 4), torch.ones(0), ValueError, "weight"),
+        (torch.ones(2, 4, device="meta"), torch.ones(4), ValueError, "x"),
+    ],
+)
+def test_bad_input_names_the_argument(x, w, exc, name):
+    x = x if x.device.type == "meta" else x.to(DEVICE)
+    with pytest.raises(exc, match=rf"^{name}\b"):
+        rms_norm(x, w.to(DEVICE))

@@ -182,3 +182,50 @@ def test_real_shape_bf16(hf_layout):
     torch.manual_seed(5)
     q, k = make_qk(4, 32, 8, 4096, 128, torch.bfloat16, hf_layout)
     check_fwd_bwd(q, k, *tables(1, 4096, 128, torch.bfloat16), torch.bfloat16)
+
+
+# ------------------------------------------------------------------------- audit additions (CPU-sized)
+def test_head_and_batch_offsets_past_int32_are_int64():
+    # a head stride and a batch stride that are int32 arguments while head * stride and b * stride pass
+    # 2^31 elements: the kernel must form those offsets in int64 (~4 GiB virtual, few pages resident)
+    stride = (1 << 30) + 64
+    gen = torch.Generator().manual_seed(11)
+
+    def huge(shape, strides):
+        t = torch.empty(2 * stride + 16, dtype=torch.float16, device=DEVICE).as_strided(shape, strides)
+        return t.copy_(torch.randn(shape, generator=gen).to(DEVICE))
+
+    cos, sin = tables(1, 2, 8, torch.float32)
+    for q, k in (
+        (huge((1, 3, 2, 8), (0, stride, 8, 1)), torch.randn(1, 1, 2, 8, generator=gen).to(DEVICE, torch.float16)),
+        (torch.randn(3, 2, 2, 8, generator=gen).to(DEVICE, torch.float16), huge((3, 1, 2, 8), (stride, 16, 8, 1))),
+    ):
+        qo, ko = rope(q, k, cos, sin)
+        assert_close(qo, reference(q, cos, sin), torch.float16)
+        assert_close(ko, reference(k, cos, sin), torch.float16)
+
+
+@pytest.mark.parametrize(
+    "which, value, exc",
+    [
+        ("q", torch.ones(1, 2, 3, 4, dtype=torch.float64), TypeError),
+        ("k", torch.ones(1, 1, 3, 4, dtype=torch.int32), TypeError),
+        ("cos", torch.ones(1, 3, 4, dtype=torch.int64), TypeError),
+        ("sin", torch.ones(1, 3, 4, dtype=torch.float64), TypeError),
+        ("k", torch.ones(1, 1, 3, 4, device="meta"), ValueError),
+        ("sin", torch.ones(1, 3, 4, device="meta"), ValueError),
+        ("q", torch.ones(2, 3, 4), ValueError),
+        ("sin", torch.ones(1, 3, 6), ValueError),
+    ],
+)
+def test_bad_input_names_the_argument(which, value, exc):
+    args = dict(q=torch.ones(1, 2, 3, 4), k=torch.ones(1, 1, 3, 4), cos=torch.ones(1, 3, 4), sin=torch.ones(1, 3, 4))
+    args = {n: t.to(DEVICE) for n, t in args.items()}
+    args[which] = value if value.device.type == "meta" else value.to(DEVICE)
+    with pytest.raises(exc, match=rf"\b{which}\b"):
+        rope(**args)
+
+
+def test_seventeen_positions_odd_heads_and_one_batch_row():
+    q, k = make_qk(1, 5, 1, 17, 12, torch.bfloat16, True)  # Hq=5 (not a power of two), D/2 = 6
+    check_fwd_bwd(q, k, *tables(1, 17, 12, torch.bfloat16), torch.bfloat16)

@@ -851,6 +851,8 @@ def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
+    elif _plane_extent(dout) >= _INT32_LIMIT:  # see attention(): in-plane offsets are int32
+        dout = dout.contiguous()
     dq, dk, dv = _attention_bwd_op(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
@@ -861,6 +863,18 @@ _attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 # ----------------------------------------------------------------------------------------------
 # Public function
 # ----------------------------------------------------------------------------------------------
+# The kernels add 64-bit (batch, head) base offsets to 32-bit offsets inside one [T, D] plane
+# (row * stride_t + col * stride_d, kept in int32 for register pressure in the hot loops).
+_INT32_LIMIT = 2**31
+# CUDA caps a grid's second dimension (the kernels' batch x heads axis) at 65535.
+MAX_BATCH_HEADS = 65535
+
+
+def _plane_extent(t: torch.Tensor) -> int:
+    """Largest element offset within one (b, h) [T, D] plane of `t` (the kernels' int32 part)."""
+    return (t.shape[2] - 1) * t.stride(2) + (t.shape[3] - 1) * t.stride(3)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Scaled dot-product attention, flash-style: softmax(q k^T * scale (+ causal mask)) v.
 
@@ -882,7 +896,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Raises:
         TypeError: a non-tensor, an unsupported dtype, mixed dtypes, a non-bool causal or a non-number scale.
         ValueError: wrong ndim, empty, different devices, mismatched B / T / D / heads, Hq not a multiple
-            of Hk, an unsupported D, causal with Tq != Tk, a scale that is not positive and finite.
+            of Hk, an unsupported D, causal with Tq != Tk, a scale that is not positive and finite,
+            B * Hq > 65535 (CUDA grid limit).
+
+    A strided q / k / v whose [T, D] plane spans >= 2^31 elements (the kernels' in-plane offsets are
+    int32) is copied to a dense layout first; the result is the same.
     """
     check_tensor(q, "q", ndim=4)
     check_tensor(k, "k", ndim=4)
@@ -914,5 +932,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scale = float(scale)
     if not math.isfinite(scale) or scale <= 0.0:
         raise ValueError(f"scale must be positive and finite, got {scale}")
-    out, _ = _attention_fwd_op(q, k, v, causal, scale)
+    if B * Hq > MAX_BATCH_HEADS:
+        raise ValueError(f"q has batch x heads = {B} x {Hq} = {B * Hq}; at most {MAX_BATCH_HEADS} (CUDA grid limit) are supported")
+    tensors = {"q": q, "k": k, "v": v}
+    for name, t in tensors.items():
+        if _plane_extent(t) >= _INT32_LIMIT:
+            # a strided view whose [T, D] plane spans >= 2^31 elements (e.g. a transposed [B, T, H, D]
+            # tensor with T * H * D >= 2^31): the int32 in-plane offsets would overflow; a dense copy fits
+            tensors[name] = t = t.contiguous()
+            if _plane_extent(t) >= _INT32_LIMIT:
+                raise ValueError(f"{name} has T x D = {t.shape[2]} x {t.shape[3]} >= 2^31 elements per head; not supported")
+    out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
     return out

@@ -22,8 +22,8 @@ IN-PLACE: when `input.requires_grad` (and grad mode is on), cross_entropy overwr
 forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
 and do not pass a tensor that another autograd node saved for its own backward (e.g. the output of an
 op that saves its result). The logits of an lm_head matmul are fine (matmul saves its inputs, not its
-output). A non-contiguous `input` (column stride != 1) is first copied; the copy then holds the
-gradient and the caller's tensor is untouched.
+output). A non-contiguous `input` (column stride != 1, or rows sharing memory as in an expanded
+tensor) is first copied; the copy then holds the gradient and the caller's tensor is untouched.
 
 Where the scale goes (LESSON 7): the stored gradient is g = dloss/dx times a forward scale, and the
 backward multiplies by grad_output (times what the forward did not fold in), in fp32, in place.
@@ -126,7 +126,10 @@ def _ce_rows_kernel(
     # persistent: program p handles rows p, p + P, ... (P bounds the rows in flight, hence the
     # bytes between loop 1 reading a row and loop 2 re-reading it: keep that under L2)
     # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
-    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+    for r in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        # int64 on the GPU already (a no-op cast); the CPU interpreter hands the loop a Python int,
+        # which it would multiply in int32: the cast keeps the CPU test of the int64 path honest
+        row = tl.cast(r, tl.int64)
         x_row = logits_ptr + row * stride_logits
         g_row = grad_ptr + row * stride_grad
         target = tl.load(target_ptr + row)
@@ -384,7 +387,11 @@ def _backward_scale(grad_output, extra):
 class _CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad):
-        logits = input if input.stride(1) == 1 else input.contiguous()
+        # rows that share memory (an expanded input, row stride < V) cannot each receive their own
+        # in-place gradient: copy them, like a column stride != 1
+        overlapping = input.shape[0] > 1 and input.stride(0) < input.shape[1]
+        in_place_ok = input.stride(1) == 1 and not (write_grad and overlapping)
+        logits = input if in_place_ok else input.contiguous()
         inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction)
         rows_loss = _launch_rows(
             logits, logits if write_grad else None, target, ignore_index=ignore_index,

@@ -102,6 +102,9 @@ def _layer_norm_bwd_kernel(
 def _forward(x, weight, bias, eps):
     n = x.shape[-1]
     x2 = _rows(x, n)
+    # the kernels read weight / bias at ptr + col: a strided view would read the wrong values
+    weight = weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
     m = x2.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = torch.empty((m,), dtype=torch.float32, device=x.device)
@@ -120,6 +123,7 @@ def _forward(x, weight, bias, eps):
 def _backward(dy, x, weight, mean, rstd):
     n = x.shape[-1]
     x2 = _rows(x, n)
+    weight = weight.contiguous()  # read at w_ptr + col (see _forward)
     dy2 = _rows(dy, n)
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)

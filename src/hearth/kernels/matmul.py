@@ -283,10 +283,20 @@ def _launch_tma(a, b, c, *, tuned: bool = True):
     return _matmul_tma_kernel[grid](*args, **meta, **cfg)
 
 
+# The pointer kernel's M / N offsets are int64, but its in-tile K offsets (offs_k * stride along K, and
+# the per-step pointer bump BLOCK_K * stride) are int32: an operand whose K-direction stride reaches
+# 2^31 / 256 elements (a pathological view) is re-laid out with unit K stride before launch.
+_MAX_K_STRIDE = 2**31 // 256
+
+
 def _launch_pointer(a, b, c, *, tuned: bool = True):
     global LAST_TUNER
     M, K = a.shape
     N = b.shape[1]
+    if a.stride(1) > _MAX_K_STRIDE:
+        a = a.contiguous()  # [M, K] row-major: K stride 1
+    if b.stride(0) > _MAX_K_STRIDE:
+        b = b.t().contiguous().t()  # [K, N] column-major: K stride 1 (the N offsets are int64)
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if tuned:
         grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)

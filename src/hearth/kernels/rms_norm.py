@@ -138,6 +138,7 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.shape[-1]
     x2 = _rows(x, n)
+    weight = weight.contiguous()  # the kernels read weight at w_ptr + col: a strided view would read the wrong values
     m = x2.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
@@ -158,6 +159,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
 def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.shape[-1]
     x2 = _rows(x, n)
+    weight = weight.contiguous()  # read at w_ptr + col (see _forward); dw is allocated dense anyway
     dy2 = _rows(dy, n)
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -48,7 +48,9 @@ def _rotate_heads(
     """Rotate all H heads at x_ptr (already offset to (b, t)) into o_ptr, BLOCK_H heads at a time."""
     dmask = d < HALF
     for h0 in range(0, H, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H)[:, None]
+        # int64 head index: h * head stride exceeds 2^31 once one (b, t) slab spans > 2^31 elements
+        # (e.g. [B, H, T, D] with H*T*D >= 2^31); the batch / position offsets are int64 already
+        h = h0 + tl.arange(0, BLOCK_H)[:, None].to(tl.int64)
         mask = (h < H) & dmask[None, :]
         x_off = h * sx_h + d[None, :] * sx_d
         o_off = h * so_h + d[None, :] * so_d

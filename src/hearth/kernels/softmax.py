@@ -133,7 +133,10 @@ def _softmax_fwd_chunked_kernel(
     # persistent: program p handles rows p, p + P, ...; P bounds the rows in flight, hence the
     # bytes read between loop 1 and loop 2 of a row (keep them under L2)
     # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
-    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+    for r in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        # int64 on the GPU already (a no-op cast); the CPU interpreter hands the loop a Python int,
+        # which it would multiply in int32: the cast keeps the CPU test of the int64 path honest
+        row = tl.cast(r, tl.int64)
         x_row = x_ptr + row * stride_x
         y_row = y_ptr + row * stride_y
         offs = tl.arange(0, CHUNK)
@@ -195,7 +198,10 @@ def _softmax_bwd_chunked_kernel(
     # persistent: program p handles rows p, p + P, ...; P bounds the rows in flight, hence the
     # bytes read between loop 1 and loop 2 of a row (keep them under L2)
     # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
-    for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+    for r in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        # int64 on the GPU already (a no-op cast); the CPU interpreter hands the loop a Python int,
+        # which it would multiply in int32: the cast keeps the CPU test of the int64 path honest
+        row = tl.cast(r, tl.int64)
         y_row = y_ptr + row * stride_y
         dy_row = dy_ptr + row * stride_dy
         dx_row = dx_ptr + row * stride_dx
