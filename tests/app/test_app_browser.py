@@ -109,6 +109,18 @@ def test_the_whole_app_in_a_browser(tmp_path, browser_page):
             assert any("gossiper reads: My new coworker" in t for t in texts)
             page.locator("#live-panel[data-saved]").wait_for()
 
+            # a panel stream that ends without its "done" (connection lost) is reported as not saved
+            cut = ('event: reading\ndata: {"analyst": "optimist", "title": "Optimist", "ok": true, '
+                   '"reading": "fine", "advice": "go", "risk": "low", "error": ""}\n\n')
+            page.route("**/situations", lambda route: route.fulfill(
+                status=200, headers={"content-type": "text/event-stream"}, body=cut))
+            page.fill("#situation-form textarea", "Will this one be saved?")
+            page.click("#situation-form button")
+            page.locator("#live-panel[data-error]").wait_for()
+            assert "not saved" in page.locator("#live-panel").get_attribute("data-error")
+            assert page.input_value("#situation-form textarea") == "Will this one be saved?"
+            page.unroute("**/situations")
+
             # rehearsal with a custom agent
             if page.locator("#agents details[open]").count() == 0:  # open by default while there are no agents
                 page.click("#agents summary")

@@ -67,3 +67,12 @@ def test_master_key_text_formats(master):
     with pytest.raises(ValueError, match="master_key"):
         crypto.parse_master_key("11" * 32)
     assert crypto.master_key_id(master) != crypto.master_key_id(crypto.parse_master_key(crypto.new_master_key_text()))
+
+
+def test_a_user_cipher_never_shows_its_data_key(master):
+    # the cipher rides on the request's viewer object; a logged repr or a traceback must not leak the key
+    dek = crypto.new_data_key()
+    cipher = crypto.UserCipher.from_wrapped(master, crypto.wrap_data_key(master, dek, "u1"), "u1")
+    for shown in (repr(cipher), str(cipher)):
+        assert "u1" in shown
+        assert repr(dek)[2:-1] not in shown and dek.hex() not in shown

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from hearth.app.storage import models
 from tests.app.app_client import create_companion, signup
+from tests.app.app_fakes import FakeModel
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -122,9 +123,19 @@ async def test_no_route_lets_one_user_read_or_change_anothers_data(make_settings
         assert f"bob {MARKER} post" in (await alice.get("/feed")).text
 
 
+class _MarkedToneModel(FakeModel):
+    """FakeModel whose feed comments carry the marker in their tone (how the post came across)."""
+
+    async def complete(self, messages, *, kind, **kw):
+        result = await super().complete(messages, kind=kind, **kw)
+        if kind == "feed_comment":
+            result.envelope = result.envelope.model_copy(update={"tone": f"tone {MARKER}"})
+        return result
+
+
 async def test_no_plaintext_user_text_in_the_sqlite_file(make_settings, tmp_path):
     db_file = tmp_path / "plain.sqlite3"
-    async with running_app(make_settings(f"sqlite+aiosqlite:///{db_file}")) as (app, client):
+    async with running_app(make_settings(f"sqlite+aiosqlite:///{db_file}"), model=_MarkedToneModel()) as (app, client):
         csrf = await signup(client, "carol")
         await client.post("/context", data={"shared_context": f"context {MARKER}", "csrf": csrf})
         cid = await create_companion(client, csrf, persona=f"persona {MARKER}", name=f"Name{MARKER}")
@@ -133,7 +144,14 @@ async def test_no_plaintext_user_text_in_the_sqlite_file(make_settings, tmp_path
         await client.post("/agents", data={"name": f"A{MARKER}", "personality": f"p {MARKER}",
                                            "backstory": f"b {MARKER}", "relationship": f"r {MARKER}",
                                            "companion_id": cid, "csrf": csrf})
+        page = (await client.get(f"/companions/{cid}/simulate")).text
+        agent_id = re.search(r'name="agent_id"><option value="([0-9a-f]{32})"', page).group(1)
+        r = await client.post(f"/companions/{cid}/rehearsals", data={"agent_id": agent_id, "csrf": csrf})
+        rehearsal = r.headers["location"]
+        await client.post(f"{rehearsal}/turns", data={"message": f"rehearse {MARKER}", "csrf": csrf})
+        assert f"rehearse {MARKER}" in (await client.get(rehearsal)).text
         await client.post("/feed/posts", data={"post": f"post {MARKER}", "csrf": csrf})
+        assert f"tone {MARKER}" in (await client.get("/feed")).text
         page = (await client.get(f"/companions/{cid}")).text
         # the app did store and show it (memories too: "The user's name is ZEBRA...")
         assert f"my name is {MARKER} ok" in page and f"name is {MARKER}" in page

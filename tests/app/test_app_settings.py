@@ -77,3 +77,19 @@ def test_toml_env_and_arguments_merge_and_bad_values_name_the_field(tmp_path):
     with pytest.raises(SettingsError) as info:
         load_settings(None, env={**env, "HEARTH_ENV": "production"}, overrides={"cookie_secure": False})
     assert info.value.field == "cookie_secure"
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "not a url at all"])
+def test_a_bad_database_url_is_refused_at_start_up_naming_the_field(tmp_path, url):
+    env = {"HEARTH_MASTER_KEY": new_master_key_text()}
+    with pytest.raises(SettingsError) as info:
+        load_settings(None, env=env, database_url=url, overrides={"var_dir": str(tmp_path / "var")})
+    assert info.value.field == "database_url"
+
+
+def test_a_previous_master_key_equal_to_the_current_one_is_refused_naming_the_field(tmp_path):
+    key = new_master_key_text()
+    with pytest.raises(SettingsError) as info:
+        load_settings(None, env={"HEARTH_MASTER_KEY": key, "HEARTH_PREVIOUS_MASTER_KEY": key},
+                      overrides={"var_dir": str(tmp_path / "var")})
+    assert info.value.field == "HEARTH_PREVIOUS_MASTER_KEY"

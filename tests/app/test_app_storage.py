@@ -5,6 +5,7 @@ rehearsal and the feed."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -158,6 +159,32 @@ async def test_clear_chat_deletes_rows_for_good(db, master_key):
     async with db.sessions() as s:
         with pytest.raises(NotFound):
             await companions.clear_chat(s, "0" * 32, comp.id)
+
+
+@pytest.mark.parametrize("how", ["clear chat", "delete companion"])
+async def test_cleared_ciphertexts_do_not_linger_in_the_sqlite_files(db, master_key, how):
+    # the data key outlives the chat, so a deleted ciphertext left in a free page would still decrypt
+    if db.engine.dialect.name != "sqlite":
+        pytest.skip("SQLite file layout only")
+    cipher = await _user(db, master_key)
+    async with db.sessions() as s:
+        comp = await companions.create_companion(s, cipher, persona="mina")
+        for i in range(3):
+            await companions.chat_turn(s, FakeModel(), cipher, comp.id, f"secret number {i}", **TURN)
+    async with db.sessions() as s:
+        blobs = (await s.execute(select(Message.body_ct).where(Message.companion_id == comp.id))).scalars().all()
+        blobs += (await s.execute(select(Memory.text_ct).where(Memory.companion_id == comp.id))).scalars().all()
+    assert len(blobs) >= 6
+    async with db.sessions() as s:
+        if how == "clear chat":
+            await companions.clear_chat(s, cipher.user_id, comp.id)
+        else:
+            await companions.delete_companion(s, cipher.user_id, comp.id)
+    assert await _count(db, Message) == 0
+    path = db.engine.url.database
+    on_disk = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    left = [b for b in blobs if bytes(b[13:45]) in on_disk]  # a 32-byte slice of each ciphertext body
+    assert not left, f"{len(left)} of {len(blobs)} cleared ciphertexts still in the database files"
 
 
 async def test_ciphertexts_are_bound_to_their_row_and_user(db, master_key):

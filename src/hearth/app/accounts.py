@@ -144,6 +144,14 @@ class LoginLimiter:
     def succeeded(self, key: str) -> None:
         self._fails.pop(key, None)
 
+    def withdraw(self, key: str) -> None:
+        """Take back the latest failure recorded for ``key`` (an attempt counted up front that succeeded)."""
+        q = self._fails.get(key)
+        if q:
+            q.pop()
+            if not q:
+                del self._fails[key]
+
 
 async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -> NewSession | None:
     """A new session when the password matches, else None (same cost either way)."""

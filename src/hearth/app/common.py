@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from hearth.app.crypto import UserCipher
+from hearth.app.storage.db import scrub_deleted
 
 
 class NotFound(LookupError):
@@ -19,6 +23,23 @@ class InputError(ValueError):
     def __init__(self, field: str, reason: str):
         self.field, self.reason = field, reason
         super().__init__(f"{field}: {reason}")
+
+
+async def check_owned(db: AsyncSession, model: Any, user_id: str, record_id: str, what: str) -> None:
+    """Inside an open transaction: NotFound(what) unless ``user_id`` owns the ``model`` row ``record_id``."""
+    owned = select(model.id).where(model.id == record_id, model.user_id == user_id)
+    if (await db.execute(owned)).scalar_one_or_none() is None:
+        raise NotFound(what)
+
+
+async def delete_owned(db: AsyncSession, model: Any, user_id: str, record_id: str, what: str) -> None:
+    """Delete the ``model`` row ``record_id`` for good if ``user_id`` owns it (children go by ON DELETE
+    CASCADE); NotFound(what) when there is no such row of that user's."""
+    async with db.begin():
+        gone = await db.execute(delete(model).where(model.id == record_id, model.user_id == user_id))
+        if gone.rowcount != 1:
+            raise NotFound(what)
+    await scrub_deleted(db)
 
 
 def clean_text(value: Any, field: str, max_chars: int, *, required: bool = True) -> str:

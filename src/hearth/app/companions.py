@@ -19,9 +19,11 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import InputError, NotFound, clean_text, seal, seal_json, unseal, unseal_json
+from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, seal, seal_json, unseal,
+                               unseal_json)
 from hearth.app.crypto import UserCipher
 from hearth.app.relationship import Standing, standing
+from hearth.app.storage.db import scrub_deleted
 from hearth.app.storage.models import Companion, Memory, Message, User, new_id, utcnow
 from hearth.envelope import ChatReply
 
@@ -150,10 +152,7 @@ async def update_companion(db: AsyncSession, cipher: UserCipher, companion_id: s
 
 
 async def delete_companion(db: AsyncSession, user_id: str, companion_id: str) -> None:
-    async with db.begin():
-        result = await db.execute(delete(Companion).where(Companion.id == companion_id, Companion.user_id == user_id))
-        if result.rowcount != 1:
-            raise NotFound("companion")
+    await delete_owned(db, Companion, user_id, companion_id, "companion")
 
 
 # ------------------------------------------------------------------------------ chat
@@ -278,10 +277,8 @@ async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_
 async def clear_chat(db: AsyncSession, user_id: str, companion_id: str) -> int:
     """Delete every message and memory of this chat for good; returns how many messages went."""
     async with db.begin():
-        owned = (await db.execute(select(Companion.id).where(Companion.id == companion_id,
-                                                             Companion.user_id == user_id))).scalar_one_or_none()
-        if owned is None:
-            raise NotFound("companion")
+        await check_owned(db, Companion, user_id, companion_id, "companion")
         gone = await db.execute(delete(Message).where(Message.companion_id == companion_id, Message.user_id == user_id))
         await db.execute(delete(Memory).where(Memory.companion_id == companion_id, Memory.user_id == user_id))
-        return gone.rowcount
+    await scrub_deleted(db)
+    return gone.rowcount

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -122,7 +122,7 @@ class UserCipher:
     """Encrypts and decrypts one user's fields. Build it with :meth:`from_wrapped`."""
 
     user_id: str
-    data_key: bytes
+    data_key: bytes = field(repr=False)  # kept out of logs and tracebacks that print the viewer
 
     @classmethod
     def from_wrapped(cls, master_key: bytes, wrapped: bytes, user_id: str) -> "UserCipher":

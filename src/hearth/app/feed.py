@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import NotFound, clean_text, seal, unseal
+from hearth.app.common import clean_text, delete_owned, seal, seal_json, unseal, unseal_json
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
@@ -72,9 +72,11 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
                 raise out
             failed.append(comp.name)
             continue
-        row = Comment(id=new_id(), user_id=cipher.user_id, post_id=post.id, companion_id=comp.id, tone=out.tone[:32],
+        # the tone says how the post came across ("grieving"), so it is sealed with the comment; the
+        # plaintext tone column stays empty (it is only read for rows written before this change)
+        row = Comment(id=new_id(), user_id=cipher.user_id, post_id=post.id, companion_id=comp.id, tone="",
                       created_at=now + timedelta(microseconds=i + 1))
-        row.body_ct = seal(cipher, row, "body_ct", out.comment)
+        row.body_ct = seal_json(cipher, row, "body_ct", {"comment": out.comment, "tone": out.tone})
         rows.append(row)
         views.append(CommentView(comp.id, comp.name, out.comment, out.tone))
     async with db.begin():
@@ -96,14 +98,15 @@ async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> l
                                      .order_by(Comment.created_at))).all() if ids else []
         by_post: dict[str, list[CommentView]] = {}
         for c, comp in comments:
-            by_post.setdefault(c.post_id, []).append(
-                CommentView(comp.id, unseal(cipher, comp, "name_ct"), unseal(cipher, c, "body_ct"), c.tone))
+            if c.tone:  # written before the tone was sealed: the body is the bare comment text
+                text, tone = unseal(cipher, c, "body_ct"), c.tone
+            else:
+                sealed = unseal_json(cipher, c, "body_ct")
+                text, tone = sealed["comment"], sealed["tone"]
+            by_post.setdefault(c.post_id, []).append(CommentView(comp.id, unseal(cipher, comp, "name_ct"), text, tone))
         return [PostView(id=p.id, text=unseal(cipher, p, "body_ct"), created_at=p.created_at,
                          comments=by_post.get(p.id, [])) for p in posts]
 
 
 async def delete_post(db: AsyncSession, user_id: str, post_id: str) -> None:
-    async with db.begin():
-        gone = await db.execute(delete(Post).where(Post.id == post_id, Post.user_id == user_id))
-        if gone.rowcount != 1:
-            raise NotFound("post")
+    await delete_owned(db, Post, user_id, post_id, "post")

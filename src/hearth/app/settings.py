@@ -23,9 +23,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, field_validator, model_validator
 
 from hearth.app.crypto import new_master_key_text, parse_master_key
+from hearth.app.storage.db import normalise_url
 
 log = logging.getLogger("hearth.app")
 
@@ -75,6 +76,12 @@ class AppSettings(BaseModel):
     analyst_timeout_s: float = Field(45.0, gt=0)
     comment_timeout_s: float = Field(30.0, gt=0)
     max_commenters: int = Field(3, ge=0, le=20)
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, url: str) -> str:
+        normalise_url(url)  # ValueError naming database_url now, not a traceback from the lifespan later
+        return url
 
     @model_validator(mode="after")
     def _secure_outside_dev(self) -> "AppSettings":
@@ -186,6 +193,9 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     raw["master_key"] = key
     if env.get("HEARTH_PREVIOUS_MASTER_KEY"):
         raw["previous_master_key"] = _load_key_text(env["HEARTH_PREVIOUS_MASTER_KEY"], "HEARTH_PREVIOUS_MASTER_KEY", dev=dev)
+        if raw["previous_master_key"] == key:  # rotation would refuse it later, from inside the lifespan
+            raise SettingsError("HEARTH_PREVIOUS_MASTER_KEY",
+                                "is the same key as the master key; unset it or set the new key")
     try:
         return AppSettings.model_validate(raw)
     except ValidationError as exc:

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, AsyncIterator
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import InputError, NotFound, clean_text, seal, seal_json, unseal, unseal_json
+from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, seal, seal_json, unseal,
+                               unseal_json)
 from hearth.app.companions import context_for, get_companion, get_shared_context
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
@@ -139,10 +140,7 @@ async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str
     row = Situation(id=new_id(), user_id=cipher.user_id, companion_id=companion_id)
     row.text_ct = seal(cipher, row, "text_ct", text)
     async with db.begin():
-        owned = (await db.execute(select(Companion.id).where(Companion.id == companion_id,
-                                                             Companion.user_id == cipher.user_id))).scalar_one_or_none()
-        if owned is None:
-            raise NotFound("companion")
+        await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
         db.add(row)
         await db.flush()
         db.add_all(_reading_rows(cipher, results, situation_id=row.id))
@@ -165,10 +163,7 @@ async def list_situations(db: AsyncSession, cipher: UserCipher, companion_id: st
 
 
 async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) -> None:
-    async with db.begin():
-        gone = await db.execute(delete(Situation).where(Situation.id == situation_id, Situation.user_id == user_id))
-        if gone.rowcount != 1:
-            raise NotFound("situation")
+    await delete_owned(db, Situation, user_id, situation_id, "situation")
 
 
 # ------------------------------------------------------------------------------ agents
@@ -210,10 +205,7 @@ async def list_agents(db: AsyncSession, cipher: UserCipher) -> list[AgentView]:
 
 
 async def delete_agent(db: AsyncSession, user_id: str, agent_id: str) -> None:
-    async with db.begin():
-        gone = await db.execute(delete(Agent).where(Agent.id == agent_id, Agent.user_id == user_id))
-        if gone.rowcount != 1:
-            raise NotFound("agent")
+    await delete_owned(db, Agent, user_id, agent_id, "agent")
 
 
 # ------------------------------------------------------------------------------ rehearsals
@@ -236,12 +228,9 @@ class RehearsalView:
 
 async def start_rehearsal(db: AsyncSession, cipher: UserCipher, companion_id: str, agent_id: str) -> str:
     async with db.begin():
-        comp = (await db.execute(select(Companion.id).where(Companion.id == companion_id,
-                                                            Companion.user_id == cipher.user_id))).scalar_one_or_none()
+        await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
         agent = (await db.execute(select(Agent.id).where(Agent.id == agent_id,
                                                          Agent.user_id == cipher.user_id))).scalar_one_or_none()
-        if comp is None:
-            raise NotFound("companion")
         if agent is None:
             raise InputError("agent_id", "choose one of your agents")
         row = Rehearsal(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, agent_id=agent_id)
@@ -316,10 +305,7 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
                               created_at=now + timedelta(microseconds=1))
     agent_row.body_ct = seal(cipher, agent_row, "body_ct", reply)
     async with db.begin():
-        owned = (await db.execute(select(Rehearsal.id).where(Rehearsal.id == rehearsal_id,
-                                                             Rehearsal.user_id == cipher.user_id))).scalar_one_or_none()
-        if owned is None:
-            raise NotFound("rehearsal")
+        await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
         db.add_all([user_row, agent_row])
         await db.flush()
         db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
@@ -327,7 +313,4 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
 
 
 async def delete_rehearsal(db: AsyncSession, user_id: str, rehearsal_id: str) -> None:
-    async with db.begin():
-        gone = await db.execute(delete(Rehearsal).where(Rehearsal.id == rehearsal_id, Rehearsal.user_id == user_id))
-        if gone.rowcount != 1:
-            raise NotFound("rehearsal")
+    await delete_owned(db, Rehearsal, user_id, rehearsal_id, "rehearsal")

@@ -74,12 +74,14 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
                               error=f"Too many failed attempts; try again in {int(wait) + 1} s.")
         response.headers["Retry-After"] = str(int(wait) + 1)
         return response
+    # counted before the slow password check, so a burst of parallel guesses cannot all pass the check above
+    state.limiter.failed(*keys)
     new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s)
     if new is None:
-        state.limiter.failed(*keys)
         return _form_page(request, state, "login.html", error="Wrong username or password.", status=401,
                           username=username)
     state.limiter.succeeded(keys[0])
+    state.limiter.withdraw(keys[1])
     return _logged_in(state, new)
 
 

@@ -142,6 +142,8 @@ function setupPanel(form) {
     const button = form.querySelector("button");
     button.disabled = true;
     panel.hidden = false;
+    delete panel.dataset.saved; delete panel.dataset.error;
+    let saved = false;
     for (const li of panel.querySelectorAll("li")) {
       li.className = "reading pending";
       li.querySelector("p").textContent = "thinking…";
@@ -163,12 +165,14 @@ function setupPanel(form) {
             advice.className = "advice"; advice.textContent = data.advice; li.appendChild(advice);
           }
         } else if (event === "done") {
+          saved = true;
           panel.dataset.saved = data.situation_id;
           form.elements.situation.value = "";
         } else if (event === "error") {
           throw new Error(data.message);
         }
       });
+      if (!saved) throw new Error("The connection closed before the panel was saved; it was not saved.");
     } catch (e) {
       panel.dataset.error = e.message;
       alert(e.message);
