@@ -166,7 +166,18 @@ class Chain:
                         extra={"request_id": request_id, "provider": name})
         log.info("attempt failed: %s", error, extra={"request_id": request_id, "provider": name, "error": lab})
 
-    def _succeeded(self, name: str, elapsed: float) -> None:
+    def _attempt_failed(self, error: ProviderError, t0: float, request_id: str | None,
+                        errors: list[ProviderError], attempts: list, *, fell_back: bool) -> None:
+        """Record one failed attempt (metrics, breaker, the request's error list) before falling back."""
+        self._failed(error, time.monotonic() - t0, request_id)
+        errors.append(error)
+        attempts.append((error.provider, label(error)))
+        if fell_back:
+            self.metrics.child(self.metrics.fallbacks, error.provider).inc()
+
+    def _succeeded(self, name: str, kind: str, elapsed: float, request_s: float) -> None:
+        self.metrics.child(self.metrics.requests, kind, "ok").inc()
+        self.metrics.child(self.metrics.request_seconds, kind).observe(request_s)
         self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(elapsed)
         breaker = self.breakers[name]
         if breaker.failures:
@@ -191,22 +202,15 @@ class Chain:
             left = deadline_at - time.monotonic()
             if left <= 0:
                 errors += [DeadlineExceeded(q.name, deadline_s) for q in plan[i:]]
-                attempts += [(q.name, "deadline") for q in plan[i:]]
                 break
             t0 = time.monotonic()
             try:
                 done = await p.complete(messages, kind, budget_s=left, max_tokens=max_tokens, request_id=request_id)
             except ProviderError as exc:
-                self._failed(exc, time.monotonic() - t0, request_id)
-                errors.append(exc)
-                attempts.append((p.name, label(exc)))
-                if i + 1 < len(plan):
-                    self.metrics.child(self.metrics.fallbacks, p.name).inc()
+                self._attempt_failed(exc, t0, request_id, errors, attempts, fell_back=i + 1 < len(plan))
                 continue
             now = time.monotonic()
-            self._succeeded(p.name, now - t0)
-            self.metrics.child(self.metrics.requests, kind, "ok").inc()
-            self.metrics.child(self.metrics.request_seconds, kind).observe(now - start)
+            self._succeeded(p.name, kind, now - t0, now - start)
             attempts.append((p.name, "ok"))
             return ChainResult(done.envelope, done.text, p.name, now - start, attempts, done.finish_reason)
         raise self._all_failed(errors, kind, start)
@@ -234,11 +238,7 @@ class Chain:
                 upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
                                                       request_id=request_id)
             except ProviderError as exc:
-                self._failed(exc, time.monotonic() - t0, request_id)
-                errors.append(exc)
-                attempts.append((p.name, label(exc)))
-                if i + 1 < len(plan):
-                    self.metrics.child(self.metrics.fallbacks, p.name).inc()
+                self._attempt_failed(exc, t0, request_id, errors, attempts, fell_back=i + 1 < len(plan))
                 continue
             # committed to this provider: from here on a failure cannot fall back
             parts = [first]
@@ -256,9 +256,7 @@ class Chain:
             finally:
                 upstream.close()
             now = time.monotonic()
-            self._succeeded(p.name, now - t0)
-            self.metrics.child(self.metrics.requests, kind, "ok").inc()
-            self.metrics.child(self.metrics.request_seconds, kind).observe(now - start)
+            self._succeeded(p.name, kind, now - t0, now - start)
             attempts.append((p.name, "ok"))
             yield StreamDone(ChainResult(envelope, text, p.name, now - start, attempts, upstream.finish_reason))
             return
