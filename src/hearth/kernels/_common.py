@@ -11,6 +11,7 @@ on CPU tensors through Triton's interpreter, at small shapes.
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -100,3 +101,43 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+# Chosen configs, keyed by (kernel family, row width, dtype, ...): filled once per key on the GPU.
+_PICKED: dict = {}
+
+
+def pick_config(key, candidates, launch, device: torch.device):
+    """The fastest of `candidates` for `key`, timed once on the GPU (later calls hit a cache).
+
+    candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
+    under the interpreter, on CPU, during CUDA-graph capture or torch.compile tracing, or when only
+    one candidate is given. launch(config) must run the kernel on scratch or idempotent arguments
+    (each candidate runs several times). Timing: triton.testing.do_bench (L2 flushed), median.
+    Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
+    environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
+    """
+    # the candidate list is part of the key: a cached pick is always one of the candidates passed now
+    # (the same width can meet different lists, e.g. when tests lower ONEPASS_MAX_COLS / WIDE_CHUNK)
+    key = (key, tuple(candidates))
+    if key in _PICKED:
+        return _PICKED[key]
+    if (len(candidates) == 1 or device.type != "cuda" or interpret_mode()
+            or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
+        return candidates[0]
+    import triton.testing
+
+    best, best_ms, timings = candidates[0], float("inf"), []
+    for cfg in candidates:
+        try:
+            ms = triton.testing.do_bench(lambda cfg=cfg: launch(cfg), warmup=10, rep=40, return_mode="median")
+        except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
+            timings.append((cfg, f"{type(e).__name__}"))
+            continue
+        timings.append((cfg, round(ms, 4)))
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _PICKED[key] = best
+    if os.environ.get("HEARTH_PICK_LOG"):
+        print(f"hearth pick_config {key}: {best} of {timings}", file=sys.stderr, flush=True)
+    return best

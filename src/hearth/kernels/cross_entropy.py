@@ -56,8 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor, num_sms
-from hearth.kernels.softmax import pick_config
+from hearth.kernels._common import check_same_device, check_tensor, num_sms, pick_config
 
 REDUCTIONS = ("mean", "sum", "none")
 # fp16 only: the forward stores g * FP16_STORE_SCALE (a power of two, so exact) to lift small softmax

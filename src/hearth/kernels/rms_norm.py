@@ -24,8 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor, num_sms
-from hearth.kernels.softmax import pick_config
+from hearth.kernels._common import check_same_device, check_tensor, num_sms, pick_config
 
 # Largest feature width kept in registers as one block (fp32 [BLOCK_N] per live tensor).
 MAX_N = 65536
@@ -34,7 +33,7 @@ MAX_N = 65536
 # computed), so each program keeps num_stages - 1 rows' loads in flight; without it (the first
 # H200 run) a program waited on every row's loads: load -> reduce -> store, one row at a time.
 # Candidate (programs_per_SM, num_warps, num_stages); the first is the default (CPU / interpreter),
-# the GPU times all of them once per (N, dtype) and keeps the fastest (softmax.pick_config).
+# the GPU times all of them once per (N, dtype) and keeps the fastest (_common.pick_config).
 # At N=4096 bf16, 8 warps: 119 registers/thread -> 2 programs fit an SM; stages=3 -> 32 KiB smem.
 _BWD_CANDIDATES = ((2, 8, 3), (2, 8, 4), (1, 16, 4), (2, 16, 3), (4, 8, 2), (4, 8, 1))
 PROGRAMS_PER_SM = _BWD_CANDIDATES[0][0]

@@ -25,8 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor
-from hearth.kernels.softmax import pick_config
+from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, pick_config
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
 MAX_TILE = 4096
@@ -136,7 +135,7 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
         )
 
     # the kernel only writes qo / ko, so the GPU times the warp counts on the real arguments once per
-    # (shape, layout, dtype) and keeps the fastest (softmax.pick_config); NUM_WARPS pins it
+    # (shape, layout, dtype) and keeps the fastest (_common.pick_config); NUM_WARPS pins it
     cands = [num_warps] if NUM_WARPS else list(dict.fromkeys([num_warps, 8, 4, 2]))
     key = ("rope", hq, hk, dim, q.dtype, q.stride(), k.stride(), cos.dtype, backward)
     launch(pick_config(key, cands, launch, q.device))

@@ -31,14 +31,11 @@ autograd registered), so `torch.compile(fullgraph=True)` sees one opaque op and 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_tensor, interpret_mode, num_sms
+from hearth.kernels._common import check_tensor, num_sms, pick_config
 
 # Row widths above this use the chunked (online) kernels. Tests lower it (monkeypatch) to exercise the
 # wide path on the CPU interpreter. 32768 fp32 values per row = 32 registers/thread at 32 warps.
@@ -52,47 +49,6 @@ WIDE_PROGRAMS_PER_SM = 1.0
 
 # (largest BLOCK, num_warps) for the one-pass kernels, keyed by next_power_of_2(n).
 _ONEPASS_WARPS = ((1024, 4), (4096, 8), (16384, 16), (1 << 62, 32))
-
-
-# ------------------------------------------------------------------------------ launch-config picker
-# Chosen configs, keyed by (kernel family, row width, dtype, ...): filled once per key on the GPU.
-_PICKED: dict = {}
-
-
-def pick_config(key, candidates, launch, device: torch.device):
-    """The fastest of `candidates` for `key`, timed once on the GPU (later calls hit a cache).
-
-    candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
-    under the interpreter, on CPU, during CUDA-graph capture or torch.compile tracing, or when only
-    one candidate is given. launch(config) must run the kernel on scratch or idempotent arguments
-    (each candidate runs several times). Timing: triton.testing.do_bench (L2 flushed), median.
-    Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
-    environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
-    """
-    # the candidate list is part of the key: a cached pick is always one of the candidates passed now
-    # (the same width can meet different lists, e.g. when tests lower ONEPASS_MAX_COLS / WIDE_CHUNK)
-    key = (key, tuple(candidates))
-    if key in _PICKED:
-        return _PICKED[key]
-    if (len(candidates) == 1 or device.type != "cuda" or interpret_mode()
-            or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
-        return candidates[0]
-    import triton.testing
-
-    best, best_ms, timings = candidates[0], float("inf"), []
-    for cfg in candidates:
-        try:
-            ms = triton.testing.do_bench(lambda cfg=cfg: launch(cfg), warmup=10, rep=40, return_mode="median")
-        except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
-            timings.append((cfg, f"{type(e).__name__}"))
-            continue
-        timings.append((cfg, round(ms, 4)))
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    _PICKED[key] = best
-    if os.environ.get("HEARTH_PICK_LOG"):
-        print(f"hearth pick_config {key}: {best} of {timings}", file=sys.stderr, flush=True)
-    return best
 
 
 # ----------------------------------------------------------------------------------------- kernels

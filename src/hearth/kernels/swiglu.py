@@ -30,8 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
-from hearth.kernels.softmax import pick_config
+from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor, pick_config
 
 BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
 NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_COLS = 1024
@@ -39,7 +38,7 @@ NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_CO
 # dh in the backward): 16 Mi elements = 32 MiB in bf16, still big enough for full-speed matmuls.
 MLP_CHUNK_ELEMS = 16 * 1024 * 1024
 # The out-of-place elementwise ops (swiglu) time these (BLOCK_COLS, num_warps) once per (n, dtype) on
-# the GPU and keep the fastest (softmax.pick_config); the first is the default. Bigger programs cut
+# the GPU and keep the fastest (_common.pick_config); the first is the default. Bigger programs cut
 # the per-program cost of a 114,688-program grid (8192 x 14336 at 1024 columns). The in-place MLP
 # backward keeps the default (a candidate run there would overwrite its inputs).
 _CANDIDATES = ((BLOCK_COLS, NUM_WARPS), (2048, 4), (2048, 8), (4096, 8), (8192, 16))
