@@ -12,7 +12,6 @@ Every process binds 127.0.0.1 only. bench_gateway.py starts and stops them.
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from tests.fakes.openai_server import free_port  # noqa: E402  (needs REPO on sys.path)
+
 CHAT = {"message": "Hello there.", "mood": "warm", "memories": [], "affection": 1, "trust": 0, "suggested_actions": []}
 CHAT_JSON = json.dumps(CHAT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _upstream(portfile: str) -> None:
