@@ -14,7 +14,7 @@ import torch.nn.functional as F
 # `import hearth.kernels.cross_entropy as ...` can bind the function (depending on import order)
 ce = importlib.import_module("hearth.kernels.cross_entropy")
 from hearth.kernels.cross_entropy import ce_rows_, cross_entropy
-from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
 IGNORE = -100
 
@@ -347,20 +347,8 @@ def test_expanded_input_rows_sharing_memory_get_their_own_gradient():
     assert_close(cross_entropy(row.expand(4, 10), t), F.cross_entropy(row.expand(4, 10), t), torch.float32)
 
 
-def _rows_past_int32(n_rows, n_cols, dtype):
-    """[n_rows, n_cols] view whose last row starts past element 2^31 with a row stride below 2^31
-    (passed to Triton as int32): `row * stride` wraps unless the kernel computes it in int64 (the
-    16384 x 151936 = 2.49e9-element case). ~4 GiB virtual, only the touched rows resident."""
-    stride = (1 << 30) + 64
-    storage = torch.empty(stride * (n_rows - 1) + n_cols, dtype=dtype, device=DEVICE)
-    view = storage.as_strided((n_rows, n_cols), (stride, 1))
-    view.copy_(torch.randn(n_rows, n_cols, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 3)
-    assert (n_rows - 1) * stride >= 2**31 > stride
-    return view
-
-
 def test_row_offsets_past_int32_are_int64():
-    x = _rows_past_int32(3, 70, torch.float16)
+    x = rows_past_int32(3, 70, torch.float16)
     t = torch.tensor([5, -100, 69], device=DEVICE)
     x_ref = x.detach().float().requires_grad_()
     loss_ref = reference(x_ref, t, reduction="none")

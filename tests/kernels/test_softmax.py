@@ -12,7 +12,7 @@ import torch
 # `import hearth.kernels.softmax as sm` can bind the function (depending on import order)
 sm = importlib.import_module("hearth.kernels.softmax")
 from hearth.kernels.softmax import softmax
-from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
 
 def _check(x_fp32: torch.Tensor, dtype: torch.dtype, dim: int = -1, seed: int = 0) -> None:
@@ -158,24 +158,12 @@ def test_real_shapes_bf16(shape):
 
 
 # ------------------------------------------------------------------- int64 offsets (audit, CPU-sized)
-def _rows_past_int32(n_rows: int, n_cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """[n_rows, n_cols] view whose last row starts past element 2^31 while the row stride stays below
-    2^31 (so Triton passes it as int32): `row * stride` wraps unless the kernel widens it to int64.
-    The storage is ~4 GiB of virtual memory of which only the touched rows are ever resident."""
-    stride = (1 << 30) + 64
-    storage = torch.empty(stride * (n_rows - 1) + n_cols, dtype=dtype, device=DEVICE)
-    view = storage.as_strided((n_rows, n_cols), (stride, 1))
-    view.copy_(torch.randn(n_rows, n_cols, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 3)
-    assert (n_rows - 1) * stride >= 2**31 > stride
-    return view
-
-
 @pytest.mark.parametrize("use_wide", [False, True])
 def test_row_offsets_past_int32_are_int64(monkeypatch, use_wide):
     if use_wide:
         monkeypatch.setattr(sm, "ONEPASS_MAX_COLS", 64)
         monkeypatch.setattr(sm, "WIDE_CHUNK", 32)
-    x = _rows_past_int32(3, 100, torch.float16)
+    x = rows_past_int32(3, 100, torch.float16)
     y = softmax(x)  # read in place through the huge row stride (no copy: the column stride is 1)
     assert_close(y, torch.softmax(x.float(), -1), torch.float16)
 

@@ -1,6 +1,7 @@
 """Shared by the kernel tests: the device, and THE per-dtype tolerance table.
 
-Import as `from tests.kernels.tolerance import TOL, DTYPES, assert_close, gpu_only, DEVICE`.
+Import as `from tests.kernels.tolerance import TOL, DTYPES, assert_close, gpu_only, DEVICE`
+(and `rows_past_int32` for the int64-offset tests).
 
 Every kernel test compares against an fp32 (or fp64) PyTorch reference computed from the
 same inputs, with the tolerance for the dtype under test taken from TOL below.
@@ -35,3 +36,15 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(
         actual.float(), expected.float(), atol=tol["atol"] * scale, rtol=tol["rtol"] * scale, msg=(lambda m: f"{msg}\n{m}") if msg else None
     )
+
+
+def rows_past_int32(n_rows: int, n_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n_rows, n_cols] view whose last row starts past element 2^31 while the row stride stays below
+    2^31 (so Triton passes it as int32): `row * stride` wraps unless the kernel widens it to int64.
+    The storage is ~4 GiB of virtual memory of which only the touched rows are ever resident."""
+    stride = (1 << 30) + 64
+    storage = torch.empty(stride * (n_rows - 1) + n_cols, dtype=dtype, device=DEVICE)
+    view = storage.as_strided((n_rows, n_cols), (stride, 1))
+    view.copy_(torch.randn(n_rows, n_cols, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 3)
+    assert (n_rows - 1) * stride >= 2**31 > stride
+    return view
