@@ -12,10 +12,8 @@ class _FakeCudaDevice:
 def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
     """The launch-config picker (shared by the row kernels): default off the GPU; on the GPU it times
     every candidate, skips one that fails to launch, keeps the fastest and caches it per key."""
-    import triton.testing
-
     calls = []
-    # "do_bench" runs the launch once and reports the candidate's made-up time
+    # the timer runs the launch once and reports the candidate's made-up time
     fake_ms = {"a": 3.0, "b": 1.0, "c": 2.0}
 
     def fake_bench(fn, **kwargs):
@@ -32,7 +30,7 @@ def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
     assert calls == []
     monkeypatch.setattr(common, "interpret_mode", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(common, "_time_ms", fake_bench)
     monkeypatch.setattr(common, "_PICKED", {})
     assert common.pick_config(("k", 1), ["a", "bad", "b", "c"], launch, _FakeCudaDevice()) == "b"
     assert calls == ["a", "bad", "b", "c"]

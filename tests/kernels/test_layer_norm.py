@@ -25,7 +25,7 @@ def check_fwd_bwd(x, w, b, dtype, eps=1e-5, grad_scale=2.0):
     assert_close(y, yr, dtype, msg="y")
     for name, g, gr, leaf in zip(("dx", "dweight", "dbias"), grads, ref_grads, leaves):
         assert g.dtype == leaf.dtype, name
-        assert_close(g, gr, dtype, scale=grad_scale, msg=name)
+        assert_close(g, gr, dtype, msg=name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -101,7 +101,7 @@ def test_opcheck():
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
 def test_real_shapes_bf16(n):
     torch.manual_seed(4)
-    m = 32768 if n == 4096 else 4096
+    m = 32768 if n == 4096 else (12289 if n == 5120 else 4096)  # 12289: a multiple of no block
     x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
     w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
     b = (0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)

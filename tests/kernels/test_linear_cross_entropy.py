@@ -81,9 +81,9 @@ def test_loss_and_all_gradients_fp32(opts, bias):
     # chunk_rows=8: three chunks, the last one partial.
     got, got_g = _grads(lambda x_, w_, *b_: linear_cross_entropy(x_, w_, t, linear_bias=b_[0] if b_ else None, chunk_rows=8, **opts), x, w, b, grad_out)
     ref, ref_g = _grads(lambda x_, w_, *b_: reference(x_, w_, t, b_[0] if b_ else None, **opts), x, w, b, grad_out)
-    assert_close(got, ref, torch.float32, scale=10, msg="loss")
+    assert_close(got, ref, torch.float32, msg="loss")
     for name, a, e in zip(("input", "weight", "bias"), got_g, ref_g):
-        assert_close(a, e, torch.float32, scale=10, msg=f"grad {name}")
+        assert_close(a, e, torch.float32, msg=f"grad {name}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -149,7 +149,7 @@ def test_frozen_weight_skips_weight_gradient_gemm(monkeypatch):
     assert w.grad is None
     ref_x = x.clone().requires_grad_()
     reference(ref_x, w, t).backward()
-    assert_close(xg.grad, ref_x.grad, torch.float32, scale=10)
+    assert_close(xg.grad, ref_x.grad, torch.float32)
 
 
 def test_gradients_are_handed_over_without_a_copy(monkeypatch):
@@ -175,7 +175,7 @@ def test_no_grad_computes_loss_only(monkeypatch):
     x.requires_grad_()
     with torch.no_grad():
         loss = linear_cross_entropy(x, w, t, chunk_rows=5)
-    assert_close(loss, reference(x.detach(), w, t), torch.float32, scale=10)
+    assert_close(loss, reference(x.detach(), w, t), torch.float32)
 
 
 def test_leading_dims_flattened():
@@ -330,28 +330,67 @@ def test_torch_compile_fullgraph(reduction):
     ref = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
     (reference(*ref[:2], t, ref[2], reduction=reduction).sum() * 2).backward()
     for a, e in zip(leaves, ref):
-        assert_close(a.grad, e.grad, torch.float32, scale=10)
+        assert_close(a.grad, e.grad, torch.float32)
+
+
+def torch_path(x, w, target, bias=None, **opts):
+    """PyTorch's own computation in x's dtype (what Hugging Face does): lm_head logits in that dtype,
+    upcast to fp32 for the loss. The rule's baseline for the GPU tests."""
+    logits = x @ w.t()
+    if bias is not None:
+        logits = logits + bias
+    return _fp32_loss(logits.float(), target, **opts)
+
+
+def _fp32_loss(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0, softcap=None):
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    valid = target != ignore_index
+    rows = F.cross_entropy(logits, torch.where(valid, target, 0), reduction="none", label_smoothing=label_smoothing)
+    if z_loss:
+        rows = rows + z_loss * torch.logsumexp(logits, dim=-1) ** 2
+    rows = torch.where(valid, rows, torch.zeros_like(rows))
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else rows.sum() / valid.sum().clamp(min=1)
+
+
+def _gpu_rule(n, h, v, dtype, frozen=False, chunk_rows=None, **opts):
+    x, w, t, _ = _inputs(n, h, v, dtype, ignore_every=7)
+    go = torch.tensor(1.0, device="cuda") if opts.get("reduction") != "none" else torch.rand(n, device="cuda")
+
+    def run(fn, xx, ww):
+        xl, wl = xx.detach().clone().requires_grad_(), ww.detach().clone().requires_grad_(not frozen)
+        loss = fn(xl, wl)
+        loss.backward(go)
+        return loss.detach(), xl.grad, wl.grad
+
+    got = run(lambda a, b: linear_cross_entropy(a, b, t, chunk_rows=chunk_rows, **opts), x, w)
+    base = run(lambda a, b: torch_path(a, b, t, **opts), x, w)
+    ref = run(lambda a, b: reference(a, b, t, **opts), x.float(), w.float())
+    assert got[0].dtype == torch.float32, "the loss is fp32 whatever the input dtype"
+    assert_close(got[0], ref[0], torch.float32, "loss", baseline=base[0])
+    assert_close(got[1], ref[1], dtype, "grad input", baseline=base[1])
+    if frozen:
+        assert got[2] is None
+    else:
+        assert_close(got[2], ref[2], dtype, "grad linear_weight", baseline=base[2])
 
 
 @gpu_only
-@pytest.mark.parametrize("frozen", [False, True])
-def test_gpu_qwen_vocab_bf16(frozen):
-    """V = 151936, H = 1024 (smaller H keeps the fp32 reference's [N, V] fp32 logits in memory).
-    Bounds: loss within 1e-2 relative; gradients within 3% of their max magnitude (bf16 storage of
-    g and of the GEMM outputs, and bf16 accumulation of grad_W over N / 128 chunks)."""
-    n, h, v = 1024, 1024, 151936
-    x, w, t, _ = _inputs(n, h, v, torch.bfloat16, ignore_every=7)
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_(not frozen)
-    loss = linear_cross_entropy(xg, wg, t, chunk_rows=128)
-    loss.backward()
-    xr, wr = x.float().requires_grad_(), w.float().requires_grad_(not frozen)
-    ref = reference(xr, wr, t)
-    ref.backward()
-    torch.testing.assert_close(loss.float(), ref, rtol=1e-2, atol=0)
-    for a, e in ((xg.grad, xr.grad),) + (() if frozen else ((wg.grad, wr.grad),)):
-        s = e.abs().max().item()
-        torch.testing.assert_close(a.float() / s, e / s, atol=3e-2, rtol=0)
-    assert (wg.grad is None) == frozen
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_gpu_every_option_at_qwen_vocab(opts, dtype):
+    """V = 152064 (Qwen2.5/3 lm_head, not a power of two), N = 2049 rows in chunks of 384, H = 1024."""
+    _gpu_rule(2049, 1024, 152064, dtype, chunk_rows=384, **opts)
+
+
+@gpu_only
+@pytest.mark.parametrize("frozen", [False, True], ids=["trainable", "frozen"])
+def test_gpu_qwen3_14b_shape(frozen):
+    """N = 12289, H = 5120, V = 152064 bf16, default chunking: the loss the end-to-end LoRA log prints
+    (it was returned in bf16: 13.0 where the fp32 reference said 12.98)."""
+    _gpu_rule(12289, 5120, 152064, torch.bfloat16, frozen=frozen)
 
 
 @pytest.mark.parametrize("s", [0.5, 1.0])
@@ -403,6 +442,6 @@ def test_non_contiguous_input_and_weight_seventeen_rows_odd_vocab():
     grad_out = torch.tensor(0.7, device=DEVICE)
     got, got_g = _grads(lambda a, c, d: linear_cross_entropy(a, c, t, linear_bias=d, chunk_rows=8), xs, ws, b, grad_out)
     ref, ref_g = _grads(lambda a, c, d: reference(a, c, t, d), x, w, b, grad_out)
-    assert_close(got, ref, torch.float32, scale=10, msg="loss")
+    assert_close(got, ref, torch.float32, msg="loss")
     for name, a, e in zip(("input", "weight", "bias"), got_g, ref_g):
-        assert_close(a, e, torch.float32, scale=10, msg=f"grad {name}")
+        assert_close(a, e, torch.float32, msg=f"grad {name}")

@@ -27,9 +27,9 @@ def check_fwd_bwd(x, w, dtype, eps=1e-6, grad_scale=2.0):
     yr = reference(xr, wr, eps)
     dxr, dwr = torch.autograd.grad(yr, (xr, wr), dy.float())
     assert_close(y, yr, dtype, msg="y")
-    assert_close(dx, dxr, dtype, scale=grad_scale, msg="dx")
+    assert_close(dx, dxr, dtype, msg="dx")
     # dw sums over rows, but in fp32: its error is one final rounding, so no extra allowance.
-    assert_close(dw, dwr, dtype, scale=grad_scale, msg="dw")
+    assert_close(dw, dwr, dtype, msg="dw")
     assert dw.dtype == w.dtype
 
 
@@ -131,7 +131,7 @@ def test_opcheck():
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
 def test_real_shapes_bf16(n):
     torch.manual_seed(5)
-    m = 32768 if n == 4096 else 4096
+    m = 32768 if n == 4096 else (12289 if n == 5120 else 4096)  # 12289: a multiple of no block
     x = torch.randn(m, n, device=DEVICE, dtype=torch.bfloat16)
     w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
     check_fwd_bwd(x, w, torch.bfloat16, grad_scale=4.0)

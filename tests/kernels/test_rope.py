@@ -184,6 +184,16 @@ def test_real_shape_bf16(hf_layout):
     check_fwd_bwd(q, k, *tables(1, 4096, 128, torch.bfloat16), torch.bfloat16)
 
 
+@gpu_only
+@pytest.mark.parametrize("hq,hk,d", [(40, 8, 128), (32, 32, 64), (16, 4, 64), (40, 8, 80), (32, 4, 96), (8, 8, 256)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_model_head_shapes(hq, hk, d, dtype):
+    """GQA 5/1/4/8, head_dim 64/80/96/128/256, a ragged T (a packed batch), every dtype."""
+    torch.manual_seed(6)
+    q, k = make_qk(1, hq, hk, 2049, d, dtype, True)
+    check_fwd_bwd(q, k, *tables(1, 2049, d, dtype), dtype)
+
+
 # ------------------------------------------------------------------------- audit additions (CPU-sized)
 def test_head_and_batch_offsets_past_int32_are_int64():
     # a head stride and a batch stride that are int32 arguments while head * stride and b * stride pass

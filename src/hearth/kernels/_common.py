@@ -103,6 +103,20 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
+def _time_ms(fn, reps: int = 7) -> float:
+    """Median GPU time of fn() in ms over `reps` launches after one warm-up (compile) launch, timed with
+    CUDA events on the current stream; allocates nothing."""
+    fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[len(times) // 2]
+
+
 # Chosen configs, keyed by (kernel family, row width, dtype, ...): filled once per key on the GPU.
 _PICKED: dict = {}
 
@@ -113,7 +127,9 @@ def pick_config(key, candidates, launch, device: torch.device):
     candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
     under the interpreter, on CPU, during CUDA-graph capture or torch.compile tracing, or when only
     one candidate is given. launch(config) must run the kernel on scratch or idempotent arguments
-    (each candidate runs several times). Timing: triton.testing.do_bench (L2 flushed), median.
+    (each candidate runs several times). Timing: _time_ms (CUDA events, median of a few launches,
+    no allocation: triton.testing.do_bench allocated a 256 MB L2-flush buffer, which showed up as
+    extra peak memory of the op's first call).
     Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
     environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
     """
@@ -125,12 +141,10 @@ def pick_config(key, candidates, launch, device: torch.device):
     if (len(candidates) == 1 or device.type != "cuda" or interpret_mode()
             or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return candidates[0]
-    import triton.testing
-
     best, best_ms, timings = candidates[0], float("inf"), []
     for cfg in candidates:
         try:
-            ms = triton.testing.do_bench(lambda cfg=cfg: launch(cfg), warmup=10, rep=40, return_mode="median")
+            ms = _time_ms(lambda cfg=cfg: launch(cfg))
         except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
             timings.append((cfg, f"{type(e).__name__}"))
             continue

@@ -44,7 +44,9 @@ in PyTorch's default. bf16/fp16 inputs: tensor-core matmuls with fp32 accumulati
 rounded to the input dtype before their matmuls (as FlashAttention does).
 
 Limitations: causal needs Tq == Tk (the mask is the top-left aligned square); non-causal accepts
-Tq != Tk. Head dim D must be a power of two in 16..256 and equal for q, k and v.
+Tq != Tk. Head dim D: 1..256, equal for q, k and v; the kernels run at a power of two in 16..256, so any
+other D (80, 96) is zero-padded to the next one on the host (exact: zero columns add nothing to q k^T,
+and the padded output columns are dropped), at the padded size's cost in time and saved memory.
 """
 
 from __future__ import annotations
@@ -65,7 +67,17 @@ from hearth.kernels._common import (
 )
 
 LOG2E = 1.4426950408889634
+# Head dims the kernels are compiled for (a power of two: tl.arange needs one). Any other D up to 256
+# (80, 96: Phi, GPT-NeoX-style models) runs zero-padded to the next of these (padded_head_dim).
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+MAX_HEAD_DIM = 256
+
+
+def padded_head_dim(d: int) -> int | None:
+    """The head dim the kernels run `d` at (itself when native), or None when d is not supported."""
+    if not isinstance(d, int) or d < 1 or d > MAX_HEAD_DIM:
+        return None
+    return next(n for n in SUPPORTED_HEAD_DIMS if n >= d)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -655,11 +667,31 @@ _DKDV_CANDIDATES = {
     "fp32": [(16, 32, 4, 2)],
 }
 _DQ_CANDIDATES = {
-    "d64": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3)],
+    # (64, 128, 4, 3) was here: BLOCK_M < BLOCK_N breaks the causal dQ stages (the unmasked stage's last
+    # key block reached past the diagonal), and the autotuner picked it at head_dim 16 and 32 on the H200
+    # (dq max error 1.28). _check_tables() now refuses such an entry at import.
+    "d64": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)],
     "d128": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
     "large": [(64, 32, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2)],
     "fp32": [(32, 16, 4, 2)],
 }
+
+
+def _check_tables() -> None:
+    """The causal stages split key blocks at multiples of the row block: the forward and dQ kernels
+    need BLOCK_M % BLOCK_N == 0, the dK/dV kernel BLOCK_N % BLOCK_M == 0. Checked at import so that a
+    config that silently computes wrong gradients can never be added to a list."""
+    for name, table in (("forward", _FWD_CANDIDATES), ("dQ", _DQ_CANDIDATES), ("dK/dV", _DKDV_CANDIDATES)):
+        for cls, configs in table.items():
+            for bm, bn, _, _ in configs:
+                ok = bn % bm == 0 if name == "dK/dV" else bm % bn == 0
+                if not ok:
+                    raise AssertionError(f"attention {name} config ({bm}, {bn}) for {cls}: the causal stages need "
+                                         f"{'BLOCK_N % BLOCK_M' if name == 'dK/dV' else 'BLOCK_M % BLOCK_N'} == 0")
+
+
+_check_tables()
+
 # Under the interpreter: tiny blocks so that small test shapes still cross several blocks, the
 # diagonal spans more than one inner block, and ragged tails are exercised.
 _INTERPRET = {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)}
@@ -889,7 +921,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         [B, Hq, Tq, D] contiguous, in the input dtype. Differentiable in q, k and v.
 
     dtypes: float16 / bfloat16 (tensor cores, fp32 accumulation and softmax) and float32 (full fp32
-    matmuls, slow). D: a power of two in 16..256. Cost: 4*B*Hq*Tq*Tk*D FLOPs forward (half when
+    matmuls, slow). D: 1..256; a power of two in 16..256 runs natively, any other D zero-padded to the
+    next one (80, 96 -> 128: the padded size's time and saved memory). Cost: 4*B*Hq*Tq*Tk*D FLOPs forward (half when
     causal), 2.5x that backward; memory O(B*H*T*D) (the T x T scores are never stored; the forward
     keeps a [B, Hq, Tq] fp32 logsumexp for the backward).
 
@@ -910,8 +943,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     B, Hq, Tq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"k and v must have batch {B} like q, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"q head dim (last dim) must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
+    if padded_head_dim(D) is None:
+        raise ValueError(f"q head dim (last dim) must be in 1..{MAX_HEAD_DIM}, got {D}")
     if k.shape[3] != D:
         raise ValueError(f"k head dim must equal q's ({D}), got shape {tuple(k.shape)}")
     if v.shape[3] != D:
@@ -942,5 +975,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             tensors[name] = t = t.contiguous()
             if _plane_extent(t) >= _INT32_LIMIT:
                 raise ValueError(f"{name} has T x D = {t.shape[2]} x {t.shape[3]} >= 2^31 elements per head; not supported")
+    padded = padded_head_dim(D)
+    if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
+        tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
+        out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
+        return out[..., :D]
     out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
     return out

@@ -15,8 +15,8 @@ once for the statistics (max, sum, and sum(z) when smoothing); loop 2 (only when
 walks the chunks in reverse, so the re-read starts where L2 is warmest, and writes the gradient OVER
 THE LOGITS BUFFER: the second [N, V] tensor never exists. Traffic: read N*V*b once (+ the part of the
 re-read that misses L2), write N*V*b once. Chunk BLOCK / num_warps come from the table _CE_CONFIGS;
-for V > 8192 on the GPU, (programs per SM, BLOCK, num_warps, pipelining depth) is picked once per
-(V, dtype) among _CE_WIDE_CANDIDATES by timing them on a scratch copy of the first rows.
+for V > 8192 on the GPU, (programs per SM, BLOCK, num_warps, pipelining depth) is _CE_WIDE_CONFIG
+(a rule, not a run-time timing: see there why).
 
 IN-PLACE: when `input.requires_grad` (and grad mode is on), cross_entropy overwrites `input` with the gradient during the
 forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor, num_sms, pick_config
+from hearth.kernels._common import check_same_device, check_tensor, num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
 # fp16 only: the forward stores g * FP16_STORE_SCALE (a power of two, so exact) to lift small softmax
@@ -75,21 +75,15 @@ CE_PROGRAMS_PER_SM = 2
 # (largest V, chunk BLOCK, num_warps) for the row kernel: the default table (CPU, interpreter, and
 # the first GPU candidate below V = 8192).
 _CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
-# Wide vocabularies on the GPU: candidate (programs_per_SM, BLOCK, num_warps, num_stages), timed once
-# per (V, dtype) on a scratch copy of the first rows (pick_config); the fastest is kept. Both vocab
-# loops are software-pipelined (tl.range num_stages: cp.async into shared memory), so a program keeps
-# num_stages - 1 chunks in flight without more programs, and fewer programs means fewer rows in flight:
-# at V = 131072 bf16, 132 rows x 256 KiB = 33 MiB fits the H200's 50 MB L2, so loop 2's re-read can
-# hit L2 (the first run used 264 unpipelined programs = 66 MiB: the re-read mostly missed).
-# The last candidate is the first run's configuration (no pipelining).
-_CE_WIDE_CANDIDATES = (
-    (1, 8192, 16, 3), (1, 16384, 32, 3), (2, 8192, 16, 3), (1, 8192, 16, 1), (0.5, 16384, 32, 4),
-    (2, 8192, 16, 1),
-)
-# (cp.async, which the pipelined loops use, carries no L2 evict_last hint; the unpipelined candidates
-# keep the hints, with 1 or 2 programs per SM.)
-# Rows of the scratch copy the candidates are timed on (bounded: a copy of the logits is made).
-_TUNE_ROWS = 2048
+# Wide vocabularies (V > 8192) on the GPU: (programs_per_SM, BLOCK, num_warps, num_stages), by rule, not
+# timed at run time. Both vocab loops are software-pipelined (tl.range num_stages: cp.async into shared
+# memory), so a program keeps num_stages - 1 chunks in flight; 2 programs per SM = 264 rows in flight on
+# an H200. Timing candidates at run time needed a scratch copy of the logits (the caller's are overwritten
+# by the gradient), which made the first call's peak +1.3 GiB at 8192 x 131072 (a dict.setdefault
+# evaluated its clone() on every timed launch: two 512 MiB copies live at once, plus the timer's 256 MB
+# L2-flush buffer) while the steady state is +O(N); the picks it logged on the H200 chose this config at
+# V = 131072 and 151936.
+_CE_WIDE_CONFIG = (2, 8192, 16, 3)
 
 # grad_scale modes of the row kernel
 _SCALE_VALUE, _SCALE_SCALAR_PTR, _SCALE_ROW_PTR = 0, 1, 2
@@ -186,8 +180,10 @@ def _ce_rows_kernel(
                     if HAS_SMOOTHING:
                         g -= uniform
                     if HAS_SOFTCAP:
-                        r = z / softcap
-                        g = g * (1.0 - r * r)
+                        # not `r`: that name is the row loop's int64 induction variable, and rebinding
+                        # it to fp32 does not compile on the GPU (the interpreter never type-checks it)
+                        zc = z / softcap
+                        g = g * (1.0 - zc * zc)
                     tl.store(g_row + cols, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
         else:
             tl.store(loss_ptr + row, 0.0)
@@ -291,29 +287,16 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
 
 
 def _pick_rows_config(logits, grad, target, scale_mode, launch):
-    """The row kernel's (programs_per_SM, BLOCK, num_warps, num_stages) for this vocab width.
-
-    Narrow vocabularies (V <= 8192) use the _CE_CONFIGS default. Wide ones pick among
-    _CE_WIDE_CANDIDATES on the GPU, timed once on a SCRATCH copy of the first rows: the kernel
-    writes the gradient in place, so the caller's logits are never run twice."""
-    n_rows, n_cols = logits.shape
+    """The row kernel's (programs_per_SM, BLOCK, num_warps, num_stages) for this vocab width: the
+    _CE_CONFIGS default up to V = 8192 and on the CPU, _CE_WIDE_CONFIG above. No run-time timing, so
+    no scratch memory and no first-call cost (the in-place kernel cannot be timed on the caller's
+    logits)."""
+    n_cols = logits.shape[1]
     block, warps = _config(n_cols)
-    default = (CE_PROGRAMS_PER_SM, block, warps, 1)
-    if n_cols <= 8192:
-        return default
-    cands = [c for c in _CE_WIDE_CANDIDATES if c[1] <= triton.next_power_of_2(n_cols)] or [default]
-    key = ("cross_entropy_rows", n_cols, logits.dtype, grad is not None, scale_mode)
-
-    def timed(cfg):
-        rows = min(n_rows, _TUNE_ROWS)
-        x = scratch.setdefault("x", logits[:rows].clone())
-        out = scratch.setdefault("loss", torch.empty(rows, dtype=torch.float32, device=logits.device))
-        launch(cfg, x, x, target[:rows], out)
-
-    scratch: dict = {}
-    cfg = pick_config(key, cands, timed, logits.device)
-    scratch.clear()
-    return cfg
+    if n_cols <= 8192 or logits.device.type != "cuda":
+        return (CE_PROGRAMS_PER_SM, block, warps, 1)
+    per_sm, wide_block, wide_warps, stages = _CE_WIDE_CONFIG
+    return (per_sm, min(wide_block, triton.next_power_of_2(n_cols)), wide_warps, stages)
 
 
 def ce_rows_(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, grad_scale=None):
@@ -370,11 +353,14 @@ def _plan(input, target, ignore_index, reduction):
     return inv_n, inv_n, None
 
 
-def _reduce(rows_loss, inv_n, reduction, dtype):
+def _reduce(rows_loss, inv_n, reduction):
+    """The loss in fp32 whatever the logits' dtype: a bf16 loss loses the digits a training log shows
+    (12.98 -> 13.0), and an fp16 loss overflows once a GradScaler multiplies it by 65536 (mean loss
+    ~10 at V=32768 -> 6.8e5 > 65504), which turned the whole gradient into inf."""
     if reduction == "none":
-        return rows_loss.to(dtype)
+        return rows_loss
     total = rows_loss.sum()
-    return (total * inv_n if reduction == "mean" else total).to(dtype)
+    return total * inv_n if reduction == "mean" else total
 
 
 def _backward_scale(grad_output, extra):
@@ -400,7 +386,7 @@ class _CrossEntropyInPlace(torch.autograd.Function):
             ctx.save_for_backward(logits, extra if extra is not None else inv_n)
             ctx.has_extra = extra is not None
             ctx.consumed = False
-        return _reduce(rows_loss, inv_n, reduction, input.dtype)
+        return _reduce(rows_loss, inv_n, reduction)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -436,7 +422,7 @@ def _ce_fwd_op(
     factor = extra if extra is not None else torch.ones((), dtype=torch.float32, device=input.device)
     if grad is None:
         grad = torch.empty(0, dtype=input.dtype, device=input.device)
-    return _reduce(rows_loss, inv_n, reduction, input.dtype), grad, factor
+    return _reduce(rows_loss, inv_n, reduction), grad, factor
 
 
 @_ce_fwd_op.register_fake
@@ -444,7 +430,7 @@ def _(input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, 
     loss_shape = (input.shape[0],) if reduction == "none" else ()
     grad_shape = input.shape if with_grad else (0,)
     return (
-        input.new_empty(loss_shape),
+        input.new_empty(loss_shape, dtype=torch.float32),
         input.new_empty(grad_shape),
         input.new_empty((), dtype=torch.float32),
     )
@@ -511,7 +497,8 @@ def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, redu
         reduction: "mean" (over non-ignored rows; 0 when all are ignored), "sum", or "none" ([N] losses).
         z_loss: >= 0; softcap: None or > 0.
 
-    Returns: a 0-D tensor ("mean", "sum") or [N] ("none") in input's dtype (computed in fp32).
+    Returns: a 0-D tensor ("mean", "sum") or [N] ("none"), always float32 (unlike
+    torch.nn.functional.cross_entropy, which returns input's dtype): see _reduce.
 
     Memory traffic: reads N*V*b once and, with a gradient, writes N*V*b once (the reverse re-read is
     meant to hit L2); extra memory O(N) floats. fp16 (any reduction), "none", or a grad_output != 1

@@ -205,11 +205,13 @@ def _lce_fwd(
         softcap=softcap or None, scale=scale, need_gx=need_gx, need_gw=need_gw, need_gb=need_gb,
         chunk_rows=chunk_rows,
     )
+    # the loss stays fp32 whatever the input dtype (as Hugging Face's loss path returns it): a bf16 loss
+    # rounds 12.98 to 13.0, and an fp16 loss times a GradScaler's 65536 overflows to inf
     if reduction == "none":
-        loss = rows_loss.to(x.dtype)
+        loss = rows_loss
     else:
         total = rows_loss.sum()
-        loss = (total * inv_n if reduction == "mean" else total).to(x.dtype)
+        loss = total * inv_n if reduction == "mean" else total
     return (loss, gx if gx is not None else _empty(x), gw if gw is not None else _empty(x),
             gb if gb is not None else _empty(rows_loss), factor)
 
@@ -217,7 +219,7 @@ def _lce_fwd(
 @_lce_fwd.register_fake
 def _(x, w, target, bias, ignore_index, label_smoothing, reduction, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows):
     eager = reduction != "none"
-    loss = x.new_empty((x.shape[0],) if reduction == "none" else ())
+    loss = x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=torch.float32)
     gx = x.new_empty(x.shape) if eager and need_gx else _empty(x)
     gw = w.new_empty(w.shape) if eager and need_gw else _empty(x)
     gb = x.new_empty((w.shape[0],) if eager and need_gb else (0,), dtype=torch.float32)
@@ -314,7 +316,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
             (logits -> softcap * tanh(logits / softcap)): as hearth.kernels.cross_entropy.
         chunk_rows: rows per chunk (default: chunk_rows_for, logits chunk <= EXTRA_MEMORY_BUDGET).
 
-    Returns: a 0-D loss ("mean", "sum") or [N] ("none") in input's dtype (computed in fp32).
+    Returns: a 0-D loss ("mean", "sum") or [N] ("none"), always float32 (whatever input's dtype), as
+    Hugging Face's loss path returns it.
     Gradients are computed in the forward when any input requires grad; calling backward twice on
     the same graph is refused (RuntimeError).
 
