@@ -21,7 +21,11 @@ day=$(date -u +%Y-%m-%d)
 log="$OUT/${day}-${commit}.log"
 raw="$OUT/pytest-raw.txt"
 start=$SECONDS
-timeout "${TEST_S:-330}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 150 --durations=20 \
+# several pytest workers share the GPU: the suite is dominated by Triton compiles (CPU) and fp32
+# references, not by GPU time; 3 keeps the largest tests' references (~35 GB each) within 139 GB
+workers=()
+python3 -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-3}")
+timeout "${TEST_S:-330}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${workers[@]}" \
   ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py} > "$raw" 2>&1
 rc=$?
 last=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error).* =+$" "$raw" | tail -n 1)
@@ -48,7 +52,7 @@ except Exception:  # noqa: BLE001
 print(f"gpu:      {gpu} (driver {driver})")
 print(f"versions: torch {torch.__version__}, triton {triton.__version__}, {extra}")
 PY
-  echo "wall:     $(( SECONDS - start )) s, pytest rc=$rc"
+  echo "wall:     $(( SECONDS - start )) s, pytest rc=$rc, workers: ${workers[*]:-1}"
   echo "result:   $last"
   echo
   cat "$raw"
