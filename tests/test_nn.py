@@ -151,6 +151,7 @@ def test_modules_compile_fullgraph():
         assert_close(g, w, torch.float32)
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 def test_swiglu_mlp_memory_at_target_shape():
     """N=8192 H=4096 I=14336 bf16: extra peak memory of forward+backward, weights' grads excluded

@@ -18,6 +18,8 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 TOL = dict(rtol=1e-4, atol=1e-5)  # fp32 against fp32: only summation order differs
+# the GPU when there is one (the kernels refuse CPU tensors outside the interpreter), else the CPU
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -27,7 +29,7 @@ def tiny_qwen3(seed: int = 0):
         intermediate_size=96, vocab_size=257, attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(cfg).float()
+    return transformers.AutoModelForCausalLM.from_config(cfg).float().to(DEVICE)
 
 
 @contextlib.contextmanager
@@ -49,7 +51,7 @@ def batch():
     labels = ids.clone()
     labels[0, :4] = -100  # a prompt that is not trained
     labels[1, -2:] = -100
-    return ids, labels
+    return ids.to(DEVICE), labels.to(DEVICE)
 
 
 def loss_and_grads(model, ids, labels):
@@ -110,8 +112,8 @@ def test_rope_replacement_matches_and_falls_back():
     patch.apply(tiny_qwen3())
     fn = mq.apply_rotary_pos_emb
     gen = torch.Generator().manual_seed(2)
-    q, k = torch.randn(2, 4, 7, 16, generator=gen), torch.randn(2, 2, 7, 16, generator=gen)
-    ang = torch.randn(2, 7, 8, generator=gen)
+    q, k = torch.randn(2, 4, 7, 16, generator=gen).to(DEVICE), torch.randn(2, 2, 7, 16, generator=gen).to(DEVICE)
+    ang = torch.randn(2, 7, 8, generator=gen).to(DEVICE)
     cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
     for got, want in zip(fn(q, k, cos, sin), fn.__hearth_original__(q, k, cos, sin)):
         torch.testing.assert_close(got, want, **TOL)
@@ -195,7 +197,7 @@ def test_lookalike_norm_with_other_math_is_left_alone():
         def forward(self, x):
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
 
-    holder = nn.Sequential(OffsetRMSNorm(8))
+    holder = nn.Sequential(OffsetRMSNorm(8)).to(DEVICE)
     report = patch.apply(holder)
     assert type(holder[0]) is OffsetRMSNorm
     ((kind, cls, reason),) = report.left
@@ -213,7 +215,7 @@ def test_bf16_mlp_probe_judges_against_a_high_precision_reference():
     torch.manual_seed(0)
     verdicts = set()
     for _ in range(3):
-        holder = nn.Sequential(Qwen3MLP(cfg)).to(torch.bfloat16)
+        holder = nn.Sequential(Qwen3MLP(cfg)).to(DEVICE, torch.bfloat16)
         with torch.no_grad():  # weights large enough that bf16 rounding of g, u and h dominates
             for p in holder.parameters():
                 p.mul_(8.0)
@@ -227,7 +229,7 @@ def test_bf16_mlp_probe_judges_against_a_high_precision_reference():
         def forward(self, x):
             return self.down_proj(nn.functional.gelu(self.gate_proj(x)) * self.up_proj(x))
 
-    holder = nn.Sequential(GeluMLP(cfg)).to(torch.bfloat16)
+    holder = nn.Sequential(GeluMLP(cfg)).to(DEVICE, torch.bfloat16)
     report = patch.apply(holder, norm=False, rope=False, loss=False)
     assert type(holder[0]) is GeluMLP
     assert any(kind == "mlp" and "different math" in reason for (kind, _, reason) in report.left), str(report)

@@ -22,9 +22,10 @@ log="$OUT/${day}-${commit}.log"
 raw="$OUT/pytest-raw.txt"
 start=$SECONDS
 # several pytest workers share the GPU: the suite is dominated by Triton compiles (CPU) and fp32
-# references, not by GPU time; 3 keeps the largest tests' references (~35 GB each) within 139 GB
+# references, not by GPU time; the tests with the largest references (xdist_group "gpu_big") run one
+# at a time in one worker, the rest beside them
 workers=()
-python3 -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-3}")
+python3 -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-3}" --dist loadgroup)
 timeout "${TEST_S:-330}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${workers[@]}" \
   ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py} > "$raw" 2>&1
 rc=$?

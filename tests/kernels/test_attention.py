@@ -256,8 +256,11 @@ def test_config_tables_keep_the_causal_block_invariant(monkeypatch):
     monkeypatch.setattr(mod, "_DQ_CANDIDATES", bad)
     with pytest.raises(AssertionError, match="BLOCK_M % BLOCK_N"):
         mod._check_tables()
-    # the same shape of config under the interpreter: dQ block 16 rows, key blocks 32 wide
+    # the same shape of config (dQ block 16 rows, key blocks 32 wide) really computes a wrong dQ: under
+    # the interpreter through its fixed blocks, on the GPU through the fp32 list with autotuning off
     monkeypatch.setattr(mod, "_INTERPRET", {**mod._INTERPRET, "dq": (16, 32, 4, 1)})
+    monkeypatch.setattr(mod, "AUTOTUNE", False)
+    monkeypatch.setitem(mod._DQ_CANDIDATES, "fp32", [(16, 32, 4, 2)])
     q, k, v, do = _make(1, 2, 2, 40, 16, torch.float32)
     ours = _run(lambda a, b, c: attention(a, b, c, causal=True), q, k, v, do)
     ref = _run(lambda a, b, c: _math_attention(a, b, c, True, 0.25), *(x.double() for x in (q, k, v)), do.double())
@@ -291,6 +294,7 @@ def _gpu_bound_vs_sdpa(B, Hq, Hk, T, D, dtype, causal):
     _assert_within_bound(q, k, v, do, causal, None)
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_gqa_40_8_t4097(causal):
@@ -312,6 +316,7 @@ def test_gpu_other_head_dims(D, causal):
     _gpu_bound_vs_sdpa(1, 4, 4, 300, D, torch.bfloat16, causal)
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 @pytest.mark.parametrize("Hq,Hk", [(8, 8), (16, 4), (40, 8), (20, 4), (32, 4)])
 def test_gpu_gqa_ratios(Hq, Hk):
@@ -319,6 +324,7 @@ def test_gpu_gqa_ratios(Hq, Hk):
     _gpu_bound_vs_sdpa(1, Hq, Hk, 2049, 128, torch.bfloat16, True)
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 def test_gpu_strided_bthd_views():
     """q, k, v as transposed [B, T, H, D] views (what HF attention modules hand over), bf16, GQA 40/8."""
@@ -355,6 +361,7 @@ def test_gpu_every_config_is_correct(monkeypatch, cls, D, dtype):
             monkeypatch.setitem(table, cls, list(table[cls][1:]))
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_fused_dq_variant(monkeypatch, causal):

@@ -307,6 +307,7 @@ def _peak_extra_bytes(fn):
     return torch.cuda.max_memory_allocated() - base
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 @pytest.mark.parametrize("n, v", [(8192, 131072), (16384, 151936)])
 def test_real_shape_bf16_memory_and_values(n, v):
@@ -344,10 +345,13 @@ def test_gpu_every_option_at_a_real_vocab(opts, dtype):
     _check(2049, 152064, dtype, n_ignored=11, **opts)
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 def test_gpu_grad_scaler_fp16_at_32k_vocab():
     """The GradScaler case at N=4096, V=32768 (fp16 logits, loss x 65536): finite, within 2e-2 of the
-    fp32 reference, no more zeros than the reference rounded to fp16."""
+    fp32 reference, and zeros only where the reference itself is below fp16's smallest subnormal (2^-24).
+    (Not "no more zeros than ref.half()": the fp16 path rounds twice -- the stored g * 2^12, then the
+    backward's scale -- so a value within one rounding of the underflow threshold may land on either side.)"""
     torch.manual_seed(0)
     x_vals = (torch.randn(4096, 32768, device="cuda") * 2).half()
     t = torch.randint(0, 32768, (4096,), device="cuda")
@@ -358,9 +362,10 @@ def test_gpu_grad_scaler_fp16_at_32k_vocab():
     g, g_ref = x.grad.float(), x_ref.grad
     assert torch.isfinite(g).all()
     assert (g - g_ref).norm() / g_ref.norm() <= 2e-2
-    assert int((g == 0).sum()) <= int((g_ref.half() == 0).sum())
+    assert not ((g == 0) & (g_ref.abs() >= 2.0**-24)).any(), "a representable gradient value was flushed to zero"
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 def test_gpu_packed_batch_rows_at_qwen_vocab():
     """12289 rows (a packed batch's odd count) x 151936 bf16: loss fp32 within the rule, in place."""
@@ -422,7 +427,7 @@ def test_fp16_loss_scaled_like_a_grad_scaler_gives_a_finite_gradient():
     """torch.amp.GradScaler multiplies the loss by 65536 before backward(). An fp16 loss of ~7 times
     65536 overflows fp16 (65504): the loss was returned in fp16, so the whole gradient became inf. The
     loss is fp32 now; the gradient must be finite, within 2e-2 relative (Frobenius) of the fp32 reference,
-    and have no more zeros than that reference rounded to fp16 (LESSON 7: no underflow either)."""
+    and be zero only where the reference is below fp16's smallest subnormal (LESSON 7: no underflow)."""
     x_vals, t = _inputs(64, 1031, torch.float16, n_ignored=3)
     x = x_vals.clone().requires_grad_()
     loss = cross_entropy(x, t)
@@ -434,7 +439,7 @@ def test_fp16_loss_scaled_like_a_grad_scaler_gives_a_finite_gradient():
     assert torch.isfinite(g).all(), "non-finite logits gradient under a GradScaler-sized loss scale"
     rel = (g - g_ref).norm() / g_ref.norm()
     assert rel <= 2e-2, f"relative error {rel:.3e}"
-    assert int((g == 0).sum()) <= int((g_ref.half() == 0).sum())
+    assert not ((g == 0) & (g_ref.abs() >= 2.0**-24)).any(), "a representable gradient value was flushed to zero"
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

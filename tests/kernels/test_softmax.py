@@ -144,6 +144,7 @@ def test_compile_fullgraph_cpu_or_gpu():
 
 
 # ------------------------------------------------------------------------------- real shapes (GPU)
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 @pytest.mark.parametrize("shape", [(16384, 8192), (4096, 262144)])
 def test_real_shapes_bf16(shape):

@@ -208,6 +208,7 @@ def test_opcheck_mlp_backward_op():
             torch.randn(3, 24, device=DEVICE), *ws, None, True, False)
     torch.library.opcheck(torch.ops.hearth.swiglu_mlp_bwd, args)
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 @pytest.mark.parametrize("n", [14336, 17408])
 def test_swiglu_real_shapes_bf16(n):
@@ -216,6 +217,7 @@ def test_swiglu_real_shapes_bf16(n):
                  torch.randn(4096, n, device=DEVICE, dtype=torch.bfloat16), torch.bfloat16)
 
 
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @gpu_only
 def test_mlp_real_shape_bf16_numerics():
     ws, _ = mlp_params(4096, 14336, torch.bfloat16, False)
