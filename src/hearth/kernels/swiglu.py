@@ -244,10 +244,12 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
 def _mlp_bwd_op(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: Optional[torch.Tensor],
-    need_weight_grads: bool, recompute_up: bool,
+    need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down (weight/bias grads are empty
-    [0] tensors when need_weight_grads is False). Overwrites g with dg and u with du; when
+    """Returns dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down (weight grads are empty [0]
+    tensors when need_weight_grads is False, bias grads when either flag is False: an MLP without
+    biases skips the three column sums, whose bf16 reductions allocated a 133 MiB fp32 temporary at the
+    backward's peak on the H200). Overwrites g with dg and u with du; when
     recompute_up, u is an empty placeholder and each column chunk of u is recomputed from x."""
     dout = dout.contiguous()
     m, inter = g.shape
@@ -255,7 +257,8 @@ def _mlp_bwd_op(
     need_w = need_weight_grads
     dw_down = w_down.new_empty(w_down.shape) if need_w else w_down.new_empty(0)
     dw_up = w_up.new_empty(w_up.shape) if need_w else w_up.new_empty(0)
-    db_up = x.new_empty((inter,)) if need_w else x.new_empty(0)
+    need_b = need_w and need_bias_grads
+    db_up = x.new_empty((inter,)) if need_b else x.new_empty(0)
     dh_buf = g.new_empty(m * min(cols, inter))
     u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
     dx = torch.zeros_like(x) if recompute_up else None
@@ -276,7 +279,8 @@ def _mlp_bwd_op(
         if need_w:
             dw_down[:, c0:c1].copy_(dout.t() @ dhc)
             torch.mm(uc.t(), x, out=dw_up[c0:c1])
-            db_up[c0:c1] = uc.sum(0)
+            if need_b:
+                db_up[c0:c1] = uc.sum(0)
         if recompute_up:  # du chunk dies here: fold it into dx now
             dx.addmm_(uc, w_up[c0:c1])
     # The chunk buffers are dead: free them before the [I, H] / [rows, H] results below are allocated.
@@ -287,22 +291,25 @@ def _mlp_bwd_op(
     else:
         dx = torch.mm(dg, w_gate)
         dx.addmm_(u, w_up)
-    if need_w:
-        dw_gate = dg.t() @ x
+    # Distinct placeholders: custom op outputs may not alias each other.
+    dw_gate = dg.t() @ x if need_w else x.new_empty(0)
+    if need_b:
         db_gate, db_down = dg.sum(0), dout.sum(0)
     else:
-        # Distinct placeholders: custom op outputs may not alias each other.
-        dw_gate, db_gate, db_down = (x.new_empty(0) for _ in range(3))
+        db_gate, db_down = x.new_empty(0), x.new_empty(0)
     return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
 @_mlp_bwd_op.register_fake
-def _(dout, x, g, u, w_gate, w_up, w_down, b_up, need_weight_grads, recompute_up):
+def _(dout, x, g, u, w_gate, w_up, w_down, b_up, need_weight_grads, recompute_up, need_bias_grads=True):
     if need_weight_grads:
-        grads = [w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape),
-                 x.new_empty((w_gate.shape[0],)), x.new_empty((w_up.shape[0],)), x.new_empty((w_down.shape[0],))]
+        grads = [w_gate.new_empty(w_gate.shape), w_up.new_empty(w_up.shape), w_down.new_empty(w_down.shape)]
     else:
-        grads = [x.new_empty(0) for _ in range(6)]
+        grads = [x.new_empty(0) for _ in range(3)]
+    if need_weight_grads and need_bias_grads:
+        grads += [x.new_empty((w_gate.shape[0],)), x.new_empty((w_up.shape[0],)), x.new_empty((w_down.shape[0],))]
+    else:
+        grads += [x.new_empty(0) for _ in range(3)]
     return (x.new_empty(x.shape), *grads)
 
 
@@ -325,7 +332,7 @@ def _mlp_backward(ctx, dout, _dg, _du):
     x, g, u, w_gate, w_up, w_down, b_up = ctx.saved_tensors
     need_w = any(ctx.needs_input_grad[1:7])
     dx, dwg, dwu, dwd, dbg, dbu, dbd = torch.ops.hearth.swiglu_mlp_bwd(
-        dout, x, g, u, w_gate, w_up, w_down, b_up, need_w, ctx.recompute_up
+        dout, x, g, u, w_gate, w_up, w_down, b_up, need_w, ctx.recompute_up, any(ctx.has_bias)
     )
     if not need_w:
         return dx, None, None, None, None, None, None, None
