@@ -8,6 +8,7 @@ so ops run across several calls (or machines' folders, --merge) end up in one re
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -107,6 +108,8 @@ def cell(r: dict | None) -> str:
         s += f", +{_num(r['extra_mib'])} MiB"
         if r.get("grad_mib"):
             s += f" (act {_num(r['activation_mib'])})"
+    if r.get("wall_ms") is not None:
+        s += f"; wall {_num(r['wall_ms'])} ms/call"
     return s
 
 
@@ -169,7 +172,8 @@ def summary_markdown(rows: list[dict]) -> str:
     lines += ["", "Timing: CUDA events, median ms [p20-p80], warm-up excluded, L2 flushed between calls. Memory: extra = peak "
               "allocated during one call minus allocated before it (inputs and earlier .grad excluded; grads reset to None); "
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
-              "(torch.compile, Liger, vendor); ratio = peer ms / hearth ms.", ""]
+              "(torch.compile, Liger, quack, vendor); ratio = peer ms / hearth ms. wall = ms per call back to back "
+              "(no device sleep, no L2 flush): the host overhead a training loop sees.", ""]
     groups = group_cases(rows)
     head = {k: v for k, v in groups.items() if any(r.get("headline") for r in v)}
     if head:
@@ -182,6 +186,8 @@ def summary_markdown(rows: list[dict]) -> str:
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cell(by.get(p)) for p in provs)
                          + f" | {_num(floor)} ms | {verdict(cr)['text']} |")
         lines.append("")
+    lines += ["## Per op: geometric mean against the fastest correct fused peer", "", "```"] + geomean_lines(rows) + ["```", ""]
+    lines += host_overhead_markdown(rows)
     losses, failures = [], []
     for key, cr in sorted(groups.items()):
         v = verdict(cr)
@@ -197,6 +203,106 @@ def summary_markdown(rows: list[dict]) -> str:
     wins = sum(verdict(cr)["verdict"] == "win" for cr in groups.values())
     lines += ["", f"{wins} wins, {len(losses)} losses, {len(failures)} hearth cases not measured, {len(groups)} cases in all."]
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- per-op geomean
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _case_name(key: tuple) -> str:
+    """'<case> <mode>' (and the dtype when it is not bf16) for the worst-case mentions."""
+    _, label, dtype, mode = key
+    return f"{label} {mode}" + ("" if dtype == "bfloat16" else f" {dtype}")
+
+
+def op_geomeans(rows: list[dict]) -> dict[str, dict]:
+    """Per op, over its cases where hearth and at least one fused peer ran correctly:
+    ratio = fastest correct fused peer's GPU ms / hearth's (> 1: hearth faster), its geometric
+    mean and worst case; memory = hearth's extra MiB against that same peer's (count of cases
+    where hearth holds no more, and the case where it holds the most over the peer); wall =
+    the fused peers' best wall ms per call / hearth's (host overhead, back to back).
+    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked."""
+    out: dict[str, dict] = {}
+    for key, cr in sorted(group_cases(rows).items()):
+        op = key[0]
+        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "no_peer": 0, "hearth_failed": 0, "cases": 0})
+        g["cases"] += 1
+        by = {r["provider"]: r for r in cr}
+        h = by.get("hearth")
+        if h is None or h["status"] != "ok":
+            g["hearth_failed"] += 1 if h is not None and h["status"] != "skipped" else 0
+            continue
+        v = verdict(cr)
+        if v["peer"] is None or v["peer"] not in FUSED_PEERS:
+            g["no_peer"] += 1
+            continue
+        g["ratios"].append((v["ratio"], key, v["peer"]))
+        peer = by[v["peer"]]
+        if h.get("extra_mib") is not None and peer.get("extra_mib") is not None:
+            g["mem"].append((h["extra_mib"] - peer["extra_mib"], h["extra_mib"], peer["extra_mib"], key, v["peer"]))
+        walls = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        if h.get("wall_ms") and walls:
+            best = min(walls, key=lambda r: r["wall_ms"])
+            g["walls"].append((best["wall_ms"] / h["wall_ms"], key, best["provider"]))
+    for op, g in out.items():
+        g["geomean"] = _geomean([r for r, _, _ in g["ratios"]]) if g["ratios"] else None
+        g["worst"] = min(g["ratios"], key=lambda t: t[0]) if g["ratios"] else None
+        g["wall_geomean"] = _geomean([r for r, _, _ in g["walls"]]) if g["walls"] else None
+        g["wall_worst"] = min(g["walls"], key=lambda t: t[0]) if g["walls"] else None
+        g["mem_ok"] = sum(1 for d, *_ in g["mem"] if d <= 0)
+        g["mem_worst"] = max(g["mem"], key=lambda t: t[0]) if g["mem"] else None
+    return out
+
+
+def geomean_lines(rows: list[dict]) -> list[str]:
+    """One line per op: `GEOMEAN <op> <ratio> worst <ratio> (<case>)`, then memory and wall."""
+    lines = []
+    for op, g in op_geomeans(rows).items():
+        if g["geomean"] is None:
+            line = f"GEOMEAN {op} - worst - (no case with hearth and a fused peer both correct"
+            line += f"; {g['cases']} cases, {g['hearth_failed']} hearth not ok, {g['no_peer']} without a fused peer)"
+            lines.append(line)
+            continue
+        wr, wkey, wpeer = g["worst"]
+        line = f"GEOMEAN {op} {g['geomean']:.3f}x worst {wr:.3f}x ({_case_name(wkey)} vs {wpeer})"
+        line += f" | {len(g['ratios'])} of {g['cases']} cases ranked"
+        if g["hearth_failed"]:
+            line += f", {g['hearth_failed']} hearth not ok"
+        if g["mem"]:
+            d, hm, pm, mkey, mpeer = g["mem_worst"]
+            line += f" | mem <= peer in {g['mem_ok']}/{len(g['mem'])}"
+            if d > 0:
+                line += f", worst +{hm:.4g} vs +{pm:.4g} MiB ({_case_name(mkey)} vs {mpeer})"
+        if g["wall_geomean"] is not None:
+            xr, xkey, xpeer = g["wall_worst"]
+            line += f" | wall/call {g['wall_geomean']:.3f}x worst {xr:.3f}x ({_case_name(xkey)} vs {xpeer})"
+        lines.append(line)
+    return lines
+
+
+def host_overhead_markdown(rows: list[dict]) -> list[str]:
+    """A table of every case's wall time per call beside its GPU time (hearth and the peers)."""
+    groups = {k: v for k, v in group_cases(rows).items() if any(r.get("wall_ms") for r in v)}
+    if not groups:
+        return []
+    lines = ["## Host overhead: wall time per call, back to back", "",
+             "GPU = CUDA-event median with the host ahead of the GPU (device sleep); wall = calls back to back, "
+             "no sleep, no L2 flush (what a training loop with a short GPU queue sees); host = time spent inside "
+             "the calls. ratio = best fused peer wall / hearth wall.", "",
+             "| op | case | mode | hearth GPU | hearth wall | hearth host | best peer wall | ratio |", "|---|---|---|---|---|---|---|---|"]
+    for key, cr in sorted(groups.items(), key=lambda kv: (kv[0][0], _sort_key(kv[1]))):
+        by = {r["provider"]: r for r in cr}
+        h = by.get("hearth")
+        if h is None or h["status"] != "ok" or not h.get("wall_ms"):
+            continue
+        peers = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        best = min(peers, key=lambda r: r["wall_ms"]) if peers else None
+        peer = f"{_num(best['wall_ms'])} ms ({best['provider']})" if best else "-"
+        ratio = f"{best['wall_ms'] / h['wall_ms']:.3g}x" if best else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {key[3]} | {_num(h['ms'])} ms | {_num(h['wall_ms'])} ms | "
+                     f"{_num(h.get('host_ms'))} ms | {peer} | {ratio} |")
+    return lines + [""]
 
 
 def _floor_ms(r: dict) -> float | None:
@@ -219,7 +325,10 @@ def write_reports(out: Path, rows: list[dict], plots: bool = True) -> list[Path]
     p.write_text(summary_markdown(rows))
     written.append(p)
     if plots:
-        from hearth.bench.plots import write_plots
+        from hearth.bench.plots import write_plots, write_ratio_plot
 
         written += write_plots(out, rows)
+        ratio_png = write_ratio_plot(out, rows)
+        if ratio_png is not None:
+            written.append(ratio_png)
     return written
