@@ -6,7 +6,7 @@ bwd / full); only a correct provider is timed and its memory measured. Rows are 
 results.jsonl after every case, so a run cut short keeps what it measured.
 
 Time budget: the run gets `total_budget_s`; each op gets a share of what is left when it starts,
-in proportion to its number of cases (or `budget_s` if smaller). Cases left when an op's share is spent are written as
+in proportion to its number of cases times CASE_COST (or `budget_s` if smaller). Cases left when an op's share is spent are written as
 'skipped' with the reason, never dropped.
 """
 
@@ -21,6 +21,11 @@ from pathlib import Path
 
 OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
             "swiglu_mlp", "attention", "matmul")
+
+
+# relative time of one case (checks, torch.compile, timing) on the H200, from the headline run's
+# setup and call times: the linear losses and attention call slowly, matmul has no compiled peer
+CASE_COST = {"linear_cross_entropy": 2.5, "attention": 2.0, "swiglu_mlp": 1.5, "matmul": 0.5}
 
 
 def env_info(device) -> dict:
@@ -363,9 +368,9 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         for i_op, name in enumerate(op_names):
             op_plan = [p for p in plan if p[0] == name]
             left = max(0.0, total_budget_s - (time.perf_counter() - start))
-            # share of what is left, in proportion to the op's number of cases
-            remaining = sum(1 for p in plan if p[0] in op_names[i_op:])
-            share = left * len(op_plan) / max(1, remaining)
+            # share of what is left, in proportion to the op's cases weighted by their cost
+            remaining = sum(CASE_COST.get(p[0], 1.0) for p in plan if p[0] in op_names[i_op:])
+            share = left * len(op_plan) * CASE_COST.get(name, 1.0) / max(1e-9, remaining)
             if budget_s is not None:
                 share = min(share, budget_s)
             op_start = time.perf_counter()
