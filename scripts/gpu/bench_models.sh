@@ -14,11 +14,13 @@
 # Files back (at most 8, one folder deep): $OUT/models/{results.jsonl, summary.md, ratios.png,
 # bench.log, nvidia-smi.txt, reports.tgz (per-op Markdown and PNG plots)}.
 # Env: OUT (required); BUDGET_S (seconds for the benchmark itself, default 330; cases past it are
-# recorded as skipped); BENCH_ARGS (extra arguments, e.g. "--providers hearth,compile,liger").
+# recorded as skipped); PROVIDERS (default hearth,compile,liger,quack,vendor: eager, never a
+# fused peer, is left out to save time); BENCH_ARGS (extra arguments, e.g. "--dtype float16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
 BUDGET_S=${BUDGET_S:-330}
+PROVIDERS=${PROVIDERS:-hearth,compile,liger,quack,vendor}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
@@ -35,7 +37,8 @@ python3 -c "import quack" >/dev/null 2>&1 && echo "quack imports" || echo "quack
 start=$SECONDS
 rc=0
 # shellcheck disable=SC2086
-python3 -m hearth.bench "${ops[@]}" --sizes models --out "$dest" --total-budget-s "$BUDGET_S" --no-report ${BENCH_ARGS:-} \
+python3 -m hearth.bench "${ops[@]}" --sizes models --providers "$PROVIDERS" --out "$dest" --total-budget-s "$BUDGET_S" \
+  --no-report ${BENCH_ARGS:-} \
   > "$dest/bench.log" 2>&1 || { rc=$?; echo "bench exit $rc (see bench.log)"; }
 grep -E -- "-> (win|loss|no peer|hearth)" "$dest/bench.log" | cut -c1-260 | tail -n 80
 # ops stopped by another kernel's sticky CUDA error: again, one process each, in the time left
@@ -50,7 +53,8 @@ for op in $redo; do
   [ $left -ge 20 ] || { echo "no time left to rerun $op"; continue; }
   echo "=== rerun $op in its own process (${left} s left) ==="
   # shellcheck disable=SC2086
-  python3 -m hearth.bench "$op" --sizes models --out "$dest" --total-budget-s "$left" --no-report ${BENCH_ARGS:-} \
+  python3 -m hearth.bench "$op" --sizes models --providers "$PROVIDERS" --out "$dest" --total-budget-s "$left" \
+    --no-report ${BENCH_ARGS:-} \
     >> "$dest/bench.log" 2>&1 || { rc=$?; echo "  exit $rc"; }
 done
 python3 -m hearth.bench --report-only --out "$dest" > "$dest/report.log" 2>&1 || { echo "report failed"; cat "$dest/report.log"; rc=1; }

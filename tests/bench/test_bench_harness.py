@@ -418,11 +418,11 @@ def test_time_wall_measures_host_cost_per_call():
 
     w = timing.time_wall(fn, [], torch.device("cpu"), est_ms=4.0, target_ms=20.0, min_calls=3)
     assert w["wall_calls"] == len(calls) == 5
-    assert 4.0 <= w["host_ms"] <= w["wall_ms"] < 40.0
+    assert 4.0 <= w["host_ms"] <= w["wall_ms"]
     # setup runs between the calls and counts in the wall time, not in the host time
-    w2 = timing.time_wall(lambda _: None, [], torch.device("cpu"), setup=lambda: _time.sleep(0.003), est_ms=1.0,
+    w2 = timing.time_wall(lambda _: None, [], torch.device("cpu"), setup=lambda: _time.sleep(0.02), est_ms=1.0,
                           target_ms=3.0, min_calls=3)
-    assert w2["host_ms"] < 1.0 <= 3.0 <= w2["wall_ms"]
+    assert w2["wall_calls"] == 3 and w2["wall_ms"] - w2["host_ms"] >= 20.0
 
 
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "full"])
@@ -485,7 +485,7 @@ def test_models_run_prints_geomean_lines_last(tmp_path, capsys):
         import time as _time
 
         def fn():
-            _time.sleep(0.002)
+            _time.sleep(0.1)
             return _softmax(inputs["x"])
         return P.Bound(fn, [inputs["x"]])
 
@@ -498,6 +498,6 @@ def test_models_run_prints_geomean_lines_last(tmp_path, capsys):
     assert labels == {f"{n} (check-scaled)" for n, _, _ in cases.SPECS["softmax"].models[:2]}
     assert all(r["preset"] == "models" and r["shape"] != r["size_label"] for r in rows)
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("GEOMEAN softmax ") and "3 of 3 cases ranked" in last
+    assert last.startswith("GEOMEAN softmax ") and "2 of 2 cases ranked" in last
     ratio = float(last.split()[2].rstrip("x"))
-    assert ratio > 1.0  # the fake peer sleeps 2 ms a call
+    assert ratio > 1.0  # the fake peer sleeps 100 ms a call
