@@ -90,4 +90,4 @@ def test_models_check_run_end_to_end(tmp_path):
     assert last.startswith("GEOMEAN softmax "), proc.stdout[-2000:]
     if any(r["provider"] == "liger" and r["status"] == "ok" for r in rows):
         assert "2 of 2 cases ranked" in last and "wall/call" in last
-    assert "## Host overhead" in (out / "summary.md").read_text()
+    assert "## Every case" in (out / "summary.md").read_text()

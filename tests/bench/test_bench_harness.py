@@ -468,13 +468,14 @@ def test_geomean_lines_by_hand():
     assert lines[1].startswith("GEOMEAN softmax - worst -") and "1 hearth not ok" in lines[1]
 
 
-def test_summary_has_geomean_and_host_overhead_sections(tmp_path):
+def test_summary_has_geomean_and_every_case_sections(tmp_path):
     rows = _case("swiglu", "Qwen3-0.6B intermediate 3072 x 65536 tokens", 0.19, {"liger": 0.18}, h_wall=0.69, p_wall=0.35)
     for r in rows:
         r.update(metric="GB/s", formula="f", value=1.0, p20_ms=r["ms"], p80_ms=r["ms"], work=1, limits={}, env={"gpu": "x"})
     md = report.summary_markdown(rows)
     assert "GEOMEAN swiglu 0.947x worst 0.947x (Qwen3-0.6B intermediate 3072 x 65536 tokens full vs liger)" in md
-    assert "## Host overhead" in md and "| 0.19 ms | 0.69 ms |" in md and "0.35 ms (liger) | 0.507x |" in md
+    row = "| swiglu | Qwen3-0.6B intermediate 3072 x 65536 tokens | full | 0.19 ms | 0.18 ms (liger) | 0.947x | "
+    assert "## Every case" in md and row in md and "| 0.35 ms (liger) | 0.507x |" in md
     paths = report.write_reports(tmp_path, rows)
     assert tmp_path / "ratios.png" in paths and (tmp_path / "ratios.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -187,7 +187,7 @@ def summary_markdown(rows: list[dict]) -> str:
                          + f" | {_num(floor)} ms | {verdict(cr)['text']} |")
         lines.append("")
     lines += ["## Per op: geometric mean against the fastest correct fused peer", "", "```"] + geomean_lines(rows) + ["```", ""]
-    lines += host_overhead_markdown(rows)
+    lines += cases_markdown(rows)
     losses, failures = [], []
     for key, cr in sorted(groups.items()):
         v = verdict(cr)
@@ -281,27 +281,41 @@ def geomean_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def host_overhead_markdown(rows: list[dict]) -> list[str]:
-    """A table of every case's wall time per call beside its GPU time (hearth and the peers)."""
-    groups = {k: v for k, v in group_cases(rows).items() if any(r.get("wall_ms") for r in v)}
+def cases_markdown(rows: list[dict]) -> list[str]:
+    """'Every case' table: hearth against the fastest correct fused peer on GPU time, extra
+    memory and wall time per call (host overhead) in one row per case."""
+    groups = group_cases(rows)
     if not groups:
         return []
-    lines = ["## Host overhead: wall time per call, back to back", "",
-             "GPU = CUDA-event median with the host ahead of the GPU (device sleep); wall = calls back to back, "
-             "no sleep, no L2 flush (what a training loop with a short GPU queue sees); host = time spent inside "
-             "the calls. ratio = best fused peer wall / hearth wall.", "",
-             "| op | case | mode | hearth GPU | hearth wall | hearth host | best peer wall | ratio |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["## Every case: GPU time, memory and wall time per call", "",
+             "GPU = CUDA-event median with the host ahead of the GPU (device sleep, L2 flushed); wall = the call back to "
+             "back, no sleep, no flush (what a training loop with a short GPU queue sees); host = time spent inside the "
+             "calls. peer = the fastest correct fused peer by GPU time; its memory is compared. wall ratio = the best "
+             "fused peer wall / hearth wall.", "",
+             "| op | case | mode | hearth GPU | peer GPU | ratio | hearth +MiB | peer +MiB | hearth wall (host) | best peer wall | wall ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, cr in sorted(groups.items(), key=lambda kv: (kv[0][0], _sort_key(kv[1]))):
         by = {r["provider"]: r for r in cr}
         h = by.get("hearth")
-        if h is None or h["status"] != "ok" or not h.get("wall_ms"):
+        mode = key[3] + ("" if key[2] == "bfloat16" else f" {key[2]}")
+        if h is None or h["status"] != "ok":
+            lines.append(f"| {key[0]} | {key[1]} | {mode} | **{h['status'] if h else 'not run'}** | | | | | | | |")
             continue
-        peers = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
-        best = min(peers, key=lambda r: r["wall_ms"]) if peers else None
-        peer = f"{_num(best['wall_ms'])} ms ({best['provider']})" if best else "-"
-        ratio = f"{best['wall_ms'] / h['wall_ms']:.3g}x" if best else "-"
-        lines.append(f"| {key[0]} | {key[1]} | {key[3]} | {_num(h['ms'])} ms | {_num(h['wall_ms'])} ms | "
-                     f"{_num(h.get('host_ms'))} ms | {peer} | {ratio} |")
+        v = verdict(cr)
+        peer = by.get(v["peer"]) if v["peer"] in FUSED_PEERS else None
+        walls = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        best = min(walls, key=lambda r: r["wall_ms"]) if walls else None
+        cells = [
+            f"{_num(h['ms'])} ms",
+            f"{_num(peer['ms'])} ms ({peer['provider']})" if peer else "-",
+            f"{v['ratio']:.3g}x" if peer else "-",
+            _num(h.get("extra_mib")),
+            _num(peer.get("extra_mib")) if peer else "-",
+            f"{_num(h['wall_ms'])} ({_num(h.get('host_ms'))}) ms" if h.get("wall_ms") else "-",
+            f"{_num(best['wall_ms'])} ms ({best['provider']})" if best else "-",
+            f"{best['wall_ms'] / h['wall_ms']:.3g}x" if best and h.get("wall_ms") else "-",
+        ]
+        lines.append(f"| {key[0]} | {key[1]} | {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
