@@ -466,6 +466,22 @@ def test_geomean_lines_by_hand():
     w = math.sqrt((0.29 / 0.66) * 1.0)
     assert f"wall/call {w:.3f}x worst {0.29 / 0.66:.3f}x" in rms
     assert lines[1].startswith("GEOMEAN softmax - worst -") and "1 hearth not ok" in lines[1]
+    assert rms.endswith("goals: geomean >= 1.10x MISSED, worst >= 0.95x MISSED, mem <= peer MISSED, "
+                        "1 hearth case(s) not ok: MISSED")
+
+
+def test_goals_met_and_bandwidth_at_large_cases():
+    big = _case("softmax", "Gemma-3 vocab 262144 x 4096 tokens", 1.0, {"compile": 1.2}, mode="fwd", h_mem=10.0, p_mem=10.0)
+    small = _case("softmax", "tiny", 0.01, {"liger": 0.012}, mode="fwd", h_mem=1.0, p_mem=2.0)
+    for r, (work, sol) in zip(big + small, [(4.3e9, 91.0), (4.3e9, 76.0), (1e6, 20.0), (1e6, 25.0)]):
+        r.update(metric="GB/s", work=work, sol_pct=sol)
+    line = report.geomean_lines(big + small)[0]
+    assert line.startswith("GEOMEAN softmax 1.200x worst 1.200x")
+    # only the >= 1 GB case counts for the bandwidth goal (the tiny one is at 20%)
+    assert "copy BW >= 91% at cases >= 1 GB (worst Gemma-3 vocab 262144 x 4096 tokens fwd)" in line
+    assert line.endswith("goals: geomean >= 1.10x met, worst >= 0.95x met, mem <= peer met, >= 90% copy BW met")
+    big[0]["sol_pct"] = 89.0
+    assert report.geomean_lines(big + small)[0].endswith(">= 90% copy BW MISSED")
 
 
 def test_summary_has_geomean_and_every_case_sections(tmp_path):

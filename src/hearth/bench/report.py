@@ -206,6 +206,9 @@ def summary_markdown(rows: list[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------- per-op geomean
+# issue 17's goals on the model-shape suite, per op
+GOAL_GEOMEAN, GOAL_WORST, GOAL_SOL_PCT = 1.10, 0.95, 90.0
+LARGE_BYTES = 1e9  # a memory-bound case moving at least this much is "large" for the bandwidth goal
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -226,7 +229,7 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for key, cr in sorted(group_cases(rows).items()):
         op = key[0]
-        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "no_peer": 0, "hearth_failed": 0, "cases": 0})
+        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0})
         g["cases"] += 1
         by = {r["provider"]: r for r in cr}
         h = by.get("hearth")
@@ -238,6 +241,8 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
             g["no_peer"] += 1
             continue
         g["ratios"].append((v["ratio"], key, v["peer"]))
+        if h.get("metric") == "GB/s" and h.get("sol_pct") is not None and (h.get("work") or 0) >= LARGE_BYTES:
+            g["sol"].append((h["sol_pct"], key))
         peer = by[v["peer"]]
         if h.get("extra_mib") is not None and peer.get("extra_mib") is not None:
             g["mem"].append((h["extra_mib"] - peer["extra_mib"], h["extra_mib"], peer["extra_mib"], key, v["peer"]))
@@ -252,7 +257,25 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
         g["wall_worst"] = min(g["walls"], key=lambda t: t[0]) if g["walls"] else None
         g["mem_ok"] = sum(1 for d, *_ in g["mem"] if d <= 0)
         g["mem_worst"] = max(g["mem"], key=lambda t: t[0]) if g["mem"] else None
+        g["sol_worst"] = min(g["sol"], key=lambda t: t[0]) if g["sol"] else None
     return out
+
+
+def goals_text(g: dict) -> str:
+    """Issue 17's goals for one op, each met or missed: geomean >= 1.10x, no case below 0.95x,
+    hearth's extra memory <= the peer's in every case, and (memory-bound ops) >= 90% of the
+    copy bandwidth at every case of >= 1 GB of traffic; '?' where nothing was measured."""
+    def yn(ok):
+        return "?" if ok is None else ("met" if ok else "MISSED")
+
+    parts = [f"geomean >= {GOAL_GEOMEAN:.2f}x {yn(None if g['geomean'] is None else g['geomean'] >= GOAL_GEOMEAN)}",
+             f"worst >= {GOAL_WORST:.2f}x {yn(None if g['worst'] is None else g['worst'][0] >= GOAL_WORST)}",
+             f"mem <= peer {yn(None if not g['mem'] else g['mem_ok'] == len(g['mem']))}"]
+    if g["sol"]:
+        parts.append(f">= {GOAL_SOL_PCT:.0f}% copy BW {yn(g['sol_worst'][0] >= GOAL_SOL_PCT)}")
+    if g["hearth_failed"]:
+        parts.append(f"{g['hearth_failed']} hearth case(s) not ok: MISSED")
+    return "goals: " + ", ".join(parts)
 
 
 def geomean_lines(rows: list[dict]) -> list[str]:
@@ -274,9 +297,13 @@ def geomean_lines(rows: list[dict]) -> list[str]:
             line += f" | mem <= peer in {g['mem_ok']}/{len(g['mem'])}"
             if d > 0:
                 line += f", worst +{hm:.4g} vs +{pm:.4g} MiB ({_case_name(mkey)} vs {mpeer})"
+        if g["sol"]:
+            sp, skey = g["sol_worst"]
+            line += f" | copy BW >= {sp:.0f}% at cases >= 1 GB (worst {_case_name(skey)})"
         if g["wall_geomean"] is not None:
             xr, xkey, xpeer = g["wall_worst"]
             line += f" | wall/call {g['wall_geomean']:.3f}x worst {xr:.3f}x ({_case_name(xkey)} vs {xpeer})"
+        line += " | " + goals_text(g)
         lines.append(line)
     return lines
 
