@@ -7,19 +7,19 @@
 # measurement); if a kernel leaves a sticky CUDA error, the ops it stopped run again, one process each.
 #
 #   run (device tool), from the repo root, carrying .whl (Liger; quack + nvidia-cutlass-dsl if wanted):
-#     OUT=out bash scripts/gpu/bench_models.sh                  # all ops, about 7 min
+#     OUT=out bash scripts/gpu/bench_models.sh                  # all ops, about 7 min (budget 360 s + start-up + reports)
 #     OUT=out bash scripts/gpu/bench_models.sh rms_norm swiglu  # a subset
 #   then on the workstation: hearth bench --report-only --out benchmarks/h200/models --merge <unpacked dirs>
 #
 # Files back (at most 8, one folder deep): $OUT/models/{results.jsonl, summary.md, ratios.png,
 # bench.log, nvidia-smi.txt, reports.tgz (per-op Markdown and PNG plots)}.
-# Env: OUT (required); BUDGET_S (seconds for the benchmark itself, default 330; cases past it are
+# Env: OUT (required); BUDGET_S (seconds for the benchmark itself, default 360; cases past it are
 # recorded as skipped); PROVIDERS (default hearth,compile,liger,quack,vendor: eager, never a
 # fused peer, is left out to save time); BENCH_ARGS (extra arguments, e.g. "--dtype float16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
-BUDGET_S=${BUDGET_S:-330}
+BUDGET_S=${BUDGET_S:-360}
 PROVIDERS=${PROVIDERS:-hearth,compile,liger,quack,vendor}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -37,7 +37,8 @@ python3 -c "import quack" >/dev/null 2>&1 && echo "quack imports" || echo "quack
 start=$SECONDS
 rc=0
 # shellcheck disable=SC2086
-python3 -m hearth.bench "${ops[@]}" --sizes models --providers "$PROVIDERS" --out "$dest" --total-budget-s "$BUDGET_S" \
+# a hard stop past the budget (one case overrunning) so the reports are always written
+timeout $(( BUDGET_S + 90 )) python3 -m hearth.bench "${ops[@]}" --sizes models --providers "$PROVIDERS" --out "$dest" --total-budget-s "$BUDGET_S" \
   --no-report ${BENCH_ARGS:-} \
   > "$dest/bench.log" 2>&1 || { rc=$?; echo "bench exit $rc (see bench.log)"; }
 grep -E -- "-> (win|loss|no peer|hearth)" "$dest/bench.log" | cut -c1-260 | tail -n 80
@@ -53,7 +54,7 @@ for op in $redo; do
   [ $left -ge 20 ] || { echo "no time left to rerun $op"; continue; }
   echo "=== rerun $op in its own process (${left} s left) ==="
   # shellcheck disable=SC2086
-  python3 -m hearth.bench "$op" --sizes models --providers "$PROVIDERS" --out "$dest" --total-budget-s "$left" \
+  timeout $(( left + 60 )) python3 -m hearth.bench "$op" --sizes models --providers "$PROVIDERS" --out "$dest" --total-budget-s "$left" \
     --no-report ${BENCH_ARGS:-} \
     >> "$dest/bench.log" 2>&1 || { rc=$?; echo "  exit $rc"; }
 done
