@@ -6,7 +6,8 @@
 # printed last. One process runs every op (one torch.compile start-up, one speed-of-light
 # measurement); if a kernel leaves a sticky CUDA error, the ops it stopped run again, one process each.
 #
-#   run (device tool), from the repo root, carrying .whl (Liger; quack + nvidia-cutlass-dsl if wanted):
+#   run (device tool), from the repo root, carrying .whl (Liger: `pip download liger_kernel==0.8.5
+#   --no-deps -d .whl` on the workstation; quack-kernels + nvidia-cutlass-dsl too if wanted):
 #     OUT=out bash scripts/gpu/bench_models.sh                  # all ops, about 7 min (budget 360 s + start-up + reports)
 #     OUT=out bash scripts/gpu/bench_models.sh rms_norm swiglu  # a subset
 #   then on the workstation: hearth bench --report-only --out benchmarks/h200/models --merge <unpacked dirs>

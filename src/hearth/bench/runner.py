@@ -379,7 +379,9 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     new_rows: list[dict] = []
     poisoned = ""
     start = time.perf_counter()
-    if "compile" in provider_names and device.type == "cuda":
+    from hearth.bench.providers import applies
+
+    if "compile" in provider_names and device.type == "cuda" and any(applies(n, "compile") for n in op_names):
         warm = _warm_compile(device)
         console.print(f"torch.compile start-up (compile workers, Triton imports): {warm:.1f} s, counted in the total budget")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
