@@ -20,11 +20,11 @@ app.add_typer(corpus_app, name="corpus")
 # ----------------------------------------------------------------------------------------- kernels
 @app.command()
 def bench(
-    ops: Annotated[Optional[list[str]], typer.Argument(help="ops to run (default: every op in hearth.kernels, plus swiglu_mlp)")] = None,
+    ops: Annotated[Optional[list[str]], typer.Argument(help="ops to run, or 'all' (default: every op in hearth.kernels, plus swiglu_mlp)")] = None,
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bfloat16, float16, float32 (repeatable)")] = None,
     mode: Annotated[Optional[list[str]], typer.Option("--mode", help="fwd, bwd or full (repeatable)")] = None,
-    providers: Annotated[Optional[list[str]], typer.Option("--providers", help="hearth, eager, compile, liger, vendor, cublas, sdpa_flash, sdpa_cudnn, torch_lce (repeatable)")] = None,
-    sizes: Annotated[Optional[str], typer.Option("--sizes", help="headline (TARGETS.md shapes; default) | sweep | small | a comma list of the op's size knob")] = None,
+    providers: Annotated[Optional[list[str]], typer.Option("--providers", help="hearth, eager, compile, liger, quack, vendor, cublas, sdpa_flash, sdpa_cudnn, torch_lce (repeatable)")] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="headline (TARGETS.md shapes; default) | models (real model configs' shapes, named by model) | sweep | small | a comma list of the op's size knob")] = None,
     out: Annotated[Path, typer.Option("--out", help="output folder for results.jsonl, Markdown and PNG (rows are merged into an existing results.jsonl)")] = Path("benchmarks/latest"),
     check: Annotated[bool, typer.Option("--check", help="tiny sizes on the CPU under TRITON_INTERPRET=1: validates checks, formulas and writers")] = False,
     report_only: Annotated[bool, typer.Option("--report-only", help="run nothing: rebuild the reports from OUT/results.jsonl (+ --merge folders)")] = False,
@@ -32,7 +32,7 @@ def bench(
     budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="seconds at most per op (default: an equal share of the total)")] = None,
     total_budget_s: Annotated[float, typer.Option("--total-budget-s", help="seconds for the whole run; cases past it are recorded as skipped")] = 450.0,
 ) -> None:
-    """Benchmark hearth's kernels against fused peers: time AND peak memory."""
+    """Benchmark hearth's kernels against fused peers: GPU time, wall time per call (host overhead) and peak memory."""
     from hearth.bench.runner import main
 
     raise typer.Exit(main(ops=ops, dtypes=dtype, modes=mode, providers=providers, sizes=sizes, out=out, check=check,

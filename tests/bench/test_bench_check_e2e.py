@@ -67,3 +67,27 @@ def test_argparse_entry_matches():
     kw = parse(["rope", "--mode", "full", "--providers", "hearth,eager", "--check", "--total-budget-s", "60"])
     assert kw["ops"] == ["rope"] and kw["modes"] == ["full"] and kw["providers"] == ["hearth,eager"]
     assert kw["check"] and kw["total_budget_s"] == 60.0 and kw["sizes"] is None
+
+
+def test_models_check_run_end_to_end(tmp_path):
+    """`python -m hearth.bench softmax --check --sizes models`: the real kernels under the
+    interpreter at the scaled model cases; rows named by model, wall time beside GPU time, and
+    the GEOMEAN line last on stdout (scripts/gpu/bench_models.sh greps it)."""
+    out = tmp_path / "models"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "hearth.bench", "softmax", "--check", "--sizes", "models", "--mode", "full",
+                           "--providers", "hearth,eager,liger", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["size_label"] for r in rows} == {"Llama-2-7B vocab 32000 x 16384 tokens (check-scaled)",
+                                               "Llama-3.1-8B vocab 128256 x 4096 tokens (check-scaled)"}
+    hearth = [r for r in rows if r["provider"] == "hearth"]
+    assert hearth and all(r["status"] == "ok" and r["wall_ms"] > 0 and r["host_ms"] > 0 for r in hearth), hearth
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("GEOMEAN softmax "), proc.stdout[-2000:]
+    if any(r["provider"] == "liger" and r["status"] == "ok" for r in rows):
+        assert "2 of 2 cases ranked" in last and "wall/call" in last
+    assert "## Every case" in (out / "summary.md").read_text()

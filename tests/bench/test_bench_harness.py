@@ -325,3 +325,196 @@ def test_spent_budget_records_skipped_rows(tmp_path):
     rows = report.read_rows(tmp_path / "results.jsonl")
     assert rows and all(r["status"] == "skipped" and "time budget" in r["reason"] for r in rows)
     assert "skipped" in (tmp_path / "softmax.md").read_text()
+
+
+# ----------------------------------------------------------------------------- the model-shape suite
+def _model_sizes(op):
+    return [s for _, s, _ in cases.SPECS[op].models]
+
+
+def test_model_suite_covers_the_issue_shapes():
+    """Every hidden size, intermediate size, vocabulary, token count, head_dim, GQA group and T
+    range that issue 17 names appears in some op's model cases."""
+    hidden = {s["N"] for op in ("rms_norm", "layer_norm") for s in _model_sizes(op)}
+    hidden |= {s["H"] for op in ("linear_cross_entropy", "swiglu_mlp") for s in _model_sizes(op)}
+    assert {1024, 2048, 2560, 4096, 5120, 8192} <= hidden
+    inter = {s["I"] for op in ("swiglu", "swiglu_mlp") for s in _model_sizes(op)}
+    assert {3072, 9728, 14336, 17408, 25600, 28672} <= inter
+    vocab = {s["V"] for op in ("cross_entropy", "linear_cross_entropy") for s in _model_sizes(op)}
+    vocab |= {s["N"] for s in _model_sizes("softmax")}
+    assert {32000, 128256, 151936, 152064, 262144} <= vocab
+    tokens = {s["M"] for op in ("rms_norm", "swiglu", "softmax") for s in _model_sizes(op)}
+    tokens |= {s["N"] for op in ("cross_entropy", "linear_cross_entropy", "swiglu_mlp") for s in _model_sizes(op)}
+    assert {4096, 12289, 16384, 65536} <= tokens
+    for op in ("attention", "rope"):
+        sizes = _model_sizes(op)
+        assert {s["D"] for s in sizes} == {64, 128}, op
+        assert {1, 4, 5, 8} <= {s["Hq"] // s["Hk"] for s in sizes}, op
+        ts = {s["T"] for s in sizes}
+        assert min(ts) == 2048 and max(ts) == 32768, op
+
+
+def test_model_cases_are_named_unique_and_fit_in_memory():
+    for op, spec in cases.SPECS.items():
+        pairs = cases.cases_for(spec, "models", None, False)
+        assert pairs, op
+        names = [spec.case_label(s) for s, _ in pairs]
+        assert len(set(zip(names, [m for _, m in pairs]))) == len(pairs), op  # no case twice
+        shapes = {spec.label(s) for s, _ in pairs}
+        assert len(shapes) == len(set(names)), f"{op}: two model cases with one shape"
+        for s, _ in pairs:
+            assert any(src in s["name"] for src in ("Qwen", "Llama", "Gemma")), s["name"]
+            assert cases.estimate_gib(spec, s, 2) <= cases.MAX_CASE_GIB, s["name"]
+    # the issue's own example name
+    assert "Qwen3-14B hidden 5120 x 12289 tokens" in [n for n, _, _ in cases.SPECS["rms_norm"].models]
+
+
+def test_model_cases_scaled_for_the_cpu_keep_names_and_ratios():
+    for op, spec in cases.SPECS.items():
+        pairs = cases.cases_for(spec, "models", None, True)
+        assert pairs, op
+        for s, m in pairs:
+            assert s["name"].endswith("(check-scaled)")
+            assert all(v <= 64 for k, v in s.items() if k != "name"), s
+            assert m in spec.modes
+    att = [s for s, _ in cases.cases_for(cases.SPECS["attention"], "models", None, True)]
+    full = [s for _, s, _ in cases.SPECS["attention"].models[:2]]
+    assert [a["Hq"] // a["Hk"] for a in att] == [min(4, f["Hq"] // f["Hk"]) for f in full]
+    odd = cases._shrink("rms_norm", dict(M=12289, N=5120))
+    assert odd == dict(M=49, N=20)
+
+
+def test_case_over_the_memory_limit_is_skipped_with_its_estimate(monkeypatch):
+    monkeypatch.setattr(cases, "MAX_CASE_GIB", 0.0)
+    rows = _run(_registry())
+    assert {r["status"] for r in rows.values()} == {"skipped"}
+    assert "GiB" in rows["hearth"]["reason"] and "estimate" in rows["hearth"]["reason"]
+
+
+def test_all_selects_every_op():
+    assert runner._selected_ops(["all"]) == list(runner.OP_ORDER)
+    with pytest.raises(ValueError, match="ops"):
+        runner._selected_ops(["all", "nothing"])
+
+
+def test_quack_applies_to_its_ops_and_is_unavailable_on_cpu():
+    assert P.expand(["quack"]) == ["quack"] and "quack" in P.FUSED_PEERS
+    assert [op for op in cases.SPECS if P.applies(op, "quack")] == list(P.QUACK_OPS)
+    with pytest.raises(P.Unavailable, match="CUDA"):
+        P.bind("softmax", "quack", {"x": torch.zeros(2, 3)}, cases.SPECS["softmax"], dict(M=2, N=3), False, True)
+    with pytest.raises(P.Skipped):
+        P.bind("rope", "quack", {}, cases.SPECS["rope"], {}, False, True)
+
+
+# ----------------------------------------------------------------------------- wall time per call
+def test_time_wall_measures_host_cost_per_call():
+    import time as _time
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        _time.sleep(0.004)
+
+    w = timing.time_wall(fn, [], torch.device("cpu"), est_ms=4.0, target_ms=20.0, min_calls=3)
+    assert w["wall_calls"] == len(calls) == 5
+    assert 4.0 <= w["host_ms"] <= w["wall_ms"]
+    # setup runs between the calls and counts in the wall time, not in the host time
+    w2 = timing.time_wall(lambda _: None, [], torch.device("cpu"), setup=lambda: _time.sleep(0.02), est_ms=1.0,
+                          target_ms=3.0, min_calls=3)
+    assert w2["wall_calls"] == 3 and w2["wall_ms"] - w2["host_ms"] >= 20.0
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "full"])
+def test_rows_carry_wall_time_beside_gpu_time(mode):
+    rows = _run(_registry(), mode=mode)
+    r = rows["hearth"]
+    assert r["status"] == "ok" and r["ms"] > 0
+    if mode == "bwd":
+        assert "wall_ms" not in r
+    else:
+        assert r["wall_ms"] > 0 and 0 < r["host_ms"] <= r["wall_ms"] and r["wall_calls"] >= 2
+        assert "wall" in report.cell(r)
+
+
+# ----------------------------------------------------------------------------- per-op geomean
+def _case(op, label, hearth, peers, mode="full", h_mem=None, p_mem=None, h_wall=None, p_wall=None):
+    rows = [{**_row("hearth", hearth), "op": op, "size_label": label, "mode": mode, "extra_mib": h_mem, "wall_ms": h_wall}]
+    for p, ms in peers.items():
+        rows.append({**_row(p, ms), "op": op, "size_label": label, "mode": mode, "extra_mib": p_mem, "wall_ms": p_wall})
+    return rows
+
+
+def test_geomean_lines_by_hand():
+    rows = (_case("rms_norm", "Qwen3-14B hidden 5120 x 12289 tokens", 0.835, {"compile": 0.517, "liger": 0.639},
+                  h_mem=300.0, p_mem=200.0, h_wall=0.66, p_wall=0.29)
+            + _case("rms_norm", "Llama-3.1-8B hidden 4096 x 16384 tokens", 0.2, {"compile": 0.3, "eager": 0.1},
+                    h_mem=100.0, p_mem=150.0, h_wall=0.5, p_wall=0.5)
+            + _case("rms_norm", "only eager", 1.0, {"eager": 2.0})
+            + _case("rms_norm", "hearth wrong", 1.0, {"liger": 1.0})
+            + _case("softmax", "no peer", 1.0, {"liger": 1.0}))
+    rows[-4]["status"] = "wrong"  # hearth in "hearth wrong"
+    rows[-2]["status"] = "error"  # hearth in "no peer"
+    lines = report.geomean_lines(rows)
+    assert len(lines) == 2
+    r1, r2 = 0.517 / 0.835, 0.3 / 0.2
+    want = math.sqrt(r1 * r2)
+    rms = lines[0]
+    assert rms.startswith(f"GEOMEAN rms_norm {want:.3f}x worst {r1:.3f}x (Qwen3-14B hidden 5120 x 12289 tokens full vs compile)")
+    assert "2 of 4 cases ranked, 1 hearth not ok" in rms
+    assert "mem <= peer in 1/2, worst +300 vs +200 MiB (Qwen3-14B" in rms
+    w = math.sqrt((0.29 / 0.66) * 1.0)
+    assert f"wall/call {w:.3f}x worst {0.29 / 0.66:.3f}x" in rms
+    assert lines[1].startswith("GEOMEAN softmax - worst -") and "1 hearth not ok" in lines[1]
+    assert rms.endswith("goals: geomean >= 1.10x MISSED, worst >= 0.95x MISSED, mem <= peer MISSED, "
+                        "1 hearth case(s) not ok: MISSED")
+
+
+def test_goals_met_and_bandwidth_at_large_cases():
+    big = _case("softmax", "Gemma-3 vocab 262144 x 4096 tokens", 1.0, {"compile": 1.2}, mode="fwd", h_mem=10.0, p_mem=10.0)
+    small = _case("softmax", "tiny", 0.01, {"liger": 0.012}, mode="fwd", h_mem=1.0, p_mem=2.0)
+    for r, (work, sol) in zip(big + small, [(4.3e9, 91.0), (4.3e9, 76.0), (1e6, 20.0), (1e6, 25.0)]):
+        r.update(metric="GB/s", work=work, sol_pct=sol)
+    line = report.geomean_lines(big + small)[0]
+    assert line.startswith("GEOMEAN softmax 1.200x worst 1.200x")
+    # only the >= 1 GB case counts for the bandwidth goal (the tiny one is at 20%)
+    assert "copy BW >= 91% at cases >= 1 GB (worst Gemma-3 vocab 262144 x 4096 tokens fwd)" in line
+    assert line.endswith("goals: geomean >= 1.10x met, worst >= 0.95x met, mem <= peer met, >= 90% copy BW met")
+    big[0]["sol_pct"] = 89.0
+    assert report.geomean_lines(big + small)[0].endswith(">= 90% copy BW MISSED")
+
+
+def test_summary_has_geomean_and_every_case_sections(tmp_path):
+    rows = _case("swiglu", "Qwen3-0.6B intermediate 3072 x 65536 tokens", 0.19, {"liger": 0.18}, h_wall=0.69, p_wall=0.35)
+    for r in rows:
+        r.update(metric="GB/s", formula="f", value=1.0, p20_ms=r["ms"], p80_ms=r["ms"], work=1, limits={}, env={"gpu": "x"})
+    md = report.summary_markdown(rows)
+    assert "GEOMEAN swiglu 0.947x worst 0.947x (Qwen3-0.6B intermediate 3072 x 65536 tokens full vs liger)" in md
+    row = "| swiglu | Qwen3-0.6B intermediate 3072 x 65536 tokens | full | 0.19 ms | 0.18 ms (liger) | 0.947x | "
+    assert "## Every case" in md and row in md and "| 0.35 ms (liger) | 0.507x |" in md
+    paths = report.write_reports(tmp_path, rows)
+    assert tmp_path / "ratios.png" in paths and (tmp_path / "ratios.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_models_run_prints_geomean_lines_last(tmp_path, capsys):
+    """--sizes models under --check with fake providers: rows named by model, GEOMEAN printed."""
+    def slower(op, inputs, spec, size, rg, check):
+        import time as _time
+
+        def fn():
+            _time.sleep(0.1)
+            return _softmax(inputs["x"])
+        return P.Bound(fn, [inputs["x"]])
+
+    reg = _registry(liger=slower)
+    code = runner.main(ops=["softmax"], sizes="models", check=True, out=tmp_path, registry=reg, plots=False,
+                       providers=["hearth", "eager", "liger"])
+    assert code == 0
+    rows = report.read_rows(tmp_path / "results.jsonl")
+    labels = {r["size_label"] for r in rows}
+    assert labels == {f"{n} (check-scaled)" for n, _, _ in cases.SPECS["softmax"].models[:2]}
+    assert all(r["preset"] == "models" and r["shape"] != r["size_label"] for r in rows)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("GEOMEAN softmax ") and "2 of 2 cases ranked" in last
+    ratio = float(last.split()[2].rstrip("x"))
+    assert ratio > 1.0  # the fake peer sleeps 100 ms a call

@@ -15,11 +15,11 @@ from pathlib import Path
 def parse(argv: list[str]) -> dict:
     """Keyword arguments for runner.main from a command line; argparse exits 2 on bad input."""
     p = argparse.ArgumentParser(prog="python -m hearth.bench", description="Benchmark hearth's kernels against fused peers.")
-    p.add_argument("ops", nargs="*", help="ops to run (default: all)")
+    p.add_argument("ops", nargs="*", help="ops to run, or 'all' (default: all)")
     p.add_argument("--dtype", action="append", dest="dtypes", help="bfloat16, float16, float32 (repeatable)")
     p.add_argument("--mode", action="append", dest="modes", help="fwd, bwd or full (repeatable)")
-    p.add_argument("--providers", action="append", help="hearth, eager, compile, liger, vendor, ... (repeatable)")
-    p.add_argument("--sizes", default=None, help="headline | sweep | small | comma list of the op's size knob")
+    p.add_argument("--providers", action="append", help="hearth, eager, compile, liger, quack, vendor, ... (repeatable)")
+    p.add_argument("--sizes", default=None, help="headline | models | sweep | small | comma list of the op's size knob")
     p.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
     p.add_argument("--check", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
     p.add_argument("--report-only", action="store_true", help="rebuild reports from OUT/results.jsonl (+ --merge)")

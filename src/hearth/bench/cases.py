@@ -49,6 +49,14 @@ class OpSpec:
     check_sizes: list[dict] = field(default_factory=list)
     # non-tensor keyword arguments a size implies for the op and its reference (attention: causal)
     call_kwargs: Callable[[dict], dict] = lambda s: {}
+    # the model-shape suite (--sizes models): (name naming the source model, size, modes)
+    models: list[tuple[str, dict, tuple[str, ...]]] = field(default_factory=list)
+    # (input elements, largest intermediate's elements) of a size, for the memory estimate
+    elems: Callable[[dict], tuple[int, int]] = lambda s: (0, 0)
+
+    def case_label(self, size: dict) -> str:
+        """The case's name in rows and tables: a model case's own name, else the shape."""
+        return size.get("name") or self.label(size)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -269,9 +277,10 @@ def _attention_chunk(qs, k, v, scale, causal):
 
 
 def attention_reference(q, k, v, causal):
-    """fp32 attention one (batch, kv-head) group at a time, each chunk under activation
-    checkpointing: only one group's T*T scores exist at once, in the forward and the backward
-    (at T=16k, all heads' scores at once would need ~100 GB). Query head i uses kv head i // g."""
+    """fp32 attention one (batch, query head) at a time, each chunk under activation
+    checkpointing: only one head's T*T scores exist at once, in the forward and the backward
+    (at T=32k one head's scores take 4 GiB; a GQA group of 8 at once would need ~100 GB with
+    the softmax and the backward). Query head i uses kv head i // g."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -283,8 +292,8 @@ def attention_reference(q, k, v, causal):
     outs = []
     for b in range(B):
         heads = []
-        for h in range(Hk):
-            args = (q[b, h * g:(h + 1) * g], k[b, h], v[b, h], scale, causal)
+        for h in range(Hq):
+            args = (q[b, h:h + 1], k[b, h // g], v[b, h // g], scale, causal)
             heads.append(checkpoint(_attention_chunk, *args, use_reentrant=False) if grad else _attention_chunk(*args))
         outs.append(torch.cat(heads, 0))
     return torch.stack(outs, 0)
@@ -418,15 +427,128 @@ SPECS["attention"].reference = attention_reference
 SPECS["attention"].call_kwargs = lambda s: {"causal": bool(s["causal"])}
 
 
+# ----------------------------------------------------------------------------- model shapes (--sizes models)
+# Shapes from the published configs of the models trained with these kernels (config.json of each):
+#   model            hidden  intermediate  heads q/kv  head_dim  vocab
+#   Qwen3-0.6B        1024      3072         16/8        128     151936
+#   Qwen3-1.7B        2048      6144         16/8        128     151936
+#   Qwen3-4B          2560      9728         32/8        128     151936
+#   Qwen3-8B          4096     12288         32/8        128     151936
+#   Qwen3-14B         5120     17408         40/8        128     151936
+#   Qwen3-32B         5120     25600         64/8        128     151936
+#   Llama-3.2-1B      2048      8192         32/8         64     128256
+#   Llama-3.1-8B      4096     14336         32/8        128     128256
+#   Llama-3.1-70B     8192     28672         64/8        128     128256
+#   Llama-2-7B        4096     11008         32/32       128      32000
+#   Qwen2.5-7B        3584     18944         28/4        128     152064
+#   Gemma-3 (4B-27B)     -         -            -          -     262144
+# Token counts: 4096 and 16384 (packed batches), 12289 (an odd packed row count: no power-of-two
+# tail), 65536 (small models, long packs). One case per distinct shape; a shape shared by several
+# models is named after one of them. Together the ops cover every hidden size (norms, linear CE,
+# MLP), intermediate size (swiglu, MLP), vocabulary (softmax, cross entropy, linear CE), token
+# count, head_dim and GQA group (1, 4, 5, 8; T 2048-32768) above, in 44 cases (fwd+bwd unless
+# marked, as training runs them) so that the whole suite, torch.compile of every peer graph
+# included, fits in about 7 minutes on an H200 (scripts/gpu/bench_models.sh).
+def _tokens(n):
+    return f"{n} tokens"
+
+
+MODEL_CASES: dict[str, list[tuple[str, dict, tuple[str, ...]]]] = {
+    "softmax": [(f"{src} vocab {n} x {_tokens(m)}", dict(M=m, N=n), modes) for src, n, m, modes in (
+        ("Llama-2-7B", 32000, 16384, FULL), ("Llama-3.1-8B", 128256, 4096, FULL),
+        ("Qwen3", 151936, 4096, FWD), ("Gemma-3", 262144, 4096, FWD))],
+    "cross_entropy": [(f"{src} vocab {v} x {_tokens(n)}", dict(N=n, V=v), FULL) for src, v, n in (
+        ("Llama-3.1-8B", 128256, 16384), ("Qwen3-14B", 151936, 12289), ("Qwen2.5-7B", 152064, 4096),
+        ("Gemma-3", 262144, 4096))],
+    "linear_cross_entropy": [
+        (f"{src} hidden {h} vocab {v} x {_tokens(n)}" + (" frozen W" if fr else ""), dict(N=n, H=h, V=v, frozen=fr), FULL)
+        for src, h, v, n, fr in (("Qwen3-0.6B", 1024, 151936, 16384, 0), ("Llama-3.1-8B", 4096, 128256, 4096, 0),
+                                 ("Qwen3-14B", 5120, 151936, 12289, 1))],
+    "rms_norm": [(f"{src} hidden {n} x {_tokens(m)}", dict(M=m, N=n), FULL) for src, n, m in (
+        ("Qwen3-0.6B", 1024, 65536), ("Qwen3-1.7B", 2048, 16384), ("Qwen3-4B", 2560, 12289),
+        ("Llama-3.1-8B", 4096, 16384), ("Qwen3-14B", 5120, 12289), ("Llama-3.1-70B", 8192, 4096))]
+    + [("Qwen3-8B q_norm head_dim 128 x 4096 tokens x 32 heads", dict(M=4096 * 32, N=128), FULL)],
+    "layer_norm": [(f"{src} width {n} x {_tokens(m)}", dict(M=m, N=n), FULL) for src, n, m in (
+        ("Qwen3-0.6B", 1024, 65536), ("Qwen3-14B", 5120, 12289))],
+    "rope": [(f"{src} {hq}/{hk} heads d{d} T {t} x B{b}", dict(B=b, Hq=hq, Hk=hk, T=t, D=d), FULL) for src, hq, hk, d, t, b in (
+        ("Llama-2-7B", 32, 32, 128, 4096, 4), ("Llama-3.2-1B", 32, 8, 64, 8192, 2), ("Qwen3-14B", 40, 8, 128, 2048, 8),
+        ("Qwen3-32B", 64, 8, 128, 32768, 1))],
+    "swiglu": [(f"{src} intermediate {i} x {_tokens(m)}", dict(M=m, I=i), FULL) for src, i, m in (
+        ("Qwen3-0.6B", 3072, 65536), ("Llama-3.1-8B", 14336, 16384), ("Qwen3-14B", 17408, 12289),
+        ("Qwen3-32B", 25600, 4096), ("Llama-3.1-70B", 28672, 4096))],
+    "swiglu_mlp": [(f"{src} hidden {h} intermediate {i} x {_tokens(n)}", dict(N=n, H=h, I=i), FULL) for src, h, i, n in (
+        ("Qwen3-0.6B", 1024, 3072, 16384), ("Qwen3-4B", 2560, 9728, 12289), ("Qwen3-14B", 5120, 17408, 4096))],
+    "attention": [(f"{src} {hq}/{hk} heads d{d} T {t} x B{b} causal", _attn(b, hq, hk, t, D=d), modes)
+                  for src, hq, hk, d, t, b, modes in (
+        ("Llama-2-7B", 32, 32, 128, 2048, 4, FULL), ("Llama-3.2-1B", 32, 8, 64, 8192, 1, FULL),
+        ("Qwen3-14B", 40, 8, 128, 4096, 2, BOTH), ("Llama-3.1-8B", 32, 8, 128, 32768, 1, FULL),
+        ("Qwen3-32B", 64, 8, 128, 8192, 1, FULL))],
+    "matmul": [(f"{src} {what} {m}x{k} @ {k}x{n}", dict(M=m, N=n, K=k), FWD) for src, what, m, k, n in (
+        ("Qwen3-14B", "up_proj", 12289, 5120, 17408), ("Llama-3.1-8B", "down_proj", 16384, 14336, 4096),
+        ("Llama-3.1-70B", "up_proj", 4096, 8192, 28672), ("Qwen3-32B", "down_proj", 4096, 25600, 5120),
+        ("Qwen3-4B", "q_proj", 12289, 2560, 4096), ("Qwen3-0.6B", "lm_head", 16384, 1024, 151936))],
+}
+
+_ELEMS = {
+    "softmax": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
+    "cross_entropy": lambda s: (s["N"] * s["V"], s["N"] * s["V"]),
+    "linear_cross_entropy": lambda s: (s["N"] * s["H"] + s["V"] * s["H"], s["N"] * s["V"]),
+    "rms_norm": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
+    "layer_norm": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
+    "rope": lambda s: (s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"],) * 2,
+    "swiglu": lambda s: (2 * s["M"] * s["I"], s["M"] * s["I"]),
+    "swiglu_mlp": lambda s: (s["N"] * s["H"] + 3 * s["H"] * s["I"], 2 * s["N"] * s["I"]),
+    # the fp32 reference holds one query head's [T, T] scores (and its softmax) at a time
+    "attention": lambda s: (s["B"] * (s["Hq"] + 2 * s["Hk"]) * s["T"] * s["D"], 2 * s["T"] * s["T"]),
+    "matmul": lambda s: (s["M"] * s["K"] + s["K"] * s["N"], s["M"] * s["N"]),
+}
+for _op, _spec in SPECS.items():
+    _spec.models = MODEL_CASES[_op]
+    _spec.elems = _ELEMS[_op]
+
+MAX_CASE_GIB = 100.0  # cases estimated above this are recorded as skipped, not run
+
+
+def estimate_gib(spec: OpSpec, size: dict, itemsize: int) -> float:
+    """A generous estimate of a case's peak device memory in GiB: the inputs in the case's dtype
+    three times (the harness's copy, a provider's copy, its gradients), fp32 copies of the inputs
+    and gradients for the reference, and the largest intermediate three times in fp32 (the
+    reference's and an unfused peer's)."""
+    n_in, n_big = spec.elems(size)
+    return (n_in * (3 * itemsize + 2 * 4) + n_big * 3 * 4) / 2**30
+
+
+def _shrink(op: str, s: dict) -> dict:
+    """A model case scaled down for the CPU interpreter (--check --sizes models): every
+    dimension divided by 256 and clamped to [16, 64] (odd values stay odd: 12289 -> 49),
+    attention and rope to a few heads of T=16, D=16 with the same GQA group (at most 4)."""
+    t = dict(s)
+    for k in ("M", "N", "K", "V", "H", "I"):
+        if k in t:
+            t[k] = max(16, min(64, t[k] // 256 + t[k] % 2))
+    if "T" in t:
+        g = min(4, t["Hq"] // t["Hk"])
+        t.update(B=1, Hk=2, Hq=2 * g, T=16, D=16)
+    return t
+
+
 def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) -> list[tuple[dict, str]]:
     """(size, mode) pairs for `spec` under a size preset.
 
-    sizes: "headline" (the TARGETS.md shapes with their modes), "sweep", "small", or a comma list
-    of integers for the op's knob (spec.explicit builds the size). check=True uses the tiny
-    CPU-interpreter sizes whatever `sizes` says. modes filters (default: the preset's modes;
+    sizes: "headline" (the TARGETS.md shapes with their modes), "models" (MODEL_CASES: shapes of
+    real model configs, each size carrying its "name"), "sweep", "small", or a comma list of
+    integers for the op's knob (spec.explicit builds the size). check=True uses the tiny
+    CPU-interpreter sizes (for "models": the first two model cases scaled down). modes filters (default: the preset's modes;
     fwd+full for sweeps, since bwd alone is full minus fwd to within noise)."""
-    if check:
+    if check and sizes == "models":
+        # the first two model cases, scaled down, keeping their names (the suite's naming,
+        # per-op geomean and reports are exercised in CI)
+        pairs = [({**_shrink(spec.name, s), "name": f"{name} (check-scaled)"}, m)
+                 for name, s, ms in spec.models[:2] for m in ms]
+    elif check:
         pairs = [(s, m) for s in spec.check_sizes for m in spec.modes]
+    elif sizes == "models":
+        pairs = [({**s, "name": name}, m) for name, s, ms in spec.models for m in ms]
     elif sizes == "headline":
         pairs = [(s, m) for s, ms in spec.headline for m in ms]
     elif sizes in ("sweep", "small"):
@@ -435,7 +557,7 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
         try:
             values = [int(v) for v in sizes.split(",") if v.strip()]
         except ValueError:
-            raise ValueError(f"sizes must be headline, sweep, small or a comma list of integers, got {sizes!r}") from None
+            raise ValueError(f"sizes must be headline, models, sweep, small or a comma list of integers, got {sizes!r}") from None
         if not values:
             raise ValueError(f"sizes must name at least one size, got {sizes!r}")
         pairs = [(spec.explicit(v), m) for v in values for m in ("fwd", "full")]
@@ -443,6 +565,6 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
         bad = [m for m in modes if m not in MODES]
         if bad:
             raise ValueError(f"modes must be among {MODES}, got {bad}")
-        distinct = list({spec.label(s): s for s, _ in pairs}.values())
+        distinct = list({spec.case_label(s): s for s, _ in pairs}.values())
         pairs = [(s, m) for s in distinct for m in modes]
     return [(s, m) for s, m in pairs if m in spec.modes]

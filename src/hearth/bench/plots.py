@@ -56,3 +56,40 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
         plt.close(fig)
         paths.append(p)
     return paths
+
+
+def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
+    """ratios.png: per op, every ranked case's ratio (fastest correct fused peer ms / hearth ms,
+    > 1 = hearth faster) as a dot, the op's geometric mean as a bar, and the 0.95 / 1.0 / 1.10
+    lines the goals name. None when no case was ranked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hearth.bench.report import op_geomeans
+
+    g = {op: v for op, v in op_geomeans(rows).items() if v["ratios"]}
+    if not g:
+        return None
+    ops = list(g)
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(ops) + 1.6))
+    for i, op in enumerate(ops):
+        rs = [r for r, _, _ in g[op]["ratios"]]
+        n = len(rs)
+        ys = [i + (j - (n - 1) / 2) * min(0.08, 0.6 / max(n, 1)) for j in range(n)]
+        ax.scatter(rs, ys, s=22, color="tab:blue", zorder=3)
+        ax.plot([g[op]["geomean"]] * 2, [i - 0.35, i + 0.35], color="tab:red", linewidth=2.5, zorder=4)
+    for x, style in ((0.95, ":"), (1.0, "-"), (1.10, "--")):
+        ax.axvline(x, color="grey", linestyle=style, linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(ops)))
+    ax.set_yticklabels([f"{op} ({g[op]['geomean']:.2f}x)" for op in ops], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("fastest correct fused peer ms / hearth ms (dots: cases; red: geomean; lines 0.95, 1.0, 1.10)")
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    p = out / "ratios.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    return p

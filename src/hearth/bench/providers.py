@@ -1,4 +1,4 @@
-"""Who runs each op: hearth, torch eager, torch.compile, Liger-Kernel and vendor libraries.
+"""Who runs each op: hearth, torch eager, torch.compile, Liger-Kernel, quack and vendor libraries.
 
 bind(op, provider, inputs, size, ...) -> Bound(fn, leaves): fn() runs the op once on the case's
 inputs and returns its output(s); leaves are the tensors whose .grad the backward fills (in the
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 VENDOR = ("cublas", "sdpa_flash", "sdpa_cudnn", "torch_lce")
-PROVIDERS = ("hearth", "eager", "compile", "liger") + VENDOR
-FUSED_PEERS = ("compile", "liger") + VENDOR  # the peers a verdict compares against
+PROVIDERS = ("hearth", "eager", "compile", "liger", "quack") + VENDOR
+FUSED_PEERS = ("compile", "liger", "quack") + VENDOR  # the peers a verdict compares against
+QUACK_OPS = ("softmax", "cross_entropy", "rms_norm")  # the quack-kernels ops with an autograd function
 LIGER_SOFTMAX_MAX_N = 65536  # Liger refuses rows longer than its largest Triton block
 
 
@@ -211,6 +212,28 @@ def _interpreter_guard(fn, who):
     return guarded
 
 
+# ----------------------------------------------------------------------------- quack (CuTe-DSL kernels)
+def _quack(op, inputs, spec, size, rg, check):
+    """quack-kernels (Dao-AILab's CuTe-DSL kernels) where it imports: softmax, cross entropy
+    (its default out-of-place backward: a new gradient buffer) and RMSNorm. Needs CUDA, an
+    SM90+ GPU and nvidia-cutlass-dsl; elsewhere the row says unavailable."""
+    if op not in QUACK_OPS:
+        raise Skipped(f"quack has no autograd {op} here (only {', '.join(QUACK_OPS)})")
+    first = next(iter(inputs.values()))
+    if first.device.type != "cuda":
+        raise Unavailable("quack's CuTe-DSL kernels need CUDA")
+    try:
+        quack = importlib.import_module("quack")
+    except Exception as e:  # not installed, or nvidia-cutlass-dsl missing / off the path
+        raise Unavailable(f"quack does not import: {type(e).__name__}: {str(e)[:200]}") from None
+    table = {
+        "softmax": lambda x: quack.softmax(x),
+        "cross_entropy": lambda input, target: quack.cross_entropy(input, target, reduction="mean"),
+        "rms_norm": lambda x, weight: quack.rmsnorm(x, weight, eps=1e-6),
+    }
+    return _tensor_bound(table[op], inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
 # ----------------------------------------------------------------------------- vendor libraries
 def _vendor(name):
     def bind(op, inputs, spec, size, rg, check):
@@ -250,7 +273,7 @@ def _vendor(name):
     return bind
 
 
-BINDERS = {"hearth": _hearth, "eager": _eager, "compile": _compile, "liger": _liger}
+BINDERS = {"hearth": _hearth, "eager": _eager, "compile": _compile, "liger": _liger, "quack": _quack}
 BINDERS.update({v: _vendor(v) for v in VENDOR})
 
 
@@ -260,6 +283,8 @@ def applies(op: str, provider: str) -> bool:
     only = {"cublas": "matmul", "sdpa_flash": "attention", "sdpa_cudnn": "attention", "torch_lce": "linear_cross_entropy"}
     if provider in only:
         return only[provider] == op
+    if provider == "quack":
+        return op in QUACK_OPS
     if provider == "compile" and op in ("matmul", "attention"):
         return False
     if provider == "liger" and op in ("matmul", "attention"):

@@ -8,6 +8,7 @@ so ops run across several calls (or machines' folders, --merge) end up in one re
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -107,6 +108,8 @@ def cell(r: dict | None) -> str:
         s += f", +{_num(r['extra_mib'])} MiB"
         if r.get("grad_mib"):
             s += f" (act {_num(r['activation_mib'])})"
+    if r.get("wall_ms") is not None:
+        s += f"; wall {_num(r['wall_ms'])} ms/call"
     return s
 
 
@@ -169,7 +172,8 @@ def summary_markdown(rows: list[dict]) -> str:
     lines += ["", "Timing: CUDA events, median ms [p20-p80], warm-up excluded, L2 flushed between calls. Memory: extra = peak "
               "allocated during one call minus allocated before it (inputs and earlier .grad excluded; grads reset to None); "
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
-              "(torch.compile, Liger, vendor); ratio = peer ms / hearth ms.", ""]
+              "(torch.compile, Liger, quack, vendor); ratio = peer ms / hearth ms. wall = ms per call back to back "
+              "(no device sleep, no L2 flush): the host overhead a training loop sees.", ""]
     groups = group_cases(rows)
     head = {k: v for k, v in groups.items() if any(r.get("headline") for r in v)}
     if head:
@@ -182,6 +186,8 @@ def summary_markdown(rows: list[dict]) -> str:
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cell(by.get(p)) for p in provs)
                          + f" | {_num(floor)} ms | {verdict(cr)['text']} |")
         lines.append("")
+    lines += ["## Per op: geometric mean against the fastest correct fused peer", "", "```"] + geomean_lines(rows) + ["```", ""]
+    lines += cases_markdown(rows)
     losses, failures = [], []
     for key, cr in sorted(groups.items()):
         v = verdict(cr)
@@ -197,6 +203,147 @@ def summary_markdown(rows: list[dict]) -> str:
     wins = sum(verdict(cr)["verdict"] == "win" for cr in groups.values())
     lines += ["", f"{wins} wins, {len(losses)} losses, {len(failures)} hearth cases not measured, {len(groups)} cases in all."]
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- per-op geomean
+# issue 17's goals on the model-shape suite, per op
+GOAL_GEOMEAN, GOAL_WORST, GOAL_SOL_PCT = 1.10, 0.95, 90.0
+LARGE_BYTES = 1e9  # a memory-bound case moving at least this much is "large" for the bandwidth goal
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _case_name(key: tuple) -> str:
+    """'<case> <mode>' (and the dtype when it is not bf16) for the worst-case mentions."""
+    _, label, dtype, mode = key
+    return f"{label} {mode}" + ("" if dtype == "bfloat16" else f" {dtype}")
+
+
+def op_geomeans(rows: list[dict]) -> dict[str, dict]:
+    """Per op, over its cases where hearth and at least one fused peer ran correctly:
+    ratio = fastest correct fused peer's GPU ms / hearth's (> 1: hearth faster), its geometric
+    mean and worst case; memory = hearth's extra MiB against that same peer's (count of cases
+    where hearth holds no more, and the case where it holds the most over the peer); wall =
+    the fused peers' best wall ms per call / hearth's (host overhead, back to back).
+    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked."""
+    out: dict[str, dict] = {}
+    for key, cr in sorted(group_cases(rows).items()):
+        op = key[0]
+        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0})
+        g["cases"] += 1
+        by = {r["provider"]: r for r in cr}
+        h = by.get("hearth")
+        if h is None or h["status"] != "ok":
+            g["hearth_failed"] += 1 if h is not None and h["status"] != "skipped" else 0
+            continue
+        v = verdict(cr)
+        if v["peer"] is None or v["peer"] not in FUSED_PEERS:
+            g["no_peer"] += 1
+            continue
+        g["ratios"].append((v["ratio"], key, v["peer"]))
+        if h.get("metric") == "GB/s" and h.get("sol_pct") is not None and (h.get("work") or 0) >= LARGE_BYTES:
+            g["sol"].append((h["sol_pct"], key))
+        peer = by[v["peer"]]
+        if h.get("extra_mib") is not None and peer.get("extra_mib") is not None:
+            g["mem"].append((h["extra_mib"] - peer["extra_mib"], h["extra_mib"], peer["extra_mib"], key, v["peer"]))
+        walls = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        if h.get("wall_ms") and walls:
+            best = min(walls, key=lambda r: r["wall_ms"])
+            g["walls"].append((best["wall_ms"] / h["wall_ms"], key, best["provider"]))
+    for op, g in out.items():
+        g["geomean"] = _geomean([r for r, _, _ in g["ratios"]]) if g["ratios"] else None
+        g["worst"] = min(g["ratios"], key=lambda t: t[0]) if g["ratios"] else None
+        g["wall_geomean"] = _geomean([r for r, _, _ in g["walls"]]) if g["walls"] else None
+        g["wall_worst"] = min(g["walls"], key=lambda t: t[0]) if g["walls"] else None
+        g["mem_ok"] = sum(1 for d, *_ in g["mem"] if d <= 0)
+        g["mem_worst"] = max(g["mem"], key=lambda t: t[0]) if g["mem"] else None
+        g["sol_worst"] = min(g["sol"], key=lambda t: t[0]) if g["sol"] else None
+    return out
+
+
+def goals_text(g: dict) -> str:
+    """Issue 17's goals for one op, each met or missed: geomean >= 1.10x, no case below 0.95x,
+    hearth's extra memory <= the peer's in every case, and (memory-bound ops) >= 90% of the
+    copy bandwidth at every case of >= 1 GB of traffic; '?' where nothing was measured."""
+    def yn(ok):
+        return "?" if ok is None else ("met" if ok else "MISSED")
+
+    parts = [f"geomean >= {GOAL_GEOMEAN:.2f}x {yn(None if g['geomean'] is None else g['geomean'] >= GOAL_GEOMEAN)}",
+             f"worst >= {GOAL_WORST:.2f}x {yn(None if g['worst'] is None else g['worst'][0] >= GOAL_WORST)}",
+             f"mem <= peer {yn(None if not g['mem'] else g['mem_ok'] == len(g['mem']))}"]
+    if g["sol"]:
+        parts.append(f">= {GOAL_SOL_PCT:.0f}% copy BW {yn(g['sol_worst'][0] >= GOAL_SOL_PCT)}")
+    if g["hearth_failed"]:
+        parts.append(f"{g['hearth_failed']} hearth case(s) not ok: MISSED")
+    return "goals: " + ", ".join(parts)
+
+
+def geomean_lines(rows: list[dict]) -> list[str]:
+    """One line per op: `GEOMEAN <op> <ratio> worst <ratio> (<case>)`, then memory and wall."""
+    lines = []
+    for op, g in op_geomeans(rows).items():
+        if g["geomean"] is None:
+            line = f"GEOMEAN {op} - worst - (no case with hearth and a fused peer both correct"
+            line += f"; {g['cases']} cases, {g['hearth_failed']} hearth not ok, {g['no_peer']} without a fused peer)"
+            lines.append(line)
+            continue
+        wr, wkey, wpeer = g["worst"]
+        line = f"GEOMEAN {op} {g['geomean']:.3f}x worst {wr:.3f}x ({_case_name(wkey)} vs {wpeer})"
+        line += f" | {len(g['ratios'])} of {g['cases']} cases ranked"
+        if g["hearth_failed"]:
+            line += f", {g['hearth_failed']} hearth not ok"
+        if g["mem"]:
+            d, hm, pm, mkey, mpeer = g["mem_worst"]
+            line += f" | mem <= peer in {g['mem_ok']}/{len(g['mem'])}"
+            if d > 0:
+                line += f", worst +{hm:.4g} vs +{pm:.4g} MiB ({_case_name(mkey)} vs {mpeer})"
+        if g["sol"]:
+            sp, skey = g["sol_worst"]
+            line += f" | copy BW >= {sp:.0f}% at cases >= 1 GB (worst {_case_name(skey)})"
+        if g["wall_geomean"] is not None:
+            xr, xkey, xpeer = g["wall_worst"]
+            line += f" | wall/call {g['wall_geomean']:.3f}x worst {xr:.3f}x ({_case_name(xkey)} vs {xpeer})"
+        line += " | " + goals_text(g)
+        lines.append(line)
+    return lines
+
+
+def cases_markdown(rows: list[dict]) -> list[str]:
+    """'Every case' table: hearth against the fastest correct fused peer on GPU time, extra
+    memory and wall time per call (host overhead) in one row per case."""
+    groups = group_cases(rows)
+    if not groups:
+        return []
+    lines = ["## Every case: GPU time, memory and wall time per call", "",
+             "GPU = CUDA-event median with the host ahead of the GPU (device sleep, L2 flushed); wall = the call back to "
+             "back, no sleep, no flush (what a training loop with a short GPU queue sees); host = time spent inside the "
+             "calls. peer = the fastest correct fused peer by GPU time; its memory is compared. wall ratio = the best "
+             "fused peer wall / hearth wall.", "",
+             "| op | case | mode | hearth GPU | peer GPU | ratio | hearth +MiB | peer +MiB | hearth wall (host) | best peer wall | wall ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, cr in sorted(groups.items(), key=lambda kv: (kv[0][0], _sort_key(kv[1]))):
+        by = {r["provider"]: r for r in cr}
+        h = by.get("hearth")
+        mode = key[3] + ("" if key[2] == "bfloat16" else f" {key[2]}")
+        if h is None or h["status"] != "ok":
+            lines.append(f"| {key[0]} | {key[1]} | {mode} | **{h['status'] if h else 'not run'}** | | | | | | | |")
+            continue
+        v = verdict(cr)
+        peer = by.get(v["peer"]) if v["peer"] in FUSED_PEERS else None
+        walls = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        best = min(walls, key=lambda r: r["wall_ms"]) if walls else None
+        cells = [
+            f"{_num(h['ms'])} ms",
+            f"{_num(peer['ms'])} ms ({peer['provider']})" if peer else "-",
+            f"{v['ratio']:.3g}x" if peer else "-",
+            _num(h.get("extra_mib")),
+            _num(peer.get("extra_mib")) if peer else "-",
+            f"{_num(h['wall_ms'])} ({_num(h.get('host_ms'))}) ms" if h.get("wall_ms") else "-",
+            f"{_num(best['wall_ms'])} ms ({best['provider']})" if best else "-",
+            f"{best['wall_ms'] / h['wall_ms']:.3g}x" if best and h.get("wall_ms") else "-",
+        ]
+        lines.append(f"| {key[0]} | {key[1]} | {mode} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _floor_ms(r: dict) -> float | None:
@@ -219,7 +366,10 @@ def write_reports(out: Path, rows: list[dict], plots: bool = True) -> list[Path]
     p.write_text(summary_markdown(rows))
     written.append(p)
     if plots:
-        from hearth.bench.plots import write_plots
+        from hearth.bench.plots import write_plots, write_ratio_plot
 
         written += write_plots(out, rows)
+        ratio_png = write_ratio_plot(out, rows)
+        if ratio_png is not None:
+            written.append(ratio_png)
     return written

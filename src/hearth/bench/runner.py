@@ -6,7 +6,7 @@ bwd / full); only a correct provider is timed and its memory measured. Rows are 
 results.jsonl after every case, so a run cut short keeps what it measured.
 
 Time budget: the run gets `total_budget_s`; each op gets a share of what is left when it starts,
-in proportion to its number of cases (or `budget_s` if smaller). Cases left when an op's share is spent are written as
+in proportion to its number of cases times CASE_COST (or `budget_s` if smaller). Cases left when an op's share is spent are written as
 'skipped' with the reason, never dropped.
 """
 
@@ -21,6 +21,11 @@ from pathlib import Path
 
 OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
             "swiglu_mlp", "attention", "matmul")
+
+
+# relative time of one case (checks, torch.compile, timing) on the H200, from the headline run's
+# setup and call times: the linear losses and attention call slowly, matmul has no compiled peer
+CASE_COST = {"linear_cross_entropy": 2.5, "attention": 2.0, "swiglu_mlp": 1.5, "matmul": 0.5}
 
 
 def env_info(device) -> dict:
@@ -120,7 +125,7 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
 
     from hearth.bench import providers as P
     from hearth.bench.check import TOLERANCE, compare
-    from hearth.bench.timing import measure_memory, sol_percent, throughput, time_call
+    from hearth.bench.timing import measure_memory, sol_percent, throughput, time_call, time_wall
 
     ref_out, ref_grads, gouts, limits = ref
     row = {"status": "ok", "reason": "", "tolerance": TOLERANCE[dtype_name]}
@@ -144,6 +149,8 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
         fn, setup = _timed_fn(bound, mode, gouts)
         t = time_call(fn, bound.leaves, device, setup=setup)
         row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, n_reps=t.n)
+        if mode != "bwd":  # bwd's untimed forward cannot be taken out of a back-to-back wall time
+            row.update(time_wall(fn, bound.leaves, device, est_ms=t.median_ms, min_calls=5 if device.type == "cuda" else 2))
         row.update(measure_memory(fn, bound.leaves, device, setup=setup))
         row["value"] = throughput(spec.work(size, _itemsize(dtype_name), mode), t.median_ms, spec.metric)
         row["sol_pct"] = sol_percent(row["value"], spec.metric, limits)
@@ -161,6 +168,34 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
         del bound
         _free(device)
     return row
+
+
+def _warm_compile(device) -> float:
+    """Start torch.compile's machinery once (Inductor's compile workers, Triton's imports) before
+    the per-op time shares are handed out, so the first op's share does not pay for it; returns
+    the seconds it took. A failure here is left to the compile rows to report."""
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        torch._dynamo.reset()
+        x = torch.randn(64, 256, device=device, requires_grad=True)
+        f = torch.compile(lambda t: torch.softmax(t, dim=-1) * 2.0, dynamic=False)
+        f(x).sum().backward()
+        torch.cuda.synchronize(device)
+        torch._dynamo.reset()
+    except Exception:
+        pass
+    return time.perf_counter() - t0
+
+
+def _base_row(spec, size, dtype_name, mode, limits, env, headline) -> dict:
+    """The fields every provider row of a case shares. size_label: the case's name (a model
+    case's name, else the shape); shape: the shape label either way."""
+    return {"op": spec.name, "size": size, "size_label": spec.case_label(size), "shape": spec.label(size),
+            "dtype": dtype_name, "mode": mode, "metric": spec.metric, "formula": spec.formula, "notes": spec.notes,
+            "headline": headline, "preset": "models" if "name" in size else None,
+            "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env}
 
 
 def _free(device) -> None:
@@ -186,11 +221,15 @@ def run_case(spec, size, dtype_name, mode, providers, device, limits, env, headl
 
     from hearth.bench.providers import applies
 
+    from hearth.bench.cases import MAX_CASE_GIB, estimate_gib
+
     dtype = getattr(torch, dtype_name)
-    base = {"op": spec.name, "size": size, "size_label": spec.label(size), "dtype": dtype_name, "mode": mode,
-            "metric": spec.metric, "formula": spec.formula, "notes": spec.notes, "headline": headline,
-            "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env}
+    base = _base_row(spec, size, dtype_name, mode, limits, env, headline)
     rows = []
+    est = estimate_gib(spec, size, _itemsize(dtype_name))
+    if est > MAX_CASE_GIB:
+        reason = f"estimated {est:.0f} GiB of device memory > {MAX_CASE_GIB:.0f} GiB (cases.estimate_gib): not run"
+        return [{**base, "provider": p, "status": "skipped", "reason": reason} for p in providers if applies(spec.name, p)]
     try:
         inputs = spec.make(size, dtype, device, mode != "fwd")
         ref_out, ref_grads, gouts = _reference(spec, inputs, size, mode, dtype)
@@ -219,6 +258,8 @@ def _selected_ops(ops):
     if not ops:
         return list(OP_ORDER)
     names = [p.strip() for o in ops for p in o.split(",") if p.strip()]
+    if names == ["all"]:
+        return list(OP_ORDER)
     bad = [n for n in names if n not in SPECS]
     if bad:
         raise ValueError(f"ops: unknown op(s) {bad}; choose from {list(OP_ORDER)}")
@@ -252,8 +293,21 @@ def _line(rows) -> str:
     r0 = rows[0]
     parts = []
     for r in rows:
-        parts.append(f"{r['provider']} {r['ms']:.4g} ms" if r["status"] == "ok" else f"{r['provider']} {r['status']}")
+        if r["status"] != "ok":
+            parts.append(f"{r['provider']} {r['status']}")
+        elif r.get("wall_ms") is not None:
+            parts.append(f"{r['provider']} {r['ms']:.4g} ms (wall {r['wall_ms']:.3g})")
+        else:
+            parts.append(f"{r['provider']} {r['ms']:.4g} ms")
     return f"{r0['op']} {r0['size_label']} {r0['dtype']} {r0['mode']}: " + " | ".join(parts) + f" -> {verdict(rows)['text']}"
+
+
+def _print_geomeans(rows) -> None:
+    """The per-op GEOMEAN lines, last, on plain stdout (scripts grep them from the tail)."""
+    from hearth.bench.report import geomean_lines
+
+    for line in geomean_lines(rows):
+        print(line, flush=True)
 
 
 def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path("benchmarks/latest"), check=False,
@@ -262,8 +316,8 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     """Run the benchmark (or only regenerate reports) and return a process exit code.
 
     ops / dtypes / modes / providers: lists of names (None = defaults: every op, bfloat16 (float32
-    under --check), the size preset's modes, every provider). sizes: headline | sweep | small | a
-    comma list of the op's knob (default headline). out: folder for results.jsonl, <op>.md,
+    under --check), the size preset's modes, every provider). sizes: headline | models | sweep |
+    small | a comma list of the op's knob (default headline). out: folder for results.jsonl, <op>.md,
     summary.md and PNGs. check: tiny sizes on the CPU under TRITON_INTERPRET=1. report_only:
     rebuild the reports from out/results.jsonl merged with each folder in `merge`. write_report=False:
     only results.jsonl (a script running op by op builds the reports once at the end).
@@ -292,6 +346,7 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         write_rows(results, rows)
         paths = write_reports(out, rows, plots=plots)
         console.print(f"{len(rows)} rows -> {len(paths)} report files in {out}")
+        _print_geomeans(rows)
         return 0
 
     import torch
@@ -324,6 +379,11 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     new_rows: list[dict] = []
     poisoned = ""
     start = time.perf_counter()
+    from hearth.bench.providers import applies
+
+    if "compile" in provider_names and device.type == "cuda" and any(applies(n, "compile") for n in op_names):
+        warm = _warm_compile(device)
+        console.print(f"torch.compile start-up (compile workers, Triton imports): {warm:.1f} s, counted in the total budget")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -332,22 +392,20 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         for i_op, name in enumerate(op_names):
             op_plan = [p for p in plan if p[0] == name]
             left = max(0.0, total_budget_s - (time.perf_counter() - start))
-            # share of what is left, in proportion to the op's number of cases
-            remaining = sum(1 for p in plan if p[0] in op_names[i_op:])
-            share = left * len(op_plan) / max(1, remaining)
+            # share of what is left, in proportion to the op's cases weighted by their cost
+            remaining = sum(CASE_COST.get(p[0], 1.0) for p in plan if p[0] in op_names[i_op:])
+            share = left * len(op_plan) * CASE_COST.get(name, 1.0) / max(1e-9, remaining)
             if budget_s is not None:
                 share = min(share, budget_s)
             op_start = time.perf_counter()
             for _, size, mode, dtype_name in op_plan:
                 spec = SPECS[name]
-                progress.update(task, description=f"{name} {spec.label(size)} {dtype_name} {mode}")
+                progress.update(task, description=f"{name} {spec.case_label(size)} {dtype_name} {mode}")
                 spent = time.perf_counter() - op_start
                 if poisoned or spent > share:
                     reason = poisoned or f"time budget spent: {spent:.0f} s of this op's {share:.0f} s share (--budget-s / --total-budget-s)"
-                    case_rows = [{"op": name, "size": size, "size_label": spec.label(size), "dtype": dtype_name, "mode": mode,
-                                  "metric": spec.metric, "formula": spec.formula, "notes": spec.notes, "headline": headline,
-                                  "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env,
-                                  "provider": p, "status": "skipped", "reason": reason} for p in provider_names]
+                    base = _base_row(spec, size, dtype_name, mode, limits, env, headline)
+                    case_rows = [{**base, "provider": p, "status": "skipped", "reason": reason} for p in provider_names]
                 else:
                     case_rows = run_case(spec, size, dtype_name, mode, provider_names, device, limits, env, headline, check, registry)
                     progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)
@@ -359,6 +417,8 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     paths = write_reports(out, rows, plots=plots) if write_report else []
     console.print(f"{len(new_rows)} rows this run, {len(rows)} in {results}; {len(paths)} report files; "
                   f"{time.perf_counter() - start:.0f} s")
+    if write_report:
+        _print_geomeans(rows)
     if check:
         broken = [r for r in new_rows if r["provider"] == "eager" and r["status"] not in ("ok", "skipped")]
         for r in broken:

@@ -15,6 +15,14 @@ allocated-before. Inputs and earlier gradients are thus excluded; whatever the c
 keeps (outputs, new gradients) or frees (activations, workspaces) counts at its peak.
 grad_bytes = the gradients the call left on the leaves; activation = extra - grad_bytes.
 
+Wall time per call (time_wall, every fwd / full case): the same call back to back, no device
+sleep and no L2 flush, gradients reset to None between calls as a training loop's zero_grad
+does: synchronize, n calls, synchronize; wall = elapsed / n. This is what a training step with
+a short GPU queue sees: a call whose host work (Python, autograd, the torch.library dispatch,
+argument checks, config lookup, launches) outlasts its GPU work costs its host time, not its GPU
+time. host = the time the host spent inside the calls themselves (launch cost while the queue
+does not block). Both in ms.
+
 Limits: device copy bandwidth from a ~4 GiB device-to-device copy (read + write counted) and
 cuBLAS bf16 TFLOP/s at 8192^3 (smaller stand-ins on the CPU, marked as such).
 """
@@ -95,6 +103,32 @@ def time_call(fn, leaves, device, *, setup=None, warmup_ms=25.0, rep_ms=100.0, m
     ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     del flush
     return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps)
+
+
+def time_wall(fn, leaves, device, *, setup=None, est_ms=None, target_ms=30.0, min_calls=5, max_calls=200) -> dict:
+    """{"wall_ms", "host_ms", "wall_calls"} of `fn()` called back to back (module docstring).
+
+    est_ms: an estimate of one call (the GPU median) to size the run to about target_ms;
+    setup: as in time_call (run between the calls, inside the measured wall time)."""
+    import torch
+
+    cuda = device.type == "cuda"
+    est = est_ms if est_ms and est_ms > 0 else 1.0
+    n = int(min(max_calls, max(min_calls, target_ms / est)))
+    if cuda:
+        torch.cuda.synchronize()
+    host = 0.0
+    t0 = time.perf_counter()
+    for _ in range(n):
+        args = _prepare(leaves, setup)
+        h0 = time.perf_counter()
+        fn(*args)
+        host += time.perf_counter() - h0
+        del args
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return {"wall_ms": wall * 1e3 / n, "host_ms": host * 1e3 / n, "wall_calls": n}
 
 
 def _time_cpu(fn, leaves, setup=None, reps=3) -> Timing:
