@@ -62,18 +62,26 @@ def test_no_fallback_after_first_byte_stall_ends_stream():
 
 
 def test_total_timeout_ends_a_trickling_stream():
-    trickle = Behavior.stream(list("abcdefghijklmnopqrstuvwxyz"), chunk_delay_s=0.05)
-    events, elapsed, a, b = asyncio.run(_two(trickle, first_token_s=0.2, total_s=0.4))
+    trickle = Behavior.stream(list(CHAT_JSON), chunk_delay_s=0.05)
+    events, elapsed, a, b = asyncio.run(_two(trickle, connect_s=0.2, first_token_s=0.2, total_s=0.4))
     err = events[-1]
     assert isinstance(err, StreamInterrupted) and isinstance(err.__cause__, Timeout)
     assert err.__cause__.kind == "total"
     assert 0.4 <= elapsed < 0.4 + MARGIN_S and not b.requests
 
 
+def test_prose_reply_shows_nothing_and_falls_back():
+    # no JSON object in the reply: not one byte reached the client, so the chain may still fall back
+    events, _, a, b = asyncio.run(_two(Behavior.stream(["Sure, ", "here you go"])))
+    assert isinstance(events[-1], StreamDone) and events[-1].result.provider == "b"
+    assert events[-1].result.attempts == [("a", "invalid_envelope"), ("b", "ok")]
+    assert "".join(e.text for e in events[:-1]) == CHAT_JSON and len(b.requests) == 1
+
+
 def test_invalid_envelope_after_streaming_is_an_interruption():
-    events, _, _, b = asyncio.run(_two(Behavior.stream(["Sure, ", "here you go"])))
+    events, _, _, b = asyncio.run(_two(Behavior.stream(['{"message": ', '"hi"}'])))
     assert isinstance(events[-1], StreamInterrupted) and isinstance(events[-1].__cause__, InvalidEnvelope)
-    assert "".join(e.text for e in events[:-1]) == "Sure, here you go" and not b.requests
+    assert "".join(e.text for e in events[:-1]) == '{"message": "hi"}' and not b.requests
 
 
 def test_stream_all_fail_before_first_byte():
