@@ -4,36 +4,17 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager
 
-import aiohttp
 import httpx
-from aiohttp import web
 
-from hearth.gateway.server import create_app, main
+from hearth.gateway.server import main
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
-from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, gateway, make_config, provider
 
 GOOD = Behavior.reply(CHAT_JSON)
-
-
-@asynccontextmanager
-async def gateway(cfg):
-    app = create_app(cfg)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    try:
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
-            yield client
-    finally:
-        await runner.cleanup()
 
 
 def _sse(text: str) -> list[dict]:
