@@ -462,7 +462,7 @@ def _serve(cfg: GatewayConfig, host: str, port: int, reuse_port: bool) -> int:
 
 
 def _worker(config: str, host: str, port: int) -> None:
-    """One of --workers N processes (spawned): same config, same port through SO_REUSEPORT."""
+    """One of --workers N processes: same config, same port through SO_REUSEPORT."""
     setup_logging()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers (SIGTERM), once
     sys.exit(_serve(load_config(Path(config)), host, port, reuse_port=True))
@@ -478,7 +478,9 @@ def _supervise(config: Path, host: str, port: int, workers: int) -> int:
         os.write(wake_w, b"x")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    ctx = multiprocessing.get_context("spawn")
+    # fork where there is one: the parent holds no threads or loops by now and has imported everything,
+    # so a worker starts in milliseconds (spawn re-imports the gateway: seconds on a loaded 2-core box)
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     procs = [ctx.Process(target=_worker, args=(str(config), host, port), name=f"hearth-gateway-{i}", daemon=False)
              for i in range(workers)]
     try:
