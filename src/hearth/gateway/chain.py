@@ -166,7 +166,8 @@ class Chain:
         return out
 
     # ------------------------------------------------------------------ ordering
-    def _select(self, model: str | None) -> list[Provider]:
+    def providers_for(self, model: str | None) -> list[Provider]:
+        """The providers a request naming `model` goes to, in chain order; UnknownModel when none."""
         if model is None or model == MODEL_ALIAS:
             return self.providers
         group = [p for p in self.providers if model in (p.name, p.config.model)]
@@ -277,7 +278,7 @@ class Chain:
                        model: str | None = None) -> ChainResult:
         """One envelope of `kind`. Raises AllProvidersFailed, UnknownModel, or ValueError/TypeError for bad arguments."""
         deadline_s = self._check(messages, kind, deadline_s)
-        providers = self._select(model)
+        providers = self.providers_for(model)
         start = time.monotonic()
         deadline_at = start + deadline_s
         plan, errors = await self._plan(providers, deadline_at)
@@ -312,7 +313,7 @@ class Chain:
         Raises AllProvidersFailed (or UnknownModel) before the first delta, StreamInterrupted after it.
         """
         deadline_s = self._check(messages, kind, deadline_s)
-        providers = self._select(model)
+        providers = self.providers_for(model)
         start = time.monotonic()
         deadline_at = start + deadline_s
         plan, errors = await self._plan(providers, deadline_at)

@@ -317,7 +317,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if model is not None and not isinstance(model, str):
         return _error(400, "model must be a string", rid, param="model")
     try:
-        chain._select(model)
+        chain.providers_for(model)
     except UnknownModel as exc:
         return _error(404, str(exc), rid, param="model", code="model_not_found")
     if stream:
