@@ -254,8 +254,12 @@ class RedisStore(StateStore):
         import redis.asyncio as aioredis
 
         if self._r is None:
-            self._r = aioredis.Redis.from_url(self.url, decode_responses=True, socket_connect_timeout=2.0,
-                                              socket_timeout=2.0, health_check_interval=30)
+            # a bounded pool that makes callers wait for a connection (the plain pool raises past its size):
+            # 500 concurrent requests share at most 64 connections to Redis
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url, max_connections=64, timeout=2.0, decode_responses=True, socket_connect_timeout=2.0,
+                socket_timeout=2.0, health_check_interval=30)
+            self._r = aioredis.Redis.from_pool(pool)
             self._failure = self._r.register_script(_FAILURE)
             self._release = self._r.register_script(_RELEASE)
         try:
