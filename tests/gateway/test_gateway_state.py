@@ -132,12 +132,21 @@ def test_unreachable_redis_fails_chain_start_naming_it():
     asyncio.run(main())
 
 
-def test_memory_store_retry_after_only_lengthens_a_cooldown():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend):
     async def main():
-        s = MemoryStore()
-        await s.failure("a", threshold=3, cooldown_s=1, open_s=30, why="long", status=429, trial=None)
-        await s.failure("a", threshold=3, cooldown_s=1, open_s=2, why="short", status=429, trial=None)
-        return (await s.breakers(["a"]))[0]
+        s = RedisStore(REDIS_URL, shared_state()["state_prefix"]) if backend == "redis" else MemoryStore()
+        await s.start()
+        try:
+            await s.failure("a", threshold=3, cooldown_s=1, open_s=30, why="long", status=429, trial=None)
+            await s.failure("a", threshold=3, cooldown_s=1, open_s=2, why="short", status=429, trial=None)
+            opened = (await s.breakers(["a", "b"]))
+            await s.success("a")
+            return opened, (await s.breakers(["a"]))[0]
+        finally:
+            await s.aclose()
 
-    snap = asyncio.run(main())
-    assert 29 < snap.open_left_s <= 30 and snap.why == "long" and snap.status == 429 and snap.tripped
+    (a, b), closed = asyncio.run(main())
+    assert 29 < a.open_left_s <= 30 and a.why == "long" and a.status == 429 and a.tripped and a.failures == 2
+    assert b.failures == 0 and not b.tripped and b.open_left_s == 0
+    assert closed.failures == 0 and not closed.tripped and closed.open_left_s == 0
