@@ -121,7 +121,7 @@ def test_models_health_ready_providers_metrics():
     assert out["/v1/models"] == (200, {"object": "list", "data": [
         {"id": "hearth", "object": "model", "created": 0, "owned_by": "hearth"},
         {"id": "a-model", "object": "model", "created": 0, "owned_by": "a"}]})
-    assert out["/healthz"] == (200, {"status": "ok"})
+    assert out["/healthz"] == (200, {"status": "ok", "pid": os.getpid()})
     assert out["/readyz"][0] == 200 and out["/readyz"][1]["providers"][0]["state"] == "closed"
     status, body = out["/readyz after"]      # a provider cooling down does not make the gateway unready
     assert status == 200 and body["ready"] is True and body["providers"][0]["state"] == "open"

@@ -28,16 +28,20 @@ def _toml(gateway: dict, providers: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
+def _wait_healthy(proc: subprocess.Popen, port: int, workers: int = 1) -> None:
+    """Until `workers` distinct processes answered /healthz (each call a new connection)."""
     deadline = time.monotonic() + 30
-    while True:  # child processes have no event to wait on: poll the liveness route
+    pids = set()
+    while len(pids) < workers:  # child processes have no event to wait on: poll the liveness route
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, f"gateway did not start ({len(pids)} of {workers} workers answered)"
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
-                return
+            r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5)
+            if r.status_code == 200:
+                pids.add(r.json()["pid"])
+                continue
         except httpx.TransportError:
             pass
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "gateway did not start"
         time.sleep(0.05)
 
 
@@ -58,7 +62,7 @@ def test_two_workers_share_one_port_cooldowns_and_one_warmup(tmp_path):
                              "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        _wait_healthy(proc, port)
+        _wait_healthy(proc, port, workers=2)
         replies = []
         for i in range(24):   # a new connection each time: SO_REUSEPORT spreads them over both workers
             r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"messages": MESSAGES},

@@ -12,7 +12,7 @@ Routes:
                                 finish_reason is the provider's (null when it sent none, never made up).
     GET  /v1/models             "hearth" (the whole chain) and each provider model id
     GET  /v1/providers          breaker and warm-gate state per provider
-    GET  /healthz               liveness (the process answers)
+    GET  /healthz               liveness (the process answers; "pid" says which worker)
     GET  /readyz                ready = chain started and the state store answers (200, else 503); a
                                 provider cooling down does not make the gateway unready (the body lists
                                 each provider's state)
@@ -381,7 +381,7 @@ async def providers(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", "pid": os.getpid()})  # pid: which worker answered
 
 
 async def readyz(request: web.Request) -> web.Response:
