@@ -150,3 +150,21 @@ def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend)
     assert 29 < a.open_left_s <= 30 and a.why == "long" and a.status == 429 and a.tripped and a.failures == 2
     assert b.failures == 0 and not b.tripped and b.open_left_s == 0
     assert closed.failures == 0 and not closed.tripped and closed.open_left_s == 0
+
+
+@needs_redis
+def test_one_trial_across_two_chains_on_one_redis():
+    async def main():
+        async with FakeOpenAI([Behavior.status(500), Behavior.hang()]) as a, FakeOpenAI(GOOD) as b:
+            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=1, cooldown_s=COOLDOWN_S,
+                              **shared_state())
+            async with Chain(cfg) as one, Chain(cfg) as two:
+                await one.complete(MESSAGES, kind="chat")                        # opened by `one`
+                await asyncio.sleep(COOLDOWN_S + 0.05)
+                burst = await asyncio.gather(*(c.complete(MESSAGES, kind="chat") for c in (one, two) * 20))
+                return burst, len(a.requests)
+
+    burst, a_calls = asyncio.run(main())
+    trials = [r for r in burst if r.attempts[0][1] != "cooldown"]
+    assert len(trials) == 1 and trials[0].attempts[0] == ("a", "timeout_first_token") and a_calls == 2
+    assert all(r.provider == "b" for r in burst)
