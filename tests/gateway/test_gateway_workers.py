@@ -107,3 +107,29 @@ def test_workers_need_shared_state_and_a_reachable_one(tmp_path, capsys):
     assert "gateway.state_url" in err and "Traceback" not in err
     assert main(plain, "127.0.0.1", free_port(), workers=0) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+@needs_redis
+def test_a_worker_that_dies_stops_the_others_and_the_supervisor_exits_1(tmp_path):
+    port = free_port()
+    good = FakeOpenAI(GOOD).start_in_thread()
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(_toml(shared_state(), [{"name": "b", "base_url": good.base_url, "model": "m"}]))
+    proc = subprocess.Popen([sys.executable, "-m", "hearth.cli", "gateway", "--config", str(cfg), "--port", str(port),
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_healthy(proc, port, workers=2)
+        victim = httpx.get(f"http://127.0.0.1:{port}/healthz").json()["pid"]
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        good.stop()
+    assert proc.returncode == 1
+    assert f"(pid {victim}) exited with -9; stopping the others" in err.decode()
+    with socket.socket() as s:   # the other worker is gone too: nothing listens on the port any more
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (TIME_WAIT connections do not count)
+        s.bind(("127.0.0.1", port))
+        s.listen()

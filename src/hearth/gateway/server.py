@@ -464,7 +464,8 @@ def _serve(cfg: GatewayConfig, host: str, port: int, reuse_port: bool) -> int:
 def _worker(config: str, host: str, port: int) -> None:
     """One of --workers N processes: same config, same port through SO_REUSEPORT."""
     setup_logging()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers (SIGTERM), once
+    for sig in (signal.SIGTERM, signal.SIGINT):  # not the supervisor's handlers (inherited by fork); run_app sets its own
+        signal.signal(sig, signal.SIG_DFL)
     sys.exit(_serve(load_config(Path(config)), host, port, reuse_port=True))
 
 
