@@ -489,8 +489,9 @@ def _supervise(config: Path, host: str, port: int, workers: int) -> int:
             p.start()
         log.info("gateway supervising %d workers on %s:%d: pids %s", workers, host, port, [p.pid for p in procs])
         ready = multiprocessing.connection.wait([p.sentinel for p in procs] + [wake_r])
-        died = [p for p in procs if p.sentinel in ready and not p.is_alive()]
+        died = [p for p in procs if p.sentinel in ready]
         for p in died:
+            p.join(timeout=5)  # its sentinel closes a moment before the process can be reaped
             log.error("worker %s (pid %d) exited with %s; stopping the others", p.name, p.pid, p.exitcode,
                       extra={"error": "worker"})
     finally:
