@@ -7,6 +7,8 @@ share nothing but the store. The 2-process version is in test_gateway_workers.py
 
 import asyncio
 import logging
+import shutil
+import subprocess
 
 import pytest
 
@@ -14,7 +16,7 @@ from hearth.gateway.chain import Chain
 from hearth.gateway.state import MemoryStore, RedisStore, StateStoreError
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
 from tests.gateway.gateway_helpers import (
-    BACKENDS, CHAT_JSON, MARGIN_S, MESSAGES, REDIS_URL, backend_settings, make_config, needs_redis, provider,
+    BACKENDS, CHAT_JSON, MARGIN_S, MESSAGES, REDIS_URL, backend_settings, gateway, make_config, needs_redis, provider,
     shared_state, stopwatch,
 )
 
@@ -168,3 +170,40 @@ def test_one_trial_across_two_chains_on_one_redis():
     trials = [r for r in burst if r.attempts[0][1] != "cooldown"]
     assert len(trials) == 1 and trials[0].attempts[0] == ("a", "timeout_first_token") and a_calls == 2
     assert all(r.provider == "b" for r in burst)
+
+
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="needs the redis-server binary (.ci/run installs it)")
+def test_redis_going_away_is_503_and_unready_not_a_crash(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+
+    async def main():
+        import redis.asyncio as aioredis
+
+        probe = aioredis.Redis(port=port)
+        for _ in range(200):   # a fresh process: wait until it answers (bounded)
+            try:
+                await probe.ping()
+                break
+            except Exception:
+                await asyncio.sleep(0.02)
+        await probe.aclose()
+        async with FakeOpenAI(GOOD) as a:
+            cfg = make_config(provider("a", a), state_url=f"redis://127.0.0.1:{port}/0")
+            async with gateway(cfg) as client:
+                ok = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
+                server.terminate()
+                server.wait(10)
+                down = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
+                ready = await client.get("/readyz")
+                return ok.status, down.status, await down.json(), ready.status
+
+    try:
+        ok, down, body, ready = asyncio.run(main())
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert ok == 200 and down == 503 and ready == 503
+    assert body["error"]["code"] == "state_store_unavailable"
