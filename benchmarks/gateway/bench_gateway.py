@@ -299,7 +299,7 @@ async def fault_rows(args, progress) -> list[dict]:
                 spacing = 2 * args.cold_s / args.fault_requests
                 if system == "hearth":
                     ft = primary(cold, scale_to_zero=True, health_url=cold.health_url,
-                                 warm={"probe_timeout_s": 0.2, "ttl_s": 5, "warmup_budget_s": args.cold_s + 30,
+                                 warm={"ttl_s": 5, "warmup_budget_s": args.cold_s + 30,  # default probe_timeout_s
                                        "warmup_poll_s": 0.5, "warmup_request_timeout_s": args.cold_s + 30})
                     async with Chain(hearth_cfg(ft)) as chain:
                         await run("cold fine-tune", "hearth", lambda: hearth_call(chain), args.fault_requests, spacing)

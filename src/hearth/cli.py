@@ -96,11 +96,12 @@ def gateway(
     config: Annotated[Path, typer.Option("--config", help="gateway TOML file")],
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8400,
+    workers: Annotated[int, typer.Option("--workers", help="processes on one port (SO_REUSEPORT); > 1 needs [gateway] state_url")] = 1,
 ) -> None:
     """Serve the warm-gated provider chain as an OpenAI-compatible API."""
     from hearth.gateway.server import main
 
-    raise typer.Exit(main(config=config, host=host, port=port))
+    raise typer.Exit(main(config=config, host=host, port=port, workers=workers))
 
 
 @app.command()

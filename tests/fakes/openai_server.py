@@ -22,8 +22,10 @@ handler (what POST /v1/chat/completions does), one of:
 Behaviours:
     Behavior.reply(content, finish_reason="stop", delay_s=0)   JSON chat.completion, or SSE (the
         content split into a few deltas) when the request body has "stream": true.
-    Behavior.stream(chunks, first_token_delay_s=0, stall_after=None, chunk_delay_s=0)   SSE deltas;
-        stall_after=N sends N chunks and then stalls (holds the connection open, sends nothing).
+    Behavior.stream(chunks, first_token_delay_s=0, stall_after=None, chunk_delay_s=0, finish_reason="stop",
+                    cut=False)   SSE deltas;
+        stall_after=N sends N chunks and then stalls (holds the connection open, sends nothing);
+        cut=True ends the body right after the chunks, without the final chunk and [DONE].
         For a non-streaming request the chunks are joined into one JSON reply after the delay
         (a stall then means no reply at all).
     Behavior.status(code, headers=None, body=None)   that status; body defaults to an OpenAI error object.
@@ -71,6 +73,7 @@ class Behavior:
     delay_s: float = 0.0
     chunk_delay_s: float = 0.0
     stall_after: int | None = None
+    cut: bool = False
     code: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None
@@ -83,7 +86,7 @@ class Behavior:
 
     @classmethod
     def stream(cls, chunks: Sequence[str], first_token_delay_s: float = 0.0, stall_after: int | None = None,
-               chunk_delay_s: float = 0.0, finish_reason: str | None = "stop") -> "Behavior":
+               chunk_delay_s: float = 0.0, finish_reason: str | None = "stop", cut: bool = False) -> "Behavior":
         if isinstance(chunks, str):
             raise TypeError("chunks must be a sequence of strings, not one string")
         _check_delay("first_token_delay_s", first_token_delay_s)
@@ -91,7 +94,7 @@ class Behavior:
         if stall_after is not None and stall_after < 0:
             raise ValueError(f"stall_after must be >= 0, got {stall_after}")
         return cls("stream", chunks=tuple(chunks), delay_s=first_token_delay_s, stall_after=stall_after,
-                   chunk_delay_s=chunk_delay_s, finish_reason=finish_reason)
+                   chunk_delay_s=chunk_delay_s, finish_reason=finish_reason, cut=cut)
 
     @classmethod
     def status(cls, code: int, headers: dict[str, str] | None = None, body: Any = None) -> "Behavior":
@@ -362,6 +365,9 @@ class FakeOpenAI:
             await resp.write(event({"content": chunk}, None))
         if b.stall_after is not None and b.stall_after >= len(chunks):
             await self._wait(None)
+            return resp
+        if b.cut:  # the body ends cleanly, but without the final chunk and [DONE]
+            await resp.write_eof()
             return resp
         await resp.write(event({}, b.finish_reason))
         await resp.write(b"data: [DONE]\n\n")

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
-from contextlib import contextmanager
+import uuid
+from contextlib import asynccontextmanager, contextmanager
+
+import aiohttp
+import pytest
+from aiohttp import web
 
 from hearth.gateway.config import GatewayConfig, config_from_dict
 
@@ -44,3 +51,39 @@ def stopwatch():
     end: list[float] = []
     yield lambda: (end[0] if end else time.perf_counter()) - start
     end.append(time.perf_counter())
+
+
+# A real Redis for the shared-state tests: .ci/run starts one and exports HEARTH_TEST_REDIS_URL.
+REDIS_URL = os.environ.get("HEARTH_TEST_REDIS_URL")
+needs_redis = pytest.mark.skipif(not REDIS_URL, reason="HEARTH_TEST_REDIS_URL is not set (.ci/run starts a Redis)")
+
+
+def shared_state() -> dict:
+    """[gateway] settings that share state through the test Redis, under a key prefix of its own."""
+    return {"state_url": REDIS_URL, "state_prefix": f"hearth-test:{uuid.uuid4().hex}"}
+
+
+# The backends a state test runs against: this process, and Redis (skipped without one).
+BACKENDS = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis", marks=needs_redis)]
+
+
+def backend_settings(backend: str) -> dict:
+    return shared_state() if backend == "redis" else {}
+
+
+@asynccontextmanager
+async def gateway(cfg, *, chain=None):
+    """The gateway app on a real loopback socket, run as main() runs it; yields an aiohttp client for it."""
+    from hearth.gateway.server import RUNNER_OPTIONS, create_app
+
+    app = create_app(cfg, chain=chain)
+    runner = web.AppRunner(app, **RUNNER_OPTIONS)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
+            yield client
+    finally:
+        await runner.cleanup()

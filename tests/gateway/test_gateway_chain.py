@@ -86,7 +86,7 @@ def test_429_retry_after_cools_the_provider_down():
                 first = await chain.complete(MESSAGES, kind="chat")
                 with stopwatch() as t:
                     second = await chain.complete(MESSAGES, kind="chat")
-                state = {p["name"]: p for p in chain.status()}
+                state = {p["name"]: p for p in await chain.status()}
                 metrics = chain.metrics.render().decode()
             return first, second, t(), state, len(a.requests), metrics
 
@@ -112,7 +112,7 @@ def test_breaker_opens_after_consecutive_failures_and_half_opens():
                 calls_while_open = len(a.requests)
                 await asyncio.sleep(0.35)                          # the cooldown itself is the thing under test
                 r4 = await chain.complete(MESSAGES, kind="chat")   # half-open: a tried, succeeds
-                state = chain.status()[0]
+                state = (await chain.status())[0]
         return r1, r2, r3, r4, calls_while_open, state
 
     r1, r2, r3, r4, calls_while_open, state = asyncio.run(main())

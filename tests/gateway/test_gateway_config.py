@@ -52,6 +52,16 @@ def test_missing_environment_variable_is_named(missing):
     ({"providers": _one()["providers"] * 2}, "providers[1].name", "duplicate provider name 'a'"),
     # TOML has dates; a date in extra_body cannot be sent as JSON: refuse at start-up, not per request
     (_one(extra_body={"since": __import__("datetime").date(2024, 1, 2)}), "providers[0].extra_body", "JSON"),
+    # issue 13 item 7: ports out of range or not numbers, and a connect budget over the total one
+    (_one(base_url="http://127.0.0.1:99999/v1"), "providers[0].base_url", "out of range"),
+    (_one(base_url="http://127.0.0.1:abc/v1"), "providers[0].base_url", "not a valid URL"),
+    (_one(base_url="http://127.0.0.1:0/v1"), "providers[0].base_url", "1-65535"),
+    (_one(scale_to_zero=True, health_url="http://h:70000/health"), "providers[0].health_url", "out of range"),
+    (_one(timeouts={"connect_s": 5, "first_token_s": 1, "total_s": 2}), "providers[0].timeouts", "connect_s must be <= total_s"),
+    ({"gateway": {"state_url": "http://127.0.0.1:6379"}, **_one()}, "gateway.state_url", "redis"),
+    ({"gateway": {"state_url": "redis://127.0.0.1:99999/0"}, **_one()}, "gateway.state_url", "out of range"),
+    ({"gateway": {"state_url": "redis://127.0.0.1:6379/zero"}, **_one()}, "gateway.state_url", "database number"),
+    ({"gateway": {"state_prefix": "has space"}, **_one()}, "gateway.state_prefix", "pattern"),
 ])
 def test_errors_name_the_field(data, field, words):
     with pytest.raises(ConfigError) as info:
@@ -97,3 +107,9 @@ def test_api_key_not_in_repr():
     cfg = config_from_dict(_one(api_key_env="K"), {"K": "sk-secret"})
     assert cfg.providers[0].api_key == "sk-secret"
     assert "sk-secret" not in repr(cfg) and "sk-secret" not in cfg.model_dump_json()
+
+
+def test_state_url_accepted_and_default_is_in_process():
+    assert config_from_dict(_one(), {}).gateway.state_url is None
+    cfg = config_from_dict({"gateway": {"state_url": "redis://127.0.0.1:6379/2", "state_prefix": "gw:a"}, **_one()}, {})
+    assert cfg.gateway.state_url == "redis://127.0.0.1:6379/2" and cfg.gateway.state_prefix == "gw:a"

@@ -57,7 +57,7 @@ def test_hanging_cold_endpoint_shares_one_probe_and_serves_after_warmup():
                 burst_cost = t()
                 await chain.gates["ft"].wait_warmup()
                 later = await chain.complete(MESSAGES, kind="chat")
-                return burst, burst_cost, later, ft.health_calls, len(ft.requests), chain.status()[0]
+                return burst, burst_cost, later, ft.health_calls, len(ft.requests), (await chain.status())[0]
 
     burst, burst_cost, later, health_calls, ft_calls, status = asyncio.run(main())
     assert {r.provider for r in burst} == {"hosted"}
@@ -88,7 +88,7 @@ def test_failed_warmup_is_logged_and_counted_not_swallowed(caplog):
                 result = await chain.complete(MESSAGES, kind="chat")
                 await chain.gates["ft"].wait_warmup()
                 await asyncio.sleep(0)  # let the done-callback run
-                return result, chain.metrics.render().decode(), chain.gates["ft"].state()
+                return result, chain.metrics.render().decode(), await chain.gates["ft"].state()
 
     with caplog.at_level(logging.ERROR, logger="hearth.gateway.warm"):
         result, metrics, state = asyncio.run(main())

@@ -1,65 +1,83 @@
 """Per-provider circuit breaker: cool a provider down after failures, or when it says Retry-After.
 
-    closed  --(breaker_failures consecutive failures)-->  open for cooldown_s
-    closed  --(429/503 with Retry-After: N)----------->  open for min(N, max_retry_after_s)
-    open    --(time passes)----------------------------> half-open: the next request tries it;
-                                                          success closes it, a failure reopens it
+    closed     --(breaker_failures consecutive failures)-->  open for cooldown_s
+    closed     --(429/503 with Retry-After: N)------------->  open for min(N, max_retry_after_s)
+    open       --(the cooldown ends)------------------------>  half-open
+    half-open  --(ONE trial request, leased)---------------->  success: closed; failure: open again
+               while the trial is in flight every other request skips the provider (it goes on to
+               the next one), so a provider that is still broken costs one request its timeout,
+               not every request that arrives when the cooldown ends
 
-State lives in this process. Several gateway workers each keep their own (documented limitation:
-shared state would go in the app's database or Redis; see ARCHITECTURE "Beyond one machine").
+Only the provider's own failures count. A client error (an upstream 4xx other than 401/402/403/404/
+407/408/429: the request itself is wrong, e.g. context_length_exceeded) never counts, and neither does
+an attempt abandoned because the client hung up (its trial, if it held one, is given back).
+
+The state lives in a StateStore (hearth.gateway.state): this process by default, Redis when
+[gateway].state_url is set, so every worker sees the same cooldowns and the same single trial.
 """
 
 from __future__ import annotations
 
-import time
+from hearth.gateway.errors import Cooldown, ProviderError, UpstreamStatus
+from hearth.gateway.state import BreakerSnapshot, StateStore
 
-from hearth.gateway.errors import Cooldown, UpstreamStatus
+
+def counts(error: ProviderError) -> bool:
+    """Whether a failed attempt says something about the provider (and so counts toward its breaker)."""
+    return not (isinstance(error, UpstreamStatus) and error.client_error)
 
 
 class Breaker:
-    __slots__ = ("name", "threshold", "cooldown_s", "max_retry_after_s", "failures", "open_until", "why")
+    """The policy for one provider; the state is in `store` under the provider's name."""
 
-    def __init__(self, name: str, *, threshold: int, cooldown_s: float, max_retry_after_s: float) -> None:
+    __slots__ = ("name", "store", "threshold", "cooldown_s", "max_retry_after_s", "trial_lease_s")
+
+    def __init__(self, name: str, store: StateStore, *, threshold: int, cooldown_s: float,
+                 max_retry_after_s: float, trial_lease_s: float) -> None:
         self.name = name
+        self.store = store
         self.threshold = threshold
         self.cooldown_s = cooldown_s
         self.max_retry_after_s = max_retry_after_s
-        self.failures = 0               # consecutive
-        self.open_until = 0.0           # time.monotonic() until which the provider is skipped
-        self.why = ""
+        self.trial_lease_s = trial_lease_s
 
-    def check(self, now: float | None = None) -> Cooldown | None:
-        """A Cooldown error when the provider must be skipped now, else None."""
-        now = time.monotonic() if now is None else now
-        if now < self.open_until:
-            return Cooldown(self.name, self.open_until - now, self.why)
+    def skip(self, snap: BreakerSnapshot) -> Cooldown | None:
+        """A Cooldown when the snapshot says skip the provider now (open, or its trial is taken)."""
+        if snap.open_left_s > 0:
+            return Cooldown(self.name, snap.open_left_s, snap.why, snap.status)
+        if snap.tripped and snap.trial:
+            return Cooldown(self.name, 0.0, "half-open: one trial request is in flight")
         return None
 
-    def is_open(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) < self.open_until
+    async def claim_trial(self, snap: BreakerSnapshot) -> tuple[bool, str | None]:
+        """(may attempt, trial token). A tripped breaker whose cooldown ended admits one trial."""
+        if not snap.tripped:
+            return True, None
+        token = await self.store.claim_trial(self.name, self.trial_lease_s)
+        return token is not None, token
 
-    def success(self) -> None:
-        self.failures = 0
-        self.open_until = 0.0
-
-    def failure(self, error: Exception, now: float | None = None) -> bool:
-        """Record a failed attempt; returns True when this opened the breaker."""
-        now = time.monotonic() if now is None else now
-        self.failures += 1
+    async def failure(self, error: ProviderError, trial: str | None) -> bool:
+        """Record a failed attempt; True when this opened the breaker. Client errors only give the trial back."""
+        if not counts(error):
+            if trial is not None:
+                await self.store.release_trial(self.name, trial)
+            return False
+        open_s = status = None
         if isinstance(error, UpstreamStatus) and error.retry_after is not None:
-            self.open_until = max(self.open_until, now + min(error.retry_after, self.max_retry_after_s))
-            self.why = f"Retry-After {error.retry_after:g} s (HTTP {error.status})"
-            return True
-        if self.failures >= self.threshold and self.cooldown_s > 0:
-            self.open_until = now + self.cooldown_s
-            self.why = f"{self.failures} consecutive failures, last: {error}"
-            return True
-        return False
+            open_s, status = min(error.retry_after, self.max_retry_after_s), error.status
+            why = f"Retry-After {error.retry_after:g} s (HTTP {error.status})"
+        else:
+            why = f"{self.threshold} consecutive failures" if not trial else "the half-open trial failed"
+            why += f", last: {error}"
+        return await self.store.failure(self.name, threshold=self.threshold, cooldown_s=self.cooldown_s, open_s=open_s,
+                                        why=why, status=status, trial=trial)
 
-    def state(self, now: float | None = None) -> dict:
-        now = time.monotonic() if now is None else now
-        is_open = now < self.open_until
-        return {"state": "open" if is_open else ("half_open" if self.failures >= self.threshold else "closed"),
-                "consecutive_failures": self.failures,
-                "cooldown_left_s": round(self.open_until - now, 3) if is_open else 0.0,
-                "why": self.why if is_open else None}
+    async def success(self) -> None:
+        await self.store.success(self.name)
+
+    def state(self, snap: BreakerSnapshot) -> dict:
+        is_open = snap.open_left_s > 0
+        state = "open" if is_open else ("half_open" if snap.tripped else "closed")
+        return {"state": state, "consecutive_failures": snap.failures,
+                "cooldown_left_s": round(snap.open_left_s, 3) if is_open else 0.0,
+                "why": snap.why if is_open else None, "trial_in_flight": snap.trial}

@@ -6,17 +6,28 @@
 
 Order of one request: scale-to-zero providers that the warm gate calls warm go first, cold ones are
 skipped (the gate starts their warm-up), then the rest in config order. A provider whose breaker is
-open is skipped without a request. Each attempt gets min(its total_s, what is left of the deadline),
-so a hang costs at most its own timeout and never the whole request past deadline_s.
+open is skipped without a request; when its cooldown has ended, ONE request at a time (across
+workers, with a shared store) gets to try it, the others skip it while that trial runs. Each attempt
+gets min(its total_s, what is left of the deadline), so a hang costs at most its own timeout and
+never the whole request past deadline_s.
+
+`model` picks the providers: None or "hearth" (MODEL_ALIAS) means all of them; any other value the
+providers whose name or model id it is (a provider group, in chain order); no match: UnknownModel.
 
 Falls through on every ProviderError (timeouts, any non-2xx status incl. 429 whose Retry-After
 becomes that provider's cooldown, connection failures, a reply that is not a chat completion, and a
-reply that fails hearth.envelope.parse_envelope). A 4xx falls through too: providers differ in
-what they accept, so one's 400 can be the next one's 200. When every provider failed:
-AllProvidersFailed, one ProviderError per provider in chain order.
+reply that fails hearth.envelope.parse_envelope). A client error (upstream 4xx other than
+401/402/403/404/407/408/429, e.g. 400 context_length_exceeded) falls through too, since providers
+differ in what they accept, but never counts toward the breaker (hearth.gateway.breaker). When every
+provider failed: AllProvidersFailed, one ProviderError per provider in chain order.
 
-Streaming falls back only before the first content delta; once a byte was yielded, a failure ends
-the stream with StreamInterrupted (no fallback: the client already shows text from that provider).
+Streaming: deltas carry only the text of the reply's JSON object (hearth.gateway.streamfilter: no
+think block, no fences, no chatter). The chain falls back until the first such byte is yielded;
+after it, a failure ends the stream with StreamInterrupted (no fallback: the client already shows
+text from that provider).
+
+Cancellation (the client hung up): the upstream request is closed at once, nothing is counted
+against the provider, and a half-open trial it held is given back.
 """
 
 from __future__ import annotations
@@ -29,20 +40,33 @@ from typing import AsyncIterator
 
 from pydantic import BaseModel
 
+from hearth import envelope as env
 from hearth.envelope import REPLY_KINDS
 from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
-    AllProvidersFailed, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, ProviderError, StreamInterrupted,
-    Timeout, label,
+    AllProvidersFailed, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, InvalidResponse, ProviderError,
+    StreamInterrupted, Timeout, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
+from hearth.gateway.state import CLOSED, BreakerSnapshot, StateStore, make_store
+from hearth.gateway.streamfilter import EnvelopeFilter
 from hearth.gateway.transport.client import AiohttpTransport, Transport
 from hearth.gateway.warm import WarmGate
 
-__all__ = ["Chain", "ChainResult", "StreamDelta", "StreamDone"]
+__all__ = ["Chain", "ChainResult", "StreamDelta", "StreamDone", "UnknownModel", "MODEL_ALIAS"]
 log = logging.getLogger("hearth.gateway.chain")
+MODEL_ALIAS = "hearth"
+
+
+class UnknownModel(GatewayError, ValueError):
+    """`model` names no provider and no provider's model id."""
+
+    def __init__(self, model: str, known: list[str]) -> None:
+        self.model = model
+        self.known = known
+        super().__init__(f"model {model!r} is not served here; known: {known}")
 
 
 @dataclass(frozen=True)
@@ -52,7 +76,7 @@ class ChainResult:
     provider: str                            # name of the provider that answered
     latency_s: float                         # whole request, including skipped and failed attempts
     attempts: list[tuple[str, str]] = field(default_factory=list)   # (provider, outcome) in order; "ok" last
-    finish_reason: str | None = None
+    finish_reason: str | None = None         # the provider's, never made up (None when it sent none)
 
 
 @dataclass(frozen=True)
@@ -66,26 +90,45 @@ class StreamDone:
     result: ChainResult
 
 
+class _Attempt:
+    """One provider's turn in one request: the trial it may hold, and whether its outcome was recorded."""
+
+    __slots__ = ("provider", "snap", "trial", "settled", "t0")
+
+    def __init__(self, provider: Provider, snap: BreakerSnapshot) -> None:
+        self.provider = provider
+        self.snap = snap
+        self.trial: str | None = None
+        self.settled = False
+        self.t0 = time.monotonic()
+
+
 class Chain:
     """Ordered fallback over the configured providers. Call start() (or use `async with`) first."""
 
     def __init__(self, config: GatewayConfig, *, transport: Transport | None = None,
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None, store: StateStore | None = None) -> None:
         if not isinstance(config, GatewayConfig):
             raise TypeError(f"config must be a GatewayConfig, got {type(config).__name__}")
         self.config = config
         self.settings = config.gateway
         self.transport = transport or AiohttpTransport(config.gateway.max_connections)
         self.metrics = metrics or GatewayMetrics()
+        self.store = store if store is not None else make_store(config.gateway)
         self.providers = [Provider(p, self.transport) for p in config.providers]
+        self.names = [p.name for p in self.providers]
         s = config.gateway
-        self.breakers = {p.name: Breaker(p.name, threshold=s.breaker_failures, cooldown_s=s.cooldown_s,
-                                         max_retry_after_s=s.max_retry_after_s) for p in config.providers}
-        self.gates = {p.name: WarmGate(p, self.transport, self.metrics) for p in config.providers if p.scale_to_zero}
+        self.breakers = {p.name: Breaker(p.name, self.store, threshold=s.breaker_failures, cooldown_s=s.cooldown_s,
+                                         max_retry_after_s=s.max_retry_after_s,
+                                         trial_lease_s=p.timeouts.total_s + 5.0) for p in config.providers}
+        self.gates = {p.name: WarmGate(p, self.transport, self.metrics, self.store)
+                      for p in config.providers if p.scale_to_zero}
         self.started = False
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> "Chain":
+        """Connect the state store (a wrong state_url fails here, StateStoreError) and the HTTP client."""
+        await self.store.start()
         await self.transport.start()
         self.started = True
         return self
@@ -94,6 +137,7 @@ class Chain:
         for gate in self.gates.values():
             await gate.aclose()
         await self.transport.aclose()
+        await self.store.aclose()
         self.started = False
 
     async def __aenter__(self) -> "Chain":
@@ -102,41 +146,58 @@ class Chain:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def status(self) -> list[dict]:
+    async def status(self) -> list[dict]:
         """Per provider: breaker state and (scale-to-zero only) warm state, for /readyz and /v1/providers."""
-        now = time.monotonic()
+        snaps = await self.store.breakers(self.names)
         out = []
-        for p in self.providers:
-            row = {"name": p.name, "model": p.config.model, **self.breakers[p.name].state(now)}
+        for p, snap in zip(self.providers, snaps):
+            row = {"name": p.name, "model": p.config.model, **self.breakers[p.name].state(snap)}
             if p.name in self.gates:
-                row["warm_gate"] = self.gates[p.name].state()
+                row["warm_gate"] = await self.gates[p.name].state()
             out.append(row)
         return out
 
-    # ------------------------------------------------------------------ ordering
-    async def _plan(self, deadline_at: float) -> tuple[list[Provider], list[ProviderError]]:
-        """Providers to try in order, plus the skipped ones' errors (cooldown, cold)."""
-        now = time.monotonic()
-        skipped: list[ProviderError] = []
-        open_ok: list[Provider] = []
+    def models(self) -> list[str]:
+        """Model names a request may use: the alias for the whole chain, then each distinct model id."""
+        out = [MODEL_ALIAS]
         for p in self.providers:
-            cooling = self.breakers[p.name].check(now)
+            if p.config.model not in out:
+                out.append(p.config.model)
+        return out
+
+    # ------------------------------------------------------------------ ordering
+    def providers_for(self, model: str | None) -> list[Provider]:
+        """The providers a request naming `model` goes to, in chain order; UnknownModel when none."""
+        if model is None or model == MODEL_ALIAS:
+            return self.providers
+        group = [p for p in self.providers if model in (p.name, p.config.model)]
+        if not group:
+            raise UnknownModel(model, self.models())
+        return group
+
+    async def _plan(self, providers: list[Provider], deadline_at: float) -> tuple[list[_Attempt], list[ProviderError]]:
+        """Providers to try in order, plus the skipped ones' errors (cooldown, cold)."""
+        snaps = await self.store.breakers([p.name for p in providers])
+        skipped: list[ProviderError] = []
+        open_ok: list[_Attempt] = []
+        for p, snap in zip(providers, snaps):
+            cooling = self.breakers[p.name].skip(snap)
             if cooling is not None:
                 skipped.append(cooling)
             else:
-                open_ok.append(p)
-        gated = [p for p in open_ok if p.name in self.gates]
+                open_ok.append(_Attempt(p, snap))
+        gated = [a for a in open_ok if a.provider.name in self.gates]
         if not gated:
             return open_ok, skipped
         try:
             async with asyncio.timeout(max(deadline_at - time.monotonic(), 0.0)):
-                warm = await asyncio.gather(*(self.gates[p.name].is_warm() for p in gated))
+                warm = await asyncio.gather(*(self.gates[a.provider.name].is_warm() for a in gated))
         except TimeoutError:  # the request deadline is shorter than a probe: treat them as cold
             warm = [False] * len(gated)
-        warm_by_name = {p.name: w for p, w in zip(gated, warm)}
-        first = [p for p in gated if warm_by_name[p.name]]
-        skipped += [Cold(p.name) for p in gated if not warm_by_name[p.name]]
-        rest = [p for p in open_ok if p.name not in self.gates]
+        warm_by_name = {a.provider.name: w for a, w in zip(gated, warm)}
+        first = [a for a in gated if warm_by_name[a.provider.name]]
+        skipped += [Cold(a.provider.name) for a in gated if not warm_by_name[a.provider.name]]
+        rest = [a for a in open_ok if a.provider.name not in self.gates]
         return first + rest, skipped
 
     def _check(self, messages: list[dict], kind: str, deadline_s: float | None) -> float:
@@ -150,113 +211,153 @@ class Chain:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         return float(deadline_s)
 
-    def _failed(self, error: ProviderError, elapsed: float | None, request_id: str | None) -> None:
+    # ------------------------------------------------------------------ outcomes
+    async def _begin(self, a: _Attempt, errors: list[ProviderError], attempts: list) -> bool:
+        """Claim the half-open trial when the provider needs one; False (and a Cooldown) when another has it."""
+        ok, a.trial = await self.breakers[a.provider.name].claim_trial(a.snap)
+        if not ok:
+            skipped = self.breakers[a.provider.name].skip(BreakerSnapshot(tripped=True, trial=True))
+            self.metrics.child(self.metrics.errors, a.provider.name, label(skipped)).inc()
+            errors.append(skipped)
+            attempts.append((a.provider.name, label(skipped)))
+            return False
+        a.t0 = time.monotonic()
+        return True
+
+    async def _abandon(self, a: _Attempt) -> None:
+        """The attempt ended without a verdict (cancelled): give its trial back, count nothing."""
+        if not a.settled and a.trial is not None:
+            a.settled = True
+            try:
+                await asyncio.shield(self.store.release_trial(a.provider.name, a.trial))
+            except Exception as exc:  # the lease expires by itself
+                log.warning("could not give back the trial of %s: %r", a.provider.name, exc)
+
+    async def _failed(self, a: _Attempt, error: ProviderError, request_id: str | None) -> None:
+        a.settled = True
         name = error.provider
         lab = label(error)
         self.metrics.child(self.metrics.errors, name, lab).inc()
-        if elapsed is None:  # skipped: no request was made, the breaker learns nothing
-            return
-        self.metrics.child(self.metrics.attempt_seconds, name, "error").observe(elapsed)
+        self.metrics.child(self.metrics.attempt_seconds, name, "error").observe(time.monotonic() - a.t0)
         if name in self.gates and isinstance(error, (ConnectionFailed, Timeout)):
             # a "warm" answer is stale once the endpoint stops answering (scaled back to zero): re-probe
-            self.gates[name].invalidate()
-        if self.breakers[name].failure(error):
+            await self.gates[name].invalidate()
+        if await self.breakers[name].failure(error, a.trial):
             self.metrics.breaker_open.labels(name).set(1)
-            log.warning("provider %s cooling down: %s", name, self.breakers[name].why,
+            log.warning("provider %s cooling down: %s", name, error,
                         extra={"request_id": request_id, "provider": name})
         log.info("attempt failed: %s", error, extra={"request_id": request_id, "provider": name, "error": lab})
 
-    def _attempt_failed(self, error: ProviderError, t0: float, request_id: str | None,
-                        errors: list[ProviderError], attempts: list, *, fell_back: bool) -> None:
+    async def _attempt_failed(self, a: _Attempt, error: ProviderError, request_id: str | None,
+                              errors: list[ProviderError], attempts: list, *, fell_back: bool) -> None:
         """Record one failed attempt (metrics, breaker, the request's error list) before falling back."""
-        self._failed(error, time.monotonic() - t0, request_id)
+        await self._failed(a, error, request_id)
         errors.append(error)
         attempts.append((error.provider, label(error)))
         if fell_back:
             self.metrics.child(self.metrics.fallbacks, error.provider).inc()
 
-    def _succeeded(self, name: str, kind: str, elapsed: float, request_s: float) -> None:
+    async def _succeeded(self, a: _Attempt, kind: str, request_s: float) -> None:
+        a.settled = True
+        name = a.provider.name
         self.metrics.child(self.metrics.requests, kind, "ok").inc()
         self.metrics.child(self.metrics.request_seconds, kind).observe(request_s)
-        self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(elapsed)
-        breaker = self.breakers[name]
-        if breaker.failures:
-            breaker.success()
+        self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(time.monotonic() - a.t0)
+        if a.snap is not CLOSED or a.trial is not None:
+            await self.breakers[name].success()
             self.metrics.breaker_open.labels(name).set(0)
 
     def _all_failed(self, errors: list[ProviderError], kind: str, start: float, outcome: str = "failed") -> AllProvidersFailed:
         self.metrics.child(self.metrics.requests, kind, outcome).inc()
         self.metrics.child(self.metrics.request_seconds, kind).observe(time.monotonic() - start)
-        return AllProvidersFailed(f"all {len(self.providers)} providers failed", errors)
+        return AllProvidersFailed(f"all {len(errors)} providers failed", errors)
 
     # ------------------------------------------------------------------ JSON
     async def complete(self, messages: list[dict], *, kind: str, deadline_s: float | None = None,
-                       max_tokens: int | None = None, request_id: str | None = None) -> ChainResult:
-        """One envelope of `kind`. Raises AllProvidersFailed, or ValueError/TypeError for bad arguments."""
+                       max_tokens: int | None = None, request_id: str | None = None,
+                       model: str | None = None) -> ChainResult:
+        """One envelope of `kind`. Raises AllProvidersFailed, UnknownModel, or ValueError/TypeError for bad arguments."""
         deadline_s = self._check(messages, kind, deadline_s)
+        providers = self.providers_for(model)
         start = time.monotonic()
         deadline_at = start + deadline_s
-        plan, errors = await self._plan(deadline_at)
+        plan, errors = await self._plan(providers, deadline_at)
         attempts = [(e.provider, label(e)) for e in errors]
-        for i, p in enumerate(plan):
+        for i, a in enumerate(plan):
             left = deadline_at - time.monotonic()
             if left <= 0:
-                errors += [DeadlineExceeded(q.name, deadline_s) for q in plan[i:]]
+                errors += [DeadlineExceeded(q.provider.name, deadline_s) for q in plan[i:]]
                 break
-            t0 = time.monotonic()
+            if not await self._begin(a, errors, attempts):
+                continue
+            p = a.provider
             try:
                 done = await p.complete(messages, kind, budget_s=left, max_tokens=max_tokens, request_id=request_id)
             except ProviderError as exc:
-                self._attempt_failed(exc, t0, request_id, errors, attempts, fell_back=i + 1 < len(plan))
+                await self._attempt_failed(a, exc, request_id, errors, attempts, fell_back=i + 1 < len(plan))
                 continue
+            finally:
+                await self._abandon(a)
             now = time.monotonic()
-            self._succeeded(p.name, kind, now - t0, now - start)
+            await self._succeeded(a, kind, now - start)
             attempts.append((p.name, "ok"))
             return ChainResult(done.envelope, done.text, p.name, now - start, attempts, done.finish_reason)
         raise self._all_failed(errors, kind, start)
 
     # ------------------------------------------------------------------ SSE
     async def stream(self, messages: list[dict], *, kind: str, deadline_s: float | None = None,
-                     max_tokens: int | None = None, request_id: str | None = None
+                     max_tokens: int | None = None, request_id: str | None = None, model: str | None = None
                      ) -> AsyncIterator[StreamDelta | StreamDone]:
-        """Yield StreamDelta(text) as they arrive, then one StreamDone(result).
+        """Yield StreamDelta(text) as they arrive (the envelope's JSON text only), then one StreamDone(result).
 
-        Raises AllProvidersFailed before the first delta, StreamInterrupted after it.
+        Raises AllProvidersFailed (or UnknownModel) before the first delta, StreamInterrupted after it.
         """
         deadline_s = self._check(messages, kind, deadline_s)
+        providers = self.providers_for(model)
         start = time.monotonic()
         deadline_at = start + deadline_s
-        plan, errors = await self._plan(deadline_at)
+        plan, errors = await self._plan(providers, deadline_at)
         attempts = [(e.provider, label(e)) for e in errors]
-        for i, p in enumerate(plan):
+        for i, a in enumerate(plan):
             left = deadline_at - time.monotonic()
             if left <= 0:
-                errors += [DeadlineExceeded(q.name, deadline_s) for q in plan[i:]]
+                errors += [DeadlineExceeded(q.provider.name, deadline_s) for q in plan[i:]]
                 break
-            t0 = time.monotonic()
-            try:
-                upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
-                                                      request_id=request_id)
-            except ProviderError as exc:
-                self._attempt_failed(exc, t0, request_id, errors, attempts, fell_back=i + 1 < len(plan))
+            if not await self._begin(a, errors, attempts):
                 continue
-            # committed to this provider: from here on a failure cannot fall back
-            parts = [first]
+            p = a.provider
+            upstream = None
+            cut = EnvelopeFilter()
+            raw: list[str] = []
             try:
-                yield StreamDelta(first, p.name)
-                while (delta := await upstream.next_delta()) is not None:
-                    parts.append(delta)
-                    yield StreamDelta(delta, p.name)
-                text = "".join(parts)
-                envelope = upstream.envelope(text, kind)
-            except ProviderError as exc:
-                self._failed(exc, time.monotonic() - t0, request_id)
-                self.metrics.child(self.metrics.requests, kind, "interrupted").inc()
-                raise StreamInterrupted(p.name, exc) from exc
+                try:
+                    upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                          request_id=request_id)
+                    delta: str | None = first
+                    while delta is not None:
+                        raw.append(delta)
+                        shown = cut.feed(delta)
+                        if shown:
+                            yield StreamDelta(shown, p.name)
+                        delta = await upstream.next_delta()
+                    text = "".join(raw)
+                    envelope = upstream.envelope(text, kind)
+                    if cut.text != env.repair(text):
+                        raise InvalidResponse(p.name, "the streamed JSON object is not the reply's envelope "
+                                                      "(more than one object-like span in the reply)")
+                except ProviderError as exc:
+                    if cut.emitted:  # the client shows this provider's text: no fallback
+                        await self._failed(a, exc, request_id)
+                        self.metrics.child(self.metrics.requests, kind, "interrupted").inc()
+                        raise StreamInterrupted(p.name, exc) from exc
+                    await self._attempt_failed(a, exc, request_id, errors, attempts, fell_back=i + 1 < len(plan))
+                    continue
             finally:
-                upstream.close()
+                if upstream is not None:
+                    upstream.close()
+                await self._abandon(a)
             now = time.monotonic()
-            self._succeeded(p.name, kind, now - t0, now - start)
+            await self._succeeded(a, kind, now - start)
             attempts.append((p.name, "ok"))
             yield StreamDone(ChainResult(envelope, text, p.name, now - start, attempts, upstream.finish_reason))
             return

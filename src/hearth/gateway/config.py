@@ -13,6 +13,10 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     max_retry_after_s = 300.0  # a Retry-After longer than this is capped
     max_connections = 1024     # shared HTTP client pool size
     default_kind = "chat"
+    state_url = "redis://127.0.0.1:6379/0"   # optional: breaker, cooldown and warm state shared through
+                                             # Redis by every worker/process that loads this file
+                                             # (absent: kept in this process); checked at start-up
+    state_prefix = "hearth:gateway"          # key prefix in that Redis (one per gateway deployment)
 
     [[providers]]              # in fallback order
     name = "finetune"                         # unique, [A-Za-z0-9_.-]
@@ -25,7 +29,7 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     scale_to_zero = true                      # warm-gated (needs health_url)
     health_url = "http://10.0.0.5:8000/health"
     [providers.timeouts]                      # seconds
-    connect_s = 2.0
+    connect_s = 2.0                           # <= total_s
     first_token_s = 10.0                      # headers (JSON) / first content delta (SSE); also the idle gap while streaming
     total_s = 30.0
     [providers.warm]                          # only for scale_to_zero
@@ -47,6 +51,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -73,7 +78,22 @@ class Timeouts(_Strict):
     def _ordered(self) -> "Timeouts":
         if self.first_token_s > self.total_s:
             raise ValueError("first_token_s must be <= total_s")
+        if self.connect_s > self.total_s:
+            raise ValueError("connect_s must be <= total_s")
         return self
+
+
+def _check_url(v: str, schemes: tuple[str, ...]) -> None:
+    """ValueError unless `v` is a URL of one of `schemes` with a host and a valid port (when given)."""
+    try:
+        parts = urlsplit(v)
+        port = parts.port  # raises ValueError for ':abc' and for ports outside 0-65535
+    except ValueError as exc:
+        raise ValueError(f"{v!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in schemes or not parts.hostname:
+        raise ValueError(f"must be a {'/'.join(schemes)} URL with a host, got {v!r}")
+    if port == 0:
+        raise ValueError(f"port must be 1-65535, got 0 in {v!r}")
 
 
 class WarmSettings(_Strict):
@@ -108,8 +128,10 @@ class ProviderConfig(_Strict):
     @field_validator("base_url", "health_url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"must be an http(s) URL, got {v!r}")
+        if v is not None:
+            if not re.match(r"^https?://[^/\s]+", v):
+                raise ValueError(f"must be an http(s) URL, got {v!r}")
+            _check_url(v, ("http", "https"))
         return v.rstrip("/") if v else v
 
     @field_validator("extra_body")
@@ -144,6 +166,18 @@ class GatewaySettings(_Strict):
     max_retry_after_s: float = Field(300.0, ge=0)
     max_connections: int = Field(1024, ge=1)
     default_kind: str = "chat"
+    state_url: str | None = None
+    state_prefix: str = Field("hearth:gateway", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_url(v, ("redis", "rediss"))
+            path = urlsplit(v).path.strip("/")
+            if path and not path.isdigit():
+                raise ValueError(f"the path must be a Redis database number (e.g. /0), got {v!r}")
+        return v
 
     @field_validator("default_kind")
     @classmethod

@@ -4,12 +4,15 @@
     ├── ConfigError (also ValueError)        the TOML or environment is wrong; .field names where
     ├── ProviderError                        one attempt at one provider failed; .provider
     │   ├── Timeout                          .kind: "connect" | "first_token" | "total"
-    │   ├── UpstreamStatus                   non-2xx answer; .status, .retry_after (s or None), .body
+    │   ├── UpstreamStatus                   non-2xx answer; .status, .retry_after (s or None), .body,
+    │   │                                    .client_error (the request itself was refused: a 4xx
+    │   │                                    other than 401/402/403/404/407/408/429)
     │   ├── ConnectionFailed                 refused / reset / DNS / closed mid-body
     │   ├── InvalidResponse                  2xx but not an OpenAI chat completion (bad JSON, no choices)
     │   ├── InvalidEnvelope                  a completion whose text fails hearth.envelope.parse_envelope;
     │   │                                    .envelope_error (the EnvelopeError), .finish_reason
-    │   ├── Cooldown                         not tried: breaker open or Retry-After pending; .until_s
+    │   ├── Cooldown                         not tried: breaker open, Retry-After pending, or its half-open
+    │   │                                    trial taken; .remaining_s, .status (429/503 for a Retry-After)
     │   ├── Cold                             not tried: scale-to-zero provider is not warm
     │   └── DeadlineExceeded                 the request's own deadline ran out (before or during it)
     ├── StreamInterrupted                    upstream failed after bytes were sent to the client;
@@ -66,6 +69,11 @@ class Timeout(ProviderError):
         return f"timeout_{self.kind}"
 
 
+# 4xx answers that are about the gateway's side of the request (our key, account, URL or model name,
+# a proxy, a timeout, a rate limit), not about what the client sent.
+PROVIDER_SIDE_4XX = frozenset({401, 402, 403, 404, 407, 408, 429})
+
+
 class UpstreamStatus(ProviderError):
     outcome = "status"
 
@@ -79,6 +87,11 @@ class UpstreamStatus(ProviderError):
     @property
     def label(self) -> str:
         return f"status_{self.status}"
+
+    @property
+    def client_error(self) -> bool:
+        """The provider refused the request itself (400 context_length_exceeded, 413, 422, ...)."""
+        return 400 <= self.status < 500 and self.status not in PROVIDER_SIDE_4XX
 
 
 class ConnectionFailed(ProviderError):
@@ -103,10 +116,11 @@ class InvalidEnvelope(ProviderError):
 class Cooldown(ProviderError):
     outcome = "cooldown"
 
-    def __init__(self, provider: str, remaining_s: float, why: str) -> None:
+    def __init__(self, provider: str, remaining_s: float, why: str, status: int | None = None) -> None:
         self.remaining_s = remaining_s
         self.why = why
-        super().__init__(provider, f"cooling down for {remaining_s:.2f} s more ({why})")
+        self.status = status
+        super().__init__(provider, f"cooling down for {remaining_s:.2f} s more ({why})" if remaining_s > 0 else why)
 
 
 class Cold(ProviderError):

@@ -233,6 +233,8 @@ class ChatStream:
                 raise ConnectionFailed(name, str(exc)) from exc
             if not line:
                 self._done = True
+                if self.finish_reason is None:  # no final chunk and no [DONE]: the stream was cut short
+                    raise ConnectionFailed(name, "the stream ended without a finish_reason or [DONE] (cut short)")
                 return None
             line = line.strip()
             if not line.startswith(b"data:"):

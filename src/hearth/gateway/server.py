@@ -1,20 +1,39 @@
 """`hearth gateway --config FILE`: the chain as an OpenAI-compatible HTTP API (aiohttp.web).
 
 Routes:
-    POST /v1/chat/completions   JSON, or SSE when "stream": true. The envelope kind comes from the
-                                body's "hearth_kind" or the X-Hearth-Kind header (default
-                                [gateway].default_kind); "hearth_deadline_s" may shorten the deadline.
+    POST /v1/chat/completions   Content-Type application/json. JSON reply, or SSE when "stream": true
+                                (a JSON boolean). The envelope kind comes from the body's
+                                "hearth_kind" or the X-Hearth-Kind header (default [gateway].default_kind);
+                                "hearth_deadline_s" may shorten the deadline. "model": absent or "hearth"
+                                = the whole chain; a provider's name or model id = those providers only
+                                (in chain order); anything else -> 404 model_not_found.
                                 The reply's message.content is the validated envelope (canonical JSON,
-                                hearth.envelope.dumps); "hearth" says which provider answered and how.
-                                All providers failed -> 502 (504 when only deadlines/timeouts), body lists each.
-    GET  /v1/models             the configured providers' models
+                                hearth.envelope.dumps); "hearth" says which provider answered and how;
+                                finish_reason is the provider's (null when it sent none, never made up).
+    GET  /v1/models             "hearth" (the whole chain) and each provider model id
     GET  /v1/providers          breaker and warm-gate state per provider
-    GET  /healthz               liveness (the process answers)
-    GET  /readyz                config loaded and at least one provider not cooling down (else 503)
-    GET  /metrics               Prometheus text format
+    GET  /healthz               liveness (the process answers; "pid" says which worker)
+    GET  /readyz                ready = chain started and the state store answers (200, else 503); a
+                                provider cooling down does not make the gateway unready (the body lists
+                                each provider's state)
+    GET  /metrics               Prometheus text format (of this worker)
 
-Every response carries X-Request-ID (the client's, when it sent one, else a new one) and each request
-logs one JSON line with it.
+When every provider failed, the status says whose problem it is:
+    every provider that was tried refused the request itself (4xx other than 401/402/403/404/407/408/429,
+        e.g. 400 context_length_exceeded)          -> that 4xx, with the provider's error message
+    every provider is rate-limited / cooling down  -> 429 (all rate limits) or 503, with Retry-After =
+                                                      the shortest wait left (whole seconds, >= 1)
+    only timeouts                                  -> 504
+    anything else                                  -> 502
+Every error body is OpenAI-shaped JSON, {"error": {"message", "type", "param", "code", ...}}, also for
+404/405/413/415/500, and carries X-Request-ID (the client's, when it sent one, else a new one); each
+chat request logs one JSON line with it.
+
+A client that hangs up cancels its request (aiohttp's handler_cancellation): the upstream connection
+is closed at once and nothing counts against the provider.
+
+`hearth gateway --workers N` runs N processes on one port (SO_REUSEPORT); they share breaker,
+cooldown and warm state through [gateway].state_url (Redis), which N > 1 requires.
 
 Why aiohttp.web rather than FastAPI: the benchmark runs the same Chain behind both (rows "hearth
 gateway (aiohttp.web)" and "fastapi gateway (same chain)" in benchmarks/gateway/results.md). On the
@@ -28,10 +47,17 @@ to replace.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import itertools
 import json
 import logging
+import math
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -39,9 +65,13 @@ from pathlib import Path
 from aiohttp import web
 
 from hearth import envelope as env
-from hearth.gateway.chain import Chain, StreamDelta, StreamDone
+from hearth.gateway.chain import Chain, StreamDelta, StreamDone, UnknownModel
 from hearth.gateway.config import ConfigError, GatewayConfig, load_config
-from hearth.gateway.errors import AllProvidersFailed, DeadlineExceeded, ProviderError, StreamInterrupted, Timeout, UpstreamStatus, label
+from hearth.gateway.errors import (
+    AllProvidersFailed, Cold, Cooldown, DeadlineExceeded, ProviderError, StreamInterrupted, Timeout, UpstreamStatus,
+    label,
+)
+from hearth.gateway.state import StateStoreError, make_store
 
 log = logging.getLogger("hearth.gateway.server")
 CHAIN: web.AppKey[Chain] = web.AppKey("chain", Chain)
@@ -77,7 +107,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-               "msg": record.getMessage()}
+               "pid": record.process, "msg": record.getMessage()}
         for key in self._EXTRA:
             if key in record.__dict__:
                 out[key] = record.__dict__[key]
@@ -95,9 +125,19 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _error(status: int, message: str, request_id: str, **extra) -> web.Response:
-    body = {"error": {"message": message, "type": "hearth_gateway", **extra}}
-    return web.json_response(body, status=status, headers={"X-Request-ID": request_id})
+# What aiohttp.web should do for this app; main() and tests' runners use the same options.
+RUNNER_OPTIONS = {"access_log": None, "handler_cancellation": True}
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def _error(status: int, message: str, request_id: str, *, param: str | None = None, code: str | None = None,
+           type: str | None = None, headers: dict | None = None, **extra) -> web.Response:
+    """An OpenAI-shaped error: {"error": {"message", "type", "param", "code", ...hearth extras}}."""
+    body = {"error": {"message": message, "type": type or _TYPES.get(status, "hearth_gateway"), "param": param,
+                      "code": code, **extra}}
+    return web.json_response(body, status=status, headers={"X-Request-ID": request_id, **(headers or {})})
 
 
 def _describe(e: BaseException) -> dict:
@@ -106,23 +146,66 @@ def _describe(e: BaseException) -> dict:
     if isinstance(e, UpstreamStatus):
         d["status"] = e.status
         d["retry_after"] = e.retry_after
+    if isinstance(e, Cooldown):
+        d["cooldown_left_s"] = round(e.remaining_s, 3)
     if isinstance(e, Timeout):
         d["timeout"] = e.kind
     return d
 
 
-def _failure_status(exc: AllProvidersFailed) -> int:
-    tried = [e for e in exc.exceptions if e.outcome not in ("cooldown", "cold")]
+def _upstream_error(body: str) -> dict:
+    """The provider's OpenAI error object from an error body, or {} when it sent none."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return {}
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict):
+        return {}
+    return {k: err[k] for k in ("message", "type", "param", "code") if isinstance(err.get(k), (str, int))}
+
+
+def _unavailable(e: ProviderError) -> bool:
+    return isinstance(e, (Cooldown, Cold)) or (isinstance(e, UpstreamStatus) and (e.status == 429 or e.retry_after is not None))
+
+
+def _rate_limited(e: ProviderError) -> bool:
+    return (isinstance(e, UpstreamStatus) and e.status == 429) or (isinstance(e, Cooldown) and e.status == 429)
+
+
+def _failure(exc: AllProvidersFailed, request_id: str) -> web.Response:
+    """The response for a request every provider failed (see the module docstring for the statuses)."""
+    errors = exc.exceptions
+    failures = [_describe(e) for e in errors]
+    tried = [e for e in errors if not isinstance(e, (Cooldown, Cold))]
+    refused = [e for e in tried if isinstance(e, UpstreamStatus) and e.client_error]
+    if tried and len(refused) == len(tried):
+        first = refused[0]
+        up = _upstream_error(first.body)
+        message = up.get("message") or f"the provider refused the request (HTTP {first.status})"
+        return _error(first.status, str(message), request_id, param=up.get("param"), code=up.get("code"),
+                      type=up.get("type") or "invalid_request_error", failures=failures)
+    if all(_unavailable(e) for e in errors):
+        waits = [e.remaining_s for e in errors if isinstance(e, Cooldown) and e.remaining_s > 0]
+        waits += [e.retry_after for e in errors if isinstance(e, UpstreamStatus) and e.retry_after is not None]
+        limits = [e for e in errors if not isinstance(e, Cold)]
+        rate = bool(limits) and all(_rate_limited(e) for e in limits)
+        headers = {"Retry-After": str(max(1, math.ceil(min(waits))))} if waits else None
+        if rate:
+            return _error(429, "every provider is rate-limited", request_id, code="rate_limited",
+                          headers=headers, failures=failures)
+        return _error(503, "every provider is cooling down or warming up", request_id, code="providers_unavailable",
+                      type="service_unavailable", headers=headers, failures=failures)
     if tried and all(isinstance(e, (Timeout, DeadlineExceeded)) for e in tried):
-        return 504
-    return 502
+        return _error(504, exc.message, request_id, code="upstream_timeout", failures=failures)
+    return _error(502, exc.message, request_id, code="upstream_failed", failures=failures)
 
 
 def _completion(result, kind: str, request_id: str) -> dict:
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()),
             "model": result.provider,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": env.dumps_parsed(result.envelope)},
-                         "finish_reason": result.finish_reason or "stop"}],
+                         "finish_reason": result.finish_reason}],
             "hearth": {"kind": kind, "provider": result.provider, "latency_ms": round(result.latency_s * 1e3, 3),
                        "attempts": [list(a) for a in result.attempts]}}
 
@@ -143,15 +226,30 @@ async def request_context(request: web.Request, handler):
     start = time.perf_counter()
     status = 500
     try:
-        resp = await handler(request)
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                exc.headers["X-Request-ID"] = rid
+                raise
+            # aiohttp's own 404/405/413 are text/plain: every error leaves as OpenAI-shaped JSON
+            resp = _error(exc.status, exc.reason if exc.status != 413 else
+                          f"request body too large (limit {_MAX_BODY} bytes)", rid,
+                          headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+        except StateStoreError as exc:
+            log.error("state store failed: %s", exc, extra={"request_id": rid, "error": "state_store"})
+            resp = _error(503, "the gateway's state store is unavailable", rid, code="state_store_unavailable",
+                          type="service_unavailable")
+        except (asyncio.CancelledError, ConnectionResetError):
+            status = 499  # the client went away (nginx's code, for the log line only)
+            raise
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": rid, "error": "internal"})
+            resp = _error(500, "internal gateway error", rid, code="internal_error", type="server_error")
         status = resp.status
         if not resp.prepared:
             resp.headers["X-Request-ID"] = rid
         return resp
-    except web.HTTPException as exc:
-        status = exc.status
-        exc.headers["X-Request-ID"] = rid
-        raise
     finally:
         # one line per chat request; probes and scrapes stay quiet (and no extra dict when INFO is off)
         if request.path.startswith("/v1/chat") and log.isEnabledFor(logging.INFO):
@@ -161,46 +259,86 @@ async def request_context(request: web.Request, handler):
 
 
 # ---------------------------------------------------------------------------------------- routes
+def _check_messages(messages) -> tuple[str, str] | None:
+    """(param, message) of the first problem in `messages`, or None."""
+    if not isinstance(messages, list) or not messages:
+        return "messages", "messages must be a non-empty list of objects"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            return f"messages[{i}]", f"messages[{i}] must be an object"
+        role = m.get("role")
+        if role not in _ROLES:
+            return f"messages[{i}].role", f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}"
+        content = m.get("content")
+        if isinstance(content, str):
+            continue
+        if isinstance(content, list) and content and all(isinstance(part, dict) and isinstance(part.get("type"), str)
+                                                         for part in content):
+            continue
+        if content is None and role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
+            continue
+        return f"messages[{i}].content", f"messages[{i}].content must be a string or a list of content parts"
+    return None
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     rid = request[REQUEST_ID]
     chain = request.app[CHAIN]
+    if request.content_type != "application/json":
+        return _error(415, f"Content-Type must be application/json, got {request.content_type!r}", rid,
+                      code="unsupported_media_type")
+    raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge, made JSON by the middleware
     try:
-        body = await request.json()
+        body = json.loads(raw)
+    except RecursionError:
+        return _error(400, "body is nested too deeply", rid, code="invalid_json")
     except (ValueError, UnicodeDecodeError):
-        return _error(400, "body must be JSON", rid)
+        return _error(400, "body must be JSON", rid, code="invalid_json")
     if not isinstance(body, dict):
-        return _error(400, "body must be a JSON object", rid)
+        return _error(400, "body must be a JSON object", rid, code="invalid_json")
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        return _error(400, "messages must be a non-empty list of objects", rid, field="messages")
+    problem = _check_messages(messages)
+    if problem is not None:
+        return _error(400, problem[1], rid, param=problem[0])
     kind = body.get("hearth_kind") or request.headers.get("X-Hearth-Kind") or chain.settings.default_kind
     if kind not in env.REPLY_KINDS:
-        return _error(400, f"hearth_kind must be one of {list(env.REPLY_KINDS)}, got {kind!r}", rid, field="hearth_kind")
+        return _error(400, f"hearth_kind must be one of {list(env.REPLY_KINDS)}, got {kind!r}", rid, param="hearth_kind")
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        return _error(400, "max_tokens must be a positive integer", rid, field="max_tokens")
+        return _error(400, "max_tokens must be a positive integer", rid, param="max_tokens")
     deadline = body.get("hearth_deadline_s")
     if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool) or deadline <= 0
                                  or deadline > chain.settings.deadline_s):
-        return _error(400, f"hearth_deadline_s must be in (0, {chain.settings.deadline_s}]", rid, field="hearth_deadline_s")
-    if body.get("stream"):
-        return await _chat_stream(request, chain, messages, kind, max_tokens, deadline)
+        return _error(400, f"hearth_deadline_s must be in (0, {chain.settings.deadline_s}]", rid, param="hearth_deadline_s")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        return _error(400, f"stream must be true or false (a JSON boolean), got {stream!r}", rid, param="stream")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        return _error(400, "model must be a string", rid, param="model")
     try:
-        result = await chain.complete(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid)
+        chain.providers_for(model)
+    except UnknownModel as exc:
+        return _error(404, str(exc), rid, param="model", code="model_not_found")
+    if stream:
+        return await _chat_stream(request, chain, messages, kind, max_tokens, deadline, model)
+    try:
+        result = await chain.complete(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid,
+                                      model=model)
     except AllProvidersFailed as exc:
-        return _error(_failure_status(exc), str(exc.message), rid, failures=[_describe(e) for e in exc.exceptions])
+        return _failure(exc, rid)
     request[PROVIDER] = result.provider
     return web.json_response(_completion(result, kind, rid),
                              headers={"X-Request-ID": rid, "X-Hearth-Provider": result.provider})
 
 
-async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadline) -> web.StreamResponse:
+async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadline, model) -> web.StreamResponse:
     rid = request[REQUEST_ID]
-    events = chain.stream(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid)
+    events = chain.stream(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid, model=model)
     resp: web.StreamResponse | None = None
     try:
         async for ev in events:
-            if resp is None:  # headers go out with the first delta: before it, failures are still a clean 502
+            if resp is None:  # headers go out with the first delta: before it, failures are still a clean error
                 request[PROVIDER] = ev.provider if isinstance(ev, StreamDelta) else ev.result.provider
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                    "X-Request-ID": rid, "X-Hearth-Provider": request[PROVIDER]})
@@ -210,17 +348,17 @@ async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadli
                 await resp.write(_chunk(rid, ev.provider, {"content": ev.text}))
             elif isinstance(ev, StreamDone):
                 r = ev.result
-                await resp.write(_chunk(rid, r.provider, {}, r.finish_reason or "stop",
+                await resp.write(_chunk(rid, r.provider, {}, r.finish_reason,
                                         hearth={"kind": kind, "provider": r.provider,
                                                 "envelope": r.envelope.model_dump(mode="json"),
                                                 "attempts": [list(a) for a in r.attempts]}))
                 await resp.write(b"data: [DONE]\n\n")
     except AllProvidersFailed as exc:
-        return _error(_failure_status(exc), str(exc.message), rid, failures=[_describe(e) for e in exc.exceptions])
+        return _failure(exc, rid)
     except StreamInterrupted as exc:
         assert resp is not None
-        err = {"error": {"message": str(exc), "type": "hearth_gateway", "provider": exc.provider,
-                         "cause": _describe(exc.__cause__) if exc.__cause__ else None}}
+        err = {"error": {"message": str(exc), "type": "hearth_gateway", "param": None, "code": "stream_interrupted",
+                         "provider": exc.provider, "cause": _describe(exc.__cause__) if exc.__cause__ else None}}
         await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
     finally:
         await events.aclose()
@@ -231,22 +369,29 @@ async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadli
 
 async def models(request: web.Request) -> web.Response:
     chain = request.app[CHAIN]
-    return web.json_response({"object": "list", "data": [
-        {"id": p.config.model, "object": "model", "created": 0, "owned_by": p.name} for p in chain.providers]})
+    owners = {}
+    for p in chain.providers:
+        owners.setdefault(p.config.model, p.name)
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": owners.get(m, "hearth")} for m in chain.models()]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def providers(request: web.Request) -> web.Response:
-    return web.json_response({"providers": request.app[CHAIN].status()})
+    return web.json_response({"providers": await request.app[CHAIN].status()})
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", "pid": os.getpid()})  # pid: which worker answered
 
 
 async def readyz(request: web.Request) -> web.Response:
     chain = request.app[CHAIN]
-    status = chain.status()
-    ready = chain.started and any(p["state"] != "open" for p in status)
+    try:
+        await chain.store.ping()
+        status = await chain.status()
+    except StateStoreError as exc:
+        return web.json_response({"ready": False, "why": str(exc)}, status=503)
+    ready = chain.started
     return web.json_response({"ready": ready, "providers": status}, status=200 if ready else 503)
 
 
@@ -257,7 +402,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 # ---------------------------------------------------------------------------------------- app
 def create_app(config: GatewayConfig, *, chain: Chain | None = None) -> web.Application:
-    """The aiohttp application; the chain starts and closes with it."""
+    """The aiohttp application; the chain starts and closes with it. Run it with RUNNER_OPTIONS."""
     app = web.Application(middlewares=[request_context], client_max_size=_MAX_BODY)
     app[CHAIN] = chain or Chain(config)
 
@@ -276,15 +421,121 @@ def create_app(config: GatewayConfig, *, chain: Chain | None = None) -> web.Appl
     return app
 
 
-def main(config: Path, host: str = "127.0.0.1", port: int = 8400) -> int:
-    """Entry point of `hearth gateway`. Returns the process exit code (2 for a configuration error)."""
+# ---------------------------------------------------------------------------------------- processes
+def _fail(message: str, code: int) -> int:
+    log.error(message, extra={"error": "startup"})
+    print(f"hearth gateway: {message}", file=sys.stderr)
+    return code
+
+
+async def _check_store(cfg: GatewayConfig) -> None:
+    store = make_store(cfg.gateway)
+    try:
+        await store.start()
+    finally:
+        await store.aclose()
+
+
+def _port_in_use(host: str, port: int) -> OSError | None:
+    """The error a plain bind (no SO_REUSEPORT) to host:port gets now, or None when it is free."""
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does: TIME_WAIT is not "in use"
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                return exc
+    return None
+
+
+def _serve(cfg: GatewayConfig, host: str, port: int, reuse_port: bool) -> int:
+    try:
+        web.run_app(create_app(cfg), host=host, port=port, print=None, handle_signals=True, reuse_port=reuse_port,
+                    **RUNNER_OPTIONS)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return _fail(f"cannot listen on {host}:{port}: the port is in use", 1)
+        raise
+    except StateStoreError as exc:
+        return _fail(f"state store: {exc}", 2)
+    return 0
+
+
+def _worker(config: str, host: str, port: int) -> None:
+    """One of --workers N processes: same config, same port through SO_REUSEPORT."""
     setup_logging()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # not the supervisor's handlers (inherited by fork); run_app sets its own
+        signal.signal(sig, signal.SIG_DFL)
+    sys.exit(_serve(load_config(Path(config)), host, port, reuse_port=True))
+
+
+def _supervise(config: Path, host: str, port: int, workers: int) -> int:
+    """Start `workers` processes and wait; SIGTERM/SIGINT stop them all; one dying stops the rest (exit 1)."""
+    wake_r, wake_w = os.pipe()
+    stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+        os.write(wake_w, b"x")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    # fork where there is one: the parent holds no threads or loops by now and has imported everything,
+    # so a worker starts in milliseconds (spawn re-imports the gateway: seconds on a loaded 2-core box)
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    procs = [ctx.Process(target=_worker, args=(str(config), host, port), name=f"hearth-gateway-{i}", daemon=False)
+             for i in range(workers)]
+    try:
+        for p in procs:
+            p.start()
+        log.info("gateway supervising %d workers on %s:%d: pids %s", workers, host, port, [p.pid for p in procs])
+        ready = multiprocessing.connection.wait([p.sentinel for p in procs] + [wake_r])
+        died = [p for p in procs if p.sentinel in ready]
+        for p in died:
+            p.join(timeout=5)  # its sentinel closes a moment before the process can be reaped
+            log.error("worker %s (pid %d) exited with %s; stopping the others", p.name, p.pid, p.exitcode,
+                      extra={"error": "worker"})
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=15)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        os.close(wake_r)
+        os.close(wake_w)
+    return 0 if stopping and not died else 1
+
+
+def main(config: Path, host: str = "127.0.0.1", port: int = 8400, workers: int = 1) -> int:
+    """Entry point of `hearth gateway`. Returns the process exit code: 2 for a configuration error
+    (including an unreachable state_url), 1 when the port is taken or a worker died."""
+    setup_logging()
+    if not isinstance(workers, int) or workers < 1:
+        return _fail(f"--workers must be >= 1, got {workers!r}", 2)
     try:
         cfg = load_config(config)
     except ConfigError as exc:
         log.error("configuration error: %s", exc, extra={"error": "config"})
         print(f"hearth gateway: configuration error: {exc}", file=sys.stderr)
         return 2
-    log.info("gateway starting on %s:%d with providers %s", host, port, [p.name for p in cfg.providers])
-    web.run_app(create_app(cfg), host=host, port=port, access_log=None, print=None, handle_signals=True)
-    return 0
+    if workers > 1 and not cfg.gateway.state_url:
+        return _fail(f"--workers {workers} needs [gateway] state_url (Redis): breaker, cooldown and warm state "
+                     "must be shared by the workers", 2)
+    if workers > 1 and port == 0:
+        return _fail("--workers > 1 needs a fixed --port (port 0 would give each worker its own)", 2)
+    try:
+        asyncio.run(_check_store(cfg))
+    except StateStoreError as exc:
+        return _fail(f"configuration error: gateway.state_url: {exc}", 2)
+    taken = _port_in_use(host, port)
+    if taken is not None:
+        return _fail(f"cannot listen on {host}:{port}: {taken.strerror or taken}", 1)
+    log.info("gateway starting on %s:%d with providers %s (%d worker%s)", host, port, [p.name for p in cfg.providers],
+             workers, "s" if workers > 1 else "")
+    if workers == 1:
+        return _serve(cfg, host, port, reuse_port=False)
+    return _supervise(config, host, port, workers)

@@ -15,6 +15,11 @@ waits minutes for a chat reply. So before each request the chain asks `await gat
 
 Background tasks are tracked (aclose() cancels and awaits them) and their failures are logged at
 ERROR and counted in hearth_gateway_warmups_total{outcome="failed"}, never swallowed.
+
+The answer and the warm-up live in the chain's StateStore (hearth.gateway.state): with Redis every
+worker trusts the same answer, and only the worker that claims the warm-up's lease knocks (one
+warm-up per endpoint across workers); the others answer "cold" without a probe until it ends.
+Concurrent callers inside one process still share one probe.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 
 from hearth.gateway.config import ProviderConfig
 from hearth.gateway.metrics import GatewayMetrics
+from hearth.gateway.state import MemoryStore, StateStore
 from hearth.gateway.transport.client import Transport, TransportError
 
 log = logging.getLogger("hearth.gateway.warm")
@@ -35,15 +41,16 @@ class WarmupFailed(RuntimeError):
 
 
 class WarmGate:
-    def __init__(self, provider: ProviderConfig, transport: Transport, metrics: GatewayMetrics) -> None:
+    def __init__(self, provider: ProviderConfig, transport: Transport, metrics: GatewayMetrics,
+                 store: StateStore | None = None) -> None:
         if not provider.scale_to_zero or not provider.health_url:
             raise ValueError(f"provider {provider.name!r} is not scale_to_zero with a health_url")
         self.provider = provider
+        self.name = provider.name
         self.settings = provider.warm
         self.transport = transport
         self.metrics = metrics
-        self._warm: bool | None = None       # last answer; None = never asked
-        self._checked_at = float("-inf")     # time.monotonic() of that answer
+        self.store = store if store is not None else MemoryStore()
         self._probe: asyncio.Task[bool] | None = None
         self._warmup: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -52,12 +59,12 @@ class WarmGate:
     # ------------------------------------------------------------------ public
     @property
     def warming(self) -> bool:
+        """Whether THIS process runs the warm-up (state() says whether any worker does)."""
         return self._warmup is not None and not self._warmup.done()
 
-    def state(self) -> dict:
-        age = time.monotonic() - self._checked_at
-        return {"warm": self._warm, "checked_s_ago": None if self._warm is None else round(age, 3),
-                "warming": self.warming, "last_error": self.last_error}
+    async def state(self) -> dict:
+        warm, warming = await self.store.warm(self.name)
+        return {"warm": warm, "warming": warming, "warming_here": self.warming, "last_error": self.last_error}
 
     async def is_warm(self) -> bool:
         """True when the provider may be tried now. Waits at most probe_timeout_s (shared probe)."""
@@ -65,9 +72,9 @@ class WarmGate:
         self.metrics.child(self.metrics.warm_decisions, self.provider.name, "warm" if decision else "cold").inc()
         return decision
 
-    def invalidate(self) -> None:
-        """Forget the cached answer (the chain calls this when a warm-gated provider stops answering)."""
-        self._checked_at = float("-inf")
+    async def invalidate(self) -> None:
+        """Forget the trusted answer (the chain calls this when a warm-gated provider stops answering)."""
+        await self.store.forget_warm(self.name)
 
     async def wait_warmup(self) -> None:
         """Wait until the running warm-up (if any) ends. Its failure is logged, not raised here."""
@@ -83,9 +90,10 @@ class WarmGate:
 
     # ------------------------------------------------------------------ internals
     async def _decide(self) -> bool:
-        if self._warm is not None and time.monotonic() - self._checked_at < self.settings.ttl_s:
-            return self._warm
-        if self.warming:
+        warm, warming = await self.store.warm(self.name)
+        if warm is not None:
+            return warm
+        if warming or self.warming:
             return False
         if self._probe is None or self._probe.done():
             self._probe = self._track(self._run_probe(), "probe")
@@ -106,9 +114,8 @@ class WarmGate:
         if exc is not None:
             log.error("%s for provider %s failed: %r", task.get_name(), self.provider.name, exc, exc_info=exc)
 
-    def _set(self, warm: bool) -> None:
-        self._warm = warm
-        self._checked_at = time.monotonic()
+    async def _set(self, warm: bool) -> None:
+        await self.store.set_warm(self.name, warm, self.settings.ttl_s)
 
     async def _knock(self, timeout_s: float) -> bool:
         try:
@@ -133,13 +140,26 @@ class WarmGate:
 
     async def _run_probe(self) -> bool:
         warm = await self._knock(self.settings.probe_timeout_s)
-        self._set(warm)
+        await self._set(warm)
         if not warm and not self.warming:
-            log.info("provider %s is cold (%s); starting warm-up", self.provider.name, self.last_error)
-            self._warmup = self._track(self._run_warmup(), "warmup")
+            s = self.settings
+            # the lease outlives the warm-up's own budget, so a worker that dies holding it blocks no one for long
+            token = await self.store.claim_warmup(self.name, s.warmup_budget_s + s.warmup_request_timeout_s + 5.0)
+            if token is not None:
+                log.info("provider %s is cold (%s); starting warm-up", self.provider.name, self.last_error)
+                self._warmup = self._track(self._run_warmup(token), "warmup")
         return warm
 
-    async def _run_warmup(self) -> None:
+    async def _run_warmup(self, token: str) -> None:
+        try:
+            await self._warm_up()
+        finally:
+            try:
+                await asyncio.shield(self.store.release_warmup(self.name, token))
+            except Exception as exc:  # the lease expires by itself; say so rather than hide it
+                log.warning("could not release the warm-up lease of %s: %r", self.provider.name, exc)
+
+    async def _warm_up(self) -> None:
         s = self.settings
         start = time.monotonic()
         try:
@@ -149,11 +169,11 @@ class WarmGate:
                     raise WarmupFailed(f"{self.provider.name} not warm after {s.warmup_budget_s:g} s: {self.last_error}")
                 knock_start = time.monotonic()
                 if await self._knock(min(s.warmup_request_timeout_s, left)):
-                    self._set(True)
+                    await self._set(True)
                     self.metrics.warmups.labels(self.provider.name, "ok").inc()
                     log.info("provider %s is warm after %.2f s", self.provider.name, time.monotonic() - start)
                     return
-                self._set(False)
+                await self._set(False)
                 # A refused knock returns at once: pause before the next; a knock that waited long did not.
                 pause = s.warmup_poll_s - (time.monotonic() - knock_start)
                 if pause > 0:

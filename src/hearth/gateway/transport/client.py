@@ -9,12 +9,10 @@ The transport enforces only the TCP connect timeout (it alone can tell connectin
 first-token and total budgets are enforced by the caller (providers.py) around these awaits, and the
 caller closes the response on any early exit, which drops (never re-pools) the connection.
 
-Why aiohttp (AiohttpTransport) and not httpx.AsyncClient, which the issue named: measured on the
-2-core CI-like machine (perf/GATEWAY.md, and benchmarks/gateway/results.md rows "httpx direct" vs
-"aiohttp direct"), httpx's pool collapses from 50 concurrent requests up: in our quick run httpx did
-36-39 req/s with p99 5-13 s at 50-500 concurrent, aiohttp 1100-2000 req/s with p99 60-180 ms, at
-1/20-1/50 of httpx's client CPU per request (GATEWAY.md: 300 vs 7203 req/s at 50, 140 vs 5580 at 500).
-At 1 concurrent the two are close (aiohttp 0.56 vs httpx 1.06 ms p50 in GATEWAY.md).
+Why aiohttp (AiohttpTransport) and not httpx.AsyncClient: measured on the 2-core CI-like machine
+(benchmarks/gateway/results.md, rows "httpx direct" vs "aiohttp direct"), httpx's pool collapses at
+high concurrency: at 500 concurrent requests httpx managed 133 req/s (p99 11.2 s) where aiohttp did
+7796 req/s, at a fraction of httpx's client CPU per request. At 1 concurrent the two are close.
 Tests never swap this for a mock: they point it at real loopback servers (tests/fakes), and a test
 that needs a different transport implements these two small classes.
 """

@@ -1,0 +1,375 @@
+"""Where the gateway keeps what several workers must agree on: breakers, cooldowns, warm state.
+
+    store = make_store(settings)          # MemoryStore, or RedisStore when [gateway].state_url is set
+    await store.start()                   # RedisStore: connects and PINGs (a wrong URL fails start-up)
+
+Two backends behind one small async interface (StateStore):
+
+    MemoryStore   this process only (the default: one worker, or a Chain inside the app)
+    RedisStore    every process that loads the same TOML (same state_url and state_prefix) shares it:
+                  `hearth gateway --workers N`, several hosts, the app and the gateway side by side
+
+What is stored, per provider (Redis keys under "<state_prefix>:<provider>:"):
+
+    b        hash {failures, tripped}: consecutive failures; tripped = opened since the last success
+    open     "<status>\\x1f<why>" with a TTL: present while the provider cools down (TTL = time left)
+    trial    a token with a TTL (the lease): the one half-open trial request in flight
+    warm     "1" / "0" with TTL warm.ttl_s: the last health answer, trusted that long
+    warmup   a token with a TTL (the lease): the one background warm-up running, across workers
+
+Time left is the key's TTL, so workers on different hosts need no synchronised clocks. Every lease
+expires (a worker that dies holding a trial or a warm-up does not block the others for longer than
+the lease). Updates that read and write are Lua scripts, atomic in Redis.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+from dataclasses import dataclass
+
+from hearth.gateway.errors import GatewayError
+
+__all__ = ["StateStore", "MemoryStore", "RedisStore", "BreakerSnapshot", "StateStoreError", "make_store"]
+
+
+class StateStoreError(GatewayError):
+    """The shared state store is unreachable or answered with an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSnapshot:
+    failures: int = 0            # consecutive failures
+    open_left_s: float = 0.0     # > 0 while the provider cools down
+    why: str = ""                # why it is open
+    status: int | None = None    # the HTTP status whose Retry-After opened it (429, 503), else None
+    tripped: bool = False        # opened since the last success: the next attempt is the half-open trial
+    trial: bool = False          # that trial request is in flight now
+
+
+CLOSED = BreakerSnapshot()
+
+
+def _token() -> str:
+    return os.urandom(12).hex()
+
+
+class StateStore(abc.ABC):
+    """Shared breaker and warm state. Every method may raise StateStoreError."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    async def ping(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    # breakers
+    @abc.abstractmethod
+    async def breakers(self, names: list[str]) -> list[BreakerSnapshot]: ...
+
+    @abc.abstractmethod
+    async def failure(self, name: str, *, threshold: int, cooldown_s: float, open_s: float | None, why: str,
+                      status: int | None, trial: str | None) -> bool:
+        """Count a failure; open for open_s (a Retry-After: always), or for cooldown_s when the count
+        reaches threshold or the failed attempt was the half-open trial. An open cooldown is only ever
+        lengthened. Releases `trial`. Returns True when this opened (or re-opened) the breaker."""
+
+    @abc.abstractmethod
+    async def success(self, name: str) -> None:
+        """Close the breaker: zero failures, no cooldown, no trial."""
+
+    @abc.abstractmethod
+    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+        """The half-open trial for `name`, for at most lease_s: a token, or None when another holds it."""
+
+    @abc.abstractmethod
+    async def release_trial(self, name: str, token: str) -> None:
+        """Give the trial back without a verdict (the attempt was abandoned)."""
+
+    # warm state
+    @abc.abstractmethod
+    async def warm(self, name: str) -> tuple[bool | None, bool]:
+        """(last health answer still trusted, or None; whether a warm-up is running anywhere)."""
+
+    @abc.abstractmethod
+    async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None: ...
+
+    @abc.abstractmethod
+    async def forget_warm(self, name: str) -> None: ...
+
+    @abc.abstractmethod
+    async def claim_warmup(self, name: str, lease_s: float) -> str | None:
+        """The right to run the one warm-up of `name`: a token, or None when one runs already."""
+
+    @abc.abstractmethod
+    async def release_warmup(self, name: str, token: str) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------ memory
+class _MemBreaker:
+    __slots__ = ("failures", "open_until", "why", "status", "tripped", "trial", "trial_until")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.open_until = 0.0
+        self.why = ""
+        self.status: int | None = None
+        self.tripped = False
+        self.trial: str | None = None
+        self.trial_until = 0.0
+
+
+class MemoryStore(StateStore):
+    """State of this process (time.monotonic based)."""
+
+    def __init__(self) -> None:
+        self._b: dict[str, _MemBreaker] = {}
+        self._warm: dict[str, tuple[bool, float]] = {}       # name -> (warm, trusted until)
+        self._warmup: dict[str, tuple[str, float]] = {}      # name -> (token, lease until)
+
+    def _get(self, name: str) -> _MemBreaker:
+        b = self._b.get(name)
+        if b is None:
+            b = self._b[name] = _MemBreaker()
+        return b
+
+    async def breakers(self, names: list[str]) -> list[BreakerSnapshot]:
+        now = time.monotonic()
+        out = []
+        for name in names:
+            b = self._b.get(name)
+            if b is None or (not b.failures and not b.tripped):
+                out.append(CLOSED)
+                continue
+            left = b.open_until - now
+            out.append(BreakerSnapshot(b.failures, left if left > 0 else 0.0, b.why if left > 0 else "",
+                                       b.status if left > 0 else None, b.tripped,
+                                       b.trial is not None and b.trial_until > now))
+        return out
+
+    async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial) -> bool:
+        now = time.monotonic()
+        b = self._get(name)
+        b.failures += 1
+        was_trial = trial is not None and b.trial == trial
+        if was_trial:
+            b.trial = None
+        if open_s is None and (b.failures >= threshold or was_trial) and cooldown_s > 0:
+            open_s, status = cooldown_s, None
+        if open_s is None or open_s <= 0:
+            return False
+        if now + open_s > b.open_until:
+            b.open_until, b.why, b.status = now + open_s, why, status
+        b.tripped = True
+        return True
+
+    async def success(self, name: str) -> None:
+        self._b.pop(name, None)
+
+    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+        now = time.monotonic()
+        b = self._get(name)
+        if b.trial is not None and b.trial_until > now:
+            return None
+        b.trial, b.trial_until = _token(), now + lease_s
+        return b.trial
+
+    async def release_trial(self, name: str, token: str) -> None:
+        b = self._b.get(name)
+        if b is not None and b.trial == token:
+            b.trial = None
+
+    async def warm(self, name: str) -> tuple[bool | None, bool]:
+        now = time.monotonic()
+        w = self._warm.get(name)
+        u = self._warmup.get(name)
+        return (w[0] if w is not None and w[1] > now else None), (u is not None and u[1] > now)
+
+    async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
+        self._warm[name] = (warm, time.monotonic() + ttl_s)
+
+    async def forget_warm(self, name: str) -> None:
+        self._warm.pop(name, None)
+
+    async def claim_warmup(self, name: str, lease_s: float) -> str | None:
+        now = time.monotonic()
+        u = self._warmup.get(name)
+        if u is not None and u[1] > now:
+            return None
+        token = _token()
+        self._warmup[name] = (token, now + lease_s)
+        return token
+
+    async def release_warmup(self, name: str, token: str) -> None:
+        u = self._warmup.get(name)
+        if u is not None and u[0] == token:
+            del self._warmup[name]
+
+
+# ------------------------------------------------------------------------------------------ Redis
+_FAILURE = """
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+local was_trial = 0
+if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) == ARGV[6] then
+  redis.call('DEL', KEYS[3])
+  was_trial = 1
+end
+local ms = tonumber(ARGV[3])
+local status = ARGV[5]
+if ms < 0 and (failures >= tonumber(ARGV[1]) or was_trial == 1) and tonumber(ARGV[2]) > 0 then
+  ms = tonumber(ARGV[2])
+  status = ''
+end
+if ms <= 0 then return 0 end
+if redis.call('PTTL', KEYS[2]) < ms then
+  redis.call('SET', KEYS[2], status .. '\\31' .. ARGV[4], 'PX', ms)
+end
+redis.call('HSET', KEYS[1], 'tripped', 1)
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisStore(StateStore):
+    """State shared through Redis (redis.asyncio); see the module docstring for the keys."""
+
+    def __init__(self, url: str, prefix: str = "hearth:gateway") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._r = None
+        self._failure = self._release = None
+
+    def _k(self, name: str, what: str) -> str:
+        return f"{self.prefix}:{name}:{what}"
+
+    async def start(self) -> None:
+        import redis.asyncio as aioredis
+
+        if self._r is None:
+            # a bounded pool that makes callers wait for a connection (the plain pool raises past its size):
+            # 500 concurrent requests share at most 64 connections to Redis
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url, max_connections=64, timeout=2.0, decode_responses=True, socket_connect_timeout=2.0,
+                socket_timeout=2.0, health_check_interval=30)
+            self._r = aioredis.Redis.from_pool(pool)
+            self._failure = self._r.register_script(_FAILURE)
+            self._release = self._r.register_script(_RELEASE)
+        try:
+            await self.ping()
+        except StateStoreError:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._r is not None:
+            await self._r.aclose()
+            self._r = None
+
+    async def _call(self, coro):
+        import redis
+
+        if self._r is None:
+            coro.close()
+            raise StateStoreError("state store not started (call await store.start())")
+        try:
+            return await coro
+        except (redis.RedisError, OSError) as exc:
+            raise StateStoreError(f"Redis at {self._safe_url()}: {exc}") from exc
+
+    def _safe_url(self) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+
+    async def ping(self) -> None:
+        await self._call(self._r.ping() if self._r is not None else _nothing())
+
+    async def breakers(self, names: list[str]) -> list[BreakerSnapshot]:
+        async def run():
+            pipe = self._r.pipeline(transaction=False)
+            for n in names:
+                pipe.hgetall(self._k(n, "b"))
+                pipe.pttl(self._k(n, "open"))
+                pipe.get(self._k(n, "open"))
+                pipe.exists(self._k(n, "trial"))
+            return await pipe.execute()
+
+        raw = await self._call(run())
+        out = []
+        for i in range(len(names)):
+            h, pttl, opened, trial = raw[4 * i:4 * i + 4]
+            if not h and not opened:
+                out.append(CLOSED)
+                continue
+            status, why = None, ""
+            if opened is not None and pttl > 0:
+                s, _, why = opened.partition("\x1f")
+                status = int(s) if s else None
+            out.append(BreakerSnapshot(int(h.get("failures", 0)), pttl / 1000 if opened is not None and pttl > 0 else 0.0,
+                                       why, status, h.get("tripped") == "1", bool(trial)))
+        return out
+
+    async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial) -> bool:
+        ms = -1 if open_s is None else int(open_s * 1000)
+        keys = [self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")]
+        args = [threshold, int(cooldown_s * 1000), ms, why[:500], "" if status is None else status, trial or ""]
+        return bool(await self._call(self._failure(keys=keys, args=args)))
+
+    async def success(self, name: str) -> None:
+        await self._call(self._r.delete(self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")))
+
+    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+        token = _token()
+        ok = await self._call(self._r.set(self._k(name, "trial"), token, nx=True, px=max(1, int(lease_s * 1000))))
+        return token if ok else None
+
+    async def release_trial(self, name: str, token: str) -> None:
+        await self._call(self._release(keys=[self._k(name, "trial")], args=[token]))
+
+    async def warm(self, name: str) -> tuple[bool | None, bool]:
+        async def run():
+            pipe = self._r.pipeline(transaction=False)
+            pipe.get(self._k(name, "warm"))
+            pipe.exists(self._k(name, "warmup"))
+            return await pipe.execute()
+
+        w, u = await self._call(run())
+        return (None if w is None else w == "1"), bool(u)
+
+    async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
+        key = self._k(name, "warm")
+        if ttl_s <= 0:
+            await self._call(self._r.delete(key))
+        else:
+            await self._call(self._r.set(key, "1" if warm else "0", px=max(1, int(ttl_s * 1000))))
+
+    async def forget_warm(self, name: str) -> None:
+        await self._call(self._r.delete(self._k(name, "warm")))
+
+    async def claim_warmup(self, name: str, lease_s: float) -> str | None:
+        token = _token()
+        ok = await self._call(self._r.set(self._k(name, "warmup"), token, nx=True, px=max(1, int(lease_s * 1000))))
+        return token if ok else None
+
+    async def release_warmup(self, name: str, token: str) -> None:
+        await self._call(self._release(keys=[self._k(name, "warmup")], args=[token]))
+
+
+async def _nothing() -> None:
+    return None
+
+
+def make_store(settings) -> StateStore:
+    """RedisStore for settings.state_url (GatewaySettings), else MemoryStore."""
+    if settings.state_url:
+        return RedisStore(settings.state_url, settings.state_prefix)
+    return MemoryStore()

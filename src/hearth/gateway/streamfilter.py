@@ -1,0 +1,100 @@
+"""What a streaming client receives: the text of the reply's JSON object, cut out on the fly.
+
+Models wrap the envelope: Qwen3 opens with a ``<think>...</think>`` block (empty when thinking is
+off), others put it in a ```` ```json ```` fence or add a sentence before or after. The non-streaming
+path removes that wrapping with hearth.envelope.repair; EnvelopeFilter does the same to a stream,
+delta by delta, so the client never sees the wrapping:
+
+    * leading whitespace and ONE leading ``<think>...</think>`` block are dropped (held back while the
+      text could still be the start of ``<think>``);
+    * everything before the first ``{`` is dropped (fences, "Here you go:");
+    * from that ``{`` the text passes through as it arrives, until the brace that closes it (braces
+      inside JSON strings do not count);
+    * everything after it is dropped (the closing fence, remarks).
+
+So the concatenated deltas are the envelope's JSON text exactly as the model wrote it. The chain
+checks at the end that this text is what repair() makes of the whole reply, and that it validates
+(the final chunk carries the validated envelope); when not, the stream ends with an error event.
+"""
+
+from __future__ import annotations
+
+_OPEN, _CLOSE = "<think>", "</think>"
+
+
+class EnvelopeFilter:
+    __slots__ = ("_state", "_held", "_depth", "_in_string", "_escaped", "emitted")
+
+    def __init__(self) -> None:
+        self._state = "start"      # start | think | before | object | after
+        self._held = ""
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+        self.emitted: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return "".join(self.emitted)
+
+    @property
+    def complete(self) -> bool:
+        """The object's closing brace has passed."""
+        return self._state == "after"
+
+    def feed(self, delta: str) -> str:
+        """Add a delta of the raw reply; return the part of it the client may see ("" when none)."""
+        text = self._held + delta
+        self._held = ""
+        if self._state == "start":
+            text = text.lstrip()
+            if not text:
+                return ""
+            if len(text) < len(_OPEN) and _OPEN.startswith(text):
+                self._held = text        # could still become "<think>"
+                return ""
+            if text.startswith(_OPEN):
+                self._state, text = "think", text[len(_OPEN):]
+            else:
+                self._state = "before"
+        if self._state == "think":
+            end = text.find(_CLOSE)
+            if end < 0:
+                self._held = text[-(len(_CLOSE) - 1):]   # a closing tag split across deltas
+                return ""
+            self._state, text = "before", text[end + len(_CLOSE):]
+        if self._state == "before":
+            start = text.find("{")
+            if start < 0:
+                return ""
+            self._state, text = "object", text[start:]
+        if self._state != "object":
+            return ""
+        out = self._scan(text)
+        if out:
+            self.emitted.append(out)
+        return out
+
+    def _scan(self, text: str) -> str:
+        depth, in_string, escaped = self._depth, self._in_string, self._escaped
+        for i, ch in enumerate(text):
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    self._state = "after"
+                    self._depth, self._in_string, self._escaped = 0, False, False
+                    return text[:i + 1]
+        self._depth, self._in_string, self._escaped = depth, in_string, escaped
+        return text
