@@ -254,3 +254,22 @@ def test_unknown_architecture_is_reported_as_left_alone():
 def test_apply_rejects_non_modules():
     with pytest.raises(TypeError, match="model"):
         patch.apply("Qwen/Qwen3-14B")
+
+
+def test_cpu_without_the_interpreter_patches_nothing_unprobed(monkeypatch):
+    """On a CPU without TRITON_INTERPRET the norm / rope / MLP probes fail (the kernels refuse CPU tensors)
+    and leave those modules; the loss has no probe and was patched anyway, so step 0 died. It must be left
+    too, with a reason that says how to run on the CPU."""
+    import hearth.kernels._common as common
+
+    monkeypatch.setattr(common, "interpret_mode", lambda: False)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen3Config(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=96, vocab_size=257)).float()  # on the CPU
+    with original_rope():
+        report = patch.apply(model)
+        assert report.count("loss") == 0 and report.count("norm") == 0 and report.count("mlp") == 0
+        left = {(k, c): r for (k, c, r) in report.left}
+        assert "TRITON_INTERPRET=1" in left[("loss", "Qwen3ForCausalLM")]
+        ids = torch.randint(0, 257, (1, 6))
+        assert torch.isfinite(model(input_ids=ids, labels=ids).loss)  # and training can start

@@ -317,12 +317,27 @@ def _attention(module: nn.Module, state: dict) -> None:
     return None
 
 
+def _kernels_can_run_on(t: torch.Tensor | None) -> str | None:
+    """None when hearth's kernels can run on t's device, else the reason (for the report)."""
+    from hearth.kernels._common import interpret_mode
+
+    if t is None or t.device.type in ("cuda", "meta") or (t.device.type == "cpu" and interpret_mode()):
+        return None
+    return (f"hearth's kernels need a CUDA GPU; the model is on {t.device.type} (on a CPU, set TRITON_INTERPRET=1 "
+            f"to run them in Triton's interpreter, slowly, or train without the patch)")
+
+
 def _loss(model: nn.Module, state: dict) -> None:
     if hasattr(model, "get_base_model"):
         raise Leave("peft wrapper: its inner causal LM is patched instead")
     if getattr(model, "_hearth_loss", False):
         return None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    # the loss is the one replacement with no probe (it needs labels): check the device instead, so that
+    # a model on the CPU without the interpreter is left alone rather than dying at step 0
+    why = _kernels_can_run_on(getattr(head, "weight", None))
+    if why:
+        raise Leave(why)
     decoder = getattr(model, getattr(model, "base_model_prefix", "") or "model", None)
     if type(head) is not nn.Linear:
         raise Leave(f"lm_head is {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)")
