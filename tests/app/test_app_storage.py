@@ -57,7 +57,7 @@ async def test_migrations_match_models_and_are_idempotent(db):
         diff = await conn.run_sync(lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata))
         version = (await conn.execute(text("select version_num from alembic_version"))).scalar_one()
     assert diff == [], f"migrations and models disagree: {diff}"
-    assert version == "0001"
+    assert version == "0002"
 
 
 async def test_signup_is_atomic_and_login_works(db, master_key):
