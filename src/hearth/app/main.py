@@ -29,10 +29,11 @@ from sqlalchemy.engine import make_url
 
 from hearth.app import accounts
 from hearth.app.common import InputError, NotFound
+from hearth.app.companions import ChatCleared
 from hearth.app.deps import AppState, LoginRequired
 from hearth.app.limits import BodyLimit, SecurityHeaders
 from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_backend, describe_failure,
-                              has_providers)
+                              failure_for_log, has_providers)
 from hearth.app.settings import AppSettings, SettingsError, load_settings
 from hearth.app.startup import StartupError, prepare
 from hearth.app.storage import create_database
@@ -67,6 +68,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _missing(request: Request, exc: NotFound):
         return _error_page(request, 404, "Not found", f"No such {exc.args[0] if exc.args else 'page'}.")
 
+    @app.exception_handler(ChatCleared)
+    async def _cleared(request: Request, exc: ChatCleared):
+        return _error_page(request, 409, "The chat was cleared", str(exc))
+
     @app.exception_handler(InputError)
     async def _input(request: Request, exc: InputError):
         return _error_page(request, 400, "Please check your input", str(exc))
@@ -93,7 +98,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError):
-        log.warning("model call failed: %s", exc)
+        log.warning("model call failed: %s", failure_for_log(exc))
         return _error_page(request, 502, "The model did not answer",
                            f"{describe_failure(exc)} Nothing was saved; try again.")
 

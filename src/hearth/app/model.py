@@ -83,11 +83,45 @@ def build_backend(config: Path | None) -> Any:
     return Chain(load_config(config))
 
 
+_PHRASES = [  # (gateway class name, what the user is told); first match wins
+    ("ModelUnavailable", "No model is configured yet."),
+    ("StreamInterrupted", "The reply was cut off part-way."),
+    ("Timeout", "The model took too long to answer."),
+    ("DeadlineExceeded", "The model took too long to answer."),
+    ("TimeoutError", "The model took too long to answer."),
+    ("ConnectionFailed", "The model service could not be reached."),
+    ("UpstreamStatus", "The model service reported an error."),
+    ("InvalidResponse", "The model's answer could not be understood."),
+    ("InvalidEnvelope", "The model's answer could not be understood."),
+    ("Cooldown", "The model service is resting after recent errors."),
+    ("Cold", "The model is starting up."),
+]
+_GENERIC = "Something went wrong while asking the model."
+
+
+def _phrase(exc: BaseException) -> str:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return next((text for name, text in _PHRASES if name in names), _GENERIC)
+
+
 def describe_failure(exc: BaseException) -> str:
-    """A short, user-safe account of a gateway failure (provider names and outcome labels)."""
+    """What happened, in the user's words: no class names, provider names or upstream text."""
     if isinstance(exc, BaseExceptionGroup):
-        parts = [f"{getattr(e, 'provider', '?')}: {type(e).__name__}" for e in exc.exceptions]
-        return "Every provider failed (" + "; ".join(parts) + ")."
-    if isinstance(exc, ModelUnavailable):
-        return "No model is configured."
-    return f"{type(exc).__name__}."
+        phrases = list(dict.fromkeys(_phrase(e) for e in exc.exceptions))
+        return "No model could answer right now. " + " ".join(phrases)
+    return _phrase(exc)
+
+
+def failure_for_log(exc: BaseException) -> str:
+    """The failure for the operator's log: class names, providers and outcome labels, never the upstream
+    body or the model's text (which can hold what the user wrote)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return f"{type(exc).__name__}(" + "; ".join(failure_for_log(e) for e in exc.exceptions) + ")"
+    provider = getattr(exc, "provider", None)
+    detail = getattr(exc, "label", None) or getattr(exc, "outcome", None)
+    if detail is None and isinstance(getattr(exc, "status", None), int):
+        detail = f"status {exc.status}"
+    parts = [p for p in (provider, detail) if p]
+    cause = exc.__cause__
+    text = type(exc).__name__ + (f"[{', '.join(map(str, parts))}]" if parts else "")
+    return text + (f" <- {failure_for_log(cause)}" if cause is not None and cause is not exc else "")

@@ -85,7 +85,7 @@ async def delete_agent(db: DB, viewer: CsrfViewer, agent_id: IdParam,
 
 @router.post("/companions/{companion_id}/rehearsals")
 async def start_rehearsal(db: DB, viewer: CsrfViewer, companion_id: IdParam,
-                          agent_id: Annotated[str, Form(max_length=64)]) -> Response:
+                          agent_id: Annotated[str, Form(pattern=ID_PATTERN)]) -> Response:
     rehearsal_id = await svc.start_rehearsal(db, viewer.cipher, companion_id, agent_id)
     return RedirectResponse(f"/rehearsals/{rehearsal_id}", status_code=303)
 

@@ -159,7 +159,7 @@ function setupPanel(form) {
           risk.className = "risk " + (data.ok ? data.risk : "high");
           risk.textContent = data.ok ? "risk: " + data.risk : "failed";
           li.querySelector("h4").appendChild(risk);
-          li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer (" + data.error + ").";
+          li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer. " + data.error;
           if (data.ok) {
             const advice = document.createElement("p");
             advice.className = "advice"; advice.textContent = data.advice; li.appendChild(advice);
