@@ -15,7 +15,10 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -140,9 +143,21 @@ def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
 SERVE_ARGS_ENV = "HEARTH_SERVE_ARGS"  # how `hearth serve --workers N` hands its arguments to each worker
 
 
+def _exit_with_parent(supervisor: int) -> None:
+    """A worker whose supervisor died (kill -9, OOM) stops too instead of holding the port forever."""
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown: in-flight turns may commit
+
+    threading.Thread(target=watch, name="hearth-parent-watch", daemon=True).start()
+
+
 def worker_app() -> FastAPI:
     """The app of one worker process of ``hearth serve --workers N`` (a uvicorn factory)."""
     args = json.loads(os.environ[SERVE_ARGS_ENV])
+    _exit_with_parent(args["supervisor"])  # (it may have died before this worker got here)
     config = Path(args["config"]) if args.get("config") else None
     settings = load_settings(config, database_url=args.get("database_url"), host=args["host"], port=args["port"])
     return create_app(settings)
@@ -190,7 +205,8 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
                   timeout_graceful_shutdown=30)
     if workers > 1:
         os.environ[SERVE_ARGS_ENV] = json.dumps({"config": str(config) if config else None,
-                                                 "database_url": database_url, "host": host, "port": port})
+                                                 "database_url": database_url, "host": host, "port": port,
+                                                 "supervisor": os.getpid()})
         uvicorn.run("hearth.app.main:worker_app", factory=True, workers=workers, **common)
         return 0
     server = uvicorn.Server(uvicorn.Config(app, **common))
