@@ -15,10 +15,12 @@ import httpx
 from tests.fakes.openai_server import free_port
 
 
-def write_config(path: Path, base_url: str, *, total_s: float = 60.0) -> Path:
+def write_config(path: Path, base_url: str, *, total_s: float = 60.0, gateway: str = "") -> Path:
+    """A TOML with one provider at ``base_url``; ``gateway``: extra lines for the [gateway] table."""
     path.write_text(f"""
 [gateway]
 deadline_s = {total_s}
+{gateway}
 
 [[providers]]
 name = "fake"

@@ -133,7 +133,7 @@ def test_the_whole_app_in_a_browser(tmp_path, browser_page):
             page.wait_for_selector("h1:has-text('Rehearsing with Rui')")
             page.fill("#rehearsal-form textarea", "Could we keep our Tuesday slot?")
             page.click("#rehearsal-form button")
-            page.wait_for_selector("#turns li.companion:has-text('Echo: Could we keep our Tuesday slot?')")
+            page.locator("#turns li.companion:not(.pending):has-text('Echo: Could we keep our Tuesday slot?')").wait_for()
             assert "Panel (5/5)" in page.locator("#turns").inner_text()
             rehearsal_url = page.url.split("#")[0]
 

@@ -101,3 +101,56 @@ async def test_clearing_a_chat_while_a_reply_is_in_flight_wins(make_settings, da
             assert "event: error" in r.text and "cleared" in r.text and "event: done" not in r.text
         else:
             assert r.status_code == 409 and "cleared" in r.text
+
+
+class _FailingChat(FakeModel):
+    async def complete(self, messages, *, kind, **kw):
+        if kind == "chat" and self.fail_chat:
+            from hearth.gateway.errors import AllProvidersFailed, UpstreamStatus
+            raise AllProvidersFailed("all failed", [UpstreamStatus("fake", 503, body="upstream text")])
+        return await super().complete(messages, kind=kind, **kw)
+
+    fail_chat = False
+
+
+async def test_without_javascript_failures_keep_the_text_and_save_nothing(make_settings, sqlite_url):
+    from hearth import prompts
+    from hearth.app.storage.models import RehearsalTurn, Situation
+
+    model = _FailingChat(fail=set(prompts.ANALYSTS))
+    async with running_app(make_settings(sqlite_url), model=model) as (app, client):
+        csrf = await signup(client, "alice")
+        cid = await create_companion(client, csrf)
+        # every analyst fails: before, the empty panel was saved and the situation text lost
+        r = await client.post(f"/companions/{cid}/situations", data={"situation": "The landlord called", "csrf": csrf},
+                              headers={"accept": "text/html"})
+        assert r.status_code == 502 and "None of the five analysts could answer" in r.text
+        assert ">The landlord called</textarea>" in r.text
+        r = await client.post(f"/companions/{cid}/situations", data={"situation": "Again", "csrf": csrf},
+                              headers={"accept": "text/event-stream", "x-csrf-token": csrf})
+        assert "event: error" in r.text and "event: done" not in r.text
+        assert await _count(app, Situation) == 0
+        # a rehearsal reply that fails: the rehearsal page, with the text, not a bare 502 page
+        model.fail = set()
+        await client.post("/agents", data={"name": "Lee", "personality": "p", "backstory": "b", "relationship": "r",
+                                           "companion_id": cid, "csrf": csrf})
+        page = (await client.get(f"/companions/{cid}/simulate")).text
+        import re
+        agent_id = re.search(r'name="agent_id"><option value="([0-9a-f]{32})"', page).group(1)
+        rid = (await client.post(f"/companions/{cid}/rehearsals", data={"agent_id": agent_id, "csrf": csrf})
+               ).headers["location"].rsplit("/", 1)[1]
+        model.fail_chat = True
+        r = await client.post(f"/rehearsals/{rid}/turns", data={"message": "Hello Lee", "csrf": csrf},
+                              headers={"accept": "text/html"})
+        assert r.status_code == 502 and 'id="rehearsal-form"' in r.text and ">Hello Lee</textarea>" in r.text
+        assert "The model service reported an error." in r.text and "UpstreamStatus" not in r.text
+        r = await client.post(f"/rehearsals/{rid}/turns", data={"message": "Hello Lee"},
+                              headers={"accept": "text/event-stream", "x-csrf-token": csrf})
+        assert "event: error" in r.text and "upstream text" not in r.text
+        assert await _count(app, RehearsalTurn) == 0
+        model.fail_chat = False
+        r = await client.post(f"/rehearsals/{rid}/turns", data={"message": "Hello Lee"},
+                              headers={"accept": "text/event-stream", "x-csrf-token": csrf})
+        events = [b.split("\n", 1)[0] for b in r.text.strip().split("\n\n")]
+        assert events[0] == "event: delta" and "event: reply" in events and events.count("event: reading") == 5
+        assert events[-1] == "event: done" and await _count(app, RehearsalTurn) == 2

@@ -288,16 +288,18 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
     return "\n".join(lines)
 
 
-async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
-                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float) -> TurnView:
-    """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
-    text = clean_text(text, "message", max_chars)
+async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
+                            turns: int) -> tuple[RehearsalView, str, list[dict]]:
+    """What one rehearsal turn needs before the model is asked: the rehearsal, the shared context the
+    panel may see, and the messages for the agent's reply. NotFound for another user's rehearsal."""
     view = await get_rehearsal(db, cipher, rehearsal_id)
     shared = await panel_context(db, cipher, view.companion_id)
-    result = await model.complete(rehearsal_messages(view, shared, text, turns), kind="chat", deadline_s=deadline_s,
-                                  request_id=uuid.uuid4().hex)
-    reply = result.envelope.message
-    results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+    return view, shared, rehearsal_messages(view, shared, text, turns)
+
+
+async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
+                              results: list[PanelResult]) -> TurnView:
+    """Both turns and the panel's readings, in one transaction (nothing if the rehearsal is gone)."""
     now = utcnow()
     user_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="user", created_at=now)
     user_row.body_ct = seal(cipher, user_row, "body_ct", text)
@@ -310,6 +312,17 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
         await db.flush()
         db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
     return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
+
+
+async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
+                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float) -> TurnView:
+    """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
+    text = clean_text(text, "message", max_chars)
+    view, shared, messages = await rehearsal_context(db, cipher, rehearsal_id, text, turns=turns)
+    result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
+    reply = result.envelope.message
+    results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+    return await save_rehearsal_turn(db, cipher, rehearsal_id, text, reply, results)
 
 
 async def delete_rehearsal(db: AsyncSession, user_id: str, rehearsal_id: str) -> None:
