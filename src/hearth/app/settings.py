@@ -4,8 +4,9 @@ Sources, later ones winning: defaults < the ``[app]`` table of the TOML file (th
 configures the gateway's providers) < ``HEARTH_*`` environment variables < command-line arguments.
 
 The master key (the one secret) comes from ``HEARTH_MASTER_KEY`` or a key file
-(``HEARTH_MASTER_KEY_FILE`` / ``[app] master_key_file``). In development mode, with neither set, a
-key file is created under ``var_dir`` with 0600 permissions and the log says so. Outside
+(``HEARTH_MASTER_KEY_FILE`` / ``[app] master_key_file``). In development mode, with neither set, the
+key file under ``var_dir`` is read, or a new key is generated in memory (``new_dev_key_file``) and
+written 0600 by start-up (hearth.app.startup) only once it has checked that the database holds no users. Outside
 development a missing key, a placeholder key or a key file that was generated for development is
 refused: :class:`SettingsError` (a ValueError) names the field.
 
