@@ -118,11 +118,12 @@ async def forget(db: AsyncSession, bucket: str) -> None:
         await db.execute(delete(AuthThrottle).where(AuthThrottle.key == bucket_hash(bucket)))
 
 
-async def sweep(db: AsyncSession, policy: Policy, *, now: float | None = None) -> int:
-    """Delete buckets idle for longer than the window (they would start from zero anyway)."""
+async def sweep(db: AsyncSession, *policies: Policy, now: float | None = None) -> int:
+    """Delete buckets idle for longer than the longest window (they would start from zero anyway)."""
     now = time.time() if now is None else now
+    window = max(p.window_s for p in policies)
     async with db.begin():
-        gone = await db.execute(delete(AuthThrottle).where(AuthThrottle.last_at < now - policy.window_s,
+        gone = await db.execute(delete(AuthThrottle).where(AuthThrottle.last_at < now - window,
                                                            AuthThrottle.blocked_until < now))
     return gone.rowcount
 

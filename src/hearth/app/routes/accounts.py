@@ -102,7 +102,7 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
     new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s)
     if new is None:
         if secrets.randbelow(50) == 0:  # now and then: drop buckets idle past the window
-            await throttle.sweep(db, state.settings.policy("login"))
+            await throttle.sweep(db, state.settings.policy("login"), state.settings.policy("signup"))
         return _form_page(request, state, "login.html", error="Wrong username or password.", status=401,
                           username=username)
     await throttle.forget(db, bucket)
