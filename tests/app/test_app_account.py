@@ -33,8 +33,8 @@ async def _user(app, username: str):
         return (await s.execute(select(models.User).where(models.User.username == username))).scalar_one_or_none()
 
 
-async def test_password_change_needs_the_current_one_and_ends_other_sessions(make_settings, database_url):
-    async with running_app(make_settings(database_url)) as (app, client):
+async def test_password_change_needs_the_current_one_and_ends_other_sessions(make_settings, sqlite_url):
+    async with running_app(make_settings(sqlite_url)) as (app, client):
         csrf = await signup(client, "alice")
         other = dict(client.cookies)  # a second browser, logged in before the change
         r = await client.post("/account/password", data={"csrf": csrf, "current_password": "wrong one!!",
@@ -55,8 +55,8 @@ async def test_password_change_needs_the_current_one_and_ends_other_sessions(mak
         assert (await login(client, "alice", NEW_PASSWORD)).status_code == 303
 
 
-async def test_export_holds_all_of_the_users_data_decrypted_and_nobody_elses(make_settings, database_url):
-    async with running_app(make_settings(database_url)) as (app, client):
+async def test_export_holds_all_of_the_users_data_decrypted_and_nobody_elses(make_settings, sqlite_url):
+    async with running_app(make_settings(sqlite_url)) as (app, client):
         await signup(client, "carol")
         client.cookies.clear()
         csrf = await signup(client, "bob")

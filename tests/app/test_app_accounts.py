@@ -90,6 +90,7 @@ def test_device_cookies_belong_to_one_account_and_cannot_be_forged():
 
 
 # ------------------------------------------------------------------------------ over HTTP
+# (SQLite: the throttle SQL itself runs on both backends above)
 FAST = dict(login_free_attempts=3, login_backoff_base_s=300.0, login_backoff_max_s=600.0, login_window_s=3600.0)
 
 
@@ -100,9 +101,9 @@ async def _login_from(client, username: str, password: str, address: str | None)
                                              "csrf": csrf_of(page.text)}, headers=headers)
 
 
-async def test_guessing_one_account_does_not_lock_out_other_users_at_that_address(make_settings, database_url):
+async def test_guessing_one_account_does_not_lock_out_other_users_at_that_address(make_settings, sqlite_url):
     # before: 20 failures from one address gave every user at that address 429 (and 5 locked the account)
-    async with running_app(make_settings(database_url, **FAST)) as (app, client):
+    async with running_app(make_settings(sqlite_url, **FAST)) as (app, client):
         await signup(client, "alice")
         await signup(client, "bob")
         client.cookies.clear()
@@ -113,8 +114,8 @@ async def test_guessing_one_account_does_not_lock_out_other_users_at_that_addres
         assert (await login(client, "bob")).status_code == 303  # same address, other account: fine
 
 
-async def test_behind_a_trusted_proxy_each_client_address_is_throttled_apart(make_settings, database_url):
-    settings = make_settings(database_url, forwarded_allow_ips=["127.0.0.1/32"], **FAST)
+async def test_behind_a_trusted_proxy_each_client_address_is_throttled_apart(make_settings, sqlite_url):
+    settings = make_settings(sqlite_url, forwarded_allow_ips=["127.0.0.1/32"], **FAST)
     async with running_app(settings) as (app, client):
         await signup(client, "alice")
         client.cookies.clear()
@@ -125,15 +126,15 @@ async def test_behind_a_trusted_proxy_each_client_address_is_throttled_apart(mak
         r = await _login_from(client, "alice", PASSWORD, "203.0.113.5")
         assert r.status_code == 303, "the owner at another address was locked out"
     # without the proxy configured, the header is ignored: the guesses count against the peer address
-    async with running_app(make_settings(database_url, **FAST)) as (app, client):
+    async with running_app(make_settings(sqlite_url, **FAST)) as (app, client):
         client.cookies.clear()
         for i in range(4):
             await _login_from(client, "alice", "guess guess guess", f"198.51.100.{i}")
         assert (await _login_from(client, "alice", PASSWORD, "203.0.113.5")).status_code == 429
 
 
-async def test_a_browser_that_logged_in_before_is_not_slowed_by_someone_elses_guesses(make_settings, database_url):
-    async with running_app(make_settings(database_url, **FAST)) as (app, owner):
+async def test_a_browser_that_logged_in_before_is_not_slowed_by_someone_elses_guesses(make_settings, sqlite_url):
+    async with running_app(make_settings(sqlite_url, **FAST)) as (app, owner):
         await signup(owner, "alice")
         assert throttle.DEVICE_COOKIE in owner.cookies
         device = owner.cookies[throttle.DEVICE_COOKIE]
