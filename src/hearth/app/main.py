@@ -36,7 +36,7 @@ from hearth.app.companions import ChatCleared
 from hearth.app.deps import AppState, LoginRequired
 from hearth.app.limits import BodyLimit, SecurityHeaders
 from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_backend, describe_failure,
-                              failure_for_log, has_providers)
+                              failure_for_log, has_providers, quiet_upstream_text)
 from hearth.app.settings import AppSettings, SettingsError, load_settings
 from hearth.app.startup import StartupError, prepare
 from hearth.app.storage import create_database
@@ -109,6 +109,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
     """The ASGI app. ``model`` defaults to the chain built from ``settings.config_path``."""
     backend = model if model is not None else build_backend(settings.config_path)
+    quiet_upstream_text()  # the chain's own failure logs: class names and labels, not upstream text
     templates = _templates()
 
     @asynccontextmanager

@@ -18,6 +18,7 @@ store nothing for that turn.
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
@@ -125,3 +126,22 @@ def failure_for_log(exc: BaseException) -> str:
     cause = exc.__cause__
     text = type(exc).__name__ + (f"[{', '.join(map(str, parts))}]" if parts else "")
     return text + (f" <- {failure_for_log(cause)}" if cause is not None and cause is not exc else "")
+
+
+class UpstreamTextFilter(logging.Filter):
+    """In the app's process, the gateway's log records carry failures as class names and labels only: an
+    exception passed as a log argument is replaced by :func:`failure_for_log` (an upstream error body or
+    an invalid envelope can hold the model's text, which can hold what the user wrote)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, BaseException) for a in record.args):
+            record.args = tuple(failure_for_log(a) if isinstance(a, BaseException) else a for a in record.args)
+        return True
+
+
+def quiet_upstream_text(loggers: tuple[str, ...] = ("hearth.gateway.chain",)) -> None:
+    """Install :class:`UpstreamTextFilter` on the gateway's loggers (once)."""
+    for name in loggers:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, UpstreamTextFilter) for f in logger.filters):
+            logger.addFilter(UpstreamTextFilter())
