@@ -4,7 +4,6 @@ feed alert, a clear that an in-flight reply could undo."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import func, select

@@ -3,7 +3,6 @@ Mode, rehearsal, feed, clearing, and the no-model page."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 

@@ -2,7 +2,7 @@
 
     app = create_app(settings)                   # model: the gateway chain from settings.config_path
     app = create_app(settings, model=backend)    # tests: anything with the chain's complete()/stream()
-    exit_code = serve(config, database_url, host, port)
+    exit_code = serve(config, database_url, host, port, workers)
 
 Start-up (lifespan): open the database and run hearth.app.startup.prepare (migrations, key rotation, the
 master-key check that refuses to start when users' keys do not open), start the chain. Shutdown closes the
@@ -30,7 +30,6 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import make_url
 
-from hearth.app import accounts
 from hearth.app.common import InputError, NotFound
 from hearth.app.companions import ChatCleared
 from hearth.app.deps import AppState, LoginRequired
