@@ -110,11 +110,12 @@ def serve(
     database_url: Annotated[Optional[str], typer.Option("--database-url", help="default: a SQLite file under ./var/")] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8000,
+    workers: Annotated[int, typer.Option("--workers", help="worker processes (state is shared through the database; use PostgreSQL)")] = 1,
 ) -> None:
     """Run the companion app (SQLite by default, PostgreSQL by URL)."""
     from hearth.app.main import serve as run
 
-    raise typer.Exit(run(config=config, database_url=database_url, host=host, port=port))
+    raise typer.Exit(run(config=config, database_url=database_url, host=host, port=port, workers=workers))
 
 
 @app.command()

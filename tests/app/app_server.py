@@ -15,10 +15,12 @@ import httpx
 from tests.fakes.openai_server import free_port
 
 
-def write_config(path: Path, base_url: str, *, total_s: float = 60.0) -> Path:
+def write_config(path: Path, base_url: str, *, total_s: float = 60.0, gateway: str = "") -> Path:
+    """A TOML with one provider at ``base_url``; ``gateway``: extra lines for the [gateway] table."""
     path.write_text(f"""
 [gateway]
 deadline_s = {total_s}
+{gateway}
 
 [[providers]]
 name = "fake"
@@ -46,11 +48,12 @@ class ServeProcess:
 
 @contextmanager
 def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | None = None, ready_s: float = 60.0,
-                 pass_port: bool = True):
+                 pass_port: bool = True, stop_signal: int = signal.SIGKILL):
     """Start `python -m hearth.cli serve ARGS [--port PORT]` in ``cwd``; yields once /healthz answers.
 
     pass_port=False runs it with exactly ARGS (the default port 8000 is then expected).
-    The process is killed (SIGKILL) on exit if it is still running.
+    The process is sent ``stop_signal`` (default SIGKILL) on exit if it is still running; SIGTERM stops
+    a multi-worker server with its workers (then SIGKILL after 15 s).
     """
     port = port or (free_port() if pass_port else 8000)
     cmd = [sys.executable, "-m", "hearth.cli", "serve", *args] + (["--port", str(port)] if pass_port else [])
@@ -75,5 +78,9 @@ def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | Non
         yield server
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+            proc.send_signal(stop_signal)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

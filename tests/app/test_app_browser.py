@@ -133,7 +133,7 @@ def test_the_whole_app_in_a_browser(tmp_path, browser_page):
             page.wait_for_selector("h1:has-text('Rehearsing with Rui')")
             page.fill("#rehearsal-form textarea", "Could we keep our Tuesday slot?")
             page.click("#rehearsal-form button")
-            page.wait_for_selector("#turns li.companion:has-text('Echo: Could we keep our Tuesday slot?')")
+            page.locator("#turns li.companion:not(.pending):has-text('Echo: Could we keep our Tuesday slot?')").wait_for()
             assert "Panel (5/5)" in page.locator("#turns").inner_text()
             rehearsal_url = page.url.split("#")[0]
 
@@ -147,6 +147,16 @@ def test_the_whole_app_in_a_browser(tmp_path, browser_page):
             assert page.url.split("#")[0] == rehearsal_url
             assert "Echo: Could we keep our Tuesday slot?" in page.locator("#turns").inner_text()
             _no_sideways_scroll(page)
+            page.goto(companion_url + "/simulate")
+            _no_sideways_scroll(page)  # with the agent list and the situations' retry/delete links
+
+            # the account page: the export downloads the user's data, decrypted
+            page.click("#account-link")
+            _no_sideways_scroll(page)
+            with page.expect_download() as download:
+                page.click("#export")
+            exported = open(download.value.path(), encoding="utf-8").read()
+            assert "Could we keep our Tuesday slot?" in exported and '"username": "fern"' in exported
 
             # clear the chat: gone after a reload too
             page.goto(companion_url)

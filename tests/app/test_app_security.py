@@ -22,7 +22,9 @@ PARAM_RE = re.compile(r"{(\w+)}")
 # routes that take no record id and act only on the caller's own account (checked below by their effect)
 OWN_ACCOUNT_ROUTES = {("GET", "/signup"), ("POST", "/signup"), ("GET", "/login"), ("POST", "/login"),
                       ("POST", "/logout"), ("GET", "/healthz"), ("GET", "/"), ("POST", "/context"),
-                      ("POST", "/companions"), ("GET", "/feed"), ("POST", "/feed/posts"), ("POST", "/agents")}
+                      ("POST", "/companions"), ("GET", "/feed"), ("POST", "/feed/posts"), ("POST", "/agents"),
+                      ("GET", "/account"), ("POST", "/account/password"), ("GET", "/account/export"),
+                      ("POST", "/account/delete")}
 
 
 def app_routes(app) -> list[tuple[str, str]]:

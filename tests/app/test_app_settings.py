@@ -10,14 +10,18 @@ import stat
 import pytest
 
 from hearth.app.crypto import new_master_key_text
-from hearth.app.settings import DEV_KEY_MARKER, SettingsError, load_settings
+from hearth.app.settings import DEV_KEY_MARKER, SettingsError, load_settings, write_new_dev_key
 
 
 def test_development_creates_a_private_key_file_once(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="hearth.app"):
-        first = load_settings(None, env={}, overrides={"var_dir": str(tmp_path / "var")})
+    first = load_settings(None, env={}, overrides={"var_dir": str(tmp_path / "var")})
     key_file = tmp_path / "var" / "master.key"
+    # held in memory until start-up has checked that no users exist (hearth.app.startup), then written
+    assert first.new_dev_key_file == key_file and not key_file.exists()
+    with caplog.at_level(logging.WARNING, logger="hearth.app"):
+        write_new_dev_key(first)
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
     assert DEV_KEY_MARKER in key_file.read_text()
     assert "created a development master key" in caplog.text and str(key_file) in caplog.text
     second = load_settings(None, env={}, overrides={"var_dir": str(tmp_path / "var")})
@@ -33,7 +37,7 @@ def test_production_refuses_a_missing_key(tmp_path):
 
 
 def test_production_refuses_the_generated_development_key(tmp_path):
-    load_settings(None, env={}, overrides={"var_dir": str(tmp_path)})  # creates the dev key
+    write_new_dev_key(load_settings(None, env={}, overrides={"var_dir": str(tmp_path)}))  # creates the dev key
     with pytest.raises(SettingsError, match="generated development key") as info:
         load_settings(None, env={"HEARTH_ENV": "production", "HEARTH_MASTER_KEY_FILE": str(tmp_path / "master.key")})
     assert info.value.field == "master_key_file"

@@ -376,3 +376,46 @@ class FakeOpenAI:
 
 
 _NO_ARG = object()
+
+
+# ---------------------------------------------------------------------------------------- command line
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.fakes.openai_server --port N``: serve valid hearth envelopes on 127.0.0.1:N until
+    interrupted, so the app (or the gateway, or an eval) can be tried without a model. Chat replies echo
+    the user ("Echo: ..."), feed comments and analyst readings are canned; streaming works too."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.fakes.openai_server", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (default 8001; 0 picks one)")
+    parser.add_argument("--model", default="fake-model", help="model name it answers to (default fake-model)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port: must be 0-65535, got {args.port}")
+    from tests.app.app_fakes import envelope_for, kind_from_request
+
+    def handler(body: dict) -> Behavior:  # a valid envelope of the requested kind
+        # (this module's own Behavior: run with -m it is __main__, not tests.fakes.openai_server)
+        return Behavior.reply(envelope_for(body["messages"], kind_from_request(body)))
+
+    async def run() -> None:
+        server = FakeOpenAI(handler, model=args.model, port=args.port)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise SystemExit(f"--port: cannot listen on 127.0.0.1:{args.port}: {exc.strerror}") from None
+        print(f"fake OpenAI-compatible server: base_url = \"{server.base_url}\", model = \"{args.model}\" "
+              "(Ctrl-C stops it)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.aclose()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -129,3 +129,41 @@ def test_behavior_arguments_are_checked():
         Behavior.stream("abc")
     with pytest.raises(ValueError, match="code"):
         Behavior.status(42)
+
+
+def test_command_line_serves_valid_envelopes_on_the_given_port():
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hearth.envelope import parse_envelope
+    from tests.fakes.openai_server import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        banner = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}/v1" in banner, banner
+        base = f"http://127.0.0.1:{port}/v1"
+        chat = {"model": "fake-model", "messages": [{"role": "system", "content": "You are Wren."},
+                                                    {"role": "user", "content": "hello there"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "hearth_chat", "schema": {}}}}
+        r = httpx.post(base + "/chat/completions", json=chat, timeout=10)
+        envelope = parse_envelope(r.json()["choices"][0]["message"]["content"], "chat")
+        assert envelope.message == "Echo: hello there"
+        with httpx.stream("POST", base + "/chat/completions", json={**chat, "stream": True}, timeout=10) as s:
+            text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                           for line in s.iter_lines() if line.startswith("data: {"))
+        assert parse_envelope(text, "chat").message == "Echo: hello there"
+        assert httpx.get(base + "/models", timeout=10).json()["data"][0]["id"] == "fake-model"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    bad = subprocess.run([sys.executable, "-m", "tests.fakes.openai_server", "--port", "70000"], cwd=root,
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--port" in bad.stderr

@@ -1,4 +1,4 @@
-"""Accounts: signup, login, logout, sessions, and the login rate limiter.
+"""Accounts: signup, login, logout, sessions (throttling: hearth.app.throttle).
 
 Passwords are hashed with argon2id (argon2-cffi defaults). Sessions are random tokens; the cookie
 holds the token and the database holds only its SHA-256, so a database leak does not hand out
@@ -14,8 +14,6 @@ import asyncio
 import hashlib
 import re
 import secrets
-import time
-from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -95,69 +93,13 @@ async def signup(db: AsyncSession, *, username: str, password: str, master_key: 
     return new
 
 
-class LoginLimiter:
-    """Failed-login limiter: at most ``attempts`` failures per ``window_s`` per username, and
-    ``attempts * client_factor`` per client address (several people can share one address).
-
-    In memory, per process: with several app workers each enforces its own window (the effective
-    limit is attempts x workers). A shared store would be the next step for a multi-worker deployment.
-    """
-
-    SWEEP_AT = 10_000
-
-    def __init__(self, attempts: int, window_s: float, *, client_factor: int = 4, clock=time.monotonic):
-        self.attempts, self.window_s, self.client_factor, self.clock = attempts, window_s, client_factor, clock
-        self._fails: dict[str, deque[float]] = {}
-
-    def _limit(self, key: str) -> int:
-        return self.attempts * (self.client_factor if key.startswith("ip:") else 1)
-
-    def _recent(self, key: str) -> deque[float]:
-        q = self._fails.get(key)
-        if q is None:
-            return deque()
-        cutoff = self.clock() - self.window_s
-        while q and q[0] < cutoff:
-            q.popleft()
-        if not q:
-            del self._fails[key]  # keep the table as small as the set of recent offenders
-        return q
-
-    def retry_after(self, *keys: str) -> float:
-        """Seconds until another attempt is allowed (0 when allowed now)."""
-        wait = 0.0
-        for key in keys:
-            q = self._recent(key)
-            if len(q) >= self._limit(key):
-                wait = max(wait, q[0] + self.window_s - self.clock())
-        return wait
-
-    def failed(self, *keys: str) -> None:
-        now = self.clock()
-        if len(self._fails) > self.SWEEP_AT:  # many distinct names (a spray): drop every expired entry
-            for key in list(self._fails):
-                self._recent(key)
-        for key in keys:
-            self._recent(key)
-            self._fails.setdefault(key, deque()).append(now)
-
-    def succeeded(self, key: str) -> None:
-        self._fails.pop(key, None)
-
-    def withdraw(self, key: str) -> None:
-        """Take back the latest failure recorded for ``key`` (an attempt counted up front that succeeded)."""
-        q = self._fails.get(key)
-        if q:
-            q.pop()
-            if not q:
-                del self._fails[key]
-
-
 async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -> NewSession | None:
     """A new session when the password matches, else None (same cost either way)."""
     name = (username or "").strip().lower()
-    async with db.begin():  # read transaction, closed before the slow hash check
-        user = (await db.execute(select(User).where(User.username == name))).scalar_one_or_none()
+    user = None
+    if USERNAME_RE.match(name):  # no such account can exist otherwise (and NUL bytes never reach PostgreSQL)
+        async with db.begin():  # read transaction, closed before the slow hash check
+            user = (await db.execute(select(User).where(User.username == name))).scalar_one_or_none()
     stored = user.password_hash if user is not None else _DUMMY_HASH
     try:
         await asyncio.to_thread(_hasher.verify, stored, password or "")

@@ -5,7 +5,8 @@ a ``chat`` envelope -> ONE transaction that saves the user's message, the reply,
 the affection/trust change. If the model fails, nothing is written; if the write fails, the turn was
 not acknowledged. Either the whole turn exists or none of it does.
 
-Clearing a chat deletes its messages and memories (rows gone, not flagged).
+Clearing a chat deletes its messages and memories (rows gone, not flagged) and moves the chat's epoch on,
+so a turn whose reply was still being written is not saved after the clear (ChatCleared).
 """
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ class CompanionView:
     affection: int
     trust: int
     standing: Standing
+    chat_epoch: int = 0  # bumped by each clear (a turn read before it is not saved after it)
 
     @property
     def builtin(self) -> bool:
         return self.persona in prompts.PERSONAS
+
+
+class ChatCleared(RuntimeError):
+    """The chat was cleared while this turn's reply was being written: the turn is not saved."""
+
+    def __init__(self) -> None:
+        super().__init__("The chat was cleared while this reply was being written, so it was not saved.")
 
 
 @dataclass
@@ -71,7 +80,7 @@ class TurnResult:
 def _view(cipher: UserCipher, row: Companion) -> CompanionView:
     return CompanionView(id=row.id, name=unseal(cipher, row, "name_ct"), persona=unseal(cipher, row, "persona_ct"),
                          world_view=row.world_view, share_context=row.share_context, affection=row.affection,
-                         trust=row.trust, standing=standing(row.affection, row.trust))
+                         trust=row.trust, standing=standing(row.affection, row.trust), chat_epoch=row.chat_epoch)
 
 
 def _check_world_view(world_view: str) -> str:
@@ -242,12 +251,15 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
         row.text_ct = seal(cipher, row, "text_ct", text)
         memory_rows.append(row)
     async with db.begin():
-        # the UPDATE doubles as the ownership/existence check: a companion deleted meanwhile aborts the turn
+        # the UPDATE doubles as the ownership/existence check (a companion deleted meanwhile aborts the turn)
+        # and as the clear check: a chat cleared since the context was read has another epoch
         result = await db.execute(
-            update(Companion).where(Companion.id == cid, Companion.user_id == uid)
+            update(Companion).where(Companion.id == cid, Companion.user_id == uid,
+                                    Companion.chat_epoch == ctx.companion.chat_epoch)
             .values(affection=Companion.affection + reply.affection, trust=Companion.trust + reply.trust))
         if result.rowcount != 1:
-            raise NotFound("companion")
+            await check_owned(db, Companion, uid, cid, "companion")  # NotFound when it is gone
+            raise ChatCleared()
         db.add_all([user_row, reply_row, *memory_rows])
         await db.flush()
         total = (await db.execute(select(func.count()).select_from(Memory).where(Memory.companion_id == cid))).scalar_one()
@@ -275,9 +287,13 @@ async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_
 
 
 async def clear_chat(db: AsyncSession, user_id: str, companion_id: str) -> int:
-    """Delete every message and memory of this chat for good; returns how many messages went."""
+    """Delete every message and memory of this chat for good; returns how many messages went. A turn in
+    flight meanwhile is not saved afterwards (the chat epoch moves on)."""
     async with db.begin():
-        await check_owned(db, Companion, user_id, companion_id, "companion")
+        bumped = await db.execute(update(Companion).where(Companion.id == companion_id, Companion.user_id == user_id)
+                                  .values(chat_epoch=Companion.chat_epoch + 1))
+        if bumped.rowcount != 1:
+            raise NotFound("companion")
         gone = await db.execute(delete(Message).where(Message.companion_id == companion_id, Message.user_id == user_id))
         await db.execute(delete(Memory).where(Memory.companion_id == companion_id, Memory.user_id == user_id))
     await scrub_deleted(db)

@@ -1,6 +1,6 @@
 """FastAPI dependencies (``Annotated`` aliases used by every route).
 
-    State     the app's long-lived objects (settings, database, model chain, limiter, templates)
+    State     the app's long-lived objects (settings, database, model chain, templates, trusted proxies)
     DB        one AsyncSession per request (services open their own transactions on it)
     Viewer    the logged-in user: session row, user row and the user's cipher; LoginRequired otherwise
     CsrfViewer  Viewer + the per-session CSRF token checked (form field ``csrf`` or ``X-CSRF-Token``)
@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Depends, HTTPException, Request
@@ -35,8 +35,9 @@ class AppState:
     db: Database
     model: Any
     model_configured: bool
-    limiter: accounts.LoginLimiter
     templates: Jinja2Templates
+    trusted_proxies: list = field(default_factory=list)  # networks whose X-Forwarded-For is believed
+    device_secret: bytes = field(default=b"", repr=False)  # signs device cookies (hearth.app.throttle)
 
 
 @dataclass

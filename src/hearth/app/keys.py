@@ -12,7 +12,7 @@ wrapped under the previous key are touched).
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from hearth.app import crypto
 from hearth.app.storage.db import Database
@@ -33,10 +33,3 @@ async def rotate_master_key(db: Database, old_master_key: bytes, new_master_key:
             user.wrapped_key = crypto.rewrap_data_key(old_master_key, new_master_key, user.wrapped_key, user.id)
             user.master_key_id = new_id
         return len(users)
-
-
-async def users_not_under(db: Database, master_key: bytes) -> int:
-    """How many users' data keys are wrapped under some other master key (they cannot log in)."""
-    async with db.sessions() as session, session.begin():
-        return (await session.execute(select(func.count()).select_from(User)
-                                      .where(User.master_key_id != crypto.master_key_id(master_key)))).scalar_one()

@@ -1,4 +1,5 @@
-"""Request body limit (413) and security headers, as plain ASGI middleware.
+"""Request body limit (413) and security headers (with ``Cache-Control: no-store`` on everything but
+/static), as plain ASGI middleware.
 
 The body limit is checked twice: against Content-Length before the app runs, and against the bytes
 actually received (a chunked upload has no Content-Length), so no route ever buffers more than
@@ -81,10 +82,16 @@ class SecurityHeaders:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
+        # pages show decrypted user text: no browser or proxy may keep a copy (Back after logout must not
+        # show the chat). Only the static files may be cached.
+        cacheable = scope.get("path", "").startswith("/static/")
+
         async def with_headers(message):
             if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + SECURITY_HEADERS
+                headers = list(message.get("headers", [])) + SECURITY_HEADERS
+                if not cacheable and not any(name.lower() == b"cache-control" for name, _ in headers):
+                    headers.append((b"cache-control", b"no-store"))
+                message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, with_headers)

@@ -2,16 +2,23 @@
 
     app = create_app(settings)                   # model: the gateway chain from settings.config_path
     app = create_app(settings, model=backend)    # tests: anything with the chain's complete()/stream()
-    exit_code = serve(config, database_url, host, port)
+    exit_code = serve(config, database_url, host, port, workers)
 
-Start-up (lifespan): open the database, run the packaged alembic migrations, re-wrap data keys if a
-previous master key is given, start the chain. Shutdown closes the chain and the engine.
+Start-up (lifespan): open the database and run hearth.app.startup.prepare (migrations, key rotation, the
+master-key check that refuses to start when users' keys do not open), start the chain. Shutdown closes the
+chain and the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,15 +30,16 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import make_url
 
-from hearth.app import accounts
 from hearth.app.common import InputError, NotFound
+from hearth.app.companions import ChatCleared
 from hearth.app.deps import AppState, LoginRequired
-from hearth.app.keys import rotate_master_key, users_not_under
 from hearth.app.limits import BodyLimit, SecurityHeaders
 from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_backend, describe_failure,
-                              has_providers)
+                              failure_for_log, has_providers, quiet_upstream_text)
 from hearth.app.settings import AppSettings, SettingsError, load_settings
-from hearth.app.storage import create_database, upgrade
+from hearth.app.startup import StartupError, prepare
+from hearth.app.storage import create_database
+from hearth.app.throttle import device_secret, parse_networks
 
 log = logging.getLogger("hearth.app")
 HERE = Path(__file__).parent
@@ -62,6 +70,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _missing(request: Request, exc: NotFound):
         return _error_page(request, 404, "Not found", f"No such {exc.args[0] if exc.args else 'page'}.")
 
+    @app.exception_handler(ChatCleared)
+    async def _cleared(request: Request, exc: ChatCleared):
+        return _error_page(request, 409, "The chat was cleared", str(exc))
+
     @app.exception_handler(InputError)
     async def _input(request: Request, exc: InputError):
         return _error_page(request, 400, "Please check your input", str(exc))
@@ -88,7 +100,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError):
-        log.warning("model call failed: %s", exc)
+        log.warning("model call failed: %s", failure_for_log(exc))
         return _error_page(request, 502, "The model did not answer",
                            f"{describe_failure(exc)} Nothing was saved; try again.")
 
@@ -96,26 +108,20 @@ def _install_error_handlers(app: FastAPI) -> None:
 def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
     """The ASGI app. ``model`` defaults to the chain built from ``settings.config_path``."""
     backend = model if model is not None else build_backend(settings.config_path)
+    quiet_upstream_text()  # the chain's own failure logs: class names and labels, not upstream text
     templates = _templates()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         db = create_database(settings.database_url)
         try:
-            await upgrade(db.engine)
-            master = settings.master_key.get_secret_value()
-            if settings.previous_master_key is not None:
-                n = await rotate_master_key(db, settings.previous_master_key.get_secret_value(), master)
-                log.warning("re-wrapped %d users' data keys under the new master key", n)
-            stranded = await users_not_under(db, master)
-            if stranded:
-                log.error("%d users have data keys wrapped under another master key; they cannot log in "
-                          "(set HEARTH_PREVIOUS_MASTER_KEY to rotate them)", stranded)
+            await prepare(settings, db)  # StartupError: the app does not start
             if hasattr(backend, "start"):
                 await backend.start()
             app.state.hearth = AppState(
                 settings=settings, db=db, model=backend, model_configured=not isinstance(backend, NoModel),
-                limiter=accounts.LoginLimiter(settings.login_attempts, settings.login_window_s), templates=templates)
+                templates=templates, trusted_proxies=parse_networks(settings.forwarded_allow_ips),
+                device_secret=device_secret(settings.master_key.get_secret_value()))
             yield
         finally:
             if hasattr(backend, "aclose"):
@@ -134,27 +140,75 @@ def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
     return app
 
 
+SERVE_ARGS_ENV = "HEARTH_SERVE_ARGS"  # how `hearth serve --workers N` hands its arguments to each worker
+
+
+def _exit_with_parent(supervisor: int) -> None:
+    """A worker whose supervisor died (kill -9, OOM) stops too instead of holding the port forever."""
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown: in-flight turns may commit
+
+    threading.Thread(target=watch, name="hearth-parent-watch", daemon=True).start()
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of ``hearth serve --workers N`` (a uvicorn factory)."""
+    args = json.loads(os.environ[SERVE_ARGS_ENV])
+    _exit_with_parent(args["supervisor"])  # (it may have died before this worker got here)
+    config = Path(args["config"]) if args.get("config") else None
+    settings = load_settings(config, database_url=args.get("database_url"), host=args["host"], port=args["port"])
+    return create_app(settings)
+
+
+async def _preflight(settings: AppSettings) -> None:
+    db = create_database(settings.database_url)
+    try:
+        await prepare(settings, db)
+    finally:
+        await db.dispose()
+
+
 def serve(config: Path | None = None, database_url: str | None = None, host: str = "127.0.0.1",
-          port: int = 8000) -> int:
-    """`hearth serve`: validate settings, then run uvicorn until interrupted. Returns the exit code
-    (2 for a configuration error, which is printed naming the field)."""
+          port: int = 8000, workers: int = 1) -> int:
+    """`hearth serve`: validate settings and the database, then run uvicorn until interrupted. Returns the
+    exit code (2 for a configuration or start-up error, which is printed naming the field and the fix).
+
+    ``workers`` > 1 runs that many worker processes on the same port (uvicorn's process manager). They
+    share everything through the database (login/signup throttling included); the gateway chain's breaker
+    and warm state are shared when the TOML sets ``[gateway] state_url``."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if workers < 1:
+        print(f"hearth serve: configuration error: workers: must be >= 1, got {workers}", file=sys.stderr)
+        return 2
     try:
         settings = load_settings(config, database_url=database_url, host=host, port=port)
-        app = create_app(settings)
+        app = create_app(settings)  # builds the chain: provider errors show now, not in a worker
+        asyncio.run(_preflight(settings))
     except (SettingsError, ValueError) as exc:  # the gateway's ConfigError is a ValueError too
         print(f"hearth serve: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(f"hearth serve: refusing to start: {exc}", file=sys.stderr)
         return 2
     shown_host = f"[{host}]" if ":" in host else host
     model = "model: configured" if has_providers(settings.config_path) else "no model configured yet"
     database = make_url(settings.database_url).render_as_string(hide_password=True)
     print(f"hearth: serving on http://{shown_host}:{port}/  ({settings.environment} mode, {model}, "
-          f"database {database})", flush=True)
+          f"database {database}, {workers} worker{'s' if workers > 1 else ''})", flush=True)
     # a bounded graceful shutdown: in-flight turns get time to commit, a hung one cannot block exit
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on",
-                                           proxy_headers=False, server_header=False,
-                                           timeout_graceful_shutdown=30))
+    common = dict(host=host, port=port, log_level="info", lifespan="on", proxy_headers=False, server_header=False,
+                  timeout_graceful_shutdown=30)
+    if workers > 1:
+        os.environ[SERVE_ARGS_ENV] = json.dumps({"config": str(config) if config else None,
+                                                 "database_url": database_url, "host": host, "port": port,
+                                                 "supervisor": os.getpid()})
+        uvicorn.run("hearth.app.main:worker_app", factory=True, workers=workers, **common)
+        return 0
+    server = uvicorn.Server(uvicorn.Config(app, **common))
     server.run()
     return 0 if server.started else 1

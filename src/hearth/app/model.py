@@ -18,6 +18,7 @@ store nothing for that turn.
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
@@ -83,11 +84,64 @@ def build_backend(config: Path | None) -> Any:
     return Chain(load_config(config))
 
 
+_PHRASES = [  # (gateway class name, what the user is told); first match wins
+    ("ModelUnavailable", "No model is configured yet."),
+    ("StreamInterrupted", "The reply was cut off part-way."),
+    ("Timeout", "The model took too long to answer."),
+    ("DeadlineExceeded", "The model took too long to answer."),
+    ("TimeoutError", "The model took too long to answer."),
+    ("ConnectionFailed", "The model service could not be reached."),
+    ("UpstreamStatus", "The model service reported an error."),
+    ("InvalidResponse", "The model's answer could not be understood."),
+    ("InvalidEnvelope", "The model's answer could not be understood."),
+    ("Cooldown", "The model service is resting after recent errors."),
+    ("Cold", "The model is starting up."),
+]
+_GENERIC = "Something went wrong while asking the model."
+
+
+def _phrase(exc: BaseException) -> str:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return next((text for name, text in _PHRASES if name in names), _GENERIC)
+
+
 def describe_failure(exc: BaseException) -> str:
-    """A short, user-safe account of a gateway failure (provider names and outcome labels)."""
+    """What happened, in the user's words: no class names, provider names or upstream text."""
     if isinstance(exc, BaseExceptionGroup):
-        parts = [f"{getattr(e, 'provider', '?')}: {type(e).__name__}" for e in exc.exceptions]
-        return "Every provider failed (" + "; ".join(parts) + ")."
-    if isinstance(exc, ModelUnavailable):
-        return "No model is configured."
-    return f"{type(exc).__name__}."
+        phrases = list(dict.fromkeys(_phrase(e) for e in exc.exceptions))
+        return "No model could answer right now. " + " ".join(phrases)
+    return _phrase(exc)
+
+
+def failure_for_log(exc: BaseException) -> str:
+    """The failure for the operator's log: class names, providers and outcome labels, never the upstream
+    body or the model's text (which can hold what the user wrote)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return f"{type(exc).__name__}(" + "; ".join(failure_for_log(e) for e in exc.exceptions) + ")"
+    provider = getattr(exc, "provider", None)
+    detail = getattr(exc, "label", None) or getattr(exc, "outcome", None)
+    if detail is None and isinstance(getattr(exc, "status", None), int):
+        detail = f"status {exc.status}"
+    parts = [p for p in (provider, detail) if p]
+    cause = exc.__cause__
+    text = type(exc).__name__ + (f"[{', '.join(map(str, parts))}]" if parts else "")
+    return text + (f" <- {failure_for_log(cause)}" if cause is not None and cause is not exc else "")
+
+
+class UpstreamTextFilter(logging.Filter):
+    """In the app's process, the gateway's log records carry failures as class names and labels only: an
+    exception passed as a log argument is replaced by :func:`failure_for_log` (an upstream error body or
+    an invalid envelope can hold the model's text, which can hold what the user wrote)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, BaseException) for a in record.args):
+            record.args = tuple(failure_for_log(a) if isinstance(a, BaseException) else a for a in record.args)
+        return True
+
+
+def quiet_upstream_text(loggers: tuple[str, ...] = ("hearth.gateway.chain",)) -> None:
+    """Install :class:`UpstreamTextFilter` on the gateway's loggers (once)."""
+    for name in loggers:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, UpstreamTextFilter) for f in logger.filters):
+            logger.addFilter(UpstreamTextFilter())

@@ -4,8 +4,9 @@ Sources, later ones winning: defaults < the ``[app]`` table of the TOML file (th
 configures the gateway's providers) < ``HEARTH_*`` environment variables < command-line arguments.
 
 The master key (the one secret) comes from ``HEARTH_MASTER_KEY`` or a key file
-(``HEARTH_MASTER_KEY_FILE`` / ``[app] master_key_file``). In development mode, with neither set, a
-key file is created under ``var_dir`` with 0600 permissions and the log says so. Outside
+(``HEARTH_MASTER_KEY_FILE`` / ``[app] master_key_file``). In development mode, with neither set, the
+key file under ``var_dir`` is read, or a new key is generated in memory (``new_dev_key_file``) and
+written 0600 by start-up (hearth.app.startup) only once it has checked that the database holds no users. Outside
 development a missing key, a placeholder key or a key file that was generated for development is
 refused: :class:`SettingsError` (a ValueError) names the field.
 
@@ -15,6 +16,7 @@ just works on a laptop and a server bound to a public interface must be configur
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 import os
@@ -26,7 +28,8 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, field_validator, model_validator
 
 from hearth.app.crypto import new_master_key_text, parse_master_key
-from hearth.app.storage.db import normalise_url
+from hearth.app.storage.db import make_private_dir, normalise_url
+from hearth.app.throttle import Policy, parse_networks
 
 log = logging.getLogger("hearth.app")
 
@@ -68,8 +71,19 @@ class AppSettings(BaseModel):
     session_ttl_s: int = Field(14 * 24 * 3600, ge=60)
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_text_chars: int = Field(4000, ge=10)
-    login_attempts: int = Field(5, ge=1)
-    login_window_s: int = Field(300, ge=1)
+    # login / signup throttling (hearth.app.throttle): free attempts, then a doubling delay up to the cap
+    login_free_attempts: int = Field(5, ge=1)
+    login_backoff_base_s: float = Field(1.0, gt=0)
+    login_backoff_max_s: float = Field(900.0, gt=0)
+    login_window_s: float = Field(3600.0, gt=0)
+    signup_free_attempts: int = Field(10, ge=1)
+    signup_backoff_base_s: float = Field(30.0, gt=0)
+    signup_backoff_max_s: float = Field(3600.0, gt=0)
+    signup_window_s: float = Field(3600.0, gt=0)
+    # reverse proxies whose X-Forwarded-For is believed (IPs or CIDR networks); default: none
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+    master_key_source: str = "HEARTH_MASTER_KEY"  # where the key came from, for start-up messages
+    new_dev_key_file: Path | None = None  # development key generated in memory, written at start-up
     chat_context_turns: int = Field(20, ge=1, le=200)
     prompt_memories: int = Field(30, ge=0, le=500)
     reply_deadline_s: float = Field(60.0, gt=0)
@@ -82,6 +96,28 @@ class AppSettings(BaseModel):
     def _supported_database(cls, url: str) -> str:
         normalise_url(url)  # ValueError naming database_url now, not a traceback from the lifespan later
         return url
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if isinstance(value, list):
+            parse_networks(value)
+        return value
+
+    @model_validator(mode="after")
+    def _backoff_fits_the_window(self) -> "AppSettings":
+        for kind in ("login", "signup"):
+            base, cap, window = (getattr(self, f"{kind}_{n}") for n in ("backoff_base_s", "backoff_max_s", "window_s"))
+            if not base <= cap <= window:
+                raise ValueError(f"{kind}_backoff_max_s: need {kind}_backoff_base_s <= {kind}_backoff_max_s <= "
+                                 f"{kind}_window_s, got {base:g}, {cap:g}, {window:g}")
+        return self
+
+    def policy(self, kind: str) -> Policy:
+        return Policy(free=getattr(self, f"{kind}_free_attempts"), base_s=getattr(self, f"{kind}_backoff_base_s"),
+                      max_s=getattr(self, f"{kind}_backoff_max_s"), window_s=getattr(self, f"{kind}_window_s"))
 
     @model_validator(mode="after")
     def _secure_outside_dev(self) -> "AppSettings":
@@ -97,6 +133,7 @@ class AppSettings(BaseModel):
 _ENV_FIELDS = {
     "HEARTH_ENV": "environment", "HEARTH_DATABASE_URL": "database_url", "HEARTH_VAR_DIR": "var_dir",
     "HEARTH_MAX_BODY_BYTES": "max_body_bytes", "HEARTH_SESSION_TTL_S": "session_ttl_s",
+    "HEARTH_FORWARDED_ALLOW_IPS": "forwarded_allow_ips",
 }
 
 
@@ -139,19 +176,36 @@ def _read_key_file(path: Path, field: str, *, dev: bool) -> bytes:
     return _load_key_text(text, field, dev=dev)
 
 
-def _dev_key(var_dir: Path) -> bytes:
+def _dev_key(var_dir: Path) -> tuple[bytes, Path | None]:
+    """The development key: read from ``var_dir/master.key``, or, when that file does not exist, a new
+    key held in memory and returned with the path it is to be written to. The file is written by
+    :func:`write_new_dev_key` only once start-up has checked that the database holds no users (a new
+    key could not decrypt them)."""
     path = var_dir / "master.key"
     if path.exists():
-        return _read_key_file(path, "master_key_file", dev=True)
-    var_dir.mkdir(parents=True, exist_ok=True)
+        return _read_key_file(path, "master_key_file", dev=True), None
+    return parse_master_key(new_master_key_text()), path
+
+
+def write_new_dev_key(settings: "AppSettings") -> None:
+    """Write the pending development key (settings.new_dev_key_file), folder 0700 and file 0600."""
+    path = settings.new_dev_key_file
+    if path is None:
+        return
+    make_private_dir(path.parent)
     # O_EXCL + mode 0600 at creation: never a moment where the key is world-readable
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if _read_key_file(path, "master_key_file", dev=True) == settings.master_key.get_secret_value():
+            return  # written by this app's own earlier start-up step (hearth serve's pre-flight)
+        raise SettingsError("master_key_file", f"{path} was created by another process meanwhile; start again") from None
+    key = base64.urlsafe_b64encode(settings.master_key.get_secret_value()).decode().rstrip("=")
     with os.fdopen(fd, "w") as fh:
-        fh.write(f"{DEV_KEY_MARKER}\n{new_master_key_text()}\n")
+        fh.write(f"{DEV_KEY_MARKER}\n{key}\n")
     log.warning("created a development master key at %s (0600). Back it up: without it the data cannot be "
                 "decrypted. Outside development set HEARTH_MASTER_KEY or [app] master_key_file.", path)
     print(f"hearth: created development master key {path} (mode 0600)", flush=True)
-    return _read_key_file(path, "master_key_file", dev=True)
 
 
 def load_settings(config: Path | None = None, *, database_url: str | None = None, host: str | None = None,
@@ -182,12 +236,18 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     key_file = raw.pop("master_key_file", None) or env.get("HEARTH_MASTER_KEY_FILE")
     if "master_key" in raw:
         raise SettingsError("master_key", "do not put the key in the TOML file; use HEARTH_MASTER_KEY or master_key_file")
+    for internal in ("master_key_source", "new_dev_key_file"):
+        if internal in raw:
+            raise SettingsError(internal, "is set by hearth itself, not in the TOML file")
     if env.get("HEARTH_MASTER_KEY"):
         key = _load_key_text(env["HEARTH_MASTER_KEY"], "HEARTH_MASTER_KEY", dev=dev)
+        raw["master_key_source"] = "HEARTH_MASTER_KEY"
     elif key_file:
         key = _read_key_file(Path(key_file), "master_key_file", dev=dev)
+        raw["master_key_source"] = f"master_key_file {key_file}"
     elif dev:
-        key = _dev_key(var_dir)
+        key, raw["new_dev_key_file"] = _dev_key(var_dir)
+        raw["master_key_source"] = f"development key file {var_dir / 'master.key'}"
     else:
         raise SettingsError("master_key", "missing outside development mode; set HEARTH_MASTER_KEY or [app] master_key_file")
     raw["master_key"] = key

@@ -13,6 +13,7 @@ user can leave it for the companion and come back to the same place.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,10 +27,12 @@ from hearth.app.common import (InputError, NotFound, check_owned, clean_text, de
                                unseal_json)
 from hearth.app.companions import context_for, get_companion, get_shared_context
 from hearth.app.crypto import UserCipher
+from hearth.app.model import describe_failure, failure_for_log
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
                                        utcnow)
 
 MAX_AGENT_FIELD = 2000
+log = logging.getLogger("hearth.app.simulation")
 ANALYST_TITLES = {a: prompts.ANALYST_LENSES[a][0] for a in prompts.ANALYSTS}
 
 
@@ -53,14 +56,10 @@ class PanelResult:
                 "advice": self.advice, "risk": self.risk, "error": self.error}
 
 
-def _failure(exc: BaseException) -> str:
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return "timed out"
-    name = type(exc).__name__
-    if isinstance(exc, BaseExceptionGroup):
-        inner = ", ".join(sorted({type(e).__name__ for e in exc.exceptions}))
-        return f"{name} ({inner})"
-    return name
+def _failure(analyst: str, exc: BaseException) -> str:
+    """Shown (and stored) with the failed reading: the user's words; the class names go to the log."""
+    log.warning("analyst %s failed: %s", analyst, failure_for_log(exc))
+    return describe_failure(exc)
 
 
 async def _ask_analyst(model: Any, analyst: str, shared_context: str, situation: str, timeout_s: float) -> PanelResult:
@@ -72,10 +71,11 @@ async def _ask_analyst(model: Any, analyst: str, shared_context: str, situation:
             model.complete(messages, kind="analyst", deadline_s=timeout_s, request_id=uuid.uuid4().hex),
             timeout=timeout_s + 1.0)
     except Exception as exc:  # noqa: BLE001 - any failure of one analyst is shown, never fatal to the panel
-        return PanelResult(analyst=analyst, ok=False, error=_failure(exc))
+        return PanelResult(analyst=analyst, ok=False, error=_failure(analyst, exc))
     env = result.envelope
     if env.analyst != analyst:
-        return PanelResult(analyst=analyst, ok=False, error=f"answered as {env.analyst!r}")
+        log.warning("analyst %s: the reply was written as analyst %r", analyst, env.analyst)
+        return PanelResult(analyst=analyst, ok=False, error="The answer came from the wrong analyst.")
     return PanelResult(analyst=analyst, ok=True, reading=env.reading, advice=env.advice, risk=env.risk)
 
 
@@ -288,16 +288,18 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
     return "\n".join(lines)
 
 
-async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
-                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float) -> TurnView:
-    """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
-    text = clean_text(text, "message", max_chars)
+async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
+                            turns: int) -> tuple[RehearsalView, str, list[dict]]:
+    """What one rehearsal turn needs before the model is asked: the rehearsal, the shared context the
+    panel may see, and the messages for the agent's reply. NotFound for another user's rehearsal."""
     view = await get_rehearsal(db, cipher, rehearsal_id)
     shared = await panel_context(db, cipher, view.companion_id)
-    result = await model.complete(rehearsal_messages(view, shared, text, turns), kind="chat", deadline_s=deadline_s,
-                                  request_id=uuid.uuid4().hex)
-    reply = result.envelope.message
-    results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+    return view, shared, rehearsal_messages(view, shared, text, turns)
+
+
+async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
+                              results: list[PanelResult]) -> TurnView:
+    """Both turns and the panel's readings, in one transaction (nothing if the rehearsal is gone)."""
     now = utcnow()
     user_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="user", created_at=now)
     user_row.body_ct = seal(cipher, user_row, "body_ct", text)
@@ -310,6 +312,17 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
         await db.flush()
         db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
     return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
+
+
+async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
+                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float) -> TurnView:
+    """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
+    text = clean_text(text, "message", max_chars)
+    view, shared, messages = await rehearsal_context(db, cipher, rehearsal_id, text, turns=turns)
+    result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
+    reply = result.envelope.message
+    results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+    return await save_rehearsal_turn(db, cipher, rehearsal_id, text, reply, results)
 
 
 async def delete_rehearsal(db: AsyncSession, user_id: str, rehearsal_id: str) -> None:

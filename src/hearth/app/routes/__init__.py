@@ -1,6 +1,6 @@
 """Routes, one module per resource. ROUTERS is what create_app mounts (and what the security test
 enumerates, so a new router is covered the moment it is listed here)."""
 
-from hearth.app.routes import accounts, companions, feed, home, simulation
+from hearth.app.routes import account, accounts, companions, feed, home, simulation
 
-ROUTERS = [accounts.router, home.router, companions.router, simulation.router, feed.router]
+ROUTERS = [accounts.router, account.router, home.router, companions.router, simulation.router, feed.router]

@@ -1,4 +1,6 @@
-"""Signup, login, logout. Cookies: HttpOnly, SameSite=Lax, Secure unless development on loopback."""
+"""Signup, login, logout. Cookies: HttpOnly, SameSite=Lax, Secure unless development on loopback.
+
+Login and signup are throttled in the database (hearth.app.throttle), so every worker shares the limits."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
-from hearth.app import accounts
+from hearth.app import accounts, throttle
 from hearth.app.deps import ANON_CSRF_COOKIE, DB, SESSION_COOKIE, CsrfViewer, State
 
 router = APIRouter()
@@ -36,8 +38,17 @@ def _logged_in(state: State, new: accounts.NewSession) -> Response:
     return response
 
 
-def _client(request: Request) -> str:
-    return "ip:" + (request.client.host if request.client else "?")
+def _client(request: Request, state: State) -> str:
+    peer = request.client.host if request.client else "?"
+    return throttle.client_address(peer, request.headers.get("x-forwarded-for"), state.trusted_proxies)
+
+
+def _too_many(request: Request, state: State, template: str, wait: float, username: str = "") -> Response:
+    seconds = int(wait) + 1
+    response = _form_page(request, state, template, status=429, username=username,
+                          error=f"Too many attempts from here; try again in {seconds} s.")
+    response.headers["Retry-After"] = str(seconds)
+    return response
 
 
 @router.get("/signup")
@@ -49,13 +60,17 @@ async def signup_page(request: Request, state: State) -> Response:
 async def signup(request: Request, state: State, db: DB, username: Annotated[str, Form(max_length=200)],
                  password: Annotated[str, Form(max_length=1000)], csrf: Annotated[str, Form(max_length=200)] = "") -> Response:
     _check_anon_csrf(request, csrf)
+    # every signup attempt from an address counts (each costs an argon2 hash); success does not reset it
+    wait = await throttle.attempt(db, "signup|ip:" + _client(request, state), state.settings.policy("signup"))
+    if wait > 0:
+        return _too_many(request, state, "signup.html", wait, username)
     try:
         new = await accounts.signup(db, username=username, password=password,
                                     master_key=state.settings.master_key.get_secret_value(),
                                     ttl_s=state.settings.session_ttl_s)
     except accounts.AccountError as exc:
         return _form_page(request, state, "signup.html", error=str(exc), status=400, username=username)
-    return _logged_in(state, new)
+    return _with_device(request, state, _logged_in(state, new), accounts.normalise_username(username))
 
 
 @router.get("/login")
@@ -63,26 +78,35 @@ async def login_page(request: Request, state: State) -> Response:
     return _form_page(request, state, "login.html")
 
 
+def _with_device(request: Request, state: State, response: Response, name: str) -> Response:
+    """Give the browser a device cookie for this account (kept if it already has one): its later logins
+    as this account are throttled apart from everyone else's guesses."""
+    if throttle.known_device(state.device_secret, name, request.cookies.get(throttle.DEVICE_COOKIE)) is None:
+        response.set_cookie(throttle.DEVICE_COOKIE, throttle.new_device_cookie(state.device_secret, name),
+                            max_age=365 * 24 * 3600, httponly=True, samesite="lax",
+                            secure=state.settings.cookie_secure, path="/login")
+    return response
+
+
 @router.post("/login")
 async def login(request: Request, state: State, db: DB, username: Annotated[str, Form(max_length=200)],
                 password: Annotated[str, Form(max_length=1000)], csrf: Annotated[str, Form(max_length=200)] = "") -> Response:
     _check_anon_csrf(request, csrf)
-    keys = ("user:" + username.strip().lower(), _client(request))
-    wait = state.limiter.retry_after(*keys)
+    name = username.strip().lower()
+    device = throttle.known_device(state.device_secret, name, request.cookies.get(throttle.DEVICE_COOKIE))
+    bucket = f"login|{name}|" + (f"device:{device}" if device else "ip:" + _client(request, state))
+    # counted before the slow password check, so a burst of parallel guesses cannot all pass
+    wait = await throttle.attempt(db, bucket, state.settings.policy("login"))
     if wait > 0:
-        response = _form_page(request, state, "login.html", status=429, username=username,
-                              error=f"Too many failed attempts; try again in {int(wait) + 1} s.")
-        response.headers["Retry-After"] = str(int(wait) + 1)
-        return response
-    # counted before the slow password check, so a burst of parallel guesses cannot all pass the check above
-    state.limiter.failed(*keys)
+        return _too_many(request, state, "login.html", wait, username)
     new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s)
     if new is None:
+        if secrets.randbelow(50) == 0:  # now and then: drop buckets idle past the window
+            await throttle.sweep(db, state.settings.policy("login"), state.settings.policy("signup"))
         return _form_page(request, state, "login.html", error="Wrong username or password.", status=401,
                           username=username)
-    state.limiter.succeeded(keys[0])
-    state.limiter.withdraw(keys[1])
-    return _logged_in(state, new)
+    await throttle.forget(db, bucket)
+    return _with_device(request, state, _logged_in(state, new), name)
 
 
 @router.post("/logout")

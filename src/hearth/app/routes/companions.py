@@ -13,7 +13,7 @@ from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.model import ModelUnavailable, describe_failure
+from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.app.routes._util import SSE_HEADERS, IdParam, sse
 from hearth.app.streamtext import MessageStream
 
@@ -63,8 +63,10 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
         yield sse("done", _turn_json(turn))
     except ModelUnavailable:
         yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
+    except svc.ChatCleared as exc:
+        yield sse("error", {"message": str(exc)})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
-        log.warning("chat turn failed: %r", exc)
+        log.warning("chat turn failed: %s", failure_for_log(exc))
         yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})
 
 

@@ -18,7 +18,15 @@ router = APIRouter()
 async def feed_page(request: Request, state: State, db: DB, viewer: Viewer) -> Response:
     return state.templates.TemplateResponse(request, "feed.html", {
         "viewer": viewer, "posts": await svc.list_posts(db, viewer.cipher),
-        "model_configured": state.model_configured, "failed": request.query_params.get("failed", "")})
+        "model_configured": state.model_configured, "failed": _failed_count(request, state)})
+
+
+def _failed_count(request: Request, state: State) -> int:
+    """How many comments did not arrive, from ``?failed=N``: a number the page words itself, so a crafted
+    link cannot put its own text in the alert box."""
+    raw = request.query_params.get("failed", "")
+    n = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0
+    return n if 0 < n <= state.settings.max_commenters else 0
 
 
 @router.post("/feed/posts")

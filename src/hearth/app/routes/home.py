@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
@@ -16,7 +17,7 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz() -> dict:
-    return {"status": "ok"}
+    return {"status": "ok", "worker": os.getpid()}  # which worker process answered (hearth serve --workers N)
 
 
 @router.get("/")

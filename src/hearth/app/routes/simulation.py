@@ -3,6 +3,8 @@ and rehearsals (their own thread: leaving for the companion and coming back resu
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
@@ -11,31 +13,49 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
 from hearth.app.common import clean_text
-from hearth.app.model import ModelUnavailable
+from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
+from hearth.app.streamtext import MessageStream
+from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, sse
 
 router = APIRouter()
+log = logging.getLogger("hearth.app.simulation")
 Text = Annotated[str, Form(max_length=50000)]
 
 
-@router.get("/companions/{companion_id}/simulate")
-async def simulate_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
+async def _simulate_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
+                         draft: str = "", status: int = 200) -> Response:
     companion = await companions_svc.get_companion(db, viewer.cipher, companion_id)
     return state.templates.TemplateResponse(request, "simulate.html", {
         "viewer": viewer, "companion": companion, "analysts": svc.ANALYST_TITLES,
         "situations": await svc.list_situations(db, viewer.cipher, companion_id),
         "agents": await svc.list_agents(db, viewer.cipher),
         "rehearsals": await svc.list_rehearsals(db, viewer.cipher, companion_id),
-        "model_configured": state.model_configured})
+        "model_configured": state.model_configured, "error": error, "draft": draft}, status_code=status)
+
+
+@router.get("/companions/{companion_id}/simulate")
+async def simulate_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
+    return await _simulate_page(request, state, db, viewer, companion_id)
+
+
+def _all_failed(results: list) -> str:
+    reasons = " ".join(dict.fromkeys(r.error for r in results if r.error))
+    return (f"None of the five analysts could answer. {reasons} Nothing was saved; your text is still there, "
+            "so you can try again.").replace("  ", " ")
 
 
 async def _stream_panel(state: State, viewer: CurrentViewer, companion_id: str, text: str, shared: str):
-    """SSE: one ``reading`` event per analyst as it arrives, then ``done`` after the commit."""
+    """SSE: one ``reading`` event per analyst as it arrives, then ``done`` after the commit. A panel where
+    every analyst failed is not saved (``error``): there is nothing to keep but the text, which the page keeps."""
     results = []
     async for result in svc.panel(state.model, shared, text, state.settings.analyst_timeout_s):
         results.append(result)
         yield sse("reading", result.as_json())
+    if not any(r.ok for r in results):
+        yield sse("error", {"message": _all_failed(results)})
+        return
     try:
         async with state.db.sessions() as db:
             situation_id = await svc.save_situation(db, viewer.cipher, companion_id, text, results)
@@ -56,6 +76,9 @@ async def run_situation(request: Request, state: State, db: DB, viewer: CsrfView
         return StreamingResponse(_stream_panel(state, viewer, companion_id, text, shared),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     results = await svc.run_panel(state.model, shared, text, state.settings.analyst_timeout_s)
+    if not any(r.ok for r in results):
+        return await _simulate_page(request, state, db, viewer, companion_id, error=_all_failed(results),
+                                    draft=text, status=502)
     situation_id = await svc.save_situation(db, viewer.cipher, companion_id, text, results)
     return RedirectResponse(f"/companions/{companion_id}/simulate#s-{situation_id}", status_code=303)
 
@@ -85,25 +108,80 @@ async def delete_agent(db: DB, viewer: CsrfViewer, agent_id: IdParam,
 
 @router.post("/companions/{companion_id}/rehearsals")
 async def start_rehearsal(db: DB, viewer: CsrfViewer, companion_id: IdParam,
-                          agent_id: Annotated[str, Form(max_length=64)]) -> Response:
+                          agent_id: Annotated[str, Form(pattern=ID_PATTERN)]) -> Response:
     rehearsal_id = await svc.start_rehearsal(db, viewer.cipher, companion_id, agent_id)
     return RedirectResponse(f"/rehearsals/{rehearsal_id}", status_code=303)
 
 
-@router.get("/rehearsals/{rehearsal_id}")
-async def rehearsal_page(request: Request, state: State, db: DB, viewer: Viewer, rehearsal_id: IdParam) -> Response:
+async def _rehearsal_page(request: Request, state: State, db, viewer, rehearsal_id: str, *, error: str = "",
+                          draft: str = "", status: int = 200) -> Response:
     view = await svc.get_rehearsal(db, viewer.cipher, rehearsal_id)
     companion = await companions_svc.get_companion(db, viewer.cipher, view.companion_id)
     return state.templates.TemplateResponse(request, "rehearsal.html", {
-        "viewer": viewer, "rehearsal": view, "companion": companion, "model_configured": state.model_configured})
+        "viewer": viewer, "rehearsal": view, "companion": companion, "model_configured": state.model_configured,
+        "error": error, "draft": draft}, status_code=status)
+
+
+@router.get("/rehearsals/{rehearsal_id}")
+async def rehearsal_page(request: Request, state: State, db: DB, viewer: Viewer, rehearsal_id: IdParam) -> Response:
+    return await _rehearsal_page(request, state, db, viewer, rehearsal_id)
+
+
+async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: str, text: str):
+    """SSE: ``delta`` (the agent's reply as it streams), ``reply`` (its final text), one ``reading`` per
+    analyst, then ``done`` once both turns and the readings are committed; or ``error`` (nothing saved)."""
+    s, model = state.settings, state.model
+    try:
+        async with state.db.sessions() as db:
+            view, shared, messages = await svc.rehearsal_context(db, viewer.cipher, rehearsal_id, text,
+                                                                 turns=s.chat_context_turns)
+        result = None
+        if hasattr(model, "stream"):
+            preview = MessageStream()
+            async for ev in model.stream(messages, kind="chat", deadline_s=s.reply_deadline_s,
+                                         request_id=uuid.uuid4().hex):
+                if hasattr(ev, "result"):
+                    result = ev.result
+                elif piece := preview.feed(ev.text):
+                    yield sse("delta", {"text": piece})
+        else:
+            result = await model.complete(messages, kind="chat", deadline_s=s.reply_deadline_s,
+                                          request_id=uuid.uuid4().hex)
+        if result is None:
+            raise RuntimeError("stream ended without a result")
+        reply = result.envelope.message
+        yield sse("reply", {"message": reply})
+        results = []
+        async for reading in svc.panel(model, shared, svc.exchange_for_panel(view, text, reply), s.analyst_timeout_s):
+            results.append(reading)
+            yield sse("reading", reading.as_json())
+        async with state.db.sessions() as db:
+            turn = await svc.save_rehearsal_turn(db, viewer.cipher, rehearsal_id, text, reply, results)
+        yield sse("done", {"turn_id": turn.id, "ok": sum(r.ok for r in results), "total": len(results)})
+    except ModelUnavailable:
+        yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
+    except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
+        log.warning("rehearsal turn failed: %s", failure_for_log(exc))
+        yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})
 
 
 @router.post("/rehearsals/{rehearsal_id}/turns")
-async def rehearsal_turn(state: State, db: DB, viewer: CsrfViewer, rehearsal_id: IdParam, message: Text) -> Response:
+async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfViewer, rehearsal_id: IdParam,
+                         message: Text) -> Response:
     s = state.settings
-    await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
-                             turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
-                             analyst_timeout_s=s.analyst_timeout_s)
+    if wants_stream(request):
+        text = clean_text(message, "message", s.max_text_chars)
+        await svc.get_rehearsal(db, viewer.cipher, rehearsal_id)  # 404 before the stream starts
+        return StreamingResponse(_stream_rehearsal(state, viewer, rehearsal_id, text),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
+                                 turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
+                                 analyst_timeout_s=s.analyst_timeout_s)
+    except GatewayError as exc:  # shown on the rehearsal page with the text kept, not a bare error page
+        log.warning("rehearsal turn failed: %s", failure_for_log(exc))
+        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=502, draft=message,
+                                     error=f"The reply failed: {describe_failure(exc)} Nothing was saved.")
     return RedirectResponse(f"/rehearsals/{rehearsal_id}#bottom", status_code=303)
 
 

@@ -142,6 +142,7 @@ function setupPanel(form) {
     const button = form.querySelector("button");
     button.disabled = true;
     panel.hidden = false;
+    document.getElementById("panel-error").hidden = true;
     delete panel.dataset.saved; delete panel.dataset.error;
     let saved = false;
     for (const li of panel.querySelectorAll("li")) {
@@ -159,7 +160,7 @@ function setupPanel(form) {
           risk.className = "risk " + (data.ok ? data.risk : "high");
           risk.textContent = data.ok ? "risk: " + data.risk : "failed";
           li.querySelector("h4").appendChild(risk);
-          li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer (" + data.error + ").";
+          li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer. " + data.error;
           if (data.ok) {
             const advice = document.createElement("p");
             advice.className = "advice"; advice.textContent = data.advice; li.appendChild(advice);
@@ -175,7 +176,88 @@ function setupPanel(form) {
       if (!saved) throw new Error("The connection closed before the panel was saved; it was not saved.");
     } catch (e) {
       panel.dataset.error = e.message;
-      alert(e.message);
+      const error = document.getElementById("panel-error");
+      error.textContent = e.message; error.hidden = false;  // the situation text stays in the box
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
+function readingItem(data) {
+  const li = document.createElement("li");
+  li.className = "reading " + (data.ok ? "ok" : "failed");
+  li.dataset.analyst = data.analyst;
+  const h4 = document.createElement("h4");
+  h4.textContent = data.title + " ";
+  const risk = document.createElement("span");
+  risk.className = "risk " + (data.ok ? data.risk : "high");
+  risk.textContent = data.ok ? "risk: " + data.risk : "failed";
+  h4.appendChild(risk);
+  li.appendChild(h4);
+  const p = document.createElement("p");
+  if (data.ok) {
+    p.textContent = data.reading;
+    const advice = document.createElement("p");
+    advice.className = "advice"; advice.textContent = data.advice;
+    li.append(p, advice);
+  } else {
+    p.className = "muted"; p.textContent = "This analyst did not answer. " + data.error;
+    li.appendChild(p);
+  }
+  return li;
+}
+
+function setupRehearsal(form) {
+  // the agent's reply streams in, then the panel's readings arrive one by one; a failure is shown here
+  // and the text goes back into the box (nothing was saved)
+  const list = document.getElementById("turns");
+  const error = document.getElementById("rehearsal-error");
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const box = form.elements.message;
+    const text = box.value.trim();
+    if (!text) return;
+    const body = new URLSearchParams(new FormData(form));
+    const button = form.querySelector("button");
+    button.disabled = true;
+    error.hidden = true;
+    const mine = bubble(list, "user pending", text);
+    const reply = bubble(list, "companion pending", "");
+    box.value = "";
+    let details = null, ul = null, got = 0, ok = 0, finished = false;
+    try {
+      const response = await postStream(form, body);
+      await readEvents(response, (event, data) => {
+        if (event === "delta") {
+          reply.querySelector("p").textContent += data.text;
+        } else if (event === "reply") {
+          reply.querySelector("p").textContent = data.message;
+        } else if (event === "reading") {
+          if (!details) {
+            details = document.createElement("details");
+            details.className = "panel-details"; details.open = true;
+            details.appendChild(document.createElement("summary"));
+            ul = document.createElement("ul"); ul.className = "panel";
+            details.appendChild(ul);
+            reply.appendChild(details);
+          }
+          got += 1; if (data.ok) ok += 1;
+          details.querySelector("summary").textContent = "Panel (" + ok + "/" + got + ")";
+          ul.appendChild(readingItem(data));
+        } else if (event === "done") {
+          finished = true;
+          mine.classList.remove("pending"); reply.classList.remove("pending");
+          reply.dataset.id = data.turn_id;
+        } else if (event === "error") {
+          throw new Error(data.message);
+        }
+      });
+      if (!finished) throw new Error("The connection closed before the turn was saved; it was not saved.");
+    } catch (e) {
+      mine.remove(); reply.remove();
+      box.value = text;
+      error.textContent = e.message; error.hidden = false;
     } finally {
       button.disabled = false;
     }
@@ -197,6 +279,8 @@ document.addEventListener("DOMContentLoaded", () => {
   if (chat) setupChat(chat);
   const panel = document.querySelector('form[data-stream="panel"]');
   if (panel) setupPanel(panel);
+  const rehearsal = document.querySelector('form[data-stream="rehearsal"]');
+  if (rehearsal) setupRehearsal(rehearsal);
   const bottom = document.getElementById("bottom");
   if (bottom && location.hash === "#bottom") bottom.scrollIntoView();
 });

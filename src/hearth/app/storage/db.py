@@ -7,6 +7,8 @@ busy timeout instead of "database is locked". PostgreSQL: ``postgresql+asyncpg:/
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +48,31 @@ async def scrub_deleted(session: AsyncSession) -> None:
         await session.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
 
 
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with mode 0700; an existing folder is left as it is."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def make_private_sqlite_file(path: Path) -> None:
+    """Create the SQLite file 0600 before SQLite opens it (SQLite gives its -wal and -shm files the
+    main file's mode), and take group/other access away from an existing one and its companions."""
+    make_private_dir(path.parent)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    except FileExistsError:
+        pass
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            mode = stat.S_IMODE(p.stat().st_mode)
+            if mode & 0o077:
+                os.chmod(p, mode & 0o700)
+        except FileNotFoundError:
+            pass
+
+
 def normalise_url(url: str) -> str:
     """Accept ``sqlite:///x`` / ``postgresql://...`` too and pick the async driver.
 
@@ -66,12 +93,12 @@ def normalise_url(url: str) -> str:
 
 
 def create_database(url: str) -> Database:
-    """Build the engine for ``url`` (SQLite parent folder created if missing)."""
+    """Build the engine for ``url`` (SQLite: a missing folder is created 0700 and the file 0600)."""
     url = normalise_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            make_private_sqlite_file(Path(parsed.database))
         engine = create_async_engine(url, connect_args={"timeout": 30})
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import (Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, MetaData, String)
+from sqlalchemy import (Boolean, DateTime, Double, ForeignKey, Index, Integer, LargeBinary, MetaData, String)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -77,6 +77,8 @@ class Companion(Base):
     share_context: Mapped[bool] = mapped_column(Boolean, default=True)
     affection: Mapped[int] = mapped_column(Integer, default=0)
     trust: Mapped[int] = mapped_column(Integer, default=0)
+    # bumped by every clear: a turn read before a clear must not be saved after it
+    chat_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = _created()
 
 
@@ -176,3 +178,17 @@ class Reading(Base):
     status: Mapped[str] = mapped_column(String(16))  # "ok" | "failed"
     body_ct: Mapped[bytes] = mapped_column(LargeBinary)  # JSON: reading/advice/risk, or the failure
     created_at: Mapped[datetime] = _created()
+
+
+class AuthThrottle(Base):
+    """Failed login / signup attempts per key, shared by every app worker (see hearth.app.throttle).
+
+    ``key`` is a SHA-256 of what is limited (e.g. account + client address), so the table holds no
+    usernames or addresses in clear. Times are epoch seconds (plain numbers: portable arithmetic in SQL).
+    """
+
+    __tablename__ = "auth_throttle"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    last_at: Mapped[float] = mapped_column(Double, index=True)
+    blocked_until: Mapped[float] = mapped_column(Double)

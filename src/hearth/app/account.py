@@ -1,0 +1,109 @@
+"""Account control: change the password, export everything (decrypted JSON), delete the account.
+
+    new = await change_password(db, user, current=..., new=..., ttl_s=...)   # every other session ends
+    data = await export(db, cipher)                                          # a JSON-ready dict
+    await delete_account(db, user, password=...)                             # every row and the data key
+
+Deleting removes the user row; every other row of the user goes with it (ON DELETE CASCADE), including
+the wrapped data key, so any copy of a ciphertext left anywhere (a backup, a free database page) can no
+longer be decrypted even with the master key. On SQLite the deleted pages are zeroed (secure_delete) and
+the WAL is checkpointed and truncated. On PostgreSQL the deleted rows stay in the table files as dead
+tuples until VACUUM marks their space free, and their bytes remain until the space is reused (VACUUM
+FULL rewrites the table); WAL archives and backups keep them as long as they are kept. What they hold
+is ciphertext plus the wrapped data key: see docs/app.md for the operator's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from sqlalchemy import delete, select
+
+from hearth.app import accounts
+from hearth.app.companions import history, list_companions, memories, get_shared_context
+from hearth.app.crypto import UserCipher
+from hearth.app.feed import list_posts
+from hearth.app.simulation import get_rehearsal, list_agents, list_rehearsals, list_situations
+from hearth.app.storage.db import scrub_deleted
+from hearth.app.storage.models import Session, User
+
+ALL = 10**9  # "no limit" for the list functions
+
+
+async def _password_ok(user: User, password: str) -> bool:
+    try:
+        return await asyncio.to_thread(accounts._hasher.verify, user.password_hash, password or "")
+    except (VerifyMismatchError, VerificationError, InvalidHashError):
+        return False
+
+
+async def change_password(db, user: User, *, current: str, new: str, ttl_s: int) -> accounts.NewSession:
+    """Set a new password after checking the current one. Every session of the user ends and one new
+    session (for the browser that asked) is returned. AccountError naming the field otherwise."""
+    if not await _password_ok(user, current):
+        raise accounts.AccountError("current_password", "is not your current password")
+    try:
+        accounts._check_password(new)
+    except accounts.AccountError as exc:
+        raise accounts.AccountError("new_password", exc.reason) from None
+    if new == current:
+        raise accounts.AccountError("new_password", "is the same as the current one")
+    pw_hash = await asyncio.to_thread(accounts._hasher.hash, new)
+    row, fresh = accounts._session_row(user.id, ttl_s)
+    async with db.begin():
+        stored = (await db.execute(select(User).where(User.id == user.id))).scalar_one()
+        stored.password_hash = pw_hash
+        await db.execute(delete(Session).where(Session.user_id == user.id))
+        db.add(row)
+    return fresh
+
+
+async def delete_account(db, user: User, *, password: str) -> None:
+    """Delete the user and every row they own, for good (see the module docstring)."""
+    if not await _password_ok(user, password):
+        raise accounts.AccountError("password", "is not your password")
+    async with db.begin():
+        gone = await db.execute(delete(User).where(User.id == user.id))
+        if gone.rowcount != 1:
+            raise accounts.AccountError("account", "no longer exists")
+    await scrub_deleted(db)
+
+
+def _when(dt) -> str:
+    return dt.isoformat() if dt is not None else None
+
+
+def _reading(r) -> dict:
+    return {"analyst": r.analyst, "ok": r.ok, "reading": r.reading, "advice": r.advice, "risk": r.risk,
+            "error": r.error}
+
+
+async def export(db, cipher: UserCipher, user: User) -> dict[str, Any]:
+    """Everything the user wrote or was written for them, decrypted, as one JSON-ready dict."""
+    out: dict[str, Any] = {"format": "hearth-export/1", "username": user.username,
+                           "created_at": _when(user.created_at), "shared_context": await get_shared_context(db, cipher),
+                           "companions": [], "agents": [], "posts": []}
+    for c in await list_companions(db, cipher):
+        rehearsals = []
+        for rid, _name in await list_rehearsals(db, cipher, c.id):
+            view = await get_rehearsal(db, cipher, rid)
+            rehearsals.append({"id": rid, "agent_id": view.agent.id, "turns": [
+                {"role": t.role, "text": t.text, "created_at": _when(t.created_at),
+                 "panel": [_reading(r) for r in t.results]} for t in view.turns]})
+        out["companions"].append({
+            "id": c.id, "name": c.name, "persona": c.persona, "world_view": c.world_view,
+            "share_context": c.share_context, "affection": c.affection, "trust": c.trust,
+            "messages": [{"role": m.role, "text": m.text, "mood": m.mood, "suggested_actions": m.suggestions,
+                          "created_at": _when(m.created_at)} for m in await history(db, cipher, c.id, limit=ALL)],
+            "memories": await memories(db, cipher, c.id),
+            "situations": [{"text": s.text, "created_at": _when(s.created_at), "panel": [_reading(r) for r in s.results]}
+                           for s in await list_situations(db, cipher, c.id, limit=ALL)],
+            "rehearsals": rehearsals})
+    out["agents"] = [{"id": a.id, "name": a.name, "personality": a.personality, "backstory": a.backstory,
+                      "relationship": a.relationship} for a in await list_agents(db, cipher)]
+    out["posts"] = [{"text": p.text, "created_at": _when(p.created_at), "comments": [
+        {"companion_id": cm.companion_id, "companion": cm.companion_name, "text": cm.text, "tone": cm.tone}
+        for cm in p.comments]} for p in await list_posts(db, cipher, limit=ALL)]
+    return out

@@ -1,0 +1,60 @@
+"""The user's own account: change the password, export everything, delete the account."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from hearth.app import account as svc
+from hearth.app import accounts
+from hearth.app.deps import DB, SESSION_COOKIE, CsrfViewer, State, Viewer
+
+router = APIRouter(prefix="/account")
+Secret = Annotated[str, Form(max_length=1000)]
+
+
+def _page(request: Request, state: State, viewer, *, error: str = "", notice: str = "", status: int = 200) -> Response:
+    return state.templates.TemplateResponse(request, "account.html", {
+        "viewer": viewer, "error": error, "notice": notice}, status_code=status)
+
+
+@router.get("")
+async def account_page(request: Request, state: State, viewer: Viewer) -> Response:
+    notice = "Your password was changed; every other session was logged out." if request.query_params.get(
+        "changed") == "1" else ""
+    return _page(request, state, viewer, notice=notice)
+
+
+@router.post("/password")
+async def change_password(request: Request, state: State, db: DB, viewer: CsrfViewer, current_password: Secret,
+                          new_password: Secret) -> Response:
+    try:
+        new = await svc.change_password(db, viewer.user, current=current_password, new=new_password,
+                                        ttl_s=state.settings.session_ttl_s)
+    except accounts.AccountError as exc:
+        return _page(request, state, viewer, error=str(exc), status=400)
+    response = RedirectResponse("/account?changed=1", status_code=303)
+    response.set_cookie(SESSION_COOKIE, new.token, max_age=state.settings.session_ttl_s, httponly=True,
+                        samesite="lax", secure=state.settings.cookie_secure, path="/")
+    return response
+
+
+@router.get("/export")
+async def export(db: DB, viewer: Viewer) -> Response:
+    data = await svc.export(db, viewer.cipher, viewer.user)
+    return Response(json.dumps(data, ensure_ascii=False, indent=1), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="hearth-{viewer.user.username}.json"'})
+
+
+@router.post("/delete")
+async def delete_account(request: Request, state: State, db: DB, viewer: CsrfViewer, password: Secret) -> Response:
+    try:
+        await svc.delete_account(db, viewer.user, password=password)
+    except accounts.AccountError as exc:
+        return _page(request, state, viewer, error=str(exc), status=400)
+    response = RedirectResponse("/signup", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response

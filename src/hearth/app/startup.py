@@ -1,0 +1,85 @@
+"""Start-up checks run before the app serves anything (by the lifespan, and once by ``hearth serve``
+before it starts its workers):
+
+    1. bring the schema to the packaged alembic head;
+    2. rotate: re-wrap data keys under the new master key when HEARTH_PREVIOUS_MASTER_KEY is set;
+    3. the master key must open every user's data key. When users exist and their keys are wrapped
+       under another master key, start-up is REFUSED with a message naming both keys (by fingerprint,
+       never the key) and how to fix it; a development key is never created while users exist.
+
+    await prepare(settings, db)     # StartupError (a RuntimeError) with the message for the operator
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import func, select
+
+from hearth.app import crypto
+from hearth.app.keys import rotate_master_key
+from hearth.app.settings import AppSettings, write_new_dev_key
+from hearth.app.storage import Database, upgrade
+from hearth.app.storage.models import User
+
+log = logging.getLogger("hearth.app")
+
+
+class StartupError(RuntimeError):
+    """The app must not start; the message says why and what to do."""
+
+
+FIX = ("Start with the master key those users were created under (HEARTH_MASTER_KEY, HEARTH_MASTER_KEY_FILE or "
+       "[app] master_key_file; in development the file var/master.key), or, to move them to a new key, set "
+       "HEARTH_MASTER_KEY=<new key> and HEARTH_PREVIOUS_MASTER_KEY=<the key they are under> once.")
+
+
+async def _key_census(db: Database) -> dict[str, int]:
+    """Users per master-key fingerprint."""
+    async with db.sessions() as s, s.begin():
+        rows = (await s.execute(select(User.master_key_id, func.count()).group_by(User.master_key_id))).all()
+    return {k: n for k, n in rows}
+
+
+async def _check_one_unwraps(db: Database, master: bytes) -> None:
+    """Fingerprints can be edited in the database: prove the key by opening one user's data key."""
+    async with db.sessions() as s, s.begin():
+        user = (await s.execute(select(User).where(User.master_key_id == crypto.master_key_id(master))
+                                .limit(1))).scalar_one_or_none()
+    if user is None:
+        return
+    try:
+        crypto.unwrap_data_key(master, user.wrapped_key, user.id)
+    except crypto.DecryptError:
+        raise StartupError(f"master key: the configured key does not open the data key of user {user.username!r} "
+                           f"although its fingerprint matches; the users table was altered or restored from "
+                           f"elsewhere. Nothing was changed.") from None
+
+
+async def prepare(settings: AppSettings, db: Database) -> None:
+    """Migrate, rotate, and check the master key against the users (see the module docstring)."""
+    await upgrade(db.engine)
+    master = settings.master_key.get_secret_value()
+    census = await _key_census(db)
+    users = sum(census.values())
+    if settings.new_dev_key_file is not None and users:
+        ids = ", ".join(sorted(census))
+        raise StartupError(
+            f"master key: {settings.new_dev_key_file} does not exist, but the database already holds {users} "
+            f"user(s) whose data keys are wrapped under master key {ids}. A new key was NOT created (it could not "
+            f"decrypt them). Put the original key file back at {settings.new_dev_key_file}, or set "
+            f"HEARTH_MASTER_KEY to the key they were created with.")
+    if settings.previous_master_key is not None:
+        n = await rotate_master_key(db, settings.previous_master_key.get_secret_value(), master)
+        log.warning("re-wrapped %d users' data keys under the new master key", n)
+        census = await _key_census(db)
+    mine = crypto.master_key_id(master)
+    stranded = {k: n for k, n in census.items() if k != mine}
+    if stranded:
+        found = ", ".join(f"{n} under key {k}" for k, n in sorted(stranded.items()))
+        raise StartupError(
+            f"master key: the configured key ({settings.master_key_source}, fingerprint {mine}) cannot open the data "
+            f"keys of {sum(stranded.values())} user(s) ({found}); they could not log in, so the app will not start. "
+            + FIX)
+    await _check_one_unwraps(db, master)
+    write_new_dev_key(settings)

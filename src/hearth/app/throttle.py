@@ -1,0 +1,185 @@
+"""Login and signup throttling, kept in the database so that every app worker shares it.
+
+What is limited (the "bucket"):
+
+    login   (account, client): the client is the request's device cookie when it carries a valid one
+            for that account (a browser that logged in as that account before), else the client address
+    signup  (client address)
+
+The client address is the TCP peer, or, when the peer is in ``forwarded_allow_ips`` (a trusted reverse
+proxy), the right-most address in ``X-Forwarded-For`` that is not itself a trusted proxy. With the
+default (trust none) the header is ignored, so nobody can pick their own address by sending it.
+
+Policy (OWASP's authentication guidance: throttle with a growing delay, do not lock accounts): a bucket
+allows ``free`` attempts; after that each attempt must come ``base_s * 2**k`` seconds after the previous
+one (k = attempts past ``free``), capped at ``max_s``. Attempts older than ``window_s`` are forgotten.
+Someone guessing one account's password from one address therefore slows only that pair: the account's
+owner on another address, or on a browser holding its device cookie, logs in as usual.
+
+An attempt is counted BEFORE the password is checked, in one atomic ``UPDATE ... RETURNING``, so a burst
+of parallel guesses cannot all pass the check; a successful login deletes its bucket. Bucket names are
+stored as SHA-256 hashes: the table holds no usernames or addresses in clear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from sqlalchemy import Double, bindparam, case, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from hearth.app.storage.models import AuthThrottle
+
+DEVICE_COOKIE = "hearth_device"
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Policy:
+    free: int
+    base_s: float
+    max_s: float
+    window_s: float
+
+    def __post_init__(self) -> None:
+        if self.free < 1:
+            raise ValueError(f"free: must be >= 1, got {self.free}")
+        if not 0 < self.base_s <= self.max_s <= self.window_s:
+            raise ValueError(f"backoff: need 0 < base_s <= max_s <= window_s, got {self.base_s}, {self.max_s}, "
+                             f"{self.window_s}")
+
+    def delay_after(self, attempts: int) -> float:
+        """Seconds the next attempt must wait after ``attempts`` attempts in a row."""
+        if attempts < self.free:
+            return 0.0
+        return min(self.base_s * 2 ** min(attempts - self.free, 60), self.max_s)
+
+    def _tiers(self) -> list[tuple[int, float]]:
+        tiers, n = [], self.free
+        while (d := self.delay_after(n)) < self.max_s:
+            tiers.append((n, d))
+            n += 1
+        return tiers
+
+    def delay_sql(self, attempts):
+        """``delay_after`` as a SQL expression of the column expression ``attempts``."""
+        whens = [(attempts < self.free, 0.0)] + [(attempts == n, d) for n, d in self._tiers()]
+        return case(*whens, else_=self.max_s)
+
+
+def bucket_hash(bucket: str) -> str:
+    return hashlib.sha256(b"hearth/throttle|" + bucket.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _insert_missing(dialect: str):
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
+async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None) -> float:
+    """Count one attempt in ``bucket``. Returns 0.0 when it may go ahead (it is then counted), else the
+    seconds to wait (and it is not counted)."""
+    now = time.time() if now is None else now
+    key = bucket_hash(bucket)
+    insert = _insert_missing(db.get_bind().dialect.name)
+    t = AuthThrottle
+    now_p = bindparam("now", now, type_=Double())
+    async with db.begin():
+        await db.execute(insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
+                         .on_conflict_do_nothing(index_elements=[t.key]))
+        # SET expressions read the row's old values: a bucket idle for window_s starts again at 1
+        counted = case((t.last_at < now - policy.window_s, 1), else_=t.attempts + 1)
+        row = (await db.execute(
+            update(t).where(t.key == key, t.blocked_until <= now_p)
+            # (a free attempt leaves blocked_until alone: a parallel one that read the clock a moment
+            # later must not make it refuse itself)
+            .values(attempts=counted, last_at=now_p,
+                    blocked_until=case((counted < policy.free, t.blocked_until),
+                                       else_=now_p + policy.delay_sql(counted)))
+            .returning(t.attempts))).first()
+        if row is not None:
+            return 0.0
+        blocked = (await db.execute(select(t.blocked_until).where(t.key == key))).scalar_one()
+    return max(blocked - now, 0.001)
+
+
+async def forget(db: AsyncSession, bucket: str) -> None:
+    """A successful login: the bucket starts from zero."""
+    async with db.begin():
+        await db.execute(delete(AuthThrottle).where(AuthThrottle.key == bucket_hash(bucket)))
+
+
+async def sweep(db: AsyncSession, *policies: Policy, now: float | None = None) -> int:
+    """Delete buckets idle for longer than the longest window (they would start from zero anyway)."""
+    now = time.time() if now is None else now
+    window = max(p.window_s for p in policies)
+    async with db.begin():
+        gone = await db.execute(delete(AuthThrottle).where(AuthThrottle.last_at < now - window,
+                                                           AuthThrottle.blocked_until < now))
+    return gone.rowcount
+
+
+# ------------------------------------------------------------------------------ client address
+def parse_networks(values: Iterable[str], field: str = "forwarded_allow_ips") -> list[Network]:
+    """IP addresses / CIDR networks; ValueError naming ``field`` for a bad entry."""
+    out = []
+    for v in values:
+        try:
+            out.append(ipaddress.ip_network(str(v).strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"{field}: {v!r} is not an IP address or network") from None
+    return out
+
+
+def _trusted(address: str, trusted: list[Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in trusted)
+
+
+def client_address(peer: str, forwarded_for: str | None, trusted: list[Network]) -> str:
+    """The client's address: ``peer`` unless it is a trusted proxy, then the right-most untrusted
+    ``X-Forwarded-For`` hop (left-most when every hop is trusted)."""
+    if not trusted or not forwarded_for or not _trusted(peer, trusted):
+        return peer
+    hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop, trusted):
+            return hop
+    return hops[0] if hops else peer
+
+
+# ------------------------------------------------------------------------------ device cookie
+def _device_mac(secret: bytes, username: str, nonce: str) -> str:
+    return hmac.new(secret, f"hearth/device/v1|{username}|{nonce}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def device_secret(master_key: bytes) -> bytes:
+    """The key that signs device cookies (derived from the master key; never stored)."""
+    return hmac.new(master_key, b"hearth/device-cookie-key/v1", hashlib.sha256).digest()
+
+
+def new_device_cookie(secret: bytes, username: str) -> str:
+    nonce = secrets.token_urlsafe(16)
+    return f"{nonce}.{_device_mac(secret, username, nonce)}"
+
+
+def known_device(secret: bytes, username: str, cookie: str | None) -> str | None:
+    """The device id when ``cookie`` was issued to a browser that logged in as ``username``, else None."""
+    if not cookie or len(cookie) > 100 or "." not in cookie:
+        return None
+    nonce, mac = cookie.rsplit(".", 1)
+    if hmac.compare_digest(mac.encode(), _device_mac(secret, username, nonce).encode()):
+        return nonce
+    return None
