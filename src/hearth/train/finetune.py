@@ -595,9 +595,11 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     report = None
     if cfg.patch:
         why = probe_loss_kernel(device, dtype)
-        report = hearth_patch.apply(model, loss=why is None)
-        if why is not None:
-            report.left = {(k, c, (why if k == "loss" else r)): n for (k, c, r), n in report.left.items()}
+        # a 4-bit base: hearth.patch's MLP probe would build its input in the packed uint8 weight dtype and
+        # fail outside its guard, so the MLP is left (norm, rope where it probes, and the loss still apply)
+        report = hearth_patch.apply(model, loss=why is None, mlp=not cfg.qlora)
+        reasons = {"loss": why, "mlp": "left for a 4-bit base (its probe cannot build a float input)" if cfg.qlora else None}
+        report.left = {(k, c, reasons.get(k) or r): n for (k, c, r), n in report.left.items()}
         report.print(console)
         if why is not None or sum(report.count(k) for k in ("norm", "rope", "mlp", "loss")) == 0:
             console.print(f"[yellow]note:[/yellow] {CPU_HINT}" if device.type == "cpu" else
