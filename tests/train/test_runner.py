@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from hearth.cli import app
 from hearth.train import batches, finetune
-from tests.train.tiny import save_tiny_model, tiny_config, tiny_tokenizer, write_corpus
+from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 import tomllib
