@@ -122,6 +122,5 @@ total_s = 60.0
             response = asyncio.run(chat_turn())
             # the turn went app -> gateway chain -> the fine-tune provider -> the exported model
             assert served_chats(log) > before, hearth.output()[-2000:]
-            # random weights do not write envelopes: the app reports the provider's unusable reply, saves nothing
             # random weights do not write envelopes: the app says which provider's reply was unusable, saves nothing
             assert response.status_code == 502 and "finetune" in response.text, response.text[-1500:]
