@@ -199,7 +199,9 @@ def test_examples_that_cannot_fit_are_rejected_with_their_line(tmp_path, corpus,
                                       str(tmp_path / "r"), "--no-patch", "--max-steps", "1", "--seq-len", str(short),
                                       "--rank", "2"])
     assert result.exit_code == 0, result.output
-    assert f"line {stats['rejected'][0]['line']}" in result.output
+    first = stats["rejected"][0]
+    assert first["conversation_line"] == first["line"]  # write_corpus numbers its conversations like its rows
+    assert f"line {first['line']} ({first['id']}, conversation line {first['line']})" in " ".join(result.output.split())
     no_turns = tmp_path / "old.jsonl"
     no_turns.write_text(json.dumps({k: v for k, v in rows[3].items() if k != "turns"}) + "\n")
     with pytest.raises(ValueError, match=r"corpus: .*line 1: .*no 'turns'"):

@@ -95,7 +95,8 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
             try:
                 ids, labels, n = fit_example(ids, labels, turns, seq_len)
             except TooLong as why:
-                rejected.append({"line": lineno, "id": row.get("id"), "reason": str(why)})
+                rejected.append({"line": lineno, "id": row.get("id"), "conversation_line": row.get("line"),
+                                 "reason": str(why)})
                 continue
             truncated, dropped = truncated + bool(n), dropped + n
             example = Example(ids, labels, lineno, row.get("id"), n)

@@ -565,7 +565,8 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     cfg.check()
     examples, data_stats = load_examples(cfg.corpus, cfg.seq_len)
     for rej in data_stats["rejected"]:
-        console.print(f"[yellow]rejected[/yellow] {cfg.corpus} line {rej['line']} ({rej['id']}): {rej['reason']}")
+        source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
+        console.print(f"[yellow]rejected[/yellow] {cfg.corpus} line {rej['line']} ({rej['id']}{source}): {rej['reason']}")
     if cfg.eval_corpus is not None:
         train, (held, eval_stats) = examples, load_examples(cfg.eval_corpus, cfg.seq_len, name="eval_corpus")
         data_stats["eval"] = {k: v for k, v in eval_stats.items() if k != "rejected"} | {"rejected": len(eval_stats["rejected"])}
