@@ -79,6 +79,10 @@ def eval_(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="max_tokens per reply (0: do not send)")] = 1024,
     timeout: Annotated[float, typer.Option("--timeout", help="wall-clock seconds per call")] = 120.0,
     concurrency: Annotated[int, typer.Option("--concurrency", help="calls in flight at once")] = 4,
+    samples: Annotated[int, typer.Option("--samples", help="replies per case (the rate gets a tighter interval)")] = 1,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="sent with every request (default: the server's)")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="sample i of each case is sent with seed + i")] = None,
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="stream replies (measures time to first token)")] = True,
 ) -> None:
     """Score envelope validity at production prompt size against any OpenAI-compatible endpoint."""
     from hearth.evals.runner import main
@@ -86,7 +90,8 @@ def eval_(
     raise typer.Exit(
         main(suite=suite, base_url=base_url, model=model, api_key_env=api_key_env, extra_body=extra_body,
              json_schema=json_schema, threshold=threshold, report=report, max_tokens=max_tokens or None,
-             timeout_s=timeout, concurrency=concurrency)
+             timeout_s=timeout, concurrency=concurrency, samples=samples, temperature=temperature, seed=seed,
+             stream=stream)
     )
 
 
@@ -120,24 +125,62 @@ def serve(
 
 @app.command()
 def train(
-    corpus: Annotated[Path, typer.Option("--corpus", help="OUT_DIR/train.jsonl from `hearth corpus build --tokenizer ...`")],
-    model: Annotated[Path, typer.Option("--model", help="local model directory (or, with --random-init, a config JSON)")],
-    out: Annotated[Path, typer.Option("--out", help="adapter directory (peft save_pretrained + metrics.json)")],
-    max_steps: Annotated[int, typer.Option("--max-steps", help="optimizer steps, one example each")] = 100,
-    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate")] = 2e-4,
-    rank: Annotated[int, typer.Option("--rank", help="LoRA rank r")] = 16,
-    alpha: Annotated[float, typer.Option("--alpha", help="LoRA alpha")] = 32.0,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="tokens per example at most (longer ones keep their end)")] = 4096,
-    memory_budget_gib: Annotated[Optional[float], typer.Option("--memory-budget-gib", help="picks activation checkpointing (default: 90% of the GPU)")] = None,
+    config_file: Annotated[Optional[Path], typer.Argument(help="RUN.toml: any of the options below as keys (flags override it)")] = None,
+    corpus: Annotated[Optional[Path], typer.Option("--corpus", help="OUT_DIR/train.jsonl from `hearth corpus build --tokenizer ...`")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="local model directory (or, with --random-init, a config JSON)")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="run folder: adapter, run.toml, metrics.jsonl, loss.png, checkpoints/")] = None,
+    max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="optimizer steps (default: --epochs passes)")] = None,
+    epochs: Annotated[Optional[int], typer.Option("--epochs", help="passes over the training examples [1]")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="peak AdamW learning rate [2e-4]")] = None,
+    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="after the warm-up: cosine, linear or constant [cosine]")] = None,
+    warmup_steps: Annotated[Optional[int], typer.Option("--warmup-steps", help="linear warm-up steps [0]")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="AdamW weight decay [0]")] = None,
+    max_grad_norm: Annotated[Optional[float], typer.Option("--max-grad-norm", help="gradient clipping norm [1.0]")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="seed: LoRA init, shuffling, eval split [0]")] = None,
+    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", help="reshuffle the examples every epoch [on]")] = None,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="LoRA rank r [16]")] = None,
+    alpha: Annotated[Optional[float], typer.Option("--alpha", help="LoRA alpha [32]")] = None,
+    dropout: Annotated[Optional[float], typer.Option("--dropout", help="LoRA dropout [0]")] = None,
+    targets: Annotated[Optional[str], typer.Option("--targets", help="comma list of module names for LoRA [q,k,v,o,gate,up,down _proj]")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="tokens per example at most; longer ones drop their oldest history turns [4096]")] = None,
+    batch_tokens: Annotated[Optional[int], typer.Option("--batch-tokens", help="tokens per micro-batch, padding included [seq-len]")] = None,
+    grad_accum: Annotated[Optional[int], typer.Option("--grad-accum", help="micro-batches per optimizer step [1]")] = None,
+    pack: Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="pack short examples into one row (no attention across them) [off]")] = None,
+    eval_corpus: Annotated[Optional[Path], typer.Option("--eval-corpus", help="validation train.jsonl (instead of --eval-fraction)")] = None,
+    eval_fraction: Annotated[Optional[float], typer.Option("--eval-fraction", help="hold out this fraction of the corpus for eval loss [0]")] = None,
+    eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="eval loss every N steps (and at the end) [end only]")] = None,
+    save_every: Annotated[Optional[int], typer.Option("--save-every", help="checkpoint every N steps under OUT/checkpoints [never]")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="a checkpoint folder, or a run folder (its latest checkpoint)")] = None,
+    memory_budget_gib: Annotated[Optional[float], typer.Option("--memory-budget-gib", help="picks activation checkpointing; refuses what cannot fit [90% of the GPU]")] = None,
     no_patch: Annotated[bool, typer.Option("--no-patch", help="train without hearth's kernels (plain transformers)")] = False,
-    random_init: Annotated[bool, typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = False,
+    random_init: Annotated[Optional[bool], typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = None,
+    qlora: Annotated[Optional[bool], typer.Option("--qlora", help="4-bit NF4 base (bitsandbytes) under the LoRA adapters")] = None,
 ) -> None:
-    """LoRA fine-tune on the envelope corpus with hearth's kernels patched in; saves the adapter."""
+    """LoRA / QLoRA fine-tune on the envelope corpus with hearth's kernels patched in (docs/training.md)."""
     from hearth.train.finetune import main
 
-    raise typer.Exit(main(corpus=corpus, model=model, out=out, max_steps=max_steps, lr=lr, rank=rank, alpha=alpha,
-                          seq_len=seq_len, memory_budget_gib=memory_budget_gib, patch=not no_patch,
-                          random_init=random_init))
+    raise typer.Exit(main(config_file, corpus=corpus, model=model, out=out, max_steps=max_steps, epochs=epochs, lr=lr,
+                          lr_schedule=lr_schedule, warmup_steps=warmup_steps, weight_decay=weight_decay,
+                          max_grad_norm=max_grad_norm, seed=seed, shuffle=shuffle, rank=rank, alpha=alpha,
+                          dropout=dropout, targets=targets, seq_len=seq_len, batch_tokens=batch_tokens,
+                          grad_accum=grad_accum, pack=pack, eval_corpus=eval_corpus, eval_fraction=eval_fraction,
+                          eval_every=eval_every, save_every=save_every, resume=resume,
+                          memory_budget_gib=memory_budget_gib, patch=False if no_patch else None,
+                          random_init=random_init, qlora=qlora))
+
+
+@app.command()
+def export(
+    adapter: Annotated[Path, typer.Option("--adapter", help="adapter folder from `hearth train`")],
+    model: Annotated[Path, typer.Option("--model", help="the local base model folder it was trained on")],
+    out: Annotated[Path, typer.Option("--out", help="where to write the merged model (Hugging Face folder, safetensors)")],
+    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16 or float16")] = "bfloat16",
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="tokenizer folder to copy beside it [the base model's]")] = None,
+) -> None:
+    """Merge a LoRA adapter into its base: a 16-bit model folder any server loads."""
+    from hearth.train.export import main
+
+    raise typer.Exit(main(adapter=adapter, model=model, out=out, dtype=dtype, tokenizer=tokenizer))
 
 
 if __name__ == "__main__":  # pragma: no cover

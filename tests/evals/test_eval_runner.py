@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from hearth.cli import app
 from hearth.envelope import AnalystReading, ChatReply, FeedComment, dumps, response_format
 from hearth.evals.client import ChatResult
-from hearth.evals.runner import main, run_cases
+from hearth.evals.runner import main, run_cases, summarize
 from hearth.evals.scoring import score
 from hearth.evals.suites import SUITES, load_suite
 from tests.fakes.openai_server import Behavior, FakeOpenAI
@@ -132,7 +132,8 @@ def test_cli_all_suites_with_schema_key_and_extra_body(tmp_path, monkeypatch):
             case = case_of(body, cases.values())
             assert body["response_format"] == response_format(case.kind)
             assert body["chat_template_kwargs"] == {"enable_thinking": False}
-            assert body["model"] == "hearth-test" and body["stream"] is False
+            assert body["model"] == "hearth-test" and body["stream"] is True  # streamed by default (first token)
+            assert body["stream_options"] == {"include_usage": True} and "temperature" not in body and "seed" not in body
             assert headers["Authorization"] == "Bearer sk-test-123"
     doc = json.loads(report.read_text())
     assert doc["overall"] == {**doc["overall"], "passed": 45, "total": 45, "fraction": 1.0}
@@ -190,6 +191,8 @@ def test_connection_refused_is_a_failure_not_a_crash():
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--api-key-env", "HEARTH_UNSET_VAR_X"],
          "HEARTH_UNSET_VAR_X"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--concurrency", "0"], "concurrency"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--samples", "0"], "samples"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--temperature", "3"], "temperature"),
     ],
 )
 def test_bad_arguments_exit_2(args, message):
@@ -208,3 +211,60 @@ def test_suites_are_fifteen_production_size_cases_each():
         "optimist", "cynic", "mentor", "status_observer", "gossiper"}
     with pytest.raises(ValueError, match="name"):
         load_suite("poems")
+
+
+def test_samples_temperature_seed_ttft_usage_and_interval(tmp_path):
+    """3 samples of each feed case at temperature 0.7 with seed 11: seeds 11, 12, 13 sent and recorded; the
+    reply to seed 12 is prose (fails), so each case passes 2 of 3; streamed replies report their first token
+    time, non-streamed ones the server's usage; the overall rate has a Wilson and a by-case interval."""
+    cases = load_suite("feed")[:4]
+
+    def handler(body):
+        if body["seed"] == 12:
+            return Behavior.reply("Nice bread!")
+        return Behavior.stream(_chunks(valid_reply("feed_comment")), first_token_delay_s=0.15)
+
+    with FakeOpenAI(handler) as server:
+        scores = asyncio.run(run_cases(cases, base_url=server.base_url, model="m", samples=3, temperature=0.7,
+                                       seed=11, stream=True, timeout_s=10))
+        assert len(server.requests) == 12
+        assert all(r["temperature"] == 0.7 and r["stream"] is True for r in server.requests)
+        assert sorted(r["seed"] for r in server.requests) == [11] * 4 + [12] * 4 + [13] * 4
+    assert [(s.id, s.sample, s.seed) for s in scores[:3]] == [(cases[0].id, 0, 11), (cases[0].id, 1, 12), (cases[0].id, 2, 13)]
+    assert [s.passed for s in scores] == [True, False, True] * 4
+    assert all(s.ttft_s >= 0.15 for s in scores if s.seed != 12) and all(s.latency_s >= s.ttft_s for s in scores)
+    summary = summarize(scores)
+    overall = summary["overall"]
+    assert overall["passed"] == 8 and overall["total"] == 12 and overall["cases"] == 4
+    low, high = overall["ci95"]
+    assert 0.35 < low < 0.45 and 0.85 < high < 0.92  # Wilson at 8/12
+    assert overall["ci95_by_case"] == [0.6667, 0.6667]  # every case passes 2 of 3: resampling cases cannot move it
+    assert overall["ttft_s"]["p50"] >= 0.15
+
+    # without streaming: no first-token time, the server's usage is summed
+    with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
+        report = tmp_path / "r.json"
+        result = CliRunner().invoke(app, ["eval", "feed", "--base-url", server.base_url, "--model", "m", "--samples", "2",
+                                          "--temperature", "0", "--seed", "5", "--no-stream", "--report", str(report)])
+        assert result.exit_code == 0, result.output
+        assert all(r["stream"] is False and r["temperature"] == 0 for r in server.requests)
+    doc = json.loads(report.read_text())
+    assert doc["samples"] == 2 and doc["temperature"] == 0 and doc["seed"] == 5 and doc["stream"] is False
+    assert doc["overall"]["total"] == 30 and doc["overall"]["ttft_s"] == {}
+    want = sum(max(1, len(valid_reply("feed_comment")) // 4) for _ in range(30))  # what the fake reports
+    assert doc["overall"]["usage"]["completion_tokens"] == want and doc["overall"]["usage"]["replies_with_usage"] == 30
+    assert {c["seed"] for c in doc["cases"]} == {5, 6}
+    assert "95% CI" in result.output
+
+
+def test_wilson_interval():
+    from hearth.evals.runner import wilson
+
+    assert wilson(0, 45)[0] == 0.0 and 0.07 < wilson(0, 45)[1] < 0.08
+    assert wilson(45, 45)[1] == 1.0 and 0.92 < wilson(45, 45)[0] < 0.93
+    low, high = wilson(30, 45)
+    assert low < 30 / 45 < high and high - low > 0.25  # 45 single samples: a wide interval
+
+
+def _chunks(text: str) -> list[str]:
+    return [text[:5], text[5:20], text[20:]]

@@ -24,6 +24,8 @@ class ChatResult:
     status:        HTTP status code, or None when no response arrived (timeout, connection error).
     error:         why the call failed at the transport/HTTP level, or None when a 200 with a message came back.
     latency_s:     wall-clock seconds from sending to the full response (or to the failure).
+    ttft_s:        streaming only: seconds from sending to the first content token (None: none came, or not streamed).
+    usage:         the server's token usage ({"prompt_tokens", "completion_tokens", ...}) when it sent one.
     """
 
     content: str
@@ -31,6 +33,8 @@ class ChatResult:
     status: int | None
     error: str | None
     latency_s: float
+    ttft_s: float | None = None
+    usage: dict | None = None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -44,15 +48,17 @@ def _error_message(response: httpx.Response) -> str:
 
 async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, *, timeout_s: float,
                           api_key: str | None = None) -> ChatResult:
-    """One non-streaming chat completion. Never raises for server or network trouble: the failure is
+    """One chat completion, streamed when body["stream"] is true. Never raises for server or network trouble: the failure is
     in ``ChatResult.error`` (with ``status`` when the server answered)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = base_url.rstrip("/") + "/chat/completions"
     start = time.perf_counter()
 
-    def done(content="", finish=None, status=None, error=None) -> ChatResult:
-        return ChatResult(content, finish, status, error, time.perf_counter() - start)
+    def done(content="", finish=None, status=None, error=None, ttft=None, usage=None) -> ChatResult:
+        return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage)
 
+    if body.get("stream"):
+        return await _stream(client, url, body, headers, timeout_s, start, done)
     try:
         async with asyncio.timeout(timeout_s):  # wall clock: also bounds a server that drips bytes
             response = await client.post(url, json=body, headers=headers, timeout=timeout_s)
@@ -64,6 +70,11 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
     if response.status_code != 200:
         return done(status=response.status_code, error=_error_message(response))
+    return _completion(response, done)
+
+
+def _completion(response: httpx.Response, done) -> ChatResult:
+    """A 200 JSON chat completion -> ChatResult (malformed ones are an error, not a crash)."""
     try:
         payload = response.json()
         choice = payload["choices"][0]
@@ -73,4 +84,45 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
         return done(status=200, error=f"malformed completion: {response.text[:200]!r}")
     if not isinstance(content, str):
         content = json.dumps(content)
-    return done(content=content, finish=finish, status=200)
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
+    return done(content=content, finish=finish, status=200, usage=usage)
+
+
+async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatResult:
+    """A streamed completion (SSE): content deltas joined, the time of the first one, the usage chunk
+    (asked for with stream_options.include_usage) and the last finish_reason."""
+    parts: list[str] = []
+    finish = usage = ttft = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    return done(status=response.status_code, error=_error_message(response))
+                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    await response.aread()  # a server that answered in one piece after all
+                    return _completion(response, done)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        return done(status=200, error=f"malformed stream chunk: {data[:200]!r}")
+                    if isinstance(chunk.get("usage"), dict):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            if ttft is None:
+                                ttft = time.perf_counter() - start
+                            parts.append(piece)
+                        finish = choice.get("finish_reason") or finish
+    except (TimeoutError, httpx.TimeoutException):
+        return done(error=f"timeout after {timeout_s:g}s", ttft=ttft)
+    except httpx.HTTPError as exc:
+        return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
+    return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage)

@@ -2,8 +2,11 @@
 
     hearth eval companion --base-url http://127.0.0.1:8000/v1 --model hearth-14b --json-schema --report r.json
 
-Each case is one production-size prompt (hearth.prompts) sent as a non-streaming chat completion,
-with at most ``concurrency`` calls in flight and a wall-clock timeout per call. Scores per case are
+Each case is one production-size prompt (hearth.prompts) sent ``samples`` times as a chat completion
+(streamed by default, so the time to the first token is measured; usage asked for with
+stream_options.include_usage), with the temperature and a per-sample seed when given, at most
+``concurrency`` calls in flight and a wall-clock timeout per call. The overall pass rate comes with a 95%
+interval: Wilson over replies, and with several samples per case a bootstrap that resamples cases. Scores per case are
 in hearth.evals.scoring; this module prints "k/n" per suite and the failures, writes the JSON
 report, and returns exit code 1 when the pass fraction is below the threshold (2 on bad arguments).
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -28,11 +32,18 @@ from hearth.evals.suites import SUITES, Case, load_suite
 
 
 def request_body(case: Case, *, model: str, json_schema: bool, max_tokens: int | None,
-                 extra_body: dict | None) -> dict:
+                 extra_body: dict | None, temperature: float | None = None, seed: int | None = None,
+                 stream: bool = False) -> dict:
     """The chat-completions body for one case; extra_body is merged last (it may override anything)."""
-    body: dict[str, Any] = {"model": model, "messages": case.messages(), "stream": False}
+    body: dict[str, Any] = {"model": model, "messages": case.messages(), "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
+    if seed is not None:
+        body["seed"] = seed
     if json_schema:
         body["response_format"] = response_format(case.kind)
     if extra_body:
@@ -43,8 +54,12 @@ def request_body(case: Case, *, model: str, json_schema: bool, max_tokens: int |
 async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: str | None = None,
                     extra_body: dict | None = None, json_schema: bool = False, max_tokens: int | None = 1024,
                     timeout_s: float = 120.0, concurrency: int = 4, on_done=None,
-                    transport: httpx.AsyncBaseTransport | None = None) -> list[CaseScore]:
-    """Send every case (at most ``concurrency`` at once) and score the replies, in case order.
+                    transport: httpx.AsyncBaseTransport | None = None, samples: int = 1,
+                    temperature: float | None = None, seed: int | None = None,
+                    stream: bool = False) -> list[CaseScore]:
+    """Send every case ``samples`` times (at most ``concurrency`` calls at once) and score the replies, in
+    case order then sample order. Sample i of every case is sent with seed + i (when a seed is given), so
+    the samples differ under temperature > 0 and a run is repeatable on servers that honour the seed.
 
     ``transport`` replaces the network (tests use a real loopback server instead, but the seam exists).
     ``on_done(score)`` is called as each case finishes (progress display).
@@ -53,40 +68,89 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise ValueError(f"temperature must be in [0, 2], got {temperature}")
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(limits=limits, transport=transport, trust_env=False) as client:
-        async def one(case: Case) -> CaseScore:
+        async def one(case: Case, sample: int) -> CaseScore:
+            sample_seed = None if seed is None else seed + sample
             body = request_body(case, model=model, json_schema=json_schema, max_tokens=max_tokens,
-                                extra_body=extra_body)
+                                extra_body=extra_body, temperature=temperature, seed=sample_seed, stream=stream)
             async with gate:
                 result = await chat_completion(client, base_url, body, timeout_s=timeout_s, api_key=api_key)
             scored = score(case, result)
+            scored.sample, scored.seed = sample, body.get("seed")
             if on_done is not None:
                 on_done(scored)
             return scored
 
-        return list(await asyncio.gather(*(one(c) for c in cases)))
+        return list(await asyncio.gather(*(one(c, i) for c in cases for i in range(samples))))
+
+
+def wilson(passed: int, total: int, z: float = 1.959964) -> list[float]:
+    """The 95% Wilson score interval of a pass rate (sound at 0/n and n/n, unlike the normal one)."""
+    if total == 0:
+        return [0.0, 1.0]
+    p = passed / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def case_bootstrap(scores: list[CaseScore], *, resamples: int = 2000, seed: int = 0) -> list[float]:
+    """95% percentile interval of the overall pass rate, resampling CASES (with all their samples): the
+    samples of one case are not independent, so this is the honest interval when --samples > 1."""
+    import random
+
+    by_case: dict[tuple[str, str], list[bool]] = {}
+    for s in scores:
+        by_case.setdefault((s.suite, s.id), []).append(s.passed)
+    groups = [(sum(v), len(v)) for v in by_case.values()]
+    if not groups:
+        return [0.0, 1.0]
+    rng = random.Random(seed)
+    rates = []
+    for _ in range(resamples):
+        pick = [groups[rng.randrange(len(groups))] for _ in groups]
+        rates.append(sum(p for p, _ in pick) / sum(n for _, n in pick))
+    rates.sort()
+    return [round(rates[int(0.025 * (resamples - 1))], 4), round(rates[int(0.975 * (resamples - 1))], 4)]
 
 
 def summarize(scores: list[CaseScore]) -> dict:
     """Per-suite and overall pass counts and latency (seconds)."""
+    def dist(values: list[float]) -> dict:
+        values = sorted(values)
+        return {"p50": round(statistics.median(values), 4), "p95": round(values[min(len(values) - 1, int(0.95 * len(values)))], 4),
+                "max": round(values[-1], 4)} if values else {}
+
     def block(items: list[CaseScore]) -> dict:
-        lat = sorted(s.latency_s for s in items)
         passed = sum(s.passed for s in items)
+        usage = [s.usage for s in items if s.usage]
+        tokens = {k: sum(int(u.get(k) or 0) for u in usage) for k in ("prompt_tokens", "completion_tokens")}
         return {
             "passed": passed, "total": len(items), "fraction": passed / len(items) if items else 0.0,
+            "ci95": wilson(passed, len(items)),
+            "cases": len({s.id for s in items}),
             "repaired": sum(s.repaired for s in items),
             "checks": {c: sum(s.checks.get(c) is True for s in items) for c in CHECKS},
-            "latency_s": {"p50": round(statistics.median(lat), 4), "p95": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4),
-                          "max": round(lat[-1], 4)} if lat else {},
+            "latency_s": dist([s.latency_s for s in items]),
+            "ttft_s": dist([s.ttft_s for s in items if s.ttft_s is not None]),
+            "usage": {**tokens, "replies_with_usage": len(usage),
+                      "completion_tokens_mean": round(tokens["completion_tokens"] / len(usage), 1) if usage else None},
         }
 
     suites = {}
     for s in scores:
         suites.setdefault(s.suite, []).append(s)
-    return {"suites": {name: block(items) for name, items in suites.items()}, "overall": block(scores)}
+    overall = block(scores)
+    if len(scores) > overall["cases"]:  # several samples per case: the interval that respects that
+        overall["ci95_by_case"] = case_bootstrap(scores)
+    return {"suites": {name: block(items) for name, items in suites.items()}, "overall": overall}
 
 
 def _print(console, summary: dict, scores: list[CaseScore], threshold: float) -> None:
@@ -94,8 +158,12 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
 
     for name, s in summary["suites"].items():
         lat = s["latency_s"]
+        ttft = s["ttft_s"]
         console.print(f"[bold]{name}[/bold] {s['passed']}/{s['total']}  "
-                      f"(repaired {s['repaired']}, latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s)")
+                      f"(repaired {s['repaired']}, latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s"
+                      + (f", first token p50 {ttft['p50']:.2f}s" if ttft else "")
+                      + (f", {s['usage']['completion_tokens_mean']} completion tokens/reply" if s["usage"]["replies_with_usage"] else "")
+                      + ")")
     checks = Table(title="checks passed per suite")
     checks.add_column("suite")
     for c in CHECKS:
@@ -113,12 +181,15 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
         console.print(table)
     o = summary["overall"]
     verdict = "[green]PASS[/green]" if o["fraction"] >= threshold else "[red]FAIL[/red]"
-    console.print(f"overall {o['passed']}/{o['total']} = {o['fraction']:.3f} (threshold {threshold:g}) {verdict}")
+    interval = o.get("ci95_by_case", o["ci95"])
+    console.print(f"overall {o['passed']}/{o['total']} = {o['fraction']:.3f} (95% CI {interval[0]:.3f}-{interval[1]:.3f}"
+                  f"{', resampling cases' if 'ci95_by_case' in o else ''}; threshold {threshold:g}) {verdict}")
 
 
 def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = None, extra_body: str | None = None,
          json_schema: bool = False, threshold: float = 1.0, report: Path | None = None, max_tokens: int | None = 1024,
-         timeout_s: float = 120.0, concurrency: int = 4) -> int:
+         timeout_s: float = 120.0, concurrency: int = 4, samples: int = 1, temperature: float | None = None,
+         seed: int | None = None, stream: bool = True) -> int:
     """CLI entry: 0 when the overall pass fraction >= threshold, 1 below it, 2 on bad arguments."""
     from rich.console import Console
     from rich.progress import Progress
@@ -152,12 +223,12 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
     cases = [c for n in names for c in load_suite(n)]
 
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"eval {suite} on {model}", total=len(cases))
+        task = progress.add_task(f"eval {suite} on {model}", total=len(cases) * max(samples, 1))
         try:
             scores = asyncio.run(run_cases(
                 cases, base_url=base_url, model=model, api_key=api_key, extra_body=extra, json_schema=json_schema,
-                max_tokens=max_tokens, timeout_s=timeout_s, concurrency=concurrency,
-                on_done=lambda _: progress.advance(task)))
+                max_tokens=max_tokens, timeout_s=timeout_s, concurrency=concurrency, samples=samples,
+                temperature=temperature, seed=seed, stream=stream, on_done=lambda _: progress.advance(task)))
         except ValueError as exc:
             return bad(str(exc))
 
@@ -168,7 +239,8 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         doc = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "base_url": base_url, "model": model,
             "suite": suite, "json_schema": json_schema, "extra_body": extra, "max_tokens": max_tokens,
-            "threshold": threshold, "ok": ok, "python": platform.python_version(), **summary,
+            "threshold": threshold, "samples": samples, "temperature": temperature, "seed": seed, "stream": stream,
+            "ok": ok, "python": platform.python_version(), **summary,
             "cases": [s.to_json() for s in scores],
         }
         report = Path(report)

@@ -38,11 +38,16 @@ class CaseScore:
     finish_reason: str | None
     repaired: bool
     content: str = field(repr=False, default="")
+    sample: int = 0  # which of the --samples replies to this case
+    seed: int | None = None  # the seed sent with it
+    ttft_s: float | None = None
+    usage: dict | None = None
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["content"] = self.content[:2000]
         out["latency_s"] = round(self.latency_s, 4)
+        out["ttft_s"] = round(self.ttft_s, 4) if self.ttft_s is not None else None
         return out
 
 
@@ -98,4 +103,4 @@ def score(case: Case, result: ChatResult) -> CaseScore:
     return CaseScore(suite=case.suite, id=case.id, kind=case.kind, passed=passed, checks=checks,
                      reason=None if passed else (reasons[0] if reasons else "failed"), latency_s=result.latency_s,
                      status=result.status, finish_reason=result.finish_reason, repaired=repaired,
-                     content=result.content)
+                     content=result.content, ttft_s=result.ttft_s, usage=result.usage)

@@ -13,7 +13,7 @@ trains on exactly the text the app parses. The system prompt comes from hearth.p
 production size.
 
 Output (OUT_DIR): train.jsonl (one example per assistant turn: input_ids + labels with -100 outside
-the reply when a tokenizer is given, else text + trained character spans), rejected.jsonl (line,
+the reply + turns, the token where each message starts, when a tokenizer is given, else text + trained character spans), rejected.jsonl (line,
 id, reason for every conversation refused) and stats.json. A conversation is refused as a whole
 when any of its targets fails, so no example is trained on a history the app would have rejected.
 """
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from hearth.envelope import MODELS, EnvelopeError, dumps
 from hearth.prompts import system_prompt_for
-from hearth.train.chat_format import Rendered, render
+from hearth.train.chat_format import IM_START, Rendered, render
 
 IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
@@ -168,13 +168,26 @@ def tokenize(tokenizer, rendered: Rendered) -> tuple[list[int], list[int]]:
     """input_ids and labels for one example: labels copy input_ids on tokens that start inside a
     trained span and are -100 elsewhere. Tokenizes the whole text once (no per-segment joins, so no
     boundary merges differ from what the server tokenizes)."""
+    row = tokenize_row(tokenizer, rendered)
+    return row["input_ids"], row["labels"]
+
+
+def tokenize_row(tokenizer, rendered: Rendered) -> dict:
+    """As tokenize(), plus ``turns``: the token index where each message block (<|im_start|>role ...)
+    starts -- system, then the history, then the last user turn and the trained reply. The trainer uses
+    it to drop the oldest history turns when an example is longer than its sequence length."""
     enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     labels = [IGNORE_INDEX] * len(ids)
     for t, (start, end) in enumerate(offsets):
         if end > start and any(a <= start < b for a, b in rendered.spans):
             labels[t] = ids[t]
-    return ids, labels
+    block_chars, at = [], rendered.text.find(IM_START)
+    while at >= 0:
+        block_chars.append(at)
+        at = rendered.text.find(IM_START, at + 1)
+    turns = [next(t for t, (start, end) in enumerate(offsets) if end > start and start >= c) for c in block_chars]
+    return {"input_ids": ids, "labels": labels, "turns": turns}
 
 
 def template_matches(tokenizer, example: Example) -> bool | None:
@@ -240,8 +253,8 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
     for example in (progress(result.examples) if progress else result.examples):
         row = {"id": example.id, "line": example.line, "kind": example.kind}
         if tok is not None:
-            ids, labels = tokenize(tok, example.rendered)
-            row.update(input_ids=ids, labels=labels)
+            row.update(tokenize_row(tok, example.rendered))
+            ids, labels = row["input_ids"], row["labels"]
             lengths.append(len(ids))
             trained.append(sum(1 for x in labels if x != IGNORE_INDEX))
         else:

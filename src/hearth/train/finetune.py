@@ -1,16 +1,27 @@
-"""LoRA SFT with transformers + peft on hearth's envelope corpus, hearth's kernels patched in.
+"""`hearth train`: LoRA / QLoRA SFT with transformers + peft on hearth's envelope corpus, hearth's kernels patched in.
 
+    hearth train RUN.toml [--flags]            every key of FinetuneConfig is a flag; flags override the file
     run(FinetuneConfig(corpus=Path("out/train.jsonl"), model=Path("models/qwen3-14b"), out=Path("adapter")))
-    hearth train --corpus out/train.jsonl --model models/qwen3-14b --out adapter [--max-steps 200]
 
-Steps: load the model from a LOCAL path (never the hub; --random-init builds it from a config JSON, for
-benchmarking) -> hearth.patch.apply (unless --no-patch) -> peft LoRA (r=16, alpha=32 on q,k,v,o,gate,up,down
-by default) -> activation checkpointing chosen for the memory budget (plan_checkpointing, below) -> AdamW on
-the LoRA parameters, one example per step -> ADAPTER_DIR (peft save_pretrained) + ADAPTER_DIR/metrics.json.
+Steps: resolve the config (defaults < RUN.toml < flags; written to OUT/run.toml, which `hearth train` takes
+back) -> read the corpus (hearth.train.batches: history turns dropped to fit seq_len, a validation split) ->
+refuse a memory budget the weights alone exceed (exit 1; names --qlora and a larger GPU) -> load the model
+from a LOCAL path (never the hub; --random-init builds it from a config JSON, for benchmarking), 4-bit NF4
+with --qlora -> hearth.patch.apply, after probing the loss kernel on this device (unless --no-patch) ->
+peft LoRA (rank, alpha, dropout, target modules) -> activation checkpointing for the budget
+(plan_checkpointing) -> AdamW on the LoRA parameters, lr warm-up then cosine / linear / constant, gradient
+clipping; each optimizer step is grad_accum micro-batches of at most batch_tokens tokens (padded, or packed
+with no attention across examples), weighted by trained tokens; examples reshuffled every epoch from the
+seed.
 
-Data: train.jsonl rows from hearth.train.corpus with input_ids and labels (-100 outside the reply). An
-example longer than --seq-len keeps its LAST seq_len tokens (the reply is at the end); examples with no
-trained token left are skipped; both are counted in metrics.json. Examples are taken in order, cycling.
+OUT holds: the adapter (peft save_pretrained), run.toml, metrics.jsonl (one row per step: step, epoch,
+loss, eval_loss, lr, grad_norm, tokens, tok_per_s, peak_gib), metrics.json (summary), loss.png, and with
+save_every, checkpoints/step-NNNNNN/ (adapter, optimizer, scheduler, RNG state, data position). --resume
+CKPT (a checkpoint folder, or OUT to take its latest) continues a run exactly: the losses of a resumed run
+equal the uninterrupted run's.
+
+Exit codes: 0 done, 2 bad arguments (the message names the argument), 1 a runtime failure (a budget the
+model cannot fit, a non-finite loss, out of memory).
 
 This module does not import pydantic (scripts/gpu/lora_e2e.py shares it on machines without it).
 """
@@ -21,12 +32,22 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from hearth.train.batches import Example, collate, load_examples, plan_epoch, split_eval
 
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GIB = 1 << 30
+SCHEDULES = ("cosine", "linear", "constant")
+CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON_INTERPRET=1 in the environment "
+            "(the Triton interpreter: slow, for checking) or pass --no-patch (plain transformers)")
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on (exit code 1): the model does not fit the budget, the loss diverged..."""
 
 
 @dataclass
@@ -34,63 +55,150 @@ class FinetuneConfig:
     corpus: Path
     model: Path
     out: Path
-    max_steps: int = 100
+    # schedule
+    max_steps: int | None = None  # optimizer steps; None: `epochs` passes over the training examples
+    epochs: int = 1
     lr: float = 2e-4
+    lr_schedule: str = "cosine"  # after the warm-up: cosine or linear decay to 0, or constant
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    shuffle: bool = True
+    # LoRA
     rank: int = 16
     alpha: float = 32.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = LORA_TARGETS
+    # batches
     seq_len: int = 4096
+    batch_tokens: int | None = None  # tokens per micro-batch (padded width x rows, or packed); None: seq_len
+    grad_accum: int = 1
+    pack: bool = False
+    # validation, checkpoints
+    eval_corpus: Path | None = None
+    eval_fraction: float = 0.0
+    eval_every: int = 0  # steps; 0: only at the end
+    save_every: int = 0  # steps; 0: no intermediate checkpoints
+    resume: Path | None = None
+    # model, memory
     memory_budget_gib: float | None = None  # None: 90% of the GPU's memory on CUDA; no checkpointing on CPU
     patch: bool = True
     random_init: bool = False
-    targets: tuple[str, ...] = LORA_TARGETS
-    seed: int = 0
-    max_grad_norm: float = 1.0
+    qlora: bool = False
 
     def __post_init__(self) -> None:
-        self.corpus, self.model, self.out = Path(self.corpus), Path(self.model), Path(self.out)
+        for name in ("corpus", "model", "out", "eval_corpus", "resume"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, Path(value))
+        if isinstance(self.targets, str):
+            self.targets = tuple(t.strip() for t in self.targets.split(",") if t.strip())
         self.targets = tuple(self.targets)
 
+    @property
+    def micro_tokens(self) -> int:
+        return self.batch_tokens if self.batch_tokens is not None else self.seq_len
+
     def check(self) -> None:
-        for name in ("max_steps", "rank", "seq_len"):
+        def positive_int(name, allow_none=False, allow_zero=False):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("lr", "alpha"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+                raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} int, got {value!r}")
+
+        for name in ("epochs", "rank", "seq_len", "grad_accum"):
+            positive_int(name)
+        positive_int("max_steps", allow_none=True)
+        positive_int("batch_tokens", allow_none=True)
+        for name in ("warmup_steps", "eval_every", "save_every", "seed"):
+            positive_int(name, allow_zero=True)
+        for name in ("lr", "alpha", "max_grad_norm"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
+        if self.eval_corpus is not None and self.eval_fraction > 0:
+            raise ValueError("eval_corpus and eval_fraction: give one of them, not both")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
+            raise ValueError(f"targets must be a non-empty list of module names, got {self.targets!r}")
+        if self.batch_tokens is not None and self.batch_tokens < self.seq_len:
+            raise ValueError(f"batch_tokens ({self.batch_tokens}) must be >= seq_len ({self.seq_len}): "
+                             "every example must fit one micro-batch")
         if self.memory_budget_gib is not None and not self.memory_budget_gib > 0:
             raise ValueError(f"memory_budget_gib must be > 0, got {self.memory_budget_gib!r}")
         if not Path(self.corpus).is_file():
             raise ValueError(f"corpus: {self.corpus} is not a file (expected OUT_DIR/train.jsonl from `hearth corpus build`)")
+        if self.eval_corpus is not None and not Path(self.eval_corpus).is_file():
+            raise ValueError(f"eval_corpus: {self.eval_corpus} is not a file")
         if not Path(self.model).exists():
             raise ValueError(f"model: {self.model} does not exist (a local model directory"
                              + (" or config JSON" if self.random_init else "") + "; nothing is downloaded)")
+        if self.resume is not None:
+            find_checkpoint(self.resume)
+
+    def as_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+                for k, v in asdict(self).items()}
 
 
-# ------------------------------------------------------------------------------------------- data
-def load_examples(path: Path, seq_len: int) -> tuple[list[tuple[list[int], list[int]]], dict]:
-    """(input_ids, labels) pairs, each at most seq_len long (left-truncated), plus counts.
-    ValueError naming ``corpus`` for a row without equal-length int lists, or when nothing is trainable."""
-    examples, truncated, skipped = [], 0, 0
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            ids, labels = row.get("input_ids"), row.get("labels")
-            if not isinstance(ids, list) or not isinstance(labels, list) or len(ids) != len(labels) or not ids:
-                raise ValueError(f"corpus: line {lineno} has no input_ids/labels lists of equal, non-zero length "
-                                 "(build the corpus with --tokenizer)")
-            if len(ids) > seq_len:
-                ids, labels, truncated = ids[-seq_len:], labels[-seq_len:], truncated + 1
-            # labels[t] is the token at t; the loss shifts by one, so position 0's label is never trained
-            if all(x == IGNORE_INDEX for x in labels[1:]):
-                skipped += 1
-                continue
-            examples.append((ids, labels))
-    if not examples:
-        raise ValueError(f"corpus: {path} has no example with a trained token within seq_len={seq_len}")
-    return examples, {"examples": len(examples), "truncated": truncated, "skipped_no_target": skipped}
+# ------------------------------------------------------------------------------------------- config file
+KEYS = {f.name for f in fields(FinetuneConfig)}
+
+
+def read_toml(path: Path) -> dict:
+    """The keys of a RUN.toml (flat, or under a [train] table). ValueError naming ``config`` for an unknown
+    key or a file that is not TOML. Relative paths in it are relative to the current directory."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"config: cannot read {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config: {path} is not TOML: {exc}") from None
+    if set(doc) == {"train"} and isinstance(doc["train"], dict):
+        doc = doc["train"]
+    unknown = sorted(set(doc) - KEYS)
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {', '.join(unknown)} in {path} (known: {', '.join(sorted(KEYS))})")
+    return doc
+
+
+def resolve(config_file: Path | None, flags: dict) -> FinetuneConfig:
+    """defaults < RUN.toml < flags (a flag left at None does not override). ValueError naming what is missing."""
+    values = read_toml(config_file) if config_file is not None else {}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    missing = [k for k in ("corpus", "model", "out") if values.get(k) in (None, "")]
+    if missing:
+        raise ValueError(f"{missing[0]}: required (as --{missing[0]} or in the config file)")
+    try:
+        return FinetuneConfig(**values)
+    except TypeError as exc:
+        raise ValueError(f"config: {exc}") from None
+
+
+def to_toml(cfg: FinetuneConfig) -> str:
+    """The resolved config as TOML that read_toml takes back (None values are left out)."""
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+    lines = ["# hearth train: the resolved config of this run (`hearth train run.toml` repeats it)"]
+    lines += [f"{k} = {value(v)}" for k, v in cfg.as_dict().items() if v is not None]
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------- memory plan
@@ -104,6 +212,7 @@ class CheckpointPlan:
     budget_gib: float | None
     reason: str
     table: list[dict] = field(default_factory=list)
+    fits: bool = True  # False: even full checkpointing is estimated over the budget
 
     @property
     def mode(self) -> str:
@@ -171,7 +280,8 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
             return CheckpointPlan(c, layers, peak(c), budget_gib, why, table)
     return CheckpointPlan(layers, layers, peak(layers), budget_gib,
                           f"full: even full checkpointing is estimated at {peak(layers):.1f} GiB, over the "
-                          f"{budget_gib:.1f} GiB budget (lower --seq-len)", table)
+                          f"{budget_gib:.1f} GiB budget (lower --seq-len / --batch-tokens, use --qlora, or a GPU "
+                          "with more memory)", table, fits=False)
 
 
 def enable_checkpointing(model) -> None:
@@ -196,12 +306,28 @@ def apply_checkpointing(model, plan: CheckpointPlan) -> int:
     return sum(layer.gradient_checkpointing for layer in layers)
 
 
+def refuse_over_budget(weights_bytes: int, trainable_bytes: int, budget_gib: float | None, *,
+                       qlora: bool, qlora_weights_bytes: int | None = None) -> None:
+    """RunError when the weights (+ the LoRA parameters, their gradients and AdamW state) alone exceed the
+    budget: no checkpointing or sequence length can fix that. The message names --qlora (with the 4-bit
+    size) and a larger GPU."""
+    if budget_gib is None:
+        return
+    need = (weights_bytes + 4 * trainable_bytes) / GIB
+    if need <= budget_gib:
+        return
+    what = "4-bit" if qlora else "16-bit" if weights_bytes else ""
+    fix = ("a GPU with more memory" if qlora else
+           f"--qlora (a 4-bit NF4 base: about {(qlora_weights_bytes or 0) / GIB:.1f} GiB of weights) or a GPU with more memory")
+    raise RunError(f"memory_budget_gib: the {what} model weights and LoRA state alone need {need:.1f} GiB, over the "
+                   f"{budget_gib:.1f} GiB budget; no activation checkpointing or shorter --seq-len can fix that: use {fix}")
+
+
 # ------------------------------------------------------------------------------------------- model
-def load_model(path: Path, *, random_init: bool, dtype, device):
-    """A causal LM from a local directory (from_pretrained, local_files_only), or with --random-init
-    from a config JSON file / a directory holding config.json (from_config, weights random, built on device)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def model_config(path: Path, *, random_init: bool):
+    """The transformers config of --model (a local folder, or with --random-init a config JSON / a folder
+    holding config.json). ValueError naming ``model``."""
+    from transformers import AutoConfig
 
     path = Path(path)
     if random_init:
@@ -212,7 +338,54 @@ def load_model(path: Path, *, random_init: bool, dtype, device):
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"model: {cfg_path} is not a config JSON with a model_type ({exc})") from exc
         config = AutoConfig.for_model(model_type, **raw)
-        config._attn_implementation = "sdpa"
+    else:
+        try:
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model: cannot read a model config from {path}: {exc}") from exc
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def weight_bytes(config, *, dtype, targets, rank: int) -> dict:
+    """Sizes from a meta-device build (no memory): 16-bit weights, the same with every decoder Linear in
+    NF4 (QLoRA), and the fp32 LoRA parameters for ``targets`` at ``rank``."""
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    from hearth.train.qlora import NF4_BYTES_PER_PARAM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    el = torch.finfo(dtype).bits // 8
+    head = model.get_output_embeddings()
+    linear = sum(m.weight.numel() for m in model.modules() if type(m) is nn.Linear and m is not head)
+    total = sum(p.numel() for p in model.parameters())
+    lora = sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+               if type(m) is nn.Linear and n.rsplit(".", 1)[-1] in targets)
+    return {"weights": total * el, "weights_4bit": int((total - linear) * el + linear * NF4_BYTES_PER_PARAM),
+            "lora_fp32": lora * 4}
+
+
+def load_model(path: Path, *, random_init: bool, dtype, device, qlora: bool = False, config=None, seed: int = 0):
+    """A causal LM from a local directory (from_pretrained, local_files_only), or with --random-init
+    from a config JSON file / a directory holding config.json (from_config, weights random, built on device).
+    qlora: the decoder's Linears in 4-bit NF4 (hearth.train.qlora)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = config or model_config(path, random_init=random_init)
+    if qlora:
+        from hearth.train import qlora as q
+
+        try:
+            model = (q.random_4bit(config, dtype=dtype, device=device, seed=seed) if random_init
+                     else q.load_4bit(path, dtype=dtype, device=device))
+        except ImportError as exc:
+            raise ValueError(f"qlora: needs bitsandbytes ({exc}); pip install 'hearth[train]'") from exc
+        return q.prepare(model)
+    if random_init:
         with torch.device(device):
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
     try:
@@ -223,17 +396,161 @@ def load_model(path: Path, *, random_init: bool, dtype, device):
     return model.to(device)
 
 
-def add_lora(model, *, rank: int, alpha: float, targets=LORA_TARGETS):
+def add_lora(model, *, rank: int, alpha: float, targets=LORA_TARGETS, dropout: float = 0.0):
     from peft import LoraConfig, get_peft_model
 
     return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
-                                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
+                                            lora_dropout=dropout, bias="none", task_type="CAUSAL_LM"))
+
+
+def probe_loss_kernel(device, dtype) -> str | None:
+    """None when hearth's fused linear cross-entropy runs on this device and matches torch's loss on a
+    small random input; else why not (hearth.patch probes the norm, rope and MLP itself, not the loss)."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    h = torch.randn(6, 32, generator=gen).to(device=device, dtype=dtype)
+    w = torch.randn(40, 32, generator=gen).to(device=device, dtype=dtype)
+    y = torch.tensor([1, 5, IGNORE_INDEX, 39, 0, 7], device=device)
+    want = torch.nn.functional.cross_entropy((h.float() @ w.float().T), y, ignore_index=IGNORE_INDEX)
+    try:
+        from hearth.kernels.linear_cross_entropy import linear_cross_entropy
+
+        with torch.no_grad():
+            got = linear_cross_entropy(h, w, y, ignore_index=IGNORE_INDEX)
+    except Exception as exc:  # no GPU and no interpreter, an old Triton...
+        return f"loss probe: hearth's kernel raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    if not torch.allclose(got.float(), want, rtol=tol, atol=tol):
+        return f"loss probe: {got.item():.6g} differs from torch's {want.item():.6g}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- schedule
+def step_plan(train: list[Example], cfg: FinetuneConfig) -> list[tuple[int, int, list[list[int]]]]:
+    """Every optimizer step of the run as (epoch, step within the epoch, micro-batches): `epochs` passes,
+    or exactly max_steps (passes repeat, each reshuffled) when max_steps is given."""
+    steps: list[tuple[int, int, list[list[int]]]] = []
+    epoch = 0
+    while True:
+        plan = plan_epoch(train, epoch, seed=cfg.seed, shuffle=cfg.shuffle, batch_tokens=cfg.micro_tokens,
+                          pack=cfg.pack, grad_accum=cfg.grad_accum)
+        for i, mbs in enumerate(plan):
+            if cfg.max_steps is not None and len(steps) == cfg.max_steps:
+                return steps
+            steps.append((epoch, i, mbs))
+        epoch += 1
+        if cfg.max_steps is None and epoch == cfg.epochs:
+            return steps
+
+
+def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the peak lr at optimizer step ``step`` (0-based): linear warm-up over ``warmup`` steps
+    (the first step at 1/warmup), then cosine or linear decay towards 0 at ``total``, or constant."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+# a resumed run must see the same data and model: these keys may not change between the run and its resume
+RESUME_KEYS = ("corpus", "model", "seed", "shuffle", "seq_len", "batch_tokens", "grad_accum", "pack", "rank", "alpha",
+               "targets", "eval_fraction", "eval_corpus", "qlora", "random_init", "epochs", "max_steps", "lr",
+               "lr_schedule", "warmup_steps")
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint folder (holding state.json), or the latest under PATH/checkpoints. ValueError naming resume."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        return path
+    found = sorted((path / "checkpoints").glob("step-*/state.json")) if (path / "checkpoints").is_dir() else []
+    if not found:
+        raise ValueError(f"resume: {path} is not a checkpoint folder (with state.json) nor a run folder with checkpoints/")
+    return found[-1].parent
+
+
+def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg) -> Path:
+    import torch
+
+    final = out / "checkpoints" / f"step-{step:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    model.save_pretrained(str(tmp))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save({"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
+    state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict()}
+    (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    tmp.rename(final)  # a checkpoint folder exists only once it is complete
+    return final
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg) -> dict:
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    mine = cfg.as_dict()
+    changed = [k for k in RESUME_KEYS if state["config"].get(k) != mine.get(k)]
+    if changed:
+        k = changed[0]
+        raise ValueError(f"resume: {path} was made with {k}={state['config'].get(k)!r}, this run has {k}={mine.get(k)!r} "
+                         "(a resumed run must see the same data, model and schedule)")
+    device = next(p.device for p in model.parameters() if p.requires_grad)
+    set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location=device))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["cpu"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state
 
 
 # ------------------------------------------------------------------------------------------- run
 def run(cfg: FinetuneConfig, *, console=None) -> dict:
-    """Train, save the adapter and metrics.json in cfg.out; returns the metrics dict. ValueError on bad input."""
+    """Train, save the adapter and metrics in cfg.out; returns the metrics dict.
+    ValueError on bad input (exit 2), RunError when the run cannot go on (exit 1)."""
     return train_model(cfg, console=console)[1]
+
+
+def _peak_gib(device) -> float:
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / GIB, 3)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3)  # process peak RSS (Linux: KiB)
+
+
+def evaluate(model, examples: list[Example], cfg: FinetuneConfig, device) -> float:
+    """Token-weighted mean loss over ``examples`` (no dropout, no gradients)."""
+    import torch
+
+    from hearth.train.batches import micro_batches
+
+    was_training = model.training
+    model.eval()
+    total = weight = 0.0
+    with torch.no_grad():
+        for mb in micro_batches(examples, list(range(len(examples))), cfg.micro_tokens, cfg.pack):
+            batch = [examples[i] for i in mb]
+            n = sum(e.targets for e in batch)
+            total += model(**collate(batch, pack=cfg.pack, device=device)).loss.float().item() * n
+            weight += n
+    if was_training:
+        model.train()
+    return total / weight
 
 
 def train_model(cfg: FinetuneConfig, *, console=None):
@@ -247,66 +564,125 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     console = console or Console()
     cfg.check()
     examples, data_stats = load_examples(cfg.corpus, cfg.seq_len)
+    for rej in data_stats["rejected"]:
+        source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
+        console.print(f"[yellow]rejected[/yellow] {cfg.corpus} line {rej['line']} ({rej['id']}{source}): {rej['reason']}")
+    if cfg.eval_corpus is not None:
+        train, (held, eval_stats) = examples, load_examples(cfg.eval_corpus, cfg.seq_len, name="eval_corpus")
+        data_stats["eval"] = {k: v for k, v in eval_stats.items() if k != "rejected"} | {"rejected": len(eval_stats["rejected"])}
+    else:
+        train, held = split_eval(examples, cfg.eval_fraction, cfg.seed)
+    data_stats.update(train_examples=len(train), eval_examples=len(held))
+    steps = step_plan(train, cfg)
+    resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
+
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(cfg.seed)
-
     t0 = time.perf_counter()
-    model = load_model(cfg.model, random_init=cfg.random_init, dtype=dtype, device=device)
-    vocab = model.config.vocab_size
-    if max(max(ids) for ids, _ in examples) >= vocab:
-        raise ValueError(f"corpus: token ids reach beyond the model's vocab_size={vocab} (another tokenizer?)")
-    report = hearth_patch.apply(model) if cfg.patch else None
-    if report is not None:
-        report.print(console)
-    model = add_lora(model, rank=cfg.rank, alpha=cfg.alpha, targets=cfg.targets)
-    model.config.use_cache = False
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    el = torch.finfo(dtype).bits // 8
+    config = model_config(cfg.model, random_init=cfg.random_init)
+    if max(max(e.ids) for e in examples + held) >= config.vocab_size:
+        raise ValueError(f"corpus: token ids reach beyond the model's vocab_size={config.vocab_size} (another tokenizer?)")
     budget = cfg.memory_budget_gib
     if budget is None and device.type == "cuda":
         budget = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB
-    longest = max(len(ids) for ids, _ in examples)
+    sizes = weight_bytes(config, dtype=dtype, targets=cfg.targets, rank=cfg.rank)
+    refuse_over_budget(sizes["weights_4bit" if cfg.qlora else "weights"], sizes["lora_fp32"], budget, qlora=cfg.qlora,
+                       qlora_weights_bytes=sizes["weights_4bit"])
+
+    model = load_model(cfg.model, random_init=cfg.random_init, dtype=dtype, device=device, qlora=cfg.qlora,
+                       config=config, seed=cfg.seed)
+    report = None
+    if cfg.patch:
+        why = probe_loss_kernel(device, dtype)
+        # a 4-bit base: hearth.patch's MLP probe would build its input in the packed uint8 weight dtype and
+        # fail outside its guard, so the MLP is left (norm, rope where it probes, and the loss still apply)
+        report = hearth_patch.apply(model, loss=why is None, mlp=not cfg.qlora)
+        reasons = {"loss": why, "mlp": "left for a 4-bit base (its probe cannot build a float input)" if cfg.qlora else None}
+        report.left = {(k, c, reasons.get(k) or r): n for (k, c, r), n in report.left.items()}
+        report.print(console)
+        if why is not None or sum(report.count(k) for k in ("norm", "rope", "mlp", "loss")) == 0:
+            console.print(f"[yellow]note:[/yellow] {CPU_HINT}" if device.type == "cpu" else
+                          f"[yellow]note:[/yellow] hearth's loss kernel was left: {why}")
+    model = add_lora(model, rank=cfg.rank, alpha=cfg.alpha, targets=cfg.targets, dropout=cfg.dropout)
+    model.config.use_cache = False
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    el = torch.finfo(dtype).bits // 8
+    widest = max(sum(len(train[i]) for i in mb) if cfg.pack else max(len(train[i]) for i in mb) * len(mb)
+                 for _, _, mbs in steps for mb in mbs)  # tokens in the largest micro-batch, padding included
     plan = plan_checkpointing(
-        model.config, longest, weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        model.config, widest, weights_bytes=sum(_stored_bytes(p) for p in model.parameters()),
         trainable_bytes=sum(p.numel() * 4 for p in trainable), bytes_per_el=el, budget_gib=budget,
         patched=bool(report and report.count("loss")))
+    if not plan.fits:
+        raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
     console.print(f"[bold]checkpointing[/bold]: {plan.reason}")
     model.train()
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = len(steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total=total, warmup=cfg.warmup_steps, schedule=cfg.lr_schedule))
+    start_step = 0
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
+    log_path = cfg.out / "metrics.jsonl"
+    rows: list[dict] = []
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg)
+        start_step = state["step"]
+        if log_path.is_file():
+            rows = [r for r in map(json.loads, log_path.read_text(encoding="utf-8").splitlines()) if r["step"] <= start_step]
+        console.print(f"resumed from {resume_from} at step {start_step} (epoch {state['epoch']})")
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     build_s = time.perf_counter() - t0
 
-    losses, step_s, tokens = [], [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
                TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("train", total=cfg.max_steps, status="")
-        for step in range(cfg.max_steps):
-            ids, labels = examples[step % len(examples)]
-            input_ids = torch.tensor([ids], device=device)
-            target = torch.tensor([labels], device=device)
+    with Progress(*columns, console=console, transient=False) as progress, log_path.open("a", encoding="utf-8") as log:
+        task = progress.add_task("train", total=total, completed=start_step, status="")
+        for step in range(start_step, total):
+            epoch, in_epoch, mbs = steps[step]
+            targets = sum(train[i].targets for mb in mbs for i in mb)
+            tokens = sum(len(train[i]) for mb in mbs for i in mb)
+            lr = scheduler.get_last_lr()[0]
             start = time.perf_counter()
-            loss = model(input_ids=input_ids, labels=target).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+            value = 0.0
+            for mb in mbs:
+                batch = [train[i] for i in mb]
+                share = sum(e.targets for e in batch) / targets
+                loss = model(**collate(batch, pack=cfg.pack, device=device)).loss
+                (loss * share).backward()
+                value += loss.item() * share  # .item() also synchronises, so the step time is real
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            value = loss.item()  # also synchronises, so the step time is real
-            step_s.append(time.perf_counter() - start)
-            losses.append(value)
-            tokens.append(len(ids))
+            elapsed = time.perf_counter() - start
             if not math.isfinite(value):
-                raise FloatingPointError(f"loss became {value} at step {step}")
-            progress.update(task, advance=1, status=f"loss {value:.4f}  {len(ids) / step_s[-1]:.0f} tok/s")
+                raise RunError(f"loss became {value} at step {step + 1} (lower --lr, or check the corpus)")
+            done = step + 1
+            row = {"step": done, "epoch": epoch, "loss": value, "eval_loss": None, "lr": lr, "grad_norm": grad_norm,
+                   "tokens": tokens, "step_s": round(elapsed, 4), "tok_per_s": round(tokens / elapsed, 1),
+                   "peak_gib": _peak_gib(device)}
+            if held and ((cfg.eval_every and done % cfg.eval_every == 0) or done == total):
+                row["eval_loss"] = evaluate(model, held, cfg, device)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            rows.append(row)
+            if cfg.save_every and done % cfg.save_every == 0 and done < total:
+                save_checkpoint(cfg.out, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
+                                position=(epoch, in_epoch + 1), cfg=cfg)
+            progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
+                            + (f"  eval {row['eval_loss']:.4f}" if row["eval_loss"] is not None else ""))
 
-    cfg.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(cfg.out))
-    timed = list(zip(tokens, step_s))[1:] or list(zip(tokens, step_s))  # step 0 warms up kernels / allocator
+    plot_losses(rows, cfg.out / "loss.png")
+    timed = [r for r in rows if r["step"] > start_step + 1] or rows[-1:]  # the first step warms up kernels / allocator
     metrics = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "config": cfg.as_dict(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
         "versions": _versions(),
@@ -315,22 +691,53 @@ def train_model(cfg: FinetuneConfig, *, console=None):
         "checkpointing": {"mode": plan.mode, "checkpointed_layers": plan.checkpointed, "layers": plan.layers,
                           "estimate_gib": round(plan.estimate_gib, 2), "budget_gib": plan.budget_gib,
                           "reason": plan.reason, "estimates": plan.table},
+        "weights_gib": round(sum(_stored_bytes(p) for p in model.parameters() if not p.requires_grad) / GIB, 4),
         "trainable_params": sum(p.numel() for p in trainable),
+        "resumed_from": str(resume_from) if resume_from else None,
         "build_s": round(build_s, 2),
-        "steps": len(losses),
-        "loss": losses,
-        "step_s": [round(s, 4) for s in step_s],
-        "tokens_per_s": round(sum(t for t, _ in timed) / sum(s for _, s in timed), 1),
-        "median_step_s": round(statistics.median(s for _, s in timed), 4),
-        "peak_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else None,
+        "steps": len(rows),
+        "loss": [r["loss"] for r in rows],
+        "eval_loss": [{"step": r["step"], "eval_loss": r["eval_loss"]} for r in rows if r["eval_loss"] is not None],
+        "step_s": [r["step_s"] for r in rows],
+        "tokens_per_s": round(sum(r["tokens"] for r in timed) / sum(r["step_s"] for r in timed), 1) if timed else None,
+        "median_step_s": round(statistics.median(r["step_s"] for r in timed), 4) if timed else None,
+        "peak_gib": _peak_gib(device) if device.type == "cuda" else None,
+        "peak_rss_gib": _peak_gib(device) if device.type == "cpu" else None,
     }
     tmp = cfg.out / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     tmp.replace(cfg.out / "metrics.json")
+    losses = metrics["loss"]
     console.print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; {metrics['tokens_per_s']} tok/s"
+                  + (f"; eval loss {metrics['eval_loss'][-1]['eval_loss']:.4f}" if metrics["eval_loss"] else "")
                   + (f"; peak {metrics['peak_gib']} GiB" if metrics["peak_gib"] is not None else "")
-                  + f"; adapter and metrics.json in {cfg.out}")
+                  + f"; adapter, run.toml, metrics.jsonl and loss.png in {cfg.out}")
     return model, metrics
+
+
+def _stored_bytes(p) -> int:
+    """Bytes a parameter occupies (a bitsandbytes 4-bit weight is uint8-packed: its numel is what is stored)."""
+    return p.numel() * p.element_size()
+
+
+def plot_losses(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss", lw=1.2)
+    evals = [r for r in rows if r.get("eval_loss") is not None]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss", lw=1.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (mean over trained tokens)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def _versions() -> dict:
@@ -339,23 +746,26 @@ def _versions() -> dict:
     import transformers
 
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:  # pragma: no cover
-        pass
+    for name in ("triton", "bitsandbytes"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:  # pragma: no cover
+            pass
     return out
 
 
-def main(**kwargs) -> int:
-    """`hearth train`: exit 0 on success, 2 on bad arguments (printed, naming the argument)."""
+def main(config_file: Path | None = None, **flags) -> int:
+    """`hearth train [RUN.toml]`: exit 0 on success, 2 on bad arguments (printed, naming the argument),
+    1 when the run fails (printed)."""
     from rich.console import Console
 
     console = Console()
     try:
-        run(FinetuneConfig(**kwargs), console=console)
+        run(resolve(config_file, flags), console=console)
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    except (RunError, FloatingPointError, RuntimeError, OSError, MemoryError) as exc:
+        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        return 1
     return 0

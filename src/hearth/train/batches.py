@@ -1,0 +1,182 @@
+"""Training data for hearth.train.finetune: fitting examples into the sequence length, the validation
+split, per-epoch shuffling, token-budget micro-batches (padded or packed) and their tensors.
+
+Fitting (fit_example): an example longer than seq_len keeps its system prompt (the first message block)
+and its last user turn + trained reply (the last two blocks), and drops the OLDEST history turns, two
+at a time (a user turn and the reply to it), until it fits -- the prompt production sends never lacks
+its system prompt, and the trained reply is never cut. An example that does not fit even with no
+history is rejected with its line number (``rejected`` in the stats), as is a long row without the
+``turns`` field (a corpus built before it existed: rebuild it).
+
+Micro-batches (plan_epoch): examples in a per-epoch order (a permutation seeded by seed and epoch, or
+file order without shuffling) are grouped greedily so that a micro-batch holds at most batch_tokens
+tokens: padded, longest x count <= batch_tokens; packed, the sum of lengths <= batch_tokens, all in
+ONE row whose position ids restart at 0 for each example. transformers turns restarting position
+ids (with no attention mask) into a block-diagonal causal mask, so no token attends across an example
+boundary; the first label of every example is ignored, so no position is trained to predict the next
+example's first token (it never was: position 0's label is never a target). grad_accum micro-batches
+make one optimizer step, each weighted by its count of trained tokens.
+
+No pydantic, no transformers import here: plain Python plus torch for the tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Example:
+    ids: list[int]
+    labels: list[int]
+    line: int
+    id: str | None = None
+    dropped_turns: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def targets(self) -> int:
+        """Trained tokens: labels[t] is predicted from position t - 1, so position 0 never counts."""
+        return sum(1 for x in self.labels[1:] if x != IGNORE_INDEX)
+
+
+class TooLong(ValueError):
+    pass
+
+
+def fit_example(ids: list[int], labels: list[int], turns: list[int] | None, seq_len: int) -> tuple[list[int], list[int], int]:
+    """(ids, labels, history blocks dropped) at most seq_len long; TooLong (reason) when it cannot fit."""
+    if len(ids) <= seq_len:
+        return ids, labels, 0
+    if not turns:
+        raise TooLong(f"{len(ids)} tokens > seq_len={seq_len} and no 'turns' to drop history by "
+                      "(rebuild the corpus with `hearth corpus build --tokenizer`)")
+    bounds = list(turns) + [len(ids)]
+    if len(turns) < 3:
+        raise TooLong(f"{len(ids)} tokens > seq_len={seq_len} with no history turn to drop")
+    keep_head = (0, bounds[1])  # the system prompt block
+    tail = (bounds[-3], len(ids))  # the last user turn and the trained reply
+    history = [(bounds[i], bounds[i + 1]) for i in range(1, len(bounds) - 3)]
+    fixed = (keep_head[1] - keep_head[0]) + (tail[1] - tail[0])
+    dropped = 0
+    while history and fixed + sum(b - a for a, b in history) > seq_len:
+        drop = 2 if len(history) >= 2 else 1
+        history, dropped = history[drop:], dropped + drop
+    if fixed + sum(b - a for a, b in history) > seq_len:
+        raise TooLong(f"system prompt + last user turn + reply = {fixed} tokens > seq_len={seq_len} "
+                      "even with every history turn dropped")
+    spans = [keep_head, *history, tail]
+    return ([t for a, b in spans for t in ids[a:b]], [t for a, b in spans for t in labels[a:b]], dropped)
+
+
+def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[list[Example], dict]:
+    """Examples that fit seq_len (history dropped where needed), plus counts and the rejected lines.
+    ValueError naming ``name`` for a malformed row, or when nothing is trainable."""
+    examples, rejected, truncated, dropped, skipped = [], [], 0, 0, 0
+    with Path(path).open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{name}: line {lineno} is not JSON ({exc.msg})") from None
+            ids, labels = row.get("input_ids"), row.get("labels")
+            if not isinstance(ids, list) or not isinstance(labels, list) or len(ids) != len(labels) or not ids:
+                raise ValueError(f"{name}: line {lineno} has no input_ids/labels lists of equal, non-zero length "
+                                 "(build the corpus with --tokenizer)")
+            turns = row.get("turns")
+            try:
+                ids, labels, n = fit_example(ids, labels, turns, seq_len)
+            except TooLong as why:
+                rejected.append({"line": lineno, "id": row.get("id"), "conversation_line": row.get("line"),
+                                 "reason": str(why)})
+                continue
+            truncated, dropped = truncated + bool(n), dropped + n
+            example = Example(ids, labels, lineno, row.get("id"), n)
+            if example.targets == 0:
+                skipped += 1
+                continue
+            examples.append(example)
+    if not examples:
+        why = f"; rejected: line {rejected[0]['line']}: {rejected[0]['reason']}" if rejected else ""
+        raise ValueError(f"{name}: {path} has no example with a trained token within seq_len={seq_len}{why}")
+    return examples, {"examples": len(examples), "truncated": truncated, "history_turns_dropped": dropped,
+                      "skipped_no_target": skipped, "rejected": rejected}
+
+
+def split_eval(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, eval): a seeded random ``fraction`` of the examples held out (at least one, never all)."""
+    import torch
+
+    if fraction <= 0:
+        return examples, []
+    n_eval = max(1, round(len(examples) * fraction))
+    if n_eval >= len(examples):
+        raise ValueError(f"eval_fraction: {fraction} of {len(examples)} examples leaves none to train on")
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    held = set(order[:n_eval])
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    import torch
+
+    if not shuffle:
+        return list(range(n))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+
+
+def micro_batches(examples: list[Example], order: list[int], batch_tokens: int, pack: bool) -> list[list[int]]:
+    """Greedy grouping of ``order`` into micro-batches of at most batch_tokens tokens (see the module doc)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = total = 0
+    for i in order:
+        n = len(examples[i])
+        fits = (total + n <= batch_tokens) if pack else (max(longest, n) * (len(current) + 1) <= batch_tokens)
+        if current and not fits:
+            out.append(current)
+            current, longest, total = [], 0, 0
+        current.append(i)
+        longest, total = max(longest, n), total + n
+    if current:
+        out.append(current)
+    return out
+
+
+def plan_epoch(examples: list[Example], epoch: int, *, seed: int, shuffle: bool, batch_tokens: int, pack: bool,
+               grad_accum: int) -> list[list[list[int]]]:
+    """One epoch as optimizer steps, each a list of micro-batches (lists of example indices)."""
+    mbs = micro_batches(examples, epoch_order(len(examples), epoch, seed, shuffle), batch_tokens, pack)
+    return [mbs[i:i + grad_accum] for i in range(0, len(mbs), grad_accum)]
+
+
+def collate(batch: list[Example], *, pack: bool, pad_id: int = 0, device=None) -> dict:
+    """Model inputs for one micro-batch: padded (input_ids, attention_mask, labels) or one packed row
+    (input_ids, position_ids, labels; each example's first label ignored)."""
+    import torch
+
+    if pack:
+        ids, labels, pos = [], [], []
+        for e in batch:
+            ids += e.ids
+            labels += [IGNORE_INDEX] + e.labels[1:]
+            pos += list(range(len(e)))
+        return {"input_ids": torch.tensor([ids], device=device), "labels": torch.tensor([labels], device=device),
+                "position_ids": torch.tensor([pos], device=device),
+                "use_cache": False}  # transformers reads packing from position ids only without a KV cache
+    width = max(len(e) for e in batch)
+    ids = [e.ids + [pad_id] * (width - len(e)) for e in batch]
+    labels = [e.labels + [IGNORE_INDEX] * (width - len(e)) for e in batch]
+    mask = [[1] * len(e) + [0] * (width - len(e)) for e in batch]
+    out = {"input_ids": torch.tensor(ids, device=device), "labels": torch.tensor(labels, device=device)}
+    if any(len(e) < width for e in batch):
+        out["attention_mask"] = torch.tensor(mask, device=device)
+    return out

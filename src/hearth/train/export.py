@@ -1,0 +1,79 @@
+"""`hearth export`: merge a LoRA adapter into its base model and write a 16-bit Hugging Face folder.
+
+    hearth export --adapter runs/r1 --model models/qwen3-14b --out models/qwen3-14b-envelope
+
+The base is loaded from its LOCAL folder in fp32, the adapter applied (peft), merged (W + B A x alpha / r),
+and the merged weights rounded ONCE to --dtype (bfloat16 by default) and saved as safetensors with the
+config, the generation config and the tokenizer (from --tokenizer, else the base folder), so that vLLM,
+transformers serve, TGI or llama.cpp's converter load it like any model. export.json records what it came
+from. A QLoRA adapter merges the same way (into the 16-bit base: the 4-bit base is a training-time device).
+
+Serving the adapter without merging is documented in docs/training.md (vLLM --enable-lora).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DTYPES = ("bfloat16", "float16")
+
+
+def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", tokenizer: Path | None = None) -> dict:
+    """Write the merged model to ``out``; returns what export.json holds. ValueError naming the argument."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter, model, out = Path(adapter), Path(model), Path(out)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not (adapter / "adapter_config.json").is_file():
+        raise ValueError(f"adapter: {adapter} has no adapter_config.json (a folder written by `hearth train`)")
+    if not (model / "config.json").is_file():
+        raise ValueError(f"model: {model} is not a local model folder (no config.json; nothing is downloaded)")
+    if out.resolve() in (adapter.resolve(), model.resolve()):
+        raise ValueError(f"out: {out} must not be the adapter or the base model folder")
+    try:
+        base = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model: cannot load a causal LM from {model}: {exc}") from exc
+    try:
+        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"adapter: cannot apply {adapter} to {model}: {exc}") from exc
+    merged = merged.to(getattr(torch, dtype))
+    merged.config.use_cache = True
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(out), safe_serialization=True)
+    tok_src = tokenizer or model
+    tok_saved = False
+    try:
+        AutoTokenizer.from_pretrained(str(tok_src), local_files_only=True).save_pretrained(str(out))
+        tok_saved = True
+    except (OSError, ValueError, KeyError):
+        if tokenizer is not None:
+            raise ValueError(f"tokenizer: cannot load a tokenizer from {tokenizer}") from None
+    info = {"adapter": str(adapter), "base_model": str(model), "dtype": dtype,
+            "tokenizer": str(tok_src) if tok_saved else None,
+            "adapter_config": json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))}
+    (out / "export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info
+
+
+def main(*, adapter: Path, model: Path, out: Path, dtype: str = "bfloat16", tokenizer: Path | None = None) -> int:
+    """`hearth export`: 0 done, 2 bad arguments, 1 a failure while writing."""
+    from rich.console import Console
+
+    console = Console()
+    try:
+        info = export(adapter, model, out, dtype=dtype, tokenizer=tokenizer)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except (OSError, RuntimeError) as exc:
+        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        return 1
+    console.print(f"merged {adapter} into {model} -> {out} ({dtype}"
+                  + (", with the tokenizer" if info["tokenizer"] else ", no tokenizer found: copy one in") + ")")
+    return 0

@@ -1,0 +1,23 @@
+"""hearth.patch replaces Qwen3's module-level apply_rotary_pos_emb process-wide (by design: it is a module
+global). A test that patched a model earlier in the session (tests/test_patch.py, the patched runs here)
+would leave every later Qwen3 on hearth's rope kernel -- under the CPU interpreter, slow enough to turn the
+plain-transformers training tests from seconds into minutes. Each test here starts from the original
+function (a test that wants hearth's rope patches its model itself) and the previous state is put back."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _original_qwen3_rope():
+    mod = sys.modules.get("transformers.models.qwen3.modeling_qwen3")
+    before = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
+    original = getattr(before, "__hearth_original__", None)
+    if original is not None:
+        mod.apply_rotary_pos_emb = original
+    yield
+    if before is not None:
+        mod.apply_rotary_pos_emb = before
