@@ -219,7 +219,7 @@ class CheckpointPlan:
         return "none" if self.checkpointed == 0 else "full" if self.checkpointed == self.layers else "selective"
 
 
-def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int) -> int:
+def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int, lora_bytes_per_el: int = 4) -> int:
     """Estimate of what ONE decoder layer keeps for its backward, per token, with LoRA on every projection.
 
     Counted in elements of hidden H, intermediate I, query width Q = Hq*D and key/value width K = Hk*D:
@@ -229,7 +229,12 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
       MLP: gate g and up u (I each) and h = silu(g) * u, kept by down_proj's LoRA A (I)      3I
       without hearth: the unfused silu keeps its own output (I) and HF's RMSNorm keeps ~2 fp32
       copies per norm (4 x 2H x 2 elements of bf16 width): + I + 16H
+      LoRA in fp32 on a 16-bit base (peft's default, autocast_adapter_dtype): each LoRA'd projection
+      casts its input to fp32 and lora_A keeps that copy: q, k, v, gate, up read H each, o_proj Q,
+      down_proj I                                                               + (5H + Q + I) x 4 bytes
     LoRA's rank-r intermediates (r << H) are ignored. It is an estimate; measured peaks land in metrics.json.
+    Without the fp32 input copies it was half of what the H200 measured (Qwen3-14B shape, 2026-12-01: 0.66
+    GiB per non-checkpointed layer at 2048 tokens against 0.35 estimated; tests/train pins the measured rows).
     """
     h, i = config.hidden_size, config.intermediate_size
     d = getattr(config, "head_dim", None) or h // config.num_attention_heads
@@ -237,7 +242,8 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
     elements = 4 * h + 3 * q + 3 * k + 3 * i
     if not patched:
         elements += i + 16 * h
-    return elements * bytes_per_el
+    lora_inputs = (5 * h + q + i) * lora_bytes_per_el if lora_bytes_per_el != bytes_per_el else 0
+    return elements * bytes_per_el + lora_inputs
 
 
 def loss_bytes_per_token(config, *, patched: bool, bytes_per_el: int) -> int:
@@ -246,6 +252,19 @@ def loss_bytes_per_token(config, *, patched: bool, bytes_per_el: int) -> int:
     if patched:
         return config.hidden_size * bytes_per_el
     return config.vocab_size * (bytes_per_el + 8)
+
+
+def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: int, trainable_bytes: int,
+                      bytes_per_el: int, patched: bool) -> float:
+    """Estimated peak GiB of one LoRA step with `checkpointed` of the decoder layers recomputed (the formula in
+    plan_checkpointing's docstring)."""
+    layers = config.num_hidden_layers
+    act = layer_activation_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el)
+    fixed = weights_bytes + 4 * trainable_bytes + GIB
+    per_loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el)
+    c = checkpointed
+    per_token = c * config.hidden_size * bytes_per_el + (layers - c) * act + (act if c else 0) + per_loss
+    return (fixed + tokens * per_token) / GIB
 
 
 def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_bytes: int, bytes_per_el: int,
@@ -261,13 +280,10 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
     fastest and c=L the slowest; none fitting falls back to full checkpointing (reported as over budget).
     """
     layers = config.num_hidden_layers
-    act = layer_activation_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el)
-    fixed = weights_bytes + 4 * trainable_bytes + GIB
-    per_loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el)
 
     def peak(c: int) -> float:
-        per_token = c * config.hidden_size * bytes_per_el + (layers - c) * act + (act if c else 0) + per_loss
-        return (fixed + tokens * per_token) / GIB
+        return estimate_peak_gib(config, tokens, c, weights_bytes=weights_bytes, trainable_bytes=trainable_bytes,
+                                 bytes_per_el=bytes_per_el, patched=patched)
 
     table = [{"checkpointed": c, "estimate_gib": round(peak(c), 2)} for c in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers})]
     if budget_gib is None:
