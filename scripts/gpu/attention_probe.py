@@ -249,7 +249,7 @@ def main():
     attn_mod.AUTOTUNE = True
     if not all_ok:
         print("CORRECTNESS FAILED: timings below are not meaningful", flush=True)
-    # Target shapes (TARGETS.md).
+    # The published target shapes.
     targets = [
         ("causal-mha", 4, 32, 32, 4096, 128, bf16, True),
         ("noncausal-mha", 4, 32, 32, 4096, 128, bf16, False),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The headline benchmark on one H200: every op (or the ops given as arguments) at the TARGETS.md
+# The headline benchmark on one H200: every op (or the ops given as arguments) at the published target
 # shapes, all providers, one process per op (a kernel that corrupts the CUDA context then spoils
 # only its own op), rows merged into one results.jsonl, everything tarred into one file in $OUT.
 #

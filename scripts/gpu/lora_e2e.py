@@ -8,12 +8,12 @@ built directly on the GPU (torch.device context + from_config: seconds). LoRA r=
 q,k,v,o,gate,up,down (peft); gradient checkpointing on every layer (non-reentrant); batch 1; AdamW on the
 LoRA parameters; SDPA attention; labels = input_ids (random tokens). One warm-up step, then the median of 3.
 tokens/s = seq / median step time; peak = torch.cuda.max_memory_allocated over warm-up and steps (weights
-included, as in perf/TARGETS.md).
+included, as in the published targets).
 
 Setups: hf (HF + peft), liger (+ liger_kernel.transformers.apply_liger_kernel_to_qwen3: rope, rms_norm,
 swiglu, fused linear CE; reported as unavailable when it does not import), hearth (+ hearth.patch.apply),
 and, only when asked for, hearth_attn (hearth + patch.apply(attention=True): hearth's attention kernel in
-place of SDPA; not the TARGETS.md setup, which fixes SDPA attention).
+place of SDPA; not the published-target setup, which fixes SDPA attention).
 Every (setup, seq) runs in its own child process: Liger and hearth patch modeling_qwen3 process-wide, so
 isolation keeps the setups honest, and each child returns all of its GPU memory when it exits.
 --checkpointing auto (hearth setups only) lets hearth.train.finetune.plan_checkpointing pick none / selective /
@@ -21,7 +21,7 @@ full for --memory-budget-gib (default 0.9 x the GPU) and records its choice.
 
 Rows (JSONL, appended to --out): case, setup, seq, layers, status (ok / unavailable / oom / error),
 step_s (median), steps_s, tok_per_s, peak_gib, weights_gib, build_s, target + meets_target for hearth,
-gpu, versions, date, command. Targets (perf/TARGETS.md): seq 4096 >= 4750 tok/s at <= 31.5 GiB,
+gpu, versions, date, command. Targets: seq 4096 >= 4750 tok/s at <= 31.5 GiB,
 seq 16384 >= 4200 tok/s at <= 41 GiB. Needs no pydantic. Total runtime < 8 minutes on an H200.
 """
 
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=40, help="fewer layers for a quick check (targets need 40)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up (median reported)")
     parser.add_argument("--checkpointing", choices=("full", "auto"), default="full",
-                        help="full (the TARGETS.md setup) or auto (hearth picks for the memory budget)")
+                        help="full (the published-target setup) or auto (hearth picks for the memory budget)")
     parser.add_argument("--memory-budget-gib", type=float, default=None)
     parser.add_argument("--child-timeout-s", type=int, default=240)
     parser.add_argument("--plot", default=None, help="also write a PNG of tok/s and peak memory")

@@ -24,7 +24,7 @@ def bench(
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bfloat16, float16, float32 (repeatable)")] = None,
     mode: Annotated[Optional[list[str]], typer.Option("--mode", help="fwd, bwd or full (repeatable)")] = None,
     providers: Annotated[Optional[list[str]], typer.Option("--providers", help="hearth, eager, compile, liger, quack, vendor, cublas, sdpa_flash, sdpa_cudnn, torch_lce (repeatable)")] = None,
-    sizes: Annotated[Optional[str], typer.Option("--sizes", help="headline (TARGETS.md shapes; default) | models (real model configs' shapes, named by model) | sweep | small | a comma list of the op's size knob")] = None,
+    sizes: Annotated[Optional[str], typer.Option("--sizes", help="headline (the published target shapes; default) | models (real model configs' shapes, named by model) | sweep | small | a comma list of the op's size knob")] = None,
     out: Annotated[Path, typer.Option("--out", help="output folder for results.jsonl, Markdown and PNG (rows are merged into an existing results.jsonl)")] = Path("benchmarks/latest"),
     check: Annotated[bool, typer.Option("--check", help="tiny sizes on the CPU under TRITON_INTERPRET=1: validates checks, formulas and writers")] = False,
     report_only: Annotated[bool, typer.Option("--report-only", help="run nothing: rebuild the reports from OUT/results.jsonl (+ --merge folders)")] = False,

@@ -154,7 +154,7 @@ def test_liger_refuses_long_softmax_rows():
 
 # ----------------------------------------------------------------------------- formulas
 def test_softmax_bytes_give_the_anchor_gbps():
-    # TARGETS.md: eager softmax fwd bf16 16384x8192 took 0.5067 ms = 1059.6 GB/s (read x + write y)
+    # H200 anchor run: eager softmax fwd bf16 16384x8192 took 0.5067 ms = 1059.6 GB/s (read x + write y)
     work = cases.SPECS["softmax"].work(dict(M=16384, N=8192), 2, "fwd")
     assert work == 2 * 16384 * 8192 * 2
     assert timing.throughput(work, 0.5067, "GB/s") == pytest.approx(1059.6, rel=1e-3)
@@ -169,7 +169,7 @@ def test_hand_example_gbps_and_sol():
 
 
 def test_flop_formulas_match_targets_floors():
-    # TARGETS.md floors at 790 TFLOP/s: linear CE 33.4 ms, frozen W 32.3 ms, SwiGLU MLP 10.96 ms
+    # the published floors at 790 TFLOP/s: linear CE 33.4 ms, frozen W 32.3 ms, SwiGLU MLP 10.96 ms
     lce = cases.SPECS["linear_cross_entropy"].work
     assert lce(dict(N=8192, H=4096, V=131072), 2, "full") / 790e12 * 1e3 == pytest.approx(33.4, rel=2e-3)
     assert lce(dict(N=8192, H=5120, V=151936, frozen=1), 2, "full") / 790e12 * 1e3 == pytest.approx(32.3, rel=2e-3)

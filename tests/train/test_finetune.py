@@ -1,6 +1,6 @@
 """hearth.train.finetune + `hearth train`: LoRA SFT of a tiny random Qwen3 on a corpus built by
 hearth.train.corpus with the in-test tokenizer (CPU, TRITON_INTERPRET=1, few steps), and the
-checkpointing planner against the measured H200 anchors in perf/TARGETS.md."""
+checkpointing planner against measured H200 peaks (the anchor runs and this repo's e2e rows)."""
 
 from __future__ import annotations
 

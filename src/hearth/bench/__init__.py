@@ -1,6 +1,6 @@
 """hearth.bench: the benchmark harness (fused against fused, time AND memory).
 
-    hearth bench                                # headline shapes (TARGETS.md), every op and provider, CUDA
+    hearth bench                                # headline shapes (the published targets), every op and provider, CUDA
     hearth bench softmax --sizes sweep          # growth curves; or --sizes 1024,4096 for the op's size knob
     hearth bench --check                        # CPU self-test under TRITON_INTERPRET=1 (CI)
     hearth bench --report-only --out D --merge D1 --merge D2   # one report from several runs

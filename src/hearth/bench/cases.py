@@ -535,7 +535,7 @@ def _shrink(op: str, s: dict) -> dict:
 def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) -> list[tuple[dict, str]]:
     """(size, mode) pairs for `spec` under a size preset.
 
-    sizes: "headline" (the TARGETS.md shapes with their modes), "models" (MODEL_CASES: shapes of
+    sizes: "headline" (the published target shapes with their modes), "models" (MODEL_CASES: shapes of
     real model configs, each size carrying its "name"), "sweep", "small", or a comma list of
     integers for the op's knob (spec.explicit builds the size). check=True uses the tiny
     CPU-interpreter sizes (for "models": the first two model cases scaled down). modes filters (default: the preset's modes;

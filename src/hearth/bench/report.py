@@ -178,7 +178,7 @@ def summary_markdown(rows: list[dict]) -> str:
     head = {k: v for k, v in groups.items() if any(r.get("headline") for r in v)}
     if head:
         provs = _providers_in([r for v in head.values() for r in v])
-        lines += ["## Headline (the TARGETS.md shapes)", "",
+        lines += ["## Headline (the published target shapes)", "",
                   "| op | case | dtype | mode | " + " | ".join(provs) + " | SOL floor | verdict |", "|" + "---|" * (len(provs) + 6)]
         for key, cr in sorted(head.items(), key=lambda kv: (kv[0][0], _sort_key(kv[1]))):
             by = {r["provider"]: r for r in cr}
