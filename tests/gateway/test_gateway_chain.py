@@ -251,3 +251,25 @@ def test_retry_after_seconds_and_http_date():
     assert parse_retry_after("-3", now) == 0.0
     assert parse_retry_after(formatdate(now + 120, usegmt=True), now) == 120.0
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+
+
+def test_logs_and_breaker_reason_never_carry_upstream_text(caplog):
+    """An upstream error body or an unusable reply can quote the model, and the model quotes the user: the
+    gateway's logs and the breaker's reason (/v1/providers) name the failure's class and label only."""
+    secret = "USER-SECRET-7731"
+
+    async def main():
+        script = [Behavior.status(500, body=f"boom {secret}"), Behavior.reply(f"Sure! {secret}")]
+        async with FakeOpenAI(script) as a, FakeOpenAI(GOOD) as b:
+            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=2, cooldown_s=30)
+            async with Chain(cfg) as chain:
+                for _ in range(2):
+                    await chain.complete(MESSAGES, kind="chat")
+                return (await chain.status())[0]
+
+    with caplog.at_level("DEBUG", logger="hearth.gateway"):
+        state = asyncio.run(main())
+    assert state["state"] == "open" and "InvalidEnvelope(invalid_envelope)" in state["why"], state
+    assert secret not in json.dumps(state)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "UpstreamStatus(status_500)" in logged and secret not in logged

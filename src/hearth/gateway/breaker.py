@@ -18,7 +18,7 @@ The state lives in a StateStore (hearth.gateway.state): this process by default,
 
 from __future__ import annotations
 
-from hearth.gateway.errors import Cooldown, ProviderError, UpstreamStatus
+from hearth.gateway.errors import Cooldown, ProviderError, UpstreamStatus, for_log
 from hearth.gateway.state import BreakerSnapshot, StateStore
 
 
@@ -68,7 +68,7 @@ class Breaker:
             why = f"Retry-After {error.retry_after:g} s (HTTP {error.status})"
         else:
             why = f"{self.threshold} consecutive failures" if not trial else "the half-open trial failed"
-            why += f", last: {error}"
+            why += f", last: {for_log(error)}"
         return await self.store.failure(self.name, threshold=self.threshold, cooldown_s=self.cooldown_s, open_s=open_s,
                                         why=why, status=status, trial=trial)
 

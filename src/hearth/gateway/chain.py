@@ -46,7 +46,7 @@ from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
     AllProvidersFailed, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, InvalidResponse, ProviderError,
-    StreamInterrupted, Timeout, label,
+    StreamInterrupted, Timeout, for_log, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
@@ -244,9 +244,9 @@ class Chain:
             await self.gates[name].invalidate()
         if await self.breakers[name].failure(error, a.trial):
             self.metrics.breaker_open.labels(name).set(1)
-            log.warning("provider %s cooling down: %s", name, error,
+            log.warning("provider %s cooling down: %s", name, for_log(error),
                         extra={"request_id": request_id, "provider": name})
-        log.info("attempt failed: %s", error, extra={"request_id": request_id, "provider": name, "error": lab})
+        log.info("attempt failed: %s", for_log(error), extra={"request_id": request_id, "provider": name, "error": lab})
 
     async def _attempt_failed(self, a: _Attempt, error: ProviderError, request_id: str | None,
                               errors: list[ProviderError], attempts: list, *, fell_back: bool) -> None:

@@ -163,3 +163,9 @@ class AllProvidersFailed(ExceptionGroup, GatewayError):
 def label(error: ProviderError) -> str:
     """Metric / attempt label of an error: 'timeout_first_token', 'status_429', 'cooldown', ..."""
     return getattr(error, "label", error.outcome)
+
+
+def for_log(error: ProviderError) -> str:
+    """What logs and the breaker's reason say about a failure: its class and label, never its text. An upstream
+    error body or an invalid envelope can quote the model's reply, which can quote what the user wrote."""
+    return f"{type(error).__name__}({label(error)})"
