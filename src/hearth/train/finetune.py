@@ -20,6 +20,9 @@ save_every, checkpoints/step-NNNNNN/ (adapter, optimizer, scheduler, RNG state, 
 CKPT (a checkpoint folder, or OUT to take its latest) continues a run exactly: the losses of a resumed run
 equal the uninterrupted run's.
 
+Several processes: `torchrun --nproc-per-node N -m hearth.cli train RUN.toml --parallel ddp|fsdp` (PyTorch DDP or
+FSDP2; the same optimizer steps as one process; rank 0 writes; hearth.train.distributed).
+
 Exit codes: 0 done, 2 bad arguments (the message names the argument), 1 a runtime failure (a budget the
 model cannot fit, a non-finite loss, out of memory).
 
