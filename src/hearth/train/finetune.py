@@ -528,6 +528,10 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
                  "parallel": d.mode, "world_size": d.world}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        if final.exists():  # a resume from an earlier checkpoint replays this step: its new state replaces the old
+            import shutil
+
+            shutil.rmtree(final)
         tmp.rename(final)  # a checkpoint folder exists only once it is complete
     D.barrier(d)
     return final
