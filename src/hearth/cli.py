@@ -155,6 +155,7 @@ def train(
     no_patch: Annotated[bool, typer.Option("--no-patch", help="train without hearth's kernels (plain transformers)")] = False,
     random_init: Annotated[Optional[bool], typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = None,
     qlora: Annotated[Optional[bool], typer.Option("--qlora", help="4-bit NF4 base (bitsandbytes) under the LoRA adapters")] = None,
+    parallel: Annotated[Optional[str], typer.Option("--parallel", help="none, ddp or fsdp; ddp / fsdp under torchrun --nproc-per-node N -m hearth.cli train [none]")] = None,
 ) -> None:
     """LoRA / QLoRA fine-tune on the envelope corpus with hearth's kernels patched in (docs/training.md)."""
     from hearth.train.finetune import main
@@ -166,7 +167,7 @@ def train(
                           grad_accum=grad_accum, pack=pack, eval_corpus=eval_corpus, eval_fraction=eval_fraction,
                           eval_every=eval_every, save_every=save_every, resume=resume,
                           memory_budget_gib=memory_budget_gib, patch=False if no_patch else None,
-                          random_init=random_init, qlora=qlora))
+                          random_init=random_init, qlora=qlora, parallel=parallel))
 
 
 @app.command()

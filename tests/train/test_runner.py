@@ -259,6 +259,15 @@ def test_eval_split_metrics_plot_checkpoints_and_an_exact_resume(tmp_path, corpu
         finetune.train_model(cfg(corpus, base, tmp_path / "x", resume=tmp_path / "cut", **{**kw, "seed": 1}))
 
 
+def test_resuming_an_earlier_checkpoint_in_the_same_folder_replaces_the_later_ones(tmp_path, corpus, base):
+    kw = dict(max_steps=3, save_every=1, batch_tokens=1024)
+    _, full = finetune.train_model(cfg(corpus, base, tmp_path / "r", **kw))
+    _, again = finetune.train_model(cfg(corpus, base, tmp_path / "r", resume=tmp_path / "r" / "checkpoints" / "step-000001",
+                                        **kw))
+    assert again["loss"] == full["loss"]  # steps 1 (kept) + 2, 3 replayed exactly
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+
+
 # ------------------------------------------------------------------------------------------- 8: refusals, exits
 def test_a_budget_below_the_weights_is_refused_naming_qlora(tmp_path, corpus, base):
     result = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--model", str(base), "--out", str(tmp_path / "o"),

@@ -20,6 +20,9 @@ save_every, checkpoints/step-NNNNNN/ (adapter, optimizer, scheduler, RNG state, 
 CKPT (a checkpoint folder, or OUT to take its latest) continues a run exactly: the losses of a resumed run
 equal the uninterrupted run's.
 
+Several processes: `torchrun --nproc-per-node N -m hearth.cli train RUN.toml --parallel ddp|fsdp` (PyTorch DDP or
+FSDP2; the same optimizer steps as one process; rank 0 writes; hearth.train.distributed).
+
 Exit codes: 0 done, 2 bad arguments (the message names the argument), 1 a runtime failure (a budget the
 model cannot fit, a non-finite loss, out of memory).
 
@@ -28,6 +31,7 @@ This module does not import pydantic (scripts/gpu/lora_e2e.py shares it on machi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -36,7 +40,9 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from hearth.train import distributed as D
 from hearth.train.batches import Example, collate, load_examples, plan_epoch, split_eval
+from hearth.train.distributed import PARALLEL
 
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -86,6 +92,7 @@ class FinetuneConfig:
     patch: bool = True
     random_init: bool = False
     qlora: bool = False
+    parallel: str = "none"  # none, ddp or fsdp (under torchrun; hearth.train.distributed)
 
     def __post_init__(self) -> None:
         for name in ("corpus", "model", "out", "eval_corpus", "resume"):
@@ -126,6 +133,10 @@ class FinetuneConfig:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
         if self.eval_corpus is not None and self.eval_fraction > 0:
             raise ValueError("eval_corpus and eval_fraction: give one of them, not both")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
+        if self.parallel != "none" and self.qlora:
+            raise ValueError("parallel: ddp / fsdp with qlora is not supported yet (a 4-bit base cannot be sharded here)")
         if self.lr_schedule not in SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
         if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
@@ -489,29 +500,47 @@ def find_checkpoint(path: Path) -> Path:
     return found[-1].parent
 
 
-def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg) -> Path:
+def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
+                    dist: D.Dist | None = None) -> Path:
+    """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
     import torch
 
+    d = dist or D.Dist()
     final = out / "checkpoints" / f"step-{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
+    if d.main and tmp.exists():
         import shutil
 
         shutil.rmtree(tmp)
-    model.save_pretrained(str(tmp))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save({"cpu": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
-    state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict()}
-    (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    tmp.rename(final)  # a checkpoint folder exists only once it is complete
+    D.barrier(d)
+    D.save_adapter(model, d, tmp)
+    D.barrier(d)
+    if d.mode == "fsdp":
+        torch.save(optimizer.state_dict(), tmp / f"optimizer-rank-{d.rank}.pt")
+    elif d.main:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if d.main:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save({"cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
+    D.barrier(d)
+    if d.main:
+        state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
+                 "parallel": d.mode, "world_size": d.world}
+        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        if final.exists():  # a resume from an earlier checkpoint replays this step: its new state replaces the old
+            import shutil
+
+            shutil.rmtree(final)
+        tmp.rename(final)  # a checkpoint folder exists only once it is complete
+    D.barrier(d)
     return final
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg) -> dict:
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None) -> dict:
+    """The adapter always (any rank count or mode); AdamW's state when this layout can read it (state["optimizer"]
+    says whether it was restored or restarted)."""
     import torch
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     state = json.loads((path / "state.json").read_text(encoding="utf-8"))
@@ -521,9 +550,21 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg) -> dict:
         k = changed[0]
         raise ValueError(f"resume: {path} was made with {k}={state['config'].get(k)!r}, this run has {k}={mine.get(k)!r} "
                          "(a resumed run must see the same data, model and schedule)")
+    d = dist or D.Dist()
     device = next(p.device for p in model.parameters() if p.requires_grad)
-    set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location=device))
+    D.load_adapter(model, d, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
+    saved_mode, saved_world = state.get("parallel", "none"), state.get("world_size", 1)
+    if d.mode == "fsdp":
+        shard = path / f"optimizer-rank-{d.rank}.pt"
+        usable = saved_mode == "fsdp" and saved_world == d.world and shard.is_file()
+    else:
+        shard = path / "optimizer.pt"
+        usable = saved_mode != "fsdp" and shard.is_file()
+    if usable:
+        optimizer.load_state_dict(torch.load(shard, weights_only=False if d.mode == "fsdp" else True,
+                                             map_location=device))
+    state["optimizer"] = "restored" if usable else (
+        f"restarted (saved by {saved_mode} on {saved_world} rank(s); this run is {d.mode} on {d.world})")
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
@@ -549,36 +590,50 @@ def _peak_gib(device) -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3)  # process peak RSS (Linux: KiB)
 
 
-def evaluate(model, examples: list[Example], cfg: FinetuneConfig, device) -> float:
-    """Token-weighted mean loss over ``examples`` (no dropout, no gradients)."""
+def evaluate(model, examples: list[Example], cfg: FinetuneConfig, device, dist: D.Dist | None = None) -> float:
+    """Token-weighted mean loss over ``examples`` (no dropout, no gradients); under ddp / fsdp the micro-batches
+    are shared among the ranks (every rank calls it)."""
     import torch
 
     from hearth.train.batches import micro_batches
 
+    d = dist or D.Dist()
     was_training = model.training
     model.eval()
     total = weight = 0.0
     with torch.no_grad():
-        for mb in micro_batches(examples, list(range(len(examples))), cfg.micro_tokens, cfg.pack):
+        mbs = micro_batches(examples, list(range(len(examples))), cfg.micro_tokens, cfg.pack)
+        for mb, counts in D.my_micro_batches(mbs, d):
             batch = [examples[i] for i in mb]
-            n = sum(e.targets for e in batch)
+            n = sum(e.targets for e in batch) if counts else 0
             total += model(**collate(batch, pack=cfg.pack, device=device)).loss.float().item() * n
             weight += n
+    total, weight = D.all_sum([total, weight], d, device)
     if was_training:
         model.train()
     return total / weight
 
 
 def train_model(cfg: FinetuneConfig, *, console=None):
-    """As run(), returning (the trained peft model, metrics)."""
-    import torch
+    """As run(), returning (the trained peft model, metrics). Under ddp / fsdp every rank returns; only rank 0's
+    metrics are the full dict (the others get their losses)."""
     from rich.console import Console
+
+    console = console or Console()
+    cfg.check()
+    dist = D.setup(cfg.parallel)
+    try:
+        return _train(cfg, dist, console if dist.main else Console(quiet=True))
+    finally:
+        D.teardown(dist)
+
+
+def _train(cfg: FinetuneConfig, dist: D.Dist, console):
+    import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from hearth import patch as hearth_patch
 
-    console = console or Console()
-    cfg.check()
     examples, data_stats = load_examples(cfg.corpus, cfg.seq_len)
     for rej in data_stats["rejected"]:
         source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
@@ -592,7 +647,7 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     steps = step_plan(train, cfg)
     resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = dist.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
@@ -603,8 +658,9 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     if budget is None and device.type == "cuda":
         budget = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB
     sizes = weight_bytes(config, dtype=dtype, targets=cfg.targets, rank=cfg.rank)
-    refuse_over_budget(sizes["weights_4bit" if cfg.qlora else "weights"], sizes["lora_fp32"], budget, qlora=cfg.qlora,
-                       qlora_weights_bytes=sizes["weights_4bit"])
+    shards = dist.world if dist.mode == "fsdp" else 1  # FSDP keeps 1/world of the weights and LoRA state per rank
+    refuse_over_budget(sizes["weights_4bit" if cfg.qlora else "weights"] // shards, sizes["lora_fp32"] // shards, budget,
+                       qlora=cfg.qlora, qlora_weights_bytes=sizes["weights_4bit"])
 
     model = load_model(cfg.model, random_init=cfg.random_init, dtype=dtype, device=device, qlora=cfg.qlora,
                        config=config, seed=cfg.seed)
@@ -626,38 +682,50 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     el = torch.finfo(dtype).bits // 8
     widest = max(sum(len(train[i]) for i in mb) if cfg.pack else max(len(train[i]) for i in mb) * len(mb)
                  for _, _, mbs in steps for mb in mbs)  # tokens in the largest micro-batch, padding included
+    weights_total = sum(_stored_bytes(p) for p in model.parameters())
     plan = plan_checkpointing(
-        model.config, widest, weights_bytes=sum(_stored_bytes(p) for p in model.parameters()),
-        trainable_bytes=sum(p.numel() * 4 for p in trainable), bytes_per_el=el, budget_gib=budget,
+        model.config, widest, weights_bytes=weights_total // shards,
+        trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
         patched=bool(report and report.count("loss")))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
     console.print(f"[bold]checkpointing[/bold]: {plan.reason}")
     model.train()
+    module = D.wrap(model, dist, dtype=dtype)  # the model itself, DDP around it, or the model sharded in place
+    trainable = [p for p in model.parameters() if p.requires_grad]  # FSDP replaced them with DTensor shards
+    if dist.active:
+        console.print(f"[bold]parallel[/bold]: {dist.mode} on {dist.world} rank(s), {device.type} "
+                      f"({'nccl' if device.type == 'cuda' else 'gloo'})")
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = len(steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total=total, warmup=cfg.warmup_steps, schedule=cfg.lr_schedule))
     start_step = 0
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
+    optimizer_resume = None
     log_path = cfg.out / "metrics.jsonl"
+    if dist.main:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
     rows: list[dict] = []
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg)
-        start_step = state["step"]
+        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist)
+        start_step, optimizer_resume = state["step"], state["optimizer"]
         if log_path.is_file():
             rows = [r for r in map(json.loads, log_path.read_text(encoding="utf-8").splitlines()) if r["step"] <= start_step]
-        console.print(f"resumed from {resume_from} at step {start_step} (epoch {state['epoch']})")
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        console.print(f"resumed from {resume_from} at step {start_step} (epoch {state['epoch']}); AdamW state {optimizer_resume}")
+    D.barrier(dist)  # every rank has read metrics.jsonl before rank 0 rewrites it
+    log = None
+    if dist.main:
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        log = log_path.open("a", encoding="utf-8")
     build_s = time.perf_counter() - t0
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
                TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress, log_path.open("a", encoding="utf-8") as log:
+    with Progress(*columns, console=console, transient=False) as progress, (log or contextlib.nullcontext()):
         task = progress.add_task("train", total=total, completed=start_step, status="")
         for step in range(start_step, total):
             epoch, in_epoch, mbs = steps[step]
@@ -666,13 +734,17 @@ def train_model(cfg: FinetuneConfig, *, console=None):
             lr = scheduler.get_last_lr()[0]
             start = time.perf_counter()
             value = 0.0
-            for mb in mbs:
+            mine = D.my_micro_batches(mbs, dist)  # all of them in one process
+            for k, (mb, counts) in enumerate(mine):
                 batch = [train[i] for i in mb]
-                share = sum(e.targets for e in batch) / targets
-                loss = model(**collate(batch, pack=cfg.pack, device=device)).loss
-                (loss * share).backward()
+                share = sum(e.targets for e in batch) / targets if counts else 0.0
+                with D.sync_context(module, dist, last=k == len(mine) - 1):
+                    loss = module(**collate(batch, pack=cfg.pack, device=device)).loss
+                    # x world: DDP and FSDP average the ranks' gradients; the step needs their sum
+                    (loss * (share * dist.world)).backward()
                 value += loss.item() * share  # .item() also synchronises, so the step time is real
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
+            value = D.all_sum([value], dist, device)[0]
+            grad_norm = D.grad_norm_value(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -683,18 +755,28 @@ def train_model(cfg: FinetuneConfig, *, console=None):
             row = {"step": done, "epoch": epoch, "loss": value, "eval_loss": None, "lr": lr, "grad_norm": grad_norm,
                    "tokens": tokens, "step_s": round(elapsed, 4), "tok_per_s": round(tokens / elapsed, 1),
                    "peak_gib": _peak_gib(device)}
+            if dist.active:
+                row["peak_gib"] = D.all_max(row["peak_gib"], dist, device)  # the fullest rank
+                row["tok_per_s_per_rank"] = round(row["tok_per_s"] / dist.world, 1)
             if held and ((cfg.eval_every and done % cfg.eval_every == 0) or done == total):
-                row["eval_loss"] = evaluate(model, held, cfg, device)
-            log.write(json.dumps(row) + "\n")
-            log.flush()
+                row["eval_loss"] = evaluate(module, held, cfg, device, dist)
+            if log is not None:
+                log.write(json.dumps(row) + "\n")
+                log.flush()
             rows.append(row)
             if cfg.save_every and done % cfg.save_every == 0 and done < total:
                 save_checkpoint(cfg.out, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
-                                position=(epoch, in_epoch + 1), cfg=cfg)
+                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist)
             progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
                             + (f"  eval {row['eval_loss']:.4f}" if row["eval_loss"] is not None else ""))
 
-    model.save_pretrained(str(cfg.out))
+    D.save_adapter(model, dist, cfg.out)
+    peak = _peak_gib(device)
+    if dist.active:
+        peak = D.all_max(peak, dist, device)
+        D.barrier(dist)
+    if not dist.main:
+        return model, {"loss": [r["loss"] for r in rows], "rank": dist.rank}
     plot_losses(rows, cfg.out / "loss.png")
     timed = [r for r in rows if r["step"] > start_step + 1] or rows[-1:]  # the first step warms up kernels / allocator
     metrics = {
@@ -710,6 +792,10 @@ def train_model(cfg: FinetuneConfig, *, console=None):
         "weights_gib": round(sum(_stored_bytes(p) for p in model.parameters() if not p.requires_grad) / GIB, 4),
         "trainable_params": sum(p.numel() for p in trainable),
         "resumed_from": str(resume_from) if resume_from else None,
+        "optimizer_resume": optimizer_resume,
+        "parallel": {"mode": dist.mode, "world_size": dist.world,
+                     "backend": None if not dist.active else "nccl" if device.type == "cuda" else "gloo",
+                     "mixed_precision": "bf16 params, fp32 reduce" if dist.mode == "fsdp" and device.type == "cuda" else None},
         "build_s": round(build_s, 2),
         "steps": len(rows),
         "loss": [r["loss"] for r in rows],
@@ -717,9 +803,11 @@ def train_model(cfg: FinetuneConfig, *, console=None):
         "step_s": [r["step_s"] for r in rows],
         "tokens_per_s": round(sum(r["tokens"] for r in timed) / sum(r["step_s"] for r in timed), 1) if timed else None,
         "median_step_s": round(statistics.median(r["step_s"] for r in timed), 4) if timed else None,
-        "peak_gib": _peak_gib(device) if device.type == "cuda" else None,
-        "peak_rss_gib": _peak_gib(device) if device.type == "cpu" else None,
+        "peak_gib": peak if device.type == "cuda" else None,
+        "peak_rss_gib": peak if device.type == "cpu" else None,
     }
+    if dist.active and metrics["tokens_per_s"] is not None:
+        metrics["tokens_per_s_per_rank"] = round(metrics["tokens_per_s"] / dist.world, 1)
     tmp = cfg.out / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     tmp.replace(cfg.out / "metrics.json")

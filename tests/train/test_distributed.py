@@ -1,0 +1,140 @@
+"""`hearth train` on two processes (torchrun, gloo, loopback) with parallel = ddp and fsdp: the same losses and
+adapter as one process on the same global batch; rank 0 alone writes; the gathered adapter checkpoint resumes
+in one process. Tiny random Qwen3 on the CPU, plain transformers.
+
+Tolerance: rel 1e-5 on losses (and atol 1e-5 on the adapter). Both sides compute in fp32; what differs is the
+order of the gradient sums (two ranks' partial sums all-reduced, or FSDP's reduce-scatter, against one running
+sum over the micro-batches), about one fp32 ulp (6e-8 relative) per step; three AdamW steps at lr 1e-2 keep
+that far below 1e-5. A wrong sharding (a micro-batch dropped or counted twice, the ranks' mean taken where the
+sum is due, a missing x world) moves the losses by 1e-3 or more from the first or second step on."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hearth.train import distributed as D
+from hearth.train import finetune
+from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+ROOT = Path(__file__).resolve().parents[2]
+# grad_accum 3: two ranks take 2 and 1 micro-batches of each step (the second also runs a zero-weight pass)
+RUN = dict(rank=4, alpha=8.0, lr=1e-2, seq_len=512, patch=False, max_steps=3, batch_tokens=512, grad_accum=3,
+           eval_fraction=0.25, eval_every=2, save_every=2, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    d = tmp_path_factory.mktemp("dist")
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer(d / "tok")), local_files_only=True)
+    corpus = write_corpus(d / "train.jsonl", tok, range(12))
+    base = save_tiny_model(d / "model", len(tok))
+    run_toml = d / "run.toml"
+    run_toml.write_text(f'corpus = "{corpus}"\nmodel = "{base}"\n'
+                        + "".join(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
+                                  for k, v in RUN.items()))
+    return d, corpus, base, run_toml
+
+
+@pytest.fixture(scope="module")
+def single(files):
+    d, corpus, base, _ = files
+    _, metrics = finetune.train_model(finetune.FinetuneConfig(corpus=corpus, model=base, out=d / "one", **RUN))
+    return metrics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(run_toml: Path, out: Path, parallel: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "hearth.cli", "train", str(run_toml), "--out", str(out),
+           "--parallel", parallel, *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=out.parent)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_gloo_ranks_train_like_one_process(files, single, parallel):
+    d, _, base, run_toml = files
+    out = d / parallel
+    proc = torchrun(run_toml, out, parallel)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["parallel"] == {"mode": parallel, "world_size": 2, "backend": "gloo", "mixed_precision": None}
+    assert len(single["loss"]) == 3 and single["loss"][-1] < single["loss"][0]
+    assert metrics["loss"] == pytest.approx(single["loss"], rel=1e-5)
+    assert [r["eval_loss"] for r in metrics["eval_loss"]] == pytest.approx(
+        [r["eval_loss"] for r in single["eval_loss"]], rel=1e-5)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # one writer: rank 0
+    assert [r["tokens"] for r in rows] == [r["tokens"] for r in
+                                           map(json.loads, (d / "one" / "metrics.jsonl").read_text().splitlines())]
+    assert "parallel: " + parallel + " on 2 rank(s), cpu (gloo)" in " ".join(proc.stdout.split())
+
+    # the adapter is peft's format, whole (FSDP's shards gathered), equal to the one-process adapter
+    from safetensors.torch import load_file
+
+    mine, ref = (load_file(str(p / "adapter_model.safetensors")) for p in (out, d / "one"))
+    assert mine.keys() == ref.keys() and mine
+    for k in ref:
+        torch.testing.assert_close(mine[k], ref[k], rtol=1e-4, atol=1e-5)
+    ckpt = out / "checkpoints" / "step-000002"
+    names = {p.name for p in ckpt.iterdir()}
+    assert names >= {"adapter_model.safetensors", "adapter_config.json", "scheduler.pt", "state.json"}
+    assert names >= ({"optimizer-rank-0.pt", "optimizer-rank-1.pt"} if parallel == "fsdp" else {"optimizer.pt"})
+
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(str(base)), str(ckpt))
+    assert sum(p.abs().sum().item() for n, p in model.named_parameters() if "lora_B" in n) > 0  # trained, loaded
+
+    # one process resumes the 2-rank checkpoint: its step 3 starts from the step-2 adapter, so its loss is the
+    # one-process run's step-3 loss; AdamW's state is carried over from DDP, restarted from FSDP's shards
+    _, resumed = finetune.train_model(finetune.FinetuneConfig(corpus=files[1], model=base, out=d / f"resume-{parallel}",
+                                                              resume=ckpt, **RUN))
+    assert resumed["loss"][0] == pytest.approx(single["loss"][2], rel=1e-5)
+    assert resumed["optimizer_resume"] == ("restored" if parallel == "ddp" else
+                                           "restarted (saved by fsdp on 2 rank(s); this run is none on 1)")
+    if parallel == "ddp":  # the whole state came back: the run ends where the uninterrupted one did
+        assert resumed["eval_loss"][-1]["eval_loss"] == pytest.approx(single["eval_loss"][-1]["eval_loss"], rel=1e-5)
+
+
+def test_micro_batches_are_dealt_round_robin_and_padded():
+    mbs = [[0], [1, 2], [3], [4]]
+    two = [D.my_micro_batches(mbs[:3], D.Dist("ddp", r, 2)) for r in range(2)]
+    assert two == [[([0], True), ([3], True)], [([1, 2], True), ([0], False)]]
+    assert D.my_micro_batches(mbs, D.Dist()) == [(mb, True) for mb in mbs]
+    assert D.my_micro_batches(mbs[:1], D.Dist("fsdp", 1, 2)) == [([0], False)]
+
+
+def test_launch_mismatches_are_refused_naming_parallel(monkeypatch, files):
+    d, corpus, base, _ = files
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = finetune.FinetuneConfig(corpus=corpus, model=base, out=d / "x", **{**RUN, "parallel": "fsdp"})
+    with pytest.raises(ValueError, match="parallel: 'fsdp' needs a torchrun launch"):
+        finetune.train_model(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg.parallel = "none"
+    with pytest.raises(ValueError, match="parallel: this process is one of 2 started by torchrun"):
+        finetune.train_model(cfg)
+    cfg.parallel = "zero3"
+    with pytest.raises(ValueError, match="parallel must be one of none, ddp, fsdp"):
+        cfg.check()
+    assert not (d / "x").exists()
