@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
@@ -14,8 +13,7 @@ from hearth.app import companions as svc
 from hearth.app import simulation
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.routes._util import SSE_HEADERS, IdParam, sse
-from hearth.app.streamtext import MessageStream
+from hearth.app.routes._util import SSE_HEADERS, IdParam, reply_events, sse
 
 router = APIRouter(prefix="/companions")
 log = logging.getLogger("hearth.app.chat")
@@ -46,19 +44,11 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
         async with state.db.sessions() as db:
             ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns)
             messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories)
-            result = None
-            if hasattr(state.model, "stream"):
-                preview = MessageStream()
-                async for ev in state.model.stream(messages, kind="chat", deadline_s=s.reply_deadline_s,
-                                                   request_id=uuid.uuid4().hex):
-                    if hasattr(ev, "result"):
-                        result = ev.result
-                    elif piece := preview.feed(ev.text):
-                        yield sse("delta", {"text": piece})
-            else:
-                result = await state.model.complete(messages, kind="chat", deadline_s=s.reply_deadline_s)
-            if result is None:
-                raise RuntimeError("stream ended without a result")
+            async for what, value in reply_events(state.model, messages, deadline_s=s.reply_deadline_s):
+                if what == "delta":
+                    yield sse("delta", {"text": value})
+                else:
+                    result = value
             turn = await svc.save_turn(db, viewer.cipher, ctx, text, result.envelope, getattr(result, "provider", None))
         yield sse("done", _turn_json(turn))
     except ModelUnavailable:

@@ -4,7 +4,6 @@ and rehearsals (their own thread: leaving for the companion and coming back resu
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
@@ -14,10 +13,9 @@ from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
 from hearth.app.common import clean_text
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.streamtext import MessageStream
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, sse
+from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse
 
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
@@ -135,20 +133,11 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
         async with state.db.sessions() as db:
             view, shared, messages = await svc.rehearsal_context(db, viewer.cipher, rehearsal_id, text,
                                                                  turns=s.chat_context_turns)
-        result = None
-        if hasattr(model, "stream"):
-            preview = MessageStream()
-            async for ev in model.stream(messages, kind="chat", deadline_s=s.reply_deadline_s,
-                                         request_id=uuid.uuid4().hex):
-                if hasattr(ev, "result"):
-                    result = ev.result
-                elif piece := preview.feed(ev.text):
-                    yield sse("delta", {"text": piece})
-        else:
-            result = await model.complete(messages, kind="chat", deadline_s=s.reply_deadline_s,
-                                          request_id=uuid.uuid4().hex)
-        if result is None:
-            raise RuntimeError("stream ended without a result")
+        async for what, value in reply_events(model, messages, deadline_s=s.reply_deadline_s):
+            if what == "delta":
+                yield sse("delta", {"text": value})
+            else:
+                result = value
         reply = result.envelope.message
         yield sse("reply", {"message": reply})
         results = []
