@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.main import create_app
 from hearth.app.settings import load_settings
+from hearth.app.storage import create_database, upgrade
 from tests.app.app_fakes import FakeModel
 
 PG_ENV = "HEARTH_TEST_POSTGRES_URL"
@@ -47,6 +48,17 @@ def pg_base_url() -> str | None:
             pytest.fail(f"{PG_ENV} is not set under CI=true: the PostgreSQL storage tests must run in CI")
         pytest.skip(f"{PG_ENV} not set (start a PostgreSQL server the way .ci/run does)")
     return url
+
+
+@pytest.fixture
+async def db(database_url):
+    """An upgraded database (SQLite, and PostgreSQL when available) for the storage-level tests."""
+    database = create_database(database_url)
+    await upgrade(database.engine)
+    try:
+        yield database
+    finally:
+        await database.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

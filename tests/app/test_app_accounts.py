@@ -8,22 +8,11 @@ import asyncio
 import pytest
 
 from hearth.app import throttle
-from hearth.app.storage import create_database, upgrade
 from hearth.app.throttle import Policy
 from tests.app.app_client import PASSWORD, csrf_of, login, signup
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def db(database_url):
-    database = create_database(database_url)
-    await upgrade(database.engine)
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 def test_policy_delays_double_after_the_free_attempts_up_to_the_cap():

@@ -17,21 +17,11 @@ from hearth import prompts
 from hearth.app import accounts, companions, crypto, feed, simulation
 from hearth.app.common import NotFound
 from hearth.app.keys import rotate_master_key
-from hearth.app.storage import create_database, upgrade
+from hearth.app.storage import upgrade
 from hearth.app.storage.models import Base, Companion, Memory, Message, Reading, RehearsalTurn, Session, User
 from tests.app.app_fakes import FakeModel
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def db(database_url):
-    database = create_database(database_url)
-    await upgrade(database.engine)
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 async def _user(db, master_key, name="alice"):
