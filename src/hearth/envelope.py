@@ -151,19 +151,15 @@ def kind_of(envelope: BaseModel) -> str:
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
-def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
-    """Top-level brace-balanced spans ``[start, end)`` in ``text``, and the start of an unterminated one.
-
-    Outside a span, everything is chatter (quotes there mean nothing); inside, JSON string literals
-    are honoured so a ``}`` inside ``"..."`` does not close the object. One linear pass.
+def scan_object(text: str, pos: int = 0, depth: int = 0, in_string: bool = False,
+                escaped: bool = False) -> tuple[int, int, bool, bool]:
+    """Walk ``text[pos:]`` through one JSON object, honouring string literals (a ``}`` inside ``"..."`` does not
+    close it). Start either at its ``{`` with depth 0, or with the state a previous call returned (a stream
+    scanned in pieces). Returns ``(end, depth, in_string, escaped)``: ``end`` is the index just past the brace
+    that closes the object, or -1 when the text ends first (the other three are then the state to resume with).
     """
-    spans: list[tuple[int, int]] = []
-    depth, start, in_string, escaped = 0, -1, False, False
-    for i, ch in enumerate(text):
-        if depth == 0:
-            if ch == "{":
-                depth, start = 1, i
-            continue
+    for i in range(pos, len(text)):
+        ch = text[i]
         if in_string:
             if escaped:
                 escaped = False
@@ -178,8 +174,25 @@ def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                spans.append((start, i + 1))
-    return spans, (start if depth > 0 else None)
+                return i + 1, 0, False, False
+    return -1, depth, in_string, escaped
+
+
+def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
+    """Top-level brace-balanced spans ``[start, end)`` in ``text``, and the start of an unterminated one.
+
+    Outside a span, everything is chatter (quotes there mean nothing); inside, JSON string literals
+    are honoured (scan_object). One linear pass.
+    """
+    spans: list[tuple[int, int]] = []
+    start = text.find("{")
+    while start >= 0:
+        end = scan_object(text, start)[0]
+        if end < 0:
+            return spans, start
+        spans.append((start, end))
+        start = text.find("{", end)
+    return spans, None
 
 
 def repair(text: str) -> str:

@@ -19,6 +19,8 @@ checks at the end that this text is what repair() makes of the whole reply, and 
 
 from __future__ import annotations
 
+from hearth.envelope import scan_object
+
 _OPEN, _CLOSE = "<think>", "</think>"
 
 
@@ -77,24 +79,9 @@ class EnvelopeFilter:
         return out
 
     def _scan(self, text: str) -> str:
-        depth, in_string, escaped = self._depth, self._in_string, self._escaped
-        for i, ch in enumerate(text):
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    self._state = "after"
-                    self._depth, self._in_string, self._escaped = 0, False, False
-                    return text[:i + 1]
-        self._depth, self._in_string, self._escaped = depth, in_string, escaped
-        return text
+        end, self._depth, self._in_string, self._escaped = scan_object(
+            text, 0, self._depth, self._in_string, self._escaped)
+        if end < 0:
+            return text
+        self._state = "after"
+        return text[:end]
