@@ -110,6 +110,43 @@ def _param_of(module: nn.Module) -> torch.Tensor | None:
     return next(module.parameters(), None)
 
 
+def _compute_like(module: nn.Module) -> torch.Tensor | None:
+    """An empty tensor in the dtype and on the device `module` computes in, for making probe inputs: its first
+    floating parameter, else a quantised Linear's compute_dtype (bitsandbytes keeps 4-bit weights packed in
+    uint8, which is no dtype to compute in). None when it has neither."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.new_empty(0)
+    for m in module.modules():
+        dtype, w = getattr(m, "compute_dtype", None), getattr(m, "weight", None)
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point and isinstance(w, torch.Tensor):
+            return torch.empty(0, dtype=dtype, device=w.device)
+    return None
+
+
+def _dequantized_twin(module: nn.Module) -> nn.Module:
+    """module itself, or (when it holds bitsandbytes 4-bit Linears) a copy whose quantised Linears are plain
+    nn.Linears holding the dequantised weights: the reference a 4-bit base is judged against (the packed
+    weights cannot be upcast, and bitsandbytes casts its input down to its compute dtype)."""
+    quantised = [n for n, m in module.named_modules() if getattr(getattr(m, "weight", None), "quant_state", None) is not None]
+    if not quantised:
+        return module
+    import copy
+
+    from bitsandbytes.functional import dequantize_4bit
+
+    twin = copy.deepcopy(module)
+    for name in quantised:
+        q = twin.get_submodule(name)
+        plain = nn.Linear(q.in_features, q.out_features, bias=q.bias is not None, device="meta")
+        plain.weight = nn.Parameter(dequantize_4bit(q.weight.data, q.weight.quant_state), requires_grad=False)
+        if q.bias is not None:
+            plain.bias = nn.Parameter(q.bias.detach(), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(twin.get_submodule(parent) if parent else twin, child, plain)
+    return twin
+
+
 def _high_precision(fn: Callable, inputs: tuple) -> Callable:
     """fn run with its module's floating parameters and buffers, and the inputs, upcast (fp32; fp64 for fp32)."""
     def wide(t):
@@ -118,6 +155,7 @@ def _high_precision(fn: Callable, inputs: tuple) -> Callable:
         return t.to(torch.float64 if t.dtype == torch.float32 else torch.float32)
 
     if isinstance(fn, nn.Module):
+        fn = _dequantized_twin(fn)
         state = {n: wide(t) for n, t in list(fn.named_parameters()) + list(fn.named_buffers())}
         return lambda: torch.func.functional_call(fn, state, tuple(wide(x) for x in inputs))
     return lambda: fn(*(wide(x) for x in inputs))
@@ -127,7 +165,10 @@ def _probe(kind: str, original: Callable, replacement: Callable, *inputs: torch.
     """Leave(...) unless replacement(*inputs) has original's dtype and shape and meets the rule against the
     original run in higher precision: max err(replacement) <= 2 x max err(original) + floor."""
     with torch.no_grad():
-        want = original(*inputs)
+        try:
+            want = original(*inputs)
+        except Exception as exc:  # the original cannot run on this input: nothing to compare against
+            raise Leave(f"{kind} probe: the original raised {type(exc).__name__}: {exc}") from exc
         try:
             got = replacement(*inputs)
         except Exception as exc:  # e.g. no GPU and no TRITON_INTERPRET: leave the module, say why
@@ -150,6 +191,13 @@ def _randn(shape, like: torch.Tensor) -> torch.Tensor:
     # A private generator: probing must not move the global RNG that training relies on.
     gen = torch.Generator(device=like.device).manual_seed(0)
     return torch.randn(shape, generator=gen, device=like.device, dtype=torch.float32).to(like.dtype)
+
+
+def _probe_input(shape, module: nn.Module) -> torch.Tensor:
+    like = _compute_like(module)
+    if like is None:
+        raise Leave("no floating parameter or compute dtype to probe in")
+    return _randn(shape, like)
 
 
 # ------------------------------------------------------------------------------------------- builders
@@ -187,7 +235,7 @@ def _swiglu_mlp(module: nn.Module, state: dict) -> nn.Module:
         raise Leave("projections are not (LoRA-wrapped) nn.Linear")
     new = SwiGLUMLP(base[0].in_features, base[0].out_features, device="meta")
     new.gate_proj, new.up_proj, new.down_proj = projs  # the same modules (LoRA wrappers included)
-    _probe_once(state, "mlp", module, new, lambda: (_randn((3, base[0].in_features), base[0].weight),))
+    _probe_once(state, "mlp", module, new, lambda: (_probe_input((3, base[0].in_features), module),))
     return new
 
 
@@ -233,8 +281,9 @@ def _rope(module: nn.Module, state: dict) -> None:
     if mod.__name__ not in state["rope_checked"]:
         replacement = _hearth_rope_for(original)
         head_dim = getattr(module, "head_dim", None) or 16
-        p = _param_of(module)
-        like = torch.empty(0, device=p.device, dtype=p.dtype) if p is not None and p.device.type != "meta" else torch.empty(0)
+        like = _compute_like(module)
+        if like is None or like.device.type == "meta":
+            like = torch.empty(0)
         angles = _randn((1, 5, head_dim // 2), torch.empty(0, device=like.device)).float()
         emb = torch.cat((angles, angles), dim=-1)
         try:
@@ -294,7 +343,7 @@ def _attention(module: nn.Module, state: dict) -> None:
     _register_attention()
     if "attention" not in state["attention_checked"]:
         state["attention_checked"]["attention"] = None
-        p = _param_of(module)
+        p = _compute_like(module)
         if p is not None and p.device.type != "meta":
             groups = getattr(module, "num_key_value_groups", 1)
             hk, d = 1, module.head_dim
