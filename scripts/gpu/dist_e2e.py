@@ -63,13 +63,15 @@ def write_corpus(path: Path, *, rows: int, seq: int, vocab: int, seed: int = 0) 
 
 def run_case(case: str, args, work: Path) -> dict:
     shape, mode = case.split("-")
-    cfg = SMOKE if args.smoke else SHAPES[shape]
+    cfg = dict(SMOKE if args.smoke else SHAPES[shape])
+    if args.layers:
+        cfg["num_hidden_layers"] = args.layers
     model = work / f"{shape}.json"
     model.write_text(json.dumps(cfg))
     corpus = work / "corpus.jsonl"
     if not corpus.exists():
         write_corpus(corpus, rows=args.steps * args.micro, seq=args.seq, vocab=cfg["vocab_size"])
-    world = 1 if mode == "single" else 2
+    world = 1 if mode == "single" else args.gpus
     out = work / case
     run = {"corpus": str(corpus), "model": str(model), "out": str(out), "random_init": True, "max_steps": args.steps,
            "seq_len": args.seq, "batch_tokens": args.seq, "grad_accum": args.micro, "rank": 16, "alpha": 32.0,
@@ -88,7 +90,8 @@ def run_case(case: str, args, work: Path) -> dict:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-addr",
                "127.0.0.1", "--master-port", str(args.port), "-m", "hearth.cli", "train", str(toml), "--parallel", mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    row = {"case": f"dist_{case}", "shape": f"qwen3-{shape}" if not args.smoke else "smoke", "parallel": mode,
+    row = {"case": f"dist_{case}", "shape": (f"qwen3-{shape}" if not args.smoke else "smoke")
+           + (f"-{cfg['num_hidden_layers']}layers" if args.layers else ""), "parallel": mode,
            "gpus": world, "seq": args.seq, "micro_batches_per_step": args.micro, "steps": args.steps,
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "command": " ".join(cmd),
            "nccl_nvls_enable": os.environ["NCCL_NVLS_ENABLE"],
@@ -116,6 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps per case (the first is warm-up)")
     ap.add_argument("--micro", type=int, default=2, help="micro-batches (one seq-long example each) per step, even")
     ap.add_argument("--budget-gib", type=float, default=72.0, help="memory_budget_gib for the planner")
+    ap.add_argument("--gpus", type=int, default=2, help="ranks for the ddp / fsdp cases (1: the torchrun + NCCL + "
+                    "DDP/FSDP2 path on a one-GPU host, a check of the code path, not a scaling figure)")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's own)")
     ap.add_argument("--port", type=int, default=29641)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hearth_dist_e2e"))
@@ -125,8 +131,8 @@ def main(argv=None) -> int:
     bad = [c for c in cases if c not in CASES]
     if bad:
         ap.error(f"--cases: unknown {bad[0]!r} (known: {', '.join(CASES)})")
-    if args.micro < 2 or args.micro % 2:
-        ap.error("--micro must be an even number >= 2 (two ranks share each step)")
+    if args.gpus < 1 or args.micro < args.gpus or args.micro % args.gpus:
+        ap.error("--micro must be a multiple of --gpus (the ranks share each step's micro-batches)")
     if args.smoke and args.seq == 4096:
         args.seq = 128
     args.work.mkdir(parents=True, exist_ok=True)
