@@ -390,3 +390,23 @@ def test_gpu_lora_mlp_real_shape_bf16(recompute_up):
     assert_close(got, ref, torch.bfloat16, "out", baseline=want)
     for name in leaves:
         assert_close(got_grads[name], ref_grads[name], torch.bfloat16, f"d{name}", baseline=want_grads[name])
+
+
+# ------------------------------------------------------------------------------- the GPU probe script
+def test_lora_layer_probe_smoke(tmp_path):
+    import json
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "lora_layer_probe.py"
+    main = runpy.run_path(str(script), run_name="lora_layer_probe")["main"]
+    out = tmp_path / "probe.jsonl"
+    assert main(["--smoke", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["case"], r["provider"]) for r in rows] == [
+        ("mlp", "peft"), ("mlp", "hearth"), ("mlp", "hearth_recompute_up"), ("q_proj", "peft"), ("q_proj", "hearth"),
+        ("o_proj", "peft"), ("o_proj", "hearth")]
+    for r in rows:
+        assert r["ms"] > 0 and r["max_diff"] < 0.1
+        if r["provider"] != "peft":
+            assert r["saved_vs_peft"] < 1  # the fused nodes keep less than peft
