@@ -15,7 +15,7 @@ from hearth import patch
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from tests.test_patch import LORA_TARGETS, batch, compare, tiny_qwen3, with_lora  # noqa: E402
+from tests.test_patch import DEVICE, LORA_TARGETS, batch, compare, tiny_qwen3, with_lora  # noqa: E402
 
 klora = importlib.import_module("hearth.kernels.lora")
 hnn = importlib.import_module("hearth.nn")
@@ -105,6 +105,21 @@ def test_merge_and_disable_fall_back_to_peft(calls, tmp_path):
     model.save_pretrained(str(tmp_path / "adapter"))
     loaded = peft.PeftModel.from_pretrained(tiny_qwen3(), str(tmp_path / "adapter"))
     torch.testing.assert_close(_loss(loaded, ids, labels), lora_loss, rtol=1e-5, atol=1e-5)
+    # a patched layer deep-copies and pickles with its own copy bound to the hearth forward
+    import copy
+    import io
+
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    x = torch.randn(3, layer.in_features, device=DEVICE)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    for twin in (copy.deepcopy(layer), torch.load(buf, weights_only=False)):
+        assert twin.forward.layer is twin
+        calls.update(linear=0)
+        with torch.no_grad():
+            torch.testing.assert_close(twin(x), layer(x))
+        assert calls["linear"] == 2
     merged = model.merge_and_unload()
     assert not any(type(m).__module__.startswith("peft.") for m in merged.modules())
 

@@ -454,14 +454,22 @@ def _is_peft_lora_linear(module: nn.Module) -> bool:
     return type(module).__module__.startswith("peft.") and hasattr(module, "base_layer") and hasattr(module, "lora_A")
 
 
-def _hearth_lora_forward(self, x, *args, **kwargs):
-    """The instance forward that the "lora" kind installs: hearth's fused node while the layer is plain."""
-    from hearth.kernels.lora import lora_linear, lora_parts
+class _HearthLoraForward:
+    """The instance forward that the "lora" kind installs: hearth's fused node while the layer is plain, else
+    the class's (peft's) forward. A plain object holding its layer (not a bound function), so that a patched
+    layer deep-copies and pickles with its copy."""
 
-    parts = None if args or kwargs or not isinstance(x, torch.Tensor) else lora_parts(self, x)
-    if parts is None:
-        return type(self).forward(self, x, *args, **kwargs)  # peft's own forward (merged, disabled, dropout...)
-    return lora_linear(x, *parts)
+    def __init__(self, layer: nn.Module):
+        self.layer = layer
+
+    def __call__(self, x, *args, **kwargs):
+        from hearth.kernels.lora import lora_linear, lora_parts
+
+        layer = self.layer
+        parts = None if args or kwargs or not isinstance(x, torch.Tensor) else lora_parts(layer, x)
+        if parts is None:
+            return type(layer).forward(layer, x, *args, **kwargs)  # peft's own (merged, disabled, dropout...)
+        return lora_linear(x, *parts)
 
 
 def _lora(module: nn.Module, state: dict) -> None:
@@ -484,9 +492,7 @@ def _lora(module: nn.Module, state: dict) -> None:
             state["probed"][key] = _probe_lora(module, lora_linear, lora_parts)
     if state["probed"][key] and not state["probed"][key].startswith("not probed"):
         raise Leave(state["probed"][key])
-    import types
-
-    module.forward = types.MethodType(_hearth_lora_forward, module)
+    module.forward = _HearthLoraForward(module)
     module._hearth_lora = True
     return None
 
