@@ -509,7 +509,7 @@ def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable) 
         if parts is None:
             if module.merged or module.disable_adapters:
                 return "not probed (adapters merged or disabled at patch time)"
-            return "LoRA layer is not plain (several active adapters, LoRA bias, autocast...); kept on peft's forward"
+            return "LoRA layer is not plain (a trainable base, several active adapters, a LoRA bias...); kept on peft's forward"
         weight, _bias, lora_a, lora_b, _scale = parts
         saved = None
         with torch.no_grad():
