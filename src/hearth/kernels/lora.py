@@ -13,8 +13,8 @@ every projection input), and the unfused branch adds ~5 memory passes over the [
 output, the scale, the add, the casts). Here:
 
   * what is SAVED for the backward: the base-dtype input x itself (half the bytes of peft's fp32 copy; one
-    shared tensor for q/k/v, and in a decoder layer the normed hidden state or attention output that is
-    alive anyway) and the rank-r products x A^T (in the LoRA dtype, [T, r]: tiny). The MLP node saves x, g and u (u not with recompute_up) and the rank-r products, never
+    tensor shared by q/k/v; o_proj's input is the attention output, which attention saves anyway) and the
+    rank-r products x A^T (in the LoRA dtype, [T, r]: tiny). The MLP node saves x, g and u (u not with recompute_up) and the rank-r products, never
     h = silu(g) * u (recomputed in the backward by hearth's swiglu kernel, as kernels.swiglu.swiglu_mlp does).
   * DTYPES: the LoRA math runs in the LoRA weights' dtype ("ldt": fp32 under peft's default): x A^T is formed
     from x upcast to ldt (bf16 -> fp32 is exact, so this is bit-for-bit peft's fp32 input copy), and
