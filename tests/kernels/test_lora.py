@@ -350,6 +350,16 @@ def test_opcheck_lora_linear_ops():
                                                             True, True, True))
 
 
+def test_opcheck_lora_mlp_backward_op():
+    # the forward op is left out as in test_swiglu: it returns g and u only to save them, and the backward
+    # reuses them as its gradient buffers
+    m, h, i, r = 3, 8, 24, 2
+    rnd = lambda *shape: torch.randn(*shape, device=DEVICE)  # noqa: E731
+    args = (rnd(m, h), rnd(m, h), rnd(m, i), rnd(m, i), rnd(m, 2 * r), rnd(m, r), rnd(i, h), rnd(i, h), rnd(h, i), None,
+            rnd(r, h), rnd(i, r), rnd(r, h), rnd(i, r), rnd(r, i), rnd(h, r), 0.5, 2.0, 1.5, False)
+    torch.library.opcheck(torch.ops.hearth.lora_swiglu_mlp_bwd, args)
+
+
 # ------------------------------------------------------------------------------- GPU, realistic shapes
 @pytest.mark.xdist_group("gpu_big")
 @gpu_only
