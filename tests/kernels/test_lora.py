@@ -341,6 +341,23 @@ def test_torch_compile_fullgraph():
         assert_close(g, wv, torch.float32)
 
 
+def test_torch_compile_fullgraph_lora_mlp():
+    _model, mlp = peft_mlp(8, 24, torch.float32, seed=4)
+    parts = mlp._lora_parts(torch.empty(0, 8, device=DEVICE))
+    (wg, _, ag, bg, sg), (wu, _, au, bu, su), (wd, _, ad, bd, sd) = parts
+    x = torch.randn(5, 8, device=DEVICE, requires_grad=True)
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+
+    def loss(x, ag, bg, au, bu, ad, bd):
+        return lora_swiglu_mlp(x, wg, wu, wd, ag, bg, au, bu, ad, bd, sg, su, sd).square().sum()
+
+    leaves = (x, ag, bg, au, bu, ad, bd)
+    got = torch.autograd.grad(torch.compile(loss, backend=backend, fullgraph=True)(*leaves), leaves)
+    want = torch.autograd.grad(loss(*leaves), leaves)
+    for g, w in zip(got, want):
+        assert_close(g, w, torch.float32)
+
+
 def test_opcheck_lora_linear_ops():
     x, w = torch.randn(3, 8, device=DEVICE), torch.randn(6, 8, device=DEVICE)
     a, b = torch.randn(2, 8, device=DEVICE), torch.randn(6, 2, device=DEVICE)
