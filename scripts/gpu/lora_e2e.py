@@ -104,13 +104,13 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     weights_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / GIB
-    if setup in ("hearth", "hearth_attn"):
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
+                                             bias="none", task_type="CAUSAL_LM"))
+    if setup in ("hearth", "hearth_attn"):  # after peft: the "lora" kind routes the LoRA projections to hearth
         from hearth import patch
 
         report = patch.apply(model, attention=setup == "hearth_attn")
         row["patch"] = report.as_dict()
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
-                                             bias="none", task_type="CAUSAL_LM"))
     trainable = [p for p in model.parameters() if p.requires_grad]
     if checkpointing == "auto" and setup.startswith("hearth"):
         from hearth.train.finetune import apply_checkpointing, plan_checkpointing

@@ -22,6 +22,15 @@ refuse with a reason, which the report lists):
                             and the causal LM loss is hearth.kernels.linear_cross_entropy(final hidden states,
                             lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
                             and the output has logits=None. Without labels the original forward runs.
+    lora  r"^Linear$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain nn.Linear base and no
+                            DoRA: the INSTANCE's forward is replaced by one that calls hearth.kernels.lora_linear
+                            (frozen base + LoRA in one autograd node, no fp32 copy of the input saved) while the
+                            layer is in a plain state (kernels.lora.lora_parts, checked at every call: one active
+                            adapter, not merged, not disabled, no dropout in effect), else peft's own forward.
+                            Run apply AFTER get_peft_model for this kind (before it there are no LoRA Linears);
+                            parameters, state-dict names, merge / unmerge / disable_adapter are peft's, unchanged.
+                            Its probe runs with a random lora_B when the adapter's is all zeros (peft's init),
+                            so that the LoRA term is checked, and puts the real one back.
     attention r"Attention$" OPT-IN (attention=True): the module's config is switched to the "hearth" attention
                             implementation, registered with transformers' AttentionInterface: causal/full
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
@@ -52,7 +61,7 @@ import torch
 from torch import nn
 
 IGNORE_INDEX = -100
-KINDS = ("norm", "rope", "mlp", "loss", "attention")
+KINDS = ("norm", "rope", "mlp", "loss", "lora", "attention")
 # The probe's rule: err(hearth) <= _PROBE_FACTOR * err(original) + floor * max(1, max |reference|), errors
 # measured against the original module run in fp32 (fp64 when it already is fp32).
 _PROBE_FACTOR = 2.0
@@ -441,12 +450,94 @@ def _wrap_forward(model: nn.Module, decoder: nn.Module, head: nn.Linear, softcap
     model._hearth_loss = True
 
 
+def _is_peft_lora_linear(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("peft.") and hasattr(module, "base_layer") and hasattr(module, "lora_A")
+
+
+class _HearthLoraForward:
+    """The instance forward that the "lora" kind installs: hearth's fused node while the layer is plain, else
+    the class's (peft's) forward. A plain object holding its layer (not a bound function), so that a patched
+    layer deep-copies and pickles with its copy."""
+
+    def __init__(self, layer: nn.Module):
+        self.layer = layer
+
+    def __call__(self, x, *args, **kwargs):
+        from hearth.kernels.lora import lora_linear, lora_parts
+
+        layer = self.layer
+        parts = None if args or kwargs or not isinstance(x, torch.Tensor) else lora_parts(layer, x)
+        if parts is None:
+            return type(layer).forward(layer, x, *args, **kwargs)  # peft's own (merged, disabled, dropout...)
+        return lora_linear(x, *parts)
+
+
+def _lora(module: nn.Module, state: dict) -> None:
+    from hearth.kernels.lora import lora_linear, lora_parts
+
+    if getattr(module, "_hearth_lora", False):
+        return None  # an earlier apply
+    base = module.base_layer
+    if type(base) is not nn.Linear:
+        raise Leave(f"base layer is {type(base).__name__}, not a plain nn.Linear (e.g. 4-bit)")
+    if any(getattr(module, "use_dora", {}).values()) or getattr(module, "lora_variant", None):
+        raise Leave("a LoRA variant (DoRA, ...) is kept on peft's forward")
+    if getattr(module, "fan_in_fan_out", False):
+        raise Leave("fan_in_fan_out weights")
+    key = ("lora", type(module))
+    if key not in state["probed"]:
+        if base.weight.device.type == "meta":
+            state["probed"][key] = "not probed (meta device)"
+        else:
+            state["probed"][key] = _probe_lora(module, lora_linear, lora_parts)
+    if state["probed"][key] and not state["probed"][key].startswith("not probed"):
+        raise Leave(state["probed"][key])
+    module.forward = _HearthLoraForward(module)
+    module._hearth_lora = True
+    return None
+
+
+def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable) -> str | None:
+    """None when lora_linear on the module's weights passes the probe rule against peft's own forward, else why.
+    A layer that is not plain right now (dropout in training mode, merged...) is probed as if it were: in eval
+    mode, with its adapter's own factors; an all-zero lora_B (peft's init) is replaced by a random one for the
+    probe and put back, so that the LoRA term is part of what is checked."""
+    was_training = module.training
+    module.eval()
+    try:
+        parts = lora_parts(module)
+        if parts is None:
+            if module.merged or module.disable_adapters:
+                return "not probed (adapters merged or disabled at patch time)"
+            return "LoRA layer is not plain (a trainable base, several active adapters, a LoRA bias...); kept on peft's forward"
+        weight, _bias, lora_a, lora_b, _scale = parts
+        saved = None
+        with torch.no_grad():
+            if not lora_b.any():
+                saved = lora_b.detach().clone()
+                gen = torch.Generator(device=lora_b.device).manual_seed(1)
+                lora_b.copy_(torch.randn(lora_b.shape, generator=gen, device=lora_b.device) * 0.1)
+        try:
+            x = _randn((3, weight.shape[1]), weight)
+            _probe("lora", module, lambda t: lora_linear(t, *lora_parts(module)), x)
+        except Leave as why:
+            return str(why)
+        finally:
+            if saved is not None:
+                with torch.no_grad():
+                    lora_b.copy_(saved)
+        return None
+    finally:
+        module.train(was_training)
+
+
 # ------------------------------------------------------------------------------------------- the table
 @dataclass(frozen=True)
 class Rule:
     kind: str
     pattern: re.Pattern
     build: Callable[[nn.Module, dict], nn.Module | None]  # a module to swap in, None (patched in place) or Leave
+    applies: Callable[[nn.Module], bool] | None = None  # narrows a class-name match (e.g. peft's "Linear")
 
 
 RULES: tuple[Rule, ...] = (
@@ -454,6 +545,7 @@ RULES: tuple[Rule, ...] = (
     Rule("mlp", re.compile(r"(MLP|FeedForward)$"), _swiglu_mlp),
     Rule("rope", re.compile(r"Attention$"), _rope),
     Rule("loss", re.compile(r"ForCausalLM$"), _loss),
+    Rule("lora", re.compile(r"^Linear$"), _lora, applies=_is_peft_lora_linear),
     Rule("attention", re.compile(r"Attention$"), _attention),
 )
 # Class names that look like a candidate but match no rule are reported as left (nothing is guessed).
@@ -462,16 +554,18 @@ _LOOKS_LIKE = {"norm": re.compile(r"Norm"), "mlp": re.compile(r"MLP|FeedForward"
 
 
 def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool = True, loss: bool = True,
-          attention: bool = False) -> PatchReport:
+          lora: bool = True, attention: bool = False) -> PatchReport:
     """Patch `model` (a transformers causal LM, optionally wrapped by peft) in place; returns the report.
 
     Call it before or after peft's get_peft_model; the replacements keep the same parameters and child
     modules, so state dicts, LoRA targets and optimizer state are unaffected. Calling it twice is a no-op.
+    The "lora" kind (fused LoRA projections) needs the LoRA layers to exist: call apply AFTER get_peft_model
+    (the MLP's fused LoRA node is chosen at each call, so it works in either order).
     Raises TypeError when model is not an nn.Module.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "attention": attention}
+    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention}
     report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {}}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
@@ -479,7 +573,7 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
         cls = type(module).__name__
         if type(module).__module__.startswith("hearth."):
             continue  # already hearth's
-        rules = [r for r in RULES if r.pattern.search(cls)]
+        rules = [r for r in RULES if r.pattern.search(cls) and (r.applies is None or r.applies(module))]
         if not rules:
             kind = next((k for k, rx in _LOOKS_LIKE.items() if rx.search(cls)), None)
             if kind is not None and not cls.startswith("Peft") and cls not in ("LoraModel",):

@@ -7,8 +7,8 @@ Steps: resolve the config (defaults < RUN.toml < flags; written to OUT/run.toml,
 back) -> read the corpus (hearth.train.batches: history turns dropped to fit seq_len, a validation split) ->
 refuse a memory budget the weights alone exceed (exit 1; names --qlora and a larger GPU) -> load the model
 from a LOCAL path (never the hub; --random-init builds it from a config JSON, for benchmarking), 4-bit NF4
-with --qlora -> hearth.patch.apply, after probing the loss kernel on this device (unless --no-patch) ->
-peft LoRA (rank, alpha, dropout, target modules) -> activation checkpointing for the budget
+with --qlora -> peft LoRA (rank, alpha, dropout, target modules) -> hearth.patch.apply, after probing the loss
+kernel on this device (unless --no-patch; after peft, so that the LoRA projections get hearth's fused nodes) -> activation checkpointing for the budget
 (plan_checkpointing) -> AdamW on the LoRA parameters, lr warm-up then cosine / linear / constant, gradient
 clipping; each optimizer step is grad_accum micro-batches of at most batch_tokens tokens (padded, or packed
 with no attention across examples), weighted by trained tokens; examples reshuffled every epoch from the
@@ -230,7 +230,8 @@ class CheckpointPlan:
         return "none" if self.checkpointed == 0 else "full" if self.checkpointed == self.layers else "selective"
 
 
-def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int, lora_bytes_per_el: int = 4) -> int:
+def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int, lora_bytes_per_el: int = 4,
+                                      fused_lora: bool = False) -> int:
     """Estimate of what ONE decoder layer keeps for its backward, per token, with LoRA on every projection.
 
     Counted in elements of hidden H, intermediate I, query width Q = Hq*D and key/value width K = Hk*D:
@@ -243,6 +244,9 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
       LoRA in fp32 on a 16-bit base (peft's default, autocast_adapter_dtype): each LoRA'd projection
       casts its input to fp32 and lora_A keeps that copy: q, k, v, gate, up read H each, o_proj Q,
       down_proj I                                                               + (5H + Q + I) x 4 bytes
+      fused_lora=True (hearth.patch applied after peft: kernels.lora's nodes run the projections): they save
+      the base-dtype inputs already counted above and a rank-r product, never an fp32 input copy, and the MLP
+      node recomputes h in its backward: the (5H + Q + I) x 4 term and h's I are dropped   - I, - fp32 copies
     LoRA's rank-r intermediates (r << H) are ignored. It is an estimate; measured peaks land in metrics.json.
     Without the fp32 input copies it was half of what the H200 measured (Qwen3-14B shape, 2026-12-01: 0.66
     GiB per non-checkpointed layer at 2048 tokens against 0.35 estimated; tests/train pins the measured rows).
@@ -250,10 +254,10 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
     h, i = config.hidden_size, config.intermediate_size
     d = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q, k = config.num_attention_heads * d, config.num_key_value_heads * d
-    elements = 4 * h + 3 * q + 3 * k + 3 * i
+    elements = 4 * h + 3 * q + 3 * k + (2 if fused_lora else 3) * i
     if not patched:
         elements += i + 16 * h
-    lora_inputs = (5 * h + q + i) * lora_bytes_per_el if lora_bytes_per_el != bytes_per_el else 0
+    lora_inputs = (5 * h + q + i) * lora_bytes_per_el if lora_bytes_per_el != bytes_per_el and not fused_lora else 0
     return elements * bytes_per_el + lora_inputs
 
 
@@ -664,6 +668,9 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
 
     model = load_model(cfg.model, random_init=cfg.random_init, dtype=dtype, device=device, qlora=cfg.qlora,
                        config=config, seed=cfg.seed)
+    # LoRA first, then hearth's patch: its "lora" kind routes the LoRA projections to kernels.lora's fused
+    # nodes, which only exist to be found once peft has wrapped the projections
+    model = add_lora(model, rank=cfg.rank, alpha=cfg.alpha, targets=cfg.targets, dropout=cfg.dropout)
     report = None
     if cfg.patch:
         why = probe_loss_kernel(device, dtype)
@@ -676,7 +683,6 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         if why is not None or sum(report.count(k) for k in ("norm", "rope", "mlp", "loss")) == 0:
             console.print(f"[yellow]note:[/yellow] {CPU_HINT}" if device.type == "cpu" else
                           f"[yellow]note:[/yellow] hearth's loss kernel was left: {why}")
-    model = add_lora(model, rank=cfg.rank, alpha=cfg.alpha, targets=cfg.targets, dropout=cfg.dropout)
     model.config.use_cache = False
     trainable = [p for p in model.parameters() if p.requires_grad]
     el = torch.finfo(dtype).bits // 8

@@ -1,0 +1,20 @@
+"""The planner's per-layer activation term with hearth's fused LoRA nodes (fused_lora=True): no fp32 copies of
+the projection inputs and no h; without the keyword the old estimate stands."""
+
+from types import SimpleNamespace
+
+from hearth.train.finetune import layer_activation_bytes_per_token
+
+QWEN3_14B = SimpleNamespace(hidden_size=5120, intermediate_size=17408, num_attention_heads=40, num_key_value_heads=8,
+                            head_dim=128)
+
+
+def test_fused_lora_drops_the_fp32_input_copies_and_h():
+    h, i, q, k = 5120, 17408, 40 * 128, 8 * 128
+    old = layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=2)
+    assert old == (4 * h + 3 * q + 3 * k + 3 * i) * 2 + (5 * h + q + i) * 4 == 374_784  # unchanged default
+    fused = layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=2, fused_lora=True)
+    assert fused == (4 * h + 3 * q + 3 * k + 2 * i) * 2 == 147_456
+    # an fp32 model has no fp32 copies to drop: only h goes
+    assert (layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=4)
+            - layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=4, fused_lora=True)) == i * 4
