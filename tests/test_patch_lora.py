@@ -162,3 +162,27 @@ def test_dropout_in_training_uses_peft_and_matches(calls):
     model.eval()
     model(input_ids=ids, labels=labels)
     assert calls == {"linear": 8, "mlp": 2}
+
+
+def test_base_compute_is_probed_and_switched_by_a_later_apply(calls):
+    """apply(lora_compute="base") on a bf16 base with fp32 adapters: the probe passes (the 2x rule against peft
+    in fp32), the loss stays within bf16 noise of peft's, an unknown value is refused, and a later apply can
+    switch an already patched model back to the adapter dtype."""
+    ref = peft.get_peft_model(tiny_qwen3().bfloat16(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS,
+                                                                       init_lora_weights=False))
+    model = peft.get_peft_model(tiny_qwen3().bfloat16(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS,
+                                                                         init_lora_weights=False))
+    model.load_state_dict(ref.state_dict())
+    with pytest.raises(ValueError, match="lora_compute"):
+        patch.apply(model, lora_compute="fp8")
+    report = patch.apply(model, lora_compute="base")
+    assert report.count("lora") == 14 and not [r for r in report.left if r[0] == "lora"], str(report)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    mlp = model.base_model.model.model.layers[0].mlp
+    assert layer.forward.compute == "base" and mlp.lora_compute == "base"
+    ids, labels = batch()
+    want, got = _loss(ref, ids, labels).float(), _loss(model, ids, labels).float()
+    assert calls["linear"] > 0 and calls["mlp"] > 0
+    assert abs(got - want) <= 2e-2 * abs(want), (got, want)
+    patch.apply(model)
+    assert layer.forward.compute == "adapter" and mlp.lora_compute == "adapter"

@@ -89,8 +89,10 @@ class SwiGLUMLP(nn.Module):
         # Exact type: a subclass (or a peft LoRA wrapper, which is not an nn.Linear) may change forward.
         return all(type(m) is nn.Linear for m in (self.gate_proj, self.up_proj, self.down_proj))
 
+    lora_compute = "adapter"  # or "base": see kernels.lora.lora_parts (hearth.patch.apply(lora_compute=...) sets it)
+
     def _lora_parts(self, x: torch.Tensor):
-        parts = [lora_parts(m, x) for m in (self.gate_proj, self.up_proj, self.down_proj)]
+        parts = [lora_parts(m, x, self.lora_compute) for m in (self.gate_proj, self.up_proj, self.down_proj)]
         if any(p is None for p in parts) or len({p[2].dtype for p in parts}) != 1:
             return None
         return parts

@@ -243,6 +243,7 @@ def _swiglu_mlp(module: nn.Module, state: dict) -> nn.Module:
     if not all(isinstance(b, nn.Linear) for b in base):
         raise Leave("projections are not (LoRA-wrapped) nn.Linear")
     new = SwiGLUMLP(base[0].in_features, base[0].out_features, device="meta")
+    new.lora_compute = state["lora_compute"]
     new.gate_proj, new.up_proj, new.down_proj = projs  # the same modules (LoRA wrappers included)
     _probe_once(state, "mlp", module, new, lambda: (_probe_input((3, base[0].in_features), module),))
     return new
@@ -459,14 +460,15 @@ class _HearthLoraForward:
     the class's (peft's) forward. A plain object holding its layer (not a bound function), so that a patched
     layer deep-copies and pickles with its copy."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, compute: str = "adapter"):
         self.layer = layer
+        self.compute = compute  # kernels.lora.lora_parts(compute=...): "adapter" (peft's numbers) or "base"
 
     def __call__(self, x, *args, **kwargs):
         from hearth.kernels.lora import lora_linear, lora_parts
 
         layer = self.layer
-        parts = None if args or kwargs or not isinstance(x, torch.Tensor) else lora_parts(layer, x)
+        parts = None if args or kwargs or not isinstance(x, torch.Tensor) else lora_parts(layer, x, self.compute)
         if parts is None:
             return type(layer).forward(layer, x, *args, **kwargs)  # peft's own (merged, disabled, dropout...)
         return lora_linear(x, *parts)
@@ -475,8 +477,10 @@ class _HearthLoraForward:
 def _lora(module: nn.Module, state: dict) -> None:
     from hearth.kernels.lora import lora_linear, lora_parts
 
+    compute = state["lora_compute"]
     if getattr(module, "_hearth_lora", False):
-        return None  # an earlier apply
+        module.forward.compute = compute  # an earlier apply: only the compute choice may change
+        return None
     base = module.base_layer
     if type(base) is not nn.Linear:
         raise Leave(f"base layer is {type(base).__name__}, not a plain nn.Linear (e.g. 4-bit)")
@@ -489,15 +493,15 @@ def _lora(module: nn.Module, state: dict) -> None:
         if base.weight.device.type == "meta":
             state["probed"][key] = "not probed (meta device)"
         else:
-            state["probed"][key] = _probe_lora(module, lora_linear, lora_parts)
+            state["probed"][key] = _probe_lora(module, lora_linear, lora_parts, compute)
     if state["probed"][key] and not state["probed"][key].startswith("not probed"):
         raise Leave(state["probed"][key])
-    module.forward = _HearthLoraForward(module)
+    module.forward = _HearthLoraForward(module, compute)
     module._hearth_lora = True
     return None
 
 
-def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable) -> str | None:
+def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable, compute: str) -> str | None:
     """None when lora_linear on the module's weights passes the probe rule against peft's own forward, else why.
     A layer that is not plain right now (dropout in training mode, merged...) is probed as if it were: in eval
     mode, with its adapter's own factors; an all-zero lora_B (peft's init) is replaced by a random one for the
@@ -519,7 +523,7 @@ def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable) 
                 lora_b.copy_(torch.randn(lora_b.shape, generator=gen, device=lora_b.device) * 0.1)
         try:
             x = _randn((3, weight.shape[1]), weight)
-            _probe("lora", module, lambda t: lora_linear(t, *lora_parts(module)), x)
+            _probe("lora", module, lambda t: lora_linear(t, *lora_parts(module, compute=compute)), x)
         except Leave as why:
             return str(why)
         finally:
@@ -554,24 +558,32 @@ _LOOKS_LIKE = {"norm": re.compile(r"Norm"), "mlp": re.compile(r"MLP|FeedForward"
 
 
 def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool = True, loss: bool = True,
-          lora: bool = True, attention: bool = False) -> PatchReport:
+          lora: bool = True, attention: bool = False, lora_compute: str = "adapter") -> PatchReport:
     """Patch `model` (a transformers causal LM, optionally wrapped by peft) in place; returns the report.
 
     Call it before or after peft's get_peft_model; the replacements keep the same parameters and child
     modules, so state dicts, LoRA targets and optimizer state are unaffected. Calling it twice is a no-op.
     The "lora" kind (fused LoRA projections) needs the LoRA layers to exist: call apply AFTER get_peft_model
     (the MLP's fused LoRA node is chosen at each call, so it works in either order).
-    Raises TypeError when model is not an nn.Module.
+    lora_compute: "adapter" (default) runs the fused LoRA nodes' low-rank math in the adapter weights' dtype
+    (fp32 under peft's defaults: peft's own numbers); "base" runs it in the base dtype on the tensor cores
+    (fp32 accumulation; faster, its LoRA products and gradients rounded to bf16 once each).
+    Raises TypeError when model is not an nn.Module, ValueError for an unknown lora_compute.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if lora_compute not in ("adapter", "base"):
+        raise ValueError(f"lora_compute must be 'adapter' or 'base', got {lora_compute!r}")
     enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention}
-    report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {}}
+    report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {},
+                                    "lora_compute": lora_compute}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
     for name, module in named.items():
         cls = type(module).__name__
         if type(module).__module__.startswith("hearth."):
+            if hasattr(type(module), "lora_compute"):  # an MLP an earlier apply swapped in (e.g. before peft)
+                module.lora_compute = lora_compute
             continue  # already hearth's
         rules = [r for r in RULES if r.pattern.search(cls) and (r.applies is None or r.applies(module))]
         if not rules:

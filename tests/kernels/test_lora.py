@@ -437,3 +437,49 @@ def test_lora_layer_probe_smoke(tmp_path):
         assert r["ms"] > 0 and r["max_diff"] < 0.1
         if r["provider"] != "peft":
             assert r["saved_vs_peft"] < 1  # the fused nodes keep less than peft
+
+
+def test_lora_linear_base_compute_matches_pytorch_in_bf16():
+    """lora_compute="base": the fp32 factors are cast to the bf16 base dtype and every LoRA GEMM runs in bf16.
+    PyTorch's own bf16 computation of the same layer (factors cast to bf16, eager) is the rule's baseline; the
+    reference is fp64 from the fp32 factors; the factors' gradients still arrive in fp32."""
+    _model, layer = peft_linear(48, 40, torch.bfloat16)
+    a, b, s = _factors(layer)
+    x = torch.randn(3, 7, 48, device=DEVICE).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(3, 7, 40, device=DEVICE).to(torch.bfloat16)
+    w = layer.base_layer.weight
+
+    want = F.linear(x, w) + s * (x @ a.to(torch.bfloat16).t()) @ b.to(torch.bfloat16).t()
+    want_grads = _leaves_grads(want, dy, [x, a, b])
+    parts = lora_parts(layer, x, "base")
+    assert parts[2].dtype == parts[3].dtype == torch.bfloat16
+    got = lora_linear(x, *parts)
+    got_grads = _leaves_grads(got, dy, [x, a, b])
+    assert got_grads[1].dtype == got_grads[2].dtype == torch.float32
+
+    rx, ra, rb = (t.detach().double().requires_grad_() for t in (x, a, b))
+    ref = F.linear(rx, w.double()) + s * (rx @ ra.t()) @ rb.t()
+    ref_grads = torch.autograd.grad(ref, [rx, ra, rb], dy.double())
+    for name, g, r, base in (("out", got, ref, want), ("dx", got_grads[0], ref_grads[0], want_grads[0]),
+                             ("dA", got_grads[1], ref_grads[1], want_grads[1]),
+                             ("dB", got_grads[2], ref_grads[2], want_grads[2])):
+        assert_close(g, r, torch.bfloat16, name, baseline=base)
+    # and it is a different computation from the adapter-dtype one (the test would pass vacuously otherwise)
+    assert not torch.equal(got_grads[1], _leaves_grads(lora_linear(x, *lora_parts(layer, x)), dy, [x, a, b])[1])
+
+
+def test_swiglu_mlp_base_compute_runs_the_lora_node_in_bf16():
+    """With lora_compute="base" the fused node's rank-r products are bf16 (saved xa: [M, r_g + r_u]); with the
+    default they are fp32; the fp32 factors get fp32 gradients either way."""
+    model, mlp = peft_mlp(16, 24, torch.bfloat16)
+    x = torch.randn(5, 16, device=DEVICE).to(torch.bfloat16).requires_grad_()
+    for compute, want in (("adapter", torch.float32), ("base", torch.bfloat16)):
+        mlp.lora_compute = compute
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = mlp(x)
+        assert [t.dtype for t in saved if tuple(t.shape) == (5, 8)] == [want], compute  # x [A_gate; A_up]^T
+        out.float().sum().backward()
+        a = mlp.gate_proj.lora_A["default"].weight
+        assert a.dtype == torch.float32 and a.grad is not None and a.grad.dtype == torch.float32
+        a.grad = None
