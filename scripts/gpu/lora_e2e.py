@@ -106,7 +106,7 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
     weights_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / GIB
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
                                              bias="none", task_type="CAUSAL_LM"))
-    if setup in ("hearth", "hearth_attn"):  # after peft: the "lora" kind routes the LoRA projections to hearth
+    if setup in ("hearth", "hearth_attn"):  # after peft, as `hearth train` applies it
         from hearth import patch
 
         report = patch.apply(model, attention=setup == "hearth_attn")
