@@ -8,7 +8,7 @@
 #   5. the same-training check: 20 AdamW steps at 4 layers, seq 1024 (hf, hearth; fp32-base reference)
 # Each child (one setup, one setting) is its own process; a 40-layer child costs ~40-60 s (build ~10 s,
 # 1 warm-up + 3 steps). BUDGET_S (default 540) is the wall clock for the whole script: no child starts when
-# less than MIN_CHILD_S (default 50) is left. Rows go to $OUT/lora_e2e.jsonl (and match rows to
+# less than MIN_CHILD_S (default 50) is left. Rows go to $OUT/lora_e2e.jsonl (and the match row to
 # $OUT/lora_match.jsonl); a liger wheel, when carried under .whl/, is installed first.
 #   OUT=/tmp/out BUDGET_S=540 bash scripts/gpu/lora_matrix.sh
 set -u
@@ -36,8 +36,11 @@ if [ -n "${UNSLOTH:-}" ] && [ "$(left)" -gt 120 ]; then  # does Unsloth import a
     --checkpointing full --child-timeout-s 150
 fi
 if [ -n "${MATCH:-1}" ] && [ "$(left)" -gt 120 ]; then
-  python3 scripts/gpu/lora_e2e.py --match-steps 20 --out "$OUT/lora_match.jsonl" --setups hf,hearth \
+  # the .pt files (LoRA weights, ~25 MB each at 4 layers) stay in MATCH_DIR; the row is copied to $OUT
+  MATCH_DIR=${MATCH_DIR:-/tmp/lora_match}; mkdir -p "$MATCH_DIR"
+  python3 scripts/gpu/lora_e2e.py --match-steps 20 --out "$MATCH_DIR/lora_match.jsonl" --setups hf,hearth \
     --time-budget-s "$(( $(left) - 60 ))" --min-child-s 20 --child-timeout-s 120
+  cat "$MATCH_DIR/lora_match.jsonl" >> "$OUT/lora_match.jsonl"
 fi
 run 16384 80
 run 16384 31.5
