@@ -98,7 +98,7 @@ def knobs(setup: str, report=None) -> dict:
         return {"patched": False, "liger": True}
     if setup.startswith("hearth"):
         fused = bool(report is not None and sum(report.replaced.get("lora", {}).values()))
-        return {"patched": True, "fused_lora": fused}
+        return {"patched": True, "fused_lora": fused, "fused_mlp": bool(report is not None and report.count("mlp"))}
     return {"patched": False}  # hf, unsloth (its own kernels: estimated as HF, said so in the row)
 
 
@@ -559,7 +559,7 @@ def main(argv=None) -> int:
         if not args.budget_gib > 0:
             parser.error(f"--budget-gib must be > 0, got {args.budget_gib}")
         args.checkpointing = "best"
-    if args.checkpointing == "best" and args.budget_gib is None:
+    if args.checkpointing == "best" and args.budget_gib is None and not args.child:  # a child gets --memory-budget-gib
         parser.error("--checkpointing best needs --budget-gib")
     if args.checkpointing == "selective" and (args.checkpointed is None or not 0 <= args.checkpointed <= args.layers):
         parser.error(f"--checkpointing selective needs --checkpointed N with 0 <= N <= --layers ({args.layers})")

@@ -23,7 +23,8 @@ LORA_14B = 40 * 16 * sum(a + b for a, b in [(5120, 5120), (5120, 1024), (5120, 1
 KNOBS = {  # setup -> the knobs estimate_peak_gib takes for it
     "hf": {"patched": False},
     "liger": {"patched": False, "liger": True},
-    "hearth": {"patched": True},
+    "hearth": {"patched": True},  # the issue-16 rows: hearth's MLP then kept h
+    "hearth_now": {"patched": True, "fused_mlp": True},  # main at c879067: hearth's swiglu recomputes h
     "qlora_hf": {"patched": False, "qlora": True},
     "qlora_hearth": {"patched": True, "qlora": True},
 }
@@ -42,6 +43,13 @@ ROWS = [
     ("liger", 4096, 0, 27.51, 77.53, "issue 16"),
     ("hearth", 4096, 0, 27.51, 82.84, "issue 16"),
     ("hearth", 16384, 25, 27.51, 120.59, "issue 16"),  # the old planner's pick for 80 GiB: it said 78.0
+    # scripts/gpu/lora_matrix.sh (lora_e2e.py --budget-gib 80 / 31.5), 2026-12-01, benchmarks/e2e/lora_e2e.jsonl
+    ("hf", 4096, 11, 27.51, 78.70, "matrix"), ("liger", 4096, 0, 27.51, 77.53, "matrix"),
+    ("hearth_now", 4096, 4, 27.51, 74.08, "matrix"), ("hf", 4096, 40, 27.51, 36.89, "matrix"),
+    ("liger", 4096, 40, 27.51, 31.50, "matrix"), ("hearth_now", 4096, 40, 27.51, 31.50, "matrix"),
+    ("hf", 16384, 37, 27.51, 80.12, "matrix"), ("liger", 16384, 32, 27.51, 78.97, "matrix"),
+    ("hearth_now", 16384, 33, 27.51, 74.24, "matrix"), ("hf", 16384, 40, 27.51, 62.68, "matrix"),
+    ("liger", 16384, 40, 27.51, 41.12, "matrix"), ("hearth_now", 16384, 40, 27.51, 41.12, "matrix"),
     # scripts/gpu/qlora_e2e.py, benchmarks/e2e/qlora_e2e.jsonl (2026-12-01, seq 2048, 4-bit NF4 base)
     ("qlora_hearth", 2048, 29, 9.051, 18.97, "qlora_e2e.jsonl"),  # the old planner said 15.8 for a 16 GiB budget
     ("qlora_hearth", 2048, 40, 9.051, 11.73, "qlora_e2e.jsonl"),

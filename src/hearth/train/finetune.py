@@ -238,7 +238,7 @@ def _widths(config) -> tuple[int, int, int, int]:
 
 
 def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int, lora_bytes_per_el: int = 4,
-                                     fused_lora: bool = False, liger: bool = False) -> int:
+                                     fused_lora: bool = False, liger: bool = False, fused_mlp: bool = False) -> int:
     """What ONE non-checkpointed decoder layer keeps for its backward, per token, with LoRA on all seven
     projections (q, k, v, o, gate, up, down; the frozen base Linears save nothing: no weight gradient).
 
@@ -246,9 +246,9 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
       the two decoder norms keep their inputs                                         2H
       q_norm / k_norm keep their inputs Q + K; SDPA keeps q, k, v (Q + 2K) and its output Q   3Q + 3K
       the SwiGLU keeps g and u                                                        2I
-      h = silu(g) * u, kept unless the MLP is fused (Liger's swiglu recomputes it; so
-      does hearth's LoRA MLP node, fused_lora). hearth's SwiGLUMLP is not fused once peft
-      wraps gate/up/down, so plain hearth keeps it                                    + I
+      h = silu(g) * u, kept unless the SwiGLU recomputes it (Liger's swiglu; hearth's swiglu kernel,
+      fused_mlp, which hearth.patch's MLP uses since 2026-12-01; hearth's LoRA MLP node, fused_lora);
+      the issue-16 rows were measured with a hearth MLP that kept it                  + I
       HF's RMSNorm (neither hearth nor Liger patched in) keeps an fp32 copy of each norm
       input instead of the bf16 one: + (4 - b) bytes on 2H + Q + K
       peft's fp32 LoRA on a 16-bit base: each LoRA'd projection casts its input to fp32 and
@@ -263,7 +263,7 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
     h, i, q, k = _widths(config)
     b = bytes_per_el
     elements = 2 * h + 3 * q + 3 * k + 2 * i
-    if not (liger or fused_lora):
+    if not (liger or fused_lora or fused_mlp):
         elements += i
     extra = 0
     if not (patched or liger):
@@ -303,7 +303,7 @@ weights + LoRA state: 0.06 GiB; 0.25 keeps every estimate at or above its row.""
 
 def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: int, trainable_bytes: int,
                       bytes_per_el: int, patched: bool, liger: bool = False, fused_lora: bool = False,
-                      qlora: bool = False) -> float:
+                      qlora: bool = False, fused_mlp: bool = False) -> float:
     """Estimated peak GiB (torch.cuda.max_memory_allocated) of one LoRA step with `checkpointed` of the decoder
     layers (the LAST ones, as apply_checkpointing picks them) recomputed in the backward.
 
@@ -329,7 +329,7 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
         raise ValueError(f"checkpointed must be in [0, {layers}], got {checkpointed!r}")
     h, i, _, _ = _widths(config)
     act = layer_activation_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el,
-                                           fused_lora=fused_lora, liger=liger)
+                                           fused_lora=fused_lora, liger=liger, fused_mlp=fused_mlp)
     loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el, liger=liger)
     backward = backward_bytes_per_token(config, bytes_per_el=bytes_per_el)
     fixed = weights_bytes + 3 * trainable_bytes + FIXED_BYTES + (h * i * bytes_per_el if qlora else 0)
@@ -340,7 +340,7 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
 
 def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_bytes: int, bytes_per_el: int,
                        budget_gib: float | None, patched: bool, liger: bool = False, fused_lora: bool = False,
-                       qlora: bool = False) -> CheckpointPlan:
+                       qlora: bool = False, fused_mlp: bool = False) -> CheckpointPlan:
     """The fewest checkpointed layers whose estimated peak (estimate_peak_gib, same knobs) fits the budget
     (fewer = less recompute = faster).
 
@@ -352,7 +352,7 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
     def peak(c: int) -> float:
         return estimate_peak_gib(config, tokens, c, weights_bytes=weights_bytes, trainable_bytes=trainable_bytes,
                                  bytes_per_el=bytes_per_el, patched=patched, liger=liger, fused_lora=fused_lora,
-                                 qlora=qlora)
+                                 qlora=qlora, fused_mlp=fused_mlp)
 
     table = [{"checkpointed": c, "estimate_gib": round(peak(c), 2)} for c in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers})]
     if budget_gib is None:
@@ -744,7 +744,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        patched=bool(report and report.count("loss")), qlora=cfg.qlora)
+        patched=bool(report and report.count("loss")), qlora=cfg.qlora, fused_mlp=bool(report and report.count("mlp")))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
