@@ -20,12 +20,12 @@ def _run(*args, timeout=300):
 def test_best_mode_records_the_planner_estimate_and_skips_past_the_time_budget(tmp_path):
     out = tmp_path / "rows.jsonl"
     proc = _run("--seqs", "32,48", "--setups", "hf", "--steps", "1", "--budget-gib", "1", "--out", str(out),
-                "--time-budget-s", "1000", "--min-child-s", "995")
+                "--time-budget-s", "1000", "--min-child-s", "999")  # a child takes > 1 s
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "skipped"], rows  # the second child had no time left
     ck = rows[0]["checkpointing"]
-    assert ck["mode"] == "none" and ck["estimate_gib"] > 0 and ck["knobs"] == {"patched": False}
+    assert ck["mode"] == "none" and ck["estimate_gib"] > 0 and ck["knobs"]["patched"] is False
     assert rows[0]["budget_gib"] == 1.0 and rows[0]["tok_per_s"] > 0
 
 
