@@ -21,7 +21,10 @@ process-wide, and a child returns all of its GPU memory when it exits):
                the patch report is printed and stored with the row
   hearth_attn  hearth + patch.apply(attention=True) (opt-in: the published setup fixes SDPA attention)
   unsloth      Unsloth's FastLanguageModel (opt-in): imported first, as Unsloth requires; when it does not
-               import the row says `unavailable` and why
+               import the row says `unavailable` and why. The random model is saved to /tmp and loaded by
+               FastLanguageModel.from_pretrained (~70 s more build at 40 layers); --checkpointing full is
+               Unsloth's own "unsloth" (offloaded) checkpointing, anything else none; the planner estimate uses
+               HF's knobs. On the H200 image it needs carried wheels: scripts/gpu/unsloth_wheels.sh
 A setup whose package does not import is reported `unavailable` with the reason.
 
 Activation checkpointing (non-reentrant; selective = the LAST N decoder layers):
@@ -68,8 +71,6 @@ QWEN3_14B = dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
                  rms_norm_eps=1e-6, tie_word_embeddings=False)
 TARGETS = {4096: (4750.0, 31.5), 16384: (4200.0, 41.0)}  # lean mode: tok/s at least, peak GiB at most
 SPEED_TARGETS = {4096: (7000.0, 80.0), 16384: (5000.0, 80.0)}  # speed mode (budget 80 GiB)
-PEERS = {("hf", 4096): (3508.0, 38.05), ("hf", 16384): (3175.0, 67.32),  # the first H200 anchors, for the table
-         ("liger", 4096): (4115.0, 31.51), ("liger", 16384): (3641.0, 41.13)}
 # --smoke (CPU, TRITON_INTERPRET=1): the same code path at toy dims, to check the script without a GPU
 SMOKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              intermediate_size=96, vocab_size=257, max_position_embeddings=256)
@@ -209,7 +210,10 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
     el = torch.finfo(getattr(torch, dtype_name)).bits // 8
     kw = dict(weights_bytes=weights_bytes, trainable_bytes=sum(p.numel() * 4 for p in trainable), bytes_per_el=el,
               **knobs(setup, report))
-    if checkpointing in ("auto", "best"):
+    if setup == "unsloth" and checkpointing != "full":  # Unsloth checkpoints all layers or none
+        plan = CheckpointPlan(0, layers, estimate_peak_gib(config, seq, 0, **kw), budget_gib,
+                              "none (Unsloth checkpoints all layers or none; after an OOM best tries full)")
+    elif checkpointing in ("auto", "best"):
         budget = budget_gib or (0.9 * torch.cuda.get_device_properties(device).total_memory / _G if cuda else None)
         plan = plan_checkpointing(config, seq, budget_gib=budget, **kw)
     else:
@@ -352,10 +356,7 @@ class Runner:
 
 def _ladder(first: int, layers: int) -> list[int]:
     """The settings tried after an OOM at `first` checkpointed layers: half way to full, then full."""
-    out = [first]
-    while out[-1] < layers:
-        out.append(min(layers, out[-1] + max(1, (layers - out[-1] + 1) // 2)) if layers - out[-1] > 2 else layers)
-    return out
+    return sorted({first, (first + layers + 1) // 2, layers})
 
 
 def sweep_rows(args, runner: Runner, seqs: list[int], setups: list[str], on_row) -> None:
@@ -370,7 +371,8 @@ def sweep_rows(args, runner: Runner, seqs: list[int], setups: list[str], on_row)
             on_row(row)
             if row.get("status") != "oom":
                 continue
-            for c in _ladder(row["checkpointing"]["checkpointed_layers"], args.layers)[1:]:
+            first = row.get("checkpointing", {}).get("checkpointed_layers", 0)
+            for c in ([args.layers] if setup == "unsloth" else _ladder(first, args.layers)[1:]):
                 row = runner.child(setup, seq, "selective" if c < args.layers else "full", checkpointed=c)
                 row["budget_gib"] = args.budget_gib
                 row["after_oom"] = True
