@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import statistics
@@ -254,8 +255,13 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
     except torch.cuda.OutOfMemoryError as exc:
         return {**row, "status": "oom", "error": str(exc).splitlines()[0], "peak_gib": peak()}
     if match_file:
-        torch.save({"losses": losses, "lora": _lora_state(model), "dtype": dtype_name}, match_file)
-        row.update(status="ok", loss=losses, match_file=match_file, peak_gib=peak())
+        state = _lora_state(model)
+        torch.save({"losses": losses, "lora": state, "dtype": dtype_name}, match_file)
+        digest = hashlib.sha256()
+        for name in sorted(state):
+            digest.update(name.encode() + state[name].numpy().tobytes())
+        row.update(status="ok", loss=losses, match_file=match_file, peak_gib=peak(), lora_sha256=digest.hexdigest(),
+                   lora_abs_sum=float(sum(t.abs().sum() for t in state.values())))
         return row
     step_s = statistics.median(times[1:])
     row.update(status="ok", step_s=round(step_s, 4), steps_s=[round(t, 4) for t in times], loss=losses,
@@ -395,7 +401,8 @@ def match_rows(args, runner: Runner, seq: int, setups: list[str], out_dir: Path)
     for name, setup, dtype in runs:
         path = out_dir / f"match-{name}.pt"
         row = runner.child(setup, seq, "none", dtype=dtype, match_file=path, steps=args.match_steps)
-        status[name] = {k: row.get(k) for k in ("status", "error", "patch") if row.get(k) is not None}
+        status[name] = {k: row.get(k) for k in ("status", "error", "patch", "lora_sha256", "lora_abs_sum")
+                        if row.get(k) is not None}
         if row.get("status") == "ok":
             files[name] = torch.load(path)
     result: dict = {"case": "lora_match_steps", "steps": args.match_steps, "seq": seq, "layers": args.layers,

@@ -46,3 +46,6 @@ def test_match_steps_compares_hearth_with_hf_against_the_fp32_reference(tmp_path
     c = row["compared"]["hearth"]
     assert c["losses_within_rule"] and c["lora_within_rule"], c
     assert row["runs"]["hearth"]["patch"]["replaced"]["loss"] == {"Qwen3ForCausalLM": 1}
+    digests = {name: run["lora_sha256"] for name, run in row["runs"].items()}
+    assert all(len(d) == 64 for d in digests.values())
+    assert digests["reference"] != digests["hf"]  # bf16 and fp32 training end in different weights
