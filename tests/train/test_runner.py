@@ -293,9 +293,9 @@ def test_qwen3_14b_at_24_gib_is_refused_and_fits_with_qlora():
 
 
 def test_over_budget_even_fully_checkpointed_is_refused(tmp_path, corpus, base):
-    # the weights fit 0.5 GiB, but the planner's fixed 1 GiB allowance does not: refused, exit 1
+    # the weights fit 0.2 GiB, but the planner's fixed 0.25 GiB allowance (finetune.FIXED_BYTES) does not: refused, exit 1
     result = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--model", str(base), "--out", str(tmp_path / "o"),
-                                      "--no-patch", "--memory-budget-gib", "0.5", "--max-steps", "1"])
+                                      "--no-patch", "--memory-budget-gib", "0.2", "--max-steps", "1"])
     assert result.exit_code == 1 and "even full checkpointing" in " ".join(result.output.split())
 
 

@@ -230,67 +230,125 @@ class CheckpointPlan:
         return "none" if self.checkpointed == 0 else "full" if self.checkpointed == self.layers else "selective"
 
 
-def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int, lora_bytes_per_el: int = 4,
-                                      fused_lora: bool = False) -> int:
-    """Estimate of what ONE decoder layer keeps for its backward, per token, with LoRA on every projection.
-
-    Counted in elements of hidden H, intermediate I, query width Q = Hq*D and key/value width K = Hk*D:
-      norms: 2 inputs (H each) + the 2 normed outputs the LoRA'd projections read (H each)   4H
-      q_norm / k_norm inputs Q + K; q, k, v as attention saves them Q + 2K; attention output Q
-      (also o_proj's input)                                                                 3Q + 3K
-      MLP: gate g and up u (I each) and h = silu(g) * u, kept by down_proj's LoRA A (I)      3I
-      without hearth: the unfused silu keeps its own output (I) and HF's RMSNorm keeps ~2 fp32
-      copies per norm (4 x 2H x 2 elements of bf16 width): + I + 16H
-      LoRA in fp32 on a 16-bit base (peft's default, autocast_adapter_dtype): each LoRA'd projection
-      casts its input to fp32 and lora_A keeps that copy: q, k, v, gate, up read H each, o_proj Q,
-      down_proj I                                                               + (5H + Q + I) x 4 bytes
-      fused_lora=True (hearth.patch applied after peft: kernels.lora's nodes run the projections): they save
-      the base-dtype inputs already counted above and a rank-r product, never an fp32 input copy, and the MLP
-      node recomputes h in its backward: the (5H + Q + I) x 4 term and h's I are dropped   - I, - fp32 copies
-    LoRA's rank-r intermediates (r << H) are ignored. It is an estimate; measured peaks land in metrics.json.
-    Without the fp32 input copies it was half of what the H200 measured (Qwen3-14B shape, 2026-12-01: 0.66
-    GiB per non-checkpointed layer at 2048 tokens against 0.35 estimated; tests/train pins the measured rows).
-    """
+def _widths(config) -> tuple[int, int, int, int]:
+    """(H, I, Q, K): hidden, intermediate, query width Hq*D and key/value width Hk*D."""
     h, i = config.hidden_size, config.intermediate_size
     d = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, k = config.num_attention_heads * d, config.num_key_value_heads * d
-    elements = 4 * h + 3 * q + 3 * k + (2 if fused_lora else 3) * i
-    if not patched:
-        elements += i + 16 * h
-    lora_inputs = (5 * h + q + i) * lora_bytes_per_el if lora_bytes_per_el != bytes_per_el and not fused_lora else 0
-    return elements * bytes_per_el + lora_inputs
+    return h, i, config.num_attention_heads * d, config.num_key_value_heads * d
 
 
-def loss_bytes_per_token(config, *, patched: bool, bytes_per_el: int) -> int:
-    """hearth's fused loss keeps the hidden-state gradient (H) and a 64 MiB logits chunk (counted as fixed);
-    HF's loss holds the logits (V, model dtype), their fp32 upcast and its gradient (2 x 4V bytes)."""
-    if patched:
+def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int, lora_bytes_per_el: int = 4,
+                                     fused_lora: bool = False, liger: bool = False, fused_mlp: bool = False) -> int:
+    """What ONE non-checkpointed decoder layer keeps for its backward, per token, with LoRA on all seven
+    projections (q, k, v, o, gate, up, down; the frozen base Linears save nothing: no weight gradient).
+
+    Elements of hidden H, intermediate I, query width Q = Hq*D, key/value width K = Hk*D, b = bytes_per_el:
+      the two decoder norms keep their inputs                                         2H
+      q_norm / k_norm keep their inputs Q + K; SDPA keeps q, k, v (Q + 2K) and its output Q   3Q + 3K
+      the SwiGLU keeps g and u                                                        2I
+      h = silu(g) * u, kept unless the SwiGLU recomputes it (Liger's swiglu; hearth's swiglu kernel,
+      fused_mlp, which hearth.patch's MLP uses since 2026-12-01; hearth's LoRA MLP node, fused_lora);
+      the issue-16 rows were measured with a hearth MLP that kept it                  + I
+      HF's RMSNorm (neither hearth nor Liger patched in) keeps an fp32 copy of each norm
+      input instead of the bf16 one: + (4 - b) bytes on 2H + Q + K
+      peft's fp32 LoRA on a 16-bit base: each LoRA'd projection casts its input to fp32 and
+      lora_A keeps that copy (q, k, v, gate and up read H each: 5H; o_proj Q; down_proj I;
+      the bf16 normed outputs themselves are then kept by nobody)              + (5H + Q + I) x 4 bytes
+      fused_lora (hearth's LoRA nodes): no fp32 copy and no h, but each node keeps its bf16
+      input: the two normed outputs (o_proj's input is SDPA's output, counted)      + 2H instead
+    Derived from measured H200 peaks (Qwen3-14B shape, 2026-12-01, max_memory_allocated): without
+    checkpointing at 4096 tokens HF + peft kept 387.9 KB per token per layer (this gives 387.1), Liger 322.5
+    (319.5), hearth 357.2 (354.3); tests/train/test_planner_h200.py pins every row.
+    """
+    h, i, q, k = _widths(config)
+    b = bytes_per_el
+    elements = 2 * h + 3 * q + 3 * k + 2 * i
+    if not (liger or fused_lora or fused_mlp):
+        elements += i
+    extra = 0
+    if not (patched or liger):
+        extra += (2 * h + q + k) * max(4 - b, 0)
+    if fused_lora:
+        elements += 2 * h
+    elif lora_bytes_per_el != b:
+        extra += (5 * h + q + i) * lora_bytes_per_el
+    return elements * b + extra
+
+
+def backward_bytes_per_token(config, *, bytes_per_el: int) -> int:
+    """The working set of one layer's backward on top of what it saved: the incoming hidden gradient (H) and
+    the gradients of g, u and h (3I), b bytes each. Fitted to the same rows: the recompute of a checkpointed
+    layer costs its activations plus 111.6 KB per token at the 14B shape (this gives 114.7)."""
+    h, i, _, _ = _widths(config)
+    return (h + 3 * i) * bytes_per_el
+
+
+def loss_bytes_per_token(config, *, patched: bool, bytes_per_el: int, liger: bool = False) -> int:
+    """What the loss holds at its backward, per token. A fused linear cross entropy (hearth's, Liger's) never
+    makes the [T, V] logits: the hidden-state gradient (H x b; its chunk of logits is in the fixed term).
+    HF's loss: the logits (V x b), their fp32 log-probabilities (4V), the fp32 gradient (4V) and the logits'
+    gradient (V x b): V x (2b + 8), 12V bytes in bf16 (the H200 rows: 1.84 MB per token at V=151936, this
+    gives 1.82)."""
+    if patched or liger:
         return config.hidden_size * bytes_per_el
-    return config.vocab_size * (bytes_per_el + 8)
+    return config.vocab_size * (2 * bytes_per_el + 8)
+
+
+FIXED_BYTES = 256 << 20
+"""Beyond weights and optimizer state: cuBLAS workspaces, the fused loss's logits chunk, allocator rounding.
+The measured peaks are torch.cuda.max_memory_allocated (what tensors hold), so the caching allocator's
+reserve and fragmentation (small with expandable_segments:True) are not in them; measured intercept over
+weights + LoRA state: 0.06 GiB; 0.25 keeps every estimate at or above its row."""
+
+
+PLAN_MARGIN = 0.01
 
 
 def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: int, trainable_bytes: int,
-                      bytes_per_el: int, patched: bool) -> float:
-    """Estimated peak GiB of one LoRA step with `checkpointed` of the decoder layers recomputed (the formula in
-    plan_checkpointing's docstring)."""
+                      bytes_per_el: int, patched: bool, liger: bool = False, fused_lora: bool = False,
+                      qlora: bool = False, fused_mlp: bool = False) -> float:
+    """Estimated peak GiB (torch.cuda.max_memory_allocated) of one LoRA step with `checkpointed` of the decoder
+    layers (the LAST ones, as apply_checkpointing picks them) recomputed in the backward.
+
+    Knobs: patched (hearth.patch: its norms, rope and fused loss; its MLP is unfused under peft unless
+    fused_lora), liger (Liger's RMSNorm, rope, SwiGLU and fused linear cross entropy), fused_lora (hearth's
+    LoRA nodes), qlora (a 4-bit base: each frozen weight is dequantised to the compute dtype while it is used,
+    the largest, H x I, alive in a layer's backward).
+
+    peak = weights + 3 x trainable (the fp32 LoRA parameters and AdamW's m and v: their gradients appear
+           only as the backward goes, after the peak) + FIXED_BYTES (+ H x I x b with qlora)
+           + tokens x [ c x H x b                            (a checkpointed layer keeps only its input)
+                        + (L - c) x A                        (A = layer_activation_bytes_per_token)
+                        + max(loss,                          (the loss's backward, loss_bytes_per_token)
+                              (A if c else 0) + B) ]         (the first layer's backward: recomputed if
+                                                              checkpointed, B = backward_bytes_per_token)
+    Within -0.4..+1.1% of all 25 measured peaks of the current stack (HF, Liger, hearth; none, selective,
+    full; 4096 and 16384 tokens; QLoRA at 2048): tests/train/test_planner_h200.py.
+    """
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens!r}")
     layers = config.num_hidden_layers
-    act = layer_activation_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el)
-    fixed = weights_bytes + 4 * trainable_bytes + GIB
-    per_loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el)
+    if not 0 <= checkpointed <= layers:
+        raise ValueError(f"checkpointed must be in [0, {layers}], got {checkpointed!r}")
+    h, i, _, _ = _widths(config)
+    act = layer_activation_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el,
+                                           fused_lora=fused_lora, liger=liger, fused_mlp=fused_mlp)
+    loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el, liger=liger)
+    backward = backward_bytes_per_token(config, bytes_per_el=bytes_per_el)
+    fixed = weights_bytes + 3 * trainable_bytes + FIXED_BYTES + (h * i * bytes_per_el if qlora else 0)
     c = checkpointed
-    per_token = c * config.hidden_size * bytes_per_el + (layers - c) * act + (act if c else 0) + per_loss
+    per_token = c * h * bytes_per_el + (layers - c) * act + max(loss, (act if c else 0) + backward)
     return (fixed + tokens * per_token) / GIB
 
 
 def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_bytes: int, bytes_per_el: int,
-                       budget_gib: float | None, patched: bool) -> CheckpointPlan:
-    """The fewest checkpointed layers whose estimated peak fits the budget (fewer = less recompute = faster).
+                       budget_gib: float | None, patched: bool, liger: bool = False, fused_lora: bool = False,
+                       qlora: bool = False, fused_mlp: bool = False) -> CheckpointPlan:
+    """The fewest checkpointed layers whose estimated peak (estimate_peak_gib, same knobs) fits the budget
+    (fewer = less recompute = faster).
 
-    peak(c) = weights + 4 x trainable (param, grad, AdamW m and v, fp32) + 1 GiB (workspace, logits chunk)
-              + tokens x [ c x H x b                (a checkpointed layer keeps only its input)
-                           + (L - c) x A            (A = layer_activation_bytes_per_token)
-                           + (A if c else 0)        (one layer's activations while it is recomputed)
-                           + loss_bytes_per_token ]
+    The estimate must fit the budget less PLAN_MARGIN: the estimates land within -0.4..+1.1% of the measured
+    peaks, and one under (HF at 16384 tokens) overran an 80 GiB budget by 0.12 GiB without the margin.
     Recompute costs about one extra forward per checkpointed layer (~1/3 of its fwd+bwd time), so c=0 is the
     fastest and c=L the slowest; none fitting falls back to full checkpointing (reported as over budget).
     """
@@ -298,15 +356,18 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
 
     def peak(c: int) -> float:
         return estimate_peak_gib(config, tokens, c, weights_bytes=weights_bytes, trainable_bytes=trainable_bytes,
-                                 bytes_per_el=bytes_per_el, patched=patched)
+                                 bytes_per_el=bytes_per_el, patched=patched, liger=liger, fused_lora=fused_lora,
+                                 qlora=qlora, fused_mlp=fused_mlp)
 
     table = [{"checkpointed": c, "estimate_gib": round(peak(c), 2)} for c in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers})]
     if budget_gib is None:
         return CheckpointPlan(0, layers, peak(0), None, "no memory budget (CPU, none given): no checkpointing", table)
+    limit = budget_gib * (1 - PLAN_MARGIN)
     for c in range(layers + 1):
-        if peak(c) <= budget_gib:
+        if peak(c) <= limit:
             mode = "none" if c == 0 else "full" if c == layers else f"selective ({c} of {layers} layers)"
-            why = (f"{mode}: estimated peak {peak(c):.1f} GiB fits the {budget_gib:.1f} GiB budget"
+            why = (f"{mode}: estimated peak {peak(c):.1f} GiB fits the {budget_gib:.1f} GiB budget (less "
+                   f"{PLAN_MARGIN:.0%}: {limit:.1f})"
                    + (f"; one layer fewer would need {peak(c - 1):.1f} GiB" if c else "; fastest setup"))
             return CheckpointPlan(c, layers, peak(c), budget_gib, why, table)
     return CheckpointPlan(layers, layers, peak(layers), budget_gib,
@@ -691,7 +752,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        patched=bool(report and report.count("loss")))
+        patched=bool(report and report.count("loss")), qlora=cfg.qlora, fused_mlp=bool(report and report.count("mlp")))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)

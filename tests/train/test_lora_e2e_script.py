@@ -1,0 +1,51 @@
+"""scripts/gpu/lora_e2e.py (run on an H200 by scripts/gpu/lora_matrix.sh) keeps working: its CPU smoke modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "lora_e2e.py"), "--smoke", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1"})
+
+
+def test_best_mode_records_the_planner_estimate_and_skips_past_the_time_budget(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    proc = _run("--seqs", "32,48", "--setups", "hf", "--steps", "1", "--budget-gib", "1", "--out", str(out),
+                "--time-budget-s", "1000", "--min-child-s", "999")  # a child takes > 1 s
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["ok", "skipped"], rows  # the second child had no time left
+    ck = rows[0]["checkpointing"]
+    assert ck["mode"] == "none" and ck["estimate_gib"] > 0 and ck["knobs"]["patched"] is False
+    assert rows[0]["budget_gib"] == 1.0 and rows[0]["tok_per_s"] > 0
+
+
+def test_selective_needs_a_layer_count():
+    proc = _run("--checkpointing", "selective", "--out", "unused.jsonl")
+    assert proc.returncode == 2 and "--checkpointed" in proc.stderr
+
+
+def test_match_steps_compares_hearth_with_hf_against_the_fp32_reference(tmp_path):
+    out = tmp_path / "match.jsonl"
+    proc = _run("--match-steps", "2", "--seqs", "16", "--layers", "1", "--setups", "hf,hearth", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["status"] == "ok", row
+    assert {f.name for f in tmp_path.glob("match-*.pt")} == {"match-reference.pt", "match-hf.pt", "match-hearth.pt"}
+    assert all(len(v) == 2 for v in row["losses"].values())
+    assert row["err_vs_reference"]["hf"]["loss"] > 0  # a bf16 base is not the fp32 reference
+    c = row["compared"]["hearth"]
+    assert c["losses_within_rule"] and c["lora_within_rule"], c
+    assert row["runs"]["hearth"]["patch"]["replaced"]["loss"] == {"Qwen3ForCausalLM": 1}
+    digests = {name: run["lora_sha256"] for name, run in row["runs"].items()}
+    assert all(len(d) == 64 for d in digests.values())
+    assert digests["reference"] != digests["hf"]  # bf16 and fp32 training end in different weights
