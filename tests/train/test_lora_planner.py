@@ -1,5 +1,5 @@
 """The planner's per-layer activation term with hearth's fused LoRA nodes (fused_lora=True): no fp32 copies of
-the projection inputs and no h; without the keyword the old estimate stands."""
+the projection inputs and no h, but their bf16 inputs; without the keyword peft's fp32 copies are counted."""
 
 from types import SimpleNamespace
 
@@ -12,9 +12,11 @@ QWEN3_14B = SimpleNamespace(hidden_size=5120, intermediate_size=17408, num_atten
 def test_fused_lora_drops_the_fp32_input_copies_and_h():
     h, i, q, k = 5120, 17408, 40 * 128, 8 * 128
     old = layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=2)
-    assert old == (4 * h + 3 * q + 3 * k + 3 * i) * 2 + (5 * h + q + i) * 4 == 374_784  # unchanged default
+    # the norms' inputs, q/k-norm inputs, SDPA's q, k, v and output, g, u and h; peft's fp32 input copies
+    assert old == (2 * h + 3 * q + 3 * k + 3 * i) * 2 + (5 * h + q + i) * 4 == 354_304
     fused = layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=2, fused_lora=True)
+    # no fp32 copies and no h; the nodes keep their bf16 inputs instead (the two normed outputs: + 2H)
     assert fused == (4 * h + 3 * q + 3 * k + 2 * i) * 2 == 147_456
-    # an fp32 model has no fp32 copies to drop: only h goes
+    # an fp32 model has no fp32 copies to drop (peft's LoRA keeps the normed outputs and h themselves): only h goes
     assert (layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=4)
             - layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=4, fused_lora=True)) == i * 4

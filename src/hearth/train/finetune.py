@@ -256,6 +256,7 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
       the bf16 normed outputs themselves are then kept by nobody)              + (5H + Q + I) x 4 bytes
       fused_lora (hearth's LoRA nodes): no fp32 copy and no h, but each node keeps its bf16
       input: the two normed outputs (o_proj's input is SDPA's output, counted)      + 2H instead
+      LoRA in the base dtype (no cast): lora_A keeps the normed outputs and h themselves   + 2H + I
     Derived from measured H200 peaks (Qwen3-14B shape, 2026-12-01, max_memory_allocated): without
     checkpointing at 4096 tokens HF + peft kept 387.9 KB per token per layer (this gives 387.1), Liger 322.5
     (319.5), hearth 357.2 (354.3); tests/train/test_planner_h200.py pins every row.
@@ -263,8 +264,7 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
     h, i, q, k = _widths(config)
     b = bytes_per_el
     elements = 2 * h + 3 * q + 3 * k + 2 * i
-    if not (liger or fused_lora or fused_mlp):
-        elements += i
+    keeps_h = not (liger or fused_lora or fused_mlp)
     extra = 0
     if not (patched or liger):
         extra += (2 * h + q + k) * max(4 - b, 0)
@@ -272,6 +272,11 @@ def layer_activation_bytes_per_token(config, *, patched: bool, bytes_per_el: int
         elements += 2 * h
     elif lora_bytes_per_el != b:
         extra += (5 * h + q + i) * lora_bytes_per_el
+    else:  # LoRA in the base dtype (e.g. an fp32 model): lora_A keeps the normed outputs and h themselves
+        elements += 2 * h
+        keeps_h = True
+    if keeps_h:
+        elements += i
     return elements * b + extra
 
 
