@@ -13,7 +13,8 @@ peak <= 16 GiB, what a 24 GB card needs with room to spare) and for 90% of the G
 warm-up step, then the median of --steps. Each setup runs in its own child process (patching is process-wide).
 
 Setups: qlora_hf (plain transformers + peft on the 4-bit base), qlora_hearth (+ hearth.patch.apply as
-`hearth train --qlora` applies it: norm, rope and loss; the MLP is left on a 4-bit base), lora_hearth (bf16
+`hearth train --qlora` applies it: norm, rope, loss, and the MLP, whose 4-bit projections run as modules with the
+silu(g) * u fused), lora_hearth (bf16
 base + hearth, the `hearth train` run it is compared with).
 
 Rows (JSONL, appended to --out; one per setup): setup, seq, layers, status (ok / oom / error), step_s, steps_s,
@@ -69,7 +70,7 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
     if setup.endswith("hearth"):
         from hearth import patch
 
-        row["patch"] = patch.apply(model, mlp=not setup.startswith("qlora")).as_dict()
+        row["patch"] = patch.apply(model).as_dict()
     model = finetune.add_lora(model, rank=16, alpha=32.0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not setup.startswith("qlora"):  # the bf16 comparison runs as `hearth train` would: 90% of the GPU

@@ -3,7 +3,8 @@
     RMSNorm(hidden_size, eps=1e-6)                  -> kernels.rms_norm
     LayerNorm(hidden_size, eps=1e-5, bias=True)     -> kernels.layer_norm
     SwiGLUMLP(hidden_size, intermediate_size, bias=False)
-                                                    -> kernels.swiglu.swiglu_mlp (one autograd node)
+                                                    -> kernels.swiglu.swiglu_mlp (one autograd node), or
+                                                       kernels.lora.lora_swiglu_mlp under peft LoRA
     CrossEntropyLoss(...)                           -> kernels.cross_entropy
     LinearCrossEntropyLoss(...)                     -> kernels.linear_cross_entropy
 
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from hearth.kernels.layer_norm import layer_norm
+from hearth.kernels.lora import lora_parts, lora_swiglu_mlp
 from hearth.kernels.rms_norm import rms_norm
 from hearth.kernels.swiglu import swiglu, swiglu_mlp
 
@@ -62,8 +64,13 @@ class SwiGLUMLP(nn.Module):
     recompute_up=True saves only x and g (u is recomputed in the backward: one more matmul), for
     when memory matters more than ~10% of the MLP's time.
 
-    When a projection is not a plain nn.Linear (e.g. peft wrapped it in a LoRA layer, or it was
-    quantized), the modules are called as they are, so their own forward (LoRA branches, dropout,
+    When all three projections are peft LoRA Linears in a plain state (one active adapter, not merged, not
+    disabled, no dropout in effect, no DoRA, a frozen plain nn.Linear base: kernels.lora.lora_parts, checked
+    at every call), the MLP is ONE LoRA-aware node (kernels.lora.lora_swiglu_mlp): it saves x, g, u and the
+    rank-r products, not h and not peft's fp32 copies of the projection inputs.
+
+    Otherwise, when a projection is not a plain nn.Linear (e.g. a merged or disabled LoRA layer, dropout in
+    training, or a quantized base), the modules are called as they are, so their own forward (LoRA branches, dropout,
     scaling) runs unchanged, and only the elementwise silu(g) * u goes through the fused swiglu
     kernel. That path saves what the wrappers save (LoRA keeps h for its A matrix) and so holds
     more memory than the fused node.
@@ -82,10 +89,23 @@ class SwiGLUMLP(nn.Module):
         # Exact type: a subclass (or a peft LoRA wrapper, which is not an nn.Linear) may change forward.
         return all(type(m) is nn.Linear for m in (self.gate_proj, self.up_proj, self.down_proj))
 
+    lora_compute = "adapter"  # or "base": see kernels.lora.lora_parts (hearth.patch.apply(lora_compute=...) sets it)
+
+    def _lora_parts(self, x: torch.Tensor):
+        parts = [lora_parts(m, x, self.lora_compute) for m in (self.gate_proj, self.up_proj, self.down_proj)]
+        if any(p is None for p in parts) or len({p[2].dtype for p in parts}) != 1:
+            return None
+        return parts
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fusable():
             g, u, d = self.gate_proj, self.up_proj, self.down_proj
             return swiglu_mlp(x, g.weight, u.weight, d.weight, g.bias, u.bias, d.bias, recompute_up=self.recompute_up)
+        lora = self._lora_parts(x)
+        if lora is not None:
+            (wg, bg, ag, bbg, sg), (wu, bu, au, bbu, su), (wd, bd, ad, bbd, sd) = lora
+            return lora_swiglu_mlp(x, wg, wu, wd, ag, bbg, au, bbu, ad, bbd, sg, su, sd, bg, bu, bd,
+                                   recompute_up=self.recompute_up)
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 

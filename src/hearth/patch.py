@@ -22,6 +22,15 @@ refuse with a reason, which the report lists):
                             and the causal LM loss is hearth.kernels.linear_cross_entropy(final hidden states,
                             lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
                             and the output has logits=None. Without labels the original forward runs.
+    lora  r"^Linear$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain nn.Linear base and no
+                            DoRA: the INSTANCE's forward is replaced by one that calls hearth.kernels.lora_linear
+                            (frozen base + LoRA in one autograd node, no fp32 copy of the input saved) while the
+                            layer is in a plain state (kernels.lora.lora_parts, checked at every call: one active
+                            adapter, not merged, not disabled, no dropout in effect), else peft's own forward.
+                            Run apply AFTER get_peft_model for this kind (before it there are no LoRA Linears);
+                            parameters, state-dict names, merge / unmerge / disable_adapter are peft's, unchanged.
+                            Its probe runs with a random lora_B when the adapter's is all zeros (peft's init),
+                            so that the LoRA term is checked, and puts the real one back.
     attention r"Attention$" OPT-IN (attention=True): the module's config is switched to the "hearth" attention
                             implementation, registered with transformers' AttentionInterface: causal/full
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
@@ -52,7 +61,7 @@ import torch
 from torch import nn
 
 IGNORE_INDEX = -100
-KINDS = ("norm", "rope", "mlp", "loss", "attention")
+KINDS = ("norm", "rope", "mlp", "loss", "lora", "attention")
 # The probe's rule: err(hearth) <= _PROBE_FACTOR * err(original) + floor * max(1, max |reference|), errors
 # measured against the original module run in fp32 (fp64 when it already is fp32).
 _PROBE_FACTOR = 2.0
@@ -110,6 +119,43 @@ def _param_of(module: nn.Module) -> torch.Tensor | None:
     return next(module.parameters(), None)
 
 
+def _compute_like(module: nn.Module) -> torch.Tensor | None:
+    """An empty tensor in the dtype and on the device `module` computes in, for making probe inputs: its first
+    floating parameter, else a quantised Linear's compute_dtype (bitsandbytes keeps 4-bit weights packed in
+    uint8, which is no dtype to compute in). None when it has neither."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.new_empty(0)
+    for m in module.modules():
+        dtype, w = getattr(m, "compute_dtype", None), getattr(m, "weight", None)
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point and isinstance(w, torch.Tensor):
+            return torch.empty(0, dtype=dtype, device=w.device)
+    return None
+
+
+def _dequantized_twin(module: nn.Module) -> nn.Module:
+    """module itself, or (when it holds bitsandbytes 4-bit Linears) a copy whose quantised Linears are plain
+    nn.Linears holding the dequantised weights: the reference a 4-bit base is judged against (the packed
+    weights cannot be upcast, and bitsandbytes casts its input down to its compute dtype)."""
+    quantised = [n for n, m in module.named_modules() if getattr(getattr(m, "weight", None), "quant_state", None) is not None]
+    if not quantised:
+        return module
+    import copy
+
+    from bitsandbytes.functional import dequantize_4bit
+
+    twin = copy.deepcopy(module)
+    for name in quantised:
+        q = twin.get_submodule(name)
+        plain = nn.Linear(q.in_features, q.out_features, bias=q.bias is not None, device="meta")
+        plain.weight = nn.Parameter(dequantize_4bit(q.weight.data, q.weight.quant_state), requires_grad=False)
+        if q.bias is not None:
+            plain.bias = nn.Parameter(q.bias.detach(), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(twin.get_submodule(parent) if parent else twin, child, plain)
+    return twin
+
+
 def _high_precision(fn: Callable, inputs: tuple) -> Callable:
     """fn run with its module's floating parameters and buffers, and the inputs, upcast (fp32; fp64 for fp32)."""
     def wide(t):
@@ -118,6 +164,7 @@ def _high_precision(fn: Callable, inputs: tuple) -> Callable:
         return t.to(torch.float64 if t.dtype == torch.float32 else torch.float32)
 
     if isinstance(fn, nn.Module):
+        fn = _dequantized_twin(fn)
         state = {n: wide(t) for n, t in list(fn.named_parameters()) + list(fn.named_buffers())}
         return lambda: torch.func.functional_call(fn, state, tuple(wide(x) for x in inputs))
     return lambda: fn(*(wide(x) for x in inputs))
@@ -127,7 +174,10 @@ def _probe(kind: str, original: Callable, replacement: Callable, *inputs: torch.
     """Leave(...) unless replacement(*inputs) has original's dtype and shape and meets the rule against the
     original run in higher precision: max err(replacement) <= 2 x max err(original) + floor."""
     with torch.no_grad():
-        want = original(*inputs)
+        try:
+            want = original(*inputs)
+        except Exception as exc:  # the original cannot run on this input: nothing to compare against
+            raise Leave(f"{kind} probe: the original raised {type(exc).__name__}: {exc}") from exc
         try:
             got = replacement(*inputs)
         except Exception as exc:  # e.g. no GPU and no TRITON_INTERPRET: leave the module, say why
@@ -150,6 +200,13 @@ def _randn(shape, like: torch.Tensor) -> torch.Tensor:
     # A private generator: probing must not move the global RNG that training relies on.
     gen = torch.Generator(device=like.device).manual_seed(0)
     return torch.randn(shape, generator=gen, device=like.device, dtype=torch.float32).to(like.dtype)
+
+
+def _probe_input(shape, module: nn.Module) -> torch.Tensor:
+    like = _compute_like(module)
+    if like is None:
+        raise Leave("no floating parameter or compute dtype to probe in")
+    return _randn(shape, like)
 
 
 # ------------------------------------------------------------------------------------------- builders
@@ -186,8 +243,9 @@ def _swiglu_mlp(module: nn.Module, state: dict) -> nn.Module:
     if not all(isinstance(b, nn.Linear) for b in base):
         raise Leave("projections are not (LoRA-wrapped) nn.Linear")
     new = SwiGLUMLP(base[0].in_features, base[0].out_features, device="meta")
+    new.lora_compute = state["lora_compute"]
     new.gate_proj, new.up_proj, new.down_proj = projs  # the same modules (LoRA wrappers included)
-    _probe_once(state, "mlp", module, new, lambda: (_randn((3, base[0].in_features), base[0].weight),))
+    _probe_once(state, "mlp", module, new, lambda: (_probe_input((3, base[0].in_features), module),))
     return new
 
 
@@ -233,8 +291,9 @@ def _rope(module: nn.Module, state: dict) -> None:
     if mod.__name__ not in state["rope_checked"]:
         replacement = _hearth_rope_for(original)
         head_dim = getattr(module, "head_dim", None) or 16
-        p = _param_of(module)
-        like = torch.empty(0, device=p.device, dtype=p.dtype) if p is not None and p.device.type != "meta" else torch.empty(0)
+        like = _compute_like(module)
+        if like is None or like.device.type == "meta":
+            like = torch.empty(0)
         angles = _randn((1, 5, head_dim // 2), torch.empty(0, device=like.device)).float()
         emb = torch.cat((angles, angles), dim=-1)
         try:
@@ -294,7 +353,7 @@ def _attention(module: nn.Module, state: dict) -> None:
     _register_attention()
     if "attention" not in state["attention_checked"]:
         state["attention_checked"]["attention"] = None
-        p = _param_of(module)
+        p = _compute_like(module)
         if p is not None and p.device.type != "meta":
             groups = getattr(module, "num_key_value_groups", 1)
             hk, d = 1, module.head_dim
@@ -392,12 +451,97 @@ def _wrap_forward(model: nn.Module, decoder: nn.Module, head: nn.Linear, softcap
     model._hearth_loss = True
 
 
+def _is_peft_lora_linear(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("peft.") and hasattr(module, "base_layer") and hasattr(module, "lora_A")
+
+
+class _HearthLoraForward:
+    """The instance forward that the "lora" kind installs: hearth's fused node while the layer is plain, else
+    the class's (peft's) forward. A plain object holding its layer (not a bound function), so that a patched
+    layer deep-copies and pickles with its copy."""
+
+    def __init__(self, layer: nn.Module, compute: str = "adapter"):
+        self.layer = layer
+        self.compute = compute  # kernels.lora.lora_parts(compute=...): "adapter" (peft's numbers) or "base"
+
+    def __call__(self, x, *args, **kwargs):
+        from hearth.kernels.lora import lora_linear, lora_parts
+
+        layer = self.layer
+        parts = None if args or kwargs or not isinstance(x, torch.Tensor) else lora_parts(layer, x, self.compute)
+        if parts is None:
+            return type(layer).forward(layer, x, *args, **kwargs)  # peft's own (merged, disabled, dropout...)
+        return lora_linear(x, *parts)
+
+
+def _lora(module: nn.Module, state: dict) -> None:
+    from hearth.kernels.lora import lora_linear, lora_parts
+
+    compute = state["lora_compute"]
+    if getattr(module, "_hearth_lora", False):
+        module.forward.compute = compute  # an earlier apply: only the compute choice may change
+        return None
+    base = module.base_layer
+    if type(base) is not nn.Linear:
+        raise Leave(f"base layer is {type(base).__name__}, not a plain nn.Linear (e.g. 4-bit)")
+    if any(getattr(module, "use_dora", {}).values()) or getattr(module, "lora_variant", None):
+        raise Leave("a LoRA variant (DoRA, ...) is kept on peft's forward")
+    if getattr(module, "fan_in_fan_out", False):
+        raise Leave("fan_in_fan_out weights")
+    key = ("lora", type(module))
+    if key not in state["probed"]:
+        if base.weight.device.type == "meta":
+            state["probed"][key] = "not probed (meta device)"
+        else:
+            state["probed"][key] = _probe_lora(module, lora_linear, lora_parts, compute)
+    if state["probed"][key] and not state["probed"][key].startswith("not probed"):
+        raise Leave(state["probed"][key])
+    module.forward = _HearthLoraForward(module, compute)
+    module._hearth_lora = True
+    return None
+
+
+def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable, compute: str) -> str | None:
+    """None when lora_linear on the module's weights passes the probe rule against peft's own forward, else why.
+    A layer that is not plain right now (dropout in training mode, merged...) is probed as if it were: in eval
+    mode, with its adapter's own factors; an all-zero lora_B (peft's init) is replaced by a random one for the
+    probe and put back, so that the LoRA term is part of what is checked."""
+    was_training = module.training
+    module.eval()
+    try:
+        parts = lora_parts(module)
+        if parts is None:
+            if module.merged or module.disable_adapters:
+                return "not probed (adapters merged or disabled at patch time)"
+            return "LoRA layer is not plain (a trainable base, several active adapters, a LoRA bias...); kept on peft's forward"
+        weight, _bias, lora_a, lora_b, _scale = parts
+        saved = None
+        with torch.no_grad():
+            if not lora_b.any():
+                saved = lora_b.detach().clone()
+                gen = torch.Generator(device=lora_b.device).manual_seed(1)
+                lora_b.copy_(torch.randn(lora_b.shape, generator=gen, device=lora_b.device) * 0.1)
+        try:
+            x = _randn((3, weight.shape[1]), weight)
+            _probe("lora", module, lambda t: lora_linear(t, *lora_parts(module, compute=compute)), x)
+        except Leave as why:
+            return str(why)
+        finally:
+            if saved is not None:
+                with torch.no_grad():
+                    lora_b.copy_(saved)
+        return None
+    finally:
+        module.train(was_training)
+
+
 # ------------------------------------------------------------------------------------------- the table
 @dataclass(frozen=True)
 class Rule:
     kind: str
     pattern: re.Pattern
     build: Callable[[nn.Module, dict], nn.Module | None]  # a module to swap in, None (patched in place) or Leave
+    applies: Callable[[nn.Module], bool] | None = None  # narrows a class-name match (e.g. peft's "Linear")
 
 
 RULES: tuple[Rule, ...] = (
@@ -405,6 +549,7 @@ RULES: tuple[Rule, ...] = (
     Rule("mlp", re.compile(r"(MLP|FeedForward)$"), _swiglu_mlp),
     Rule("rope", re.compile(r"Attention$"), _rope),
     Rule("loss", re.compile(r"ForCausalLM$"), _loss),
+    Rule("lora", re.compile(r"^Linear$"), _lora, applies=_is_peft_lora_linear),
     Rule("attention", re.compile(r"Attention$"), _attention),
 )
 # Class names that look like a candidate but match no rule are reported as left (nothing is guessed).
@@ -413,24 +558,34 @@ _LOOKS_LIKE = {"norm": re.compile(r"Norm"), "mlp": re.compile(r"MLP|FeedForward"
 
 
 def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool = True, loss: bool = True,
-          attention: bool = False) -> PatchReport:
+          lora: bool = True, attention: bool = False, lora_compute: str = "adapter") -> PatchReport:
     """Patch `model` (a transformers causal LM, optionally wrapped by peft) in place; returns the report.
 
     Call it before or after peft's get_peft_model; the replacements keep the same parameters and child
     modules, so state dicts, LoRA targets and optimizer state are unaffected. Calling it twice is a no-op.
-    Raises TypeError when model is not an nn.Module.
+    The "lora" kind (fused LoRA projections) needs the LoRA layers to exist: call apply AFTER get_peft_model
+    (the MLP's fused LoRA node is chosen at each call, so it works in either order).
+    lora_compute: "adapter" (default) runs the fused LoRA nodes' low-rank math in the adapter weights' dtype
+    (fp32 under peft's defaults: peft's own numbers); "base" runs it in the base dtype on the tensor cores
+    (fp32 accumulation; faster, its LoRA products and gradients rounded to bf16 once each).
+    Raises TypeError when model is not an nn.Module, ValueError for an unknown lora_compute.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "attention": attention}
-    report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {}}
+    if lora_compute not in ("adapter", "base"):
+        raise ValueError(f"lora_compute must be 'adapter' or 'base', got {lora_compute!r}")
+    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention}
+    report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {},
+                                    "lora_compute": lora_compute}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
     for name, module in named.items():
         cls = type(module).__name__
         if type(module).__module__.startswith("hearth."):
+            if hasattr(type(module), "lora_compute"):  # an MLP an earlier apply swapped in (e.g. before peft)
+                module.lora_compute = lora_compute
             continue  # already hearth's
-        rules = [r for r in RULES if r.pattern.search(cls)]
+        rules = [r for r in RULES if r.pattern.search(cls) and (r.applies is None or r.applies(module))]
         if not rules:
             kind = next((k for k, rx in _LOOKS_LIKE.items() if rx.search(cls)), None)
             if kind is not None and not cls.startswith("Peft") and cls not in ("LoraModel",):

@@ -84,6 +84,7 @@ def test_three_steps_on_a_repeated_batch(patched_run, local_model):
     assert losses[-1] < losses[0]
     assert metrics["data"]["examples"] == 1 and metrics["data"]["rejected"] == []
     assert metrics["patch"]["replaced"]["loss"] == {"Qwen3ForCausalLM": 1}
+    assert metrics["patch"]["replaced"]["lora"] == {"Linear": 14}  # patch.apply ran after peft: 7 projections x 2
     assert metrics["checkpointing"]["mode"] == "none"  # CPU, no budget given
 
     # only LoRA parameters changed: every base weight equals the one on disk

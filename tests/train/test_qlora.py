@@ -92,3 +92,42 @@ def test_the_gpu_script_runs_its_smoke_mode(tmp_path):
     row = json.loads(out.read_text().splitlines()[-1])
     assert row["status"] == "ok", row
     assert row["setup"] == "qlora_hf" and row["tok_per_s"] > 0 and row["versions"]["bitsandbytes"] == bnb.__version__
+
+
+def test_patch_probes_a_4bit_base_in_its_compute_dtype():
+    """bitsandbytes keeps 4-bit weights packed in uint8: the MLP and rope probes must build their inputs in the
+    compute dtype and judge against the dequantised weights in fp32 (they used the uint8 weight's dtype, and the
+    MLP probe crashed inside the original's SiLU), and a 4-bit model is patched and still trains."""
+    from transformers import Qwen3Config
+
+    from hearth import patch
+    from hearth.train import qlora
+    from tests.train.tiny import tiny_config
+
+    model = qlora.prepare(qlora.random_4bit(Qwen3Config(**tiny_config(300)), dtype=torch.bfloat16, device="cpu"))
+    report = patch.apply(model)
+    assert report.count("mlp") == 2 and report.count("rope") == 2 and report.count("norm") == 9, str(report)
+    assert not report.left, str(report)
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+
+
+def test_a_probe_whose_original_cannot_run_leaves_the_module_with_the_reason():
+    from hearth import patch
+
+    class BrokenMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = (torch.nn.Linear(8, 12), torch.nn.Linear(8, 12),
+                                                            torch.nn.Linear(12, 8))
+            self.act_fn = torch.nn.SiLU()
+
+        def forward(self, x):
+            raise RuntimeError("this original cannot run")
+
+    holder = torch.nn.Module()
+    holder.mlp = BrokenMLP()
+    report = patch.apply(holder)
+    assert report.count("mlp") == 0
+    assert any(k == "mlp" and "original raised RuntimeError" in r for (k, _, r) in report.left), str(report)

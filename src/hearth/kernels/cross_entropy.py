@@ -47,7 +47,7 @@ numbers; +N*V*b of memory under compile only. The target range check runs inside
 Backward through the same graph twice (retain_graph=True) raises in eager mode: the in-place gradient
 can be consumed once.
 
-`ce_rows_` is the row launcher linear_cross_entropy calls (CONTRACTS.md section A).
+`ce_rows_` is the row launcher linear_cross_entropy calls (its docstring is the contract).
 """
 
 from __future__ import annotations
@@ -281,12 +281,12 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
             num_stages=stages,
         )
 
-    cfg = _pick_rows_config(logits, grad, target, scale_mode, launch)
+    cfg = _pick_rows_config(logits)
     launch(cfg, logits, grad, target, loss)
     return loss
 
 
-def _pick_rows_config(logits, grad, target, scale_mode, launch):
+def _pick_rows_config(logits):
     """The row kernel's (programs_per_SM, BLOCK, num_warps, num_stages) for this vocab width: the
     _CE_CONFIGS default up to V = 8192 and on the CPU, _CE_WIDE_CONFIG above. No run-time timing, so
     no scratch memory and no first-call cost (the in-place kernel cannot be timed on the caller's
@@ -306,7 +306,7 @@ def ce_rows_(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0
 
     If grad_scale is not None (python float, or fp32 tensor [] or [n] on logits' device), writes
     grad_scale * d loss_i / d logits_i IN PLACE over `logits` (logits' dtype) in the same pass; ignored
-    rows get 0. No extra [n, V] tensor. Contract: CONTRACTS.md section A.
+    rows get 0. No extra [n, V] tensor.
     """
     return _launch_rows(
         logits, logits if grad_scale is not None else None, target,

@@ -734,7 +734,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
 
     model = load_model(cfg.model, random_init=cfg.random_init, dtype=dtype, device=device, qlora=cfg.qlora,
                        config=config, seed=cfg.seed)
-    # LoRA first, then hearth's patch (apply works in either order; after peft it sees the final modules)
+    # LoRA first, then hearth's patch: its "lora" kind routes the LoRA projections to kernels.lora's fused
+    # nodes, which only exist to be found once peft has wrapped the projections
     model = add_lora(model, rank=cfg.rank, alpha=cfg.alpha, targets=cfg.targets, dropout=cfg.dropout)
     report = None
     if cfg.patch:

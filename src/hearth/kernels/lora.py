@@ -1,0 +1,474 @@
+"""LoRA-aware fused nodes: a frozen base projection and its low-rank adapter in ONE autograd node.
+
+    lora_linear(x, weight, bias, lora_a, lora_b, scale)
+        y = x W^T (+ b) + scale * (x A^T) B^T
+    lora_swiglu_mlp(x, w_gate, w_up, w_down, a_gate, b_gate, a_up, b_up, a_down, b_down, s_gate, s_up, s_down)
+        down(silu(gate(x)) * up(x)) where each projection is a frozen base Linear plus its LoRA factors
+    lora_parts(module, x, compute="adapter")
+        (weight, bias, lora_a, lora_b, scale) of a peft LoRA Linear in a plain state, else None; compute="base"
+        casts the factors to the base dtype (the LoRA GEMMs on tensor cores: faster, rounded once more)
+
+Why (issue 16): peft keeps LoRA weights in fp32 on a bf16 base (autocast_adapter_dtype=True); each peft
+lora.Linear casts its bf16 input to fp32 and lora_A's autograd saves that fp32 copy (4 bytes per element of
+every projection input), and the unfused branch adds ~5 memory passes over the [T, out] result (lora_B's
+output, the scale, the add, the casts). Here:
+
+  * what is SAVED for the backward: the base-dtype input x itself (half the bytes of peft's fp32 copy; one
+    tensor shared by q/k/v; o_proj's input is the attention output, which attention saves anyway) and the
+    rank-r products x A^T (in the LoRA dtype, [T, r]: tiny). The MLP node saves x, g and u (u not with recompute_up) and the rank-r products, never
+    h = silu(g) * u (recomputed in the backward by hearth's swiglu kernel, as kernels.swiglu.swiglu_mlp does).
+  * DTYPES: the LoRA math runs in the LoRA weights' dtype ("ldt": fp32 under peft's default): x A^T is formed
+    from x upcast to ldt (bf16 -> fp32 is exact, so this is bit-for-bit peft's fp32 input copy), and
+    dA = dxa^T x, dB = scale * dy^T xa, dxa = scale * dy B all take their [T, *] operands upcast to ldt,
+    transiently (freed inside the forward / backward, never saved; the MLP upcasts one column chunk at a time).
+    The base GEMMs (x W^T, dy W) run in the base dtype as nn.Linear does. The low-rank product is folded into
+    the base result by ONE addmm per projection (cuBLAS beta=1: C += alpha * P Q, accumulated in fp32 and
+    rounded once); its rank-r operands (xa and B in the forward, dxa and A for dx) are rounded to the base
+    dtype for that GEMM, since cuBLAS takes one dtype. peft instead rounds the base result to bf16, adds the
+    fp32 LoRA term and rounds again; both are within the kernel tolerance rule of the fp32 reference
+    (tests/kernels/test_lora.py). With an fp32 base every step is fp32.
+  * no gradient for the frozen base: lora_linear computes dW / db only if weight / bias require grad (they
+    normally do not); lora_swiglu_mlp refuses base weights that require grad (ValueError naming them).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
+from hearth.kernels.swiglu import _chunk, _launch_bwd, _launch_fwd, _linear_into
+
+__all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE"]
+
+
+def _fold(out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, alpha: float) -> None:
+    """out += alpha * p @ q, one GEMM with beta=1 in out's dtype (p, q rounded to it when wider)."""
+    out.addmm_(p.to(out.dtype), q.to(out.dtype), alpha=alpha)
+
+
+# --------------------------------------------------------------------------------------------
+# lora_linear: ops + autograd
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("hearth::lora_linear_fwd", mutates_args=())
+def _linear_fwd_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
+    lora_b: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (y [M, N] in x.dtype, xa = x A^T [M, r] in lora_a.dtype)."""
+    out = F.linear(x, weight, bias)
+    xa = torch.mm(x.to(lora_a.dtype), lora_a.t())  # the fp32 copy of x dies here
+    _fold(out, xa, lora_b.t(), scale)
+    return out, xa
+
+
+@_linear_fwd_op.register_fake
+def _(x, weight, bias, lora_a, lora_b, scale):
+    return x.new_empty((x.shape[0], weight.shape[0])), x.new_empty((x.shape[0], lora_a.shape[0]), dtype=lora_a.dtype)
+
+
+@torch.library.custom_op("hearth::lora_linear_bwd", mutates_args=())
+def _linear_bwd_op(
+    dy: torch.Tensor, x: torch.Tensor, xa: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
+    lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed."""
+    dy = dy.contiguous()
+    dyl = dy.to(lora_a.dtype)  # transient upcast
+    db_lora = torch.mm(dyl.t(), xa).mul_(scale)
+    dxa = torch.mm(dyl, lora_b).mul_(scale)
+    dw = torch.mm(dy.t(), x) if need_dw else x.new_empty(0)
+    db = dyl.sum(0).to(dy.dtype) if need_db else x.new_empty(0)
+    dyl = None
+    da = torch.mm(dxa.t(), x.to(lora_a.dtype))
+    if need_dx:
+        dx = torch.mm(dy, weight)
+        _fold(dx, dxa, lora_a, 1.0)
+    else:
+        dx = x.new_empty(0)
+    return dx, da, db_lora, dw, db
+
+
+@_linear_bwd_op.register_fake
+def _(dy, x, xa, weight, lora_a, lora_b, scale, need_dx, need_dw, need_db):
+    dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
+    dw = weight.new_empty(weight.shape) if need_dw else x.new_empty(0)
+    db = x.new_empty((weight.shape[0],)) if need_db else x.new_empty(0)
+    return dx, lora_a.new_empty(lora_a.shape), lora_b.new_empty(lora_b.shape), dw, db
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, lora_a, lora_b, scale = inputs
+    _out, xa = output
+    ctx.mark_non_differentiable(xa)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, xa, weight, lora_a, lora_b)
+    ctx.scale = scale
+
+
+def _linear_backward(ctx, dy, _dxa):
+    if dy is None:
+        return (None,) * 6
+    x, xa, weight, lora_a, lora_b = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, da, db_lora, dw, db = torch.ops.hearth.lora_linear_bwd(
+        dy, x, xa, weight, lora_a, lora_b, ctx.scale, need[0], need[1], need[2])
+    return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None,
+            da if need[3] else None, db_lora if need[4] else None, None)
+
+
+_linear_fwd_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# lora_swiglu_mlp: ops + autograd
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("hearth::lora_swiglu_mlp_fwd", mutates_args=())
+def _mlp_fwd_op(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+    bias_gate: Optional[torch.Tensor], bias_up: Optional[torch.Tensor], bias_down: Optional[torch.Tensor],
+    a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
+    a_down: torch.Tensor, b_down: torch.Tensor, s_gate: float, s_up: float, s_down: float, recompute_up: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, H] -> (out [M, H], g [M, I], u [M, I] or [0] when recompute_up, xa [M, r_g + r_u], xa_down [M, r_d]).
+
+    h is formed one row chunk at a time (as in swiglu_mlp) and never held whole; its LoRA A product
+    xa_down is taken per chunk from the chunk upcast to the LoRA dtype."""
+    dt, ldt = x.dtype, a_gate.dtype
+    rg = a_gate.shape[0]
+    xa = torch.mm(x.to(ldt), torch.cat((a_gate, a_up)).t())  # one GEMM for both A's; the upcast x dies here
+    g = F.linear(x, w_gate, bias_gate)
+    _fold(g, xa[:, :rg], b_gate.t(), s_gate)
+    b_up_t = b_up.t().to(dt)
+    if recompute_up:
+        u = x.new_empty(0)
+    else:
+        u = F.linear(x, w_up, bias_up)
+        _fold(u, xa[:, rg:], b_up_t, s_up)
+    m, inter = g.shape
+    out = x.new_empty((m, w_down.shape[0]))
+    xa_down = xa.new_empty((m, a_down.shape[0]))
+    rows = _chunk(m, inter)
+    h_buf = g.new_empty((min(rows, m), inter))
+    u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        hc = h_buf[: r1 - r0]
+        if recompute_up:
+            uc = u_buf[: r1 - r0]
+            _linear_into(uc, x[r0:r1], w_up, bias_up)
+            _fold(uc, xa[r0:r1, rg:], b_up_t, s_up)
+        else:
+            uc = u[r0:r1]
+        _launch_fwd(g[r0:r1], uc, hc)
+        _linear_into(out[r0:r1], hc, w_down, bias_down)
+        torch.mm(hc.to(ldt), a_down.t(), out=xa_down[r0:r1])
+    h_buf = u_buf = hc = uc = None
+    _fold(out, xa_down, b_down.t(), s_down)
+    return out, g, u, xa, xa_down
+
+
+@_mlp_fwd_op.register_fake
+def _(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
+      s_gate, s_up, s_down, recompute_up):
+    m, inter = x.shape[0], w_gate.shape[0]
+    u = x.new_empty(0) if recompute_up else x.new_empty((m, inter))
+    ldt = a_gate.dtype
+    return (x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), u,
+            x.new_empty((m, a_gate.shape[0] + a_up.shape[0]), dtype=ldt), x.new_empty((m, a_down.shape[0]), dtype=ldt))
+
+
+@torch.library.custom_op("hearth::lora_swiglu_mlp_bwd", mutates_args=("g", "u"))
+def _mlp_bwd_op(
+    dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, xa: torch.Tensor, xa_down: torch.Tensor,
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, bias_up: Optional[torch.Tensor],
+    a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
+    a_down: torch.Tensor, b_down: torch.Tensor, s_gate: float, s_up: float, s_down: float, recompute_up: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dA_gate, dB_gate, dA_up, dB_up, dA_down, dB_down). Overwrites g with dg and u with du (they are dead
+    after); h is recomputed per column chunk of I by the swiglu backward kernel into the dh chunk buffer."""
+    dt, ldt = x.dtype, a_gate.dtype
+    dout = dout.contiguous()
+    m, inter = g.shape
+    rg = a_gate.shape[0]
+    xa_g, xa_u = xa[:, :rg], xa[:, rg:]
+    # down_proj's LoRA: out += s_d * xa_down B_d^T
+    doutl = dout.to(ldt)
+    db_down = torch.mm(doutl.t(), xa_down).mul_(s_down)
+    dxa_down = torch.mm(doutl, b_down).mul_(s_down)
+    doutl = None
+    dxa_down_dt = dxa_down.to(dt)
+    a_down_dt = a_down.to(dt)
+    b_up_dt = b_up.to(dt)
+    da_down = a_down.new_empty(a_down.shape)
+    db_gate = b_gate.new_empty(b_gate.shape)
+    db_up = b_up.new_empty(b_up.shape)
+    dxa_g = xa.new_zeros((m, rg))
+    dxa_u = xa.new_zeros((m, a_up.shape[0]))
+    cols = _chunk(inter, m)
+    dh_buf = g.new_empty(m * min(cols, inter))
+    u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
+    dx = torch.zeros_like(x) if recompute_up else None
+    for c0 in range(0, inter, cols):
+        c1 = min(inter, c0 + cols)
+        width = c1 - c0
+        dhc = dh_buf[: m * width].view(m, width)
+        torch.mm(dout, w_down[:, c0:c1], out=dhc)
+        _fold(dhc, dxa_down_dt, a_down_dt[:, c0:c1], 1.0)  # dh += dxa_down A_d (the LoRA path into h)
+        gc = g[:, c0:c1]
+        if recompute_up:
+            uc = u_buf[: m * width].view(m, width)
+            _linear_into(uc, x, w_up[c0:c1], bias_up[c0:c1] if bias_up is not None else None)
+            _fold(uc, xa_u, b_up_dt[c0:c1].t(), s_up)
+        else:
+            uc = u[:, c0:c1]
+        _launch_bwd(dhc, gc, uc, gc, uc, dhc)  # dg -> g, du -> u, h -> dh (in place)
+        da_down[:, c0:c1] = torch.mm(dxa_down.t(), dhc.to(ldt))
+        dgl = gc.to(ldt)
+        torch.mm(dgl.t(), xa_g, out=db_gate[c0:c1])
+        dxa_g.addmm_(dgl, b_gate[c0:c1])
+        dgl = None
+        dul = uc.to(ldt)
+        torch.mm(dul.t(), xa_u, out=db_up[c0:c1])
+        dxa_u.addmm_(dul, b_up[c0:c1])
+        dul = None
+        if recompute_up:  # the du chunk dies here: fold it into dx now
+            dx.addmm_(uc, w_up[c0:c1])
+    dh_buf = u_buf = dhc = gc = uc = None
+    db_gate.mul_(s_gate)
+    db_up.mul_(s_up)
+    dxa_g.mul_(s_gate)
+    dxa_u.mul_(s_up)
+    if recompute_up:
+        dx.addmm_(g, w_gate)
+    else:
+        dx = torch.mm(g, w_gate)
+        dx.addmm_(u, w_up)
+    _fold(dx, torch.cat((dxa_g, dxa_u), 1), torch.cat((a_gate, a_up)), 1.0)
+    xl = x.to(ldt)
+    da_gate = torch.mm(dxa_g.t(), xl)
+    da_up = torch.mm(dxa_u.t(), xl)
+    return dx, da_gate, db_gate, da_up, db_up, da_down, db_down
+
+
+@_mlp_bwd_op.register_fake
+def _(dout, x, g, u, xa, xa_down, w_gate, w_up, w_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down,
+      s_gate, s_up, s_down, recompute_up):
+    return (x.new_empty(x.shape),) + tuple(t.new_empty(t.shape) for t in (a_gate, b_gate, a_up, b_up, a_down, b_down))
+
+
+def _mlp_setup(ctx, inputs, output):
+    (x, w_gate, w_up, w_down, _bg, bias_up, _bd, a_gate, b_gate, a_up, b_up, a_down, b_down,
+     s_gate, s_up, s_down, recompute_up) = inputs
+    _out, g, u, xa, xa_down = output
+    ctx.mark_non_differentiable(g, u, xa, xa_down)
+    ctx.set_materialize_grads(False)  # no zero [rows, I] grads for g and u (see swiglu_mlp)
+    ctx.save_for_backward(x, g, u, xa, xa_down, w_gate, w_up, w_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down)
+    ctx.scales = (s_gate, s_up, s_down)
+    ctx.recompute_up = recompute_up
+
+
+def _mlp_backward(ctx, dout, _dg, _du, _dxa, _dxad):
+    if dout is None:
+        return (None,) * 17
+    saved = ctx.saved_tensors
+    grads = torch.ops.hearth.lora_swiglu_mlp_bwd(dout, *saved, *ctx.scales, ctx.recompute_up)
+    need = ctx.needs_input_grad
+    dx, lora = grads[0], grads[1:]
+    return ((dx if need[0] else None,) + (None,) * 6
+            + tuple(t if need[7 + i] else None for i, t in enumerate(lora)) + (None,) * 4)
+
+
+_mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions
+# --------------------------------------------------------------------------------------------
+def _check_lora(x: torch.Tensor, names: dict) -> None:
+    lora = {n: t for n, t in names.items() if t is not None}
+    for name, t in lora.items():
+        check_tensor(t, name, ndim=2)
+    check_same_dtype(**lora)
+    check_same_device(x=x, **lora)
+    ldt = next(iter(lora.values())).dtype
+    if ldt != x.dtype and ldt != torch.float32:
+        first = next(iter(lora))
+        raise TypeError(f"{first} must be float32 or x's dtype {x.dtype}, got {ldt}")
+
+
+def _check_scale(scale, name: str) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(scale).__name__}")
+    return float(scale)
+
+
+def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
+                lora_b: torch.Tensor, scale: float) -> torch.Tensor:
+    """x W^T (+ b) + scale * (x A^T) B^T as ONE autograd node (peft's lora.Linear with one adapter, no dropout).
+
+    Args:
+        x: [..., K] in the base dtype; weight [N, K] and bias [N] (or None) in x's dtype: the frozen base.
+        lora_a [r, K], lora_b [N, r]: float32 (peft's default on a 16-bit base) or x's dtype.
+        scale: lora_alpha / r (peft's `scaling[adapter]`).
+
+    Returns:
+        [..., N] in x.dtype.
+
+    Dtypes: x A^T, dA, dB and the rank-r dxa are computed in lora_a's dtype from transient upcasts of x and
+    dy (never saved); x W^T and dy W in x's dtype; the rank-r term is added to them by one addmm in x's
+    dtype (beta=1, fp32 accumulation, rounded once). Saved for backward: x and x A^T [.., r] only.
+    Gradients: x, lora_a, lora_b; weight / bias get dW = dy^T x / db = sum(dy) only if they require grad
+    (a frozen base, the normal case, costs nothing).
+
+    Raises:
+        TypeError / ValueError naming the argument (dtype, shape, device).
+    """
+    check_tensor(x, "x", allow_empty=True)
+    check_tensor(weight, "weight", ndim=2)
+    if bias is not None:
+        check_tensor(bias, "bias", ndim=1)
+    check_same_dtype(x=x, weight=weight, bias=bias)
+    check_same_device(x=x, weight=weight, bias=bias)
+    _check_lora(x, {"lora_a": lora_a, "lora_b": lora_b})
+    scale = _check_scale(scale, "scale")
+    n, k = weight.shape
+    r = lora_a.shape[0]
+    if x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(f"x must be [..., {k}] (weight is {tuple(weight.shape)}), got {tuple(x.shape)}")
+    if bias is not None and bias.shape[0] != n:
+        raise ValueError(f"bias must have length {n}, got {tuple(bias.shape)}")
+    if tuple(lora_a.shape) != (r, k):
+        raise ValueError(f"lora_a must be [r, {k}], got {tuple(lora_a.shape)}")
+    if tuple(lora_b.shape) != (n, r):
+        raise ValueError(f"lora_b must be [{n}, {r}], got {tuple(lora_b.shape)}")
+    x2 = x.reshape(-1, k)
+    out, _xa = torch.ops.hearth.lora_linear_fwd(x2, weight, bias, lora_a, lora_b, scale)
+    return out.view(*x.shape[:-1], n)
+
+
+def lora_swiglu_mlp(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+    a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
+    a_down: torch.Tensor, b_down: torch.Tensor, scale_gate: float, scale_up: float, scale_down: float,
+    bias_gate: torch.Tensor | None = None, bias_up: torch.Tensor | None = None, bias_down: torch.Tensor | None = None,
+    *, recompute_up: bool = False,
+) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) with each projection a frozen base Linear + LoRA, as ONE autograd node.
+
+    Args:
+        x: [..., H]; base weights w_gate, w_up [I, H], w_down [H, I] (and optional biases) in x's dtype,
+            frozen (requires_grad=False; else ValueError naming the weight: use the unfused path).
+        a_gate, a_up [r, H], b_gate, b_up [I, r], a_down [r_d, I], b_down [H, r_d]: float32 or x's dtype, all
+            the same. scale_*: each adapter's lora_alpha / r.
+
+    Returns:
+        [..., H] in x.dtype.
+
+    Saved for backward: x, g, u (u not when recompute_up: recomputed per column chunk) and the rank-r products
+    x [A_gate; A_up]^T and h A_down^T in the LoRA dtype; h is never held whole (one row chunk in the forward,
+    recomputed by hearth's swiglu kernel per column chunk of I in the backward). Dtypes as lora_linear's: the
+    LoRA factors' products and gradients in the LoRA dtype (x and each dg / du / h column chunk upcast
+    transiently), the base GEMMs in x's dtype, each rank-r term folded in by one addmm. Gradients flow to x
+    and the six LoRA factors. The backward may run once per forward (g and u become dg and du in place).
+    """
+    check_tensor(x, "x", allow_empty=True)
+    base = {"w_gate": w_gate, "w_up": w_up, "w_down": w_down, "bias_gate": bias_gate, "bias_up": bias_up,
+            "bias_down": bias_down}
+    for name, t in base.items():
+        if t is not None:
+            check_tensor(t, name, ndim=2 if name.startswith("w") else 1)
+            if t.requires_grad:
+                raise ValueError(f"{name} requires grad: lora_swiglu_mlp is for a frozen base (no gradient is "
+                                 f"computed for it); use the unfused modules to train the base")
+    check_same_dtype(x=x, **base)
+    check_same_device(x=x, **base)
+    lora = {"a_gate": a_gate, "b_gate": b_gate, "a_up": a_up, "b_up": b_up, "a_down": a_down, "b_down": b_down}
+    _check_lora(x, lora)
+    scales = [_check_scale(s, n) for s, n in ((scale_gate, "scale_gate"), (scale_up, "scale_up"), (scale_down, "scale_down"))]
+    hidden, inter = x.shape[-1] if x.dim() else -1, w_gate.shape[0]
+    want = {"w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
+    for name, shape in want.items():
+        if tuple(base[name].shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)}, got {tuple(base[name].shape)}")
+    for name, t, size in (("bias_gate", bias_gate, inter), ("bias_up", bias_up, inter), ("bias_down", bias_down, hidden)):
+        if t is not None and t.shape[0] != size:
+            raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
+    for a_name, b_name, k, n in (("a_gate", "b_gate", hidden, inter), ("a_up", "b_up", hidden, inter),
+                                 ("a_down", "b_down", inter, hidden)):
+        a, b = lora[a_name], lora[b_name]
+        if a.shape[1] != k:
+            raise ValueError(f"{a_name} must be [r, {k}], got {tuple(a.shape)}")
+        if tuple(b.shape) != (n, a.shape[0]):
+            raise ValueError(f"{b_name} must be [{n}, {a.shape[0]}], got {tuple(b.shape)}")
+    x2 = x.reshape(-1, hidden)
+    out = torch.ops.hearth.lora_swiglu_mlp_fwd(
+        x2, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
+        *scales, bool(recompute_up))[0]
+    return out.view(*x.shape[:-1], hidden)
+
+
+# --------------------------------------------------------------------------------------------
+# peft adapters: when is a lora.Linear plain enough for the fused nodes
+# --------------------------------------------------------------------------------------------
+LORA_COMPUTE = ("adapter", "base")
+
+
+def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
+    """(weight, bias, lora_a, lora_b, scale) of a peft LoRA Linear in a plain state, else None (the caller
+    falls back to the module's own forward). Plain: exactly one active adapter that the module holds, not
+    merged, adapters not disabled, no variant (DoRA, ...), no LoRA bias, dropout Identity / p=0 / eval mode,
+    base layer a plain nn.Linear whose weight and bias do not take gradients, not fan_in_fan_out, LoRA weights
+    on the base's device in fp32 or the base dtype; with x: x has the base's dtype and device and autocast is
+    off. Attribute reads only (cheap enough to run at every call); peft is never imported.
+
+    compute: "adapter" returns the LoRA factors as they are (the LoRA math in their dtype, fp32 under peft's
+    defaults: peft's own numbers); "base" returns them cast to the base dtype (a differentiable cast of two
+    rank-r matrices: their gradients still arrive in fp32), so every LoRA GEMM runs on the tensor cores in the
+    base dtype with fp32 accumulation instead of fp32 FMA on upcast copies -- the faster choice, whose LoRA
+    products and gradients are rounded to the base dtype once each."""
+    base = getattr(module, "base_layer", None)
+    lora_a_dict = getattr(module, "lora_A", None)
+    if type(base) is not torch.nn.Linear or lora_a_dict is None:
+        return None
+    try:
+        if module.disable_adapters or module.merged or getattr(module, "fan_in_fan_out", False):
+            return None
+        active = module.active_adapters
+        if len(active) != 1:
+            return None
+        name = active[0]
+        if name not in lora_a_dict or name in getattr(module, "lora_variant", {}) or module.use_dora.get(name, False):
+            return None
+        if getattr(module, "lora_bias", {}).get(name, False) or getattr(module, "_caches", None):
+            return None
+        lin_a, lin_b = lora_a_dict[name], module.lora_B[name]
+        if type(lin_a) is not torch.nn.Linear or type(lin_b) is not torch.nn.Linear or lin_b.bias is not None \
+                or lin_a.bias is not None:
+            return None
+        drop = module.lora_dropout[name]
+        if not (isinstance(drop, torch.nn.Identity) or (isinstance(drop, torch.nn.Dropout)
+                                                        and (drop.p == 0 or not drop.training))):
+            return None
+        scale = module.scaling[name]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    w, b, a, bb = base.weight, base.bias, lin_a.weight, lin_b.weight
+    if w.requires_grad or (b is not None and b.requires_grad):
+        return None
+    if a.device != w.device or bb.device != w.device or a.dtype != bb.dtype:
+        return None
+    if a.dtype != w.dtype and a.dtype != torch.float32:
+        return None
+    if x is not None:
+        if x.dtype != w.dtype or x.device != w.device or torch.is_autocast_enabled(x.device.type):
+            return None
+        if a.dtype != x.dtype and not getattr(module, "cast_input_dtype_enabled", True):
+            return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        return None
+    if compute == "base" and a.dtype != w.dtype:
+        a, bb = a.to(w.dtype), bb.to(w.dtype)
+    return w, b, a, bb, float(scale)
