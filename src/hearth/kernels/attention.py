@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import (
+    autograd_op,
     check_same_device,
     check_same_dtype,
     check_tensor,
@@ -885,11 +886,12 @@ def _backward(ctx, dout, _dlse):
         dout = torch.zeros_like(out)
     elif _plane_extent(dout) >= _INT32_LIMIT:  # see attention(): in-plane offsets are int32
         dout = dout.contiguous()
-    dq, dk, dv = _attention_bwd_op(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
+    dq, dk, dv = (_attention_backward if ctx.eager else _attention_bwd_op)(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
 
-_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
+_attention = autograd_op(_attention_fwd_op, _attention_forward, _setup_context, _backward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -978,7 +980,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     padded = padded_head_dim(D)
     if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
         tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
-        out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
+        out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
         return out[..., :D]
-    out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
+    out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
     return out

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
+from hearth.kernels._common import autograd_op, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
 
 
 
@@ -338,11 +338,13 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, backend:
 
 
 # ----------------------------------------------------------------------------------------- torch.library op
-@torch.library.custom_op("hearth::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     matmul_into(a, b, out)
     return out
+
+
+_matmul_op = torch.library.custom_op("hearth::matmul", mutates_args=())(_matmul)
 
 
 @_matmul_op.register_fake
@@ -358,15 +360,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_c):
     a, b = ctx.saved_tensors
     grad_a = grad_b = None
+    mm = _matmul_diff if ctx.eager else _matmul_op  # differentiable either way (double backward)
     # Transposed *views*: the kernels take the strides, nothing is copied.
     if ctx.needs_input_grad[0]:
-        grad_a = _matmul_op(grad_c, b.t())
+        grad_a = mm(grad_c, b.t())
     if ctx.needs_input_grad[1]:
-        grad_b = _matmul_op(a.t(), grad_c)
+        grad_b = mm(a.t(), grad_c)
     return grad_a, grad_b
 
 
-_matmul_op.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _matmul; under torch.compile: the custom op
+_matmul_diff = autograd_op(_matmul_op, _matmul, _setup_context, _backward)
 
 
 # ----------------------------------------------------------------------------------------- public
@@ -389,10 +393,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-        out = _matmul_op(a2, b)
-    else:  # no graph to record: skip the custom-op dispatch (tens of microseconds of host time)
-        out = torch.empty((a2.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        matmul_into(a2, b, out)
+        out = _matmul_diff(a2, b)
+    else:  # no graph to record: skip the autograd.Function too
+        out = _matmul(a2, b)
     return out.reshape(*lead, b.shape[1])
 
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor, num_sms, pick_config
+from hearth.kernels._common import autograd_op, check_same_device, check_tensor, num_sms, pick_config
 
 # Largest feature width kept in registers as one block (fp32 [BLOCK_N] per live tensor).
 MAX_N = 65536
@@ -225,11 +225,12 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.hearth.rms_norm_bwd(dy, x, weight, rstd)
+    dx, dw = (_backward if ctx.eager else torch.ops.hearth.rms_norm_bwd)(dy, x, weight, rstd)
     return dx, dw, None
 
 
-_rms_norm_fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
+_rms_norm = autograd_op(_rms_norm_fwd_op, _forward, _setup_context, _autograd_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,5 +267,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         raise ValueError(f"weight must have length x.shape[-1] = {n}, got shape {tuple(weight.shape)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
-    y, _rstd = torch.ops.hearth.rms_norm_fwd(x, weight, float(eps))
+    y, _rstd = _rms_norm(x, weight, float(eps))
     return y

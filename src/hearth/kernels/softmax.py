@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_tensor, num_sms, pick_config
+from hearth.kernels._common import autograd_op, check_tensor, num_sms, pick_config
 
 # Row widths above this use the chunked (online) kernels. Tests lower it (monkeypatch) to exercise the
 # wide path on the CPU interpreter. 32768 fp32 values per row = 32 registers/thread at 32 warps.
@@ -304,10 +304,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y):
     (y,) = ctx.saved_tensors
-    return _softmax_bwd_op(y, grad_y)
+    return (_softmax_bwd if ctx.eager else _softmax_bwd_op)(y, grad_y)
 
 
-_softmax_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
+_softmax = autograd_op(_softmax_fwd_op, _softmax_fwd, _setup_context, _backward)
 
 
 # ---------------------------------------------------------------------------------------- public fn
@@ -337,5 +338,5 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, got {dim}")
     dim = dim % x.dim()
     if dim == x.dim() - 1:
-        return _softmax_fwd_op(x)
-    return _softmax_fwd_op(x.movedim(dim, -1)).movedim(-1, dim)
+        return _softmax(x)
+    return _softmax(x.movedim(dim, -1)).movedim(-1, dim)
