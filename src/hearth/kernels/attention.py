@@ -61,6 +61,7 @@ import triton.language as tl
 
 from hearth.kernels._common import (
     autograd_op,
+    cdiv,
     check_same_device,
     check_same_dtype,
     check_tensor,
@@ -749,12 +750,12 @@ def _launch(raw_kernel, tuned_kernel, which, table, n_rows, bh, args, meta):
         else:
             bm, bn, warps, stages = table[_size_class(meta["HEAD_DIM"], args[0].element_size())][0]
         rows_block = bn if which == "dkdv" else bm
-        raw_kernel[(triton.cdiv(n_rows, rows_block), bh)](
+        raw_kernel[(cdiv(n_rows, rows_block), bh)](
             *args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
         )
         return
     row_key = "BLOCK_N" if which == "dkdv" else "BLOCK_M"
-    tuned_kernel[lambda META: (triton.cdiv(n_rows, META[row_key]), bh)](*args, **meta)
+    tuned_kernel[lambda META: (cdiv(n_rows, META[row_key]), bh)](*args, **meta)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -818,7 +819,7 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
         _ensure_allocator()
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
-        _bwd_preprocess_kernel[(triton.cdiv(Tq, pre_block), B * Hq)](
+        _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
             out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
         )
         fused = bool(FUSED_DQ)

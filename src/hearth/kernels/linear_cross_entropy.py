@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, autograd_op, check_same_device, check_same_dtype, check_tensor, num_sms
+from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, num_sms
 from hearth.kernels.cross_entropy import check_loss_options
 
 EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
@@ -94,7 +94,7 @@ def _scale_inplace(t: torch.Tensor, scale: torch.Tensor) -> None:
         return
     # a bounded grid (8 programs per SM): the usual grad_output == 1 launch then costs ~1k programs
     # that read one float and exit, not V*H/4096 of them (190k for a 151936 x 5120 grad_W)
-    grid = (min(triton.cdiv(t.numel(), SCALE_BLOCK), 8 * num_sms(t.device)),)
+    grid = (min(cdiv(t.numel(), SCALE_BLOCK), 8 * num_sms(t.device)),)
     _scale_inplace_kernel[grid](t, scale, t.numel(), BLOCK=SCALE_BLOCK, num_warps=8)
 
 

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import autograd_op, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
 
 
 
@@ -208,7 +208,7 @@ def _prune_few_tiles(configs, named_args, **kwargs):
     be trusted to see it. Big shapes keep every config."""
     m, n = named_args["M"], named_args["N"]
     sms = num_sms(named_args["a_ptr"].device)
-    tiles = {c: triton.cdiv(m, c.kwargs["BLOCK_M"]) * triton.cdiv(n, c.kwargs["BLOCK_N"]) for c in configs}
+    tiles = {c: cdiv(m, c.kwargs["BLOCK_M"]) * cdiv(n, c.kwargs["BLOCK_N"]) for c in configs}
     full = [c for c in configs if tiles[c] >= sms]
     if full:
         return full
@@ -281,11 +281,11 @@ def _launch_tma(a, b, c, *, tuned: bool = True):
     args = (a, b, c, M, N, K, lda, ldb, c.stride(0))
     meta = dict(A_T=a_t, B_T=b_t, NUM_SMS=sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
     if tuned:
-        grid = lambda m: (min(sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+        grid = lambda m: (min(sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
         LAST_TUNER = _matmul_tma_tuned
         return _matmul_tma_tuned[grid](*args, **meta)
     cfg = _INTERP_TMA
-    grid = (min(sms, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])),)
+    grid = (min(sms, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])),)
     return _matmul_tma_kernel[grid](*args, **meta, **cfg)
 
 
@@ -305,11 +305,11 @@ def _launch_pointer(a, b, c, *, tuned: bool = True):
         b = b.t().contiguous().t()  # [K, N] column-major: K stride 1 (the N offsets are int64)
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if tuned:
-        grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
         LAST_TUNER = _matmul_ptr_tuned
         return _matmul_ptr_tuned[grid](*args, PRECISION=_precision(a.dtype), UPCAST=False)
     cfg = _INTERP_PTR
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     return _matmul_kernel[grid](*args, PRECISION=_precision(a.dtype), UPCAST=True, **cfg)
 
 

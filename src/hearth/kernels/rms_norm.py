@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import autograd_op, check_same_device, check_tensor, num_sms, pick_config
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, pick_config
 
 # Largest feature width kept in registers as one block (fp32 [BLOCK_N] per live tensor).
 MAX_N = 65536
@@ -112,8 +112,8 @@ def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAM
     bound), and only ~log2(M) variants are ever compiled.
     """
     target = max(1, min(m, programs_per_sm * num_sms(device)))
-    rows = triton.next_power_of_2(triton.cdiv(m, target))
-    return triton.cdiv(m, rows), rows
+    rows = next_power_of_2(cdiv(m, target))
+    return cdiv(m, rows), rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAM
 # --------------------------------------------------------------------------------------------
 def _config(n: int) -> tuple[int, int]:
     """(BLOCK_N, num_warps) for a row of n features: the whole row lives in registers."""
-    block = triton.next_power_of_2(n)
+    block = next_power_of_2(n)
     num_warps = 4 if block <= 1024 else 8 if block <= 8192 else 16 if block <= 16384 else 32
     return block, num_warps
 
@@ -186,7 +186,7 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
 def _bwd_candidates(n: int) -> list[tuple[int, int, int]]:
     """(programs_per_SM, num_warps, num_stages) candidates for rows of n features. Rows wider than
     8192 keep the _config warps (registers), pipelined 2 deep; the table is tuned for N <= 8192."""
-    if triton.next_power_of_2(n) > 8192:
+    if next_power_of_2(n) > 8192:
         return [(1, _config(n)[1], 2), (1, _config(n)[1], 1)]
     return list(_BWD_CANDIDATES)
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, autograd_op, check_same_device, check_same_dtype, check_tensor, pick_config
+from hearth.kernels._common import FLOAT_DTYPES, autograd_op, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
 MAX_TILE = 4096
@@ -117,10 +117,10 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
     if q.numel() == 0 and k.numel() == 0:
         return qo, ko
     half = dim // 2
-    block_half = triton.next_power_of_2(half)
+    block_half = next_power_of_2(half)
     max_heads = max(1, MAX_TILE // block_half)
-    block_hq = min(triton.next_power_of_2(hq), max_heads)
-    block_hk = min(triton.next_power_of_2(hk), max_heads)
+    block_hq = min(next_power_of_2(hq), max_heads)
+    block_hk = min(next_power_of_2(hk), max_heads)
     num_warps = NUM_WARPS or (4 if max(block_hq, block_hk) * block_half <= 2048 else 8)
     cb = 0 if cos.shape[0] == 1 else cos.stride(0)
     sb = 0 if sin.shape[0] == 1 else sin.stride(0)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import autograd_op, check_same_device, check_same_dtype, check_tensor, pick_config
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config
 
 BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
 NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_COLS = 1024
@@ -99,12 +99,12 @@ def _swiglu_bwd_kernel(
 # Launchers: 2-D [M, N] views whose last dim is contiguous (row strides may be anything)
 # --------------------------------------------------------------------------------------------
 def _grid(m: int, n: int, block: int = BLOCK_COLS):
-    return (m, triton.cdiv(n, block))
+    return (m, cdiv(n, block))
 
 
 def _candidates(n: int) -> list[tuple[int, int]]:
     """(BLOCK_COLS, num_warps) candidates for rows of n columns (no block wider than the row needs)."""
-    cap = max(BLOCK_COLS, triton.next_power_of_2(n))
+    cap = max(BLOCK_COLS, next_power_of_2(n))
     return [c for c in _CANDIDATES if c[0] <= cap]
 
 
