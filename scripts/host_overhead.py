@@ -3,7 +3,8 @@
 What is timed (median of --reps calls, after --warmup, gc off; each call starts with the GPU idle:
 torch.cuda.synchronize() before it, outside the timed region, so the figure is host time, not queueing):
   fwd       the public function (hearth.kernels.<op>) with inputs that require grad
-  bwd       loss.backward() through the op's graph (the autograd engine's own cost included)
+  bwd       loss.backward() through the op's graph (the autograd engine's own cost included; the
+            inputs' .grad is None before each call, as after zero_grad(set_to_none=True))
   impl      the op's launcher called directly (no checks, no dispatch, no autograd), fwd and bwd
 and, inside those, the time spent in (inclusive, attributed to the outermost timed helper):
   checks    check_tensor / check_same_device / check_same_dtype / check_loss_options / the target check
@@ -21,6 +22,7 @@ Modes:
   interpreter's kernel run is REPLACED by a stub that only counts launches: everything the op does on
   the host except the launch itself is timed (tensors are tiny so that the few torch ops on the path,
   e.g. rms_norm's partial-dw sum, cost what they cost on a GPU: a launch each, not a CPU loop).
+  The CPU run uses one intra-op thread (torch.set_num_threads(1)).
   CUDA: the real thing, kernels included (tiny shapes: the host is the bottleneck, as in a training
   loop with a short GPU queue); launch = Triton's Python launch path.
 
@@ -43,6 +45,7 @@ import time
 OPS = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
        "swiglu_mlp", "attention", "matmul")
 BUCKETS = ("checks", "config", "device", "alloc", "launch")
+LEAVES: list = []  # every input that requires grad: .grad is reset to None before each timed backward
 
 
 def _parse(argv=None):
@@ -178,7 +181,9 @@ def _specs(torch, dev, dtype):
         "attention", "cross_entropy", "layer_norm", "linear_cross_entropy", "matmul", "rms_norm", "rope", "softmax", "swiglu"))
 
     def leaf(*shape, scale=1.0):
-        return (torch.randn(*shape, device=dev, dtype=dtype) * scale).requires_grad_()
+        t = (torch.randn(*shape, device=dev, dtype=dtype) * scale).requires_grad_()
+        LEAVES.append(t)
+        return t
 
     def rms_norm():
         x, w = leaf(64, 128), leaf(128)
@@ -296,9 +301,14 @@ def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
         sync(); t0 = time.perf_counter_ns(); out = fwd(); t1 = time.perf_counter_ns()
         return t1 - t0, out
 
+    def clear_grads():  # as a training loop's zero_grad(set_to_none=True): no accumulation adds
+        for t in LEAVES:
+            t.grad = None
+
     def time_bwd():
         out = fwd()
         outs, gs = grads_for(out)
+        clear_grads()
         sync(); t0 = time.perf_counter_ns(); torch.autograd.backward(outs, gs); t1 = time.perf_counter_ns()
         return t1 - t0
 
@@ -328,6 +338,7 @@ def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
             for _ in range(reps):
                 if name == "bwd":  # only the backward is attributed, not the forward that builds its graph
                     outs, gs = grads_for(fwd())
+                    clear_grads()
                     call = lambda: torch.autograd.backward(outs, gs)  # noqa: E731
                 else:
                     call = {"fwd": fwd, "impl_fwd": impl_fwd, "impl_bwd": impl_bwd}[name]
@@ -373,6 +384,10 @@ def main(argv=None) -> int:
         print("--device cuda: no CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda" if want_cuda else "cpu")
+    if not want_cuda:
+        # the few torch ops on an op's path (an LCE / MLP GEMM, a sum) are one async launch on a GPU; on
+        # the CPU, an intra-op thread pool's wake-ups stalled them by ~20 ms on a loaded 2-core box
+        torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if want_cuda else torch.float32)
     sync = torch.cuda.synchronize if want_cuda else (lambda: None)
     torch.manual_seed(0)
