@@ -786,6 +786,14 @@ def _ensure_allocator() -> None:
     triton.set_allocator(_tma_scratch)
 
 
+def _on_device(device: torch.device):
+    """Make `device` current for the launches, switching only when it is not already (a device
+    context costs two device exchanges of host time a call)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 def _attention_forward(q, k, v, causal: bool, scale: float):
     """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
     B, Hq, Tq, D = q.shape
@@ -800,7 +808,7 @@ def _attention_forward(q, k, v, causal: bool, scale: float):
         scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
     )
     meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode())
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    with _on_device(q.device):
         _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta)
     return out, lse
 
@@ -817,7 +825,7 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
     if use_tma_dkdv or use_tma_dq:
         _ensure_allocator()
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    with _on_device(q.device):
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
         _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
             out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,

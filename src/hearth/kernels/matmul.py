@@ -26,9 +26,10 @@ shared memory (128x256x64 x 4 stages: 229,408 B of the 232,448 B limit); no spil
 Both are autotuned on CUDA over a small config set keyed on (M, N, K) (the autotuner caches the
 choice per shape); tile shapes that would leave SMs idle are pruned before timing (_prune_few_tiles). The launcher picks the kernel; `matmul` is a torch.library custom op with an
 autograd formula (dA = dC @ B^T, dB = A^T @ dC through the same op on transposed views) and a fake
-implementation, so torch.compile(fullgraph=True) traces it without a graph break. When there is no
-graph to record (no input requires grad, or grad mode is off, outside torch.compile) `matmul` calls
-the launcher directly: the custom-op dispatch costs host time that small GEMMs cannot hide.
+implementation, so torch.compile(fullgraph=True) traces it without a graph break. Eager calls skip the
+custom-op dispatch (host time that small GEMMs cannot hide): a torch.autograd.Function with the same
+formula runs the launcher (_common.autograd_op), and with no graph to record (no input requires grad,
+or grad mode is off) `matmul` calls the launcher directly.
 """
 
 from __future__ import annotations

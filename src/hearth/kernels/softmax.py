@@ -27,6 +27,7 @@ it can be a non-contiguous view (values and shape are what torch.softmax returns
 
 Registered as torch.library custom ops `hearth::softmax_fwd` / `hearth::softmax_bwd` (fake kernels and
 autograd registered), so `torch.compile(fullgraph=True)` sees one opaque op and does not break the graph.
+Eager calls skip that dispatch: a torch.autograd.Function runs the same launchers (_common.autograd_op).
 """
 
 from __future__ import annotations
