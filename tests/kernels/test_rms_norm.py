@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -179,3 +181,43 @@ def test_bad_input_names_the_argument(x, w, exc, name):
     x = x if x.device.type == "meta" else x.to(DEVICE)
     with pytest.raises(exc, match=rf"^{name}\b"):
         rms_norm(x, w.to(DEVICE))
+
+
+# ----------------------------------------------------------------------------------------------
+# Narrow rows (N <= rms_norm.NARROW_MAX_BLOCK): the forward's [BLOCK_M, BLOCK_N] tile kernel
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 128), (5, 1), (70, 7), (9, 1000), (2, 3, 5, 64)],
+                         ids=["37x128", "5x1", "70x7", "9x1000", "4d_64"])
+def test_narrow_rows_tile_kernel_every_candidate(dtype, shape, monkeypatch):
+    """Every forward candidate at narrow widths (tiles of several rows, a ragged last tile, the one-row
+    kernel) gives the reference's y and rstd; the default for narrow rows is a tile."""
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    n = shape[-1]
+    cands = rn._fwd_candidates(n)
+    assert cands[0][0] == "tile" and any(c[0] == "row" for c in cands)
+    torch.manual_seed(11)
+    x = torch.randn(*shape, device=DEVICE).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    x32 = x.float()
+    want_rstd = torch.rsqrt(x32.pow(2).mean(-1) + 1e-6).reshape(-1)
+    for cfg in cands:
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, cfg=cfg: cfg)
+        y, rstd = rn._forward(x, w, 1e-6)
+        assert_close(y, reference(x, w), dtype, msg=f"y {cfg}")
+        torch.testing.assert_close(rstd, want_rstd, rtol=1e-5, atol=1e-6, msg=f"rstd {cfg}")
+
+
+def test_narrow_rows_fwd_bwd_through_the_public_function():
+    # q_norm-like: [B, T, H, 128] normalised over head_dim, rows = B * T * H (a ragged last tile), row-strided
+    torch.manual_seed(12)
+    base = torch.randn(2, 9, 5, 160, device=DEVICE)
+    x = base[..., :128]  # row stride 160, feature stride 1: read in place
+    check_fwd_bwd(x, 1 + 0.1 * torch.randn(128, device=DEVICE), torch.float32)
+
+
+def test_wide_rows_keep_one_row_per_program():
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    assert all(c[0] == "row" for c in rn._fwd_candidates(rn.NARROW_MAX_BLOCK + 1))

@@ -10,6 +10,7 @@ on CPU tensors through Triton's interpreter, at small shapes.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -66,7 +67,8 @@ def check_tensor(
         allowed_ndim = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed_ndim:
             raise ValueError(f"{name} must have {' or '.join(map(str, allowed_ndim))} dimensions, got shape {tuple(t.shape)}")
-    if t.device.type != "cuda" and not (t.device.type == "cpu" and interpret_mode()):
+    # is_cuda first: one attribute read on the hot path (t.device builds a device object)
+    if not t.is_cuda and not (t.device.type == "cpu" and interpret_mode()):
         raise ValueError(
             f"{name} must be a CUDA tensor (CPU tensors run only under TRITON_INTERPRET=1), got device {t.device}"
         )
@@ -76,31 +78,95 @@ def check_tensor(
 
 def check_same_device(**tensors: torch.Tensor) -> None:
     """Raise ValueError naming the first tensor that is not on the first tensor's device."""
-    items = [(k, v) for k, v in tensors.items() if v is not None]
-    if not items:
-        return
-    first_name, first = items[0]
-    for name, t in items[1:]:
-        if t.device != first.device:
+    first_name = first = device = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first_name, first, device = name, t, t.device
+        elif t.device != device:
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; they must share a device")
 
 
 def check_same_dtype(**tensors: torch.Tensor) -> None:
     """Raise TypeError naming the first tensor whose dtype differs from the first tensor's."""
-    items = [(k, v) for k, v in tensors.items() if v is not None]
-    if not items:
-        return
-    first_name, first = items[0]
-    for name, t in items[1:]:
-        if t.dtype != first.dtype:
+    first_name = first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first_name, first = name, t
+        elif t.dtype != first.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}; they must match")
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host ints: triton.cdiv is a constexpr_function, ~6 us a call on the host."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for n <= 0, like triton.next_power_of_2), in plain int math:
+    triton.next_power_of_2 costs ~6 us a call on the host (its constexpr_function wrapper)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    # cached per device: get_device_properties costs microseconds and sits on launch paths
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors on `device` (a small constant under the interpreter)."""
+    """Streaming multiprocessors on `device` (a small constant under the interpreter); cached per device."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return 4
+
+
+# --------------------------------------------------------------------------------------------
+# Eager calls skip the dispatcher; torch.compile sees the custom op
+# --------------------------------------------------------------------------------------------
+def autograd_op(op, forward, setup_context, backward):
+    """One differentiable hearth op, two routes to the same launchers. Returns `call(*args)`.
+
+    op: the torch.library custom op (with its fake registered) whose body is `forward`. The formula
+    (`setup_context`, `backward`) is registered as op's autograd AND becomes a torch.autograd.Function
+    whose forward is `forward` itself. `call` runs op while torch.compile traces (an opaque node, no graph
+    break), and the Function otherwise: an eager call then skips the torch.library dispatch (schema
+    parsing, the Autograd / ADInplaceOrView / CPU-or-CUDA kernels: tens of microseconds of host time a
+    call, more than a small kernel's GPU time).
+    `backward` launches its kernels through `ctx.eager`: True on the Function route (call the launcher
+    directly), False on the op route (call the backward custom op, so the compiled graph holds it too).
+    """
+
+    def op_setup(ctx, inputs, output):
+        ctx.eager = False
+        setup_context(ctx, inputs, output)
+
+    def eager_forward(ctx, *inputs):
+        # forward(ctx, ...) style: Function.apply with a separate setup_context staticmethod took 46 us
+        # a call on the CI box against 14 us for this style (the functorch-compatible path)
+        output = forward(*inputs)
+        ctx.eager = True
+        setup_context(ctx, inputs, output)
+        return output
+
+    op.register_autograd(backward, setup_context=op_setup)
+    name = "".join(part.title() for part in op._name.split("::")[-1].split("_")) + "Function"
+    function = type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(eager_forward),
+        "backward": staticmethod(backward),
+    })
+    apply = function.apply
+
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return op(*args)
+        return apply(*args)
+
+    call.op, call.function, call.forward = op, function, forward
+    return call
 
 
 def _time_ms(fn, reps: int = 7) -> float:

@@ -60,6 +60,8 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import (
+    autograd_op,
+    cdiv,
     check_same_device,
     check_same_dtype,
     check_tensor,
@@ -748,12 +750,12 @@ def _launch(raw_kernel, tuned_kernel, which, table, n_rows, bh, args, meta):
         else:
             bm, bn, warps, stages = table[_size_class(meta["HEAD_DIM"], args[0].element_size())][0]
         rows_block = bn if which == "dkdv" else bm
-        raw_kernel[(triton.cdiv(n_rows, rows_block), bh)](
+        raw_kernel[(cdiv(n_rows, rows_block), bh)](
             *args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
         )
         return
     row_key = "BLOCK_N" if which == "dkdv" else "BLOCK_M"
-    tuned_kernel[lambda META: (triton.cdiv(n_rows, META[row_key]), bh)](*args, **meta)
+    tuned_kernel[lambda META: (cdiv(n_rows, META[row_key]), bh)](*args, **meta)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -784,6 +786,14 @@ def _ensure_allocator() -> None:
     triton.set_allocator(_tma_scratch)
 
 
+def _on_device(device: torch.device):
+    """Make `device` current for the launches, switching only when it is not already (a device
+    context costs two device exchanges of host time a call)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 def _attention_forward(q, k, v, causal: bool, scale: float):
     """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
     B, Hq, Tq, D = q.shape
@@ -798,7 +808,7 @@ def _attention_forward(q, k, v, causal: bool, scale: float):
         scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
     )
     meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode())
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    with _on_device(q.device):
         _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta)
     return out, lse
 
@@ -815,9 +825,9 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
     if use_tma_dkdv or use_tma_dq:
         _ensure_allocator()
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    with _on_device(q.device):
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
-        _bwd_preprocess_kernel[(triton.cdiv(Tq, pre_block), B * Hq)](
+        _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
             out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
         )
         fused = bool(FUSED_DQ)
@@ -885,11 +895,12 @@ def _backward(ctx, dout, _dlse):
         dout = torch.zeros_like(out)
     elif _plane_extent(dout) >= _INT32_LIMIT:  # see attention(): in-plane offsets are int32
         dout = dout.contiguous()
-    dq, dk, dv = _attention_bwd_op(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
+    dq, dk, dv = (_attention_backward if ctx.eager else _attention_bwd_op)(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
 
-_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
+_attention = autograd_op(_attention_fwd_op, _attention_forward, _setup_context, _backward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -978,7 +989,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     padded = padded_head_dim(D)
     if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
         tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
-        out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
+        out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
         return out[..., :D]
-    out, _ = _attention_fwd_op(tensors["q"], tensors["k"], tensors["v"], causal, scale)
+    out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
     return out

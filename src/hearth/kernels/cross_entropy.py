@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor, num_sms
+from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
 # fp16 only: the forward stores g * FP16_STORE_SCALE (a power of two, so exact) to lift small softmax
@@ -246,7 +246,7 @@ def _config(n_cols: int) -> tuple[int, int]:
     """(chunk BLOCK, num_warps) for vocab width n_cols."""
     for limit, block, warps in _CE_CONFIGS:
         if n_cols <= limit:
-            return min(block, triton.next_power_of_2(n_cols)), warps
+            return min(block, next_power_of_2(n_cols)), warps
     raise AssertionError("unreachable: last limit is unbounded")
 
 
@@ -296,7 +296,7 @@ def _pick_rows_config(logits):
     if n_cols <= 8192 or logits.device.type != "cuda":
         return (CE_PROGRAMS_PER_SM, block, warps, 1)
     per_sm, wide_block, wide_warps, stages = _CE_WIDE_CONFIG
-    return (per_sm, min(wide_block, triton.next_power_of_2(n_cols)), wide_warps, stages)
+    return (per_sm, min(wide_block, next_power_of_2(n_cols)), wide_warps, stages)
 
 
 def ce_rows_(logits, target, *, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, grad_scale=None):
@@ -320,9 +320,9 @@ def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
     if grad.numel() == 0:
         return
     n_rows, n_cols = grad.shape
-    block = min(SCALE_BLOCK, triton.next_power_of_2(n_cols))
+    block = min(SCALE_BLOCK, next_power_of_2(n_cols))
     scale = scale.to(device=grad.device, dtype=torch.float32).contiguous()
-    n_tiles = n_rows * triton.cdiv(n_cols, block)
+    n_tiles = n_rows * cdiv(n_cols, block)
     grid = (min(n_tiles, num_sms(grad.device) * SCALE_PROGRAMS_PER_SM),)
     _scale_rows_kernel[grid](
         grad, scale, n_rows, n_cols, grad.stride(0), ROWWISE=scale.dim() == 1, BLOCK=block,

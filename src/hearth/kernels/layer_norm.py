@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor
+from hearth.kernels._common import autograd_op, check_same_device, check_tensor
 from hearth.kernels.rms_norm import MAX_N, _config, _rows, persistent_grid
 
 
@@ -181,12 +181,13 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.hearth.layer_norm_bwd(dy, x, weight, mean, rstd)
+    dx, dw, db = (_backward if ctx.eager else torch.ops.hearth.layer_norm_bwd)(dy, x, weight, mean, rstd)
     db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
     return dx, dw, db, None
 
 
-_layer_norm_fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
+_layer_norm = autograd_op(_layer_norm_fwd_op, _forward, _setup_context, _autograd_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,5 +227,5 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError(f"bias must have length x.shape[-1] = {n}, got shape {tuple(bias.shape)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
-    y, _mean, _rstd = torch.ops.hearth.layer_norm_fwd(x, weight, bias, float(eps))
+    y, _mean, _rstd = _layer_norm(x, weight, bias, float(eps))
     return y

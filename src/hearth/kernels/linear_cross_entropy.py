@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, num_sms
+from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, num_sms
 from hearth.kernels.cross_entropy import check_loss_options
 
 EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
@@ -94,7 +94,7 @@ def _scale_inplace(t: torch.Tensor, scale: torch.Tensor) -> None:
         return
     # a bounded grid (8 programs per SM): the usual grad_output == 1 launch then costs ~1k programs
     # that read one float and exit, not V*H/4096 of them (190k for a 151936 x 5120 grad_W)
-    grid = (min(triton.cdiv(t.numel(), SCALE_BLOCK), 8 * num_sms(t.device)),)
+    grid = (min(cdiv(t.numel(), SCALE_BLOCK), 8 * num_sms(t.device)),)
     _scale_inplace_kernel[grid](t, scale, t.numel(), BLOCK=SCALE_BLOCK, num_warps=8)
 
 
@@ -179,8 +179,7 @@ def _empty(x):
 
 
 # ----------------------------------------------------------------------------------------- torch.library ops
-@torch.library.custom_op("hearth::linear_cross_entropy_fwd", mutates_args=())
-def _lce_fwd(
+def _lce_forward(
     x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
     ignore_index: int, label_smoothing: float, reduction: str, z_loss: float, softcap: float,
     need_gx: bool, need_gw: bool, need_gb: bool, chunk_rows: int,
@@ -216,6 +215,9 @@ def _lce_fwd(
             gb if gb is not None else _empty(rows_loss), factor)
 
 
+_lce_fwd = torch.library.custom_op("hearth::linear_cross_entropy_fwd", mutates_args=())(_lce_forward)
+
+
 @_lce_fwd.register_fake
 def _(x, w, target, bias, ignore_index, label_smoothing, reduction, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows):
     eager = reduction != "none"
@@ -226,8 +228,7 @@ def _(x, w, target, bias, ignore_index, label_smoothing, reduction, z_loss, soft
     return loss, gx, gw, gb, x.new_empty((), dtype=torch.float32)
 
 
-@torch.library.custom_op("hearth::linear_cross_entropy_bwd_none", mutates_args=())
-def _lce_bwd_none(
+def _lce_backward_none(
     x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, grad_output: torch.Tensor,
     ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
     need_gx: bool, need_gw: bool, need_gb: bool, chunk_rows: int,
@@ -242,16 +243,21 @@ def _lce_bwd_none(
             gb if gb is not None else x.new_empty((0,), dtype=torch.float32))
 
 
+_lce_bwd_none = torch.library.custom_op("hearth::linear_cross_entropy_bwd_none", mutates_args=())(_lce_backward_none)
+
+
 @_lce_bwd_none.register_fake
 def _(x, w, target, bias, grad_output, ignore_index, label_smoothing, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows):
     return (x.new_empty(x.shape) if need_gx else _empty(x), w.new_empty(w.shape) if need_gw else _empty(x),
             x.new_empty((w.shape[0],) if need_gb else (0,), dtype=torch.float32))
 
 
-@torch.library.custom_op("hearth::linear_cross_entropy_scale_", mutates_args=("grad",))
-def _lce_scale_(grad: torch.Tensor, grad_output: torch.Tensor, factor: torch.Tensor) -> None:
+def _lce_scale_impl(grad: torch.Tensor, grad_output: torch.Tensor, factor: torch.Tensor) -> None:
     """grad *= grad_output * factor in place (fp32 scalar math; a no-op launch when it is 1)."""
     _scale_inplace(grad, (grad_output.to(torch.float32) * factor).reshape(()).contiguous())
+
+
+_lce_scale_ = torch.library.custom_op("hearth::linear_cross_entropy_scale_", mutates_args=("grad",))(_lce_scale_impl)
 
 
 @_lce_scale_.register_fake
@@ -286,18 +292,20 @@ def _backward(ctx, grad_loss, *_unused):
     ignore_index, label_smoothing, z_loss, softcap, need_gx, need_gw, need_gb, chunk_rows = ctx.opts
     if ctx.reduction == "none":
         x, w, target, bias = ctx.saved_tensors
-        gx, gw, gb = _lce_bwd_none(x, w, target, bias, grad_loss, ignore_index, label_smoothing, z_loss,
+        gx, gw, gb = (_lce_backward_none if ctx.eager else _lce_bwd_none)(x, w, target, bias, grad_loss, ignore_index, label_smoothing, z_loss,
                                    softcap, need_gx, need_gw, need_gb, chunk_rows)
     else:
         gx, gw, gb, factor = ctx.saved_tensors
+        scale_ = _lce_scale_impl if ctx.eager else _lce_scale_
         for g in (gx, gw, gb):
             if g.numel():
-                _lce_scale_(g, grad_loss, factor)
+                scale_(g, grad_loss, factor)
     return (gx if need_gx else None, gw if need_gw else None, None,
             gb.to(ctx.bias_dtype) if need_gb else None, None, None, None, None, None, None, None, None, None)
 
 
-_lce_fwd.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _lce_forward; under torch.compile: the custom ops
+_lce = autograd_op(_lce_fwd, _lce_forward, _setup_context, _backward)
 
 
 # ----------------------------------------------------------------------------------------- public
@@ -347,7 +355,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
     elif isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
     grad_on = torch.is_grad_enabled()
-    loss, *_ = _lce_fwd(
+    loss, *_ = _lce(
         x, linear_weight, target.contiguous(), linear_bias, ignore_index, float(label_smoothing), reduction,
         float(z_loss), float(softcap or 0.0),
         grad_on and input.requires_grad, grad_on and linear_weight.requires_grad,

@@ -26,9 +26,10 @@ shared memory (128x256x64 x 4 stages: 229,408 B of the 232,448 B limit); no spil
 Both are autotuned on CUDA over a small config set keyed on (M, N, K) (the autotuner caches the
 choice per shape); tile shapes that would leave SMs idle are pruned before timing (_prune_few_tiles). The launcher picks the kernel; `matmul` is a torch.library custom op with an
 autograd formula (dA = dC @ B^T, dB = A^T @ dC through the same op on transposed views) and a fake
-implementation, so torch.compile(fullgraph=True) traces it without a graph break. When there is no
-graph to record (no input requires grad, or grad mode is off, outside torch.compile) `matmul` calls
-the launcher directly: the custom-op dispatch costs host time that small GEMMs cannot hide.
+implementation, so torch.compile(fullgraph=True) traces it without a graph break. Eager calls skip the
+custom-op dispatch (host time that small GEMMs cannot hide): a torch.autograd.Function with the same
+formula runs the launcher (_common.autograd_op), and with no graph to record (no input requires grad,
+or grad mode is off) `matmul` calls the launcher directly.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
 
 
 
@@ -208,7 +209,7 @@ def _prune_few_tiles(configs, named_args, **kwargs):
     be trusted to see it. Big shapes keep every config."""
     m, n = named_args["M"], named_args["N"]
     sms = num_sms(named_args["a_ptr"].device)
-    tiles = {c: triton.cdiv(m, c.kwargs["BLOCK_M"]) * triton.cdiv(n, c.kwargs["BLOCK_N"]) for c in configs}
+    tiles = {c: cdiv(m, c.kwargs["BLOCK_M"]) * cdiv(n, c.kwargs["BLOCK_N"]) for c in configs}
     full = [c for c in configs if tiles[c] >= sms]
     if full:
         return full
@@ -281,11 +282,11 @@ def _launch_tma(a, b, c, *, tuned: bool = True):
     args = (a, b, c, M, N, K, lda, ldb, c.stride(0))
     meta = dict(A_T=a_t, B_T=b_t, NUM_SMS=sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
     if tuned:
-        grid = lambda m: (min(sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+        grid = lambda m: (min(sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
         LAST_TUNER = _matmul_tma_tuned
         return _matmul_tma_tuned[grid](*args, **meta)
     cfg = _INTERP_TMA
-    grid = (min(sms, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])),)
+    grid = (min(sms, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])),)
     return _matmul_tma_kernel[grid](*args, **meta, **cfg)
 
 
@@ -305,11 +306,11 @@ def _launch_pointer(a, b, c, *, tuned: bool = True):
         b = b.t().contiguous().t()  # [K, N] column-major: K stride 1 (the N offsets are int64)
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if tuned:
-        grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
         LAST_TUNER = _matmul_ptr_tuned
         return _matmul_ptr_tuned[grid](*args, PRECISION=_precision(a.dtype), UPCAST=False)
     cfg = _INTERP_PTR
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    grid = (cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]),)
     return _matmul_kernel[grid](*args, PRECISION=_precision(a.dtype), UPCAST=True, **cfg)
 
 
@@ -338,11 +339,13 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, backend:
 
 
 # ----------------------------------------------------------------------------------------- torch.library op
-@torch.library.custom_op("hearth::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     matmul_into(a, b, out)
     return out
+
+
+_matmul_op = torch.library.custom_op("hearth::matmul", mutates_args=())(_matmul)
 
 
 @_matmul_op.register_fake
@@ -358,15 +361,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_c):
     a, b = ctx.saved_tensors
     grad_a = grad_b = None
+    mm = _matmul_diff if ctx.eager else _matmul_op  # differentiable either way (double backward)
     # Transposed *views*: the kernels take the strides, nothing is copied.
     if ctx.needs_input_grad[0]:
-        grad_a = _matmul_op(grad_c, b.t())
+        grad_a = mm(grad_c, b.t())
     if ctx.needs_input_grad[1]:
-        grad_b = _matmul_op(a.t(), grad_c)
+        grad_b = mm(a.t(), grad_c)
     return grad_a, grad_b
 
 
-_matmul_op.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _matmul; under torch.compile: the custom op
+_matmul_diff = autograd_op(_matmul_op, _matmul, _setup_context, _backward)
 
 
 # ----------------------------------------------------------------------------------------- public
@@ -389,10 +394,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-        out = _matmul_op(a2, b)
-    else:  # no graph to record: skip the custom-op dispatch (tens of microseconds of host time)
-        out = torch.empty((a2.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        matmul_into(a2, b, out)
+        out = _matmul_diff(a2, b)
+    else:  # no graph to record: skip the autograd.Function too
+        out = _matmul(a2, b)
     return out.reshape(*lead, b.shape[1])
 
 

@@ -20,11 +20,13 @@ is computed); G, num_warps and the pipelining depth are picked on the GPU (see _
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_tensor, num_sms, pick_config
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, pick_config
 
 # Largest feature width kept in registers as one block (fp32 [BLOCK_N] per live tensor).
 MAX_N = 65536
@@ -39,6 +41,13 @@ _BWD_CANDIDATES = ((2, 8, 3), (2, 8, 4), (1, 16, 4), (2, 16, 3), (4, 8, 2), (4, 
 PROGRAMS_PER_SM = _BWD_CANDIDATES[0][0]
 # Forward: one row per program; candidate num_warps multipliers of the _config default.
 _FWD_WARP_SCALE = (1, 2, 0.5)
+# Narrow rows (next_power_of_2(N) <= NARROW_MAX_BLOCK, e.g. Qwen3's q_norm / k_norm over head_dim 128:
+# M = tokens x heads rows): one program per row left 128 threads for 128 values and a grid of 160k
+# tiny programs (0.25x the best peer on the H200). The forward then takes a [BLOCK_M, BLOCK_N] tile of
+# rows per program (_rms_norm_fwd_rows_kernel). Candidates (tile elements, num_warps), timed on the GPU
+# with the one-row configs (pick_config keeps the fastest); the first is the default.
+NARROW_MAX_BLOCK = 1024
+_FWD_TILE_CANDIDATES = ((4096, 4), (2048, 4), (8192, 8), (4096, 8), (16384, 16))
 
 
 # --------------------------------------------------------------------------------------------
@@ -65,6 +74,31 @@ def _rms_norm_fwd_kernel(
     y = x * rstd * w
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _rms_norm_fwd_rows_kernel(
+    # pointers
+    x_ptr, w_ptr, y_ptr, rstd_ptr,
+    # shapes
+    M, N, eps,
+    # strides (elements between rows; the feature dimension is contiguous)
+    stride_x, stride_y,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,
+):
+    """The forward over a [BLOCK_M, BLOCK_N] tile of rows: the math of _rms_norm_fwd_kernel per row."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    mask = row_mask[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
 @triton.jit
@@ -112,16 +146,17 @@ def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAM
     bound), and only ~log2(M) variants are ever compiled.
     """
     target = max(1, min(m, programs_per_sm * num_sms(device)))
-    rows = triton.next_power_of_2(triton.cdiv(m, target))
-    return triton.cdiv(m, rows), rows
+    rows = next_power_of_2(cdiv(m, target))
+    return cdiv(m, rows), rows
 
 
 # --------------------------------------------------------------------------------------------
 # Launchers: flatten to 2-D [M, N], choose BLOCK_N / num_warps in one place
 # --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def _config(n: int) -> tuple[int, int]:
     """(BLOCK_N, num_warps) for a row of n features: the whole row lives in registers."""
-    block = triton.next_power_of_2(n)
+    block = next_power_of_2(n)
     num_warps = 4 if block <= 1024 else 8 if block <= 8192 else 16 if block <= 16384 else 32
     return block, num_warps
 
@@ -143,16 +178,32 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, rstd
-    block, num_warps = _config(n)
+    block = _config(n)[0]
     y2 = y.view(-1, n)
 
-    def launch(warps):
-        _rms_norm_fwd_kernel[(m,)](x2, weight, y2, rstd, n, eps, x2.stride(0), y2.stride(0), BLOCK_N=block, num_warps=warps)
+    def launch(cfg):
+        kind, rows, warps = cfg
+        if kind == "row":
+            _rms_norm_fwd_kernel[(m,)](x2, weight, y2, rstd, n, eps, x2.stride(0), y2.stride(0), BLOCK_N=block, num_warps=warps)
+        else:
+            _rms_norm_fwd_rows_kernel[(cdiv(m, rows),)](
+                x2, weight, y2, rstd, m, n, eps, x2.stride(0), y2.stride(0), BLOCK_M=rows, BLOCK_N=block, num_warps=warps)
 
     # idempotent (writes y and rstd only), so candidates are timed on the real arguments
-    cands = list(dict.fromkeys(max(1, min(32, int(num_warps * f))) for f in _FWD_WARP_SCALE))
-    launch(pick_config(("rms_norm_fwd", n, x.dtype, weight.dtype), cands, launch, x.device))
+    launch(pick_config(("rms_norm_fwd", n, x.dtype, weight.dtype), _fwd_candidates(n), launch, x.device))
     return y, rstd
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
+    """("row", 1, num_warps): one row per program; ("tile", BLOCK_M, num_warps): BLOCK_M rows per program
+    (narrow rows only, listed first there). Cached per width: a dict hit on the hot path."""
+    block, num_warps = _config(n)
+    rows = [("row", 1, w) for w in dict.fromkeys(max(1, min(32, int(num_warps * f))) for f in _FWD_WARP_SCALE)]
+    if block > NARROW_MAX_BLOCK:
+        return tuple(rows)
+    tiles = [("tile", max(1, elems // block), w) for elems, w in _FWD_TILE_CANDIDATES]
+    return tuple(dict.fromkeys(tiles + rows))
 
 
 def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,12 +234,13 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     return dx, launch(cfg).sum(0).to(weight.dtype)
 
 
-def _bwd_candidates(n: int) -> list[tuple[int, int, int]]:
+@functools.lru_cache(maxsize=None)
+def _bwd_candidates(n: int) -> tuple[tuple[int, int, int], ...]:
     """(programs_per_SM, num_warps, num_stages) candidates for rows of n features. Rows wider than
     8192 keep the _config warps (registers), pipelined 2 deep; the table is tuned for N <= 8192."""
-    if triton.next_power_of_2(n) > 8192:
-        return [(1, _config(n)[1], 2), (1, _config(n)[1], 1)]
-    return list(_BWD_CANDIDATES)
+    if next_power_of_2(n) > 8192:
+        return ((1, _config(n)[1], 2), (1, _config(n)[1], 1))
+    return tuple(_BWD_CANDIDATES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,11 +277,12 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.hearth.rms_norm_bwd(dy, x, weight, rstd)
+    dx, dw = (_backward if ctx.eager else torch.ops.hearth.rms_norm_bwd)(dy, x, weight, rstd)
     return dx, dw, None
 
 
-_rms_norm_fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
+_rms_norm = autograd_op(_rms_norm_fwd_op, _forward, _setup_context, _autograd_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,5 +319,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         raise ValueError(f"weight must have length x.shape[-1] = {n}, got shape {tuple(weight.shape)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
-    y, _rstd = torch.ops.hearth.rms_norm_fwd(x, weight, float(eps))
+    y, _rstd = _rms_norm(x, weight, float(eps))
     return y

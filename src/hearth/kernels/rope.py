@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor, pick_config
+from hearth.kernels._common import FLOAT_DTYPES, autograd_op, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
 MAX_TILE = 4096
@@ -117,10 +117,10 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
     if q.numel() == 0 and k.numel() == 0:
         return qo, ko
     half = dim // 2
-    block_half = triton.next_power_of_2(half)
+    block_half = next_power_of_2(half)
     max_heads = max(1, MAX_TILE // block_half)
-    block_hq = min(triton.next_power_of_2(hq), max_heads)
-    block_hk = min(triton.next_power_of_2(hk), max_heads)
+    block_hq = min(next_power_of_2(hq), max_heads)
+    block_hk = min(next_power_of_2(hk), max_heads)
     num_warps = NUM_WARPS or (4 if max(block_hq, block_hk) * block_half <= 2048 else 8)
     cb = 0 if cos.shape[0] == 1 else cos.stride(0)
     sb = 0 if sin.shape[0] == 1 else sin.stride(0)
@@ -165,11 +165,13 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dq_out, dk_out):
     cos, sin = ctx.saved_tensors
-    dq, dk = torch.ops.hearth.rope(dq_out, dk_out, cos, sin, not ctx.backward_flag)
+    # the backward is this op again (differentiable: a double backward rotates back)
+    dq, dk = (_rope if ctx.eager else torch.ops.hearth.rope)(dq_out, dk_out, cos, sin, not ctx.backward_flag)
     return dq, dk, None, None, None
 
 
-_rope_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over _launch; under torch.compile: the custom op
+_rope = autograd_op(_rope_op, _launch, _setup_context, _autograd_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,4 +215,4 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
             raise ValueError(f"{name} must have shape [1 or {bsz}, {t}, {dim}], got {tuple(table.shape)}")
     if cos.shape != sin.shape:
         raise ValueError(f"sin must have the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
-    return torch.ops.hearth.rope(q, k, cos, sin, False)
+    return _rope(q, k, cos, sin, False)

@@ -27,6 +27,7 @@ it can be a non-contiguous view (values and shape are what torch.softmax returns
 
 Registered as torch.library custom ops `hearth::softmax_fwd` / `hearth::softmax_bwd` (fake kernels and
 autograd registered), so `torch.compile(fullgraph=True)` sees one opaque op and does not break the graph.
+Eager calls skip that dispatch: a torch.autograd.Function runs the same launchers (_common.autograd_op).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_tensor, num_sms, pick_config
+from hearth.kernels._common import autograd_op, check_tensor, next_power_of_2, num_sms, pick_config
 
 # Row widths above this use the chunked (online) kernels. Tests lower it (monkeypatch) to exercise the
 # wide path on the CPU interpreter. 32768 fp32 values per row = 32 registers/thread at 32 warps.
@@ -183,8 +184,8 @@ def _softmax_bwd_chunked_kernel(
 def _config(n_cols: int) -> tuple[bool, int, int]:
     """(chunked?, BLOCK or CHUNK, num_warps) for rows of width n_cols: the one tuning table."""
     if n_cols > ONEPASS_MAX_COLS:
-        return True, min(WIDE_CHUNK, triton.next_power_of_2(n_cols)), WIDE_WARPS
-    block = triton.next_power_of_2(n_cols)
+        return True, min(WIDE_CHUNK, next_power_of_2(n_cols)), WIDE_WARPS
+    block = next_power_of_2(n_cols)
     warps = next(w for limit, w in _ONEPASS_WARPS if block <= limit)
     return False, block, warps
 
@@ -202,7 +203,7 @@ def _wide_candidates(n_cols: int, itemsize: int = 2, n_inputs: int = 1) -> list[
     Pipelined loops (num_stages > 1: cp.async into shared memory) keep chunks in flight without more
     programs; fewer programs = fewer rows in flight = more of the reverse re-read served by L2
     (4096 x 262144 bf16: 66 programs x 512 KiB = 33 MiB, under the 50 MB L2; 132 = 66 MiB, over)."""
-    cap = triton.next_power_of_2(n_cols)
+    cap = next_power_of_2(n_cols)
     first = (WIDE_PROGRAMS_PER_SM, min(WIDE_CHUNK, cap), WIDE_WARPS, 1)
     cands = [first, (1.0, 16384, 32, 3), (0.5, 16384, 32, 3), (0.5, 16384, 32, 1), (0.5, 16384, 32, 2), (0.25, 16384, 32, 4)]
     # shared memory of the pipelined loads: (stages - 1) x CHUNK x itemsize per input (the compiled
@@ -304,10 +305,11 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y):
     (y,) = ctx.saved_tensors
-    return _softmax_bwd_op(y, grad_y)
+    return (_softmax_bwd if ctx.eager else _softmax_bwd_op)(y, grad_y)
 
 
-_softmax_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
+_softmax = autograd_op(_softmax_fwd_op, _softmax_fwd, _setup_context, _backward)
 
 
 # ---------------------------------------------------------------------------------------- public fn
@@ -337,5 +339,5 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, got {dim}")
     dim = dim % x.dim()
     if dim == x.dim() - 1:
-        return _softmax_fwd_op(x)
-    return _softmax_fwd_op(x.movedim(dim, -1)).movedim(-1, dim)
+        return _softmax(x)
+    return _softmax(x.movedim(dim, -1)).movedim(-1, dim)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor, pick_config
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config
 
 BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
 NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_COLS = 1024
@@ -99,12 +99,12 @@ def _swiglu_bwd_kernel(
 # Launchers: 2-D [M, N] views whose last dim is contiguous (row strides may be anything)
 # --------------------------------------------------------------------------------------------
 def _grid(m: int, n: int, block: int = BLOCK_COLS):
-    return (m, triton.cdiv(n, block))
+    return (m, cdiv(n, block))
 
 
 def _candidates(n: int) -> list[tuple[int, int]]:
     """(BLOCK_COLS, num_warps) candidates for rows of n columns (no block wider than the row needs)."""
-    cap = max(BLOCK_COLS, triton.next_power_of_2(n))
+    cap = max(BLOCK_COLS, next_power_of_2(n))
     return [c for c in _CANDIDATES if c[0] <= cap]
 
 
@@ -145,11 +145,21 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # torch.library ops + autograd: elementwise swiglu
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("hearth::swiglu_fwd", mutates_args=())
-def _swiglu_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     h = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _launch_fwd(_rows(gate), _rows(up), h.view(-1, h.shape[-1]) if h.dim() else h, tune=True)
     return h
+
+
+def _swiglu_backward_impl(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    n = gate.shape[-1]
+    _launch_bwd(_rows(dh), _rows(gate), _rows(up), dg.view(-1, n), du.view(-1, n), tune=True)
+    return dg, du
+
+
+_swiglu_fwd_op = torch.library.custom_op("hearth::swiglu_fwd", mutates_args=())(_swiglu_forward)
 
 
 @_swiglu_fwd_op.register_fake
@@ -157,13 +167,7 @@ def _(gate, up):
     return gate.new_empty(gate.shape)
 
 
-@torch.library.custom_op("hearth::swiglu_bwd", mutates_args=())
-def _swiglu_bwd_op(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
-    n = gate.shape[-1]
-    _launch_bwd(_rows(dh), _rows(gate), _rows(up), dg.view(-1, n), du.view(-1, n), tune=True)
-    return dg, du
+_swiglu_bwd_op = torch.library.custom_op("hearth::swiglu_bwd", mutates_args=())(_swiglu_backward_impl)
 
 
 @_swiglu_bwd_op.register_fake
@@ -177,10 +181,11 @@ def _swiglu_setup(ctx, inputs, output):
 
 def _swiglu_backward(ctx, dh):
     gate, up = ctx.saved_tensors
-    return torch.ops.hearth.swiglu_bwd(dh, gate, up)
+    return (_swiglu_backward_impl if ctx.eager else torch.ops.hearth.swiglu_bwd)(dh, gate, up)
 
 
-_swiglu_fwd_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+# eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
+_swiglu = autograd_op(_swiglu_fwd_op, _swiglu_forward, _swiglu_setup, _swiglu_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,8 +208,7 @@ def _linear_into(out, a, w, b) -> None:
         torch.addmm(b, a, w.t(), out=out)
 
 
-@torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())
-def _mlp_fwd_op(
+def _mlp_forward(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
     b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
     recompute_up: bool,
@@ -232,6 +236,9 @@ def _mlp_fwd_op(
     return out, g, u
 
 
+_mlp_fwd_op = torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())(_mlp_forward)
+
+
 @_mlp_fwd_op.register_fake
 def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
     m = x.shape[0]
@@ -240,8 +247,7 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
     return x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), u
 
 
-@torch.library.custom_op("hearth::swiglu_mlp_bwd", mutates_args=("g", "u"))
-def _mlp_bwd_op(
+def _mlp_backward_impl(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: Optional[torch.Tensor],
     need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True,
@@ -300,6 +306,18 @@ def _mlp_bwd_op(
     return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
+def _mlp_backward_eager(dout, x, g, u, *args):
+    """The eager route: the launcher called directly. g and u are overwritten by Triton (which autograd
+    does not see), so their version counters are bumped here, as the custom op's mutates_args does:
+    a second backward through the same graph then fails autograd's saved-tensor check."""
+    grads = _mlp_backward_impl(dout, x, g, u, *args)
+    torch.autograd.graph.increment_version([g, u])
+    return grads
+
+
+_mlp_bwd_op = torch.library.custom_op("hearth::swiglu_mlp_bwd", mutates_args=("g", "u"))(_mlp_backward_impl)
+
+
 @_mlp_bwd_op.register_fake
 def _(dout, x, g, u, w_gate, w_up, w_down, b_up, need_weight_grads, recompute_up, need_bias_grads=True):
     if need_weight_grads:
@@ -331,7 +349,7 @@ def _mlp_backward(ctx, dout, _dg, _du):
         return (None,) * 8
     x, g, u, w_gate, w_up, w_down, b_up = ctx.saved_tensors
     need_w = any(ctx.needs_input_grad[1:7])
-    dx, dwg, dwu, dwd, dbg, dbu, dbd = torch.ops.hearth.swiglu_mlp_bwd(
+    dx, dwg, dwu, dwd, dbg, dbu, dbd = (_mlp_backward_eager if ctx.eager else torch.ops.hearth.swiglu_mlp_bwd)(
         dout, x, g, u, w_gate, w_up, w_down, b_up, need_w, ctx.recompute_up, any(ctx.has_bias)
     )
     if not need_w:
@@ -340,7 +358,8 @@ def _mlp_backward(ctx, dout, _dg, _du):
     return dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None, None
 
 
-_mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+# eager: a torch.autograd.Function over _mlp_forward / _mlp_backward_impl; under torch.compile: the custom ops
+_mlp = autograd_op(_mlp_fwd_op, _mlp_forward, _mlp_setup, _mlp_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +391,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise ValueError("gate must have at least one dimension, got a 0-d tensor")
     if gate.shape != up.shape:
         raise ValueError(f"up must have the shape of gate {tuple(gate.shape)}, got {tuple(up.shape)}")
-    return torch.ops.hearth.swiglu_fwd(gate, up)
+    return _swiglu(gate, up)
 
 
 def swiglu_mlp(
@@ -418,5 +437,5 @@ def swiglu_mlp(
         if t is not None and t.shape[0] != size:
             raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
     x2 = x.reshape(-1, hidden)
-    out, _g, _u = torch.ops.hearth.swiglu_mlp_fwd(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up))
+    out, _g, _u = _mlp(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up))
     return out.view(*x.shape[:-1], hidden)

@@ -1,0 +1,40 @@
+"""scripts/host_overhead.py runs in its CPU mode (interpreter, launches stubbed) and writes its JSONL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_host_overhead_script_cpu_mode(tmp_path):
+    out = tmp_path / "host.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "host_overhead.py"), "--device", "cpu", "--ops", "rms_norm,matmul",
+         "--reps", "3", "--warmup", "1", "--jsonl", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TOTAL fwd" in proc.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["op"], r["direction"]) for r in rows] == [("rms_norm", "fwd"), ("rms_norm", "bwd"), ("matmul", "fwd"), ("matmul", "bwd")]
+    for r in rows:
+        assert r["us"] > 0 and r["impl"] > 0, r
+        for key in ("checks", "dispatch", "config", "device", "alloc", "launch", "other"):
+            assert r[key] >= 0, (key, r)
+    by = {(r["op"], r["direction"]): r for r in rows}
+    # the stub counts the Triton launches: one kernel each way for rms_norm, two GEMMs in matmul's backward
+    assert by[("rms_norm", "fwd")]["launches"] == 1 and by[("rms_norm", "bwd")]["launches"] == 1
+    assert by[("matmul", "bwd")]["launches"] == 2
+    assert by[("rms_norm", "fwd")]["checks"] > 0  # the public function's checks are seen
+
+
+def test_host_overhead_script_rejects_an_unknown_op():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_overhead.py"), "--ops", "nope"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--ops" in proc.stderr
