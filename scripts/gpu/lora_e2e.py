@@ -19,6 +19,8 @@ process-wide, and a child returns all of its GPU memory when it exits):
   liger        + liger_kernel.transformers.apply_liger_kernel_to_qwen3 (rope, rms_norm, swiglu, fused linear CE)
   hearth       + hearth.patch.apply, after get_peft_model (so hearth's LoRA-aware nodes apply where they exist);
                the patch report is printed and stored with the row
+  hearth_fast  hearth + patch.apply(lora_compute="base"): the LoRA-aware nodes run the adapters' products in bf16
+               on the tensor cores (fp32 accumulation and fp32 gradients; not peft's fp32 numbers bit for bit)
   hearth_attn  hearth + patch.apply(attention=True) (opt-in: the published setup fixes SDPA attention)
   unsloth      Unsloth's FastLanguageModel (opt-in): imported first, as Unsloth requires; when it does not
                import the row says `unavailable` and why. The random model is saved to /tmp and loaded by
@@ -64,7 +66,7 @@ import time
 from pathlib import Path
 
 GIB = 1 << 30
-SETUPS = ("hf", "liger", "hearth", "hearth_attn", "unsloth")
+SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "unsloth")
 DEFAULT_SETUPS = ("hf", "liger", "hearth")
 MODES = ("none", "selective", "full", "auto", "best")
 QWEN3_14B = dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
@@ -163,10 +165,11 @@ def build(setup: str, *, seq: int, layers: int, smoke: bool, dtype_name: str, ch
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
                                              bias="none", task_type="CAUSAL_LM"))
     report = None
-    if setup in ("hearth", "hearth_attn"):
+    if setup in ("hearth", "hearth_fast", "hearth_attn"):
         from hearth import patch
 
-        report = patch.apply(model, attention=setup == "hearth_attn")
+        report = patch.apply(model, attention=setup == "hearth_attn",
+                             lora_compute="base" if setup == "hearth_fast" else "adapter")
         fields["patch"] = report.as_dict()
         fields["patch_text"] = str(report)
     return model, fields, report

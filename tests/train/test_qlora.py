@@ -74,6 +74,8 @@ def test_qlora_on_the_gpu_with_hearth_kernels(tmp_path, setup):  # pragma: no co
     assert out["nf4"]["loss"][-1] < out["nf4"]["loss"][0]
     assert out["nf4"]["weights_gib"] < out["bf16"]["weights_gib"]
     assert out["nf4"]["patch"]["replaced"]["loss"] == {"Qwen3ForCausalLM": 1}
+    # the probes build their inputs in the compute dtype on a 4-bit base: rope and the MLP are patched too
+    assert out["nf4"]["patch"]["replaced"]["mlp"] and out["nf4"]["patch"]["replaced"]["rope"]
 
 
 def test_the_gpu_script_runs_its_smoke_mode(tmp_path):

@@ -740,10 +740,10 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     report = None
     if cfg.patch:
         why = probe_loss_kernel(device, dtype)
-        # a 4-bit base: hearth.patch's MLP probe would build its input in the packed uint8 weight dtype and
-        # fail outside its guard, so the MLP is left (norm, rope where it probes, and the loss still apply)
-        report = hearth_patch.apply(model, loss=why is None, mlp=not cfg.qlora)
-        reasons = {"loss": why, "mlp": "left for a 4-bit base (its probe cannot build a float input)" if cfg.qlora else None}
+        # on a 4-bit base the probes build their inputs in the compute dtype (norm, rope, MLP and loss apply;
+        # the 4-bit projections run as bitsandbytes modules, only silu(g) * u is fused)
+        report = hearth_patch.apply(model, loss=why is None)
+        reasons = {"loss": why}
         report.left = {(k, c, reasons.get(k) or r): n for (k, c, r), n in report.left.items()}
         report.print(console)
         if why is not None or sum(report.count(k) for k in ("norm", "rope", "mlp", "loss")) == 0:
