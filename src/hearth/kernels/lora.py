@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
-from hearth.kernels.swiglu import _chunk, _launch_bwd, _launch_fwd, _linear_into
+from hearth.kernels.swiglu import _chunk, _down_by_row_chunks, _launch_bwd, _linear_into
 
 __all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE"]
 
@@ -147,25 +147,11 @@ def _mlp_fwd_op(
     else:
         u = F.linear(x, w_up, bias_up)
         _fold(u, xa[:, rg:], b_up_t, s_up)
-    m, inter = g.shape
-    out = x.new_empty((m, w_down.shape[0]))
-    xa_down = xa.new_empty((m, a_down.shape[0]))
-    rows = _chunk(m, inter)
-    h_buf = g.new_empty((min(rows, m), inter))
-    u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
-    for r0 in range(0, m, rows):
-        r1 = min(m, r0 + rows)
-        hc = h_buf[: r1 - r0]
-        if recompute_up:
-            uc = u_buf[: r1 - r0]
-            _linear_into(uc, x[r0:r1], w_up, bias_up)
-            _fold(uc, xa[r0:r1, rg:], b_up_t, s_up)
-        else:
-            uc = u[r0:r1]
-        _launch_fwd(g[r0:r1], uc, hc)
-        _linear_into(out[r0:r1], hc, w_down, bias_down)
-        torch.mm(hc.to(ldt), a_down.t(), out=xa_down[r0:r1])
-    h_buf = u_buf = hc = uc = None
+    xa_down = xa.new_empty((g.shape[0], a_down.shape[0]))
+    out = _down_by_row_chunks(
+        x, g, u, w_up, bias_up, w_down, bias_down, recompute_up,
+        fix_up=lambda uc, r0, r1: _fold(uc, xa[r0:r1, rg:], b_up_t, s_up),
+        on_h=lambda hc, r0, r1: torch.mm(hc.to(ldt), a_down.t(), out=xa_down[r0:r1]))
     _fold(out, xa_down, b_down.t(), s_down)
     return out, g, u, xa, xa_down
 

@@ -218,6 +218,13 @@ def _mlp_forward(
     h (and, when recompute_up, u) is formed one row chunk at a time and never held whole."""
     g = F.linear(x, w_gate, b_gate)
     u = x.new_empty(0) if recompute_up else F.linear(x, w_up, b_up)
+    return _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up), g, u
+
+
+def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_up=None, on_h=None) -> torch.Tensor:
+    """out = down(silu(g) * u) [M, H], h formed one row chunk at a time (never held whole); with recompute_up
+    each chunk's u is recomputed from x (then fix_up(u_chunk, r0, r1) may add to it in place, e.g. a LoRA
+    term). on_h(h_chunk, r0, r1), if given, sees each h chunk before it is reused (e.g. for a LoRA A product)."""
     m, inter = g.shape
     out = x.new_empty((m, w_down.shape[0]))
     rows = _chunk(m, inter)
@@ -229,11 +236,15 @@ def _mlp_forward(
         if recompute_up:
             uc = u_buf[: r1 - r0]
             _linear_into(uc, x[r0:r1], w_up, b_up)
+            if fix_up is not None:
+                fix_up(uc, r0, r1)
         else:
             uc = u[r0:r1]
         _launch_fwd(g[r0:r1], uc, hc)
         _linear_into(out[r0:r1], hc, w_down, b_down)
-    return out, g, u
+        if on_h is not None:
+            on_h(hc, r0, r1)
+    return out
 
 
 _mlp_fwd_op = torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())(_mlp_forward)
