@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
-from hearth.kernels.swiglu import _chunk, _down_by_row_chunks, _launch_bwd, _linear_into
+from hearth.kernels.swiglu import _backward_by_column_chunks, _down_by_row_chunks
 
 __all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE"]
 
@@ -193,25 +193,13 @@ def _mlp_bwd_op(
     db_up = b_up.new_empty(b_up.shape)
     dxa_g = xa.new_zeros((m, rg))
     dxa_u = xa.new_zeros((m, a_up.shape[0]))
-    cols = _chunk(inter, m)
-    dh_buf = g.new_empty(m * min(cols, inter))
-    u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
     dx = torch.zeros_like(x) if recompute_up else None
-    for c0 in range(0, inter, cols):
-        c1 = min(inter, c0 + cols)
-        width = c1 - c0
-        dhc = dh_buf[: m * width].view(m, width)
-        torch.mm(dout, w_down[:, c0:c1], out=dhc)
-        _fold(dhc, dxa_down_dt, a_down_dt[:, c0:c1], 1.0)  # dh += dxa_down A_d (the LoRA path into h)
-        gc = g[:, c0:c1]
-        if recompute_up:
-            uc = u_buf[: m * width].view(m, width)
-            _linear_into(uc, x, w_up[c0:c1], bias_up[c0:c1] if bias_up is not None else None)
-            _fold(uc, xa_u, b_up_dt[c0:c1].t(), s_up)
-        else:
-            uc = u[:, c0:c1]
-        _launch_bwd(dhc, gc, uc, gc, uc, dhc)  # dg -> g, du -> u, h -> dh (in place)
-        da_down[:, c0:c1] = torch.mm(dxa_down.t(), dhc.to(ldt))
+    chunks = _backward_by_column_chunks(
+        dout, x, g, u, w_up, bias_up, w_down, recompute_up, dx,
+        fix_dh=lambda dhc, c0, c1: _fold(dhc, dxa_down_dt, a_down_dt[:, c0:c1], 1.0),  # the LoRA path into h
+        fix_u=lambda uc, c0, c1: _fold(uc, xa_u, b_up_dt[c0:c1].t(), s_up))
+    for c0, c1, hc, gc, uc in chunks:
+        da_down[:, c0:c1] = torch.mm(dxa_down.t(), hc.to(ldt))
         dgl = gc.to(ldt)
         torch.mm(dgl.t(), xa_g, out=db_gate[c0:c1])
         dxa_g.addmm_(dgl, b_gate[c0:c1])
@@ -220,9 +208,7 @@ def _mlp_bwd_op(
         torch.mm(dul.t(), xa_u, out=db_up[c0:c1])
         dxa_u.addmm_(dul, b_up[c0:c1])
         dul = None
-        if recompute_up:  # the du chunk dies here: fold it into dx now
-            dx.addmm_(uc, w_up[c0:c1])
-    dh_buf = u_buf = dhc = gc = uc = None
+    hc = gc = uc = None
     db_gate.mul_(s_gate)
     db_up.mul_(s_up)
     dxa_g.mul_(s_gate)

@@ -221,6 +221,38 @@ def _mlp_forward(
     return _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up), g, u
 
 
+def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx, *, want_h=True, fix_dh=None,
+                               fix_u=None):
+    """The MLP backward's loop over column chunks of I (chunk buffers freed when it ends). Per chunk: dh = dout
+    W_down[:, chunk] (then fix_dh(dh, c0, c1) may add to it in place), u's chunk (recomputed from x when
+    recompute_up, then fix_u(u, c0, c1)), and the swiglu backward IN PLACE: g's chunk becomes dg, u's du, and
+    the dh buffer h (when want_h). Yields (c0, c1, h or spent dh, dg, du) chunks; after the caller's turn, with
+    recompute_up, the du chunk is folded into dx (dx += du W_up[chunk]) before its buffer is reused."""
+    m, inter = g.shape
+    cols = _chunk(inter, m)
+    dh_buf = g.new_empty(m * min(cols, inter))
+    u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
+    for c0 in range(0, inter, cols):
+        c1 = min(inter, c0 + cols)
+        width = c1 - c0
+        dhc = dh_buf[: m * width].view(m, width)  # contiguous, also for the ragged last chunk
+        torch.mm(dout, w_down[:, c0:c1], out=dhc)
+        if fix_dh is not None:
+            fix_dh(dhc, c0, c1)
+        gc = g[:, c0:c1]
+        if recompute_up:
+            uc = u_buf[: m * width].view(m, width)
+            _linear_into(uc, x, w_up[c0:c1], b_up[c0:c1] if b_up is not None else None)
+            if fix_u is not None:
+                fix_u(uc, c0, c1)
+        else:
+            uc = u[:, c0:c1]
+        _launch_bwd(dhc, gc, uc, gc, uc, dhc if want_h else None)  # dg -> g, du -> u, h -> dh, in place
+        yield c0, c1, dhc, gc, uc
+        if recompute_up:  # the du chunk dies here: fold it into dx now
+            dx.addmm_(uc, w_up[c0:c1])
+
+
 def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_up=None, on_h=None) -> torch.Tensor:
     """out = down(silu(g) * u) [M, H], h formed one row chunk at a time (never held whole); with recompute_up
     each chunk's u is recomputed from x (then fix_up(u_chunk, r0, r1) may add to it in place, e.g. a LoRA
@@ -270,38 +302,22 @@ def _mlp_backward_impl(
     recompute_up, u is an empty placeholder and each column chunk of u is recomputed from x."""
     dout = dout.contiguous()
     m, inter = g.shape
-    cols = _chunk(inter, m)
     need_w = need_weight_grads
     dw_down = w_down.new_empty(w_down.shape) if need_w else w_down.new_empty(0)
     dw_up = w_up.new_empty(w_up.shape) if need_w else w_up.new_empty(0)
     need_b = need_w and need_bias_grads
     db_up = x.new_empty((inter,)) if need_b else x.new_empty(0)
-    dh_buf = g.new_empty(m * min(cols, inter))
-    u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
     dx = torch.zeros_like(x) if recompute_up else None
     # Column chunks of I: each chunk of dW_down (and dW_up) is produced whole by one matmul.
-    for c0 in range(0, inter, cols):
-        c1 = min(inter, c0 + cols)
-        width = c1 - c0
-        dhc = dh_buf[: m * width].view(m, width)  # contiguous, also for the ragged last chunk
-        torch.mm(dout, w_down[:, c0:c1], out=dhc)
-        gc = g[:, c0:c1]
-        if recompute_up:
-            uc = u_buf[: m * width].view(m, width)
-            _linear_into(uc, x, w_up[c0:c1], b_up[c0:c1] if b_up is not None else None)
-        else:
-            uc = u[:, c0:c1]
-        # dg -> g, du -> u (chunk), h -> dh, all in place.
-        _launch_bwd(dhc, gc, uc, gc, uc, dhc if need_w else None)
+    for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
+                                                          want_h=need_w):
         if need_w:
-            dw_down[:, c0:c1].copy_(dout.t() @ dhc)
+            dw_down[:, c0:c1].copy_(dout.t() @ hc)
             torch.mm(uc.t(), x, out=dw_up[c0:c1])
             if need_b:
                 db_up[c0:c1] = uc.sum(0)
-        if recompute_up:  # du chunk dies here: fold it into dx now
-            dx.addmm_(uc, w_up[c0:c1])
     # The chunk buffers are dead: free them before the [I, H] / [rows, H] results below are allocated.
-    dh_buf = u_buf = dhc = gc = uc = None
+    hc = uc = None
     dg = g
     if recompute_up:
         dx.addmm_(dg, w_gate)
