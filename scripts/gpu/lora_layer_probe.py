@@ -3,7 +3,7 @@
 For each case -- the MLP (gate/up/down, LoRA on all three), q_proj (H -> Q) and o_proj (Q -> H) -- and each
 provider -- "peft" (peft's lora.Linear modules as HF + peft run them: silu(g) * u in torch for the MLP),
 "hearth" (kernels.lora: lora_swiglu_mlp via hearth.nn.SwiGLUMLP / lora_linear) and, for the MLP,
-"hearth_recompute_up" -- one forward + backward (x requires grad, LoRA r=16 alpha=32, fp32 adapters on a bf16
+"hearth_recompute_up", and "hearth_base" (the same nodes with lora_compute="base": LoRA GEMMs in bf16) -- one forward + backward (x requires grad, LoRA r=16 alpha=32, fp32 adapters on a bf16
 base, peft's defaults) is timed with CUDA events (median of --reps after --warmup), with:
 
     saved_mib   memory the forward leaves allocated for the backward, beyond x (the layer's input, alive anyway)
@@ -76,13 +76,14 @@ def build(case: str, shape: dict, rank: int, alpha: float, device, dtype):
         def peft_fn(x):
             return mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
 
-        def hearth_fn(x, recompute_up=False):
-            mlp.recompute_up = recompute_up
+        def hearth_fn(x, recompute_up=False, compute="adapter"):
+            mlp.recompute_up, mlp.lora_compute = recompute_up, compute
             if mlp._lora_parts(x) is None:
                 raise RuntimeError("the fused LoRA MLP did not apply (projections not in a plain state)")
             return mlp(x)
 
-        fns = {"hearth": hearth_fn, "hearth_recompute_up": lambda x: hearth_fn(x, True)}
+        fns = {"hearth": hearth_fn, "hearth_recompute_up": lambda x: hearth_fn(x, True),
+               "hearth_base": lambda x: hearth_fn(x, compute="base")}
         return peft_fn, fns, h, list(model.parameters())
     k, n = (h, q) if case == "q_proj" else (q, h)
     class OneProj(nn.Module):
@@ -97,13 +98,13 @@ def build(case: str, shape: dict, rank: int, alpha: float, device, dtype):
     model = _peft_wrap(holder, ["proj"], rank, alpha)
     layer = holder.proj
 
-    def hearth_fn(x):
-        parts = lora_parts(layer, x)
+    def hearth_fn(x, compute="adapter"):
+        parts = lora_parts(layer, x, compute)
         if parts is None:
             raise RuntimeError("lora_linear did not apply (the LoRA layer is not in a plain state)")
         return lora_linear(x, *parts)
 
-    return layer, {"hearth": hearth_fn}, k, list(model.parameters())
+    return layer, {"hearth": hearth_fn, "hearth_base": lambda x: hearth_fn(x, "base")}, k, list(model.parameters())
 
 
 def measure(fn, x, dy, params, warmup: int, reps: int, cuda: bool) -> dict:
