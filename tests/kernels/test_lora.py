@@ -431,8 +431,9 @@ def test_lora_layer_probe_smoke(tmp_path):
     assert main(["--smoke", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["case"], r["provider"]) for r in rows] == [
-        ("mlp", "peft"), ("mlp", "hearth"), ("mlp", "hearth_recompute_up"), ("q_proj", "peft"), ("q_proj", "hearth"),
-        ("o_proj", "peft"), ("o_proj", "hearth")]
+        ("mlp", "peft"), ("mlp", "hearth"), ("mlp", "hearth_recompute_up"), ("mlp", "hearth_base"),
+        ("q_proj", "peft"), ("q_proj", "hearth"), ("q_proj", "hearth_base"),
+        ("o_proj", "peft"), ("o_proj", "hearth"), ("o_proj", "hearth_base")]
     for r in rows:
         assert r["ms"] > 0 and r["max_diff"] < 0.1
         if r["provider"] != "peft":
