@@ -784,9 +784,30 @@ def _ensure_allocator() -> None:
     triton.set_allocator(_tma_scratch)
 
 
+def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
+                   *, env: dict | None = None) -> str:
+    """THE place that picks the forward kernel: "gluon" (attention_gluon.py: TMA + mbarrier ring +
+    wgmma, Hopper, bf16/fp16, head_dim 64/128, causal or not) or "triton" (the kernel above, which
+    serves every GPU, dtype and head dim). capability: the GPU's (major, minor), None off CUDA / under
+    the interpreter. The Gluon forward is opt-in (env HEARTH_ATTN_GLUON=1) until the H200 has timed it;
+    `causal` is part of the key so that a measured loss in one mode can be routed back here alone."""
+    from hearth.kernels import attention_gluon
+
+    env = os.environ if env is None else env
+    if env.get("HEARTH_ATTN_GLUON", "0") != "1":
+        return "triton"
+    return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
+
+
 def _attention_forward(q, k, v, causal: bool, scale: float):
     """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
     B, Hq, Tq, D = q.shape
+    cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
+    if forward_kernel(cap, q.dtype, D, causal) == "gluon":
+        from hearth.kernels import attention_gluon
+
+        if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
+            return attention_gluon.forward(q, k, v, causal, scale)
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
