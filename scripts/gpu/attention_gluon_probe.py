@@ -6,7 +6,8 @@ For each of issue 15's three cases (causal, bf16: B4 H32 T4096 D128, B2 Hq40 Hk8
 B4 H32 T4096 D64), then the first one non-causal: first a correctness gate (the Gluon forward's O and
 lse against the Triton forward's on the same inputs: max |diff|; a case whose O differs by more than
 0.05 or whose lse differs by more than 1e-3 is reported "mismatch" and not timed), then TFLOP/s of
-  * forward: Gluon (attention_gluon.forward), the current Triton forward (attention._attention_forward
+  * forward: Gluon (attention_gluon.forward; "gluon_ws" = its warp-specialised variant, timed only when it
+    passes the same check), the current Triton forward (attention._attention_forward
     with HEARTH_ATTN_GLUON unset, autotuned as shipped), SDPA cuDNN;
   * fwd+bwd: attention() with HEARTH_ATTN_GLUON=1 (Gluon forward + the existing backward), attention()
     as shipped, SDPA cuDNN.
@@ -85,11 +86,30 @@ def probe(case, emit):
         emit(row)
         return
 
+    def gluon(ws):
+        def run():
+            ag.WARP_SPECIALIZE = ws
+            return ag.forward(q, k, v, causal, scale)
+        return run
+
+    ws_ok = True
+    try:  # the warp-specialised variant must agree too before it is timed
+        ag.WARP_SPECIALIZE = True
+        o_w, lse_w = ag.forward(q, k, v, causal, scale)
+        row["ws_max_abs_diff_out"] = float((o_w.float() - o_t.float()).abs().max())
+        row["ws_max_abs_diff_lse"] = float((lse_w - lse_t).abs().max())
+        ws_ok = row["ws_max_abs_diff_out"] <= 0.05 and row["ws_max_abs_diff_lse"] <= 1e-3
+    except Exception as e:
+        row["ws_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        ws_ok = False
+    ag.WARP_SPECIALIZE = False
     fwd = {
-        "gluon": lambda: ag.forward(q, k, v, causal, scale),
+        "gluon": gluon(False),
         "triton": lambda: attn._attention_forward(q, k, v, causal, scale),
         "sdpa_cudnn": cudnn_fn(q, k, v, causal),
     }
+    if ws_ok:
+        fwd["gluon_ws"] = gluon(True)
     for name, fn in fwd.items():
         try:
             row[f"fwd_tflops_{name}"] = tflops(fwd_flops, bench(fn))
@@ -103,8 +123,9 @@ def probe(case, emit):
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     do = torch.randn_like(q)
 
-    def fwd_bwd(env):
+    def fwd_bwd(env, ws=False):
         def run():
+            ag.WARP_SPECIALIZE = ws
             if env:
                 os.environ["HEARTH_ATTN_GLUON"] = "1"
             else:
@@ -114,13 +135,16 @@ def probe(case, emit):
 
     cud = cudnn_fn(qg, kg, vg, causal)
     fb = {"gluon": fwd_bwd(True), "triton": fwd_bwd(False), "sdpa_cudnn": lambda: cud().backward(do)}
+    if ws_ok:
+        fb["gluon_ws"] = fwd_bwd(True, ws=True)
     for name, fn in fb.items():
         try:
             row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
         except Exception as e:
             row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
     os.environ.pop("HEARTH_ATTN_GLUON", None)
-    row["status"] = "ok"
+    ag.WARP_SPECIALIZE = False
+    row["status"] = "ok" if ws_ok else "ok (warp-specialised variant failed its check: not timed)"
     emit(row)
 
 

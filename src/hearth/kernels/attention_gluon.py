@@ -23,17 +23,24 @@ Design (one program per BLOCK_M query rows of one (b, h); one partition, softwar
     tail) apply the mask -- the same split as the Triton kernel.
   * O goes registers -> shared memory (Q's buffer, free by then) -> TMA store; lse by a masked store.
 
-Warp specialisation: Triton 3.6's Gluon has ``ttgl.warp_specialize`` and it compiles for sm_90 (a
-producer partition of one warp issuing the TMA loads, see ``WARP_SPECIALIZE`` below); this module ships
-the single-partition pipeline as the default variant and the producer/consumer variant behind the
-``WARP_SPECIALIZE`` constexpr, both compiled offline in tests/kernels/test_attention_gluon.py. Which one
-wins is for the H200 to say (scripts/gpu/attention_gluon_probe.py).
+Warp specialisation (env HEARTH_ATTN_GLUON_WS=1, the WARP_SPECIALIZE constexpr): Triton 3.6's Gluon
+``ttgl.warp_specialize`` does compile for sm_90. The variant runs the same consumer code in the kernel's
+NUM_WARPS warps (the default partition) and a producer partition of one warp that issues all K/V loads,
+waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
+bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
+consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX
+shows it; cuobjdump's REG figure is the launch allocation, 168). Not done yet: two consumer
+warpgroups on separate query tiles in ping-pong (FlashAttention-3's named-barrier schedule), and a
+persistent tile scheduler; both need the H200's first numbers for this kernel to be worth it.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
 """
 
 from __future__ import annotations
+
+import itertools
+import os
 
 import torch
 import triton
@@ -59,6 +66,10 @@ CONFIGS = {
     64: (128, 128, 8, 2),
     128: (128, 128, 8, 2),
 }
+# Producer/consumer variant (env HEARTH_ATTN_GLUON_WS=1): one TMA warp with few registers feeds the ring.
+WARP_SPECIALIZE = os.environ.get("HEARTH_ATTN_GLUON_WS", "0") == "1"
+PRODUCER_WARPS = 1
+PRODUCER_REGS = 24
 
 
 @gluon.jit
@@ -98,7 +109,7 @@ def _softmax_pv(s, acc, l_i, m_i, v_tile, offs_m, j, qk_scale, N_CTX_K,
 
 
 @gluon.jit
-def _consume(q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, acc, l_i, m_i, offs_m,
+def _consume(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, acc, l_i, m_i, offs_m,
              j_lo, j_hi, n_blocks, qk_scale, N_CTX_K,
              BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
              TILE_BYTES: ttgl.constexpr, MASKED: ttgl.constexpr, CAUSAL: ttgl.constexpr,
@@ -106,8 +117,7 @@ def _consume(q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, acc, l_i, m
              s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
     """Key blocks [j_lo, j_hi) of the ring. The QK^T of block j + 1 is issued (async) before block j's
     softmax. ISSUE_LOADS: this partition also refills the ring (single-partition variant); otherwise a
-    producer partition does, and slot release is signalled by arriving on the slot's K barrier's
-    companion (see _producer)."""
+    producer partition does (_producer), and the slot's release is signalled on empty_bars."""
     zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
     if j_lo < j_hi:
         slot = j_lo % NUM_STAGES
@@ -125,14 +135,50 @@ def _consume(q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, acc, l_i, m
             mbarrier.wait(v_bars.index(slot), (j // NUM_STAGES) & 1)
             acc, l_i, m_i = _softmax_pv(s, acc, l_i, m_i, v_smem.index(slot), offs_m, j, qk_scale, N_CTX_K,
                                         BLOCK_N, MASKED, CAUSAL, s_layout, o_layout, p_layout)
+            # Slot `slot` is free once every warp's PV wgmma on it is done (synchronous wgmma above);
+            # the next QK^T (block j + 1) reads another slot (NUM_STAGES >= 2).
+            if SYNC_WARPS:
+                ttgl.thread_barrier()
             if ISSUE_LOADS:
-                # Slot `slot` is free once every warp's PV wgmma on it is done (synchronous wgmma above);
-                # the next QK^T (block j + 1) reads another slot unless NUM_STAGES == 1.
-                if SYNC_WARPS:
-                    ttgl.thread_barrier()
                 _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j + NUM_STAGES, n_blocks,
                           BLOCK_N, NUM_STAGES, TILE_BYTES)
+            else:
+                mbarrier.arrive(empty_bars.index(slot), count=1)
     return acc, l_i, m_i
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc, start_m,
+              n_free, n_blocks, qk_scale, N_CTX_K,
+              HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+              NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr, ISSUE_LOADS: ttgl.constexpr,
+              SYNC_WARPS: ttgl.constexpr, s_layout: ttgl.constexpr, o_layout: ttgl.constexpr,
+              p_layout: ttgl.constexpr):
+    """The math warps: wait for Q, then the unmasked key blocks [0, n_free) and the masked ones
+    [n_free, n_blocks). Returns (acc, l_i, m_i) for the epilogue."""
+    offs_m = start_m * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+    m_i = ttgl.full([BLOCK_M], float("-inf"), ttgl.float32, ttgl.SliceLayout(1, s_layout))
+    l_i = ttgl.zeros([BLOCK_M], ttgl.float32, ttgl.SliceLayout(1, s_layout))
+    acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)
+    acc, l_i, m_i = _consume(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, acc, l_i, m_i,
+                             offs_m, 0, n_free, n_blocks, qk_scale, N_CTX_K, BLOCK_M, BLOCK_N, NUM_STAGES,
+                             TILE_BYTES, False, CAUSAL, ISSUE_LOADS, SYNC_WARPS, s_layout, o_layout, p_layout)
+    acc, l_i, m_i = _consume(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, acc, l_i, m_i,
+                             offs_m, n_free, n_blocks, n_blocks, qk_scale, N_CTX_K, BLOCK_M, BLOCK_N, NUM_STAGES,
+                             TILE_BYTES, True, CAUSAL, ISSUE_LOADS, SYNC_WARPS, s_layout, o_layout, p_layout)
+    return acc, l_i, m_i
+
+
+@gluon.jit
+def _producer(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, n_blocks,
+              BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+    """The load warp (warp-specialised variant): key block j goes into slot j % NUM_STAGES once the
+    consumers released that slot's previous block (j - NUM_STAGES) on empty_bars."""
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty_bars.index(slot), ((j // NUM_STAGES) & 1) ^ 1, pred=j >= NUM_STAGES)
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
 
 
 @gluon.jit
@@ -145,6 +191,7 @@ def _attn_fwd_gluon_kernel(
     qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, NUM_WARPS: ttgl.constexpr,
+    WARP_SPECIALIZE: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
 ):
     dtype: ttgl.constexpr = Q.dtype.element_ty
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -185,10 +232,12 @@ def _attn_fwd_gluon_kernel(
     q_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in ttgl.static_range(NUM_STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
     fence_async_shared()
 
     # Key blocks this query block visits: causal stops at the diagonal block's end.
@@ -203,27 +252,28 @@ def _attn_fwd_gluon_kernel(
 
     mbarrier.expect(q_bar, Q_BYTES)
     tma.async_copy_global_to_shared(q_desc, [start_m * BLOCK_M, 0], q_bar, q_smem)
-    for i in ttgl.static_range(NUM_STAGES):
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
-
+    SYNC: ttgl.constexpr = True  # a bar.sync before a slot is refilled / released (see _consume)
+    if WARP_SPECIALIZE:
+        acc, l_i, m_i = ttgl.warp_specialize(
+            [(_consumer, (q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc, start_m,
+                          n_free, n_blocks, qk_scale, N_CTX_K, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES,
+                          TILE_BYTES, False, SYNC, s_layout, o_layout, p_layout)),
+             (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, n_blocks, BLOCK_N,
+                          NUM_STAGES, TILE_BYTES))],
+            [PRODUCER_WARPS], [PRODUCER_REGS])
+    else:
+        for i in ttgl.static_range(NUM_STAGES):
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
+        acc, l_i, m_i = _consumer(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc,
+                                  start_m, n_free, n_blocks, qk_scale, N_CTX_K, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N,
+                                  NUM_STAGES, TILE_BYTES, True, SYNC, s_layout, o_layout, p_layout)
     offs_m = start_m * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
-    m_i = ttgl.full([BLOCK_M], float("-inf"), ttgl.float32, ttgl.SliceLayout(1, s_layout))
-    l_i = ttgl.zeros([BLOCK_M], ttgl.float32, ttgl.SliceLayout(1, s_layout))
-    acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
-
-    mbarrier.wait(q_bar, 0)
-    SYNC: ttgl.constexpr = NUM_WARPS > 4
-    acc, l_i, m_i = _consume(q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, acc, l_i, m_i, offs_m,
-                             0, n_free, n_blocks, qk_scale, N_CTX_K, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES,
-                             False, CAUSAL, True, SYNC, s_layout, o_layout, p_layout)
-    acc, l_i, m_i = _consume(q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, acc, l_i, m_i, offs_m,
-                             n_free, n_blocks, n_blocks, qk_scale, N_CTX_K, BLOCK_M, BLOCK_N, NUM_STAGES,
-                             TILE_BYTES, True, CAUSAL, True, SYNC, s_layout, o_layout, p_layout)
 
     mbarrier.invalidate(q_bar)
     for i in ttgl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
+        mbarrier.invalidate(empty_bars.index(i))
 
     # lse in natural-log units, as attention.py's forward writes it.
     lse = (m_i + ttgl.log2(l_i)) * LN2
@@ -276,12 +326,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
             scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
             HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
+            WARP_SPECIALIZE=WARP_SPECIALIZE, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
             num_warps=warps,
         )
     return out, lse
 
 
-def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None):
+def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
+                    warp_specialize=(False, True)):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (head_dim, causal). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
@@ -290,19 +342,20 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
-    for d in head_dims:
-        for c in causal:
-            bm, bn, warps, stages = (configs or CONFIGS)[d]
-            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps)
-            sig = {n: ptr for n in ("Q", "K", "V", "Out")}
-            sig["Lse"] = "*fp32"
-            for n in ("stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt",
-                      "stride_vb", "stride_vh", "stride_vt", "stride_ob", "stride_oh", "stride_ot"):
-                sig[n] = "i32"
-            sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
-            sig.update({n: "constexpr" for n in const})
-            kernel = triton.compile(GluonASTSource(fn=_attn_fwd_gluon_kernel, signature=sig, constexprs=const),
-                                    target=target, options={"num_warps": warps})
-            found.append((f"attention_gluon fwd d{d} {'causal' if c else 'full'} {bm}x{bn} w{warps} s{stages} "
-                          f"sm_{arch}", kernel))
+    for d, c, ws in itertools.product(head_dims, causal, warp_specialize):
+        bm, bn, warps, stages = (configs or CONFIGS)[d]
+        const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps,
+                     WARP_SPECIALIZE=ws, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+        sig = {n: ptr for n in ("Q", "K", "V", "Out")}
+        sig["Lse"] = "*fp32"
+        for n in ("stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt",
+                  "stride_vb", "stride_vh", "stride_vt", "stride_ob", "stride_oh", "stride_ot"):
+            sig[n] = "i32"
+        sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
+        sig.update({n: "constexpr" for n in const})
+        kernel = triton.compile(GluonASTSource(fn=_attn_fwd_gluon_kernel, signature=sig, constexprs=const),
+                                target=target, options={"num_warps": warps})
+        found.append((f"attention_gluon fwd{'[ws]' if ws else ''} d{d} {'causal' if c else 'full'} {bm}x{bn} "
+                      f"w{warps} s{stages} "
+                      f"sm_{arch}", kernel))
     return found
