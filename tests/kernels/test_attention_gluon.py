@@ -276,3 +276,12 @@ def test_gpu_gluon_and_triton_forward_agree(monkeypatch, variant):
     o_g, lse_g = attn._attention_forward(q, k, v, True, 0.088)
     torch.testing.assert_close(o_g, o_t, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse_g, lse_t, atol=1e-4, rtol=1e-5)
+
+
+def test_inspect_offline_build_of_attention_is_the_gluon_forward():
+    """`hearth inspect attention --arch sm_90` builds attention_gluon's variants; other targets are refused
+    by name (the build itself is covered by the sm90_reports tests above)."""
+    with pytest.raises(ValueError, match="sm_80"):
+        attn.offline_kernels(80, torch.bfloat16)
+    with pytest.raises(ValueError, match="float32"):
+        attn.offline_kernels(90, torch.float32)

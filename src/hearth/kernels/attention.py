@@ -799,6 +799,17 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
 
 
+def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
+    """`hearth inspect attention --arch sm_90` (no GPU): the Gluon forward's variants built offline for
+    `arch` (attention_gluon.offline_kernels). The Triton kernels above are inspected on a GPU
+    (`hearth inspect attention`) or with `scripts/gpu/attention_probe.py --ptxas`."""
+    from hearth.kernels import attention_gluon
+
+    if arch < 90 or dtype not in attention_gluon.DTYPES:
+        raise ValueError(f"the offline build is the Gluon forward: sm_90+ and bf16/fp16, got sm_{arch} / {dtype}")
+    return attention_gluon.offline_kernels(arch, dtype)
+
+
 def _attention_forward(q, k, v, causal: bool, scale: float):
     """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
     B, Hq, Tq, D = q.shape
