@@ -14,6 +14,9 @@ lse against the Triton forward's on the same inputs: max |diff|; a case whose O 
 FLOPs: forward 4*B*Hq*T*T*D, halved when causal; fwd+bwd 3.5x the forward (as BENCHMARKS.md counts).
 Timing: triton.testing.do_bench (warmup 25 ms, rep 100 ms), median ms. One JSON object per line to
 --out (and stdout). Parts past an 80 s budget are skipped and say so. --quick: the first case only.
+--sweep (a separate run, about 2 minutes: one compile per config and variant): after the cases, the Gluon
+forward at every config of SWEEP (all compile for sm_90 without spills, checked offline) at the first
+D=128 and D=64 cases, both variants, each gated by the same check; one row per (case, config, variant).
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ CASES = [  # (B, Hq, Hk, T, D, causal)
     (4, 32, 32, 4096, 64, True),
     (4, 32, 32, 4096, 128, False),
 ]
+# (BLOCK_M, BLOCK_N, num_warps, NUM_STAGES): 8 warps = two warpgroups on a 128-row tile, 4 = one on 64
+# rows (smaller tiles: two programs can share an SM, so one's softmax overlaps the other's wgmma).
+SWEEP = {
+    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+    64: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+}
 BUDGET_S = 80.0
 T0 = time.time()
 
@@ -148,10 +157,42 @@ def probe(case, emit):
     emit(row)
 
 
+def sweep(case, emit):
+    B, Hq, Hk, T, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = D ** -0.5
+    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
+    o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    shipped = ag.CONFIGS[D]
+    try:
+        for cfg in SWEEP[D]:
+            for ws in (False, True):
+                row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True,
+                           config=cfg, variant="ws" if ws else "1part")
+                ag.CONFIGS[D], ag.WARP_SPECIALIZE = cfg, ws
+                try:
+                    o, lse = ag.forward(q, k, v, causal, scale)
+                    row["max_abs_diff_out"] = float((o.float() - o_t.float()).abs().max())
+                    row["max_abs_diff_lse"] = float((lse - lse_t).abs().max())
+                    if row["max_abs_diff_out"] <= 0.05 and row["max_abs_diff_lse"] <= 1e-3:
+                        row["fwd_tflops_gluon"] = tflops(fwd_flops, bench(lambda: ag.forward(q, k, v, causal, scale)))
+                    else:
+                        row["status"] = "mismatch: not timed"
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                emit(row)
+    finally:
+        ag.CONFIGS[D], ag.WARP_SPECIALIZE = shipped, False
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSONL file to write (one object per case)")
     ap.add_argument("--quick", action="store_true", help="the first case only")
+    ap.add_argument("--sweep", action="store_true", help="then every SWEEP config (both variants) at two cases")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("attention_gluon_probe needs a Hopper GPU (compute capability 9.x)")
@@ -169,6 +210,9 @@ def main(argv=None):
                 emit(dict(case=str(case), status="skipped: past the 80 s budget"))
                 continue
             probe(case, emit)
+        if args.sweep:
+            for case in (CASES[0], CASES[2]):
+                sweep(case, emit)
 
 
 if __name__ == "__main__":
