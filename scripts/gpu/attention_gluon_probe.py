@@ -15,7 +15,7 @@ FLOPs: forward 4*B*Hq*T*T*D, halved when causal; fwd+bwd 3.5x the forward (as BE
 Timing: triton.testing.do_bench (warmup 25 ms, rep 100 ms), median ms. One JSON object per line to
 --out (and stdout). Parts past an 80 s budget are skipped and say so. --quick: the first case only.
 --sweep (a separate run, about 2 minutes: one compile per config and variant): after the cases, the Gluon
-forward at every config of SWEEP (all compile for sm_90 without spills, checked offline) at the first
+forward at every config of attention_gluon.CANDIDATES (all compile for sm_90 without spills) at the first
 D=128 and D=64 cases, both variants, each gated by the same check; one row per (case, config, variant).
 """
 
@@ -43,12 +43,7 @@ CASES = [  # (B, Hq, Hk, T, D, causal)
     (4, 32, 32, 4096, 64, True),
     (4, 32, 32, 4096, 128, False),
 ]
-# (BLOCK_M, BLOCK_N, num_warps, NUM_STAGES): 8 warps = two warpgroups on a 128-row tile, 4 = one on 64
-# rows (smaller tiles: two programs can share an SM, so one's softmax overlaps the other's wgmma).
-SWEEP = {
-    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
-    64: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
-}
+SWEEP = ag.CANDIDATES
 BUDGET_S = 80.0
 T0 = time.time()
 

@@ -267,6 +267,28 @@ def test_gpu_attention_fwd_bwd_through_public_function(monkeypatch, causal, T, H
 
 
 @hopper_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_every_candidate_config_is_correct(monkeypatch, D, variant):
+    """Every config the probe's --sweep may time (and a later session may ship), causal and not, ragged
+    T=300, GQA 4/2: a config that is fast but wrong must fail here before it can win a benchmark."""
+    for cfg in ag.CANDIDATES[D]:
+        monkeypatch.setitem(ag.CONFIGS, D, cfg)
+        for causal in (False, True):
+            try:
+                _check_forward(1, 4, 2, 300, D, torch.bfloat16, causal)
+            except AssertionError as e:
+                raise AssertionError(f"config {cfg} causal={causal}: {e}") from e
+
+
+def test_shipped_config_is_the_first_candidate():
+    for d in ag.HEAD_DIMS:
+        assert ag.CANDIDATES[d][0] == ag.CONFIGS[d]
+        for bm, bn, warps, stages in ag.CANDIDATES[d]:
+            assert bm == 16 * warps, (d, bm, warps)  # the accumulator layout gives each warp 16 rows of the tile
+            assert stages >= 2, (d, stages)  # _consume's next QK^T reads another slot than the one refilled
+
+
+@hopper_only
 def test_gpu_gluon_and_triton_forward_agree(monkeypatch, variant):
     """Same inputs through both forwards: O within a bf16 ulp or two, lse to fp32 rounding."""
     q, k, v, _ = _inputs(2, 8, 2, 1000, 128, torch.bfloat16, seed=4)

@@ -66,6 +66,14 @@ CONFIGS = {
     64: (128, 128, 8, 2),
     128: (128, 128, 8, 2),
 }
+# What scripts/gpu/attention_gluon_probe.py --sweep times (the first of each is CONFIGS'). All compile for
+# sm_90 without spills, either variant, causal bf16 (the most registers): d128 128x128 s3 uses 224 KiB of
+# the 227 KiB of shared memory. 4 warps / 64 rows: smaller tiles, so two programs can share an SM and
+# one's softmax overlaps the other's wgmma (what FlashAttention-3's ping-pong schedules explicitly).
+CANDIDATES = {
+    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+    64: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+}
 # Producer/consumer variant (env HEARTH_ATTN_GLUON_WS=1): one TMA warp with few registers feeds the ring.
 WARP_SPECIALIZE = os.environ.get("HEARTH_ATTN_GLUON_WS", "0") == "1"
 PRODUCER_WARPS = 1
