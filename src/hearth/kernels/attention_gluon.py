@@ -179,10 +179,17 @@ def _consumer(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc,
 
 
 @gluon.jit
-def _producer(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, n_blocks,
-              BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+def _producer(k_base, v_base, stride_kt, stride_vt, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, n_blocks,
+              HEAD_DIM: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+              TILE_BYTES: ttgl.constexpr):
     """The load warp (warp-specialised variant): key block j goes into slot j % NUM_STAGES once the
-    consumers released that slot's previous block (j - NUM_STAGES) on empty_bars."""
+    consumers released that slot's previous block (j - NUM_STAGES) on empty_bars. It builds the K/V
+    descriptors itself, so the warp that issues the TMA loads is the one that wrote (and fenced) them."""
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], k_base.dtype.element_ty)
+    k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+    v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         mbarrier.wait(empty_bars.index(slot), ((j // NUM_STAGES) & 1) ^ 1, pred=j >= NUM_STAGES)
@@ -229,10 +236,6 @@ def _attn_fwd_gluon_kernel(
                                         block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
     o_desc = tma.make_tensor_descriptor(o_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_ot, 1],
                                         block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
-    k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
-    v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
 
     q_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_shared)
     k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
@@ -263,13 +266,18 @@ def _attn_fwd_gluon_kernel(
     SYNC: ttgl.constexpr = True  # a bar.sync before a slot is refilled / released (see _consume)
     if WARP_SPECIALIZE:
         acc, l_i, m_i = ttgl.warp_specialize(
-            [(_consumer, (q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc, start_m,
+            # (the consumers never touch K/V descriptors: k_base / v_base fill those unused parameters)
+            [(_consumer, (q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_base, v_base, start_m,
                           n_free, n_blocks, qk_scale, N_CTX_K, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES,
                           TILE_BYTES, False, SYNC, s_layout, o_layout, p_layout)),
-             (_producer, (k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, empty_bars, n_blocks, BLOCK_N,
-                          NUM_STAGES, TILE_BYTES))],
+             (_producer, (k_base, v_base, stride_kt, stride_vt, N_CTX_K, k_smem, v_smem, k_bars, v_bars,
+                          empty_bars, n_blocks, HEAD_DIM, BLOCK_N, NUM_STAGES, TILE_BYTES))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
+        k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
+                                            block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+        v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
+                                            block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
         for i in ttgl.static_range(NUM_STAGES):
             _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
         acc, l_i, m_i = _consumer(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc,
