@@ -31,6 +31,7 @@ Hopper: every tl.dot compiles to wgmma and streamed tiles are pipelined with cp.
 sm_90a PTX/SASS). USE_TMA (env HEARTH_ATTN_TMA=1) loads streamed tiles through device-side TMA
 descriptors instead (needs 16-byte aligned strides; otherwise the pointer path is used). Block sizes
 are autotuned per (T, D, causal, dtype) from short lists below; HEARTH_ATTN_AUTOTUNE=0 pins the first.
+HEARTH_ATTN_GLUON=1 swaps in a Gluon forward on Hopper (attention_gluon.py; chosen in forward_kernel).
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
 

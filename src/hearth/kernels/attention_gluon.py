@@ -25,13 +25,18 @@ Design (one program per BLOCK_M query rows of one (b, h); one partition, softwar
 
 Warp specialisation (env HEARTH_ATTN_GLUON_WS=1, the WARP_SPECIALIZE constexpr): Triton 3.6's Gluon
 ``ttgl.warp_specialize`` does compile for sm_90. The variant runs the same consumer code in the kernel's
-NUM_WARPS warps (the default partition) and a producer partition of one warp that issues all K/V loads,
-waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
+NUM_WARPS warps (the default partition) and a producer partition of one warp that builds the K/V
+descriptors and issues all K/V loads, waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
 bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
 consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX
 shows it; cuobjdump's REG figure is the launch allocation, 168). Not done yet: two consumer
 warpgroups on separate query tiles in ping-pong (FlashAttention-3's named-barrier schedule), and a
 persistent tile scheduler; both need the H200's first numbers for this kernel to be worth it.
+
+Nothing here has run on a GPU yet: the Triton interpreter does not run Gluon, and this was built on a
+GPU-less machine. What is checked offline is the sm_90 build (tests/kernels/test_attention_gluon.py);
+the GPU tests in that file and scripts/gpu/attention_gluon_probe.py are the H200's to run, and until
+they pass attention() uses this kernel only under HEARTH_ATTN_GLUON=1 (attention.forward_kernel).
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
