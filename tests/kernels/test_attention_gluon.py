@@ -289,6 +289,19 @@ def test_shipped_config_is_the_first_candidate():
 
 
 @hopper_only
+def test_gpu_inputs_tma_cannot_address_take_the_triton_kernel(monkeypatch):
+    """HEARTH_ATTN_GLUON=1 with rows of 136 bytes (a [..., :64] slice of D=68 storage): not TMA-addressable,
+    so attention() runs the Triton forward (the Gluon one is never called) and is still right."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
+    monkeypatch.setattr(ag, "forward", lambda *a: pytest.fail("Gluon forward on non-TMA-addressable inputs"))
+    g = torch.Generator().manual_seed(5)
+    q, k, v, do = (torch.randn(1, 4, 200, 68, generator=g).to("cuda", torch.bfloat16)[..., :64] for _ in range(4))
+    assert not ag.tma_addressable(q, k, v)
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    test_attention._assert_within_bound(q, k, v, do, True, None)
+
+
+@hopper_only
 def test_gpu_gluon_and_triton_forward_agree(monkeypatch, variant):
     """Same inputs through both forwards: O within a bf16 ulp or two, lse to fp32 rounding."""
     q, k, v, _ = _inputs(2, 8, 2, 1000, 128, torch.bfloat16, seed=4)
@@ -305,5 +318,7 @@ def test_inspect_offline_build_of_attention_is_the_gluon_forward():
     by name (the build itself is covered by the sm90_reports tests above)."""
     with pytest.raises(ValueError, match="sm_80"):
         attn.offline_kernels(80, torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_100"):
+        attn.offline_kernels(100, torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
         attn.offline_kernels(90, torch.float32)

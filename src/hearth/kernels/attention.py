@@ -792,11 +792,11 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     serves every GPU, dtype and head dim). capability: the GPU's (major, minor), None off CUDA / under
     the interpreter. The Gluon forward is opt-in (env HEARTH_ATTN_GLUON=1) until the H200 has timed it;
     `causal` is part of the key so that a measured loss in one mode can be routed back here alone."""
-    from hearth.kernels import attention_gluon
-
     env = os.environ if env is None else env
     if env.get("HEARTH_ATTN_GLUON", "0") != "1":
         return "triton"
+    from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
+
     return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
 
 
@@ -806,8 +806,8 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     (`hearth inspect attention`) or with `scripts/gpu/attention_probe.py --ptxas`."""
     from hearth.kernels import attention_gluon
 
-    if arch < 90 or dtype not in attention_gluon.DTYPES:
-        raise ValueError(f"the offline build is the Gluon forward: sm_90+ and bf16/fp16, got sm_{arch} / {dtype}")
+    if arch // 10 != 9 or dtype not in attention_gluon.DTYPES:
+        raise ValueError(f"the offline build is the Gluon forward: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
     return attention_gluon.offline_kernels(arch, dtype)
 
 
