@@ -78,8 +78,13 @@ def probe(case, emit):
     os.environ.pop("HEARTH_ATTN_GLUON", None)
 
     t = time.time()
-    o_g, lse_g = ag.forward(q, k, v, causal, scale)
-    torch.cuda.synchronize()
+    try:
+        o_g, lse_g = ag.forward(q, k, v, causal, scale)
+        torch.cuda.synchronize()
+    except Exception as e:  # a compile error on this Triton build: report it, go on to the next case
+        row["status"] = f"gluon forward failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        emit(row)
+        return
     row["gluon_first_call_s"] = round(time.time() - t, 2)  # compile + first run
     o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
     row["max_abs_diff_out"] = float((o_g.float() - o_t.float()).abs().max())
