@@ -31,6 +31,7 @@ Hopper: every tl.dot compiles to wgmma and streamed tiles are pipelined with cp.
 sm_90a PTX/SASS). USE_TMA (env HEARTH_ATTN_TMA=1) loads streamed tiles through device-side TMA
 descriptors instead (needs 16-byte aligned strides; otherwise the pointer path is used). Block sizes
 are autotuned per (T, D, causal, dtype) from short lists below; HEARTH_ATTN_AUTOTUNE=0 pins the first.
+HEARTH_ATTN_GLUON=1 swaps in a Gluon forward on Hopper (attention_gluon.py; chosen in forward_kernel).
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
 
@@ -794,9 +795,41 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device)
 
 
+def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
+                   *, env: dict | None = None) -> str:
+    """THE place that picks the forward kernel: "gluon" (attention_gluon.py: TMA + mbarrier ring +
+    wgmma, Hopper, bf16/fp16, head_dim 64/128, causal or not) or "triton" (the kernel above, which
+    serves every GPU, dtype and head dim). capability: the GPU's (major, minor), None off CUDA / under
+    the interpreter. The Gluon forward is opt-in (env HEARTH_ATTN_GLUON=1) until the H200 has timed it;
+    `causal` is part of the key so that a measured loss in one mode can be routed back here alone."""
+    env = os.environ if env is None else env
+    if env.get("HEARTH_ATTN_GLUON", "0") != "1":
+        return "triton"
+    from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
+
+    return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
+
+
+def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
+    """`hearth inspect attention --arch sm_90` (no GPU): the Gluon forward's variants built offline for
+    `arch` (attention_gluon.offline_kernels). The Triton kernels above are inspected on a GPU
+    (`hearth inspect attention`) or with `scripts/gpu/attention_probe.py --ptxas`."""
+    from hearth.kernels import attention_gluon
+
+    if arch // 10 != 9 or dtype not in attention_gluon.DTYPES:
+        raise ValueError(f"the offline build is the Gluon forward: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
+    return attention_gluon.offline_kernels(arch, dtype)
+
+
 def _attention_forward(q, k, v, causal: bool, scale: float):
     """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
     B, Hq, Tq, D = q.shape
+    cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
+    if forward_kernel(cap, q.dtype, D, causal) == "gluon":
+        from hearth.kernels import attention_gluon
+
+        if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
+            return attention_gluon.forward(q, k, v, causal, scale)
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)

@@ -1,0 +1,219 @@
+"""H200 probe of the Gluon flash-attention forward (hearth.kernels.attention_gluon), < 90 s.
+
+    python scripts/gpu/attention_gluon_probe.py --out $OUT/attention_gluon_probe.jsonl [--quick]
+
+For each of issue 15's three cases (causal, bf16: B4 H32 T4096 D128, B2 Hq40 Hk8 T8192 D128,
+B4 H32 T4096 D64), then the first one non-causal: first a correctness gate (the Gluon forward's O and
+lse against the Triton forward's on the same inputs: max |diff|; a case whose O differs by more than
+0.05 or whose lse differs by more than 1e-3 is reported "mismatch" and not timed), then TFLOP/s of
+  * forward: Gluon (attention_gluon.forward; "gluon_ws" = its warp-specialised variant, timed only when it
+    passes the same check), the current Triton forward (attention._attention_forward
+    with HEARTH_ATTN_GLUON unset, autotuned as shipped), SDPA cuDNN;
+  * fwd+bwd: attention() with HEARTH_ATTN_GLUON=1 (Gluon forward + the existing backward), attention()
+    as shipped, SDPA cuDNN.
+FLOPs: forward 4*B*Hq*T*T*D, halved when causal; fwd+bwd 3.5x the forward (as BENCHMARKS.md counts).
+Timing: triton.testing.do_bench (warmup 25 ms, rep 100 ms), median ms. One JSON object per line to
+--out (and stdout). Parts past an 80 s budget are skipped and say so. --quick: the first case only.
+--sweep (a separate run, about 2 minutes: one compile per config and variant): after the cases, the Gluon
+forward at every config of attention_gluon.CANDIDATES (all compile for sm_90 without spills) at the first
+D=128 and D=64 cases, both variants, each gated by the same check; one row per (case, config, variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+attn = importlib.import_module("hearth.kernels.attention")  # noqa: E402
+ag = importlib.import_module("hearth.kernels.attention_gluon")  # noqa: E402
+
+CASES = [  # (B, Hq, Hk, T, D, causal)
+    (4, 32, 32, 4096, 128, True),
+    (2, 40, 8, 8192, 128, True),
+    (4, 32, 32, 4096, 64, True),
+    (4, 32, 32, 4096, 128, False),
+]
+SWEEP = ag.CANDIDATES
+BUDGET_S = 80.0
+T0 = time.time()
+
+
+def bench(fn, **kw):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, **kw)
+
+
+def tflops(flops, ms):
+    return round(flops / (ms * 1e-3) / 1e12, 1)
+
+
+def cudnn_fn(q, k, v, causal):
+    gqa = q.shape[1] != k.shape[1]
+
+    def run():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    return run
+
+
+def probe(case, emit):
+    B, Hq, Hk, T, D, causal = case
+    row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", dtype="bfloat16",
+               device=torch.cuda.get_device_name(), config=ag.CONFIGS[D])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = D ** -0.5
+    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
+    os.environ.pop("HEARTH_ATTN_GLUON", None)
+
+    t = time.time()
+    try:
+        o_g, lse_g = ag.forward(q, k, v, causal, scale)
+        torch.cuda.synchronize()
+    except Exception as e:  # a compile error on this Triton build: report it, go on to the next case
+        row["status"] = f"gluon forward failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        emit(row)
+        return
+    row["gluon_first_call_s"] = round(time.time() - t, 2)  # compile + first run
+    o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    row["max_abs_diff_out"] = float((o_g.float() - o_t.float()).abs().max())
+    row["max_abs_diff_lse"] = float((lse_g - lse_t).abs().max())
+    row["finite"] = bool(torch.isfinite(o_g).all() and torch.isfinite(lse_g).all())
+    if not row["finite"] or row["max_abs_diff_out"] > 0.05 or row["max_abs_diff_lse"] > 1e-3:
+        row["status"] = "mismatch: not timed"
+        emit(row)
+        return
+
+    def gluon(ws):
+        def run():
+            ag.WARP_SPECIALIZE = ws
+            return ag.forward(q, k, v, causal, scale)
+        return run
+
+    ws_ok = True
+    try:  # the warp-specialised variant must agree too before it is timed
+        ag.WARP_SPECIALIZE = True
+        o_w, lse_w = ag.forward(q, k, v, causal, scale)
+        row["ws_max_abs_diff_out"] = float((o_w.float() - o_t.float()).abs().max())
+        row["ws_max_abs_diff_lse"] = float((lse_w - lse_t).abs().max())
+        ws_ok = row["ws_max_abs_diff_out"] <= 0.05 and row["ws_max_abs_diff_lse"] <= 1e-3
+    except Exception as e:
+        row["ws_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        ws_ok = False
+    ag.WARP_SPECIALIZE = False
+    fwd = {
+        "gluon": gluon(False),
+        "triton": lambda: attn._attention_forward(q, k, v, causal, scale),
+        "sdpa_cudnn": cudnn_fn(q, k, v, causal),
+    }
+    if ws_ok:
+        fwd["gluon_ws"] = gluon(True)
+    for name, fn in fwd.items():
+        try:
+            row[f"fwd_tflops_{name}"] = tflops(fwd_flops, bench(fn))
+        except Exception as e:  # cuDNN may refuse a shape: say so, keep going
+            row[f"fwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    if time.time() - T0 > BUDGET_S:
+        row["status"] = "fwd only (budget)"
+        emit(row)
+        return
+
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    do = torch.randn_like(q)
+
+    def fwd_bwd(env, ws=False):
+        def run():
+            ag.WARP_SPECIALIZE = ws
+            if env:
+                os.environ["HEARTH_ATTN_GLUON"] = "1"
+            else:
+                os.environ.pop("HEARTH_ATTN_GLUON", None)
+            attn.attention(qg, kg, vg, causal=causal).backward(do)
+        return run
+
+    cud = cudnn_fn(qg, kg, vg, causal)
+    fb = {"gluon": fwd_bwd(True), "triton": fwd_bwd(False), "sdpa_cudnn": lambda: cud().backward(do)}
+    if ws_ok:
+        fb["gluon_ws"] = fwd_bwd(True, ws=True)
+    for name, fn in fb.items():
+        try:
+            row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
+        except Exception as e:
+            row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    os.environ.pop("HEARTH_ATTN_GLUON", None)
+    ag.WARP_SPECIALIZE = False
+    row["status"] = "ok" if ws_ok else "ok (warp-specialised variant failed its check: not timed)"
+    emit(row)
+
+
+def sweep(case, emit):
+    B, Hq, Hk, T, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = D ** -0.5
+    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
+    o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    shipped = ag.CONFIGS[D]
+    try:
+        for cfg in SWEEP[D]:
+            for ws in (False, True):
+                row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True,
+                           config=cfg, variant="ws" if ws else "1part")
+                ag.CONFIGS[D], ag.WARP_SPECIALIZE = cfg, ws
+                try:
+                    o, lse = ag.forward(q, k, v, causal, scale)
+                    row["max_abs_diff_out"] = float((o.float() - o_t.float()).abs().max())
+                    row["max_abs_diff_lse"] = float((lse - lse_t).abs().max())
+                    if row["max_abs_diff_out"] <= 0.05 and row["max_abs_diff_lse"] <= 1e-3:
+                        row["fwd_tflops_gluon"] = tflops(fwd_flops, bench(lambda: ag.forward(q, k, v, causal, scale)))
+                    else:
+                        row["status"] = "mismatch: not timed"
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                emit(row)
+    finally:
+        ag.CONFIGS[D], ag.WARP_SPECIALIZE = shipped, False
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSONL file to write (one object per case)")
+    ap.add_argument("--quick", action="store_true", help="the first case only")
+    ap.add_argument("--sweep", action="store_true", help="then every SWEEP config (both variants) at two cases")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        sys.exit("attention_gluon_probe needs a Hopper GPU (compute capability 9.x)")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        def emit(row):
+            row["elapsed_s"] = round(time.time() - T0, 1)
+            line = json.dumps(row)
+            print(line, flush=True)
+            f.write(line + "\n")
+            f.flush()
+
+        for case in CASES[:1] if args.quick else CASES:
+            if time.time() - T0 > BUDGET_S:
+                emit(dict(case=str(case), status="skipped: past the 80 s budget"))
+                continue
+            probe(case, emit)
+        if args.sweep:
+            for case in (CASES[0], CASES[2]):
+                sweep(case, emit)
+
+
+if __name__ == "__main__":
+    main()

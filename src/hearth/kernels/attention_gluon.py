@@ -1,0 +1,382 @@
+"""Flash attention forward for Hopper (sm_90) written in Gluon (``triton.experimental.gluon``, Triton 3.6).
+
+Same contract as ``attention._attention_forward``: q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides with
+a contiguous last dim and 16-byte aligned outer strides), GQA when Hk < Hq (query head h reads KV head
+h // (Hq // Hk)), causal (top-left aligned, Tq == Tk) or not, any T (ragged tails masked). Writes O
+[B, Hq, Tq, D] in the input dtype and lse [B, Hq, Tq] fp32 in natural-log units -- the same convention
+as the Triton forward, so the existing backward kernels consume it unchanged.
+
+Design (one program per BLOCK_M query rows of one (b, h); one partition, software-pipelined):
+  * Q, K and V tiles move by TMA (device-side tensor descriptors over the (b, h) [T, D] plane, so any
+    [B, H, T, D] strides work; TMA zero-fills rows past T and clips the O store at T).
+  * K and V stream through a NUM_STAGES-deep shared-memory ring; each slot has one mbarrier for its K
+    tile and one for its V tile (expect-tx + TMA arrive), waited on with the slot's phase bit. The
+    loads of key block j + NUM_STAGES are issued as soon as block j's PV product is done, so TMA
+    runs ahead of the tensor cores by NUM_STAGES - 1 blocks.
+  * S = Q K^T by warpgroup_mma with both operands in shared memory (K viewed transposed); the online
+    softmax runs in the wgmma accumulator layout in registers (exp2 with log2(e) folded into the
+    scale); P is cast to the input dtype and fed to the second warpgroup_mma (P V) as a register A
+    operand, V from shared memory. The QK^T wgmma of block j + 1 is issued asynchronously before
+    block j's softmax so the tensor cores work while the softmax runs (FlashAttention-3's
+    intra-warpgroup overlap).
+  * Causal: key blocks wholly below the diagonal run mask-free; only the diagonal blocks (and a ragged
+    tail) apply the mask -- the same split as the Triton kernel.
+  * O goes registers -> shared memory (Q's buffer, free by then) -> TMA store; lse by a masked store.
+
+Warp specialisation (env HEARTH_ATTN_GLUON_WS=1, the WARP_SPECIALIZE constexpr): Triton 3.6's Gluon
+``ttgl.warp_specialize`` does compile for sm_90. The variant runs the same consumer code in the kernel's
+NUM_WARPS warps (the default partition) and a producer partition of one warp that builds the K/V
+descriptors and issues all K/V loads, waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
+bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
+consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX
+shows it; cuobjdump's REG figure is the launch allocation, 168). Not done yet: two consumer
+warpgroups on separate query tiles in ping-pong (FlashAttention-3's named-barrier schedule), and a
+persistent tile scheduler; both need the H200's first numbers for this kernel to be worth it.
+
+Nothing here has run on a GPU yet: the Triton interpreter does not run Gluon, and this was built on a
+GPU-less machine. What is checked offline is the sm_90 build (tests/kernels/test_attention_gluon.py);
+the GPU tests in that file and scripts/gpu/attention_gluon_probe.py are the H200's to run, and until
+they pass attention() uses this kernel only under HEARTH_ATTN_GLUON=1 (attention.forward_kernel).
+
+Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
+other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = 1.4426950408889634
+LN2 = ttgl.constexpr(0.6931471805599453)
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+# (BLOCK_M, BLOCK_N, num_warps, NUM_STAGES) per head dim. num_warps 8 = two warpgroups sharing one
+# 128-row tile (64 rows each); 4 = one warpgroup on a 64-row tile. Chosen so that ptxas reports no
+# spills for sm_90 (tests/kernels/test_attention_gluon.py checks it); untimed until the H200 run.
+CONFIGS = {
+    64: (128, 128, 8, 2),
+    128: (128, 128, 8, 2),
+}
+# What scripts/gpu/attention_gluon_probe.py --sweep times (the first of each is CONFIGS'). All compile for
+# sm_90 without spills, either variant, causal bf16 (the most registers): d128 128x128 s3 uses 224 KiB of
+# the 227 KiB of shared memory. 4 warps / 64 rows: smaller tiles, so two programs can share an SM and
+# one's softmax overlaps the other's wgmma (what FlashAttention-3's ping-pong schedules explicitly).
+CANDIDATES = {
+    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+    64: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+}
+# Producer/consumer variant (env HEARTH_ATTN_GLUON_WS=1): one TMA warp with few registers feeds the ring.
+WARP_SPECIALIZE = os.environ.get("HEARTH_ATTN_GLUON_WS", "0") == "1"
+PRODUCER_WARPS = 1
+PRODUCER_REGS = 24
+
+
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_blocks,
+              BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+    """Start the TMA loads of key block j into ring slot j % NUM_STAGES (no-op when j >= n_blocks)."""
+    slot = j % NUM_STAGES
+    pred = j < n_blocks
+    kb = k_bars.index(slot)
+    vb = v_bars.index(slot)
+    mbarrier.expect(kb, TILE_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], kb, k_smem.index(slot), pred=pred)
+    mbarrier.expect(vb, TILE_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], vb, v_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _softmax_pv(s, acc, l_i, m_i, v_tile, offs_m, j, qk_scale, N_CTX_K,
+                BLOCK_N: ttgl.constexpr, MASKED: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+                s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+    """Fold one key block's scores s (fp32, unscaled, accumulator layout) into (acc, l_i, m_i)."""
+    if MASKED:
+        offs_n = j * BLOCK_N + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, s_layout))
+        keep = (offs_n < N_CTX_K)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        s = ttgl.where(keep, s, float("-inf"))
+    # Every row has an unmasked key in its first block, so m_new is finite (see attention.py).
+    m_new = ttgl.maximum(m_i, ttgl.max(s, 1) * qk_scale)
+    p = ttgl.exp2(s * qk_scale - m_new[:, None])
+    alpha = ttgl.exp2(m_i - m_new)
+    l_i = l_i * alpha + ttgl.sum(p, 1)
+    acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
+    p16 = ttgl.convert_layout(p.to(v_tile.dtype), p_layout)
+    acc = warpgroup_mma(p16, v_tile, acc)
+    return acc, l_i, m_new
+
+
+@gluon.jit
+def _consume(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, acc, l_i, m_i, offs_m,
+             j_lo, j_hi, n_blocks, qk_scale, N_CTX_K,
+             BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+             TILE_BYTES: ttgl.constexpr, MASKED: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+             ISSUE_LOADS: ttgl.constexpr, SYNC_WARPS: ttgl.constexpr,
+             s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+    """Key blocks [j_lo, j_hi) of the ring. The QK^T of block j + 1 is issued (async) before block j's
+    softmax. ISSUE_LOADS: this partition also refills the ring (single-partition variant); otherwise a
+    producer partition does (_producer), and the slot's release is signalled on empty_bars."""
+    zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
+    if j_lo < j_hi:
+        slot = j_lo % NUM_STAGES
+        mbarrier.wait(k_bars.index(slot), (j_lo // NUM_STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        for j in range(j_lo, j_hi):
+            slot = j % NUM_STAGES
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            nxt = j + 1
+            if nxt < j_hi:
+                nslot = nxt % NUM_STAGES
+                mbarrier.wait(k_bars.index(nslot), (nxt // NUM_STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+            mbarrier.wait(v_bars.index(slot), (j // NUM_STAGES) & 1)
+            acc, l_i, m_i = _softmax_pv(s, acc, l_i, m_i, v_smem.index(slot), offs_m, j, qk_scale, N_CTX_K,
+                                        BLOCK_N, MASKED, CAUSAL, s_layout, o_layout, p_layout)
+            # Slot `slot` is free once every warp's PV wgmma on it is done (synchronous wgmma above);
+            # the next QK^T (block j + 1) reads another slot (NUM_STAGES >= 2).
+            if SYNC_WARPS:
+                ttgl.thread_barrier()
+            if ISSUE_LOADS:
+                _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j + NUM_STAGES, n_blocks,
+                          BLOCK_N, NUM_STAGES, TILE_BYTES)
+            else:
+                mbarrier.arrive(empty_bars.index(slot), count=1)
+    return acc, l_i, m_i
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc, start_m,
+              n_free, n_blocks, qk_scale, N_CTX_K,
+              HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+              NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr, ISSUE_LOADS: ttgl.constexpr,
+              SYNC_WARPS: ttgl.constexpr, s_layout: ttgl.constexpr, o_layout: ttgl.constexpr,
+              p_layout: ttgl.constexpr):
+    """The math warps: wait for Q, then the unmasked key blocks [0, n_free) and the masked ones
+    [n_free, n_blocks). Returns (acc, l_i, m_i) for the epilogue."""
+    offs_m = start_m * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+    m_i = ttgl.full([BLOCK_M], float("-inf"), ttgl.float32, ttgl.SliceLayout(1, s_layout))
+    l_i = ttgl.zeros([BLOCK_M], ttgl.float32, ttgl.SliceLayout(1, s_layout))
+    acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)
+    acc, l_i, m_i = _consume(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, acc, l_i, m_i,
+                             offs_m, 0, n_free, n_blocks, qk_scale, N_CTX_K, BLOCK_M, BLOCK_N, NUM_STAGES,
+                             TILE_BYTES, False, CAUSAL, ISSUE_LOADS, SYNC_WARPS, s_layout, o_layout, p_layout)
+    acc, l_i, m_i = _consume(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, acc, l_i, m_i,
+                             offs_m, n_free, n_blocks, n_blocks, qk_scale, N_CTX_K, BLOCK_M, BLOCK_N, NUM_STAGES,
+                             TILE_BYTES, True, CAUSAL, ISSUE_LOADS, SYNC_WARPS, s_layout, o_layout, p_layout)
+    return acc, l_i, m_i
+
+
+@gluon.jit
+def _producer(k_base, v_base, stride_kt, stride_vt, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, n_blocks,
+              HEAD_DIM: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+              TILE_BYTES: ttgl.constexpr):
+    """The load warp (warp-specialised variant): key block j goes into slot j % NUM_STAGES once the
+    consumers released that slot's previous block (j - NUM_STAGES) on empty_bars. It builds the K/V
+    descriptors itself, so the warp that issues the TMA loads is the one that wrote (and fenced) them."""
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], k_base.dtype.element_ty)
+    k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+    v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        mbarrier.wait(empty_bars.index(slot), ((j // NUM_STAGES) & 1) ^ 1, pred=j >= NUM_STAGES)
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
+
+
+@gluon.jit
+def _attn_fwd_gluon_kernel(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt,
+    stride_ob, stride_oh, stride_ot,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+    BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, NUM_WARPS: ttgl.constexpr,
+    WARP_SPECIALIZE: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
+):
+    dtype: ttgl.constexpr = Q.dtype.element_ty
+    TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    # wgmma accumulators: warps stacked along M (16 rows per warp), instruction N = the tile width.
+    s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+    o_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+    p_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    if CAUSAL:  # the last query blocks have the most keys: launch them first
+        start_m = ttgl.num_programs(0) - 1 - ttgl.program_id(0)
+    else:
+        start_m = ttgl.program_id(0)
+    bh = ttgl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    hk = h // GROUP
+    q_base = Q + b.to(ttgl.int64) * stride_qb + h.to(ttgl.int64) * stride_qh
+    k_base = K + b.to(ttgl.int64) * stride_kb + hk.to(ttgl.int64) * stride_kh
+    v_base = V + b.to(ttgl.int64) * stride_vb + hk.to(ttgl.int64) * stride_vh
+    o_base = Out + b.to(ttgl.int64) * stride_ob + h.to(ttgl.int64) * stride_oh
+    q_desc = tma.make_tensor_descriptor(q_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_qt, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
+    o_desc = tma.make_tensor_descriptor(o_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_ot, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
+
+    q_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_shared)
+    k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    v_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    q_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+    fence_async_shared()
+
+    # Key blocks this query block visits: causal stops at the diagonal block's end.
+    if CAUSAL:
+        diag_lo = start_m * BLOCK_M
+        kv_hi = ttgl.minimum(diag_lo + BLOCK_M, N_CTX_K)
+        n_free = diag_lo // BLOCK_N  # blocks wholly below the diagonal: no mask
+    else:
+        kv_hi = N_CTX_K
+        n_free = N_CTX_K // BLOCK_N  # full blocks: no mask; a ragged tail block is masked
+    n_blocks = ttgl.cdiv(kv_hi, BLOCK_N)
+
+    mbarrier.expect(q_bar, Q_BYTES)
+    tma.async_copy_global_to_shared(q_desc, [start_m * BLOCK_M, 0], q_bar, q_smem)
+    SYNC: ttgl.constexpr = True  # a bar.sync before a slot is refilled / released (see _consume)
+    if WARP_SPECIALIZE:
+        acc, l_i, m_i = ttgl.warp_specialize(
+            # (the consumers never touch K/V descriptors: k_base / v_base fill those unused parameters)
+            [(_consumer, (q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_base, v_base, start_m,
+                          n_free, n_blocks, qk_scale, N_CTX_K, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES,
+                          TILE_BYTES, False, SYNC, s_layout, o_layout, p_layout)),
+             (_producer, (k_base, v_base, stride_kt, stride_vt, N_CTX_K, k_smem, v_smem, k_bars, v_bars,
+                          empty_bars, n_blocks, HEAD_DIM, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+            [PRODUCER_WARPS], [PRODUCER_REGS])
+    else:
+        k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
+                                            block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+        v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
+                                            block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+        for i in ttgl.static_range(NUM_STAGES):
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
+        acc, l_i, m_i = _consumer(q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, q_bar, k_desc, v_desc,
+                                  start_m, n_free, n_blocks, qk_scale, N_CTX_K, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N,
+                                  NUM_STAGES, TILE_BYTES, True, SYNC, s_layout, o_layout, p_layout)
+    offs_m = start_m * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+
+    mbarrier.invalidate(q_bar)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+        mbarrier.invalidate(empty_bars.index(i))
+
+    # lse in natural-log units, as attention.py's forward writes it.
+    lse = (m_i + ttgl.log2(l_i)) * LN2
+    ttgl.store(Lse + bh.to(ttgl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+    o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
+    q_smem.store(o.to(dtype))  # Q's tile is no longer read: reuse it to stage O for the TMA store
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [start_m * BLOCK_M, 0], q_smem)
+    tma.store_wait(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+def supported(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether this kernel serves (GPU compute capability, dtype, head dim) at all."""
+    return capability is not None and capability[0] == 9 and dtype in DTYPES and head_dim in HEAD_DIMS
+
+
+def tma_addressable(*tensors: torch.Tensor) -> bool:
+    """TMA needs a contiguous last dim, a 16-byte aligned base and 16-byte aligned outer strides."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        es = t.element_size()
+        if any(s <= 0 or (s * es) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+    """(out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32) like attention._attention_forward. The caller checked
+    the arguments and ``supported`` / ``tma_addressable``."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    block_m, block_n, warps, stages = CONFIGS[D]
+    out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
+    # device-side TMA descriptors live in a global scratch buffer; Triton's allocator is per thread
+    triton.set_allocator(_scratch)
+    grid = (triton.cdiv(Tq, block_m), B * Hq)
+    with torch.cuda.device(q.device):
+        _attn_fwd_gluon_kernel[grid](
+            q, k, v, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
+            WARP_SPECIALIZE=WARP_SPECIALIZE, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+            num_warps=warps,
+        )
+    return out, lse
+
+
+def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
+                    warp_specialize=(False, True)):
+    """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
+    [(label, CompiledKernel)] for each (head_dim, causal). Needs TRITON_INTERPRET unset."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
+    target = GPUTarget("cuda", arch, 32)
+    found = []
+    for d, c, ws in itertools.product(head_dims, causal, warp_specialize):
+        bm, bn, warps, stages = (configs or CONFIGS)[d]
+        const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps,
+                     WARP_SPECIALIZE=ws, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+        sig = {n: ptr for n in ("Q", "K", "V", "Out")}
+        sig["Lse"] = "*fp32"
+        for n in ("stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt",
+                  "stride_vb", "stride_vh", "stride_vt", "stride_ob", "stride_oh", "stride_ot"):
+            sig[n] = "i32"
+        sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
+        sig.update({n: "constexpr" for n in const})
+        kernel = triton.compile(GluonASTSource(fn=_attn_fwd_gluon_kernel, signature=sig, constexprs=const),
+                                target=target, options={"num_warps": warps})
+        found.append((f"attention_gluon fwd{'[ws]' if ws else ''} d{d} {'causal' if c else 'full'} {bm}x{bn} "
+                      f"w{warps} s{stages} "
+                      f"sm_{arch}", kernel))
+    return found

@@ -1,0 +1,324 @@
+"""Tests for hearth.kernels.attention_gluon (the Gluon flash-attention forward for Hopper) and for the one
+place that chooses it (attention.forward_kernel).
+
+CPU (CI): the Triton interpreter does not run Gluon, so the kernel is compiled offline for sm_90 with
+Triton's bundled ptxas, every (dtype, head_dim, causal) variant, and the compiled code is read with
+hearth.inspect: wgmma (PTX wgmma.mma_async / SASS HGMMA), TMA (cp.async.bulk.tensor / UTMALDG, UTMASTG),
+no spills, registers and shared memory within the H200's limits. The choice of kernel and the TMA
+addressability check are tested directly.
+
+GPU (test_gpu_*, skip without a CUDA GPU of compute capability 9.x): O and the log-sum-exp against an
+fp64 reference under tests/kernels/tolerance.py's rule, and the full forward + backward through
+attention() with HEARTH_ATTN_GLUON=1, at several T (ragged tails included), GQA 40/8 and strided views.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.kernels.tolerance import HAS_CUDA, assert_close
+
+attn = importlib.import_module("hearth.kernels.attention")
+ag = importlib.import_module("hearth.kernels.attention_gluon")
+
+# ---------------------------------------------------------------- offline sm_90 build (CPU)
+_SCRIPT = r"""
+import json, sys, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+dtype = getattr(torch, sys.argv[1])
+out = []
+for label, k in ag.offline_kernels(90, dtype):
+    r = hi.report_compiled(f"{dtype} {label}", k)
+    out.append(dict(label=r.label, target=r.target, ptx=r.ptx, sass=r.sass, registers=r.registers,
+                    spill=r.spill_bytes, shared=r.shared_bytes, level=r.level, verdict=r.verdict,
+                    warps=r.num_warps))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_reports():
+    """Reports of every variant, built offline for sm_90 (one subprocess per dtype, in parallel: the
+    interpreter flag must be off for triton.compile, and the two builds share CI's two cores)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                         env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, dtype], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for dtype in ("bfloat16", "float16")]
+    reports = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        if p.returncode != 0 and "ptxas" in stderr and "not found" in stderr:
+            pytest.skip("Triton's bundled ptxas is missing")
+        assert p.returncode == 0, stderr[-4000:]
+        reports += json.loads(stdout.strip().splitlines()[-1])
+    return reports
+
+
+def test_every_variant_compiles_for_sm90(sm90_reports):
+    """Both variants (single partition; producer warp + consumer warpgroups) x dtype x head_dim x causal."""
+    labels = [r["label"] for r in sm90_reports]
+    assert len(labels) == 2 * 2 * len(ag.HEAD_DIMS) * 2, labels
+    for dtype in ("bfloat16", "float16"):
+        for variant in ("fwd", "fwd[ws]"):
+            for d in ag.HEAD_DIMS:
+                for mode in ("full", "causal"):
+                    want = f"torch.{dtype} attention_gluon {variant} d{d} {mode} "
+                    assert sum(want in lab for lab in labels) == 1, (want, labels)
+    assert all(r["target"] == "sm_90a" for r in sm90_reports), [r["target"] for r in sm90_reports]
+
+
+def test_sm90_build_uses_wgmma_and_tma(sm90_reports):
+    for r in sm90_reports:
+        assert r["ptx"]["wgmma"] > 0, f"{r['label']}: no wgmma.mma_async in the PTX"
+        assert r["ptx"]["mma.sync"] == 0, f"{r['label']}: mma.sync (pre-Hopper tensor cores) in the PTX"
+        # TMA copies of Q, K, V and O (K and V also in the prologue / the producer's loop)
+        assert r["ptx"]["tma"] >= 4, f"{r['label']}: expected TMA copies of Q, K, V and O, PTX has {r['ptx']['tma']}"
+        assert r["level"] == "ok", f"{r['label']}: {r['verdict']}"
+        if r["sass"] is not None:  # cuobjdump ships with Triton; without it, PTX only
+            assert r["sass"]["HGMMA"] > 0, f"{r['label']}: no HGMMA in the SASS"
+            assert r["sass"]["UTMA"] >= 4, f"{r['label']}: too few UTMALDG/UTMASTG in the SASS"
+
+
+def test_sm90_build_has_no_spills_and_fits(sm90_reports):
+    for r in sm90_reports:
+        assert r["spill"] == 0, f"{r['label']}: {r['spill']} bytes spilled"
+        assert r["ptx"]["local"] == 0, f"{r['label']}: local-memory loads/stores in the PTX"
+        if r["sass"] is not None:
+            assert r["sass"]["LDL/STL"] == 0, f"{r['label']}: LDL/STL in the SASS"
+        assert r["registers"] is not None and r["registers"] <= 255, f"{r['label']}: {r['registers']} registers"
+        assert 0 < r["shared"] <= 227 * 1024, f"{r['label']}: {r['shared']} bytes of shared memory (H200: 227 KiB)"
+
+
+# ---------------------------------------------------------------- the choice of forward (CPU)
+ON = {"HEARTH_ATTN_GLUON": "1"}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_chosen_only_when_asked_on_hopper(d, dtype, causal):
+    assert attn.forward_kernel((9, 0), dtype, d, causal, env=ON) == "gluon"
+    assert attn.forward_kernel((9, 0), dtype, d, causal, env={}) == "triton"
+    assert attn.forward_kernel((9, 0), dtype, d, causal, env={"HEARTH_ATTN_GLUON": "0"}) == "triton"
+
+
+@pytest.mark.parametrize("cap,dtype,d", [
+    ((8, 0), torch.bfloat16, 128),   # Ampere: no wgmma / TMA
+    ((10, 0), torch.bfloat16, 128),  # Blackwell: not this kernel's target
+    (None, torch.bfloat16, 128),     # CPU / interpreter
+    ((9, 0), torch.float32, 128),    # fp32: full-precision matmuls stay in the Triton kernel
+    ((9, 0), torch.bfloat16, 32),
+    ((9, 0), torch.bfloat16, 256),
+])
+def test_triton_kernel_kept_where_gluon_does_not_serve(cap, dtype, d):
+    assert attn.forward_kernel(cap, dtype, d, True, env=ON) == "triton"
+
+
+def test_attention_reads_the_env_var(monkeypatch):
+    """The default env is the process's: HEARTH_ATTN_GLUON=1 set at run time is seen."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
+    assert attn.forward_kernel((9, 0), torch.bfloat16, 128, False) == "gluon"
+    monkeypatch.delenv("HEARTH_ATTN_GLUON")
+    assert attn.forward_kernel((9, 0), torch.bfloat16, 128, False) == "triton"
+
+
+def test_env_on_without_hopper_still_runs_the_triton_kernel(monkeypatch):
+    """HEARTH_ATTN_GLUON=1 on a machine the Gluon kernel does not serve (here: CPU) changes nothing."""
+    q, k, v = (torch.randn(1, 2, 17, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    if HAS_CUDA:
+        q, k, v = q.cuda(), k.cuda(), v.cuda()
+    expected = attn.attention(q, k, v, causal=True)
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
+    called = []
+    monkeypatch.setattr(ag, "forward", lambda *a: called.append(a) or pytest.fail("Gluon forward on fp32"))
+    torch.testing.assert_close(attn.attention(q, k, v, causal=True), expected, atol=0, rtol=0)
+    assert not called
+
+
+def test_tma_addressable():
+    x = torch.zeros(2, 3, 40, 64, dtype=torch.bfloat16)
+    assert ag.tma_addressable(x)
+    assert ag.tma_addressable(torch.zeros(2, 40, 3, 64, dtype=torch.bfloat16).transpose(1, 2))  # [B,T,H,D] view
+    assert not ag.tma_addressable(x.transpose(2, 3))  # last dim not contiguous
+    assert not ag.tma_addressable(torch.zeros(2, 3, 40, 68, dtype=torch.bfloat16)[..., :64])  # 136-byte rows
+    assert not ag.tma_addressable(torch.zeros(2 * 3 * 40 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 40, 64))
+    assert not ag.tma_addressable(torch.zeros(1, 1, 40, 64, dtype=torch.bfloat16).expand(2, 3, 40, 64))
+
+
+def test_supported():
+    assert ag.supported((9, 0), torch.bfloat16, 64) and ag.supported((9, 0), torch.float16, 128)
+    assert not ag.supported((9, 0), torch.bfloat16, 96)
+    assert not ag.supported((8, 9), torch.bfloat16, 64)
+    assert not ag.supported(None, torch.bfloat16, 64)
+
+
+# ---------------------------------------------------------------- GPU (H200)
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+hopper_only = pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU of compute capability 9.x (Hopper)")
+
+
+def _inputs(B, Hq, Hk, T, D, dtype, seed=0, bthd=False):
+    g = torch.Generator().manual_seed(seed)
+    if bthd:  # HF's [B, T, H, D] storage viewed as [B, H, T, D]
+        mk = lambda h: torch.randn(B, T, h, D, generator=g).to("cuda", dtype).transpose(1, 2)  # noqa: E731
+    else:
+        mk = lambda h: torch.randn(B, h, T, D, generator=g).to("cuda", dtype)  # noqa: E731
+    return mk(Hq), mk(Hk), mk(Hk), mk(Hq)
+
+
+def _reference(q, k, v, causal, scale, dtype64=torch.float64):
+    """(out, lse) of softmax(scale q k^T + mask) v computed in dtype64 (GQA heads repeated)."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.to(dtype64), k.to(dtype64).repeat_interleave(group, 1), v.to(dtype64).repeat_interleave(group, 1)
+    s = (qd @ kd.transpose(-1, -2)) * scale
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ vd, torch.logsumexp(s, -1)
+
+
+def _same_dtype_out(q, k, v, causal, scale):
+    """PyTorch's plain math in q's dtype (rounds P as the kernel does): the rule's baseline for O."""
+    group = q.shape[1] // k.shape[1]
+    s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v.repeat_interleave(group, 1)
+
+
+@pytest.fixture(params=[False, True], ids=["1part", "ws"])
+def variant(request, monkeypatch):
+    """Each GPU test runs the single-partition kernel and the warp-specialised one."""
+    monkeypatch.setattr(ag, "WARP_SPECIALIZE", request.param)
+    return request.param
+
+
+def _check_forward(B, Hq, Hk, T, D, dtype, causal, bthd=False):
+    q, k, v, _ = _inputs(B, Hq, Hk, T, D, dtype, bthd=bthd)
+    assert ag.tma_addressable(q, k, v)
+    scale = 1.0 / math.sqrt(D)
+    out, lse = ag.forward(q, k, v, causal, scale)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _reference(q, k, v, causal, scale)
+    assert out.shape == (B, Hq, T, D) and out.dtype == dtype and lse.shape == (B, Hq, T) and lse.dtype == torch.float32
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert_close(out, ref_out, dtype, "out", baseline=_same_dtype_out(q, k, v, causal, scale))
+    # lse is fp32 from exact (16-bit) inputs: PyTorch's own fp32 logsumexp of the same scores is the baseline
+    assert_close(lse, ref_lse, torch.float32, "lse", baseline=_reference(q, k, v, causal, scale, torch.float32)[1])
+
+
+@hopper_only
+@pytest.mark.parametrize("T", [1, 100, 128, 1000, 2048, 4097])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_forward_matches_reference(D, causal, T, variant):
+    _check_forward(1, 4, 2, T, D, torch.bfloat16, causal)
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_forward_fp16(D, causal, variant):
+    _check_forward(2, 4, 4, 777, D, torch.float16, causal)
+
+
+@pytest.mark.xdist_group("gpu_big")
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_forward_gqa_40_8_strided(causal, variant):
+    _check_forward(1, 40, 8, 1500, 128, torch.bfloat16, causal, bthd=True)
+
+
+@hopper_only
+def test_gpu_forward_non_causal_different_lengths(variant):
+    q, _, _, _ = _inputs(1, 4, 2, 300, 128, torch.bfloat16, seed=1)
+    _, k, v, _ = _inputs(1, 4, 2, 1111, 128, torch.bfloat16, seed=2)
+    out, lse = ag.forward(q, k, v, False, 0.1)
+    ref_out, ref_lse = _reference(q, k, v, False, 0.1)
+    assert_close(out, ref_out, torch.bfloat16, "out", baseline=_same_dtype_out(q, k, v, False, 0.1))
+    assert_close(lse, ref_lse, torch.float32, "lse", baseline=_reference(q, k, v, False, 0.1, torch.float32)[1])
+
+
+@pytest.mark.xdist_group("gpu_big")
+@hopper_only
+@pytest.mark.parametrize("T,Hq,Hk,D", [(1000, 4, 2, 128), (4097, 40, 8, 128), (333, 8, 8, 64), (1500, 40, 8, 64)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_attention_fwd_bwd_through_public_function(monkeypatch, causal, T, Hq, Hk, D, variant):
+    """attention() with HEARTH_ATTN_GLUON=1: the Gluon forward runs (counted) and the existing backward
+    consumes its O and lse; out, dq, dk, dv all within the rule."""
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
+    calls = []
+    real = ag.forward
+    monkeypatch.setattr(ag, "forward", lambda *a: calls.append(1) or real(*a))
+    q, k, v, do = _inputs(1, Hq, Hk, T, D, torch.bfloat16, seed=3)
+    test_attention._assert_within_bound(q, k, v, do, causal, None)
+    assert calls, "HEARTH_ATTN_GLUON=1 on Hopper did not run the Gluon forward"
+
+
+@hopper_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_every_candidate_config_is_correct(monkeypatch, D, variant):
+    """Every config the probe's --sweep may time (and a later session may ship), causal and not, ragged
+    T=300, GQA 4/2: a config that is fast but wrong must fail here before it can win a benchmark."""
+    for cfg in ag.CANDIDATES[D]:
+        monkeypatch.setitem(ag.CONFIGS, D, cfg)
+        for causal in (False, True):
+            try:
+                _check_forward(1, 4, 2, 300, D, torch.bfloat16, causal)
+            except AssertionError as e:
+                raise AssertionError(f"config {cfg} causal={causal}: {e}") from e
+
+
+def test_shipped_config_is_the_first_candidate():
+    for d in ag.HEAD_DIMS:
+        assert ag.CANDIDATES[d][0] == ag.CONFIGS[d]
+        for bm, bn, warps, stages in ag.CANDIDATES[d]:
+            assert bm == 16 * warps, (d, bm, warps)  # the accumulator layout gives each warp 16 rows of the tile
+            assert stages >= 2, (d, stages)  # _consume's next QK^T reads another slot than the one refilled
+
+
+@hopper_only
+def test_gpu_inputs_tma_cannot_address_take_the_triton_kernel(monkeypatch):
+    """HEARTH_ATTN_GLUON=1 with rows of 136 bytes (a [..., :64] slice of D=68 storage): not TMA-addressable,
+    so attention() runs the Triton forward (the Gluon one is never called) and is still right."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
+    monkeypatch.setattr(ag, "forward", lambda *a: pytest.fail("Gluon forward on non-TMA-addressable inputs"))
+    g = torch.Generator().manual_seed(5)
+    q, k, v, do = (torch.randn(1, 4, 200, 68, generator=g).to("cuda", torch.bfloat16)[..., :64] for _ in range(4))
+    assert not ag.tma_addressable(q, k, v)
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    test_attention._assert_within_bound(q, k, v, do, True, None)
+
+
+@hopper_only
+def test_gpu_gluon_and_triton_forward_agree(monkeypatch, variant):
+    """Same inputs through both forwards: O within a bf16 ulp or two, lse to fp32 rounding."""
+    q, k, v, _ = _inputs(2, 8, 2, 1000, 128, torch.bfloat16, seed=4)
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
+    o_t, lse_t = attn._attention_forward(q, k, v, True, 0.088)
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
+    o_g, lse_g = attn._attention_forward(q, k, v, True, 0.088)
+    torch.testing.assert_close(o_g, o_t, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse_g, lse_t, atol=1e-4, rtol=1e-5)
+
+
+def test_inspect_offline_build_of_attention_is_the_gluon_forward():
+    """`hearth inspect attention --arch sm_90` builds attention_gluon's variants; other targets are refused
+    by name (the build itself is covered by the sm90_reports tests above)."""
+    with pytest.raises(ValueError, match="sm_80"):
+        attn.offline_kernels(80, torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_100"):
+        attn.offline_kernels(100, torch.bfloat16)
+    with pytest.raises(ValueError, match="float32"):
+        attn.offline_kernels(90, torch.float32)
