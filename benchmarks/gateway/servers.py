@@ -20,7 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.fakes.openai_server import free_port  # noqa: E402  (needs REPO on sys.path)
+from tests.fakes.http_wait import wait_http_ok  # noqa: E402  (needs REPO on sys.path)
+from tests.fakes.openai_server import free_port  # noqa: E402
 
 CHAT = {"message": "Hello there.", "mood": "warm", "memories": [], "affection": 1, "trust": 0, "suggested_actions": []}
 CHAT_JSON = json.dumps(CHAT)
@@ -89,20 +90,7 @@ class Proc:
         return self.p.pid
 
     def wait_http(self, url: str, timeout_s: float = 60.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:  # another process: nothing to await but its port
-            if self.p.poll() is not None:
-                raise RuntimeError(f"{url}: process exited with {self.p.returncode}, see {self.log.name}")
-            try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} not up after {timeout_s} s")
-            time.sleep(0.05)
+        wait_http_ok(url, self.p, timeout_s, name=url, details=lambda: f"see {self.log.name}")
 
     def stop(self) -> None:
         self.p.terminate()

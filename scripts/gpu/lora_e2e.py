@@ -55,47 +55,29 @@ gpu, versions, date, command. --time-budget-s S stops starting children once S s
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-GIB = 1 << 30
+from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, peak_reader, qwen3_config,
+                        run_meta, step_fields, syncer, timed_steps)
+from e2e_common import QWEN3_14B, SMOKE  # noqa: F401  (scripts/gpu/profile_lora_step.py reads them from here)
+
 SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "unsloth")
 DEFAULT_SETUPS = ("hf", "liger", "hearth")
 MODES = ("none", "selective", "full", "auto", "best")
-QWEN3_14B = dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=17408, vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0,
-                 rms_norm_eps=1e-6, tie_word_embeddings=False)
 TARGETS = {4096: (4750.0, 31.5), 16384: (4200.0, 41.0)}  # lean mode: tok/s at least, peak GiB at most
 SPEED_TARGETS = {4096: (7000.0, 80.0), 16384: (5000.0, 80.0)}  # speed mode (budget 80 GiB)
-# --smoke (CPU, TRITON_INTERPRET=1): the same code path at toy dims, to check the script without a GPU
-SMOKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             intermediate_size=96, vocab_size=257, max_position_embeddings=256)
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ROW_MARK = "LORA_E2E_ROW "
 MATCH_LR = 2e-4
 FACTOR, FLOOR_BF16 = 2.0, 1e-3  # tests/kernels/tolerance.py's rule for bf16
 
 
 # ------------------------------------------------------------------------------------------- child
-def _versions() -> dict:
-    out = {}
-    for name in ("torch", "triton", "transformers", "peft", "liger_kernel", "unsloth"):
-        try:
-            from importlib.metadata import version
-
-            out[name] = version(name.replace("_", "-") if name == "liger_kernel" else name)
-        except Exception:  # not installed
-            out[name] = None
-    return out
-
-
 def knobs(setup: str, report=None) -> dict:
     """estimate_peak_gib's knobs for a setup (fused_lora when hearth's LoRA nodes replaced any projection)."""
     if setup == "liger":
@@ -135,7 +117,7 @@ def build(setup: str, *, seq: int, layers: int, smoke: bool, dtype_name: str, ch
             raise _Unavailable(f"unsloth: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
     if setup == "liger":
         try:
@@ -146,9 +128,7 @@ def build(setup: str, *, seq: int, layers: int, smoke: bool, dtype_name: str, ch
         apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
     device = torch.device("cpu" if smoke else "cuda")
     dtype = getattr(torch, dtype_name)
-    config = Qwen3Config(**{**(SMOKE if smoke else QWEN3_14B), "num_hidden_layers": layers})
-    config._attn_implementation = "sdpa"
-    config.use_cache = False
+    config = qwen3_config(smoke, layers)
     fields: dict = {}
     torch.manual_seed(0)
     if setup == "unsloth":
@@ -207,7 +187,7 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
         report.print()
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = syncer(device)
     config = model.config
     trainable = [p for p in model.parameters() if p.requires_grad]
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
@@ -239,22 +219,10 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
     sync()
     row["build_s"] = round(time.perf_counter() - start, 2)
     row["weights_gib"] = round(weights_bytes / GIB, 2)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    peak = (lambda: round(torch.cuda.max_memory_allocated(device) / GIB, 2)) if cuda else (lambda: None)
+    peak = peak_reader(device)
 
-    times, losses = [], []
-    try:
-        for _ in range(steps if match_file else 1 + steps):  # timing: the first is the warm-up
-            sync()
-            t0 = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sync()
-            times.append(time.perf_counter() - t0)
-            losses.append(float(loss.float()))
+    try:  # timing: the first step is the warm-up
+        times, losses = timed_steps(model, ids, optimizer, steps if match_file else 1 + steps, sync)
     except torch.cuda.OutOfMemoryError as exc:
         return {**row, "status": "oom", "error": str(exc).splitlines()[0], "peak_gib": peak()}
     if match_file:
@@ -266,37 +234,19 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
         row.update(status="ok", loss=losses, match_file=match_file, peak_gib=peak(), lora_sha256=digest.hexdigest(),
                    lora_abs_sum=float(sum(t.abs().sum() for t in state.values())))
         return row
-    step_s = statistics.median(times[1:])
-    row.update(status="ok", step_s=round(step_s, 4), steps_s=[round(t, 4) for t in times], loss=losses,
-               tok_per_s=round(seq / step_s, 1), peak_gib=peak())
+    row.update(step_fields(times, losses, seq), peak_gib=peak())
     if row["peak_gib"] is not None:
         row["peak_over_estimate"] = round(row["peak_gib"] / plan.estimate_gib, 3)
     return row
 
 
 def child_main(args) -> int:
-    try:
-        row = run_one(args.setup, args.seq, args.layers, args.steps, args.checkpointing, args.memory_budget_gib,
-                      checkpointed=args.checkpointed, smoke=args.smoke, dtype_name=args.dtype, match_file=args.match_file)
-    except Exception as exc:  # reported as a row: the parent goes on with the other setups
-        import traceback
-
-        traceback.print_exc()
-        row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "status": "error",
-               "error": f"{type(exc).__name__}: {exc}"}
-    print(ROW_MARK + json.dumps(row), flush=True)
-    return 0
+    return _child_main(ROW_MARK, lambda: run_one(
+        args.setup, args.seq, args.layers, args.steps, args.checkpointing, args.memory_budget_gib,
+        checkpointed=args.checkpointed, smoke=args.smoke, dtype_name=args.dtype, match_file=args.match_file), args)
 
 
 # ------------------------------------------------------------------------------------------- parent
-def _gpu_name() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-    except ImportError:
-        return "unknown"
-
 
 def _parse_list(text: str, kind, allowed=None, name="") -> list:
     try:
@@ -306,15 +256,6 @@ def _parse_list(text: str, kind, allowed=None, name="") -> list:
     if not values or (allowed and any(v not in allowed for v in values)):
         raise SystemExit(f"{name} must be a comma list of {allowed or kind.__name__}, got {text!r}")
     return values
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    # hearth importable from a plain checkout (not installed) too
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    return env
 
 
 class Runner:
@@ -350,9 +291,9 @@ class Runner:
             cmd += ["--match-file", str(match_file)]
         timeout = args.child_timeout_s if left is None else max(1, min(args.child_timeout_s, int(left)))
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env())
-            found = [ln for ln in proc.stdout.splitlines() if ln.startswith(ROW_MARK)]
-            row = json.loads(found[-1][len(ROW_MARK):]) if found else {
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env=child_env(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"))
+            row = child_row(proc.stdout, ROW_MARK) or {
                 **base, "status": "error", "error": f"child exited {proc.returncode}: {proc.stderr[-2000:]}"}
             if row["status"] == "error":
                 self.console.print(proc.stderr[-3000:])
@@ -449,9 +390,7 @@ def parent_main(args) -> int:
     setups = _parse_list(args.setups, str, SETUPS, name="--setups")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": _gpu_name(), "versions": _versions(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    meta = run_meta(("torch", "triton", "transformers", "peft", "liger_kernel", "unsloth"))
     runner = Runner(args, console)
     if args.match_steps:
         seq = _parse_list(args.seqs or ("32" if args.smoke else "1024"), int, name="--seqs")[0]

@@ -25,29 +25,23 @@ gpu, versions, date, command. Needs bitsandbytes (pinned in requirements-ci.txt)
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-GIB = 1 << 30
+from e2e_common import (GIB, QWEN3_14B, SMOKE, child_env, child_main as _child_main, child_row, peak_reader,
+                        qwen3_config, run_meta, step_fields, syncer, timed_steps)
+
 SETUPS = ("lora_hearth", "qlora_hf", "qlora_hearth")
-QWEN3_14B = dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=17408, vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0,
-                 rms_norm_eps=1e-6, tie_word_embeddings=False)
-SMOKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             intermediate_size=96, vocab_size=257, max_position_embeddings=256)
 GOAL_GIB = 16.0
 ROW_MARK = "QLORA_E2E_ROW "
 
 
 def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, smoke: bool) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
     from hearth.train import finetune, qlora
 
@@ -55,12 +49,10 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
     device = torch.device("cpu" if smoke else "cuda")
     dtype = torch.float32 if smoke else torch.bfloat16
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = syncer(device)
     torch.manual_seed(0)
     start = time.perf_counter()
-    config = Qwen3Config(**{**(SMOKE if smoke else QWEN3_14B), "num_hidden_layers": layers})
-    config._attn_implementation = "sdpa"
-    config.use_cache = False
+    config = qwen3_config(smoke, layers)
     if setup.startswith("qlora"):
         model = qlora.prepare(qlora.random_4bit(config, dtype=dtype, device=device))
     else:
@@ -87,52 +79,20 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
     ids = torch.randint(0, config.vocab_size, (1, seq), device=device, generator=torch.Generator(device=device).manual_seed(1))
     sync()
     row["build_s"] = round(time.perf_counter() - start, 2)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    peak = (lambda: round(torch.cuda.max_memory_allocated(device) / GIB, 2)) if cuda else (lambda: None)
-    times, losses = [], []
-    try:
-        for _ in range(1 + steps):  # the first warms up (Triton JIT, cuBLAS heuristics, allocator)
-            sync()
-            t0 = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sync()
-            times.append(time.perf_counter() - t0)
-            losses.append(float(loss))
+    peak = peak_reader(device)
+    try:  # the first step warms up (Triton JIT, cuBLAS heuristics, allocator)
+        times, losses = timed_steps(model, ids, optimizer, 1 + steps, sync)
     except torch.cuda.OutOfMemoryError as exc:
         return {**row, "status": "oom", "error": str(exc).splitlines()[0], "peak_gib": peak()}
-    step_s = statistics.median(times[1:])
-    row.update(status="ok", step_s=round(step_s, 4), steps_s=[round(t, 4) for t in times], loss=losses,
-               tok_per_s=round(seq / step_s, 1), peak_gib=peak())
+    row.update(step_fields(times, losses, seq), peak_gib=peak())
     if setup.startswith("qlora") and row["peak_gib"] is not None:
         row["meets_goal"] = row["peak_gib"] <= GOAL_GIB
     return row
 
 
 def child_main(args) -> int:
-    try:
-        row = run_one(args.setup, args.seq, args.layers, args.steps, args.memory_budget_gib, args.smoke)
-    except Exception as exc:  # reported as a row: the parent goes on with the other setups
-        import traceback
-
-        traceback.print_exc()
-        row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "status": "error",
-               "error": f"{type(exc).__name__}: {exc}"}
-    print(ROW_MARK + json.dumps(row), flush=True)
-    return 0
-
-
-def _versions() -> dict:
-    out = {}
-    for name in ("torch", "transformers", "peft", "triton", "bitsandbytes"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = None
-    return out
+    return _child_main(ROW_MARK, lambda: run_one(args.setup, args.seq, args.layers, args.steps,
+                                                  args.memory_budget_gib, args.smoke), args)
 
 
 def main() -> int:
@@ -154,26 +114,15 @@ def main() -> int:
     setups = [s for s in args.setups.split(",") if s]
     if not setups or any(s not in SETUPS for s in setups):
         raise SystemExit(f"--setups must be a comma list of {SETUPS}, got {args.setups!r}")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if args.smoke:
-        env.setdefault("TRITON_INTERPRET", "1")
-    try:
-        import torch
-
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-    except ImportError:
-        gpu = "unknown"
+    env = child_env(**({"TRITON_INTERPRET": "1"} if args.smoke else {}))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    common = {"gpu": gpu, "versions": _versions(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    common = run_meta(("torch", "transformers", "peft", "triton", "bitsandbytes"))
     for setup in setups:
         cmd = [sys.executable, __file__, "--child", "--setup", setup, "--seq", str(args.seq), "--layers", str(args.layers),
                "--steps", str(args.steps), "--memory-budget-gib", str(args.memory_budget_gib), "--out", str(args.out)]
         proc = subprocess.run(cmd + (["--smoke"] if args.smoke else []), env=env, capture_output=True, text=True)
-        rows = [json.loads(line[len(ROW_MARK):]) for line in proc.stdout.splitlines() if line.startswith(ROW_MARK)]
-        row = rows[-1] if rows else {"setup": setup, "seq": args.seq, "status": "error",
-                                     "error": (proc.stderr or proc.stdout)[-800:]}
+        row = child_row(proc.stdout, ROW_MARK) or {"setup": setup, "seq": args.seq, "status": "error",
+                                                    "error": (proc.stderr or proc.stdout)[-800:]}
         row.update(common)
         with args.out.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")

@@ -10,8 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
+from tests.fakes.http_wait import wait_http_ok
 from tests.fakes.openai_server import free_port
 
 
@@ -63,18 +62,8 @@ def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | Non
         proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     server = ServeProcess(proc, f"http://127.0.0.1:{port}", log)
     try:
-        deadline = time.monotonic() + ready_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hearth serve exited with {proc.returncode}:\n{server.output()}")
-            try:
-                if httpx.get(server.url + "/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"hearth serve not ready after {ready_s} s:\n{server.output()}")
-            time.sleep(0.1)
+        wait_http_ok(server.url + "/healthz", proc, ready_s, name="hearth serve", details=lambda: "\n" + server.output(),
+                     poll_s=0.1)
         yield server
     finally:
         if proc.poll() is None:

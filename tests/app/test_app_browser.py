@@ -6,45 +6,20 @@ Skips only when chromium is absent and CI is not set."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
+from tests.app.app_browser import chromium_page
 from tests.app.app_fakes import openai_handler
 from tests.app.app_server import hearth_serve, write_config
 from tests.fakes.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def _chromium() -> str:
-    path = os.environ.get("HEARTH_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.path.exists(path):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"chromium not found at {path} under CI=true")
-        pytest.skip("chromium is not installed (set HEARTH_TEST_CHROMIUM)")
-    return path
-
 
 @pytest.fixture
 def browser_page():
-    executable = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 390, "height": 844})  # a phone
-            page = context.new_page()
-            page.set_default_timeout(30_000)
-            page.on("dialog", lambda dialog: dialog.accept())  # the "clear chat?" confirm
-            yield page
-        finally:
-            browser.close()
+    with chromium_page(390, 844) as page:  # a phone
+        yield page
 
 
 def _no_sideways_scroll(page) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.app.app_browser import chromium_page
 from tests.app.app_fakes import analyst_of, openai_handler
 from tests.app.app_server import hearth_serve, write_config
-from tests.app.test_app_browser import CHROMIUM_ARGS, _chromium
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 
 pytestmark = pytest.mark.browser
@@ -15,18 +15,8 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def desktop_page():
-    executable = _chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_context(viewport={"width": 1366, "height": 900}).new_page()
-            page.set_default_timeout(30_000)
-            page.on("dialog", lambda dialog: dialog.accept())
-            yield page
-        finally:
-            browser.close()
+    with chromium_page(1366, 900) as page:
+        yield page
 
 
 def test_simulation_mode_and_rehearsal_in_a_browser(tmp_path, desktop_page):

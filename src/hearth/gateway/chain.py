@@ -36,7 +36,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 from pydantic import BaseModel
 
@@ -101,6 +101,29 @@ class _Attempt:
         self.trial: str | None = None
         self.settled = False
         self.t0 = time.monotonic()
+
+
+@dataclass
+class _Walk:
+    """One request's walk down its plan (complete and stream share it): its clock and what each turn left."""
+
+    kind: str
+    deadline_s: float
+    start: float
+    plan: list[_Attempt]
+    errors: list[ProviderError]
+    attempts: list
+
+    def turns(self) -> Iterator[tuple[int, _Attempt, float]]:
+        """(index, attempt, seconds left) while time is left; when it runs out, each attempt not made becomes a
+        DeadlineExceeded in errors."""
+        deadline_at = self.start + self.deadline_s
+        for i, a in enumerate(self.plan):
+            left = deadline_at - time.monotonic()
+            if left <= 0:
+                self.errors += [DeadlineExceeded(q.provider.name, self.deadline_s) for q in self.plan[i:]]
+                return
+            yield i, a, left
 
 
 class Chain:
@@ -200,6 +223,14 @@ class Chain:
         rest = [a for a in open_ok if a.provider.name not in self.gates]
         return first + rest, skipped
 
+    async def _walk(self, messages: list[dict], kind: str, deadline_s: float | None, model: str | None) -> _Walk:
+        """Check the arguments, pick the providers for `model`, start the clock and plan the attempts."""
+        deadline_s = self._check(messages, kind, deadline_s)
+        providers = self.providers_for(model)
+        start = time.monotonic()
+        plan, errors = await self._plan(providers, start + deadline_s)
+        return _Walk(kind, deadline_s, start, plan, errors, [(e.provider, label(e)) for e in errors])
+
     def _check(self, messages: list[dict], kind: str, deadline_s: float | None) -> float:
         if kind not in REPLY_KINDS:
             raise ValueError(f"kind must be one of {REPLY_KINDS}, got {kind!r}")
@@ -267,6 +298,13 @@ class Chain:
             await self.breakers[name].success()
             self.metrics.breaker_open.labels(name).set(0)
 
+    async def _result(self, w: _Walk, a: _Attempt, envelope, text: str, finish_reason) -> ChainResult:
+        """Record `a`'s success and return the request's result."""
+        now = time.monotonic()
+        await self._succeeded(a, w.kind, now - w.start)
+        w.attempts.append((a.provider.name, "ok"))
+        return ChainResult(envelope, text, a.provider.name, now - w.start, w.attempts, finish_reason)
+
     def _all_failed(self, errors: list[ProviderError], kind: str, start: float, outcome: str = "failed") -> AllProvidersFailed:
         self.metrics.child(self.metrics.requests, kind, outcome).inc()
         self.metrics.child(self.metrics.request_seconds, kind).observe(time.monotonic() - start)
@@ -277,32 +315,20 @@ class Chain:
                        max_tokens: int | None = None, request_id: str | None = None,
                        model: str | None = None) -> ChainResult:
         """One envelope of `kind`. Raises AllProvidersFailed, UnknownModel, or ValueError/TypeError for bad arguments."""
-        deadline_s = self._check(messages, kind, deadline_s)
-        providers = self.providers_for(model)
-        start = time.monotonic()
-        deadline_at = start + deadline_s
-        plan, errors = await self._plan(providers, deadline_at)
-        attempts = [(e.provider, label(e)) for e in errors]
-        for i, a in enumerate(plan):
-            left = deadline_at - time.monotonic()
-            if left <= 0:
-                errors += [DeadlineExceeded(q.provider.name, deadline_s) for q in plan[i:]]
-                break
-            if not await self._begin(a, errors, attempts):
+        w = await self._walk(messages, kind, deadline_s, model)
+        for i, a, left in w.turns():
+            if not await self._begin(a, w.errors, w.attempts):
                 continue
-            p = a.provider
             try:
-                done = await p.complete(messages, kind, budget_s=left, max_tokens=max_tokens, request_id=request_id)
+                done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                 request_id=request_id)
             except ProviderError as exc:
-                await self._attempt_failed(a, exc, request_id, errors, attempts, fell_back=i + 1 < len(plan))
+                await self._attempt_failed(a, exc, request_id, w.errors, w.attempts, fell_back=i + 1 < len(w.plan))
                 continue
             finally:
                 await self._abandon(a)
-            now = time.monotonic()
-            await self._succeeded(a, kind, now - start)
-            attempts.append((p.name, "ok"))
-            return ChainResult(done.envelope, done.text, p.name, now - start, attempts, done.finish_reason)
-        raise self._all_failed(errors, kind, start)
+            return await self._result(w, a, done.envelope, done.text, done.finish_reason)
+        raise self._all_failed(w.errors, kind, w.start)
 
     # ------------------------------------------------------------------ SSE
     async def stream(self, messages: list[dict], *, kind: str, deadline_s: float | None = None,
@@ -312,18 +338,9 @@ class Chain:
 
         Raises AllProvidersFailed (or UnknownModel) before the first delta, StreamInterrupted after it.
         """
-        deadline_s = self._check(messages, kind, deadline_s)
-        providers = self.providers_for(model)
-        start = time.monotonic()
-        deadline_at = start + deadline_s
-        plan, errors = await self._plan(providers, deadline_at)
-        attempts = [(e.provider, label(e)) for e in errors]
-        for i, a in enumerate(plan):
-            left = deadline_at - time.monotonic()
-            if left <= 0:
-                errors += [DeadlineExceeded(q.provider.name, deadline_s) for q in plan[i:]]
-                break
-            if not await self._begin(a, errors, attempts):
+        w = await self._walk(messages, kind, deadline_s, model)
+        for i, a, left in w.turns():
+            if not await self._begin(a, w.errors, w.attempts):
                 continue
             p = a.provider
             upstream = None
@@ -350,18 +367,16 @@ class Chain:
                         await self._failed(a, exc, request_id)
                         self.metrics.child(self.metrics.requests, kind, "interrupted").inc()
                         raise StreamInterrupted(p.name, exc) from exc
-                    await self._attempt_failed(a, exc, request_id, errors, attempts, fell_back=i + 1 < len(plan))
+                    await self._attempt_failed(a, exc, request_id, w.errors, w.attempts,
+                                               fell_back=i + 1 < len(w.plan))
                     continue
             finally:
                 if upstream is not None:
                     upstream.close()
                 await self._abandon(a)
-            now = time.monotonic()
-            await self._succeeded(a, kind, now - start)
-            attempts.append((p.name, "ok"))
-            yield StreamDone(ChainResult(envelope, text, p.name, now - start, attempts, upstream.finish_reason))
+            yield StreamDone(await self._result(w, a, envelope, text, upstream.finish_reason))
             return
-        raise self._all_failed(errors, kind, start)
+        raise self._all_failed(w.errors, kind, w.start)
 
 
 # GatewayError is re-exported for callers that catch everything the chain raises on purpose.

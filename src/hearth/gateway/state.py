@@ -327,13 +327,21 @@ class RedisStore(StateStore):
     async def success(self, name: str) -> None:
         await self._call(self._r.delete(self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")))
 
-    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+    async def _claim(self, key: str, lease_s: float) -> str | None:
+        """A lease on `key` for lease_s (trial, warmup): its new token, or None while another holds it."""
         token = _token()
-        ok = await self._call(self._r.set(self._k(name, "trial"), token, nx=True, px=max(1, int(lease_s * 1000))))
+        ok = await self._call(self._r.set(key, token, nx=True, px=max(1, int(lease_s * 1000))))
         return token if ok else None
 
+    async def _give_back(self, key: str, token: str) -> None:
+        """End the lease on `key` if `token` still holds it (an expired and re-claimed one is left alone)."""
+        await self._call(self._release(keys=[key], args=[token]))
+
+    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+        return await self._claim(self._k(name, "trial"), lease_s)
+
     async def release_trial(self, name: str, token: str) -> None:
-        await self._call(self._release(keys=[self._k(name, "trial")], args=[token]))
+        await self._give_back(self._k(name, "trial"), token)
 
     async def warm(self, name: str) -> tuple[bool | None, bool]:
         async def run():
@@ -356,12 +364,10 @@ class RedisStore(StateStore):
         await self._call(self._r.delete(self._k(name, "warm")))
 
     async def claim_warmup(self, name: str, lease_s: float) -> str | None:
-        token = _token()
-        ok = await self._call(self._r.set(self._k(name, "warmup"), token, nx=True, px=max(1, int(lease_s * 1000))))
-        return token if ok else None
+        return await self._claim(self._k(name, "warmup"), lease_s)
 
     async def release_warmup(self, name: str, token: str) -> None:
-        await self._call(self._release(keys=[self._k(name, "warmup")], args=[token]))
+        await self._give_back(self._k(name, "warmup"), token)
 
 
 async def _nothing() -> None:

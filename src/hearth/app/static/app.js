@@ -69,15 +69,11 @@ function addMemories(memories) {
   }
 }
 
-function setupChat(form) {
-  const list = document.getElementById("messages");
-  const error = document.getElementById("chat-error");
-  list.addEventListener("click", (ev) => {  // a tapped suggestion becomes the next message draft
-    if (ev.target.classList.contains("suggestion")) {
-      form.elements.message.value = ev.target.textContent;
-      form.elements.message.focus();
-    }
-  });
+function streamTurns(form, list, error, lost, start) {
+  // a message form whose reply streams in (chat, rehearsal): the user's and the reply's bubbles stay pending
+  // until "done"; "delta" text is appended to the reply; `start(mine, reply)` gives the handler of every other
+  // event for this turn. An "error" event, or a stream that ends before "done" (`lost`), removes both bubbles,
+  // shows the error, and gives the text back to the box (nothing was saved).
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const box = form.elements.message;
@@ -90,47 +86,64 @@ function setupChat(form) {
     const mine = bubble(list, "user pending", text);
     const reply = bubble(list, "companion pending", "");
     box.value = "";
+    const onEvent = start(mine, reply);
     let finished = false;
     try {
       const response = await postStream(form, body);
       await readEvents(response, (event, data) => {
         if (event === "delta") {
           reply.querySelector("p").textContent += data.text;
-        } else if (event === "done") {
-          finished = true;
-          reply.querySelector("p").textContent = data.message;
-          reply.dataset.id = data.reply_id;
-          mine.dataset.id = data.user_message_id;
-          mine.classList.remove("pending");
-          reply.classList.remove("pending");
-          if (data.mood) {
-            const mood = document.createElement("span");
-            mood.className = "mood"; mood.textContent = data.mood; reply.appendChild(mood);
-          }
-          const stage = document.getElementById("stage");
-          if (stage && data.stage) stage.textContent = data.stage;
-          addMemories(data.memories || []);
-          document.querySelectorAll("#messages .suggestions").forEach((n) => n.remove());
-          if ((data.suggested_actions || []).length) {
-            const box = document.createElement("div");
-            box.className = "suggestions";
-            for (const text of data.suggested_actions) {
-              const b = document.createElement("button");
-              b.type = "button"; b.className = "suggestion"; b.textContent = text; box.appendChild(b);
-            }
-            reply.appendChild(box);
-          }
         } else if (event === "error") {
           throw new Error(data.message);
+        } else {
+          if (event === "done") {
+            finished = true;
+            mine.classList.remove("pending"); reply.classList.remove("pending");
+          }
+          onEvent(event, data);
         }
       });
-      if (!finished) throw new Error("The connection closed before the reply was saved.");
+      if (!finished) throw new Error(lost);
     } catch (e) {
       mine.remove(); reply.remove();
-      box.value = text;  // nothing was saved: give the text back
+      box.value = text;
       error.textContent = e.message; error.hidden = false;
     } finally {
       button.disabled = false;
+    }
+  });
+}
+
+function setupChat(form) {
+  const list = document.getElementById("messages");
+  const error = document.getElementById("chat-error");
+  list.addEventListener("click", (ev) => {  // a tapped suggestion becomes the next message draft
+    if (ev.target.classList.contains("suggestion")) {
+      form.elements.message.value = ev.target.textContent;
+      form.elements.message.focus();
+    }
+  });
+  streamTurns(form, list, error, "The connection closed before the reply was saved.", (mine, reply) => (event, data) => {
+    if (event !== "done") return;
+    reply.querySelector("p").textContent = data.message;
+    reply.dataset.id = data.reply_id;
+    mine.dataset.id = data.user_message_id;
+    if (data.mood) {
+      const mood = document.createElement("span");
+      mood.className = "mood"; mood.textContent = data.mood; reply.appendChild(mood);
+    }
+    const stage = document.getElementById("stage");
+    if (stage && data.stage) stage.textContent = data.stage;
+    addMemories(data.memories || []);
+    document.querySelectorAll("#messages .suggestions").forEach((n) => n.remove());
+    if ((data.suggested_actions || []).length) {
+      const box = document.createElement("div");
+      box.className = "suggestions";
+      for (const text of data.suggested_actions) {
+        const b = document.createElement("button");
+        b.type = "button"; b.className = "suggestion"; b.textContent = text; box.appendChild(b);
+      }
+      reply.appendChild(box);
     }
   });
 }
@@ -213,54 +226,28 @@ function setupRehearsal(form) {
   // and the text goes back into the box (nothing was saved)
   const list = document.getElementById("turns");
   const error = document.getElementById("rehearsal-error");
-  form.addEventListener("submit", async (ev) => {
-    ev.preventDefault();
-    const box = form.elements.message;
-    const text = box.value.trim();
-    if (!text) return;
-    const body = new URLSearchParams(new FormData(form));
-    const button = form.querySelector("button");
-    button.disabled = true;
-    error.hidden = true;
-    const mine = bubble(list, "user pending", text);
-    const reply = bubble(list, "companion pending", "");
-    box.value = "";
-    let details = null, ul = null, got = 0, ok = 0, finished = false;
-    try {
-      const response = await postStream(form, body);
-      await readEvents(response, (event, data) => {
-        if (event === "delta") {
-          reply.querySelector("p").textContent += data.text;
-        } else if (event === "reply") {
-          reply.querySelector("p").textContent = data.message;
-        } else if (event === "reading") {
-          if (!details) {
-            details = document.createElement("details");
-            details.className = "panel-details"; details.open = true;
-            details.appendChild(document.createElement("summary"));
-            ul = document.createElement("ul"); ul.className = "panel";
-            details.appendChild(ul);
-            reply.appendChild(details);
-          }
-          got += 1; if (data.ok) ok += 1;
-          details.querySelector("summary").textContent = "Panel (" + ok + "/" + got + ")";
-          ul.appendChild(readingItem(data));
-        } else if (event === "done") {
-          finished = true;
-          mine.classList.remove("pending"); reply.classList.remove("pending");
-          reply.dataset.id = data.turn_id;
-        } else if (event === "error") {
-          throw new Error(data.message);
+  const lost = "The connection closed before the turn was saved; it was not saved.";
+  streamTurns(form, list, error, lost, (mine, reply) => {
+    let details = null, ul = null, got = 0, ok = 0;
+    return (event, data) => {
+      if (event === "reply") {
+        reply.querySelector("p").textContent = data.message;
+      } else if (event === "reading") {
+        if (!details) {
+          details = document.createElement("details");
+          details.className = "panel-details"; details.open = true;
+          details.appendChild(document.createElement("summary"));
+          ul = document.createElement("ul"); ul.className = "panel";
+          details.appendChild(ul);
+          reply.appendChild(details);
         }
-      });
-      if (!finished) throw new Error("The connection closed before the turn was saved; it was not saved.");
-    } catch (e) {
-      mine.remove(); reply.remove();
-      box.value = text;
-      error.textContent = e.message; error.hidden = false;
-    } finally {
-      button.disabled = false;
-    }
+        got += 1; if (data.ok) ok += 1;
+        details.querySelector("summary").textContent = "Panel (" + ok + "/" + got + ")";
+        ul.appendChild(readingItem(data));
+      } else if (event === "done") {
+        reply.dataset.id = data.turn_id;
+      }
+    };
   });
 }
 

@@ -1,0 +1,137 @@
+"""What scripts/gpu/lora_e2e.py and scripts/gpu/qlora_e2e.py share: the model shapes, the child process's
+environment and row protocol, the run metadata, and the timed training loop.
+
+Imported as a sibling module (`import e2e_common`): a script run as `python scripts/gpu/X.py` has its own folder
+first on sys.path. Needs no pydantic and imports torch / transformers only inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+GIB = 1 << 30
+QWEN3_14B = dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=17408, vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0,
+                 rms_norm_eps=1e-6, tie_word_embeddings=False)
+# --smoke (CPU, TRITON_INTERPRET=1): the same code path at toy dims, to check a script without a GPU
+SMOKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=96, vocab_size=257, max_position_embeddings=256)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def qwen3_config(smoke: bool, layers: int):
+    """The Qwen3-14B shape (or the smoke toy) at `layers` decoder layers, SDPA attention, no KV cache."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**{**(SMOKE if smoke else QWEN3_14B), "num_hidden_layers": layers})
+    config._attn_implementation = "sdpa"
+    config.use_cache = False
+    return config
+
+
+# ------------------------------------------------------------------------------------------- parent
+def versions(names) -> dict:
+    """Installed version of each distribution (a module name with '_' is looked up with '-'), None if absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name.replace("_", "-"))
+        except PackageNotFoundError:  # not installed
+            out[name] = None
+    return out
+
+
+def gpu_name() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    except ImportError:
+        return "unknown"
+
+
+def run_meta(version_names) -> dict:
+    """The fields every row of one run carries: gpu, versions, date (UTC), command."""
+    return {"gpu": gpu_name(), "versions": versions(version_names),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.executable).name, *sys.argv])}
+
+
+def child_env(**defaults: str) -> dict:
+    """This environment with hearth importable from a plain checkout (src first on PYTHONPATH), plus `defaults`
+    for the variables that are not set already."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    return env
+
+
+def child_row(stdout: str, mark: str) -> dict | None:
+    """The last row a child printed behind `mark`, or None when it printed none."""
+    found = [ln for ln in stdout.splitlines() if ln.startswith(mark)]
+    return json.loads(found[-1][len(mark):]) if found else None
+
+
+# ------------------------------------------------------------------------------------------- child
+def child_main(mark: str, run, args) -> int:
+    """Run `run()` and print its row behind `mark`; an exception becomes an error row (the parent goes on)."""
+    try:
+        row = run()
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "status": "error",
+               "error": f"{type(exc).__name__}: {exc}"}
+    print(mark + json.dumps(row), flush=True)
+    return 0
+
+
+def syncer(device):
+    """A function that waits for the GPU (a no-op on the CPU)."""
+    import torch
+
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def peak_reader(device):
+    """Resets the CUDA peak; returns peak(): the GiB allocated at most since this call (None on the CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return lambda: None
+    torch.cuda.reset_peak_memory_stats(device)
+    return lambda: round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+
+
+def timed_steps(model, ids, optimizer, n: int, sync) -> tuple[list[float], list[float]]:
+    """n training steps on the batch `ids` (labels = ids): each one's seconds and loss."""
+    times, losses = [], []
+    for _ in range(n):
+        sync()
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.float()))
+    return times, losses
+
+
+def step_fields(times: list[float], losses: list[float], seq: int) -> dict:
+    """The row's timing: the first step is the warm-up, step_s the median of the others."""
+    step_s = statistics.median(times[1:])
+    return dict(status="ok", step_s=round(step_s, 4), steps_s=[round(t, 4) for t in times], loss=losses,
+                tok_per_s=round(seq / step_s, 1))
