@@ -42,7 +42,7 @@ def child(args) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import lora_e2e
-    from e2e_common import syncer, timed_steps
+    from e2e_common import run_meta, syncer, timed_steps
 
     # the same model, LoRA and patching as lora_e2e.py's rows (hearth: patch.apply after get_peft_model)
     model, _fields, _report = lora_e2e.build(args.setup, seq=args.seq, layers=args.layers, smoke=args.smoke,
@@ -84,7 +84,7 @@ def child(args) -> int:
     row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "checkpointing": args.checkpointing,
            "host_step_s": round(host_s, 4), "gpu_ms_total": round(sum(totals.values()) / 1e3, 2),
            "gpu_ms_by_category": {k: round(v / 1e3, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},
-           "gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
+           **run_meta(("torch", "triton", "transformers", "peft", "liger_kernel"))}
     with (out / "profile.jsonl").open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(row) + "\n")
     print(json.dumps(row))
