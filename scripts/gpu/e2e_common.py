@@ -126,7 +126,7 @@ def timed_steps(model, ids, optimizer, n: int, sync) -> tuple[list[float], list[
         optimizer.zero_grad(set_to_none=True)
         sync()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.float()))
+        losses.append(float(loss.detach()))
     return times, losses
 
 

@@ -65,7 +65,6 @@ from pathlib import Path
 
 from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, peak_reader, qwen3_config,
                         run_meta, step_fields, syncer, timed_steps)
-from e2e_common import QWEN3_14B, SMOKE  # noqa: F401  (scripts/gpu/profile_lora_step.py reads them from here)
 
 SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "unsloth")
 DEFAULT_SETUPS = ("hf", "liger", "hearth")

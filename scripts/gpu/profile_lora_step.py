@@ -4,8 +4,8 @@
            [--checkpointing none|full]
     python scripts/gpu/profile_lora_step.py --smoke --out /tmp/prof     # CPU, toy dims, TRITON_INTERPRET=1
 
-Same model, LoRA and optimizer as scripts/gpu/lora_e2e.py (its constants); fewer layers by default so
-one setup profiles in well under a minute. Two warm-up steps, then one profiled step. Each setup runs in its own
+Same model, LoRA and patching as scripts/gpu/lora_e2e.py (its build()); fewer layers by default so
+one setup profiles in well under a minute. One warm-up step, then one profiled step. Each setup runs in its own
 process (patching is process-wide). Writes DIR/<setup>.txt (the profiler's table of GPU kernels by total GPU time,
 top 40) and DIR/profile.jsonl (per setup: total GPU time, and the time in each category: GEMM, attention,
 hearth's Triton kernels, elementwise/copies, other, with the host's step time).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -43,54 +42,31 @@ def child(args) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import lora_e2e
+    from e2e_common import run_meta, syncer, timed_steps
 
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    if args.setup == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
-
-        apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
-    device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    torch.manual_seed(0)
-    config = Qwen3Config(**{**(lora_e2e.SMOKE if args.smoke else lora_e2e.QWEN3_14B), "num_hidden_layers": args.layers})
-    config._attn_implementation = "sdpa"
-    config.use_cache = False
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if args.setup == "hearth":
-        from hearth import patch
-
-        patch.apply(model)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=lora_e2e.LORA_TARGETS,
-                                             lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
-    if args.setup == "hearth":
-        print("patch after peft:", patch.apply(model))  # a no-op, or the LoRA-aware kinds where they exist
+    # the same model, LoRA and patching as lora_e2e.py's rows (hearth: patch.apply after get_peft_model)
+    model, _fields, _report = lora_e2e.build(args.setup, seq=args.seq, layers=args.layers, smoke=args.smoke,
+                                             dtype_name="float32" if args.smoke else "bfloat16")
     if args.checkpointing == "full":
         from hearth.train.finetune import enable_checkpointing
 
         enable_checkpointing(model)
     model.train()
+    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (1, args.seq), device=device,
+    ids = torch.randint(0, model.config.vocab_size, (1, args.seq), device=device,
                         generator=torch.Generator(device=device).manual_seed(1))
-    cuda = ids.device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cuda = device.type == "cuda"
+    sync = syncer(device)
 
     def step():
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        timed_steps(model, ids, optimizer, 1, sync)
 
-    step()
-    sync()
+    step()  # the warm-up (compiles, config picks, cuBLAS heuristics)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     t0 = time.perf_counter()
     with profile(activities=activities) as prof:
         step()
-        sync()
     host_s = time.perf_counter() - t0
     events = [e for e in prof.key_averages() if (e.device_type.name == "CUDA") == cuda]
     key = "device_time_total" if cuda else "self_cpu_time_total"
@@ -100,15 +76,15 @@ def child(args) -> int:
     lines = [f"{'us total':>12} {'calls':>7}  kernel"]
     totals: dict[str, float] = {}
     for e in events:
-        us = getattr(e, key)
-        totals[category(e.key)] = totals.get(category(e.key), 0.0) + us
+        cat = category(e.key)
+        totals[cat] = totals.get(cat, 0.0) + getattr(e, key)
     for e in events[:40]:
         lines.append(f"{getattr(e, key):>12.0f} {e.count:>7}  {e.key[:140]}")
     (out / f"{args.setup}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "checkpointing": args.checkpointing,
            "host_step_s": round(host_s, 4), "gpu_ms_total": round(sum(totals.values()) / 1e3, 2),
            "gpu_ms_by_category": {k: round(v / 1e3, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},
-           "gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
+           **run_meta(("torch", "triton", "transformers", "peft", "liger_kernel"))}
     with (out / "profile.jsonl").open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(row) + "\n")
     print(json.dumps(row))
@@ -128,9 +104,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.child:
         return child(args)
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from e2e_common import child_env
+
+    env = child_env()
     rc = 0
     for setup in args.setups.split(","):
         cmd = [sys.executable, __file__, "--child", "--setup", setup, "--out", args.out, "--layers", str(args.layers),

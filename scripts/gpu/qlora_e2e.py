@@ -59,10 +59,12 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     row["weights_gib"] = round(sum(p.numel() * p.element_size() for p in model.parameters()) / GIB, 3)
+    report = None
     if setup.endswith("hearth"):
         from hearth import patch
 
-        row["patch"] = patch.apply(model).as_dict()
+        report = patch.apply(model)  # the MLP too: the probes build float inputs on a 4-bit base
+        row["patch"] = report.as_dict()
     model = finetune.add_lora(model, rank=16, alpha=32.0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not setup.startswith("qlora"):  # the bf16 comparison runs as `hearth train` would: 90% of the GPU
@@ -70,7 +72,7 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
     plan = finetune.plan_checkpointing(
         model.config, seq, weights_bytes=int(row["weights_gib"] * GIB), trainable_bytes=sum(p.numel() * 4 for p in trainable),
         bytes_per_el=dtype.itemsize, budget_gib=budget_gib, patched=setup.endswith("hearth"),
-        qlora=setup.startswith("qlora"))
+        qlora=setup.startswith("qlora"), fused_mlp=bool(report and report.count("mlp")))  # as `hearth train` plans
     finetune.apply_checkpointing(model, plan)
     row["checkpointing"] = {"mode": plan.mode, "checkpointed_layers": plan.checkpointed,
                             "estimate_gib": round(plan.estimate_gib, 2), "reason": plan.reason}

@@ -56,7 +56,7 @@ ROWS = [
     ("qlora_hearth", 2048, 29, 9.051, 18.97, "qlora_e2e.jsonl"),  # the old planner said 15.8 for a 16 GiB budget
     ("qlora_hearth", 2048, 40, 9.051, 11.73, "qlora_e2e.jsonl"),
     ("qlora_hf", 2048, 40, 9.051, 14.39, "qlora_e2e.jsonl"),
-    # the same script's later run (commit c879067; the MLP and rope patched on the 4-bit base), measured before
+    # the same script's later run (commit cbc25df; the MLP and rope patched on the 4-bit base), measured before
     # this planner was re-derived, so not fitted to: bf16 base without checkpointing, QLoRA at a 16 GiB budget
     ("hearth_2048", 2048, 0, 27.508, 52.92, "qlora_e2e.jsonl"),  # (qlora_hf measured 14.39 again: row above)
     ("qlora_hearth_mlp", 2048, 36, 9.051, 14.04, "qlora_e2e.jsonl"),
