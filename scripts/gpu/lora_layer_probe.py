@@ -7,7 +7,7 @@ provider -- "peft" (peft's lora.Linear modules as HF + peft run them: silu(g) * 
 base, peft's defaults) is timed with CUDA events (median of --reps after --warmup), with:
 
     saved_mib   memory the forward leaves allocated for the backward, beyond x (the layer's input, alive anyway)
-                and the output: memory_allocated after the forward - before (--smoke: the distinct non-parameter
+                and the output: memory_allocated after the forward - before (on the CPU: the distinct non-parameter
                 storages autograd saves, counted with saved_tensors_hooks)
     peak_mib    max_memory_allocated over forward + backward, above what was allocated before
     max_diff    max |out_hearth - out_peft| (a sanity column; tests/kernels/test_lora.py checks numerics)
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     a = _args(argv)
     import torch
 
-    cuda = torch.cuda.is_available() and not a.smoke
+    cuda = torch.cuda.is_available()  # --smoke on a GPU machine: tiny shapes on the GPU (no interpreter there)
     if not cuda and not a.smoke:
         print("lora_layer_probe: no CUDA GPU; use --smoke for the CPU self-test", file=sys.stderr)
         return 2
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
                 diff = 0.0 if provider == "peft" else float((fn(x).float() - ref.float()).abs().max())
             row = {"case": case, "provider": provider, "tokens": tokens, "hidden": shape["hidden"],
                    "inter": shape["inter"], "q": shape["q"], "rank": a.rank, "dtype": "bf16",
-                   "device": torch.cuda.get_device_name(device) if cuda else "cpu (smoke)", "max_diff": diff}
+                   "device": (torch.cuda.get_device_name(device) if cuda else "cpu") + (" (smoke)" if a.smoke else ""), "max_diff": diff}
             row.update(measure(fn, x, dy, params, warmup, reps, cuda))
             rows.append(row)
         del peft_fn, hearth_fns, params, x, dy, ref
