@@ -33,10 +33,10 @@ run() {  # run SEQ BUDGET_GIB
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 SEQS=${SEQS:-4096,16384}
 case ",$SEQS," in *,4096,*) run 4096 80; run 4096 31.5;; esac
-if [ -n "${MATCH:-1}" ] && [ "$(left)" -gt 150 ]; then
+if [ "${MATCH-1}" != "" ] && [ "${MATCH-1}" != 0 ] && [ "$(left)" -gt 150 ]; then
   # the .pt files (LoRA weights, ~25 MB each at 4 layers) stay in MATCH_DIR; the row is copied to $OUT
   MATCH_DIR=${MATCH_DIR:-/tmp/lora_match}; mkdir -p "$MATCH_DIR"
-  python3 scripts/gpu/lora_e2e.py --match-steps 20 --out "$MATCH_DIR/lora_match.jsonl" --setups hf,hearth \
+  python3 scripts/gpu/lora_e2e.py --match-steps 20 --out "$MATCH_DIR/lora_match.jsonl" --setups "${MATCH_SETUPS:-hf,hearth}" \
     --time-budget-s "$(( $(left) - 60 ))" --min-child-s 20 --child-timeout-s 120
   cat "$MATCH_DIR/lora_match.jsonl" >> "$OUT/lora_match.jsonl"
 fi
