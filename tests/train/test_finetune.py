@@ -85,6 +85,10 @@ def test_three_steps_on_a_repeated_batch(patched_run, local_model):
     assert metrics["data"]["examples"] == 1 and metrics["data"]["rejected"] == []
     assert metrics["patch"]["replaced"]["loss"] == {"Qwen3ForCausalLM": 1}
     assert metrics["patch"]["replaced"]["lora"] == {"Linear": 14}  # patch.apply ran after peft: 7 projections x 2
+    # the runner's default lora_compute ("base": the LoRA products in the base dtype) reached the fused nodes
+    assert metrics["config"]["lora_compute"] == "base"
+    fused = [m for m in model.modules() if getattr(m, "_hearth_lora", False)]
+    assert len(fused) == 14 and {m.forward.compute for m in fused} == {"base"}
     assert metrics["checkpointing"]["mode"] == "none"  # CPU, no budget given
 
     # only LoRA parameters changed: every base weight equals the one on disk

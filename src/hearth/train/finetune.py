@@ -48,6 +48,7 @@ IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GIB = 1 << 30
 SCHEDULES = ("cosine", "linear", "constant")
+LORA_COMPUTE = ("base", "adapter")
 CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON_INTERPRET=1 in the environment "
             "(the Triton interpreter: slow, for checking) or pass --no-patch (plain transformers)")
 
@@ -90,6 +91,10 @@ class FinetuneConfig:
     # model, memory
     memory_budget_gib: float | None = None  # None: 90% of the GPU's memory on CUDA; no checkpointing on CPU
     patch: bool = True
+    # hearth's fused LoRA nodes: "base" runs the adapters' low-rank products in the base dtype (bf16) on the
+    # tensor cores, fp32 accumulation and fp32 adapter gradients (the fast setting; matches peft's training by
+    # the tolerance rule on the H200); "adapter" keeps them in the adapters' fp32, as peft computes them
+    lora_compute: str = "base"
     random_init: bool = False
     qlora: bool = False
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; hearth.train.distributed)
@@ -137,6 +142,8 @@ class FinetuneConfig:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.parallel != "none" and self.qlora:
             raise ValueError("parallel: ddp / fsdp with qlora is not supported yet (a 4-bit base cannot be sharded here)")
+        if self.lora_compute not in LORA_COMPUTE:
+            raise ValueError(f"lora_compute must be one of {', '.join(LORA_COMPUTE)}, got {self.lora_compute!r}")
         if self.lr_schedule not in SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
         if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
@@ -742,7 +749,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         why = probe_loss_kernel(device, dtype)
         # on a 4-bit base the probes build their inputs in the compute dtype (norm, rope, MLP and loss apply;
         # the 4-bit projections run as bitsandbytes modules, only silu(g) * u is fused)
-        report = hearth_patch.apply(model, loss=why is None)
+        report = hearth_patch.apply(model, loss=why is None, lora_compute=cfg.lora_compute)
         reasons = {"loss": why}
         report.left = {(k, c, reasons.get(k) or r): n for (k, c, r), n in report.left.items()}
         report.print(console)
@@ -758,7 +765,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        patched=bool(report and report.count("loss")), qlora=cfg.qlora, fused_mlp=bool(report and report.count("mlp")))
+        patched=bool(report and report.count("loss")), qlora=cfg.qlora, fused_mlp=bool(report and report.count("mlp")),
+        fused_lora=bool(report and report.count("lora")))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
