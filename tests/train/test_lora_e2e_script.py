@@ -49,3 +49,19 @@ def test_match_steps_compares_hearth_with_hf_against_the_fp32_reference(tmp_path
     digests = {name: run["lora_sha256"] for name, run in row["runs"].items()}
     assert all(len(d) == 64 for d in digests.values())
     assert digests["reference"] != digests["hf"]  # bf16 and fp32 training end in different weights
+
+
+def test_profile_lora_step_smoke_writes_a_row_per_setup_with_categories(tmp_path):
+    """scripts/gpu/profile_lora_step.py (the step profile behind BENCHMARKS.md) on the CPU: the child builds
+    lora_e2e's model with hearth patched in, profiles one step, writes its kernel table and appends its row."""
+    out = tmp_path / "prof"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "profile_lora_step.py"), "--smoke",
+                           "--out", str(out), "--setups", "hearth", "--layers", "1", "--seq", "16"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "profile.jsonl").read_text().splitlines()]
+    assert [r["setup"] for r in rows] == ["hearth"] and rows[0]["layers"] == 1 and rows[0]["seq"] == 16
+    assert rows[0]["gpu_ms_total"] > 0 and rows[0]["host_step_s"] > 0 and rows[0]["versions"]["torch"]
+    table = (out / "hearth.txt").read_text().splitlines()
+    assert table[0].split() == ["us", "total", "calls", "kernel"] and len(table) > 5
