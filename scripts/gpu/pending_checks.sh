@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # After scripts/gpu/test.sh has passed on this branch: the measurements its kernel-side changes were made for,
-# in ONE device call (about 9 minutes on an H200; run from the repo root, carrying .whl with Liger and
+# in ONE device call (about 8 minutes on an H200; run from the repo root, carrying .whl with Liger and
 # the pydantic/typer wheels):
-#   1. scripts/gpu/lora_layer_probe.py: one Qwen3-14B-shaped MLP and q_proj / o_proj, peft vs the LoRA-aware
-#      nodes (adapter and base compute), fwd+bwd time and memory                      -> $OUT/lora_layer_probe.jsonl
-#   2. scripts/host_overhead.py --device cuda: per-op host cost after the eager autograd.Function route
-#                                                                                      -> $OUT/host.jsonl
-#   3. the model-shape suite for rms_norm (incl. the 128-wide q/k-norm rows), rope and swiglu: GPU time and
-#      wall time per call against Liger / torch.compile                               -> $OUT/models/
-#   4. scripts/gpu/dist_e2e.py --gpus 1 --layers 4: torchrun + NCCL + DDP and FSDP2 on one GPU (the code path,
-#      not a scaling figure)                                                           -> $OUT/dist_e2e.jsonl
-#   5. scripts/gpu/attention_gluon_probe.py when the Gluon forward is on this branch   -> $OUT/attention_gluon.jsonl
-# Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out.
+#   1. scripts/host_overhead.py --device cuda: per-op host cost (fwd / bwd and where it goes)   -> host.jsonl
+#   2. the model-shape suite for the row ops (rms_norm with the 128-wide q/k-norm rows, rope, swiglu, softmax,
+#      cross_entropy, layer_norm): GPU time, memory and wall time per call against Liger / torch.compile
+#                                                                                       -> models/
+#   3. scripts/gpu/lora_e2e.py, seq 4096, liger and hearth_fast at an 80 GiB budget: the end-to-end effect
+#                                                                                       -> lora_e2e.jsonl
+#   (LAYER_PROBE=1 adds scripts/gpu/lora_layer_probe.py, DIST=1 the 1-GPU torchrun DDP/FSDP check, GLUON=1 the
+#   Gluon attention probe: all three measured on 2026-12-01, see BENCHMARKS.md)
+# Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
+# back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
+# (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
 #   OUT=/tmp/out bash scripts/gpu/pending_checks.sh
 set -u
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
+FINAL=$OUT; OUT=$(mktemp -d)/pending  # staging: packed into $FINAL/pending.tgz at the end
 BUDGET_S=${BUDGET_S:-540}
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
@@ -31,12 +33,15 @@ step() {  # step NAME MIN_SECONDS COMMAND...
   timeout "$(( $(left) - 5 ))" "$@" >> "$OUT/$name.log" 2>&1
   echo "   rc=$?" | tee -a "$OUT/steps.log"
 }
-step lora_layer_probe 60 python3 scripts/gpu/lora_layer_probe.py --out "$OUT/lora_layer_probe.jsonl"
 step host_overhead 60 python3 scripts/host_overhead.py --device cuda --reps 200 --jsonl "$OUT/host.jsonl"
-step models 150 env OUT="$OUT" BUDGET_S=150 bash scripts/gpu/bench_models.sh rms_norm rope swiglu
-step dist_e2e 90 python3 scripts/gpu/dist_e2e.py --out "$OUT/dist_e2e.jsonl" --gpus 1 --layers 4 --seq 2048 \
-  --steps 3 --cases 14b-single,14b-ddp,14b-fsdp
-if [ -f scripts/gpu/attention_gluon_probe.py ]; then
-  step attention_gluon 60 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py --out "$OUT/attention_gluon.jsonl"
-fi
+step models 200 env OUT="$OUT" BUDGET_S=200 bash scripts/gpu/bench_models.sh rms_norm rope swiglu softmax cross_entropy layer_norm
+step lora_e2e 150 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_e2e.jsonl" --seqs 4096 --setups liger,hearth_fast \
+  --budget-gib 80 --steps 3 --time-budget-s 140 --min-child-s 40 --child-timeout-s 90
+[ -n "${LAYER_PROBE:-}" ] && step lora_layer_probe 60 python3 scripts/gpu/lora_layer_probe.py --out "$OUT/lora_layer_probe.jsonl"
+[ -n "${DIST:-}" ] && step dist_e2e 90 python3 scripts/gpu/dist_e2e.py --out "$OUT/dist_e2e.jsonl" --gpus 1 --layers 4 \
+  --seq 2048 --steps 3 --cases 14b-single,14b-ddp,14b-fsdp
+[ -n "${GLUON:-}" ] && step attention_gluon 60 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py \
+  --out "$OUT/attention_gluon.jsonl"
 tail -n 40 "$OUT"/*.log
+cp "$OUT/steps.log" "$FINAL/steps.log"
+tar czf "$FINAL/pending.tgz" -C "$(dirname "$OUT")" pending
