@@ -103,6 +103,9 @@ name = "finetune"
 base_url = "{url}/v1"
 model = "{merged}"
 json_schema = false
+# the app sends no max_tokens and transformers serve then generates up to 1024 tokens, which a random-weight model
+# fills (no EOS) in minutes on a busy CPU: cap the reply the way an operator caps a provider
+extra_body = {{ max_tokens = 8 }}
 [providers.timeouts]
 connect_s = 2.0
 first_token_s = 60.0
