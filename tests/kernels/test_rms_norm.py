@@ -6,9 +6,10 @@ import importlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hearth.kernels.rms_norm import rms_norm
-from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
 
 def reference(x, w, eps=1e-6):
@@ -221,3 +222,114 @@ def test_wide_rows_keep_one_row_per_program():
     rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
 
     assert all(c[0] == "row" for c in rn._fwd_candidates(rn.NARROW_MAX_BLOCK + 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Narrow rows: the backward's [BLOCK_M, BLOCK_N] tile kernel, every candidate against fp64
+# ----------------------------------------------------------------------------------------------
+def _bwd_reference(x, w, dy, eps=1e-6):
+    """(dx, dw, rstd) of the fp64 reference on the same (rounded) inputs; rstd in fp32 as the forward stores it."""
+    xr = x.detach().double().requires_grad_()
+    wr = w.detach().double().requires_grad_()
+    dxr, dwr = torch.autograd.grad(reference(xr, wr, eps), (xr, wr), dy.double())
+    rstd = torch.rsqrt(x.detach().float().pow(2).mean(-1) + eps).reshape(-1)
+    return dxr, dwr, rstd
+
+
+# A tile of 2 rows and one of 4 rows at 1 program per SM: several tiles per program at the small M used here,
+# so the loop, its ragged last tile and the last program's spare tiles are all walked under the interpreter.
+_SMALL_TILES = (("tile", 2, 1, 4, 1), ("tile", 4, 1, 4, 2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 128), (1, 128), (70, 7), (9, 1000), (2, 3, 5, 64)],
+                         ids=["37x128", "1x128", "70x7", "9x1000", "4d_64"])
+def test_narrow_rows_bwd_every_candidate(dtype, shape, monkeypatch):
+    """Every backward candidate at narrow widths (tiles first, then the one-row configs) gives the fp64
+    reference's dx and dw from row-strided x and dy (row stride > N), with a ragged last tile."""
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    n = shape[-1]
+    cands = rn._bwd_candidates(n)
+    assert cands[0][0] == "tile" and any(c[0] == "row" for c in cands)
+    torch.manual_seed(13)
+    # x and dy are views into wider rows: row stride n + 3, read in place
+    x = torch.randn(*shape[:-1], n + 3, device=DEVICE).to(dtype)[..., :n]
+    dy = torch.randn(*shape[:-1], n + 5, device=DEVICE).to(dtype)[..., :n]
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    dxr, dwr, rstd = _bwd_reference(x, w, dy)
+    for cfg in cands + _SMALL_TILES:
+        if cfg[0] == "row" and dtype != torch.float32:
+            continue  # the one-row kernel's math is the tile's; its candidates are walked once, in fp32
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, cfg=cfg: cfg)
+        dx, dw = rn._backward(dy, x, w, rstd)
+        assert dx.dtype == dtype and dw.dtype == dtype
+        assert_close(dx, dxr, dtype, msg=f"dx {cfg}")
+        assert_close(dw, dwr, dtype, msg=f"dw {cfg}")
+
+
+def test_narrow_rows_bwd_zero_rows():
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    x = torch.randn(0, 128, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(128, device=DEVICE, dtype=torch.bfloat16)
+    dx, dw = rn._backward(torch.randn_like(x), x, w, torch.empty(0, device=DEVICE))
+    assert dx.shape == (0, 128) and torch.equal(dw, torch.zeros_like(w))
+
+
+def test_narrow_rows_bwd_rows_past_int32():
+    # the tile kernel's row offsets are int64: the last row starts past element 2^31
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    x = rows_past_int32(3, 40, torch.float16)
+    dy = rows_past_int32(3, 40, torch.float16)
+    w = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    assert rn._bwd_candidates(40)[0][0] == "tile"
+    dxr, dwr, rstd = _bwd_reference(x, w, dy)
+    dx, dw = rn._backward(dy, x, w, rstd)
+    assert_close(dx, dxr, torch.float16, msg="dx")
+    assert_close(dw, dwr, torch.float16, msg="dw")
+
+
+def test_wide_rows_bwd_keep_one_row_per_iteration():
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    assert all(c[0] == "row" and c[1] == 1 for c in rn._bwd_candidates(rn.NARROW_MAX_BLOCK + 1))
+    assert all(c[0] == "row" for c in rn._bwd_candidates(20000))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host path: what the backward runs besides its kernel
+# ----------------------------------------------------------------------------------------------
+class _AtenOps(TorchDispatchMode):
+    """Names of the aten ops that reach the dispatcher while the mode is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func._schema.name.split("::")[-1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("route", ["eager", "compile"])
+def test_backward_gets_no_materialised_zero_gradient_for_rstd(route):
+    """rstd is an output of the op that nothing differentiates: it must not require grad, and autograd must
+    not allocate and fill a zero gradient for it on every backward (it did: an aten.zeros of [M] per call)."""
+    torch.manual_seed(14)
+    x = torch.randn(6, 32, device=DEVICE, requires_grad=True)
+    w = torch.randn(32, device=DEVICE, requires_grad=True)
+    if route == "eager":
+        y, rstd = importlib.import_module("hearth.kernels.rms_norm")._rms_norm(x, w, 1e-6)
+    else:  # the custom op's own autograd (the route torch.compile's graph takes)
+        y, rstd = torch.ops.hearth.rms_norm_fwd(x, w, 1e-6)
+    assert y.requires_grad and not rstd.requires_grad
+    dy = torch.randn_like(y)
+    with _AtenOps() as ops:
+        torch.autograd.backward([y], [dy])
+    assert not {"zeros", "zeros_like", "zero_", "fill_"} & set(ops.seen), ops.seen
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    torch.autograd.backward([reference(xr, wr)], [dy])
+    assert_close(x.grad, xr.grad, torch.float32, msg="dx")
+    assert_close(w.grad, wr.grad, torch.float32, msg="dw")

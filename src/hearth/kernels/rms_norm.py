@@ -16,6 +16,9 @@ grid of G programs each walks a contiguous run of rows and keeps its partial dw 
 writes one row of a [G, N] fp32 buffer, and one torch.sum over G finishes it. No atomics.
 The row loop is software-pipelined (the next rows' x and dy stream into shared memory while one row
 is computed); G, num_warps and the pipelining depth are picked on the GPU (see _BWD_CANDIDATES).
+Narrow rows (N <= NARROW_MAX_BLOCK, e.g. head_dim 128 for Qwen3's q_norm / k_norm) are walked in
+[BLOCK_M, N] tiles instead of one row at a time, forward and backward: same bytes, fewer and larger
+loads, one reduction per tile.
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ _FWD_WARP_SCALE = (1, 2, 0.5)
 # with the one-row configs (pick_config keeps the fastest); the first is the default.
 NARROW_MAX_BLOCK = 1024
 _FWD_TILE_CANDIDATES = ((4096, 4), (2048, 4), (8192, 8), (4096, 8), (16384, 16))
+# The backward over narrow rows walked one row per loop iteration: a 256-byte load of x and of dy, a
+# reduction and a store per row, latency-bound (0.32x torch.compile's fwd+bwd at 131072 x 128 on the
+# H200). It takes [BLOCK_M, BLOCK_N] tiles too (_rms_norm_bwd_rows_kernel), persistent and pipelined like
+# the one-row kernel. Candidates (tile elements, programs_per_SM, num_warps, num_stages), timed on the GPU
+# together with the one-row _BWD_CANDIDATES; the first is the default. At 4096 elements and 4 warps a
+# thread holds 32 values of each live fp32 tile; a pipeline stage of x and dy is 16 KiB in bf16.
+_BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 4, 8, 2), (2048, 4, 4, 2), (8192, 2, 8, 3), (8192, 1, 8, 2),
+                        (16384, 1, 16, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,6 +149,50 @@ def _rms_norm_bwd_kernel(
     tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
 
 
+@triton.jit
+def _rms_norm_bwd_rows_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+    # shapes
+    M, N,
+    # strides
+    stride_dy, stride_x, stride_dx,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
+):
+    """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _rms_norm_bwd_kernel per row.
+
+    Each program walks TILES_PER_PROGRAM consecutive tiles; the per-row dot product sum(dy*w*xhat) is a
+    reduction along axis 1, and dw is accumulated elementwise in a [BLOCK_M, BLOCK_N] fp32 tile (no
+    reduction inside the loop), summed over its rows once at the end into this program's partial row.
+    Rows at or past M (the ragged last tile, the last program's spare tiles) load zeros: their dx is
+    not stored and they add nothing to dw.
+    """
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * (TILES_PER_PROGRAM * BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in tl.range(0, TILES_PER_PROGRAM, num_stages=NUM_STAGES):
+        rows = row_start + i * BLOCK_M + tl.arange(0, BLOCK_M)  # int64 (row_start): row * stride may pass 2^31
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = x * rstd[:, None]
+        wdy = dy * w[None, :]
+        c = tl.sum(wdy * xhat, axis=1) / N
+        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw_acc += dy * xhat
+    tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+
+
 def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
     """(programs, rows_per_program) for a persistent pass over m rows.
 
@@ -219,28 +274,44 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     dx2 = dx.view(-1, n)
 
     def launch(cfg):
-        programs_per_sm, warps, stages = cfg
-        grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
+        kind, block_m, programs_per_sm, warps, stages = cfg
+        # persistent over tiles of block_m rows (block_m = 1: the one-row kernel)
+        grid, tiles_per_program = persistent_grid(cdiv(m, block_m), x.device, programs_per_sm)
         partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-        _rms_norm_bwd_kernel[(grid,)](
-            dy2, x2, weight, rstd, dx2, partial, m, n,
-            dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
-            ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages,
-        )
+        if kind == "row":
+            _rms_norm_bwd_kernel[(grid,)](
+                dy2, x2, weight, rstd, dx2, partial, m, n,
+                dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
+                ROWS_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages,
+            )
+        else:
+            _rms_norm_bwd_rows_kernel[(grid,)](
+                dy2, x2, weight, rstd, dx2, partial, m, n,
+                dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
+                TILES_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages,
+            )
         return partial
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
-    cfg = pick_config(("rms_norm_bwd", n, x.dtype, weight.dtype), _bwd_candidates(n), launch, x.device)
-    return dx, launch(cfg).sum(0).to(weight.dtype)
+    partial = launch(pick_config(("rms_norm_bwd", n, x.dtype, weight.dtype), _bwd_candidates(n), launch, x.device))
+    return dx, partial.sum(0).to(weight.dtype)
 
 
 @functools.lru_cache(maxsize=None)
-def _bwd_candidates(n: int) -> tuple[tuple[int, int, int], ...]:
-    """(programs_per_SM, num_warps, num_stages) candidates for rows of n features. Rows wider than
-    8192 keep the _config warps (registers), pipelined 2 deep; the table is tuned for N <= 8192."""
-    if next_power_of_2(n) > 8192:
-        return ((1, _config(n)[1], 2), (1, _config(n)[1], 1))
-    return tuple(_BWD_CANDIDATES)
+def _bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
+    """(kind, BLOCK_M, programs_per_SM, num_warps, num_stages) candidates for rows of n features.
+
+    kind "row": one row per loop iteration (BLOCK_M 1); "tile": BLOCK_M rows per iteration, narrow rows
+    only, listed first there (the interpreter / CPU default). Rows wider than 8192 keep the _config warps
+    (registers), pipelined 2 deep; the one-row table is tuned for N <= 8192. Cached per width."""
+    block, num_warps = _config(n)
+    if block > 8192:
+        return (("row", 1, 1, num_warps, 2), ("row", 1, 1, num_warps, 1))
+    rows = [("row", 1, *cfg) for cfg in _BWD_CANDIDATES]
+    if block > NARROW_MAX_BLOCK:
+        return tuple(rows)
+    tiles = [("tile", max(1, elems // block), pps, w, st) for elems, pps, w, st in _BWD_TILE_CANDIDATES]
+    return tuple(dict.fromkeys(tiles + rows))
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,6 +344,11 @@ def _setup_context(ctx, inputs, output):
     x, weight, _eps = inputs
     _y, rstd = output
     ctx.save_for_backward(x, weight, rstd)
+    # rstd is saved for the backward, not differentiated. Non-differentiable, and no materialised
+    # gradient for it: by default autograd hands the backward a torch.zeros([M]) for every output
+    # that got no gradient (an allocation and a fill launch on every backward).
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, dy, _drstd):
