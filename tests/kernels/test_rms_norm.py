@@ -101,16 +101,18 @@ def test_bad_eps_names_eps():
         rms_norm(torch.ones(2, 4, device=DEVICE), torch.ones(4, device=DEVICE), eps=-1.0)
 
 
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("frozen_weight", [False, True], ids=["trained_weight", "frozen_weight"])
+def test_torch_compile_fullgraph(frozen_weight):
     torch.manual_seed(4)
     x = torch.randn(3, 48, device=DEVICE, requires_grad=True)
-    w = torch.randn(48, device=DEVICE, requires_grad=True)
+    w = torch.randn(48, device=DEVICE, requires_grad=not frozen_weight)
     backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
     fn = torch.compile(lambda a, b: rms_norm(a, b).square().sum(), backend=backend, fullgraph=True)
-    gx, gw = torch.autograd.grad(fn(x, w), (x, w))
-    ex, ew = torch.autograd.grad(rms_norm(x, w).square().sum(), (x, w))
-    assert_close(gx, ex, torch.float32)
-    assert_close(gw, ew, torch.float32)
+    leaves = (x,) if frozen_weight else (x, w)
+    got = torch.autograd.grad(fn(x, w), leaves)
+    want = torch.autograd.grad(rms_norm(x, w).square().sum(), leaves)
+    for g, e in zip(got, want):
+        assert_close(g, e, torch.float32)
 
 
 def test_sum_backward_with_an_expanded_gradient():
@@ -129,6 +131,9 @@ def test_opcheck():
     x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
     w = torch.randn(8, device=DEVICE, requires_grad=True)
     torch.library.opcheck(torch.ops.hearth.rms_norm_fwd, (x, w, 1e-6))
+    dy, rstd = torch.randn(3, 8, device=DEVICE), torch.rand(3, device=DEVICE) + 0.5
+    for need_dw in (True, False):
+        torch.library.opcheck(torch.ops.hearth.rms_norm_bwd, (dy, x.detach(), w.detach(), rstd, need_dw))
 
 @gpu_only
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
@@ -266,6 +271,10 @@ def test_narrow_rows_bwd_every_candidate(dtype, shape, monkeypatch):
         assert dx.dtype == dtype and dw.dtype == dtype
         assert_close(dx, dxr, dtype, msg=f"dx {cfg}")
         assert_close(dw, dwr, dtype, msg=f"dw {cfg}")
+        if dtype == torch.float32:  # a frozen weight: the same dx, no dw
+            dx_only, none = rn._backward(dy, x, w, rstd, need_dw=False)
+            assert none is None
+            torch.testing.assert_close(dx_only, dx, rtol=0, atol=0, msg=f"dx without dw {cfg}")
 
 
 def test_narrow_rows_bwd_zero_rows():
@@ -302,14 +311,39 @@ def test_wide_rows_bwd_keep_one_row_per_iteration():
 # Host path: what the backward runs besides its kernel
 # ----------------------------------------------------------------------------------------------
 class _AtenOps(TorchDispatchMode):
-    """Names of the aten ops that reach the dispatcher while the mode is on."""
+    """Names of the aten ops that reach the dispatcher while the mode is on, and the Triton launches of
+    rms_norm's kernels (`watch(monkeypatch)`); ops issued inside a launch (the CPU interpreter copies its
+    arguments with aten ops) are not counted."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[str] = []
+        self.launches: list[str] = []
+        self.hearth_args: list[tuple] = []  # the arguments of each hearth:: op seen
+        self._in_launch = False
+
+    def watch(self, monkeypatch):
+        rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+        for name in ("_rms_norm_fwd_kernel", "_rms_norm_fwd_rows_kernel", "_rms_norm_bwd_kernel",
+                     "_rms_norm_bwd_rows_kernel"):
+            kernel = getattr(rn, name)
+
+            def run(*args, _run=kernel.run, _name=name, **kwargs):
+                self.launches.append(_name)
+                self._in_launch = True
+                try:
+                    return _run(*args, **kwargs)
+                finally:
+                    self._in_launch = False
+
+            monkeypatch.setattr(kernel, "run", run)  # kernel[grid](...) calls self.run
+        return self
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(func._schema.name.split("::")[-1])
+        if not self._in_launch:
+            self.seen.append(func._schema.name.split("::")[-1])
+            if func.namespace == "hearth":
+                self.hearth_args.append(args)
         return func(*args, **(kwargs or {}))
 
 
@@ -333,3 +367,29 @@ def test_backward_gets_no_materialised_zero_gradient_for_rstd(route):
     torch.autograd.backward([reference(xr, wr)], [dy])
     assert_close(x.grad, xr.grad, torch.float32, msg="dx")
     assert_close(w.grad, wr.grad, torch.float32, msg="dw")
+
+
+@pytest.mark.parametrize("route", ["eager", "compile"])
+def test_frozen_weight_skips_the_weight_gradient(route, monkeypatch):
+    """A weight that needs no gradient (every norm under LoRA) gets none computed: no partial buffer, no
+    reduction (before: an fp32 [G, N] buffer, a sum and a cast per backward, then thrown away)."""
+    torch.manual_seed(15)
+    x = torch.randn(40, 64, device=DEVICE, requires_grad=True)
+    w = 1 + 0.1 * torch.randn(64, device=DEVICE)
+    if route == "eager":
+        y, _ = importlib.import_module("hearth.kernels.rms_norm")._rms_norm(x, w, 1e-6)
+    else:  # the custom op's own autograd (the route torch.compile's graph takes)
+        y, _ = torch.ops.hearth.rms_norm_fwd(x, w, 1e-6)
+    dy = torch.randn_like(y)
+    with _AtenOps().watch(monkeypatch) as ops:
+        torch.autograd.backward([y], [dy])
+    assert ops.launches == ["_rms_norm_bwd_rows_kernel"]
+    assert "sum" not in ops.seen and "_to_copy" not in ops.seen, ops.seen
+    if route == "eager":
+        assert ops.seen.count("empty") == 1, ops.seen  # dx only
+    else:  # the backward op's body is not seen by the mode: it must have been told to skip dw
+        assert ops.seen.count("rms_norm_bwd") == 1 and ops.hearth_args[0][-1] is False, ops.seen
+    assert w.grad is None
+    xr = x.detach().requires_grad_()
+    torch.autograd.backward([reference(xr, w)], [dy])
+    assert_close(x.grad, xr.grad, torch.float32, msg="dx")

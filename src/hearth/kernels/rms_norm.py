@@ -124,6 +124,7 @@ def _rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
 ):
     pid = tl.program_id(0)
     row_start = pid * ROWS_PER_PROGRAM
@@ -145,8 +146,10 @@ def _rms_norm_bwd_kernel(
         c = tl.sum(wdy * xhat, axis=0) / N
         dx = (wdy - xhat * c) * rstd
         tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw_acc += dy * xhat
-    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+        if COMPUTE_DW:
+            dw_acc += dy * xhat
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
 
 
 @triton.jit
@@ -162,6 +165,7 @@ def _rms_norm_bwd_rows_kernel(
     BLOCK_N: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
+    COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
 ):
     """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _rms_norm_bwd_kernel per row.
 
@@ -189,8 +193,10 @@ def _rms_norm_bwd_rows_kernel(
         c = tl.sum(wdy * xhat, axis=1) / N
         dx = (wdy - xhat * c[:, None]) * rstd[:, None]
         tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw_acc += dy * xhat
-    tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        if COMPUTE_DW:
+            dw_acc += dy * xhat
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
 def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
@@ -261,7 +267,10 @@ def _fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
     return tuple(dict.fromkeys(tiles + rows))
 
 
-def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dw); dw is None when need_dw is False (a frozen weight, e.g. every norm under LoRA): the
+    kernel then skips the dw accumulation, and there is no partial buffer and no reduction (an
+    allocation and one or two launches fewer per call)."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     weight = weight.contiguous()  # read at w_ptr + col (see _forward); dw is allocated dense anyway
@@ -269,7 +278,7 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0:
-        return dx, torch.zeros_like(weight)
+        return dx, (torch.zeros_like(weight) if need_dw else None)
     block, _ = _config(n)
     dx2 = dx.view(-1, n)
 
@@ -277,24 +286,29 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
         kind, block_m, programs_per_sm, warps, stages = cfg
         # persistent over tiles of block_m rows (block_m = 1: the one-row kernel)
         grid, tiles_per_program = persistent_grid(cdiv(m, block_m), x.device, programs_per_sm)
-        partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+        # without dw the kernel never touches dw_partial_ptr: rstd stands in for the pointer
+        partial = torch.empty((grid, n), dtype=torch.float32, device=x.device) if need_dw else rstd
         if kind == "row":
             _rms_norm_bwd_kernel[(grid,)](
                 dy2, x2, weight, rstd, dx2, partial, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
-                ROWS_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages,
+                ROWS_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         else:
             _rms_norm_bwd_rows_kernel[(grid,)](
                 dy2, x2, weight, rstd, dx2, partial, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
-                TILES_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages,
+                TILES_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         return partial
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
-    partial = launch(pick_config(("rms_norm_bwd", n, x.dtype, weight.dtype), _bwd_candidates(n), launch, x.device))
-    return dx, partial.sum(0).to(weight.dtype)
+    key = ("rms_norm_bwd", n, x.dtype, weight.dtype, need_dw)
+    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device))
+    if not need_dw:
+        return dx, None
+    dw = partial.sum(0)
+    return dx, (dw if dw.dtype == weight.dtype else dw.to(weight.dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -330,14 +344,15 @@ def _(x, weight, eps):
 
 @torch.library.custom_op("hearth::rms_norm_bwd", mutates_args=())
 def _rms_norm_bwd_op(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, need_dw: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward(dy, x, weight, rstd)
+    dx, dw = _backward(dy, x, weight, rstd, need_dw)
+    return dx, (weight.new_empty((0,)) if dw is None else dw)  # an op cannot return None: an empty dw
 
 
 @_rms_norm_bwd_op.register_fake
-def _(dy, x, weight, rstd):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+def _(dy, x, weight, rstd, need_dw):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape if need_dw else (0,))
 
 
 def _setup_context(ctx, inputs, output):
@@ -353,8 +368,9 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = (_backward if ctx.eager else torch.ops.hearth.rms_norm_bwd)(dy, x, weight, rstd)
-    return dx, dw, None
+    need_dw = ctx.needs_input_grad[1]
+    dx, dw = (_backward if ctx.eager else torch.ops.hearth.rms_norm_bwd)(dy, x, weight, rstd, need_dw)
+    return dx, (dw if need_dw else None), None
 
 
 # eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
@@ -377,7 +393,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     Returns:
         y: x.shape, x.dtype, y = x * rsqrt(mean(x^2) + eps) * weight computed in fp32 and rounded once.
 
-    Gradients flow to x and weight (dw is reduced in fp32 in two stages, returned in weight.dtype).
+    Gradients flow to x and weight (dw is reduced in fp32 in two stages, returned in weight.dtype;
+    not computed at all when weight does not require grad).
     Bytes moved: forward 2*M*N*b, backward 3*M*N*b (+ a G x N fp32 partial buffer, G ~ 4 x SMs).
 
     Raises:
