@@ -393,3 +393,23 @@ def test_frozen_weight_skips_the_weight_gradient(route, monkeypatch):
     xr = x.detach().requires_grad_()
     torch.autograd.backward([reference(xr, w)], [dy])
     assert_close(x.grad, xr.grad, torch.float32, msg="dx")
+
+
+@gpu_only
+def test_narrow_rows_real_shape_every_bwd_candidate_bf16(monkeypatch):
+    """Qwen3's q_norm rows on the GPU (head_dim 128, 4096 tokens x 32 heads, + 3 rows: a ragged last tile),
+    every backward candidate compiled and run at the real grid, with and without dw."""
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    torch.manual_seed(16)
+    x = torch.randn(4096 * 32 + 3, 128, device=DEVICE, dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    w = (1 + 0.1 * torch.randn(128, device=DEVICE)).to(torch.bfloat16)
+    dxr, dwr, rstd = _bwd_reference(x, w, dy)
+    for cfg in rn._bwd_candidates(128):
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, cfg=cfg: cfg)
+        dx, dw = rn._backward(dy, x, w, rstd)
+        assert_close(dx, dxr, torch.bfloat16, msg=f"dx {cfg}")
+        assert_close(dw, dwr, torch.bfloat16, msg=f"dw {cfg}")
+        dx_only, _ = rn._backward(dy, x, w, rstd, need_dw=False)
+        torch.testing.assert_close(dx_only, dx, rtol=0, atol=0, msg=f"dx without dw {cfg}")
