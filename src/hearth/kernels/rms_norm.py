@@ -56,9 +56,13 @@ _FWD_TILE_CANDIDATES = ((4096, 4), (2048, 4), (8192, 8), (4096, 8), (16384, 16))
 # H200, where the backward moves only 3 x 32 MiB in bf16: ~24 us at 4.27 TB/s). It takes
 # [BLOCK_M, BLOCK_N] tiles too (_rms_norm_bwd_rows_kernel), persistent and pipelined like the one-row
 # kernel. Candidates (tile elements, programs_per_SM, num_warps, num_stages), timed on the GPU together
-# with the one-row _BWD_CANDIDATES; the first is the default. At 4096 elements and 4 warps a thread holds
-# 32 values of each live fp32 tile; a pipeline stage of x and dy is 16 KiB in bf16 (32 KiB in fp32).
-_BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 4, 8, 2), (2048, 4, 4, 2), (8192, 2, 8, 3), (8192, 1, 8, 2),
+# with the one-row _BWD_CANDIDATES; the first is the default. Each is sized so that programs_per_SM
+# programs fit an SM at once (65536 registers, 228 KiB shared memory), from Triton 3.6's sm_90 build at
+# N=128 bf16 with dw (ptxas -v; no spills in any, bf16 or fp32, with or without dw):
+#   4096 x 4 warps x 3 stages: 149 registers, 33 KiB   4096 x 8 warps x 2: 80 registers, 16 KiB
+#   2048 x 4 warps x 2 stages:  80 registers,  8 KiB   8192 x 8 warps x 3: 149 registers, 66 KiB
+#   16384 x 16 warps x 2:      112 registers, 66 KiB   (fp32 x: twice the shared memory; no dw: ~half the registers)
+_BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 3, 4, 3), (4096, 3, 8, 2), (2048, 4, 4, 2), (8192, 1, 8, 3),
                         (16384, 1, 16, 2))
 
 
@@ -159,30 +163,30 @@ def _rms_norm_bwd_rows_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
     # shapes
     M, N,
+    tiles_per_program,  # a runtime trip count: one compiled variant for every M (no power-of-two rounding)
     # strides
     stride_dy, stride_x, stride_dx,
     # meta-parameters
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
     COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
 ):
     """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _rms_norm_bwd_kernel per row.
 
-    Each program walks TILES_PER_PROGRAM consecutive tiles; the per-row dot product sum(dy*w*xhat) is a
+    Each program walks tiles_per_program consecutive tiles; the per-row dot product sum(dy*w*xhat) is a
     reduction along axis 1, and dw is accumulated elementwise in a [BLOCK_M, BLOCK_N] fp32 tile (no
     reduction inside the loop), summed over its rows once at the end into this program's partial row.
     Rows at or past M (the ragged last tile, the last program's spare tiles) load zeros: their dx is
     not stored and they add nothing to dw.
     """
     pid = tl.program_id(0)
-    row_start = pid.to(tl.int64) * (TILES_PER_PROGRAM * BLOCK_M)
+    row_start = pid.to(tl.int64) * tiles_per_program * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in tl.range(0, TILES_PER_PROGRAM, num_stages=NUM_STAGES):
+    for i in tl.range(0, tiles_per_program, num_stages=NUM_STAGES):
         rows = row_start + i * BLOCK_M + tl.arange(0, BLOCK_M)  # int64 (row_start): row * stride may pass 2^31
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
@@ -285,21 +289,25 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
 
     def launch(cfg):
         kind, block_m, programs_per_sm, warps, stages = cfg
-        # persistent over tiles of block_m rows (block_m = 1: the one-row kernel)
-        grid, tiles_per_program = persistent_grid(cdiv(m, block_m), x.device, programs_per_sm)
+        if kind == "row":
+            grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
+        else:  # persistent over tiles of block_m rows, as evenly as a runtime trip count allows
+            tiles = cdiv(m, block_m)
+            tiles_per_program = cdiv(tiles, min(tiles, programs_per_sm * num_sms(x.device)))
+            grid = cdiv(tiles, tiles_per_program)
         # without dw the kernel never touches dw_partial_ptr: rstd stands in for the pointer
         partial = torch.empty((grid, n), dtype=torch.float32, device=x.device) if need_dw else rstd
         if kind == "row":
             _rms_norm_bwd_kernel[(grid,)](
                 dy2, x2, weight, rstd, dx2, partial, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
-                ROWS_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         else:
             _rms_norm_bwd_rows_kernel[(grid,)](
-                dy2, x2, weight, rstd, dx2, partial, m, n,
+                dy2, x2, weight, rstd, dx2, partial, m, n, tiles_per_program,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
-                TILES_PER_PROGRAM=tiles_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         return partial
 
