@@ -208,8 +208,9 @@ def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAM
     """(programs, rows_per_program) for a persistent pass over m rows.
 
     rows_per_program is rounded up to a power of two and passed as a constexpr: the loop has a
-    compile-time trip count (Triton 3.6's interpreter, with numpy 2.4, cannot loop to a runtime
-    bound), and only ~log2(M) variants are ever compiled.
+    compile-time trip count, and only ~log2(M) variants are ever compiled. (The narrow-row tile
+    backward takes a runtime trip count instead, see _backward; the interpreter runs such loops
+    through _common's scalar-index fix.)
     """
     target = max(1, min(m, programs_per_sm * num_sms(device)))
     rows = next_power_of_2(cdiv(m, target))
