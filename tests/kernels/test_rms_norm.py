@@ -267,8 +267,9 @@ def test_narrow_rows_bwd_every_candidate(dtype, shape, monkeypatch):
     w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(dtype)
     dxr, dwr, rstd = _bwd_reference(x, w, dy)
     for cfg in cands + _SMALL_TILES:
-        if cfg[0] == "row" and dtype != torch.float32:
-            continue  # the one-row kernel's math is the tile's; its candidates are walked once, in fp32
+        if cfg[0] == "row" and (dtype != torch.float32 or x.numel() // n > 40):
+            continue  # the one-row kernel (tested above at wider rows) is walked here in fp32, at M <= 40:
+            # the interpreter takes its rows one at a time
         monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, cfg=cfg: cfg)
         dx, dw = rn._backward(dy, x, w, rstd)
         assert dx.dtype == dtype and dw.dtype == dtype
