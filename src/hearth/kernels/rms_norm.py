@@ -16,6 +16,9 @@ grid of G programs each walks a contiguous run of rows and keeps its partial dw 
 writes one row of a [G, N] fp32 buffer, and one torch.sum over G finishes it. No atomics.
 The row loop is software-pipelined (the next rows' x and dy stream into shared memory while one row
 is computed); G, num_warps and the pipelining depth are picked on the GPU (see _BWD_CANDIDATES).
+Narrow rows (N <= NARROW_MAX_BLOCK, e.g. head_dim 128 for Qwen3's q_norm / k_norm) are walked in
+[BLOCK_M, N] tiles instead of one row at a time, forward and backward: same bytes, fewer and larger
+loads, one reduction per tile.
 """
 
 from __future__ import annotations
@@ -48,6 +51,19 @@ _FWD_WARP_SCALE = (1, 2, 0.5)
 # with the one-row configs (pick_config keeps the fastest); the first is the default.
 NARROW_MAX_BLOCK = 1024
 _FWD_TILE_CANDIDATES = ((4096, 4), (2048, 4), (8192, 8), (4096, 8), (16384, 16))
+# The backward over narrow rows walked one row per loop iteration: a 256-byte load of x and of dy, a
+# reduction and a store per row, latency-bound (0.32x torch.compile's fwd+bwd at 131072 x 128 on the
+# H200, where the backward moves only 3 x 32 MiB in bf16: ~24 us at 4.27 TB/s). It takes
+# [BLOCK_M, BLOCK_N] tiles too (_rms_norm_bwd_rows_kernel), persistent and pipelined like the one-row
+# kernel. Candidates (tile elements, programs_per_SM, num_warps, num_stages), timed on the GPU together
+# with the one-row _BWD_CANDIDATES; the first is the default. Each is sized so that programs_per_SM
+# programs fit an SM at once (65536 registers, 228 KiB shared memory), from Triton 3.6's sm_90 build at
+# N=128 bf16 with dw (ptxas -v; no spills in any, bf16 or fp32, with or without dw):
+#   4096 x 4 warps x 3 stages: 149 registers, 33 KiB   4096 x 8 warps x 2: 80 registers, 16 KiB
+#   2048 x 4 warps x 2 stages:  80 registers,  8 KiB   8192 x 8 warps x 3: 149 registers, 66 KiB
+#   16384 x 16 warps x 2:      112 registers, 66 KiB   (fp32 x: twice the shared memory; no dw: ~half the registers)
+_BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 3, 4, 3), (4096, 3, 8, 2), (2048, 4, 4, 2), (8192, 1, 8, 3),
+                        (16384, 1, 16, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,6 +129,7 @@ def _rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
 ):
     pid = tl.program_id(0)
     row_start = pid * ROWS_PER_PROGRAM
@@ -134,16 +151,66 @@ def _rms_norm_bwd_kernel(
         c = tl.sum(wdy * xhat, axis=0) / N
         dx = (wdy - xhat * c) * rstd
         tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw_acc += dy * xhat
-    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+        if COMPUTE_DW:
+            dw_acc += dy * xhat
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+
+
+@triton.jit
+def _rms_norm_bwd_rows_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+    # shapes
+    M, N,
+    tiles_per_program,  # a runtime trip count: one compiled variant for every M (no power-of-two rounding)
+    # strides
+    stride_dy, stride_x, stride_dx,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
+    COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
+):
+    """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _rms_norm_bwd_kernel per row.
+
+    Each program walks tiles_per_program consecutive tiles; the per-row dot product sum(dy*w*xhat) is a
+    reduction along axis 1, and dw is accumulated elementwise in a [BLOCK_M, BLOCK_N] fp32 tile (no
+    reduction inside the loop), summed over its rows once at the end into this program's partial row.
+    Rows at or past M (the ragged last tile, the last program's spare tiles) load zeros: their dx is
+    not stored and they add nothing to dw.
+    """
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * tiles_per_program * BLOCK_M
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in tl.range(0, tiles_per_program, num_stages=NUM_STAGES):
+        rows = row_start + i * BLOCK_M + tl.arange(0, BLOCK_M)  # int64 (row_start): row * stride may pass 2^31
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = x * rstd[:, None]
+        wdy = dy * w[None, :]
+        c = tl.sum(wdy * xhat, axis=1) / N
+        dx = (wdy - xhat * c[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw_acc += dy * xhat
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
 def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
     """(programs, rows_per_program) for a persistent pass over m rows.
 
     rows_per_program is rounded up to a power of two and passed as a constexpr: the loop has a
-    compile-time trip count (Triton 3.6's interpreter, with numpy 2.4, cannot loop to a runtime
-    bound), and only ~log2(M) variants are ever compiled.
+    compile-time trip count, and only ~log2(M) variants are ever compiled. (The narrow-row tile
+    backward takes a runtime trip count instead, see _backward; the interpreter runs such loops
+    through _common's scalar-index fix.)
     """
     target = max(1, min(m, programs_per_sm * num_sms(device)))
     rows = next_power_of_2(cdiv(m, target))
@@ -206,7 +273,10 @@ def _fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
     return tuple(dict.fromkeys(tiles + rows))
 
 
-def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
+def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dw); dw is None when need_dw is False (a frozen weight, e.g. every norm under LoRA): the
+    kernel then skips the dw accumulation, and there is no partial buffer and no reduction (an
+    allocation and one or two launches fewer per call)."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     weight = weight.contiguous()  # read at w_ptr + col (see _forward); dw is allocated dense anyway
@@ -214,33 +284,58 @@ def _backward(dy, x, weight, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0:
-        return dx, torch.zeros_like(weight)
+        return dx, (torch.zeros_like(weight) if need_dw else None)
     block, _ = _config(n)
     dx2 = dx.view(-1, n)
 
     def launch(cfg):
-        programs_per_sm, warps, stages = cfg
-        grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
-        partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-        _rms_norm_bwd_kernel[(grid,)](
-            dy2, x2, weight, rstd, dx2, partial, m, n,
-            dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
-            ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages,
-        )
+        kind, block_m, programs_per_sm, warps, stages = cfg
+        if kind == "row":
+            grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
+        else:  # persistent over tiles of block_m rows, as evenly as a runtime trip count allows
+            tiles = cdiv(m, block_m)
+            tiles_per_program = cdiv(tiles, min(tiles, programs_per_sm * num_sms(x.device)))
+            grid = cdiv(tiles, tiles_per_program)
+        # without dw the kernel never touches dw_partial_ptr: rstd stands in for the pointer
+        partial = torch.empty((grid, n), dtype=torch.float32, device=x.device) if need_dw else rstd
+        if kind == "row":
+            _rms_norm_bwd_kernel[(grid,)](
+                dy2, x2, weight, rstd, dx2, partial, m, n,
+                dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
+                ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+            )
+        else:
+            _rms_norm_bwd_rows_kernel[(grid,)](
+                dy2, x2, weight, rstd, dx2, partial, m, n, tiles_per_program,
+                dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
+                NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+            )
         return partial
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
-    cfg = pick_config(("rms_norm_bwd", n, x.dtype, weight.dtype), _bwd_candidates(n), launch, x.device)
-    return dx, launch(cfg).sum(0).to(weight.dtype)
+    key = ("rms_norm_bwd", n, x.dtype, weight.dtype, need_dw)
+    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device))
+    if not need_dw:
+        return dx, None
+    dw = partial.sum(0)
+    return dx, (dw if dw.dtype == weight.dtype else dw.to(weight.dtype))
 
 
 @functools.lru_cache(maxsize=None)
-def _bwd_candidates(n: int) -> tuple[tuple[int, int, int], ...]:
-    """(programs_per_SM, num_warps, num_stages) candidates for rows of n features. Rows wider than
-    8192 keep the _config warps (registers), pipelined 2 deep; the table is tuned for N <= 8192."""
-    if next_power_of_2(n) > 8192:
-        return ((1, _config(n)[1], 2), (1, _config(n)[1], 1))
-    return tuple(_BWD_CANDIDATES)
+def _bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
+    """(kind, BLOCK_M, programs_per_SM, num_warps, num_stages) candidates for rows of n features.
+
+    kind "row": one row per loop iteration (BLOCK_M 1); "tile": BLOCK_M rows per iteration, narrow rows
+    only, listed first there (the interpreter / CPU default). Rows wider than 8192 keep the _config warps
+    (registers), pipelined 2 deep; the one-row table is tuned for N <= 8192. Cached per width."""
+    block, num_warps = _config(n)
+    if block > 8192:
+        return (("row", 1, 1, num_warps, 2), ("row", 1, 1, num_warps, 1))
+    rows = [("row", 1, *cfg) for cfg in _BWD_CANDIDATES]
+    if block > NARROW_MAX_BLOCK:
+        return tuple(rows)
+    tiles = [("tile", max(1, elems // block), pps, w, st) for elems, pps, w, st in _BWD_TILE_CANDIDATES]
+    return tuple(dict.fromkeys(tiles + rows))
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,26 +354,33 @@ def _(x, weight, eps):
 
 @torch.library.custom_op("hearth::rms_norm_bwd", mutates_args=())
 def _rms_norm_bwd_op(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, need_dw: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward(dy, x, weight, rstd)
+    dx, dw = _backward(dy, x, weight, rstd, need_dw)
+    return dx, (weight.new_empty((0,)) if dw is None else dw)  # an op cannot return None: an empty dw
 
 
 @_rms_norm_bwd_op.register_fake
-def _(dy, x, weight, rstd):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+def _(dy, x, weight, rstd, need_dw):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape if need_dw else (0,))
 
 
 def _setup_context(ctx, inputs, output):
     x, weight, _eps = inputs
     _y, rstd = output
     ctx.save_for_backward(x, weight, rstd)
+    # rstd is saved for the backward, not differentiated. Non-differentiable, and no materialised
+    # gradient for it: by default autograd hands the backward a torch.zeros([M]) for every output
+    # that got no gradient (an allocation and a fill launch on every backward).
+    ctx.mark_non_differentiable(rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = (_backward if ctx.eager else torch.ops.hearth.rms_norm_bwd)(dy, x, weight, rstd)
-    return dx, dw, None
+    need_dw = ctx.needs_input_grad[1]
+    dx, dw = (_backward if ctx.eager else torch.ops.hearth.rms_norm_bwd)(dy, x, weight, rstd, need_dw)
+    return dx, (dw if need_dw else None), None
 
 
 # eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
@@ -301,7 +403,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     Returns:
         y: x.shape, x.dtype, y = x * rsqrt(mean(x^2) + eps) * weight computed in fp32 and rounded once.
 
-    Gradients flow to x and weight (dw is reduced in fp32 in two stages, returned in weight.dtype).
+    Gradients flow to x and weight (dw is reduced in fp32 in two stages, returned in weight.dtype;
+    not computed at all when weight does not require grad).
     Bytes moved: forward 2*M*N*b, backward 3*M*N*b (+ a G x N fp32 partial buffer, G ~ 4 x SMs).
 
     Raises:
