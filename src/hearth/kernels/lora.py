@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
+from hearth.kernels._common import autograd_op, check_same_device, check_same_dtype, check_tensor
 from hearth.kernels.swiglu import _backward_by_column_chunks, _down_by_row_chunks
 
 __all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE"]
@@ -52,8 +52,7 @@ def _fold(out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, alpha: float) -> 
 # --------------------------------------------------------------------------------------------
 # lora_linear: ops + autograd
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("hearth::lora_linear_fwd", mutates_args=())
-def _linear_fwd_op(
+def _linear_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
     lora_b: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,13 +63,15 @@ def _linear_fwd_op(
     return out, xa
 
 
+_linear_fwd_op = torch.library.custom_op("hearth::lora_linear_fwd", mutates_args=())(_linear_forward)
+
+
 @_linear_fwd_op.register_fake
 def _(x, weight, bias, lora_a, lora_b, scale):
     return x.new_empty((x.shape[0], weight.shape[0])), x.new_empty((x.shape[0], lora_a.shape[0]), dtype=lora_a.dtype)
 
 
-@torch.library.custom_op("hearth::lora_linear_bwd", mutates_args=())
-def _linear_bwd_op(
+def _linear_backward_impl(
     dy: torch.Tensor, x: torch.Tensor, xa: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
     lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,6 +90,9 @@ def _linear_bwd_op(
     else:
         dx = x.new_empty(0)
     return dx, da, db_lora, dw, db
+
+
+_linear_bwd_op = torch.library.custom_op("hearth::lora_linear_bwd", mutates_args=())(_linear_backward_impl)
 
 
 @_linear_bwd_op.register_fake
@@ -113,20 +117,21 @@ def _linear_backward(ctx, dy, _dxa):
         return (None,) * 6
     x, xa, weight, lora_a, lora_b = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, da, db_lora, dw, db = torch.ops.hearth.lora_linear_bwd(
+    dx, da, db_lora, dw, db = (_linear_backward_impl if ctx.eager else torch.ops.hearth.lora_linear_bwd)(
         dy, x, xa, weight, lora_a, lora_b, ctx.scale, need[0], need[1], need[2])
     return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None,
             da if need[3] else None, db_lora if need[4] else None, None)
 
 
-_linear_fwd_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+# eager: a torch.autograd.Function over _linear_forward / _linear_backward_impl (no torch.library dispatch:
+# tens of microseconds of host time a call, per projection); under torch.compile: the custom ops
+_lora_linear = autograd_op(_linear_fwd_op, _linear_forward, _linear_setup, _linear_backward)
 
 
 # --------------------------------------------------------------------------------------------
 # lora_swiglu_mlp: ops + autograd
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("hearth::lora_swiglu_mlp_fwd", mutates_args=())
-def _mlp_fwd_op(
+def _mlp_forward(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
     bias_gate: Optional[torch.Tensor], bias_up: Optional[torch.Tensor], bias_down: Optional[torch.Tensor],
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
@@ -156,6 +161,9 @@ def _mlp_fwd_op(
     return out, g, u, xa, xa_down
 
 
+_mlp_fwd_op = torch.library.custom_op("hearth::lora_swiglu_mlp_fwd", mutates_args=())(_mlp_forward)
+
+
 @_mlp_fwd_op.register_fake
 def _(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
       s_gate, s_up, s_down, recompute_up):
@@ -166,8 +174,7 @@ def _(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_
             x.new_empty((m, a_gate.shape[0] + a_up.shape[0]), dtype=ldt), x.new_empty((m, a_down.shape[0]), dtype=ldt))
 
 
-@torch.library.custom_op("hearth::lora_swiglu_mlp_bwd", mutates_args=("g", "u"))
-def _mlp_bwd_op(
+def _mlp_backward_impl(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, xa: torch.Tensor, xa_down: torch.Tensor,
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, bias_up: Optional[torch.Tensor],
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
@@ -225,6 +232,18 @@ def _mlp_bwd_op(
     return dx, da_gate, db_gate, da_up, db_up, da_down, db_down
 
 
+_mlp_bwd_op = torch.library.custom_op("hearth::lora_swiglu_mlp_bwd", mutates_args=("g", "u"))(_mlp_backward_impl)
+
+
+def _mlp_backward_eager(dout, x, g, u, *args):
+    """The eager route: the launcher called directly. g and u are overwritten in place (by Triton, which
+    autograd does not see), so their version counters are bumped here as the custom op's mutates_args does:
+    a second backward through the same graph then fails autograd's saved-tensor check."""
+    grads = _mlp_backward_impl(dout, x, g, u, *args)
+    torch.autograd.graph.increment_version([g, u])
+    return grads
+
+
 @_mlp_bwd_op.register_fake
 def _(dout, x, g, u, xa, xa_down, w_gate, w_up, w_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down,
       s_gate, s_up, s_down, recompute_up):
@@ -246,14 +265,16 @@ def _mlp_backward(ctx, dout, _dg, _du, _dxa, _dxad):
     if dout is None:
         return (None,) * 17
     saved = ctx.saved_tensors
-    grads = torch.ops.hearth.lora_swiglu_mlp_bwd(dout, *saved, *ctx.scales, ctx.recompute_up)
+    grads = (_mlp_backward_eager if ctx.eager else torch.ops.hearth.lora_swiglu_mlp_bwd)(
+        dout, *saved, *ctx.scales, ctx.recompute_up)
     need = ctx.needs_input_grad
     dx, lora = grads[0], grads[1:]
     return ((dx if need[0] else None,) + (None,) * 6
             + tuple(t if need[7 + i] else None for i, t in enumerate(lora)) + (None,) * 4)
 
 
-_mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+# eager: a torch.autograd.Function over _mlp_forward / _mlp_backward_impl; under torch.compile: the custom ops
+_lora_mlp = autograd_op(_mlp_fwd_op, _mlp_forward, _mlp_setup, _mlp_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,7 +338,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if tuple(lora_b.shape) != (n, r):
         raise ValueError(f"lora_b must be [{n}, {r}], got {tuple(lora_b.shape)}")
     x2 = x.reshape(-1, k)
-    out, _xa = torch.ops.hearth.lora_linear_fwd(x2, weight, bias, lora_a, lora_b, scale)
+    out, _xa = _lora_linear(x2, weight, bias, lora_a, lora_b, scale)
     return out.view(*x.shape[:-1], n)
 
 
@@ -376,7 +397,7 @@ def lora_swiglu_mlp(
         if tuple(b.shape) != (n, a.shape[0]):
             raise ValueError(f"{b_name} must be [{n}, {a.shape[0]}], got {tuple(b.shape)}")
     x2 = x.reshape(-1, hidden)
-    out = torch.ops.hearth.lora_swiglu_mlp_fwd(
+    out = _lora_mlp(
         x2, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
         *scales, bool(recompute_up))[0]
     return out.view(*x.shape[:-1], hidden)

@@ -361,7 +361,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_c):
     a, b = ctx.saved_tensors
     grad_a = grad_b = None
-    mm = _matmul_diff if ctx.eager else _matmul_op  # differentiable either way (double backward)
+    # differentiable when a double backward records it (create_graph=True: grad mode is on in here);
+    # otherwise the launcher itself, without Function.apply's glue for a graph nobody will use
+    mm = (_matmul_diff if torch.is_grad_enabled() else _matmul) if ctx.eager else _matmul_op
     # Transposed *views*: the kernels take the strides, nothing is copied.
     if ctx.needs_input_grad[0]:
         grad_a = mm(grad_c, b.t())
