@@ -43,7 +43,7 @@ import sys
 import time
 
 OPS = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
-       "swiglu_mlp", "attention", "matmul")
+       "swiglu_mlp", "attention", "matmul", "lora_linear", "lora_swiglu_mlp")
 BUCKETS = ("checks", "config", "device", "alloc", "launch")
 LEAVES: list = []  # every input that requires grad: .grad is reset to None before each timed backward
 
@@ -177,8 +177,9 @@ def _specs(torch, dev, dtype):
     import hearth.kernels as hk
 
     # importlib: `from hearth.kernels import softmax` would give the function, not the module
-    att, ce, ln, lce, mm, rn, rp, sm, sw = (importlib.import_module(f"hearth.kernels.{m}") for m in (
-        "attention", "cross_entropy", "layer_norm", "linear_cross_entropy", "matmul", "rms_norm", "rope", "softmax", "swiglu"))
+    att, ce, ln, lce, mm, rn, rp, sm, sw, lo = (importlib.import_module(f"hearth.kernels.{m}") for m in (
+        "attention", "cross_entropy", "layer_norm", "linear_cross_entropy", "matmul", "rms_norm", "rope", "softmax", "swiglu",
+        "lora"))
 
     def leaf(*shape, scale=1.0):
         t = (torch.randn(*shape, device=dev, dtype=dtype) * scale).requires_grad_()
@@ -253,8 +254,13 @@ def _specs(torch, dev, dtype):
         one = torch.ones((), device=dev, dtype=torch.float32)
 
         def impl_bwd():  # the usual backward: the two returned gradients scaled by grad_output (1.0)
-            scale_impl(gx, one, factor)
-            scale_impl(gw, one, factor)
+            if hasattr(lce, "_backward_scale"):  # one scale tensor for both (the eager backward's launchers)
+                scale = lce._backward_scale(one, factor)
+                lce._scale_inplace(gx, scale)
+                lce._scale_inplace(gw, scale)
+            else:
+                scale_impl(gx, one, factor)
+                scale_impl(gw, one, factor)
 
         return dict(fwd=lambda: hk.linear_cross_entropy(x, w, t), impl_fwd=lambda: fwd_impl(*args), impl_bwd=impl_bwd)
 
@@ -279,9 +285,33 @@ def _specs(torch, dev, dtype):
 
         return dict(fwd=lambda: hk.matmul(a, b), impl_fwd=lambda: impl(ad, bd), impl_bwd=impl_bwd)
 
-    modules = (att, ce, ln, lce, mm, rn, rp, sm, sw)
+    def lora_linear():  # a frozen base weight, trainable x and LoRA factors (rank 8)
+        x, a, b = leaf(64, 64), leaf(8, 64, scale=0.1), leaf(128, 8, scale=0.1)
+        w = torch.randn(128, 64, device=dev, dtype=dtype) * 0.1
+        xd, ad, bd = x.detach(), a.detach(), b.detach()
+        fwd_impl = _raw(lo, "_linear_forward", "_linear_fwd_op")
+        bwd_impl = _raw(lo, "_linear_backward_impl", "_linear_bwd_op")
+        _, xa = fwd_impl(xd, w, None, ad, bd, 0.5)
+        dy = torch.randn(64, 128, device=dev, dtype=dtype)
+        return dict(fwd=lambda: lo.lora_linear(x, w, None, a, b, 0.5), impl_fwd=lambda: fwd_impl(xd, w, None, ad, bd, 0.5),
+                    impl_bwd=lambda: bwd_impl(dy, xd, xa, w, ad, bd, 0.5, True, False, False))
+
+    def lora_swiglu_mlp():  # frozen base [I=128, H=64], rank-8 factors on the three projections
+        x = leaf(32, 64)
+        base = [torch.randn(*s, device=dev, dtype=dtype) * 0.1 for s in ((128, 64), (128, 64), (64, 128))]
+        lora = [leaf(*s, scale=0.1) for s in ((8, 64), (128, 8), (8, 64), (128, 8), (8, 128), (64, 8))]
+        ld = [t.detach() for t in lora]
+        fwd_impl = _raw(lo, "_mlp_forward", "_mlp_fwd_op")
+        bwd_impl = _raw(lo, "_mlp_backward_impl", "_mlp_bwd_op")
+        fwd_args = (x.detach(), *base, None, None, None, *ld, 0.5, 0.5, 0.5, False)
+        out, g, u, xa, xa_down = fwd_impl(*fwd_args)
+        dout = torch.randn_like(out)
+        return dict(fwd=lambda: lo.lora_swiglu_mlp(x, *base, *lora, 0.5, 0.5, 0.5), impl_fwd=lambda: fwd_impl(*fwd_args),
+                    impl_bwd=lambda: bwd_impl(dout, x.detach(), g, u, xa, xa_down, *base, None, *ld, 0.5, 0.5, 0.5, False))
+
+    modules = (att, ce, ln, lce, mm, rn, rp, sm, sw, lo)
     return {f.__name__: f for f in (softmax, cross_entropy, linear_cross_entropy, rms_norm, layer_norm, rope,
-                                    swiglu, swiglu_mlp, attention, matmul)}, modules
+                                    swiglu, swiglu_mlp, attention, matmul, lora_linear, lora_swiglu_mlp)}, modules
 
 
 # -------------------------------------------------------------------------------------- measuring
