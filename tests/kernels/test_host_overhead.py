@@ -265,7 +265,74 @@ def test_lora_mlp_eager_backward_bumps_the_overwritten_saved_tensors():
     lora = [_leaf(2, 8, scale=0.3), _leaf(16, 2, scale=0.3), _leaf(2, 8, scale=0.3), _leaf(16, 2, scale=0.3),
             _leaf(2, 16, scale=0.3), _leaf(8, 2, scale=0.3)]
     out = lora_swiglu_mlp(x, *base, *lora, 0.5, 0.5, 0.5)
-    assert type(out.grad_fn.next_functions[0][0]).__name__ == "LoraSwigluMlpFwdFunctionBackward"  # the eager route
+    assert type(out.grad_fn).__name__ == "LoraSwigluMlpFwdFunctionBackward"  # the eager route
     out.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+# ------------------------------------------------------------------ no view nodes around the fused nodes
+def _mlp_call(x):
+    from hearth.kernels.swiglu import swiglu_mlp
+
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    ws = [torch.randn(*s, device=DEVICE, generator=g) * 0.3 for s in ((16, 8), (16, 8), (8, 16))]
+    return swiglu_mlp(x, *ws)
+
+
+def _lora_linear_call(x):
+    from hearth.kernels.lora import lora_linear
+
+    g = torch.Generator(device=DEVICE).manual_seed(2)
+    w, a, b = (torch.randn(*s, device=DEVICE, generator=g) * 0.3 for s in ((12, 8), (2, 8), (12, 2)))
+    return lora_linear(x, w, None, a, b, 0.5)
+
+
+def _lora_mlp_call(x, recompute_up=False):
+    from hearth.kernels.lora import lora_swiglu_mlp
+
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    shapes = ((16, 8), (16, 8), (8, 16), (2, 8), (16, 2), (2, 8), (16, 2), (2, 16), (8, 2))
+    ts = [torch.randn(*s, device=DEVICE, generator=g) * 0.3 for s in shapes]
+    return lora_swiglu_mlp(x, *ts, 0.5, 0.5, 0.5, recompute_up=recompute_up)
+
+
+NODE_CALLS = {"swiglu_mlp": _mlp_call, "lora_linear": _lora_linear_call, "lora_swiglu_mlp": _lora_mlp_call,
+              "lora_swiglu_mlp_recompute": lambda x: _lora_mlp_call(x, recompute_up=True)}
+
+
+@pytest.mark.parametrize("name", sorted(NODE_CALLS))
+def test_fused_node_takes_leading_dims_without_view_nodes(name):
+    """[B, T, H] input: the leading dims are flattened INSIDE the node, so the graph is the node itself, not
+    view -> node -> view (two autograd nodes of host time each way before); values and gradients are the
+    flattened call's, and the output (not a view) may be modified in place."""
+    call = NODE_CALLS[name]
+    x3 = _leaf(2, 3, 8)
+    out3 = call(x3)
+    assert out3.shape == (2, 3, out3.shape[-1])
+    assert "Function" in type(out3.grad_fn).__name__, type(out3.grad_fn).__name__
+    assert [type(f).__name__ for f, _ in out3.grad_fn.next_functions][0] == "AccumulateGrad"  # x3 itself
+    dy = torch.randn_like(out3)
+    (g3,) = torch.autograd.grad(out3, x3, dy)
+    x2 = x3.detach().reshape(6, 8).requires_grad_()
+    out2 = call(x2)
+    (g2,) = torch.autograd.grad(out2, x2, dy.reshape(6, -1))
+    torch.testing.assert_close(out3.detach().reshape(6, -1), out2.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(g3.reshape(6, 8), g2, rtol=0, atol=0)
+    out = call(x3)
+    out += 1.0  # a Function output that were a view would refuse this
+    out.sum().backward()
+    assert x3.grad is not None
+
+
+@pytest.mark.parametrize("op", ["matmul", "linear_cross_entropy"])
+def test_two_dim_call_has_no_view_nodes(launches, op):
+    """A 2-D input needs no flattening: the op's own node is the graph (a no-op reshape before, and for
+    matmul a reshape of the result, were view nodes of host time forward and backward)."""
+    x = _leaf(8, 16)
+    if op == "matmul":
+        out = hk.matmul(x, _leaf(16, 4))
+    else:
+        out = hk.linear_cross_entropy(x, _leaf(32, 16, scale=0.3), torch.randint(0, 32, (8,), device=DEVICE))
+    assert "Function" in type(out.grad_fn).__name__, type(out.grad_fn).__name__
+    assert type(out.grad_fn.next_functions[0][0]).__name__ == "AccumulateGrad"

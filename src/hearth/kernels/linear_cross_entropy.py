@@ -342,7 +342,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
     hidden = linear_weight.shape[1]
     if input.shape[-1] != hidden:
         raise ValueError(f"input has hidden size {input.shape[-1]} but linear_weight is {tuple(linear_weight.shape)}; input's last dimension must equal linear_weight.shape[1]")
-    x = input.reshape(-1, hidden)
+    x = input if input.dim() == 2 else input.reshape(-1, hidden)  # 2-D: no view node in the graph
     if target.shape[0] != x.shape[0]:
         raise ValueError(f"target must have shape [{x.shape[0]}] (one class per input row), got {tuple(target.shape)}")
     if linear_bias is not None:

@@ -393,13 +393,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_same_device(a=a, b=b)
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"b has {b.shape[0]} rows but a has {a.shape[-1]} columns (K must match): a {tuple(a.shape)}, b {tuple(b.shape)}")
-    lead = a.shape[:-1]
-    a2 = a.reshape(-1, a.shape[-1])
+    flat = a.dim() == 2  # no reshape views (autograd nodes of host time each way) around a 2-D call
+    a2 = a if flat else a.reshape(-1, a.shape[-1])
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         out = _matmul_diff(a2, b)
     else:  # no graph to record: skip the autograd.Function too
         out = _matmul(a2, b)
-    return out.reshape(*lead, b.shape[1])
+    return out if flat else out.reshape(*a.shape[:-1], b.shape[1])
 
 
 def inspect_kernels(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, object]]:
