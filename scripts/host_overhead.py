@@ -29,7 +29,11 @@ Modes:
     python scripts/host_overhead.py                        # every op, rich table
     python scripts/host_overhead.py --ops rms_norm,rope --reps 300 --jsonl out.jsonl
 
-JSONL: one object per (op, direction): op, direction, device, us (median), and the breakdown in us.
+--stat min takes the least disturbed of the --reps calls instead of the median (everywhere: totals and
+breakdown): on a busy shared CPU box, whose load swings the medians by 2x between runs, the minimum is
+the figure that before/after comparisons can rest on.
+
+JSONL: one object per (op, direction): op, direction, device, stat, us, and the breakdown in us.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ OPS = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_no
        "swiglu_mlp", "attention", "matmul", "lora_linear", "lora_swiglu_mlp")
 BUCKETS = ("checks", "config", "device", "alloc", "launch")
 LEAVES: list = []  # every input that requires grad: .grad is reset to None before each timed backward
+STAT = statistics.median  # --stat: the figure taken over the --reps samples
 
 
 def _parse(argv=None):
@@ -58,6 +63,9 @@ def _parse(argv=None):
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="input dtype (default: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--jsonl", default=None, help="also write one JSON object per (op, direction) here")
+    p.add_argument("--stat", choices=("median", "min"), default="median",
+                   help="median of the --reps samples (default), or min: the least disturbed call, for before/after "
+                        "comparisons on a busy shared machine whose load swings the median")
     args = p.parse_args(argv)
     ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
     bad = [o for o in ops if o not in OPS]
@@ -315,8 +323,8 @@ def _specs(torch, dev, dtype):
 
 
 # -------------------------------------------------------------------------------------- measuring
-def _median_us(samples):
-    return statistics.median(samples) / 1000.0
+def _stat_us(samples):
+    return STAT(samples) / 1000.0
 
 
 def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
@@ -380,14 +388,14 @@ def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
                 for b in BUCKETS:
                     samples[b].append(max(0.0, timers.ns[b] - timers.calls[b] * wrap_ns))
                 launches.append(timers.calls["launch"])
-            parts[name] = {b: statistics.median(v) / 1000.0 for b, v in samples.items()}
+            parts[name] = {b: STAT(v) / 1000.0 for b, v in samples.items()}
             parts[name]["launches"] = statistics.median(launches)
     finally:
         gc.enable()
         timers.on = False
     for d in ("fwd", "bwd"):
-        total = _median_us(clean[d])
-        impl = _median_us(clean[f"impl_{d}"])
+        total = _stat_us(clean[d])
+        impl = _stat_us(clean[f"impl_{d}"])
         ip = parts[f"impl_{d}"]
         checks = parts[d]["checks"]
         row = {"us": total, "impl": impl, "checks": checks,
@@ -400,7 +408,9 @@ def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
 
 
 def main(argv=None) -> int:
+    global STAT
     args = _parse(argv)
+    STAT = min if args.stat == "min" else statistics.median
     want_cuda = args.device == "cuda"
     if args.device == "auto":
         import torch
@@ -430,9 +440,9 @@ def main(argv=None) -> int:
         spec = specs[op]()
         res = measure(torch, spec, args.reps, args.warmup, sync, timers, wrap_ns)
         for d in ("fwd", "bwd"):
-            rows.append({"op": op, "direction": d, "device": "cuda" if want_cuda else "cpu (launch stubbed)",
+            rows.append({"op": op, "direction": d, "device": "cuda" if want_cuda else "cpu (launch stubbed)", "stat": args.stat,
                          "dtype": str(dtype).replace("torch.", ""), **{k: round(v, 2) for k, v in res[d].items()}})
-    _print(rows, want_cuda)
+    _print(rows, want_cuda, args.stat)
     if args.jsonl:
         with open(args.jsonl, "a") as f:
             for r in rows:
@@ -440,11 +450,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _print(rows, cuda: bool) -> None:
+def _print(rows, cuda: bool, stat: str = "median") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = "hearth host cost per call, us (median)" + ("" if cuda else " -- CPU, interpreter mode, kernel launches stubbed")
+    title = f"hearth host cost per call, us ({stat})" + ("" if cuda else " -- CPU, interpreter mode, kernel launches stubbed")
     table = Table(title=title)
     cols = ("op", "direction", "us", "checks", "dispatch", "impl", "config", "device", "alloc", "launch", "other", "launches")
     for c in cols:
