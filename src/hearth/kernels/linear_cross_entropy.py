@@ -133,7 +133,8 @@ def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, so
     vocab = w.shape[0]
     ce_rows_ = _ce_rows()
     want_grad = scale is not None
-    rows_loss = torch.empty(n, dtype=torch.float32, device=x.device)
+    # one chunk (the usual small call): the row kernel's own [N] result IS the losses (no buffer + copy)
+    rows_loss = torch.empty(n, dtype=torch.float32, device=x.device) if chunk_rows < n else None
     gx = torch.empty_like(x) if want_grad and need_gx else None
     gw = torch.empty_like(w) if want_grad and need_gw else None
     gb = torch.zeros(vocab, dtype=torch.float32, device=x.device) if want_grad and need_gb else None
@@ -148,10 +149,14 @@ def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, so
         else:
             torch.addmm(bias, x_c, w_t, out=logits)
         row_scale = scale[start:stop] if isinstance(scale, torch.Tensor) and scale.dim() == 1 else scale
-        rows_loss[start:stop] = ce_rows_(
+        chunk_loss = ce_rows_(
             logits, target[start:stop], ignore_index=ignore_index, label_smoothing=label_smoothing,
             z_loss=z_loss, softcap=softcap, grad_scale=row_scale,
         )
+        if rows_loss is None:
+            rows_loss = chunk_loss
+        else:
+            rows_loss[start:stop] = chunk_loss
         if not want_grad:
             continue
         # `logits` now holds g_c = scale * dloss/dlogits_c.

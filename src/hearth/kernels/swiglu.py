@@ -324,7 +324,10 @@ def _mlp_backward_impl(
     for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
                                                           want_h=need_w):
         if need_w:
-            dw_down[:, c0:c1].copy_(dout.t() @ hc)
+            if c1 - c0 == inter:  # one chunk: the GEMM writes dW_down itself (no temporary + copy launch)
+                torch.mm(dout.t(), hc, out=dw_down)
+            else:
+                dw_down[:, c0:c1].copy_(dout.t() @ hc)
             torch.mm(uc.t(), x, out=dw_up[c0:c1])
             if need_b:
                 db_up[c0:c1] = uc.sum(0)
