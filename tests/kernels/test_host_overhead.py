@@ -362,3 +362,14 @@ def test_swiglu_mlp_one_chunk_backward_writes_dw_down_in_place(launches, monkeyp
     monkeypatch.setattr(swiglu_mod, "MLP_CHUNK_ELEMS", 4 * 8)  # 8 of the 16 columns a chunk: two chunks
     mode = _backward_ops(swiglu_mod.swiglu_mlp(x, *ws))
     assert mode.work()["copy_"] == 2
+
+
+def test_lora_mlp_one_chunk_backward_writes_da_down_in_place(launches, monkeypatch):
+    """The LoRA MLP's dA_down chunk GEMM writes the gradient itself when one column chunk covers I."""
+    swiglu_mod = importlib.import_module("hearth.kernels.swiglu")
+    x = _leaf(4, 8)
+    mode = _backward_ops(_lora_mlp_call(x))
+    assert "copy_" not in mode.work(), mode.seen
+    monkeypatch.setattr(swiglu_mod, "MLP_CHUNK_ELEMS", 4 * 8)  # two column chunks of the 16
+    mode = _backward_ops(_lora_mlp_call(x))
+    assert mode.work()["copy_"] == 2
