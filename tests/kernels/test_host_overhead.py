@@ -47,10 +47,12 @@ class _AtenOps(TorchDispatchMode):
 @pytest.fixture
 def launches(monkeypatch):
     """Under the interpreter, Triton launches are counted and not run (outputs stay uninitialised: these
-    tests count host work only). On a GPU the kernels run."""
-    count = [0]
+    tests count host work only). On a GPU the kernels run, uncounted (count stays None)."""
+    count = [None]
     if interpret_mode():
         from triton.runtime.interpreter import InterpretedFunction
+
+        count[0] = 0
 
         def stub(self, *args, **kwargs):
             count[0] += 1
@@ -84,7 +86,7 @@ def test_layer_norm_backward_is_one_partial_buffer_and_one_sum(launches, dtype):
     if dtype != torch.float32:
         want["_to_copy"] = 2
     assert mode.work() == want, mode.seen
-    assert launches[0] == 1 + 1  # the forward and the backward kernel
+    assert launches[0] in (None, 1 + 1)  # the forward and the backward kernel (counted under the interpreter)
     assert x.grad is not None and w.grad is not None and b.grad is not None
 
 
@@ -141,10 +143,11 @@ def test_linear_cross_entropy_backward_makes_the_scale_once(launches, with_bias)
     b = _leaf(32) if with_bias else None
     target = torch.randint(0, 32, (8,), device=DEVICE)
     loss = hk.linear_cross_entropy(x, w, target, linear_bias=b)
-    before = launches[0]
+    before = launches[0] or 0
     mode = _backward_ops(loss)
     assert mode.work() == Counter({"mul": 1}), mode.seen  # fp32: no cast of grad_output or of grad_b
-    assert launches[0] - before == (3 if with_bias else 2)
+    if launches[0] is not None:  # the in-place scalings, one Triton launch per gradient
+        assert launches[0] - before == (3 if with_bias else 2)
 
 
 # ------------------------------------------------------------------- no Function glue in a plain backward
@@ -230,7 +233,7 @@ def test_cross_entropy_forward_check_and_count_share_the_mask(launches):
         hk.cross_entropy(x, t)
     assert mode.work() == Counter({"ne": 2, "clamp": 1, "bitwise_and": 1, "any": 1, "_local_scalar_dense": 1,
                                    "sum": 2, "clamp_": 1, "reciprocal_": 1, "empty": 1, "mul": 1}), mode.seen
-    assert launches[0] == 1
+    assert launches[0] in (None, 1)
 
 
 @pytest.mark.parametrize("ignore_index", [-100, 3, 16, 2**40])
