@@ -29,7 +29,11 @@ Modes:
     python scripts/host_overhead.py                        # every op, rich table
     python scripts/host_overhead.py --ops rms_norm,rope --reps 300 --jsonl out.jsonl
 
-JSONL: one object per (op, direction): op, direction, device, us (median), and the breakdown in us.
+--stat min takes the least disturbed of the --reps calls instead of the median (everywhere: totals and
+breakdown): on a busy shared CPU box, whose load swings the medians by 2x between runs, the minimum is
+the figure that before/after comparisons can rest on.
+
+JSONL: one object per (op, direction): op, direction, device, stat, us, and the breakdown in us.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ import sys
 import time
 
 OPS = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
-       "swiglu_mlp", "attention", "matmul")
+       "swiglu_mlp", "attention", "matmul", "lora_linear", "lora_swiglu_mlp")
 BUCKETS = ("checks", "config", "device", "alloc", "launch")
 LEAVES: list = []  # every input that requires grad: .grad is reset to None before each timed backward
+STAT = statistics.median  # --stat: the figure taken over the --reps samples
 
 
 def _parse(argv=None):
@@ -58,6 +63,9 @@ def _parse(argv=None):
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="input dtype (default: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--jsonl", default=None, help="also write one JSON object per (op, direction) here")
+    p.add_argument("--stat", choices=("median", "min"), default="median",
+                   help="median of the --reps samples (default), or min: the least disturbed call, for before/after "
+                        "comparisons on a busy shared machine whose load swings the median")
     args = p.parse_args(argv)
     ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
     bad = [o for o in ops if o not in OPS]
@@ -177,8 +185,9 @@ def _specs(torch, dev, dtype):
     import hearth.kernels as hk
 
     # importlib: `from hearth.kernels import softmax` would give the function, not the module
-    att, ce, ln, lce, mm, rn, rp, sm, sw = (importlib.import_module(f"hearth.kernels.{m}") for m in (
-        "attention", "cross_entropy", "layer_norm", "linear_cross_entropy", "matmul", "rms_norm", "rope", "softmax", "swiglu"))
+    att, ce, ln, lce, mm, rn, rp, sm, sw, lo = (importlib.import_module(f"hearth.kernels.{m}") for m in (
+        "attention", "cross_entropy", "layer_norm", "linear_cross_entropy", "matmul", "rms_norm", "rope", "softmax", "swiglu",
+        "lora"))
 
     def leaf(*shape, scale=1.0):
         t = (torch.randn(*shape, device=dev, dtype=dtype) * scale).requires_grad_()
@@ -253,8 +262,13 @@ def _specs(torch, dev, dtype):
         one = torch.ones((), device=dev, dtype=torch.float32)
 
         def impl_bwd():  # the usual backward: the two returned gradients scaled by grad_output (1.0)
-            scale_impl(gx, one, factor)
-            scale_impl(gw, one, factor)
+            if hasattr(lce, "_backward_scale"):  # one scale tensor for both (the eager backward's launchers)
+                scale = lce._backward_scale(one, factor)
+                lce._scale_inplace(gx, scale)
+                lce._scale_inplace(gw, scale)
+            else:
+                scale_impl(gx, one, factor)
+                scale_impl(gw, one, factor)
 
         return dict(fwd=lambda: hk.linear_cross_entropy(x, w, t), impl_fwd=lambda: fwd_impl(*args), impl_bwd=impl_bwd)
 
@@ -279,14 +293,38 @@ def _specs(torch, dev, dtype):
 
         return dict(fwd=lambda: hk.matmul(a, b), impl_fwd=lambda: impl(ad, bd), impl_bwd=impl_bwd)
 
-    modules = (att, ce, ln, lce, mm, rn, rp, sm, sw)
+    def lora_linear():  # a frozen base weight, trainable x and LoRA factors (rank 8)
+        x, a, b = leaf(64, 64), leaf(8, 64, scale=0.1), leaf(128, 8, scale=0.1)
+        w = torch.randn(128, 64, device=dev, dtype=dtype) * 0.1
+        xd, ad, bd = x.detach(), a.detach(), b.detach()
+        fwd_impl = _raw(lo, "_linear_forward", "_linear_fwd_op")
+        bwd_impl = _raw(lo, "_linear_backward_impl", "_linear_bwd_op")
+        _, xa = fwd_impl(xd, w, None, ad, bd, 0.5)
+        dy = torch.randn(64, 128, device=dev, dtype=dtype)
+        return dict(fwd=lambda: lo.lora_linear(x, w, None, a, b, 0.5), impl_fwd=lambda: fwd_impl(xd, w, None, ad, bd, 0.5),
+                    impl_bwd=lambda: bwd_impl(dy, xd, xa, w, ad, bd, 0.5, True, False, False))
+
+    def lora_swiglu_mlp():  # frozen base [I=128, H=64], rank-8 factors on the three projections
+        x = leaf(32, 64)
+        base = [torch.randn(*s, device=dev, dtype=dtype) * 0.1 for s in ((128, 64), (128, 64), (64, 128))]
+        lora = [leaf(*s, scale=0.1) for s in ((8, 64), (128, 8), (8, 64), (128, 8), (8, 128), (64, 8))]
+        ld = [t.detach() for t in lora]
+        fwd_impl = _raw(lo, "_mlp_forward", "_mlp_fwd_op")
+        bwd_impl = _raw(lo, "_mlp_backward_impl", "_mlp_bwd_op")
+        fwd_args = (x.detach(), *base, None, None, None, *ld, 0.5, 0.5, 0.5, False)
+        out, g, u, xa, xa_down = fwd_impl(*fwd_args)
+        dout = torch.randn_like(out)
+        return dict(fwd=lambda: lo.lora_swiglu_mlp(x, *base, *lora, 0.5, 0.5, 0.5), impl_fwd=lambda: fwd_impl(*fwd_args),
+                    impl_bwd=lambda: bwd_impl(dout, x.detach(), g, u, xa, xa_down, *base, None, *ld, 0.5, 0.5, 0.5, False))
+
+    modules = (att, ce, ln, lce, mm, rn, rp, sm, sw, lo)
     return {f.__name__: f for f in (softmax, cross_entropy, linear_cross_entropy, rms_norm, layer_norm, rope,
-                                    swiglu, swiglu_mlp, attention, matmul)}, modules
+                                    swiglu, swiglu_mlp, attention, matmul, lora_linear, lora_swiglu_mlp)}, modules
 
 
 # -------------------------------------------------------------------------------------- measuring
-def _median_us(samples):
-    return statistics.median(samples) / 1000.0
+def _stat_us(samples):
+    return STAT(samples) / 1000.0
 
 
 def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
@@ -350,14 +388,14 @@ def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
                 for b in BUCKETS:
                     samples[b].append(max(0.0, timers.ns[b] - timers.calls[b] * wrap_ns))
                 launches.append(timers.calls["launch"])
-            parts[name] = {b: statistics.median(v) / 1000.0 for b, v in samples.items()}
+            parts[name] = {b: STAT(v) / 1000.0 for b, v in samples.items()}
             parts[name]["launches"] = statistics.median(launches)
     finally:
         gc.enable()
         timers.on = False
     for d in ("fwd", "bwd"):
-        total = _median_us(clean[d])
-        impl = _median_us(clean[f"impl_{d}"])
+        total = _stat_us(clean[d])
+        impl = _stat_us(clean[f"impl_{d}"])
         ip = parts[f"impl_{d}"]
         checks = parts[d]["checks"]
         row = {"us": total, "impl": impl, "checks": checks,
@@ -370,7 +408,9 @@ def measure(torch, spec, reps, warmup, sync, timers, wrap_ns):
 
 
 def main(argv=None) -> int:
+    global STAT
     args = _parse(argv)
+    STAT = min if args.stat == "min" else statistics.median
     want_cuda = args.device == "cuda"
     if args.device == "auto":
         import torch
@@ -400,9 +440,9 @@ def main(argv=None) -> int:
         spec = specs[op]()
         res = measure(torch, spec, args.reps, args.warmup, sync, timers, wrap_ns)
         for d in ("fwd", "bwd"):
-            rows.append({"op": op, "direction": d, "device": "cuda" if want_cuda else "cpu (launch stubbed)",
+            rows.append({"op": op, "direction": d, "device": "cuda" if want_cuda else "cpu (launch stubbed)", "stat": args.stat,
                          "dtype": str(dtype).replace("torch.", ""), **{k: round(v, 2) for k, v in res[d].items()}})
-    _print(rows, want_cuda)
+    _print(rows, want_cuda, args.stat)
     if args.jsonl:
         with open(args.jsonl, "a") as f:
             for r in rows:
@@ -410,11 +450,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _print(rows, cuda: bool) -> None:
+def _print(rows, cuda: bool, stat: str = "median") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = "hearth host cost per call, us (median)" + ("" if cuda else " -- CPU, interpreter mode, kernel launches stubbed")
+    title = f"hearth host cost per call, us ({stat})" + ("" if cuda else " -- CPU, interpreter mode, kernel launches stubbed")
     table = Table(title=title)
     cols = ("op", "direction", "us", "checks", "dispatch", "impl", "config", "device", "alloc", "launch", "other", "launches")
     for c in cols:

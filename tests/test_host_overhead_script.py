@@ -38,3 +38,25 @@ def test_host_overhead_script_rejects_an_unknown_op():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_overhead.py"), "--ops", "nope"],
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--ops" in proc.stderr
+
+
+def test_host_overhead_script_lora_rows_and_min_stat(tmp_path):
+    """The LoRA nodes have rows too, and --stat min (the least disturbed call: before/after comparisons on a
+    busy shared box) is named in the title and recorded in each row."""
+    out = tmp_path / "host.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "host_overhead.py"), "--device", "cpu", "--ops", "lora_linear,lora_swiglu_mlp",
+         "--reps", "5", "--warmup", "1", "--stat", "min", "--jsonl", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(min)" in proc.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["op"], r["direction"]) for r in rows] == [("lora_linear", "fwd"), ("lora_linear", "bwd"),
+                                                         ("lora_swiglu_mlp", "fwd"), ("lora_swiglu_mlp", "bwd")]
+    for r in rows:
+        assert r["stat"] == "min" and r["us"] > 0 and r["impl"] > 0, r
+    by = {(r["op"], r["direction"]): r for r in rows}
+    assert by[("lora_swiglu_mlp", "fwd")]["launches"] >= 1  # the swiglu kernel per row chunk
+    assert by[("lora_linear", "fwd")]["checks"] > 0

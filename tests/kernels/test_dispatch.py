@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hearth.kernels as hk
 from hearth.kernels import _common
+from hearth.kernels.lora import lora_linear, lora_swiglu_mlp
 from hearth.kernels.swiglu import swiglu_mlp
 from tests.kernels.tolerance import DEVICE
 
@@ -22,7 +23,8 @@ def _leaf(*shape, scale=1.0):
 
 def _cases():
     """op -> (function of the leaves giving a scalar loss, leaves builder, forward / backward op names)."""
-    t8 = lambda: torch.randint(0, 16, (8,), device=DEVICE)  # noqa: E731
+    w_lin = torch.randn(12, 8, device=DEVICE) * 0.3
+    w_mlp = [torch.randn(*shape, device=DEVICE) * 0.3 for shape in ((16, 8), (16, 8), (8, 16))]
     return {
         "softmax": (lambda x: hk.softmax(x).square().sum(), lambda: [_leaf(4, 16)], {"softmax_fwd"}, {"softmax_bwd"}),
         "rms_norm": (lambda x, w: hk.rms_norm(x, w).square().sum(), lambda: [_leaf(4, 16), _leaf(16)],
@@ -45,6 +47,15 @@ def _cases():
                                  {"linear_cross_entropy_fwd"}, {"linear_cross_entropy_scale_"}),
         "cross_entropy": (lambda x: hk.cross_entropy(x, _fixed_target()) * 2, lambda: [_leaf(8, 16)],
                           {"cross_entropy_fwd"}, {"cross_entropy_scale_grad"}),
+        # frozen base (plain tensors made once, outside any compiled region), trainable x and LoRA factors
+        "lora_linear": (lambda x, a, b: lora_linear(x, w_lin, None, a, b, 0.5).square().sum(),
+                        lambda: [_leaf(4, 8), _leaf(2, 8, scale=0.3), _leaf(12, 2, scale=0.3)],
+                        {"lora_linear_fwd"}, {"lora_linear_bwd"}),
+        "lora_swiglu_mlp": (lambda x, ag, bg, au, bu, ad, bd: lora_swiglu_mlp(
+                                x, *w_mlp, ag, bg, au, bu, ad, bd, 0.5, 0.5, 0.5).square().sum(),
+                            lambda: [_leaf(4, 8), _leaf(2, 8, scale=0.3), _leaf(16, 2, scale=0.3), _leaf(2, 8, scale=0.3),
+                                     _leaf(16, 2, scale=0.3), _leaf(2, 16, scale=0.3), _leaf(8, 2, scale=0.3)],
+                            {"lora_swiglu_mlp_fwd"}, {"lora_swiglu_mlp_bwd"}),
     }
 
 

@@ -918,6 +918,8 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.mark_non_differentiable(lse)  # saved for the backward only; no gradient flows through it
+    # and no zero [B, Hq, Tq] gradient is made for it on every backward (an allocation + fill launch)
+    ctx.set_materialize_grads(False)
     ctx.causal = causal
     ctx.scale = scale
 

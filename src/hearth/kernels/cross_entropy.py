@@ -330,20 +330,30 @@ def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
     )
 
 
-def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
-    """Host check (ONE device->host sync): every non-ignored target lies in [0, V)."""
-    bad = ((target < 0) | (target >= n_cols)) & (target != ignore_index)
+def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> torch.Tensor:
+    """Host check (ONE device->host sync): every non-ignored target lies in [0, V). Returns the mask
+    target != ignore_index, which _inv_n reuses: 5 small launches + the sync (8 with the 1/n before)."""
+    valid = target != ignore_index
+    bad = (target.clamp(0, n_cols - 1) != target) & valid  # outside [0, V): the clamp moved it
     if bool(bad.any()):
         first = int(target[bad][0])
         raise ValueError(f"target values must be in [0, {n_cols}) or equal ignore_index={ignore_index}, found {first}")
+    return valid
 
 
-def _plan(input, target, ignore_index, reduction):
+def _inv_n(valid: torch.Tensor) -> torch.Tensor:
+    """1 / max(1, n_valid) as a 0-d fp32 tensor on the device (no sync; all ignored: the loss sum 0 -> 0,
+    not nan). Three launches: the count is summed in fp32 (exact below 2^24 rows) and clamped and
+    inverted in place; bit for bit 1.0 / n_valid.clamp(min=1).to(float32), which took five."""
+    return valid.sum(dtype=torch.float32).clamp_(min=1.0).reciprocal_()
+
+
+def _plan(input, target, ignore_index, reduction, valid=None):
     """Device-side (no sync) scalars: the forward grad scale and the backward's extra factor.
+    valid: the mask target != ignore_index when _check_targets made it already.
 
     Returns (inv_n [] fp32, forward grad_scale, backward factor [] fp32 or None)."""
-    n_valid = (target != ignore_index).sum()
-    inv_n = 1.0 / n_valid.clamp(min=1).to(torch.float32)  # all ignored: loss sum is 0 -> 0, not nan
+    inv_n = _inv_n(target != ignore_index if valid is None else valid)
     if input.dtype == torch.float16:
         # LESSON 7: never fold 1/n into an fp16 store; store g * 2^k (exact) and undo it in fp32 later
         undo = inv_n if reduction == "mean" else torch.ones_like(inv_n)
@@ -371,13 +381,15 @@ def _backward_scale(grad_output, extra):
 # -------------------------------------------------------------------------- eager autograd (in place)
 class _CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad):
+    def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad, check):
+        # the target check here, not before apply: its mask is reused for n_valid (one launch fewer)
+        valid = _check_targets(target, input.shape[1], ignore_index) if check else None
         # rows that share memory (an expanded input, row stride < V) cannot each receive their own
         # in-place gradient: copy them, like a column stride != 1
         overlapping = input.shape[0] > 1 and input.stride(0) < input.shape[1]
         in_place_ok = input.stride(1) == 1 and not (write_grad and overlapping)
         logits = input if in_place_ok else input.contiguous()
-        inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction)
+        inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
         rows_loss = _launch_rows(
             logits, logits if write_grad else None, target, ignore_index=ignore_index,
             label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale,
@@ -400,7 +412,7 @@ class _CrossEntropyInPlace(torch.autograd.Function):
         grad, extra = ctx.saved_tensors
         _scale_grad_(grad, _backward_scale(grad_output, extra if ctx.has_extra else None))
         # detach: a fresh tensor object, so autograd may adopt it as .grad without cloning [N, V]
-        return grad.detach(), None, None, None, None, None, None, None
+        return grad.detach(), None, None, None, None, None, None, None, None
 
 
 # ------------------------------------------------------------------ torch.library ops (torch.compile)
@@ -410,9 +422,9 @@ def _ce_fwd_op(
     z_loss: float, softcap: float, with_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Functional forward: (loss, grad [N, V] or empty [0], backward factor [] fp32). softcap 0 = off."""
-    if CHECK_TARGETS:  # runs at run time, even under compile (the op is opaque to the compiler)
-        _check_targets(target, input.shape[1], ignore_index)
-    inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction)
+    # runs at run time, even under compile (the op is opaque to the compiler)
+    valid = _check_targets(target, input.shape[1], ignore_index) if CHECK_TARGETS else None
+    inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
     logits = input if input.stride(1) == 1 else input.contiguous()
     grad = torch.empty(logits.shape, dtype=input.dtype, device=input.device) if with_grad else None
     rows_loss = _launch_rows(
@@ -524,9 +536,7 @@ def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, redu
             float(softcap or 0.0), want_grad,
         )
         return loss
-    if CHECK_TARGETS:
-        _check_targets(target, input.shape[1], ignore_index)
     return _CrossEntropyInPlace.apply(
         input, target, ignore_index, float(label_smoothing), reduction, float(z_loss),
-        None if softcap is None else float(softcap), want_grad,
+        None if softcap is None else float(softcap), want_grad, CHECK_TARGETS,
     )

@@ -120,7 +120,9 @@ def _forward(x, weight, bias, eps):
     return y, mean, rstd
 
 
-def _backward(dy, x, weight, mean, rstd):
+def _backward(dy, x, weight, mean, rstd, separate: bool = False):
+    """(dx, dweight in weight.dtype, dbias fp32). separate=True reduces dw and db into two tensors of their
+    own (a custom op's outputs may not share memory); the default (eager route) one launch for both."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     weight = weight.contiguous()  # read at w_ptr + col (see _forward)
@@ -130,16 +132,20 @@ def _backward(dy, x, weight, mean, rstd):
     if m == 0:
         return dx, torch.zeros_like(weight), torch.zeros_like(weight)
     grid, rows_per_program = persistent_grid(m, x.device, 4)  # 4 programs per SM (unpipelined loop)
-    dw_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
-    db_partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    # the dw and db partials share one buffer, so one allocation and ONE column-sum launch reduce both
+    # (two of each before: on the GPU every torch op is a launch, microseconds of host time a call)
+    partial = torch.empty((2, grid, n), dtype=torch.float32, device=x.device)
     block, num_warps = _config(n)
     dx2 = dx.view(-1, n)
     _layer_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight, mean, rstd, dx2, dw_partial, db_partial, m, n,
+        dy2, x2, weight, mean, rstd, dx2, partial[0], partial[1], m, n,
         dy2.stride(0), x2.stride(0), dx2.stride(0),
         BLOCK_N=block, ROWS_PER_PROGRAM=rows_per_program, num_warps=num_warps,
     )
-    return dx, dw_partial.sum(0).to(weight.dtype), db_partial.sum(0)
+    if not separate:
+        dw, db = partial.sum(1)  # views of one [2, N] result (dw's too when weight is fp32)
+        return dx, dw.to(weight.dtype), db
+    return dx, partial[0].sum(0).to(weight.dtype), partial[1].sum(0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +170,7 @@ def _layer_norm_bwd_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dx, dweight (weight.dtype) and dbias (fp32; cast to bias.dtype by the caller)."""
-    return _backward(dy, x, weight, mean, rstd)
+    return _backward(dy, x, weight, mean, rstd, separate=True)
 
 
 @_layer_norm_bwd_op.register_fake
@@ -175,11 +181,17 @@ def _(dy, x, weight, mean, rstd):
 def _setup_context(ctx, inputs, output):
     x, weight, bias, _eps = inputs
     _y, mean, rstd = output
+    # mean and rstd are outputs only so that they can be saved: without these two calls autograd hands
+    # the backward a zero tensor for each of them (two allocations + fills, i.e. launches, per backward)
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _autograd_backward(ctx, dy, _dmean, _drstd):
+    if dy is None:  # y did not reach the loss (grads are not materialised): nothing flows back
+        return None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     dx, dw, db = (_backward if ctx.eager else torch.ops.hearth.layer_norm_bwd)(dy, x, weight, mean, rstd)
     db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None

@@ -67,7 +67,7 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, num_sms
-from hearth.kernels.cross_entropy import check_loss_options
+from hearth.kernels.cross_entropy import _check_targets, _inv_n, check_loss_options
 
 EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
 CHUNK_ROW_MULTIPLE = 64  # GEMM row-tile granularity (cuBLAS / hearth tiles are 64 or 128 rows)
@@ -133,7 +133,8 @@ def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, so
     vocab = w.shape[0]
     ce_rows_ = _ce_rows()
     want_grad = scale is not None
-    rows_loss = torch.empty(n, dtype=torch.float32, device=x.device)
+    # one chunk (the usual small call): the row kernel's own [N] result IS the losses (no buffer + copy)
+    rows_loss = torch.empty(n, dtype=torch.float32, device=x.device) if chunk_rows < n else None
     gx = torch.empty_like(x) if want_grad and need_gx else None
     gw = torch.empty_like(w) if want_grad and need_gw else None
     gb = torch.zeros(vocab, dtype=torch.float32, device=x.device) if want_grad and need_gb else None
@@ -148,10 +149,14 @@ def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, so
         else:
             torch.addmm(bias, x_c, w_t, out=logits)
         row_scale = scale[start:stop] if isinstance(scale, torch.Tensor) and scale.dim() == 1 else scale
-        rows_loss[start:stop] = ce_rows_(
+        chunk_loss = ce_rows_(
             logits, target[start:stop], ignore_index=ignore_index, label_smoothing=label_smoothing,
             z_loss=z_loss, softcap=softcap, grad_scale=row_scale,
         )
+        if rows_loss is None:
+            rows_loss = chunk_loss
+        else:
+            rows_loss[start:stop] = chunk_loss
         if not want_grad:
             continue
         # `logits` now holds g_c = scale * dloss/dlogits_c.
@@ -167,13 +172,6 @@ def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, so
     return rows_loss, gx, gw, gb
 
 
-def _check_targets(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
-    """ONE device->host sync: every non-ignored target lies in [0, V)."""
-    bad = ((target < 0) | (target >= vocab)) & (target != ignore_index)
-    if bool(bad.any()):
-        raise ValueError(f"target values must be in [0, {vocab}) or equal ignore_index={ignore_index}, found {int(target[bad][0])}")
-
-
 def _empty(x):
     return x.new_empty((0,))
 
@@ -186,9 +184,9 @@ def _lce_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_x | [0], grad_w | [0], grad_b fp32 | [0], factor fp32 []): factor is what the
     backward multiplies into the gradients besides grad_output (1/n_valid for fp16 "mean", else 1)."""
-    _check_targets(target, w.shape[0], ignore_index)
-    n_valid = (target != ignore_index).sum()
-    inv_n = 1.0 / n_valid.clamp(min=1).to(torch.float32)  # all ignored: loss 0 and grads 0, like cross_entropy
+    # ONE device->host sync: every non-ignored target in [0, V); its mask gives n_valid (all ignored: loss 0
+    # and grads 0, like cross_entropy)
+    inv_n = _inv_n(_check_targets(target, w.shape[0], ignore_index))
     one = torch.ones((), dtype=torch.float32, device=x.device)
     want = (need_gx or need_gw or need_gb) and reduction != "none"
     if not want:
@@ -252,9 +250,14 @@ def _(x, w, target, bias, grad_output, ignore_index, label_smoothing, z_loss, so
             x.new_empty((w.shape[0],) if need_gb else (0,), dtype=torch.float32))
 
 
+def _backward_scale(grad_output: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """grad_output * factor as a 0-d fp32 tensor on the device (one launch, no host sync)."""
+    return (grad_output.to(torch.float32) * factor).reshape(()).contiguous()
+
+
 def _lce_scale_impl(grad: torch.Tensor, grad_output: torch.Tensor, factor: torch.Tensor) -> None:
     """grad *= grad_output * factor in place (fp32 scalar math; a no-op launch when it is 1)."""
-    _scale_inplace(grad, (grad_output.to(torch.float32) * factor).reshape(()).contiguous())
+    _scale_inplace(grad, _backward_scale(grad_output, factor))
 
 
 _lce_scale_ = torch.library.custom_op("hearth::linear_cross_entropy_scale_", mutates_args=("grad",))(_lce_scale_impl)
@@ -296,10 +299,14 @@ def _backward(ctx, grad_loss, *_unused):
                                    softcap, need_gx, need_gw, need_gb, chunk_rows)
     else:
         gx, gw, gb, factor = ctx.saved_tensors
-        scale_ = _lce_scale_impl if ctx.eager else _lce_scale_
-        for g in (gx, gw, gb):
-            if g.numel():
-                scale_(g, grad_loss, factor)
+        if ctx.eager:  # the scale grad_output * factor made once (one launch) for all the gradients
+            scale = _backward_scale(grad_loss, factor)
+            for g in (gx, gw, gb):
+                _scale_inplace(g, scale)  # returns at once for an empty (not needed) gradient
+        else:
+            for g in (gx, gw, gb):
+                if g.numel():
+                    _lce_scale_(g, grad_loss, factor)
     return (gx if need_gx else None, gw if need_gw else None, None,
             gb.to(ctx.bias_dtype) if need_gb else None, None, None, None, None, None, None, None, None, None)
 
@@ -340,7 +347,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
     hidden = linear_weight.shape[1]
     if input.shape[-1] != hidden:
         raise ValueError(f"input has hidden size {input.shape[-1]} but linear_weight is {tuple(linear_weight.shape)}; input's last dimension must equal linear_weight.shape[1]")
-    x = input.reshape(-1, hidden)
+    x = input if input.dim() == 2 else input.reshape(-1, hidden)  # 2-D: no view node in the graph
     if target.shape[0] != x.shape[0]:
         raise ValueError(f"target must have shape [{x.shape[0]}] (one class per input row), got {tuple(target.shape)}")
     if linear_bias is not None:

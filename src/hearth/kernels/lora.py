@@ -33,13 +33,14 @@ output, the scale, the add, the casts). Here:
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from hearth.kernels._common import check_same_device, check_same_dtype, check_tensor
-from hearth.kernels.swiglu import _backward_by_column_chunks, _down_by_row_chunks
+from hearth.kernels._common import autograd_op, check_same_device, check_same_dtype, check_tensor
+from hearth.kernels.swiglu import _backward_by_column_chunks, _down_by_row_chunks, _linear_into
 
 __all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE"]
 
@@ -52,30 +53,42 @@ def _fold(out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, alpha: float) -> 
 # --------------------------------------------------------------------------------------------
 # lora_linear: ops + autograd
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("hearth::lora_linear_fwd", mutates_args=())
-def _linear_fwd_op(
+def _linear_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
     lora_b: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (y [M, N] in x.dtype, xa = x A^T [M, r] in lora_a.dtype)."""
-    out = F.linear(x, weight, bias)
-    xa = torch.mm(x.to(lora_a.dtype), lora_a.t())  # the fp32 copy of x dies here
-    _fold(out, xa, lora_b.t(), scale)
+    """x [..., K] -> (y [..., N] in x.dtype, xa = x A^T [M, r] in lora_a.dtype; M = x's rows).
+
+    The leading dims are flattened in here, not around the autograd node: no view nodes in the graph
+    (each one an autograd node of host time, forward and backward). y is allocated in its final shape
+    (an autograd.Function may not return a view: the caller could not modify it in place)."""
+    n = weight.shape[0]
+    x2 = x.reshape(-1, x.shape[-1])
+    out = x.new_empty((*x.shape[:-1], n))
+    out2 = out.view(-1, n)
+    _linear_into(out2, x2, weight, bias)  # F.linear's GEMM (mm, or addmm with the bias), into out
+    xa = torch.mm(x2.to(lora_a.dtype), lora_a.t())  # the fp32 copy of x dies here
+    _fold(out2, xa, lora_b.t(), scale)
     return out, xa
+
+
+_linear_fwd_op = torch.library.custom_op("hearth::lora_linear_fwd", mutates_args=())(_linear_forward)
 
 
 @_linear_fwd_op.register_fake
 def _(x, weight, bias, lora_a, lora_b, scale):
-    return x.new_empty((x.shape[0], weight.shape[0])), x.new_empty((x.shape[0], lora_a.shape[0]), dtype=lora_a.dtype)
+    rows = math.prod(x.shape[:-1])
+    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty((rows, lora_a.shape[0]), dtype=lora_a.dtype)
 
 
-@torch.library.custom_op("hearth::lora_linear_bwd", mutates_args=())
-def _linear_bwd_op(
+def _linear_backward_impl(
     dy: torch.Tensor, x: torch.Tensor, xa: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
     lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed."""
-    dy = dy.contiguous()
+    """(dx [x's shape], dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed."""
+    x_shape = x.shape
+    x = x.reshape(-1, x.shape[-1])
+    dy = dy.reshape(-1, dy.shape[-1]).contiguous()
     dyl = dy.to(lora_a.dtype)  # transient upcast
     db_lora = torch.mm(dyl.t(), xa).mul_(scale)
     dxa = torch.mm(dyl, lora_b).mul_(scale)
@@ -86,9 +99,13 @@ def _linear_bwd_op(
     if need_dx:
         dx = torch.mm(dy, weight)
         _fold(dx, dxa, lora_a, 1.0)
+        dx = dx.view(x_shape)
     else:
         dx = x.new_empty(0)
     return dx, da, db_lora, dw, db
+
+
+_linear_bwd_op = torch.library.custom_op("hearth::lora_linear_bwd", mutates_args=())(_linear_backward_impl)
 
 
 @_linear_bwd_op.register_fake
@@ -113,29 +130,33 @@ def _linear_backward(ctx, dy, _dxa):
         return (None,) * 6
     x, xa, weight, lora_a, lora_b = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, da, db_lora, dw, db = torch.ops.hearth.lora_linear_bwd(
+    dx, da, db_lora, dw, db = (_linear_backward_impl if ctx.eager else torch.ops.hearth.lora_linear_bwd)(
         dy, x, xa, weight, lora_a, lora_b, ctx.scale, need[0], need[1], need[2])
     return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None,
             da if need[3] else None, db_lora if need[4] else None, None)
 
 
-_linear_fwd_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+# eager: a torch.autograd.Function over _linear_forward / _linear_backward_impl (no torch.library dispatch:
+# tens of microseconds of host time a call, per projection); under torch.compile: the custom ops
+_lora_linear = autograd_op(_linear_fwd_op, _linear_forward, _linear_setup, _linear_backward)
 
 
 # --------------------------------------------------------------------------------------------
 # lora_swiglu_mlp: ops + autograd
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("hearth::lora_swiglu_mlp_fwd", mutates_args=())
-def _mlp_fwd_op(
+def _mlp_forward(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
     bias_gate: Optional[torch.Tensor], bias_up: Optional[torch.Tensor], bias_down: Optional[torch.Tensor],
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
     a_down: torch.Tensor, b_down: torch.Tensor, s_gate: float, s_up: float, s_down: float, recompute_up: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, H] -> (out [M, H], g [M, I], u [M, I] or [0] when recompute_up, xa [M, r_g + r_u], xa_down [M, r_d]).
+    """x [..., H] -> (out [..., H], g [M, I], u [M, I] or [0] when recompute_up, xa [M, r_g + r_u], xa_down [M, r_d]).
 
     h is formed one row chunk at a time (as in swiglu_mlp) and never held whole; its LoRA A product
-    xa_down is taken per chunk from the chunk upcast to the LoRA dtype."""
+    xa_down is taken per chunk from the chunk upcast to the LoRA dtype. x's leading dims are flattened in
+    here (no view nodes around the autograd node); out is allocated in its final shape."""
+    out_nd = x.new_empty((*x.shape[:-1], w_down.shape[0]))
+    x = x.reshape(-1, x.shape[-1])
     dt, ldt = x.dtype, a_gate.dtype
     rg = a_gate.shape[0]
     xa = torch.mm(x.to(ldt), torch.cat((a_gate, a_up)).t())  # one GEMM for both A's; the upcast x dies here
@@ -151,32 +172,38 @@ def _mlp_fwd_op(
     out = _down_by_row_chunks(
         x, g, u, w_up, bias_up, w_down, bias_down, recompute_up,
         fix_up=lambda uc, r0, r1: _fold(uc, xa[r0:r1, rg:], b_up_t, s_up),
-        on_h=lambda hc, r0, r1: torch.mm(hc.to(ldt), a_down.t(), out=xa_down[r0:r1]))
+        on_h=lambda hc, r0, r1: torch.mm(hc.to(ldt), a_down.t(), out=xa_down[r0:r1]),
+        out=out_nd.view(-1, w_down.shape[0]))
     _fold(out, xa_down, b_down.t(), s_down)
-    return out, g, u, xa, xa_down
+    return out_nd, g, u, xa, xa_down
+
+
+_mlp_fwd_op = torch.library.custom_op("hearth::lora_swiglu_mlp_fwd", mutates_args=())(_mlp_forward)
 
 
 @_mlp_fwd_op.register_fake
 def _(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
       s_gate, s_up, s_down, recompute_up):
-    m, inter = x.shape[0], w_gate.shape[0]
+    m, inter = math.prod(x.shape[:-1]), w_gate.shape[0]
     u = x.new_empty(0) if recompute_up else x.new_empty((m, inter))
     ldt = a_gate.dtype
-    return (x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), u,
+    return (x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, inter)), u,
             x.new_empty((m, a_gate.shape[0] + a_up.shape[0]), dtype=ldt), x.new_empty((m, a_down.shape[0]), dtype=ldt))
 
 
-@torch.library.custom_op("hearth::lora_swiglu_mlp_bwd", mutates_args=("g", "u"))
-def _mlp_bwd_op(
+def _mlp_backward_impl(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, xa: torch.Tensor, xa_down: torch.Tensor,
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, bias_up: Optional[torch.Tensor],
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
     a_down: torch.Tensor, b_down: torch.Tensor, s_gate: float, s_up: float, s_down: float, recompute_up: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dA_gate, dB_gate, dA_up, dB_up, dA_down, dB_down). Overwrites g with dg and u with du (they are dead
-    after); h is recomputed per column chunk of I by the swiglu backward kernel into the dh chunk buffer."""
+    after); h is recomputed per column chunk of I by the swiglu backward kernel into the dh chunk buffer.
+    x and dout may have leading dims ([..., H]); dx has x's shape."""
+    x_shape = x.shape
+    x = x.reshape(-1, x.shape[-1])
+    dout = dout.reshape(-1, dout.shape[-1]).contiguous()
     dt, ldt = x.dtype, a_gate.dtype
-    dout = dout.contiguous()
     m, inter = g.shape
     rg = a_gate.shape[0]
     xa_g, xa_u = xa[:, :rg], xa[:, rg:]
@@ -199,7 +226,10 @@ def _mlp_bwd_op(
         fix_dh=lambda dhc, c0, c1: _fold(dhc, dxa_down_dt, a_down_dt[:, c0:c1], 1.0),  # the LoRA path into h
         fix_u=lambda uc, c0, c1: _fold(uc, xa_u, b_up_dt[c0:c1].t(), s_up))
     for c0, c1, hc, gc, uc in chunks:
-        da_down[:, c0:c1] = torch.mm(dxa_down.t(), hc.to(ldt))
+        if c1 - c0 == inter:  # one chunk: the GEMM writes dA_down itself (no temporary + copy launch)
+            torch.mm(dxa_down.t(), hc.to(ldt), out=da_down)
+        else:
+            da_down[:, c0:c1] = torch.mm(dxa_down.t(), hc.to(ldt))
         dgl = gc.to(ldt)
         torch.mm(dgl.t(), xa_g, out=db_gate[c0:c1])
         dxa_g.addmm_(dgl, b_gate[c0:c1])
@@ -222,7 +252,19 @@ def _mlp_bwd_op(
     xl = x.to(ldt)
     da_gate = torch.mm(dxa_g.t(), xl)
     da_up = torch.mm(dxa_u.t(), xl)
-    return dx, da_gate, db_gate, da_up, db_up, da_down, db_down
+    return dx.view(x_shape), da_gate, db_gate, da_up, db_up, da_down, db_down
+
+
+_mlp_bwd_op = torch.library.custom_op("hearth::lora_swiglu_mlp_bwd", mutates_args=("g", "u"))(_mlp_backward_impl)
+
+
+def _mlp_backward_eager(dout, x, g, u, *args):
+    """The eager route: the launcher called directly. g and u are overwritten in place (by Triton, which
+    autograd does not see), so their version counters are bumped here as the custom op's mutates_args does:
+    a second backward through the same graph then fails autograd's saved-tensor check."""
+    grads = _mlp_backward_impl(dout, x, g, u, *args)
+    torch.autograd.graph.increment_version([g, u])
+    return grads
 
 
 @_mlp_bwd_op.register_fake
@@ -246,14 +288,16 @@ def _mlp_backward(ctx, dout, _dg, _du, _dxa, _dxad):
     if dout is None:
         return (None,) * 17
     saved = ctx.saved_tensors
-    grads = torch.ops.hearth.lora_swiglu_mlp_bwd(dout, *saved, *ctx.scales, ctx.recompute_up)
+    grads = (_mlp_backward_eager if ctx.eager else torch.ops.hearth.lora_swiglu_mlp_bwd)(
+        dout, *saved, *ctx.scales, ctx.recompute_up)
     need = ctx.needs_input_grad
     dx, lora = grads[0], grads[1:]
     return ((dx if need[0] else None,) + (None,) * 6
             + tuple(t if need[7 + i] else None for i, t in enumerate(lora)) + (None,) * 4)
 
 
-_mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+# eager: a torch.autograd.Function over _mlp_forward / _mlp_backward_impl; under torch.compile: the custom ops
+_lora_mlp = autograd_op(_mlp_fwd_op, _mlp_forward, _mlp_setup, _mlp_backward)
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,9 +360,8 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ValueError(f"lora_a must be [r, {k}], got {tuple(lora_a.shape)}")
     if tuple(lora_b.shape) != (n, r):
         raise ValueError(f"lora_b must be [{n}, {r}], got {tuple(lora_b.shape)}")
-    x2 = x.reshape(-1, k)
-    out, _xa = torch.ops.hearth.lora_linear_fwd(x2, weight, bias, lora_a, lora_b, scale)
-    return out.view(*x.shape[:-1], n)
+    out, _xa = _lora_linear(x, weight, bias, lora_a, lora_b, scale)  # [..., N]: flattened inside the node
+    return out
 
 
 def lora_swiglu_mlp(
@@ -375,11 +418,9 @@ def lora_swiglu_mlp(
             raise ValueError(f"{a_name} must be [r, {k}], got {tuple(a.shape)}")
         if tuple(b.shape) != (n, a.shape[0]):
             raise ValueError(f"{b_name} must be [{n}, {a.shape[0]}], got {tuple(b.shape)}")
-    x2 = x.reshape(-1, hidden)
-    out = torch.ops.hearth.lora_swiglu_mlp_fwd(
-        x2, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
+    return _lora_mlp(  # [..., H]: flattened inside the node
+        x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
         *scales, bool(recompute_up))[0]
-    return out.view(*x.shape[:-1], hidden)
 
 
 # --------------------------------------------------------------------------------------------

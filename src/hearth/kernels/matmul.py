@@ -361,7 +361,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_c):
     a, b = ctx.saved_tensors
     grad_a = grad_b = None
-    mm = _matmul_diff if ctx.eager else _matmul_op  # differentiable either way (double backward)
+    # differentiable when a double backward records it (create_graph=True: grad mode is on in here);
+    # otherwise the launcher itself, without Function.apply's glue for a graph nobody will use
+    mm = (_matmul_diff if torch.is_grad_enabled() else _matmul) if ctx.eager else _matmul_op
     # Transposed *views*: the kernels take the strides, nothing is copied.
     if ctx.needs_input_grad[0]:
         grad_a = mm(grad_c, b.t())
@@ -391,13 +393,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_same_device(a=a, b=b)
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"b has {b.shape[0]} rows but a has {a.shape[-1]} columns (K must match): a {tuple(a.shape)}, b {tuple(b.shape)}")
-    lead = a.shape[:-1]
-    a2 = a.reshape(-1, a.shape[-1])
+    flat = a.dim() == 2  # no reshape views (autograd nodes of host time each way) around a 2-D call
+    a2 = a if flat else a.reshape(-1, a.shape[-1])
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         out = _matmul_diff(a2, b)
     else:  # no graph to record: skip the autograd.Function too
         out = _matmul(a2, b)
-    return out.reshape(*lead, b.shape[1])
+    return out if flat else out.reshape(*a.shape[:-1], b.shape[1])
 
 
 def inspect_kernels(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, object]]:

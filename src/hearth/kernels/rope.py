@@ -165,8 +165,16 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dq_out, dk_out):
     cos, sin = ctx.saved_tensors
-    # the backward is this op again (differentiable: a double backward rotates back)
-    dq, dk = (_rope if ctx.eager else torch.ops.hearth.rope)(dq_out, dk_out, cos, sin, not ctx.backward_flag)
+    # the backward is this op again, differentiable when a double backward records it (create_graph=True);
+    # otherwise (grad mode is off inside a plain backward) the launcher itself: Function.apply's glue
+    # (a ctx, setup_context, saving cos/sin) cost microseconds of host time a call for a graph never used
+    backward = not ctx.backward_flag
+    if not ctx.eager:
+        dq, dk = torch.ops.hearth.rope(dq_out, dk_out, cos, sin, backward)
+    elif torch.is_grad_enabled():
+        dq, dk = _rope(dq_out, dk_out, cos, sin, backward)
+    else:
+        dq, dk = _launch(dq_out, dk_out, cos, sin, backward)
     return dq, dk, None, None, None
 
 

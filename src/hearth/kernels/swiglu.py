@@ -23,6 +23,7 @@ backward: one extra matmul).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -213,12 +214,17 @@ def _mlp_forward(
     b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
     recompute_up: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, H] -> (out [M, H], g [M, I], u [M, I] or an empty [0] tensor when recompute_up).
+    """x [..., H] -> (out [..., H], g [M, I], u [M, I] or an empty [0] tensor when recompute_up; M = x's rows).
 
-    h (and, when recompute_up, u) is formed one row chunk at a time and never held whole."""
-    g = F.linear(x, w_gate, b_gate)
-    u = x.new_empty(0) if recompute_up else F.linear(x, w_up, b_up)
-    return _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up), g, u
+    h (and, when recompute_up, u) is formed one row chunk at a time and never held whole. The leading dims
+    are flattened in here, not around the autograd node (no view nodes in the graph: host time forward
+    and backward); out is allocated in its final shape (a Function may not return a view)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    g = F.linear(x2, w_gate, b_gate)
+    u = x.new_empty(0) if recompute_up else F.linear(x2, w_up, b_up)
+    out = x.new_empty((*x.shape[:-1], w_down.shape[0]))
+    _down_by_row_chunks(x2, g, u, w_up, b_up, w_down, b_down, recompute_up, out=out.view(-1, w_down.shape[0]))
+    return out, g, u
 
 
 def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx, *, want_h=True, fix_dh=None,
@@ -253,12 +259,15 @@ def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, 
             dx.addmm_(uc, w_up[c0:c1])
 
 
-def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_up=None, on_h=None) -> torch.Tensor:
+def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_up=None, on_h=None,
+                        out=None) -> torch.Tensor:
     """out = down(silu(g) * u) [M, H], h formed one row chunk at a time (never held whole); with recompute_up
     each chunk's u is recomputed from x (then fix_up(u_chunk, r0, r1) may add to it in place, e.g. a LoRA
-    term). on_h(h_chunk, r0, r1), if given, sees each h chunk before it is reused (e.g. for a LoRA A product)."""
+    term). on_h(h_chunk, r0, r1), if given, sees each h chunk before it is reused (e.g. for a LoRA A product).
+    out: a contiguous [M, H] buffer to write (default: a new one)."""
     m, inter = g.shape
-    out = x.new_empty((m, w_down.shape[0]))
+    if out is None:
+        out = x.new_empty((m, w_down.shape[0]))
     rows = _chunk(m, inter)
     h_buf = g.new_empty((min(rows, m), inter))
     u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
@@ -284,10 +293,10 @@ _mlp_fwd_op = torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())
 
 @_mlp_fwd_op.register_fake
 def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
-    m = x.shape[0]
+    m = math.prod(x.shape[:-1])
     inter = w_gate.shape[0]
     u = x.new_empty(0) if recompute_up else x.new_empty((m, inter))
-    return x.new_empty((m, w_down.shape[0])), x.new_empty((m, inter)), u
+    return x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, inter)), u
 
 
 def _mlp_backward_impl(
@@ -299,8 +308,11 @@ def _mlp_backward_impl(
     tensors when need_weight_grads is False, bias grads when either flag is False: an MLP without
     biases skips the three column sums, whose bf16 reductions allocated a 133 MiB fp32 temporary at the
     backward's peak on the H200). Overwrites g with dg and u with du; when
-    recompute_up, u is an empty placeholder and each column chunk of u is recomputed from x."""
-    dout = dout.contiguous()
+    recompute_up, u is an empty placeholder and each column chunk of u is recomputed from x. x and dout may have
+    leading dims ([..., H]); dx has x's shape."""
+    x_shape = x.shape
+    x = x.reshape(-1, x.shape[-1])
+    dout = dout.reshape(-1, dout.shape[-1]).contiguous()
     m, inter = g.shape
     need_w = need_weight_grads
     dw_down = w_down.new_empty(w_down.shape) if need_w else w_down.new_empty(0)
@@ -312,7 +324,10 @@ def _mlp_backward_impl(
     for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
                                                           want_h=need_w):
         if need_w:
-            dw_down[:, c0:c1].copy_(dout.t() @ hc)
+            if c1 - c0 == inter:  # one chunk: the GEMM writes dW_down itself (no temporary + copy launch)
+                torch.mm(dout.t(), hc, out=dw_down)
+            else:
+                dw_down[:, c0:c1].copy_(dout.t() @ hc)
             torch.mm(uc.t(), x, out=dw_up[c0:c1])
             if need_b:
                 db_up[c0:c1] = uc.sum(0)
@@ -330,7 +345,7 @@ def _mlp_backward_impl(
         db_gate, db_down = dg.sum(0), dout.sum(0)
     else:
         db_gate, db_down = x.new_empty(0), x.new_empty(0)
-    return dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
+    return dx.view(x_shape), dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
 def _mlp_backward_eager(dout, x, g, u, *args):
@@ -463,6 +478,5 @@ def swiglu_mlp(
     for name, t, size in (("b_gate", b_gate, inter), ("b_up", b_up, inter), ("b_down", b_down, hidden)):
         if t is not None and t.shape[0] != size:
             raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
-    x2 = x.reshape(-1, hidden)
-    out, _g, _u = _mlp(x2, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up))
-    return out.view(*x.shape[:-1], hidden)
+    out, _g, _u = _mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up))  # [..., H]
+    return out
