@@ -34,7 +34,7 @@ step() {  # step NAME MIN_SECONDS COMMAND...
   echo "   rc=$?" | tee -a "$OUT/steps.log"
 }
 step host_overhead 60 python3 scripts/host_overhead.py --device cuda --reps 200 --jsonl "$OUT/host.jsonl"
-step models 200 env OUT="$OUT" BUDGET_S=200 bash scripts/gpu/bench_models.sh rms_norm rope swiglu softmax cross_entropy layer_norm
+step models 200 env OUT="$OUT" BUDGET_S=200 HEARTH_PICK_LOG=1 bash scripts/gpu/bench_models.sh rms_norm rope swiglu softmax cross_entropy layer_norm
 step lora_e2e 150 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_e2e.jsonl" --seqs 4096 --setups liger,hearth_fast \
   --budget-gib 80 --steps 3 --time-budget-s 140 --min-child-s 40 --child-timeout-s 90
 [ -n "${LAYER_PROBE:-}" ] && step lora_layer_probe 60 python3 scripts/gpu/lora_layer_probe.py --out "$OUT/lora_layer_probe.jsonl"
