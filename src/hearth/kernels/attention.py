@@ -211,8 +211,8 @@ def _attn_fwd_kernel(
     h = bh % H_Q
     hk = h // GROUP
     if VARLEN:
-        # b is the sequence. N_CTX_Q / N_CTX_K arrive as max_seqlen_q / _k (the grid's bound); from here
-        # on they are this sequence's lengths, and its rows start at q_start / k_start of the packed T axis.
+        # b is the sequence. N_CTX_Q / N_CTX_K arrive only as the autotuner's key (max_seqlen's power-of-two
+        # bucket); from here on they are this sequence's lengths, its rows from q_start / k_start on.
         q_start = tl.load(CuSeqQ + b)
         N_CTX_Q = tl.load(CuSeqQ + b + 1) - q_start
         if start_m * BLOCK_M >= N_CTX_Q:  # a block past this sequence's end
@@ -489,7 +489,7 @@ def _attn_bwd_dkdv_kernel(
     b = bhk // H_K
     hk = bhk % H_K
     if VARLEN:
-        # b is the sequence; N_CTX_Q / N_CTX_K arrive as max_seqlen_q / _k: now this sequence's lengths
+        # b is the sequence; N_CTX_Q / N_CTX_K arrive as the autotuner's key: now this sequence's lengths
         k_start = tl.load(CuSeqK + b)
         N_CTX_K = tl.load(CuSeqK + b + 1) - k_start
         if start_n >= N_CTX_K:  # a key block past this sequence's end
@@ -640,7 +640,7 @@ def _attn_bwd_dq_kernel(
     h = bh % H_Q
     hk = h // GROUP
     if VARLEN:
-        # b is the sequence; N_CTX_Q / N_CTX_K arrive as max_seqlen_q / _k: now this sequence's lengths
+        # b is the sequence; N_CTX_Q / N_CTX_K arrive as the autotuner's key: now this sequence's lengths
         q_start = tl.load(CuSeqQ + b)
         N_CTX_Q = tl.load(CuSeqQ + b + 1) - q_start
         if start_m * BLOCK_M >= N_CTX_Q:  # a block past this sequence's end
@@ -770,7 +770,7 @@ _INTERPRET = {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1
 USE_TMA = os.environ.get("HEARTH_ATTN_TMA", "0") == "1"  # streamed tiles through TMA descriptors
 FUSED_DQ = os.environ.get("HEARTH_ATTN_FUSED_DQ", "0") == "1"  # dQ by fp32 atomics in the dK/dV kernel
 AUTOTUNE = os.environ.get("HEARTH_ATTN_AUTOTUNE", "1") == "1"  # off: first candidate of each list
-# VARLEN (attention_varlen.py passes it; N_CTX_* are then max_seqlen_*) tunes apart from the dense path
+# VARLEN (attention_varlen.py passes it; N_CTX_* are then max_seqlen_*'s power-of-two bucket) tunes apart
 _FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC", "VARLEN"]
 _BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC", "VARLEN"]
 _DKDV_KEY = _BWD_KEY + ["FUSED_DQ"]

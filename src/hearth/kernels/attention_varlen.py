@@ -47,6 +47,7 @@ from hearth.kernels._common import (
     check_same_dtype,
     check_tensor,
     interpret_mode,
+    next_power_of_2,
 )
 
 # the module, not the package's `attention` function of the same name; read at call time, so that its
@@ -96,6 +97,13 @@ def _planes(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.unsqueeze(0).transpose(1, 2) for t in tensors]
 
 
+def _tune_key(max_q: int, max_k: int) -> tuple[int, int]:
+    """The kernels' N_CTX_Q / N_CTX_K under VARLEN: read only by the autotuner (each program reads its own
+    lengths from cu_seqlens), so they carry max_seqlen's power-of-two bucket: a packed batch's longest
+    sequence changes from step to step, and a key per exact value would re-tune on every new one."""
+    return next_power_of_2(max_q), next_power_of_2(max_k)
+
+
 def _meta(q: torch.Tensor, causal: bool, cu_q: torch.Tensor, cu_k: torch.Tensor) -> dict:
     return dict(HEAD_DIM=q.shape[-1], CAUSAL=causal, USE_TMA=False, DOT_PREC=_attn._dot_precision(q.dtype),
                 INTERP=interpret_mode(), CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True)
@@ -113,7 +121,7 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
     q4, k4, v4, o4 = _planes(q, k, v, out)
     args = (
         q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
-        scale * _attn.LOG2E, Hq, Hq // Hk, max_q, max_k,
+        scale * _attn.LOG2E, Hq, Hq // Hk, *_tune_key(max_q, max_k),
     )
     with _attn._on_device(q.device):
         _attn._launch(_attn._attn_fwd_kernel, _attn._fwd_tuned, "fwd", _attn._FWD_CANDIDATES, max_q, n_seqs * Hq,
@@ -142,7 +150,7 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
         dkdv_args = (
             q4, k4, v4, do4, lse, delta, dk4, dv4, dq_acc,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(),
-            scale, scale * _attn.LOG2E, Hq, Hk, Hq // Hk, max_q, max_k,
+            scale, scale * _attn.LOG2E, Hq, Hk, Hq // Hk, *_tune_key(max_q, max_k),
         )
         _attn._launch(_attn._attn_bwd_dkdv_kernel, _attn._dkdv_tuned, "dkdv", _attn._DKDV_CANDIDATES, max_k,
                       n_seqs * Hk, dkdv_args, dict(meta, FUSED_DQ=fused))
@@ -152,7 +160,7 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
         (dq4,) = _planes(dq)
         dq_args = (
             q4, k4, v4, do4, lse, delta, dq4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
-            scale, scale * _attn.LOG2E, Hq, Hq // Hk, max_q, max_k,
+            scale, scale * _attn.LOG2E, Hq, Hq // Hk, *_tune_key(max_q, max_k),
         )
         _attn._launch(_attn._attn_bwd_dq_kernel, _attn._dq_tuned, "dq", _attn._DQ_CANDIDATES, max_q, n_seqs * Hq,
                       dq_args, meta)
