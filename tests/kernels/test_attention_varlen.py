@@ -172,8 +172,9 @@ def test_fused_dq_variant_and_padded_head_dim(monkeypatch):
 
 
 def test_strided_inputs_and_saved_logsumexp():
-    """q, k, v as views of a fused [T, Hq + 2 Hk, D] projection (what a packed model hands over) give the
-    same result as contiguous copies; the saved lse is the block-diagonal logsumexp, [Hq, total_q]."""
+    """q, k, v as views of a fused [T, Hq + 2 Hk, D] projection (what a packed model hands over) and strided
+    offsets give the same result as contiguous copies; the saved lse is the block-diagonal logsumexp,
+    [Hq, total_q]."""
     lens = [3, 0, 18]
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(21, 4, 16, generator=g).to(DEVICE)
@@ -183,6 +184,10 @@ def test_strided_inputs_and_saved_logsumexp():
     out = attention_varlen(q, k, v, cu, cu, 18, 18, causal=True)
     torch.testing.assert_close(out, attention_varlen(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, 18, 18,
                                                      causal=True), atol=0, rtol=0)
+    # offsets as a strided view (every other element of an interleaved pair): read as values, not as memory
+    strided_cu = torch.stack((cu, torch.full_like(cu, 10**6)), 1)[:, 0]
+    assert not strided_cu.is_contiguous()
+    torch.testing.assert_close(attention_varlen(q, k, v, strided_cu, strided_cu, 18, 18, causal=True), out, atol=0, rtol=0)
     _, lse = _varlen_fwd_op(q, k, v, cu, cu, 18, 18, True, 0.25)
     assert lse.shape == (2, 21) and lse.dtype == torch.float32
     s = (q.double().transpose(0, 1) @ k.double().repeat_interleave(2, 1).permute(1, 2, 0)) * 0.25

@@ -334,6 +334,7 @@ def attention_varlen(
     padded = _attn.padded_head_dim(D)
     if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
         tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
-    out, _ = _attention_varlen(tensors["q"], tensors["k"], tensors["v"], cu_seqlens_q, cu_seqlens_k,
-                               max_seqlen_q, max_seqlen_k, causal, scale)
+    # the kernels read the offsets as a dense int32 array: a strided view is copied (a no-op when dense)
+    out, _ = _attention_varlen(tensors["q"], tensors["k"], tensors["v"], cu_seqlens_q.contiguous(),
+                               cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal, scale)
     return out if padded == D else out[..., :D]
