@@ -198,22 +198,25 @@ def test_strided_inputs_and_saved_logsumexp():
 
 
 def test_torch_compile_fullgraph():
-    """A torch.library custom op: no graph break (the offsets check runs inside it), gradients flow."""
+    """A torch.library custom op: no graph break (the offsets check runs inside it), gradients flow. The second
+    call's other max_seqlen recompiles it as a SymInt (automatic dynamic shapes), as a packed batch's changing
+    longest sequence does in training."""
     torch._dynamo.reset()
     lens = [3, 0, 9]
     cu = _offsets(lens)
 
-    def block(q, k, v):
-        return (attention_varlen(q, k, v, cu, cu, 9, 9, causal=True) * 2.0).sum()
+    def block(q, k, v, longest):
+        return (attention_varlen(q, k, v, cu, cu, longest, longest, causal=True) * 2.0).sum()
 
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager" if not HAS_CUDA else "inductor")
     q, k, v, _, _, _ = _make(lens, lens, 2, 1, 16, torch.float32, seed=7)
-    leaves_c = [x.clone().requires_grad_() for x in (q, k, v)]
-    leaves_e = [x.clone().requires_grad_() for x in (q, k, v)]
-    compiled(*leaves_c).backward()
-    block(*leaves_e).backward()
-    for a, b in zip(leaves_c, leaves_e):
-        torch.testing.assert_close(a.grad, b.grad)
+    for longest in (9, 12):
+        leaves_c = [x.clone().requires_grad_() for x in (q, k, v)]
+        leaves_e = [x.clone().requires_grad_() for x in (q, k, v)]
+        compiled(*leaves_c, longest).backward()
+        block(*leaves_e, longest).backward()
+        for a, b in zip(leaves_c, leaves_e):
+            torch.testing.assert_close(a.grad, b.grad)
 
 
 # ---------------------------------------------------------------- bad input
