@@ -35,6 +35,12 @@ HEARTH_ATTN_GLUON=1 swaps in a Gluon forward on Hopper (attention_gluon.py; chos
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
 
+VARLEN (constexpr, attention_varlen.py): packed sequences. Program (row block, sequence * head) reads
+its sequence's start and length from int32 offsets (CuSeqQ / CuSeqK), offsets the T axis by the start
+and masks by the length; blocks past the sequence's end return at once. VARLEN=False compiles to the
+same sm_90 PTX as the kernels had before the flag (checked offline for all 12 fwd / dK-dV / dQ x D 64 /
+128 x causal or not variants).
+
 FLOPs: forward 4*B*Hq*Tq*Tk*D (two matmuls), halved when causal; backward 2.5x the forward (the
 default kernels execute 3.5x: the dQ kernel recomputes P and dP). FUSED_DQ (env HEARTH_ATTN_FUSED_DQ=1)
 instead adds scale * dS K into an fp32 dQ buffer with atomics from the dK/dV kernel: 2.5x executed,
