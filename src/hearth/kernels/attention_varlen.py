@@ -19,9 +19,9 @@ compared), so `attention` keeps its speed.
 Work: the sum over sequences of attention's, 4 * Hq * sum_i(Tq_i * Tk_i) * D FLOPs forward (half of
 the square when causal), 2.5x that backward; one packed sequence of length T costs what `attention`
 at B=1 costs. Memory: out [total_q, Hq, D] and an fp32 logsumexp [Hq, total_q] saved for the backward.
-Registers (ptxas, sm_90a, bf16, first Hopper config): the VARLEN kernels use what the dense ones use at a
-length that is not a multiple of 16 (ragged lengths cost per-row masks): no spills except the causal
-D=128 dK/dV, 104 bytes against the dense kernel's 84 at T=4097 (16 at T=4096).
+Registers (ptxas, sm_90a, bf16, first Hopper config of each list): no spills in the VARLEN forward and
+dQ; the D=128 dK/dV spills 104 bytes causal (the dense kernel: 84 at T=4097, 16 at T=4096: ragged
+lengths cost per-row masks) and 4 non-causal (dense at T=4096: 0).
 
 Checks: shapes, dtypes and devices at the public edge (no device sync); the cu_seqlens values
 (start at 0, non-decreasing, last entry = the packed length, every length <= max_seqlen, equal q and
