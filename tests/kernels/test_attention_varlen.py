@@ -382,3 +382,14 @@ def test_gpu_same_as_attention_per_sequence(monkeypatch, causal):
     ours = _run(_varlen(lens, lens, causal), q, k, v, do)
     for name, a, b in zip(("out", "dq", "dk", "dv"), ours, _per_sequence(q, k, v, do, lens, lens, causal)):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_autotuned_path(monkeypatch, causal):
+    """scripts/gpu/test.sh pins configs (HEARTH_ATTN_AUTOTUNE=0); the bench and training autotune: the VARLEN
+    launches through the autotuners (key: max_seqlen's power-of-two bucket, VARLEN) under the same rule."""
+    monkeypatch.setattr(importlib.import_module("hearth.kernels.attention"), "AUTOTUNE", True)
+    lens = [300, 1000, 129, 2000]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
+    _rule_per_sequence(q, k, v, do, lens, lens, causal)
