@@ -279,7 +279,8 @@ def attention_varlen(
     16..256 natively, any other zero-padded to the next). Cost: attention's per sequence, summed.
 
     Host cost: ONE device->host copy of cu_seqlens_q and cu_seqlens_k per forward (it synchronises the
-    stream), to check their values before any kernel reads through them.
+    stream), to check their values before any kernel reads through them. That copy also keeps a call out
+    of CUDA-graph capture.
 
     Raises:
         TypeError: a non-tensor, an unsupported or mixed dtype, cu_seqlens not int32, a non-int max_seqlen,
