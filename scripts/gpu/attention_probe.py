@@ -1,8 +1,9 @@
 """GPU probe for hearth.kernels.attention: correctness vs torch SDPA, then TFLOP/s (< 3 minutes).
 
 Run on a CUDA machine from the repo root:  python scripts/gpu/attention_probe.py [--quick]
-Without a GPU: python scripts/gpu/attention_probe.py --ptxas [D] [bf16|fp16|fp32] prints, per candidate
-config, what ptxas makes of it for sm_90a (wgmma, cp.async/TMA, registers, spill bytes).
+Without a GPU: python scripts/gpu/attention_probe.py --ptxas [D] [bf16|fp16|fp32] [varlen] prints, per candidate
+config, what ptxas makes of it for sm_90a (wgmma, cp.async/TMA, registers, spill bytes); `varlen`: the
+VARLEN=True variants (attention_varlen's packed sequences) instead of the dense ones.
 (--quick: correctness checks + the three target shapes only). Env HEARTH_ATTN_TMA=1 /
 HEARTH_ATTN_FUSED_DQ=1 make TMA / the atomic-dQ backward the main variant. Prints one JSON line per case and writes $OUT/attention_probe.jsonl and .png (or ./).
 Order: checks, target shapes (autotuned), fused-dQ variant, TMA variant, SDPA baseline, D=64; later parts are skipped
@@ -157,7 +158,7 @@ def inspect_fwd(D=128, causal=True):
              n_regs=getattr(ck, "n_regs", None), n_spills=getattr(ck, "n_spills", None)))
 
 
-def ptxas_report(head_dim=128, dtype="bf16"):
+def ptxas_report(head_dim=128, dtype="bf16", varlen=False):
     """--ptxas (no GPU needed): compile every candidate config for sm_90a ahead of time and print
     wgmma / cp.async / TMA counts and ptxas registers and spill bytes, as the run-time specialisation
     would see them (unit head-dim strides, 16-divisible pointers, strides and lengths)."""
@@ -176,7 +177,7 @@ def ptxas_report(head_dim=128, dtype="bf16"):
                ("dq", attn_mod._attn_bwd_dq_kernel, attn_mod._DQ_CANDIDATES)]
     kernels.append(("dkdv+dq", attn_mod._attn_bwd_dkdv_kernel, attn_mod._DKDV_CANDIDATES))
     for causal in (True, False):
-        for use_tma in (False, True):
+        for use_tma in ((False,) if varlen else (False, True)):  # attention_varlen uses the pointer path only
             for label, fn, table in kernels:
                 for bm, bn, warps, stages in table[attn_mod._size_class(head_dim, element_size)]:
                     consts = dict(HEAD_DIM=head_dim, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=prec, INTERP=False,
@@ -184,6 +185,9 @@ def ptxas_report(head_dim=128, dtype="bf16"):
                     if label.startswith("dkdv"):
                         consts["FUSED_DQ"] = label == "dkdv+dq"
                     consts.update({n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("d")})
+                    consts["VARLEN"] = varlen
+                    if not varlen:  # the dense launch passes no offsets: None, a constexpr
+                        consts.update(CuSeqQ=None, CuSeqK=None)
                     sig, attrs = {}, {}
                     for i, n in enumerate(fn.arg_names):
                         if n in consts:
@@ -194,13 +198,15 @@ def ptxas_report(head_dim=128, dtype="bf16"):
                             sig[n] = "*" + dtype
                         elif n in ("qk_scale", "sm_scale"):
                             sig[n] = "fp32"
+                        elif n in ("CuSeqQ", "CuSeqK"):
+                            sig[n] = "*i32"
                         else:
                             sig[n] = "i32"
                         if n not in consts and (sig[n].startswith("*") or n.startswith(("stride_", "N_CTX"))):
                             attrs[(i,)] = [["tt.divisibility", 16]]
                     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
                                     attrs=attrs)
-                    name = f"{label} causal={causal} tma={use_tma} {bm}x{bn} w{warps} s{stages}"
+                    name = f"{'varlen ' if varlen else ''}{label} causal={causal} tma={use_tma} {bm}x{bn} w{warps} s{stages}"
                     try:
                         ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                             options=dict(num_warps=warps, num_stages=stages))
@@ -228,7 +234,7 @@ def over_budget():
 def main():
     if "--ptxas" in sys.argv:  # e.g. --ptxas 64 fp16
         rest = sys.argv[sys.argv.index("--ptxas") + 1:]
-        ptxas_report(int(rest[0]) if rest else 128, rest[1] if len(rest) > 1 else "bf16")
+        ptxas_report(int(rest[0]) if rest else 128, rest[1] if len(rest) > 1 else "bf16", "varlen" in rest[2:])
         return
     quick = "--quick" in sys.argv
     assert torch.cuda.is_available(), "needs a CUDA GPU"

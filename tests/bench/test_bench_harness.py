@@ -181,6 +181,20 @@ def test_flop_formulas_match_targets_floors():
     assert cases.SPECS["attention"].work(cases._attn(4, 32, 32, 4096), 2, "full") == 3.5 * att
 
 
+def test_attention_varlen_packing_and_flops():
+    """Ragged deterministic packings that sum to T; a packed case's FLOPs are the sum of its sequences'
+    dense ones (one sequence of T = attention at B=1), so TFLOP/s compare across the two ops."""
+    for S, T in [(1, 4096), (8, 16384), (64, 16384), (3, 21), (5, 5), (7, 100)]:
+        lens = cases.varlen_lengths(S, T)
+        assert len(lens) == S and sum(lens) == T and min(lens) >= 1, (S, T, lens)
+    assert cases.varlen_lengths(8, 16384) == [1024, 3072] * 4
+    work = cases.SPECS["attention_varlen"].work
+    assert work(cases._varlen(1, 4096, 32, 8), 2, "fwd") == cases.SPECS["attention"].work(cases._attn(1, 32, 8, 4096), 2, "fwd")
+    assert work(cases._varlen(8, 16384, 40, 8, causal=0), 2, "full") == 3.5 * 4 * 40 * 128 * 4 * (1024**2 + 3072**2)
+    assert cases.SPECS["attention_varlen"].call_kwargs(cases._varlen(8, 16384, 40, 8)) == dict(
+        max_seqlen_q=3072, max_seqlen_k=3072, causal=True)
+
+
 def test_memory_bound_floors_match_targets():
     # cross entropy read once + write once at 4.27 TB/s ~ 1.0 ms; rope ~0.16 ms; rms_norm ~0.25 ms
     ce = cases.SPECS["cross_entropy"].work(dict(N=8192, V=131072), 2, "full")

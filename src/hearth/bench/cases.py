@@ -304,6 +304,58 @@ def _attn_work(s, b, mode):
     return {"fwd": f, "bwd": 2.5 * f, "full": 3.5 * f}[mode]
 
 
+# ----------------------------------------------------------------------------- attention_varlen
+def varlen_lengths(S: int, T: int) -> list[int]:
+    """S ragged sequence lengths summing to T (T >= S): alternately 1/2 and 3/2 of T/S (the 1:3 spread
+    of packed fine-tuning data), the last taking what is left. Deterministic, so every provider and
+    every run sees the same packing."""
+    base = T // S
+    lens = [base - base // 2 if i % 2 == 0 else base + base // 2 for i in range(S - 1)]
+    return lens + [T - sum(lens)]
+
+
+def _varlen_make(s, dtype, device, rg):
+    import itertools
+
+    import torch
+
+    T, Hq, Hk, D = s["T"], s["Hq"], s["Hk"], s["D"]
+    cu = torch.tensor([0, *itertools.accumulate(varlen_lengths(s["S"], T))], dtype=torch.int32, device=device)
+    return {
+        "q": _randn((T, Hq, D), dtype, device, _gen(), rg),
+        "k": _randn((T, Hk, D), dtype, device, _gen(10), rg),
+        "v": _randn((T, Hk, D), dtype, device, _gen(11), rg),
+        "cu_seqlens_q": cu,
+        "cu_seqlens_k": cu.clone(),
+    }
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
+    """fp32, one sequence at a time through attention_reference (one head's scores at a time).
+    q [T, Hq, D] packed; sequence i is rows cu_seqlens[i] .. cu_seqlens[i+1]-1."""
+    import torch
+
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs = []
+    for i in range(len(cq) - 1):
+        seq_q = q[cq[i]:cq[i + 1]].transpose(0, 1).unsqueeze(0)
+        seq_k = k[ck[i]:ck[i + 1]].transpose(0, 1).unsqueeze(0)
+        seq_v = v[ck[i]:ck[i + 1]].transpose(0, 1).unsqueeze(0)
+        outs.append(attention_reference(seq_q, seq_k, seq_v, causal)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _varlen_work(s, b, mode):
+    squares = sum(n * n for n in varlen_lengths(s["S"], s["T"]))
+    f = 4 * s["Hq"] * squares * s["D"] * (0.5 if s["causal"] else 1.0)
+    return {"fwd": f, "bwd": 2.5 * f, "full": 3.5 * f}[mode]
+
+
+def _varlen_kwargs(s):
+    longest = max(varlen_lengths(s["S"], s["T"]))
+    return {"max_seqlen_q": longest, "max_seqlen_k": longest, "causal": bool(s["causal"])}
+
+
 # ----------------------------------------------------------------------------- matmul
 def _mm_make(s, dtype, device, rg):
     return {"a": _randn((s["M"], s["K"]), dtype, device, _gen(), rg), "b": _randn((s["K"], s["N"]), dtype, device, _gen(12), rg)}
@@ -328,6 +380,13 @@ def _attn_label(s):
     return f"B={s['B']} {heads} T={s['T']} D={s['D']} {'causal' if s['causal'] else 'non-causal'}"
 
 
+def _varlen_label(s):
+    lens = varlen_lengths(s["S"], s["T"])
+    heads = f"H={s['Hq']}" if s["Hq"] == s["Hk"] else f"Hq={s['Hq']} Hk={s['Hk']}"
+    seqs = f"{s['S']} seqs of {min(lens)}-{max(lens)}" if s["S"] > 1 else "1 seq"
+    return f"{seqs} (T={s['T']}) {heads} D={s['D']} {'causal' if s['causal'] else 'non-causal'}"
+
+
 def _rope_label(s):
     return f"q[{s['B']},{s['Hq']},{s['T']},{s['D']}] k[{s['B']},{s['Hk']},{s['T']},{s['D']}]"
 
@@ -338,6 +397,10 @@ def _lce_label(s):
 
 def _attn(B, Hq, Hk, T, D=128, causal=1):
     return dict(B=B, Hq=Hq, Hk=Hk, T=T, D=D, causal=causal)
+
+
+def _varlen(S, T, Hq, Hk, D=128, causal=1):
+    return dict(S=S, T=T, Hq=Hq, Hk=Hk, D=D, causal=causal)
 
 
 FWD, FULL, BOTH = ("fwd",), ("full",), ("fwd", "full")
@@ -415,6 +478,18 @@ SPECS: dict[str, OpSpec] = {
         headline=[(_attn(4, 32, 32, 4096), BOTH), (_attn(4, 40, 8, 4096), BOTH), (_attn(4, 32, 32, 4096, causal=0), BOTH)],
         knob="T", explicit=lambda v: _attn(max(1, 16384 // v), 32, 32, v),
         check_sizes=[_attn(1, 4, 2, 16, D=16, causal=1), _attn(1, 2, 2, 16, D=16, causal=0)]),
+    "attention_varlen": OpSpec(
+        "attention_varlen", "TFLOP/s",
+        "FLOPs: fwd 4*Hq*D*sum_i(T_i^2) over the packed sequences (halved when causal); bwd 2.5x fwd; full 3.5x fwd",
+        _varlen_work, _varlen_make, attention_varlen_reference, lambda s: ["q", "k", "v"], _varlen_label,
+        sizes={"sweep": [_varlen(n, 16384, 32, 8) for n in (1, 2, 4, 8, 16, 32, 64)],
+               "small": [_varlen(4, 4096, 16, 16)]},
+        headline=[(_varlen(8, 16384, 40, 8), BOTH), (_varlen(8, 16384, 40, 8, causal=0), BOTH),
+                  (_varlen(64, 16384, 32, 8), BOTH)],
+        knob="S", explicit=lambda v: _varlen(v, 16384, 32, 8),
+        notes="packed sequences (cu_seqlens), no attention across them; eager = SDPA with a block-diagonal mask "
+              "(built once per case, K/V heads repeated for GQA); flash_attn = its varlen function where it imports",
+        check_sizes=[_varlen(3, 21, 2, 1, D=16, causal=1), _varlen(2, 16, 2, 2, D=16, causal=0)]),
     "matmul": OpSpec(
         "matmul", "TFLOP/s", "FLOPs: fwd 2*M*N*K; bwd 4*M*N*K; full 6*M*N*K",
         _mm_work, _mm_make, _mm_ref, lambda s: ["a", "b"], lambda s: f"{s['M']}x{s['N']}x{s['K']}",
@@ -425,6 +500,7 @@ SPECS: dict[str, OpSpec] = {
 }
 SPECS["attention"].reference = attention_reference
 SPECS["attention"].call_kwargs = lambda s: {"causal": bool(s["causal"])}
+SPECS["attention_varlen"].call_kwargs = _varlen_kwargs
 
 
 # ----------------------------------------------------------------------------- model shapes (--sizes models)
@@ -483,6 +559,11 @@ MODEL_CASES: dict[str, list[tuple[str, dict, tuple[str, ...]]]] = {
         ("Llama-2-7B", 32, 32, 128, 2048, 4, FULL), ("Llama-3.2-1B", 32, 8, 64, 8192, 1, FULL),
         ("Qwen3-14B", 40, 8, 128, 4096, 2, BOTH), ("Llama-3.1-8B", 32, 8, 128, 32768, 1, FULL),
         ("Qwen3-32B", 64, 8, 128, 8192, 1, FULL))],
+    # a packed fine-tuning row: 16384 / 32768 tokens in sequences of 1:3 spread lengths
+    "attention_varlen": [(f"{src} {hq}/{hk} heads d{d} {t} tokens in {n} seqs causal", _varlen(n, t, hq, hk, D=d), modes)
+                         for src, hq, hk, d, t, n, modes in (
+        ("Qwen3-14B", 40, 8, 128, 16384, 8, BOTH), ("Llama-3.2-1B", 32, 8, 64, 32768, 32, FULL),
+        ("Qwen3-8B", 32, 8, 128, 16384, 64, FULL))],
     "matmul": [(f"{src} {what} {m}x{k} @ {k}x{n}", dict(M=m, N=n, K=k), FWD) for src, what, m, k, n in (
         ("Qwen3-14B", "up_proj", 12289, 5120, 17408), ("Llama-3.1-8B", "down_proj", 16384, 14336, 4096),
         ("Llama-3.1-70B", "up_proj", 4096, 8192, 28672), ("Qwen3-32B", "down_proj", 4096, 25600, 5120),
@@ -500,6 +581,8 @@ _ELEMS = {
     "swiglu_mlp": lambda s: (s["N"] * s["H"] + 3 * s["H"] * s["I"], 2 * s["N"] * s["I"]),
     # the fp32 reference holds one query head's [T, T] scores (and its softmax) at a time
     "attention": lambda s: (s["B"] * (s["Hq"] + 2 * s["Hk"]) * s["T"] * s["D"], 2 * s["T"] * s["T"]),
+    # eager's [T, T] block-diagonal mask (and its additive form); the reference's one head of one sequence
+    "attention_varlen": lambda s: ((s["Hq"] + 2 * s["Hk"]) * s["T"] * s["D"], s["T"] * s["T"]),
     "matmul": lambda s: (s["M"] * s["K"] + s["K"] * s["N"], s["M"] * s["N"]),
 }
 for _op, _spec in SPECS.items():
@@ -529,6 +612,9 @@ def _shrink(op: str, s: dict) -> dict:
     if "T" in t:
         g = min(4, t["Hq"] // t["Hk"])
         t.update(B=1, Hk=2, Hq=2 * g, T=16, D=16)
+        if "S" in t:  # attention_varlen: a few sequences in the 16 tokens
+            t.update(S=min(3, t["S"]), T=21)
+            t.pop("B")
     return t
 
 

@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-VENDOR = ("cublas", "sdpa_flash", "sdpa_cudnn", "torch_lce")
+VENDOR = ("cublas", "sdpa_flash", "sdpa_cudnn", "torch_lce", "flash_attn")
 PROVIDERS = ("hearth", "eager", "compile", "liger", "quack") + VENDOR
 FUSED_PEERS = ("compile", "liger", "quack") + VENDOR  # the peers a verdict compares against
 QUACK_OPS = ("softmax", "cross_entropy", "rms_norm")  # the quack-kernels ops with an autograd function
@@ -134,17 +134,49 @@ def _hearth(op, inputs, spec, size, rg, check):
 
 
 # ----------------------------------------------------------------------------- torch eager / compile
+def _varlen_sdpa(inputs, spec, size):
+    """attention_varlen in plain PyTorch: SDPA over the packed axis as one batch, with a block-diagonal
+    (causal within each block) boolean mask built once here from cu_seqlens, outside the timed call;
+    K/V heads are repeated for GQA inside it (SDPA's masked kernels take equal head counts)."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, cu_q, cu_k = inputs["q"], inputs["k"], inputs["cu_seqlens_q"], inputs["cu_seqlens_k"]
+
+    def segments(cu, n):
+        rows = torch.arange(n, dtype=cu.dtype, device=cu.device)
+        seg = torch.searchsorted(cu, rows, right=True) - 1
+        return seg, rows - cu[seg]
+
+    seg_q, pos_q = segments(cu_q, q.shape[0])
+    seg_k, pos_k = segments(cu_k, k.shape[0])
+    keep = seg_q[:, None] == seg_k[None, :]
+    if size["causal"]:
+        keep &= pos_q[:, None] >= pos_k[None, :]
+
+    def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
+        group = q.shape[1] // k.shape[1]
+        if group > 1:
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        heads = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, H, T, D]
+        return F.scaled_dot_product_attention(*heads, attn_mask=keep)[0].transpose(0, 1)
+
+    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
 def _eager(op, inputs, spec, size, rg, check):
     table = _eager_table()
     if op == "matmul":
         raise Skipped("torch.matmul is the cuBLAS (vendor) row")
+    if op == "attention_varlen":
+        return _varlen_sdpa(inputs, spec, size)
     return _tensor_bound(table[op], inputs, spec.grad_names(size), spec.call_kwargs(size))
 
 
 def _compile(op, inputs, spec, size, rg, check):
     if check:
         raise Skipped("torch.compile on the CPU takes tens of seconds per graph: not run under --check")
-    if op in ("matmul", "attention"):
+    if op in ("matmul", "attention", "attention_varlen"):
         raise Skipped("torch.compile lowers this to the same cuBLAS / SDPA call as the vendor rows")
     import torch
 
@@ -159,7 +191,7 @@ def _compile(op, inputs, spec, size, rg, check):
 
 # ----------------------------------------------------------------------------- Liger-Kernel
 def _liger(op, inputs, spec, size, rg, check):
-    if op in ("matmul", "attention"):
+    if op in ("matmul", "attention", "attention_varlen"):
         raise Skipped(f"Liger-Kernel has no {op} op")
     import importlib.util
 
@@ -261,6 +293,8 @@ def _vendor(name):
                     return eager(q, k, v, causal)
 
             return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+        if name == "flash_attn":
+            return _flash_attn_varlen(op, inputs, spec, size)
         if name == "torch_lce":
             if op != "linear_cross_entropy":
                 raise Skipped("torch's fused linear cross entropy is for linear_cross_entropy only")
@@ -273,6 +307,31 @@ def _vendor(name):
     return bind
 
 
+def _flash_attn_varlen(op, inputs, spec, size):
+    """FlashAttention's own varlen function where one imports: FlashAttention-4 (flash_attn.cute, CuTe
+    DSL), FlashAttention-3 (flash_attn_interface, Hopper) or FlashAttention-2 (flash_attn), first found."""
+    if op != "attention_varlen":
+        raise Skipped("the flash_attn row is for attention_varlen only")
+    if inputs["q"].device.type != "cuda":
+        raise Unavailable("flash-attn needs CUDA")
+    missing = []
+    for module in ("flash_attn.cute", "flash_attn_interface", "flash_attn"):
+        try:
+            varlen = importlib.import_module(module).flash_attn_varlen_func
+            break
+        except Exception as e:  # not installed, or its CUDA / CuTe libraries do not load
+            missing.append(f"{module}: {type(e).__name__}")
+    else:
+        raise Unavailable(f"no flash-attn varlen function imports ({'; '.join(missing)})")
+
+    def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
+        out = varlen(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k, causal=causal)
+        return out[0] if isinstance(out, tuple) else out  # FlashAttention-3/4 also return the lse
+
+    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
 BINDERS = {"hearth": _hearth, "eager": _eager, "compile": _compile, "liger": _liger, "quack": _quack}
 BINDERS.update({v: _vendor(v) for v in VENDOR})
 
@@ -280,14 +339,15 @@ BINDERS.update({v: _vendor(v) for v in VENDOR})
 def applies(op: str, provider: str) -> bool:
     """False for provider rows that can never apply to an op (a vendor library for another op);
     those are left out of the tables instead of filling them with 'skipped'."""
-    only = {"cublas": "matmul", "sdpa_flash": "attention", "sdpa_cudnn": "attention", "torch_lce": "linear_cross_entropy"}
+    only = {"cublas": "matmul", "sdpa_flash": "attention", "sdpa_cudnn": "attention", "torch_lce": "linear_cross_entropy",
+            "flash_attn": "attention_varlen"}
     if provider in only:
         return only[provider] == op
     if provider == "quack":
         return op in QUACK_OPS
-    if provider == "compile" and op in ("matmul", "attention"):
+    if provider == "compile" and op in ("matmul", "attention", "attention_varlen"):
         return False
-    if provider == "liger" and op in ("matmul", "attention"):
+    if provider == "liger" and op in ("matmul", "attention", "attention_varlen"):
         return False
     return not (provider == "eager" and op == "matmul")
 

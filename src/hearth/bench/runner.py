@@ -20,12 +20,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
-            "swiglu_mlp", "attention", "matmul")
+            "swiglu_mlp", "attention", "attention_varlen", "matmul")
 
 
 # relative time of one case (checks, torch.compile, timing) on the H200, from the headline run's
 # setup and call times: the linear losses and attention call slowly, matmul has no compiled peer
-CASE_COST = {"linear_cross_entropy": 2.5, "attention": 2.0, "swiglu_mlp": 1.5, "matmul": 0.5}
+CASE_COST = {"linear_cross_entropy": 2.5, "attention": 2.0, "attention_varlen": 2.0, "swiglu_mlp": 1.5, "matmul": 0.5}
 
 
 def env_info(device) -> dict:

@@ -7,6 +7,7 @@ Importing defines the @triton.jit functions but compiles nothing.
 """
 
 from hearth.kernels.attention import attention
+from hearth.kernels.attention_varlen import attention_varlen
 from hearth.kernels.cross_entropy import cross_entropy
 from hearth.kernels.layer_norm import layer_norm
 from hearth.kernels.linear_cross_entropy import linear_cross_entropy
@@ -25,5 +26,6 @@ __all__ = [
     "rope",
     "swiglu",
     "attention",
+    "attention_varlen",
     "matmul",
 ]

@@ -35,6 +35,12 @@ HEARTH_ATTN_GLUON=1 swaps in a Gluon forward on Hopper (attention_gluon.py; chos
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
 
+VARLEN (constexpr, attention_varlen.py): packed sequences. Program (row block, sequence * head) reads
+its sequence's start and length from int32 offsets (CuSeqQ / CuSeqK), offsets the T axis by the start
+and masks by the length; blocks past the sequence's end return at once. VARLEN=False compiles to the
+same sm_90 PTX as the kernels had before the flag (checked offline for all 12 fwd / dK-dV / dQ x D 64 /
+128 x causal or not variants).
+
 FLOPs: forward 4*B*Hq*Tq*Tk*D (two matmuls), halved when causal; backward 2.5x the forward (the
 default kernels execute 3.5x: the dQ kernel recomputes P and dP). FUSED_DQ (env HEARTH_ATTN_FUSED_DQ=1)
 instead adds scale * dS K into an fp32 dQ buffer with atomics from the dK/dV kernel: 2.5x executed,
@@ -198,6 +204,8 @@ def _attn_fwd_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    # variable-length (packed) sequences, attention_varlen.py: int32 [n_seqs + 1] offsets
+    CuSeqQ=None, CuSeqK=None, VARLEN: tl.constexpr = False,
 ):
     # Causal: the last query blocks have the most keys; launch them first to shorten the tail.
     if CAUSAL:
@@ -208,10 +216,24 @@ def _attn_fwd_kernel(
     b = bh // H_Q
     h = bh % H_Q
     hk = h // GROUP
-    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
-    o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    if VARLEN:
+        # b is the sequence. N_CTX_Q / N_CTX_K arrive only as the autotuner's key (max_seqlen's power-of-two
+        # bucket); from here on they are this sequence's lengths, its rows from q_start / k_start on.
+        q_start = tl.load(CuSeqQ + b)
+        N_CTX_Q = tl.load(CuSeqQ + b + 1) - q_start
+        if start_m * BLOCK_M >= N_CTX_Q:  # a block past this sequence's end
+            return
+        k_start = tl.load(CuSeqK + b)
+        N_CTX_K = tl.load(CuSeqK + b + 1) - k_start
+        q_base = Q + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qt
+        k_base = K + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kt
+        v_base = V + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vt
+        o_base = Out + h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_ot
+    else:
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+        o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -262,11 +284,17 @@ def _attn_fwd_kernel(
             BLOCK_N, True, False, USE_TMA, DOT_PREC, INTERP,
         )
 
+    if VARLEN:
+        # queries of a sequence with no keys (k length 0, non-causal): no softmax; out 0, lse -inf
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_i[:, None]
     row_ok = offs_m < N_CTX_Q
     # lse in natural-log units: (m + log2 l) * ln 2.
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-    tl.store(Lse + bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=row_ok)
+    if VARLEN:  # Lse is [Hq, total_q]; total_q is the last offset
+        tl.store(Lse + (h.to(tl.int64) * tl.load(CuSeqQ + tl.num_programs(1) // H_Q) + q_start) + offs_m, lse, mask=row_ok)
+    else:
+        tl.store(Lse + bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=row_ok)
     tl.store(
         o_base + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
         acc.to(Out.dtype.element_ty), mask=row_ok[:, None],
@@ -387,15 +415,22 @@ def _dkdv_step(
 def _dkdv_head(
     dk, dv, k, v, Q, DO, Lse, Delta, DQacc, sm_scale,
     stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
-    b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
+    b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q, q_start, total_q,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
-    """dK, dV contributions of query head hk*GROUP + g to one key block."""
+    """dK, dV contributions of query head hk*GROUP + g to one key block. VARLEN: b is the sequence,
+    whose query rows start at q_start of the packed axis of total_q rows (unused otherwise)."""
     h = hk * GROUP + g
-    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    do_base = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    row_base = (b * H_Q + h).to(tl.int64) * N_CTX_Q
+    if VARLEN:
+        q_base = Q + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qt
+        do_base = DO + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dot
+        row_base = h.to(tl.int64) * total_q + q_start  # Lse / Delta are [Hq, total_q]
+    else:
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_base = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        row_base = (b * H_Q + h).to(tl.int64) * N_CTX_Q
     dq_base = DQacc + row_base * HEAD_DIM  # fp32 [B, Hq, T, D] contiguous (FUSED_DQ only)
     if USE_TMA:
         q_desc = tl.make_tensor_descriptor(
@@ -452,11 +487,30 @@ def _attn_bwd_dkdv_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    # variable-length (packed) sequences, attention_varlen.py: int32 [n_seqs + 1] offsets
+    CuSeqQ=None, CuSeqK=None, VARLEN: tl.constexpr = False,
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     b = bhk // H_K
     hk = bhk % H_K
+    if VARLEN:
+        # b is the sequence; N_CTX_Q / N_CTX_K arrive as the autotuner's key: now this sequence's lengths
+        k_start = tl.load(CuSeqK + b)
+        N_CTX_K = tl.load(CuSeqK + b + 1) - k_start
+        if start_n >= N_CTX_K:  # a key block past this sequence's end
+            return
+        q_start = tl.load(CuSeqQ + b)
+        N_CTX_Q = tl.load(CuSeqQ + b + 1) - q_start
+        total_q = tl.load(CuSeqQ + tl.num_programs(1) // H_K)
+        K = K + k_start.to(tl.int64) * stride_kt
+        V = V + k_start.to(tl.int64) * stride_vt
+        DK = DK + k_start.to(tl.int64) * stride_dkt
+        DV = DV + k_start.to(tl.int64) * stride_dkt
+        b = b * 0  # the packed tensors are [1, H, total, D] views: no batch offset (folded to 0)
+    else:
+        q_start = 0
+        total_q = N_CTX_Q
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < N_CTX_K
@@ -481,8 +535,8 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_head(
                 dk, dv, k, v, Q, DO, Lse, Delta, DQacc, sm_scale,
                 stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
-                b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
-                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, BLOCK_M, BLOCK_N,
+                b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q, q_start, total_q,
+                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, BLOCK_M, BLOCK_N, VARLEN,
             )
             g += 1
     else:
@@ -490,8 +544,8 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_head(
                 dk, dv, k, v, Q, DO, Lse, Delta, DQacc, sm_scale,
                 stride_qb, stride_qh, stride_qt, stride_qd, stride_dob, stride_doh, stride_dot, stride_dod,
-                b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q,
-                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, BLOCK_M, BLOCK_N,
+                b, hk, g, start_n, offs_n, offs_d, full_hi, qk_scale, H_Q, GROUP, N_CTX_Q, q_start, total_q,
+                HEAD_DIM, CAUSAL, USE_TMA, DOT_PREC, INTERP, FUSED_DQ, BLOCK_M, BLOCK_N, VARLEN,
             )
 
     dk = dk * sm_scale
@@ -580,6 +634,8 @@ def _attn_bwd_dq_kernel(
     # meta-parameters
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PREC: tl.constexpr,
     INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    # variable-length (packed) sequences, attention_varlen.py: int32 [n_seqs + 1] offsets
+    CuSeqQ=None, CuSeqK=None, VARLEN: tl.constexpr = False,
 ):
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -589,6 +645,20 @@ def _attn_bwd_dq_kernel(
     b = bh // H_Q
     h = bh % H_Q
     hk = h // GROUP
+    if VARLEN:
+        # b is the sequence; N_CTX_Q / N_CTX_K arrive as the autotuner's key: now this sequence's lengths
+        q_start = tl.load(CuSeqQ + b)
+        N_CTX_Q = tl.load(CuSeqQ + b + 1) - q_start
+        if start_m * BLOCK_M >= N_CTX_Q:  # a block past this sequence's end
+            return
+        k_start = tl.load(CuSeqK + b)
+        N_CTX_K = tl.load(CuSeqK + b + 1) - k_start
+        Q = Q + q_start.to(tl.int64) * stride_qt
+        DO = DO + q_start.to(tl.int64) * stride_dot
+        DQ = DQ + q_start.to(tl.int64) * stride_dqt
+        K = K + k_start.to(tl.int64) * stride_kt
+        V = V + k_start.to(tl.int64) * stride_vt
+        b = b * 0  # the packed tensors are [1, H, total, D] views: no batch offset (folded to 0)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_CTX_Q
@@ -602,7 +672,10 @@ def _attn_bwd_dq_kernel(
         + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod,
         mask=row_ok[:, None], other=0.0,
     )
-    row_base = bh.to(tl.int64) * N_CTX_Q
+    if VARLEN:  # Lse and Delta are [Hq, total_q]; total_q is the last offset
+        row_base = h.to(tl.int64) * tl.load(CuSeqQ + tl.num_programs(1) // H_Q) + q_start
+    else:
+        row_base = bh.to(tl.int64) * N_CTX_Q
     lse2 = tl.load(Lse + row_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
     k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
@@ -703,8 +776,9 @@ _INTERPRET = {"fwd": (32, 16, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1
 USE_TMA = os.environ.get("HEARTH_ATTN_TMA", "0") == "1"  # streamed tiles through TMA descriptors
 FUSED_DQ = os.environ.get("HEARTH_ATTN_FUSED_DQ", "0") == "1"  # dQ by fp32 atomics in the dK/dV kernel
 AUTOTUNE = os.environ.get("HEARTH_ATTN_AUTOTUNE", "1") == "1"  # off: first candidate of each list
-_FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC"]
-_BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC"]
+# VARLEN (attention_varlen.py passes it; N_CTX_* are then max_seqlen_*'s power-of-two bucket) tunes apart
+_FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC", "VARLEN"]
+_BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "DOT_PREC", "VARLEN"]
 _DKDV_KEY = _BWD_KEY + ["FUSED_DQ"]
 
 

@@ -1,0 +1,395 @@
+"""Tests for hearth.kernels.attention_varlen (packed sequences, cu_seqlens; forward + backward).
+
+Accuracy: THE rule of tests/kernels/tolerance.py for the output and each gradient, against an fp64
+reference with a block-diagonal mask (causal aligned at each sequence's start), PyTorch's same masked
+math in the same dtype as the baseline. Beside it: the same kernels on each sequence alone
+(`attention` at B=1) give bitwise the same numbers when both run the same block config (the
+interpreter's fixed blocks; on the GPU with autotuning off), and changing one sequence's K/V leaves
+every other sequence's output and gradients bitwise unchanged. On CPU the kernels run in Triton's
+interpreter: a few tiny ragged sequences (interpreter blocks are 16/32 rows). test_gpu_* (-k gpu) use
+real shapes (8 sequences of 300-4000 tokens, GQA 40/8, D 128, bf16).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+
+import pytest
+import torch
+
+from hearth.kernels import attention, attention_varlen
+from hearth.kernels.attention_varlen import _varlen_fwd_op
+from tests.kernels.tolerance import DEVICE, HAS_CUDA, assert_close, gpu_only
+
+# (q lengths, k lengths): zero-length sequences on both sides, a 1-token one, lengths that are not
+# multiples of the blocks (16, 32) and one that crosses a 32-row block; non-causal cases give k its own
+# lengths, including a sequence whose queries have no keys at all and one whose keys have no queries.
+LENS_EQUAL = ([5, 0, 1, 34], [5, 0, 1, 34])
+LENS_RAGGED = ([5, 0, 3, 34], [9, 2, 0, 40])
+
+
+def _offsets(lens, device=DEVICE):
+    return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+
+
+def _make(lens_q, lens_k, Hq, Hk, D, dtype, seed=0, device=DEVICE):
+    """Packed q [Tq, Hq, D], k/v [Tk, Hk, D], dO, and the offsets."""
+    g = torch.Generator().manual_seed(seed)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, Hq, D, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(tk, Hk, D, generator=g).to(device=device, dtype=dtype)
+    v = torch.randn(tk, Hk, D, generator=g).to(device=device, dtype=dtype)
+    do = torch.randn(tq, Hq, D, generator=g).to(device=device, dtype=dtype)
+    return q, k, v, do, _offsets(lens_q, device), _offsets(lens_k, device)
+
+
+def _run(fn, q, k, v, do):
+    """[out, dq, dk, dv] of fn on fresh leaf copies of q, k, v."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(do.to(out.dtype))
+    return [out.detach()] + [x.grad.detach() for x in leaves]
+
+
+def _varlen(lens_q, lens_k, causal, scale=None):
+    mq, mk = max(1, max(lens_q)), max(1, max(lens_k))
+
+    def fn(q, k, v):
+        return attention_varlen(q, k, v, _offsets(lens_q, q.device), _offsets(lens_k, q.device), mq, mk,
+                                causal=causal, scale=scale)
+    return fn
+
+
+def _block_diagonal(lens_q, lens_k, causal, scale):
+    """softmax(q k^T * scale + block-diagonal (causal) mask) v in the inputs' dtype, GQA by repeating
+    K/V heads; a query without keys gives 0. q [Tq, Hq, D] -> [Tq, Hq, D]."""
+    def fn(q, k, v):
+        dev = q.device
+        seg_q = torch.repeat_interleave(torch.arange(len(lens_q), device=dev), torch.tensor(lens_q, device=dev))
+        seg_k = torch.repeat_interleave(torch.arange(len(lens_k), device=dev), torch.tensor(lens_k, device=dev))
+        pos_q = torch.arange(q.shape[0], device=dev) - _offsets(lens_q, dev)[seg_q]
+        pos_k = torch.arange(k.shape[0], device=dev) - _offsets(lens_k, dev)[seg_k]
+        keep = seg_q[:, None] == seg_k[None, :]
+        if causal:
+            keep &= pos_q[:, None] >= pos_k[None, :]
+        has_key = keep.any(1)
+        keep |= ~has_key[:, None]  # rows without keys: any finite softmax, multiplied by 0 below
+        group = q.shape[1] // k.shape[1]
+        qh, kh, vh = (x.transpose(0, 1) for x in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
+        s = (qh @ kh.transpose(-1, -2)) * scale
+        p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) * has_key[:, None].to(s.dtype)
+        return (p @ vh).transpose(0, 1)
+    return fn
+
+
+def _check_rule(q, k, v, do, lens_q, lens_k, causal, scale=None, ours=None):
+    """THE rule for out, dq, dk, dv against the fp64 block-diagonal reference."""
+    dtype = q.dtype
+    ref_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if ours is None:
+        ours = _run(_varlen(lens_q, lens_k, causal, scale), q, k, v, do)
+    ref = _run(_block_diagonal(lens_q, lens_k, causal, ref_scale), *(x.double() for x in (q, k, v)), do.double())
+    low = _run(_block_diagonal(lens_q, lens_k, causal, ref_scale), q, k, v, do)
+    for name, a, lp, r in zip(("out", "dq", "dk", "dv"), ours, low, ref):
+        assert a.shape == r.shape and a.dtype == dtype, f"{name}: {a.shape} {a.dtype}"
+        assert torch.isfinite(a).all(), f"{name} has non-finite values"
+        assert_close(a, r, dtype, name, baseline=lp)
+    return ours
+
+
+def _per_sequence(q, k, v, do, lens_q, lens_k, causal, scale=None):
+    """`attention` (B=1) on each sequence alone, concatenated; a sequence without keys gives out = dq = 0
+    (and one without queries dk = dv = 0), which `attention` itself refuses to run."""
+    parts = [[], [], [], []]
+    cq, ck = _offsets(lens_q, "cpu").tolist(), _offsets(lens_k, "cpu").tolist()
+    for i in range(len(lens_q)):
+        qs, ks, vs, dos = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]], do[cq[i]:cq[i + 1]]
+        if qs.shape[0] and ks.shape[0]:
+            plane = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [T, H, D] -> [1, H, T, D]
+            res = _run(lambda a, b, c: attention(a, b, c, causal=causal, scale=scale), *map(plane, (qs, ks, vs, dos)))
+            res = [r[0].transpose(0, 1) for r in res]
+        else:
+            res = [torch.zeros_like(x) for x in (qs, qs, ks, vs)]
+        for acc, r in zip(parts, res):
+            acc.append(r)
+    return [torch.cat(p) for p in parts]
+
+
+# ---------------------------------------------------------------- correctness (interpreter-sized)
+CASES = [  # (dtype, causal, Hq, Hk, D, compare with per-sequence `attention` too)
+    (torch.float32, False, 2, 1, 16, True),
+    (torch.float32, True, 2, 2, 16, False),
+    (torch.bfloat16, False, 2, 2, 32, False),
+    (torch.bfloat16, True, 4, 2, 32, True),
+    (torch.float16, True, 2, 1, 64, False),
+]
+
+
+@pytest.mark.parametrize("dtype,causal,Hq,Hk,D,per_seq", CASES,
+                         ids=lambda c: str(c).replace("torch.", "") if isinstance(c, torch.dtype) else None)
+def test_matches_block_diagonal_fp64_and_attention_per_sequence(dtype, causal, Hq, Hk, D, per_seq):
+    lens_q, lens_k = LENS_EQUAL if causal else LENS_RAGGED
+    q, k, v, do, _, _ = _make(lens_q, lens_k, Hq, Hk, D, dtype)
+    ours = _check_rule(q, k, v, do, lens_q, lens_k, causal)
+    if not causal:  # the queries of the sequence without keys read nothing: out and dq are 0 there
+        rows = slice(sum(lens_q[:2]), sum(lens_q[:3]))
+        assert lens_k[2] == 0 and lens_q[2] > 0
+        assert not ours[0][rows].any() and not ours[1][rows].any()
+    if per_seq:  # the same kernels, each sequence alone, same block config: bitwise the same
+        expected = _per_sequence(q, k, v, do, lens_q, lens_k, causal)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), ours, expected):
+            torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_nothing_attends_across_a_boundary():
+    """Replace sequence 0's keys and values: every other sequence's output and gradients stay bitwise
+    the same (and sequence 0's change, so the perturbation reaches the kernels)."""
+    lens_q, lens_k = LENS_RAGGED
+    q, k, v, do, _, cu_k = _make(lens_q, lens_k, 2, 1, 16, torch.bfloat16, seed=1)
+    lo, hi = int(cu_k[0]), int(cu_k[1])
+    k2, v2 = k.clone(), v.clone()
+    k2[lo:hi] = torch.randn_like(k2[lo:hi].float()).to(k2.dtype) * 3
+    v2[lo:hi] = -v2[lo:hi]
+    fn = _varlen(lens_q, lens_k, False)
+    base, pert = _run(fn, q, k, v, do), _run(fn, q, k2, v2, do)
+    qlo, qhi = 0, lens_q[0]
+    for name, a, b, (s, e) in zip(("out", "dq", "dk", "dv"), base, pert, [(qlo, qhi)] * 2 + [(lo, hi)] * 2):
+        others = torch.ones(a.shape[0], dtype=torch.bool, device=a.device)
+        others[s:e] = False
+        torch.testing.assert_close(a[others], b[others], atol=0, rtol=0, msg=lambda m: f"{name} outside sequence 0: {m}")
+        assert not torch.equal(a[s:e], b[s:e]), f"{name} of sequence 0 did not change"
+
+
+def test_fused_dq_variant_and_padded_head_dim(monkeypatch):
+    """FUSED_DQ (dQ by fp32 atomics from the dK/dV kernel into a [1, Hq, total_q, D] buffer) and a head
+    dim that runs zero-padded (24 -> 32), GQA 4/2, causal: same rule."""
+    monkeypatch.setattr(importlib.import_module("hearth.kernels.attention"), "FUSED_DQ", True)
+    lens_q, lens_k = LENS_EQUAL
+    q, k, v, do, _, _ = _make(lens_q, lens_k, 4, 2, 24, torch.bfloat16, seed=2)
+    _check_rule(q, k, v, do, lens_q, lens_k, True, scale=0.3)
+
+
+def test_strided_inputs_and_saved_logsumexp():
+    """q, k, v as views of a fused [T, Hq + 2 Hk, D] projection (what a packed model hands over) and strided
+    offsets give the same result as contiguous copies; the saved lse is the block-diagonal logsumexp,
+    [Hq, total_q]."""
+    lens = [3, 0, 18]
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(21, 4, 16, generator=g).to(DEVICE)
+    q, k, v = qkv[:, :2], qkv[:, 2:3], qkv[:, 3:4]
+    assert not q.is_contiguous()
+    cu = _offsets(lens)
+    out = attention_varlen(q, k, v, cu, cu, 18, 18, causal=True)
+    torch.testing.assert_close(out, attention_varlen(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, 18, 18,
+                                                     causal=True), atol=0, rtol=0)
+    # offsets as a strided view (every other element of an interleaved pair): read as values, not as memory
+    strided_cu = torch.stack((cu, torch.full_like(cu, 10**6)), 1)[:, 0]
+    assert not strided_cu.is_contiguous()
+    torch.testing.assert_close(attention_varlen(q, k, v, strided_cu, strided_cu, 18, 18, causal=True), out, atol=0, rtol=0)
+    _, lse = _varlen_fwd_op(q, k, v, cu, cu, 18, 18, True, 0.25)
+    assert lse.shape == (2, 21) and lse.dtype == torch.float32
+    s = (q.double().transpose(0, 1) @ k.double().repeat_interleave(2, 1).permute(1, 2, 0)) * 0.25
+    keep = torch.zeros(21, 21, dtype=torch.bool, device=DEVICE)
+    keep[:3, :3] = torch.ones(3, 3, dtype=torch.bool).tril()
+    keep[3:, 3:] = torch.ones(18, 18, dtype=torch.bool).tril()
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s.masked_fill(~keep, float("-inf")), -1), atol=1e-5, rtol=1e-5)
+
+
+def test_torch_compile_fullgraph():
+    """A torch.library custom op: no graph break (the offsets check runs inside it), gradients flow. The second
+    call's other max_seqlen recompiles it as a SymInt (automatic dynamic shapes), as a packed batch's changing
+    longest sequence does in training."""
+    torch._dynamo.reset()
+    lens = [3, 0, 9]
+    cu = _offsets(lens)
+
+    def block(q, k, v, longest):
+        return (attention_varlen(q, k, v, cu, cu, longest, longest, causal=True) * 2.0).sum()
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager" if not HAS_CUDA else "inductor")
+    q, k, v, _, _, _ = _make(lens, lens, 2, 1, 16, torch.float32, seed=7)
+    for longest in (9, 12):
+        leaves_c = [x.clone().requires_grad_() for x in (q, k, v)]
+        leaves_e = [x.clone().requires_grad_() for x in (q, k, v)]
+        compiled(*leaves_c, longest).backward()
+        block(*leaves_e, longest).backward()
+        for a, b in zip(leaves_c, leaves_e):
+            torch.testing.assert_close(a.grad, b.grad)
+
+
+# ---------------------------------------------------------------- bad input
+def _ok(lens=(3, 4), Hq=2, Hk=1, D=16, dtype=torch.float16):
+    q, k, v, _, cu, _ = _make(list(lens), list(lens), Hq, Hk, D, dtype)
+    return q, k, v, cu
+
+
+def _raises(exc, match, *args, **kw):
+    with pytest.raises(exc, match=match):
+        attention_varlen(*args, **kw)
+
+
+def test_rejects_bad_tensors():
+    q, k, v, cu = _ok()
+    _raises(TypeError, r"^v must be a torch.Tensor", q, k, v.tolist(), cu, cu, 4, 4)
+    _raises(TypeError, r"^q must have dtype", q.double(), k.double(), v.double(), cu, cu, 4, 4)
+    _raises(TypeError, r"^k has dtype", q, k.to(torch.bfloat16), v, cu, cu, 4, 4)
+    _raises(ValueError, r"^q must have 3 dimensions", q[None], k, v, cu, cu, 4, 4)
+    _raises(ValueError, r"^k (must be a CUDA tensor|is on meta)", q, k.to("meta"), v, cu, cu, 4, 4)
+    _raises(ValueError, r"^q must not be empty", q[:0], k, v, cu, cu, 4, 4)
+    _raises(ValueError, r"^k heads \(2\) must divide q heads \(3\)", *_ok(Hq=3, Hk=2)[:3], cu, cu, 4, 4)
+    _raises(ValueError, r"^k head dim", q, k[..., :8], v[..., :8], cu, cu, 4, 4)
+    _raises(ValueError, r"^v must have the shape of k", q, k, v[:5], cu, cu, 4, 4)
+    _raises(ValueError, r"^q head dim", *_ok(D=257)[:3], cu, cu, 4, 4)
+    _raises(TypeError, r"^causal must be a bool", q, k, v, cu, cu, 4, 4, causal=1)
+    _raises(TypeError, r"^scale must be a float", q, k, v, cu, cu, 4, 4, scale="0.1")
+    _raises(ValueError, r"^scale must be positive", q, k, v, cu, cu, 4, 4, scale=-1.0)
+
+
+def test_rejects_bad_offsets_before_any_kernel_reads_through_them():
+    q, k, v, cu = _ok()  # two sequences, 3 + 4 rows
+    i32 = lambda *xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    _raises(TypeError, r"^cu_seqlens_q must have dtype int32, got int64", q, k, v, cu.long(), cu, 4, 4)
+    _raises(TypeError, r"^cu_seqlens_k must be a torch.Tensor", q, k, v, cu, [0, 3, 7], 4, 4)
+    _raises(ValueError, r"^cu_seqlens_q must be 1-D", q, k, v, cu[None], cu, 4, 4)
+    _raises(ValueError, r"^cu_seqlens_q must be 1-D", q, k, v, cu[:1], cu, 4, 4)
+    _raises(ValueError, r"^cu_seqlens_k is on meta", q, k, v, cu, cu.to("meta"), 4, 4)
+    _raises(ValueError, r"^cu_seqlens_k must have as many entries", q, k, v, cu, i32(0, 7), 4, 7)
+    _raises(ValueError, r"^cu_seqlens_q must start at 0, got 1", q, k, v, i32(1, 3, 7), cu, 4, 4)
+    _raises(ValueError, r"^cu_seqlens_k must be non-decreasing, got 5 then 2 at index 1",
+            q, k, v, i32(0, 3, 7), i32(0, 5, 2), 4, 5)
+    _raises(ValueError, r"^cu_seqlens_q must end at the packed length of q \(7 rows\), got 6", q, k, v, i32(0, 3, 6), cu, 4, 4)
+    _raises(ValueError, r"^cu_seqlens_k must end at the packed length of k \(7 rows\), got 9", q, k, v, cu, i32(0, 3, 9), 4, 9)
+    _raises(ValueError, r"^max_seqlen_q \(3\) is less than the longest sequence in cu_seqlens_q \(4\)", q, k, v, cu, cu, 3, 4)
+    _raises(ValueError, r"^max_seqlen_k \(2\) is less than", q, k, v, cu, cu, 4, 2)
+    _raises(TypeError, r"^max_seqlen_q must be an int", q, k, v, cu, cu, 4.0, 4)
+    _raises(ValueError, r"^max_seqlen_k must be >= 1", q, k, v, cu, cu, 4, 0)
+    _raises(ValueError, r"^causal attention needs equal q and k lengths .* sequence 0 with q 3 and k 2",
+            q, k, v, cu, i32(0, 2, 7), 4, 5, causal=True)
+    many = torch.zeros(65536 // 2 + 2, dtype=torch.int32, device=DEVICE)
+    many[-1] = 7
+    _raises(ValueError, r"^cu_seqlens_q gives n_seqs x heads", q, k, v, many, many, 7, 7)
+
+
+# ---------------------------------------------------------------- sm_90 compile (no GPU needed)
+_COMPILE = r"""
+import importlib, json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+A = importlib.import_module("hearth.kernels.attention")
+FP32 = {"Lse", "Delta", "DQacc"}
+done, failed = [], []
+for fn, (bm, bn, warps, stages), extra in ((A._attn_fwd_kernel, A._FWD_CANDIDATES["d64"][0], {}),
+                                           (A._attn_bwd_dkdv_kernel, A._DKDV_CANDIDATES["d64"][0], {"FUSED_DQ": False}),
+                                           (A._attn_bwd_dq_kernel, A._DQ_CANDIDATES["d64"][0], {})):
+    const = dict(HEAD_DIM=64, CAUSAL=True, USE_TMA=False, DOT_PREC="tf32", INTERP=False, BLOCK_M=bm, BLOCK_N=bn,
+                 VARLEN=True, **extra)
+    sig = {}
+    for name in fn.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.startswith("stride_") or name in ("H_Q", "H_K", "GROUP", "N_CTX_Q", "N_CTX_K"):
+            sig[name] = "i32"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "*i32" if name.startswith("CuSeq") else ("*fp32" if name in FP32 else "*bf16")
+    try:
+        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+        done.append(fn.__name__)
+    except Exception as e:
+        failed.append(f"{fn.__name__}: {type(e).__name__}: {str(e)[-400:]}")
+print(json.dumps({"done": done, "failed": failed}))
+"""
+
+
+def test_varlen_kernels_compile_for_sm90():
+    """The interpreter never type-checks a kernel (LESSON 10): compile the VARLEN forward, dK/dV and dQ
+    kernels for the H200 (causal, bf16, head dim 64, the first Hopper config) with Triton's bundled ptxas,
+    in a subprocess because TRITON_INTERPRET=1 replaces @triton.jit functions here."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                         env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = __import__("json").loads(res.stdout.strip().splitlines()[-1])
+    assert not out["failed"], "\n".join(out["failed"])
+    assert len(out["done"]) == 3
+
+
+# ---------------------------------------------------------------- GPU, real shapes
+GPU_LENS = [300, 4000, 1023, 2049, 517, 3001, 777, 1500]  # 13167 tokens: ragged, none a block multiple
+
+
+def _rule_per_sequence(q, k, v, do, lens_q, lens_k, causal):
+    """THE rule with the fp64 reference and the bf16 baseline computed one sequence at a time
+    (the block-diagonal [T, T] matrices of 13k tokens would not fit) and concatenated."""
+    ours = _run(_varlen(lens_q, lens_k, causal), q, k, v, do)
+    cq, ck = _offsets(lens_q, "cpu").tolist(), _offsets(lens_k, "cpu").tolist()
+    refs, lows = [[], [], [], []], [[], [], [], []]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    for i in range(len(lens_q)):
+        part = (q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]], do[cq[i]:cq[i + 1]])
+        fn = _block_diagonal([lens_q[i]], [lens_k[i]], causal, scale)
+        for acc, r in zip(refs, _run(fn, *(x.double() for x in part))):
+            acc.append(r)
+        for acc, r in zip(lows, _run(fn, *part)):
+            acc.append(r)
+        torch.cuda.empty_cache()
+    for name, a, r, lp in zip(("out", "dq", "dk", "dv"), ours, refs, lows):
+        assert torch.isfinite(a).all(), f"{name} has non-finite values"
+        assert_close(a, torch.cat(r), q.dtype, name, baseline=torch.cat(lp))
+    return ours
+
+
+@pytest.mark.xdist_group("gpu_big")  # big fp64 references: one at a time (scripts/gpu/test.sh)
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_eight_sequences_gqa_40_8(causal):
+    """8 sequences of 300-4000 tokens, Hq 40 / Hk 8, D 128, bf16; non-causal with other key lengths."""
+    lens_k = GPU_LENS if causal else [n + 129 for n in reversed(GPU_LENS)]
+    q, k, v, do, _, _ = _make(GPU_LENS, lens_k, 40, 8, 128, torch.bfloat16, device="cuda")
+    _rule_per_sequence(q, k, v, do, GPU_LENS, lens_k, causal)
+
+
+@gpu_only
+@pytest.mark.parametrize("D,dtype", [(64, torch.bfloat16), (128, torch.float16), (96, torch.bfloat16),
+                                     (64, torch.float32)], ids=["d64-bf16", "d128-fp16", "d96-bf16", "d64-fp32"])
+def test_gpu_dtypes_head_dims_with_empty_sequences(D, dtype):
+    lens = [0, 700, 1, 0, 1300, 65]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, D, dtype, device="cuda")
+    _rule_per_sequence(q, k, v, do, lens, lens, True)
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_same_as_attention_per_sequence(monkeypatch, causal):
+    """With autotuning off both run the first config of each table: the packed call and `attention` on
+    each sequence alone must give bitwise the same numbers (same tiles, same order of operations)."""
+    monkeypatch.setattr(importlib.import_module("hearth.kernels.attention"), "AUTOTUNE", False)
+    lens = [300, 1000, 129, 2000]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
+    ours = _run(_varlen(lens, lens, causal), q, k, v, do)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, _per_sequence(q, k, v, do, lens, lens, causal)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_autotuned_path(monkeypatch, causal):
+    """scripts/gpu/test.sh pins configs (HEARTH_ATTN_AUTOTUNE=0); the bench and training autotune: the VARLEN
+    launches through the autotuners (key: max_seqlen's power-of-two bucket, VARLEN) under the same rule."""
+    monkeypatch.setattr(importlib.import_module("hearth.kernels.attention"), "AUTOTUNE", True)
+    lens = [300, 1000, 129, 2000]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
+    _rule_per_sequence(q, k, v, do, lens, lens, causal)
