@@ -78,12 +78,13 @@ FACTOR, FLOOR_BF16 = 2.0, 1e-3  # tests/kernels/tolerance.py's rule for bf16
 
 # ------------------------------------------------------------------------------------------- child
 def knobs(setup: str, report=None) -> dict:
-    """estimate_peak_gib's knobs for a setup (fused_lora when hearth's LoRA nodes replaced any projection)."""
+    """estimate_peak_gib's knobs for a setup (hearth: from its patch report, as `hearth train` plans)."""
     if setup == "liger":
         return {"patched": False, "liger": True}
     if setup.startswith("hearth"):
-        fused = bool(report is not None and sum(report.replaced.get("lora", {}).values()))
-        return {"patched": True, "fused_lora": fused, "fused_mlp": bool(report is not None and report.count("mlp"))}
+        from hearth.train.finetune import patch_knobs
+
+        return patch_knobs(report)
     return {"patched": False}  # hf, unsloth (its own kernels: estimated as HF, said so in the row)
 
 

@@ -71,8 +71,8 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
         budget_gib = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB if cuda else None
     plan = finetune.plan_checkpointing(
         model.config, seq, weights_bytes=int(row["weights_gib"] * GIB), trainable_bytes=sum(p.numel() * 4 for p in trainable),
-        bytes_per_el=dtype.itemsize, budget_gib=budget_gib, patched=setup.endswith("hearth"),
-        qlora=setup.startswith("qlora"), fused_mlp=bool(report and report.count("mlp")))  # as `hearth train` plans
+        bytes_per_el=dtype.itemsize, budget_gib=budget_gib,
+        qlora=setup.startswith("qlora"), **finetune.patch_knobs(report))  # as `hearth train` plans
     finetune.apply_checkpointing(model, plan)
     row["checkpointing"] = {"mode": plan.mode, "checkpointed_layers": plan.checkpointed,
                             "estimate_gib": round(plan.estimate_gib, 2), "reason": plan.reason}

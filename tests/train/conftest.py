@@ -21,20 +21,16 @@ def _swap_in_original():
     return mod, before
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _original_qwen3_rope_for_module_fixtures():
-    """The same for module-scoped fixtures, which pytest sets up before any function-scoped one: a module's
-    plain-transformers training fixture (test_distributed's one-process reference) ran on the interpreter's rope
-    after an earlier module had patched it (284 s instead of 1.4 s in CI)."""
+def _restoring_original_rope():
     mod, before = _swap_in_original()
     yield
     if before is not None:
         mod.apply_rotary_pos_emb = before
 
 
-@pytest.fixture(autouse=True)
-def _original_qwen3_rope():
-    mod, before = _swap_in_original()
-    yield
-    if before is not None:
-        mod.apply_rotary_pos_emb = before
+# per test, and per module too: pytest sets up module-scoped fixtures before any function-scoped one, and a
+# module's plain-transformers training fixture (test_distributed's one-process reference) ran on the
+# interpreter's rope after an earlier module had patched it (284 s instead of 1.4 s in CI)
+_original_qwen3_rope = pytest.fixture(autouse=True, name="_original_qwen3_rope")(_restoring_original_rope)
+_original_qwen3_rope_for_module_fixtures = pytest.fixture(
+    autouse=True, scope="module", name="_original_qwen3_rope_for_module_fixtures")(_restoring_original_rope)

@@ -20,3 +20,21 @@ def test_fused_lora_drops_the_fp32_input_copies_and_h():
     # an fp32 model has no fp32 copies to drop (peft's LoRA keeps the normed outputs and h themselves): only h goes
     assert (layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=4)
             - layer_activation_bytes_per_token(QWEN3_14B, patched=True, bytes_per_el=4, fused_lora=True)) == i * 4
+
+
+def test_patch_knobs_follow_the_patch_report():
+    """The planner's knobs come from what hearth.patch.apply replaced: one derivation for `hearth train`,
+    lora_e2e.py and qlora_e2e.py."""
+    from hearth.train.finetune import patch_knobs
+
+    class Report:
+        def __init__(self, **counts):
+            self.counts = counts
+
+        def count(self, kind):
+            return self.counts.get(kind, 0)
+
+    assert patch_knobs(None) == {"patched": False, "fused_mlp": False, "fused_lora": False}
+    assert patch_knobs(Report(loss=1, mlp=40)) == {"patched": True, "fused_mlp": True, "fused_lora": False}
+    assert patch_knobs(Report(loss=1, mlp=40, lora=280)) == {"patched": True, "fused_mlp": True, "fused_lora": True}
+    assert patch_knobs(Report(mlp=40)) == {"patched": False, "fused_mlp": True, "fused_lora": False}  # loss left

@@ -353,6 +353,14 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
     return (fixed + tokens * per_token) / GIB
 
 
+def patch_knobs(report) -> dict:
+    """estimate_peak_gib's knobs for a model that hearth.patch.apply reported on (None: nothing patched): the
+    loss kernel (patched), hearth's MLP (fused_mlp: h is recomputed, not kept) and the fused LoRA nodes
+    (fused_lora). One derivation for `hearth train` and the GPU scripts that plan as it does."""
+    return {"patched": bool(report and report.count("loss")), "fused_mlp": bool(report and report.count("mlp")),
+            "fused_lora": bool(report and report.count("lora"))}
+
+
 def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_bytes: int, bytes_per_el: int,
                        budget_gib: float | None, patched: bool, liger: bool = False, fused_lora: bool = False,
                        qlora: bool = False, fused_mlp: bool = False) -> CheckpointPlan:
@@ -765,8 +773,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        patched=bool(report and report.count("loss")), qlora=cfg.qlora, fused_mlp=bool(report and report.count("mlp")),
-        fused_lora=bool(report and report.count("lora")))
+        qlora=cfg.qlora, **patch_knobs(report))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
