@@ -393,7 +393,9 @@ def test_frozen_weight_skips_the_weight_gradient(route, monkeypatch):
     y = forward()
     with _AtenOps().watch(monkeypatch) as ops:
         torch.autograd.backward([y], [dy])
-    assert ops.launches == ["_rms_norm_bwd_rows_kernel"]
+    # one backward kernel (which of the two the autotuner picks is the GPU's call; the interpreter's is the row one)
+    assert len(ops.launches) == 1, ops.launches
+    assert ops.launches[0] in ("_rms_norm_bwd_rows_kernel", "_rms_norm_bwd_kernel"), ops.launches
     assert "sum" not in ops.seen and "_to_copy" not in ops.seen, ops.seen
     if route == "eager":
         assert ops.seen.count("empty") == 1, ops.seen  # dx only
