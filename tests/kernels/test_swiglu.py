@@ -49,6 +49,38 @@ def test_swiglu_strided_views():
     check_swiglu(torch.randn(40, 9, device=DEVICE).t(), torch.randn(9, 40, device=DEVICE), torch.float32)
 
 
+def _every_candidate(n: int, flat: bool):
+    return swiglu_module._candidates(n, flat)
+
+
+@pytest.mark.parametrize("cand", _every_candidate(130, True),
+                         ids=lambda c: f"{'flat' if c[2] else 'rows'}{c[0]}w{c[1]}")
+def test_swiglu_every_candidate_matches_reference(cand, monkeypatch):
+    """Each launch config the GPU's pick may choose, forced (the CPU otherwise always runs the first one):
+    the row kernels and, for contiguous tensors, the flat kernels (17 x 130 is not a multiple of any block)."""
+    asked = []
+
+    def forced(key, cands, launch, device):
+        asked.append((key, tuple(cands)))
+        assert cand in cands, (cand, cands)
+        return cand
+
+    monkeypatch.setattr(swiglu_module, "pick_config", forced)
+    torch.manual_seed(2)
+    check_swiglu(2 * torch.randn(17, 130, device=DEVICE), torch.randn(17, 130, device=DEVICE), torch.float32)
+    assert [k[0][0] for k in asked] == ["swiglu_fwd", "swiglu_bwd"] and all(k[0][-1] is True for k in asked)
+
+
+def test_swiglu_strided_views_get_no_flat_candidate(monkeypatch):
+    """A row-strided view (a fused gate_up output split in two) is not one flat run: no flat config is offered."""
+    asked = []
+    monkeypatch.setattr(swiglu_module, "pick_config",
+                        lambda key, cands, launch, device: asked.append(cands) or cands[0])
+    gu = torch.randn(9, 2 * 40, device=DEVICE)
+    check_swiglu(gu[:, :40], gu[:, 40:], torch.float32)
+    assert len(asked) == 2 and not any(c[2] for cands in asked for c in cands), asked
+
+
 def test_swiglu_empty_gives_empty():
     g = torch.randn(0, 8, device=DEVICE, requires_grad=True)
     assert swiglu(g, torch.randn(0, 8, device=DEVICE)).shape == (0, 8)

@@ -43,11 +43,24 @@ MLP_CHUNK_ELEMS = 16 * 1024 * 1024
 # the per-program cost of a 114,688-program grid (8192 x 14336 at 1024 columns). The in-place MLP
 # backward keeps the default (a candidate run there would overwrite its inputs).
 _CANDIDATES = ((BLOCK_COLS, NUM_WARPS), (2048, 4), (2048, 8), (4096, 8), (8192, 16))
+# Contiguous tensors may also run as one flat run of elements (_swiglu_*_flat_kernel): these (BLOCK,
+# num_warps) join the list then. On the H200 the row kernels ran at 0.95-0.97x torch.compile's fwd+bwd at
+# widths 14336-28672 (a ragged block per row where the width is not a multiple of the block, e.g. 17408 and
+# 25600 at 2048); compile's own pointwise kernels index the flat run.
+_FLAT_CANDIDATES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))
 
 
 # --------------------------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------------------------
+@triton.jit
+def _swiglu_grads(dh, g, u):
+    """(dg, du, silu(g)) in fp32 from fp32 dh, g, u (inlined into both backward kernels)."""
+    s = tl.sigmoid(g)
+    silu = g * s
+    return dh * u * s * (1.0 + g * (1.0 - s)), dh * silu, silu
+
+
 @triton.jit
 def _swiglu_fwd_kernel(
     # pointers
@@ -86,14 +99,35 @@ def _swiglu_bwd_kernel(
     dh = tl.load(dh_ptr + row * stride_dh + cols, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    s = tl.sigmoid(g)
-    silu = g * s
-    dg = dh * u * s * (1.0 + g * (1.0 - s))
-    du = dh * silu
+    dg, du, silu = _swiglu_grads(dh, g, u)
     tl.store(dg_ptr + row * stride_dg + cols, dg.to(dg_ptr.dtype.element_ty), mask=mask)
     tl.store(du_ptr + row * stride_du + cols, du.to(du_ptr.dtype.element_ty), mask=mask)
     if STORE_H:
         tl.store(h_ptr + row * stride_h + cols, (silu * u).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_fwd_flat_kernel(g_ptr, u_ptr, h_ptr, TOTAL, BLOCK: tl.constexpr):
+    """The forward over contiguous tensors as one flat run of TOTAL elements: no ragged block at the end
+    of every row (a 17408-wide row is 8.5 blocks of 2048), one offset per element, a 1-D grid."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < TOTAL
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_flat_kernel(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, TOTAL, BLOCK: tl.constexpr):
+    """The backward over contiguous, non-aliased tensors as one flat run (the standalone op only)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < TOTAL
+    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dg, du, _ = _swiglu_grads(dh, g, u)
+    tl.store(dg_ptr + offs, dg.to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,21 +137,34 @@ def _grid(m: int, n: int, block: int = BLOCK_COLS):
     return (m, cdiv(n, block))
 
 
-def _candidates(n: int) -> list[tuple[int, int]]:
-    """(BLOCK_COLS, num_warps) candidates for rows of n columns (no block wider than the row needs)."""
+def _candidates(n: int, flat: bool = False) -> list[tuple[int, int, bool]]:
+    """(BLOCK, num_warps, flat) candidates for rows of n columns (no row block wider than the row needs);
+    flat=True when every tensor of the call is contiguous: the flat kernels' blocks join the list."""
     cap = max(BLOCK_COLS, next_power_of_2(n))
-    return [c for c in _CANDIDATES if c[0] <= cap]
+    rows = [(b, w, False) for b, w in _CANDIDATES if b <= cap]
+    return rows + [(b, w, True) for b, w in _FLAT_CANDIDATES] if flat else rows
+
+
+def _dense(n: int, *ts: torch.Tensor) -> bool:
+    """Every [m, n] view in ts is one contiguous run (rows back to back)."""
+    return all(t.shape[0] <= 1 or t.stride(0) == n for t in ts)
 
 
 def _launch_fwd(g2, u2, h2, tune: bool = False) -> None:
     m, n = g2.shape
     if m and n:
         def launch(cfg):
-            block, warps = cfg
-            _swiglu_fwd_kernel[_grid(m, n, block)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0), BLOCK=block, num_warps=warps)
+            block, warps, flat = cfg
+            if flat:
+                _swiglu_fwd_flat_kernel[(cdiv(m * n, block),)](g2, u2, h2, m * n, BLOCK=block, num_warps=warps)
+            else:
+                _swiglu_fwd_kernel[_grid(m, n, block)](g2, u2, h2, n, g2.stride(0), u2.stride(0), h2.stride(0),
+                                                       BLOCK=block, num_warps=warps)
 
-        cands = _candidates(n) if tune else [(BLOCK_COLS, NUM_WARPS)]
-        launch(pick_config(("swiglu_fwd", n, g2.dtype), cands, launch, g2.device) if tune else cands[0])
+        if not tune:
+            return launch((BLOCK_COLS, NUM_WARPS, False))
+        flat = _dense(n, g2, u2, h2)
+        launch(pick_config(("swiglu_fwd", n, g2.dtype, flat), _candidates(n, flat), launch, g2.device))
 
 
 def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None, tune: bool = False) -> None:
@@ -127,15 +174,22 @@ def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None, tune: bool = False) -> None:
         h_out = h2 if h2 is not None else dg2
 
         def launch(cfg):
-            block, warps = cfg
+            block, warps, flat = cfg
+            if flat:
+                _swiglu_bwd_flat_kernel[(cdiv(m * n, block),)](dh2, g2, u2, dg2, du2, m * n, BLOCK=block,
+                                                               num_warps=warps)
+                return
             _swiglu_bwd_kernel[_grid(m, n, block)](
                 dh2, g2, u2, dg2, du2, h_out, n,
                 dh2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0), h_out.stride(0),
                 BLOCK=block, STORE_H=h2 is not None, num_warps=warps,
             )
 
-        cands = _candidates(n) if tune else [(BLOCK_COLS, NUM_WARPS)]
-        launch(pick_config(("swiglu_bwd", n, g2.dtype, h2 is not None), cands, launch, g2.device) if tune else cands[0])
+        if not tune:
+            return launch((BLOCK_COLS, NUM_WARPS, False))
+        flat = h2 is None and _dense(n, dh2, g2, u2, dg2, du2)
+        launch(pick_config(("swiglu_bwd", n, g2.dtype, h2 is not None, flat), _candidates(n, flat), launch,
+                           g2.device))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
