@@ -36,6 +36,17 @@ refuse with a reason, which the report lists):
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
                             mask, sliding window, dropout, softcap) to transformers' own SDPA function. Off by
                             default: SDPA's flash / cuDNN backends are the peers it has to beat (hearth bench).
+                            Packed rows (several sequences in one row, hearth.train.batches.collate(pack=True)):
+                            a call with transformers' varlen kwargs (cu_seq_lens_q/k, max_length_q/k) and no
+                            mask goes to hearth.kernels.attention_varlen on [B*T, H, D] views (no copy at B=1);
+                            a forward pre-hook on the decoder (the module holding the layers) marks such a
+                            forward, so that the "hearth" mask function returns None for its full-attention
+                            mask instead of building the [T, T] block-diagonal one; with packed position_ids and
+                            no varlen kwargs (batch 1), the hook derives the offsets from the position ids
+                            once per forward (one host sync) and passes them on. A packed call the kernel does
+                            not serve (dropout, softcap, sliding window) runs SDPA with the block-diagonal mask
+                            built from the offsets. If a mask was skipped but no attention call received the
+                            offsets (a family whose decoder does not pass its kwargs on), the forward raises.
 
 Before a norm / MLP / rope replacement is kept it is PROBED (once per class, with the module's own weights, on
 a fixed-seed random input, so the verdict is deterministic): the original runs in its own dtype and again in
