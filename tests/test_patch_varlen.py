@@ -58,7 +58,7 @@ def counted(monkeypatch):
     varlen, dense, sdpa_mask = varlen_module.attention_varlen, dense_module.attention, masking_utils.sdpa_mask
 
     def count_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
-        calls["varlen"].append((cu_q.tolist(), max_q, tuple(q.shape), q.data_ptr()))
+        calls["varlen"].append((cu_q.tolist(), max_q, tuple(q.shape), all(t._is_view() for t in (q, k, v))))
         return varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
 
     def count_dense(*a, **k):
@@ -156,7 +156,8 @@ def test_packed_row_matches_one_by_one_and_sdpa_through_the_varlen_kernel(counte
     assert_same(got, want_sdpa)
     assert_same(got, alone)
     # both layers ran the varlen kernel with the collator's offsets, no dense kernel, and no mask was built
-    assert [c[:3] for c in counted["varlen"]] == [([0, 7, 19, 24], 12, (24, 4, 16))] * 2
+    # ([T, H, D] views of the layer's [1, H, T, D] q / k / v: no copy)
+    assert counted["varlen"] == [([0, 7, 19, 24], 12, (24, 4, 16), True)] * 2
     assert counted["dense"] == 0 and counted["masks"] == []
 
 
@@ -227,7 +228,8 @@ def qwen3_14b_shaped(layers: int = 4):
         intermediate_size=17408, vocab_size=4096, max_position_embeddings=4096, attn_implementation="sdpa",
     )
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.device("cuda"):
+        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
 
 
 @gpu_only
@@ -237,7 +239,7 @@ def test_gpu_packed_row_bf16_matches_sdpa_with_the_mask_by_the_rule(counted):
     import copy
 
     inputs = collate(examples(GPU_LENGTHS, seed=1), pack=True, device="cuda")
-    model = qwen3_14b_shaped().to(device="cuda", dtype=torch.bfloat16)
+    model = qwen3_14b_shaped()
     reference = copy.deepcopy(model).float()
     ref_loss, ref_grads = loss_and_grads(reference, inputs)
     del reference

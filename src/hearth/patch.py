@@ -409,22 +409,26 @@ def hearth_attention_forward(module, query, key, value, attention_mask, dropout=
                                   is_causal=is_causal, **kwargs)
 
 
-def hearth_attention_mask(*, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None,
-                          use_vmap: bool = False, local_size: int | None = None, **kwargs):
-    """The "hearth" mask function (transformers' AttentionMaskInterface): SDPA's (None, is_causal, when nothing
-    is padded), except in a packed forward that carries the varlen kwargs (the decoder's pre-hook says so): its
-    full-attention causal mask -- block-diagonal, [T, T] per row -- is not built at all (None), as the attention
-    calls of that forward take the offsets instead. Sliding-window, padded and custom (vmap) masks are built."""
+def hearth_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                          attention_mask=None, local_size=None, *, use_vmap: bool = False, **kwargs):
+    """The "hearth" mask function (transformers' AttentionMaskInterface; sdpa_mask's signature): SDPA's (None,
+    is_causal, when nothing is padded), except in a packed forward that carries the varlen kwargs (the decoder's
+    pre-hook marks it): its causal full-attention mask -- block-diagonal, [T, T] per row -- is not built at all
+    (None), as that forward's attention calls take the offsets instead. Sliding-window, bidirectional, padded
+    and custom (vmap) masks are built as SDPA's."""
     from transformers.masking_utils import sdpa_mask
 
     state = _PACKED.get()
     if (state is not None and attention_mask is None and not use_vmap and local_size is None
-            and q_length == kv_length == state.width and isinstance(q_offset, int) and q_offset == 0
-            and isinstance(kv_offset, int) and kv_offset == 0):
+            and "allow_is_bidirectional_skip" not in kwargs and q_length == kv_length == state.width
+            and isinstance(q_offset, int) and q_offset == 0 and isinstance(kv_offset, int) and kv_offset == 0):
         state.skipped += 1
         return None
-    return sdpa_mask(q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
-                     attention_mask=attention_mask, use_vmap=use_vmap, local_size=local_size, **kwargs)
+    if mask_function is not None:
+        kwargs["mask_function"] = mask_function
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, attention_mask=attention_mask, local_size=local_size, use_vmap=use_vmap,
+                     **kwargs)
 
 
 def _packed_offsets(position_ids: torch.Tensor) -> tuple[torch.Tensor, int] | None:
