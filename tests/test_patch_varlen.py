@@ -233,6 +233,7 @@ def qwen3_14b_shaped(layers: int = 4):
 
 
 @gpu_only
+@pytest.mark.xdist_group("gpu_big")  # an fp32 copy of four 14B-shaped layers: one at a time (scripts/gpu/test.sh)
 def test_gpu_packed_row_bf16_matches_sdpa_with_the_mask_by_the_rule(counted):
     """Loss and every gradient of the packed row: hearth's varlen path in bf16 against the same (bf16-rounded)
     weights in fp32 with the block-diagonal mask (the reference), SDPA-with-the-mask in bf16 the baseline."""
