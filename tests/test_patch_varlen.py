@@ -51,6 +51,17 @@ def examples(lengths=LENGTHS, seed: int = 0) -> list[Example]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _original_rope(monkeypatch):
+    """Another test's patch.apply may have left hearth's rope kernel as Qwen3's module-level function (it is
+    process-wide by design): the models here run HF's own (only attention is under test, and the interpreter's
+    rope would make these tests several times slower)."""
+    from transformers.models.qwen3 import modeling_qwen3 as mq
+
+    current = mq.apply_rotary_pos_emb
+    monkeypatch.setattr(mq, "apply_rotary_pos_emb", getattr(current, "__hearth_original__", current))
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """Counts of hearth's varlen and dense attention kernels and of the masks transformers' sdpa_mask builds."""

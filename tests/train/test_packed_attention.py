@@ -44,6 +44,10 @@ def test_pack_with_attention_runs_the_varlen_kernel_and_trains_as_sdpa(tmp_path,
     kernel, calls = module.attention_varlen, []
     monkeypatch.setattr(module, "attention_varlen",
                         lambda q, k, v, cu_q, *a, **kw: calls.append(cu_q.tolist()) or kernel(q, k, v, cu_q, *a, **kw))
+    # plain transformers first (the patched run below swaps Qwen3's rope for hearth's, process-wide)
+    _, plain = finetune.train_model(finetune.FinetuneConfig(
+        corpus=corpus, model=model, out=tmp_path / "plain", max_steps=1, seq_len=40, batch_tokens=64, pack=True,
+        shuffle=False, rank=4, alpha=8, lr=1e-2, patch=False))
     common = ["--corpus", str(corpus), "--model", str(model), "--max-steps", "1", "--seq-len", "40",
               "--batch-tokens", "64", "--pack", "--no-shuffle", "--rank", "4", "--alpha", "8", "--lr", "1e-2"]
     result = CliRunner().invoke(app, ["train", *common, "--out", str(tmp_path / "hearth"), "--attention"])
@@ -52,12 +56,9 @@ def test_pack_with_attention_runs_the_varlen_kernel_and_trains_as_sdpa(tmp_path,
     assert metrics["config"]["attention"] is True and metrics["config"]["pack"] is True
     assert metrics["patch"]["replaced"]["attention"] == {"Qwen3Attention": 2}
     assert finetune.read_toml(tmp_path / "hearth" / "run.toml")["attention"] is True
-    # one packed row of two examples per step, both layers on the varlen kernel with that row's offsets
+    # the step's packed row (two examples), both layers on the varlen kernel with its offsets
     assert calls == [[0, 21, 55]] * 2
 
-    _, plain = finetune.train_model(finetune.FinetuneConfig(
-        corpus=corpus, model=model, out=tmp_path / "plain", max_steps=1, seq_len=40, batch_tokens=64, pack=True,
-        shuffle=False, rank=4, alpha=8, lr=1e-2, patch=False))
     # SDPA with the block-diagonal mask: the same loss, and the same LoRA gradients (their norm, before clipping)
     assert plain["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
     norms = [[json.loads(r)["grad_norm"] for r in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
