@@ -172,6 +172,21 @@ def test_packed_row_matches_one_by_one_and_sdpa_through_the_varlen_kernel(counte
     assert counted["dense"] == 0 and counted["masks"] == []
 
 
+def test_checkpointed_layers_recompute_through_the_varlen_kernel(counted):
+    """hearth train's activation checkpointing (non-reentrant, per decoder layer): the backward re-runs each
+    layer with the same kwargs, so the recomputation takes the varlen kernel too; loss and gradients unchanged."""
+    from hearth.train.finetune import enable_checkpointing
+
+    inputs = collate(examples(), pack=True, device=DEVICE)
+    want = loss_and_grads(tiny_qwen3(), inputs)
+    model = patched()
+    enable_checkpointing(model)
+    model.train()
+    counted.update(varlen=[], dense=0, masks=[])
+    assert_same(loss_and_grads(model, inputs), want)
+    assert len(counted["varlen"]) == 4 and counted["masks"] == []  # 2 layers, forward and recomputation
+
+
 def test_packed_position_ids_without_the_kwargs_derive_the_offsets_once(counted, monkeypatch):
     """A user's own loop passing only packed position ids: the decoder derives cu_seqlens once per forward
     (one host copy), every layer takes the varlen kernel, and the mask is not built either."""
