@@ -27,7 +27,7 @@ start=$SECONDS
 workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-3}" --dist loadgroup)
 timeout "${TEST_S:-330}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${workers[@]}" \
-  ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py} > "$raw" 2>&1
+  ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py tests/test_patch_varlen.py} > "$raw" 2>&1
 rc=$?
 last=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error).* =+$" "$raw" | tail -n 1)
 [ -n "$last" ] || last="(no pytest summary line: rc=$rc, killed at the time limit?)"
@@ -35,7 +35,7 @@ last=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error).* =+$"
   echo "# hearth GPU test suite"
   echo "commit:   $commit"
   echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "command:  COMMIT=$commit bash scripts/gpu/test.sh   (pytest ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py})"
+  echo "command:  COMMIT=$commit bash scripts/gpu/test.sh   (pytest ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py tests/test_patch_varlen.py})"
   python3 - <<'PY'
 import torch, triton
 try:

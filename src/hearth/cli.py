@@ -153,6 +153,7 @@ def train(
     resume: Annotated[Optional[Path], typer.Option("--resume", help="a checkpoint folder, or a run folder (its latest checkpoint)")] = None,
     memory_budget_gib: Annotated[Optional[float], typer.Option("--memory-budget-gib", help="picks activation checkpointing; refuses what cannot fit [90% of the GPU]")] = None,
     no_patch: Annotated[bool, typer.Option("--no-patch", help="train without hearth's kernels (plain transformers)")] = False,
+    attention: Annotated[Optional[bool], typer.Option("--attention/--no-attention", help="hearth's attention kernels too (opt-in); with --pack, the varlen kernel on each packed row [off]")] = None,
     lora_compute: Annotated[Optional[str], typer.Option("--lora-compute", help="base: LoRA products in bf16 on the tensor cores (fast); adapter: in the adapters' fp32, as peft [base]")] = None,
     random_init: Annotated[Optional[bool], typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = None,
     qlora: Annotated[Optional[bool], typer.Option("--qlora", help="4-bit NF4 base (bitsandbytes) under the LoRA adapters")] = None,
@@ -167,7 +168,8 @@ def train(
                           dropout=dropout, targets=targets, seq_len=seq_len, batch_tokens=batch_tokens,
                           grad_accum=grad_accum, pack=pack, eval_corpus=eval_corpus, eval_fraction=eval_fraction,
                           eval_every=eval_every, save_every=save_every, resume=resume,
-                          memory_budget_gib=memory_budget_gib, patch=False if no_patch else None, lora_compute=lora_compute,
+                          memory_budget_gib=memory_budget_gib, patch=False if no_patch else None, attention=attention,
+                          lora_compute=lora_compute,
                           random_init=random_init, qlora=qlora, parallel=parallel))
 
 

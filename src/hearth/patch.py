@@ -36,6 +36,17 @@ refuse with a reason, which the report lists):
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
                             mask, sliding window, dropout, softcap) to transformers' own SDPA function. Off by
                             default: SDPA's flash / cuDNN backends are the peers it has to beat (hearth bench).
+                            Packed rows (several sequences in one row, hearth.train.batches.collate(pack=True)):
+                            a call with transformers' varlen kwargs (cu_seq_lens_q/k, max_length_q/k) and no
+                            mask goes to hearth.kernels.attention_varlen on [B*T, H, D] views (no copy at B=1);
+                            a forward pre-hook on the decoder (the module holding the layers) marks such a
+                            forward, so that the "hearth" mask function returns None for its full-attention
+                            mask instead of building the [T, T] block-diagonal one; with packed position_ids and
+                            no varlen kwargs (batch 1), the hook derives the offsets from the position ids
+                            once per forward (one host sync) and passes them on. A packed call the kernel does
+                            not serve (dropout, softcap, sliding window) runs SDPA with the block-diagonal mask
+                            built from the offsets. If a mask was skipped but no attention call received the
+                            offsets (a family whose decoder does not pass its kwargs on), the forward raises.
 
 Before a norm / MLP / rope replacement is kept it is PROBED (once per class, with the module's own weights, on
 a fixed-seed random input, so the verdict is deterministic): the original runs in its own dtype and again in
@@ -50,6 +61,7 @@ changed. Modules on the meta device are not probed (reported).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import re
@@ -311,32 +323,200 @@ def _rope(module: nn.Module, state: dict) -> None:
 
 
 HEARTH_ATTENTION = "hearth"
+# transformers' FlashAttention kwargs for a packed (padding-free) row, as a collator passes them to the model's
+# forward (hearth.train.batches.collate(pack=True) does): they reach every attention call through **kwargs
+VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+@dataclass
+class _PackedForward:
+    """One decoder forward of a packed row (set by the decoder's pre-hook, read by the "hearth" mask function).
+    width: tokens per row, the q / kv length of the mask that is skipped; skipped / served: how many masks the
+    mask function skipped and how many attention calls took the packed kwargs (checked when the forward ends)."""
+
+    width: int
+    skipped: int = 0
+    served: int = 0
+
+
+_PACKED: contextvars.ContextVar[_PackedForward | None] = contextvars.ContextVar("hearth_packed_forward", default=None)
+
+
+def _varlen_kwargs(kwargs: dict):
+    """(cu_q, cu_k, max_q, max_k) when every FlashAttention varlen kwarg is present, else None."""
+    values = [kwargs.get(k) for k in VARLEN_KEYS]
+    return None if any(v is None for v in values) else values
+
+
+def _tokens_major(x: torch.Tensor) -> torch.Tensor:
+    """[B, H, T, D] -> [B * T, H, D]: a view for B == 1 (any strides; attention_varlen takes them), else a reshape."""
+    x = x.transpose(1, 2)
+    return x[0] if x.shape[0] == 1 else x.reshape(-1, x.shape[2], x.shape[3])
+
+
+def _block_diagonal_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, batch: int, tq: int, tk: int,
+                         causal: bool) -> torch.Tensor:
+    """The boolean [B, 1, Tq, Tk] mask of a packed call (True: attend), built from the offsets on the device (no
+    host sync): a query sees the keys of its own sequence only, causally aligned at the sequence's start. Only
+    the fallback (a packed call the varlen kernel does not serve: dropout, softcap...) builds it."""
+    cu_q, cu_k = cu_q.long(), cu_k.long()
+    iq = torch.arange(batch * tq, device=cu_q.device)
+    ik = torch.arange(batch * tk, device=cu_k.device)
+    sq = torch.searchsorted(cu_q[1:], iq, right=True)  # the sequence of each packed row
+    sk = torch.searchsorted(cu_k[1:], ik, right=True)
+    mask = sq.view(batch, tq, 1) == sk.view(batch, 1, tk)
+    if causal:
+        rq, rk = iq - cu_q[sq], ik - cu_k[sk]  # positions within the sequence
+        mask &= rq.view(batch, tq, 1) >= rk.view(batch, 1, tk)
+    return mask.unsqueeze(1)
 
 
 def hearth_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                              **kwargs):
-    """transformers attention-interface function: q [B, Hq, T, D], k/v [B, Hk, T, D] -> ([B, T, Hq, D], None)."""
+    """transformers attention-interface function: q [B, Hq, T, D], k/v [B, Hk, T, D] -> ([B, T, Hq, D], None).
+
+    No mask: hearth.kernels.attention. No mask and the varlen kwargs (cu_seq_lens_q/k, max_length_q/k: a packed
+    row): hearth.kernels.attention_varlen on [B * T, H, D] views (no copy at B = 1). Anything else (a mask,
+    dropout, sliding window, softcap, an unsupported head dim): transformers' SDPA function -- for a packed call
+    with the block-diagonal mask built from the offsets, so no token ever attends across a sequence boundary."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from hearth.kernels.attention import attention, padded_head_dim
 
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal and query.shape[2] > 1)
-    if (attention_mask is None and not dropout and kwargs.get("sliding_window") is None
-            and kwargs.get("softcap") is None and padded_head_dim(query.shape[-1]) is not None
-            and (not causal or query.shape[2] == key.shape[2]) and query.shape[1] % key.shape[1] == 0):
+    plain = (not dropout and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
+             and padded_head_dim(query.shape[-1]) is not None and query.shape[1] % key.shape[1] == 0)
+    packed = _varlen_kwargs(kwargs) if attention_mask is None else None
+    if packed is not None:
+        from hearth.kernels.attention_varlen import attention_varlen
+
+        state = _PACKED.get()
+        if state is not None:
+            state.served += 1
+        cu_q, cu_k = (t if t.dtype == torch.int32 else t.to(torch.int32) for t in packed[:2])
+        max_q, max_k = packed[2:]
+        batch, heads, tq, dim = query.shape
+        if plain and (not causal or tq == key.shape[2]):
+            out = attention_varlen(_tokens_major(query), _tokens_major(key), _tokens_major(value), cu_q, cu_k,
+                                   int(max_q), int(max_k), causal=causal, scale=scaling)
+            return out.view(batch, tq, heads, dim), None
+        attention_mask = _block_diagonal_mask(cu_q, cu_k, batch, tq, key.shape[2], causal)
+        is_causal = False
+    elif attention_mask is None and plain and (not causal or query.shape[2] == key.shape[2]):
         return attention(query, key, value, causal=causal, scale=scaling).transpose(1, 2), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
 
+def hearth_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                          attention_mask=None, local_size=None, *, use_vmap: bool = False, **kwargs):
+    """The "hearth" mask function (transformers' AttentionMaskInterface; sdpa_mask's signature): SDPA's (None,
+    is_causal, when nothing is padded), except in a packed forward that carries the varlen kwargs (the decoder's
+    pre-hook marks it): its causal full-attention mask -- block-diagonal, [T, T] per row -- is not built at all
+    (None), as that forward's attention calls take the offsets instead. Sliding-window, bidirectional, padded
+    and custom (vmap) masks are built as SDPA's."""
+    from transformers.masking_utils import sdpa_mask
+
+    state = _PACKED.get()
+    if (state is not None and attention_mask is None and not use_vmap and local_size is None
+            and "allow_is_bidirectional_skip" not in kwargs and q_length == kv_length == state.width
+            and isinstance(q_offset, int) and q_offset == 0 and isinstance(kv_offset, int) and kv_offset == 0):
+        state.skipped += 1
+        return None
+    if mask_function is not None:
+        kwargs["mask_function"] = mask_function
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, attention_mask=attention_mask, local_size=local_size, use_vmap=use_vmap,
+                     **kwargs)
+
+
+def _packed_offsets(position_ids: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(cu_seqlens int32 on position_ids' device, longest sequence) of a packed [1, T] row, split where the
+    position ids do not step by +1 (transformers' own rule for its packed mask); None for one sequence.
+    One device->host copy (a sync) of the sequence starts, once per forward."""
+    pos = position_ids.reshape(-1)
+    starts = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
+    if not starts:
+        return None
+    bounds = [0, *starts, pos.numel()]
+    return (torch.tensor(bounds, dtype=torch.int32, device=pos.device),
+            max(b - a for a, b in zip(bounds, bounds[1:])))
+
+
+def _packed_pre_hook(module: nn.Module, args: tuple, kwargs: dict):
+    """forward pre-hook of a decoder whose attention is "hearth": in a packed forward (no attention mask, no KV
+    cache) it normalises the varlen kwargs (int32 offsets, int lengths) or, without them, derives them from packed
+    position ids of a single row, and marks the forward so that the mask function skips its [T, T] mask."""
+    inputs = kwargs.get("input_ids", args[0] if args else None)
+    if inputs is None:
+        inputs = kwargs.get("inputs_embeds")
+    position_ids = kwargs.get("position_ids")
+    use_cache = kwargs.get("use_cache")
+    if use_cache is None:  # the model's forward takes the config's default
+        use_cache = getattr(getattr(module, "config", None), "use_cache", False)
+    if (len(args) > 1 or inputs is None or inputs.dim() < 2 or kwargs.get("attention_mask") is not None
+            or kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None or use_cache
+            or torch.compiler.is_compiling()):
+        module._hearth_packed_tokens.append(None)
+        return None  # padded, generating, positional arguments, traced: transformers builds its mask as ever
+    batch, width = inputs.shape[0], inputs.shape[1]
+    given = _varlen_kwargs(kwargs)
+    if given is None:
+        if any(kwargs.get(k) is not None for k in VARLEN_KEYS):
+            missing = [k for k in VARLEN_KEYS if kwargs.get(k) is None]
+            raise ValueError(f"{', '.join(missing)}: the packed-row kwargs go together ({', '.join(VARLEN_KEYS)})")
+        derived = None
+        if (batch == 1 and width > 1 and isinstance(position_ids, torch.Tensor)
+                and tuple(position_ids.shape) == (1, width)):
+            derived = _packed_offsets(position_ids)
+        if derived is None:  # one sequence (the dense kernel, no mask), or not a row we derive offsets for
+            module._hearth_packed_tokens.append(None)
+            return None
+        cu, longest = derived
+        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    else:
+        for k in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            if kwargs[k].dtype != torch.int32:
+                kwargs[k] = kwargs[k].to(torch.int32)
+        for k in ("max_length_q", "max_length_k"):
+            kwargs[k] = int(kwargs[k])
+    module._hearth_packed_tokens.append(_PACKED.set(_PackedForward(width)))
+    return args, kwargs
+
+
+def _packed_post_hook(module: nn.Module, args: tuple, kwargs: dict, output):
+    token = module._hearth_packed_tokens.pop() if module._hearth_packed_tokens else None
+    if token is None:
+        return None
+    state = _PACKED.get()
+    _PACKED.reset(token)
+    if output is not None and state is not None and state.skipped and not state.served:
+        raise RuntimeError(f"{type(module).__name__}: the packed row's mask was skipped but no attention call received "
+                           f"the varlen kwargs ({', '.join(VARLEN_KEYS)}); this model family does not pass the "
+                           "forward's kwargs to its attention function. Patch without attention=True.")
+    return None
+
+
+def _hook_decoders(model: nn.Module) -> None:
+    """The packed-forward hooks on each decoder (a module holding the layers: a ModuleList child and a config) whose
+    attention implementation is hearth's; once per module."""
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if (getattr(config, "_attn_implementation", None) != HEARTH_ATTENTION or getattr(m, "_hearth_packed_tokens", None)
+                is not None or not any(isinstance(c, nn.ModuleList) for c in m.children())):
+            continue
+        m._hearth_packed_tokens = []
+        m.register_forward_pre_hook(_packed_pre_hook, with_kwargs=True)
+        m.register_forward_hook(_packed_post_hook, with_kwargs=True, always_call=True)
+
+
 def _register_attention() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(HEARTH_ATTENTION, hearth_attention_forward)
-    # SDPA's mask function: None (is_causal) when nothing is padded, so the fast path applies
-    AttentionMaskInterface.register(HEARTH_ATTENTION, sdpa_mask)
+    AttentionMaskInterface.register(HEARTH_ATTENTION, hearth_attention_mask)
 
 
 def _attention(module: nn.Module, state: dict) -> None:
@@ -610,6 +790,8 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
         if parent is None:
             raise ValueError("model: the top-level module itself cannot be swapped; pass its parent")
         setattr(parent, child, new)
+    if report.count("attention"):
+        _hook_decoders(model)  # packed rows: the varlen kernel, and no [T, T] mask
     for (kind, cls), why in state["probed"].items():
         if why and why.startswith("not probed"):
             report.leave(kind, cls.__name__, why + ": replaced without a numerics check")

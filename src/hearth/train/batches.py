@@ -160,17 +160,26 @@ def plan_epoch(examples: list[Example], epoch: int, *, seed: int, shuffle: bool,
 
 def collate(batch: list[Example], *, pack: bool, pad_id: int = 0, device=None) -> dict:
     """Model inputs for one micro-batch: padded (input_ids, attention_mask, labels) or one packed row
-    (input_ids, position_ids, labels; each example's first label ignored)."""
+    (input_ids, position_ids, labels; each example's first label ignored; and the row's sequence offsets as
+    transformers' varlen kwargs: cu_seq_lens_q / cu_seq_lens_k int32 [n + 1] on ``device``, max_length_q /
+    max_length_k python ints)."""
     import torch
 
     if pack:
-        ids, labels, pos = [], [], []
+        ids, labels, pos, bounds = [], [], [], [0]
         for e in batch:
             ids += e.ids
             labels += [IGNORE_INDEX] + e.labels[1:]
             pos += list(range(len(e)))
+            bounds.append(bounds[-1] + len(e))
+        cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+        longest = max(len(e) for e in batch)
         return {"input_ids": torch.tensor([ids], device=device), "labels": torch.tensor([labels], device=device),
                 "position_ids": torch.tensor([pos], device=device),
+                # transformers' FlashAttention kwargs, from the lengths on the host (no device sync): a varlen
+                # attention (hearth's, FlashAttention's) takes them; SDPA / eager ignore them and read the
+                # packing from the position ids
+                "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
                 "use_cache": False}  # transformers reads packing from position ids only without a KV cache
     width = max(len(e) for e in batch)
     ids = [e.ids + [pad_id] * (width - len(e)) for e in batch]

@@ -12,7 +12,8 @@ kernel on this device (unless --no-patch; after peft, so that the LoRA projectio
 (plan_checkpointing) -> AdamW on the LoRA parameters, lr warm-up then cosine / linear / constant, gradient
 clipping; each optimizer step is grad_accum micro-batches of at most batch_tokens tokens (padded, or packed
 with no attention across examples), weighted by trained tokens; examples reshuffled every epoch from the
-seed.
+seed. --attention (opt-in, off by default) also patches hearth's attention in: padded micro-batches then run
+its flash kernel (SDPA where there is padding), packed ones (--pack) its varlen kernel on the row's offsets.
 
 OUT holds: the adapter (peft save_pretrained), run.toml, metrics.jsonl (one row per step: step, epoch,
 loss, eval_loss, lr, grad_norm, tokens, tok_per_s, peak_gib), metrics.json (summary), loss.png, and with
@@ -95,6 +96,9 @@ class FinetuneConfig:
     # tensor cores, fp32 accumulation and fp32 adapter gradients (the fast setting; matches peft's training by
     # the tolerance rule on the H200); "adapter" keeps them in the adapters' fp32, as peft computes them
     lora_compute: str = "base"
+    # opt-in: hearth's attention kernels (patch.apply(attention=True)); with pack, each packed row runs
+    # hearth.kernels.attention_varlen on the collator's offsets and no [T, T] mask is built
+    attention: bool = False
     random_init: bool = False
     qlora: bool = False
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; hearth.train.distributed)
@@ -142,6 +146,9 @@ class FinetuneConfig:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.parallel != "none" and self.qlora:
             raise ValueError("parallel: ddp / fsdp with qlora is not supported yet (a 4-bit base cannot be sharded here)")
+        if self.attention and not self.patch:
+            raise ValueError("attention: hearth's attention is part of the patch; drop --no-patch (patch = false) "
+                             "or --attention")
         if self.lora_compute not in LORA_COMPUTE:
             raise ValueError(f"lora_compute must be one of {', '.join(LORA_COMPUTE)}, got {self.lora_compute!r}")
         if self.lr_schedule not in SCHEDULES:
@@ -757,7 +764,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         why = probe_loss_kernel(device, dtype)
         # on a 4-bit base the probes build their inputs in the compute dtype (norm, rope, MLP and loss apply;
         # the 4-bit projections run as bitsandbytes modules, only silu(g) * u is fused)
-        report = hearth_patch.apply(model, loss=why is None, lora_compute=cfg.lora_compute)
+        report = hearth_patch.apply(model, loss=why is None, lora_compute=cfg.lora_compute, attention=cfg.attention)
         reasons = {"loss": why}
         report.left = {(k, c, reasons.get(k) or r): n for (k, c, r), n in report.left.items()}
         report.print(console)
