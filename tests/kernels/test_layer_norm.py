@@ -200,7 +200,7 @@ def test_fwd_every_candidate(dtype, shape, monkeypatch):
     """Every forward candidate (tiles of rows with a ragged last tile; one row per program) gives the
     fp64 reference's y, mean and rstd; narrow rows list a tile first (the CPU default), wide rows none."""
     n = shape[-1]
-    cands = rn._fwd_candidates(n, ln._FWD_TILE_CANDIDATES)
+    cands = ln._ln_fwd_candidates(n)
     narrow = rn._config(n)[0] <= rn.NARROW_MAX_BLOCK
     assert [c[0] for c in cands[:1]] == (["tile"] if narrow else ["row"]) and any(c[0] == "row" for c in cands)
     torch.manual_seed(21)
@@ -264,9 +264,9 @@ def test_candidate_lists():
     the backward's one-row list is the wide one (one program per SM), at any width every entry unique."""
     for n in (1, 7, 128, 1000, 1024):
         assert ln._ln_bwd_candidates(n)[0][0] == "tile"
-        assert rn._fwd_candidates(n, ln._FWD_TILE_CANDIDATES)[0][0] == "tile"
+        assert ln._ln_fwd_candidates(n)[0][0] == "tile"
     for n in (1025, 4096, 5120, 8192):
-        assert all(c[0] == "row" for c in ln._ln_bwd_candidates(n) + rn._fwd_candidates(n, ln._FWD_TILE_CANDIDATES))
+        assert all(c[0] == "row" for c in ln._ln_bwd_candidates(n) + ln._ln_fwd_candidates(n))
     assert {c[2] for c in ln._ln_bwd_candidates(5120)} == {1}
     assert ln._ln_bwd_candidates(4096) == tuple(("row", 1, *c) for c in ln._BWD_CANDIDATES)
     for n in (128, 1024, 4096, 5120):
@@ -367,7 +367,7 @@ def test_model_shapes_every_candidate_bf16(n, m, monkeypatch):
     leaves = [t.detach().float().requires_grad_() for t in (x, w, b)]
     yr = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5)
     dxr, dwr, dbr = torch.autograd.grad(yr, leaves, dy.float())
-    for cfg in rn._fwd_candidates(n, ln._FWD_TILE_CANDIDATES):
+    for cfg in ln._ln_fwd_candidates(n):
         _use(monkeypatch, cfg)
         y, mean, rstd = ln._forward(x, w, b, 1e-5)
         assert_close(y, yr, torch.bfloat16, msg=f"y {cfg}")
@@ -421,11 +421,19 @@ if group.startswith("bwd"):
         const = dict(BLOCK_M=block_m, BLOCK_N=n, NUM_STAGES=stages, COMPUTE_DW=True)
         build(ln._layer_norm_bwd_rows_kernel, sig, const, warps, stages,
               f"bwd {block_m}x{n} {pps}/SM w{warps} s{stages} {dt}", pps)
+elif group == "wide":  # the untimed default of the widest rows, one-row kernel (these spill: not checked)
+    for dt, n in (("bf16", 65536), ("fp32", 32768)):
+        sig = {"dy_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
+               "dx_ptr": f"*{dt}", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "M": "i32", "N": "i32",
+               "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
+        _, _, pps, warps, stages = ln._ln_bwd_candidates(n)[0]
+        const = dict(BLOCK_N=n, ROWS_PER_PROGRAM=16, NUM_STAGES=stages, COMPUTE_DW=True)
+        build(ln._layer_norm_bwd_kernel, sig, const, warps, stages, f"wide default bwd row {n} w{warps} s{stages} {dt}", pps)
 else:
     dt, n = "bf16", 1024
     sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "y_ptr": f"*{dt}", "mean_ptr": "*fp32",
            "rstd_ptr": "*fp32", "M": "i32", "N": "i32", "eps": "fp32", "stride_x": "i32", "stride_y": "i32"}
-    for _, block_m, warps in [c for c in rn._fwd_candidates(n, ln._FWD_TILE_CANDIDATES) if c[0] == "tile"]:
+    for _, block_m, warps in [c for c in ln._ln_fwd_candidates(n) if c[0] == "tile"]:
         build(ln._layer_norm_fwd_rows_kernel, sig, dict(BLOCK_M=block_m, BLOCK_N=n, HAS_BIAS=True), warps, 1,
               f"fwd {block_m}x{n} w{warps} {dt}", 1)
 print(json.dumps(out))
@@ -442,7 +450,7 @@ def sm90_tile_builds():
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
                                          env.get("PYTHONPATH", "")])
     builds = []
-    for groups in (("bwd_fp32_1024", "bwd_bf16_128"), ("fwd",)):
+    for groups in (("bwd_fp32_1024", "bwd_bf16_128"), ("fwd", "wide")):
         procs = [subprocess.Popen([sys.executable, "-c", _SM90_SCRIPT, g], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for g in groups]
         for p in procs:
@@ -458,19 +466,25 @@ def sm90_tile_builds():
 
 def test_tile_candidates_compile_for_sm90_without_spills(sm90_tile_builds):
     n_bwd = sum(c[0] == "tile" for c in ln._ln_bwd_candidates(128))
-    n_fwd = sum(c[0] == "tile" for c in rn._fwd_candidates(1024, ln._FWD_TILE_CANDIDATES))
-    assert len(sm90_tile_builds) == 2 * n_bwd + n_fwd
+    n_fwd = sum(c[0] == "tile" for c in ln._ln_fwd_candidates(1024))
+    assert len(sm90_tile_builds) == 2 * n_bwd + n_fwd + 2
     errors = [f"{b['label']}: {b['error']}" for b in sm90_tile_builds if "error" in b]
     assert not errors, "\n".join(errors)
     for b in sm90_tile_builds:
+        if b["label"].startswith("wide"):
+            continue  # the whole row and three fp32 vectors in registers: spills at any num_warps (see _ln_bwd_candidates)
         assert b["spill"] == 0, f"{b['label']}: {b['spill']} bytes spilled ({b['registers']} registers)"
 
 
 def test_tile_candidates_fit_their_programs_per_sm(sm90_tile_builds):
     """programs_per_SM programs of each backward tile candidate are resident at once on an H200 SM (65536
     registers, allocated per warp in units of 256 = 8 per thread; 227 KiB of shared memory per SM): a
-    program that does not fit would queue behind the others, a second wave over the persistent grid."""
+    program that does not fit would queue behind the others, a second wave over the persistent grid.
+    And the widest rows' default config fits its shared memory (it is launched untimed under capture)."""
     for b in sm90_tile_builds:
+        # the default config of the widest rows runs untimed (CUDA-graph capture): it must launch
+        assert b["shared"] * b["programs_per_sm"] <= 227 * 1024, f"{b['label']}: {b['shared']} B shared memory"
+        if b["label"].startswith("wide"):
+            continue
         regs = -(-b["registers"] // 8) * 8 * 32 * b["warps"] * b["programs_per_sm"]
         assert regs <= 65536, f"{b['label']}: {b['registers']} registers x {b['warps']} warps x {b['programs_per_sm']}"
-        assert b["shared"] * b["programs_per_sm"] <= 227 * 1024, f"{b['label']}: {b['shared']} B shared memory"

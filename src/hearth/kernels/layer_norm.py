@@ -25,6 +25,7 @@ rms_norm keeps one, so its tile candidates are sized for that (_BWD_TILE_CANDIDA
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -228,6 +229,27 @@ def _layer_norm_bwd_rows_kernel(
 # --------------------------------------------------------------------------------------------
 # Launchers: flatten to 2-D [M, N]; BLOCK_N from rms_norm._config, the rest picked per width
 # --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _ln_fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
+    """rms_norm._fwd_candidates over layer_norm's tile table: ("row", 1, num_warps) or ("tile", BLOCK_M,
+    num_warps), tiles first for narrow rows. Cached per width (a dict hit on the hot path)."""
+    return _fwd_candidates(n, _FWD_TILE_CANDIDATES)
+
+
+@functools.lru_cache(maxsize=None)
+def _ln_bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
+    """rms_norm._bwd_candidates over layer_norm's tables: (kind, BLOCK_M, programs_per_SM, num_warps,
+    num_stages), tiles first for narrow rows; one program per SM for rows wider than 4096 (BLOCK_N 8192).
+    Past BLOCK_N 8192 (no model's LayerNorm is that wide) the rows spill registers in every config; there
+    the unpipelined config comes first: the default is launched untimed (e.g. under CUDA-graph capture),
+    and the pipelined one needs 256 KiB of shared memory at BLOCK_N 65536 bf16 / 32768 fp32 (H200: 227).
+    Cached per width."""
+    block = _config(n)[0]
+    if block > 8192:
+        return tuple(sorted(_bwd_candidates(n), key=lambda c: c[4]))  # num_stages 1 first
+    return _bwd_candidates(n, _BWD_CANDIDATES if block <= 4096 else _BWD_WIDE_CANDIDATES, _BWD_TILE_CANDIDATES)
+
+
 def _forward(x, weight, bias, eps):
     n = x.shape[-1]
     x2 = _rows(x, n)
@@ -257,7 +279,7 @@ def _forward(x, weight, bias, eps):
 
     # idempotent (writes y, mean and rstd only), so candidates are timed on the real arguments
     key = ("layer_norm_fwd", n, x.dtype, weight.dtype, bias is not None)
-    launch(pick_config(key, _fwd_candidates(n, _FWD_TILE_CANDIDATES), launch, x.device))
+    launch(pick_config(key, _ln_fwd_candidates(n), launch, x.device))
     return y, mean, rstd
 
 
@@ -312,13 +334,6 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
         dw, db = partial.sum(1)  # views of one [2, N] result (dw's too when weight is fp32)
         return dx, dw.to(weight.dtype), db
     return dx, partial[0].sum(0).to(weight.dtype), partial[1].sum(0)
-
-
-def _ln_bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
-    """rms_norm._bwd_candidates over layer_norm's tables: (kind, BLOCK_M, programs_per_SM, num_warps,
-    num_stages), tiles first for narrow rows; one program per SM for rows wider than 4096 (BLOCK_N 8192)."""
-    row_table = _BWD_CANDIDATES if _config(n)[0] <= 4096 else _BWD_WIDE_CANDIDATES
-    return _bwd_candidates(n, row_table, _BWD_TILE_CANDIDATES)
 
 
 # --------------------------------------------------------------------------------------------
