@@ -331,6 +331,25 @@ def test_frozen_norm_skips_the_parameter_gradients(route, monkeypatch):
     assert_close(x.grad, dxr, torch.float32, msg="dx")
 
 
+@pytest.mark.parametrize("route", ["eager", "compile"])
+def test_backward_gets_no_materialised_zero_gradient_for_mean_and_rstd(route):
+    """mean and rstd are outputs only to be saved: they must not require grad, and autograd must not
+    allocate and fill a zero gradient for each of them on every backward."""
+    torch.manual_seed(26)
+    x = torch.randn(6, 32, device=DEVICE, requires_grad=True)
+    w = torch.randn(32, device=DEVICE, requires_grad=True)
+    b = torch.randn(32, device=DEVICE, requires_grad=True)
+    fn = ln._layer_norm if route == "eager" else torch.ops.hearth.layer_norm_fwd
+    y, mean, rstd = fn(x, w, b, 1e-5)
+    assert y.requires_grad and not mean.requires_grad and not rstd.requires_grad
+    dy = torch.randn_like(y)
+    with _AtenOps() as ops:
+        torch.autograd.backward([y], [dy])
+    assert not {"zeros", "zeros_like", "zero_", "fill_"} & set(ops.seen), ops.seen
+    for got, want, name in zip((x.grad, w.grad, b.grad), _fp64(x, w, b, dy), ("dx", "dw", "db")):
+        assert_close(got, want, torch.float32, msg=name)
+
+
 @pytest.mark.parametrize("trained", ["weight", "bias"])
 def test_one_trained_parameter_gets_its_gradient(trained):
     """weight frozen and bias trained (or the reverse): the trained one's gradient is right, the other None."""
