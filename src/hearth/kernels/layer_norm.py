@@ -60,8 +60,8 @@ _BWD_WIDE_CANDIDATES = ((1, 16, 3), (1, 16, 4), (1, 16, 2), (1, 8, 3), (1, 8, 4)
 # [BLOCK_M, BLOCK_N] fp32 accumulators (dw and db), twice rms_norm's, so rms_norm's list does not carry:
 # its (4096, 3 per SM, 4 warps) needs 186 registers here (only 2 programs fit) and its 16384-element tile
 # over 16 warps spilled (512 threads cap ptxas at 128 registers). Sized so that programs_per_SM programs
-# fit an SM (65536 registers, 228 KiB shared memory); ptxas figures per candidate in the tests
-# (tests/kernels/test_layer_norm.py, test_bwd_tile_candidates_compile_for_sm90_without_spills).
+# fit an SM (65536 registers, 227 KiB shared memory); checked per candidate with ptxas by
+# tests/kernels/test_layer_norm.py (test_tile_candidates_*: sm_90 builds, no spills, they fit).
 _BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 2, 8, 2), (2048, 4, 4, 2), (2048, 3, 4, 3), (8192, 1, 8, 3),
                         (8192, 1, 16, 2))
 
@@ -121,13 +121,14 @@ def _layer_norm_fwd_rows_kernel(
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    # mean and rstd stored before y is computed: stored after it, ptxas spilled (sm_90, fp32 x, 4 x 1024 tile)
+    tl.store(mean_ptr + rows, mean, mask=row_mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_mask)
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
 @triton.jit
