@@ -228,7 +228,7 @@ _SMALL_TILES = (("tile", 2, 1, 4, 1), ("tile", 4, 1, 4, 2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(37, 128), (1, 128), (70, 7), (9, 1000), (2, 3, 5, 64), (5, 1500)],
+@pytest.mark.parametrize("shape", [(37, 128), (1, 128), (70, 7), (9, 1000), (5, 1500)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_bwd_every_candidate(dtype, shape, monkeypatch):
     """Every backward candidate (tiles first for narrow rows, then the one-row configs; the wide table past
@@ -443,7 +443,7 @@ if group.startswith("bwd"):
         build(ln._layer_norm_bwd_rows_kernel, sig, const, warps, stages,
               f"bwd {block_m}x{n} {pps}/SM w{warps} s{stages} {dt}", pps)
 elif group == "wide":  # the untimed default of the widest rows, one-row kernel (these spill: not checked)
-    for dt, n in (("bf16", 65536), ("fp32", 32768)):
+    for dt, n in (("bf16", 65536),):
         sig = {"dy_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
                "dx_ptr": f"*{dt}", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "M": "i32", "N": "i32",
                "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
@@ -467,12 +467,13 @@ def sm90_tile_builds():
     """Every tile candidate built for sm_90 with Triton's bundled ptxas (no GPU): the backward (two fp32
     [BLOCK_M, BLOCK_N] accumulators, with dw: its most registers) at N=1024 (Qwen3-0.6B; more registers
     than narrower rows) in bf16 and fp32, the forward in fp32 at N=1024 (its 4x1024 tile spilled 16 bytes
-    until mean / rstd were stored before y was computed) and bf16 at 128, and the widest rows' default.
+    until mean / rstd were stored before y was computed; bf16 needs fewer registers), and the widest rows'
+    default (65536 bf16).
     Subprocesses (the interpreter flag must be off for triton.compile), two at a time on CI's two cores."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
                                          env.get("PYTHONPATH", "")])
-    groups = ("bwd_fp32_1024", "bwd_bf16_1024", "fwd_fp32_1024", "fwd_bf16_128", "wide")
+    groups = ("bwd_fp32_1024", "bwd_bf16_1024", "fwd_fp32_1024", "wide")
     run = functools.partial(subprocess.run, env=env, capture_output=True, text=True, timeout=600)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda g: run([sys.executable, "-c", _SM90_SCRIPT, g]), groups))
@@ -489,8 +490,8 @@ def sm90_tile_builds():
 
 def test_tile_candidates_compile_for_sm90_without_spills(sm90_tile_builds):
     n_bwd = sum(c[0] == "tile" for c in ln._ln_bwd_candidates(128))
-    n_fwd = sum(c[0] == "tile" for c in ln._ln_fwd_candidates(128))
-    assert len(sm90_tile_builds) == 2 * n_bwd + 2 * n_fwd + 2
+    n_fwd = sum(c[0] == "tile" for c in ln._ln_fwd_candidates(1024))
+    assert len(sm90_tile_builds) == 2 * n_bwd + n_fwd + 1
     errors = [f"{b['label']}: {b['error']}" for b in sm90_tile_builds if "error" in b]
     assert not errors, "\n".join(errors)
     for b in sm90_tile_builds:
