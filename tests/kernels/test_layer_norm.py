@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import importlib
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hearth.kernels.layer_norm import layer_norm
-from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
+from tests.kernels.test_rms_norm import _AtenOps
+from hearth.kernels._common import interpret_mode
+from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
+
+ln = importlib.import_module("hearth.kernels.layer_norm")  # the package attribute is the function
+rn = importlib.import_module("hearth.kernels.rms_norm")
 
 
 def check_fwd_bwd(x, w, b, dtype, eps=1e-5, grad_scale=2.0):
@@ -96,6 +109,9 @@ def test_opcheck():
     w = torch.randn(8, device=DEVICE, requires_grad=True)
     b = torch.randn(8, device=DEVICE, requires_grad=True)
     torch.library.opcheck(torch.ops.hearth.layer_norm_fwd, (x, w, b, 1e-5))
+    dy, mean, rstd = torch.randn(3, 8, device=DEVICE), torch.randn(3, device=DEVICE), torch.rand(3, device=DEVICE) + 0.5
+    for need_dw in (True, False):
+        torch.library.opcheck(torch.ops.hearth.layer_norm_bwd, (dy, x.detach(), w.detach(), mean, rstd, need_dw))
 
 @gpu_only
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
@@ -152,3 +168,347 @@ def test_bad_input_names_the_argument(x, w, b, exc, name):
     to = lambda t: t if t is None or t.device.type == "meta" else t.to(DEVICE)  # noqa: E731
     with pytest.raises(exc, match=rf"^{name}\b"):
         layer_norm(to(x), to(w), to(b))
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch configs (rms_norm's machinery): every forward and backward candidate against fp64
+# ----------------------------------------------------------------------------------------------
+def _distinct(cands, n_fields):
+    """cands, less those equal in their first n_fields under the interpreter: it ignores num_warps and
+    num_stages, so a second config differing only there would run the same Python again (on a GPU: all)."""
+    if not interpret_mode():
+        return tuple(cands)
+    return tuple({c[:n_fields]: c for c in reversed(cands)}.values())[::-1]
+
+
+def _use(monkeypatch, cfg):
+    monkeypatch.setattr(ln, "pick_config", lambda key, candidates, launch, device, cfg=cfg: cfg)
+
+
+def _fp64(x, w, b, dy=None, eps=1e-5):
+    """y (or dx, dw, db with dy) of F.layer_norm in fp64 on the same (rounded) inputs."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y = F.layer_norm(leaves[0], (x.shape[-1],), leaves[1], leaves[2], eps)
+    return y if dy is None else torch.autograd.grad(y, leaves, dy.double())
+
+
+# widths: a power of two, 1, widths that are not (7, 1000), a 4-D x; and one row wider than NARROW_MAX_BLOCK
+_FWD_SHAPES = [(37, 128), (5, 1), (70, 7), (9, 1000), (2, 3, 5, 64), (3, 1500)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", _FWD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fwd_every_candidate(dtype, shape, monkeypatch):
+    """Every forward candidate (tiles of rows with a ragged last tile; one row per program) gives the
+    fp64 reference's y, mean and rstd; narrow rows list a tile first (the CPU default), wide rows none."""
+    n = shape[-1]
+    cands = ln._ln_fwd_candidates(n)
+    narrow = rn._config(n)[0] <= rn.NARROW_MAX_BLOCK
+    assert [c[0] for c in cands[:1]] == (["tile"] if narrow else ["row"]) and any(c[0] == "row" for c in cands)
+    torch.manual_seed(21)
+    x = (torch.randn(*shape, device=DEVICE) * 2 + 3).to(dtype)  # a non-zero mean
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    b = (0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    x64 = x.double().reshape(-1, n)
+    want_mean = x64.mean(-1)
+    want_rstd = torch.rsqrt(x64.var(-1, unbiased=False) + 1e-5)
+    want = _fp64(x, w, b)
+    for cfg in _distinct(cands, 2):
+        _use(monkeypatch, cfg)
+        for bias in (b, None):
+            y, mean, rstd = ln._forward(x, w, bias, 1e-5)
+            assert_close(y, want if bias is not None else want - b.double(), dtype, msg=f"y {cfg} bias={bias is not None}")
+        torch.testing.assert_close(mean.double(), want_mean, rtol=1e-5, atol=1e-5, msg=f"mean {cfg}")
+        torch.testing.assert_close(rstd.double(), want_rstd, rtol=1e-4, atol=1e-5, msg=f"rstd {cfg}")
+
+
+# A tile of 2 rows and one of 4 rows at 1 program per SM: several tiles per program at these small M, so the
+# loop, its ragged last tile and the last program's spare tiles are all walked under the interpreter.
+_SMALL_TILES = (("tile", 2, 1, 4, 1), ("tile", 4, 1, 4, 2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 128), (1, 128), (70, 7), (9, 1000), (5, 1500)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_bwd_every_candidate(dtype, shape, monkeypatch):
+    """Every backward candidate (tiles first for narrow rows, then the one-row configs; the wide table past
+    4096) gives the fp64 reference's dx, dw and db from row-strided x and dy; without dw the same dx."""
+    n = shape[-1]
+    cands = ln._ln_bwd_candidates(n)
+    narrow = rn._config(n)[0] <= rn.NARROW_MAX_BLOCK
+    assert cands[0][0] == ("tile" if narrow else "row") and any(c[0] == "row" for c in cands)
+    torch.manual_seed(22)
+    x = (torch.randn(*shape[:-1], n + 3, device=DEVICE) * 2 + 3).to(dtype)[..., :n]  # row stride n + 3
+    dy = torch.randn(*shape[:-1], n + 5, device=DEVICE).to(dtype)[..., :n]
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    b = (0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    dxr, dwr, dbr = _fp64(x, w, b, dy)
+    _y, mean, rstd = ln._forward(x, w, b, 1e-5)
+    m = x.numel() // n
+    for i, cfg in enumerate(_distinct(cands, 3) + (_SMALL_TILES if narrow else ())):
+        if cfg[0] == "row" and narrow and (dtype != torch.float32 or m > 10):
+            continue  # the one-row kernel is walked at the wide shape in every dtype and here in fp32 at M <= 10
+            # (the interpreter takes its rows one at a time)
+        _use(monkeypatch, cfg)
+        for separate in (False, True) if i == 0 else (False,):
+            dx, dw, db = ln._backward(dy, x, w, mean, rstd, separate=separate)
+            assert dx.dtype == dtype and dw.dtype == dtype and db.dtype == torch.float32
+            assert_close(dx, dxr, dtype, msg=f"dx {cfg}")
+            assert_close(dw, dwr, dtype, msg=f"dw {cfg}")
+            assert_close(db, dbr, torch.float32 if dtype == torch.float32 else dtype, msg=f"db {cfg}")
+        dx_only, none_w, none_b = ln._backward(dy, x, w, mean, rstd, need_dw=False)
+        assert none_w is None and none_b is None
+        torch.testing.assert_close(dx_only, dx, rtol=0, atol=0, msg=f"dx without dw {cfg}")
+
+
+def test_candidate_lists():
+    """Narrow rows: tiles first (the CPU default), wide rows: one row per program only; past BLOCK_N 4096
+    the backward's one-row list is the wide one (one program per SM), at any width every entry unique."""
+    for n in (1, 7, 128, 1000, 1024):
+        assert ln._ln_bwd_candidates(n)[0][0] == "tile"
+        assert ln._ln_fwd_candidates(n)[0][0] == "tile"
+    for n in (1025, 4096, 5120, 8192):
+        assert all(c[0] == "row" for c in ln._ln_bwd_candidates(n) + ln._ln_fwd_candidates(n))
+    assert {c[2] for c in ln._ln_bwd_candidates(5120)} == {1}
+    assert ln._ln_bwd_candidates(4096) == tuple(("row", 1, *c) for c in ln._BWD_CANDIDATES)
+    for n in (128, 1024, 4096, 5120):
+        c = ln._ln_bwd_candidates(n)
+        assert len(set(c)) == len(c)
+
+
+def test_bwd_tile_kernel_rows_past_int32():
+    # the tile kernels' row offsets are int64: the last row starts past element 2^31
+    x = rows_past_int32(3, 40, torch.float16)
+    dy = rows_past_int32(3, 40, torch.float16)
+    w = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    assert ln._ln_bwd_candidates(40)[0][0] == "tile"
+    y, mean, rstd = ln._forward(x, w, b, 1e-5)
+    assert_close(y, _fp64(x, w, b), torch.float16, msg="y")
+    dxr, dwr, dbr = _fp64(x, w, b, dy)
+    dx, dw, db = ln._backward(dy, x, w, mean, rstd)
+    assert_close(dx, dxr, torch.float16, msg="dx")
+    assert_close(dw, dwr, torch.float16, msg="dw")
+    assert_close(db, dbr, torch.float16, msg="db")
+
+
+def test_zero_rows_frozen_backward():
+    x = torch.randn(0, 16, device=DEVICE)
+    dx, dw, db = ln._backward(x, x, torch.ones(16, device=DEVICE), x[:, 0], x[:, 0], need_dw=False)
+    assert dx.shape == (0, 16) and dw is None and db is None
+
+
+# ----------------------------------------------------------------------------------------------
+# A frozen norm (weight and bias need no gradient, e.g. under LoRA): no dw / db work at all
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("route", ["eager", "compile"])
+def test_frozen_norm_skips_the_parameter_gradients(route, monkeypatch):
+    """Before: a [2, G, N] fp32 partial buffer, a column sum and casts on every backward, then thrown away."""
+    torch.manual_seed(23)
+    x = torch.randn(40, 64, device=DEVICE, requires_grad=True)
+    w, b = 1 + 0.1 * torch.randn(64, device=DEVICE), 0.1 * torch.randn(64, device=DEVICE)
+
+    def forward():
+        if route == "eager":
+            return ln._layer_norm(x, w, b, 1e-5)[0]
+        return torch.ops.hearth.layer_norm_fwd(x, w, b, 1e-5)[0]  # the custom op's autograd (torch.compile's route)
+
+    dy = torch.randn(40, 64, device=DEVICE)
+    # one backward first: on a GPU the first call times the candidates (dozens of launches and buffers)
+    torch.autograd.backward([forward()], [dy])
+    x.grad = None
+    y = forward()
+    with _AtenOps().watch(monkeypatch, "layer_norm") as ops:
+        torch.autograd.backward([y], [dy])
+    # one backward kernel (which of the two is the GPU's pick; the interpreter's default is the tile one)
+    assert len(ops.launches) == 1, ops.launches
+    assert ops.launches[0] in ("_layer_norm_bwd_rows_kernel", "_layer_norm_bwd_kernel"), ops.launches
+    assert "sum" not in ops.seen and "_to_copy" not in ops.seen, ops.seen
+    if route == "eager":
+        assert ops.seen.count("empty") == 1, ops.seen  # dx only
+    else:  # the backward op's body is not seen by the mode: it must have been told to skip dw
+        assert ops.seen.count("layer_norm_bwd") == 1 and ops.hearth_args[0][-1] is False, ops.seen
+    assert w.grad is None and b.grad is None
+    dxr = _fp64(x, w, b, dy)[0]
+    assert_close(x.grad, dxr, torch.float32, msg="dx")
+
+
+@pytest.mark.parametrize("route", ["eager", "compile"])
+def test_backward_gets_no_materialised_zero_gradient_for_mean_and_rstd(route):
+    """mean and rstd are outputs only to be saved: they must not require grad, and autograd must not
+    allocate and fill a zero gradient for each of them on every backward."""
+    torch.manual_seed(26)
+    x = torch.randn(6, 32, device=DEVICE, requires_grad=True)
+    w = torch.randn(32, device=DEVICE, requires_grad=True)
+    b = torch.randn(32, device=DEVICE, requires_grad=True)
+    fn = ln._layer_norm if route == "eager" else torch.ops.hearth.layer_norm_fwd
+    y, mean, rstd = fn(x, w, b, 1e-5)
+    assert y.requires_grad and not mean.requires_grad and not rstd.requires_grad
+    dy = torch.randn_like(y)
+    with _AtenOps() as ops:
+        torch.autograd.backward([y], [dy])
+    assert not {"zeros", "zeros_like", "zero_", "fill_"} & set(ops.seen), ops.seen
+    for got, want, name in zip((x.grad, w.grad, b.grad), _fp64(x, w, b, dy), ("dx", "dw", "db")):
+        assert_close(got, want, torch.float32, msg=name)
+
+
+@pytest.mark.parametrize("trained", ["weight", "bias"])
+def test_one_trained_parameter_gets_its_gradient(trained):
+    """weight frozen and bias trained (or the reverse): the trained one's gradient is right, the other None."""
+    torch.manual_seed(24)
+    x = torch.randn(9, 48, device=DEVICE, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(48, device=DEVICE)).requires_grad_(trained == "weight")
+    b = (0.1 * torch.randn(48, device=DEVICE)).requires_grad_(trained == "bias")
+    dy = torch.randn(9, 48, device=DEVICE)
+    torch.autograd.backward([layer_norm(x, w, b)], [dy])
+    dxr, dwr, dbr = _fp64(x, w, b, dy)
+    assert_close(x.grad, dxr, torch.float32, msg="dx")
+    if trained == "weight":
+        assert b.grad is None
+        assert_close(w.grad, dwr, torch.float32, msg="dw")
+    else:
+        assert w.grad is None
+        assert_close(b.grad, dbr, torch.float32, msg="db")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the model shapes of issue 17, every candidate at the real grid
+# ----------------------------------------------------------------------------------------------
+@gpu_only
+@pytest.mark.parametrize("n, m", [(1024, 65536), (5120, 12289)], ids=["qwen3-0.6b_1024x65536", "qwen3-14b_5120x12289"])
+def test_model_shapes_every_candidate_bf16(n, m, monkeypatch):
+    """fwd + bwd in bf16 against fp32 references for every forward and backward candidate, with and
+    without dw, and once through the public function (the pick's own choice)."""
+    torch.manual_seed(25)
+    x = (torch.randn(m, n, device=DEVICE) + 1).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
+    b = (0.1 * torch.randn(n, device=DEVICE)).to(torch.bfloat16)
+    check_fwd_bwd(x, w, b, torch.bfloat16)
+    dy = torch.randn_like(x)
+    leaves = [t.detach().float().requires_grad_() for t in (x, w, b)]
+    yr = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5)
+    dxr, dwr, dbr = torch.autograd.grad(yr, leaves, dy.float())
+    for cfg in ln._ln_fwd_candidates(n):
+        _use(monkeypatch, cfg)
+        y, mean, rstd = ln._forward(x, w, b, 1e-5)
+        assert_close(y, yr, torch.bfloat16, msg=f"y {cfg}")
+    for cfg in ln._ln_bwd_candidates(n):
+        _use(monkeypatch, cfg)
+        dx, dw, db = ln._backward(dy, x, w, mean, rstd)
+        assert_close(dx, dxr, torch.bfloat16, msg=f"dx {cfg}")
+        assert_close(dw, dwr, torch.bfloat16, msg=f"dw {cfg}")
+        assert_close(db, dbr, torch.bfloat16, msg=f"db {cfg}")
+        dx_only, _, _ = ln._backward(dy, x, w, mean, rstd, need_dw=False)
+        torch.testing.assert_close(dx_only, dx, rtol=0, atol=0, msg=f"dx without dw {cfg}")
+
+
+# ----------------------------------------------------------------------------------------------
+# sm_90 (H200) builds of every tiled candidate, offline: compiles, no spills, programs_per_SM fit an SM
+# ----------------------------------------------------------------------------------------------
+_SM90_SCRIPT = r"""
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hearth import inspect as hi
+
+ln = importlib.import_module("hearth.kernels.layer_norm")
+rn = importlib.import_module("hearth.kernels.rms_norm")
+group = sys.argv[1]
+out = []
+def build(fn, sig, const, warps, stages, label, programs_per_sm):
+    sig = dict(sig, **{k: "constexpr" for k in const})
+    # pointers, N and the row strides divisible by 16, as the launch specialises them at these widths
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig
+             if k.endswith("_ptr") or k in ("N", "stride_dy", "stride_x", "stride_dx", "stride_y")}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    except Exception as e:
+        out.append(dict(label=label, error=f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"))
+        return
+    usage = hi.parse_res_usage(hi._cuobjdump(k.asm["cubin"], "-res-usage") or "")
+    res = usage.get(k.metadata.name, {})
+    out.append(dict(label=label, registers=res.get("REG"), spill=res.get("STACK", 0) + res.get("LOCAL", 0),
+                    shared=k.metadata.shared, warps=warps, programs_per_sm=programs_per_sm))
+
+if group.startswith("bwd"):
+    _, dt, n = group.split("_")
+    n = int(n)
+    sig = {"dy_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
+           "dx_ptr": f"*{dt}", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "M": "i32", "N": "i32",
+           "tiles_per_program": "i32", "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
+    for _, block_m, pps, warps, stages in [c for c in ln._ln_bwd_candidates(n) if c[0] == "tile"]:
+        const = dict(BLOCK_M=block_m, BLOCK_N=n, NUM_STAGES=stages, COMPUTE_DW=True)
+        build(ln._layer_norm_bwd_rows_kernel, sig, const, warps, stages,
+              f"bwd {block_m}x{n} {pps}/SM w{warps} s{stages} {dt}", pps)
+elif group == "wide":  # the untimed default of the widest rows, one-row kernel (these spill: not checked)
+    for dt, n in (("bf16", 65536),):
+        sig = {"dy_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
+               "dx_ptr": f"*{dt}", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "M": "i32", "N": "i32",
+               "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
+        _, _, pps, warps, stages = ln._ln_bwd_candidates(n)[0]
+        const = dict(BLOCK_N=n, ROWS_PER_PROGRAM=16, NUM_STAGES=stages, COMPUTE_DW=True)
+        build(ln._layer_norm_bwd_kernel, sig, const, warps, stages, f"wide default bwd row {n} w{warps} s{stages} {dt}", pps)
+else:
+    _, dt, n = group.split("_")
+    n = int(n)
+    sig = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "y_ptr": f"*{dt}", "mean_ptr": "*fp32",
+           "rstd_ptr": "*fp32", "M": "i32", "N": "i32", "eps": "fp32", "stride_x": "i32", "stride_y": "i32"}
+    for _, block_m, warps in [c for c in ln._ln_fwd_candidates(n) if c[0] == "tile"]:
+        build(ln._layer_norm_fwd_rows_kernel, sig, dict(BLOCK_M=block_m, BLOCK_N=n, HAS_BIAS=True), warps, 1,
+              f"fwd {block_m}x{n} w{warps} {dt}", 1)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_tile_builds():
+    """Every tile candidate built for sm_90 with Triton's bundled ptxas (no GPU): the backward (two fp32
+    [BLOCK_M, BLOCK_N] accumulators, with dw: its most registers) at N=1024 (Qwen3-0.6B; more registers
+    than narrower rows) in bf16 and fp32, the forward in fp32 at N=1024 (its 4x1024 tile spilled 16 bytes
+    until mean / rstd were stored before y was computed; bf16 needs fewer registers), and the widest rows'
+    default (65536 bf16).
+    Subprocesses (the interpreter flag must be off for triton.compile), two at a time on CI's two cores."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
+                                         env.get("PYTHONPATH", "")])
+    groups = ("bwd_fp32_1024", "bwd_bf16_1024", "fwd_fp32_1024", "wide")
+    run = functools.partial(subprocess.run, env=env, capture_output=True, text=True, timeout=600)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda g: run([sys.executable, "-c", _SM90_SCRIPT, g]), groups))
+    builds = []
+    for res in results:
+        if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
+            pytest.skip("Triton's bundled ptxas is missing")
+        assert res.returncode == 0, res.stderr[-3000:]
+        builds += json.loads(res.stdout.strip().splitlines()[-1])
+    if any(b.get("registers") is None and "error" not in b for b in builds):
+        pytest.skip("cuobjdump is missing: no register figures")
+    return builds
+
+
+def test_tile_candidates_compile_for_sm90_without_spills(sm90_tile_builds):
+    n_bwd = sum(c[0] == "tile" for c in ln._ln_bwd_candidates(128))
+    n_fwd = sum(c[0] == "tile" for c in ln._ln_fwd_candidates(1024))
+    assert len(sm90_tile_builds) == 2 * n_bwd + n_fwd + 1
+    errors = [f"{b['label']}: {b['error']}" for b in sm90_tile_builds if "error" in b]
+    assert not errors, "\n".join(errors)
+    for b in sm90_tile_builds:
+        if b["label"].startswith("wide"):
+            continue  # the whole row and three fp32 vectors in registers: spills at any num_warps (see _ln_bwd_candidates)
+        assert b["spill"] == 0, f"{b['label']}: {b['spill']} bytes spilled ({b['registers']} registers)"
+
+
+def test_tile_candidates_fit_their_programs_per_sm(sm90_tile_builds):
+    """programs_per_SM programs of each backward tile candidate are resident at once on an H200 SM (65536
+    registers, allocated per warp in units of 256 = 8 per thread; 227 KiB of shared memory per SM): a
+    program that does not fit would queue behind the others, a second wave over the persistent grid.
+    And the widest rows' default config fits its shared memory (it is launched untimed under capture)."""
+    for b in sm90_tile_builds:
+        # the default config of the widest rows runs untimed (CUDA-graph capture): it must launch
+        assert b["shared"] * b["programs_per_sm"] <= 227 * 1024, f"{b['label']}: {b['shared']} B shared memory"
+        if b["label"].startswith("wide"):
+            continue
+        regs = -(-b["registers"] // 8) * 8 * 32 * b["warps"] * b["programs_per_sm"]
+        assert regs <= 65536, f"{b['label']}: {b['registers']} registers x {b['warps']} warps x {b['programs_per_sm']}"

@@ -316,7 +316,7 @@ def test_wide_rows_bwd_keep_one_row_per_iteration():
 # ----------------------------------------------------------------------------------------------
 class _AtenOps(TorchDispatchMode):
     """Names of the aten ops that reach the dispatcher while the mode is on, and the Triton launches of
-    rms_norm's kernels (`watch(monkeypatch)`); ops issued inside a launch (the CPU interpreter copies its
+    rms_norm's (or layer_norm's) kernels (`watch(monkeypatch)`); ops issued inside a launch (the CPU interpreter copies its
     arguments with aten ops) are not counted."""
 
     def __init__(self):
@@ -326,11 +326,11 @@ class _AtenOps(TorchDispatchMode):
         self.hearth_args: list[tuple] = []  # the arguments of each hearth:: op seen
         self._in_launch = False
 
-    def watch(self, monkeypatch):
-        rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
-        for name in ("_rms_norm_fwd_kernel", "_rms_norm_fwd_rows_kernel", "_rms_norm_bwd_kernel",
-                     "_rms_norm_bwd_rows_kernel"):
-            kernel = getattr(rn, name)
+    def watch(self, monkeypatch, op="rms_norm"):
+        """Count launches of hearth.kernels.<op>'s _<op>_{fwd,bwd}{,_rows}_kernel (layer_norm's tests reuse this)."""
+        mod = importlib.import_module(f"hearth.kernels.{op}")  # the package attribute is the function
+        for name in (f"_{op}_fwd_kernel", f"_{op}_fwd_rows_kernel", f"_{op}_bwd_kernel", f"_{op}_bwd_rows_kernel"):
+            kernel = getattr(mod, name)
 
             def run(*args, _run=kernel.run, _name=name, **kwargs):
                 self.launches.append(_name)

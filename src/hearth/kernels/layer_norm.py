@@ -9,19 +9,61 @@ Math (per row of N features, statistics in fp32, biased variance like torch):
 Memory traffic for x [M, N] in `b` bytes per element:
     forward  reads x, writes y (+ mean and rstd, 8*M bytes):             2*M*N*b
     backward reads x and dy, writes dx, + partial dw/db (2 x G x N fp32):  3*M*N*b + 4*G*N*4
-Weight and bias gradients are reduced in two stages exactly like rms_norm (no atomics, LESSON 5).
+At 65536x1024 bf16 (Qwen3-0.6B width) that is 128 MiB + 192 MiB = 320 MiB, ~0.08 ms at 4.27 TB/s.
+
+Weight and bias gradients are reduced in two stages like rms_norm (no atomics, LESSON 5): a persistent
+grid of G programs keeps fp32 partial dw and db in registers; both partials share one [2, G, N] buffer,
+so one allocation and one column sum finish them. A frozen norm (weight and bias need no gradient, e.g.
+under LoRA) skips that work entirely (COMPUTE_DW: no accumulation, no buffer, no sum).
+
+Launch configs are rms_norm's machinery (_common.pick_config, timed once per width on the GPU; the first
+candidate is the CPU / interpreter default): one row per program or, for rows up to NARROW_MAX_BLOCK wide,
+[BLOCK_M, BLOCK_N] tiles of rows per program, forward and backward; the backward is persistent and its
+row (tile) loop software-pipelined. LayerNorm's backward keeps two fp32 accumulators (dw and db) where
+rms_norm keeps one, so its tile candidates are sized for that (_BWD_TILE_CANDIDATES below).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import autograd_op, check_same_device, check_tensor
-from hearth.kernels.rms_norm import MAX_N, _config, _rows, persistent_grid
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_tensor, pick_config
+from hearth.kernels.rms_norm import (
+    MAX_N,
+    _bwd_candidates,
+    _config,
+    _fwd_candidates,
+    _rows,
+    persistent_grid,
+    persistent_tile_grid,
+)
+
+# Forward tiles (tile elements, num_warps) for rows <= NARROW_MAX_BLOCK: rms_norm's list (the forward
+# keeps one [BLOCK_M, BLOCK_N] tile of x live either way; LayerNorm adds one more row reduction).
+_FWD_TILE_CANDIDATES = ((4096, 4), (2048, 4), (8192, 8), (4096, 8), (16384, 16))
+# Backward, one row per loop iteration: (programs_per_SM, num_warps, num_stages); the first is the CPU /
+# interpreter default. LayerNorm keeps w, dw and db (fp32) per thread for the whole run of rows, so the
+# register bill grows with the width faster than rms_norm's (Triton 3.6 sm_90, bf16 with dw, ptxas -v):
+#   N=1024: 32-48 registers in every config below        N=4096, 8 warps: 113-128; 16 warps: 64
+#   N=5120 (BLOCK_N 8192), 8 warps: 211-250; 16 warps: 113-114
+# Up to BLOCK_N 4096 rms_norm's list fits (2 x 8 warps x 128 registers = one SM's 65536). Wider (BLOCK_N
+# 8192: Qwen3-14B's 5120) two 8-warp programs no longer fit an SM and a second program per SM would only
+# queue behind the first (a second wave over the persistent grid): one program per SM, 16 or 8 warps.
+_BWD_CANDIDATES = ((2, 8, 3), (2, 8, 4), (1, 16, 4), (2, 16, 3), (4, 8, 2), (4, 8, 1))
+_BWD_WIDE_CANDIDATES = ((1, 16, 3), (1, 16, 4), (1, 16, 2), (1, 8, 3), (1, 8, 4))
+# Backward tiles for narrow rows: (tile elements, programs_per_SM, num_warps, num_stages). Each holds two
+# [BLOCK_M, BLOCK_N] fp32 accumulators (dw and db), twice rms_norm's, so rms_norm's list does not carry:
+# its (4096, 3 per SM, 4 warps) needs 186 registers here (only 2 programs fit) and its 16384-element tile
+# over 16 warps spilled (512 threads cap ptxas at 128 registers). Sized so that programs_per_SM programs
+# fit an SM (65536 registers, 227 KiB shared memory); checked per candidate with ptxas by
+# tests/kernels/test_layer_norm.py (test_tile_candidates_*: sm_90 builds, no spills, they fit).
+_BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 2, 8, 2), (2048, 4, 4, 2), (2048, 3, 4, 3), (8192, 1, 8, 3),
+                        (8192, 1, 16, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,6 +99,39 @@ def _layer_norm_fwd_kernel(
 
 
 @triton.jit
+def _layer_norm_fwd_rows_kernel(
+    # pointers
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    # shapes
+    M, N, eps,
+    # strides (elements between rows; the feature dimension is contiguous)
+    stride_x, stride_y,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """The forward over a [BLOCK_M, BLOCK_N] tile of rows: the math of _layer_norm_fwd_kernel per row."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    # mean and rstd stored before y is computed: stored after it, ptxas spilled (sm_90, fp32 x, 4 x 1024 tile)
+    tl.store(mean_ptr + rows, mean, mask=row_mask)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _layer_norm_bwd_kernel(
     # pointers
     dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
@@ -67,6 +142,8 @@ def _layer_norm_bwd_kernel(
     # meta-parameters
     BLOCK_N: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see rms_norm.persistent_grid)
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: the partial pointers are unused
 ):
     pid = tl.program_id(0)
     row_start = pid * ROWS_PER_PROGRAM
@@ -75,7 +152,8 @@ def _layer_norm_bwd_kernel(
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for i in range(0, ROWS_PER_PROGRAM):
+    # a compile-time trip count with a row mask: the last program's tail rows load zeros, add nothing
+    for i in tl.range(0, ROWS_PER_PROGRAM, num_stages=NUM_STAGES):
         row = row_start + i
         row_ok = row < M
         mask = col_mask & row_ok
@@ -90,15 +168,89 @@ def _layer_norm_bwd_kernel(
         c2 = tl.sum(wdy * xhat, axis=0) / N
         dx = (wdy - c1 - xhat * c2) * rstd
         tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw_acc += dy * xhat
-        db_acc += dy
-    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
-    tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_mask)
+        if COMPUTE_DW:
+            dw_acc += dy * xhat
+            db_acc += dy
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+        tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_mask)
+
+
+@triton.jit
+def _layer_norm_bwd_rows_kernel(
+    # pointers
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    # shapes
+    M, N,
+    tiles_per_program,  # a runtime trip count: one compiled variant for every M
+    # strides
+    stride_dy, stride_x, stride_dx,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,  # rows per tile
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
+    COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: the partial pointers are unused
+):
+    """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _layer_norm_bwd_kernel per row.
+
+    Each program walks tiles_per_program consecutive tiles; the per-row sums sum(dy*w) and sum(dy*w*xhat)
+    are reductions along axis 1, and dw / db are accumulated elementwise in [BLOCK_M, BLOCK_N] fp32 tiles
+    (no cross-row reduction inside the loop), summed over their rows once at the end. Rows at or past M
+    load zeros (xhat is masked to 0): their dx is not stored and they add nothing to dw or db.
+    """
+    pid = tl.program_id(0)
+    row_start = pid.to(tl.int64) * tiles_per_program * BLOCK_M
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in tl.range(0, tiles_per_program, num_stages=NUM_STAGES):
+        rows = row_start + i * BLOCK_M + tl.arange(0, BLOCK_M)  # int64 (row_start): row * stride may pass 2^31
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = dy * w[None, :]
+        c1 = tl.sum(wdy, axis=1) / N
+        c2 = tl.sum(wdy * xhat, axis=1) / N
+        dx = (wdy - c1[:, None] - xhat * c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw_acc += dy * xhat
+            db_acc += dy
+    if COMPUTE_DW:
+        tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        tl.store(db_partial_ptr + pid * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 # --------------------------------------------------------------------------------------------
-# Launchers: flatten to 2-D [M, N]; BLOCK_N / num_warps come from rms_norm._config
+# Launchers: flatten to 2-D [M, N]; BLOCK_N from rms_norm._config, the rest picked per width
 # --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _ln_fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
+    """rms_norm._fwd_candidates over layer_norm's tile table: ("row", 1, num_warps) or ("tile", BLOCK_M,
+    num_warps), tiles first for narrow rows. Cached per width (a dict hit on the hot path)."""
+    return _fwd_candidates(n, _FWD_TILE_CANDIDATES)
+
+
+@functools.lru_cache(maxsize=None)
+def _ln_bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
+    """rms_norm._bwd_candidates over layer_norm's tables: (kind, BLOCK_M, programs_per_SM, num_warps,
+    num_stages), tiles first for narrow rows; one program per SM for rows wider than 4096 (BLOCK_N 8192).
+    Past BLOCK_N 8192 (no model's LayerNorm is that wide) the rows spill registers in every config; there
+    the unpipelined config comes first: the default is launched untimed (e.g. under CUDA-graph capture),
+    and the pipelined one needs 256 KiB of shared memory at BLOCK_N 65536 bf16 / 32768 fp32 (H200: 227).
+    Cached per width."""
+    block = _config(n)[0]
+    if block > 8192:
+        return tuple(sorted(_bwd_candidates(n), key=lambda c: c[4]))  # num_stages 1 first
+    return _bwd_candidates(n, _BWD_CANDIDATES if block <= 4096 else _BWD_WIDE_CANDIDATES, _BWD_TILE_CANDIDATES)
+
+
 def _forward(x, weight, bias, eps):
     n = x.shape[-1]
     x2 = _rows(x, n)
@@ -111,18 +263,32 @@ def _forward(x, weight, bias, eps):
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, mean, rstd
-    block, num_warps = _config(n)
+    block = _config(n)[0]
     y2 = y.view(-1, n)
-    _layer_norm_fwd_kernel[(m,)](
-        x2, weight, bias if bias is not None else weight, y2, mean, rstd, n, eps, x2.stride(0), y2.stride(0),
-        BLOCK_N=block, HAS_BIAS=bias is not None, num_warps=num_warps,
-    )
+    b = bias if bias is not None else weight  # never read without HAS_BIAS
+
+    def launch(cfg):
+        kind, rows, warps = cfg
+        if kind == "row":
+            _layer_norm_fwd_kernel[(m,)](
+                x2, weight, b, y2, mean, rstd, n, eps, x2.stride(0), y2.stride(0),
+                BLOCK_N=block, HAS_BIAS=bias is not None, num_warps=warps)
+        else:
+            _layer_norm_fwd_rows_kernel[(cdiv(m, rows),)](
+                x2, weight, b, y2, mean, rstd, m, n, eps, x2.stride(0), y2.stride(0),
+                BLOCK_M=rows, BLOCK_N=block, HAS_BIAS=bias is not None, num_warps=warps)
+
+    # idempotent (writes y, mean and rstd only), so candidates are timed on the real arguments
+    key = ("layer_norm_fwd", n, x.dtype, weight.dtype, bias is not None)
+    launch(pick_config(key, _ln_fwd_candidates(n), launch, x.device))
     return y, mean, rstd
 
 
-def _backward(dy, x, weight, mean, rstd, separate: bool = False):
+def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool = True):
     """(dx, dweight in weight.dtype, dbias fp32). separate=True reduces dw and db into two tensors of their
-    own (a custom op's outputs may not share memory); the default (eager route) one launch for both."""
+    own (a custom op's outputs may not share memory); the default (eager route) one launch for both.
+    need_dw=False (weight and bias frozen): the kernel skips the dw / db accumulation, and there is no
+    partial buffer and no reduction; dweight and dbias are then None."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     weight = weight.contiguous()  # read at w_ptr + col (see _forward)
@@ -130,18 +296,41 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False):
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if m == 0:
-        return dx, torch.zeros_like(weight), torch.zeros_like(weight)
-    grid, rows_per_program = persistent_grid(m, x.device, 4)  # 4 programs per SM (unpipelined loop)
-    # the dw and db partials share one buffer, so one allocation and ONE column-sum launch reduce both
-    # (two of each before: on the GPU every torch op is a launch, microseconds of host time a call)
-    partial = torch.empty((2, grid, n), dtype=torch.float32, device=x.device)
-    block, num_warps = _config(n)
+        if not need_dw:
+            return dx, None, None
+        return dx, torch.zeros_like(weight), torch.zeros_like(weight, dtype=torch.float32)
+    block = _config(n)[0]
     dx2 = dx.view(-1, n)
-    _layer_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight, mean, rstd, dx2, partial[0], partial[1], m, n,
-        dy2.stride(0), x2.stride(0), dx2.stride(0),
-        BLOCK_N=block, ROWS_PER_PROGRAM=rows_per_program, num_warps=num_warps,
-    )
+
+    def launch(cfg):
+        kind, block_m, programs_per_sm, warps, stages = cfg
+        if kind == "row":
+            grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
+        else:
+            grid, tiles_per_program = persistent_tile_grid(m, block_m, x.device, programs_per_sm)
+        # the dw and db partials share one buffer: one allocation and ONE column-sum launch reduce both;
+        # without dw the kernel never touches the partial pointers: rstd stands in for them
+        partial = torch.empty((2, grid, n), dtype=torch.float32, device=x.device) if need_dw else None
+        dw_p, db_p = (partial[0], partial[1]) if need_dw else (rstd, rstd)
+        if kind == "row":
+            _layer_norm_bwd_kernel[(grid,)](
+                dy2, x2, weight, mean, rstd, dx2, dw_p, db_p, m, n,
+                dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
+                ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+            )
+        else:
+            _layer_norm_bwd_rows_kernel[(grid,)](
+                dy2, x2, weight, mean, rstd, dx2, dw_p, db_p, m, n, tiles_per_program,
+                dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
+                NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+            )
+        return partial
+
+    # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
+    key = ("layer_norm_bwd", n, x.dtype, weight.dtype, need_dw)
+    partial = launch(pick_config(key, _ln_bwd_candidates(n), launch, x.device))
+    if not need_dw:
+        return dx, None, None
     if not separate:
         dw, db = partial.sum(1)  # views of one [2, N] result (dw's too when weight is fp32)
         return dx, dw.to(weight.dtype), db
@@ -167,15 +356,20 @@ def _(x, weight, bias, eps):
 
 @torch.library.custom_op("hearth::layer_norm_bwd", mutates_args=())
 def _layer_norm_bwd_op(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, need_dw: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns dx, dweight (weight.dtype) and dbias (fp32; cast to bias.dtype by the caller)."""
-    return _backward(dy, x, weight, mean, rstd, separate=True)
+    """Returns dx, dweight (weight.dtype) and dbias (fp32; cast to bias.dtype by the caller); with need_dw
+    False (weight and bias frozen) dweight and dbias are empty (an op cannot return None)."""
+    dx, dw, db = _backward(dy, x, weight, mean, rstd, separate=True, need_dw=need_dw)
+    if dw is None:
+        return dx, weight.new_empty((0,)), weight.new_empty((0,), dtype=torch.float32)
+    return dx, dw, db
 
 
 @_layer_norm_bwd_op.register_fake
-def _(dy, x, weight, mean, rstd):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape, dtype=torch.float32)
+def _(dy, x, weight, mean, rstd, need_dw):
+    shape = weight.shape if need_dw else (0,)
+    return x.new_empty(x.shape), weight.new_empty(shape), weight.new_empty(shape, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
@@ -193,9 +387,14 @@ def _autograd_backward(ctx, dy, _dmean, _drstd):
     if dy is None:  # y did not reach the loss (grads are not materialised): nothing flows back
         return None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = (_backward if ctx.eager else torch.ops.hearth.layer_norm_bwd)(dy, x, weight, mean, rstd)
-    db = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
-    return dx, dw, db, None
+    need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    # one flag for both partials (they share one buffer and one reduction): frozen weight AND bias skip them
+    need_dw = need_w or need_b
+    if ctx.eager:
+        dx, dw, db = _backward(dy, x, weight, mean, rstd, need_dw=need_dw)
+    else:
+        dx, dw, db = torch.ops.hearth.layer_norm_bwd(dy, x, weight, mean, rstd, need_dw)
+    return dx, (dw if need_w else None), (db.to(ctx.bias_dtype) if need_b else None), None
 
 
 # eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
@@ -217,7 +416,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     Returns:
         y: x.shape, x.dtype, computed in fp32 and rounded once.
 
-    Gradients flow to x, weight and bias (weight/bias grads reduced in fp32, two stages).
+    Gradients flow to x, weight and bias (weight/bias grads reduced in fp32, two stages; not computed at
+    all when neither weight nor bias requires grad).
     Bytes moved: forward 2*M*N*b, backward 3*M*N*b (+ 2 x G x N fp32 partial buffers).
 
     Raises:

@@ -217,6 +217,14 @@ def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAM
     return cdiv(m, rows), rows
 
 
+def persistent_tile_grid(m: int, block_m: int, device: torch.device, programs_per_sm: int) -> tuple[int, int]:
+    """(programs, tiles_per_program) for a persistent pass over m rows in tiles of block_m rows, as evenly
+    as a runtime trip count allows (the last program may walk spare tiles past m: they are masked)."""
+    tiles = cdiv(m, block_m)
+    tiles_per_program = cdiv(tiles, min(tiles, programs_per_sm * num_sms(device)))
+    return cdiv(tiles, tiles_per_program), tiles_per_program
+
+
 # --------------------------------------------------------------------------------------------
 # Launchers: flatten to 2-D [M, N], choose BLOCK_N / num_warps in one place
 # --------------------------------------------------------------------------------------------
@@ -262,14 +270,15 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
 
 
 @functools.lru_cache(maxsize=None)
-def _fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
+def _fwd_candidates(n: int, tile_table=_FWD_TILE_CANDIDATES) -> tuple[tuple[str, int, int], ...]:
     """("row", 1, num_warps): one row per program; ("tile", BLOCK_M, num_warps): BLOCK_M rows per program
-    (narrow rows only, listed first there). Cached per width: a dict hit on the hot path."""
+    (narrow rows only, listed first there). tile_table: (tile elements, num_warps) rows, e.g.
+    _FWD_TILE_CANDIDATES (layer_norm passes its own). Cached per width: a dict hit on the hot path."""
     block, num_warps = _config(n)
     rows = [("row", 1, w) for w in dict.fromkeys(max(1, min(32, int(num_warps * f))) for f in _FWD_WARP_SCALE)]
     if block > NARROW_MAX_BLOCK:
         return tuple(rows)
-    tiles = [("tile", max(1, elems // block), w) for elems, w in _FWD_TILE_CANDIDATES]
+    tiles = [("tile", max(1, elems // block), w) for elems, w in tile_table]
     return tuple(dict.fromkeys(tiles + rows))
 
 
@@ -292,10 +301,8 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
         kind, block_m, programs_per_sm, warps, stages = cfg
         if kind == "row":
             grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
-        else:  # persistent over tiles of block_m rows, as evenly as a runtime trip count allows
-            tiles = cdiv(m, block_m)
-            tiles_per_program = cdiv(tiles, min(tiles, programs_per_sm * num_sms(x.device)))
-            grid = cdiv(tiles, tiles_per_program)
+        else:
+            grid, tiles_per_program = persistent_tile_grid(m, block_m, x.device, programs_per_sm)
         # without dw the kernel never touches dw_partial_ptr: rstd stands in for the pointer
         partial = torch.empty((grid, n), dtype=torch.float32, device=x.device) if need_dw else rstd
         if kind == "row":
@@ -322,19 +329,22 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
 
 
 @functools.lru_cache(maxsize=None)
-def _bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
+def _bwd_candidates(n: int, row_table=_BWD_CANDIDATES, tile_table=_BWD_TILE_CANDIDATES
+                    ) -> tuple[tuple[str, int, int, int, int], ...]:
     """(kind, BLOCK_M, programs_per_SM, num_warps, num_stages) candidates for rows of n features.
 
-    kind "row": one row per loop iteration (BLOCK_M 1); "tile": BLOCK_M rows per iteration, narrow rows
-    only, listed first there (the interpreter / CPU default). Rows wider than 8192 keep the _config warps
+    kind "row": one row per loop iteration (BLOCK_M 1), from row_table's (programs_per_SM, num_warps,
+    num_stages); "tile": BLOCK_M rows per iteration, from tile_table's (tile elements, programs_per_SM,
+    num_warps, num_stages), narrow rows only, listed first there (the interpreter / CPU default). The
+    tables default to rms_norm's (layer_norm passes its own). Rows wider than 8192 keep the _config warps
     (registers), pipelined 2 deep; the one-row table is tuned for N <= 8192. Cached per width."""
     block, num_warps = _config(n)
     if block > 8192:
         return (("row", 1, 1, num_warps, 2), ("row", 1, 1, num_warps, 1))
-    rows = [("row", 1, *cfg) for cfg in _BWD_CANDIDATES]
+    rows = [("row", 1, *cfg) for cfg in row_table]
     if block > NARROW_MAX_BLOCK:
         return tuple(rows)
-    tiles = [("tile", max(1, elems // block), pps, w, st) for elems, pps, w, st in _BWD_TILE_CANDIDATES]
+    tiles = [("tile", max(1, elems // block), pps, w, st) for elems, pps, w, st in tile_table]
     return tuple(dict.fromkeys(tiles + rows))
 
 
