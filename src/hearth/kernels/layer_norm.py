@@ -241,13 +241,11 @@ def _ln_fwd_candidates(n: int) -> tuple[tuple[str, int, int], ...]:
 def _ln_bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
     """rms_norm._bwd_candidates over layer_norm's tables: (kind, BLOCK_M, programs_per_SM, num_warps,
     num_stages), tiles first for narrow rows; one program per SM for rows wider than 4096 (BLOCK_N 8192).
-    Past BLOCK_N 8192 (no model's LayerNorm is that wide) the rows spill registers in every config; there
-    the unpipelined config comes first: the default is launched untimed (e.g. under CUDA-graph capture),
-    and the pipelined one needs 256 KiB of shared memory at BLOCK_N 65536 bf16 / 32768 fp32 (H200: 227).
-    Cached per width."""
+    Past BLOCK_N 8192 (no model's LayerNorm is that wide) the rows spill registers in every config, and
+    _bwd_candidates lists the unpipelined config first (see there). Cached per width."""
     block = _config(n)[0]
     if block > 8192:
-        return tuple(sorted(_bwd_candidates(n), key=lambda c: c[4]))  # num_stages 1 first
+        return _bwd_candidates(n)
     return _bwd_candidates(n, _BWD_CANDIDATES if block <= 4096 else _BWD_WIDE_CANDIDATES, _BWD_TILE_CANDIDATES)
 
 

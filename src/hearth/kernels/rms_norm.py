@@ -337,10 +337,12 @@ def _bwd_candidates(n: int, row_table=_BWD_CANDIDATES, tile_table=_BWD_TILE_CAND
     num_stages); "tile": BLOCK_M rows per iteration, from tile_table's (tile elements, programs_per_SM,
     num_warps, num_stages), narrow rows only, listed first there (the interpreter / CPU default). The
     tables default to rms_norm's (layer_norm passes its own). Rows wider than 8192 keep the _config warps
-    (registers), pipelined 2 deep; the one-row table is tuned for N <= 8192. Cached per width."""
+    (registers), unpipelined first: the first candidate is launched untimed (CPU, CUDA-graph capture), and
+    the 2-deep pipeline needs 256 KiB of shared memory at BLOCK_N 65536 bf16 / 32768 fp32 (an H200 SM has
+    227); the one-row table is tuned for N <= 8192. Cached per width."""
     block, num_warps = _config(n)
     if block > 8192:
-        return (("row", 1, 1, num_warps, 2), ("row", 1, 1, num_warps, 1))
+        return (("row", 1, 1, num_warps, 1), ("row", 1, 1, num_warps, 2))
     rows = [("row", 1, *cfg) for cfg in row_table]
     if block > NARROW_MAX_BLOCK:
         return tuple(rows)
