@@ -420,6 +420,38 @@ def test_quack_applies_to_its_ops_and_is_unavailable_on_cpu():
         P.bind("rope", "quack", {}, cases.SPECS["rope"], {}, False, True)
 
 
+def test_flash_attn_row_applies_to_attention_only_and_needs_cuda():
+    assert [op for op in cases.SPECS if P.applies(op, "flash_attn")] == ["attention", "attention_varlen"]
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(P.Unavailable, match="CUDA"):
+        P.bind("attention", "flash_attn", {"q": q, "k": q, "v": q}, cases.SPECS["attention"], {}, False, True)
+
+
+def test_flash_attn_dense_row_hands_flash_attention_its_own_layout(monkeypatch):
+    """FlashAttention takes [B, T, H, D] (GQA: fewer k / v heads): the row transposes the bench's [B, H, T, D] as
+    views, and its output (and gradients) match SDPA's on the bench's layout."""
+    import torch.nn.functional as F
+
+    seen = []
+
+    def flash_attn_func(q, k, v, causal=False):  # a stand-in with FlashAttention's signature and layout
+        seen.append((tuple(q.shape), tuple(k.shape), q.stride(-1)))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal, enable_gqa=True)
+        return out.transpose(1, 2), None  # FlashAttention-4 also returns the lse
+
+    monkeypatch.setattr(P, "_flash_attn_function", lambda inputs, attr: ("stand-in", flash_attn_func))
+    torch.manual_seed(0)
+    b, hq, hk, t, d = 2, 4, 2, 6, 8
+    inputs = {n: torch.randn(b, h, t, d, requires_grad=True) for n, h in (("q", hq), ("k", hk), ("v", hk))}
+    size = dict(B=b, Hq=hq, Hk=hk, T=t, D=d, causal=1)
+    bound = P.bind("attention", "flash_attn", inputs, cases.SPECS["attention"], size, False, True)
+    out = bound.fn()
+    assert seen == [((b, t, hq, d), (b, t, hk, d), 1)]
+    ref = F.scaled_dot_product_attention(*(inputs[n] for n in "qkv"), is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref)
+
+
 # ----------------------------------------------------------------------------- wall time per call
 def test_time_wall_measures_host_cost_per_call():
     import time as _time

@@ -294,7 +294,7 @@ def _vendor(name):
 
             return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
         if name == "flash_attn":
-            return _flash_attn_varlen(op, inputs, spec, size)
+            return (_flash_attn_varlen if op == "attention_varlen" else _flash_attn_dense)(op, inputs, spec, size)
         if name == "torch_lce":
             if op != "linear_cross_entropy":
                 raise Skipped("torch's fused linear cross entropy is for linear_cross_entropy only")
@@ -307,22 +307,44 @@ def _vendor(name):
     return bind
 
 
-def _flash_attn_varlen(op, inputs, spec, size):
-    """FlashAttention's own varlen function where one imports: FlashAttention-4 (flash_attn.cute, CuTe
-    DSL), FlashAttention-3 (flash_attn_interface, Hopper) or FlashAttention-2 (flash_attn), first found."""
-    if op != "attention_varlen":
-        raise Skipped("the flash_attn row is for attention_varlen only")
+# FlashAttention's packages, newest first: FlashAttention-4 (flash_attn.cute, CuTe DSL; its SM90 path on
+# Hopper), FlashAttention-3 (flash_attn_interface, Hopper only), FlashAttention-2 (flash_attn)
+FLASH_ATTN_MODULES = ("flash_attn.cute", "flash_attn_interface", "flash_attn")
+
+
+def _flash_attn_function(inputs, attr: str):
+    """(module name, function) of the first FlashAttention package whose `attr` imports, else Unavailable."""
     if inputs["q"].device.type != "cuda":
         raise Unavailable("flash-attn needs CUDA")
     missing = []
-    for module in ("flash_attn.cute", "flash_attn_interface", "flash_attn"):
+    for module in FLASH_ATTN_MODULES:
         try:
-            varlen = importlib.import_module(module).flash_attn_varlen_func
-            break
+            return module, getattr(importlib.import_module(module), attr)
         except Exception as e:  # not installed, or its CUDA / CuTe libraries do not load
             missing.append(f"{module}: {type(e).__name__}")
-    else:
-        raise Unavailable(f"no flash-attn varlen function imports ({'; '.join(missing)})")
+    raise Unavailable(f"no flash-attn {attr} imports ({'; '.join(missing)})")
+
+
+def _flash_attn_dense(op, inputs, spec, size):
+    """FlashAttention's dense function on the bench's [B, H, T, D] tensors: its layout is [B, T, H, D], so q, k,
+    v go in as transposed views (last dim still contiguous: no copy) and the output comes back the same way;
+    GQA natively (k / v keep their Hk heads)."""
+    if op != "attention":
+        raise Skipped("the dense flash_attn row is for attention only")
+    _, dense = _flash_attn_function(inputs, "flash_attn_func")
+
+    def fn(q, k, v, causal):
+        out = dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)  # FlashAttention-3/4 also return lse
+
+    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
+def _flash_attn_varlen(op, inputs, spec, size):
+    """FlashAttention's own varlen function where one imports (FLASH_ATTN_MODULES, first found)."""
+    if op != "attention_varlen":
+        raise Skipped("the flash_attn varlen row is for attention_varlen only")
+    _, varlen = _flash_attn_function(inputs, "flash_attn_varlen_func")
 
     def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
         out = varlen(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -340,9 +362,9 @@ def applies(op: str, provider: str) -> bool:
     """False for provider rows that can never apply to an op (a vendor library for another op);
     those are left out of the tables instead of filling them with 'skipped'."""
     only = {"cublas": "matmul", "sdpa_flash": "attention", "sdpa_cudnn": "attention", "torch_lce": "linear_cross_entropy",
-            "flash_attn": "attention_varlen"}
+            "flash_attn": ("attention", "attention_varlen")}
     if provider in only:
-        return only[provider] == op
+        return op in only[provider] if isinstance(only[provider], tuple) else only[provider] == op
     if provider == "quack":
         return op in QUACK_OPS
     if provider == "compile" and op in ("matmul", "attention", "attention_varlen"):
