@@ -8,6 +8,9 @@
 #                                                                                       -> models/
 #   3. scripts/gpu/lora_e2e.py, seq 4096, liger and hearth_fast at an 80 GiB budget: the end-to-end effect
 #                                                                                       -> lora_e2e.jsonl
+#   4. attention and attention_varlen at their headline sizes against SDPA (flash, cuDNN), the masked SDPA
+#      (varlen's eager row) and FlashAttention where it imports                       -> attention/
+#   Where .peers/ was carried (scripts/gpu/peer_wheels.sh), quack and FlashAttention-4 join the runs as peers.
 #   (LAYER_PROBE=1 adds scripts/gpu/lora_layer_probe.py, DIST=1 the 1-GPU torchrun DDP/FSDP check, GLUON=1 the
 #   Gluon attention probe: all three measured on 2026-12-01, see BENCHMARKS.md)
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
@@ -26,6 +29,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
 fi
 mkdir -p "$OUT"
+# the CuTe-DSL peers, where a part of them was carried (a no-op otherwise)
+if ls .peers/peers-*.tar.xz >/dev/null 2>&1; then . scripts/gpu/peers_env.sh >> "$OUT/steps.log" 2>&1; fi
 step() {  # step NAME MIN_SECONDS COMMAND...
   local name=$1 need=$2; shift 2
   if [ "$(left)" -lt "$need" ]; then echo "== $name: skipped, $(left) s left" | tee -a "$OUT/steps.log"; return; fi
@@ -37,6 +42,8 @@ step host_overhead 60 python3 scripts/host_overhead.py --device cuda --reps 200 
 step models 200 env OUT="$OUT" BUDGET_S=200 HEARTH_PICK_LOG=1 bash scripts/gpu/bench_models.sh rms_norm rope swiglu softmax cross_entropy layer_norm
 step lora_e2e 150 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_e2e.jsonl" --seqs 4096 --setups liger,hearth_fast \
   --budget-gib 80 --steps 3 --time-budget-s 140 --min-child-s 40 --child-timeout-s 90
+step attention 90 python3 -m hearth.bench attention attention_varlen --sizes headline \
+  --providers hearth,eager,sdpa_flash,sdpa_cudnn,flash_attn --out "$OUT/attention" --total-budget-s 80
 [ -n "${LAYER_PROBE:-}" ] && step lora_layer_probe 60 python3 scripts/gpu/lora_layer_probe.py --out "$OUT/lora_layer_probe.jsonl"
 [ -n "${DIST:-}" ] && step dist_e2e 90 python3 scripts/gpu/dist_e2e.py --out "$OUT/dist_e2e.jsonl" --gpus 1 --layers 4 \
   --seq 2048 --steps 3 --cases 14b-single,14b-ddp,14b-fsdp
