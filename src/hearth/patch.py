@@ -752,8 +752,10 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if lora_compute not in ("adapter", "base"):
-        raise ValueError(f"lora_compute must be 'adapter' or 'base', got {lora_compute!r}")
+    from hearth.kernels.lora import LORA_COMPUTE
+
+    if lora_compute not in LORA_COMPUTE:
+        raise ValueError(f"lora_compute must be one of {', '.join(map(repr, LORA_COMPUTE))}, got {lora_compute!r}")
     enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention}
     report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {},
                                     "lora_compute": lora_compute}

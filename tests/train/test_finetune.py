@@ -200,3 +200,11 @@ def test_apply_checkpointing_switches_the_last_layers(corpus_dir):
     plan = finetune.CheckpointPlan(checkpointed=1, layers=4, estimate_gib=0.0, budget_gib=1.0, reason="test")
     assert finetune.apply_checkpointing(model, plan) == 1
     assert [layer.gradient_checkpointing for layer in model.model.layers] == [False, False, False, True]
+
+
+def test_lora_compute_choices_are_the_kernels_own():
+    """The run file's lora_compute choices are the ones patch.apply / the fused LoRA nodes take."""
+    from hearth.kernels.lora import LORA_COMPUTE as kernels_choices
+    from hearth.train.finetune import LORA_COMPUTE as run_choices
+
+    assert sorted(run_choices) == sorted(kernels_choices) and run_choices[0] == "base"

@@ -49,6 +49,8 @@ IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GIB = 1 << 30
 SCHEDULES = ("cosine", "linear", "constant")
+# hearth.kernels.lora.LORA_COMPUTE, the run file's default first (not imported: the CLI validates a run file without
+# loading torch or Triton; tests/train/test_finetune.py keeps the two equal)
 LORA_COMPUTE = ("base", "adapter")
 CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON_INTERPRET=1 in the environment "
             "(the Triton interpreter: slow, for checking) or pass --no-patch (plain transformers)")
