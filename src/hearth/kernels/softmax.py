@@ -76,6 +76,34 @@ def _softmax_fwd_onepass_kernel(
 
 
 @triton.jit
+def _softmax_fwd_rows_kernel(
+    # pointers
+    x_ptr, y_ptr,
+    # strides (elements; columns have stride 1)
+    stride_x, stride_y,
+    # shapes
+    n_rows, n_cols,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop
+):
+    """The one-pass forward, persistent: program p walks rows p, p + P, ... and the row loop is software-
+    pipelined (cp.async of the next rows into shared memory while this one is reduced). One row per program
+    (the plain one-pass kernel) keeps nothing in flight while a program reduces: at 32000 columns and 32 warps
+    an SM holds one such program (its 1024 threads need more than 32 registers each), and the H200's forward
+    ran at 73% of copy bandwidth."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        row = tl.cast(r, tl.int64)  # see _softmax_fwd_chunked_kernel
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+        x = x.to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=0))
+        y = e / tl.sum(e, axis=0)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _softmax_fwd_chunked_kernel(
     # pointers
     x_ptr, y_ptr,
@@ -218,6 +246,30 @@ def _onepass_candidates(warps: int) -> list[int]:
     return list(dict.fromkeys([warps, max(4, warps // 2), min(32, warps * 2)]))
 
 
+# Persistent, pipelined one-pass forward (_softmax_fwd_rows_kernel) for rows of at least this BLOCK:
+# (programs_per_SM, num_warps, num_stages); timed by the pick beside the one-row-per-program warps.
+# Triton's sm_90 build (Triton 3.6) at BLOCK 32768 bf16: 32 warps 63 registers, 16 warps 127, no spills,
+# 64 KiB of shared memory a pipelined row; at 8192: 28 / 39 registers. The loads are pipelined (cp.async)
+# only when the width is a multiple of 8 elements of 16 bits (the launch specialises widths divisible by
+# 16): a per-element mask of 2-byte values cannot be copied asynchronously (4 bytes at least). Two
+# programs per SM are offered up to BLOCK 16384 only (at 32768 two 16-warp programs do not fit the
+# register file).
+ROWS_MIN_BLOCK = 8192
+_ROWS_CANDIDATES = ((1, 32, 2), (1, 16, 2), (1, 32, 3), (2, 16, 2))
+
+
+def _fwd_onepass_candidates(block: int, warps: int, itemsize: int) -> list:
+    """The one-pass forward's candidates: num_warps (int) of the one-row kernel, the table's first (the CPU
+    default), then for rows of BLOCK >= ROWS_MIN_BLOCK the persistent kernel's (programs_per_SM, num_warps,
+    num_stages), kept to those whose pipelined rows ((stages - 1) x BLOCK x itemsize of shared memory a
+    program) fit 160 KiB an SM."""
+    cands = list(_onepass_candidates(warps))
+    if block >= ROWS_MIN_BLOCK:
+        cands += [c for c in _ROWS_CANDIDATES
+                  if c[0] * (c[2] - 1) * block * itemsize <= 160 * 1024 and (c[0] == 1 or block <= 16384)]
+    return cands
+
+
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """View `t` (softmax dim last) as [rows, n] with unit column stride; copies only when it must."""
     if t.dim() == 0:
@@ -247,9 +299,15 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
                 xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
         launch(pick_config(key, _wide_candidates(n_cols, x.element_size(), 1), launch, x.device))
     else:
-        def launch(w):
-            _softmax_fwd_onepass_kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=w)
-        launch(pick_config(key, _onepass_candidates(warps), launch, x.device))
+        def launch(cfg):
+            if isinstance(cfg, int):
+                _softmax_fwd_onepass_kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=cfg)
+                return
+            per_sm, w, stages = cfg
+            _softmax_fwd_rows_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
+                xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w,
+                num_stages=stages)
+        launch(pick_config(key, _fwd_onepass_candidates(block, warps, x.element_size()), launch, x.device))
     return y
 
 
