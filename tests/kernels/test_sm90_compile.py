@@ -65,32 +65,33 @@ from triton.compiler import ASTSource
 from hearth import inspect as hi
 
 sm = importlib.import_module("hearth.kernels.softmax")
-fn = sm._softmax_fwd_rows_kernel
 out = []
-for dt, itemsize in (("bf16", 2), ("fp32", 4)):
-    for block in (32768,):  # the most registers and shared memory of the one-pass widths
-        for cand in sm._fwd_onepass_candidates(block, 32, itemsize):
+# the widest rows each kernel is offered for: the most registers and shared memory
+for fn, n_inputs, block in ((sm._softmax_fwd_rows_kernel, 1, 32768), (sm._softmax_bwd_rows_kernel, 2, 16384)):
+    for dt, itemsize in (("bf16", 2), ("fp32", 4)):
+        for cand in sm._onepass_pick_candidates(block, 32, itemsize, n_inputs):
             if isinstance(cand, int):
                 continue
             per_sm, warps, stages = cand
-            sig = {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "stride_x": "i32", "stride_y": "i32", "n_rows": "i32",
-                   "n_cols": "i32", "BLOCK": "constexpr", "NUM_STAGES": "constexpr"}
+            sig = {n: (f"*{dt}" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+            sig.update(BLOCK="constexpr", NUM_STAGES="constexpr")
             # pointers, row strides and the width divisible by 16, as a launch at 32000 columns specialises them
-            attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]]
-                     for k in ("x_ptr", "y_ptr", "stride_x", "stride_y", "n_cols")}
+            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                     if n.endswith("_ptr") or n.startswith("stride") or n == "n_cols"}
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={"BLOCK": block, "NUM_STAGES": stages},
                                          attrs=attrs), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": warps, "num_stages": stages})
             r = hi.report_compiled("softmax rows", k)
-            out.append(dict(label=f"{dt} {block} {cand}", per_sm=per_sm, warps=warps, regs=r.registers,
+            out.append(dict(label=f"{fn.__name__} {dt} {block} {cand}", per_sm=per_sm, warps=warps, regs=r.registers,
                             spill=r.spill_bytes, smem=r.shared_bytes, cp_async=len(re.findall(r"cp\.async", k.asm["ptx"]))))
 print(json.dumps(out))
 """
 
 
 def test_softmax_persistent_rows_kernel_builds_for_sm90_pipelined_without_spills():
-    """Every persistent one-pass candidate the forward offers at 32768 columns, built for the H200: the row
-    loads are pipelined (cp.async), nothing spills, and per_sm programs fit an SM's registers and shared memory."""
+    """Every persistent one-pass candidate the forward (32768 columns) and backward (16384) offer, built for the
+    H200: the row loads are pipelined (cp.async), nothing spills, and per_sm programs fit an SM's registers and
+    shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
                                          env.get("PYTHONPATH", "")])
@@ -100,7 +101,8 @@ def test_softmax_persistent_rows_kernel_builds_for_sm90_pipelined_without_spills
         pytest.skip("Triton's bundled ptxas is missing")
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(rows) == 5, rows  # bf16: 3 candidates, fp32: 2 (the third's pipelined rows need 256 KiB)
+    # forward at 32768: bf16 3 candidates, fp32 2; backward at 16384 (y and dy pipelined): bf16 3, fp32 2
+    assert len(rows) == 10, rows
     for r in rows:
         assert r["spill"] == 0 and r["cp_async"] > 0, r
         if r["regs"] is not None:  # cuobjdump's figure (absent where the bundled cuobjdump is)

@@ -71,32 +71,34 @@ def test_wide_path_leading_masked_chunk(wide_path):
 
 @pytest.mark.parametrize("cfg", sm._ROWS_CANDIDATES, ids=lambda c: f"{c[0]}perSM-w{c[1]}-s{c[2]}")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_persistent_onepass_forward_every_candidate(monkeypatch, cfg, dtype):
-    """The persistent, pipelined one-pass forward (a GPU pick candidate for rows of BLOCK >= ROWS_MIN_BLOCK),
-    forced at a small width: more rows than programs, a row width that is not a power of two, a strided view."""
+def test_persistent_onepass_kernels_every_candidate(monkeypatch, cfg, dtype):
+    """The persistent, pipelined one-pass forward and backward (GPU pick candidates for rows of BLOCK >=
+    ROWS_MIN_BLOCK), forced at a small width: more rows than programs, a width that is not a power of two, a
+    strided view."""
     monkeypatch.setattr(sm, "ROWS_MIN_BLOCK", 64)
     asked = []
 
     def forced(key, cands, launch, device):
         asked.append(list(cands))
-        return cfg if key[0] == "softmax_fwd" else cands[0]
+        return cfg
 
     monkeypatch.setattr(sm, "pick_config", forced)
     monkeypatch.setattr(sm, "num_sms", lambda device: 3)  # 3 or 6 programs over 37 rows
     torch.manual_seed(3)
     _check(torch.randn(37, 300, device=DEVICE) * 4, dtype)
-    assert cfg in asked[0] and isinstance(asked[0][0], int)  # the one-row kernel stays the first (default)
+    assert len(asked) == 2 and all(cfg in a and isinstance(a[0], int) for a in asked)  # one-row kernel first
     rows = (torch.randn(37, 400, device=DEVICE) * 4)[:, :300]  # row stride 400: read in place
     assert_close(softmax(rows), torch.softmax(rows, -1), torch.float32)
 
 
 def test_persistent_candidates_fit_shared_memory():
     """Only candidates whose pipelined rows fit 160 KiB of shared memory an SM are offered."""
-    assert all(isinstance(c, int) for c in sm._fwd_onepass_candidates(4096, 8, 2))  # narrow rows: one-row only
+    assert all(isinstance(c, int) for c in sm._onepass_pick_candidates(4096, 8, 2))  # narrow rows: one-row only
     for block, itemsize in ((8192, 2), (32768, 2), (32768, 4)):
-        rows = [c for c in sm._fwd_onepass_candidates(block, 32, itemsize) if not isinstance(c, int)]
+        rows = [c for c in sm._onepass_pick_candidates(block, 32, itemsize) if not isinstance(c, int)]
         assert rows and all(p * (st - 1) * block * itemsize <= 160 * 1024 for p, _, st in rows), (block, rows)
-    assert (1, 32, 3) not in sm._fwd_onepass_candidates(32768, 32, 4)  # 2 x 128 KiB
+    assert (1, 32, 3) not in sm._onepass_pick_candidates(32768, 32, 4)  # 2 x 128 KiB
+    assert (1, 32, 3) not in sm._onepass_pick_candidates(32768, 32, 2, n_inputs=2)  # the backward reads y and dy
 
 
 @pytest.mark.parametrize("use_wide", [False, True])

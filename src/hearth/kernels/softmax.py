@@ -169,6 +169,30 @@ def _softmax_bwd_onepass_kernel(
 
 
 @triton.jit
+def _softmax_bwd_rows_kernel(
+    # pointers
+    y_ptr, dy_ptr, dx_ptr,
+    # strides
+    stride_y, stride_dy, stride_dx,
+    # shapes
+    n_rows, n_cols,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop
+):
+    """The one-pass backward, persistent and pipelined like _softmax_fwd_rows_kernel."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        row = tl.cast(r, tl.int64)  # see _softmax_fwd_chunked_kernel
+        y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        dy = dy.to(tl.float32)
+        dx = y * (dy - tl.sum(y * dy, axis=0))
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _softmax_bwd_chunked_kernel(
     # pointers
     y_ptr, dy_ptr, dx_ptr,
@@ -246,27 +270,29 @@ def _onepass_candidates(warps: int) -> list[int]:
     return list(dict.fromkeys([warps, max(4, warps // 2), min(32, warps * 2)]))
 
 
-# Persistent, pipelined one-pass forward (_softmax_fwd_rows_kernel) for rows of at least this BLOCK:
-# (programs_per_SM, num_warps, num_stages); timed by the pick beside the one-row-per-program warps.
+# Persistent, pipelined one-pass kernels (_softmax_fwd_rows_kernel, _softmax_bwd_rows_kernel) for rows of at
+# least this BLOCK: (programs_per_SM, num_warps, num_stages); timed by the pick beside the one-row warps.
 # Triton's sm_90 build (Triton 3.6) at BLOCK 32768 bf16: 32 warps 63 registers, 16 warps 127, no spills,
 # 64 KiB of shared memory a pipelined row; at 8192: 28 / 39 registers. The loads are pipelined (cp.async)
 # only when the width is a multiple of 8 elements of 16 bits (the launch specialises widths divisible by
 # 16): a per-element mask of 2-byte values cannot be copied asynchronously (4 bytes at least). Two
-# programs per SM are offered up to BLOCK 16384 only (at 32768 two 16-warp programs do not fit the
-# register file).
+# programs per SM are offered up to 16384 values of row data a program only (at BLOCK 32768 two 16-warp
+# forward programs, at 16384 two backward ones, do not fit the register file together).
 ROWS_MIN_BLOCK = 8192
 _ROWS_CANDIDATES = ((1, 32, 2), (1, 16, 2), (1, 32, 3), (2, 16, 2))
 
 
-def _fwd_onepass_candidates(block: int, warps: int, itemsize: int) -> list:
-    """The one-pass forward's candidates: num_warps (int) of the one-row kernel, the table's first (the CPU
+def _onepass_pick_candidates(block: int, warps: int, itemsize: int, n_inputs: int = 1) -> list:
+    """The one-pass kernels' candidates: num_warps (int) of the one-row kernel, the table's first (the CPU
     default), then for rows of BLOCK >= ROWS_MIN_BLOCK the persistent kernel's (programs_per_SM, num_warps,
-    num_stages), kept to those whose pipelined rows ((stages - 1) x BLOCK x itemsize of shared memory a
-    program) fit 160 KiB an SM."""
+    num_stages), kept to those whose pipelined rows ((stages - 1) x BLOCK x itemsize x n_inputs of shared
+    memory a program: 1 input forward, 2 backward) fit 160 KiB an SM. Up to n_inputs x BLOCK = 32768 only: the
+    backward's y and dy at BLOCK 32768 spilled registers on sm_90 (40 and 88 bytes at 32 and 16 warps)."""
     cands = list(_onepass_candidates(warps))
-    if block >= ROWS_MIN_BLOCK:
+    if ROWS_MIN_BLOCK <= block and n_inputs * block <= 32768:
         cands += [c for c in _ROWS_CANDIDATES
-                  if c[0] * (c[2] - 1) * block * itemsize <= 160 * 1024 and (c[0] == 1 or block <= 16384)]
+                  if c[0] * (c[2] - 1) * block * itemsize * n_inputs <= 160 * 1024
+                  and c[0] * n_inputs * block <= 32768]  # two programs an SM: half the registers each
     return cands
 
 
@@ -307,7 +333,7 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
             _softmax_fwd_rows_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
                 xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w,
                 num_stages=stages)
-        launch(pick_config(key, _fwd_onepass_candidates(block, warps, x.element_size()), launch, x.device))
+        launch(pick_config(key, _onepass_pick_candidates(block, warps, x.element_size()), launch, x.device))
     return y
 
 
@@ -330,9 +356,14 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
                 yr, dyr, dxr, *strides, n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
         launch(pick_config(key, _wide_candidates(n_cols, y.element_size(), 2), launch, y.device))
     else:
-        def launch(w):
-            _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dxr, *strides, n_cols, block, num_warps=w)
-        launch(pick_config(key, _onepass_candidates(warps), launch, y.device))
+        def launch(cfg):
+            if isinstance(cfg, int):
+                _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dxr, *strides, n_cols, block, num_warps=cfg)
+                return
+            per_sm, w, stages = cfg
+            _softmax_bwd_rows_kernel[(_wide_programs(n_rows, y.device, per_sm),)](
+                yr, dyr, dxr, *strides, n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w, num_stages=stages)
+        launch(pick_config(key, _onepass_pick_candidates(block, warps, y.element_size(), 2), launch, y.device))
     return dx
 
 
