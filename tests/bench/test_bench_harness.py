@@ -257,6 +257,20 @@ def test_headline_sizes_are_the_targets_shapes():
     assert set(runner.OP_ORDER) == set(cases.SPECS)
 
 
+def test_attention_goal_grid():
+    """`--sizes goal` for attention: the flash-attention goal's grid (GQA 40/8, head_dim 64 and 128, causal and
+    not, T 1024-32768), fwd and fwd+bwd; an op without that preset names the ones it has."""
+    pairs = cases.cases_for(cases.SPECS["attention"], "goal", None, False)
+    sizes = [s for s, m in pairs if m == "full"]
+    assert len(pairs) == 2 * len(sizes) == 48
+    assert {(s["Hq"], s["Hk"]) for s in sizes} == {(40, 8)} and {s["D"] for s in sizes} == {64, 128}
+    assert {s["causal"] for s in sizes} == {0, 1} and sorted({s["T"] for s in sizes}) == [1024, 2048, 4096, 8192,
+                                                                                            16384, 32768]
+    assert all(s["B"] * s["T"] == max(16384, s["T"]) for s in sizes)
+    with pytest.raises(ValueError, match="softmax's presets .*sweep"):
+        cases.cases_for(cases.SPECS["softmax"], "goal", None, False)
+
+
 def test_explicit_sizes_and_bad_input():
     pairs = cases.cases_for(cases.SPECS["softmax"], "1024,2048", ["fwd"], False)
     assert [(s["N"], m) for s, m in pairs] == [(1024, "fwd"), (2048, "fwd")]

@@ -19,7 +19,7 @@ def parse(argv: list[str]) -> dict:
     p.add_argument("--dtype", action="append", dest="dtypes", help="bfloat16, float16, float32 (repeatable)")
     p.add_argument("--mode", action="append", dest="modes", help="fwd, bwd or full (repeatable)")
     p.add_argument("--providers", action="append", help="hearth, eager, compile, liger, quack, vendor, ... (repeatable)")
-    p.add_argument("--sizes", default=None, help="headline | models | sweep | small | comma list of the op's size knob")
+    p.add_argument("--sizes", default=None, help="headline | models | sweep | small | goal (attention) | comma list of the op's size knob")
     p.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
     p.add_argument("--check", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
     p.add_argument("--report-only", action="store_true", help="rebuild reports from OUT/results.jsonl (+ --merge)")

@@ -104,8 +104,6 @@ def _softmax_work(s, b, mode):
 
 # ----------------------------------------------------------------------------- cross entropy
 def _ce_make(s, dtype, device, rg):
-    import torch
-
     x = _randn((s["N"], s["V"]), dtype, device, _gen(), rg, scale=2.0)
     t = _randint(s["V"], (s["N"],), device, 1)
     return {"input": x, "target": t}
@@ -126,8 +124,6 @@ def _ce_work(s, b, mode):
 
 # ----------------------------------------------------------------------------- linear cross entropy
 def _lce_make(s, dtype, device, rg):
-    import torch
-
     x = _randn((s["N"], s["H"]), dtype, device, _gen(), rg)
     w = _randn((s["V"], s["H"]), dtype, device, _gen(2), rg and not s.get("frozen", 0), scale=1.0 / math.sqrt(s["H"]))
     t = _randint(s["V"], (s["N"],), device, 1)
@@ -474,7 +470,11 @@ SPECS: dict[str, OpSpec] = {
         "attention", "TFLOP/s", "FLOPs: fwd 4*B*Hq*T*T*D (halved when causal); bwd 2.5x fwd; full 3.5x fwd",
         _attn_work, _attn_make, None, lambda s: ["q", "k", "v"], _attn_label,
         sizes={"sweep": [_attn(max(1, 16384 // t), 32, 32, t) for t in (512, 1024, 2048, 4096, 8192, 16384)],
-               "small": [_attn(2, 16, 16, 1024)]},
+               "small": [_attn(2, 16, 16, 1024)],
+               # the flash-attention goal's grid: GQA 40/8, head_dim 64 and 128, causal and not, T 1024-32768,
+               # 16384 tokens a batch (B = 16384 / T, at least 1)
+               "goal": [_attn(max(1, 16384 // t), 40, 8, t, D=d, causal=c) for c in (1, 0) for d in (128, 64)
+                        for t in (1024, 2048, 4096, 8192, 16384, 32768)]},
         headline=[(_attn(4, 32, 32, 4096), BOTH), (_attn(4, 40, 8, 4096), BOTH), (_attn(4, 32, 32, 4096, causal=0), BOTH)],
         knob="T", explicit=lambda v: _attn(max(1, 16384 // v), 32, 32, v),
         check_sizes=[_attn(1, 4, 2, 16, D=16, causal=1), _attn(1, 2, 2, 16, D=16, causal=0)]),
@@ -622,7 +622,8 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
     """(size, mode) pairs for `spec` under a size preset.
 
     sizes: "headline" (the published target shapes with their modes), "models" (MODEL_CASES: shapes of
-    real model configs, each size carrying its "name"), "sweep", "small", or a comma list of
+    real model configs, each size carrying its "name"), "sweep", "small", an op's own preset (attention:
+    "goal", the flash-attention goal's grid), or a comma list of
     integers for the op's knob (spec.explicit builds the size). check=True uses the tiny
     CPU-interpreter sizes (for "models": the first two model cases scaled down). modes filters (default: the preset's modes;
     fwd+full for sweeps, since bwd alone is full minus fwd to within noise)."""
@@ -637,13 +638,15 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
         pairs = [({**s, "name": name}, m) for name, s, ms in spec.models for m in ms]
     elif sizes == "headline":
         pairs = [(s, m) for s, ms in spec.headline for m in ms]
-    elif sizes in ("sweep", "small"):
+    elif sizes in spec.sizes:  # sweep, small, and an op's own presets (attention: goal)
         pairs = [(s, m) for s in spec.sizes[sizes] for m in ("fwd", "full")]
     else:
         try:
             values = [int(v) for v in sizes.split(",") if v.strip()]
         except ValueError:
-            raise ValueError(f"sizes must be headline, models, sweep, small or a comma list of integers, got {sizes!r}") from None
+            named = ", ".join(["headline", "models", *spec.sizes])
+            raise ValueError(f"sizes must be one of {spec.name}'s presets ({named}) or a comma list of integers, "
+                             f"got {sizes!r}") from None
         if not values:
             raise ValueError(f"sizes must name at least one size, got {sizes!r}")
         pairs = [(spec.explicit(v), m) for v in values for m in ("fwd", "full")]
