@@ -2,7 +2,7 @@
 # After scripts/gpu/test.sh has passed on this branch: the measurements its kernel-side changes were made for,
 # in ONE device call (about 8 minutes on an H200; run from the repo root, carrying .whl with Liger and
 # the pydantic/typer wheels):
-#   1. scripts/host_overhead.py --device cuda: per-op host cost (fwd / bwd and where it goes)   -> host.jsonl
+#   1. scripts/host_overhead.py --device cuda --stat min: per-op host cost (fwd / bwd and where it goes) -> host.jsonl
 #   2. the model-shape suite for the row ops (rms_norm with the 128-wide q/k-norm rows, rope, swiglu, softmax,
 #      cross_entropy, layer_norm): GPU time, memory and wall time per call against Liger / torch.compile
 #                                                                                       -> models/
@@ -38,7 +38,7 @@ step() {  # step NAME MIN_SECONDS COMMAND...
   timeout "$(( $(left) - 5 ))" "$@" >> "$OUT/$name.log" 2>&1
   echo "   rc=$?" | tee -a "$OUT/steps.log"
 }
-step host_overhead 60 python3 scripts/host_overhead.py --device cuda --reps 200 --jsonl "$OUT/host.jsonl"
+step host_overhead 60 python3 scripts/host_overhead.py --device cuda --reps 200 --stat min --jsonl "$OUT/host.jsonl"
 step models 200 env OUT="$OUT" BUDGET_S=200 HEARTH_PICK_LOG=1 bash scripts/gpu/bench_models.sh rms_norm rope swiglu softmax cross_entropy layer_norm
 step lora_e2e 150 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_e2e.jsonl" --seqs 4096 --setups liger,hearth_fast \
   --budget-gib 80 --steps 3 --time-budget-s 140 --min-child-s 40 --child-timeout-s 90
