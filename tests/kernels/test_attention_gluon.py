@@ -15,15 +15,12 @@ attention() with HEARTH_ATTN_GLUON=1, at several T (ragged tails included), GQA 
 from __future__ import annotations
 
 import importlib
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import HAS_CUDA, assert_close
 
 attn = importlib.import_module("hearth.kernels.attention")
@@ -49,19 +46,7 @@ print(json.dumps(out))
 def sm90_reports():
     """Reports of every variant, built offline for sm_90 (one subprocess per dtype, in parallel: the
     interpreter flag must be off for triton.compile, and the two builds share CI's two cores)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                         env.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, dtype], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for dtype in ("bfloat16", "float16")]
-    reports = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=600)
-        if p.returncode != 0 and "ptxas" in stderr and "not found" in stderr:
-            pytest.skip("Triton's bundled ptxas is missing")
-        assert p.returncode == 0, stderr[-4000:]
-        reports += json.loads(stdout.strip().splitlines()[-1])
-    return reports
+    return [r for dtype in run_offline(_SCRIPT, ("bfloat16",), ("float16",)) for r in dtype]
 
 
 def test_every_variant_compiles_for_sm90(sm90_reports):

@@ -21,6 +21,7 @@ import torch
 
 from hearth.kernels import attention, attention_varlen
 from hearth.kernels.attention_varlen import _varlen_fwd_op
+from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import DEVICE, HAS_CUDA, assert_close, gpu_only
 
 # (q lengths, k lengths): zero-length sequences on both sides, a 1-token one, lengths that are not
@@ -311,18 +312,7 @@ def test_varlen_kernels_compile_for_sm90():
     """The interpreter never type-checks a kernel (LESSON 10): compile the VARLEN forward, dK/dV and dQ
     kernels for the H200 (causal, bf16, head dim 64, the first Hopper config) with Triton's bundled ptxas,
     in a subprocess because TRITON_INTERPRET=1 replaces @triton.jit functions here."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                         env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = __import__("json").loads(res.stdout.strip().splitlines()[-1])
+    out = run_offline(_COMPILE)
     assert not out["failed"], "\n".join(out["failed"])
     assert len(out["done"]) == 3
 

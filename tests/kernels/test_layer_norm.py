@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import importlib
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +11,7 @@ import torch.nn.functional as F
 from hearth.kernels.layer_norm import layer_norm
 from tests.kernels.test_rms_norm import _AtenOps
 from hearth.kernels._common import interpret_mode
+from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
 ln = importlib.import_module("hearth.kernels.layer_norm")  # the package attribute is the function
@@ -470,19 +465,8 @@ def sm90_tile_builds():
     until mean / rstd were stored before y was computed; bf16 needs fewer registers), and the widest rows'
     default (65536 bf16).
     Subprocesses (the interpreter flag must be off for triton.compile), two at a time on CI's two cores."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                         env.get("PYTHONPATH", "")])
     groups = ("bwd_fp32_1024", "bwd_bf16_1024", "fwd_fp32_1024", "wide")
-    run = functools.partial(subprocess.run, env=env, capture_output=True, text=True, timeout=600)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda g: run([sys.executable, "-c", _SM90_SCRIPT, g]), groups))
-    builds = []
-    for res in results:
-        if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-            pytest.skip("Triton's bundled ptxas is missing")
-        assert res.returncode == 0, res.stderr[-3000:]
-        builds += json.loads(res.stdout.strip().splitlines()[-1])
+    builds = [b for group in run_offline(_SM90_SCRIPT, *((g,) for g in groups)) for b in group]
     if any(b.get("registers") is None and "error" not in b for b in builds):
         pytest.skip("cuobjdump is missing: no register figures")
     return builds

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hearth.kernels.rms_norm import rms_norm
+from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
 
@@ -462,13 +459,6 @@ print(json.dumps({"done": done, "failed": failed}))
 def test_narrow_rows_bwd_tile_kernel_compiles_for_sm90():
     """The interpreter never type-checks a kernel: build the tile backward for the H200 (sm_90, Triton's
     bundled ptxas, no GPU needed) for every tile candidate at head_dim 128, with and without dw."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                         env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = run_offline(_SM90_SCRIPT)
     assert not out["failed"], "\n".join(out["failed"])
     assert len(out["done"]) == 9

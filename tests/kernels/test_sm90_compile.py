@@ -7,12 +7,7 @@ to fp32) passes every CPU test and fails to compile on the GPU. triton.compile f
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-import pytest
+from tests.kernels.offline import run_offline
 
 _SCRIPT = r"""
 import importlib, itertools, json, sys
@@ -45,14 +40,7 @@ print(json.dumps({"done": done, "failed": failed}))
 
 
 def test_cross_entropy_row_kernel_compiles_for_sm90_with_every_option():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                         env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = run_offline(_SCRIPT)
     assert not out["failed"], "\n".join(out["failed"])
     assert len(out["done"]) == 20
 
@@ -92,15 +80,7 @@ def test_softmax_persistent_rows_kernel_builds_for_sm90_pipelined_without_spills
     """Every persistent one-pass candidate the forward (32768 columns) and backward (16384) offer, built for the
     H200: the row loads are pipelined (cp.async), nothing spills, and per_sm programs fit an SM's registers and
     shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "src"),
-                                         env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", _SOFTMAX_ROWS_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("Triton's bundled ptxas is missing")
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = run_offline(_SOFTMAX_ROWS_SCRIPT)
     # forward at 32768: bf16 3 candidates, fp32 2; backward at 16384 (y and dy pipelined): bf16 3, fp32 2
     assert len(rows) == 10, rows
     for r in rows:
