@@ -895,6 +895,19 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     return attention_gluon.offline_kernels(arch, dtype)
 
 
+def _checked_scale(scale, head_dim: int) -> float:
+    """The softmax scale as a float: 1/sqrt(head_dim) for None; TypeError / ValueError naming `scale` for
+    anything that is not a positive, finite number (attention and attention_varlen check it the same way)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"scale must be positive and finite, got {scale}")
+    return scale
+
+
 def _attention_forward(q, k, v, causal: bool, scale: float):
     """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
     B, Hq, Tq, D = q.shape
@@ -1078,13 +1091,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if causal and Tq != Tk:
         raise ValueError(f"causal attention needs q and k of the same length, got q T={Tq} and k T={Tk}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0.0:
-        raise ValueError(f"scale must be positive and finite, got {scale}")
+    scale = _checked_scale(scale, D)
     if B * Hq > MAX_BATCH_HEADS:
         raise ValueError(f"q has batch x heads = {B} x {Hq} = {B * Hq}; at most {MAX_BATCH_HEADS} (CUDA grid limit) are supported")
     tensors = {"q": q, "k": k, "v": v}

@@ -39,7 +39,6 @@ n_seqs * Hq <= 65535 (CUDA grid); the int32 in-plane offsets bound max_seqlen * 
 from __future__ import annotations
 
 import importlib
-import math
 
 import torch
 
@@ -315,13 +314,7 @@ def attention_varlen(
     _check_max(max_seqlen_k, "max_seqlen_k")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0.0:
-        raise ValueError(f"scale must be positive and finite, got {scale}")
+    scale = _attn._checked_scale(scale, D)
     n_seqs = cu_seqlens_q.shape[0] - 1
     if n_seqs * Hq > _attn.MAX_BATCH_HEADS:
         raise ValueError(f"cu_seqlens_q gives n_seqs x heads = {n_seqs} x {Hq} = {n_seqs * Hq}; at most "
