@@ -44,6 +44,7 @@ for causal in (False, True):
             for p in fn.params:
                 if p.name not in consts and p.has_default:
                     consts[p.name] = p.default
+            # the signature is built here, not by attention.offline_source: the trees compared may predate it
             sig, attrs = {}, {}
             for i, n in enumerate(fn.arg_names):
                 if n in consts:

@@ -167,7 +167,6 @@ def ptxas_report(head_dim=128, dtype="bf16", varlen=False):
     import tempfile
 
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     element_size = 4 if dtype == "fp32" else 2
@@ -188,24 +187,7 @@ def ptxas_report(head_dim=128, dtype="bf16", varlen=False):
                     consts["VARLEN"] = varlen
                     if not varlen:  # the dense launch passes no offsets: None, a constexpr
                         consts.update(CuSeqQ=None, CuSeqK=None)
-                    sig, attrs = {}, {}
-                    for i, n in enumerate(fn.arg_names):
-                        if n in consts:
-                            sig[n] = "constexpr"
-                        elif n in ("Lse", "Delta", "DQacc"):
-                            sig[n] = "*fp32"
-                        elif n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ"):
-                            sig[n] = "*" + dtype
-                        elif n in ("qk_scale", "sm_scale"):
-                            sig[n] = "fp32"
-                        elif n in ("CuSeqQ", "CuSeqK"):
-                            sig[n] = "*i32"
-                        else:
-                            sig[n] = "i32"
-                        if n not in consts and (sig[n].startswith("*") or n.startswith(("stride_", "N_CTX"))):
-                            attrs[(i,)] = [["tt.divisibility", 16]]
-                    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()},
-                                    attrs=attrs)
+                    src = attn_mod.offline_source(fn, consts, dtype)
                     name = f"{'varlen ' if varlen else ''}{label} causal={causal} tma={use_tma} {bm}x{bn} w{warps} s{stages}"
                     try:
                         ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -278,28 +278,16 @@ _COMPILE = r"""
 import importlib, json
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 A = importlib.import_module("hearth.kernels.attention")
-FP32 = {"Lse", "Delta", "DQacc"}
 done, failed = [], []
 for fn, (bm, bn, warps, stages), extra in ((A._attn_fwd_kernel, A._FWD_CANDIDATES["d64"][0], {}),
                                            (A._attn_bwd_dkdv_kernel, A._DKDV_CANDIDATES["d64"][0], {"FUSED_DQ": False}),
                                            (A._attn_bwd_dq_kernel, A._DQ_CANDIDATES["d64"][0], {})):
     const = dict(HEAD_DIM=64, CAUSAL=True, USE_TMA=False, DOT_PREC="tf32", INTERP=False, BLOCK_M=bm, BLOCK_N=bn,
                  VARLEN=True, **extra)
-    sig = {}
-    for name in fn.arg_names:
-        if name in const:
-            sig[name] = "constexpr"
-        elif name.startswith("stride_") or name in ("H_Q", "H_K", "GROUP", "N_CTX_Q", "N_CTX_K"):
-            sig[name] = "i32"
-        elif name in ("qk_scale", "sm_scale"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "*i32" if name.startswith("CuSeq") else ("*fp32" if name in FP32 else "*bf16")
     try:
-        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+        triton.compile(A.offline_source(fn, const), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": stages})
         done.append(fn.__name__)
     except Exception as e:

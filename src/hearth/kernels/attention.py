@@ -884,6 +884,33 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
 
 
+def offline_source(fn, consts: dict, dtype: str = "bf16"):
+    """A Triton ASTSource of one of the kernels above (forward, dK/dV, dQ) for an offline build (no GPU), typed
+    and specialised as a launch sees it: `consts` are the constexprs (including unit head-dim strides), the
+    q / k / v / o tensors `dtype` ("bf16", "fp16", "fp32"), lse / delta / the dQ accumulator fp32, the offsets
+    int32, and pointers, strides and lengths divisible by 16. Used by scripts/gpu/attention_probe.py --ptxas
+    and the tests' sm_90 builds."""
+    from triton.compiler import ASTSource
+
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in ("Lse", "Delta", "DQacc"):
+            sig[n] = "*fp32"
+        elif n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ"):
+            sig[n] = "*" + dtype
+        elif n in ("qk_scale", "sm_scale"):
+            sig[n] = "fp32"
+        elif n in ("CuSeqQ", "CuSeqK"):
+            sig[n] = "*i32"
+        else:
+            sig[n] = "i32"
+        if n not in consts and (sig[n].startswith("*") or n.startswith(("stride_", "N_CTX"))):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs=attrs)
+
+
 def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     """`hearth inspect attention --arch sm_90` (no GPU): the Gluon forward's variants built offline for
     `arch` (attention_gluon.offline_kernels). The Triton kernels above are inspected on a GPU
