@@ -169,6 +169,17 @@ def autograd_op(op, forward, setup_context, backward):
     return call
 
 
+def backward_route(ctx, op, differentiable, launcher):
+    """What an op's backward calls when it is the op again (rope: rotate back; matmul: two more products):
+    the custom `op` on the compile route (ctx.eager False), so the compiled graph holds it; on the eager
+    route the `differentiable` Function when a double backward records it (create_graph=True: grad mode is
+    on in here), else the `launcher` itself, without Function.apply's glue (a ctx, setup_context, saved
+    tensors: microseconds of host time a call) for a graph nobody will use."""
+    if not ctx.eager:
+        return op
+    return differentiable if torch.is_grad_enabled() else launcher
+
+
 def _time_ms(fn, reps: int = 7) -> float:
     """Median GPU time of fn() in ms over `reps` launches after one warm-up (compile) launch, timed with
     CUDA events on the current stream; allocates nothing."""

@@ -41,7 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms
+from hearth.kernels._common import (
+    autograd_op, backward_route, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms,
+)
 
 
 
@@ -361,9 +363,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_c):
     a, b = ctx.saved_tensors
     grad_a = grad_b = None
-    # differentiable when a double backward records it (create_graph=True: grad mode is on in here);
-    # otherwise the launcher itself, without Function.apply's glue for a graph nobody will use
-    mm = (_matmul_diff if torch.is_grad_enabled() else _matmul) if ctx.eager else _matmul_op
+    mm = backward_route(ctx, _matmul_op, _matmul_diff, _matmul)  # matmul again (_common.backward_route)
     # Transposed *views*: the kernels take the strides, nothing is copied.
     if ctx.needs_input_grad[0]:
         grad_a = mm(grad_c, b.t())

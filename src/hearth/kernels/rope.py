@@ -25,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import FLOAT_DTYPES, autograd_op, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config
+from hearth.kernels._common import (
+    FLOAT_DTYPES, autograd_op, backward_route, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config,
+)
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
 MAX_TILE = 4096
@@ -165,16 +167,9 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dq_out, dk_out):
     cos, sin = ctx.saved_tensors
-    # the backward is this op again, differentiable when a double backward records it (create_graph=True);
-    # otherwise (grad mode is off inside a plain backward) the launcher itself: Function.apply's glue
-    # (a ctx, setup_context, saving cos/sin) cost microseconds of host time a call for a graph never used
-    backward = not ctx.backward_flag
-    if not ctx.eager:
-        dq, dk = torch.ops.hearth.rope(dq_out, dk_out, cos, sin, backward)
-    elif torch.is_grad_enabled():
-        dq, dk = _rope(dq_out, dk_out, cos, sin, backward)
-    else:
-        dq, dk = _launch(dq_out, dk_out, cos, sin, backward)
+    # the backward is this op again, with the sign of sin flipped (_common.backward_route: which callable)
+    rope = backward_route(ctx, _rope_op, _rope, _launch)
+    dq, dk = rope(dq_out, dk_out, cos, sin, not ctx.backward_flag)
     return dq, dk, None, None, None
 
 
