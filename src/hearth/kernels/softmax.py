@@ -54,6 +54,19 @@ _ONEPASS_WARPS = ((1024, 4), (4096, 8), (16384, 16), (1 << 62, 32))
 
 # ----------------------------------------------------------------------------------------- kernels
 @triton.jit
+def _softmax_row(x):
+    """softmax of one fp32 row held whole (the one-pass kernels; inlined)."""
+    e = tl.exp(x - tl.max(x, axis=0))
+    return e / tl.sum(e, axis=0)
+
+
+@triton.jit
+def _softmax_grad_row(y, dy):
+    """dx of one fp32 row held whole: y * (dy - sum(y * dy)) (the one-pass kernels; inlined)."""
+    return y * (dy - tl.sum(y * dy, axis=0))
+
+
+@triton.jit
 def _softmax_fwd_onepass_kernel(
     # pointers
     x_ptr, y_ptr,
@@ -69,9 +82,7 @@ def _softmax_fwd_onepass_kernel(
     mask = cols < n_cols
     # evict_first: each byte is read exactly once, keep L2 for others.
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
-    x = x.to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    y = e / tl.sum(e, axis=0)
+    y = _softmax_row(x.to(tl.float32))
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -97,9 +108,7 @@ def _softmax_fwd_rows_kernel(
     for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         row = tl.cast(r, tl.int64)  # see _softmax_fwd_chunked_kernel
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
-        x = x.to(tl.float32)
-        e = tl.exp(x - tl.max(x, axis=0))
-        y = e / tl.sum(e, axis=0)
+        y = _softmax_row(x.to(tl.float32))
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -163,8 +172,7 @@ def _softmax_bwd_onepass_kernel(
     mask = cols < n_cols
     y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    dot = tl.sum(y * dy, axis=0)
-    dx = y * (dy - dot)
+    dx = _softmax_grad_row(y, dy)
     tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -188,7 +196,7 @@ def _softmax_bwd_rows_kernel(
         y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         dy = dy.to(tl.float32)
-        dx = y * (dy - tl.sum(y * dy, axis=0))
+        dx = _softmax_grad_row(y, dy)
         tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
