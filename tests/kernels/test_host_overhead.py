@@ -79,6 +79,11 @@ def test_layer_norm_backward_is_one_partial_buffer_and_one_sum(launches, dtype):
     """mean / rstd are outputs only to be saved: no zero gradient is made for them (two zeros launches per
     backward before), and the dw / db partials are reduced by ONE sum (two before, two allocations)."""
     x, w, b = _leaf(8, 32, dtype=dtype), _leaf(32, dtype=dtype), _leaf(32, dtype=dtype)
+    # one backward first: on a GPU the first call picks its backward config (timed launches, their buffers)
+    _backward_ops(hk.layer_norm(x, w, b))
+    x.grad = w.grad = b.grad = None
+    if launches[0] is not None:
+        launches[0] = 0
     y = hk.layer_norm(x, w, b)
     mode = _backward_ops(y)
     # dx, the [2, G, N] fp32 partials, one column sum; 16-bit params: the two casts of dw and db

@@ -163,6 +163,7 @@ def test_other_device_and_int_a_name_the_argument():
         matmul(torch.ones(2, 3, dtype=torch.int64, device=DEVICE), torch.ones(3, 2, device=DEVICE))
 
 
+@pytest.mark.xdist_group("gpu_big")  # two 4 GiB operands: one at a time (scripts/gpu/test.sh)
 def test_k_strides_past_int32_are_relaid_out():
     # K-direction strides of 2^30 + 64 elements: the pointer kernel's in-tile K offsets are int32, so
     # such operands are re-laid out (unit K stride) before launch instead of overflowing

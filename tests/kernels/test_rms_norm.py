@@ -136,7 +136,9 @@ def test_opcheck():
     for need_dw in (True, False):
         torch.library.opcheck(torch.ops.hearth.rms_norm_bwd, (dy, x.detach(), w.detach(), rstd, need_dw))
 
+
 @gpu_only
+@pytest.mark.xdist_group("gpu_big")  # big fp32/fp64 references: one at a time (scripts/gpu/test.sh)
 @pytest.mark.parametrize("n", [4096, 5120, 17408])
 def test_real_shapes_bf16(n):
     torch.manual_seed(5)
