@@ -33,6 +33,7 @@ mkdir -p "$OUT"
 if ls .peers/peers-*.tar.xz >/dev/null 2>&1; then . scripts/gpu/peers_env.sh >> "$OUT/steps.log" 2>&1; fi
 step() {  # step NAME MIN_SECONDS COMMAND...
   local name=$1 need=$2; shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "== $name: skipped (SKIP)" | tee -a "$OUT/steps.log"; return;; esac
   if [ "$(left)" -lt "$need" ]; then echo "== $name: skipped, $(left) s left" | tee -a "$OUT/steps.log"; return; fi
   echo "== $name ($(left) s left)" | tee -a "$OUT/steps.log"
   timeout "$(( $(left) - 5 ))" "$@" >> "$OUT/$name.log" 2>&1
