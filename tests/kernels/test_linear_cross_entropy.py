@@ -380,6 +380,7 @@ def _gpu_rule(n, h, v, dtype, frozen=False, chunk_rows=None, **opts):
 
 
 @gpu_only
+@pytest.mark.xdist_group("gpu_big")  # a [tokens, 151936] fp32 reference per case: one at a time (scripts/gpu/test.sh)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
 def test_gpu_every_option_at_qwen_vocab(opts, dtype):
