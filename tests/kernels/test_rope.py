@@ -176,7 +176,9 @@ def test_opcheck():
     cos, sin = tables(1, 3, 8, torch.float32)
     torch.library.opcheck(torch.ops.hearth.rope, (q.requires_grad_(), k.requires_grad_(), cos, sin, False))
 
+
 @gpu_only
+@pytest.mark.xdist_group("gpu_big")  # big fp32 references: one at a time (scripts/gpu/test.sh)
 @pytest.mark.parametrize("hf_layout", [False, True], ids=["bhtd", "bthd_transposed"])
 def test_real_shape_bf16(hf_layout):
     torch.manual_seed(5)
