@@ -39,3 +39,27 @@ async def test_without_javascript_a_failed_chat_reply_keeps_the_message_in_the_b
         assert "The model took too long to answer." in r.text and "Nothing was saved" in r.text
         assert "AllProvidersFailed" not in r.text
         assert await _count(app, Message) == 0
+
+
+def test_hearth_serve_reports_an_unreachable_gateway_state_store_at_start_up(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from hearth.app.crypto import new_master_key_text
+
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        (tmp_path / "hearth.toml").write_text(
+            f'[gateway]\nstate_url = "redis://127.0.0.1:{port}/0"\n\n'
+            '[[providers]]\nname = "local"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n')
+        env = {**os.environ, "HEARTH_MASTER_KEY": new_master_key_text(), "HEARTH_ENV": "", "HEARTH_DATABASE_URL": ""}
+        proc = subprocess.run([sys.executable, "-m", "hearth.cli", "serve", "--config", "hearth.toml", "--port", "1",
+                               "--database-url", f"sqlite:///{tmp_path / 'h.sqlite3'}"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    # before: "serving on ..." was printed, then the lifespan's traceback, exit 3
+    assert proc.returncode == 2, proc.stderr
+    assert "configuration error: gateway.state_url" in proc.stderr and f"127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr and "serving on" not in proc.stdout
