@@ -25,3 +25,26 @@ def test_a_nan_deadline_is_a_400_naming_hearth_deadline_s_not_a_500():
         assert (status, error["param"]) == (400, "hearth_deadline_s"), error
         assert "hearth_deadline_s" in error["message"]
     assert upstream == 0
+
+
+def test_an_infinite_timeout_or_deadline_in_the_toml_is_a_config_error_naming_the_field(tmp_path):
+    import pytest
+
+    from hearth.gateway.config import ConfigError, load_config
+
+    base = '[[providers]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+    cases = {  # TOML has inf and nan; a timeout of inf is no timeout: a hung provider would hang the request
+        "providers[0].timeouts.total_s": base + "[providers.timeouts]\ntotal_s = inf\n",
+        "providers[0].timeouts.first_token_s": base + "[providers.timeouts]\nfirst_token_s = inf\n",
+        "providers[0].timeouts.connect_s": base + "[providers.timeouts]\nconnect_s = inf\n",
+        "providers[0].warm.probe_timeout_s": base.replace('model = "m"\n', 'model = "m"\nscale_to_zero = true\n'
+                                                           'health_url = "http://127.0.0.1:9/health"\n')
+                                              + "[providers.warm]\nprobe_timeout_s = inf\n",
+        "gateway.deadline_s": "[gateway]\ndeadline_s = inf\n" + base,
+    }
+    for field, text in cases.items():
+        path = tmp_path / "g.toml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:  # before: accepted
+            load_config(path, env={})
+        assert err.value.field == field, (field, str(err.value))

@@ -66,7 +66,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML has inf and nan: a timeout of inf is no timeout at all, so neither is a valid number here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Timeouts(_Strict):
