@@ -63,3 +63,25 @@ def test_hearth_serve_reports_an_unreachable_gateway_state_store_at_start_up(tmp
     assert proc.returncode == 2, proc.stderr
     assert "configuration error: gateway.state_url" in proc.stderr and f"127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr and "serving on" not in proc.stdout
+
+
+@pytest.mark.parametrize("field", ["login_backoff_max_s", "reply_deadline_s", "analyst_timeout_s"])
+def test_an_infinite_duration_in_the_app_settings_is_refused_at_start_up(tmp_path, field):
+    from hearth.app.crypto import new_master_key_text
+    from hearth.app.settings import SettingsError, load_settings
+
+    cfg = tmp_path / "hearth.toml"
+    # TOML has inf: before, it was accepted; login_backoff_max_s = inf (with the window) then hung the event loop
+    # at the first login (the backoff tiers never reach an infinite cap), a deadline of inf is none at all
+    extra = "login_window_s = inf\n" if field == "login_backoff_max_s" else ""
+    cfg.write_text(f"[app]\n{field} = inf\n{extra}")
+    with pytest.raises(SettingsError) as info:
+        load_settings(cfg, env={"HEARTH_MASTER_KEY": new_master_key_text()}, overrides={"var_dir": str(tmp_path / "v")})
+    assert info.value.field == field
+
+
+def test_a_throttle_policy_with_an_infinite_cap_is_refused():
+    from hearth.app.throttle import Policy
+
+    with pytest.raises(ValueError, match="finite"):  # before: accepted, and delay_sql() never returned
+        Policy(free=5, base_s=1.0, max_s=float("inf"), window_s=float("inf"))

@@ -57,7 +57,8 @@ def is_loopback(host: str) -> bool:
 class AppSettings(BaseModel):
     """Validated settings. Durations in seconds, sizes in bytes / characters."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML has inf and nan: an infinite deadline is none, and an infinite backoff cap never ends its tiers
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     environment: Literal["development", "production"]
     host: str = "127.0.0.1"
