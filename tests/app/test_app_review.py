@@ -88,7 +88,8 @@ def test_a_throttle_policy_with_an_infinite_cap_is_refused():
 
 
 @pytest.mark.postgres
-async def test_a_companion_deleted_while_a_post_is_saved_does_not_lose_the_post(make_settings, tmp_path):
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_companion_deleted_while_a_post_is_saved_does_not_lose_the_post(make_settings, database_url):
     """PostgreSQL (read committed): the feed checked which companions were alive, then inserted their comments.
     A companion deleted between the two (another tab) made the comment's foreign key fail and the whole
     transaction, the user's post with it, roll back (a 500). On SQLite the post's insert already holds the
@@ -101,58 +102,51 @@ async def test_a_companion_deleted_while_a_post_is_saved_does_not_lose_the_post(
     from sqlalchemy.util import await_only
 
     from hearth.app.storage.models import Comment, Post
-    from tests.app.conftest import _pg_admin, _pg_connect_args, pg_base_url
+    from tests.app.conftest import _pg_connect_args
 
-    base = pg_base_url()
-    name = f"hearth_t_{__import__('uuid').uuid4().hex[:12]}"
-    await _pg_admin(base, f'CREATE DATABASE "{name}"')
-    url = __import__("sqlalchemy").engine.make_url(base).set(database=name).render_as_string(hide_password=False)
-    try:
-        async with running_app(make_settings(url)) as (app, client):
-            csrf = await signup(client, "alice")
-            keep = await create_companion(client, csrf, persona="wren")
-            gone = await create_companion(client, csrf, persona="wren", name="Gone")
-            other = await asyncpg.connect(**_pg_connect_args(url))
-            watcher = await asyncpg.connect(**_pg_connect_args(url))
-            race: dict = {}
+    async with running_app(make_settings(database_url)) as (app, client):
+        csrf = await signup(client, "alice")
+        keep = await create_companion(client, csrf, persona="wren")
+        gone = await create_companion(client, csrf, persona="wren", name="Gone")
+        other = await asyncpg.connect(**_pg_connect_args(database_url))
+        watcher = await asyncpg.connect(**_pg_connect_args(database_url))
+        race: dict = {}
 
-            async def delete_gone():
-                await other.execute("DELETE FROM companions WHERE id = $1", gone)
+        async def delete_gone():
+            await other.execute("DELETE FROM companions WHERE id = $1", gone)
 
-            async def start_the_delete():
-                task = asyncio.ensure_future(delete_gone())
-                for _ in range(500):  # until it committed, or waits for a lock this transaction holds
-                    if task.done():
-                        break
-                    waiting = await watcher.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND query LIKE 'DELETE FROM companions%'")
-                    if waiting:
-                        break
-                    await asyncio.sleep(0.01)
-                race["task"] = task
+        async def start_the_delete():
+            task = asyncio.ensure_future(delete_gone())
+            for _ in range(500):  # until it committed, or waits for a lock this transaction holds
+                if task.done():
+                    break
+                waiting = await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'DELETE FROM companions%'")
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            race["task"] = task
 
-            alive_check = re.compile(r"^SELECT companions\.id\s+FROM companions\s+WHERE companions\.user_id")
+        alive_check = re.compile(r"^SELECT companions\.id\s+FROM companions\s+WHERE companions\.user_id")
 
-            def after(conn, cursor, statement, params, context, executemany):
-                if "task" not in race and alive_check.match(statement):
-                    await_only(start_the_delete())
+        def after(conn, cursor, statement, params, context, executemany):
+            if "task" not in race and alive_check.match(statement):
+                await_only(start_the_delete())
 
-            engine = app.state.hearth.db.engine.sync_engine
-            event.listen(engine, "after_cursor_execute", after)
-            try:
-                r = await client.post("/feed/posts", data={"post": "Finished the quilt", "csrf": csrf})
-            finally:
-                event.remove(engine, "after_cursor_execute", after)
-                if "task" in race:
-                    await asyncio.wait_for(race["task"], 10)
-                await other.close()
-                await watcher.close()
-            assert "task" in race, "the alive check did not run"
-            assert r.status_code == 303  # before: IntegrityError (comment -> deleted companion), post rolled back
-            async with app.state.hearth.db.sessions() as s:
-                assert (await s.execute(select(func.count()).select_from(Post))).scalar_one() == 1
-                companions = (await s.execute(select(Comment.companion_id))).scalars().all()
-            assert companions == [keep]  # the deleted companion's comment went with it
-    finally:
-        await _pg_admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        engine = app.state.hearth.db.engine.sync_engine
+        event.listen(engine, "after_cursor_execute", after)
+        try:
+            r = await client.post("/feed/posts", data={"post": "Finished the quilt", "csrf": csrf})
+        finally:
+            event.remove(engine, "after_cursor_execute", after)
+            if "task" in race:
+                await asyncio.wait_for(race["task"], 10)
+            await other.close()
+            await watcher.close()
+        assert "task" in race, "the alive check did not run"
+        assert r.status_code == 303  # before: IntegrityError (comment -> deleted companion), post rolled back
+        async with app.state.hearth.db.sessions() as s:
+            assert (await s.execute(select(func.count()).select_from(Post))).scalar_one() == 1
+            companions = (await s.execute(select(Comment.companion_id))).scalars().all()
+        assert companions == [keep]  # the deleted companion's comment went with it
