@@ -150,3 +150,18 @@ async def test_a_companion_deleted_while_a_post_is_saved_does_not_lose_the_post(
             assert (await s.execute(select(func.count()).select_from(Post))).scalar_one() == 1
             companions = (await s.execute(select(Comment.companion_id))).scalars().all()
         assert companions == [keep]  # the deleted companion's comment went with it
+
+
+def test_an_unreadable_config_or_key_file_is_a_settings_error_naming_it(tmp_path):
+    from hearth.app.crypto import new_master_key_text
+    from hearth.app.settings import SettingsError, load_settings
+
+    folder = tmp_path / "a-folder"
+    folder.mkdir(mode=0o700)
+    # before: IsADirectoryError escaped (a traceback from `hearth serve`) instead of an error naming the setting
+    with pytest.raises(SettingsError) as info:
+        load_settings(folder, env={"HEARTH_MASTER_KEY": new_master_key_text()})
+    assert info.value.field == "config" and str(folder) in str(info.value)
+    with pytest.raises(SettingsError) as info:
+        load_settings(None, env={"HEARTH_MASTER_KEY_FILE": str(folder)}, overrides={"var_dir": str(tmp_path / "v")})
+    assert info.value.field == "master_key_file" and str(folder) in str(info.value)
