@@ -48,3 +48,31 @@ def test_an_infinite_timeout_or_deadline_in_the_toml_is_a_config_error_naming_th
         with pytest.raises(ConfigError) as err:  # before: accepted
             load_config(path, env={})
         assert err.value.field == field, (field, str(err.value))
+
+
+def test_a_control_character_in_an_api_key_or_header_is_a_config_error_not_a_500_per_request():
+    import pytest
+
+    from hearth.gateway.chain import Chain
+    from hearth.gateway.config import ConfigError, config_from_dict
+
+    base = {"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    # a key read from a file or a secret often ends in a newline: before, it was accepted here and every request
+    # then died in the HTTP client with a ValueError (no fallback to the next provider: a 500)
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"providers": [{**base, "api_key_env": "KEY"}]}, {"KEY": "sk-secret\n"})
+    assert err.value.field == "providers[0].api_key_env" and "KEY" in str(err.value)
+    assert "sk-secret" not in str(err.value)
+    for headers in ({"X-Team": "a\r\nX-Evil: 1"}, {"X Team": "a"}, {"": "a"}):
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"providers": [{**base, "headers": headers}]}, {})
+        assert err.value.field == "providers[0].headers", headers
+    # what the check lets through still reaches the next provider when the first one fails
+    async def main():
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
+            cfg = config_from_dict({"providers": [{**base, "api_key_env": "KEY", "headers": {"X-Team": "core\tone"}},
+                                                  provider("b", b)]}, {"KEY": "sk-secret"})
+            async with Chain(cfg) as chain:
+                return await chain.complete(MESSAGES, kind="chat")
+
+    assert asyncio.run(main()).provider == "b"
