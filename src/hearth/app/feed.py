@@ -82,8 +82,11 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
     async with db.begin():
         db.add(post)
         await db.flush()
-        # a companion deleted while the comments were generated must not get a dangling comment
-        alive = set((await db.execute(select(Companion.id).where(Companion.user_id == cipher.user_id))).scalars())
+        # a companion deleted while the comments were generated must not get a dangling comment; the key-share
+        # lock (PostgreSQL; SQLite already serialises the writers) holds off a delete between this check and the
+        # comments' insert, whose foreign key would otherwise fail and roll the post back with it
+        alive = set((await db.execute(select(Companion.id).where(Companion.user_id == cipher.user_id)
+                                      .with_for_update(key_share=True))).scalars())
         db.add_all([r for r in rows if r.companion_id in alive])
     return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
 

@@ -169,17 +169,29 @@ async def _preflight(settings: AppSettings) -> None:
         await prepare(settings, db)
     finally:
         await db.dispose()
+    if has_providers(settings.config_path):  # the chain's shared state store ([gateway] state_url) must answer now
+        from hearth.gateway.config import load_config
+        from hearth.gateway.state import make_store
+
+        store = make_store(load_config(settings.config_path).gateway)
+        try:
+            await store.start()
+        finally:
+            await store.aclose()
 
 
 def serve(config: Path | None = None, database_url: str | None = None, host: str = "127.0.0.1",
           port: int = 8000, workers: int = 1) -> int:
-    """`hearth serve`: validate settings and the database, then run uvicorn until interrupted. Returns the
-    exit code (2 for a configuration or start-up error, which is printed naming the field and the fix).
+    """`hearth serve`: validate settings, the database and the chain's state store, then run uvicorn until
+    interrupted. Returns the exit code (2 for a configuration or start-up error, which is printed naming the
+    field and the fix).
 
     ``workers`` > 1 runs that many worker processes on the same port (uvicorn's process manager). They
     share everything through the database (login/signup throttling included); the gateway chain's breaker
     and warm state are shared when the TOML sets ``[gateway] state_url``."""
     import uvicorn
+
+    from hearth.gateway.state import StateStoreError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if workers < 1:
@@ -194,6 +206,9 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
         return 2
     except StartupError as exc:
         print(f"hearth serve: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except StateStoreError as exc:  # before: a traceback from the lifespan after "serving on ..."
+        print(f"hearth serve: configuration error: gateway.state_url: {exc}", file=sys.stderr)
         return 2
     shown_host = f"[{host}]" if ":" in host else host
     model = "model: configured" if has_providers(settings.config_path) else "no model configured yet"

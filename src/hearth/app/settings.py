@@ -57,7 +57,8 @@ def is_loopback(host: str) -> bool:
 class AppSettings(BaseModel):
     """Validated settings. Durations in seconds, sizes in bytes / characters."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML has inf and nan: an infinite deadline is none, and an infinite backoff cap never ends its tiers
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     environment: Literal["development", "production"]
     host: str = "127.0.0.1"
@@ -143,6 +144,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise SettingsError("config", f"file not found: {path}") from None
+    except OSError as exc:  # a folder, no permission, ...
+        raise SettingsError("config", f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError("config", f"{path} is not valid TOML: {exc}") from None
     app = data.get("app", {})
@@ -171,6 +174,8 @@ def _read_key_file(path: Path, field: str, *, dev: bool) -> bytes:
         text = path.read_text()
     except FileNotFoundError:
         raise SettingsError(field, f"key file not found: {path}") from None
+    except OSError as exc:  # a folder, no permission, ...
+        raise SettingsError(field, f"cannot read key file {path}: {exc.strerror or exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SettingsError(field, f"{path} is readable by group/others; chmod 600 it")
     return _load_key_text(text, field, dev=dev)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ class Policy:
     def __post_init__(self) -> None:
         if self.free < 1:
             raise ValueError(f"free: must be >= 1, got {self.free}")
+        for name in ("base_s", "max_s", "window_s"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name}: must be a finite number of seconds, got {getattr(self, name)}")
         if not 0 < self.base_s <= self.max_s <= self.window_s:
             raise ValueError(f"backoff: need 0 < base_s <= max_s <= window_s, got {self.base_s}, {self.max_s}, "
                              f"{self.window_s}")

@@ -63,10 +63,13 @@ __all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "Wa
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters other than the tab: never valid in a header
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML has inf and nan: a timeout of inf is no timeout at all, so neither is a valid number here
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Timeouts(_Strict):
@@ -144,6 +147,17 @@ class ProviderConfig(_Strict):
             json.dumps(v, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must hold only JSON values (no dates, nan or inf): {exc}") from None
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        # checked here: the HTTP client refuses them on every request (a ValueError, not a provider failure)
+        for name, value in v.items():
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid header name")
+            if _CONTROL.search(value):
+                raise ValueError(f"the value of {name!r} holds a control character (a line break?)")
         return v
 
     @field_validator("health_url", mode="after")
@@ -264,6 +278,10 @@ def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.enviro
             if not key:
                 raise ConfigError(f"providers[{i}].api_key_env",
                                   f"environment variable {p.api_key_env} is not set (API key of provider {p.name!r})")
+            if _CONTROL.search(key):  # it goes into the Authorization header of every request
+                raise ConfigError(f"providers[{i}].api_key_env",
+                                  f"environment variable {p.api_key_env} holds a control character (a trailing "
+                                  f"newline?); the API key of provider {p.name!r} must be one line")
             p = p.model_copy(update={"api_key": key})
         providers.append(p)
     return config.model_copy(update={"providers": tuple(providers)})

@@ -307,8 +307,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         return _error(400, "max_tokens must be a positive integer", rid, param="max_tokens")
     deadline = body.get("hearth_deadline_s")
-    if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool) or deadline <= 0
-                                 or deadline > chain.settings.deadline_s):
+    if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
+                                 or not 0 < deadline <= chain.settings.deadline_s):  # NaN fails this too
         return _error(400, f"hearth_deadline_s must be in (0, {chain.settings.deadline_s}]", rid, param="hearth_deadline_s")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):

@@ -14,20 +14,27 @@ from hearth.app import simulation
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.app.routes._util import SSE_HEADERS, IdParam, reply_events, sse
+from hearth.gateway.errors import GatewayError
 
 router = APIRouter(prefix="/companions")
 log = logging.getLogger("hearth.app.chat")
 
 
-@router.get("/{companion_id}")
-async def companion_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
+async def _companion_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
+                          draft: str = "", status: int = 200) -> Response:
     companion = await svc.get_companion(db, viewer.cipher, companion_id)
     return state.templates.TemplateResponse(request, "companion.html", {
         "viewer": viewer, "companion": companion,
         "messages": await svc.history(db, viewer.cipher, companion_id),
         "memories": await svc.memories(db, viewer.cipher, companion_id),
         "rehearsals": await simulation.list_rehearsals(db, viewer.cipher, companion_id),
-        "world_views": prompts.WORLD_VIEWS, "model_configured": state.model_configured})
+        "world_views": prompts.WORLD_VIEWS, "model_configured": state.model_configured,
+        "error": error, "draft": draft}, status_code=status)
+
+
+@router.get("/{companion_id}")
+async def companion_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
+    return await _companion_page(request, state, db, viewer, companion_id)
 
 
 def _turn_json(turn: svc.TurnResult) -> dict:
@@ -69,8 +76,14 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
         await svc.get_companion(db, viewer.cipher, companion_id)  # 404 before the stream starts
         return StreamingResponse(_stream_turn(state, viewer, companion_id, text), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
-    await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
-                        turns=s.chat_context_turns, prompt_memories=s.prompt_memories, deadline_s=s.reply_deadline_s)
+    try:
+        await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
+                            turns=s.chat_context_turns, prompt_memories=s.prompt_memories,
+                            deadline_s=s.reply_deadline_s)
+    except GatewayError as exc:  # the chat page with the message kept in the box, not a bare error page
+        log.warning("chat turn failed: %s", failure_for_log(exc))
+        return await _companion_page(request, state, db, viewer, companion_id, status=502, draft=message,
+                                     error=f"The reply failed: {describe_failure(exc)} Nothing was saved.")
     return RedirectResponse(f"/companions/{companion_id}#bottom", status_code=303)
 
 
