@@ -161,6 +161,34 @@ def test_request_deadline_caps_every_attempt():
     assert 0.24 <= elapsed < 0.25 + MARGIN_S
 
 
+@pytest.mark.parametrize("whose", ["request", "gateway"])
+def test_only_the_gateways_own_deadline_counts_toward_the_breaker(whose):
+    """A provider slower than a request's own short hearth_deadline_s is not failing: three such requests leave
+    its breaker closed (one client could otherwise open a healthy provider's breaker for everyone). Running past
+    the gateway's deadline_s (the operator's) still counts, and opens it after breaker_failures."""
+    async def main():
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON, delay_s=0.5)) as a:
+            slow = provider("a", a, timeouts={"first_token_s": 5.0, "total_s": 5.0})
+            gateway_deadline = 3.0 if whose == "request" else 0.15
+            async with Chain(make_config(slow, deadline_s=gateway_deadline, breaker_failures=2)) as chain:
+                errors = []
+                for _ in range(3):
+                    with pytest.raises(AllProvidersFailed) as info:
+                        await chain.complete(MESSAGES, kind="chat", deadline_s=0.15 if whose == "request" else None)
+                    errors.append(info.value.exceptions[0])
+                state = (await chain.status())[0]
+        return errors, state, len(a.requests)
+
+    errors, state, calls = asyncio.run(main())
+    if whose == "request":
+        assert [type(e) for e in errors] == [DeadlineExceeded] * 3 and all(e.client_set for e in errors)
+        assert state["state"] == "closed" and state["consecutive_failures"] == 0 and calls == 3
+    else:
+        assert [type(e) for e in errors[:2]] == [DeadlineExceeded] * 2 and not any(e.client_set for e in errors[:2])
+        assert isinstance(errors[2], Cooldown)  # opened after two: the third request skips it
+        assert state["state"] == "open" and calls == 2
+
+
 def test_request_body_json_schema_extra_body_and_key():
     async def main():
         async with FakeOpenAI(Behavior.reply('{"comment": "Nice!", "tone": "proud"}')) as a:

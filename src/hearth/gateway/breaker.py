@@ -18,12 +18,15 @@ The state lives in a StateStore (hearth.gateway.state): this process by default,
 
 from __future__ import annotations
 
-from hearth.gateway.errors import Cooldown, ProviderError, UpstreamStatus, for_log
+from hearth.gateway.errors import Cooldown, DeadlineExceeded, ProviderError, UpstreamStatus, for_log
 from hearth.gateway.state import BreakerSnapshot, StateStore
 
 
 def counts(error: ProviderError) -> bool:
-    """Whether a failed attempt says something about the provider (and so counts toward its breaker)."""
+    """Whether a failed attempt says something about the provider (and so counts toward its breaker): not a
+    4xx caused by the request, not a deadline the request itself shortened (DeadlineExceeded.client_set)."""
+    if isinstance(error, DeadlineExceeded) and error.client_set:
+        return False
     return not (isinstance(error, UpstreamStatus) and error.client_error)
 
 

@@ -18,7 +18,8 @@ Falls through on every ProviderError (timeouts, any non-2xx status incl. 429 who
 becomes that provider's cooldown, connection failures, a reply that is not a chat completion, and a
 reply that fails hearth.envelope.parse_envelope). A client error (upstream 4xx other than
 401/402/403/404/407/408/429, e.g. 400 context_length_exceeded) falls through too, since providers
-differ in what they accept, but never counts toward the breaker (hearth.gateway.breaker). When every
+differ in what they accept, but never counts toward the breaker (hearth.gateway.breaker); nor does a
+deadline the request shortened itself (hearth_deadline_s) running out. When every
 provider failed: AllProvidersFailed, one ProviderError per provider in chain order.
 
 Streaming: deltas carry only the text of the reply's JSON object (hearth.gateway.streamfilter: no
@@ -113,6 +114,7 @@ class _Walk:
     plan: list[_Attempt]
     errors: list[ProviderError]
     attempts: list
+    client_deadline: bool = False  # the request shortened the gateway's deadline (hearth_deadline_s)
 
     def turns(self) -> Iterator[tuple[int, _Attempt, float]]:
         """(index, attempt, seconds left) while time is left; when it runs out, each attempt not made becomes a
@@ -121,7 +123,8 @@ class _Walk:
         for i, a in enumerate(self.plan):
             left = deadline_at - time.monotonic()
             if left <= 0:
-                self.errors += [DeadlineExceeded(q.provider.name, self.deadline_s) for q in self.plan[i:]]
+                self.errors += [DeadlineExceeded(q.provider.name, self.deadline_s, self.client_deadline)
+                                for q in self.plan[i:]]
                 return
             yield i, a, left
 
@@ -229,7 +232,8 @@ class Chain:
         providers = self.providers_for(model)
         start = time.monotonic()
         plan, errors = await self._plan(providers, start + deadline_s)
-        return _Walk(kind, deadline_s, start, plan, errors, [(e.provider, label(e)) for e in errors])
+        return _Walk(kind, deadline_s, start, plan, errors, [(e.provider, label(e)) for e in errors],
+                     client_deadline=deadline_s < self.settings.deadline_s)
 
     def _check(self, messages: list[dict], kind: str, deadline_s: float | None) -> float:
         if kind not in REPLY_KINDS:
@@ -264,8 +268,10 @@ class Chain:
             except Exception as exc:  # the lease expires by itself
                 log.warning("could not give back the trial of %s: %r", a.provider.name, exc)
 
-    async def _failed(self, a: _Attempt, error: ProviderError, request_id: str | None) -> None:
+    async def _failed(self, a: _Attempt, error: ProviderError, request_id: str | None, w: _Walk) -> None:
         a.settled = True
+        if isinstance(error, DeadlineExceeded) and w.client_deadline:
+            error.client_set = True  # the request's own short deadline: not the provider's failure (breaker.counts)
         name = error.provider
         lab = label(error)
         self.metrics.child(self.metrics.errors, name, lab).inc()
@@ -279,12 +285,12 @@ class Chain:
                         extra={"request_id": request_id, "provider": name})
         log.info("attempt failed: %s", for_log(error), extra={"request_id": request_id, "provider": name, "error": lab})
 
-    async def _attempt_failed(self, a: _Attempt, error: ProviderError, request_id: str | None,
-                              errors: list[ProviderError], attempts: list, *, fell_back: bool) -> None:
+    async def _attempt_failed(self, a: _Attempt, error: ProviderError, request_id: str | None, w: _Walk, *,
+                              fell_back: bool) -> None:
         """Record one failed attempt (metrics, breaker, the request's error list) before falling back."""
-        await self._failed(a, error, request_id)
-        errors.append(error)
-        attempts.append((error.provider, label(error)))
+        await self._failed(a, error, request_id, w)
+        w.errors.append(error)
+        w.attempts.append((error.provider, label(error)))
         if fell_back:
             self.metrics.child(self.metrics.fallbacks, error.provider).inc()
 
@@ -323,7 +329,7 @@ class Chain:
                 done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
                                                  request_id=request_id)
             except ProviderError as exc:
-                await self._attempt_failed(a, exc, request_id, w.errors, w.attempts, fell_back=i + 1 < len(w.plan))
+                await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
                 continue
             finally:
                 await self._abandon(a)
@@ -364,11 +370,10 @@ class Chain:
                                                       "(more than one object-like span in the reply)")
                 except ProviderError as exc:
                     if cut.emitted:  # the client shows this provider's text: no fallback
-                        await self._failed(a, exc, request_id)
+                        await self._failed(a, exc, request_id, w)
                         self.metrics.child(self.metrics.requests, kind, "interrupted").inc()
                         raise StreamInterrupted(p.name, exc) from exc
-                    await self._attempt_failed(a, exc, request_id, w.errors, w.attempts,
-                                               fell_back=i + 1 < len(w.plan))
+                    await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
                     continue
             finally:
                 if upstream is not None:

@@ -131,10 +131,15 @@ class Cold(ProviderError):
 
 
 class DeadlineExceeded(ProviderError):
+    """client_set: the deadline that ran out was one the request shortened (hearth_deadline_s below the gateway's
+    deadline_s). Such an error says nothing about the provider and does not count toward its breaker: otherwise
+    one client sending short deadlines would open a healthy provider's breaker for everyone."""
+
     outcome = "deadline"
 
-    def __init__(self, provider: str, deadline_s: float) -> None:
+    def __init__(self, provider: str, deadline_s: float, client_set: bool = False) -> None:
         self.deadline_s = deadline_s
+        self.client_set = client_set
         super().__init__(provider, f"request deadline of {deadline_s:.3f} s exhausted")
 
 
