@@ -16,8 +16,14 @@ def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
     # the timer runs the launch once and reports the candidate's made-up time
     fake_ms = {"a": 3.0, "b": 1.0, "c": 2.0}
 
-    def fake_bench(fn, **kwargs):
-        return fn()
+    def fake_time(candidates, launch):
+        out = []
+        for cfg in candidates:
+            try:
+                out.append(launch(cfg))
+            except RuntimeError as e:
+                out.append(type(e).__name__)
+        return out
 
     def launch(cfg):
         calls.append(cfg)
@@ -30,7 +36,7 @@ def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
     assert calls == []
     monkeypatch.setattr(common, "interpret_mode", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(common, "_time_ms", fake_bench)
+    monkeypatch.setattr(common, "_time_candidates", fake_time)
     monkeypatch.setattr(common, "_PICKED", {})
     assert common.pick_config(("k", 1), ["a", "bad", "b", "c"], launch, _FakeCudaDevice()) == "b"
     assert calls == ["a", "bad", "b", "c"]
@@ -40,3 +46,66 @@ def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
     # a single candidate is returned untimed
     assert common.pick_config(("k", 2), ["c"], launch, _FakeCudaDevice()) == "c"
     assert len(calls) == 4
+
+
+class _FakeClock:
+    """A GPU clock for _time_candidates on the CPU: each launch advances it by the candidate's time, times a
+    slowdown while the 'GPU' is still ramping up its clocks (the first `ramp` launches after the compiles)."""
+
+    def __init__(self, true_ms, ramp=0, slow=1.0):
+        self.now, self.true_ms, self.ramp, self.slow, self.launches = 0.0, true_ms, ramp, slow, []
+
+    def launch(self, cfg):
+        self.launches.append(cfg)
+        if len(self.launches) > 2 * len(self.true_ms) and self.ramp > 0:  # past the compile + estimate launches
+            self.ramp -= 1
+            self.now += self.true_ms[cfg] * self.slow
+        else:
+            self.now += self.true_ms[cfg]
+
+    def mark(self):
+        return self.now
+
+    def sync(self):
+        pass
+
+    @staticmethod
+    def ms(start, end):
+        return end - start
+
+
+def test_candidates_are_timed_in_interleaved_rounds_and_ranked_by_their_median():
+    """A clock ramp at the start of the timed rounds (the GPU idle during the compiles) slows the first
+    launches 3x. Timed one candidate after the other, the first candidate would carry all of it; in rotated
+    rounds with a median each candidate is hit in at most one round, and the true order comes out."""
+    true_ms = {"a": 0.10, "b": 0.09, "c": 0.12}
+    clock = _FakeClock(true_ms, ramp=3, slow=3.0)
+    timed = common._time_candidates(["a", "b", "c"], clock.launch, clock)
+    assert [round(t, 6) for t in timed] == [0.10, 0.09, 0.12]
+    # each candidate: one warm-up, one estimate, then PICK_ROUNDS blocks of ceil(PICK_BLOCK_MS / its ms)
+    for cfg, ms in true_ms.items():
+        reps = min(common.PICK_MAX_REPS, -(-common.PICK_BLOCK_MS // ms))
+        assert clock.launches.count(cfg) == 2 + common.PICK_ROUNDS * reps
+    # rotated: round r starts with candidate r (mod 3), so no candidate is always timed first
+    first = clock.launches[6]
+    assert first == "a" and clock.launches[6 + 3 * 3] == "b"  # a's block (3 launches), b's, c's (3 each)...
+
+
+def test_a_block_is_capped_and_a_slow_candidate_runs_once_a_round():
+    clock = _FakeClock({"tiny": 0.001, "slow": 2.0})
+    timed = common._time_candidates(["tiny", "slow"], clock.launch, clock)
+    assert [round(t, 9) for t in timed] == [0.001, 2.0]
+    assert clock.launches.count("tiny") == 2 + common.PICK_ROUNDS * common.PICK_MAX_REPS
+    assert clock.launches.count("slow") == 2 + common.PICK_ROUNDS
+
+
+def test_a_candidate_that_does_not_launch_is_named_and_skipped():
+    clock = _FakeClock({"a": 0.2, "b": 0.1})
+
+    def launch(cfg):
+        if cfg == "bad":
+            raise RuntimeError("out of resources")
+        clock.launch(cfg)
+
+    timed = common._time_candidates(["a", "bad", "b"], launch, clock)
+    assert timed[1] == "RuntimeError" and [round(timed[0], 9), round(timed[2], 9)] == [0.2, 0.1]

@@ -11,6 +11,7 @@ on CPU tensors through Triton's interpreter, at small shapes.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 
@@ -180,18 +181,75 @@ def backward_route(ctx, op, differentiable, launcher):
     return differentiable if torch.is_grad_enabled() else launcher
 
 
-def _time_ms(fn, reps: int = 7) -> float:
-    """Median GPU time of fn() in ms over `reps` launches after one warm-up (compile) launch, timed with
-    CUDA events on the current stream; allocates nothing."""
-    fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(start.elapsed_time(end) for start, end in events)
-    return times[len(times) // 2]
+class _CudaClock:
+    """Marks on the current CUDA stream (timing events: no device memory) and the ms between two of them."""
+
+    @staticmethod
+    def mark():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def sync():
+        torch.cuda.synchronize()
+
+    @staticmethod
+    def ms(start, end) -> float:
+        return start.elapsed_time(end)
+
+
+# How pick_config times its candidates: PICK_ROUNDS interleaved rounds; in each, every candidate runs a block of
+# back-to-back launches lasting about PICK_BLOCK_MS (at most PICK_MAX_REPS launches); a candidate's time is the
+# median over the rounds of its block's ms per launch.
+PICK_ROUNDS = 5
+PICK_BLOCK_MS = 0.25
+PICK_MAX_REPS = 64
+
+
+def _time_candidates(candidates, launch, clock=_CudaClock) -> list:
+    """ms per launch of each candidate (the exception's type name for one that does not launch), in order.
+
+    One launch each first (compile, warm-up), then one timed launch each to size its block, then PICK_ROUNDS
+    rounds over all candidates, the order rotated by one every round. Interleaving gives every candidate the
+    same share of the GPU's clock ramp after the compiles and of any drift, which timing the candidates one
+    after the other did not (the first ones timed ran at lower clocks); a block of launches instead of one
+    keeps a 50 us kernel's time well above the events' resolution and launch jitter (seven single launches
+    let the same six rms_norm candidates measure 0.056-0.083 ms in one run and 0.080-0.096 ms in another, with
+    different winners). No allocation (the timing buffers of triton.testing.do_bench showed up as the op's
+    first-call memory)."""
+    out: list = [None] * len(candidates)
+    live = []
+    for i, cfg in enumerate(candidates):
+        try:
+            launch(cfg)
+            start = clock.mark()
+            launch(cfg)
+            end = clock.mark()
+        except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
+            out[i] = type(e).__name__
+            continue
+        live.append((i, cfg, start, end))
+    clock.sync()
+    # launches per block: enough for about PICK_BLOCK_MS at the estimated time of one
+    live = [(i, cfg, min(PICK_MAX_REPS, max(1, math.ceil(PICK_BLOCK_MS / max(clock.ms(start, end), 1e-4)))))
+            for i, cfg, start, end in live]
+    marks = []
+    for r in range(PICK_ROUNDS):
+        for j in range(len(live)):
+            i, cfg, reps = live[(j + r) % len(live)]
+            start = clock.mark()
+            for _ in range(reps):
+                launch(cfg)
+            marks.append((i, reps, start, clock.mark()))
+    clock.sync()
+    samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
+    for i, reps, start, end in marks:
+        samples[i].append(clock.ms(start, end) / reps)
+    for i, times in samples.items():
+        times.sort()
+        out[i] = times[len(times) // 2]
+    return out
 
 
 # Chosen configs, keyed by (kernel family, row width, dtype, ...): filled once per key on the GPU.
@@ -204,9 +262,9 @@ def pick_config(key, candidates, launch, device: torch.device):
     candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
     under the interpreter, on CPU, during CUDA-graph capture or torch.compile tracing, or when only
     one candidate is given. launch(config) must run the kernel on scratch or idempotent arguments
-    (each candidate runs several times). Timing: _time_ms (CUDA events, median of a few launches,
-    no allocation: triton.testing.do_bench allocated a 256 MB L2-flush buffer, which showed up as
-    extra peak memory of the op's first call).
+    (each candidate runs a few dozen times). Timing: _time_candidates (CUDA events, interleaved rounds of
+    launch blocks, median per candidate; no allocation: triton.testing.do_bench allocated a 256 MB L2-flush
+    buffer, which showed up as extra peak memory of the op's first call).
     Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
     environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
     """
@@ -218,16 +276,10 @@ def pick_config(key, candidates, launch, device: torch.device):
     if (len(candidates) == 1 or device.type != "cuda" or interpret_mode()
             or torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
         return candidates[0]
-    best, best_ms, timings = candidates[0], float("inf"), []
-    for cfg in candidates:
-        try:
-            ms = _time_ms(lambda cfg=cfg: launch(cfg))
-        except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
-            timings.append((cfg, f"{type(e).__name__}"))
-            continue
-        timings.append((cfg, round(ms, 4)))
-        if ms < best_ms:
-            best, best_ms = cfg, ms
+    timed = _time_candidates(candidates, launch)
+    timings = [(cfg, round(ms, 4) if isinstance(ms, float) else ms) for cfg, ms in zip(candidates, timed)]
+    ok = [(ms, i) for i, ms in enumerate(timed) if isinstance(ms, float)]
+    best = candidates[min(ok)[1]] if ok else candidates[0]
     _PICKED[key] = best
     if os.environ.get("HEARTH_PICK_LOG"):
         print(f"hearth pick_config {key}: {best} of {timings}", file=sys.stderr, flush=True)
