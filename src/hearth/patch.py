@@ -138,16 +138,18 @@ def _param_of(module: nn.Module) -> torch.Tensor | None:
 
 
 def _compute_like(module: nn.Module) -> torch.Tensor | None:
-    """An empty tensor in the dtype and on the device `module` computes in, for making probe inputs: its first
-    floating parameter, else a quantised Linear's compute_dtype (bitsandbytes keeps 4-bit weights packed in
-    uint8, which is no dtype to compute in). None when it has neither."""
+    """An empty tensor in the dtype and on the device `module` computes in, for making probe inputs: a quantised
+    Linear's compute_dtype (bitsandbytes keeps 4-bit weights packed in uint8, which is no dtype to compute in;
+    and under peft the first floating parameter of a 4-bit model is an fp32 LoRA factor, not what the base
+    computes in), else its first floating parameter. None when it has neither."""
+    for m in module.modules():
+        dtype, w = getattr(m, "compute_dtype", None), m._parameters.get("weight")
+        if (isinstance(dtype, torch.dtype) and dtype.is_floating_point and isinstance(w, torch.Tensor)
+                and getattr(w, "quant_state", None) is not None):
+            return torch.empty(0, dtype=dtype, device=w.device)
     for p in module.parameters():
         if p.is_floating_point():
             return p.new_empty(0)
-    for m in module.modules():
-        dtype, w = getattr(m, "compute_dtype", None), getattr(m, "weight", None)
-        if isinstance(dtype, torch.dtype) and dtype.is_floating_point and isinstance(w, torch.Tensor):
-            return torch.empty(0, dtype=dtype, device=w.device)
     return None
 
 
@@ -155,7 +157,10 @@ def _dequantized_twin(module: nn.Module) -> nn.Module:
     """module itself, or (when it holds bitsandbytes 4-bit Linears) a copy whose quantised Linears are plain
     nn.Linears holding the dequantised weights: the reference a 4-bit base is judged against (the packed
     weights cannot be upcast, and bitsandbytes casts its input down to its compute dtype)."""
-    quantised = [n for n, m in module.named_modules() if getattr(getattr(m, "weight", None), "quant_state", None) is not None]
+    # the modules that OWN a 4-bit weight Parameter: a peft LoRA layer around one only shows it through its
+    # `weight` property, and replacing that layer would drop its LoRA branch from the reference
+    quantised = [n for n, m in module.named_modules()
+                 if getattr(m._parameters.get("weight"), "quant_state", None) is not None]
     if not quantised:
         return module
     import copy
