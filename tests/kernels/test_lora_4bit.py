@@ -295,6 +295,32 @@ def test_mixed_16bit_and_4bit_projections():
     torch.testing.assert_close(gx, torch.autograd.grad(want.sum(), x)[0], rtol=1e-6, atol=1e-6)
 
 
+def test_base_compute_on_a_4bit_base_runs_the_lora_products_in_bf16():
+    """lora_compute="base": the factors cast to the compute dtype (bf16), on a 4-bit base as on a 16-bit one:
+    the saved rank-r products are bf16, the fp32 factors still get fp32 gradients, and the output stays within
+    the rule against the fp64 reference (PyTorch's own bf16 computation with bf16 factors as the baseline)."""
+    _model, mlp = peft_mlp_4bit(64, 96, torch.bfloat16, seed=5)
+    mlp.lora_compute = "base"
+    x = torch.randn(5, 64, device=DEVICE).to(torch.bfloat16).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = mlp(x)
+    assert type(out.grad_fn).__name__ == "_LoraMlp4bitBackward"
+    assert [t.dtype for t in saved if tuple(t.shape) == (5, 8)] == [torch.bfloat16]  # x [A_gate; A_up]^T
+    out.float().sum().backward()
+    a = mlp.gate_proj.lora_A["default"].weight
+    assert a.grad is not None and a.grad.dtype == torch.float32
+    _model, layer = peft_linear_4bit(64, 96, torch.bfloat16, seed=6)
+    parts = lora_parts(layer, x, "base")
+    assert parts[2].dtype == parts[3].dtype == torch.bfloat16
+    got = lora_linear(x, *parts)
+    a, b, s = _factors(layer)
+    w = _dequantised(layer, torch.bfloat16)
+    want = F.linear(x, w) + s * (x @ a.to(torch.bfloat16).t()) @ b.to(torch.bfloat16).t()
+    ref = F.linear(x.double(), w.double()) + s * (x.double() @ a.double().t()) @ b.double().t()
+    assert_close(got, ref, torch.bfloat16, "out", baseline=want)
+
+
 # ------------------------------------------------------------------------------- what is refused
 def test_lora_parts_4bit_refuses_what_the_node_cannot_read():
     _model, layer = peft_linear_4bit(64, 96, torch.bfloat16)

@@ -113,11 +113,16 @@ def _linear_forward(
     The leading dims are flattened in here, not around the autograd node: no view nodes in the graph
     (each one an autograd node of host time, forward and backward). y is allocated in its final shape
     (an autograd.Function may not return a view: the caller could not modify it in place)."""
-    n = weight.shape[0]
+    return _linear_forward_with(lambda: weight, x, bias, lora_a, lora_b, scale, lora_b.shape[0])
+
+
+def _linear_forward_with(weight, x, bias, lora_a, lora_b, scale, n):
+    """_linear_forward with the base weight from weight() at its one use (a 4-bit base: the dequantised
+    temporary dies with that GEMM, before the LoRA upcast of x)."""
     x2 = x.reshape(-1, x.shape[-1])
     out = x.new_empty((*x.shape[:-1], n))
     out2 = out.view(-1, n)
-    _linear_into(out2, x2, weight, bias)  # F.linear's GEMM (mm, or addmm with the bias), into out
+    _linear_into(out2, x2, weight(), bias)  # F.linear's GEMM (mm, or addmm with the bias), into out
     xa = torch.mm(x2.to(lora_a.dtype), lora_a.t())  # the fp32 copy of x dies here
     _fold(out2, xa, lora_b.t(), scale)
     return out, xa
@@ -137,6 +142,12 @@ def _linear_backward_impl(
     lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [x's shape], dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed."""
+    return _linear_backward_with(lambda: weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db)
+
+
+def _linear_backward_with(weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db):
+    """_linear_backward_impl with the base weight from weight() at its one use, dx = dy W, after the transient
+    upcast of dy has gone (a 4-bit base: the dequantised temporary is not alive beside it)."""
     x_shape = x.shape
     x = x.reshape(-1, x.shape[-1])
     dy = dy.reshape(-1, dy.shape[-1]).contiguous()
@@ -148,7 +159,7 @@ def _linear_backward_impl(
     dyl = None
     da = torch.mm(dxa.t(), x.to(lora_a.dtype))
     if need_dx:
-        dx = torch.mm(dy, weight)
+        dx = torch.mm(dy, weight())
         _fold(dx, dxa, lora_a, 1.0)
         dx = dx.view(x_shape)
     else:
@@ -198,9 +209,8 @@ class _LoraLinear4bit(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, packed, bias, lora_a, lora_b, scale):
-        w = dequantize(packed, x.dtype)
-        out, xa = _linear_forward(x, w, bias, lora_a, lora_b, scale)
-        w = None  # the dequantised weight dies here
+        out, xa = _linear_forward_with(lambda: dequantize(packed, x.dtype), x, bias, lora_a, lora_b, scale,
+                                       lora_b.shape[0])
         ctx.mark_non_differentiable(xa)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, xa, packed, lora_a, lora_b)
@@ -213,9 +223,9 @@ class _LoraLinear4bit(torch.autograd.Function):
             return (None,) * 6
         x, xa, packed, lora_a, lora_b = ctx.saved_tensors
         need = ctx.needs_input_grad
-        w = dequantize(packed, x.dtype) if need[0] else x.new_empty(0)  # dx = dy W: the only use of W here
-        dx, da, db_lora, _dw, db = _linear_backward_impl(dy, x, xa, w, lora_a, lora_b, ctx.scale, need[0], False,
-                                                         need[2])
+        # dx = dy W is the only use of W here: dequantised just for it (not at all when x needs no gradient)
+        dx, da, db_lora, _dw, db = _linear_backward_with(lambda: dequantize(packed, x.dtype), dy, x, xa, lora_a,
+                                                         lora_b, ctx.scale, need[0], False, need[2])
         return (dx if need[0] else None, None, db if need[2] else None, da if need[3] else None,
                 db_lora if need[4] else None, None)
 
