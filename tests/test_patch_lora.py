@@ -186,3 +186,101 @@ def test_base_compute_is_probed_and_switched_by_a_later_apply(calls):
     assert abs(got - want) <= 2e-2 * abs(want), (got, want)
     patch.apply(model)
     assert layer.forward.compute == "adapter" and mlp.lora_compute == "adapter"
+
+
+# ------------------------------------------------------------------------------- QLoRA: a 4-bit base
+def tiny_qwen3_4bit(seed: int = 0, dtype=torch.float32):
+    """tests.test_patch's tiny Qwen3 with every decoder Linear in NF4 (double-quantised absmax), computing in
+    `dtype`, as hearth.train.qlora builds a QLoRA model; LoRA (fp32, B != 0) from a fixed seed on top."""
+    pytest.importorskip("bitsandbytes")
+    from hearth.train import qlora
+
+    config = tiny_qwen3().config
+    model = qlora.prepare(qlora.random_4bit(config, dtype=dtype, device=DEVICE, seed=seed))
+    torch.manual_seed(seed + 1)
+    return with_lora(model)
+
+
+def test_qlora_then_patch_runs_fused_nodes_on_the_4bit_base_and_matches_peft(calls):
+    """peft's Linear4bit layers (NF4, nested absmax) are taken by the "lora" kind and the MLP's LoRA node, the
+    report says so, and loss + LoRA gradients match unpatched peft on the same 4-bit model (fp32 compute:
+    bitsandbytes and hearth dequantise to the same fp32 weights, so only summation order differs)."""
+    ids, labels = batch()
+    ref, model = tiny_qwen3_4bit(), tiny_qwen3_4bit()
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert type(layer).__name__ == "Linear4bit" and layer.base_layer.weight.quant_state.nested
+    report = patch.apply(model)
+    assert report.replaced["lora"] == {"Linear4bit [4-bit base]": 14}, str(report)
+    assert report.replaced["mlp"] == {"Qwen3MLP [4-bit base, LoRA node]": 2}, str(report)
+    assert not report.left, str(report)
+    calls.update(linear=0, mlp=0)
+    compare(ref, model, ids, labels)
+    assert calls == {"linear": 8, "mlp": 2}  # q, k, v, o and one MLP node per layer
+    # the frozen 4-bit base got no gradient; peft's forward still serves a disabled adapter
+    assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)
+    calls.update(linear=0, mlp=0)
+    with model.disable_adapter(), torch.no_grad():
+        model(input_ids=ids, labels=labels)
+    assert calls == {"linear": 0, "mlp": 0}
+
+
+def test_qlora_bf16_compute_passes_the_probe_and_trains():
+    ids, labels = batch()
+    model = tiny_qwen3_4bit(dtype=torch.bfloat16)
+    report = patch.apply(model, norm=False, rope=False, loss=False)
+    assert report.count("lora") == 14 and report.count("mlp") == 2, str(report)
+    assert not [row for row in report.left if row[0] in ("lora", "mlp")], str(report)
+    assert report.replaced["mlp"] == {"Qwen3MLP [4-bit base, LoRA node]": 2}, str(report)
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    a = model.base_model.model.model.layers[1].mlp.down_proj.lora_A["default"].weight
+    assert torch.isfinite(out.loss) and a.grad is not None and a.grad.dtype == torch.float32
+
+
+def test_qlora_wrong_math_is_left_by_the_probe(monkeypatch):
+    model = tiny_qwen3_4bit()
+    real = klora.lora_linear
+    monkeypatch.setattr(klora, "lora_linear", lambda x, w, b, a, bb, s: real(x, w, b, a, bb, 2 * s))
+    report = patch.apply(model, mlp=False)
+    assert report.count("lora") == 0
+    (reason, n), = [(r, n) for (k, c, r), n in report.left.items() if k == "lora"]
+    assert n == 14 and "lora probe: error" in reason
+
+
+def test_8bit_base_is_left_with_the_reason():
+    """peft's Linear8bitLt (an int8 bitsandbytes base) is reported as left, not silently skipped."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from torch import nn
+
+    holder = nn.Module()
+    holder.proj = bnb.nn.Linear8bitLt(64, 32, bias=False, has_fp16_weights=False)
+    holder.proj.weight = bnb.nn.Int8Params(torch.randn(32, 64), requires_grad=False, has_fp16_weights=False)
+    holder = holder.to(DEVICE)
+    holder.is_loaded_in_8bit = True
+    model = peft.get_peft_model(holder, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["proj"]))
+    assert type(model.base_model.model.proj).__name__ == "Linear8bitLt"
+    report = patch.apply(model)
+    assert report.count("lora") == 0
+    (row,) = [(c, r) for (k, c, r) in report.left if k == "lora"]
+    assert row[0] == "Linear8bitLt" and "Linear8bitLt" in row[1] and "4-bit" in row[1], row
+
+
+def test_probe_reference_of_a_peft_4bit_layer_keeps_its_lora_branch():
+    """The probes' fp32 reference of a LoRA layer over a 4-bit base: _dequantized_twin swaps only the module that
+    owns the 4-bit weight (base_layer), not the peft layer that shows it through its `weight` property (that
+    registered a stray root module and dropped the LoRA branch), and probe inputs take the base's compute dtype
+    (bf16), not the first floating parameter's (an fp32 LoRA factor)."""
+    model = tiny_qwen3_4bit(dtype=torch.bfloat16)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    twin = patch._dequantized_twin(layer)
+    assert type(twin.base_layer) is torch.nn.Linear and twin is not layer
+    assert sorted(n for n, _ in twin.named_parameters()) == [
+        "base_layer.weight", "lora_A.default.weight", "lora_B.default.weight"]
+    x = torch.randn(3, layer.in_features, device=DEVICE).bfloat16()
+    a, b = layer.lora_A["default"].weight.double(), layer.lora_B["default"].weight.double()
+    w = twin.base_layer.weight.double()
+    lora = layer.scaling["default"] * (x.double() @ a.t()) @ b.t()
+    assert lora.abs().max() > 0.5  # a LoRA term the comparison below would miss if it were dropped
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x).double(), x.double() @ w.t() + lora, rtol=2e-2, atol=5e-2)
+    assert patch._compute_like(model.base_model.model.model.layers[0].mlp).dtype == torch.bfloat16

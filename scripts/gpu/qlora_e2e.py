@@ -12,10 +12,11 @@ hearth.train.finetune.plan_checkpointing for --memory-budget-gib on the QLoRA se
 peak <= 16 GiB, what a 24 GB card needs with room to spare) and for 90% of the GPU on lora_hearth; AdamW on the LoRA parameters; batch 1 of random tokens. One
 warm-up step, then the median of --steps. Each setup runs in its own child process (patching is process-wide).
 
-Setups: qlora_hf (plain transformers + peft on the 4-bit base), qlora_hearth (+ hearth.patch.apply as
-`hearth train --qlora` applies it: norm, rope, loss, and the MLP, whose 4-bit projections run as modules with the
-silu(g) * u fused), lora_hearth (bf16
-base + hearth, the `hearth train` run it is compared with).
+Setups: qlora_hf (plain transformers + peft on the 4-bit base), qlora_hearth (+ hearth.patch.apply after peft, as
+`hearth train --qlora` applies it: norm, rope, loss, and hearth's LoRA-aware nodes on the 4-bit projections --
+lora_linear for q/k/v/o, lora_swiglu_mlp for the MLP -- each weight dequantised where it is used, never kept for
+the backward; until 2026-12-01 the patch ran before peft and the 4-bit projections ran as peft / bitsandbytes
+modules with only silu(g) * u fused), lora_hearth (bf16 base + hearth, the `hearth train` run it is compared with).
 
 Rows (JSONL, appended to --out; one per setup): setup, seq, layers, status (ok / oom / error), step_s, steps_s,
 tok_per_s, peak_gib, weights_gib, meets_goal (peak <= 16 GiB, QLoRA setups), checkpointing, patch, loss, build_s,
@@ -59,13 +60,15 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     row["weights_gib"] = round(sum(p.numel() * p.element_size() for p in model.parameters()) / GIB, 3)
+    model = finetune.add_lora(model, rank=16, alpha=32.0)
     report = None
     if setup.endswith("hearth"):
         from hearth import patch
 
-        report = patch.apply(model)  # the MLP too: the probes build float inputs on a 4-bit base
+        # after peft, as `hearth train` does: the "lora" kind routes q/k/v/o (4-bit bases included) to the fused
+        # LoRA node and the MLP probe checks its LoRA node on the 4-bit projections
+        report = patch.apply(model)
         row["patch"] = report.as_dict()
-    model = finetune.add_lora(model, rank=16, alpha=32.0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not setup.startswith("qlora"):  # the bf16 comparison runs as `hearth train` would: 90% of the GPU
         budget_gib = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB if cuda else None

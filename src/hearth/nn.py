@@ -65,12 +65,13 @@ class SwiGLUMLP(nn.Module):
     when memory matters more than ~10% of the MLP's time.
 
     When all three projections are peft LoRA Linears in a plain state (one active adapter, not merged, not
-    disabled, no dropout in effect, no DoRA, a frozen plain nn.Linear base: kernels.lora.lora_parts, checked
-    at every call), the MLP is ONE LoRA-aware node (kernels.lora.lora_swiglu_mlp): it saves x, g, u and the
-    rank-r products, not h and not peft's fp32 copies of the projection inputs.
+    disabled, no dropout in effect, no DoRA, a frozen plain nn.Linear or bitsandbytes 4-bit base:
+    kernels.lora.lora_parts, checked at every call), the MLP is ONE LoRA-aware node
+    (kernels.lora.lora_swiglu_mlp): it saves x, g, u and the rank-r products, not h and not peft's fp32 copies
+    of the projection inputs; a 4-bit base is dequantised where it is used, never saved.
 
     Otherwise, when a projection is not a plain nn.Linear (e.g. a merged or disabled LoRA layer, dropout in
-    training, or a quantized base), the modules are called as they are, so their own forward (LoRA branches, dropout,
+    training, an 8-bit base, or a 4-bit one without LoRA), the modules are called as they are, so their own forward (LoRA branches, dropout,
     scaling) runs unchanged, and only the elementwise silu(g) * u goes through the fused swiglu
     kernel. That path saves what the wrappers save (LoRA keeps h for its A matrix) and so holds
     more memory than the fused node.

@@ -10,9 +10,12 @@ refuse with a reason, which the report lists):
     norm  r"RMSNorm$"       module swapped for hearth.nn.RMSNorm sharing the SAME weight Parameter
     mlp   r"(MLP|FeedForward)$" with gate_proj/up_proj/down_proj and a SiLU activation: swapped for
                             hearth.nn.SwiGLUMLP holding the SAME child modules. With plain nn.Linear children
-                            the MLP is one fused autograd node; when peft has wrapped the projections (LoRA),
-                            the wrapped modules are called as modules (their LoRA branches run) and only
-                            silu(g) * u is fused (hearth.nn.SwiGLUMLP decides at each call).
+                            the MLP is one fused autograd node; when peft has wrapped the projections (LoRA)
+                            and they are in a plain state over a plain nn.Linear or a bitsandbytes 4-bit base
+                            (QLoRA), it is one LoRA-aware node (kernels.lora.lora_swiglu_mlp, 4-bit weights
+                            dequantised where used, never saved); otherwise the wrapped modules are called as
+                            modules (their LoRA branches run) and only silu(g) * u is fused (hearth.nn.SwiGLUMLP
+                            decides at each call).
     rope  r"Attention$"     the module-level `apply_rotary_pos_emb` of the attention class's modeling file is
                             replaced by one that calls hearth.kernels.rope for q/k [B, H, T, D] with cos/sin
                             [B, T, D] (and falls back to the original for any other call, e.g. partial rotary).
@@ -22,8 +25,11 @@ refuse with a reason, which the report lists):
                             and the causal LM loss is hearth.kernels.linear_cross_entropy(final hidden states,
                             lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
                             and the output has logits=None. Without labels the original forward runs.
-    lora  r"^Linear$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain nn.Linear base and no
-                            DoRA: the INSTANCE's forward is replaced by one that calls hearth.kernels.lora_linear
+    lora  r"^Linear(4bit|8bitLt)?$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain
+                            nn.Linear base or a bitsandbytes 4-bit one (Linear4bit, NF4 / FP4, double-quantised
+                            or not: QLoRA; dequantised per use, never kept for the backward), and no DoRA; an
+                            8-bit (Linear8bitLt) or other base is left, with the reason in the report. The
+                            INSTANCE's forward is replaced by one that calls hearth.kernels.lora_linear
                             (frozen base + LoRA in one autograd node, no fp32 copy of the input saved) while the
                             layer is in a plain state (kernels.lora.lora_parts, checked at every call: one active
                             adapter, not merged, not disabled, no dropout in effect), else peft's own forward.
@@ -132,16 +138,18 @@ def _param_of(module: nn.Module) -> torch.Tensor | None:
 
 
 def _compute_like(module: nn.Module) -> torch.Tensor | None:
-    """An empty tensor in the dtype and on the device `module` computes in, for making probe inputs: its first
-    floating parameter, else a quantised Linear's compute_dtype (bitsandbytes keeps 4-bit weights packed in
-    uint8, which is no dtype to compute in). None when it has neither."""
+    """An empty tensor in the dtype and on the device `module` computes in, for making probe inputs: a quantised
+    Linear's compute_dtype (bitsandbytes keeps 4-bit weights packed in uint8, which is no dtype to compute in;
+    and under peft the first floating parameter of a 4-bit model is an fp32 LoRA factor, not what the base
+    computes in), else its first floating parameter. None when it has neither."""
+    for m in module.modules():
+        dtype, w = getattr(m, "compute_dtype", None), m._parameters.get("weight")
+        if (isinstance(dtype, torch.dtype) and dtype.is_floating_point and isinstance(w, torch.Tensor)
+                and getattr(w, "quant_state", None) is not None):
+            return torch.empty(0, dtype=dtype, device=w.device)
     for p in module.parameters():
         if p.is_floating_point():
             return p.new_empty(0)
-    for m in module.modules():
-        dtype, w = getattr(m, "compute_dtype", None), getattr(m, "weight", None)
-        if isinstance(dtype, torch.dtype) and dtype.is_floating_point and isinstance(w, torch.Tensor):
-            return torch.empty(0, dtype=dtype, device=w.device)
     return None
 
 
@@ -149,7 +157,10 @@ def _dequantized_twin(module: nn.Module) -> nn.Module:
     """module itself, or (when it holds bitsandbytes 4-bit Linears) a copy whose quantised Linears are plain
     nn.Linears holding the dequantised weights: the reference a 4-bit base is judged against (the packed
     weights cannot be upcast, and bitsandbytes casts its input down to its compute dtype)."""
-    quantised = [n for n, m in module.named_modules() if getattr(getattr(m, "weight", None), "quant_state", None) is not None]
+    # the modules that OWN a 4-bit weight Parameter: a peft LoRA layer around one only shows it through its
+    # `weight` property, and replacing that layer would drop its LoRA branch from the reference
+    quantised = [n for n, m in module.named_modules()
+                 if getattr(m._parameters.get("weight"), "quant_state", None) is not None]
     if not quantised:
         return module
     import copy
@@ -257,7 +268,16 @@ def _swiglu_mlp(module: nn.Module, state: dict) -> nn.Module:
     new = SwiGLUMLP(base[0].in_features, base[0].out_features, device="meta")
     new.lora_compute = state["lora_compute"]
     new.gate_proj, new.up_proj, new.down_proj = projs  # the same modules (LoRA wrappers included)
-    _probe_once(state, "mlp", module, new, lambda: (_probe_input((3, base[0].in_features), module),))
+    from hearth.kernels.lora import is_bnb_4bit_linear
+
+    # a 4-bit base: an input that requires grad keeps bitsandbytes from repacking the weights in place for CPU
+    # inference (an eval-mode no-grad forward does on AVX512-BF16 CPUs), a layout dequantize_4bit does not read
+    grad = any(is_bnb_4bit_linear(b) for b in base)
+    _probe_once(state, "mlp", module, new,
+                lambda: (_probe_input((3, base[0].in_features), module).requires_grad_(grad),))
+    if grad:  # the report says which MLPs compute on a 4-bit base, and whether the LoRA node takes them now
+        fused = all(_is_peft_lora_linear(p) for p in projs) and new._lora_parts(None) is not None
+        state["label"] = " [4-bit base, LoRA node]" if fused else " [4-bit base]"
     return new
 
 
@@ -655,20 +675,24 @@ class _HearthLoraForward:
 
 
 def _lora(module: nn.Module, state: dict) -> None:
-    from hearth.kernels.lora import lora_linear, lora_parts
+    from hearth.kernels.lora import base_compute_dtype, is_bnb_4bit_linear, lora_linear, lora_parts
 
     compute = state["lora_compute"]
     if getattr(module, "_hearth_lora", False):
         module.forward.compute = compute  # an earlier apply: only the compute choice may change
         return None
     base = module.base_layer
-    if type(base) is not nn.Linear:
-        raise Leave(f"base layer is {type(base).__name__}, not a plain nn.Linear (e.g. 4-bit)")
+    if base_compute_dtype(base) is None:
+        if is_bnb_4bit_linear(base):
+            raise Leave(f"4-bit base layer {type(base).__name__} whose quant state the node does not read "
+                        "(not nf4 / fp4 of a 2-D weight, or in bitsandbytes' CPU inference packing)")
+        raise Leave(f"base layer is {type(base).__name__}, not a plain nn.Linear or a bitsandbytes 4-bit Linear "
+                    f"(e.g. 8-bit Linear8bitLt)")
     if any(getattr(module, "use_dora", {}).values()) or getattr(module, "lora_variant", None):
         raise Leave("a LoRA variant (DoRA, ...) is kept on peft's forward")
     if getattr(module, "fan_in_fan_out", False):
         raise Leave("fan_in_fan_out weights")
-    key = ("lora", type(module))
+    key = ("lora", type(module), type(base))  # a 4-bit base is probed apart from a 16-bit one
     if key not in state["probed"]:
         if base.weight.device.type == "meta":
             state["probed"][key] = "not probed (meta device)"
@@ -678,6 +702,8 @@ def _lora(module: nn.Module, state: dict) -> None:
         raise Leave(state["probed"][key])
     module.forward = _HearthLoraForward(module, compute)
     module._hearth_lora = True
+    if is_bnb_4bit_linear(base):
+        state["label"] = " [4-bit base]"
     return None
 
 
@@ -694,7 +720,7 @@ def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable, 
             if module.merged or module.disable_adapters:
                 return "not probed (adapters merged or disabled at patch time)"
             return "LoRA layer is not plain (a trainable base, several active adapters, a LoRA bias...); kept on peft's forward"
-        weight, _bias, lora_a, lora_b, _scale = parts
+        _weight, _bias, lora_a, lora_b, _scale = parts
         saved = None
         with torch.no_grad():
             if not lora_b.any():
@@ -702,7 +728,13 @@ def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable, 
                 gen = torch.Generator(device=lora_b.device).manual_seed(1)
                 lora_b.copy_(torch.randn(lora_b.shape, generator=gen, device=lora_b.device) * 0.1)
         try:
-            x = _randn((3, weight.shape[1]), weight)
+            from hearth.kernels.lora import base_compute_dtype
+
+            base = module.base_layer
+            like = torch.empty(0, dtype=base_compute_dtype(base), device=base.weight.device)
+            # requires_grad: a 4-bit base in eval mode would otherwise repack its weight in place for CPU
+            # inference (bitsandbytes does on AVX512-BF16 CPUs), which dequantize_4bit does not read
+            x = _randn((3, base.in_features), like).requires_grad_()
             _probe("lora", module, lambda t: lora_linear(t, *lora_parts(module, compute=compute)), x)
         except Leave as why:
             return str(why)
@@ -729,7 +761,8 @@ RULES: tuple[Rule, ...] = (
     Rule("mlp", re.compile(r"(MLP|FeedForward)$"), _swiglu_mlp),
     Rule("rope", re.compile(r"Attention$"), _rope),
     Rule("loss", re.compile(r"ForCausalLM$"), _loss),
-    Rule("lora", re.compile(r"^Linear$"), _lora, applies=_is_peft_lora_linear),
+    # peft's LoRA Linear ("Linear"; "Linear4bit" / "Linear8bitLt" around bitsandbytes bases of a quantised model)
+    Rule("lora", re.compile(r"^Linear(4bit|8bitLt)?$"), _lora, applies=_is_peft_lora_linear),
     Rule("attention", re.compile(r"Attention$"), _attention),
 )
 # Class names that look like a candidate but match no rule are reported as left (nothing is guessed).
@@ -778,13 +811,14 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
                 if rule.kind != "attention":  # attention is opt-in: not asking for it is not news
                     report.leave(rule.kind, cls, "disabled by the caller")
                 continue
+            state.pop("label", None)
             try:
                 new = rule.build(module, state)
             except Leave as why:
                 if not (rule.kind == "loss" and hasattr(module, "get_base_model")):
                     report.leave(rule.kind, cls, str(why))
                 continue
-            report.add(rule.kind, cls)
+            report.add(rule.kind, cls + state.pop("label", ""))  # e.g. "Linear4bit [4-bit base]"
             if new is not None:
                 parent_name, _, child = name.rpartition(".")
                 swaps.append((named[parent_name] if name else None, child, new))
@@ -794,7 +828,7 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
         setattr(parent, child, new)
     if report.count("attention"):
         _hook_decoders(model)  # packed rows: the varlen kernel, and no [T, T] mask
-    for (kind, cls), why in state["probed"].items():
+    for (kind, cls, *_), why in state["probed"].items():
         if why and why.startswith("not probed"):
             report.leave(kind, cls.__name__, why + ": replaced without a numerics check")
     return report

@@ -96,6 +96,28 @@ def test_the_gpu_script_runs_its_smoke_mode(tmp_path):
     assert row["setup"] == "qlora_hf" and row["tok_per_s"] > 0 and row["versions"]["bitsandbytes"] == bnb.__version__
 
 
+def test_the_gpu_script_patches_after_peft_so_the_4bit_projections_take_the_lora_nodes(tmp_path):
+    """qlora_e2e.py's qlora_hearth setup patches as `hearth train --qlora` does, after peft: every 4-bit LoRA
+    projection is taken by hearth's LoRA-aware nodes (it patched before peft, where the "lora" kind finds no LoRA
+    layer and the planner was told fused_lora=False)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu" / "qlora_e2e.py"), "--smoke", "--setups",
+                           "qlora_hearth", "--seq", "16", "--steps", "1", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["status"] == "ok", row
+    assert row["patch"]["replaced"]["lora"] == {"Linear4bit [4-bit base]": 14}, row["patch"]
+    assert row["patch"]["replaced"]["mlp"] == {"Qwen3MLP [4-bit base, LoRA node]": 2}, row["patch"]
+    assert row["patch"]["left"] == [], row["patch"]
+
+
 def test_patch_probes_a_4bit_base_in_its_compute_dtype():
     """bitsandbytes keeps 4-bit weights packed in uint8: the MLP and rope probes must build their inputs in the
     compute dtype and judge against the dequantised weights in fp32 (they used the uint8 weight's dtype, and the

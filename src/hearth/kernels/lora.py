@@ -29,6 +29,14 @@ output, the scale, the add, the casts). Here:
     (tests/kernels/test_lora.py). With an fp32 base every step is fp32.
   * no gradient for the frozen base: lora_linear computes dW / db only if weight / bias require grad (they
     normally do not); lora_swiglu_mlp refuses base weights that require grad (ValueError naming them).
+  * a bitsandbytes 4-bit base (QLoRA: a Linear4bit's packed Params4bit weight with its .quant_state, NF4 or
+    FP4, double-quantised absmax included) is taken in place of a weight: the forward dequantises it to x's
+    dtype (bitsandbytes.functional.dequantize_4bit) into a temporary, runs the same GEMMs as for a 16-bit
+    base and lets the temporary go; the backward dequantises again for dx. Only the packed weight (a
+    parameter, no new memory) is kept for the backward, never the dequantised one (that would cost the
+    whole 16-bit weight per projection, which QLoRA exists to avoid). The MLP node dequantises one
+    projection at a time (two at once only with recompute_up, whose re-formed u needs W_up beside W_down).
+    These nodes run eagerly (a torch.compile graph break: the quant state is no tensor a custom op takes).
 """
 
 from __future__ import annotations
@@ -42,12 +50,55 @@ import torch.nn.functional as F
 from hearth.kernels._common import autograd_op, check_same_device, check_same_dtype, check_tensor
 from hearth.kernels.swiglu import _backward_by_column_chunks, _down_by_row_chunks, _linear_into
 
-__all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE"]
+__all__ = ["lora_linear", "lora_swiglu_mlp", "lora_parts", "LORA_COMPUTE", "is_4bit", "dequantize", "base_compute_dtype",
+           "is_bnb_4bit_linear"]
 
 
 def _fold(out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, alpha: float) -> None:
     """out += alpha * p @ q, one GEMM with beta=1 in out's dtype (p, q rounded to it when wider)."""
     out.addmm_(p.to(out.dtype), q.to(out.dtype), alpha=alpha)
+
+
+# --------------------------------------------------------------------------------------------
+# bitsandbytes 4-bit base weights
+# --------------------------------------------------------------------------------------------
+def is_4bit(weight) -> bool:
+    """True for a bitsandbytes 4-bit weight: a tensor (Params4bit) carrying a `quant_state`. Attribute reads
+    only (bitsandbytes is not imported)."""
+    return isinstance(weight, torch.Tensor) and getattr(weight, "quant_state", None) is not None
+
+
+def _shape(weight: torch.Tensor) -> tuple:
+    """The logical [out, in] shape: the quant state's for a 4-bit weight (the packed tensor is [N*K/2, 1])."""
+    return tuple(weight.quant_state.shape) if is_4bit(weight) else tuple(weight.shape)
+
+
+def dequantize(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A 4-bit weight dequantised to `dtype` [out, in] (a new tensor; nested / double-quantised absmax is
+    handled by bitsandbytes.functional.dequantize_4bit); a plain weight is returned as it is."""
+    if not is_4bit(weight):
+        return weight
+    from bitsandbytes.functional import dequantize_4bit
+
+    w = dequantize_4bit(weight.data, weight.quant_state)
+    return w if w.dtype == dtype else w.to(dtype)
+
+
+def _check_4bit(weight: torch.Tensor, name: str, x: torch.Tensor) -> None:
+    """ValueError / TypeError naming `name` for a 4-bit weight the nodes cannot dequantise here."""
+    qs = weight.quant_state
+    shape = getattr(qs, "shape", None)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"{name} must be a 4-bit weight of a 2-D [out, in] matrix, got quant_state.shape {shape}")
+    if getattr(qs, "quant_type", None) not in ("nf4", "fp4"):
+        raise ValueError(f"{name} must be an nf4 / fp4 4-bit weight, got quant_type {getattr(qs, 'quant_type', None)!r}")
+    if getattr(qs, "packing_format_for_cpu", False):
+        raise ValueError(f"{name} is in bitsandbytes' CPU inference packing (converted by an eval-mode no-grad CPU "
+                         f"forward); dequantize_4bit does not read it: run the module's own forward")
+    if weight.device != x.device:
+        raise ValueError(f"{name} must be on x's device {x.device}, got {weight.device}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating tensor to dequantise {name} into, got {x.dtype}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,11 +113,16 @@ def _linear_forward(
     The leading dims are flattened in here, not around the autograd node: no view nodes in the graph
     (each one an autograd node of host time, forward and backward). y is allocated in its final shape
     (an autograd.Function may not return a view: the caller could not modify it in place)."""
-    n = weight.shape[0]
+    return _linear_forward_with(lambda: weight, x, bias, lora_a, lora_b, scale, lora_b.shape[0])
+
+
+def _linear_forward_with(weight, x, bias, lora_a, lora_b, scale, n):
+    """_linear_forward with the base weight from weight() at its one use (a 4-bit base: the dequantised
+    temporary dies with that GEMM, before the LoRA upcast of x)."""
     x2 = x.reshape(-1, x.shape[-1])
     out = x.new_empty((*x.shape[:-1], n))
     out2 = out.view(-1, n)
-    _linear_into(out2, x2, weight, bias)  # F.linear's GEMM (mm, or addmm with the bias), into out
+    _linear_into(out2, x2, weight(), bias)  # F.linear's GEMM (mm, or addmm with the bias), into out
     xa = torch.mm(x2.to(lora_a.dtype), lora_a.t())  # the fp32 copy of x dies here
     _fold(out2, xa, lora_b.t(), scale)
     return out, xa
@@ -86,6 +142,12 @@ def _linear_backward_impl(
     lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [x's shape], dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed."""
+    return _linear_backward_with(lambda: weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db)
+
+
+def _linear_backward_with(weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db):
+    """_linear_backward_impl with the base weight from weight() at its one use, dx = dy W, after the transient
+    upcast of dy has gone (a 4-bit base: the dequantised temporary is not alive beside it)."""
     x_shape = x.shape
     x = x.reshape(-1, x.shape[-1])
     dy = dy.reshape(-1, dy.shape[-1]).contiguous()
@@ -97,7 +159,7 @@ def _linear_backward_impl(
     dyl = None
     da = torch.mm(dxa.t(), x.to(lora_a.dtype))
     if need_dx:
-        dx = torch.mm(dy, weight)
+        dx = torch.mm(dy, weight())
         _fold(dx, dxa, lora_a, 1.0)
         dx = dx.view(x_shape)
     else:
@@ -141,6 +203,38 @@ def _linear_backward(ctx, dy, _dxa):
 _lora_linear = autograd_op(_linear_fwd_op, _linear_forward, _linear_setup, _linear_backward)
 
 
+class _LoraLinear4bit(torch.autograd.Function):
+    """lora_linear on a bitsandbytes 4-bit base: the base weight dequantised to x's dtype into a temporary in the
+    forward and again in the backward (for dx only); the packed weight is saved, never the dequantised one."""
+
+    @staticmethod
+    def forward(ctx, x, packed, bias, lora_a, lora_b, scale):
+        out, xa = _linear_forward_with(lambda: dequantize(packed, x.dtype), x, bias, lora_a, lora_b, scale,
+                                       lora_b.shape[0])
+        ctx.mark_non_differentiable(xa)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, xa, packed, lora_a, lora_b)
+        ctx.scale = scale
+        return out, xa
+
+    @staticmethod
+    def backward(ctx, dy, _dxa):
+        if dy is None:
+            return (None,) * 6
+        x, xa, packed, lora_a, lora_b = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        # dx = dy W is the only use of W here: dequantised just for it (not at all when x needs no gradient)
+        dx, da, db_lora, _dw, db = _linear_backward_with(lambda: dequantize(packed, x.dtype), dy, x, xa, lora_a,
+                                                         lora_b, ctx.scale, need[0], False, need[2])
+        return (dx if need[0] else None, None, db if need[2] else None, da if need[3] else None,
+                db_lora if need[4] else None, None)
+
+
+@torch.compiler.disable  # the quant state is no custom-op argument: eager, a graph break under torch.compile
+def _lora_linear_4bit(x, packed, bias, lora_a, lora_b, scale):
+    return _LoraLinear4bit.apply(x, packed, bias, lora_a, lora_b, scale)
+
+
 # --------------------------------------------------------------------------------------------
 # lora_swiglu_mlp: ops + autograd
 # --------------------------------------------------------------------------------------------
@@ -155,25 +249,34 @@ def _mlp_forward(
     h is formed one row chunk at a time (as in swiglu_mlp) and never held whole; its LoRA A product
     xa_down is taken per chunk from the chunk upcast to the LoRA dtype. x's leading dims are flattened in
     here (no view nodes around the autograd node); out is allocated in its final shape."""
-    out_nd = x.new_empty((*x.shape[:-1], w_down.shape[0]))
+    return _mlp_forward_with((w_gate, w_up, w_down).__getitem__, x, bias_gate, bias_up, bias_down, a_gate, b_gate,
+                             a_up, b_up, a_down, b_down, s_gate, s_up, s_down, recompute_up)
+
+
+def _mlp_forward_with(weight, x, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
+                      s_gate, s_up, s_down, recompute_up):
+    """_mlp_forward with the base weights taken from weight(i) (0 gate, 1 up, 2 down) where they are used: the
+    weights themselves for a 16-bit base, a fresh dequantised temporary each call for a 4-bit one (one alive at a
+    time; W_up beside W_down only with recompute_up)."""
+    out_nd = x.new_empty((*x.shape[:-1], b_down.shape[0]))
     x = x.reshape(-1, x.shape[-1])
     dt, ldt = x.dtype, a_gate.dtype
     rg = a_gate.shape[0]
     xa = torch.mm(x.to(ldt), torch.cat((a_gate, a_up)).t())  # one GEMM for both A's; the upcast x dies here
-    g = F.linear(x, w_gate, bias_gate)
+    g = F.linear(x, weight(0), bias_gate)
     _fold(g, xa[:, :rg], b_gate.t(), s_gate)
     b_up_t = b_up.t().to(dt)
     if recompute_up:
         u = x.new_empty(0)
     else:
-        u = F.linear(x, w_up, bias_up)
+        u = F.linear(x, weight(1), bias_up)
         _fold(u, xa[:, rg:], b_up_t, s_up)
     xa_down = xa.new_empty((g.shape[0], a_down.shape[0]))
     out = _down_by_row_chunks(
-        x, g, u, w_up, bias_up, w_down, bias_down, recompute_up,
+        x, g, u, weight(1) if recompute_up else None, bias_up, weight(2), bias_down, recompute_up,
         fix_up=lambda uc, r0, r1: _fold(uc, xa[r0:r1, rg:], b_up_t, s_up),
         on_h=lambda hc, r0, r1: torch.mm(hc.to(ldt), a_down.t(), out=xa_down[r0:r1]),
-        out=out_nd.view(-1, w_down.shape[0]))
+        out=out_nd.view(-1, b_down.shape[0]))
     _fold(out, xa_down, b_down.t(), s_down)
     return out_nd, g, u, xa, xa_down
 
@@ -200,6 +303,14 @@ def _mlp_backward_impl(
     """(dx, dA_gate, dB_gate, dA_up, dB_up, dA_down, dB_down). Overwrites g with dg and u with du (they are dead
     after); h is recomputed per column chunk of I by the swiglu backward kernel into the dh chunk buffer.
     x and dout may have leading dims ([..., H]); dx has x's shape."""
+    return _mlp_backward_with((w_gate, w_up, w_down).__getitem__, dout, x, g, u, xa, xa_down, bias_up, a_gate, b_gate,
+                              a_up, b_up, a_down, b_down, s_gate, s_up, s_down, recompute_up)
+
+
+def _mlp_backward_with(weight, dout, x, g, u, xa, xa_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down,
+                       s_gate, s_up, s_down, recompute_up):
+    """_mlp_backward_impl with the base weights from weight(i) where they are used (see _mlp_forward_with): W_down
+    (and W_up with recompute_up) for the column-chunk loop, then W_gate and W_up for dx, one after the other."""
     x_shape = x.shape
     x = x.reshape(-1, x.shape[-1])
     dout = dout.reshape(-1, dout.shape[-1]).contiguous()
@@ -222,7 +333,7 @@ def _mlp_backward_impl(
     dxa_u = xa.new_zeros((m, a_up.shape[0]))
     dx = torch.zeros_like(x) if recompute_up else None
     chunks = _backward_by_column_chunks(
-        dout, x, g, u, w_up, bias_up, w_down, recompute_up, dx,
+        dout, x, g, u, weight(1) if recompute_up else None, bias_up, weight(2), recompute_up, dx,
         fix_dh=lambda dhc, c0, c1: _fold(dhc, dxa_down_dt, a_down_dt[:, c0:c1], 1.0),  # the LoRA path into h
         fix_u=lambda uc, c0, c1: _fold(uc, xa_u, b_up_dt[c0:c1].t(), s_up))
     for c0, c1, hc, gc, uc in chunks:
@@ -238,16 +349,16 @@ def _mlp_backward_impl(
         torch.mm(dul.t(), xa_u, out=db_up[c0:c1])
         dxa_u.addmm_(dul, b_up[c0:c1])
         dul = None
-    hc = gc = uc = None
+    hc = gc = uc = chunks = None  # the finished loop has let go of its weights
     db_gate.mul_(s_gate)
     db_up.mul_(s_up)
     dxa_g.mul_(s_gate)
     dxa_u.mul_(s_up)
     if recompute_up:
-        dx.addmm_(g, w_gate)
+        dx.addmm_(g, weight(0))
     else:
-        dx = torch.mm(g, w_gate)
-        dx.addmm_(u, w_up)
+        dx = torch.mm(g, weight(0))
+        dx.addmm_(u, weight(1))
     _fold(dx, torch.cat((dxa_g, dxa_u), 1), torch.cat((a_gate, a_up)), 1.0)
     xl = x.to(ldt)
     da_gate = torch.mm(dxa_g.t(), xl)
@@ -300,6 +411,49 @@ def _mlp_backward(ctx, dout, _dg, _du, _dxa, _dxad):
 _lora_mlp = autograd_op(_mlp_fwd_op, _mlp_forward, _mlp_setup, _mlp_backward)
 
 
+class _MlpBase:
+    """The frozen base of a lora_swiglu_mlp call with at least one 4-bit projection: weight(i) (0 gate, 1 up,
+    2 down) is the 16-bit weight itself or a fresh dequantised temporary in the compute dtype."""
+
+    def __init__(self, weights, dtype):
+        self.weights, self.dtype = weights, dtype
+
+    def weight(self, i: int) -> torch.Tensor:
+        return dequantize(self.weights[i], self.dtype)
+
+
+class _LoraMlp4bit(torch.autograd.Function):
+    """lora_swiglu_mlp with a 4-bit base: _mlp_forward_with / _mlp_backward_with dequantising each projection
+    where it is used. Saved: x, g, u (not with recompute_up), the rank-r products and the LoRA factors, as for a
+    16-bit base; the packed base weights are held by reference (frozen parameters), never dequantised."""
+
+    @staticmethod
+    def forward(ctx, x, a_gate, b_gate, a_up, b_up, a_down, b_down, base, biases, scales, recompute_up):
+        out, g, u, xa, xa_down = _mlp_forward_with(base.weight, x, *biases, a_gate, b_gate, a_up, b_up, a_down, b_down,
+                                                   *scales, recompute_up)
+        ctx.mark_non_differentiable(g, u, xa, xa_down)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, g, u, xa, xa_down, a_gate, b_gate, a_up, b_up, a_down, b_down)
+        ctx.base, ctx.bias_up, ctx.scales, ctx.recompute_up = base, biases[1], scales, recompute_up
+        return out, g, u, xa, xa_down
+
+    @staticmethod
+    def backward(ctx, dout, _dg, _du, _dxa, _dxad):
+        if dout is None:
+            return (None,) * 11
+        x, g, u, xa, xa_down, *lora = ctx.saved_tensors
+        grads = _mlp_backward_with(ctx.base.weight, dout, x, g, u, xa, xa_down, ctx.bias_up, *lora, *ctx.scales,
+                                   ctx.recompute_up)
+        torch.autograd.graph.increment_version([g, u])  # g and u now hold dg and du (see _mlp_backward_eager)
+        need = ctx.needs_input_grad
+        return tuple(t if need[i] else None for i, t in enumerate(grads)) + (None,) * 4
+
+
+@torch.compiler.disable  # the quant states are no custom-op arguments: eager, a graph break under torch.compile
+def _lora_mlp_4bit(x, weights, biases, lora, scales, recompute_up):
+    return _LoraMlp4bit.apply(x, *lora, _MlpBase(weights, x.dtype), biases, scales, recompute_up)
+
+
 # --------------------------------------------------------------------------------------------
 # Public functions
 # --------------------------------------------------------------------------------------------
@@ -327,6 +481,9 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
     Args:
         x: [..., K] in the base dtype; weight [N, K] and bias [N] (or None) in x's dtype: the frozen base.
+            weight may instead be a bitsandbytes 4-bit weight (a Linear4bit's Params4bit, its quant_state.shape
+            [N, K]): it is dequantised to x's dtype for the forward GEMM and again for dx's, each time into a
+            temporary that is freed at once (the node saves the packed weight only); it gets no gradient.
         lora_a [r, K], lora_b [N, r]: float32 (peft's default on a 16-bit base) or x's dtype.
         scale: lora_alpha / r (peft's `scaling[adapter]`).
 
@@ -343,23 +500,29 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         TypeError / ValueError naming the argument (dtype, shape, device).
     """
     check_tensor(x, "x", allow_empty=True)
-    check_tensor(weight, "weight", ndim=2)
+    quantised = is_4bit(weight)
+    if quantised:
+        _check_4bit(weight, "weight", x)
+    else:
+        check_tensor(weight, "weight", ndim=2)
     if bias is not None:
         check_tensor(bias, "bias", ndim=1)
-    check_same_dtype(x=x, weight=weight, bias=bias)
+    check_same_dtype(x=x, weight=None if quantised else weight, bias=bias)
     check_same_device(x=x, weight=weight, bias=bias)
     _check_lora(x, {"lora_a": lora_a, "lora_b": lora_b})
     scale = _check_scale(scale, "scale")
-    n, k = weight.shape
+    n, k = _shape(weight)
     r = lora_a.shape[0]
     if x.dim() == 0 or x.shape[-1] != k:
-        raise ValueError(f"x must be [..., {k}] (weight is {tuple(weight.shape)}), got {tuple(x.shape)}")
+        raise ValueError(f"x must be [..., {k}] (weight is {(n, k)}), got {tuple(x.shape)}")
     if bias is not None and bias.shape[0] != n:
         raise ValueError(f"bias must have length {n}, got {tuple(bias.shape)}")
     if tuple(lora_a.shape) != (r, k):
         raise ValueError(f"lora_a must be [r, {k}], got {tuple(lora_a.shape)}")
     if tuple(lora_b.shape) != (n, r):
         raise ValueError(f"lora_b must be [{n}, {r}], got {tuple(lora_b.shape)}")
+    if quantised:
+        return _lora_linear_4bit(x, weight, bias, lora_a, lora_b, scale)[0]
     out, _xa = _lora_linear(x, weight, bias, lora_a, lora_b, scale)  # [..., N]: flattened inside the node
     return out
 
@@ -375,7 +538,10 @@ def lora_swiglu_mlp(
 
     Args:
         x: [..., H]; base weights w_gate, w_up [I, H], w_down [H, I] (and optional biases) in x's dtype,
-            frozen (requires_grad=False; else ValueError naming the weight: use the unfused path).
+            frozen (requires_grad=False; else ValueError naming the weight: use the unfused path). Any of the
+            three may be a bitsandbytes 4-bit weight (Params4bit with its quant_state): dequantised to x's dtype
+            where it is used, one projection at a time (W_up beside W_down with recompute_up), forward and
+            backward, never kept (see lora_linear).
         a_gate, a_up [r, H], b_gate, b_up [I, r], a_down [r_d, I], b_down [H, r_d]: float32 or x's dtype, all
             the same. scale_*: each adapter's lora_alpha / r.
 
@@ -392,22 +558,26 @@ def lora_swiglu_mlp(
     check_tensor(x, "x", allow_empty=True)
     base = {"w_gate": w_gate, "w_up": w_up, "w_down": w_down, "bias_gate": bias_gate, "bias_up": bias_up,
             "bias_down": bias_down}
+    quantised = {name for name in ("w_gate", "w_up", "w_down") if is_4bit(base[name])}
     for name, t in base.items():
         if t is not None:
-            check_tensor(t, name, ndim=2 if name.startswith("w") else 1)
+            if name in quantised:
+                _check_4bit(t, name, x)
+            else:
+                check_tensor(t, name, ndim=2 if name.startswith("w") else 1)
             if t.requires_grad:
                 raise ValueError(f"{name} requires grad: lora_swiglu_mlp is for a frozen base (no gradient is "
                                  f"computed for it); use the unfused modules to train the base")
-    check_same_dtype(x=x, **base)
+    check_same_dtype(x=x, **{n: t for n, t in base.items() if n not in quantised})
     check_same_device(x=x, **base)
     lora = {"a_gate": a_gate, "b_gate": b_gate, "a_up": a_up, "b_up": b_up, "a_down": a_down, "b_down": b_down}
     _check_lora(x, lora)
     scales = [_check_scale(s, n) for s, n in ((scale_gate, "scale_gate"), (scale_up, "scale_up"), (scale_down, "scale_down"))]
-    hidden, inter = x.shape[-1] if x.dim() else -1, w_gate.shape[0]
+    hidden, inter = x.shape[-1] if x.dim() else -1, _shape(w_gate)[0]
     want = {"w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
     for name, shape in want.items():
-        if tuple(base[name].shape) != shape:
-            raise ValueError(f"{name} must be {list(shape)}, got {tuple(base[name].shape)}")
+        if _shape(base[name]) != shape:
+            raise ValueError(f"{name} must be {list(shape)}, got {_shape(base[name])}")
     for name, t, size in (("bias_gate", bias_gate, inter), ("bias_up", bias_up, inter), ("bias_down", bias_down, hidden)):
         if t is not None and t.shape[0] != size:
             raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
@@ -418,6 +588,9 @@ def lora_swiglu_mlp(
             raise ValueError(f"{a_name} must be [r, {k}], got {tuple(a.shape)}")
         if tuple(b.shape) != (n, a.shape[0]):
             raise ValueError(f"{b_name} must be [{n}, {a.shape[0]}], got {tuple(b.shape)}")
+    if quantised:
+        return _lora_mlp_4bit(x, (w_gate, w_up, w_down), (bias_gate, bias_up, bias_down),
+                              (a_gate, b_gate, a_up, b_up, a_down, b_down), tuple(scales), bool(recompute_up))[0]
     return _lora_mlp(  # [..., H]: flattened inside the node
         x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
         *scales, bool(recompute_up))[0]
@@ -433,9 +606,11 @@ def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
     """(weight, bias, lora_a, lora_b, scale) of a peft LoRA Linear in a plain state, else None (the caller
     falls back to the module's own forward). Plain: exactly one active adapter that the module holds, not
     merged, adapters not disabled, no variant (DoRA, ...), no LoRA bias, dropout Identity / p=0 / eval mode,
-    base layer a plain nn.Linear whose weight and bias do not take gradients, not fan_in_fan_out, LoRA weights
-    on the base's device in fp32 or the base dtype; with x: x has the base's dtype and device and autocast is
-    off. Attribute reads only (cheap enough to run at every call); peft is never imported.
+    base layer a plain nn.Linear or a bitsandbytes 4-bit Linear (base_compute_dtype) whose weight and bias do
+    not take gradients, not fan_in_fan_out, LoRA weights on the base's device in fp32 or the base's compute
+    dtype; with x: x has the base's compute dtype and device and autocast is off. For a 4-bit base the weight
+    returned is the packed Params4bit (with its quant_state), which lora_linear / lora_swiglu_mlp dequantise
+    where they use it. Attribute reads only (cheap enough to run at every call); peft is never imported.
 
     compute: "adapter" returns the LoRA factors as they are (the LoRA math in their dtype, fp32 under peft's
     defaults: peft's own numbers); "base" returns them cast to the base dtype (a differentiable cast of two
@@ -444,7 +619,10 @@ def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
     products and gradients are rounded to the base dtype once each."""
     base = getattr(module, "base_layer", None)
     lora_a_dict = getattr(module, "lora_A", None)
-    if type(base) is not torch.nn.Linear or lora_a_dict is None:
+    if lora_a_dict is None or base is None:
+        return None
+    dtype = base_compute_dtype(base, x)
+    if dtype is None:
         return None
     try:
         if module.disable_adapters or module.merged or getattr(module, "fan_in_fan_out", False):
@@ -469,19 +647,51 @@ def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
     except (AttributeError, KeyError, TypeError):
         return None
     w, b, a, bb = base.weight, base.bias, lin_a.weight, lin_b.weight
-    if w.requires_grad or (b is not None and b.requires_grad):
+    if w.requires_grad or (b is not None and (b.requires_grad or b.dtype != dtype)):
         return None
     if a.device != w.device or bb.device != w.device or a.dtype != bb.dtype:
         return None
-    if a.dtype != w.dtype and a.dtype != torch.float32:
+    if a.dtype != dtype and a.dtype != torch.float32:
         return None
     if x is not None:
-        if x.dtype != w.dtype or x.device != w.device or torch.is_autocast_enabled(x.device.type):
+        if x.dtype != dtype or x.device != w.device or torch.is_autocast_enabled(x.device.type):
             return None
         if a.dtype != x.dtype and not getattr(module, "cast_input_dtype_enabled", True):
             return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         return None
-    if compute == "base" and a.dtype != w.dtype:
-        a, bb = a.to(w.dtype), bb.to(w.dtype)
+    if compute == "base" and a.dtype != dtype:
+        a, bb = a.to(dtype), bb.to(dtype)
     return w, b, a, bb, float(scale)
+
+
+# bitsandbytes' 4-bit Linear classes (same forward: x cast to compute_dtype, dequantise, GEMM, cast back)
+_BNB_4BIT = ("Linear4bit", "LinearNF4", "LinearFP4")
+
+
+def is_bnb_4bit_linear(module) -> bool:
+    """A bitsandbytes 4-bit Linear (by class: bitsandbytes is not imported)."""
+    cls = type(module)
+    return cls.__name__ in _BNB_4BIT and cls.__module__.startswith("bitsandbytes.")
+
+
+def base_compute_dtype(base, x: torch.Tensor | None = None) -> torch.dtype | None:
+    """The dtype the fused nodes compute a LoRA layer's frozen base in, or None when they cannot take it:
+    a plain nn.Linear -> its weight's dtype; a bitsandbytes 4-bit Linear whose weight's quant state
+    dequantize_4bit reads (nf4 / fp4, 2-D, nested absmax or not, not bitsandbytes' CPU inference packing) -> its
+    compute_dtype (unset: x's dtype, as bitsandbytes adopts it, or the quantised weight's own dtype without x).
+    Anything else (8-bit Linear8bitLt, other quantisers, subclasses) -> None."""
+    if type(base) is torch.nn.Linear:
+        return base.weight.dtype
+    if not is_bnb_4bit_linear(base):
+        return None
+    qs = getattr(getattr(base, "weight", None), "quant_state", None)
+    shape = getattr(qs, "shape", None)
+    if (qs is None or shape is None or len(shape) != 2 or getattr(qs, "quant_type", None) not in ("nf4", "fp4")
+            or getattr(qs, "packing_format_for_cpu", False) or (getattr(qs, "nested", False) and getattr(qs, "state2", None) is None)
+            or shape[0] != base.out_features or shape[1] != base.in_features):
+        return None
+    dtype = getattr(base, "compute_dtype", None)
+    if dtype is None:
+        dtype = x.dtype if x is not None else getattr(qs, "dtype", None)
+    return dtype if dtype in (torch.float32, torch.bfloat16, torch.float16) else None

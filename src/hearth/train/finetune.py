@@ -764,8 +764,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     report = None
     if cfg.patch:
         why = probe_loss_kernel(device, dtype)
-        # on a 4-bit base the probes build their inputs in the compute dtype (norm, rope, MLP and loss apply;
-        # the 4-bit projections run as bitsandbytes modules, only silu(g) * u is fused)
+        # on a 4-bit base the probes build their inputs in the compute dtype (norm, rope, MLP and loss apply),
+        # and the LoRA-aware nodes take the 4-bit projections (dequantised per use, never kept for the backward)
         report = hearth_patch.apply(model, loss=why is None, lora_compute=cfg.lora_compute, attention=cfg.attention)
         reasons = {"loss": why}
         report.left = {(k, c, reasons.get(k) or r): n for (k, c, r), n in report.left.items()}
