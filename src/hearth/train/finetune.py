@@ -660,6 +660,10 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
     state["optimizer"] = "restored" if usable else (
         f"restarted (saved by {saved_mode} on {saved_world} rank(s); this run is {d.mode} on {d.world})")
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    # LambdaLR's load_state_dict restores its step count but leaves the optimizer's lr alone: a restarted AdamW
+    # would keep the lr set at construction (step 0's). Set the lr the schedule has reached (restored: the same)
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if rng["cuda"] and torch.cuda.is_available():

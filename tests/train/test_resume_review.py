@@ -1,0 +1,74 @@
+"""Defects found in a review of the fine-tune runner (resume, checkpoints, config errors), each pinned by a
+test that failed before its fix. Tiny random Qwen3 on the CPU, plain transformers (--no-patch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hearth.train import finetune
+from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_tokenizer(tmp_path_factory.mktemp("tok"))), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tok):
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "train.jsonl", tok, range(12))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tok):
+    return save_tiny_model(tmp_path_factory.mktemp("model"), len(tok))
+
+
+def cfg(corpus, base, out, **kw) -> finetune.FinetuneConfig:
+    values = dict(corpus=corpus, model=base, out=out, rank=4, alpha=8, lr=1e-2, seq_len=512, patch=False,
+                  batch_tokens=1024)
+    values.update(kw)
+    return finetune.FinetuneConfig(**values)
+
+
+class _RecordingAdamW(torch.optim.AdamW):
+    """AdamW that records the learning rate each optimizer step really used."""
+
+    used: list[float] = []
+
+    def step(self, closure=None):
+        _RecordingAdamW.used.append(self.param_groups[0]["lr"])
+        return super().step(closure)
+
+
+def test_a_resume_that_restarts_adamw_keeps_the_schedules_learning_rate(tmp_path, corpus, base, monkeypatch):
+    # An FSDP checkpoint resumed in one process (or on another world size) restarts AdamW's moments. The
+    # scheduler's state was restored, but the fresh optimizer kept the lr LambdaLR set at construction
+    # (step 0's: the first warm-up step), so the resumed steps trained at the wrong lr while metrics.jsonl
+    # logged the right one.
+    monkeypatch.setattr(torch.optim, "AdamW", _RecordingAdamW)
+    kw = dict(max_steps=4, save_every=2, warmup_steps=2, lr_schedule="cosine")
+    _RecordingAdamW.used = []
+    finetune.train_model(cfg(corpus, base, tmp_path / "full", **kw))
+    full = list(_RecordingAdamW.used)
+    assert len(full) == 4 and full[0] == pytest.approx(0.5e-2) and full[2] != full[0]
+
+    ckpt = tmp_path / "full" / "checkpoints" / "step-000002"
+    state = json.loads((ckpt / "state.json").read_text())
+    state.update(parallel="fsdp", world_size=2)  # as FSDP on two ranks writes it: a per-rank optimizer shard
+    (ckpt / "state.json").write_text(json.dumps(state))
+    (ckpt / "optimizer.pt").rename(ckpt / "optimizer-rank-0.pt")
+    _RecordingAdamW.used = []
+    _, resumed = finetune.train_model(cfg(corpus, base, tmp_path / "full", resume=ckpt, **kw))
+    assert resumed["optimizer_resume"].startswith("restarted")
+    assert _RecordingAdamW.used == pytest.approx(full[2:], rel=1e-12)
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows] == pytest.approx(full, rel=1e-12)
