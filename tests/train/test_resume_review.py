@@ -72,3 +72,22 @@ def test_a_resume_that_restarts_adamw_keeps_the_schedules_learning_rate(tmp_path
     assert _RecordingAdamW.used == pytest.approx(full[2:], rel=1e-12)
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in rows] == pytest.approx(full, rel=1e-12)
+
+
+def test_a_target_module_the_model_lacks_is_a_config_error_before_loading(tmp_path, corpus, base, monkeypatch):
+    # peft wraps the targets it finds and silently skips the others when at least one matched, so a typo
+    # ("vproj") trained q_proj alone and said nothing
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the config error")
+
+    monkeypatch.setattr(finetune, "load_model", no_load)
+    with pytest.raises(ValueError, match=r"targets: .*'vproj'"):
+        finetune.train_model(cfg(corpus, base, tmp_path / "o", max_steps=1, targets="q_proj,vproj"))
+    assert not (tmp_path / "o").exists()
+    monkeypatch.undo()
+    # a dotted suffix, as peft matches it, is a valid target
+    _, metrics = finetune.train_model(cfg(corpus, base, tmp_path / "ok", max_steps=1, targets="self_attn.q_proj,mlp.up_proj"))
+    adapter = json.loads((tmp_path / "ok" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["mlp.up_proj", "self_attn.q_proj"]
+    # and the LoRA size the budget check counts includes them: rank 4 on q (64 -> 64) and up (64 -> 96), 2 layers
+    assert metrics["trainable_params"] == 2 * 4 * ((64 + 64) + (64 + 96))

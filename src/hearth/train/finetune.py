@@ -483,10 +483,16 @@ def weight_bytes(config, *, dtype, targets, rank: int) -> dict:
     head = model.get_output_embeddings()
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is nn.Linear and m is not head)
     total = sum(p.numel() for p in model.parameters())
-    lora = sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules()
-               if type(m) is nn.Linear and n.rsplit(".", 1)[-1] in targets)
+    def targeted(name: str, target: str) -> bool:  # peft's match: the module's name or a dotted suffix of it
+        return name == target or name.endswith("." + target)
+
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    lora = sum(rank * (m.in_features + m.out_features) for n, m in linears if any(targeted(n, t) for t in targets))
     return {"weights": total * el, "weights_4bit": int((total - linear) * el + linear * NF4_BYTES_PER_PARAM),
-            "lora_fp32": lora * 4}
+            "lora_fp32": lora * 4,
+            # targets no Linear of the model matches: peft would skip them without a word when another one matched
+            "missing_targets": [t for t in targets if not any(targeted(n, t) for n, _ in linears)],
+            "linear_names": sorted({n.rsplit(".", 1)[-1] for n, _ in linears})}
 
 
 def load_model(path: Path, *, random_init: bool, dtype, device, qlora: bool = False, config=None, seed: int = 0):
@@ -756,6 +762,9 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     if budget is None and device.type == "cuda":
         budget = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB
     sizes = weight_bytes(config, dtype=dtype, targets=cfg.targets, rank=cfg.rank)
+    if sizes["missing_targets"]:
+        raise ValueError(f"targets: {', '.join(map(repr, sizes['missing_targets']))} is not a Linear module of this model "
+                         f"(its Linear layers: {', '.join(sizes['linear_names'])})")
     shards = dist.world if dist.mode == "fsdp" else 1  # FSDP keeps 1/world of the weights and LoRA state per rank
     refuse_over_budget(sizes["weights_4bit" if cfg.qlora else "weights"] // shards, sizes["lora_fp32"] // shards, budget,
                        qlora=cfg.qlora, qlora_weights_bytes=sizes["weights_4bit"])
