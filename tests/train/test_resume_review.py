@@ -91,3 +91,22 @@ def test_a_target_module_the_model_lacks_is_a_config_error_before_loading(tmp_pa
     assert sorted(adapter["target_modules"]) == ["mlp.up_proj", "self_attn.q_proj"]
     # and the LoRA size the budget check counts includes them: rank 4 on q (64 -> 64) and up (64 -> 96), 2 layers
     assert metrics["trainable_params"] == 2 * 4 * ((64 + 64) + (64 + 96))
+
+
+def test_resume_skips_a_checkpoint_that_a_crash_left_half_written(tmp_path, corpus, base):
+    # save_checkpoint writes step-N.tmp/ and renames it when complete; a crash while it wrote state.json (its
+    # last file) left step-N.tmp/state.json, which `--resume OUT` took as the latest checkpoint ("step-*")
+    kw = dict(max_steps=4, save_every=2)
+    _, full = finetune.train_model(cfg(corpus, base, tmp_path / "r", **kw))
+    checkpoints = tmp_path / "r" / "checkpoints"
+    half = checkpoints / "step-000003.tmp"
+    half.mkdir()
+    (half / "state.json").write_text('{"step": 3, "epo')
+    assert finetune.find_checkpoint(tmp_path / "r") == checkpoints / "step-000002"
+    _, resumed = finetune.train_model(cfg(corpus, base, tmp_path / "r", resume=tmp_path / "r", **kw))
+    assert resumed["resumed_from"].endswith("step-000002") and resumed["loss"] == full["loss"]
+    # the latest by step number, not by name, past six digits
+    for step in (999_999, 1_000_000):
+        (checkpoints / f"step-{step:06d}").mkdir()
+        (checkpoints / f"step-{step:06d}" / "state.json").write_text("{}")
+    assert finetune.find_checkpoint(tmp_path / "r") == checkpoints / "step-1000000"

@@ -594,10 +594,12 @@ def find_checkpoint(path: Path) -> Path:
     path = Path(path)
     if (path / "state.json").is_file():
         return path
-    found = sorted((path / "checkpoints").glob("step-*/state.json")) if (path / "checkpoints").is_dir() else []
+    # complete checkpoints only (step-NNNNNN; a step-NNNNNN.tmp is one a crash interrupted), the highest step last
+    found = sorted((int(p.parent.name[5:]), p.parent) for p in (path / "checkpoints").glob("step-*/state.json")
+                   if p.parent.name[5:].isdigit()) if (path / "checkpoints").is_dir() else []
     if not found:
         raise ValueError(f"resume: {path} is not a checkpoint folder (with state.json) nor a run folder with checkpoints/")
-    return found[-1].parent
+    return found[-1][1]
 
 
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
