@@ -110,3 +110,17 @@ def test_resume_skips_a_checkpoint_that_a_crash_left_half_written(tmp_path, corp
         (checkpoints / f"step-{step:06d}").mkdir()
         (checkpoints / f"step-{step:06d}" / "state.json").write_text("{}")
     assert finetune.find_checkpoint(tmp_path / "r") == checkpoints / "step-1000000"
+
+
+def test_resume_refuses_a_corpus_whose_contents_changed_under_the_same_path(tmp_path, tok, base):
+    # the resume compared the corpus PATH only: a corpus rebuilt in place resumed the step plan's example
+    # indices over other examples, training something else without a word
+    corpus = write_corpus(tmp_path / "train.jsonl", tok, range(12))
+    kw = dict(max_steps=4, save_every=2)
+    finetune.train_model(cfg(corpus, base, tmp_path / "r", **kw))
+    write_corpus(corpus, tok, range(3, 15))  # rebuilt: other conversations, same file name
+    with pytest.raises(ValueError, match=r"resume: .*another corpus: .*changed since"):
+        finetune.train_model(cfg(corpus, base, tmp_path / "r", resume=tmp_path / "r", **kw))
+    write_corpus(corpus, tok, range(12))  # the same rows again: the resume goes on
+    _, resumed = finetune.train_model(cfg(corpus, base, tmp_path / "r", resume=tmp_path / "r", **kw))
+    assert resumed["resumed_from"].endswith("step-000002")

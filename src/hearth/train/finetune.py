@@ -602,8 +602,25 @@ def find_checkpoint(path: Path) -> Path:
     return found[-1][1]
 
 
+def data_fingerprint(cfg) -> dict:
+    """sha256 of the corpus (and eval corpus) files: a checkpoint's step plan indexes THESE examples, so a resume
+    over a corpus rebuilt in place must be refused (the paths alone would match)."""
+    import hashlib
+
+    out = {}
+    for key in ("corpus", "eval_corpus"):
+        path = getattr(cfg, key)
+        if path is not None:
+            digest = hashlib.sha256()
+            with Path(path).open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+            out[f"{key}_sha256"] = digest.hexdigest()
+    return out
+
+
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
-                    dist: D.Dist | None = None) -> Path:
+                    dist: D.Dist | None = None, data: dict | None = None) -> Path:
     """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
     import torch
 
@@ -628,7 +645,7 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     D.barrier(d)
     if d.main:
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
-                 "parallel": d.mode, "world_size": d.world}
+                 "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         if final.exists():  # a resume from an earlier checkpoint replays this step: its new state replaces the old
             import shutil
@@ -639,7 +656,8 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     return final
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None) -> dict:
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None,
+                    data: dict | None = None) -> dict:
     """The adapter always (any rank count or mode); AdamW's state when this layout can read it (state["optimizer"]
     says whether it was restored or restarted)."""
     import torch
@@ -652,6 +670,12 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
         k = changed[0]
         raise ValueError(f"resume: {path} was made with {k}={state['config'].get(k)!r}, this run has {k}={mine.get(k)!r} "
                          "(a resumed run must see the same data, model and schedule)")
+    saved_data, data = state.get("data") or {}, data if data is not None else data_fingerprint(cfg)
+    for key, digest in saved_data.items():  # checkpoints written before the fingerprint have none to compare
+        if data.get(key) != digest:
+            name = key.removesuffix("_sha256")
+            raise ValueError(f"resume: {path} was trained on another {name}: {getattr(cfg, name)} changed since "
+                             "(its sha256 differs; a resumed run must see the same data)")
     d = dist or D.Dist()
     device = next(p.device for p in model.parameters() if p.requires_grad)
     D.load_adapter(model, d, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
@@ -752,6 +776,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     data_stats.update(train_examples=len(train), eval_examples=len(held))
     steps = step_plan(train, cfg)
     resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
+    fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
 
     device = dist.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -820,7 +845,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
     rows: list[dict] = []
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist)
+        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist,
+                                data=fingerprint)
         start_step, optimizer_resume = state["step"], state["optimizer"]
         if log_path.is_file():
             rows = [r for r in map(json.loads, log_path.read_text(encoding="utf-8").splitlines()) if r["step"] <= start_step]
@@ -877,7 +903,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
             rows.append(row)
             if cfg.save_every and done % cfg.save_every == 0 and done < total:
                 save_checkpoint(cfg.out, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
-                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist)
+                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist, data=fingerprint)
             progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
                             + (f"  eval {row['eval_loss']:.4f}" if row["eval_loss"] is not None else ""))
 
