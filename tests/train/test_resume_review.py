@@ -124,3 +124,19 @@ def test_resume_refuses_a_corpus_whose_contents_changed_under_the_same_path(tmp_
     write_corpus(corpus, tok, range(12))  # the same rows again: the resume goes on
     _, resumed = finetune.train_model(cfg(corpus, base, tmp_path / "r", resume=tmp_path / "r", **kw))
     assert resumed["resumed_from"].endswith("step-000002")
+
+
+def test_a_resume_that_does_not_match_is_refused_before_the_model_is_loaded(tmp_path, corpus, base, monkeypatch):
+    # the key and data checks ran inside load_checkpoint, after the model (minutes for a 14B) had been loaded
+    finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1))
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the config error")
+
+    monkeypatch.setattr(finetune, "load_model", no_load)
+    with pytest.raises(ValueError, match=r"resume: .* seed=0, this run has seed=1"):
+        finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1, seed=1, resume=tmp_path / "r"))
+    state = tmp_path / "r" / "checkpoints" / "step-000001" / "state.json"
+    state.write_text("{not json")
+    with pytest.raises(ValueError, match=r"resume: .*state.json is not a checkpoint state"):
+        finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1, resume=state.parent))

@@ -656,14 +656,15 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     return final
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None,
-                    data: dict | None = None) -> dict:
-    """The adapter always (any rank count or mode); AdamW's state when this layout can read it (state["optimizer"]
-    says whether it was restored or restarted)."""
-    import torch
-    from safetensors.torch import load_file
-
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+def check_resume(path: Path, cfg, data: dict | None = None) -> dict:
+    """The checkpoint's state.json, when this run may resume it: ValueError naming ``resume`` and the first key
+    that differs (RESUME_KEYS), or a corpus whose contents changed. `hearth train` calls it before loading the model."""
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+            raise ValueError("no config")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"resume: {path / 'state.json'} is not a checkpoint state ({exc})") from None
     mine = cfg.as_dict()
     changed = [k for k in RESUME_KEYS if state["config"].get(k) != mine.get(k)]
     if changed:
@@ -676,6 +677,17 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
             name = key.removesuffix("_sha256")
             raise ValueError(f"resume: {path} was trained on another {name}: {getattr(cfg, name)} changed since "
                              "(its sha256 differs; a resumed run must see the same data)")
+    return state
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None,
+                    data: dict | None = None) -> dict:
+    """The adapter always (any rank count or mode); AdamW's state when this layout can read it (state["optimizer"]
+    says whether it was restored or restarted)."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = check_resume(path, cfg, data)
     d = dist or D.Dist()
     device = next(p.device for p in model.parameters() if p.requires_grad)
     D.load_adapter(model, d, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
@@ -777,6 +789,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     steps = step_plan(train, cfg)
     resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
     fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
+    if resume_from is not None:
+        check_resume(resume_from, cfg, fingerprint)  # a config error: before the model is loaded
 
     device = dist.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
