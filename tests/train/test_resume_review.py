@@ -140,3 +140,12 @@ def test_a_resume_that_does_not_match_is_refused_before_the_model_is_loaded(tmp_
     state.write_text("{not json")
     with pytest.raises(ValueError, match=r"resume: .*state.json is not a checkpoint state"):
         finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1, resume=state.parent))
+
+
+def test_a_resume_with_another_weight_decay_is_refused(tmp_path, corpus, base):
+    # AdamW's restored state carries its param groups' weight_decay, which replaced the run's own: a resume
+    # given --weight-decay 0.1 over a 0.0 checkpoint accepted the flag and trained with 0.0
+    finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1))
+    with pytest.raises(ValueError, match=r"resume: .* weight_decay=0.0, this run has weight_decay=0.1"):
+        finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1, weight_decay=0.1,
+                                 resume=tmp_path / "r"))

@@ -586,7 +586,8 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
 # a resumed run must see the same data and model: these keys may not change between the run and its resume
 RESUME_KEYS = ("corpus", "model", "seed", "shuffle", "seq_len", "batch_tokens", "grad_accum", "pack", "rank", "alpha",
                "targets", "eval_fraction", "eval_corpus", "qlora", "random_init", "epochs", "max_steps", "lr",
-               "lr_schedule", "warmup_steps")
+               "lr_schedule", "warmup_steps",
+               "weight_decay")  # AdamW's restored param groups carry it: another value would be silently ignored
 
 
 def find_checkpoint(path: Path) -> Path:
