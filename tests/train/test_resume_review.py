@@ -149,3 +149,23 @@ def test_a_resume_with_another_weight_decay_is_refused(tmp_path, corpus, base):
     with pytest.raises(ValueError, match=r"resume: .* weight_decay=0.0, this run has weight_decay=0.1"):
         finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1, weight_decay=0.1,
                                  resume=tmp_path / "r"))
+
+
+@pytest.mark.parametrize("field, bad", [("input_ids", "7"), ("input_ids", -3), ("labels", 2.5), ("labels", -7),
+                                        ("turns", 10_000), ("turns", -1)])
+def test_a_corpus_row_with_bad_token_ids_is_an_error_naming_its_line(tmp_path, corpus, base, field, bad):
+    # a string, negative or float id got through load_examples: a TypeError / IndexError traceback from the
+    # vocab check or the embedding, mid-start, not an error naming the corpus line (exit 2)
+    from typer.testing import CliRunner
+
+    from hearth.cli import app
+
+    rows = [json.loads(x) for x in corpus.read_text().splitlines()]
+    rows[1][field][2] = bad
+    bad_corpus = tmp_path / "train.jsonl"
+    bad_corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["train", "--corpus", str(bad_corpus), "--model", str(base), "--out",
+                                      str(tmp_path / "o"), "--no-patch", "--max-steps", "1", "--rank", "2",
+                                      "--seq-len", "512"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "corpus: line 2" in text and field in text, result.output
