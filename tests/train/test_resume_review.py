@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hearth.train import finetune
+from hearth.train import batches, finetune
 from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
 
 transformers = pytest.importorskip("transformers")
@@ -169,3 +169,29 @@ def test_a_corpus_row_with_bad_token_ids_is_an_error_naming_its_line(tmp_path, c
                                       "--seq-len", "512"])
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "corpus: line 2" in text and field in text, result.output
+
+
+def test_eval_examples_that_cannot_fit_are_reported_with_their_line(tmp_path, corpus, base):
+    # the train corpus's rejected examples are printed and listed in metrics.json; the eval corpus's were
+    # only counted, so which validation conversations went missing was not said anywhere
+    from typer.testing import CliRunner
+
+    from hearth.cli import app
+
+    rows = [json.loads(x) for x in corpus.read_text().splitlines()]
+    fits = sorted(r["turns"][1] + len(r["input_ids"]) - r["turns"][-2] for r in rows)
+    short = fits[6]  # about half the examples fit, even without their history
+    val = tmp_path / "val.jsonl"
+    val.write_text(corpus.read_text())
+    _, stats = batches.load_examples(val, short)
+    want = stats["rejected"]
+    assert want
+    result = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--eval-corpus", str(val), "--model", str(base),
+                                      "--out", str(tmp_path / "o"), "--no-patch", "--max-steps", "1", "--rank", "2",
+                                      "--seq-len", str(short)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    for rej in want:
+        assert f"rejected {val} line {rej['line']} ({rej['id']}" in text
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert [r["line"] for r in metrics["data"]["eval"]["rejected"]] == [r["line"] for r in want]

@@ -777,13 +777,17 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
 
     from hearth import patch as hearth_patch
 
+    def say_rejected(path, stats):
+        for rej in stats["rejected"]:
+            source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
+            console.print(f"[yellow]rejected[/yellow] {path} line {rej['line']} ({rej['id']}{source}): {rej['reason']}")
+
     examples, data_stats = load_examples(cfg.corpus, cfg.seq_len)
-    for rej in data_stats["rejected"]:
-        source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
-        console.print(f"[yellow]rejected[/yellow] {cfg.corpus} line {rej['line']} ({rej['id']}{source}): {rej['reason']}")
+    say_rejected(cfg.corpus, data_stats)
     if cfg.eval_corpus is not None:
         train, (held, eval_stats) = examples, load_examples(cfg.eval_corpus, cfg.seq_len, name="eval_corpus")
-        data_stats["eval"] = {k: v for k, v in eval_stats.items() if k != "rejected"} | {"rejected": len(eval_stats["rejected"])}
+        say_rejected(cfg.eval_corpus, eval_stats)
+        data_stats["eval"] = eval_stats
     else:
         train, held = split_eval(examples, cfg.eval_fraction, cfg.seed)
     data_stats.update(train_examples=len(train), eval_examples=len(held))
