@@ -195,3 +195,11 @@ def test_eval_examples_that_cannot_fit_are_reported_with_their_line(tmp_path, co
         assert f"rejected {val} line {rej['line']} ({rej['id']}" in text
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert [r["line"] for r in metrics["data"]["eval"]["rejected"]] == [r["line"] for r in want]
+
+
+def test_eval_every_without_eval_data_is_a_config_error(tmp_path, corpus, base):
+    # eval_every with neither eval_fraction nor eval_corpus evaluated nothing, and said nothing
+    with pytest.raises(ValueError, match=r"eval_every: .*eval_fraction or eval_corpus"):
+        cfg(corpus, base, tmp_path / "o", eval_every=2).check()
+    cfg(corpus, base, tmp_path / "o", eval_every=2, eval_fraction=0.25).check()
+    cfg(corpus, base, tmp_path / "o", eval_every=2, eval_corpus=corpus).check()

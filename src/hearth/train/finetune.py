@@ -144,6 +144,8 @@ class FinetuneConfig:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
         if self.eval_corpus is not None and self.eval_fraction > 0:
             raise ValueError("eval_corpus and eval_fraction: give one of them, not both")
+        if self.eval_every and self.eval_corpus is None and not self.eval_fraction:
+            raise ValueError(f"eval_every: {self.eval_every} needs eval data: give eval_fraction or eval_corpus")
         if self.parallel not in PARALLEL:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.parallel != "none" and self.qlora:
