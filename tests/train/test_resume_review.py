@@ -203,3 +203,17 @@ def test_eval_every_without_eval_data_is_a_config_error(tmp_path, corpus, base):
         cfg(corpus, base, tmp_path / "o", eval_every=2).check()
     cfg(corpus, base, tmp_path / "o", eval_every=2, eval_fraction=0.25).check()
     cfg(corpus, base, tmp_path / "o", eval_every=2, eval_corpus=corpus).check()
+
+
+def test_a_corpus_with_labels_shifted_already_is_refused(tmp_path, corpus):
+    # labels copy input_ids on the trained tokens and the model shifts them by one itself; a corpus whose
+    # labels were shifted already (labels[t] = input_ids[t + 1]) trained every reply token off by one, silently
+    rows = [json.loads(x) for x in corpus.read_text().splitlines()]
+    row = rows[4]
+    ids, labels = row["input_ids"], row["labels"]
+    row["labels"] = [ids[t + 1] if t + 1 < len(ids) and labels[t + 1] != -100 else -100 for t in range(len(ids))]
+    bad = tmp_path / "train.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"corpus: line 5: labels\[\d+\] = \d+ is neither -100 nor input_ids"):
+        batches.load_examples(bad, 512)
+    assert len(batches.load_examples(corpus, 512)[0]) == 12  # hearth's own corpus passes

@@ -82,6 +82,12 @@ def _bad_row(ids: list, labels: list, turns) -> str | None:
         return "input_ids holds something other than non-negative int token ids"
     if not all(type(x) is int and (x >= 0 or x == IGNORE_INDEX) for x in labels):
         return f"labels holds something other than token ids and {IGNORE_INDEX}"
+    # labels copy input_ids on the trained tokens (the model shifts them by one itself): a corpus shifted already
+    # would train every token off by one
+    off = next((t for t, (x, y) in enumerate(zip(ids, labels)) if y != IGNORE_INDEX and y != x), None)
+    if off is not None:
+        return (f"labels[{off}] = {labels[off]} is neither {IGNORE_INDEX} nor input_ids[{off}] = {ids[off]} "
+                "(labels copy the input ids on trained tokens, unshifted)")
     if turns is not None and not (isinstance(turns, list) and all(type(t) is int and 0 <= t < len(ids) for t in turns)
                                   and all(a < b for a, b in zip(turns, turns[1:]))):
         return "turns is not a list of increasing token positions inside the row"
