@@ -75,3 +75,26 @@ def test_bad_export_arguments_exit_2(tmp_path, parts, flag, value, needle):
     args[flag] = str(tmp_path / value) if value == "missing" else value
     result = CliRunner().invoke(app, ["export", *[x for kv in args.items() for x in kv]])
     assert result.exit_code == 2 and needle in result.output
+
+
+@pytest.mark.parametrize("case", ["tokenizer_missing", "out_is_a_file"])
+def test_export_argument_errors_fire_before_the_merge(tmp_path, parts, case, monkeypatch):
+    # --tokenizer was only tried after the merged model had been written (a folder without export.json
+    # left behind), and an --out that is a file failed in mkdir after the merge as an OSError (exit 1)
+    tok_dir, base, adapter, _ = parts
+    out = tmp_path / "o"
+    args = ["export", "--adapter", str(adapter), "--model", str(base), "--out", str(out)]
+    if case == "tokenizer_missing":
+        args += ["--tokenizer", str(tmp_path / "no-such-tokenizer")]
+        needle = "tokenizer"
+    else:
+        out.write_text("not a folder")
+        needle = "out"
+
+    def no_load(*a, **k):
+        raise AssertionError("the base model was loaded before the argument error")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and f"{needle}:" in result.output, result.output
+    assert not out.is_dir()

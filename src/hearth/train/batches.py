@@ -75,6 +75,25 @@ def fit_example(ids: list[int], labels: list[int], turns: list[int] | None, seq_
     return ([t for a, b in spans for t in ids[a:b]], [t for a, b in spans for t in labels[a:b]], dropped)
 
 
+def _bad_row(ids: list, labels: list, turns) -> str | None:
+    """What is wrong with a row's token lists (None: nothing): ids are non-negative ints, labels such ids or
+    IGNORE_INDEX, turns (when present) increasing token positions inside the row."""
+    if not all(type(x) is int and x >= 0 for x in ids):
+        return "input_ids holds something other than non-negative int token ids"
+    if not all(type(x) is int and (x >= 0 or x == IGNORE_INDEX) for x in labels):
+        return f"labels holds something other than token ids and {IGNORE_INDEX}"
+    # labels copy input_ids on the trained tokens (the model shifts them by one itself): a corpus shifted already
+    # would train every token off by one
+    off = next((t for t, (x, y) in enumerate(zip(ids, labels)) if y != IGNORE_INDEX and y != x), None)
+    if off is not None:
+        return (f"labels[{off}] = {labels[off]} is neither {IGNORE_INDEX} nor input_ids[{off}] = {ids[off]} "
+                "(labels copy the input ids on trained tokens, unshifted)")
+    if turns is not None and not (isinstance(turns, list) and all(type(t) is int and 0 <= t < len(ids) for t in turns)
+                                  and all(a < b for a, b in zip(turns, turns[1:]))):
+        return "turns is not a list of increasing token positions inside the row"
+    return None
+
+
 def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[list[Example], dict]:
     """Examples that fit seq_len (history dropped where needed), plus counts and the rejected lines.
     ValueError naming ``name`` for a malformed row, or when nothing is trainable."""
@@ -92,6 +111,9 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
                 raise ValueError(f"{name}: line {lineno} has no input_ids/labels lists of equal, non-zero length "
                                  "(build the corpus with --tokenizer)")
             turns = row.get("turns")
+            bad = _bad_row(ids, labels, turns)
+            if bad:
+                raise ValueError(f"{name}: line {lineno}: {bad} (rebuild the corpus with `hearth corpus build --tokenizer`)")
             try:
                 ids, labels, n = fit_example(ids, labels, turns, seq_len)
             except TooLong as why:

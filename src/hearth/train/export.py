@@ -34,6 +34,10 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
         raise ValueError(f"model: {model} is not a local model folder (no config.json; nothing is downloaded)")
     if out.resolve() in (adapter.resolve(), model.resolve()):
         raise ValueError(f"out: {out} must not be the adapter or the base model folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file, not a folder")
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise ValueError(f"tokenizer: {tokenizer} is not a tokenizer folder")
     try:
         base = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as exc:

@@ -144,6 +144,8 @@ class FinetuneConfig:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
         if self.eval_corpus is not None and self.eval_fraction > 0:
             raise ValueError("eval_corpus and eval_fraction: give one of them, not both")
+        if self.eval_every and self.eval_corpus is None and not self.eval_fraction:
+            raise ValueError(f"eval_every: {self.eval_every} needs eval data: give eval_fraction or eval_corpus")
         if self.parallel not in PARALLEL:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.parallel != "none" and self.qlora:
@@ -483,10 +485,16 @@ def weight_bytes(config, *, dtype, targets, rank: int) -> dict:
     head = model.get_output_embeddings()
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is nn.Linear and m is not head)
     total = sum(p.numel() for p in model.parameters())
-    lora = sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules()
-               if type(m) is nn.Linear and n.rsplit(".", 1)[-1] in targets)
+    def targeted(name: str, target: str) -> bool:  # peft's match: the module's name or a dotted suffix of it
+        return name == target or name.endswith("." + target)
+
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    lora = sum(rank * (m.in_features + m.out_features) for n, m in linears if any(targeted(n, t) for t in targets))
     return {"weights": total * el, "weights_4bit": int((total - linear) * el + linear * NF4_BYTES_PER_PARAM),
-            "lora_fp32": lora * 4}
+            "lora_fp32": lora * 4,
+            # targets no Linear of the model matches: peft would skip them without a word when another one matched
+            "missing_targets": [t for t in targets if not any(targeted(n, t) for n, _ in linears)],
+            "linear_names": sorted({n.rsplit(".", 1)[-1] for n, _ in linears})}
 
 
 def load_model(path: Path, *, random_init: bool, dtype, device, qlora: bool = False, config=None, seed: int = 0):
@@ -580,7 +588,8 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
 # a resumed run must see the same data and model: these keys may not change between the run and its resume
 RESUME_KEYS = ("corpus", "model", "seed", "shuffle", "seq_len", "batch_tokens", "grad_accum", "pack", "rank", "alpha",
                "targets", "eval_fraction", "eval_corpus", "qlora", "random_init", "epochs", "max_steps", "lr",
-               "lr_schedule", "warmup_steps")
+               "lr_schedule", "warmup_steps",
+               "weight_decay")  # AdamW's restored param groups carry it: another value would be silently ignored
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -588,14 +597,33 @@ def find_checkpoint(path: Path) -> Path:
     path = Path(path)
     if (path / "state.json").is_file():
         return path
-    found = sorted((path / "checkpoints").glob("step-*/state.json")) if (path / "checkpoints").is_dir() else []
+    # complete checkpoints only (step-NNNNNN; a step-NNNNNN.tmp is one a crash interrupted), the highest step last
+    found = sorted((int(p.parent.name[5:]), p.parent) for p in (path / "checkpoints").glob("step-*/state.json")
+                   if p.parent.name[5:].isdigit()) if (path / "checkpoints").is_dir() else []
     if not found:
         raise ValueError(f"resume: {path} is not a checkpoint folder (with state.json) nor a run folder with checkpoints/")
-    return found[-1].parent
+    return found[-1][1]
+
+
+def data_fingerprint(cfg) -> dict:
+    """sha256 of the corpus (and eval corpus) files: a checkpoint's step plan indexes THESE examples, so a resume
+    over a corpus rebuilt in place must be refused (the paths alone would match)."""
+    import hashlib
+
+    out = {}
+    for key in ("corpus", "eval_corpus"):
+        path = getattr(cfg, key)
+        if path is not None:
+            digest = hashlib.sha256()
+            with Path(path).open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+            out[f"{key}_sha256"] = digest.hexdigest()
+    return out
 
 
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
-                    dist: D.Dist | None = None) -> Path:
+                    dist: D.Dist | None = None, data: dict | None = None) -> Path:
     """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
     import torch
 
@@ -620,7 +648,7 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     D.barrier(d)
     if d.main:
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
-                 "parallel": d.mode, "world_size": d.world}
+                 "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         if final.exists():  # a resume from an earlier checkpoint replays this step: its new state replaces the old
             import shutil
@@ -631,19 +659,38 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     return final
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None) -> dict:
-    """The adapter always (any rank count or mode); AdamW's state when this layout can read it (state["optimizer"]
-    says whether it was restored or restarted)."""
-    import torch
-    from safetensors.torch import load_file
-
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+def check_resume(path: Path, cfg, data: dict | None = None) -> dict:
+    """The checkpoint's state.json, when this run may resume it: ValueError naming ``resume`` and the first key
+    that differs (RESUME_KEYS), or a corpus whose contents changed. `hearth train` calls it before loading the model."""
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+            raise ValueError("no config")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"resume: {path / 'state.json'} is not a checkpoint state ({exc})") from None
     mine = cfg.as_dict()
     changed = [k for k in RESUME_KEYS if state["config"].get(k) != mine.get(k)]
     if changed:
         k = changed[0]
         raise ValueError(f"resume: {path} was made with {k}={state['config'].get(k)!r}, this run has {k}={mine.get(k)!r} "
                          "(a resumed run must see the same data, model and schedule)")
+    saved_data, data = state.get("data") or {}, data if data is not None else data_fingerprint(cfg)
+    for key, digest in saved_data.items():  # checkpoints written before the fingerprint have none to compare
+        if data.get(key) != digest:
+            name = key.removesuffix("_sha256")
+            raise ValueError(f"resume: {path} was trained on another {name}: {getattr(cfg, name)} changed since "
+                             "(its sha256 differs; a resumed run must see the same data)")
+    return state
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dist | None = None,
+                    data: dict | None = None) -> dict:
+    """The adapter always (any rank count or mode); AdamW's state when this layout can read it (state["optimizer"]
+    says whether it was restored or restarted)."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = check_resume(path, cfg, data)
     d = dist or D.Dist()
     device = next(p.device for p in model.parameters() if p.requires_grad)
     D.load_adapter(model, d, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
@@ -660,6 +707,10 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
     state["optimizer"] = "restored" if usable else (
         f"restarted (saved by {saved_mode} on {saved_world} rank(s); this run is {d.mode} on {d.world})")
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    # LambdaLR's load_state_dict restores its step count but leaves the optimizer's lr alone: a restarted AdamW
+    # would keep the lr set at construction (step 0's). Set the lr the schedule has reached (restored: the same)
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if rng["cuda"] and torch.cuda.is_available():
@@ -728,18 +779,25 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
 
     from hearth import patch as hearth_patch
 
+    def say_rejected(path, stats):
+        for rej in stats["rejected"]:
+            source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
+            console.print(f"[yellow]rejected[/yellow] {path} line {rej['line']} ({rej['id']}{source}): {rej['reason']}")
+
     examples, data_stats = load_examples(cfg.corpus, cfg.seq_len)
-    for rej in data_stats["rejected"]:
-        source = f", conversation line {rej['conversation_line']}" if rej.get("conversation_line") else ""
-        console.print(f"[yellow]rejected[/yellow] {cfg.corpus} line {rej['line']} ({rej['id']}{source}): {rej['reason']}")
+    say_rejected(cfg.corpus, data_stats)
     if cfg.eval_corpus is not None:
         train, (held, eval_stats) = examples, load_examples(cfg.eval_corpus, cfg.seq_len, name="eval_corpus")
-        data_stats["eval"] = {k: v for k, v in eval_stats.items() if k != "rejected"} | {"rejected": len(eval_stats["rejected"])}
+        say_rejected(cfg.eval_corpus, eval_stats)
+        data_stats["eval"] = eval_stats
     else:
         train, held = split_eval(examples, cfg.eval_fraction, cfg.seed)
     data_stats.update(train_examples=len(train), eval_examples=len(held))
     steps = step_plan(train, cfg)
     resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
+    fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
+    if resume_from is not None:
+        check_resume(resume_from, cfg, fingerprint)  # a config error: before the model is loaded
 
     device = dist.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -752,6 +810,9 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     if budget is None and device.type == "cuda":
         budget = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB
     sizes = weight_bytes(config, dtype=dtype, targets=cfg.targets, rank=cfg.rank)
+    if sizes["missing_targets"]:
+        raise ValueError(f"targets: {', '.join(map(repr, sizes['missing_targets']))} is not a Linear module of this model "
+                         f"(its Linear layers: {', '.join(sizes['linear_names'])})")
     shards = dist.world if dist.mode == "fsdp" else 1  # FSDP keeps 1/world of the weights and LoRA state per rank
     refuse_over_budget(sizes["weights_4bit" if cfg.qlora else "weights"] // shards, sizes["lora_fp32"] // shards, budget,
                        qlora=cfg.qlora, qlora_weights_bytes=sizes["weights_4bit"])
@@ -805,7 +866,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
     rows: list[dict] = []
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist)
+        state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist,
+                                data=fingerprint)
         start_step, optimizer_resume = state["step"], state["optimizer"]
         if log_path.is_file():
             rows = [r for r in map(json.loads, log_path.read_text(encoding="utf-8").splitlines()) if r["step"] <= start_step]
@@ -862,7 +924,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
             rows.append(row)
             if cfg.save_every and done % cfg.save_every == 0 and done < total:
                 save_checkpoint(cfg.out, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
-                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist)
+                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist, data=fingerprint)
             progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
                             + (f"  eval {row['eval_loss']:.4f}" if row["eval_loss"] is not None else ""))
 
