@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+
 
 def _swap_in_original():
     """(module, the function found) after putting HF's own apply_rotary_pos_emb back, or (None, None)."""
@@ -34,3 +36,22 @@ def _restoring_original_rope():
 _original_qwen3_rope = pytest.fixture(autouse=True, name="_original_qwen3_rope")(_restoring_original_rope)
 _original_qwen3_rope_for_module_fixtures = pytest.fixture(
     autouse=True, scope="module", name="_original_qwen3_rope_for_module_fixtures")(_restoring_original_rope)
+
+
+# the tiny run shared by the runner tests (a module may define its own `tok` / `corpus` instead): the in-test
+# tokenizer, a 12-example corpus written with it, and a tiny random Qwen3 of its vocabulary
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_tokenizer(tmp_path_factory.mktemp("tok"))), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tok):
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "train.jsonl", tok, range(12))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tok):
+    return save_tiny_model(tmp_path_factory.mktemp("model"), len(tok))

@@ -18,34 +18,11 @@ from typer.testing import CliRunner
 
 from hearth.cli import app
 from hearth.train import batches, finetune
-from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+from tests.train.tiny import run_config as cfg
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_tokenizer(tmp_path_factory.mktemp("tok"))), local_files_only=True)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, tok):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "train.jsonl", tok, range(12))
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory, tok):
-    return save_tiny_model(tmp_path_factory.mktemp("model"), len(tok))
-
-
-def cfg(corpus, base, out, **kw) -> finetune.FinetuneConfig:
-    values = dict(corpus=corpus, model=base, out=out, rank=4, alpha=8, lr=1e-2, seq_len=512, patch=False)
-    values.update(kw)
-    return finetune.FinetuneConfig(**values)
 
 
 # ------------------------------------------------------------------------------------------- 1: config

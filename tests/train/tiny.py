@@ -59,3 +59,12 @@ def save_tiny_model(path: Path, vocab: int, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(path))
     return path
+
+
+def run_config(corpus: Path, base: Path, out: Path, **kw):
+    """A FinetuneConfig for the tiny run: rank 4, seq_len 512, plain transformers (no patch); kw override."""
+    from hearth.train import finetune
+
+    values = dict(corpus=corpus, model=base, out=out, rank=4, alpha=8, lr=1e-2, seq_len=512, patch=False)
+    values.update(kw)
+    return finetune.FinetuneConfig(**values)
