@@ -40,9 +40,11 @@ class ChatResult:
 def _error_message(response: httpx.Response) -> str:
     try:
         payload = response.json()
-        message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
     except ValueError:
-        message = None
+        payload = None
+    # OpenAI sends {"error": {"message": ...}}; proxies also send {"error": "text"} or {"error": null}
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
     return f"HTTP {response.status_code}" + (f": {str(message)[:200]}" if message else "")
 
 

@@ -1,0 +1,30 @@
+"""hearth.evals.client against a real loopback server: odd but possible server replies are failures, never crashes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from hearth.evals.client import chat_completion
+from tests.fakes.openai_server import Behavior, FakeOpenAI
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def call(behavior: Behavior, *, stream: bool = False, timeout_s: float = 5.0):
+    async def go():
+        async with FakeOpenAI(lambda body: behavior) as server:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                return await chat_completion(client, server.base_url, {**BODY, "stream": stream}, timeout_s=timeout_s)
+
+    return asyncio.run(go())
+
+
+def test_error_body_whose_error_is_not_an_object_is_a_failure():
+    # {"error": "..."} (a string) and {"error": null} are what several proxies send with a 429/502
+    for body, shown in [({"error": "rate limited"}, "HTTP 429: rate limited"), ({"error": None}, "HTTP 429"),
+                        ([1, 2], "HTTP 429"), ({"error": {"message": None}}, "HTTP 429")]:
+        for stream in (False, True):
+            result = call(Behavior.status(429, body=body), stream=stream)
+            assert result.status == 429 and result.error == shown, (body, stream, result)
