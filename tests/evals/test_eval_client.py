@@ -28,3 +28,16 @@ def test_error_body_whose_error_is_not_an_object_is_a_failure():
         for stream in (False, True):
             result = call(Behavior.status(429, body=body), stream=stream)
             assert result.status == 429 and result.error == shown, (body, stream, result)
+
+
+def sse(*events: str) -> Behavior:
+    return Behavior.raw("".join(f"data: {e}\n\n" for e in events), content_type="text/event-stream")
+
+
+def test_malformed_stream_chunks_are_failures():
+    good = '{"choices": [{"delta": {"content": "{}"}, "finish_reason": "stop"}]}'
+    for bad in ["null", "[1]", '"text"', '{"choices": [3]}', '{"choices": [{"delta": "x"}]}',
+                '{"choices": [{"delta": {"content": ["a"]}}]}', '{"choices": {"delta": {}}}']:
+        result = call(sse(bad, good, "[DONE]"), stream=True)
+        assert result.status == 200 and result.error.startswith("malformed stream chunk"), (bad, result)
+        assert result.content == ""

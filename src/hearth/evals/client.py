@@ -112,12 +112,12 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
                         break
                     try:
                         chunk = json.loads(data)
+                        choices = _chunk_choices(chunk)
                     except ValueError:
                         return done(status=200, error=f"malformed stream chunk: {data[:200]!r}")
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
-                    for choice in chunk.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
+                    for choice, piece in choices:
                         if piece:
                             if ttft is None:
                                 ttft = time.perf_counter() - start
@@ -128,3 +128,20 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
     return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage)
+
+
+def _chunk_choices(chunk) -> list[tuple[dict, str | None]]:
+    """(choice, content delta) of each choice of a stream chunk; ValueError when it is not shaped like one."""
+    if not isinstance(chunk, dict):
+        raise ValueError("not an object")
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ValueError("choices is not a list of objects")
+    out = []
+    for choice in choices:
+        delta = choice.get("delta") or {}
+        piece = delta.get("content") if isinstance(delta, dict) else None
+        if not isinstance(delta, dict) or not isinstance(piece, (str, type(None))):
+            raise ValueError("delta is not an object with string content")
+        out.append((choice, piece))
+    return out
