@@ -41,3 +41,20 @@ def test_malformed_stream_chunks_are_failures():
         result = call(sse(bad, good, "[DONE]"), stream=True)
         assert result.status == 200 and result.error.startswith("malformed stream chunk"), (bad, result)
         assert result.content == ""
+
+
+def test_non_string_message_content_is_not_an_envelope():
+    """The gateway refuses a completion whose message.content is not a string; the eval must not pass it."""
+    import json
+
+    from hearth.envelope import FeedComment
+    from hearth.evals.scoring import score
+    from hearth.evals.suites import load_suite
+
+    envelope = FeedComment(comment="Look at that loaf.", tone="proud").model_dump()
+    for content in (envelope, [{"type": "text", "text": json.dumps(envelope)}]):
+        body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+        result = call(Behavior.raw(json.dumps(body)))
+        assert result.status == 200 and result.error == f"message.content is {type(content).__name__}, not a string"
+        scored = score(load_suite("feed")[0], result)
+        assert not scored.passed and scored.checks["response"] is False

@@ -80,12 +80,13 @@ def _completion(response: httpx.Response, done) -> ChatResult:
     try:
         payload = response.json()
         choice = payload["choices"][0]
-        content = choice["message"].get("content") or ""
+        content = choice["message"].get("content")
         finish = choice.get("finish_reason")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return done(status=200, error=f"malformed completion: {response.text[:200]!r}")
-    if not isinstance(content, str):
-        content = json.dumps(content)
+    if content is not None and not isinstance(content, str):  # refused by the gateway too: not a reply the app gets
+        return done(status=200, finish=finish, error=f"message.content is {type(content).__name__}, not a string")
+    content = content or ""
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
     return done(content=content, finish=finish, status=200, usage=usage)
 
