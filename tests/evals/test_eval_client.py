@@ -58,3 +58,19 @@ def test_non_string_message_content_is_not_an_envelope():
         assert result.status == 200 and result.error == f"message.content is {type(content).__name__}, not a string"
         scored = score(load_suite("feed")[0], result)
         assert not scored.passed and scored.checks["response"] is False
+
+
+def test_stream_cut_short_is_a_failure():
+    """A body that ends cleanly with neither a finish_reason nor [DONE] was cut short (the gateway refuses it),
+    even when what arrived happens to parse; either end marker alone is a complete stream."""
+    text = '{"comment": "Look at that loaf.", "tone": "proud"}'
+    cut = call(Behavior.stream([text[:10], text[10:]], cut=True), stream=True)
+    assert cut.status == 200 and cut.error == "stream ended without a finish_reason or [DONE] (cut short)"
+    assert cut.content == text  # what arrived is kept for the report
+    whole = call(Behavior.stream([text[:10], text[10:]]), stream=True)
+    assert whole.error is None and whole.content == text and whole.finish_reason == "stop"
+    chunk = '{"choices": [{"delta": {"content": "%s"}, "finish_reason": %s}]}'
+    no_finish = call(sse(chunk % ("{}", "null"), "[DONE]"), stream=True)
+    assert no_finish.error is None and no_finish.content == "{}"
+    no_done = call(sse(chunk % ("{}", '"stop"')), stream=True)
+    assert no_done.error is None and no_done.finish_reason == "stop"

@@ -96,6 +96,7 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
     (asked for with stream_options.include_usage) and the last finish_reason."""
     parts: list[str] = []
     finish = usage = ttft = None
+    ended = False  # [DONE] seen
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response:
@@ -110,6 +111,7 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        ended = True
                         break
                     try:
                         chunk = json.loads(data)
@@ -128,6 +130,9 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
         return done(error=f"timeout after {timeout_s:g}s", ttft=ttft)
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
+    if not ended and finish is None:  # the body ended with neither end marker: the gateway refuses this too
+        return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
+                    error="stream ended without a finish_reason or [DONE] (cut short)")
     return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage)
 
 
