@@ -268,3 +268,21 @@ def test_wilson_interval():
 
 def _chunks(text: str) -> list[str]:
     return [text[:5], text[5:20], text[20:]]
+
+
+def test_server_text_is_printed_literally_not_as_markup(tmp_path, capsys):
+    """Failure reasons carry text the server wrote; rich must not read it as markup (a stray closing tag
+    raised MarkupError after every call had finished, and the report was never written)."""
+    message = "bad role [/system] in [bold]messages[/bold]"
+    with FakeOpenAI(lambda body: Behavior.status(400, body={"error": {"message": message}})) as server:
+        report = tmp_path / "r.json"
+        code = main(suite="feed", base_url=server.base_url, model="m", timeout_s=5, report=report)
+    assert code == 1
+    doc = json.loads(report.read_text())
+    assert doc["overall"]["total"] == 15 and all(c["reason"] == f"HTTP 400: {message}" for c in doc["cases"])
+    assert "[/system]" in capsys.readouterr().out.replace("\n", "")
+    # the user's own words too: a suite or model name with brackets
+    result = CliRunner().invoke(app, ["eval", "[/poems]", "--base-url", "http://127.0.0.1:1/v1", "--model", "m"])
+    assert result.exit_code == 2 and "[/poems]" in result.output, result.output
+    with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
+        assert main(suite="feed", base_url=server.base_url, model="[/org]/model", timeout_s=5) == 0

@@ -154,12 +154,13 @@ def summarize(scores: list[CaseScore]) -> dict:
 
 
 def _print(console, summary: dict, scores: list[CaseScore], threshold: float) -> None:
+    from rich.markup import escape  # reasons carry server text: print it, never read it as markup
     from rich.table import Table
 
     for name, s in summary["suites"].items():
         lat = s["latency_s"]
         ttft = s["ttft_s"]
-        console.print(f"[bold]{name}[/bold] {s['passed']}/{s['total']}  "
+        console.print(f"[bold]{escape(name)}[/bold] {s['passed']}/{s['total']}  "
                       f"(repaired {s['repaired']}, latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s"
                       + (f", first token p50 {ttft['p50']:.2f}s" if ttft else "")
                       + (f", {s['usage']['completion_tokens_mean']} completion tokens/reply" if s["usage"]["replies_with_usage"] else "")
@@ -169,7 +170,7 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
     for c in CHECKS:
         checks.add_column(c, justify="right")
     for name, s in summary["suites"].items():
-        checks.add_row(name, *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
+        checks.add_row(escape(name), *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
     console.print(checks)
     failures = [s for s in scores if not s.passed]
     if failures:
@@ -177,7 +178,7 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
         for col in ("suite", "case", "status", "finish", "reason"):
             table.add_column(col, overflow="fold")
         for s in failures:
-            table.add_row(s.suite, s.id, str(s.status), str(s.finish_reason), s.reason or "")
+            table.add_row(*(escape(str(v)) for v in (s.suite, s.id, s.status, s.finish_reason, s.reason or "")))
         console.print(table)
     o = summary["overall"]
     verdict = "[green]PASS[/green]" if o["fraction"] >= threshold else "[red]FAIL[/red]"
@@ -192,12 +193,13 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
          seed: int | None = None, stream: bool = True) -> int:
     """CLI entry: 0 when the overall pass fraction >= threshold, 1 below it, 2 on bad arguments."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import Progress
 
     console = Console()
 
     def bad(message: str) -> int:
-        console.print(f"[red]error:[/red] {message}")
+        console.print(f"[red]error:[/red] {escape(message)}")
         return 2
 
     names = list(SUITES) if suite == "all" else [suite]
@@ -223,7 +225,7 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
     cases = [c for n in names for c in load_suite(n)]
 
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"eval {suite} on {model}", total=len(cases) * max(samples, 1))
+        task = progress.add_task(escape(f"eval {suite} on {model}"), total=len(cases) * max(samples, 1))
         try:
             scores = asyncio.run(run_cases(
                 cases, base_url=base_url, model=model, api_key=api_key, extra_body=extra, json_schema=json_schema,
@@ -248,5 +250,5 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         tmp = report.with_name(report.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         tmp.replace(report)
-        console.print(f"report: {report}")
+        console.print(f"report: {escape(str(report))}")
     return 0 if ok else 1
