@@ -286,3 +286,23 @@ def test_server_text_is_printed_literally_not_as_markup(tmp_path, capsys):
     assert result.exit_code == 2 and "[/poems]" in result.output, result.output
     with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
         assert main(suite="feed", base_url=server.base_url, model="[/org]/model", timeout_s=5) == 0
+
+
+def test_one_call_raising_unexpectedly_is_scored_and_the_rest_kept():
+    """Whatever one call raises (here what anyio raises for a port out of range), the other cases' results
+    stay and that case is a failure with the reason, instead of the exception ending the run."""
+    import httpx
+
+    cases = load_suite("feed")[:4]
+
+    class OneBadCall(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request):
+            if cases[2].user in request.content.decode():
+                raise OverflowError("connect(): port must be 0-65535.")
+            return await super().handle_async_request(request)
+
+    with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
+        scores = asyncio.run(run_cases(cases, base_url=server.base_url, model="m", timeout_s=5,
+                                       transport=OneBadCall()))
+    assert [s.passed for s in scores] == [True, True, False, True]
+    assert scores[2].reason == "OverflowError: connect(): port must be 0-65535." and scores[2].status is None

@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import statistics
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import httpx
 
 from hearth.envelope import response_format
-from hearth.evals.client import chat_completion
+from hearth.evals.client import ChatResult, chat_completion
 from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
 
@@ -81,7 +82,12 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
             body = request_body(case, model=model, json_schema=json_schema, max_tokens=max_tokens,
                                 extra_body=extra_body, temperature=temperature, seed=sample_seed, stream=stream)
             async with gate:
-                result = await chat_completion(client, base_url, body, timeout_s=timeout_s, api_key=api_key)
+                start = time.perf_counter()
+                try:
+                    result = await chat_completion(client, base_url, body, timeout_s=timeout_s, api_key=api_key)
+                except Exception as exc:  # noqa: BLE001 - one call's surprise is its failure, not the end of the run
+                    result = ChatResult("", None, None, f"{type(exc).__name__}: {str(exc)[:200]}",
+                                        time.perf_counter() - start)
             scored = score(case, result)
             scored.sample, scored.seed = sample, body.get("seed")
             if on_done is not None:
