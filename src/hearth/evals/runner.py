@@ -215,6 +215,13 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         return bad(f"--threshold must be in [0, 1], got {threshold}")
     if not base_url.startswith(("http://", "https://")):
         return bad(f"--base-url must be an http(s) URL, got {base_url!r}")
+    try:  # here, not at the first request: a URL httpx cannot use fails every call (or crashes the run)
+        url = httpx.URL(base_url)
+        port = url.port
+    except httpx.InvalidURL as exc:
+        return bad(f"--base-url is not a valid URL ({exc}): {base_url!r}")
+    if not url.host or (port is not None and not 0 < port < 65536):
+        return bad(f"--base-url needs a host and a port in 1..65535, got {base_url!r}")
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
