@@ -309,3 +309,16 @@ def test_one_call_raising_unexpectedly_is_scored_and_the_rest_kept():
                                        transport=OneBadCall()))
     assert [s.passed for s in scores] == [True, True, False, True]
     assert scores[2].reason == "OverflowError: connect(): port must be 0-65535." and scores[2].status is None
+
+
+@pytest.mark.parametrize("key", ["sk-ü-123", "sk-123\n", "sk 123", "sk-\x7f"])
+def test_api_key_that_cannot_be_a_header_is_refused_at_start_up(key, monkeypatch):
+    """Was: every call failed at request time (a newline), or the run died with "'ascii' codec can't
+    encode" (a non-ASCII key) without naming the option. The key itself is never printed."""
+    monkeypatch.setenv("HEARTH_TEST_BAD_KEY", key)
+    with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
+        result = CliRunner().invoke(app, ["eval", "feed", "--base-url", server.base_url, "--model", "m",
+                                          "--api-key-env", "HEARTH_TEST_BAD_KEY"])
+        assert server.requests == []
+    assert result.exit_code == 2 and "--api-key-env" in result.output and "HEARTH_TEST_BAD_KEY" in result.output
+    assert key.strip() not in result.output

@@ -227,6 +227,9 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         api_key = os.environ.get(api_key_env)
         if not api_key:
             return bad(f"--api-key-env: environment variable {api_key_env} is not set")
+        if not all("!" <= ch <= "~" for ch in api_key):  # it goes in a header: printable ASCII, no whitespace
+            return bad(f"--api-key-env: the value of {api_key_env} has whitespace or a non-ASCII character "
+                       "(a trailing newline?)")
     extra = None
     if extra_body:
         try:
