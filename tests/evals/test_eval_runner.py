@@ -196,6 +196,10 @@ def test_connection_refused_is_a_failure_not_a_crash():
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--concurrency", "0"], "concurrency"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--samples", "0"], "samples"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--temperature", "3"], "temperature"),
+        # an infinite (or NaN) timeout is no timeout: a hung server would hang the run
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--timeout", "inf"], "timeout"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--timeout", "nan"], "timeout"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--max-tokens", "-3"], "max_tokens"),
     ],
 )
 def test_bad_arguments_exit_2(args, message):

@@ -67,8 +67,10 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if not 0 < timeout_s < math.inf:  # NaN fails too: an infinite timeout is none, and every call must have one
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (or None: not sent), got {max_tokens}")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if temperature is not None and not 0 <= temperature <= 2:
