@@ -326,3 +326,17 @@ def test_api_key_that_cannot_be_a_header_is_refused_at_start_up(key, monkeypatch
         assert server.requests == []
     assert result.exit_code == 2 and "--api-key-env" in result.output and "HEARTH_TEST_BAD_KEY" in result.output
     assert key.strip() not in result.output
+
+
+def test_latency_p95_is_the_nearest_rank():
+    """p95 of n values is the ceil(0.95 n)-th smallest; with 20 replies that is the 19th, not the slowest."""
+    from hearth.evals.scoring import CaseScore
+
+    def scores(n):
+        return [CaseScore(suite="feed", id=f"feed-{i}", kind="feed_comment", passed=True, checks={}, reason=None,
+                          latency_s=float(i), status=200, finish_reason="stop", repaired=False) for i in range(1, n + 1)]
+
+    assert summarize(scores(20))["overall"]["latency_s"] == {"p50": 10.5, "p95": 19.0, "max": 20.0}
+    assert summarize(scores(100))["overall"]["latency_s"]["p95"] == 95.0
+    assert summarize(scores(45))["overall"]["latency_s"]["p95"] == 43.0
+    assert summarize(scores(1))["overall"]["latency_s"]["p95"] == 1.0
