@@ -340,3 +340,14 @@ def test_latency_p95_is_the_nearest_rank():
     assert summarize(scores(100))["overall"]["latency_s"]["p95"] == 95.0
     assert summarize(scores(45))["overall"]["latency_s"]["p95"] == 43.0
     assert summarize(scores(1))["overall"]["latency_s"]["p95"] == 1.0
+
+
+def test_whitespace_around_a_clean_reply_is_not_a_repair():
+    """`repaired` counts wrapping that had to be stripped (fences, think block, chatter); a newline after the
+    object is not wrapping (json.loads takes it as is), so a clean reply must not count as repaired."""
+    case = load_suite("feed")[0]
+    good = valid_reply("feed_comment")
+    for text, repaired in [(good, False), (good + "\n", False), ("\n  " + good + " \n\n", False),
+                           (f"```json\n{good}\n```", True), (f"<think>\n\n</think>\n\n{good}", True)]:
+        scored = score(case, ChatResult(text, "stop", 200, None, 0.1))
+        assert scored.passed and scored.repaired is repaired, repr(text)

@@ -68,7 +68,7 @@ def score(case: Case, result: ChatResult) -> CaseScore:
     if checks["response"]:
         try:
             body = repair(result.content)
-            repaired = body != result.content
+            repaired = body != result.content.strip()  # whitespace around the object is not wrapping
             checks["json"] = isinstance(json.loads(body), dict)
             if not checks["json"]:
                 reasons.append("reply is JSON but not an object")
