@@ -351,3 +351,30 @@ def test_whitespace_around_a_clean_reply_is_not_a_repair():
                            (f"```json\n{good}\n```", True), (f"<think>\n\n</think>\n\n{good}", True)]:
         scored = score(case, ChatResult(text, "stop", 200, None, 0.1))
         assert scored.passed and scored.repaired is repaired, repr(text)
+
+
+def test_malformed_case_file_names_the_file_and_line(tmp_path):
+    """load_suite promises a ValueError naming the file and line of a malformed case, whatever is wrong."""
+    ok = {"id": "c-1", "kind": "feed_comment", "persona": "wren", "world_view": "grounded", "context": "tama",
+          "user": "Made bread."}
+    chat = {"id": "c-2", "kind": "chat", "persona": "wren", "world_view": "grounded", "stage": "friend",
+            "user": "Hi again."}
+    bad_lines = [
+        "{not json",
+        "[1, 2]",
+        json.dumps({k: v for k, v in ok.items() if k != "id"}),
+        json.dumps({k: v for k, v in ok.items() if k != "persona"}),
+        json.dumps({**ok, "persona": 7}),
+        json.dumps({**ok, "context": "nobody"}),
+        json.dumps({**chat, "history": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}),
+        json.dumps({**chat, "history": [{"role": "user", "content": "hi"}, {"role": "assistant", "envelope": {"message": ""}}]}),
+        json.dumps({**chat, "history": [{"role": "user"}]}),
+        json.dumps({**ok, "user": "  "}),
+    ]
+    for bad in bad_lines:
+        path = tmp_path / "suite.jsonl"
+        path.write_text(json.dumps(ok) + "\n\n" + bad + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=rf"suite\.jsonl:3: "):
+            load_suite("custom", path)
+    path.write_text(json.dumps(ok) + "\n", encoding="utf-8")
+    assert [c.id for c in load_suite("custom", path)] == ["c-1"]

@@ -56,7 +56,7 @@ def _case(suite: str, raw: dict, where: str) -> Case:
     spec = {k: v for k, v in raw.items() if k not in {"id", "context", "history", "user"}}
     if "context" in raw:
         if raw["context"] not in contexts():
-            raise ValueError(f"{where}: unknown context {raw['context']!r}")
+            raise ValueError(f"unknown context {raw['context']!r}")
         spec["shared_context"] = contexts()[raw["context"]]
     kind, _ = system_prompt_for(spec)  # fails loudly on a malformed case
     history = []
@@ -67,7 +67,7 @@ def _case(suite: str, raw: dict, where: str) -> Case:
             content = turn["content"]
         history.append({"role": turn["role"], "content": content})
     if not isinstance(raw.get("user"), str) or not raw["user"].strip():
-        raise ValueError(f"{where}: 'user' must be a non-empty string")
+        raise ValueError("'user' must be a non-empty string")
     expect = {"analyst": spec["analyst"]} if kind == "analyst" else {}
     return Case(suite=suite, id=raw["id"], kind=kind, spec=spec, history=tuple(history), user=raw["user"],
                 expect=expect)
@@ -84,6 +84,16 @@ def load_suite(name: str, path: Path | None = None) -> list[Case]:
         path = HERE / SUITES[name]
     cases = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            cases.append(_case(name, json.loads(line), f"{path}:{number}"))
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            raw = json.loads(line)
+            if not isinstance(raw, dict):
+                raise ValueError(f"a case must be a JSON object, got {type(raw).__name__}")
+            cases.append(_case(name, raw, where))
+        except KeyError as exc:
+            raise ValueError(f"{where}: missing key {exc}") from exc
+        except (ValueError, TypeError, AttributeError) as exc:  # pydantic's ValidationError is a ValueError
+            raise ValueError(f"{where}: {exc}") from exc
     return cases
