@@ -378,3 +378,21 @@ def test_malformed_case_file_names_the_file_and_line(tmp_path):
             load_suite("custom", path)
     path.write_text(json.dumps(ok) + "\n", encoding="utf-8")
     assert [c.id for c in load_suite("custom", path)] == ["c-1"]
+
+
+def test_unwritable_report_path_is_refused_before_any_call(tmp_path):
+    """Was: the run went through every call and only then died writing the report (a directory, or a path
+    under a file), losing the report of a run that may have taken an hour."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
+        for report in (tmp_path, a_file / "r.json"):
+            result = CliRunner().invoke(app, ["eval", "feed", "--base-url", server.base_url, "--model", "m",
+                                              "--report", str(report)])
+            assert result.exit_code == 2 and "--report" in result.output, result.output
+        assert server.requests == []
+        report = tmp_path / "new" / "r.json"  # a missing folder is created, as before
+        result = CliRunner().invoke(app, ["eval", "feed", "--base-url", server.base_url, "--model", "m",
+                                          "--report", str(report)])
+        assert result.exit_code == 0 and json.loads(report.read_text())["overall"]["total"] == 15
+    assert [p.name for p in report.parent.iterdir()] == ["r.json"]

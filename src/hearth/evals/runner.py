@@ -241,6 +241,17 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             return bad(f"--extra-body is not JSON: {exc.msg}")
         if not isinstance(extra, dict):
             return bad("--extra-body must be a JSON object")
+    if report is not None:  # found out now, not after the run: a report that cannot be written loses the run
+        report = Path(report)
+        try:
+            if report.is_dir():
+                raise IsADirectoryError(f"{report} is a directory")
+            report.parent.mkdir(parents=True, exist_ok=True)
+            probe = report.with_name(report.name + ".tmp")
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            return bad(f"--report: cannot write {str(report)!r} ({exc})")
     cases = [c for n in names for c in load_suite(n)]
 
     with Progress(console=console, transient=True) as progress:
