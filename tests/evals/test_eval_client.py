@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
@@ -74,3 +75,13 @@ def test_stream_cut_short_is_a_failure():
     assert no_finish.error is None and no_finish.content == "{}"
     no_done = call(sse(chunk % ("{}", '"stop"')), stream=True)
     assert no_done.error is None and no_done.finish_reason == "stop"
+
+
+def test_error_event_in_a_stream_is_a_failure():
+    """vLLM and OpenAI report a failure mid-stream as a chunk with an "error" object; it was skipped (no
+    choices), so a reply whose content had arrived before it passed, and the gateway refuses that stream."""
+    text = '{"comment": "Look at that loaf.", "tone": "proud"}'
+    content = json.dumps({"choices": [{"delta": {"content": text}, "finish_reason": None}]})
+    error = json.dumps({"error": {"message": "engine died", "type": "InternalServerError", "code": 500}})
+    result = call(sse(content, error, "[DONE]"), stream=True)
+    assert result.status == 200 and result.error == "error in stream: engine died", result

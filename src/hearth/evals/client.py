@@ -118,6 +118,11 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
                         choices = _chunk_choices(chunk)
                     except ValueError:
                         return done(status=200, error=f"malformed stream chunk: {data[:200]!r}")
+                    if chunk.get("error") is not None:  # the server's way to fail mid-stream
+                        error = chunk["error"]
+                        message = error.get("message") if isinstance(error, dict) else error
+                        return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
+                                    error=f"error in stream: {str(message)[:200]}")
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
                     for choice, piece in choices:
