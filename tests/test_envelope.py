@@ -353,3 +353,12 @@ def test_dumps_parsed_is_dumps_without_revalidation():
     assert dumps_parsed(env) == dumps(env)
     with pytest.raises(TypeError):
         dumps_parsed({"message": "hi"})
+
+
+@pytest.mark.parametrize("kind", [["chat"], {"chat": 1}, None, 3])
+def test_kind_of_the_wrong_type_is_named(kind):
+    """An unhashable kind raised "unhashable type: 'list'", naming nothing; every bad kind is the ValueError
+    naming ``kind`` that parse_envelope documents."""
+    for call in (lambda: parse_envelope("{}", kind), lambda: json_schema(kind), lambda: response_format(kind)):
+        with pytest.raises(ValueError, match="kind must be one of"):
+            call()

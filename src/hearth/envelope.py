@@ -134,7 +134,7 @@ def _rebuild_error(reason: str, field: str | None, raw: str, errors: list[dict])
 
 
 def _check_kind(kind: Any) -> type[_Envelope]:
-    if kind not in MODELS:
+    if not isinstance(kind, str) or kind not in MODELS:  # isinstance first: a list is unhashable
         raise ValueError(f"kind must be one of {REPLY_KINDS}, got {kind!r}")
     return MODELS[kind]
 
