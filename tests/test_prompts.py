@@ -91,6 +91,10 @@ def test_production_size_is_a_few_thousand_tokens():
         (lambda: companion(memories=["ok", 3]), TypeError, r"memories\[1\]"),
         (lambda: companion(shared_context=None), TypeError, "shared_context"),
         (lambda: analyst_system_prompt("pessimist", shared_context=""), ValueError, "analyst"),
+        # an unhashable analyst raised "unhashable type: 'list'"; envelope_instruction took any analyst for any kind
+        (lambda: analyst_system_prompt(["mentor"], shared_context=""), ValueError, "analyst must be one of"),
+        (lambda: envelope_instruction("analyst", analyst="pessimist"), ValueError, "analyst must be one of"),
+        (lambda: envelope_instruction("chat", analyst="mentor"), ValueError, "analyst"),
         (lambda: rehearsal_system_prompt(name="", personality="p", backstory="b", relationship="r",
                                          shared_context=""), ValueError, "name"),
         (lambda: envelope_instruction("poem"), ValueError, "kind"),

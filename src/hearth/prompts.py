@@ -203,6 +203,11 @@ def _require_text(value: object, name: str) -> str:
     return value.strip()
 
 
+def _check_analyst(analyst: object) -> None:
+    if not isinstance(analyst, str) or analyst not in ANALYST_LENSES:  # isinstance first: a list is unhashable
+        raise ValueError(f"analyst must be one of {ANALYSTS}, got {analyst!r}")
+
+
 def _persona_text(persona: str) -> str:
     persona = _require_text(persona, "persona")
     return PERSONAS[persona].text if persona in PERSONAS else persona
@@ -236,6 +241,10 @@ def _describe(prop: dict) -> str:
 def envelope_instruction(kind: str, *, analyst: str | None = None) -> str:
     """The closing block of every system prompt: the exact JSON shape expected for ``kind``."""
     schema = json_schema(kind)  # ValueError for an unknown kind
+    if analyst is not None:
+        _check_analyst(analyst)
+        if kind != "analyst":
+            raise ValueError(f"analyst is only for kind 'analyst', got kind {kind!r}")
     lines = [f'- "{name}": {_describe(prop)}' for name, prop in schema["properties"].items()]
     fixed = f'\nThe "analyst" field must be exactly "{analyst}".' if analyst else ""
     lists = any(p.get("type") == "array" for p in schema["properties"].values())
@@ -309,8 +318,7 @@ def analyst_system_prompt(analyst: str, *, shared_context: str) -> str:
     The user message describes the situation; the same shared context the companions see is included,
     so the panel already knows the user.
     """
-    if analyst not in ANALYST_LENSES:
-        raise ValueError(f"analyst must be one of {ANALYSTS}, got {analyst!r}")
+    _check_analyst(analyst)
     title, lens = ANALYST_LENSES[analyst]
     others = ", ".join(ANALYST_LENSES[a][0] for a in ANALYSTS if a != analyst)
     return "\n\n".join([
