@@ -276,7 +276,8 @@ def companion_system_prompt(*, persona: str, world_view: str, shared_context: st
     for i, memory in enumerate(memories):
         if not isinstance(memory, str):
             raise TypeError(f"memories[{i}] must be str, got {type(memory).__name__}")
-    remembered = [m.strip() for m in memories if m.strip()]
+    # one line each: a memory is model output, and a newline in it must not open a new section of the prompt
+    remembered = [" ".join(m.split()) for m in memories if m.strip()]
     memory_block = "\n".join(f"- {m}" for m in remembered) if remembered else "(nothing yet)"
     return "\n\n".join([
         _HOUSE_RULES,
