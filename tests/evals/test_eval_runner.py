@@ -185,6 +185,7 @@ def test_connection_refused_is_a_failure_not_a_crash():
     [
         (["eval", "poems", "--base-url", "http://127.0.0.1:1/v1", "--model", "m"], "suite"),
         (["eval", "feed", "--base-url", "127.0.0.1:1", "--model", "m"], "--base-url"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", " "], "--model"),  # was sent 45 times
         (["eval", "feed", "--base-url", "http://[::1/v1", "--model", "m"], "--base-url"),  # crashed: InvalidURL
         (["eval", "feed", "--base-url", "http:///v1", "--model", "m"], "--base-url"),  # every call failed instead
         (["eval", "feed", "--base-url", "http://127.0.0.1:99999/v1", "--model", "m"], "--base-url"),  # crashed

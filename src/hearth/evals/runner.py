@@ -214,6 +214,8 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
     names = list(SUITES) if suite == "all" else [suite]
     if any(n not in SUITES for n in names):
         return bad(f"suite must be one of {', '.join(SUITES)} or all, got {suite!r}")
+    if not model.strip():
+        return bad("--model must not be empty")
     if not 0.0 <= threshold <= 1.0:
         return bad(f"--threshold must be in [0, 1], got {threshold}")
     if not base_url.startswith(("http://", "https://")):
