@@ -397,3 +397,16 @@ def test_unwritable_report_path_is_refused_before_any_call(tmp_path):
                                           "--report", str(report)])
         assert result.exit_code == 0 and json.loads(report.read_text())["overall"]["total"] == 15
     assert [p.name for p in report.parent.iterdir()] == ["r.json"]
+
+
+def test_report_keeps_a_reply_with_a_lone_surrogate(tmp_path):
+    """A reply cut inside an emoji can arrive as a lone surrogate escape ("\\ud83d"); writing the report with it
+    raised UnicodeEncodeError after every call had run, and the report was lost."""
+    broken = '{"comment": "Look at that loaf \ud83d", "tone": "proud"}'
+    with FakeOpenAI(lambda body: Behavior.reply(broken)) as server:
+        report = tmp_path / "r.json"
+        code = main(suite="feed", base_url=server.base_url, model="m", timeout_s=5, report=report, stream=False)
+    assert code == 1
+    doc = json.loads(report.read_text(encoding="utf-8"))
+    assert doc["overall"]["total"] == 15 and all(c["content"] == broken for c in doc["cases"])
+    assert not any(c["passed"] for c in doc["cases"])

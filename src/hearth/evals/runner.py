@@ -280,7 +280,9 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         report = Path(report)
         report.parent.mkdir(parents=True, exist_ok=True)
         tmp = report.with_name(report.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        # backslashreplace: a lone surrogate (a reply cut inside an emoji) is written as its JSON escape
+        tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8",
+                       errors="backslashreplace")
         tmp.replace(report)
         console.print(f"report: {escape(str(report))}")
     return 0 if ok else 1
