@@ -7,6 +7,7 @@ predicts production if it sends them too, so nothing else in hearth writes a sys
     rehearsal_system_prompt(name=, personality=, backstory=, relationship=, shared_context=) -> chat
     feed_system_prompt(persona=, world_view=, shared_context=)                           -> feed_comment
     analyst_system_prompt(analyst, shared_context=)                                      -> analyst
+    history_turn(envelope)        an earlier reply as production puts it back into the conversation
 
 ``persona`` and ``world_view`` accept either a key of PERSONAS / WORLD_VIEWS (the built-in
 companions and views) or the full text of a custom one. ``stage`` accepts a key of STAGES (expanded
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from hearth.envelope import json_schema
+from hearth.envelope import ChatReply, dumps, json_schema
 
 __all__ = [
     "ANALYSTS", "ANALYST_LENSES", "PERSONAS", "WORLD_VIEWS", "STAGES", "PROMPT_KINDS", "Persona",
@@ -379,6 +380,22 @@ def _spec_field(spec: Mapping[str, Any], name: str, kind: type = str, required: 
     if not isinstance(value, kind):
         raise TypeError(f"spec[{name!r}] must be {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def history_turn(envelope) -> str:
+    """An earlier assistant reply as production sends it back in the conversation.
+
+    The app keeps a chat (or rehearsal) reply's message, mood and suggestions, and sends the earlier turns
+    back as their message text alone: the envelope's other fields were acted on when the reply arrived and
+    are not part of the conversation. So a chat reply's history turn is its ``message``; the corpus and the
+    eval build their history turns here so that they train and score on the conversation the app sends (a
+    fine-tune trained on full-envelope history would see a different prompt in production). Replies of the
+    other kinds never come back as history in the app; they keep the canonical envelope text
+    (hearth.envelope.dumps). TypeError if ``envelope`` is not an envelope model.
+    """
+    if isinstance(envelope, ChatReply):
+        return envelope.message
+    return dumps(envelope)
 
 
 def system_prompt_for(spec: Mapping[str, Any]) -> tuple[str, str]:

@@ -410,3 +410,13 @@ def test_report_keeps_a_reply_with_a_lone_surrogate(tmp_path):
     doc = json.loads(report.read_text(encoding="utf-8"))
     assert doc["overall"]["total"] == 15 and all(c["content"] == broken for c in doc["cases"])
     assert not any(c["passed"] for c in doc["cases"])
+
+
+def test_a_history_reply_is_sent_as_the_app_sends_it_not_as_its_envelope():
+    """The app sends earlier replies back as their message text; a case with history must too, or the eval scores a
+    conversation production never sends (and an easier one: the model sees its own envelope format repeated)."""
+    from hearth.evals.suites import load_suite
+
+    case = next(c for c in load_suite("companion") if c.history)
+    assistant = [t["content"] for t in case.history if t["role"] == "assistant"]
+    assert assistant == ["Long days leave a mark. Which part of it is still sitting with you?"]

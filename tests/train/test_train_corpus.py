@@ -81,8 +81,11 @@ def test_multi_turn_gives_one_example_per_assistant_turn_with_history_unthought(
     assert second.rendered.text.startswith(first.rendered.text[: first.rendered.spans[0][0]])
     # history reply: no think block (Qwen3's template drops it); only the trained turn has one
     assert second.rendered.text.count("<think>") == 1
-    history_reply = first.rendered.text[first.rendered.spans[0][0] + len(EMPTY_THINK):first.rendered.spans[0][1]]
-    assert f"<|im_start|>assistant\n{history_reply}\n" in second.rendered.text
+    first_body = first.rendered.text[first.rendered.spans[0][0] + len(EMPTY_THINK):first.rendered.spans[0][1] - len("<|im_end|>")]
+    # the earlier reply comes back as the app sends it: its message text alone, not the envelope it was trained as
+    message = parse_envelope(first_body, first.kind).message
+    assert f"<|im_start|>assistant\n{message}<|im_end|>\n" in second.rendered.text
+    assert first_body not in second.rendered.text
 
 
 # ------------------------------------------------------------------------------ template cross-check

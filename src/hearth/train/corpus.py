@@ -29,7 +29,7 @@ from typing import Any, Iterable
 from pydantic import ValidationError
 
 from hearth.envelope import MODELS, EnvelopeError, dumps
-from hearth.prompts import system_prompt_for
+from hearth.prompts import history_turn, system_prompt_for
 from hearth.train.chat_format import IM_START, Rendered, render
 
 IGNORE_INDEX = -100
@@ -78,7 +78,9 @@ def system_prompt(conv: dict) -> tuple[str, str]:
         raise CorpusError(str(exc)) from None
 
 
-def _target(turn: dict, kind: str, index: int, conv: dict) -> str:
+def _target(turn: dict, kind: str, index: int, conv: dict) -> tuple[str, str]:
+    """(the trained text: the canonical envelope, the same reply as a later example's history turn: what the app
+    sends back, hearth.prompts.history_turn)."""
     envelope = turn.get("envelope")
     if not isinstance(envelope, dict):
         raise CorpusError(f"turns[{index}]: an assistant turn needs an 'envelope' object")
@@ -93,7 +95,7 @@ def _target(turn: dict, kind: str, index: int, conv: dict) -> str:
         raise CorpusError(f"turns[{index}].envelope.analyst: {model.analyst!r} but the prompt is for "
                           f"{conv.get('analyst')!r}")
     try:
-        return dumps(model)
+        return dumps(model), history_turn(model)
     except EnvelopeError as exc:  # pragma: no cover - model_validate above already passed
         raise CorpusError(f"turns[{index}].envelope.{exc.field}: {exc.reason}") from None
 
@@ -120,11 +122,13 @@ def conversation_examples(conv: Any, *, line: int = 0) -> list[Example]:
                 raise CorpusError(f"turns[{i}].content must be a non-empty string")
             messages.append({"role": "user", "content": content})
             continue
-        messages.append({"role": "assistant", "content": _target(turn, kind, i, conv)})
+        target, as_history = _target(turn, kind, i, conv)
         try:
-            rendered = render(system, messages)
+            rendered = render(system, messages + [{"role": "assistant", "content": target}])
         except (TypeError, ValueError) as exc:
             raise CorpusError(str(exc)) from None
+        # later examples see this reply as the app sends it back: its message text, not the envelope
+        messages.append({"role": "assistant", "content": as_history})
         examples.append(Example(id=f"{conv_id}#{i}", line=line, kind=kind, rendered=rendered))
     if turns[-1].get("role") != "assistant":
         raise CorpusError("the last turn must be an assistant turn (a trailing user turn has no target)")

@@ -19,8 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hearth.envelope import MODELS, dumps
-from hearth.prompts import system_prompt_for
+from hearth.envelope import MODELS
+from hearth.prompts import history_turn, system_prompt_for
 
 HERE = Path(__file__).parent
 SUITES: dict[str, str] = {"companion": "companion.jsonl", "feed": "feed.jsonl", "analysts": "analysts.jsonl"}
@@ -62,7 +62,7 @@ def _case(suite: str, raw: dict, where: str) -> Case:
     history = []
     for i, turn in enumerate(raw.get("history", [])):
         if turn.get("role") == "assistant":
-            content = dumps(MODELS[kind].model_validate(turn["envelope"]))
+            content = history_turn(MODELS[kind].model_validate(turn["envelope"]))  # as the app sends it
         else:
             content = turn["content"]
         history.append({"role": turn["role"], "content": content})
