@@ -192,6 +192,13 @@ def test_connection_refused_is_a_failure_not_a_crash():
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--threshold", "1.5"], "--threshold"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", "{x"], "--extra-body"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", "[1]"], "--extra-body"),
+        # was: the eval's own messages (or model, or streaming) silently replaced while the report named the flags
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body",
+          '{"messages": [{"role": "user", "content": "hi"}]}'], "--extra-body"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", '{"model": "x"}'],
+         "--extra-body"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", '{"stream": true}'],
+         "--extra-body"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--api-key-env", "HEARTH_UNSET_VAR_X"],
          "HEARTH_UNSET_VAR_X"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--concurrency", "0"], "concurrency"),
@@ -420,3 +427,27 @@ def test_a_history_reply_is_sent_as_the_app_sends_it_not_as_its_envelope():
     case = next(c for c in load_suite("companion") if c.history)
     assistant = [t["content"] for t in case.history if t["role"] == "assistant"]
     assert assistant == ["Long days leave a mark. Which part of it is still sitting with you?"]
+
+
+def test_report_has_no_credentials_from_the_base_url_and_no_temporary_left(tmp_path):
+    """Was: user:password@ in --base-url went into the report as is (a report is meant to be shared), and the
+    report went through a fixed '<name>.tmp' that two runs writing one report would share."""
+    with FakeOpenAI(lambda body: Behavior.status(400, body={"error": {"message": "no"}})) as server:
+        url = server.base_url.replace("http://", "http://alice:s3cret@", 1)
+        report = tmp_path / "r.json"
+        main(suite="feed", base_url=url, model="m", timeout_s=5, report=report)
+    text = report.read_text()
+    assert "s3cret" not in text and "alice" not in text
+    assert json.loads(text)["base_url"] == server.base_url
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_extra_body_still_reaches_the_request():
+    """The refusal covers only the eval's own keys; the rest (e.g. a chat template switch) is sent as given."""
+    from hearth.evals.runner import request_body
+
+    case = load_suite("feed")[0]
+    extra = {"chat_template_kwargs": {"enable_thinking": False}, "top_p": 0.9}
+    body = request_body(case, model="m", json_schema=False, max_tokens=64, extra_body=extra)
+    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["top_p"] == 0.9
+    assert body["messages"] == case.messages() and body["model"] == "m"

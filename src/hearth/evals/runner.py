@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,10 +33,22 @@ from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
 
 
+# request keys --extra-body may not override: the messages are what the eval measures, and model / stream are
+# options of their own that the report records
+_OWNED_KEYS = frozenset({"model", "messages", "stream", "stream_options"})
+
+
+def _redacted(base_url: str) -> str:
+    """base_url for the report, without any user:password@ in it (a report is shared; a credential is not)."""
+    url = httpx.URL(base_url)
+    return str(url.copy_with(userinfo=b"")) if url.userinfo else base_url
+
+
 def request_body(case: Case, *, model: str, json_schema: bool, max_tokens: int | None,
                  extra_body: dict | None, temperature: float | None = None, seed: int | None = None,
                  stream: bool = False) -> dict:
-    """The chat-completions body for one case; extra_body is merged last (it may override anything)."""
+    """The chat-completions body for one case; extra_body is merged last (it may override anything but the keys
+    main() refuses in it: model, messages, stream, stream_options)."""
     body: dict[str, Any] = {"model": model, "messages": case.messages(), "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -243,15 +256,19 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             return bad(f"--extra-body is not JSON: {exc.msg}")
         if not isinstance(extra, dict):
             return bad("--extra-body must be a JSON object")
+        owned = sorted(set(extra) & _OWNED_KEYS)
+        if owned:  # the eval's subject (the production messages) and what its own options set
+            return bad(f"--extra-body must not set {', '.join(owned)}: the eval sends the production messages and "
+                       "sets model and streaming from its own options")
     if report is not None:  # found out now, not after the run: a report that cannot be written loses the run
         report = Path(report)
         try:
             if report.is_dir():
                 raise IsADirectoryError(f"{report} is a directory")
             report.parent.mkdir(parents=True, exist_ok=True)
-            probe = report.with_name(report.name + ".tmp")
-            probe.write_bytes(b"")
-            probe.unlink()
+            fd, probe = tempfile.mkstemp(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
         except OSError as exc:
             return bad(f"--report: cannot write {str(report)!r} ({exc})")
     cases = [c for n in names for c in load_suite(n)]
@@ -271,7 +288,7 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
     ok = summary["overall"]["fraction"] >= threshold
     if report is not None:
         doc = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "base_url": base_url, "model": model,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "base_url": _redacted(base_url), "model": model,
             "suite": suite, "json_schema": json_schema, "extra_body": extra, "max_tokens": max_tokens,
             "threshold": threshold, "samples": samples, "temperature": temperature, "seed": seed, "stream": stream,
             "ok": ok, "python": platform.python_version(), **summary,
@@ -279,10 +296,15 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         }
         report = Path(report)
         report.parent.mkdir(parents=True, exist_ok=True)
-        tmp = report.with_name(report.name + ".tmp")
+        # a temporary of this run's own (two runs writing one report must not share one), then one rename;
         # backslashreplace: a lone surrogate (a reply cut inside an emoji) is written as its JSON escape
-        tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8",
-                       errors="backslashreplace")
-        tmp.replace(report)
+        fd, name = tempfile.mkstemp(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+                f.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+            os.replace(name, report)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
         console.print(f"report: {escape(str(report))}")
     return 0 if ok else 1
