@@ -142,3 +142,16 @@ def test_history_turn_of_other_kinds_is_the_canonical_envelope():
     assert prompts.history_turn(feed) == dumps(feed)
     with pytest.raises(TypeError):
         prompts.history_turn({"message": "a dict is not an envelope"})
+
+
+@pytest.mark.parametrize("kind", ["chat", "feed_comment", "analyst"])
+def test_instruction_states_every_non_empty_rule_of_the_schema(kind):
+    """Was: list items are non-empty in the schema (an empty memory or suggestion fails validation) but the prompt
+    said only 'each at most N characters', so a model following the prompt to the letter could send [""]."""
+    text = prompts.envelope_instruction(kind, analyst="mentor" if kind == "analyst" else None)
+    for name, prop in json_schema(kind)["properties"].items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f'- "{name}":'))
+        if prop.get("type") == "array" and prop["items"].get("minLength", 0) >= 1:
+            assert "each non-empty" in line, line
+        elif prop.get("type") == "string" and "enum" not in prop:
+            assert ("non-empty" in line) == (prop.get("minLength", 0) >= 1), line

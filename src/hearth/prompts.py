@@ -233,9 +233,11 @@ def _describe(prop: dict) -> str:
     elif prop.get("type") == "integer":
         kind = f"integer from {prop['minimum']} to {prop['maximum']}"
     elif prop.get("type") == "array":
-        kind = f"array of at most {prop['maxItems']} strings (each at most {prop['items']['maxLength']} characters)"
+        items = prop["items"]
+        each = "non-empty, " if items.get("minLength", 0) >= 1 else ""
+        kind = f"array of at most {prop['maxItems']} strings (each {each}at most {items['maxLength']} characters)"
     else:
-        kind = f"non-empty string, at most {prop['maxLength']} characters"
+        kind = f"{'non-empty ' if prop.get('minLength', 0) >= 1 else ''}string, at most {prop['maxLength']} characters"
     return f"{kind}: {prop['description']}"
 
 
