@@ -239,6 +239,22 @@ def test_verdict_win_and_wrong_peer_not_ranked():
     assert v["verdict"] == "win" and v["peer"] == "compile" and v["ratio"] == pytest.approx(2.0)
 
 
+def test_failed_or_skipped_fused_peer_is_named_not_silently_dropped():
+    """A fused peer that errored, ran out of memory or was skipped is not ranked, but the verdict and the GEOMEAN
+    line say so: otherwise hearth's ratio against the slower peer left reads as a win over every peer."""
+    case = [_row("hearth", 0.2), _row("liger", 0.0, status="oom"), _row("compile", 0.3), _row("quack", 0.0, status="skipped")]
+    v = report.verdict(case)
+    assert v["verdict"] == "win" and v["peer"] == "compile"
+    assert v["text"] == "win 1.5x vs compile (not ranked: liger oom, quack skipped)"
+    assert v["unranked"] == ["liger oom", "quack skipped"]
+    fallback = report.verdict([_row("hearth", 1.0), _row("eager", 2.0), _row("liger", 0.0, status="error")])
+    assert fallback["text"] == "win 2x vs eager (no fused peer ran: liger error)"
+    clean = [{**r, "size_label": "t"} for r in (_row("hearth", 0.2), _row("compile", 0.1))]
+    line = report.geomean_lines(case + clean + [{**_row("hearth", 1.0), "size_label": "e"}, {**_row("eager", 2.0), "size_label": "e"}])[0]
+    assert "2 of 3 cases ranked, 1 without a fused peer, 1 ranked without a fused peer that was not ok " \
+           "(liger oom, quack skipped)" in line
+
+
 def test_verdict_eager_fallback_and_missing_hearth():
     v = report.verdict([_row("hearth", 1.0), _row("eager", 2.0), _row("liger", 0.0, status="refuses")])
     assert v["verdict"] == "win" and "no fused peer" in v["text"]

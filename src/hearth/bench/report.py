@@ -61,24 +61,28 @@ def verdict(case_rows: list[dict]) -> dict:
     """Compare hearth's time with the fastest correct fused peer (torch.compile, Liger, vendor).
 
     Returns {"verdict": win|loss|none, "ratio": peer_ms / hearth_ms or None, "peer": name or None,
-    "text": e.g. "loss 0.87x vs liger"}. ratio > 1 means hearth is faster. Wrong or failed rows are
-    never ranked. With no fused peer, eager is the comparison and the text says so."""
+    "text": e.g. "loss 0.87x vs liger", "unranked": ["compile error", ...]}. ratio > 1 means hearth is
+    faster. Wrong or failed rows are never ranked, and never silently: every fused peer whose row is not ok
+    is named in "unranked" and in the text (the ratio is then against the peers that did run). With no
+    fused peer, eager is the comparison and the text says so."""
     by = {r["provider"]: r for r in case_rows}
     h = by.get("hearth")
+    unranked = [f"{r['provider']} {r['status']}" for r in case_rows if r["provider"] in FUSED_PEERS and r["status"] != "ok"]
     if h is None or h["status"] != "ok":
         status = h["status"] if h else "not run"
-        return {"verdict": "none", "ratio": None, "peer": None, "text": f"hearth {status}"}
+        return {"verdict": "none", "ratio": None, "peer": None, "text": f"hearth {status}", "unranked": unranked}
     peers = [r for r in case_rows if r["provider"] in FUSED_PEERS and r["status"] == "ok"]
-    suffix = ""
+    suffix = f" (not ranked: {', '.join(unranked)})" if unranked else ""
     if not peers:
         peers = [r for r in case_rows if r["provider"] == "eager" and r["status"] == "ok"]
-        suffix = " (no fused peer ran)"
+        suffix = " (no fused peer ran" + (f": {', '.join(unranked)})" if unranked else ")")
     if not peers:
-        return {"verdict": "none", "ratio": None, "peer": None, "text": "no peer ran"}
+        return {"verdict": "none", "ratio": None, "peer": None, "text": "no peer ran", "unranked": unranked}
     best = min(peers, key=lambda r: r["ms"])
     ratio = best["ms"] / h["ms"]
     word = "win" if ratio >= 1.0 else "loss"
-    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "text": f"{word} {ratio:.3g}x vs {best['provider']}{suffix}"}
+    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "unranked": unranked,
+            "text": f"{word} {ratio:.3g}x vs {best['provider']}{suffix}"}
 
 
 def group_cases(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -225,11 +229,13 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     mean and worst case; memory = hearth's extra MiB against that same peer's (count of cases
     where hearth holds no more, and the case where it holds the most over the peer); wall =
     the fused peers' best wall ms per call / hearth's (host overhead, back to back).
-    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked."""
+    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked; ranked cases where
+    a fused peer's row was not ok (wrong, error, oom, skipped...: ranked against the others) are counted too."""
     out: dict[str, dict] = {}
     for key, cr in sorted(group_cases(rows).items()):
         op = key[0]
-        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0})
+        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0,
+                                  "peer_not_ok": 0, "unranked": []})
         g["cases"] += 1
         by = {r["provider"]: r for r in cr}
         h = by.get("hearth")
@@ -241,6 +247,9 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
             g["no_peer"] += 1
             continue
         g["ratios"].append((v["ratio"], key, v["peer"]))
+        if v["unranked"]:
+            g["peer_not_ok"] += 1
+            g["unranked"] += [u for u in v["unranked"] if u not in g["unranked"]]
         if h.get("metric") == "GB/s" and h.get("sol_pct") is not None and (h.get("work") or 0) >= LARGE_BYTES:
             g["sol"].append((h["sol_pct"], key))
         peer = by[v["peer"]]
@@ -292,6 +301,10 @@ def geomean_lines(rows: list[dict]) -> list[str]:
         line += f" | {len(g['ratios'])} of {g['cases']} cases ranked"
         if g["hearth_failed"]:
             line += f", {g['hearth_failed']} hearth not ok"
+        if g["no_peer"]:
+            line += f", {g['no_peer']} without a fused peer"
+        if g["peer_not_ok"]:
+            line += f", {g['peer_not_ok']} ranked without a fused peer that was not ok ({', '.join(g['unranked'])})"
         if g["mem"]:
             d, hm, pm, mkey, mpeer = g["mem_worst"]
             line += f" | mem <= peer in {g['mem_ok']}/{len(g['mem'])}"
