@@ -371,6 +371,17 @@ def test_spent_budget_records_skipped_rows(tmp_path):
     assert "skipped" in (tmp_path / "softmax.md").read_text()
 
 
+def test_budget_skipped_rows_only_for_providers_that_apply(tmp_path):
+    """Cases the time budget skips get a row for each provider that would have run, not for a vendor library of
+    another op (providers.applies: those are left out of the tables, as run_case leaves them out)."""
+    code = runner.main(ops=["softmax"], check=True, modes=["fwd"], out=tmp_path, plots=False, total_budget_s=0.0)
+    assert code == 0
+    rows = report.read_rows(tmp_path / "results.jsonl")
+    assert rows and all(r["status"] == "skipped" for r in rows)
+    assert {r["provider"] for r in rows} == {p for p in P.PROVIDERS if P.applies("softmax", p)}
+    assert "cublas" not in (tmp_path / "softmax.md").read_text()
+
+
 # ----------------------------------------------------------------------------- the model-shape suite
 def _model_sizes(op):
     return [s for _, s, _ in cases.SPECS[op].models]

@@ -405,7 +405,9 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
                 if poisoned or spent > share:
                     reason = poisoned or f"time budget spent: {spent:.0f} s of this op's {share:.0f} s share (--budget-s / --total-budget-s)"
                     base = _base_row(spec, size, dtype_name, mode, limits, env, headline)
-                    case_rows = [{**base, "provider": p, "status": "skipped", "reason": reason} for p in provider_names]
+                    # the providers run_case would have run: one that can never apply to this op gets no row
+                    case_rows = [{**base, "provider": p, "status": "skipped", "reason": reason} for p in provider_names
+                                 if registry is not None or applies(name, p)]
                 else:
                     case_rows = run_case(spec, size, dtype_name, mode, provider_names, device, limits, env, headline, check, registry)
                     progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)
