@@ -255,6 +255,25 @@ def test_failed_or_skipped_fused_peer_is_named_not_silently_dropped():
            "(liger oom, quack skipped)" in line
 
 
+def test_peer_row_merged_from_another_gpu_is_not_ranked(tmp_path):
+    """--merge joins folders by (op, case, dtype, mode, provider): a case can end up with hearth timed on one GPU
+    and a peer on another (or on other torch / triton versions). Such a ratio says nothing about the kernels; the
+    peer from the other setup is not ranked, and the verdict says so."""
+    h200, h100 = {"gpu": "NVIDIA H200", "torch": "2.11"}, {"gpu": "NVIDIA H100", "torch": "2.11"}
+    case = [{**_row("hearth", 0.2), "env": h200, "wall_ms": 0.3}, {**_row("liger", 0.1), "env": h100, "wall_ms": 0.1},
+            {**_row("compile", 0.3), "env": h200, "wall_ms": 0.4}]
+    v = report.verdict(case)
+    assert (v["peer"], v["verdict"]) == ("compile", "win") and v["ratio"] == pytest.approx(1.5)
+    assert "not ranked: liger on another setup" in v["text"]
+    g = report.op_geomeans(case)["softmax"]
+    assert [r for r, _, _ in g["ratios"]] == [pytest.approx(1.5)] and [w for w, _, _ in g["walls"]] == [pytest.approx(0.4 / 0.3)]
+    # the merge itself: hearth rerun on the H200 alone, liger's row left from an H100 folder
+    for folder, rows in (("h100", case[1:2]), ("h200", [case[0], case[2]])):
+        report.write_rows(tmp_path / folder / "results.jsonl", rows)
+    merged = report.merge_rows(*(report.read_rows(tmp_path / f / "results.jsonl") for f in ("h100", "h200")))
+    assert report.verdict(merged)["peer"] == "compile"
+
+
 def test_verdict_eager_fallback_and_missing_hearth():
     v = report.verdict([_row("hearth", 1.0), _row("eager", 2.0), _row("liger", 0.0, status="refuses")])
     assert v["verdict"] == "win" and "no fused peer" in v["text"]
