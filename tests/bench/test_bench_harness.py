@@ -251,7 +251,7 @@ def test_failed_or_skipped_fused_peer_is_named_not_silently_dropped():
     assert fallback["text"] == "win 2x vs eager (no fused peer ran: liger error)"
     clean = [{**r, "size_label": "t"} for r in (_row("hearth", 0.2), _row("compile", 0.1))]
     line = report.geomean_lines(case + clean + [{**_row("hearth", 1.0), "size_label": "e"}, {**_row("eager", 2.0), "size_label": "e"}])[0]
-    assert "2 of 3 cases ranked, 1 without a fused peer, 1 ranked without a fused peer that was not ok " \
+    assert "2 of 3 cases ranked, 1 without a fused peer, 1 ranked while a fused peer was not ok " \
            "(liger oom, quack skipped)" in line
 
 

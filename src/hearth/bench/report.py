@@ -323,7 +323,7 @@ def geomean_lines(rows: list[dict]) -> list[str]:
         if g["no_peer"]:
             line += f", {g['no_peer']} without a fused peer"
         if g["peer_not_ok"]:
-            line += f", {g['peer_not_ok']} ranked without a fused peer that was not ok ({', '.join(g['unranked'])})"
+            line += f", {g['peer_not_ok']} ranked while a fused peer was not ok ({', '.join(g['unranked'])})"
         if g["mem"]:
             d, hm, pm, mkey, mpeer = g["mem_worst"]
             line += f" | mem <= peer in {g['mem_ok']}/{len(g['mem'])}"
