@@ -76,6 +76,21 @@ def test_wrong_gradient_is_marked_wrong():
     assert "grad0" in rows["hearth"]["reason"]
 
 
+def test_provider_listing_fewer_leaves_than_the_reference_is_wrong():
+    """A binder whose leaves miss one of the spec's gradients (here rms_norm's weight) must not pass the check on the
+    gradients it did list: the unlisted one was never compared (here it is not even computed: weight detached)."""
+    spec = cases.SPECS["rms_norm"]
+
+    def x_only(op, inputs, spec, size, rg, check):
+        x, w = inputs["x"], inputs["weight"]
+        return P.Bound(lambda: torch.nn.functional.rms_norm(x, (x.shape[-1],), w.detach(), 1e-6), [x])
+
+    reg = {"hearth": x_only}
+    size = dict(M=4, N=32)
+    rows = runner.run_case(spec, size, "float32", "bwd", ["hearth"], torch.device("cpu"), {}, {"gpu": "test"}, False, True, reg)
+    assert rows[0]["status"] == "wrong" and "1 gradients, reference has 2" in rows[0]["reason"]
+
+
 def test_missing_gradient_is_wrong():
     def detached(op, inputs, spec, size, rg, check):
         x = inputs["x"]
