@@ -405,6 +405,15 @@ def test_spent_budget_records_skipped_rows(tmp_path):
     assert "skipped" in (tmp_path / "softmax.md").read_text()
 
 
+@pytest.mark.parametrize("kw", [{"budget_s": -5.0}, {"total_budget_s": float("nan")}, {"total_budget_s": -1.0}])
+def test_bad_time_budget_is_refused_naming_it(tmp_path, kw, capsys):
+    code = runner.main(ops=["softmax"], check=True, modes=["fwd"], out=tmp_path, registry=_registry(), plots=False,
+                       providers=["hearth", "eager"], **kw)
+    assert code == 2
+    assert f"{next(iter(kw))} must be a number >= 0" in capsys.readouterr().out
+    assert not (tmp_path / "results.jsonl").exists()
+
+
 def test_budget_skipped_rows_only_for_providers_that_apply(tmp_path):
     """Cases the time budget skips get a row for each provider that would have run, not for a vendor library of
     another op (providers.applies: those are left out of the tables, as run_case leaves them out)."""

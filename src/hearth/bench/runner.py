@@ -356,6 +356,10 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     from hearth.bench.timing import measure_limits
 
     try:
+        for name, value in (("total_budget_s", total_budget_s), ("budget_s", budget_s)):
+            # a negative budget would skip every case as 'time budget spent'; NaN would lift the limit silently
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0 (seconds), got {value!r}")
         op_names = _selected_ops(ops)
         dtype_names = _selected_dtypes(dtypes, check)
         provider_names = expand(providers)
