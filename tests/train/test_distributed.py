@@ -157,3 +157,24 @@ def test_ddp_resume_with_dropout_gives_each_rank_its_own_rng_back(files):
     got = json.loads((d / "drop-resumed" / "metrics.json").read_text())["loss"]
     assert len(want) == 3 and len(got) == 1
     assert got[0] == pytest.approx(want[2], rel=1e-5)
+
+
+def test_more_ranks_than_gpus_is_refused_naming_parallel(monkeypatch):
+    """torchrun --nproc-per-node 4 on a 2-GPU node: ranks 2 and 3 have no GPU of their own. Refused before any CUDA
+    call or rendezvous, naming parallel and the fix (not 'CUDA error: invalid device ordinal' from set_device)."""
+    import torch.distributed as dist
+
+    env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def not_reached(*a, **k):
+        raise AssertionError("must be refused before this")
+
+    monkeypatch.setattr(torch.cuda, "set_device", not_reached)
+    monkeypatch.setattr(dist, "init_process_group", not_reached)
+    with pytest.raises(ValueError, match=r"parallel: this rank has LOCAL_RANK 3 but 2 CUDA device\(s\) are visible.*"
+                                         r"--nproc-per-node 2"):
+        D.setup("ddp")

@@ -83,6 +83,10 @@ def setup(mode: str):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        if not 0 <= local < gpus:  # one GPU per rank: more ranks on a node than GPUs
+            raise ValueError(f"parallel: this rank has LOCAL_RANK {local} but {gpus} CUDA device(s) are visible; start at "
+                             f"most {gpus} process(es) per node (torchrun --nproc-per-node {gpus})")
         device, backend = torch.device("cuda", local), "nccl"
         torch.cuda.set_device(device)
     else:
