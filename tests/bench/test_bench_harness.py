@@ -76,6 +76,21 @@ def test_wrong_gradient_is_marked_wrong():
     assert "grad0" in rows["hearth"]["reason"]
 
 
+def test_provider_listing_fewer_leaves_than_the_reference_is_wrong():
+    """A binder whose leaves miss one of the spec's gradients (here rms_norm's weight) must not pass the check on the
+    gradients it did list: the unlisted one was never compared (here it is not even computed: weight detached)."""
+    spec = cases.SPECS["rms_norm"]
+
+    def x_only(op, inputs, spec, size, rg, check):
+        x, w = inputs["x"], inputs["weight"]
+        return P.Bound(lambda: torch.nn.functional.rms_norm(x, (x.shape[-1],), w.detach(), 1e-6), [x])
+
+    reg = {"hearth": x_only}
+    size = dict(M=4, N=32)
+    rows = runner.run_case(spec, size, "float32", "bwd", ["hearth"], torch.device("cpu"), {}, {"gpu": "test"}, False, True, reg)
+    assert rows[0]["status"] == "wrong" and "1 gradients, reference has 2" in rows[0]["reason"]
+
+
 def test_missing_gradient_is_wrong():
     def detached(op, inputs, spec, size, rg, check):
         x = inputs["x"]
@@ -239,6 +254,41 @@ def test_verdict_win_and_wrong_peer_not_ranked():
     assert v["verdict"] == "win" and v["peer"] == "compile" and v["ratio"] == pytest.approx(2.0)
 
 
+def test_failed_or_skipped_fused_peer_is_named_not_silently_dropped():
+    """A fused peer that errored, ran out of memory or was skipped is not ranked, but the verdict and the GEOMEAN
+    line say so: otherwise hearth's ratio against the slower peer left reads as a win over every peer."""
+    case = [_row("hearth", 0.2), _row("liger", 0.0, status="oom"), _row("compile", 0.3), _row("quack", 0.0, status="skipped")]
+    v = report.verdict(case)
+    assert v["verdict"] == "win" and v["peer"] == "compile"
+    assert v["text"] == "win 1.5x vs compile (not ranked: liger oom, quack skipped)"
+    assert v["unranked"] == ["liger oom", "quack skipped"]
+    fallback = report.verdict([_row("hearth", 1.0), _row("eager", 2.0), _row("liger", 0.0, status="error")])
+    assert fallback["text"] == "win 2x vs eager (no fused peer ran: liger error)"
+    clean = [{**r, "size_label": "t"} for r in (_row("hearth", 0.2), _row("compile", 0.1))]
+    line = report.geomean_lines(case + clean + [{**_row("hearth", 1.0), "size_label": "e"}, {**_row("eager", 2.0), "size_label": "e"}])[0]
+    assert "2 of 3 cases ranked, 1 without a fused peer, 1 ranked while a fused peer was not ok " \
+           "(liger oom, quack skipped)" in line
+
+
+def test_peer_row_merged_from_another_gpu_is_not_ranked(tmp_path):
+    """--merge joins folders by (op, case, dtype, mode, provider): a case can end up with hearth timed on one GPU
+    and a peer on another (or on other torch / triton versions). Such a ratio says nothing about the kernels; the
+    peer from the other setup is not ranked, and the verdict says so."""
+    h200, h100 = {"gpu": "NVIDIA H200", "torch": "2.11"}, {"gpu": "NVIDIA H100", "torch": "2.11"}
+    case = [{**_row("hearth", 0.2), "env": h200, "wall_ms": 0.3}, {**_row("liger", 0.1), "env": h100, "wall_ms": 0.1},
+            {**_row("compile", 0.3), "env": h200, "wall_ms": 0.4}]
+    v = report.verdict(case)
+    assert (v["peer"], v["verdict"]) == ("compile", "win") and v["ratio"] == pytest.approx(1.5)
+    assert "not ranked: liger on another setup" in v["text"]
+    g = report.op_geomeans(case)["softmax"]
+    assert [r for r, _, _ in g["ratios"]] == [pytest.approx(1.5)] and [w for w, _, _ in g["walls"]] == [pytest.approx(0.4 / 0.3)]
+    # the merge itself: hearth rerun on the H200 alone, liger's row left from an H100 folder
+    for folder, rows in (("h100", case[1:2]), ("h200", [case[0], case[2]])):
+        report.write_rows(tmp_path / folder / "results.jsonl", rows)
+    merged = report.merge_rows(*(report.read_rows(tmp_path / f / "results.jsonl") for f in ("h100", "h200")))
+    assert report.verdict(merged)["peer"] == "compile"
+
+
 def test_verdict_eager_fallback_and_missing_hearth():
     v = report.verdict([_row("hearth", 1.0), _row("eager", 2.0), _row("liger", 0.0, status="refuses")])
     assert v["verdict"] == "win" and "no fused peer" in v["text"]
@@ -353,6 +403,26 @@ def test_spent_budget_records_skipped_rows(tmp_path):
     rows = report.read_rows(tmp_path / "results.jsonl")
     assert rows and all(r["status"] == "skipped" and "time budget" in r["reason"] for r in rows)
     assert "skipped" in (tmp_path / "softmax.md").read_text()
+
+
+@pytest.mark.parametrize("kw", [{"budget_s": -5.0}, {"total_budget_s": float("nan")}, {"total_budget_s": -1.0}])
+def test_bad_time_budget_is_refused_naming_it(tmp_path, kw, capsys):
+    code = runner.main(ops=["softmax"], check=True, modes=["fwd"], out=tmp_path, registry=_registry(), plots=False,
+                       providers=["hearth", "eager"], **kw)
+    assert code == 2
+    assert f"{next(iter(kw))} must be a number >= 0" in capsys.readouterr().out
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_budget_skipped_rows_only_for_providers_that_apply(tmp_path):
+    """Cases the time budget skips get a row for each provider that would have run, not for a vendor library of
+    another op (providers.applies: those are left out of the tables, as run_case leaves them out)."""
+    code = runner.main(ops=["softmax"], check=True, modes=["fwd"], out=tmp_path, plots=False, total_budget_s=0.0)
+    assert code == 0
+    rows = report.read_rows(tmp_path / "results.jsonl")
+    assert rows and all(r["status"] == "skipped" for r in rows)
+    assert {r["provider"] for r in rows} == {p for p in P.PROVIDERS if P.applies("softmax", p)}
+    assert "cublas" not in (tmp_path / "softmax.md").read_text()
 
 
 # ----------------------------------------------------------------------------- the model-shape suite

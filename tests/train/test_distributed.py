@@ -139,3 +139,42 @@ def test_launch_mismatches_are_refused_naming_parallel(monkeypatch, files):
     with pytest.raises(ValueError, match="parallel must be one of none, ddp, fsdp"):
         cfg.check()
     assert not (d / "x").exists()
+
+
+def test_ddp_resume_with_dropout_gives_each_rank_its_own_rng_back(files):
+    """With LoRA dropout every rank draws its own masks, and the ranks' RNG streams part (their micro-batches
+    differ in size). A 2-rank resume must hand each rank the RNG state IT saved: with rank 0's state on every
+    rank, rank 1's step-3 masks (and so the step-3 loss) differ from the uninterrupted run's."""
+    d, _, _, run_toml = files
+    extra = ("--dropout", "0.3", "--max-steps", "3", "--save-every", "2", "--eval-fraction", "0", "--eval-every", "0")
+    whole = torchrun(run_toml, d / "drop-whole", "ddp", *extra)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    ckpt = d / "drop-whole" / "checkpoints" / "step-000002"
+    assert {"rng-rank-0.pt", "rng-rank-1.pt"} <= {p.name for p in ckpt.iterdir()}
+    resumed = torchrun(run_toml, d / "drop-resumed", "ddp", *extra, "--resume", str(ckpt))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    want = json.loads((d / "drop-whole" / "metrics.json").read_text())["loss"]
+    got = json.loads((d / "drop-resumed" / "metrics.json").read_text())["loss"]
+    assert len(want) == 3 and len(got) == 1
+    assert got[0] == pytest.approx(want[2], rel=1e-5)
+
+
+def test_more_ranks_than_gpus_is_refused_naming_parallel(monkeypatch):
+    """torchrun --nproc-per-node 4 on a 2-GPU node: ranks 2 and 3 have no GPU of their own. Refused before any CUDA
+    call or rendezvous, naming parallel and the fix (not 'CUDA error: invalid device ordinal' from set_device)."""
+    import torch.distributed as dist
+
+    env = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def not_reached(*a, **k):
+        raise AssertionError("must be refused before this")
+
+    monkeypatch.setattr(torch.cuda, "set_device", not_reached)
+    monkeypatch.setattr(dist, "init_process_group", not_reached)
+    with pytest.raises(ValueError, match=r"parallel: this rank has LOCAL_RANK 3 but 2 CUDA device\(s\) are visible.*"
+                                         r"--nproc-per-node 2"):
+        D.setup("ddp")

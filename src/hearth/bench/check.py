@@ -42,6 +42,8 @@ def compare(outputs, grads, ref_outputs, ref_grads, dtype_name: str) -> tuple[bo
     outs, refs = as_tuple(outputs), as_tuple(ref_outputs)
     if len(outs) != len(refs):
         return False, math.inf, f"{len(outs)} outputs, reference has {len(refs)}"
+    if len(grads) != len(ref_grads):  # zip would skip the reference's extra gradients: never checked, yet ranked
+        return False, math.inf, f"{len(grads)} gradients, reference has {len(ref_grads)}"
     pairs = [(f"output{i}", o, r) for i, (o, r) in enumerate(zip(outs, refs))]
     for i, (g, r) in enumerate(zip(grads, ref_grads)):
         if r is None:

@@ -57,28 +57,50 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------- verdicts
+# what a row's time depends on besides the code: rows merged from other runs (--merge, a rerun of some
+# providers) are compared with hearth only when measured on the same GPU and software
+SETUP_KEYS = ("gpu", "driver", "torch", "triton")
+
+
+def _setup(r: dict) -> tuple:
+    env = r.get("env") or {}
+    return tuple(env.get(k) for k in SETUP_KEYS)
+
+
+def _rankable(r: dict, h: dict) -> bool:
+    """An ok fused-peer row measured on hearth's setup."""
+    return r["provider"] in FUSED_PEERS and r["status"] == "ok" and _setup(r) == _setup(h)
+
+
 def verdict(case_rows: list[dict]) -> dict:
     """Compare hearth's time with the fastest correct fused peer (torch.compile, Liger, vendor).
 
     Returns {"verdict": win|loss|none, "ratio": peer_ms / hearth_ms or None, "peer": name or None,
-    "text": e.g. "loss 0.87x vs liger"}. ratio > 1 means hearth is faster. Wrong or failed rows are
-    never ranked. With no fused peer, eager is the comparison and the text says so."""
+    "text": e.g. "loss 0.87x vs liger", "unranked": ["compile error", ...]}. ratio > 1 means hearth is
+    faster. Wrong or failed rows are never ranked, and never silently: every fused peer whose row is not ok
+    is named in "unranked" and in the text (the ratio is then against the peers that did run), and so is
+    a peer row measured on another GPU or software setup than hearth's (SETUP_KEYS: merged from another
+    run). With no fused peer, eager is the comparison and the text says so."""
     by = {r["provider"]: r for r in case_rows}
     h = by.get("hearth")
+    unranked = [f"{r['provider']} {r['status']}" for r in case_rows if r["provider"] in FUSED_PEERS and r["status"] != "ok"]
     if h is None or h["status"] != "ok":
         status = h["status"] if h else "not run"
-        return {"verdict": "none", "ratio": None, "peer": None, "text": f"hearth {status}"}
-    peers = [r for r in case_rows if r["provider"] in FUSED_PEERS and r["status"] == "ok"]
-    suffix = ""
+        return {"verdict": "none", "ratio": None, "peer": None, "text": f"hearth {status}", "unranked": unranked}
+    unranked += [f"{r['provider']} on another setup" for r in case_rows
+                 if r["provider"] in FUSED_PEERS and r["status"] == "ok" and not _rankable(r, h)]
+    peers = [r for r in case_rows if _rankable(r, h)]
+    suffix = f" (not ranked: {', '.join(unranked)})" if unranked else ""
     if not peers:
-        peers = [r for r in case_rows if r["provider"] == "eager" and r["status"] == "ok"]
-        suffix = " (no fused peer ran)"
+        peers = [r for r in case_rows if r["provider"] == "eager" and r["status"] == "ok" and _setup(r) == _setup(h)]
+        suffix = " (no fused peer ran" + (f": {', '.join(unranked)})" if unranked else ")")
     if not peers:
-        return {"verdict": "none", "ratio": None, "peer": None, "text": "no peer ran"}
+        return {"verdict": "none", "ratio": None, "peer": None, "text": "no peer ran", "unranked": unranked}
     best = min(peers, key=lambda r: r["ms"])
     ratio = best["ms"] / h["ms"]
     word = "win" if ratio >= 1.0 else "loss"
-    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "text": f"{word} {ratio:.3g}x vs {best['provider']}{suffix}"}
+    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "unranked": unranked,
+            "text": f"{word} {ratio:.3g}x vs {best['provider']}{suffix}"}
 
 
 def group_cases(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -172,7 +194,8 @@ def summary_markdown(rows: list[dict]) -> str:
     lines += ["", "Timing: CUDA events, median ms [p20-p80], warm-up excluded, L2 flushed between calls. Memory: extra = peak "
               "allocated during one call minus allocated before it (inputs and earlier .grad excluded; grads reset to None); "
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
-              "(torch.compile, Liger, quack, vendor); ratio = peer ms / hearth ms. wall = ms per call back to back "
+              "(torch.compile, Liger, quack, vendor) measured on the same GPU and software; ratio = peer ms / hearth ms; a peer "
+              "not ranked (not ok, or merged from another setup) is named beside the verdict. wall = ms per call back to back "
               "(no device sleep, no L2 flush): the host overhead a training loop sees.", ""]
     groups = group_cases(rows)
     head = {k: v for k, v in groups.items() if any(r.get("headline") for r in v)}
@@ -225,11 +248,13 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     mean and worst case; memory = hearth's extra MiB against that same peer's (count of cases
     where hearth holds no more, and the case where it holds the most over the peer); wall =
     the fused peers' best wall ms per call / hearth's (host overhead, back to back).
-    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked."""
+    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked; ranked cases where
+    a fused peer's row was not ok (wrong, error, oom, skipped...: ranked against the others) are counted too."""
     out: dict[str, dict] = {}
     for key, cr in sorted(group_cases(rows).items()):
         op = key[0]
-        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0})
+        g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0,
+                                  "peer_not_ok": 0, "unranked": []})
         g["cases"] += 1
         by = {r["provider"]: r for r in cr}
         h = by.get("hearth")
@@ -241,12 +266,15 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
             g["no_peer"] += 1
             continue
         g["ratios"].append((v["ratio"], key, v["peer"]))
+        if v["unranked"]:
+            g["peer_not_ok"] += 1
+            g["unranked"] += [u for u in v["unranked"] if u not in g["unranked"]]
         if h.get("metric") == "GB/s" and h.get("sol_pct") is not None and (h.get("work") or 0) >= LARGE_BYTES:
             g["sol"].append((h["sol_pct"], key))
         peer = by[v["peer"]]
         if h.get("extra_mib") is not None and peer.get("extra_mib") is not None:
             g["mem"].append((h["extra_mib"] - peer["extra_mib"], h["extra_mib"], peer["extra_mib"], key, v["peer"]))
-        walls = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        walls = [r for r in cr if _rankable(r, h) and r.get("wall_ms")]
         if h.get("wall_ms") and walls:
             best = min(walls, key=lambda r: r["wall_ms"])
             g["walls"].append((best["wall_ms"] / h["wall_ms"], key, best["provider"]))
@@ -292,6 +320,10 @@ def geomean_lines(rows: list[dict]) -> list[str]:
         line += f" | {len(g['ratios'])} of {g['cases']} cases ranked"
         if g["hearth_failed"]:
             line += f", {g['hearth_failed']} hearth not ok"
+        if g["no_peer"]:
+            line += f", {g['no_peer']} without a fused peer"
+        if g["peer_not_ok"]:
+            line += f", {g['peer_not_ok']} ranked while a fused peer was not ok ({', '.join(g['unranked'])})"
         if g["mem"]:
             d, hm, pm, mkey, mpeer = g["mem_worst"]
             line += f" | mem <= peer in {g['mem_ok']}/{len(g['mem'])}"
@@ -330,7 +362,7 @@ def cases_markdown(rows: list[dict]) -> list[str]:
             continue
         v = verdict(cr)
         peer = by.get(v["peer"]) if v["peer"] in FUSED_PEERS else None
-        walls = [r for r in cr if r["provider"] in FUSED_PEERS and r["status"] == "ok" and r.get("wall_ms")]
+        walls = [r for r in cr if _rankable(r, h) and r.get("wall_ms")]
         best = min(walls, key=lambda r: r["wall_ms"]) if walls else None
         cells = [
             f"{_num(h['ms'])} ms",

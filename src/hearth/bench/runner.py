@@ -356,6 +356,10 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     from hearth.bench.timing import measure_limits
 
     try:
+        for name, value in (("total_budget_s", total_budget_s), ("budget_s", budget_s)):
+            # a negative budget would skip every case as 'time budget spent'; NaN would lift the limit silently
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0 (seconds), got {value!r}")
         op_names = _selected_ops(ops)
         dtype_names = _selected_dtypes(dtypes, check)
         provider_names = expand(providers)
@@ -405,7 +409,9 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
                 if poisoned or spent > share:
                     reason = poisoned or f"time budget spent: {spent:.0f} s of this op's {share:.0f} s share (--budget-s / --total-budget-s)"
                     base = _base_row(spec, size, dtype_name, mode, limits, env, headline)
-                    case_rows = [{**base, "provider": p, "status": "skipped", "reason": reason} for p in provider_names]
+                    # the providers run_case would have run: one that can never apply to this op gets no row
+                    case_rows = [{**base, "provider": p, "status": "skipped", "reason": reason} for p in provider_names
+                                 if registry is not None or applies(name, p)]
                 else:
                     case_rows = run_case(spec, size, dtype_name, mode, provider_names, device, limits, env, headline, check, registry)
                     progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)

@@ -24,7 +24,8 @@ Checkpoints: the adapter is gathered (FSDP: DTensor.full_tensor) and written by 
 checkpoint resumes on any rank count and mode. The optimizer state: DDP and one process keep the same full
 AdamW state (rank 0 writes optimizer.pt, any world size reads it); FSDP keeps each rank's shard
 (optimizer-rank-R.pt), read back only at the same world size under fsdp -- otherwise the resume restarts AdamW's
-moments (said on the console and in metrics.json).
+moments (said on the console and in metrics.json). Every rank saves its RNG state (rng-rank-R.pt, the dropout
+masks); a resume at the same world size gives each rank its own back, at another size rank 0's (rng.pt).
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def setup(mode: str):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        if not 0 <= local < gpus:  # one GPU per rank: more ranks on a node than GPUs
+            raise ValueError(f"parallel: this rank has LOCAL_RANK {local} but {gpus} CUDA device(s) are visible; start at "
+                             f"most {gpus} process(es) per node (torchrun --nproc-per-node {gpus})")
         device, backend = torch.device("cuda", local), "nccl"
         torch.cuda.set_device(device)
     else:

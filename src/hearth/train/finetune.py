@@ -641,10 +641,12 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
         torch.save(optimizer.state_dict(), tmp / f"optimizer-rank-{d.rank}.pt")
     elif d.main:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    if d.active:  # each rank's own stream (dropout): the ranks' micro-batches differ, so their states part
+        torch.save(rng, tmp / f"rng-rank-{d.rank}.pt")
     if d.main:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save({"cpu": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
+        torch.save(rng, tmp / "rng.pt")
     D.barrier(d)
     if d.main:
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
@@ -711,7 +713,9 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
     # would keep the lr set at construction (step 0's). Set the lr the schedule has reached (restored: the same)
     for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
         group["lr"] = lr
-    rng = torch.load(path / "rng.pt", weights_only=True)
+    # each rank takes back the stream it saved when the rank count is the same; else (and in one process) rank 0's
+    own = path / f"rng-rank-{d.rank}.pt"
+    rng = torch.load(own if d.active and saved_world == d.world and own.is_file() else path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if rng["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
