@@ -197,3 +197,21 @@ def test_a_corpus_with_labels_shifted_already_is_refused(tmp_path, corpus):
     with pytest.raises(ValueError, match=r"corpus: line 5: labels\[\d+\] = \d+ is neither -100 nor input_ids"):
         batches.load_examples(bad, 512)
     assert len(batches.load_examples(corpus, 512)[0]) == 12  # hearth's own corpus passes
+
+
+@pytest.mark.parametrize("key, value", [("dropout", 0.1), ("max_grad_norm", 0.5), ("lora_compute", "adapter")])
+def test_a_resume_that_changes_the_step_math_is_refused(tmp_path, corpus, base, key, value):
+    # these were not resume keys: a resume given another dropout, clipping norm or low-rank precision trained
+    # another run under the checkpoint's name, and its losses could not equal the uninterrupted run's
+    finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1))
+    with pytest.raises(ValueError, match=rf"resume: .* {key}="):
+        finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=2, save_every=1, resume=tmp_path / "r",
+                                 **{key: value}))
+
+
+def test_fewer_micro_batches_than_ranks_is_refused_at_start_up(monkeypatch, corpus, base, tmp_path):
+    # with grad_accum 1 on 2 ranks, rank 1 ran only zero-weight passes in every step: two GPUs at the speed of one
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"grad_accum: 1 micro-batch\(es\) per step on 2 ranks"):
+        cfg(corpus, base, tmp_path / "r", parallel="ddp", grad_accum=1).check()
+    cfg(corpus, base, tmp_path / "r", parallel="ddp", grad_accum=2).check()  # a multiple of the ranks: fine

@@ -150,6 +150,13 @@ class FinetuneConfig:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.parallel != "none" and self.qlora:
             raise ValueError("parallel: ddp / fsdp with qlora is not supported yet (a 4-bit base cannot be sharded here)")
+        world = D.launched_world()
+        if self.parallel != "none" and world > 1 and self.grad_accum < world:
+            # the step's micro-batches are dealt to the ranks: with fewer than the ranks, some ranks only ever run
+            # zero-weight passes, and N GPUs train at the speed of grad_accum of them
+            raise ValueError(f"grad_accum: {self.grad_accum} micro-batch(es) per step on {world} ranks leaves "
+                             f"{world - self.grad_accum} rank(s) with no data in every step; set grad_accum to a "
+                             f"multiple of {world} (e.g. {world})")
         if self.attention and not self.patch:
             raise ValueError("attention: hearth's attention is part of the patch; drop --no-patch (patch = false) "
                              "or --attention")
@@ -589,7 +596,10 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
 RESUME_KEYS = ("corpus", "model", "seed", "shuffle", "seq_len", "batch_tokens", "grad_accum", "pack", "rank", "alpha",
                "targets", "eval_fraction", "eval_corpus", "qlora", "random_init", "epochs", "max_steps", "lr",
                "lr_schedule", "warmup_steps",
-               "weight_decay")  # AdamW's restored param groups carry it: another value would be silently ignored
+               "weight_decay",  # AdamW's restored param groups carry it: another value would be silently ignored
+               # the step's math: another dropout, clipping norm or low-rank precision is another training, so a
+               # resume that changes one would not reproduce the uninterrupted run's losses
+               "dropout", "max_grad_norm", "lora_compute")
 
 
 def find_checkpoint(path: Path) -> Path:
