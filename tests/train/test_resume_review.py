@@ -215,3 +215,27 @@ def test_fewer_micro_batches_than_ranks_is_refused_at_start_up(monkeypatch, corp
     with pytest.raises(ValueError, match=r"grad_accum: 1 micro-batch\(es\) per step on 2 ranks"):
         cfg(corpus, base, tmp_path / "r", parallel="ddp", grad_accum=1).check()
     cfg(corpus, base, tmp_path / "r", parallel="ddp", grad_accum=2).check()  # a multiple of the ranks: fine
+
+
+def test_a_crash_while_saving_the_final_adapter_leaves_the_previous_one_whole(tmp_path, corpus, base, monkeypatch):
+    # the final adapter was written straight into OUT: a crash mid-write (disk full, killed) left a half-written
+    # adapter_model.safetensors in place of the one a previous run there had left
+    from hearth.train import distributed as D
+
+    finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=1))
+    weights = tmp_path / "r" / "adapter_model.safetensors"
+    before = weights.read_bytes()
+    real = D.save_adapter
+
+    def crash(model, d, path):
+        real(model, d, path)
+        (path / "adapter_model.safetensors").write_bytes(b"half")  # torn write...
+        raise OSError("No space left on device")  # ...then the crash
+
+    monkeypatch.setattr(D, "save_adapter", crash)
+    with pytest.raises(OSError, match="No space"):
+        finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=1, seed=1))
+    assert weights.read_bytes() == before
+    monkeypatch.setattr(D, "save_adapter", real)
+    finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=1, seed=1))  # a later run replaces it whole
+    assert weights.read_bytes() != before and not (tmp_path / "r" / ".adapter.tmp").exists()

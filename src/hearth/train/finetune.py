@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import statistics
 import time
 import tomllib
@@ -632,6 +633,26 @@ def data_fingerprint(cfg) -> dict:
     return out
 
 
+def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
+    """The run's adapter into OUT, whole or not at all: written to OUT/.adapter.tmp, then each file moved over its
+    old version with one rename. A crash while writing (out of disk, killed) used to leave a half-written
+    adapter_model.safetensors over the one a previous run or resume had left in OUT. Every rank calls it."""
+    import shutil
+
+    tmp = out / ".adapter.tmp"
+    if d.main and tmp.exists():
+        shutil.rmtree(tmp)
+    D.barrier(d)
+    D.save_adapter(model, d, tmp)
+    if d.main:
+        for entry in sorted(tmp.iterdir()):
+            target = out / entry.name
+            if entry.is_dir() and target.is_dir():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+        tmp.rmdir()
+
+
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
                     dist: D.Dist | None = None, data: dict | None = None) -> Path:
     """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
@@ -942,7 +963,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
             progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
                             + (f"  eval {row['eval_loss']:.4f}" if row["eval_loss"] is not None else ""))
 
-    D.save_adapter(model, dist, cfg.out)
+    _save_final_adapter(model, dist, cfg.out)
     peak = _peak_gib(device)
     if dist.active:
         peak = D.all_max(peak, dist, device)
