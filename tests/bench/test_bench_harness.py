@@ -648,3 +648,18 @@ def test_models_run_prints_geomean_lines_last(tmp_path, capsys):
     assert last.startswith("GEOMEAN softmax ") and "2 of 2 cases ranked" in last
     ratio = float(last.split()[2].rstrip("x"))
     assert ratio > 1.0  # the fake peer sleeps 100 ms a call
+
+
+def test_a_skipped_rerun_does_not_erase_a_measured_row():
+    """Was: rows merged by key with the later one winning, so a rerun that ran out of budget replaced a measured
+    'ok' row (its time, memory and peer ratio) by 'skipped'. A measured rerun still replaces it."""
+    key = dict(op="softmax", size_label="3x40", dtype="float32", mode="fwd", provider="hearth")
+    measured = {**key, "status": "ok", "ms": 0.5}
+    skipped = {**key, "status": "skipped", "reason": "time budget spent"}
+    remeasured = {**key, "status": "ok", "ms": 0.4}
+    wrong = {**key, "status": "wrong", "reason": "max err 3.0"}
+    assert report.merge_rows([measured], [skipped]) == [measured]
+    assert report.merge_rows([measured], [skipped], [remeasured]) == [remeasured]
+    assert report.merge_rows([measured], [wrong]) == [wrong]  # a failure is a result: it replaces the old row
+    assert report.merge_rows([skipped], [measured]) == [measured]
+    assert report.merge_rows([skipped], [{**skipped, "reason": "sticky CUDA error"}])[0]["reason"] == "sticky CUDA error"

@@ -2,7 +2,9 @@
 verdict per case, summary.md (headline table first, then every loss), and PNG plots (plots.py).
 
 Rows are merged by key (op, size, dtype, mode, provider): a later row replaces an earlier one,
-so ops run across several calls (or machines' folders, --merge) end up in one report.
+so ops run across several calls (or machines' folders, --merge) end up in one report -- except that a
+"skipped" row (not measured in its run: out of time budget, a sticky CUDA error) never replaces a measured
+row: the earlier measurement stands, with its own run's date, versions and command on it.
 """
 
 from __future__ import annotations
@@ -40,11 +42,16 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def merge_rows(*groups: list[dict]) -> list[dict]:
-    """Union of row lists; for equal keys the later group wins. Order: first appearance."""
+    """Union of row lists; for equal keys the later group wins, but a skipped row never replaces a row that was
+    run (a rerun that ran out of budget would otherwise erase the measurement). Order: first appearance."""
     merged: dict[tuple, dict] = {}
     for rows in groups:
         for r in rows:
-            merged[row_key(r)] = r
+            key = row_key(r)
+            old = merged.get(key)
+            if r.get("status") == "skipped" and old is not None and old.get("status") != "skipped":
+                continue
+            merged[key] = r
     return list(merged.values())
 
 
