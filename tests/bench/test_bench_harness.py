@@ -663,3 +663,18 @@ def test_a_skipped_rerun_does_not_erase_a_measured_row():
     assert report.merge_rows([measured], [wrong]) == [wrong]  # a failure is a result: it replaces the old row
     assert report.merge_rows([skipped], [measured]) == [measured]
     assert report.merge_rows([skipped], [{**skipped, "reason": "sticky CUDA error"}])[0]["reason"] == "sticky CUDA error"
+
+
+def test_a_verdict_within_the_timing_spread_says_so():
+    """Was: a 1.001x 'win' read like any other while hearth's and the peer's p20-p80 ranges overlapped. The word
+    stays (a loss is still listed as a loss); the text and the dict say it is within noise."""
+    def timed(p, ms, lo, hi):
+        return {**_row(p, ms), "p20_ms": lo, "p80_ms": hi}
+
+    v = report.verdict([timed("hearth", 0.1000, 0.0990, 0.1010), timed("compile", 0.1001, 0.0995, 0.1012)])
+    assert v["verdict"] == "win" and v["within_noise"] and "(within noise: p20-p80 overlap)" in v["text"]
+    v = report.verdict([timed("hearth", 0.1000, 0.0990, 0.1010), timed("compile", 0.0999, 0.0995, 0.1003)])
+    assert v["verdict"] == "loss" and v["within_noise"]
+    v = report.verdict([timed("hearth", 0.10, 0.099, 0.101), timed("compile", 0.12, 0.118, 0.122)])
+    assert v["verdict"] == "win" and not v["within_noise"] and v["text"] == "win 1.2x vs compile"
+    assert report.verdict([_row("hearth", 0.1), _row("compile", 0.12)])["within_noise"] is False  # no spreads

@@ -83,7 +83,8 @@ def verdict(case_rows: list[dict]) -> dict:
     """Compare hearth's time with the fastest correct fused peer (torch.compile, Liger, vendor).
 
     Returns {"verdict": win|loss|none, "ratio": peer_ms / hearth_ms or None, "peer": name or None,
-    "text": e.g. "loss 0.87x vs liger", "unranked": ["compile error", ...]}. ratio > 1 means hearth is
+    "text": e.g. "loss 0.87x vs liger", "unranked": ["compile error", ...], "within_noise": whether the two
+    rows' p20-p80 ranges overlap (then the text says so)}. ratio > 1 means hearth is
     faster. Wrong or failed rows are never ranked, and never silently: every fused peer whose row is not ok
     is named in "unranked" and in the text (the ratio is then against the peers that did run), and so is
     a peer row measured on another GPU or software setup than hearth's (SETUP_KEYS: merged from another
@@ -106,8 +107,19 @@ def verdict(case_rows: list[dict]) -> dict:
     best = min(peers, key=lambda r: r["ms"])
     ratio = best["ms"] / h["ms"]
     word = "win" if ratio >= 1.0 else "loss"
-    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "unranked": unranked,
-            "text": f"{word} {ratio:.3g}x vs {best['provider']}{suffix}"}
+    # a win or loss whose p20-p80 spreads overlap is stated as such: the sign of a 1.001x is noise, and the
+    # verdict word stays (a loss is never turned into a tie that the losses table would drop)
+    noise = _within_noise(h, best)
+    return {"verdict": word, "ratio": ratio, "peer": best["provider"], "unranked": unranked, "within_noise": noise,
+            "text": f"{word} {ratio:.3g}x vs {best['provider']}{' (within noise: p20-p80 overlap)' if noise else ''}{suffix}"}
+
+
+def _within_noise(a: dict, b: dict) -> bool:
+    """True when the two rows' [p20, p80] time ranges overlap (False when either lacks them)."""
+    try:
+        return float(a["p20_ms"]) <= float(b["p80_ms"]) and float(b["p20_ms"]) <= float(a["p80_ms"])
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def group_cases(rows: list[dict]) -> dict[tuple, list[dict]]:
