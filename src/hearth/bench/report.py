@@ -114,6 +114,12 @@ def verdict(case_rows: list[dict]) -> dict:
             "text": f"{word} {ratio:.3g}x vs {best['provider']}{' (within noise: p20-p80 overlap)' if noise else ''}{suffix}"}
 
 
+def _fastest_wall(case_rows: list[dict], h: dict) -> dict | None:
+    """The rankable fused peer with the least wall time per call (None: no such row)."""
+    walls = [r for r in case_rows if _rankable(r, h) and r.get("wall_ms")]
+    return min(walls, key=lambda r: r["wall_ms"]) if walls else None
+
+
 def _within_noise(a: dict, b: dict) -> bool:
     """True when the two rows' [p20, p80] time ranges overlap (False when either lacks them)."""
     try:
@@ -293,9 +299,8 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
         peer = by[v["peer"]]
         if h.get("extra_mib") is not None and peer.get("extra_mib") is not None:
             g["mem"].append((h["extra_mib"] - peer["extra_mib"], h["extra_mib"], peer["extra_mib"], key, v["peer"]))
-        walls = [r for r in cr if _rankable(r, h) and r.get("wall_ms")]
-        if h.get("wall_ms") and walls:
-            best = min(walls, key=lambda r: r["wall_ms"])
+        best = _fastest_wall(cr, h)
+        if h.get("wall_ms") and best is not None:
             g["walls"].append((best["wall_ms"] / h["wall_ms"], key, best["provider"]))
     for op, g in out.items():
         g["geomean"] = _geomean([r for r, _, _ in g["ratios"]]) if g["ratios"] else None
@@ -381,8 +386,7 @@ def cases_markdown(rows: list[dict]) -> list[str]:
             continue
         v = verdict(cr)
         peer = by.get(v["peer"]) if v["peer"] in FUSED_PEERS else None
-        walls = [r for r in cr if _rankable(r, h) and r.get("wall_ms")]
-        best = min(walls, key=lambda r: r["wall_ms"]) if walls else None
+        best = _fastest_wall(cr, h)
         cells = [
             f"{_num(h['ms'])} ms",
             f"{_num(peer['ms'])} ms ({peer['provider']})" if peer else "-",

@@ -44,6 +44,13 @@ def _redacted(base_url: str) -> str:
     return str(url.copy_with(userinfo=b"")) if url.userinfo else base_url
 
 
+def _temporary_beside(report: Path) -> str:
+    """A new empty file of this run's own in report's folder (OSError when that folder cannot take one)."""
+    fd, name = tempfile.mkstemp(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp")
+    os.close(fd)
+    return name
+
+
 def request_body(case: Case, *, model: str, json_schema: bool, max_tokens: int | None,
                  extra_body: dict | None, temperature: float | None = None, seed: int | None = None,
                  stream: bool = False) -> dict:
@@ -266,9 +273,7 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             if report.is_dir():
                 raise IsADirectoryError(f"{report} is a directory")
             report.parent.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp")
-            os.close(fd)
-            os.unlink(probe)
+            os.unlink(_temporary_beside(report))
         except OSError as exc:
             return bad(f"--report: cannot write {str(report)!r} ({exc})")
     cases = [c for n in names for c in load_suite(n)]
@@ -294,14 +299,13 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             "ok": ok, "python": platform.python_version(), **summary,
             "cases": [s.to_json() for s in scores],
         }
-        report = Path(report)
-        report.parent.mkdir(parents=True, exist_ok=True)
+        report.parent.mkdir(parents=True, exist_ok=True)  # checked at start-up; recreated if removed since
         # a temporary of this run's own (two runs writing one report must not share one), then one rename;
         # backslashreplace: a lone surrogate (a reply cut inside an emoji) is written as its JSON escape
-        fd, name = tempfile.mkstemp(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp")
+        name = _temporary_beside(report)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-                f.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+            Path(name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8",
+                                  errors="backslashreplace")
             os.replace(name, report)
         except BaseException:
             Path(name).unlink(missing_ok=True)

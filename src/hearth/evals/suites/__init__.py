@@ -52,7 +52,7 @@ def contexts() -> dict[str, str]:
     return json.loads((HERE / "contexts.json").read_text(encoding="utf-8"))
 
 
-def _case(suite: str, raw: dict, where: str) -> Case:
+def _case(suite: str, raw: dict) -> Case:
     spec = {k: v for k, v in raw.items() if k not in {"id", "context", "history", "user"}}
     if "context" in raw:
         if raw["context"] not in contexts():
@@ -91,7 +91,7 @@ def load_suite(name: str, path: Path | None = None) -> list[Case]:
             raw = json.loads(line)
             if not isinstance(raw, dict):
                 raise ValueError(f"a case must be a JSON object, got {type(raw).__name__}")
-            cases.append(_case(name, raw, where))
+            cases.append(_case(name, raw))
         except KeyError as exc:
             raise ValueError(f"{where}: missing key {exc}") from exc
         except (ValueError, TypeError, AttributeError) as exc:  # pydantic's ValidationError is a ValueError
