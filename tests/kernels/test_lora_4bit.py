@@ -21,6 +21,7 @@ from torch import nn
 
 from hearth.kernels.lora import base_compute_dtype, dequantize, is_4bit, lora_linear, lora_parts, lora_swiglu_mlp
 from hearth.nn import SwiGLUMLP
+from tests.kernels.test_lora import _factors, _mlp_leaves, peft_mlp_forward  # the same peft layout, 4-bit or not
 from tests.kernels.tolerance import DEVICE, HAS_CUDA, assert_close, gpu_only
 
 bnb = pytest.importorskip("bitsandbytes")
@@ -80,11 +81,6 @@ def peft_mlp_4bit(h, i, dtype, *, seed=0, r=4, bias=False, double_quant=True, de
     for p in model.parameters():  # the LoRA factors fp32 on the device (peft's default beside a 16-bit compute)
         assert p.device.type == torch.device(device).type
     return model, mlp
-
-
-def _factors(layer):
-    name = layer.active_adapters[0]
-    return layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]
 
 
 def _dequantised(layer, dtype=torch.float64):
@@ -201,19 +197,6 @@ def mlp_reference(x, mlp, dtype_ref=torch.float64):
 
     xr = leaves["x"]
     return proj("down_proj", F.silu(proj("gate_proj", xr)) * proj("up_proj", xr)), leaves
-
-
-def _mlp_leaves(x, mlp):
-    leaves = {"x": x}
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        a, b, _ = _factors(getattr(mlp, name))
-        leaves[f"{name}.A"], leaves[f"{name}.B"] = a, b
-    return leaves
-
-
-def peft_mlp_forward(mlp, x):
-    """What Qwen3MLP does under peft: each LoRA Linear4bit called as a module, silu(g) * u in torch."""
-    return mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 def check_mlp_against_peft(mlp, x, dy, dtype, dtype_ref):
