@@ -9,8 +9,8 @@ Per row i with logits x (width V), target t, label smoothing eps, z-loss weight 
 Rows whose target is ignore_index have loss 0 and gradient 0. reduction="mean" divides by the number of
 non-ignored rows, counted on the device (no host sync); an all-ignored batch gives loss 0, grad 0.
 
-Kernel: persistent programs (CE_PROGRAMS_PER_SM per SM), each walking rows p, p + P, ...; that bounds
-the rows in flight so a row's bytes are still in L2 when it is re-read. Per row, loop 1 reads the row
+Kernel: programs walk rows p, p + P, ... (P = CE_PROGRAMS_PER_SM per SM for narrow vocabularies; one
+program per row, P = N, for the wide rule below). Per row, loop 1 reads the row
 once for the statistics (max, sum, and sum(z) when smoothing); loop 2 (only when a gradient is wanted)
 walks the chunks in reverse, so the re-read starts where L2 is warmest, and writes the gradient OVER
 THE LOGITS BUFFER: the second [N, V] tensor never exists. Traffic: read N*V*b once (+ the part of the
@@ -77,13 +77,17 @@ CE_PROGRAMS_PER_SM = 2
 _CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
 # Wide vocabularies (V > 8192) on the GPU: (programs_per_SM, BLOCK, num_warps, num_stages), by rule, not
 # timed at run time. Both vocab loops are software-pipelined (tl.range num_stages: cp.async into shared
-# memory), so a program keeps num_stages - 1 chunks in flight; 2 programs per SM = 264 rows in flight on
-# an H200. Timing candidates at run time needed a scratch copy of the logits (the caller's are overwritten
-# by the gradient), which made the first call's peak +1.3 GiB at 8192 x 131072 (a dict.setdefault
-# evaluated its clone() on every timed launch: two 512 MiB copies live at once, plus the timer's 256 MB
-# L2-flush buffer) while the steady state is +O(N); the picks it logged on the H200 chose this config at
-# V = 131072 and 151936.
-_CE_WIDE_CONFIG = (2, 8192, 16, 3)
+# memory), so a program keeps num_stages - 1 chunks in flight. programs_per_SM 0 = one program per row
+# (grid = N): the hardware keeps as many resident as fit (8 warps and 24 KiB of shared memory each) and
+# starts the next row as soon as any program ends. scripts/gpu/ce_rows_probe.py on the H200 (2026-12-02,
+# 9 configs x 16 shapes, V = 128256 / 151936, N = 376 to 16384) had this config fastest or within 1% at
+# every shape: 9-10% faster than the earlier (2, 8192, 16, 3) at N = 4096 and 16384, 18% at the
+# 376-384-row chunks linear_cross_entropy runs (264 persistent programs left the second wave of rows half
+# empty there). Timing candidates at run time needed a scratch copy of the logits (the caller's are
+# overwritten by the gradient), which made the first call's peak +1.3 GiB at 8192 x 131072 (a
+# dict.setdefault evaluated its clone() on every timed launch: two 512 MiB copies live at once, plus the
+# timer's 256 MB L2-flush buffer) while the steady state is +O(N).
+_CE_WIDE_CONFIG = (0, 4096, 8, 3)
 
 # grad_scale modes of the row kernel
 _SCALE_VALUE, _SCALE_SCALAR_PTR, _SCALE_ROW_PTR = 0, 1, 2
