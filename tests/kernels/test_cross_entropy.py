@@ -5,6 +5,7 @@ CPU interpreter at tiny shapes; real vocabularies and the memory bound on CUDA o
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -465,3 +466,21 @@ def test_wrong_target_dtypes_and_devices_name_the_argument():
             cross_entropy(x, torch.zeros(4, dtype=bad, device=DEVICE))
     with pytest.raises(ValueError, match=r"\binput\b"):
         cross_entropy(x.to("meta"), torch.zeros(4, dtype=torch.int64, device=DEVICE))
+
+
+def test_ce_rows_probe_smoke_mode_checks_each_config_against_fp32(tmp_path):
+    """scripts/gpu/ce_rows_probe.py (run by hand on an H200 to choose _CE_WIDE_CONFIG) keeps working: its CPU smoke
+    mode runs the row kernel at each config given (persistent and one program per row), checks it against fp32 and
+    writes one row per (shape, config); a malformed --configs is refused naming the option."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "ce_rows_probe.py"
+    main = runpy.run_path(str(script), run_name="ce_rows_probe")["main"]
+    out = tmp_path / "rows.jsonl"
+    assert main(["--smoke", "--out", str(out), "--configs", "2,128,4,1;0,64,2,2"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["n"], r["v"], r["config"]) for r in rows] == [(7, 300, [2, 128, 4, 1]), (7, 300, [0, 64, 2, 2])]
+    assert all(r["ok"] and r["grad_err"] <= 1e-5 and r["median_ms"] > 0 for r in rows), rows
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--out", str(out), "--configs", "2,128,4"])
