@@ -80,6 +80,28 @@ def test_warm_gated_provider_goes_first_even_when_listed_later():
     assert health_calls == 1                                   # answer cached for ttl_s
 
 
+def test_failed_warmup_reports_the_providers_last_answer_not_the_budget_cut_wait(caplog):
+    """The endpoint answers 503, then stops answering; the last knock's wait is cut short by the warm-up budget
+    (0.3 s left of a 2 s request timeout). The failure reports the provider's own last answer (HTTP 503), not
+    the shortened wait -- which was also the race that made the 503 assertion below depend on machine load."""
+    async def main():
+        health = [Behavior.status(503), Behavior.status(503), Behavior.hang(), Behavior.hang()]
+        async with FakeOpenAI(GOOD, health=health) as ft, FakeOpenAI(GOOD) as hosted:
+            cfg = make_config(_finetune(ft.port, warmup_budget_s=0.3), provider("hosted", hosted))
+            async with Chain(cfg) as chain:
+                await chain.complete(MESSAGES, kind="chat")
+                await chain.gates["ft"].wait_warmup()
+                await asyncio.sleep(0)  # let the done-callback run
+                return await chain.gates["ft"].state(), ft.health_calls
+
+    with caplog.at_level(logging.ERROR, logger="hearth.gateway.warm"):
+        state, calls = asyncio.run(main())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert calls == 3, calls  # the probe's 503, the warm-up's 503, then the knock the budget cut short
+    assert errors and "not warm after 0.3 s: health answered HTTP 503" in errors[0], errors
+    assert state["warm"] is False and state["last_error"] == "health answered HTTP 503"
+
+
 def test_failed_warmup_is_logged_and_counted_not_swallowed(caplog):
     async def main():
         async with FakeOpenAI(GOOD, health=Behavior.status(503)) as ft, FakeOpenAI(GOOD) as hosted:

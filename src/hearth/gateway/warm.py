@@ -117,7 +117,9 @@ class WarmGate:
     async def _set(self, warm: bool) -> None:
         await self.store.set_warm(self.name, warm, self.settings.ttl_s)
 
-    async def _knock(self, timeout_s: float) -> bool:
+    async def _knock(self, timeout_s: float) -> bool | None:
+        """One GET of the health URL: True (2xx), False (answered otherwise, or refused), None (no answer
+        within timeout_s). last_error says why when it is not True."""
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self.transport.open("GET", self.provider.health_url, headers={}, body=None,
@@ -128,7 +130,7 @@ class WarmGate:
                     resp.close()
         except TimeoutError:
             self.last_error = f"no answer within {timeout_s:g} s"
-            return False
+            return None
         except TransportError as exc:
             self.last_error = str(exc)
             return False
@@ -139,7 +141,7 @@ class WarmGate:
         return False
 
     async def _run_probe(self) -> bool:
-        warm = await self._knock(self.settings.probe_timeout_s)
+        warm = await self._knock(self.settings.probe_timeout_s) is True
         await self._set(warm)
         if not warm and not self.warming:
             s = self.settings
@@ -168,12 +170,19 @@ class WarmGate:
                 if left <= 0:
                     raise WarmupFailed(f"{self.provider.name} not warm after {s.warmup_budget_s:g} s: {self.last_error}")
                 knock_start = time.monotonic()
-                if await self._knock(min(s.warmup_request_timeout_s, left)):
+                timeout = min(s.warmup_request_timeout_s, left)
+                before = self.last_error
+                outcome = await self._knock(timeout)
+                if outcome:
                     await self._set(True)
                     self.metrics.warmups.labels(self.provider.name, "ok").inc()
                     log.info("provider %s is warm after %.2f s", self.provider.name, time.monotonic() - start)
                     return
                 await self._set(False)
+                if outcome is None and timeout < s.warmup_request_timeout_s and before is not None:
+                    # cut short by the budget's end, not by the provider: what the provider itself last said
+                    # (e.g. HTTP 503) is the reason worth reporting, not the shortened wait
+                    self.last_error = before
                 # A refused knock returns at once: pause before the next; a knock that waited long did not.
                 pause = s.warmup_poll_s - (time.monotonic() - knock_start)
                 if pause > 0:
