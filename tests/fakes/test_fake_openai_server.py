@@ -143,9 +143,12 @@ def test_command_line_serves_valid_envelopes_on_the_given_port():
 
     root = Path(__file__).resolve().parents[2]
     port = free_port()
+    # SIGINT at its default in the child, as in a terminal: pytest started in the background (`nohup ... &`)
+    # ignores SIGINT, a child inherits that, and Python then installs no Ctrl-C handler (the server never stopped)
     proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         banner = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}/v1" in banner, banner
@@ -163,7 +166,12 @@ def test_command_line_serves_valid_envelopes_on_the_given_port():
         assert httpx.get(base + "/models", timeout=10).json()["data"][0]["id"] == "fake-model"
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
+        try:
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:  # never leave the server running past the test
+                proc.kill()
+                proc.wait()
     bad = subprocess.run([sys.executable, "-m", "tests.fakes.openai_server", "--port", "70000"], cwd=root,
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--port" in bad.stderr

@@ -64,9 +64,13 @@ def _check(n, v, dtype, *, grad_output=None, n_ignored=0, **opts):
 
 @pytest.fixture(params=["one_chunk", "many_chunks"])
 def chunking(request, monkeypatch):
-    """Default chunk table, or chunks of 64 columns so the online logsumexp crosses many chunks."""
+    """Default chunk table (one 2048-wide chunk at V = 1031), or chunks of 256 columns so the online logsumexp
+    crosses many chunks: at V = 1031 four full ones (a first, middle ones, the max moving between them in most
+    rows) and a ragged 7-column tail. (It was 64-column chunks, 17 per row: the interpreter's time grows with
+    the chunk count, not the width, and 5 chunks take every path 17 did: first, middle, last, masked tail.)"""
     if request.param == "many_chunks":
-        monkeypatch.setattr(ce, "_CE_CONFIGS", ((1 << 62, 64, 4),))
+        monkeypatch.setattr(ce, "_CE_CONFIGS", ((1 << 62, 256, 4),))
+        assert ce._config(1031)[0] == 256
     return request.param
 
 

@@ -78,40 +78,38 @@ def test_qlora_on_the_gpu_with_hearth_kernels(tmp_path, setup):  # pragma: no co
     assert out["nf4"]["patch"]["replaced"]["mlp"] and out["nf4"]["patch"]["replaced"]["rope"]
 
 
-def test_the_gpu_script_runs_its_smoke_mode(tmp_path):
-    """scripts/gpu/qlora_e2e.py (run by hand on an H200) keeps working: its CPU smoke mode, one setup."""
+@pytest.fixture(scope="module")
+def gpu_script_rows(tmp_path_factory):
+    """scripts/gpu/qlora_e2e.py's CPU smoke mode, run once for both tests below: one parent process, one child per
+    setup (qlora_hf, then qlora_hearth), each child's row appended to the same JSONL; {setup: row}."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    out = tmp_path / "rows.jsonl"
-    proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu" / "qlora_e2e.py"), "--smoke", "--setups", "qlora_hf",
-                           "--seq", "32", "--steps", "1", "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(root / "src")})
+    out = tmp_path_factory.mktemp("qlora_e2e") / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu" / "qlora_e2e.py"), "--smoke", "--setups",
+                           "qlora_hf,qlora_hearth", "--seq", "16", "--steps", "1", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    row = json.loads(out.read_text().splitlines()[-1])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["setup"] for r in rows] == ["qlora_hf", "qlora_hearth"], rows
+    return {r["setup"]: r for r in rows}
+
+
+def test_the_gpu_script_runs_its_smoke_mode(gpu_script_rows):
+    """scripts/gpu/qlora_e2e.py (run by hand on an H200) keeps working: its CPU smoke mode, the plain-HF setup."""
+    row = gpu_script_rows["qlora_hf"]
     assert row["status"] == "ok", row
-    assert row["setup"] == "qlora_hf" and row["tok_per_s"] > 0 and row["versions"]["bitsandbytes"] == bnb.__version__
+    assert row["tok_per_s"] > 0 and row["versions"]["bitsandbytes"] == bnb.__version__
 
 
-def test_the_gpu_script_patches_after_peft_so_the_4bit_projections_take_the_lora_nodes(tmp_path):
+def test_the_gpu_script_patches_after_peft_so_the_4bit_projections_take_the_lora_nodes(gpu_script_rows):
     """qlora_e2e.py's qlora_hearth setup patches as `hearth train --qlora` does, after peft: every 4-bit LoRA
     projection is taken by hearth's LoRA-aware nodes (it patched before peft, where the "lora" kind finds no LoRA
     layer and the planner was told fused_lora=False)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    out = tmp_path / "rows.jsonl"
-    proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu" / "qlora_e2e.py"), "--smoke", "--setups",
-                           "qlora_hearth", "--seq", "16", "--steps", "1", "--out", str(out)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root / "src")})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    row = json.loads(out.read_text().splitlines()[-1])
+    row = gpu_script_rows["qlora_hearth"]
     assert row["status"] == "ok", row
     assert row["patch"]["replaced"]["lora"] == {"Linear4bit [4-bit base]": 14}, row["patch"]
     assert row["patch"]["replaced"]["mlp"] == {"Qwen3MLP [4-bit base, LoRA node]": 2}, row["patch"]
