@@ -36,6 +36,7 @@ from rich.table import Table  # noqa: E402
 
 from hearth.bench.runner import env_info  # noqa: E402
 from hearth.bench.timing import time_call  # noqa: E402
+from hearth.kernels._common import next_power_of_2  # noqa: E402
 
 ce = importlib.import_module("hearth.kernels.cross_entropy")
 console = Console(width=160)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 saved = ce._pick_rows_config
                 try:
                     if kind == "rows":
-                        ce._pick_rows_config = lambda logits, c=cfg: (c[0], min(c[1], 1 << (logits.shape[1] - 1).bit_length()), c[2], c[3])
+                        ce._pick_rows_config = lambda logits, c=cfg: (c[0], min(c[1], next_power_of_2(logits.shape[1])), c[2], c[3])
 
                         def call(x):
                             ce.ce_rows_(x, t, grad_scale=1.0 / n)
