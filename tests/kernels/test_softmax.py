@@ -98,7 +98,7 @@ def test_wide_candidates_include_one_program_per_row_within_shared_memory():
     160 KiB, the backward's two inputs counted."""
     for n_cols, itemsize, n_inputs in ((262144, 2, 1), (262144, 2, 2), (65537, 4, 2), (40000, 2, 1)):
         cands = sm._wide_candidates(n_cols, itemsize, n_inputs)
-        assert cands[0] == (sm.WIDE_PROGRAMS_PER_SM, min(sm.WIDE_CHUNK, 1 << (n_cols - 1).bit_length()), sm.WIDE_WARPS, 1)
+        assert cands[0] == (sm.WIDE_PROGRAMS_PER_SM, min(sm.WIDE_CHUNK, sm.next_power_of_2(n_cols)), sm.WIDE_WARPS, 1)
         assert (0, 4096, 8, 3) in cands and (0, 8192, 16, 3) in cands, cands
         assert all(s == 1 or (s - 1) * c * itemsize * n_inputs <= 160 * 1024 for _, c, _, s in cands), cands
     assert sm._wide_programs(4097, torch.device("cpu"), 0) == 4097
