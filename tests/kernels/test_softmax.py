@@ -35,15 +35,16 @@ def _check(x_fp32: torch.Tensor, dtype: torch.dtype, dim: int = -1, seed: int = 
     assert_close(x.grad, x_ref.grad, dtype, msg="grad", baseline=x_base.grad)
 
 
-@pytest.fixture(params=[1, 3], ids=["unpipelined", "pipelined"])
+@pytest.fixture(params=[(None, 1), (None, 3), (0, 3)], ids=["unpipelined", "pipelined", "program-per-row"])
 def wide_path(monkeypatch, request):
     """Force the chunked (online max/sum, reverse second loop) kernels at tiny widths, with the
-    column loops unpipelined or software-pipelined 3 deep (one launch config each: no GPU tuning,
-    so both variants are checked on the GPU; the interpreter ignores the pipelining depth)."""
+    column loops unpipelined or software-pipelined 3 deep, on the persistent grid or with one program
+    per row (one launch config each: no GPU tuning, so every variant is checked on the GPU; the
+    interpreter ignores the pipelining depth)."""
     monkeypatch.setattr(sm, "ONEPASS_MAX_COLS", 64)
     monkeypatch.setattr(sm, "WIDE_CHUNK", 32)
-    stages = request.param
-    cfg = (sm.WIDE_PROGRAMS_PER_SM, 32, sm.WIDE_WARPS if stages == 1 else 1, stages)
+    per_sm, stages = request.param
+    cfg = (sm.WIDE_PROGRAMS_PER_SM if per_sm is None else per_sm, 32, sm.WIDE_WARPS if stages == 1 else 1, stages)
     monkeypatch.setattr(sm, "_wide_candidates", lambda *args: [cfg])
 
 
@@ -89,6 +90,39 @@ def test_persistent_onepass_kernels_every_candidate(monkeypatch, cfg, dtype):
     assert len(asked) == 2 and all(cfg in a and isinstance(a[0], int) for a in asked)  # one-row kernel first
     rows = (torch.randn(37, 400, device=DEVICE) * 4)[:, :300]  # row stride 400: read in place
     assert_close(softmax(rows), torch.softmax(rows, -1), torch.float32)
+
+
+def test_wide_candidates_include_one_program_per_row_within_shared_memory():
+    """The chunked kernels' GPU candidates keep the CPU default first and end with the one-program-per-row
+    grids (programs_per_SM 0 -> one program per row, never fewer); each pipelined candidate's buffers fit
+    160 KiB, the backward's two inputs counted."""
+    for n_cols, itemsize, n_inputs in ((262144, 2, 1), (262144, 2, 2), (65537, 4, 2), (40000, 2, 1)):
+        cands = sm._wide_candidates(n_cols, itemsize, n_inputs)
+        assert cands[0] == (sm.WIDE_PROGRAMS_PER_SM, min(sm.WIDE_CHUNK, sm.next_power_of_2(n_cols)), sm.WIDE_WARPS, 1)
+        assert (0, 4096, 8, 3) in cands and (0, 8192, 16, 3) in cands, cands
+        assert all(s == 1 or (s - 1) * c * itemsize * n_inputs <= 160 * 1024 for _, c, _, s in cands), cands
+    assert sm._wide_programs(4097, torch.device("cpu"), 0) == 4097
+    assert sm._wide_programs(0, torch.device("cpu"), 0) == 1
+
+
+@gpu_only
+@pytest.mark.parametrize("n_rows,n_cols", [(133, 65537), (7, 262144)])
+def test_gpu_every_wide_candidate(monkeypatch, n_rows, n_cols):
+    """Every chunked-kernel candidate the GPU pick may choose, forced, forward and backward in bf16 against fp32
+    (a candidate that fails to compile or is wrong would otherwise surface only when the pick chose it)."""
+    cands = sm._wide_candidates(n_cols, 2, 1) + sm._wide_candidates(n_cols, 2, 2)
+    for cfg in dict.fromkeys(cands):
+        # forced where it is a candidate of that pass (forward: 1 input, backward: 2), else that list's first
+        monkeypatch.setattr(sm, "pick_config", lambda key, c, launch, device, cfg=cfg: cfg if cfg in c else c[0])
+        torch.manual_seed(1)
+        x = (torch.randn(n_rows, n_cols, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
+        y = softmax(x)
+        ref = torch.softmax(x.detach().float(), -1)
+        assert_close(y, ref, torch.bfloat16, msg=f"fwd {cfg}")
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ref_grad = ref * (dy.float() - (dy.float() * ref).sum(-1, keepdim=True))
+        assert_close(x.grad, ref_grad, torch.bfloat16, msg=f"bwd {cfg}")
 
 
 def test_persistent_candidates_fit_shared_memory():
