@@ -9,14 +9,14 @@ Per row i with logits x (width V), target t, label smoothing eps, z-loss weight 
 Rows whose target is ignore_index have loss 0 and gradient 0. reduction="mean" divides by the number of
 non-ignored rows, counted on the device (no host sync); an all-ignored batch gives loss 0, grad 0.
 
-Kernel: programs walk rows p, p + P, ... (P = CE_PROGRAMS_PER_SM per SM for narrow vocabularies; one
-program per row, P = N, for the wide rule below). Per row, loop 1 reads the row
+Kernel: programs walk rows p, p + P, ... (on the GPU one program per row, P = N, by the rule in
+_pick_rows_config; P = CE_PROGRAMS_PER_SM per SM on the CPU interpreter). Per row, loop 1 reads the row
 once for the statistics (max, sum, and sum(z) when smoothing); loop 2 (only when a gradient is wanted)
 walks the chunks in reverse, so the re-read starts where L2 is warmest, and writes the gradient OVER
 THE LOGITS BUFFER: the second [N, V] tensor never exists. Traffic: read N*V*b once (+ the part of the
-re-read that misses L2), write N*V*b once. Chunk BLOCK / num_warps come from the table _CE_CONFIGS;
-for V > 8192 on the GPU, (programs per SM, BLOCK, num_warps, pipelining depth) is _CE_WIDE_CONFIG
-(a rule, not a run-time timing: see there why).
+re-read that misses L2), write N*V*b once. Chunk BLOCK / num_warps come from the table _CE_CONFIGS
+up to V = 8192; above it, on the GPU, (programs per SM, BLOCK, num_warps, pipelining depth) is
+_CE_WIDE_CONFIG (rules, not run-time timings: see there why).
 
 IN-PLACE: when `input.requires_grad` (and grad mode is on), cross_entropy overwrites `input` with the gradient during the
 forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
@@ -69,11 +69,16 @@ SCALE_PROGRAMS_PER_SM = 8
 # Host check of target range (one device->host sync per call). False skips it: the kernel stays
 # memory-safe (masked loads) and an out-of-range target then yields a nan loss instead of an error.
 CHECK_TARGETS = True
-# Persistent row kernel: programs per SM (rows in flight = SMs * this; 0 = one program per row).
-# Rows in flight * V * bytes should stay under L2 (~50 MB on H100/H200) so loop 2's re-read hits L2.
+# Row kernel on the CPU interpreter: programs per SM of the persistent grid (0 = one program per row).
+# Kept persistent there so the tests walk several rows per program.
 CE_PROGRAMS_PER_SM = 2
-# (largest V, chunk BLOCK, num_warps) for the row kernel: the default table (CPU, interpreter, and
-# the first GPU candidate below V = 8192).
+# (largest V, chunk BLOCK, num_warps) for the row kernel up to V = 8192 (and everywhere on the CPU). On
+# the GPU these run one program per row, unpipelined (one or two chunks per row leave nothing to overlap):
+# scripts/gpu/ce_rows_probe.py on the H200 (2026-12-02, V = 2048 / 4096 / 8192, N = 4096 / 16384 / 65536,
+# 8 configs) had one program per row with these BLOCK / warps fastest or within 2% at all 9 shapes, and
+# 1.6-1.9x faster than the 2-per-SM persistent grid used before (16384 x 8192: 0.182 vs 0.294 ms;
+# 65536 x 2048: 0.248 vs 0.479 ms): with one row in flight per program and no pipelining, 2 programs per
+# SM left the loads nothing to hide behind. 3 pipeline stages were 25-48% slower at these widths.
 _CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
 # Wide vocabularies (V > 8192) on the GPU: (programs_per_SM, BLOCK, num_warps, num_stages), by rule, not
 # timed at run time. Both vocab loops are software-pipelined (tl.range num_stages: cp.async into shared
@@ -292,13 +297,16 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
 
 def _pick_rows_config(logits):
     """The row kernel's (programs_per_SM, BLOCK, num_warps, num_stages) for this vocab width: the
-    _CE_CONFIGS default up to V = 8192 and on the CPU, _CE_WIDE_CONFIG above. No run-time timing, so
+    _CE_CONFIGS up to V = 8192 (one program per row on the GPU, the persistent grid on the CPU),
+    _CE_WIDE_CONFIG above on the GPU. No run-time timing, so
     no scratch memory and no first-call cost (the in-place kernel cannot be timed on the caller's
     logits)."""
     n_cols = logits.shape[1]
     block, warps = _config(n_cols)
-    if n_cols <= 8192 or logits.device.type != "cuda":
+    if logits.device.type != "cuda":
         return (CE_PROGRAMS_PER_SM, block, warps, 1)
+    if n_cols <= 8192:
+        return (0, block, warps, 1)
     per_sm, wide_block, wide_warps, stages = _CE_WIDE_CONFIG
     return (per_sm, min(wide_block, next_power_of_2(n_cols)), wide_warps, stages)
 
