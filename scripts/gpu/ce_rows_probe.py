@@ -2,7 +2,7 @@
 across row counts, for the wide-vocabulary rule (_CE_WIDE_CONFIG and the row-count rule of _pick_rows_config).
 
     python scripts/gpu/ce_rows_probe.py --out DIR/ce_rows.jsonl        # H200, ~1-2 min
-    python scripts/gpu/ce_rows_probe.py --smoke --out /tmp/ce_rows.jsonl   # CPU interpreter, tiny shapes
+    python scripts/gpu/ce_rows_probe.py --smoke --out /tmp/ce_rows.jsonl   # tiny shapes (CPU interpreter; the GPU if there)
 
 Why: linear_cross_entropy runs the row kernel on chunks of a few hundred rows (384 at V = 151936, 448 at
 V = 128256), where 2 programs per SM (264 on an H200) leave the second wave of rows half empty. Each config is
@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
         if any(len(c) != 4 for c in configs):
             p.error(f"--configs: each config is 4 integers, got {args.configs!r}")
-    device = torch.device("cpu" if args.smoke else "cuda")
+    # --smoke: tiny shapes in fp32 on the CPU interpreter (CI), or on the GPU when one is there and the
+    # interpreter is off (the GPU suite imports Triton before this script can ask for the interpreter)
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    device = torch.device("cuda" if not args.smoke or (torch.cuda.is_available() and not interpreting) else "cpu")
     dtype = torch.float32 if args.smoke else torch.bfloat16
     liger = None if args.smoke else _liger()
     meta = {**env_info(device), "command": " ".join(["python", "scripts/gpu/ce_rows_probe.py", *(sys.argv[1:] if argv is None else argv)])}

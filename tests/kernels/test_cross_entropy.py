@@ -473,8 +473,8 @@ def test_wrong_target_dtypes_and_devices_name_the_argument():
 
 
 def test_ce_rows_probe_smoke_mode_checks_each_config_against_fp32(tmp_path):
-    """scripts/gpu/ce_rows_probe.py (run by hand on an H200 to choose _CE_WIDE_CONFIG) keeps working: its CPU smoke
-    mode runs the row kernel at each config given (persistent and one program per row), checks it against fp32 and
+    """scripts/gpu/ce_rows_probe.py (run by hand on an H200 to choose _CE_WIDE_CONFIG) keeps working: its smoke
+    mode (the CPU interpreter in CI, the GPU in the GPU suite, where Triton is imported uninterpreted) runs the row kernel at each config given (persistent and one program per row), checks it against fp32 and
     writes one row per (shape, config); a malformed --configs is refused naming the option."""
     import runpy
     from pathlib import Path
