@@ -563,7 +563,7 @@ def test_rows_carry_wall_time_beside_gpu_time(mode):
     if mode == "bwd":
         assert "wall_ms" not in r
     else:
-        assert r["wall_ms"] > 0 and 0 < r["host_ms"] <= r["wall_ms"] and r["wall_calls"] >= 2
+        assert r["wall_ms"] > 0 and 0 < r["host_ms"] <= r["wall_ms"] and r["wall_calls"] >= 1
         assert "wall" in report.cell(r)
 
 

@@ -7,7 +7,8 @@ queued ahead of the start event, so the host has queued the whole call (autograd
 the GPU reaches it: the events then time the GPU work, not Python launch gaps. Without it, a
 0.3 ms fwd+bwd measured ~0.5 ms on an H200 for every provider alike (host-bound). The bwd mode runs its forward there too, outside the events, and
 times the backward alone (no retain_graph: fused losses need not support a second backward).
-Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms of calls, at most 500). On the CPU (--check) a host clock does the same with fewer repeats.
+Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms of calls, at most 500). On the CPU (--check, the
+interpreter: a test of the harness's paths, not a measurement) a host clock times one call.
 
 Memory (CUDA): gradients reset to None, then allocated-before = torch.cuda.memory_allocated(),
 torch.cuda.reset_peak_memory_stats(), one call, synchronize; extra = max_memory_allocated() -
@@ -131,7 +132,7 @@ def time_wall(fn, leaves, device, *, setup=None, est_ms=None, target_ms=30.0, mi
     return {"wall_ms": wall * 1e3 / n, "host_ms": host * 1e3 / n, "wall_calls": n}
 
 
-def _time_cpu(fn, leaves, setup=None, reps=3) -> Timing:
+def _time_cpu(fn, leaves, setup=None, reps=1) -> Timing:
     # the correctness call before timing already paid the JIT, so no separate warm-up here
     ms = []
     for _ in range(reps):
