@@ -1,6 +1,7 @@
 """GPU probe for hearth's matmul and linear_cross_entropy (run on a CUDA machine, < 3 minutes).
 
     python scripts/gpu/matmul_lce_probe.py [--out benchmarks/probe] [--skip-lce] [--skip-inspect]
+    python scripts/gpu/matmul_lce_probe.py --lce-budgets 120,160,200,240 --out DIR   # the chunk-budget sweep only
 
 1. matmul: correctness against fp32 (every size, and the backward's transposed-view launches), then
    TFLOP/s = 2*M*N*K / time against cuBLAS (torch.mm) at 4096^3, 8192^3 and odd sizes; which kernel
@@ -13,6 +14,12 @@
    Targets: N=8192 H=4096 V=131072 <= 38 ms, <= +128 MiB; H=5120 V=151936 <= 55 ms trainable,
    <= 36 ms frozen, <= +160 MiB.
 3. `hearth inspect matmul`: tensor-core instructions in the compiled kernels.
+--lce-budgets B1,B2,... (MiB): instead of 1-3, linear_cross_entropy's time and memory at the model-shape
+   suite's three cases (`hearth bench linear_cross_entropy --sizes models`) with chunk_rows_for(budget) rows per
+   chunk for each budget: a larger logits chunk means fewer read+write passes over the [V, H] weight gradient
+   (trainable) and fewer, fuller row-kernel launches (frozen), against more activation memory. What decides
+   the default budget (EXTRA_MEMORY_BUDGET, 120 MiB), which must stay well under torch.compile's (it
+   materialises the logits: 2-2.4 GiB of activations at these shapes).
 Writes OUT/matmul_lce_probe.json and OUT/matmul_lce_probe.png (GPU name, versions, date inside).
 """
 
@@ -179,6 +186,52 @@ def probe_lce(rows: list) -> None:
     console.print(table)
 
 
+# the model-shape suite's linear_cross_entropy cases: (name, N, H, V, frozen)
+LCE_MODEL_CASES = [("Qwen3-0.6B", 16384, 1024, 151936, False), ("Llama-3.1-8B", 4096, 4096, 128256, False),
+                   ("Qwen3-14B frozen W", 12289, 5120, 151936, True)]
+
+
+def probe_lce_budgets(rows: list, budgets_mib: list[int]) -> None:
+    """linear_cross_entropy fwd+bwd at LCE_MODEL_CASES for each chunk budget (see the module docstring)."""
+    from hearth.kernels.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
+
+    table = Table(title="linear_cross_entropy fwd+bwd bf16 by chunk budget")
+    for col in ("case", "budget MiB", "chunk rows", "chunks", "median ms", "extra MiB total", "activation MiB"):
+        table.add_column(col)
+    for name, n, h, v, frozen in LCE_MODEL_CASES:
+        x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_(not frozen)
+        t = torch.randint(0, v, (n,), device="cuda")
+        leaves = [x] if frozen else [x, w]
+        for budget in budgets_mib:
+            chunk = chunk_rows_for(n, v, 2, budget * MiB)
+
+            def step():
+                linear_cross_entropy(x, w, t, chunk_rows=chunk).backward()
+
+            step()  # warm-up / compile
+            for p in leaves:
+                p.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            total = (torch.cuda.max_memory_allocated() - before) / MiB
+            grads = sum(p.numel() * p.element_size() for p in leaves) / MiB
+            for p in leaves:
+                p.grad = None
+            ms = bench(step, grad_to_none=leaves)
+            chunks = -(-n // chunk)
+            table.add_row(name, str(budget), str(chunk), str(chunks), f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
+            rows.append(dict(case="linear_cross_entropy_budget", name=name, n=n, h=h, v=v, frozen=frozen,
+                             budget_mib=budget, chunk_rows=chunk, chunks=chunks, median_ms=ms,
+                             extra_total_mib=total, extra_activation_mib=total - grads))
+        del x, w, t
+        torch.cuda.empty_cache()
+    console.print(table)
+
+
 def plot(rows: list, path: Path) -> None:
     import matplotlib
 
@@ -206,7 +259,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/probe"))
     parser.add_argument("--skip-lce", action="store_true")
     parser.add_argument("--skip-inspect", action="store_true")
+    parser.add_argument("--lce-budgets", default=None,
+                        help="comma list of chunk budgets in MiB: run only the chunk-budget sweep (module docstring)")
     args = parser.parse_args()
+    budgets = None
+    if args.lce_budgets:
+        try:
+            budgets = [int(b) for b in args.lce_budgets.split(",")]
+        except ValueError:
+            parser.error(f"--lce-budgets: a comma list of whole MiB, got {args.lce_budgets!r}")
+        if any(b <= 0 for b in budgets):
+            parser.error(f"--lce-budgets: budgets must be positive, got {args.lce_budgets!r}")
     if not torch.cuda.is_available():
         console.print("[bold red]this probe needs a CUDA GPU[/]")
         return 2
@@ -215,6 +278,12 @@ def main() -> int:
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     console.print(meta)
     rows: list = []
+    if budgets:
+        probe_lce_budgets(rows, budgets)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "lce_budgets.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        console.print(f"wrote {args.out}/lce_budgets.json ({time.time() - start:.0f} s)")
+        return 0
     probe_matmul(rows)
     console.print(f"[dim]matmul done at {time.time() - start:.0f} s[/]")
     if not args.skip_lce:
