@@ -136,8 +136,31 @@ def _lce_check(n, h, v, frozen) -> dict:
     return res
 
 
+def _lce_time_and_memory(x, w, t, chunk, leaves):
+    """(median ms, extra MiB total, MiB of the gradients on `leaves`) of one linear_cross_entropy fwd+bwd
+    with `chunk` rows per chunk: a warm-up call, one call for the peak memory, then do_bench."""
+    from hearth.kernels.linear_cross_entropy import linear_cross_entropy
+
+    def step():
+        linear_cross_entropy(x, w, t, chunk_rows=chunk).backward()
+
+    step()  # warm-up / compile
+    for p in leaves:
+        p.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    total = (torch.cuda.max_memory_allocated() - before) / MiB
+    grads = sum(p.numel() * p.element_size() for p in leaves) / MiB
+    for p in leaves:
+        p.grad = None
+    return bench(step, grad_to_none=leaves), total, grads
+
+
 def probe_lce(rows: list) -> None:
-    from hearth.kernels.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
+    from hearth.kernels.linear_cross_entropy import chunk_rows_for
 
     table = Table(title="linear_cross_entropy fwd+bwd bf16")
     for col in ("N x H x V", "weight", "check (rel err)", "chunk rows", "median ms", "target ms", "extra MiB total", "activation MiB", "target MiB"):
@@ -157,24 +180,8 @@ def probe_lce(rows: list) -> None:
         x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_(not frozen)
         t = torch.randint(0, v, (n,), device="cuda")
-
-        def step():
-            linear_cross_entropy(x, w, t, chunk_rows=chunk).backward()
-
         leaves = [x] if frozen else [x, w]
-        step()  # warm-up / compile
-        for p in leaves:
-            p.grad = None
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        total = (torch.cuda.max_memory_allocated() - before) / MiB
-        grads = sum(p.numel() * p.element_size() for p in leaves) / MiB
-        for p in leaves:
-            p.grad = None
-        ms = bench(step, grad_to_none=leaves)
+        ms, total, grads = _lce_time_and_memory(x, w, t, chunk, leaves)
         errs = " ".join(f"{k.split('_')[1] if k.startswith('grad') else 'loss'} {val:.1e}" for k, val in check.items() if k != "correct")
         table.add_row(f"{n}x{h}x{v}", "frozen" if frozen else "trainable",
                       f"[{'green' if check['correct'] else 'red'}]{errs}[/]", str(chunk),
@@ -193,7 +200,7 @@ LCE_MODEL_CASES = [("Qwen3-0.6B", 16384, 1024, 151936, False), ("Llama-3.1-8B", 
 
 def probe_lce_budgets(rows: list, budgets_mib: list[int]) -> None:
     """linear_cross_entropy fwd+bwd at LCE_MODEL_CASES for each chunk budget (see the module docstring)."""
-    from hearth.kernels.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
+    from hearth.kernels.linear_cross_entropy import chunk_rows_for
 
     table = Table(title="linear_cross_entropy fwd+bwd bf16 by chunk budget")
     for col in ("case", "budget MiB", "chunk rows", "chunks", "median ms", "extra MiB total", "activation MiB"):
@@ -205,23 +212,7 @@ def probe_lce_budgets(rows: list, budgets_mib: list[int]) -> None:
         leaves = [x] if frozen else [x, w]
         for budget in budgets_mib:
             chunk = chunk_rows_for(n, v, 2, budget * MiB)
-
-            def step():
-                linear_cross_entropy(x, w, t, chunk_rows=chunk).backward()
-
-            step()  # warm-up / compile
-            for p in leaves:
-                p.grad = None
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            step()
-            torch.cuda.synchronize()
-            total = (torch.cuda.max_memory_allocated() - before) / MiB
-            grads = sum(p.numel() * p.element_size() for p in leaves) / MiB
-            for p in leaves:
-                p.grad = None
-            ms = bench(step, grad_to_none=leaves)
+            ms, total, grads = _lce_time_and_memory(x, w, t, chunk, leaves)
             chunks = -(-n // chunk)
             table.add_row(name, str(budget), str(chunk), str(chunks), f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
             rows.append(dict(case="linear_cross_entropy_budget", name=name, n=n, h=h, v=v, frozen=frozen,
