@@ -139,6 +139,41 @@ def test_saved_logsumexp_is_the_logsumexp():
     torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("D", [16, 24], ids=["D16", "D24_padded"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_without_grad_skips_the_logsumexp(monkeypatch, causal, D):
+    """No input needs a gradient (or grad mode is off): the kernel runs with STORE_LSE=False, no logsumexp
+    is allocated, and the output is bitwise the training forward's (the same kernel and config)."""
+    mod = importlib.import_module("hearth.kernels.attention")
+    q, k, v, _ = _make(1, 4, 2, 19, D, torch.float32, seed=9)
+    with torch.enable_grad():
+        want = attention(*(x.clone().requires_grad_() for x in (q, k, v)), causal=causal).detach()
+    seen = []
+    real = mod._attention_forward
+
+    def spy(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        seen.append(lse)
+        return out, lse
+
+    monkeypatch.setattr(mod, "_attention_forward", spy)
+    got_plain = attention(q, k, v, causal=causal)  # plain tensors, grad mode on
+    with torch.no_grad():
+        got_nograd = attention(q.clone().requires_grad_(), k, v, causal=causal)
+    assert seen == [None, None]
+    assert not got_nograd.requires_grad
+    assert torch.equal(got_plain, want) and torch.equal(got_nograd, want)
+
+
+def test_inference_op_opcheck():
+    """The no-logsumexp forward is its own custom op (what torch.compile traces without grad): its fake
+    impl and schema agree with the real one."""
+    q, k, v, _ = _make(1, 2, 1, 9, 16, torch.float32, seed=10)
+    torch.library.opcheck(torch.ops.hearth.attention_infer, (q, k, v, True, 0.25))
+    out = torch.ops.hearth.attention_infer(q, k, v, True, 0.25)
+    assert torch.equal(out, attention(q, k, v, causal=True, scale=0.25))
+
+
 def test_torch_compile_fullgraph():
     """The op is a torch.library custom op: no graph break, and gradients flow through it."""
     torch._dynamo.reset()
@@ -387,6 +422,29 @@ def test_gpu_tma_path_matches_pointer_path():
         mod.USE_TMA = old
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"{name}: {m}")
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_forward_without_grad_holds_only_its_output(causal):
+    """Inference forward: the peak memory a call adds is its output plus the device TMA descriptors' scratch
+    (256 B a program: 32 KiB here), less than the [B, Hq, T] fp32 logsumexp (64 KiB) the training forward
+    keeps; the output equals the training forward's."""
+    q, k, v, _ = _make(2, 8, 2, 1024, 128, torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        attention(q, k, v, causal=causal)  # autotune and compile outside the measurement
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = attention(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+    out_bytes = out.numel() * out.element_size()
+    lse_bytes = 2 * 8 * 1024 * 4
+    assert out_bytes <= extra < out_bytes + lse_bytes, (extra, out_bytes)
+    with torch.enable_grad():
+        want = attention(q.clone().requires_grad_(), k, v, causal=causal).detach()
+    assert torch.equal(out, want)
 
 
 # ---------------------------------------------------------------- audit additions (CPU-sized)

@@ -59,6 +59,7 @@ and the padded output columns are dropped), at the padded size's cost in time an
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 
@@ -206,6 +207,8 @@ def _attn_fwd_kernel(
     INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     # variable-length (packed) sequences, attention_varlen.py: int32 [n_seqs + 1] offsets
     CuSeqQ=None, CuSeqK=None, VARLEN: tl.constexpr = False,
+    # False: no backward will run (inference, or no input needs a gradient): Lse is None, not written
+    STORE_LSE: tl.constexpr = True,
 ):
     # Causal: the last query blocks have the most keys; launch them first to shorten the tail.
     if CAUSAL:
@@ -289,12 +292,13 @@ def _attn_fwd_kernel(
         l_i = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_i[:, None]
     row_ok = offs_m < N_CTX_Q
-    # lse in natural-log units: (m + log2 l) * ln 2.
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-    if VARLEN:  # Lse is [Hq, total_q]; total_q is the last offset
-        tl.store(Lse + (h.to(tl.int64) * tl.load(CuSeqQ + tl.num_programs(1) // H_Q) + q_start) + offs_m, lse, mask=row_ok)
-    else:
-        tl.store(Lse + bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=row_ok)
+    if STORE_LSE:
+        # lse in natural-log units: (m + log2 l) * ln 2.
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        if VARLEN:  # Lse is [Hq, total_q]; total_q is the last offset
+            tl.store(Lse + (h.to(tl.int64) * tl.load(CuSeqQ + tl.num_programs(1) // H_Q) + q_start) + offs_m, lse, mask=row_ok)
+        else:
+            tl.store(Lse + bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=row_ok)
     tl.store(
         o_base + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
         acc.to(Out.dtype.element_ty), mask=row_ok[:, None],
@@ -892,6 +896,9 @@ def offline_source(fn, consts: dict, dtype: str = "bf16"):
     and the tests' sm_90 builds."""
     from triton.compiler import ASTSource
 
+    # constexprs the caller left out take their defaults (e.g. VARLEN=False, STORE_LSE=True), as a launch does
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    consts = {**defaults, **consts}
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in consts:
@@ -935,18 +942,20 @@ def _checked_scale(scale, head_dim: int) -> float:
     return scale
 
 
-def _attention_forward(q, k, v, causal: bool, scale: float):
-    """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32."""
+def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = True):
+    """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32.
+    store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     B, Hq, Tq, D = q.shape
     cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
     if forward_kernel(cap, q.dtype, D, causal) == "gluon":
         from hearth.kernels import attention_gluon
 
         if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
-            return attention_gluon.forward(q, k, v, causal, scale)
+            out, lse = attention_gluon.forward(q, k, v, causal, scale)
+            return out, (lse if store_lse else None)
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
     use_tma = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
     if use_tma:
         _ensure_allocator()
@@ -954,7 +963,8 @@ def _attention_forward(q, k, v, causal: bool, scale: float):
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
     )
-    meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode())
+    meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode(),
+                STORE_LSE=store_lse)
     with _on_device(q.device):
         _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta)
     return out, lse
@@ -1012,6 +1022,25 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 def _(q, k, v, causal, scale):
     B, Hq, Tq, D = q.shape
     return q.new_empty((B, Hq, Tq, D)), q.new_empty((B, Hq, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("hearth::attention_infer", mutates_args=())
+def _attention_infer_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    return _attention_forward(q, k, v, causal, scale, store_lse=False)[0]
+
+
+@_attention_infer_op.register_fake
+def _(q, k, v, causal, scale):
+    return q.new_empty(q.shape)
+
+
+def _attention_infer(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """The forward when no backward will run: no [B, Hq, Tq] fp32 logsumexp is allocated or written (the
+    op then holds only its output, as SDPA's kernels do without grad). The custom op while torch.compile
+    traces, the launcher directly otherwise."""
+    if torch.compiler.is_compiling():
+        return _attention_infer_op(q, k, v, causal, scale)
+    return _attention_forward(q, k, v, causal, scale, store_lse=False)[0]
 
 
 @torch.library.custom_op("hearth::attention_bwd", mutates_args=())
@@ -1083,8 +1112,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     dtypes: float16 / bfloat16 (tensor cores, fp32 accumulation and softmax) and float32 (full fp32
     matmuls, slow). D: 1..256; a power of two in 16..256 runs natively, any other D zero-padded to the
     next one (80, 96 -> 128: the padded size's time and saved memory). Cost: 4*B*Hq*Tq*Tk*D FLOPs forward (half when
-    causal), 2.5x that backward; memory O(B*H*T*D) (the T x T scores are never stored; the forward
-    keeps a [B, Hq, Tq] fp32 logsumexp for the backward).
+    causal), 2.5x that backward; memory O(B*H*T*D) (the T x T scores are never stored; when a backward
+    will run, the forward keeps a [B, Hq, Tq] fp32 logsumexp for it, and otherwise allocates only the output).
 
     Raises:
         TypeError: a non-tensor, an unsupported dtype, mixed dtypes, a non-bool causal or a non-number scale.
@@ -1132,7 +1161,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     padded = padded_head_dim(D)
     if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
         tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
-        return out[..., :D]
-    out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
-    return out
+    else:  # no graph to record: skip the logsumexp the backward would need
+        out = _attention_infer(tensors["q"], tensors["k"], tensors["v"], causal, scale)
+    return out if padded == D else out[..., :D]

@@ -79,7 +79,10 @@ CE_PROGRAMS_PER_SM = 2
 # 1.6-1.9x faster than the 2-per-SM persistent grid used before (16384 x 8192: 0.182 vs 0.294 ms;
 # 65536 x 2048: 0.248 vs 0.479 ms): with one row in flight per program and no pipelining, 2 programs per
 # SM left the loads nothing to hide behind. 3 pipeline stages were 25-48% slower at these widths.
-_CE_CONFIGS = ((1024, 1024, 4), (8192, 4096, 8), (1 << 62, 8192, 16))
+# Up to V = 1024, 512-wide chunks with 2 warps: the same probe at V = 512 / 1024, N = 4096 / 65536 had them
+# 8-31% faster than 1024 x 4 warps (65536 x 512: 0.064 vs 0.093 ms; 65536 x 1024: 0.106 vs 0.125 ms), 4 warps
+# on 512 columns leave half the lanes of each load idle.
+_CE_CONFIGS = ((1024, 512, 2), (8192, 4096, 8), (1 << 62, 8192, 16))
 # Wide vocabularies (V > 8192) on the GPU: (programs_per_SM, BLOCK, num_warps, num_stages), by rule, not
 # timed at run time. Both vocab loops are software-pipelined (tl.range num_stages: cp.async into shared
 # memory), so a program keeps num_stages - 1 chunks in flight. programs_per_SM 0 = one program per row
