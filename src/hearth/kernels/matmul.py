@@ -35,11 +35,13 @@ or grad mode is off) `matmul` calls the launcher directly.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hearth.kernels._common import (
     autograd_op, backward_route, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms,
@@ -106,33 +108,14 @@ def _matmul_kernel(
 
 
 @triton.jit
-def _matmul_tma_kernel(
-    # pointers
-    a_ptr, b_ptr, c_ptr,
-    # shapes
-    M, N, K,
-    # strides (elements): the leading stride of each operand's contiguous storage
-    lda, ldb, ldc,
-    # meta-parameters
-    A_T: tl.constexpr, B_T: tl.constexpr,  # operand is a transposed view of row-major storage
+def _tma_persistent_tiles(
+    a_desc, b_desc, c_desc, M, N, K,
+    A_T: tl.constexpr, B_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SPLIT: tl.constexpr,  # store C in two halves: halves the epilogue's shared memory
-    NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    dtype = c_ptr.dtype.element_ty
-    if A_T:  # storage is A^T [K, M] row-major
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[lda, 1], block_shape=[BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[lda, 1], block_shape=[BLOCK_M, BLOCK_K])
-    if B_T:  # storage is B^T [N, K] row-major
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[ldb, 1], block_shape=[BLOCK_N, BLOCK_K])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[ldb, 1], block_shape=[BLOCK_K, BLOCK_N])
-    if EPILOGUE_SPLIT:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
-    else:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N])
-
+    """The persistent tile loop of both TMA kernels (they differ only in where the descriptors come from)."""
+    dtype = c_desc.dtype
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -166,6 +149,55 @@ def _matmul_tma_kernel(
             c_desc.store([off_m, off_n + BLOCK_N // 2], c1.to(dtype))
         else:
             c_desc.store([off_m, off_n], acc.to(dtype))
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    # host-built TMA descriptors (triton.tools.tensor_descriptor.TensorDescriptor): A over [M, K]
+    # (A_T: over A^T's [K, M] storage), B over [K, N] (B_T: [N, K]), C over [M, N]; their block
+    # shapes are set per config by _set_block_shapes
+    a_desc, b_desc, c_desc,
+    # shapes
+    M, N, K,
+    # meta-parameters
+    A_T: tl.constexpr, B_T: tl.constexpr,  # operand is a transposed view of row-major storage
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr,  # store C in two halves: halves the epilogue's shared memory
+    NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    _tma_persistent_tiles(a_desc, b_desc, c_desc, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                          EPILOGUE_SPLIT, NUM_SMS, PRECISION, UPCAST)
+
+
+@triton.jit
+def _matmul_tma_device_desc_kernel(
+    # pointers
+    a_ptr, b_ptr, c_ptr,
+    # shapes
+    M, N, K,
+    # strides (elements): the leading stride of each operand's contiguous storage
+    lda, ldb, ldc,
+    # meta-parameters (as _matmul_tma_kernel)
+    A_T: tl.constexpr, B_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # The descriptors are built on the device: each program writes them into the global scratch
+    # buffer Triton allocates per launch (triton.set_allocator).
+    if A_T:  # storage is A^T [K, M] row-major
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[lda, 1], block_shape=[BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[lda, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if B_T:  # storage is B^T [N, K] row-major
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[ldb, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[ldb, 1], block_shape=[BLOCK_K, BLOCK_N])
+    if EPILOGUE_SPLIT:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
+    else:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N])
+    _tma_persistent_tiles(a_desc, b_desc, c_desc, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                          EPILOGUE_SPLIT, NUM_SMS, PRECISION, UPCAST)
 
 
 # ----------------------------------------------------------------------------------------- launcher
@@ -210,7 +242,8 @@ def _prune_few_tiles(configs, named_args, **kwargs):
     leaves 36 of 132 SMs idle, and small shapes are launch-bound, so their autotune timings cannot
     be trusted to see it. Big shapes keep every config."""
     m, n = named_args["M"], named_args["N"]
-    sms = num_sms(named_args["a_ptr"].device)
+    a = named_args["a_desc"].base if "a_desc" in named_args else named_args["a_ptr"]
+    sms = num_sms(a.device)
     tiles = {c: cdiv(m, c.kwargs["BLOCK_M"]) * cdiv(n, c.kwargs["BLOCK_N"]) for c in configs}
     full = [c for c in configs if tiles[c] >= sms]
     if full:
@@ -219,9 +252,38 @@ def _prune_few_tiles(configs, named_args, **kwargs):
     return [c for c in configs if tiles[c] == most]
 
 
+def _block_shapes(a_t: bool, b_t: bool, block_m: int, block_n: int, block_k: int, split: bool):
+    """The A, B, C descriptors' block shapes for one tile config (A_T / B_T: the descriptor is over
+    the transposed storage, so its block is too; EPILOGUE_SPLIT stores C in two BLOCK_N / 2 halves)."""
+    return ([block_k, block_m] if a_t else [block_m, block_k], [block_n, block_k] if b_t else [block_k, block_n],
+            [block_m, block_n // 2] if split else [block_m, block_n])
+
+
+def _set_block_shapes(nargs):
+    """pre_hook of every host-descriptor TMA config: the autotuner calls it with the launch's named
+    arguments plus that config's kwargs before each benchmark run and before the real launch, so
+    every candidate tile gets descriptors of its own block shape (the block shape is part of the
+    kernel's argument type, tensordesc<bf16[128, 64]>, and of the CUtensorMap the launcher fills)."""
+    nargs["a_desc"].block_shape, nargs["b_desc"].block_shape, nargs["c_desc"].block_shape = _block_shapes(
+        nargs["A_T"], nargs["B_T"], nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"], nargs["EPILOGUE_SPLIT"])
+
+
+_TMA_HOST_CONFIGS = [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=_set_block_shapes)
+                     for c in _TMA_CONFIGS]
 _PRUNE = {"early_config_prune": _prune_few_tiles}
 _matmul_ptr_tuned = triton.autotune(configs=_PTR_CONFIGS, key=["M", "N", "K", "PRECISION"], prune_configs_by=_PRUNE)(_matmul_kernel)
-_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"], prune_configs_by=_PRUNE)(_matmul_tma_kernel)
+# The autotuner adds the dtype of every argument that has one to its key; descriptors have none, so
+# one choice serves bf16 and fp16 at a shape (same bytes per tile, same wgmma rate on Hopper).
+_matmul_tma_tuned = triton.autotune(configs=_TMA_HOST_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"],
+                                    prune_configs_by=_PRUNE)(_matmul_tma_kernel)
+_matmul_tma_device_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"],
+                                           prune_configs_by=_PRUNE)(_matmul_tma_device_desc_kernel)
+
+# HEARTH_MATMUL_TMA_DESC: "host" (default) passes TensorDescriptors built here; "device" runs the
+# kernel that builds them with tl.make_tensor_descriptor (a global scratch buffer per launch). Read
+# on every TMA launch, so one process can time both (scripts set and unset it between runs).
+TMA_DESC_ENV = "HEARTH_MATMUL_TMA_DESC"
+_TMA_DESC_MODES = ("host", "device")
 
 _TMA_BROKEN: str | None = None  # set once if the TMA kernel fails to compile on this GPU/toolchain
 LAST_BACKEND: str | None = None  # "tma" or "pointer": which kernel the last launch used (probe/inspect)
@@ -238,21 +300,76 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+def _tma_desc_mode() -> str:
+    mode = os.environ.get(TMA_DESC_ENV, "host")
+    if mode not in _TMA_DESC_MODES:
+        raise ValueError(f"{TMA_DESC_ENV} must be one of {_TMA_DESC_MODES}, got {mode!r}")
+    return mode
+
+
 def _alloc_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _tma_layout(t: torch.Tensor):
-    """(transposed, leading stride) if TMA can describe `t` (2-D), else None. TMA needs a unit
-    stride on one dimension, 16-byte aligned base and leading stride."""
+def _tma_strides(t: torch.Tensor):
+    """(transposed, leading stride) if TMA can describe `t` (2-D) from its shape and strides, else
+    None. TMA needs a unit stride on one dimension, a 16-byte multiple leading stride and rows of at
+    least 16 bytes; the base's 16-byte alignment is the caller's check (it changes every call)."""
     esize = t.element_size()
-    if t.data_ptr() % 16:
-        return None
     if t.stride(1) == 1 and (t.stride(0) * esize) % 16 == 0 and (t.size(1) * esize) >= 16:
         return False, t.stride(0)
     if t.stride(0) == 1 and (t.stride(1) * esize) % 16 == 0 and (t.size(0) * esize) >= 16:
         return True, t.stride(1)
     return None
+
+
+class _TmaPlan:
+    """What a TMA launch decides from shapes, strides, dtype and device alone, kept per such key
+    (_tma_plan) so a repeated call (every training step, every layer of one shape) only builds three
+    descriptors around the new data pointers. The descriptor shape / stride lists are shared by every
+    launch of the plan: nothing writes to them (the pre_hook replaces block_shape, a fresh list)."""
+
+    __slots__ = ("M", "N", "K", "a_t", "b_t", "lda", "ldb", "ldc", "a_shape", "b_shape", "c_shape",
+                 "a_strides", "b_strides", "c_strides", "sms", "grid")
+
+    def __init__(self, a, b, c, a_t, lda, b_t, ldb):
+        self.M, self.K = a.shape
+        self.N = b.shape[1]
+        M, N, K = self.M, self.N, self.K
+        self.a_t, self.lda, self.b_t, self.ldb, self.ldc = a_t, lda, b_t, ldb, c.stride(0)
+        # A^T's storage is [K, M] row-major (stride lda), B^T's is [N, K]: described as stored
+        self.a_shape = [K, M] if a_t else [M, K]
+        self.b_shape = [N, K] if b_t else [K, N]
+        self.c_shape = [M, N]
+        self.a_strides, self.b_strides, self.c_strides = [lda, 1], [ldb, 1], [self.ldc, 1]
+        self.sms = sms = num_sms(a.device)
+        # persistent grid: at most one program per SM
+        self.grid = lambda m: (min(sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
+
+
+_PLANS: dict = {}
+_PLACEHOLDER_BLOCK = [16, 16]  # a descriptor's block shape until the config's is set (_launch_tma)
+_PLANS_MAX = 4096  # distinct (shape, stride) keys kept; cleared when full (varying sequence lengths)
+
+
+def _tma_plan(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> _TmaPlan | None:
+    """The cached launch plan for these operands, or None where TMA cannot describe their layouts
+    (a and b: a unit stride on either dimension, c: row-major). Alignment is not part of it."""
+    key = (a.shape, a.stride(), b.shape, b.stride(), c.shape, c.stride(), a.dtype, a.device)
+    plan = _PLANS.get(key, False)
+    if plan is False:
+        la, lb = _tma_strides(a), _tma_strides(b)
+        ok = la is not None and lb is not None and _tma_strides(c) == (False, c.stride(0))
+        plan = _TmaPlan(a, b, c, *la, *lb) if ok else None
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _aligned(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
+    """TMA's 16-byte aligned bases (a view at an odd offset is not)."""
+    return not (a.data_ptr() | b.data_ptr() | c.data_ptr()) & 15
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,35 +378,46 @@ def _cc_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def _use_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
+def _use_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> _TmaPlan | None:
+    """The TMA launch plan when the TMA kernel should run these operands, else None."""
     if _TMA_BROKEN is not None or a.device.type != "cuda" or interpret_mode():
-        return False
+        return None
     if a.dtype not in (torch.bfloat16, torch.float16) or _cc_major(a.device.index if a.device.index is not None else torch.cuda.current_device()) < 9:
-        return False  # fp32 (TF32) stays on the pointer kernel: wgmma reads 32-bit operands K-major only
-    return None not in (_tma_layout(a), _tma_layout(b)) and _tma_layout(c) == (False, c.stride(0))
+        return None  # fp32 (TF32) stays on the pointer kernel: wgmma reads 32-bit operands K-major only
+    plan = _tma_plan(a, b, c)
+    return plan if plan is not None and _aligned(a, b, c) else None
 
 
-def _launch_tma(a, b, c, *, tuned: bool = True):
+def _launch_tma(a, b, c, *, tuned: bool = True, plan: _TmaPlan | None = None):
+    """plan: _use_tma's (already checked); None: look it up and check here (a forced backend)."""
     global LAST_TUNER
-    M, K = a.shape
-    N = b.shape[1]
-    if None in (_tma_layout(a), _tma_layout(b)):
-        raise ValueError("the TMA kernel needs a unit stride and 16-byte aligned rows for a and b")
-    a_t, lda = _tma_layout(a)
-    b_t, ldb = _tma_layout(b)
-    sms = num_sms(a.device)
-    if a.device.type == "cuda":
-        # A ContextVar: set it on every launch (autograd's backward runs on another thread).
-        triton.set_allocator(_alloc_scratch)
-    args = (a, b, c, M, N, K, lda, ldb, c.stride(0))
-    meta = dict(A_T=a_t, B_T=b_t, NUM_SMS=sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
+    if plan is None:
+        plan = _tma_plan(a, b, c)
+        if plan is None or not _aligned(a, b, c):
+            raise ValueError("the TMA kernel needs a unit stride and 16-byte aligned rows and bases for a and b, "
+                             "and a row-major out")
+    meta = dict(A_T=plan.a_t, B_T=plan.b_t, NUM_SMS=plan.sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
+    M, N, K = plan.M, plan.N, plan.K
+    if _tma_desc_mode() == "device":
+        if a.device.type == "cuda":
+            # A ContextVar: set it on every launch (autograd's backward runs on another thread).
+            triton.set_allocator(_alloc_scratch)
+        args = (a, b, c, M, N, K, plan.lda, plan.ldb, plan.ldc)
+        tuner, kernel = _matmul_tma_device_tuned, _matmul_tma_device_desc_kernel
+    else:
+        # Block shapes: set per config by _set_block_shapes (tuned), or below (the one interpreter
+        # config); the placeholder only has to pass TensorDescriptor's checks.
+        args = (TensorDescriptor(a, plan.a_shape, plan.a_strides, _PLACEHOLDER_BLOCK),
+                TensorDescriptor(b, plan.b_shape, plan.b_strides, _PLACEHOLDER_BLOCK),
+                TensorDescriptor(c, plan.c_shape, plan.c_strides, _PLACEHOLDER_BLOCK), M, N, K)
+        tuner, kernel = _matmul_tma_tuned, _matmul_tma_kernel
     if tuned:
-        grid = lambda m: (min(sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
-        LAST_TUNER = _matmul_tma_tuned
-        return _matmul_tma_tuned[grid](*args, **meta)
+        LAST_TUNER = tuner
+        return tuner[plan.grid](*args, **meta)
     cfg = _INTERP_TMA
-    grid = (min(sms, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])),)
-    return _matmul_tma_kernel[grid](*args, **meta, **cfg)
+    if kernel is _matmul_tma_kernel:
+        _set_block_shapes(dict(a_desc=args[0], b_desc=args[1], c_desc=args[2], **meta, **cfg))
+    return kernel[plan.grid(cfg)](*args, **meta, **cfg)
 
 
 # The pointer kernel's M / N offsets are int64, but its in-tile K offsets (offs_k * stride along K, and
@@ -323,11 +451,13 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, backend:
     global _TMA_BROKEN, LAST_BACKEND
     tuned = a.device.type == "cuda" and not interpret_mode()
     auto = backend is None
+    plan = None
     if auto:
-        backend = "tma" if _use_tma(a, b, out) else "pointer"
+        plan = _use_tma(a, b, out)
+        backend = "tma" if plan is not None else "pointer"
     if backend == "tma":
         try:
-            handle = _launch_tma(a, b, out, tuned=tuned)
+            handle = _launch_tma(a, b, out, tuned=tuned, plan=plan)
             LAST_BACKEND = "tma"
             return handle
         except (triton.CompilationError, RuntimeError) as exc:  # toolchain without TMA support
