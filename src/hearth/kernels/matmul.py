@@ -1,4 +1,4 @@
-"""matmul(a, b): C = A @ B on the tensor cores, two Triton kernels and one torch.library op.
+"""matmul(a, b): C = A @ B on the tensor cores, Triton kernels and one torch.library op.
 
 Math and traffic: C[M, N] = A[M, K] @ B[K, N], 2*M*N*K flops; with tiles BM x BN each A tile is
 read N/BN times and each B tile M/BM times (mostly from L2 thanks to grouped tile ordering), C is
@@ -9,19 +9,31 @@ the interpreter they are exact fp32.
 
 Kernels
 - `_matmul_tma_kernel` (Hopper, sm_90+): persistent grid of at most one program per SM, tiles
-  visited in grouped order (GROUP_M rows of tiles share the B panel in L2), operands loaded by TMA
-  through device-side tensor descriptors (tl.make_tensor_descriptor, which needs a global scratch
-  allocator: triton.set_allocator). TMA needs a unit stride on the descriptor's last dimension and
-  16-byte aligned rows, so a transposed view (a.T) is described over its own contiguous storage and
-  the loaded tile is transposed in shared memory (A_T / B_T constexpr) -- the backward pass never
-  copies. Out-of-bounds tiles are zero-filled by TMA and clipped on store: any M, N, K.
+  visited in grouped order (GROUP_M rows of tiles share the B panel in L2), operands loaded by TMA.
+  The A, B, C descriptors are built on the host (triton.tools.tensor_descriptor.TensorDescriptor)
+  and passed as kernel arguments: Triton's launcher fills each CUtensorMap (128 bytes) into the
+  kernel's parameters. Their block shape is the autotuned tile's, so every config carries a pre_hook
+  (_set_block_shapes) that sets it before that config runs. Why not device-side descriptors
+  (tl.make_tensor_descriptor): each program writes them to a global scratch buffer that Triton
+  allocates on every launch (torch.empty through triton.set_allocator), which raised matmul's peak
+  memory above its output (cuBLAS's figure) and cost host time per call; with host descriptors the
+  output is the only allocation. That kernel, `_matmul_tma_device_desc_kernel` (same tile loop),
+  stays reachable with env HEARTH_MATMUL_TMA_DESC=device (read per launch) for A/B timing. TMA needs
+  a unit stride on the descriptor's last dimension and 16-byte aligned rows, so a transposed view
+  (a.T) is described over its own contiguous storage and the loaded tile is transposed in shared
+  memory (A_T / B_T constexpr) -- the backward pass never copies. Out-of-bounds tiles are zero-filled
+  by TMA and clipped on store: any M, N, K. Host cost: what depends only on shapes, strides, dtype
+  and device (layouts, descriptor shapes, and once tuned the config, grid and launch kwargs) is
+  cached per such key (_TmaPlan), so a repeated call builds three descriptors and launches.
 - `_matmul_kernel`: plain pointer kernel with masks, any strides. Used by the interpreter, pre-Hopper
   GPUs, fp32 (TF32) inputs, and operands TMA cannot describe (e.g. bf16 with K not a multiple of 8).
   If the TMA kernel fails to compile on a toolchain, the launcher warns once and stays on this one.
 
 Checked offline (triton.compile for GPUTarget("cuda", 90, 32) on a CPU box): every TMA config, in
-all four operand layouts, bf16 and fp16, emits wgmma.mma_async and cp.async.bulk.tensor and fits
-shared memory (128x256x64 x 4 stages: 229,408 B of the 232,448 B limit); no spills (161 registers).
+all four operand layouts, bf16 and fp16, with host descriptors, emits wgmma.mma_async and
+cp.async.bulk.tensor, uses no global scratch and fits shared memory (128x256x64 x 4 stages: 229,440 B
+of the 232,448 B limit); no spills (at most 166 registers; the device-descriptor kernel: 164).
+The interpreter runs both TMA kernels (Triton 3.6's accepts TensorDescriptor arguments).
 
 Both are autotuned on CUDA over a small config set keyed on (M, N, K) (the autotuner caches the
 choice per shape); tile shapes that would leave SMs idle are pruned before timing (_prune_few_tiles). The launcher picks the kernel; `matmul` is a torch.library custom op with an
@@ -207,10 +219,11 @@ def _matmul_tma_device_desc_kernel(
 # 128x256x128 x 2 stages: half the k-steps, so half the two CTA barriers each k-step costs in
 #   Triton's (not warp-specialised) Hopper pipeline;
 # 128x128x64 with 4 stages: for shapes with few tiles (more programs per SM wave).
-# sm_90 offline build (hearth inspect matmul --arch sm_90, bf16, all layouts): every config emits
-# wgmma + cp.async.bulk.tensor (SASS HGMMA + UTMA), no spills; 128x256 / 256x128 x 3 stages: 154
-# registers, 176 KiB shared; x 4 stages: 224 KiB; 128x256x128 x 2: 154 registers, 224 KiB;
-# 128x128 x 4 stages: 160 KiB (90 registers with 8 warps, 159 with 4).
+# sm_90 offline build (host descriptors, bf16 and fp16, all layouts): every config emits
+# wgmma + cp.async.bulk.tensor, no spills; 128x256 / 256x128 x 3 stages: 154-163 registers, 176 KiB
+# shared; x 4 stages: 154-166 registers, 224 KiB; 128x256x128 x 2: 154 registers, 224 KiB;
+# 128x128 x 4 stages: 160 KiB (90-100 registers with 8 warps, 156-161 with 4). The device-descriptor
+# kernel: the same shared memory, 0-5 registers fewer.
 # Where the time goes at 4096^3 (0.88x cuBLAS in probe-1, 0.98x at K=8192): the per-tile epilogue
 # (wgmma drain, acc -> smem -> TMA store) is not overlapped with the next tile's MMAs; halving the
 # tiles' share of it (K=8192) closes most of the gap. Overlapping it needs warp specialisation.
@@ -325,12 +338,16 @@ def _tma_strides(t: torch.Tensor):
 
 class _TmaPlan:
     """What a TMA launch decides from shapes, strides, dtype and device alone, kept per such key
-    (_tma_plan) so a repeated call (every training step, every layer of one shape) only builds three
-    descriptors around the new data pointers. The descriptor shape / stride lists are shared by every
-    launch of the plan: nothing writes to them (the pre_hook replaces block_shape, a fresh list)."""
+    (_tma_plan) so that a repeated call (every training step, every layer of one shape) does little
+    Python: the layouts, the descriptors' shapes and strides, and -- once the autotuner has chosen for
+    this shape -- the config, grid and launch kwargs (`fixed`), launched without the autotuner's
+    per-call work (its key, argument dicts and pre_hook: ~9 us per call on a CPU box with the launch
+    stubbed; the whole TMA host path to the launch went 18.8 -> 8.6 us). A call then builds three
+    descriptors around the new data pointers. The shape / stride lists are shared
+    by every launch of the plan: nothing writes to them (block shapes are replaced, never edited)."""
 
     __slots__ = ("M", "N", "K", "a_t", "b_t", "lda", "ldb", "ldc", "a_shape", "b_shape", "c_shape",
-                 "a_strides", "b_strides", "c_strides", "sms", "grid")
+                 "a_strides", "b_strides", "c_strides", "sms", "grid", "fixed")
 
     def __init__(self, a, b, c, a_t, lda, b_t, ldb):
         self.M, self.K = a.shape
@@ -345,10 +362,21 @@ class _TmaPlan:
         self.sms = sms = num_sms(a.device)
         # persistent grid: at most one program per SM
         self.grid = lambda m: (min(sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
+        # (device descriptors?, precision, tuned) -> (kernel, grid, launch kwargs, block shapes, tuner, config)
+        self.fixed = {}
+
+    def args(self, a, b, c, device_desc: bool, blocks):
+        """The kernel's positional arguments for this call's tensors."""
+        if device_desc:
+            return (a, b, c, self.M, self.N, self.K, self.lda, self.ldb, self.ldc)
+        return (TensorDescriptor(a, self.a_shape, self.a_strides, blocks[0]),
+                TensorDescriptor(b, self.b_shape, self.b_strides, blocks[1]),
+                TensorDescriptor(c, self.c_shape, self.c_strides, blocks[2]), self.M, self.N, self.K)
 
 
 _PLANS: dict = {}
-_PLACEHOLDER_BLOCK = [16, 16]  # a descriptor's block shape until the config's is set (_launch_tma)
+# descriptors' block shapes until the autotuner's pre_hook sets each config's (_set_block_shapes)
+_PLACEHOLDER_BLOCKS = ([16, 16],) * 3
 _PLANS_MAX = 4096  # distinct (shape, stride) keys kept; cleared when full (varying sequence lengths)
 
 
@@ -396,28 +424,36 @@ def _launch_tma(a, b, c, *, tuned: bool = True, plan: _TmaPlan | None = None):
         if plan is None or not _aligned(a, b, c):
             raise ValueError("the TMA kernel needs a unit stride and 16-byte aligned rows and bases for a and b, "
                              "and a row-major out")
-    meta = dict(A_T=plan.a_t, B_T=plan.b_t, NUM_SMS=plan.sms, PRECISION=_precision(a.dtype), UPCAST=not tuned)
-    M, N, K = plan.M, plan.N, plan.K
-    if _tma_desc_mode() == "device":
-        if a.device.type == "cuda":
-            # A ContextVar: set it on every launch (autograd's backward runs on another thread).
-            triton.set_allocator(_alloc_scratch)
-        args = (a, b, c, M, N, K, plan.lda, plan.ldb, plan.ldc)
-        tuner, kernel = _matmul_tma_device_tuned, _matmul_tma_device_desc_kernel
-    else:
-        # Block shapes: set per config by _set_block_shapes (tuned), or below (the one interpreter
-        # config); the placeholder only has to pass TensorDescriptor's checks.
-        args = (TensorDescriptor(a, plan.a_shape, plan.a_strides, _PLACEHOLDER_BLOCK),
-                TensorDescriptor(b, plan.b_shape, plan.b_strides, _PLACEHOLDER_BLOCK),
-                TensorDescriptor(c, plan.c_shape, plan.c_strides, _PLACEHOLDER_BLOCK), M, N, K)
-        tuner, kernel = _matmul_tma_tuned, _matmul_tma_kernel
-    if tuned:
+    device_desc = _tma_desc_mode() == "device"
+    if device_desc and a.device.type == "cuda":
+        # A ContextVar: set it on every launch (autograd's backward runs on another thread).
+        triton.set_allocator(_alloc_scratch)
+    key = (device_desc, _precision(a.dtype), tuned)
+    fixed = plan.fixed.get(key)
+    if fixed is None:
+        kernel = _matmul_tma_device_desc_kernel if device_desc else _matmul_tma_kernel
+        meta = dict(A_T=plan.a_t, B_T=plan.b_t, NUM_SMS=plan.sms, PRECISION=key[1], UPCAST=not tuned)
+        if tuned:
+            # The plan's first launch goes through the autotuner (it benchmarks on the shape's first
+            # call; each config's pre_hook sets the descriptors' block shapes); later ones reuse its pick.
+            tuner = _matmul_tma_device_tuned if device_desc else _matmul_tma_tuned
+            LAST_TUNER = tuner
+            handle = tuner[plan.grid](*plan.args(a, b, c, device_desc, _PLACEHOLDER_BLOCKS), **meta)
+            cfg = tuner.best_config
+            kwargs = {**meta, **cfg.all_kwargs()}
+        else:
+            handle, tuner, cfg = None, None, None
+            kwargs = {**meta, **_INTERP_TMA}
+        blocks = _block_shapes(plan.a_t, plan.b_t, kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"],
+                               kwargs["EPILOGUE_SPLIT"])
+        fixed = plan.fixed[key] = (kernel, plan.grid(kwargs), kwargs, blocks, tuner, cfg)
+        if handle is not None:
+            return handle
+    kernel, grid, kwargs, blocks, tuner, cfg = fixed
+    if tuner is not None:
         LAST_TUNER = tuner
-        return tuner[plan.grid](*args, **meta)
-    cfg = _INTERP_TMA
-    if kernel is _matmul_tma_kernel:
-        _set_block_shapes(dict(a_desc=args[0], b_desc=args[1], c_desc=args[2], **meta, **cfg))
-    return kernel[plan.grid(cfg)](*args, **meta, **cfg)
+        tuner.best_config = cfg  # what the autotuner would report for this launch (probe, inspect)
+    return kernel[grid](*plan.args(a, b, c, device_desc, blocks), **kwargs)
 
 
 # The pointer kernel's M / N offsets are int64, but its in-tile K offsets (offs_k * stride along K, and
@@ -550,6 +586,36 @@ def inspect_kernels(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[st
     return found
 
 
+def compile_tma_offline(arch: int, dtype: torch.dtype, cfg: triton.Config, *, a_t: bool = False, b_t: bool = False,
+                        desc: str = "host"):
+    """triton.compile one TMA kernel config for compute capability `arch` without a GPU, as a launch with
+    these operand layouts would specialise it. desc "host": _matmul_tma_kernel, whose descriptor
+    arguments are typed by element type and block shape (tensordesc<bf16[128, 64]>, what Triton's JIT
+    derives from a TensorDescriptor); "device": _matmul_tma_device_desc_kernel (pointers + strides)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if desc not in _TMA_DESC_MODES:
+        raise ValueError(f"desc must be one of {_TMA_DESC_MODES}, got {desc!r}")
+    ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if ty is None:
+        raise ValueError(f"dtype must be bfloat16 or float16 for the TMA kernel, got {dtype}")
+    const = dict(A_T=a_t, B_T=b_t, NUM_SMS=132, PRECISION="ieee", UPCAST=False, **cfg.kwargs)
+    if desc == "host":
+        blocks = _block_shapes(a_t, b_t, cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"],
+                               cfg.kwargs["EPILOGUE_SPLIT"])
+        sig = {name: f"tensordesc<{ty}[{bs[0]}, {bs[1]}]>" for name, bs in zip(("a_desc", "b_desc", "c_desc"), blocks)}
+        sig.update(M="i32", N="i32", K="i32")
+        fn = _matmul_tma_kernel
+    else:
+        sig = {"a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}", "M": "i32", "N": "i32", "K": "i32",
+               "lda": "i32", "ldb": "i32", "ldc": "i32"}
+        fn = _matmul_tma_device_desc_kernel
+    sig.update({k: "constexpr" for k in const})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
 def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     """`hearth inspect --arch` convention: compile this op's kernels for compute capability `arch`
     (e.g. 90) without a GPU (triton.compile + the bundled ptxas). Needs TRITON_INTERPRET unset at
@@ -562,11 +628,7 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     found = []
     if arch >= 90 and dtype != torch.float32:
         for cfg in (_TMA_CONFIGS[0], _TMA_CONFIGS[4]):  # 128x256x64 and 128x128x64 (the others: see _TMA_CONFIGS)
-            const = dict(A_T=False, B_T=False, NUM_SMS=132, PRECISION="ieee", UPCAST=False, **cfg.kwargs)
-            sig = {"a_ptr": ptr, "b_ptr": ptr, "c_ptr": ptr, "M": "i32", "N": "i32", "K": "i32", "lda": "i32", "ldb": "i32", "ldc": "i32"}
-            sig.update({k: "constexpr" for k in const})
-            k = triton.compile(ASTSource(fn=_matmul_tma_kernel, signature=sig, constexprs=const), target=target,
-                               options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+            k = compile_tma_offline(arch, dtype, cfg)  # the default (host-descriptor) kernel
             found.append((f"matmul[tma] {cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']} sm_{arch}", k))
     cfg = _PTR_CONFIGS[1]
     const = dict(stride_ak=1, stride_bn=1, stride_cn=1, PRECISION=_precision(dtype), UPCAST=False, **cfg.kwargs)
