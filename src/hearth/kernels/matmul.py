@@ -343,8 +343,8 @@ class _TmaPlan:
     this shape -- the config, grid and launch kwargs (`fixed`), launched without the autotuner's
     per-call work (its key, argument dicts and pre_hook: ~9 us per call on a CPU box with the launch
     stubbed; the whole TMA host path to the launch went 18.8 -> 8.6 us). A call then builds three
-    descriptors around the new data pointers. The shape / stride lists are shared
-    by every launch of the plan: nothing writes to them (block shapes are replaced, never edited)."""
+    descriptors around the new data pointers. The shape / stride lists are shared by every launch
+    of the plan: nothing writes to them (block shapes are replaced, never edited)."""
 
     __slots__ = ("M", "N", "K", "a_t", "b_t", "lda", "ldb", "ldc", "a_shape", "b_shape", "c_shape",
                  "a_strides", "b_strides", "c_strides", "sms", "grid", "fixed")
@@ -375,9 +375,9 @@ class _TmaPlan:
 
 
 _PLANS: dict = {}
+_PLANS_MAX = 4096  # distinct (shape, stride) keys kept; cleared when full (varying sequence lengths)
 # descriptors' block shapes until the autotuner's pre_hook sets each config's (_set_block_shapes)
 _PLACEHOLDER_BLOCKS = ([16, 16],) * 3
-_PLANS_MAX = 4096  # distinct (shape, stride) keys kept; cleared when full (varying sequence lengths)
 
 
 def _tma_plan(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> _TmaPlan | None:
