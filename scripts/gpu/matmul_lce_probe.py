@@ -2,6 +2,7 @@
 
     python scripts/gpu/matmul_lce_probe.py [--out benchmarks/probe] [--skip-lce] [--skip-inspect]
     python scripts/gpu/matmul_lce_probe.py --lce-budgets 120,160,200,240 --out DIR   # the chunk-budget sweep only
+    python scripts/gpu/matmul_lce_probe.py --tma-desc --out DIR   # TMA host vs device descriptors only
 
 1. matmul: correctness against fp32 (every size, and the backward's transposed-view launches), then
    TFLOP/s = 2*M*N*K / time against cuBLAS (torch.mm) at 4096^3, 8192^3 and odd sizes; which kernel
@@ -20,6 +21,10 @@
    (trainable) and fewer, fuller row-kernel launches (frozen), against more activation memory. What decides
    the default budget (EXTRA_MEMORY_BUDGET, 120 MiB), which must stay well under torch.compile's (it
    materialises the logits: 2-2.4 GiB of activations at these shapes).
+--tma-desc: instead of 1-3, the TMA matmul with host descriptors (the default) against the device-descriptor
+   kernel (HEARTH_MATMUL_TMA_DESC=device) in the forward's and the backward's operand layouts: median ms, host
+   time per call, and the extra peak memory of one call next to the output's size (host: exactly the output;
+   device: the output plus the descriptors' per-launch scratch). Writes OUT/tma_desc.json.
 Writes OUT/matmul_lce_probe.json and OUT/matmul_lce_probe.png (GPU name, versions, date inside).
 """
 
@@ -110,6 +115,56 @@ def probe_matmul(rows: list) -> None:
         console.print(f"matmul backward {dtype}: rel err dA {errs[0]:.1e} dB {errs[1]:.1e} [{'green' if ok else 'red'}]{'ok' if ok else 'FAIL'}[/]"
                       f" (kernel {mm_mod.LAST_BACKEND}; fp32 runs TF32)")
         rows.append(dict(case="matmul_backward", dtype=str(dtype), rel_err_da=errs[0], rel_err_db=errs[1], correct=ok))
+
+
+def probe_tma_desc(rows: list) -> None:
+    """--tma-desc: the two descriptor modes, same shapes and layouts, one process (the variable is read per launch)."""
+    import os
+
+    mm_mod = importlib.import_module("hearth.kernels.matmul")
+    from hearth.kernels.matmul import matmul
+
+    table = Table(title="matmul bf16 TMA: host descriptors (default) vs device descriptors")
+    for col in ("M x N x K", "layout", "descriptors", "max |err| / ref scale", "ms", "host us/call", "extra MiB", "output MiB"):
+        table.add_column(col)
+    sizes = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 4096), (2048, 2048, 8192), (512, 512, 512)]
+    # NN: a forward; NT: dA = dC @ B^T; TN: dB = A^T @ dC (transposed views, read in place)
+    layouts = {"NN": (False, False), "NT": (False, True), "TN": (True, False)}
+    try:
+        for m, n, k in sizes:
+            for name, (a_t, b_t) in layouts.items():
+                a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if a_t else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if b_t else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+                ref = a.float() @ b.float()
+                for mode in ("host", "device"):
+                    os.environ[mm_mod.TMA_DESC_ENV] = mode
+                    warm = matmul(a, b)  # autotunes this shape and layout for this mode
+                    backend = mm_mod.LAST_BACKEND
+                    del warm
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    out = matmul(a, b)
+                    torch.cuda.synchronize()
+                    extra = torch.cuda.max_memory_allocated() - base
+                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                    del out
+                    h0 = time.perf_counter()
+                    for _ in range(50):
+                        matmul(a, b)
+                    host_us = (time.perf_counter() - h0) / 50 * 1e6
+                    torch.cuda.synchronize()
+                    ms = bench(lambda: matmul(a, b))
+                    ok = err < 1e-2 and backend == "tma"
+                    out_bytes = m * n * 2
+                    table.add_row(f"{m}x{n}x{k}", name, mode, f"{err:.1e}" + ("" if ok else f" FAIL ({backend})"), f"{ms:.4f}",
+                                  f"{host_us:.1f}", f"{extra / MiB:.3f}", f"{out_bytes / MiB:.3f}")
+                    rows.append(dict(case="tma_desc", m=m, n=n, k=k, layout=name, desc=mode, kernel=backend, rel_err=err,
+                                     correct=ok, ms=ms, host_us_per_call=host_us, extra_bytes=extra, output_bytes=out_bytes,
+                                     best_config=str(mm_mod.LAST_TUNER.best_config if mm_mod.LAST_TUNER else None)))
+    finally:
+        os.environ.pop(mm_mod.TMA_DESC_ENV, None)
+    console.print(table)
 
 
 def _lce_check(n, h, v, frozen) -> dict:
@@ -250,6 +305,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/probe"))
     parser.add_argument("--skip-lce", action="store_true")
     parser.add_argument("--skip-inspect", action="store_true")
+    parser.add_argument("--tma-desc", action="store_true",
+                        help="run only the TMA host- vs device-descriptor comparison (module docstring)")
     parser.add_argument("--lce-budgets", default=None,
                         help="comma list of chunk budgets in MiB: run only the chunk-budget sweep (module docstring)")
     args = parser.parse_args()
@@ -269,6 +326,12 @@ def main() -> int:
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     console.print(meta)
     rows: list = []
+    if args.tma_desc:
+        probe_tma_desc(rows)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tma_desc.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        console.print(f"wrote {args.out}/tma_desc.json ({time.time() - start:.0f} s)")
+        return 0 if all(r["correct"] for r in rows) else 1
     if budgets:
         probe_lce_budgets(rows, budgets)
         args.out.mkdir(parents=True, exist_ok=True)

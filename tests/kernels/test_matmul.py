@@ -4,6 +4,8 @@ torch.compile(fullgraph=True)."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -26,10 +28,13 @@ def test_odd_shapes_pointer_kernel(m, n, k, dtype):
     assert_close(out, _ref(a, b), dtype)
 
 
+@pytest.mark.parametrize("desc", ["host", "device"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
-def test_tma_kernel_every_layout(a_t, b_t, dtype):
+def test_tma_kernel_every_layout(a_t, b_t, dtype, desc, monkeypatch):
     # Shapes that are not tile multiples (tile 16x32x16 under the interpreter): TMA bounds-checks.
+    # desc: host TensorDescriptors (the default) or the kernel that builds them on the device.
+    monkeypatch.setenv("HEARTH_MATMUL_TMA_DESC", desc)
     torch.manual_seed(1)
     m, n, k = 40, 72, 24
     a = torch.randn(k, m, device=DEVICE, dtype=dtype).t() if a_t else torch.randn(m, k, device=DEVICE, dtype=dtype)
@@ -44,6 +49,81 @@ def test_tma_refuses_unaligned_rows():
     b = torch.randn(3, 8, device=DEVICE, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="TMA"):
         matmul_into(a, b, torch.empty(4, 8, device=DEVICE, dtype=torch.bfloat16), backend="tma")
+
+
+def test_tma_launch_plan_is_reused_but_alignment_is_checked_every_call():
+    # The plan (layouts, descriptor shapes, grid) is cached per shapes / strides / dtype / device; the
+    # data pointers change every call, so a view at a misaligned offset with a cached plan's shapes and
+    # strides must still be refused, and a transposed view of the same shape gets a plan of its own.
+    mm = importlib.import_module("hearth.kernels.matmul")
+    torch.manual_seed(3)
+    buf = torch.randn(40 * 24 + 1, device=DEVICE, dtype=torch.bfloat16)
+    a = buf[: 40 * 24].view(40, 24)
+    b = torch.randn(24, 72, device=DEVICE, dtype=torch.bfloat16)
+    out = torch.empty(40, 72, device=DEVICE, dtype=torch.bfloat16)
+    matmul_into(a, b, out, backend="tma")
+    plan = mm._tma_plan(a, b, out)
+    assert plan is not None and mm._tma_plan(a.clone(), b.clone(), out) is plan
+    assert (plan.a_t, plan.lda, plan.b_t, plan.ldb, plan.a_shape, plan.b_shape) == (False, 24, False, 72, [40, 24], [24, 72])
+    assert_close(out, _ref(a, b), torch.bfloat16)
+    shifted = buf[1:].view(40, 24)  # same shape and strides, base 2 bytes off
+    assert mm._tma_plan(shifted, b, out) is plan
+    with pytest.raises(ValueError, match="TMA"):
+        matmul_into(shifted, b, out, backend="tma")
+    a_t = torch.randn(24, 40, device=DEVICE, dtype=torch.bfloat16).t()
+    plan_t = mm._tma_plan(a_t, b, out)
+    assert plan_t is not plan and (plan_t.a_t, plan_t.lda, plan_t.a_shape) == (True, 40, [24, 40])
+    assert mm._tma_plan(a, b, out.t()) is None  # out must be row-major
+
+
+def test_tma_desc_env_names_the_variable_on_a_bad_value(monkeypatch):
+    monkeypatch.setenv("HEARTH_MATMUL_TMA_DESC", "both")
+    a = torch.randn(16, 16, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="HEARTH_MATMUL_TMA_DESC"):
+        matmul_into(a, a, torch.empty_like(a), backend="tma")
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="interpreter-only: runs the autotuner with a stub timer")
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_tma_config_gets_its_descriptor_block_shapes(a_t, b_t, monkeypatch):
+    # The tuned launch path with the real config list, under the interpreter: the autotuner runs every
+    # config once (the stub "benchmark" checks that run's output), each after its pre_hook set the host
+    # descriptors' block shapes. A config whose descriptors kept another config's blocks would load
+    # mismatched tiles (wrong C, or a shape error). fp16: the interpreter's bf16 dot needs UPCAST, which
+    # the tuned path does not set.
+    import triton
+
+    mm = importlib.import_module("hearth.kernels.matmul")
+    torch.manual_seed(4)
+    m, n, k = 296, 264, 136  # > one tile of every config in each dimension, none a multiple (16-byte rows)
+    a = torch.randn(k, m, device=DEVICE, dtype=torch.float16).t() if a_t else torch.randn(m, k, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(n, k, device=DEVICE, dtype=torch.float16).t() if b_t else torch.randn(k, n, device=DEVICE, dtype=torch.float16)
+    out = torch.empty(m, n, device=DEVICE, dtype=torch.float16)
+    ref = _ref(a, b)
+    ran = []
+
+    def bench(call, quantiles=None):
+        out.fill_(float("nan"))
+        call()
+        assert_close(out, ref, torch.float16)
+        ran.append(1)
+        return [100.0 - len(ran)] * 3  # the last config "wins" (128x128, C stored whole)
+
+    tuner = triton.autotune(configs=mm._TMA_HOST_CONFIGS, key=["M", "N", "K", "A_T", "B_T", "PRECISION"],
+                            prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs},
+                            do_bench=bench)(mm._matmul_tma_kernel)
+    monkeypatch.setattr(mm, "_matmul_tma_tuned", tuner)
+    monkeypatch.setattr(mm, "_PLANS", {})
+    mm._launch_tma(a, b, out, tuned=True)
+    winner = mm._TMA_HOST_CONFIGS[-1]
+    assert len(ran) == len(mm._TMA_HOST_CONFIGS) and tuner.best_config is winner
+    assert_close(out, ref, torch.float16)  # the final launch, after the winner's pre_hook
+    # the plan's next launch skips the autotuner (no benchmark, no pre_hook): the winner's blocks, fixed
+    monkeypatch.setattr(tuner, "best_config", None)
+    out.fill_(float("nan"))
+    mm._launch_tma(a, b, out, tuned=True)
+    assert len(ran) == len(mm._TMA_HOST_CONFIGS) and tuner.best_config is winner and mm.LAST_TUNER is tuner
+    assert_close(out, ref, torch.float16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -122,21 +202,62 @@ def test_gpu_real_shapes_bf16(size):
     torch.testing.assert_close(out.float(), ref, atol=0.05 * k ** 0.5 / 8, rtol=1.6e-2)
 
 
+@gpu_only
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_gpu_tma_extra_memory_is_exactly_the_output(a_t, b_t, monkeypatch):
+    # Host TensorDescriptors (the default): a bf16 matmul allocates its output and nothing else (cuBLAS's
+    # figure), in every operand layout. The device-descriptor kernel (HEARTH_MATMUL_TMA_DESC=device) gives
+    # the same product but allocates a global scratch buffer for its descriptors on every launch.
+    mm = importlib.import_module("hearth.kernels.matmul")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA kernel needs Hopper (sm_90+)")
+    torch.manual_seed(5)
+    m, n, k = 2048, 1536, 1024  # 6 MiB of output: a multiple of the allocator's 512-byte rounding
+    a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if a_t else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if b_t else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out_bytes = m * n * 2
+
+    def extra_memory():
+        warm = matmul(a, b)  # warm-up: autotuning (its benchmark runs allocate) is done for this shape
+        assert mm.LAST_BACKEND == "tma"
+        del warm
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = matmul(a, b)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, out
+
+    monkeypatch.delenv("HEARTH_MATMUL_TMA_DESC", raising=False)
+    extra, out = extra_memory()
+    assert extra == out_bytes, f"host descriptors: {extra} bytes allocated for a {out_bytes}-byte output"
+    ref = _ref(a, b)
+    tol = dict(atol=0.05 * k ** 0.5 / 8, rtol=1.6e-2)  # as test_gpu_real_shapes_bf16
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+    monkeypatch.setenv("HEARTH_MATMUL_TMA_DESC", "device")
+    extra_dev, out_dev = extra_memory()
+    torch.testing.assert_close(out_dev.float(), ref, **tol)  # its own autotune: the tile may differ, not the product
+    assert extra_dev > out_bytes, f"device descriptors: expected scratch beyond the output, got {extra_dev} bytes"
+
+
 def test_autotune_prune_keeps_configs_that_fill_the_sms():
     # num_sms is 4 for a CPU tensor: a 256 x 256 output gives 128x256 / 256x128 tiles only 2
     # tiles, 128x128 tiles 4 -> only the 128x128 configs are benchmarked; big outputs keep all.
-    import importlib
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     mm = importlib.import_module("hearth.kernels.matmul")
-    t = torch.empty(1)
-    for configs in (mm._TMA_CONFIGS, mm._PTR_CONFIGS):
-        kept = mm._prune_few_tiles(configs, dict(M=256, N=256, a_ptr=t))
+    t = torch.empty(16, 16)
+    # the pointer and device-descriptor kernels take a_ptr, the host-descriptor one a_desc
+    desc = TensorDescriptor(t, [16, 16], [16, 1], [16, 16])
+    for configs, a in ((mm._TMA_CONFIGS, dict(a_ptr=t)), (mm._TMA_HOST_CONFIGS, dict(a_desc=desc)), (mm._PTR_CONFIGS, dict(a_ptr=t))):
+        kept = mm._prune_few_tiles(configs, dict(M=256, N=256, **a))
         assert kept and all((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) in ((128, 128), (64, 128)) for c in kept)
-        assert mm._prune_few_tiles(configs, dict(M=4096, N=4096, a_ptr=t)) == configs
+        assert mm._prune_few_tiles(configs, dict(M=4096, N=4096, **a)) == configs
         # nothing fills the SMs (60 x 200 output): the configs with the most tiles, and only those
         tiles = {c: -(-60 // c.kwargs["BLOCK_M"]) * -(-200 // c.kwargs["BLOCK_N"]) for c in configs}
         assert max(tiles.values()) < 4
-        tiny = mm._prune_few_tiles(configs, dict(M=60, N=200, a_ptr=t))
+        tiny = mm._prune_few_tiles(configs, dict(M=60, N=200, **a))
         assert tiny == [c for c in configs if tiles[c] == max(tiles.values())] and len(tiny) < len(configs)
 
 

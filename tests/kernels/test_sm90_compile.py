@@ -88,3 +88,44 @@ def test_softmax_persistent_rows_kernel_builds_for_sm90_pipelined_without_spills
         if r["regs"] is not None:  # cuobjdump's figure (absent where the bundled cuobjdump is)
             assert r["per_sm"] * r["regs"] * 32 * r["warps"] <= 65536, r
         assert r["per_sm"] * r["smem"] <= 227 * 1024, r
+
+
+_MATMUL_TMA_SCRIPT = r"""
+import importlib, itertools, json, re, torch
+from hearth import inspect as hi
+
+mm = importlib.import_module("hearth.kernels.matmul")
+out = []
+for desc, cfg, (a_t, b_t) in itertools.chain(
+        # the default kernel (host descriptors): the two tile families offline_kernels reports, every layout
+        itertools.product(["host"], (mm._TMA_CONFIGS[0], mm._TMA_CONFIGS[4]), itertools.product((False, True), repeat=2)),
+        [("device", mm._TMA_CONFIGS[0], (True, True))]):  # HEARTH_MATMUL_TMA_DESC=device still builds
+    k = mm.compile_tma_offline(90, torch.bfloat16, cfg, a_t=a_t, b_t=b_t, desc=desc)
+    r = hi.report_compiled("matmul tma", k)
+    ptx = k.asm["ptx"]
+    out.append(dict(desc=desc, a_t=a_t, b_t=b_t, tile=[cfg.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K")],
+                    wgmma=r.ptx["wgmma"], tma_copies=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                    spill=r.spill_bytes, regs=r.registers, smem=r.shared_bytes,
+                    scratch=k.metadata.global_scratch_size, tensormap_ops=len(re.findall(r"tensormap", ptx)),
+                    descs=len(k.metadata.tensordesc_meta or [])))
+print(json.dumps(out))
+"""
+
+
+def test_matmul_tma_kernel_builds_for_sm90_with_host_descriptors_in_every_layout():
+    """The TMA matmul as the launcher runs it by default: TensorDescriptor arguments typed
+    tensordesc<bf16[block]> (block shapes per config and layout, _block_shapes), for the H200, in all four
+    operand layouts: wgmma and TMA copies, no spills, and no global scratch (the host descriptors'
+    point: the device-descriptor kernel needs scratch for the descriptors it writes, every launch)."""
+    rows = run_offline(_MATMUL_TMA_SCRIPT)
+    assert len(rows) == 9, rows
+    for r in rows:
+        assert r["wgmma"] > 0 and r["tma_copies"] > 0 and r["spill"] == 0, r
+        assert r["smem"] <= 232448, r  # sm_90's opt-in shared memory per block
+        if r["regs"] is not None:
+            assert r["regs"] <= 255, r
+        if r["desc"] == "host":
+            # three CUtensorMaps filled by the launcher, nothing written or fenced on the device
+            assert r["descs"] == 3 and r["scratch"] == 0 and r["tensormap_ops"] == 0, r
+        else:
+            assert r["scratch"] > 0 and r["tensormap_ops"] > 0, r
