@@ -1,0 +1,107 @@
+"""Where one op's wall time per call goes when calls run back to back (the harness's wall/call column).
+
+    python scripts/gpu/host_trace_probe.py --op swiglu_mlp --shape 16384,1024,3072 [--iters 20] [--out DIR]
+
+Runs --iters fwd+bwd calls back to back (no sync between them, as a training loop would) under
+torch.profiler and prints: wall ms per call, the host ms inside the calls, and the CUDA runtime calls that
+block the host or allocate (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy*, cudaMalloc,
+cudaFree, cudaEventSynchronize) with their counts and host time, then the top ops by self CPU time. A
+host figure close to the wall time with a synchronising call in the list is a sync inside the op, not
+launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_entropy (N,H,V).
+Writes DIR/host_trace_<op>.txt when --out is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMalloc", "cudaFree",
+            "cudaEventSynchronize", "cudaHostAlloc")
+
+
+def _case(op: str, shape: list[int]):
+    import hearth.kernels as hk
+
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, device=dev, generator=g) * scale).to(dt)  # noqa: E731
+    if op == "swiglu_mlp":
+        from hearth.kernels.swiglu import swiglu_mlp
+
+        n, h, i = shape
+        x = rnd(n, h).requires_grad_()
+        ws = [rnd(i, h, scale=0.02).requires_grad_(), rnd(i, h, scale=0.02).requires_grad_(),
+              rnd(h, i, scale=0.02).requires_grad_()]
+        leaves = [x, *ws]
+        return leaves, lambda: swiglu_mlp(x, *ws).sum()
+    if op == "matmul":
+        m, k, n = shape
+        a, b = rnd(m, k).requires_grad_(), rnd(k, n, scale=0.02).requires_grad_()
+        return [a, b], lambda: hk.matmul(a, b).float().sum()
+    if op == "linear_cross_entropy":
+        n, h, v = shape
+        x, w = rnd(n, h).requires_grad_(), rnd(v, h, scale=0.02).requires_grad_()
+        t = torch.randint(0, v, (n,), device=dev, generator=g)
+        return [x, w], lambda: hk.linear_cross_entropy(x, w, t)
+    raise SystemExit(f"--op: unknown op {op!r}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", default="swiglu_mlp")
+    p.add_argument("--shape", default="16384,1024,3072", help="comma-separated sizes (see the docstring)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    leaves, step = _case(args.op, [int(s) for s in args.shape.split(",")])
+
+    def call():
+        for t in leaves:
+            t.grad = None
+        step().backward()
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    host = 0.0
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        h0 = time.perf_counter()
+        call()
+        host += time.perf_counter() - h0
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    lines = [f"{args.op} {args.shape} bf16 fwd+bwd, {args.iters} calls back to back on {torch.cuda.get_device_name()}"
+             f" (torch {torch.__version__}): wall {wall / args.iters * 1e3:.3f} ms/call, host inside the calls"
+             f" {host / args.iters * 1e3:.3f} ms/call"]
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            call()
+        torch.cuda.synchronize()
+    avgs = prof.key_averages()
+    lines.append("CUDA runtime calls that block or allocate (count per call, host us per call):")
+    found = False
+    for e in avgs:
+        if e.key.startswith(BLOCKING):
+            found = True
+            lines.append(f"  {e.key:40s} {e.count / args.iters:6.1f}  {e.self_cpu_time_total / args.iters:9.1f}")
+    if not found:
+        lines.append("  none")
+    lines.append(avgs.table(sort_by="self_cpu_time_total", row_limit=25))
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"host_trace_{args.op}.txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
