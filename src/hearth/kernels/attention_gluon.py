@@ -29,14 +29,29 @@ NUM_WARPS warps (the default partition) and a producer partition of one warp tha
 descriptors and issues all K/V loads, waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
 bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
 consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX
-shows it; cuobjdump's REG figure is the launch allocation, 168). Not done yet: two consumer
-warpgroups on separate query tiles in ping-pong (FlashAttention-3's named-barrier schedule), and a
-persistent tile scheduler; both need the H200's first numbers for this kernel to be worth it.
+shows it; cuobjdump's REG figure is the launch allocation, 168).
 
-Nothing here has run on a GPU yet: the Triton interpreter does not run Gluon, and this was built on a
-GPU-less machine. What is checked offline is the sm_90 build (tests/kernels/test_attention_gluon.py);
-the GPU tests in that file and scripts/gpu/attention_gluon_probe.py are the H200's to run, and until
-they pass attention() uses this kernel only under HEARTH_ATTN_GLUON=1 (attention.forward_kernel).
+Ping-pong (env HEARTH_ATTN_GLUON_PP=1, the PING_PONG flag; replaces the two variants above when set):
+FlashAttention-3's inter-warpgroup schedule. A program owns two query tiles of BLOCK_M rows (PP_CONFIGS),
+each taken whole by its own consumer warpgroup -- warpgroup 0 is the default partition (4 warps),
+warpgroup 1 a 4-warp worker -- and one producer warp streams the K/V blocks both tiles read through one
+ring. Each consumer loads its own Q, runs its own key blocks and causal mask (the two tiles sit at
+different diagonal positions, so they may visit different numbers of blocks) and stores its own O and
+lse. Per key block a consumer takes a turn: it waits on its turn mbarrier, issues QK^T(j) and PV(j - 1)
+asynchronously, arrives on the other warpgroup's turn mbarrier, then runs block j's softmax while the
+tensor cores run the other warpgroup's pair (Gluon 3.6 has no named-barrier op: mbarriers with count 1
+stand in for FlashAttention-3's bar.sync / bar.arrive pair). Waits for a turn the other warpgroup never
+takes are skipped, so unequal block counts cannot hang. A slot has one "released" mbarrier per consumer;
+the producer refills it when every consumer that reads its block has released it. setmaxnreg gives
+each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
+Not done yet: a persistent tile scheduler.
+
+On the H200 (2026-12-01/02, BENCHMARKS.md) the single-partition and warp-specialised variants are
+correct (the GPU tests pass) but slower than the Triton forward, so attention() uses this kernel only
+under HEARTH_ATTN_GLUON=1 (attention.forward_kernel). The ping-pong variant is built and checked offline
+only so far (the Triton interpreter does not run Gluon; tests/kernels/test_attention_gluon.py builds every
+variant for sm_90): its GPU tests and its scripts/gpu/attention_gluon_probe.py --sweep rows are the
+H200's to run.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
