@@ -100,8 +100,9 @@ PRODUCER_WARPS = 1
 PRODUCER_REGS = 24
 # Ping-pong variant (env HEARTH_ATTN_GLUON_PP=1, read here only; it replaces the variants above when set):
 # (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES) per head dim; a program owns 2 * BLOCK_M
-# rows. 64-row tiles keep S, P and O of one warpgroup within CONSUMER_REGS (FlashAttention-3's layout for
-# these head dims). All compile for sm_90 without spills; untimed until the H200 run.
+# rows. A warpgroup holds S, the P of the previous block (its PV is still in flight) and O at once: 64-row
+# tiles fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key blocks).
+# All of PP_CANDIDATES compile for sm_90 without spills; untimed until the H200 run.
 PING_PONG = os.environ.get("HEARTH_ATTN_GLUON_PP", "0") == "1"
 PP_CONFIGS = {
     64: (64, 128, 3),
