@@ -17,6 +17,11 @@ Timing: triton.testing.do_bench (warmup 25 ms, rep 100 ms), median ms. One JSON 
 --sweep (a separate run, about 2 minutes: one compile per config and variant): after the cases, the Gluon
 forward at every config of attention_gluon.CANDIDATES (all compile for sm_90 without spills) at the first
 D=128 and D=64 cases, both variants, each gated by the same check; one row per (case, config, variant).
+Then the ping-pong variant (attention_gluon.PING_PONG, what HEARTH_ATTN_GLUON_PP=1 selects) at every config
+of attention_gluon.PP_CANDIDATES, same cases, gate and row format (variant "pp", config (BLOCK_M per
+warpgroup, BLOCK_N, NUM_STAGES)). A wrong barrier schedule would hang the GPU, so these run in a child
+process (--pp-child) with a PP_TIMEOUT_S limit: a hang becomes a row with status "timed out", not a
+stalled probe.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import importlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -44,6 +50,8 @@ CASES = [  # (B, Hq, Hk, T, D, causal)
     (4, 32, 32, 4096, 128, False),
 ]
 SWEEP = ag.CANDIDATES
+PP_SWEEP = ag.PP_CANDIDATES
+PP_TIMEOUT_S = 75  # the ping-pong rows: ~7 compiles and timings, seconds each; a hang never ends
 BUDGET_S = 80.0
 T0 = time.time()
 
@@ -188,14 +196,75 @@ def sweep(case, emit):
         ag.CONFIGS[D], ag.WARP_SPECIALIZE = shipped, False
 
 
+def sweep_pp(case, emit):
+    """(In the --pp-child process) the ping-pong variant at every PP_SWEEP config of `case`, gated like sweep."""
+    B, Hq, Hk, T, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = D ** -0.5
+    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
+    o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    ag.PING_PONG = True
+    for cfg in PP_SWEEP[D]:
+        row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True,
+                   config=cfg, variant="pp")
+        ag.PP_CONFIGS[D] = cfg
+        try:
+            print(f"# starting pp {cfg} {row['case']}", flush=True)  # the last one shown is the one that hung
+            o, lse = ag.forward(q, k, v, causal, scale)
+            torch.cuda.synchronize()
+            row["max_abs_diff_out"] = float((o.float() - o_t.float()).abs().max())
+            row["max_abs_diff_lse"] = float((lse - lse_t).abs().max())
+            if row["max_abs_diff_out"] <= 0.05 and row["max_abs_diff_lse"] <= 1e-3:
+                row["fwd_tflops_gluon"] = tflops(fwd_flops, bench(lambda: ag.forward(q, k, v, causal, scale)))
+            else:
+                row["status"] = "mismatch: not timed"
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        emit(row)
+
+
+def sweep_pp_guarded(emit):
+    """Run the ping-pong rows in a child process under PP_TIMEOUT_S and pass its rows on to `emit`."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the child's Triton reference (the gate only) takes the first config: no second autotuning run
+    env["HEARTH_ATTN_AUTOTUNE"] = "0"
+    cmd = [sys.executable, os.path.abspath(__file__), "--out", os.devnull, "--pp-child"]
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=PP_TIMEOUT_S)
+        out, status = res.stdout, None
+        if res.returncode != 0:
+            err = res.stderr.strip().splitlines()
+            status = f"pp child failed (exit {res.returncode}): {err[-1][:300] if err else ''}"
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        status = f"pp child timed out after {PP_TIMEOUT_S} s (a hung barrier schedule?)"
+    last = None
+    for line in out.splitlines():
+        if line.startswith("{"):
+            emit(json.loads(line))
+        elif line.startswith("# starting"):
+            last = line[len("# starting "):]
+    if status:
+        emit(dict(sweep=True, variant="pp", status=status, last_started=last))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSONL file to write (one object per case)")
     ap.add_argument("--quick", action="store_true", help="the first case only")
-    ap.add_argument("--sweep", action="store_true", help="then every SWEEP config (both variants) at two cases")
+    ap.add_argument("--sweep", action="store_true",
+                    help="then every SWEEP config (both variants) and every PP_SWEEP config (ping-pong) at two cases")
+    ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("attention_gluon_probe needs a Hopper GPU (compute capability 9.x)")
+    if args.pp_child:  # rows to stdout only: the parent writes them to --out
+        for case in (CASES[0], CASES[2]):
+            sweep_pp(case, lambda row: print(json.dumps(row), flush=True))
+        return
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         def emit(row):
@@ -213,6 +282,7 @@ def main(argv=None):
         if args.sweep:
             for case in (CASES[0], CASES[2]):
                 sweep(case, emit)
+            sweep_pp_guarded(emit)
 
 
 if __name__ == "__main__":

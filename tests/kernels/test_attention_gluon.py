@@ -10,12 +10,18 @@ addressability check are tested directly.
 GPU (test_gpu_*, skip without a CUDA GPU of compute capability 9.x): O and the log-sum-exp against an
 fp64 reference under tests/kernels/tolerance.py's rule, and the full forward + backward through
 attention() with HEARTH_ATTN_GLUON=1, at several T (ragged tails included), GQA 40/8 and strided views.
+The ping-pong variant's GPU tests (test_gpu_pp_*, marker gluon_pp) run each case in a subprocess with a
+timeout: a wrong barrier schedule hangs the GPU, and a hang must fail that test, not stall the suite.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,16 +34,19 @@ ag = importlib.import_module("hearth.kernels.attention_gluon")
 
 # ---------------------------------------------------------------- offline sm_90 build (CPU)
 _SCRIPT = r"""
-import json, sys, torch
+import json, re, sys, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 dtype = getattr(torch, sys.argv[1])
 out = []
 for label, k in ag.offline_kernels(90, dtype):
     r = hi.report_compiled(f"{dtype} {label}", k)
+    ptx = k.asm["ptx"]
     out.append(dict(label=r.label, target=r.target, ptx=r.ptx, sass=r.sass, registers=r.registers,
                     spill=r.spill_bytes, shared=r.shared_bytes, level=r.level, verdict=r.verdict,
-                    warps=r.num_warps))
+                    warps=r.num_warps,
+                    setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+                    wgmma_waits=sorted(set(int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)))))
 print(json.dumps(out))
 """
 
@@ -50,11 +59,12 @@ def sm90_reports():
 
 
 def test_every_variant_compiles_for_sm90(sm90_reports):
-    """Both variants (single partition; producer warp + consumer warpgroups) x dtype x head_dim x causal."""
+    """The three variants (single partition; producer warp + consumer warpgroups; ping-pong) x dtype x
+    head_dim x causal."""
     labels = [r["label"] for r in sm90_reports]
-    assert len(labels) == 2 * 2 * len(ag.HEAD_DIMS) * 2, labels
+    assert len(labels) == 2 * 3 * len(ag.HEAD_DIMS) * 2, labels
     for dtype in ("bfloat16", "float16"):
-        for variant in ("fwd", "fwd[ws]"):
+        for variant in ("fwd", "fwd[ws]", "fwd[pp]"):
             for d in ag.HEAD_DIMS:
                 for mode in ("full", "causal"):
                     want = f"torch.{dtype} attention_gluon {variant} d{d} {mode} "
@@ -82,6 +92,25 @@ def test_sm90_build_has_no_spills_and_fits(sm90_reports):
             assert r["sass"]["LDL/STL"] == 0, f"{r['label']}: LDL/STL in the SASS"
         assert r["registers"] is not None and r["registers"] <= 255, f"{r['label']}: {r['registers']} registers"
         assert 0 < r["shared"] <= 227 * 1024, f"{r['label']}: {r['shared']} bytes of shared memory (H200: 227 KiB)"
+
+
+def test_sm90_ping_pong_build_is_warp_specialised_and_overlapped(sm90_reports):
+    """The ping-pong build: register budgets moved by setmaxnreg (the producer warp down to
+    PRODUCER_REGS, consumer warpgroup 1 to CONSUMER_REGS), and the consumers' wgmma wait with one group
+    still in flight (QK^T(j) retired, PV(j - 1) still running: the overlap the schedule is for)."""
+    pp = [r for r in sm90_reports if "fwd[pp]" in r["label"]]
+    assert len(pp) == 2 * len(ag.HEAD_DIMS) * 2, [r["label"] for r in sm90_reports]
+    for r in pp:
+        assert ["dec", str(ag.PRODUCER_REGS)] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
+        assert ["inc", str(ag.CONSUMER_REGS)] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
+        assert 1 in r["wgmma_waits"], f"{r['label']}: no wgmma.wait_group 1 (waits: {r['wgmma_waits']})"
+        # consumer warpgroups 0 and 1, and the producer warp padded to a warpgroup: 384 threads a CTA
+        assert r["warps"] == ag.PP_WARPS + 4 + 4, (r["label"], r["warps"])
+
+
+def test_offline_kernels_names_a_bad_variant():
+    with pytest.raises(ValueError, match="variants"):
+        ag.offline_kernels(90, torch.bfloat16, variants=("pingpong",))
 
 
 # ---------------------------------------------------------------- the choice of forward (CPU)
@@ -128,6 +157,22 @@ def test_env_on_without_hopper_still_runs_the_triton_kernel(monkeypatch):
     monkeypatch.setattr(ag, "forward", lambda *a: called.append(a) or pytest.fail("Gluon forward on fp32"))
     torch.testing.assert_close(attn.attention(q, k, v, causal=True), expected, atol=0, rtol=0)
     assert not called
+
+
+def test_ping_pong_is_read_from_its_env_var_and_off_by_default(monkeypatch):
+    """HEARTH_ATTN_GLUON_PP is read in one place, attention_gluon's import: off unless it is "1"."""
+    try:
+        monkeypatch.delenv("HEARTH_ATTN_GLUON_PP", raising=False)
+        assert importlib.reload(ag).PING_PONG is False
+        monkeypatch.setenv("HEARTH_ATTN_GLUON_PP", "0")
+        assert importlib.reload(ag).PING_PONG is False
+        monkeypatch.setenv("HEARTH_ATTN_GLUON_PP", "1")
+        assert importlib.reload(ag).PING_PONG is True
+        # the ping-pong switch does not choose the Gluon forward by itself
+        assert attn.forward_kernel((9, 0), torch.bfloat16, 128, True, env={"HEARTH_ATTN_GLUON_PP": "1"}) == "triton"
+    finally:  # back to the process's own setting
+        monkeypatch.undo()
+        importlib.reload(ag)
 
 
 def test_tma_addressable():
@@ -224,14 +269,19 @@ def test_gpu_forward_gqa_40_8_strided(causal, variant):
     _check_forward(1, 40, 8, 1500, 128, torch.bfloat16, causal, bthd=True)
 
 
-@hopper_only
-def test_gpu_forward_non_causal_different_lengths(variant):
-    q, _, _, _ = _inputs(1, 4, 2, 300, 128, torch.bfloat16, seed=1)
-    _, k, v, _ = _inputs(1, 4, 2, 1111, 128, torch.bfloat16, seed=2)
+def _check_forward_lengths(Tq, Tk, D):
+    """Non-causal, Tq query rows against Tk keys (scale 0.1)."""
+    q, _, _, _ = _inputs(1, 4, 2, Tq, D, torch.bfloat16, seed=1)
+    _, k, v, _ = _inputs(1, 4, 2, Tk, D, torch.bfloat16, seed=2)
     out, lse = ag.forward(q, k, v, False, 0.1)
     ref_out, ref_lse = _reference(q, k, v, False, 0.1)
     assert_close(out, ref_out, torch.bfloat16, "out", baseline=_same_dtype_out(q, k, v, False, 0.1))
     assert_close(lse, ref_lse, torch.float32, "lse", baseline=_reference(q, k, v, False, 0.1, torch.float32)[1])
+
+
+@hopper_only
+def test_gpu_forward_non_causal_different_lengths(variant):
+    _check_forward_lengths(300, 1111, 128)
 
 
 @pytest.mark.xdist_group("gpu_big")
@@ -271,6 +321,10 @@ def test_shipped_config_is_the_first_candidate():
         for bm, bn, warps, stages in ag.CANDIDATES[d]:
             assert bm == 16 * warps, (d, bm, warps)  # the accumulator layout gives each warp 16 rows of the tile
             assert stages >= 2, (d, stages)  # _consume's next QK^T reads another slot than the one refilled
+        assert ag.PP_CANDIDATES[d][0] == ag.PP_CONFIGS[d]
+        for bm, bn, stages in ag.PP_CANDIDATES[d]:
+            assert bm % 64 == 0, (d, bm)  # one warpgroup's wgmma covers 64 rows; larger tiles repeat it
+            assert stages >= 2, (d, stages)  # QK^T(j) is issued while PV(j - 1) still reads the other slot
 
 
 @hopper_only
@@ -304,6 +358,90 @@ def test_gpu_gluon_and_triton_forward_agree(monkeypatch, variant):
     o_g, lse_g = attn._attention_forward(q, k, v, True, 0.088)
     torch.testing.assert_close(o_g, o_t, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse_g, lse_t, atol=1e-4, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- GPU, ping-pong variant (subprocesses)
+gluon_pp = pytest.mark.gluon_pp
+PP_TIMEOUT_S = 90  # a case set compiles its kernels (seconds each) and checks a few shapes; a hang never ends
+_REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+_PP_RUNNER = r"""
+import json, sys, torch
+from hearth.kernels import attention_gluon as ag
+from tests.kernels import test_attention_gluon as t
+assert ag.PING_PONG, "HEARTH_ATTN_GLUON_PP=1 did not select the ping-pong variant"
+for name, args, config in json.loads(sys.argv[1]):
+    if config is not None:  # one of PP_CANDIDATES: (head_dim, (BLOCK_M, BLOCK_N, NUM_STAGES))
+        ag.PP_CONFIGS[config[0]] = tuple(config[1])
+    args = [getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a for a in args]
+    print("running", name, args, ag.PP_CONFIGS, flush=True)
+    getattr(t, name)(*args)
+    print("passed", name, args, flush=True)
+print("all passed")
+"""
+
+
+def _run_pp(calls, timeout=PP_TIMEOUT_S, extra_env=None):
+    """Run [(helper name in this module, args, config or None)] with HEARTH_ATTN_GLUON_PP=1 in a fresh
+    process; a hang (timeout) or any failure fails the calling test with the log of what ran."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(HEARTH_ATTN_GLUON="1", HEARTH_ATTN_GLUON_PP="1", **(extra_env or {}))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(_REPO, "src"), _REPO, env.get("PYTHONPATH", "")])
+    calls = [(n, [str(a) if isinstance(a, torch.dtype) else a for a in args], cfg) for n, args, cfg in calls]
+    try:
+        res = subprocess.run([sys.executable, "-c", _PP_RUNNER, json.dumps(calls)], cwd=_REPO, env=env,
+                             capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        log = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"ping-pong forward did not finish in {timeout} s (a barrier schedule that hangs?); "
+                    f"log so far:\n{log[-3000:]}")
+    assert res.returncode == 0 and "all passed" in res.stdout, (res.stdout[-3000:] + res.stderr[-3000:])
+
+
+@gluon_pp
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_pp_forward_matches_reference(D, causal):
+    """Shipped PP_CONFIGS: T 1 / 100 / 128 (one CTA, the second tile partly or wholly past the end), 1000,
+    4096 + 64 (ragged tails), GQA 40/8 on a [B, T, H, D] view, fp16; non-causal also Tq != Tk."""
+    calls = [("_check_forward", [1, 4, 2, T, D, torch.bfloat16, causal], None) for T in (1, 100, 128, 1000, 4160)]
+    calls.append(("_check_forward", [1, 40, 8, 1500, D, torch.bfloat16, causal, True], None))
+    calls.append(("_check_forward", [2, 4, 4, 777, D, torch.float16, causal], None))
+    if not causal:
+        calls += [("_check_forward_lengths", [300, 1111, D], None), ("_check_forward_lengths", [1111, 300, D], None)]
+    _run_pp(calls)
+
+
+@gluon_pp
+@hopper_only
+@pytest.mark.parametrize("D,cfg", [(d, cfg) for d in ag.HEAD_DIMS for cfg in ag.PP_CANDIDATES[d]], ids=str)
+def test_gpu_pp_every_candidate_config_is_correct(D, cfg):
+    """Every ping-pong config the probe's --sweep may time, causal and not, T 300 and 1000 (GQA 4/2)."""
+    _run_pp([("_check_forward", [1, 4, 2, T, D, torch.bfloat16, c], [D, list(cfg)])
+             for c in (False, True) for T in (300, 1000)])
+
+
+@gluon_pp
+@hopper_only
+def test_gpu_pp_through_attention_fwd_bwd():
+    """attention() with HEARTH_ATTN_GLUON=1 HEARTH_ATTN_GLUON_PP=1 (the env, as a user sets it): the
+    ping-pong forward runs and the existing backward consumes its O and lse (out, dq, dk, dv in the rule)."""
+    _run_pp([("_pp_fwd_bwd", [T, Hq, Hk, D, c], None)
+             for T, Hq, Hk, D in ((1000, 4, 2, 128), (1500, 40, 8, 64)) for c in (False, True)])
+
+
+def _pp_fwd_bwd(T, Hq, Hk, D, causal):
+    """(in the subprocess) attention() forward + backward within the rule, the Gluon forward counted."""
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    calls = []
+    real = ag.forward
+    ag.forward = lambda *a: calls.append(1) or real(*a)
+    try:
+        q, k, v, do = _inputs(1, Hq, Hk, T, D, torch.bfloat16, seed=3)
+        test_attention._assert_within_bound(q, k, v, do, causal, None)
+    finally:
+        ag.forward = real
+    assert calls, "HEARTH_ATTN_GLUON=1 on Hopper did not run the Gluon forward"
 
 
 def test_inspect_offline_build_of_attention_is_the_gluon_forward():

@@ -29,14 +29,29 @@ NUM_WARPS warps (the default partition) and a producer partition of one warp tha
 descriptors and issues all K/V loads, waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
 bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
 consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX
-shows it; cuobjdump's REG figure is the launch allocation, 168). Not done yet: two consumer
-warpgroups on separate query tiles in ping-pong (FlashAttention-3's named-barrier schedule), and a
-persistent tile scheduler; both need the H200's first numbers for this kernel to be worth it.
+shows it; cuobjdump's REG figure is the launch allocation, 168).
 
-Nothing here has run on a GPU yet: the Triton interpreter does not run Gluon, and this was built on a
-GPU-less machine. What is checked offline is the sm_90 build (tests/kernels/test_attention_gluon.py);
-the GPU tests in that file and scripts/gpu/attention_gluon_probe.py are the H200's to run, and until
-they pass attention() uses this kernel only under HEARTH_ATTN_GLUON=1 (attention.forward_kernel).
+Ping-pong (env HEARTH_ATTN_GLUON_PP=1, the PING_PONG flag; replaces the two variants above when set):
+FlashAttention-3's inter-warpgroup schedule. A program owns two query tiles of BLOCK_M rows (PP_CONFIGS),
+each taken whole by its own consumer warpgroup -- warpgroup 0 is the default partition (4 warps),
+warpgroup 1 a 4-warp worker -- and one producer warp streams the K/V blocks both tiles read through one
+ring. Each consumer loads its own Q, runs its own key blocks and causal mask (the two tiles sit at
+different diagonal positions, so they may visit different numbers of blocks) and stores its own O and
+lse. Per key block a consumer takes a turn: it waits on its turn mbarrier, issues QK^T(j) and PV(j - 1)
+asynchronously, arrives on the other warpgroup's turn mbarrier, then runs block j's softmax while the
+tensor cores run the other warpgroup's pair (Gluon 3.6 has no named-barrier op: mbarriers with count 1
+stand in for FlashAttention-3's bar.sync / bar.arrive pair). Waits for a turn the other warpgroup never
+takes are skipped, so unequal block counts cannot hang. A slot has one "released" mbarrier per consumer;
+the producer refills it when every consumer that reads its block has released it. setmaxnreg gives
+each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
+Not done yet: a persistent tile scheduler.
+
+On the H200 (2026-12-01/02, BENCHMARKS.md) the single-partition and warp-specialised variants are
+correct (the GPU tests pass) but slower than the Triton forward, so attention() uses this kernel only
+under HEARTH_ATTN_GLUON=1 (attention.forward_kernel). The ping-pong variant is built and checked offline
+only so far (the Triton interpreter does not run Gluon; tests/kernels/test_attention_gluon.py builds every
+variant for sm_90): its GPU tests and its scripts/gpu/attention_gluon_probe.py --sweep rows are the
+H200's to run.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
@@ -83,6 +98,22 @@ CANDIDATES = {
 WARP_SPECIALIZE = os.environ.get("HEARTH_ATTN_GLUON_WS", "0") == "1"
 PRODUCER_WARPS = 1
 PRODUCER_REGS = 24
+# Ping-pong variant (env HEARTH_ATTN_GLUON_PP=1, read here only; it replaces the variants above when set):
+# (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES) per head dim; a program owns 2 * BLOCK_M
+# rows. A warpgroup holds S, the P of the previous block (its PV is still in flight) and O at once: 64-row
+# tiles fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key blocks).
+# All of PP_CANDIDATES compile for sm_90 without spills; untimed until the H200 run.
+PING_PONG = os.environ.get("HEARTH_ATTN_GLUON_PP", "0") == "1"
+PP_CONFIGS = {
+    64: (64, 128, 3),
+    128: (64, 128, 2),
+}
+PP_CANDIDATES = {
+    128: [(64, 128, 2), (64, 128, 3), (64, 64, 3)],
+    64: [(64, 128, 3), (64, 128, 2), (64, 128, 4), (128, 64, 3)],
+}
+PP_WARPS = 4  # the default partition: consumer warpgroup 0
+CONSUMER_REGS = 240
 
 
 @gluon.jit
@@ -307,6 +338,236 @@ def _attn_fwd_gluon_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Ping-pong variant (env HEARTH_ATTN_GLUON_PP=1): two consumer warpgroups on two query tiles
+# ----------------------------------------------------------------------------------------------
+@gluon.jit
+def _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K,
+                    CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr):
+    """(n_free, n_blocks) of query tile `tile`: key blocks [0, n_free) need no mask, [n_free, n_blocks)
+    do. A tile wholly past the queries' end (the CTA's second tile at a ragged T) visits none."""
+    lo = tile * BLOCK_M
+    if CAUSAL:
+        kv_hi = ttgl.minimum(lo + BLOCK_M, N_CTX_K)
+        n_free = lo // BLOCK_N
+    else:
+        kv_hi = N_CTX_K
+        n_free = N_CTX_K // BLOCK_N
+    n_blocks = ttgl.where(lo < N_CTX_Q, ttgl.cdiv(kv_hi, BLOCK_N), 0)
+    return ttgl.minimum(n_free, n_blocks), n_blocks
+
+
+@gluon.jit
+def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
+               BLOCK_N: ttgl.constexpr, CAUSAL: ttgl.constexpr, s_layout: ttgl.constexpr):
+    """Block j's scores, scaled into log2 units, with the causal / ragged-tail mask where j needs one
+    (a runtime branch: the unmasked blocks skip the index arithmetic)."""
+    if j >= n_free:
+        offs_n = j * BLOCK_N + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, s_layout))
+        keep = (offs_n < N_CTX_K)[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        s = ttgl.where(keep, s, float("-inf"))
+    return s * qk_scale
+
+
+@gluon.jit
+def _pp_consumer(q_base, o_base, lse_base, stride_qt, stride_ot, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
+                 empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K,
+                 WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, s_layout: ttgl.constexpr,
+                 o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+    """One consumer warpgroup: query tile 2 * start_m + WG, all of it (Q load, key blocks, epilogue).
+
+    Per key block j it takes one turn: wait for the other warpgroup's turn (turn_bars[WG]), issue
+    QK^T(j) and PV(j - 1) asynchronously, hand the turn over (arrive on turn_bars[1 - WG]), then run
+    block j's softmax while the tensor cores work on the other warpgroup's GEMMs. Turn t of WG1 waits
+    for WG0's turn t, turn t >= 1 of WG0 for WG1's turn t - 1; a wait whose partner turn does not exist
+    (the tiles visit different numbers of blocks under the causal mask) is skipped, so neither can
+    hang on the other. The last PV is issued outside the turns."""
+    dtype: ttgl.constexpr = q_base.dtype.element_ty
+    Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    tile = 2 * start_m + WG
+    n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
+    n_other = _pp_tile_blocks(2 * start_m + 1 - WG, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    my_turn = turn_bars.index(WG)
+    their_turn = turn_bars.index(1 - WG)
+    if n_blocks > 0:
+        # This warpgroup builds (and so fences) the descriptors it uses, as the producer does for K/V.
+        q_desc = tma.make_tensor_descriptor(q_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_qt, 1],
+                                            block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
+        o_desc = tma.make_tensor_descriptor(o_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_ot, 1],
+                                            block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
+        mbarrier.expect(q_bar, Q_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [tile * BLOCK_M, 0], q_bar, q_smem)
+        offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+        zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
+        acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
+        mbarrier.wait(q_bar, 0)
+
+        # turn 0: QK^T(0) alone (no P yet)
+        if WG == 1:
+            mbarrier.wait(my_turn, 0, pred=n_other > 0)
+        mbarrier.wait(k_bars.index(0), 0)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.arrive(their_turn, count=1)
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        s = _pp_scores(s, 0, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
+        # Block 0 holds key 0, which no row masks: m_i is finite from here on.
+        m_i = ttgl.max(s, 1)
+        p = ttgl.exp2(s - m_i[:, None])
+        l_i = ttgl.sum(p, 1)
+        p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+
+        for j in range(1, n_blocks):
+            slot = j % NUM_STAGES
+            prev = (j - 1) % NUM_STAGES
+            if WG == 0:
+                mbarrier.wait(my_turn, (j - 1) & 1, pred=j - 1 < n_other)
+            else:
+                mbarrier.wait(my_turn, j & 1, pred=j < n_other)
+            mbarrier.wait(k_bars.index(slot), (j // NUM_STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
+            o_tok = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(their_turn, count=1)
+            # wgmma groups retire in issue order: one outstanding = QK^T(j) done, PV(j - 1) maybe not.
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            s = _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
+            m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
+            p = ttgl.exp2(s - m_new[:, None])
+            alpha = ttgl.exp2(m_i - m_new)
+            l_i = l_i * alpha + ttgl.sum(p, 1)
+            m_i = m_new
+            acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+            # Every warp's PV(j - 1) is done: this warpgroup is through with slot `prev`.
+            ttgl.thread_barrier()
+            mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + prev), count=1)
+            acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
+            p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+
+        last = (n_blocks - 1) % NUM_STAGES
+        mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+        acc = warpgroup_mma(p16, v_smem.index(last), acc)
+        ttgl.thread_barrier()
+        mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + last), count=1)
+
+        # lse in natural-log units, as attention.py's forward writes it.
+        lse = (m_i + ttgl.log2(l_i)) * LN2
+        ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
+        o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
+        q_smem.store(o.to(dtype))  # this tile's Q is no longer read: stage O there for the TMA store
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [tile * BLOCK_M, 0], q_smem)
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _pp_producer(k_base, v_base, stride_kt, stride_vt, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars,
+                 start_m, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+    """The load warp of the ping-pong variant: key block j goes into slot j % NUM_STAGES once every
+    consumer that read the slot's previous block (j - NUM_STAGES) released it; a warpgroup whose tile
+    stops short of that block never arrives for it, so its barrier is not waited on."""
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], k_base.dtype.element_ty)
+    k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+    v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+    n0 = _pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n1 = _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n_blocks = ttgl.maximum(n0, n1)
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        phase = ((j // NUM_STAGES) & 1) ^ 1
+        mbarrier.wait(empty_bars.index(slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n0))
+        mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n1))
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
+
+
+@gluon.jit
+def _attn_fwd_gluon_pp_kernel(
+    Q, K, V, Out, Lse,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt,
+    stride_ob, stride_oh, stride_ot,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+    BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+    CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
+):
+    """One program per 2 * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default partition,
+    num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next, and a
+    1-warp producer streams the K/V blocks both read through one shared ring."""
+    dtype: ttgl.constexpr = Q.dtype.element_ty
+    TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    # Each consumer is one warpgroup: its 4 warps stack along M (a 128-row tile wraps round them twice).
+    s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+    o_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+    p_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    if CAUSAL:  # the last query blocks have the most keys: launch them first
+        start_m = ttgl.num_programs(0) - 1 - ttgl.program_id(0)
+    else:
+        start_m = ttgl.program_id(0)
+    bh = ttgl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    hk = h // GROUP
+    q_base = Q + b.to(ttgl.int64) * stride_qb + h.to(ttgl.int64) * stride_qh
+    k_base = K + b.to(ttgl.int64) * stride_kb + hk.to(ttgl.int64) * stride_kh
+    v_base = V + b.to(ttgl.int64) * stride_vb + hk.to(ttgl.int64) * stride_vh
+    o_base = Out + b.to(ttgl.int64) * stride_ob + h.to(ttgl.int64) * stride_oh
+    lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
+
+    q_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_shared)
+    k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    v_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    q_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    # one "slot released" barrier per (consumer, slot), consumer-major: a slot is refilled once both consumers that
+    # read its block arrived (the producer waits on both); turn_bars[w]: warpgroup w may issue its GEMMs.
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in ttgl.static_range(2):
+        mbarrier.init(q_bars.index(w), count=1)
+        mbarrier.init(turn_bars.index(w), count=1)
+        for i in ttgl.static_range(NUM_STAGES):
+            mbarrier.init(empty_bars.index(w * NUM_STAGES + i), count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    ttgl.warp_specialize(
+        [(_pp_consumer, (q_base, o_base, lse_base, stride_qt, stride_ot, q_smem.index(0), q_bars.index(0), k_smem,
+                         v_smem, k_bars, v_bars, empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, s_layout, o_layout, p_layout)),
+         (_pp_consumer, (q_base, o_base, lse_base, stride_qt, stride_ot, q_smem.index(1), q_bars.index(1), k_smem,
+                         v_smem, k_bars, v_bars, empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, s_layout, o_layout, p_layout)),
+         (_pp_producer, (k_base, v_base, stride_kt, stride_vt, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars,
+                         empty_bars, start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+
+    for w in ttgl.static_range(2):
+        mbarrier.invalidate(q_bars.index(w))
+        mbarrier.invalidate(turn_bars.index(w))
+        for i in ttgl.static_range(NUM_STAGES):
+            mbarrier.invalidate(empty_bars.index(w * NUM_STAGES + i))
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+
+# ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
 def supported(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> bool:
@@ -334,18 +595,28 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     the arguments and ``supported`` / ``tma_addressable``."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
-    block_m, block_n, warps, stages = CONFIGS[D]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
     # device-side TMA descriptors live in a global scratch buffer; Triton's allocator is per thread
     triton.set_allocator(_scratch)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
+    if PING_PONG:
+        block_m, block_n, stages = PP_CONFIGS[D]
+        grid = (triton.cdiv(Tq, 2 * block_m), B * Hq)
+        with torch.cuda.device(q.device):
+            _attn_fwd_gluon_pp_kernel[grid](
+                q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+                HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
+                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                num_warps=PP_WARPS,
+            )
+        return out, lse
+    block_m, block_n, warps, stages = CONFIGS[D]
     grid = (triton.cdiv(Tq, block_m), B * Hq)
     with torch.cuda.device(q.device):
         _attn_fwd_gluon_kernel[grid](
-            q, k, v, out, lse,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+            q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
             HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
             WARP_SPECIALIZE=WARP_SPECIALIZE, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
             num_warps=warps,
@@ -354,19 +625,34 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
-                    warp_specialize=(False, True)):
+                    variants=("1part", "ws", "pp"), pp_configs=None):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
-    [(label, CompiledKernel)] for each (head_dim, causal). Needs TRITON_INTERPRET unset."""
+    [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
+    "ws" (producer warp), "pp" (ping-pong); configs / pp_configs replace CONFIGS / PP_CONFIGS. Needs
+    TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    unknown = set(variants) - {"1part", "ws", "pp"}
+    if unknown:
+        raise ValueError(f"variants must be among '1part', 'ws', 'pp', got {sorted(unknown)}")
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
-    for d, c, ws in itertools.product(head_dims, causal, warp_specialize):
-        bm, bn, warps, stages = (configs or CONFIGS)[d]
-        const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps,
-                     WARP_SPECIALIZE=ws, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+    for variant, d, c in itertools.product(variants, head_dims, causal):
+        if variant == "pp":
+            bm, bn, stages = (pp_configs or PP_CONFIGS)[d]
+            warps, fn = PP_WARPS, _attn_fwd_gluon_pp_kernel
+            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages,
+                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+            name = f"fwd[pp] d{d} {'causal' if c else 'full'} 2x{bm}x{bn} w{warps}+4+{PRODUCER_WARPS} s{stages}"
+        else:
+            ws = variant == "ws"
+            bm, bn, warps, stages = (configs or CONFIGS)[d]
+            fn = _attn_fwd_gluon_kernel
+            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps,
+                         WARP_SPECIALIZE=ws, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+            name = f"fwd{'[ws]' if ws else ''} d{d} {'causal' if c else 'full'} {bm}x{bn} w{warps} s{stages}"
         sig = {n: ptr for n in ("Q", "K", "V", "Out")}
         sig["Lse"] = "*fp32"
         for n in ("stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt",
@@ -374,9 +660,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig[n] = "i32"
         sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
         sig.update({n: "constexpr" for n in const})
-        kernel = triton.compile(GluonASTSource(fn=_attn_fwd_gluon_kernel, signature=sig, constexprs=const),
+        kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const),
                                 target=target, options={"num_warps": warps})
-        found.append((f"attention_gluon fwd{'[ws]' if ws else ''} d{d} {'causal' if c else 'full'} {bm}x{bn} "
-                      f"w{warps} s{stages} "
-                      f"sm_{arch}", kernel))
+        found.append((f"attention_gluon {name} sm_{arch}", kernel))
     return found
