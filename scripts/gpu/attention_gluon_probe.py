@@ -20,7 +20,8 @@ D=128 and D=64 cases, both variants, each gated by the same check; one row per (
 Then the ping-pong variant (attention_gluon.PING_PONG, what HEARTH_ATTN_GLUON_PP=1 selects) at every config
 of attention_gluon.PP_CANDIDATES, same cases, gate and row format (variant "pp", config (BLOCK_M per
 warpgroup, BLOCK_N, NUM_STAGES)). A wrong barrier schedule would hang the GPU, so these run in a child
-process (--pp-child) with a PP_TIMEOUT_S limit: a hang becomes a row with status "timed out", not a
+process (--pp-child) with a PP_TIMEOUT_S limit (--pp-only: those rows alone, with the Triton forward's
+TFLOP/s timed beside them in the same child): a hang becomes a row with status "timed out", not a
 stalled probe.
 """
 
@@ -206,6 +207,9 @@ def sweep_pp(case, emit):
     scale = D ** -0.5
     fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
     o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    if os.environ.get("HEARTH_PP_TIME_TRITON") == "1":  # --pp-only: the Triton forward timed in the same process
+        emit(dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True, variant="triton",
+                  fwd_tflops_triton=tflops(fwd_flops, bench(lambda: attn._attention_forward(q, k, v, causal, scale)))))
     ag.PING_PONG = True
     for cfg in PP_SWEEP[D]:
         row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True,
@@ -226,21 +230,25 @@ def sweep_pp(case, emit):
         emit(row)
 
 
-def sweep_pp_guarded(emit):
-    """Run the ping-pong rows in a child process under PP_TIMEOUT_S and pass its rows on to `emit`."""
+def sweep_pp_guarded(emit, time_triton=False):
+    """Run the ping-pong rows in a child process under PP_TIMEOUT_S and pass its rows on to `emit`.
+    time_triton (--pp-only): the child also times the Triton forward, autotuned as shipped, per case."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # the child's Triton reference (the gate only) takes the first config: no second autotuning run
-    env["HEARTH_ATTN_AUTOTUNE"] = "0"
+    if time_triton:
+        env["HEARTH_PP_TIME_TRITON"] = "1"
+    else:  # the child's Triton reference (the gate only) takes the first config: no second autotuning run
+        env["HEARTH_ATTN_AUTOTUNE"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--out", os.devnull, "--pp-child"]
+    limit = PP_TIMEOUT_S + (40 if time_triton else 0)  # + the Triton forward's autotuning at two cases
     try:
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=PP_TIMEOUT_S)
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
         out, status = res.stdout, None
         if res.returncode != 0:
             err = res.stderr.strip().splitlines()
             status = f"pp child failed (exit {res.returncode}): {err[-1][:300] if err else ''}"
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        status = f"pp child timed out after {PP_TIMEOUT_S} s (a hung barrier schedule?)"
+        status = f"pp child timed out after {limit} s (a hung barrier schedule?)"
     last = None
     for line in out.splitlines():
         if line.startswith("{"):
@@ -257,6 +265,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the first case only")
     ap.add_argument("--sweep", action="store_true",
                     help="then every SWEEP config (both variants) and every PP_SWEEP config (ping-pong) at two cases")
+    ap.add_argument("--pp-only", action="store_true",
+                    help="only the ping-pong rows (every PP_SWEEP config at two cases) and the Triton forward beside them")
     ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -274,6 +284,9 @@ def main(argv=None):
             f.write(line + "\n")
             f.flush()
 
+        if args.pp_only:
+            sweep_pp_guarded(emit, time_triton=True)
+            return
         for case in CASES[:1] if args.quick else CASES:
             if time.time() - T0 > BUDGET_S:
                 emit(dict(case=str(case), status="skipped: past the 80 s budget"))
