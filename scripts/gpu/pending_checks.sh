@@ -13,6 +13,12 @@
 #   Where .peers/ was carried (scripts/gpu/peer_wheels.sh), quack and FlashAttention-4 join the runs as peers.
 #   (LAYER_PROBE=1 adds scripts/gpu/lora_layer_probe.py, DIST=1 the 1-GPU torchrun DDP/FSDP check, GLUON=1 the
 #   Gluon attention probe: all three measured on 2026-12-01, see BENCHMARKS.md)
+#   Measurements still owed by 2026-12-02's changes (each opt-in; e.g. SKIP="host_overhead models lora_e2e
+#   attention" PP=1 TMA_DESC=1 HOST_TRACE=1 MM_MODELS=1 for those alone, about 5 minutes):
+#   PP=1         the Gluon ping-pong forward at every PP_CANDIDATES config beside the Triton forward -> attention_gluon_pp.jsonl
+#   TMA_DESC=1   matmul with host vs device TMA descriptors: ms, host us per call, extra memory -> mm/tma_desc.json
+#   HOST_TRACE=1 swiglu_mlp at Qwen3-0.6B back to back under torch.profiler (host time = wall time there) -> host_trace_*.txt
+#   MM_MODELS=1  the model-shape suite for matmul and swiglu_mlp (time and memory after the host descriptors) -> models/
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
 # back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
 # (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
@@ -50,6 +56,13 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
   --seq 2048 --steps 3 --cases 14b-single,14b-ddp,14b-fsdp
 [ -n "${GLUON:-}" ] && step attention_gluon 60 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py \
   --out "$OUT/attention_gluon.jsonl"
+[ -n "${PP:-}" ] && step attention_gluon_pp 130 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py \
+  --pp-only --out "$OUT/attention_gluon_pp.jsonl"
+[ -n "${TMA_DESC:-}" ] && step tma_desc 60 python3 scripts/gpu/matmul_lce_probe.py --tma-desc --out "$OUT/mm"
+[ -n "${HOST_TRACE:-}" ] && step host_trace 40 python3 scripts/gpu/host_trace_probe.py --op swiglu_mlp \
+  --shape 16384,1024,3072 --out "$OUT"
+[ -n "${MM_MODELS:-}" ] && step mm_models 150 env OUT="$OUT/mm_models" BUDGET_S=120 bash scripts/gpu/bench_models.sh \
+  matmul swiglu_mlp
 tail -n 40 "$OUT"/*.log
 cp "$OUT/steps.log" "$FINAL/steps.log"
 tar czf "$FINAL/pending.tgz" -C "$(dirname "$OUT")" pending
