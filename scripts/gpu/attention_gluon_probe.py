@@ -65,6 +65,40 @@ def tflops(flops, ms):
     return round(flops / (ms * 1e-3) / 1e12, 1)
 
 
+def case_label(case) -> str:
+    B, Hq, Hk, T, D, causal = case
+    return f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}"
+
+
+def case_inputs(case):
+    """(q, k, v, scale, forward FLOPs) of one case: bf16, seeded, [B, H, T, D]."""
+    B, Hq, Hk, T, D, causal = case
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    return q, k, v, D ** -0.5, 4 * B * Hq * T * T * D // (2 if causal else 1)
+
+
+def gated_sweep_row(row, run, reference, fwd_flops, sync=False):
+    """Run `run` (a Gluon forward returning (out, lse)) once, compare with `reference` (the Triton forward's
+    (out, lse)) and time it only when it agrees; fills and returns `row`."""
+    o_t, lse_t = reference
+    try:
+        o, lse = run()
+        if sync:
+            torch.cuda.synchronize()
+        row["max_abs_diff_out"] = float((o.float() - o_t.float()).abs().max())
+        row["max_abs_diff_lse"] = float((lse - lse_t).abs().max())
+        if row["max_abs_diff_out"] <= 0.05 and row["max_abs_diff_lse"] <= 1e-3:
+            row["fwd_tflops_gluon"] = tflops(fwd_flops, bench(run))
+        else:
+            row["status"] = "mismatch: not timed"
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return row
+
+
 def cudnn_fn(q, k, v, causal):
     gqa = q.shape[1] != k.shape[1]
 
@@ -75,15 +109,9 @@ def cudnn_fn(q, k, v, causal):
 
 
 def probe(case, emit):
-    B, Hq, Hk, T, D, causal = case
-    row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", dtype="bfloat16",
-               device=torch.cuda.get_device_name(), config=ag.CONFIGS[D])
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    scale = D ** -0.5
-    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
+    D, causal = case[4], case[5]
+    row = dict(case=case_label(case), dtype="bfloat16", device=torch.cuda.get_device_name(), config=ag.CONFIGS[D])
+    q, k, v, scale, fwd_flops = case_inputs(case)
     os.environ.pop("HEARTH_ATTN_GLUON", None)
 
     t = time.time()
@@ -167,67 +195,34 @@ def probe(case, emit):
 
 
 def sweep(case, emit):
-    B, Hq, Hk, T, D, causal = case
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    scale = D ** -0.5
-    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
-    o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    D, causal = case[4], case[5]
+    q, k, v, scale, fwd_flops = case_inputs(case)
+    reference = attn._attention_forward(q, k, v, causal, scale)
     shipped = ag.CONFIGS[D]
     try:
         for cfg in SWEEP[D]:
             for ws in (False, True):
-                row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True,
-                           config=cfg, variant="ws" if ws else "1part")
+                row = dict(case=case_label(case), sweep=True, config=cfg, variant="ws" if ws else "1part")
                 ag.CONFIGS[D], ag.WARP_SPECIALIZE = cfg, ws
-                try:
-                    o, lse = ag.forward(q, k, v, causal, scale)
-                    row["max_abs_diff_out"] = float((o.float() - o_t.float()).abs().max())
-                    row["max_abs_diff_lse"] = float((lse - lse_t).abs().max())
-                    if row["max_abs_diff_out"] <= 0.05 and row["max_abs_diff_lse"] <= 1e-3:
-                        row["fwd_tflops_gluon"] = tflops(fwd_flops, bench(lambda: ag.forward(q, k, v, causal, scale)))
-                    else:
-                        row["status"] = "mismatch: not timed"
-                except Exception as e:
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                emit(row)
+                emit(gated_sweep_row(row, lambda: ag.forward(q, k, v, causal, scale), reference, fwd_flops))
     finally:
         ag.CONFIGS[D], ag.WARP_SPECIALIZE = shipped, False
 
 
 def sweep_pp(case, emit):
     """(In the --pp-child process) the ping-pong variant at every PP_SWEEP config of `case`, gated like sweep."""
-    B, Hq, Hk, T, D, causal = case
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hk, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    scale = D ** -0.5
-    fwd_flops = 4 * B * Hq * T * T * D // (2 if causal else 1)
-    o_t, lse_t = attn._attention_forward(q, k, v, causal, scale)
+    D, causal = case[4], case[5]
+    q, k, v, scale, fwd_flops = case_inputs(case)
+    reference = attn._attention_forward(q, k, v, causal, scale)
     if os.environ.get("HEARTH_PP_TIME_TRITON") == "1":  # --pp-only: the Triton forward timed in the same process
-        emit(dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True, variant="triton",
+        emit(dict(case=case_label(case), sweep=True, variant="triton",
                   fwd_tflops_triton=tflops(fwd_flops, bench(lambda: attn._attention_forward(q, k, v, causal, scale)))))
     ag.PING_PONG = True
     for cfg in PP_SWEEP[D]:
-        row = dict(case=f"B{B} Hq{Hq} Hk{Hk} T{T} D{D} {'causal' if causal else 'full'}", sweep=True,
-                   config=cfg, variant="pp")
+        row = dict(case=case_label(case), sweep=True, config=cfg, variant="pp")
         ag.PP_CONFIGS[D] = cfg
-        try:
-            print(f"# starting pp {cfg} {row['case']}", flush=True)  # the last one shown is the one that hung
-            o, lse = ag.forward(q, k, v, causal, scale)
-            torch.cuda.synchronize()
-            row["max_abs_diff_out"] = float((o.float() - o_t.float()).abs().max())
-            row["max_abs_diff_lse"] = float((lse - lse_t).abs().max())
-            if row["max_abs_diff_out"] <= 0.05 and row["max_abs_diff_lse"] <= 1e-3:
-                row["fwd_tflops_gluon"] = tflops(fwd_flops, bench(lambda: ag.forward(q, k, v, causal, scale)))
-            else:
-                row["status"] = "mismatch: not timed"
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        emit(row)
+        print(f"# starting pp {cfg} {row['case']}", flush=True)  # the last one shown is the one that hung
+        emit(gated_sweep_row(row, lambda: ag.forward(q, k, v, causal, scale), reference, fwd_flops, sync=True))
 
 
 def sweep_pp_guarded(emit, time_triton=False):
