@@ -108,6 +108,50 @@ def test_sm90_ping_pong_build_is_warp_specialised_and_overlapped(sm90_reports):
         assert r["warps"] == ag.PP_WARPS + 4 + 4, (r["label"], r["warps"])
 
 
+_NO_LSE_SCRIPT = r"""
+import json, re, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for store in (True, False):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(64,), store_lse=store):
+        out.append(dict(label=label, store_lse=store, st_global=len(re.findall(r"\bst\.global", k.asm["ptx"])),
+                        spill=hi.report_compiled(label, k).spill_bytes))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_inference_build_stores_no_logsumexp():
+    """store_lse=False (no backward will run) builds every variant with Lse a None constexpr: the PTX has no
+    global store left (O goes out by TMA), where the training build stores the logsumexp."""
+    reports = run_offline(_NO_LSE_SCRIPT)
+    assert len(reports) == 2 * 3 * 2, [r["label"] for r in reports]
+    for r in reports:
+        if r["store_lse"]:
+            assert r["st_global"] > 0, f"{r['label']}: the training build stores no logsumexp"
+        else:
+            assert "no-lse" in r["label"] and r["st_global"] == 0, (r["label"], r["st_global"])
+        assert r["spill"] == 0, f"{r['label']}: {r['spill']} bytes spilled"
+
+
+def test_inference_forward_asks_the_gluon_kernel_for_no_logsumexp(monkeypatch):
+    """_attention_forward passes store_lse through to the Gluon forward (positionally, as its spies take it)
+    and returns the Gluon forward's lse as it comes (None when no backward will run)."""
+    calls = []
+
+    def fake(q, k, v, causal, scale, store_lse=True):
+        calls.append(store_lse)
+        return torch.zeros_like(q), (torch.zeros(q.shape[:3]) if store_lse else None)
+
+    monkeypatch.setattr(attn, "forward_kernel", lambda *a, **kw: "gluon")
+    monkeypatch.setattr(ag, "tma_addressable", lambda *t: True)
+    monkeypatch.setattr(ag, "forward", fake)
+    q = torch.randn(1, 2, 8, 64)
+    assert attn._attention_forward(q, q, q, True, 0.125, store_lse=False)[1] is None
+    assert attn._attention_forward(q, q, q, True, 0.125)[1] is not None
+    assert calls == [False, True]
+
+
 def test_offline_kernels_names_a_bad_variant():
     with pytest.raises(ValueError, match="variants"):
         ag.offline_kernels(90, torch.bfloat16, variants=("pingpong",))
@@ -245,6 +289,34 @@ def _check_forward(B, Hq, Hk, T, D, dtype, causal, bthd=False):
     assert_close(out, ref_out, dtype, "out", baseline=_same_dtype_out(q, k, v, causal, scale))
     # lse is fp32 from exact (16-bit) inputs: PyTorch's own fp32 logsumexp of the same scores is the baseline
     assert_close(lse, ref_lse, torch.float32, "lse", baseline=_reference(q, k, v, causal, scale, torch.float32)[1])
+
+
+def _check_forward_without_lse(B, Hq, Hk, T, D, causal):
+    """store_lse=False: lse is None, O is bitwise the training forward's, and the call's peak memory is
+    exactly the [B, Hq, T] fp32 logsumexp below the training call's (the descriptor scratch is the same)."""
+    q, k, v, _ = _inputs(B, Hq, Hk, T, D, torch.bfloat16, seed=5)
+    scale = 1.0 / math.sqrt(D)
+
+    def run(store_lse):
+        ag.forward(q, k, v, causal, scale, store_lse)  # compile outside the measurement
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out, lse = ag.forward(q, k, v, causal, scale, store_lse)
+        torch.cuda.synchronize()
+        return out, lse, torch.cuda.max_memory_allocated() - base
+
+    out_t, lse_t, extra_t = run(True)
+    out_i, lse_i, extra_i = run(False)
+    assert lse_t is not None and lse_i is None
+    assert torch.equal(out_i, out_t)
+    assert extra_t - extra_i == B * Hq * T * 4, (extra_t, extra_i)
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_forward_without_lse(causal, variant):
+    _check_forward_without_lse(2, 8, 2, 1024, 128, causal)
 
 
 @hopper_only
@@ -407,6 +479,7 @@ def test_gpu_pp_forward_matches_reference(D, causal):
     calls = [("_check_forward", [1, 4, 2, T, D, torch.bfloat16, causal], None) for T in (1, 100, 128, 1000, 4160)]
     calls.append(("_check_forward", [1, 40, 8, 1500, D, torch.bfloat16, causal, True], None))
     calls.append(("_check_forward", [2, 4, 4, 777, D, torch.float16, causal], None))
+    calls.append(("_check_forward_without_lse", [2, 8, 2, 1024, D, causal], None))
     if not causal:
         calls += [("_check_forward_lengths", [300, 1111, D], None), ("_check_forward_lengths", [1111, 300, D], None)]
     _run_pp(calls)

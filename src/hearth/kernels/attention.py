@@ -951,8 +951,7 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
         from hearth.kernels import attention_gluon
 
         if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
-            out, lse = attention_gluon.forward(q, k, v, causal, scale)
-            return out, (lse if store_lse else None)
+            return attention_gluon.forward(q, k, v, causal, scale, store_lse)
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None

@@ -21,7 +21,8 @@ Design (one program per BLOCK_M query rows of one (b, h); one partition, softwar
     intra-warpgroup overlap).
   * Causal: key blocks wholly below the diagonal run mask-free; only the diagonal blocks (and a ragged
     tail) apply the mask -- the same split as the Triton kernel.
-  * O goes registers -> shared memory (Q's buffer, free by then) -> TMA store; lse by a masked store.
+  * O goes registers -> shared memory (Q's buffer, free by then) -> TMA store; lse by a masked store, or
+    not at all when no backward will run (the STORE_LSE constexpr; Lse is then None).
 
 Warp specialisation (env HEARTH_ATTN_GLUON_WS=1, the WARP_SPECIALIZE constexpr): Triton 3.6's Gluon
 ``ttgl.warp_specialize`` does compile for sm_90. The variant runs the same consumer code in the kernel's
@@ -233,6 +234,27 @@ def _producer(k_base, v_base, stride_kt, stride_vt, N_CTX_K, k_smem, v_smem, k_b
 
 
 @gluon.jit
+def _program_bases(Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+                   stride_ob, stride_oh, H_Q, GROUP, CAUSAL: ttgl.constexpr):
+    """This program's query-block index and (b, h) row, and the base pointers of its Q / K / V / O heads
+    (GROUP query heads share one K/V head). Both forward kernels start here; causal launches the last query
+    blocks, which have the most keys, first."""
+    if CAUSAL:
+        start_m = ttgl.num_programs(0) - 1 - ttgl.program_id(0)
+    else:
+        start_m = ttgl.program_id(0)
+    bh = ttgl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    hk = h // GROUP
+    q_base = Q + b.to(ttgl.int64) * stride_qb + h.to(ttgl.int64) * stride_qh
+    k_base = K + b.to(ttgl.int64) * stride_kb + hk.to(ttgl.int64) * stride_kh
+    v_base = V + b.to(ttgl.int64) * stride_vb + hk.to(ttgl.int64) * stride_vh
+    o_base = Out + b.to(ttgl.int64) * stride_ob + h.to(ttgl.int64) * stride_oh
+    return start_m, bh, q_base, k_base, v_base, o_base
+
+
+@gluon.jit
 def _attn_fwd_gluon_kernel(
     Q, K, V, Out, Lse,
     stride_qb, stride_qh, stride_qt,
@@ -243,6 +265,7 @@ def _attn_fwd_gluon_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, NUM_WARPS: ttgl.constexpr,
     WARP_SPECIALIZE: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
+    STORE_LSE: ttgl.constexpr = True,
 ):
     dtype: ttgl.constexpr = Q.dtype.element_ty
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -256,18 +279,9 @@ def _attn_fwd_gluon_kernel(
     q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    if CAUSAL:  # the last query blocks have the most keys: launch them first
-        start_m = ttgl.num_programs(0) - 1 - ttgl.program_id(0)
-    else:
-        start_m = ttgl.program_id(0)
-    bh = ttgl.program_id(1)
-    b = bh // H_Q
-    h = bh % H_Q
-    hk = h // GROUP
-    q_base = Q + b.to(ttgl.int64) * stride_qb + h.to(ttgl.int64) * stride_qh
-    k_base = K + b.to(ttgl.int64) * stride_kb + hk.to(ttgl.int64) * stride_kh
-    v_base = V + b.to(ttgl.int64) * stride_vb + hk.to(ttgl.int64) * stride_vh
-    o_base = Out + b.to(ttgl.int64) * stride_ob + h.to(ttgl.int64) * stride_oh
+    start_m, bh, q_base, k_base, v_base, o_base = _program_bases(
+        Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+        H_Q, GROUP, CAUSAL)
     q_desc = tma.make_tensor_descriptor(q_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_qt, 1],
                                         block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
     o_desc = tma.make_tensor_descriptor(o_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_ot, 1],
@@ -327,9 +341,9 @@ def _attn_fwd_gluon_kernel(
         mbarrier.invalidate(v_bars.index(i))
         mbarrier.invalidate(empty_bars.index(i))
 
-    # lse in natural-log units, as attention.py's forward writes it.
-    lse = (m_i + ttgl.log2(l_i)) * LN2
-    ttgl.store(Lse + bh.to(ttgl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+    if STORE_LSE:  # lse in natural-log units, as attention.py's forward writes it (Lse is None otherwise)
+        lse = (m_i + ttgl.log2(l_i)) * LN2
+        ttgl.store(Lse + bh.to(ttgl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
     o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
     q_smem.store(o.to(dtype))  # Q's tile is no longer read: reuse it to stage O for the TMA store
     fence_async_shared()
@@ -374,8 +388,8 @@ def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
 def _pp_consumer(q_base, o_base, lse_base, stride_qt, stride_ot, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
                  empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, s_layout: ttgl.constexpr,
-                 o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
+                 s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
     """One consumer warpgroup: query tile 2 * start_m + WG, all of it (Q load, key blocks, epilogue).
 
     Per key block j it takes one turn: wait for the other warpgroup's turn (turn_bars[WG]), issue
@@ -453,9 +467,9 @@ def _pp_consumer(q_base, o_base, lse_base, stride_qt, stride_ot, q_smem, q_bar, 
         ttgl.thread_barrier()
         mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + last), count=1)
 
-        # lse in natural-log units, as attention.py's forward writes it.
-        lse = (m_i + ttgl.log2(l_i)) * LN2
-        ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
+        if STORE_LSE:  # lse in natural-log units, as attention.py's forward writes it
+            lse = (m_i + ttgl.log2(l_i)) * LN2
+            ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
         o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
         q_smem.store(o.to(dtype))  # this tile's Q is no longer read: stage O there for the TMA store
         fence_async_shared()
@@ -497,6 +511,7 @@ def _attn_fwd_gluon_pp_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
+    STORE_LSE: ttgl.constexpr = True,
 ):
     """One program per 2 * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default partition,
     num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next, and a
@@ -512,19 +527,13 @@ def _attn_fwd_gluon_pp_kernel(
     q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    if CAUSAL:  # the last query blocks have the most keys: launch them first
-        start_m = ttgl.num_programs(0) - 1 - ttgl.program_id(0)
-    else:
-        start_m = ttgl.program_id(0)
-    bh = ttgl.program_id(1)
-    b = bh // H_Q
-    h = bh % H_Q
-    hk = h // GROUP
-    q_base = Q + b.to(ttgl.int64) * stride_qb + h.to(ttgl.int64) * stride_qh
-    k_base = K + b.to(ttgl.int64) * stride_kb + hk.to(ttgl.int64) * stride_kh
-    v_base = V + b.to(ttgl.int64) * stride_vb + hk.to(ttgl.int64) * stride_vh
-    o_base = Out + b.to(ttgl.int64) * stride_ob + h.to(ttgl.int64) * stride_oh
-    lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
+    start_m, bh, q_base, k_base, v_base, o_base = _program_bases(
+        Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+        H_Q, GROUP, CAUSAL)
+    if STORE_LSE:
+        lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
+    else:  # Lse is None: the consumers take this unused pointer in its place and store nothing through it
+        lse_base = o_base
 
     q_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_shared)
     k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
@@ -549,10 +558,10 @@ def _attn_fwd_gluon_pp_kernel(
     ttgl.warp_specialize(
         [(_pp_consumer, (q_base, o_base, lse_base, stride_qt, stride_ot, q_smem.index(0), q_bars.index(0), k_smem,
                          v_smem, k_bars, v_bars, empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
-                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, s_layout, o_layout, p_layout)),
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
          (_pp_consumer, (q_base, o_base, lse_base, stride_qt, stride_ot, q_smem.index(1), q_bars.index(1), k_smem,
                          v_smem, k_bars, v_bars, empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
-                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, s_layout, o_layout, p_layout)),
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
          (_pp_producer, (k_base, v_base, stride_kt, stride_vt, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars,
                          empty_bars, start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -590,13 +599,15 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            store_lse: bool = True):
     """(out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32) like attention._attention_forward. The caller checked
-    the arguments and ``supported`` / ``tma_addressable``."""
+    the arguments and ``supported`` / ``tma_addressable``. store_lse=False (no backward will run): lse is
+    None, neither allocated nor written (the STORE_LSE constexpr)."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
     # device-side TMA descriptors live in a global scratch buffer; Triton's allocator is per thread
     triton.set_allocator(_scratch)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -609,7 +620,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                 q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                num_warps=PP_WARPS,
+                STORE_LSE=store_lse, num_warps=PP_WARPS,
             )
         return out, lse
     block_m, block_n, warps, stages = CONFIGS[D]
@@ -619,17 +630,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
             HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
             WARP_SPECIALIZE=WARP_SPECIALIZE, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-            num_warps=warps,
+            STORE_LSE=store_lse, num_warps=warps,
         )
     return out, lse
 
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
-                    variants=("1part", "ws", "pp"), pp_configs=None):
+                    variants=("1part", "ws", "pp"), pp_configs=None, store_lse=True):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
-    "ws" (producer warp), "pp" (ping-pong); configs / pp_configs replace CONFIGS / PP_CONFIGS. Needs
-    TRITON_INTERPRET unset."""
+    "ws" (producer warp), "pp" (ping-pong); configs / pp_configs replace CONFIGS / PP_CONFIGS; store_lse=False
+    builds the inference forward (Lse a None constexpr, no LSE store). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -653,8 +664,11 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps,
                          WARP_SPECIALIZE=ws, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
             name = f"fwd{'[ws]' if ws else ''} d{d} {'causal' if c else 'full'} {bm}x{bn} w{warps} s{stages}"
+        const["STORE_LSE"] = store_lse
         sig = {n: ptr for n in ("Q", "K", "V", "Out")}
-        sig["Lse"] = "*fp32"
+        sig["Lse"] = "*fp32" if store_lse else "constexpr"
+        if not store_lse:
+            const["Lse"] = None
         for n in ("stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kt",
                   "stride_vb", "stride_vh", "stride_vt", "stride_ob", "stride_oh", "stride_ot"):
             sig[n] = "i32"
@@ -662,5 +676,5 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
         sig.update({n: "constexpr" for n in const})
         kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const),
                                 target=target, options={"num_warps": warps})
-        found.append((f"attention_gluon {name} sm_{arch}", kernel))
+        found.append((f"attention_gluon {name}{'' if store_lse else ' no-lse'} sm_{arch}", kernel))
     return found
