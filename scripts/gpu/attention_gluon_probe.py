@@ -8,7 +8,7 @@ lse against the Triton forward's on the same inputs: max |diff|; a case whose O 
 0.05 or whose lse differs by more than 1e-3 is reported "mismatch" and not timed), then TFLOP/s of
   * forward: Gluon (attention_gluon.forward; "gluon_ws" = its warp-specialised variant, timed only when it
     passes the same check), the current Triton forward (attention._attention_forward
-    with HEARTH_ATTN_GLUON unset, autotuned as shipped), SDPA cuDNN;
+    with HEARTH_ATTN_GLUON=0, autotuned as shipped), SDPA cuDNN;
   * fwd+bwd: attention() with HEARTH_ATTN_GLUON=1 (Gluon forward + the existing backward), attention()
     as shipped, SDPA cuDNN.
 FLOPs: forward 4*B*Hq*T*T*D, halved when causal; fwd+bwd 3.5x the forward (as BENCHMARKS.md counts).
@@ -20,9 +20,9 @@ D=128 and D=64 cases, both variants, each gated by the same check; one row per (
 Then the ping-pong variant (attention_gluon.PING_PONG, what HEARTH_ATTN_GLUON_PP=1 selects) at every config
 of attention_gluon.PP_CANDIDATES, same cases, gate and row format (variant "pp", config (BLOCK_M per
 warpgroup, BLOCK_N, NUM_STAGES)). A wrong barrier schedule would hang the GPU, so these run in a child
-process (--pp-child) with a PP_TIMEOUT_S limit (--pp-only: those rows alone, with the Triton forward's
-TFLOP/s timed beside them in the same child): a hang becomes a row with status "timed out", not a
-stalled probe.
+process (--pp-child) with a PP_TIMEOUT_S limit (--pp-only: those rows alone, at all four cases, with the
+Triton forward's (HEARTH_ATTN_GLUON=0) and cuDNN's TFLOP/s timed beside them in the same child): a hang
+becomes a row with status "timed out", not a stalled probe.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def probe(case, emit):
     D, causal = case[4], case[5]
     row = dict(case=case_label(case), dtype="bfloat16", device=torch.cuda.get_device_name(), config=ag.CONFIGS[D])
     q, k, v, scale, fwd_flops = case_inputs(case)
-    os.environ.pop("HEARTH_ATTN_GLUON", None)
+    os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward (unset routes causal D128 to ping-pong)
 
     t = time.time()
     try:
@@ -175,7 +175,7 @@ def probe(case, emit):
             if env:
                 os.environ["HEARTH_ATTN_GLUON"] = "1"
             else:
-                os.environ.pop("HEARTH_ATTN_GLUON", None)
+                os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward (unset routes causal D128 to ping-pong)
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return run
 
@@ -188,7 +188,7 @@ def probe(case, emit):
             row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
         except Exception as e:
             row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    os.environ.pop("HEARTH_ATTN_GLUON", None)
+    os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward (unset routes causal D128 to ping-pong)
     ag.WARP_SPECIALIZE = False
     row["status"] = "ok" if ws_ok else "ok (warp-specialised variant failed its check: not timed)"
     emit(row)
@@ -213,16 +213,19 @@ def sweep_pp(case, emit):
     """(In the --pp-child process) the ping-pong variant at every PP_SWEEP config of `case`, gated like sweep."""
     D, causal = case[4], case[5]
     q, k, v, scale, fwd_flops = case_inputs(case)
+    os.environ["HEARTH_ATTN_GLUON"] = "0"  # reference and baseline: the Triton forward, whatever the caller set
     reference = attn._attention_forward(q, k, v, causal, scale)
     if os.environ.get("HEARTH_PP_TIME_TRITON") == "1":  # --pp-only: the Triton forward timed in the same process
         emit(dict(case=case_label(case), sweep=True, variant="triton",
-                  fwd_tflops_triton=tflops(fwd_flops, bench(lambda: attn._attention_forward(q, k, v, causal, scale)))))
+                  fwd_tflops_triton=tflops(fwd_flops, bench(lambda: attn._attention_forward(q, k, v, causal, scale))),
+                  fwd_tflops_sdpa_cudnn=tflops(fwd_flops, bench(cudnn_fn(q, k, v, causal)))))
     ag.PING_PONG = True
     for cfg in PP_SWEEP[D]:
         row = dict(case=case_label(case), sweep=True, config=cfg, variant="pp")
         ag.PP_CONFIGS[D] = cfg
         print(f"# starting pp {cfg} {row['case']}", flush=True)  # the last one shown is the one that hung
-        emit(gated_sweep_row(row, lambda: ag.forward(q, k, v, causal, scale), reference, fwd_flops, sync=True))
+        emit(gated_sweep_row(row, lambda: ag.forward(q, k, v, causal, scale, True, True), reference, fwd_flops,
+                             sync=True))
 
 
 def sweep_pp_guarded(emit, time_triton=False):
@@ -234,7 +237,7 @@ def sweep_pp_guarded(emit, time_triton=False):
     else:  # the child's Triton reference (the gate only) takes the first config: no second autotuning run
         env["HEARTH_ATTN_AUTOTUNE"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--out", os.devnull, "--pp-child"]
-    limit = PP_TIMEOUT_S + (40 if time_triton else 0)  # + the Triton forward's autotuning at two cases
+    limit = PP_TIMEOUT_S + (100 if time_triton else 0)  # + two more cases, the Triton forward's autotuning at four
     try:
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
         out, status = res.stdout, None
@@ -267,7 +270,8 @@ def main(argv=None):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("attention_gluon_probe needs a Hopper GPU (compute capability 9.x)")
     if args.pp_child:  # rows to stdout only: the parent writes them to --out
-        for case in (CASES[0], CASES[2]):
+        # --pp-only: all four cases (the routing in attention.forward_kernel is per (head_dim, causal))
+        for case in CASES if os.environ.get("HEARTH_PP_TIME_TRITON") == "1" else (CASES[0], CASES[2]):
             sweep_pp(case, lambda row: print(json.dumps(row), flush=True))
         return
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -426,10 +426,12 @@ def test_gpu_tma_path_matches_pointer_path():
 
 @gpu_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_forward_without_grad_holds_only_its_output(causal):
-    """Inference forward: the peak memory a call adds is its output plus the device TMA descriptors' scratch
-    (256 B a program: 32 KiB here), less than the [B, Hq, T] fp32 logsumexp (64 KiB) the training forward
-    keeps; the output equals the training forward's."""
+def test_gpu_forward_without_grad_holds_only_its_output(causal, monkeypatch):
+    """Inference forward of the Triton kernel (HEARTH_ATTN_GLUON=0; the Gluon forwards have their own test of
+    this in test_attention_gluon.py): the peak memory a call adds is its output plus the device TMA
+    descriptors' scratch (256 B a program: 32 KiB here), less than the [B, Hq, T] fp32 logsumexp (64 KiB) the
+    training forward keeps; the output equals the training forward's."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
     q, k, v, _ = _make(2, 8, 2, 1024, 128, torch.bfloat16, device="cuda")
     with torch.no_grad():
         attention(q, k, v, causal=causal)  # autotune and compile outside the measurement

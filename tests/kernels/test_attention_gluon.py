@@ -139,8 +139,9 @@ def test_inference_forward_asks_the_gluon_kernel_for_no_logsumexp(monkeypatch):
     and returns the Gluon forward's lse as it comes (None when no backward will run)."""
     calls = []
 
-    def fake(q, k, v, causal, scale, store_lse=True):
+    def fake(q, k, v, causal, scale, store_lse=True, ping_pong=None):
         calls.append(store_lse)
+        assert ping_pong is False  # "gluon" asked for: not the ping-pong kernel
         return torch.zeros_like(q), (torch.zeros(q.shape[:3]) if store_lse else None)
 
     monkeypatch.setattr(attn, "forward_kernel", lambda *a, **kw: "gluon")
@@ -164,10 +165,21 @@ ON = {"HEARTH_ATTN_GLUON": "1"}
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("d", [64, 128])
-def test_gluon_chosen_only_when_asked_on_hopper(d, dtype, causal):
-    assert attn.forward_kernel((9, 0), dtype, d, causal, env=ON) == "gluon"
-    assert attn.forward_kernel((9, 0), dtype, d, causal, env={}) == "triton"
+def test_forward_choice_on_hopper(d, dtype, causal):
+    """Unset: the ping-pong forward exactly where it measured faster (GLUON_PP_DEFAULT: causal D128), Triton
+    elsewhere; HEARTH_ATTN_GLUON=1: a Gluon forward everywhere it serves; =0: Triton everywhere."""
+    default = "gluon_pp" if (d, causal) in attn.GLUON_PP_DEFAULT else "triton"
+    assert attn.forward_kernel((9, 0), dtype, d, causal, env={}) == default
+    assert attn.forward_kernel((9, 0), dtype, d, causal, env={"HEARTH_ATTN_GLUON": "2"}) == default
+    assert attn.forward_kernel((9, 0), dtype, d, causal, env=ON) == ("gluon_pp" if ag.PING_PONG else "gluon")
     assert attn.forward_kernel((9, 0), dtype, d, causal, env={"HEARTH_ATTN_GLUON": "0"}) == "triton"
+
+
+def test_ping_pong_default_is_the_measured_case_only():
+    assert attn.GLUON_PP_DEFAULT == {(128, True)}
+    assert attn.forward_kernel((9, 0), torch.float32, 128, True, env={}) == "triton"
+    assert attn.forward_kernel((8, 0), torch.bfloat16, 128, True, env={}) == "triton"
+    assert attn.forward_kernel(None, torch.bfloat16, 128, True, env={}) == "triton"
 
 
 @pytest.mark.parametrize("cap,dtype,d", [
@@ -180,6 +192,7 @@ def test_gluon_chosen_only_when_asked_on_hopper(d, dtype, causal):
 ])
 def test_triton_kernel_kept_where_gluon_does_not_serve(cap, dtype, d):
     assert attn.forward_kernel(cap, dtype, d, True, env=ON) == "triton"
+    assert attn.forward_kernel(cap, dtype, d, True, env={}) == "triton"
 
 
 def test_attention_reads_the_env_var(monkeypatch):
@@ -213,7 +226,9 @@ def test_ping_pong_is_read_from_its_env_var_and_off_by_default(monkeypatch):
         monkeypatch.setenv("HEARTH_ATTN_GLUON_PP", "1")
         assert importlib.reload(ag).PING_PONG is True
         # the ping-pong switch does not choose the Gluon forward by itself
-        assert attn.forward_kernel((9, 0), torch.bfloat16, 128, True, env={"HEARTH_ATTN_GLUON_PP": "1"}) == "triton"
+        assert attn.forward_kernel((9, 0), torch.bfloat16, 64, True, env={"HEARTH_ATTN_GLUON_PP": "1"}) == "triton"
+        assert attn.forward_kernel((9, 0), torch.bfloat16, 64, True,
+                                   env={"HEARTH_ATTN_GLUON_PP": "1", "HEARTH_ATTN_GLUON": "1"}) == "gluon_pp"
     finally:  # back to the process's own setting
         monkeypatch.undo()
         importlib.reload(ag)
@@ -397,6 +412,24 @@ def test_shipped_config_is_the_first_candidate():
         for bm, bn, stages in ag.PP_CANDIDATES[d]:
             assert bm % 64 == 0, (d, bm)  # one warpgroup's wgmma covers 64 rows; larger tiles repeat it
             assert stages >= 2, (d, stages)  # QK^T(j) is issued while PV(j - 1) still reads the other slot
+
+
+@hopper_only
+def test_gpu_default_runs_ping_pong_for_causal_d128(monkeypatch):
+    """HEARTH_ATTN_GLUON unset: attention() at causal D128 bf16 runs the ping-pong forward (counted), fwd + bwd
+    within the rule; at D64 (not in GLUON_PP_DEFAULT) it runs no Gluon forward."""
+    monkeypatch.delenv("HEARTH_ATTN_GLUON", raising=False)
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    calls = []
+    real = ag.forward
+    monkeypatch.setattr(ag, "forward", lambda *a: calls.append(a[6:]) or real(*a))
+    q, k, v, do = _inputs(1, 8, 2, 1000, 128, torch.bfloat16, seed=4)
+    test_attention._assert_within_bound(q, k, v, do, True, None)
+    assert calls and all(c == (True,) for c in calls), calls
+    calls.clear()
+    q, k, v, do = _inputs(1, 8, 2, 1000, 64, torch.bfloat16, seed=4)
+    attn.attention(q, k, v, causal=True)
+    assert calls == []
 
 
 @hopper_only

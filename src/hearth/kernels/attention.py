@@ -31,7 +31,8 @@ Hopper: every tl.dot compiles to wgmma and streamed tiles are pipelined with cp.
 sm_90a PTX/SASS). USE_TMA (env HEARTH_ATTN_TMA=1) loads streamed tiles through device-side TMA
 descriptors instead (needs 16-byte aligned strides; otherwise the pointer path is used). Block sizes
 are autotuned per (T, D, causal, dtype) from short lists below; HEARTH_ATTN_AUTOTUNE=0 pins the first.
-HEARTH_ATTN_GLUON=1 swaps in a Gluon forward on Hopper (attention_gluon.py; chosen in forward_kernel).
+On Hopper the causal head_dim-128 forward is attention_gluon.py's ping-pong kernel (measured faster); the env
+HEARTH_ATTN_GLUON=0 / 1 turns the Gluon forwards off / on everywhere they serve (all chosen in forward_kernel).
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
 
@@ -873,19 +874,37 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device)
 
 
+# Where the Gluon ping-pong forward is the default on Hopper (bf16/fp16): (head_dim, causal) cases the H200
+# measured it faster than the Triton forward in the same run (scripts/gpu/attention_gluon_probe.py --pp-only,
+# B4 H32 T4096: D128 causal 519 TFLOP/s at PP_CONFIGS[128] against 363; D64 causal 348 against 346, a tie, so
+# D64 stays Triton). Cases not measured stay on the Triton kernel until they are.
+GLUON_PP_DEFAULT = frozenset({(128, True)})
+
+
 def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
                    *, env: dict | None = None) -> str:
-    """THE place that picks the forward kernel: "gluon" (attention_gluon.py: TMA + mbarrier ring +
-    wgmma, Hopper, bf16/fp16, head_dim 64/128, causal or not) or "triton" (the kernel above, which
-    serves every GPU, dtype and head dim). capability: the GPU's (major, minor), None off CUDA / under
-    the interpreter. The Gluon forward is opt-in (env HEARTH_ATTN_GLUON=1) until the H200 has timed it;
-    `causal` is part of the key so that a measured loss in one mode can be routed back here alone."""
-    env = os.environ if env is None else env
-    if env.get("HEARTH_ATTN_GLUON", "0") != "1":
-        return "triton"
-    from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
+    """THE place that picks the forward kernel: "gluon_pp" (attention_gluon.py's ping-pong forward: two consumer
+    warpgroups and a TMA producer warp), "gluon" (its single-partition / producer-warp forward) or "triton" (the
+    kernel above, which serves every GPU, dtype and head dim). The Gluon kernels serve Hopper, bf16/fp16,
+    head_dim 64/128. capability: the GPU's (major, minor), None off CUDA / under the interpreter.
 
-    return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
+    env HEARTH_ATTN_GLUON unset: the ping-pong forward where it measured faster (GLUON_PP_DEFAULT), Triton
+    elsewhere. "0": Triton everywhere. "1": a Gluon forward wherever it serves, ping-pong when
+    attention_gluon.PING_PONG (env HEARTH_ATTN_GLUON_PP=1), else the variant HEARTH_ATTN_GLUON_WS picks."""
+    env = os.environ if env is None else env
+    choice = env.get("HEARTH_ATTN_GLUON")
+    if choice == "0" or capability is None or capability[0] != 9:
+        return "triton"
+    if choice != "1":
+        if (head_dim, bool(causal)) not in GLUON_PP_DEFAULT or dtype not in (torch.bfloat16, torch.float16):
+            return "triton"
+    from hearth.kernels import attention_gluon  # imports Gluon: only when it may be used
+
+    if not attention_gluon.supported(capability, dtype, head_dim):
+        return "triton"
+    if choice != "1" or attention_gluon.PING_PONG:
+        return "gluon_pp"
+    return "gluon"
 
 
 def offline_source(fn, consts: dict, dtype: str = "bf16"):
@@ -947,11 +966,12 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
     store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     B, Hq, Tq, D = q.shape
     cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
-    if forward_kernel(cap, q.dtype, D, causal) == "gluon":
+    kernel = forward_kernel(cap, q.dtype, D, causal)
+    if kernel != "triton":
         from hearth.kernels import attention_gluon
 
         if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
-            return attention_gluon.forward(q, k, v, causal, scale, store_lse)
+            return attention_gluon.forward(q, k, v, causal, scale, store_lse, kernel == "gluon_pp")
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None

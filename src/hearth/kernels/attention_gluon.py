@@ -47,12 +47,11 @@ the producer refills it when every consumer that reads its block has released it
 each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
 Not done yet: a persistent tile scheduler.
 
-On the H200 (2026-12-01/02, BENCHMARKS.md) the single-partition and warp-specialised variants are
-correct (the GPU tests pass) but slower than the Triton forward, so attention() uses this kernel only
-under HEARTH_ATTN_GLUON=1 (attention.forward_kernel). The ping-pong variant is built and checked offline
-only so far (the Triton interpreter does not run Gluon; tests/kernels/test_attention_gluon.py builds every
-variant for sm_90): its GPU tests and its scripts/gpu/attention_gluon_probe.py --sweep rows are the
-H200's to run.
+On the H200 (BENCHMARKS.md) the single-partition and warp-specialised variants are correct but slower
+than the Triton forward: attention() uses them only under HEARTH_ATTN_GLUON=1. The ping-pong variant at
+PP_CONFIGS[128] measured 519 TFLOP/s causal D128 (B4 H32 T4096) against the Triton forward's 363 in the
+same run (2026-12-02), so attention.forward_kernel makes it the default there (GLUON_PP_DEFAULT); at D64 it
+tied, and D64 stays Triton. Its device-side TMA descriptors take 6 x 128 B of global scratch a program.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
@@ -103,14 +102,14 @@ PRODUCER_REGS = 24
 # (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES) per head dim; a program owns 2 * BLOCK_M
 # rows. A warpgroup holds S, the P of the previous block (its PV is still in flight) and O at once: 64-row
 # tiles fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key blocks).
-# All of PP_CANDIDATES compile for sm_90 without spills; untimed until the H200 run.
+# All of PP_CANDIDATES compile for sm_90 without spills; the first of each is PP_CONFIGS'.
 PING_PONG = os.environ.get("HEARTH_ATTN_GLUON_PP", "0") == "1"
 PP_CONFIGS = {
     64: (64, 128, 3),
-    128: (64, 128, 2),
+    128: (64, 128, 3),  # the probe's sweep on the H200 (2026-12-02): 519 TFLOP/s against 476 at 2 stages
 }
 PP_CANDIDATES = {
-    128: [(64, 128, 2), (64, 128, 3), (64, 64, 3)],
+    128: [(64, 128, 3), (64, 128, 2), (64, 64, 3)],
     64: [(64, 128, 3), (64, 128, 2), (64, 128, 4), (128, 64, 3)],
 }
 PP_WARPS = 4  # the default partition: consumer warpgroup 0
@@ -600,10 +599,11 @@ def _scratch(size: int, alignment: int, stream):
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-            store_lse: bool = True):
+            store_lse: bool = True, ping_pong: bool | None = None):
     """(out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32) like attention._attention_forward. The caller checked
     the arguments and ``supported`` / ``tma_addressable``. store_lse=False (no backward will run): lse is
-    None, neither allocated nor written (the STORE_LSE constexpr)."""
+    None, neither allocated nor written (the STORE_LSE constexpr). ping_pong: the ping-pong kernel (True),
+    the other (False), or as PING_PONG says (None; attention.forward_kernel passes its choice)."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
@@ -612,7 +612,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     triton.set_allocator(_scratch)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
-    if PING_PONG:
+    if PING_PONG if ping_pong is None else ping_pong:
         block_m, block_n, stages = PP_CONFIGS[D]
         grid = (triton.cdiv(Tq, 2 * block_m), B * Hq)
         with torch.cuda.device(q.device):
