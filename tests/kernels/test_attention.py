@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hearth.kernels.attention import _attention_fwd_op, attention
 from tests.kernels.tolerance import DEVICE, DTYPES, HAS_CUDA, assert_close, gpu_only

@@ -166,7 +166,7 @@ ON = {"HEARTH_ATTN_GLUON": "1"}
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("d", [64, 128])
 def test_forward_choice_on_hopper(d, dtype, causal):
-    """Unset: the ping-pong forward exactly where it measured faster (GLUON_PP_DEFAULT: causal D128), Triton
+    """Unset: the ping-pong forward exactly where it measured faster (GLUON_PP_DEFAULT: D128), Triton
     elsewhere; HEARTH_ATTN_GLUON=1: a Gluon forward everywhere it serves; =0: Triton everywhere."""
     default = "gluon_pp" if (d, causal) in attn.GLUON_PP_DEFAULT else "triton"
     assert attn.forward_kernel((9, 0), dtype, d, causal, env={}) == default
@@ -176,7 +176,7 @@ def test_forward_choice_on_hopper(d, dtype, causal):
 
 
 def test_ping_pong_default_is_the_measured_case_only():
-    assert attn.GLUON_PP_DEFAULT == {(128, True)}
+    assert attn.GLUON_PP_DEFAULT == {(128, True), (128, False)}
     assert attn.forward_kernel((9, 0), torch.float32, 128, True, env={}) == "triton"
     assert attn.forward_kernel((8, 0), torch.bfloat16, 128, True, env={}) == "triton"
     assert attn.forward_kernel(None, torch.bfloat16, 128, True, env={}) == "triton"
@@ -198,9 +198,12 @@ def test_triton_kernel_kept_where_gluon_does_not_serve(cap, dtype, d):
 def test_attention_reads_the_env_var(monkeypatch):
     """The default env is the process's: HEARTH_ATTN_GLUON=1 set at run time is seen."""
     monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
-    assert attn.forward_kernel((9, 0), torch.bfloat16, 128, False) == "gluon"
-    monkeypatch.delenv("HEARTH_ATTN_GLUON")
+    assert attn.forward_kernel((9, 0), torch.bfloat16, 64, False) == "gluon"
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
     assert attn.forward_kernel((9, 0), torch.bfloat16, 128, False) == "triton"
+    monkeypatch.delenv("HEARTH_ATTN_GLUON")
+    assert attn.forward_kernel((9, 0), torch.bfloat16, 64, False) == "triton"
+    assert attn.forward_kernel((9, 0), torch.bfloat16, 128, False) == "gluon_pp"
 
 
 def test_env_on_without_hopper_still_runs_the_triton_kernel(monkeypatch):
@@ -415,17 +418,18 @@ def test_shipped_config_is_the_first_candidate():
 
 
 @hopper_only
-def test_gpu_default_runs_ping_pong_for_causal_d128(monkeypatch):
-    """HEARTH_ATTN_GLUON unset: attention() at causal D128 bf16 runs the ping-pong forward (counted), fwd + bwd
-    within the rule; at D64 (not in GLUON_PP_DEFAULT) it runs no Gluon forward."""
+def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
+    """HEARTH_ATTN_GLUON unset: attention() at D128 bf16 runs the ping-pong forward (counted), fwd + bwd within
+    the rule; at D64 (not in GLUON_PP_DEFAULT) it runs no Gluon forward."""
     monkeypatch.delenv("HEARTH_ATTN_GLUON", raising=False)
     test_attention = importlib.import_module("tests.kernels.test_attention")
     calls = []
     real = ag.forward
     monkeypatch.setattr(ag, "forward", lambda *a: calls.append(a[6:]) or real(*a))
     q, k, v, do = _inputs(1, 8, 2, 1000, 128, torch.bfloat16, seed=4)
-    test_attention._assert_within_bound(q, k, v, do, True, None)
-    assert calls and all(c == (True,) for c in calls), calls
+    for causal in (True, False):
+        test_attention._assert_within_bound(q, k, v, do, causal, None)
+    assert len(calls) >= 2 and all(c == (True,) for c in calls), calls
     calls.clear()
     q, k, v, do = _inputs(1, 8, 2, 1000, 64, torch.bfloat16, seed=4)
     attn.attention(q, k, v, causal=True)

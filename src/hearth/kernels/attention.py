@@ -31,7 +31,7 @@ Hopper: every tl.dot compiles to wgmma and streamed tiles are pipelined with cp.
 sm_90a PTX/SASS). USE_TMA (env HEARTH_ATTN_TMA=1) loads streamed tiles through device-side TMA
 descriptors instead (needs 16-byte aligned strides; otherwise the pointer path is used). Block sizes
 are autotuned per (T, D, causal, dtype) from short lists below; HEARTH_ATTN_AUTOTUNE=0 pins the first.
-On Hopper the causal head_dim-128 forward is attention_gluon.py's ping-pong kernel (measured faster); the env
+On Hopper the head_dim-128 forward is attention_gluon.py's ping-pong kernel (measured faster); the env
 HEARTH_ATTN_GLUON=0 / 1 turns the Gluon forwards off / on everywhere they serve (all chosen in forward_kernel).
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
@@ -874,11 +874,12 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device)
 
 
-# Where the Gluon ping-pong forward is the default on Hopper (bf16/fp16): (head_dim, causal) cases the H200
-# measured it faster than the Triton forward in the same run (scripts/gpu/attention_gluon_probe.py --pp-only,
-# B4 H32 T4096: D128 causal 519 TFLOP/s at PP_CONFIGS[128] against 363; D64 causal 348 against 346, a tie, so
-# D64 stays Triton). Cases not measured stay on the Triton kernel until they are.
-GLUON_PP_DEFAULT = frozenset({(128, True)})
+# Where the Gluon ping-pong forward is the default on Hopper (bf16/fp16): the (head_dim, causal) cases where the
+# H200 measured it faster than the Triton forward in the same run (2026-12-02, commit 2d5635d,
+# scripts/gpu/attention_gluon_probe.py --pp-only, forward TFLOP/s, ping-pong at PP_CONFIGS / Triton / cuDNN):
+# causal B4 H32 T4096 D128 496 / 431 / 521, causal B2 Hq40 Hk8 T8192 D128 540 / 470 / 551, non-causal B4 H32
+# T4096 D128 559 / 476 / 597; at D64 (causal B4 H32 T4096) 348 / 377 / 418, slower, so D64 stays Triton.
+GLUON_PP_DEFAULT = frozenset({(128, True), (128, False)})
 
 
 def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,

@@ -48,10 +48,11 @@ each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (
 Not done yet: a persistent tile scheduler.
 
 On the H200 (BENCHMARKS.md) the single-partition and warp-specialised variants are correct but slower
-than the Triton forward: attention() uses them only under HEARTH_ATTN_GLUON=1. The ping-pong variant at
-PP_CONFIGS[128] measured 519 TFLOP/s causal D128 (B4 H32 T4096) against the Triton forward's 363 in the
-same run (2026-12-02), so attention.forward_kernel makes it the default there (GLUON_PP_DEFAULT); at D64 it
-tied, and D64 stays Triton. Its device-side TMA descriptors take 6 x 128 B of global scratch a program.
+than the Triton forward: attention() uses them only under HEARTH_ATTN_GLUON=1. The ping-pong variant is
+faster than the Triton forward at head_dim 128 (causal B4 H32 T4096: 496 against 431 TFLOP/s in one run,
+non-causal 559 against 476), so attention.forward_kernel makes it the default there (GLUON_PP_DEFAULT); at
+D64 it is slower (348 against 377) and D64 stays Triton. Its device-side TMA descriptors take 6 x 128 B of
+global scratch a program (1.9 MiB at B2 Hq40 T4096), which the Triton kernel's host path does not.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
