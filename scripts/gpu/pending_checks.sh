@@ -13,12 +13,13 @@
 #   Where .peers/ was carried (scripts/gpu/peer_wheels.sh), quack and FlashAttention-4 join the runs as peers.
 #   (LAYER_PROBE=1 adds scripts/gpu/lora_layer_probe.py, DIST=1 the 1-GPU torchrun DDP/FSDP check, GLUON=1 the
 #   Gluon attention probe: all three measured on 2026-12-01, see BENCHMARKS.md)
-#   Measurements still owed by 2026-12-02's changes (each opt-in; e.g. SKIP="host_overhead models lora_e2e
-#   attention" PP=1 TMA_DESC=1 HOST_TRACE=1 MM_MODELS=1 for those alone, about 5 minutes):
-#   PP=1         the Gluon ping-pong forward at every PP_CANDIDATES config beside the Triton forward -> attention_gluon_pp.jsonl
+#   Opt-in measurements of 2026-12-02's changes (PP, TMA_DESC, HOST_TRACE and MM_MODELS ran that day: BENCHMARKS.md):
+#   PP=1         the Gluon ping-pong forward at every PP_CANDIDATES config beside the Triton forward and cuDNN -> attention_gluon_pp.jsonl
 #   TMA_DESC=1   matmul with host vs device TMA descriptors: ms, host us per call, extra memory -> mm/tma_desc.json
-#   HOST_TRACE=1 swiglu_mlp at Qwen3-0.6B back to back under torch.profiler (host time = wall time there) -> host_trace_*.txt
+#   HOST_TRACE=1 swiglu_mlp at Qwen3-0.6B back to back under torch.profiler -> host_trace_*.txt
 #   MM_MODELS=1  the model-shape suite for matmul and swiglu_mlp (time and memory after the host descriptors) -> models/
+#   ATTN_AB=1    still owed: the LoRA step with hearth's attention, its forward the ping-pong kernel (default) and the
+#                Triton kernel (HEARTH_ATTN_GLUON=0), seq 4096, one child each -> lora_attn_{default,triton}.jsonl
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
 # back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
 # (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
@@ -61,6 +62,11 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
 [ -n "${TMA_DESC:-}" ] && step tma_desc 60 python3 scripts/gpu/matmul_lce_probe.py --tma-desc --out "$OUT/mm"
 [ -n "${HOST_TRACE:-}" ] && step host_trace 40 python3 scripts/gpu/host_trace_probe.py --op swiglu_mlp \
   --shape 16384,1024,3072 --out "$OUT"
+[ -n "${ATTN_AB:-}" ] && step lora_attn_default 100 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_attn_default.jsonl" \
+  --seqs 4096 --setups hearth,hearth_attn --budget-gib 80 --steps 3 --time-budget-s 95 --min-child-s 40 --child-timeout-s 90
+[ -n "${ATTN_AB:-}" ] && step lora_attn_triton 70 env HEARTH_ATTN_GLUON=0 python3 scripts/gpu/lora_e2e.py \
+  --out "$OUT/lora_attn_triton.jsonl" --seqs 4096 --setups hearth_attn --budget-gib 80 --steps 3 --time-budget-s 65 \
+  --min-child-s 40 --child-timeout-s 60
 [ -n "${MM_MODELS:-}" ] && step mm_models 150 env OUT="$OUT/mm_models" BUDGET_S=120 bash scripts/gpu/bench_models.sh \
   matmul swiglu_mlp
 tail -n 40 "$OUT"/*.log
