@@ -32,6 +32,9 @@ def test_check_run_end_to_end(tmp_path):
     for r in rows:
         assert r["status"] in ALLOWED, r
         assert r["env"]["torch"] and r["env"]["date"] and "bench" in r["env"]["command"]
+        assert isinstance(r["env"]["hearth_env"], dict)
+        if r["provider"] == "hearth" and r["op"] == "attention" and r["status"] == "ok":
+            assert r["kernel"] == "triton", r  # no Hopper here: the Triton forward
         if r["provider"] == "eager" and r["op"] != "matmul":
             assert r["status"] == "ok", r
             assert r["value"] > 0 and r["rel_err"] < 1e-3

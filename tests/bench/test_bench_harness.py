@@ -678,3 +678,37 @@ def test_a_verdict_within_the_timing_spread_says_so():
     v = report.verdict([timed("hearth", 0.10, 0.099, 0.101), timed("compile", 0.12, 0.118, 0.122)])
     assert v["verdict"] == "win" and not v["within_noise"] and v["text"] == "win 1.2x vs compile"
     assert report.verdict([_row("hearth", 0.1), _row("compile", 0.12)])["within_noise"] is False  # no spreads
+
+
+def test_kernel_used_names_attentions_forward(monkeypatch):
+    """A hearth attention row records the forward kernel attention.forward_kernel picks for its case (capability,
+    dtype, head_dim, causal); other ops have one kernel and record nothing."""
+    import importlib
+
+    import torch
+
+    from hearth.bench import runner
+
+    attn = importlib.import_module("hearth.kernels.attention")
+
+    cpu = torch.device("cpu")
+    size = {"B": 1, "Hq": 4, "Hk": 2, "T": 64, "D": 128, "causal": 1}
+    assert runner.kernel_used("attention", size, "bfloat16", cpu) == "triton"
+    assert runner.kernel_used("softmax", {"M": 4, "N": 8}, "bfloat16", cpu) is None
+    seen = []
+    monkeypatch.setattr(attn, "forward_kernel", lambda *a, **kw: seen.append(a) or "gluon_pp")
+    assert runner.kernel_used("attention", {**size, "causal": 0}, "float16", cpu) == "gluon_pp"
+    assert seen == [(None, torch.float16, 128, False)]
+
+
+def test_rows_record_hearths_switches(monkeypatch):
+    """env_info carries every HEARTH_* variable that was set (e.g. HEARTH_ATTN_GLUON=0 for a Triton-forward run)."""
+    import torch
+
+    from hearth.bench import runner
+
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
+    monkeypatch.setenv("NOT_HEARTH_X", "1")
+    env = runner.env_info(torch.device("cpu"))
+    assert env["hearth_env"].get("HEARTH_ATTN_GLUON") == "0" and "NOT_HEARTH_X" not in env["hearth_env"]
+

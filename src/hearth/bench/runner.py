@@ -59,7 +59,26 @@ def env_info(device) -> dict:
         "hearth": version("hearth"),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "hearth bench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("hearth") else " ".join(sys.argv),
+        # hearth's own switches (HEARTH_ATTN_GLUON, HEARTH_ATTN_AUTOTUNE, ...): a row says which were set
+        "hearth_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HEARTH_")},
     }
+
+
+def kernel_used(op: str, size: dict, dtype_name: str, device) -> str | None:
+    """Which of hearth's kernels a hearth row of `op` ran, where an op has more than one: attention's forward
+    ("gluon_pp" / "gluon" / "triton", as attention.forward_kernel chooses for the case). None elsewhere."""
+    if op != "attention":
+        return None
+    import torch
+
+    import importlib
+
+    from hearth.kernels._common import interpret_mode
+
+    attn = importlib.import_module("hearth.kernels.attention")  # the package exports the function of that name
+
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" and not interpret_mode() else None
+    return attn.forward_kernel(cap, getattr(torch, dtype_name), int(size["D"]), bool(size["causal"]))
 
 
 def _outputs_needing_grad(out):
@@ -154,6 +173,8 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
         row.update(measure_memory(fn, bound.leaves, device, setup=setup))
         row["value"] = throughput(spec.work(size, _itemsize(dtype_name), mode), t.median_ms, spec.metric)
         row["sol_pct"] = sol_percent(row["value"], spec.metric, limits)
+        if provider == "hearth" and (kernel := kernel_used(spec.name, size, dtype_name, device)) is not None:
+            row["kernel"] = kernel
     except P.Unavailable as e:
         row.update(status="unavailable", reason=str(e))
     except P.Refuses as e:
