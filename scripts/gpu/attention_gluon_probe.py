@@ -99,6 +99,12 @@ def gated_sweep_row(row, run, reference, fwd_flops, sync=False):
     return row
 
 
+def use_triton_forward():
+    """attention() and _attention_forward take the Triton forward from here on: with HEARTH_ATTN_GLUON unset,
+    attention.forward_kernel routes head_dim 128 on Hopper to the Gluon ping-pong kernel."""
+    os.environ["HEARTH_ATTN_GLUON"] = "0"
+
+
 def cudnn_fn(q, k, v, causal):
     gqa = q.shape[1] != k.shape[1]
 
@@ -112,7 +118,7 @@ def probe(case, emit):
     D, causal = case[4], case[5]
     row = dict(case=case_label(case), dtype="bfloat16", device=torch.cuda.get_device_name(), config=ag.CONFIGS[D])
     q, k, v, scale, fwd_flops = case_inputs(case)
-    os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward (unset routes causal D128 to ping-pong)
+    use_triton_forward()
 
     t = time.time()
     try:
@@ -175,7 +181,7 @@ def probe(case, emit):
             if env:
                 os.environ["HEARTH_ATTN_GLUON"] = "1"
             else:
-                os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward (unset routes causal D128 to ping-pong)
+                use_triton_forward()
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return run
 
@@ -188,7 +194,7 @@ def probe(case, emit):
             row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
         except Exception as e:
             row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward (unset routes causal D128 to ping-pong)
+    use_triton_forward()
     ag.WARP_SPECIALIZE = False
     row["status"] = "ok" if ws_ok else "ok (warp-specialised variant failed its check: not timed)"
     emit(row)
@@ -197,6 +203,7 @@ def probe(case, emit):
 def sweep(case, emit):
     D, causal = case[4], case[5]
     q, k, v, scale, fwd_flops = case_inputs(case)
+    use_triton_forward()  # the gate's reference
     reference = attn._attention_forward(q, k, v, causal, scale)
     shipped = ag.CONFIGS[D]
     try:
@@ -213,7 +220,7 @@ def sweep_pp(case, emit):
     """(In the --pp-child process) the ping-pong variant at every PP_SWEEP config of `case`, gated like sweep."""
     D, causal = case[4], case[5]
     q, k, v, scale, fwd_flops = case_inputs(case)
-    os.environ["HEARTH_ATTN_GLUON"] = "0"  # reference and baseline: the Triton forward, whatever the caller set
+    use_triton_forward()  # reference and baseline, whatever the caller set
     reference = attn._attention_forward(q, k, v, causal, scale)
     if os.environ.get("HEARTH_PP_TIME_TRITON") == "1":  # --pp-only: the Triton forward timed in the same process
         emit(dict(case=case_label(case), sweep=True, variant="triton",
@@ -264,7 +271,7 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true",
                     help="then every SWEEP config (both variants) and every PP_SWEEP config (ping-pong) at two cases")
     ap.add_argument("--pp-only", action="store_true",
-                    help="only the ping-pong rows (every PP_SWEEP config at two cases) and the Triton forward beside them")
+                    help="only the ping-pong rows (every PP_SWEEP config at all four cases), the Triton forward and cuDNN beside them")
     ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
