@@ -69,9 +69,9 @@ def kernel_used(op: str, size: dict, dtype_name: str, device) -> str | None:
     ("gluon_pp" / "gluon" / "triton", as attention.forward_kernel chooses for the case). None elsewhere."""
     if op != "attention":
         return None
-    import torch
-
     import importlib
+
+    import torch
 
     from hearth.kernels._common import interpret_mode
 
