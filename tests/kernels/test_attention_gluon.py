@@ -44,7 +44,8 @@ for label, k in ag.offline_kernels(90, dtype):
     ptx = k.asm["ptx"]
     out.append(dict(label=r.label, target=r.target, ptx=r.ptx, sass=r.sass, registers=r.registers,
                     spill=r.spill_bytes, shared=r.shared_bytes, level=r.level, verdict=r.verdict,
-                    warps=r.num_warps,
+                    warps=r.num_warps, scratch=getattr(k.metadata, "global_scratch_size", None),
+                    tensormap_ops=len(re.findall(r"tensormap\.", ptx)),
                     setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
                     wgmma_waits=sorted(set(int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)))))
 print(json.dumps(out))
@@ -95,7 +96,7 @@ def test_sm90_build_has_no_spills_and_fits(sm90_reports):
 
 
 def test_sm90_ping_pong_build_is_warp_specialised_and_overlapped(sm90_reports):
-    """The ping-pong build: register budgets moved by setmaxnreg (the producer warp down to
+    """The ping-pong build: host-built TMA descriptors (no global scratch); register budgets moved by setmaxnreg (the producer warp down to
     PRODUCER_REGS, consumer warpgroup 1 to CONSUMER_REGS), and the consumers' wgmma wait with one group
     still in flight (QK^T(j) retired, PV(j - 1) still running: the overlap the schedule is for)."""
     pp = [r for r in sm90_reports if "fwd[pp]" in r["label"]]
@@ -106,6 +107,8 @@ def test_sm90_ping_pong_build_is_warp_specialised_and_overlapped(sm90_reports):
         assert 1 in r["wgmma_waits"], f"{r['label']}: no wgmma.wait_group 1 (waits: {r['wgmma_waits']})"
         # consumer warpgroups 0 and 1, and the producer warp padded to a warpgroup: 384 threads a CTA
         assert r["warps"] == ag.PP_WARPS + 4 + 4, (r["label"], r["warps"])
+        # its four TMA descriptors are built on the host: no device-side tensormap, no global scratch
+        assert r["scratch"] == 0 and r["tensormap_ops"] == 0, (r["label"], r["scratch"], r["tensormap_ops"])
 
 
 _NO_LSE_SCRIPT = r"""
@@ -331,6 +334,21 @@ def _check_forward_without_lse(B, Hq, Hk, T, D, causal):
     assert extra_t - extra_i == B * Hq * T * 4, (extra_t, extra_i)
 
 
+def _check_forward_memory_is_its_output(B, Hq, Hk, T, D, causal):
+    """(the ping-pong kernel, host-built descriptors) the inference call's peak memory is its output alone: no
+    logsumexp and no descriptor scratch."""
+    q, k, v, _ = _inputs(B, Hq, Hk, T, D, torch.bfloat16, seed=6)
+    scale = 1.0 / math.sqrt(D)
+    ag.forward(q, k, v, causal, scale, False, True)  # compile outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out, lse = ag.forward(q, k, v, causal, scale, False, True)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert lse is None and extra == out.numel() * out.element_size(), (extra, out.numel() * out.element_size())
+
+
 @hopper_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_forward_without_lse(causal, variant):
@@ -517,6 +535,7 @@ def test_gpu_pp_forward_matches_reference(D, causal):
     calls.append(("_check_forward", [1, 40, 8, 1500, D, torch.bfloat16, causal, True], None))
     calls.append(("_check_forward", [2, 4, 4, 777, D, torch.float16, causal], None))
     calls.append(("_check_forward_without_lse", [2, 8, 2, 1024, D, causal], None))
+    calls.append(("_check_forward_memory_is_its_output", [2, 8, 2, 1000, D, causal], None))
     if not causal:
         calls += [("_check_forward_lengths", [300, 1111, D], None), ("_check_forward_lengths", [1111, 300, D], None)]
     _run_pp(calls)

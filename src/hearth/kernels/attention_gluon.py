@@ -51,8 +51,9 @@ On the H200 (BENCHMARKS.md) the single-partition and warp-specialised variants a
 than the Triton forward: attention() uses them only under HEARTH_ATTN_GLUON=1. The ping-pong variant is
 faster than the Triton forward at head_dim 128 (causal B4 H32 T4096: 496 against 431 TFLOP/s in one run,
 non-causal 559 against 476), so attention.forward_kernel makes it the default there (GLUON_PP_DEFAULT); at
-D64 it is slower (348 against 377) and D64 stays Triton. Its device-side TMA descriptors take 6 x 128 B of
-global scratch a program (1.9 MiB at B2 Hq40 T4096), which the Triton kernel's host path does not.
+D64 it is slower (348 against 377) and D64 stays Triton. Its four TMA descriptors are built on the host,
+4-D over [B, H, T, D] with a [1, 1, rows, D] box (the two other variants build theirs on the device, in a
+global scratch buffer of 128 B per descriptor and program).
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
@@ -67,6 +68,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -234,11 +236,10 @@ def _producer(k_base, v_base, stride_kt, stride_vt, N_CTX_K, k_smem, v_smem, k_b
 
 
 @gluon.jit
-def _program_bases(Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
-                   stride_ob, stride_oh, H_Q, GROUP, CAUSAL: ttgl.constexpr):
-    """This program's query-block index and (b, h) row, and the base pointers of its Q / K / V / O heads
-    (GROUP query heads share one K/V head). Both forward kernels start here; causal launches the last query
-    blocks, which have the most keys, first."""
+def _program_ids(H_Q, GROUP, CAUSAL: ttgl.constexpr):
+    """(start_m, bh, b, h, hk): this program's query-block index (causal launches the last query blocks, which
+    have the most keys, first), its row of the (b, h) grid, and the K/V head its query head reads (GROUP
+    query heads share one)."""
     if CAUSAL:
         start_m = ttgl.num_programs(0) - 1 - ttgl.program_id(0)
     else:
@@ -246,7 +247,16 @@ def _program_bases(Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, str
     bh = ttgl.program_id(1)
     b = bh // H_Q
     h = bh % H_Q
-    hk = h // GROUP
+    return start_m, bh, b, h, h // GROUP
+
+
+@gluon.jit
+def _program_bases(Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+                   stride_ob, stride_oh, H_Q, GROUP, CAUSAL: ttgl.constexpr):
+    """This program's query-block index and (b, h) row, and the base pointers of its Q / K / V / O heads
+    (GROUP query heads share one K/V head). Both forward kernels start here; causal launches the last query
+    blocks, which have the most keys, first."""
+    start_m, bh, b, h, hk = _program_ids(H_Q, GROUP, CAUSAL)
     q_base = Q + b.to(ttgl.int64) * stride_qb + h.to(ttgl.int64) * stride_qh
     k_base = K + b.to(ttgl.int64) * stride_kb + hk.to(ttgl.int64) * stride_kh
     v_base = V + b.to(ttgl.int64) * stride_vb + hk.to(ttgl.int64) * stride_vh
@@ -385,12 +395,14 @@ def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
 
 
 @gluon.jit
-def _pp_consumer(q_base, o_base, lse_base, stride_qt, stride_ot, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
-                 empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K,
+def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
+                 empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
                  s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
-    """One consumer warpgroup: query tile 2 * start_m + WG, all of it (Q load, key blocks, epilogue).
+    """One consumer warpgroup: query tile 2 * start_m + WG of head (b, h), all of it (Q load, key blocks,
+    epilogue). q_desc / o_desc: host-built 4-D TMA descriptors over [B, Hq, T, D] with a [1, 1, BLOCK_M, D]
+    box, so a tile past T is zero-filled on load and clipped on store within its own head.
 
     Per key block j it takes one turn: wait for the other warpgroup's turn (turn_bars[WG]), issue
     QK^T(j) and PV(j - 1) asynchronously, hand the turn over (arrive on turn_bars[1 - WG]), then run
@@ -398,22 +410,17 @@ def _pp_consumer(q_base, o_base, lse_base, stride_qt, stride_ot, q_smem, q_bar, 
     for WG0's turn t, turn t >= 1 of WG0 for WG1's turn t - 1; a wait whose partner turn does not exist
     (the tiles visit different numbers of blocks under the causal mask) is skipped, so neither can
     hang on the other. The last PV is issued outside the turns."""
-    dtype: ttgl.constexpr = q_base.dtype.element_ty
+    dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
-    q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     tile = 2 * start_m + WG
     n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
     n_other = _pp_tile_blocks(2 * start_m + 1 - WG, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     my_turn = turn_bars.index(WG)
     their_turn = turn_bars.index(1 - WG)
     if n_blocks > 0:
-        # This warpgroup builds (and so fences) the descriptors it uses, as the producer does for K/V.
-        q_desc = tma.make_tensor_descriptor(q_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_qt, 1],
-                                            block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
-        o_desc = tma.make_tensor_descriptor(o_base, shape=[N_CTX_Q, HEAD_DIM], strides=[stride_ot, 1],
-                                            block_shape=[BLOCK_M, HEAD_DIM], layout=q_shared)
+        q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
         mbarrier.expect(q_bar, Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [tile * BLOCK_M, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
         offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
         zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
         acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
@@ -473,22 +480,18 @@ def _pp_consumer(q_base, o_base, lse_base, stride_qt, stride_ot, q_smem, q_bar, 
         o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
         q_smem.store(o.to(dtype))  # this tile's Q is no longer read: stage O there for the TMA store
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [tile * BLOCK_M, 0], q_smem)
+        tma.async_copy_shared_to_global(o_desc, [b, h, tile * BLOCK_M, 0], q_box)
         tma.store_wait(0)
 
 
 @gluon.jit
-def _pp_producer(k_base, v_base, stride_kt, stride_vt, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars,
+def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
                  start_m, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
     """The load warp of the ping-pong variant: key block j goes into slot j % NUM_STAGES once every
     consumer that read the slot's previous block (j - NUM_STAGES) released it; a warpgroup whose tile
-    stops short of that block never arrives for it, so its barrier is not waited on."""
-    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], k_base.dtype.element_ty)
-    k_desc = tma.make_tensor_descriptor(k_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_kt, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
-    v_desc = tma.make_tensor_descriptor(v_base, shape=[N_CTX_K, HEAD_DIM], strides=[stride_vt, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_shared)
+    stops short of that block never arrives for it, so its barrier is not waited on. k_desc / v_desc:
+    host-built 4-D descriptors over [B, Hk, T, D] with a [1, 1, BLOCK_N, D] box."""
     n0 = _pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     n1 = _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     n_blocks = ttgl.maximum(n0, n1)
@@ -497,16 +500,20 @@ def _pp_producer(k_base, v_base, stride_kt, stride_vt, N_CTX_Q, N_CTX_K, k_smem,
         phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(empty_bars.index(slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n0))
         mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n1))
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_blocks, BLOCK_N, NUM_STAGES, TILE_BYTES)
+        kb = k_bars.index(slot)
+        vb = v_bars.index(slot)
+        box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+        mbarrier.expect(kb, TILE_BYTES)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], kb,
+                                        k_smem.index(slot)._reinterpret(k_desc.dtype, box, k_desc.layout))
+        mbarrier.expect(vb, TILE_BYTES)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], vb,
+                                        v_smem.index(slot)._reinterpret(v_desc.dtype, box, v_desc.layout))
 
 
 @gluon.jit
 def _attn_fwd_gluon_pp_kernel(
-    Q, K, V, Out, Lse,
-    stride_qb, stride_qh, stride_qt,
-    stride_kb, stride_kh, stride_kt,
-    stride_vb, stride_vh, stride_vt,
-    stride_ob, stride_oh, stride_ot,
+    q_desc, k_desc, v_desc, o_desc, Lse,
     qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
@@ -515,8 +522,9 @@ def _attn_fwd_gluon_pp_kernel(
 ):
     """One program per 2 * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default partition,
     num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next, and a
-    1-warp producer streams the K/V blocks both read through one shared ring."""
-    dtype: ttgl.constexpr = Q.dtype.element_ty
+    1-warp producer streams the K/V blocks both read through one shared ring. The four TMA descriptors are
+    built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch."""
+    dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     # Each consumer is one warpgroup: its 4 warps stack along M (a 128-row tile wraps round them twice).
     s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -527,13 +535,11 @@ def _attn_fwd_gluon_pp_kernel(
     q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    start_m, bh, q_base, k_base, v_base, o_base = _program_bases(
-        Q, K, V, Out, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
-        H_Q, GROUP, CAUSAL)
+    start_m, bh, b, h, hk = _program_ids(H_Q, GROUP, CAUSAL)
     if STORE_LSE:
         lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
-    else:  # Lse is None: the consumers take this unused pointer in its place and store nothing through it
-        lse_base = o_base
+    else:  # Lse is None: the consumers take this unused value in its place and store nothing through it
+        lse_base = bh
 
     q_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_shared)
     k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
@@ -556,14 +562,14 @@ def _attn_fwd_gluon_pp_kernel(
     fence_async_shared()
 
     ttgl.warp_specialize(
-        [(_pp_consumer, (q_base, o_base, lse_base, stride_qt, stride_ot, q_smem.index(0), q_bars.index(0), k_smem,
-                         v_smem, k_bars, v_bars, empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
+        [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
+                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
                          HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
-         (_pp_consumer, (q_base, o_base, lse_base, stride_qt, stride_ot, q_smem.index(1), q_bars.index(1), k_smem,
-                         v_smem, k_bars, v_bars, empty_bars, turn_bars, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
+         (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
+                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
                          HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
-         (_pp_producer, (k_base, v_base, stride_kt, stride_vt, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars,
-                         empty_bars, start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+         (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
+                         start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     for w in ttgl.static_range(2):
@@ -599,6 +605,21 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+_GL_DTYPES = {torch.bfloat16: ttgl.bfloat16, torch.float16: ttgl.float16}
+
+
+def _box_layout(rows: int, head_dim: int, dtype) -> ttgl.NVMMASharedLayout:
+    """The shared layout of a [1, 1, rows, head_dim] TMA box: the 2-D tile's swizzle with two unit dims."""
+    return ttgl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], dtype)
+
+
+def _host_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A host-built TMA descriptor over t [B, H, T, D] (t's own strides) that loads / stores one
+    [1, 1, rows, D] box: out-of-range rows of a ragged tile are zero-filled / clipped within the head."""
+    D = t.shape[-1]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], _box_layout(rows, D, _GL_DTYPES[t.dtype]))
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             store_lse: bool = True, ping_pong: bool | None = None):
     """(out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32) like attention._attention_forward. The caller checked
@@ -609,16 +630,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     Hk, Tk = k.shape[1], k.shape[2]
     out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
-    # device-side TMA descriptors live in a global scratch buffer; Triton's allocator is per thread
-    triton.set_allocator(_scratch)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     if PING_PONG if ping_pong is None else ping_pong:
         block_m, block_n, stages = PP_CONFIGS[D]
         grid = (triton.cdiv(Tq, 2 * block_m), B * Hq)
+        descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
         with torch.cuda.device(q.device):
             _attn_fwd_gluon_pp_kernel[grid](
-                q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+                *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                 STORE_LSE=store_lse, num_warps=PP_WARPS,
@@ -626,6 +646,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         return out, lse
     block_m, block_n, warps, stages = CONFIGS[D]
     grid = (triton.cdiv(Tq, block_m), B * Hq)
+    # this kernel builds its TMA descriptors on the device, in a global scratch buffer (the allocator is per thread)
+    triton.set_allocator(_scratch)
     with torch.cuda.device(q.device):
         _attn_fwd_gluon_kernel[grid](
             q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
@@ -644,6 +666,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     builds the inference forward (Lse a None constexpr, no LSE store). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
 
     unknown = set(variants) - {"1part", "ws", "pp"}
     if unknown:
@@ -656,8 +679,21 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             bm, bn, stages = (pp_configs or PP_CONFIGS)[d]
             warps, fn = PP_WARPS, _attn_fwd_gluon_pp_kernel
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages,
-                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                         STORE_LSE=store_lse)
             name = f"fwd[pp] d{d} {'causal' if c else 'full'} 2x{bm}x{bn} w{warps}+4+{PRODUCER_WARPS} s{stages}"
+            # the descriptor arguments typed as a launch types them (JIT's mangling of a TensorDescriptor)
+            sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
+                   for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("o_desc", bm))}
+            sig["Lse"] = "*fp32" if store_lse else "constexpr"
+            if not store_lse:
+                const["Lse"] = None
+            sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
+            sig.update({n: "constexpr" for n in const})
+            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const),
+                                    target=target, options={"num_warps": warps})
+            found.append((f"attention_gluon {name}{'' if store_lse else ' no-lse'} sm_{arch}", kernel))
+            continue
         else:
             ws = variant == "ws"
             bm, bn, warps, stages = (configs or CONFIGS)[d]
