@@ -60,12 +60,12 @@ def sm90_reports():
 
 
 def test_every_variant_compiles_for_sm90(sm90_reports):
-    """The three variants (single partition; producer warp + consumer warpgroups; ping-pong) x dtype x
-    head_dim x causal."""
+    """The four variants (forward: single partition; producer warp + consumer warpgroups; ping-pong; and the
+    dK / dV backward) x dtype x head_dim x causal."""
     labels = [r["label"] for r in sm90_reports]
-    assert len(labels) == 2 * 3 * len(ag.HEAD_DIMS) * 2, labels
+    assert len(labels) == 2 * 4 * len(ag.HEAD_DIMS) * 2, labels
     for dtype in ("bfloat16", "float16"):
-        for variant in ("fwd", "fwd[ws]", "fwd[pp]"):
+        for variant in ("fwd", "fwd[ws]", "fwd[pp]", "bwd[dkdv]"):
             for d in ag.HEAD_DIMS:
                 for mode in ("full", "causal"):
                     want = f"torch.{dtype} attention_gluon {variant} d{d} {mode} "
@@ -117,7 +117,8 @@ from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
 for store in (True, False):
-    for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(64,), store_lse=store):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(64,), store_lse=store,
+                                       variants=("1part", "ws", "pp")):
         out.append(dict(label=label, store_lse=store, st_global=len(re.findall(r"\bst\.global", k.asm["ptx"])),
                         spill=hi.report_compiled(label, k).spill_bytes))
 print(json.dumps(out))
@@ -156,9 +157,49 @@ def test_inference_forward_asks_the_gluon_kernel_for_no_logsumexp(monkeypatch):
     assert calls == [False, True]
 
 
+_BWD_CANDIDATES_SCRIPT = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for d, cands in ag.BWD_CANDIDATES.items():
+    for cfg in cands:
+        for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=("bwd",), bwd_configs={d: cfg}):
+            r = hi.report_compiled(label, k)
+            out.append(dict(label=label, spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"], shared=r.shared_bytes))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_every_backward_candidate_builds_without_spills():
+    """Every dK / dV config the probe may time (BWD_CANDIDATES, the first of each is BWD_CONFIGS') builds for
+    sm_90, causal or not, with wgmma and TMA and no spills."""
+    for d, cands in ag.BWD_CANDIDATES.items():
+        assert cands[0] == ag.BWD_CONFIGS[d]
+    reports = run_offline(_BWD_CANDIDATES_SCRIPT)
+    assert len(reports) == 2 * sum(len(c) for c in ag.BWD_CANDIDATES.values()), [r["label"] for r in reports]
+    for r in reports:
+        assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_backward_kernel_is_opt_in(d):
+    """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
+    on = {"HEARTH_ATTN_GLUON_BWD": "1"}
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env={}) == "triton"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env=on) == "gluon"
+    assert attn.backward_kernel((9, 0), torch.float16, d, False, env=on) == "gluon"
+    assert attn.backward_kernel((9, 0), torch.float32, d, True, env=on) == "triton"
+    assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, env=on) == "triton"
+    assert attn.backward_kernel(None, torch.bfloat16, d, True, env=on) == "triton"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, 96, True, env=on) == "triton"
+
+
 def test_offline_kernels_names_a_bad_variant():
     with pytest.raises(ValueError, match="variants"):
         ag.offline_kernels(90, torch.bfloat16, variants=("pingpong",))
+    with pytest.raises(ValueError, match="'bwd'"):
+        ag.offline_kernels(90, torch.bfloat16, variants=("backward",))
 
 
 # ---------------------------------------------------------------- the choice of forward (CPU)
@@ -452,6 +493,52 @@ def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
     q, k, v, do = _inputs(1, 8, 2, 1000, 64, torch.bfloat16, seed=4)
     attn.attention(q, k, v, causal=True)
     assert calls == []
+
+
+def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16):
+    """HEARTH_ATTN_GLUON_BWD=1: attention()'s fwd + bwd with the Gluon dK / dV kernel (counted) within the 2x
+    rule against the fp64 reference (tests/kernels/test_attention.py's bound)."""
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    calls = []
+    real = ag.backward_dkdv
+    ag.backward_dkdv = lambda *a: calls.append(1) or real(*a)
+    old = os.environ.get("HEARTH_ATTN_GLUON_BWD")
+    os.environ["HEARTH_ATTN_GLUON_BWD"] = "1"
+    try:
+        q, k, v, do = _inputs(B, Hq, Hk, T, D, dtype, seed=8, bthd=bthd)
+        test_attention._assert_within_bound(q, k, v, do, causal, None)
+    finally:
+        ag.backward_dkdv = real
+        if old is None:
+            os.environ.pop("HEARTH_ATTN_GLUON_BWD")
+        else:
+            os.environ["HEARTH_ATTN_GLUON_BWD"] = old
+    assert calls, "HEARTH_ATTN_GLUON_BWD=1 on Hopper did not run the Gluon dK / dV kernel"
+
+
+@hopper_only
+@pytest.mark.parametrize("T", [1, 100, 1000, 4160])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_dkdv_matches_reference(D, causal, T):
+    _check_backward(1, 4, 2, T, D, causal)
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_dkdv_gqa_40_8_bthd_and_fp16(D, causal):
+    _check_backward(1, 40, 8, 1500, D, causal, bthd=True)
+    _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16)
+
+
+@hopper_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_every_backward_candidate_is_correct(monkeypatch, D):
+    for cfg in ag.BWD_CANDIDATES[D]:
+        monkeypatch.setitem(ag.BWD_CONFIGS, D, cfg)
+        for causal in (False, True):
+            _check_backward(1, 4, 2, 1000, D, causal)
 
 
 @hopper_only

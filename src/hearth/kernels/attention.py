@@ -908,6 +908,20 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     return "gluon"
 
 
+def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
+                    *, env: dict | None = None) -> str:
+    """THE place that picks the dK / dV kernel: "gluon" (attention_gluon.py's wgmma + TMA-ring backward,
+    Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernel above, which serves everything). The Gluon
+    one is opt-in (env HEARTH_ATTN_GLUON_BWD=1) until the H200 has checked and timed it. dQ stays the
+    Triton kernel either way."""
+    env = os.environ if env is None else env
+    if env.get("HEARTH_ATTN_GLUON_BWD", "0") != "1" or capability is None or capability[0] != 9:
+        return "triton"
+    from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
+
+    return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
+
+
 def offline_source(fn, consts: dict, dtype: str = "bf16"):
     """A Triton ASTSource of one of the kernels above (forward, dK/dV, dQ) for an offline build (no GPU), typed
     and specialised as a launch sees it: `consts` are the constexprs (including unit head-dim strides), the
@@ -1016,8 +1030,17 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
             scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
         )
         meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma_dkdv, DOT_PREC=prec, INTERP=interpret_mode())
-        _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args,
-                dict(meta, FUSED_DQ=fused))
+        cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
+        gluon_dkdv = not fused and backward_kernel(cap, q.dtype, D, causal) == "gluon"
+        if gluon_dkdv:
+            from hearth.kernels import attention_gluon
+
+            gluon_dkdv = attention_gluon.tma_addressable(q, k, v, do)  # else (odd strides): the Triton kernel
+        if gluon_dkdv:
+            attention_gluon.backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
+        else:
+            _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args,
+                    dict(meta, FUSED_DQ=fused))
         if fused:
             return dq_acc.to(q.dtype), dk, dv
         dq = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)

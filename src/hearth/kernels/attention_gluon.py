@@ -79,6 +79,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 LOG2E = 1.4426950408889634
 LN2 = ttgl.constexpr(0.6931471805599453)
+LOG2E_C = ttgl.constexpr(LOG2E)
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -583,6 +584,152 @@ def _attn_fwd_gluon_pp_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Backward, dK and dV (env HEARTH_ATTN_GLUON_BWD=1; not yet run on a GPU)
+# ----------------------------------------------------------------------------------------------
+# (BLOCK_N keys a program, BLOCK_M queries a step, NUM_STAGES of the Q / dO ring, num_warps) per head dim
+# (offline sm_90 builds: at D128, 64-query steps spill 8 bytes causal, so D128 takes 32; none of these spill)
+BWD_CONFIGS = {
+    64: (128, 64, 2, 8),
+    128: (128, 32, 2, 8),
+}
+BWD_CANDIDATES = {
+    64: [(128, 64, 2, 8), (128, 32, 2, 8), (128, 64, 3, 8)],
+    128: [(128, 32, 2, 8), (128, 32, 3, 8)],
+}
+
+
+@gluon.jit
+def _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
+                   BLOCK_M: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+                   TILE_BYTES: ttgl.constexpr):
+    """Start the TMA loads of step i's Q and dO tiles into ring slot i % NUM_STAGES (no-op past the last
+    step). Step i is query block m_lo + i % n_m of query head hk * GROUP + i // n_m."""
+    slot = i % NUM_STAGES
+    pred = i < n_iters
+    h = hk * GROUP + i // n_m
+    row = (m_lo + i % n_m) * BLOCK_M
+    bar = bars.index(slot)
+    box: ttgl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
+    mbarrier.expect(bar, 2 * TILE_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], bar,
+                                    q_ring.index(slot)._reinterpret(q_desc.dtype, box, q_desc.layout), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [b, h, row, 0], bar,
+                                    do_ring.index(slot)._reinterpret(do_desc.dtype, box, do_desc.layout), pred=pred)
+
+
+@gluon.jit
+def _attn_bwd_dkdv_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
+    stride_dkb, stride_dkh, stride_dkt,
+    sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+    NUM_STAGES: ttgl.constexpr, NUM_WARPS: ttgl.constexpr,
+):
+    """dK, dV of one key block of BLOCK_N rows of one (b, K/V head), summed over its GROUP query heads: per
+    step one [BLOCK_M, D] query block of one head, its Q and dO through a TMA ring, four wgmma on the
+    transposed scores (keys x queries, so both accumulators are [BLOCK_N, D]):
+        S^T = K Q^T, dP^T = V dO^T (both issued async together), P^T = exp2(S^T * qk_scale - lse),
+        dV += P^T dO (async, P^T from registers), dS^T = P^T (dP^T - delta), dK += dS^T Q (async).
+    Rows past T are zero-filled by TMA (q = dO = 0) and their lse loads as +inf, so P = dS = 0 there;
+    keys past T_k give rows of dK / dV that are not stored. dQ is left to attention.py's dQ kernel; Delta
+    (rowsum(O * dO)) comes from its preprocess kernel. The (b, h) rows of Lse / Delta are [B * Hq, Tq]."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    TILE_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    KV_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    # accumulators: warps stacked along the BLOCK_N key rows (16 rows a warp)
+    st_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+    acc_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+    a_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    start_n = ttgl.program_id(0) * BLOCK_N
+    bhk = ttgl.program_id(1)
+    b = bhk // H_K
+    hk = bhk % H_K
+
+    k_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_shared)
+    v_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_shared)
+    q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
+    do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
+    kv_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
+    bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    kv_box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar,
+                                    k_smem._reinterpret(dtype, kv_box, k_desc.layout))
+    tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar,
+                                    v_smem._reinterpret(dtype, kv_box, v_desc.layout))
+
+    # Query blocks that see this key block: causal, those from the one holding query start_n on (top-left
+    # aligned mask, query i sees key j <= i); the steps run head by head over them.
+    if CAUSAL:
+        m_lo = start_n // BLOCK_M
+    else:
+        m_lo = start_n * 0
+    n_m = ttgl.maximum(ttgl.cdiv(N_CTX_Q, BLOCK_M) - m_lo, 0)
+    n_iters = GROUP * n_m
+    for i in ttgl.static_range(NUM_STAGES):
+        _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
+                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
+
+    offs_n = start_n + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(1, st_layout))
+    zero_st = ttgl.zeros([BLOCK_N, BLOCK_M], ttgl.float32, st_layout)
+    dk = ttgl.zeros([BLOCK_N, HEAD_DIM], ttgl.float32, acc_layout)
+    dv = ttgl.zeros([BLOCK_N, HEAD_DIM], ttgl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    for i in range(n_iters):
+        slot = i % NUM_STAGES
+        h = hk * GROUP + i // n_m
+        start_m = (m_lo + i % n_m) * BLOCK_M
+        row_base = (b * H_Q + h).to(ttgl.int64) * N_CTX_Q
+        offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
+        row_ok = offs_m < N_CTX_Q
+        lse = ttgl.load(Lse + row_base + offs_m, mask=row_ok, other=float("inf"))
+        delta = ttgl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+        mbarrier.wait(bars.index(slot), (i // NUM_STAGES) & 1)
+        q_s = q_ring.index(slot)
+        do_s = do_ring.index(slot)
+        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        pt = ttgl.exp2(st * qk_scale - (lse * LOG2E_C)[None, :])
+        if CAUSAL:
+            if start_m < start_n + BLOCK_N:  # a block that crosses the diagonal
+                pt = ttgl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+        pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
+        dst = pt * (dpt - delta[None, :])
+        ds16 = ttgl.convert_layout(dst.to(dtype), a_layout)
+        dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+        dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+        # every warp's wgmma on this slot is done: refill it with step i + NUM_STAGES
+        ttgl.thread_barrier()
+        _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i + NUM_STAGES, n_iters, n_m, m_lo, b, hk, GROUP,
+                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
+
+    mbarrier.invalidate(kv_bar)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(bars.index(i))
+    dk = dk * sm_scale
+    offs_r = start_n + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(1, acc_layout))
+    offs_d = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
+    out_off = (b.to(ttgl.int64) * stride_dkb + hk.to(ttgl.int64) * stride_dkh
+               + offs_r[:, None].to(ttgl.int64) * stride_dkt + offs_d[None, :])
+    keep = (offs_r < N_CTX_K)[:, None]
+    ttgl.store(DK + out_off, dk.to(dtype), mask=keep)
+    ttgl.store(DV + out_off, dv.to(dtype), mask=keep)
+
+
+# ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
 def supported(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> bool:
@@ -658,23 +805,56 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     return out, lse
 
 
+def backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float) -> None:
+    """dK, dV of attention into dk / dv ([B, Hk, Tk, D], contiguous) with the Gluon kernel above; lse and
+    delta are [B, Hq, Tq] fp32 (contiguous), q / do [B, Hq, Tq, D] and k / v TMA-addressable (the caller
+    checked ``supported`` and ``tma_addressable``)."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    block_n, block_m, stages, warps = BWD_CONFIGS[D]
+    grid = (triton.cdiv(Tk, block_n), B * Hk)
+    descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(do, block_m))
+    with torch.cuda.device(q.device):
+        _attn_bwd_dkdv_gluon_kernel[grid](
+            *descs, lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
+            scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
+            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
+            num_warps=warps,
+        )
+
+
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
-                    variants=("1part", "ws", "pp"), pp_configs=None, store_lse=True):
+                    variants=("1part", "ws", "pp", "bwd"), pp_configs=None, store_lse=True, bwd_configs=None):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
-    "ws" (producer warp), "pp" (ping-pong); configs / pp_configs replace CONFIGS / PP_CONFIGS; store_lse=False
+    "ws" (producer warp), "pp" (ping-pong), "bwd" (the dK / dV backward); configs / pp_configs / bwd_configs
+    replace CONFIGS / PP_CONFIGS / BWD_CONFIGS; store_lse=False
     builds the inference forward (Lse a None constexpr, no LSE store). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    unknown = set(variants) - {"1part", "ws", "pp"}
+    unknown = set(variants) - {"1part", "ws", "pp", "bwd"}
     if unknown:
-        raise ValueError(f"variants must be among '1part', 'ws', 'pp', got {sorted(unknown)}")
+        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'bwd', got {sorted(unknown)}")
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
     for variant, d, c in itertools.product(variants, head_dims, causal):
+        if variant == "bwd":  # dK / dV (store_lse does not apply)
+            bn, bm, stages, warps = (bwd_configs or BWD_CONFIGS)[d]
+            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps)
+            sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
+                   for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("do_desc", bm))}
+            sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, stride_dkb="i32", stride_dkh="i32",
+                       stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
+                       N_CTX_Q="i32", N_CTX_K="i32")
+            sig.update({n: "constexpr" for n in const})
+            kernel = triton.compile(GluonASTSource(fn=_attn_bwd_dkdv_gluon_kernel, signature=sig, constexprs=const),
+                                    target=target, options={"num_warps": warps})
+            name = f"bwd[dkdv] d{d} {'causal' if c else 'full'} {bn}x{bm} w{warps} s{stages}"
+            found.append((f"attention_gluon {name} sm_{arch}", kernel))
+            continue
         if variant == "pp":
             bm, bn, stages = (pp_configs or PP_CONFIGS)[d]
             warps, fn = PP_WARPS, _attn_fwd_gluon_pp_kernel
