@@ -18,6 +18,7 @@
 #   TMA_DESC=1   matmul with host vs device TMA descriptors: ms, host us per call, extra memory -> mm/tma_desc.json
 #   HOST_TRACE=1 swiglu_mlp at Qwen3-0.6B back to back under torch.profiler -> host_trace_*.txt
 #   MM_MODELS=1  the model-shape suite for matmul and swiglu_mlp (time and memory after the host descriptors) -> models/
+#   GLUON_BWD=1  the Gluon dK / dV backward (HEARTH_ATTN_GLUON_BWD=1) against the Triton one and cuDNN, fwd+bwd -> attention_gluon_bwd.jsonl
 #   ATTN_AB=1    still owed: the LoRA step with hearth's attention, its forward the ping-pong kernel (default) and the
 #                Triton kernel (HEARTH_ATTN_GLUON=0), seq 4096, one child each -> lora_attn_{default,triton}.jsonl
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
@@ -62,6 +63,8 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
 [ -n "${TMA_DESC:-}" ] && step tma_desc 60 python3 scripts/gpu/matmul_lce_probe.py --tma-desc --out "$OUT/mm"
 [ -n "${HOST_TRACE:-}" ] && step host_trace 40 python3 scripts/gpu/host_trace_probe.py --op swiglu_mlp \
   --shape 16384,1024,3072 --out "$OUT"
+[ -n "${GLUON_BWD:-}" ] && step attention_gluon_bwd 60 python3 scripts/gpu/attention_gluon_probe.py --bwd \
+  --out "$OUT/attention_gluon_bwd.jsonl"
 [ -n "${ATTN_AB:-}" ] && step lora_attn_default 100 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_attn_default.jsonl" \
   --seqs 4096 --setups hearth,hearth_attn --budget-gib 80 --steps 3 --time-budget-s 95 --min-child-s 40 --child-timeout-s 90
 [ -n "${ATTN_AB:-}" ] && step lora_attn_triton 70 env HEARTH_ATTN_GLUON=0 python3 scripts/gpu/lora_e2e.py \

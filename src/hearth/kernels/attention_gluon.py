@@ -676,6 +676,7 @@ def _attn_bwd_dkdv_gluon_kernel(
         m_lo = start_n * 0
     n_m = ttgl.maximum(ttgl.cdiv(N_CTX_Q, BLOCK_M) - m_lo, 0)
     n_iters = GROUP * n_m
+    n_m = ttgl.maximum(n_m, 1)  # a key block no query sees (causal, Tk > Tq) runs no step: no division by 0
     for i in ttgl.static_range(NUM_STAGES):
         _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
                        BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
