@@ -1,5 +1,5 @@
 """H200 probe of the Gluon flash-attention kernels (hearth.kernels.attention_gluon), < 90 s.
-(--bwd: the dK / dV backward alone, fwd+bwd TFLOP/s beside the Triton backward and cuDNN.)
+(--bwd: the Gluon backward kernels (dK / dV, dQ, both), fwd+bwd TFLOP/s beside the Triton backward and cuDNN.)
 
     python scripts/gpu/attention_gluon_probe.py --out $OUT/attention_gluon_probe.jsonl [--quick]
 
@@ -265,47 +265,52 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
+BWD_VARIANTS = {"triton": ("0", "0"), "gluon_dkdv": ("1", "0"), "gluon_dq": ("0", "1"), "gluon_both": ("1", "1")}
+
+
 def bwd_probe(case, emit):
-    """--bwd: fwd+bwd through attention() with the Triton dK / dV kernel and with the Gluon one
-    (HEARTH_ATTN_GLUON_BWD=1), gated on their gradients agreeing (max |diff| of dq / dk / dv <= 0.05), and SDPA
-    cuDNN; TFLOP/s at 3.5x the forward's FLOPs. The forward is whatever attention.forward_kernel picks."""
+    """--bwd: fwd+bwd through attention() with the backward's dK / dV and dQ kernels Triton or Gluon
+    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ), each Gluon variant gated on its gradients agreeing with
+    the Triton backward's (max |diff| of dq / dk / dv <= 0.05), and SDPA cuDNN; TFLOP/s at 3.5x the forward's
+    FLOPs. The forward is whatever attention.forward_kernel picks."""
     causal = case[5]
     q, k, v, scale, fwd_flops = case_inputs(case)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     do = torch.randn_like(q)
-    row = dict(case=case_label(case), bwd=True, config=ag.BWD_CONFIGS[case[4]])
+    row = dict(case=case_label(case), bwd=True, config_dkdv=ag.BWD_CONFIGS[case[4]], config_dq=ag.BWD_DQ_CONFIGS[case[4]])
 
-    def run(flag):
+    def run(flags):
         def fn():
-            os.environ["HEARTH_ATTN_GLUON_BWD"] = flag
+            os.environ["HEARTH_ATTN_GLUON_BWD"], os.environ["HEARTH_ATTN_GLUON_BWD_DQ"] = flags
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return fn
 
-    grads = {}
-    for name, flag in (("triton", "0"), ("gluon", "1")):
+    fns, grads = {}, {}
+    for name, flags in BWD_VARIANTS.items():
         try:
             qg.grad = kg.grad = vg.grad = None
-            run(flag)()
+            run(flags)()
             torch.cuda.synchronize()
             grads[name] = [t.grad.float() for t in (qg, kg, vg)]
         except Exception as e:
             row[f"error_{name}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    if len(grads) == 2:
-        row["max_abs_diff"] = {n: float((a - b).abs().max()) for n, a, b in zip(("dq", "dk", "dv"), grads["triton"],
-                                                                                   grads["gluon"])}
-    ok = "max_abs_diff" in row and max(row["max_abs_diff"].values()) <= 0.05
+            continue
+        if name != "triton" and "triton" in grads:
+            diff = {n: float((a - b).abs().max()) for n, a, b in zip(("dq", "dk", "dv"), grads["triton"], grads[name])}
+            row[f"max_abs_diff_{name}"] = diff
+            if max(diff.values()) > 0.05:
+                row[f"status_{name}"] = "mismatch: not timed"
+                continue
+        fns[name] = run(flags)
     cud = cudnn_fn(qg, kg, vg, causal)
-    fns = {"triton": run("0"), "sdpa_cudnn": lambda: cud().backward(do)}
-    if ok:
-        fns["gluon"] = run("1")
-    else:
-        row["status"] = "gluon mismatch or error: not timed"
+    fns["sdpa_cudnn"] = lambda: cud().backward(do)
     for name, fn in fns.items():
         try:
             row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
         except Exception as e:
             row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    os.environ.pop("HEARTH_ATTN_GLUON_BWD", None)
+    for var in ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ"):
+        os.environ.pop(var, None)
     emit(row)
 
 
@@ -318,7 +323,7 @@ def main(argv=None):
     ap.add_argument("--pp-only", action="store_true",
                     help="only the ping-pong rows (every PP_SWEEP config at all four cases), the Triton forward and cuDNN beside them")
     ap.add_argument("--bwd", action="store_true",
-                    help="only fwd+bwd with the Gluon dK / dV kernel against the Triton one and cuDNN, at all four cases")
+                    help="only fwd+bwd with the Gluon dK / dV and dQ kernels against the Triton ones and cuDNN, at all four cases")
     ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:

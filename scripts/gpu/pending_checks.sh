@@ -18,7 +18,7 @@
 #   TMA_DESC=1   matmul with host vs device TMA descriptors: ms, host us per call, extra memory -> mm/tma_desc.json
 #   HOST_TRACE=1 swiglu_mlp at Qwen3-0.6B back to back under torch.profiler -> host_trace_*.txt
 #   MM_MODELS=1  the model-shape suite for matmul and swiglu_mlp (time and memory after the host descriptors) -> models/
-#   GLUON_BWD=1  the Gluon dK / dV backward (HEARTH_ATTN_GLUON_BWD=1) against the Triton one and cuDNN, fwd+bwd -> attention_gluon_bwd.jsonl
+#   GLUON_BWD=1  the Gluon backward kernels (dK / dV, dQ, both) against the Triton ones and cuDNN, fwd+bwd -> attention_gluon_bwd.jsonl
 #   ATTN_AB=1    still owed: the LoRA step with hearth's attention, its forward the ping-pong kernel (default) and the
 #                Triton kernel (HEARTH_ATTN_GLUON=0), seq 4096, one child each -> lora_attn_{default,triton}.jsonl
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings

@@ -60,12 +60,12 @@ def sm90_reports():
 
 
 def test_every_variant_compiles_for_sm90(sm90_reports):
-    """The four variants (forward: single partition; producer warp + consumer warpgroups; ping-pong; and the
-    dK / dV backward) x dtype x head_dim x causal."""
+    """The five variants (forward: single partition; producer warp + consumer warpgroups; ping-pong; the
+    backward's dK / dV and dQ kernels) x dtype x head_dim x causal."""
     labels = [r["label"] for r in sm90_reports]
-    assert len(labels) == 2 * 4 * len(ag.HEAD_DIMS) * 2, labels
+    assert len(labels) == 2 * 5 * len(ag.HEAD_DIMS) * 2, labels
     for dtype in ("bfloat16", "float16"):
-        for variant in ("fwd", "fwd[ws]", "fwd[pp]", "bwd[dkdv]"):
+        for variant in ("fwd", "fwd[ws]", "fwd[pp]", "bwd[dkdv]", "bwd[dq]"):
             for d in ag.HEAD_DIMS:
                 for mode in ("full", "causal"):
                     want = f"torch.{dtype} attention_gluon {variant} d{d} {mode} "
@@ -162,22 +162,26 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
-for d, cands in ag.BWD_CANDIDATES.items():
-    for cfg in cands:
-        for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=("bwd",), bwd_configs={d: cfg}):
-            r = hi.report_compiled(label, k)
-            out.append(dict(label=label, spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"], shared=r.shared_bytes))
+for variant, table, key in (("bwd", ag.BWD_CANDIDATES, "bwd_configs"), ("bwd_dq", ag.BWD_DQ_CANDIDATES, "bwd_dq_configs")):
+    for d, cands in table.items():
+        for cfg in cands:
+            for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=(variant,), **{key: {d: cfg}}):
+                r = hi.report_compiled(label, k)
+                out.append(dict(label=label, spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
+                                shared=r.shared_bytes))
 print(json.dumps(out))
 """
 
 
 def test_sm90_every_backward_candidate_builds_without_spills():
-    """Every dK / dV config the probe may time (BWD_CANDIDATES, the first of each is BWD_CONFIGS') builds for
-    sm_90, causal or not, with wgmma and TMA and no spills."""
-    for d, cands in ag.BWD_CANDIDATES.items():
-        assert cands[0] == ag.BWD_CONFIGS[d]
+    """Every dK / dV and dQ config (BWD_CANDIDATES / BWD_DQ_CANDIDATES, the first of each is the shipped one)
+    builds for sm_90, causal or not, with wgmma and TMA and no spills."""
+    for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS)):
+        for d, cands in table.items():
+            assert cands[0] == shipped[d]
     reports = run_offline(_BWD_CANDIDATES_SCRIPT)
-    assert len(reports) == 2 * sum(len(c) for c in ag.BWD_CANDIDATES.values()), [r["label"] for r in reports]
+    n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES) for c in t.values())
+    assert len(reports) == 2 * n, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
 
@@ -193,6 +197,12 @@ def test_backward_kernel_is_opt_in(d):
     assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, env=on) == "triton"
     assert attn.backward_kernel(None, torch.bfloat16, d, True, env=on) == "triton"
     assert attn.backward_kernel((9, 0), torch.bfloat16, 96, True, env=on) == "triton"
+    # dQ has its own switch
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="dq", env=on) == "triton"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="dq",
+                                env={"HEARTH_ATTN_GLUON_BWD_DQ": "1"}) == "gluon"
+    with pytest.raises(ValueError, match="part"):
+        attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="dqkv", env=on)
 
 
 def test_offline_kernels_names_a_bad_variant():
@@ -495,25 +505,34 @@ def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
     assert calls == []
 
 
-def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16):
-    """HEARTH_ATTN_GLUON_BWD=1: attention()'s fwd + bwd with the Gluon dK / dV kernel (counted) within the 2x
-    rule against the fp64 reference (tests/kernels/test_attention.py's bound)."""
+_BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH_ATTN_GLUON_BWD_DQ", "backward_dq")}
+
+
+def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16, parts=("dkdv",)):
+    """With the env var of each part set (dkdv: HEARTH_ATTN_GLUON_BWD=1, dq: HEARTH_ATTN_GLUON_BWD_DQ=1),
+    attention()'s fwd + bwd runs those Gluon backward kernels (counted) and stays within the 2x rule against
+    the fp64 reference (tests/kernels/test_attention.py's bound)."""
     test_attention = importlib.import_module("tests.kernels.test_attention")
-    calls = []
-    real = ag.backward_dkdv
-    ag.backward_dkdv = lambda *a: calls.append(1) or real(*a)
-    old = os.environ.get("HEARTH_ATTN_GLUON_BWD")
-    os.environ["HEARTH_ATTN_GLUON_BWD"] = "1"
+    calls = {p: [] for p in parts}
+    saved = {}
+    for p in parts:
+        var, fn = _BWD_PARTS[p]
+        real = getattr(ag, fn)
+        saved[p] = (var, fn, real, os.environ.get(var))
+        setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], real))
+        os.environ[var] = "1"
     try:
         q, k, v, do = _inputs(B, Hq, Hk, T, D, dtype, seed=8, bthd=bthd)
         test_attention._assert_within_bound(q, k, v, do, causal, None)
     finally:
-        ag.backward_dkdv = real
-        if old is None:
-            os.environ.pop("HEARTH_ATTN_GLUON_BWD")
-        else:
-            os.environ["HEARTH_ATTN_GLUON_BWD"] = old
-    assert calls, "HEARTH_ATTN_GLUON_BWD=1 on Hopper did not run the Gluon dK / dV kernel"
+        for var, fn, real, old in saved.values():
+            setattr(ag, fn, real)
+            if old is None:
+                os.environ.pop(var)
+            else:
+                os.environ[var] = old
+    for p in parts:
+        assert calls[p], f"{_BWD_PARTS[p][0]}=1 on Hopper did not run the Gluon {p} kernel"
 
 
 @hopper_only
@@ -539,6 +558,27 @@ def test_gpu_every_backward_candidate_is_correct(monkeypatch, D):
         monkeypatch.setitem(ag.BWD_CONFIGS, D, cfg)
         for causal in (False, True):
             _check_backward(1, 4, 2, 1000, D, causal)
+    for cfg in ag.BWD_DQ_CANDIDATES[D]:
+        monkeypatch.setitem(ag.BWD_DQ_CONFIGS, D, cfg)
+        for causal in (False, True):
+            _check_backward(1, 4, 2, 1000, D, causal, parts=("dq",))
+
+
+@hopper_only
+@pytest.mark.parametrize("T", [1, 100, 1000, 4160])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_dq_and_both_match_reference(D, causal, T):
+    _check_backward(1, 4, 2, T, D, causal, parts=("dq",))
+    _check_backward(1, 4, 2, T, D, causal, parts=("dkdv", "dq"))
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_both_gqa_40_8_bthd_and_fp16(D, causal):
+    _check_backward(1, 40, 8, 1500, D, causal, bthd=True, parts=("dkdv", "dq"))
+    _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16, parts=("dkdv", "dq"))
 
 
 @hopper_only

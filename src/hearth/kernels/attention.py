@@ -908,14 +908,19 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     return "gluon"
 
 
+_BWD_ENV = {"dkdv": "HEARTH_ATTN_GLUON_BWD", "dq": "HEARTH_ATTN_GLUON_BWD_DQ"}
+
+
 def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
-                    *, env: dict | None = None) -> str:
-    """THE place that picks the dK / dV kernel: "gluon" (attention_gluon.py's wgmma + TMA-ring backward,
-    Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernel above, which serves everything). The Gluon
-    one is opt-in (env HEARTH_ATTN_GLUON_BWD=1) until the H200 has checked and timed it. dQ stays the
-    Triton kernel either way."""
+                    *, part: str = "dkdv", env: dict | None = None) -> str:
+    """THE place that picks a backward kernel, per part ("dkdv" or "dq"): "gluon" (attention_gluon.py's
+    wgmma + TMA-ring kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
+    everything). The Gluon ones are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
+    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ), until the H200 has checked and timed them."""
+    if part not in _BWD_ENV:
+        raise ValueError(f"part must be 'dkdv' or 'dq', got {part!r}")
     env = os.environ if env is None else env
-    if env.get("HEARTH_ATTN_GLUON_BWD", "0") != "1" or capability is None or capability[0] != 9:
+    if env.get(_BWD_ENV[part], "0") != "1" or capability is None or capability[0] != 9:
         return "triton"
     from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
 
@@ -1044,6 +1049,12 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
         if fused:
             return dq_acc.to(q.dtype), dk, dv
         dq = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+        if backward_kernel(cap, q.dtype, D, causal, part="dq") == "gluon":
+            from hearth.kernels import attention_gluon
+
+            if attention_gluon.tma_addressable(q, k, v, do):  # else (odd strides): the Triton kernel
+                attention_gluon.backward_dq(q, k, v, do, lse, delta, dq, causal, scale)
+                return dq, dk, dv
         dq_args = (
             q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
             scale, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,

@@ -486,6 +486,24 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
 
 
 @gluon.jit
+def _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, pred,
+                  BLOCK_N: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+                  TILE_BYTES: ttgl.constexpr):
+    """Start the TMA loads of key block j of K/V head (b, hk) into ring slot j % NUM_STAGES through host-built
+    4-D descriptors (a [1, 1, BLOCK_N, D] box; rows past T are zero-filled), when pred."""
+    slot = j % NUM_STAGES
+    kb = k_bars.index(slot)
+    vb = v_bars.index(slot)
+    box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+    mbarrier.expect(kb, TILE_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], kb,
+                                    k_smem.index(slot)._reinterpret(k_desc.dtype, box, k_desc.layout), pred=pred)
+    mbarrier.expect(vb, TILE_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], vb,
+                                    v_smem.index(slot)._reinterpret(v_desc.dtype, box, v_desc.layout), pred=pred)
+
+
+@gluon.jit
 def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
                  start_m, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
@@ -501,15 +519,8 @@ def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bar
         phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(empty_bars.index(slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n0))
         mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n1))
-        kb = k_bars.index(slot)
-        vb = v_bars.index(slot)
-        box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
-        mbarrier.expect(kb, TILE_BYTES)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], kb,
-                                        k_smem.index(slot)._reinterpret(k_desc.dtype, box, k_desc.layout))
-        mbarrier.expect(vb, TILE_BYTES)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], vb,
-                                        v_smem.index(slot)._reinterpret(v_desc.dtype, box, v_desc.layout))
+        _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, True, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                      TILE_BYTES)
 
 
 @gluon.jit
@@ -730,6 +741,113 @@ def _attn_bwd_dkdv_gluon_kernel(
     ttgl.store(DV + out_off, dv.to(dtype), mask=keep)
 
 
+# (BLOCK_M queries a program, BLOCK_N keys a step, NUM_STAGES of the K / V ring, num_warps) per head dim
+BWD_DQ_CONFIGS = {
+    64: (128, 64, 2, 8),
+    128: (128, 64, 2, 8),
+}
+BWD_DQ_CANDIDATES = {
+    64: [(128, 64, 2, 8), (128, 128, 2, 8), (128, 64, 3, 8)],
+    128: [(128, 64, 2, 8), (128, 64, 3, 8)],
+}
+
+
+@gluon.jit
+def _attn_bwd_dq_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DQ,
+    stride_dqb, stride_dqh, stride_dqt,
+    sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+    NUM_STAGES: ttgl.constexpr, NUM_WARPS: ttgl.constexpr,
+):
+    """dQ of one [BLOCK_M, D] query block of one (b, h): Q and dO loaded once, the K / V blocks it sees through
+    a TMA ring, three wgmma a step: S = Q K^T and dP = dO V^T (issued async together), P = exp2(S * qk_scale
+    - lse), dS = P (dP - delta), dQ += dS K (dS from registers). Keys past T_k are zero rows of K and V, so their
+    dS meets a zero row of K and adds nothing; rows past T_q load lse = +inf (P = 0) and are not stored."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+    acc_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+    a_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    start_m, bh, b, h, hk = _program_ids(H_Q, GROUP, CAUSAL)
+    q_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_shared)
+    do_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_shared)
+    k_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    v_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    q_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    q_box: ttgl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
+    mbarrier.expect(q_bar, 2 * Q_BYTES)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m * BLOCK_M, 0], q_bar,
+                                    q_smem._reinterpret(dtype, q_box, q_desc.layout))
+    tma.async_copy_global_to_shared(do_desc, [b, h, start_m * BLOCK_M, 0], q_bar,
+                                    do_smem._reinterpret(dtype, q_box, do_desc.layout))
+    # Key blocks this query block sees: causal stops at the diagonal block's end; [0, n_free) need no mask.
+    if CAUSAL:
+        kv_hi = ttgl.minimum(start_m * BLOCK_M + BLOCK_M, N_CTX_K)
+        n_free = (start_m * BLOCK_M) // BLOCK_N
+    else:
+        kv_hi = N_CTX_K
+        n_free = ttgl.cdiv(N_CTX_K, BLOCK_N)
+    n_blocks = ttgl.cdiv(kv_hi, BLOCK_N)
+    for i in ttgl.static_range(NUM_STAGES):
+        _issue_kv_box(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, b, hk, i, i < n_blocks, BLOCK_N, HEAD_DIM,
+                      NUM_STAGES, TILE_BYTES)
+
+    offs_m = start_m * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+    row_ok = offs_m < N_CTX_Q
+    row_base = bh.to(ttgl.int64) * N_CTX_Q
+    lse2 = ttgl.load(Lse + row_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E_C
+    delta = ttgl.load(Delta + row_base + offs_m, mask=row_ok, other=0.0)
+    zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
+    dq = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, acc_layout)
+    mbarrier.wait(q_bar, 0)
+    for j in range(n_blocks):
+        slot = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        mbarrier.wait(k_bars.index(slot), phase)
+        s_tok = warpgroup_mma(q_smem, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(slot), phase)
+        dp_tok = warpgroup_mma(do_smem, v_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        sc = warpgroup_mma_wait(1, deps=[s_tok])  # S retired, dP may still run
+        p = ttgl.exp2(sc * qk_scale - lse2[:, None])
+        if j >= n_free:  # the diagonal block(s): query i sees key j <= i
+            offs_n = j * BLOCK_N + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, s_layout))
+            p = ttgl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=[dp_tok])
+        ds16 = ttgl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+        dq = warpgroup_mma(ds16, k_ring.index(slot), dq)
+        # every warp's wgmma on this slot is done: refill it with block j + NUM_STAGES
+        ttgl.thread_barrier()
+        nxt = j + NUM_STAGES
+        _issue_kv_box(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, b, hk, nxt, nxt < n_blocks, BLOCK_N, HEAD_DIM,
+                      NUM_STAGES, TILE_BYTES)
+
+    mbarrier.invalidate(q_bar)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    dq = dq * sm_scale
+    offs_r = start_m * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, acc_layout))
+    offs_d = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
+    out_off = (b.to(ttgl.int64) * stride_dqb + h.to(ttgl.int64) * stride_dqh
+               + offs_r[:, None].to(ttgl.int64) * stride_dqt + offs_d[None, :])
+    ttgl.store(DQ + out_off, dq.to(dtype), mask=(offs_r < N_CTX_Q)[:, None])
+
+
 # ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
@@ -824,20 +942,38 @@ def backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float) -
         )
 
 
+def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None:
+    """dQ of attention into dq ([B, Hq, Tq, D], contiguous) with the Gluon kernel above; same contract as
+    backward_dkdv."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = BWD_DQ_CONFIGS[D]
+    grid = (triton.cdiv(Tq, block_m), B * Hq)
+    descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(do, block_m))
+    with torch.cuda.device(q.device):
+        _attn_bwd_dq_gluon_kernel[grid](
+            *descs, lse, delta, dq, dq.stride(0), dq.stride(1), dq.stride(2),
+            scale, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
+            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
+            num_warps=warps,
+        )
+
+
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
-                    variants=("1part", "ws", "pp", "bwd"), pp_configs=None, store_lse=True, bwd_configs=None):
+                    variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
+                    bwd_configs=None, bwd_dq_configs=None):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
-    "ws" (producer warp), "pp" (ping-pong), "bwd" (the dK / dV backward); configs / pp_configs / bwd_configs
-    replace CONFIGS / PP_CONFIGS / BWD_CONFIGS; store_lse=False
+    "ws" (producer warp), "pp" (ping-pong), "bwd" (the dK / dV backward), "bwd_dq" (the dQ backward); configs /
+    pp_configs / bwd_configs / bwd_dq_configs replace CONFIGS / PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False
     builds the inference forward (Lse a None constexpr, no LSE store). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    unknown = set(variants) - {"1part", "ws", "pp", "bwd"}
+    unknown = set(variants) - {"1part", "ws", "pp", "bwd", "bwd_dq"}
     if unknown:
-        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'bwd', got {sorted(unknown)}")
+        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'bwd', 'bwd_dq', got {sorted(unknown)}")
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
@@ -854,6 +990,19 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             kernel = triton.compile(GluonASTSource(fn=_attn_bwd_dkdv_gluon_kernel, signature=sig, constexprs=const),
                                     target=target, options={"num_warps": warps})
             name = f"bwd[dkdv] d{d} {'causal' if c else 'full'} {bn}x{bm} w{warps} s{stages}"
+            found.append((f"attention_gluon {name} sm_{arch}", kernel))
+            continue
+        if variant == "bwd_dq":
+            bm, bn, stages, warps = (bwd_dq_configs or BWD_DQ_CONFIGS)[d]
+            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps)
+            sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
+                   for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("do_desc", bm))}
+            sig.update(Lse="*fp32", Delta="*fp32", DQ=ptr, stride_dqb="i32", stride_dqh="i32", stride_dqt="i32",
+                       sm_scale="fp32", qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
+            sig.update({n: "constexpr" for n in const})
+            kernel = triton.compile(GluonASTSource(fn=_attn_bwd_dq_gluon_kernel, signature=sig, constexprs=const),
+                                    target=target, options={"num_warps": warps})
+            name = f"bwd[dq] d{d} {'causal' if c else 'full'} {bm}x{bn} w{warps} s{stages}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant == "pp":
