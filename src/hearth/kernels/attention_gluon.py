@@ -762,8 +762,8 @@ def _attn_bwd_dq_gluon_kernel(
 ):
     """dQ of one [BLOCK_M, D] query block of one (b, h): Q and dO loaded once, the K / V blocks it sees through
     a TMA ring, three wgmma a step: S = Q K^T and dP = dO V^T (issued async together), P = exp2(S * qk_scale
-    - lse), dS = P (dP - delta), dQ += dS K (dS from registers). Keys past T_k are zero rows of K and V, so their
-    dS meets a zero row of K and adds nothing; rows past T_q load lse = +inf (P = 0) and are not stored."""
+    - lse), dS = P (dP - delta), dQ += dS K (dS from registers). Keys past T_k are masked (P = 0); rows past T_q
+    load lse = +inf (P = 0) and are not stored."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -801,7 +801,7 @@ def _attn_bwd_dq_gluon_kernel(
         n_free = (start_m * BLOCK_M) // BLOCK_N
     else:
         kv_hi = N_CTX_K
-        n_free = ttgl.cdiv(N_CTX_K, BLOCK_N)
+        n_free = N_CTX_K // BLOCK_N  # full blocks: no mask; a ragged tail block is masked
     n_blocks = ttgl.cdiv(kv_hi, BLOCK_N)
     for i in ttgl.static_range(NUM_STAGES):
         _issue_kv_box(k_desc, v_desc, k_ring, v_ring, k_bars, v_bars, b, hk, i, i < n_blocks, BLOCK_N, HEAD_DIM,
@@ -824,9 +824,14 @@ def _attn_bwd_dq_gluon_kernel(
         dp_tok = warpgroup_mma(do_smem, v_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         sc = warpgroup_mma_wait(1, deps=[s_tok])  # S retired, dP may still run
         p = ttgl.exp2(sc * qk_scale - lse2[:, None])
-        if j >= n_free:  # the diagonal block(s): query i sees key j <= i
+        if j >= n_free:  # the diagonal block(s) (query i sees key j <= i) and a ragged tail: keys past T_k are
+            # zero rows of K and V, but their dS = -P delta is not zero and could overflow 16 bits (P = e^-lse):
+            # masked here, as the Triton dQ kernel does
             offs_n = j * BLOCK_N + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, s_layout))
-            p = ttgl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+            keep = (offs_n < N_CTX_K)[None, :]
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            p = ttgl.where(keep, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
         ds16 = ttgl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
         dq = warpgroup_mma(ds16, k_ring.index(slot), dq)
