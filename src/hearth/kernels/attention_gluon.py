@@ -120,6 +120,17 @@ PP_WARPS = 4  # the default partition: consumer warpgroup 0
 CONSUMER_REGS = 240
 
 
+@gluon.constexpr_function
+def _wgmma_layouts(num_warps, score_cols, head_dim):
+    """(score, accumulator, A operand) register layouts shared by every kernel here: wgmma accumulators with
+    the warps stacked along the rows (16 rows a warp), a [rows, score_cols] score tile, a [rows, head_dim]
+    output / gradient tile, and the 16-bit A operand (P or dS from registers) of its product with a
+    [score_cols, head_dim] tile."""
+    score = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, score_cols, 16])
+    acc = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, head_dim, 16])
+    return score, acc, ttgl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+
+
 @gluon.jit
 def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_blocks,
               BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
@@ -281,12 +292,9 @@ def _attn_fwd_gluon_kernel(
     dtype: ttgl.constexpr = Q.dtype.element_ty
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
-    # wgmma accumulators: warps stacked along M (16 rows per warp), instruction N = the tile width.
-    s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-    o_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-    p_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_N, HEAD_DIM)[0]
+    o_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_N, HEAD_DIM)[1]
+    p_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_N, HEAD_DIM)[2]
     q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
@@ -539,11 +547,9 @@ def _attn_fwd_gluon_pp_kernel(
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     # Each consumer is one warpgroup: its 4 warps stack along M (a 128-row tile wraps round them twice).
-    s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-    o_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-    p_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[0]
+    o_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[1]
+    p_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[2]
     q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
@@ -648,11 +654,9 @@ def _attn_bwd_dkdv_gluon_kernel(
     TILE_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     KV_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     # accumulators: warps stacked along the BLOCK_N key rows (16 rows a warp)
-    st_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])
-    acc_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                             instr_shape=[16, HEAD_DIM, 16])
-    a_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    st_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_M, HEAD_DIM)[0]
+    acc_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_M, HEAD_DIM)[1]
+    a_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_M, HEAD_DIM)[2]
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
@@ -767,11 +771,9 @@ def _attn_bwd_dq_gluon_kernel(
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
-    s_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-    acc_layout: ttgl.constexpr = ttgl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                             instr_shape=[16, HEAD_DIM, 16])
-    a_layout: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_N, HEAD_DIM)[0]
+    acc_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_N, HEAD_DIM)[1]
+    a_layout: ttgl.constexpr = _wgmma_layouts(NUM_WARPS, BLOCK_N, HEAD_DIM)[2]
     q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
