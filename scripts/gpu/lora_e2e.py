@@ -22,6 +22,7 @@ process-wide, and a child returns all of its GPU memory when it exits):
   hearth_fast  hearth + patch.apply(lora_compute="base"): the LoRA-aware nodes run the adapters' products in bf16
                on the tensor cores (fp32 accumulation and fp32 gradients; not peft's fp32 numbers bit for bit)
   hearth_attn  hearth + patch.apply(attention=True) (opt-in: the published setup fixes SDPA attention)
+  hearth_fast_attn  hearth_fast + attention=True (opt-in): the fastest setup with hearth's attention in place of SDPA
   unsloth      Unsloth's FastLanguageModel (opt-in): imported first, as Unsloth requires; when it does not
                import the row says `unavailable` and why. The random model is saved to /tmp and loaded by
                FastLanguageModel.from_pretrained (~70 s more build at 40 layers); --checkpointing full is
@@ -66,7 +67,7 @@ from pathlib import Path
 from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, peak_reader, qwen3_config,
                         run_meta, step_fields, syncer, timed_steps)
 
-SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "unsloth")
+SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "hearth_fast_attn", "unsloth")
 DEFAULT_SETUPS = ("hf", "liger", "hearth")
 MODES = ("none", "selective", "full", "auto", "best")
 TARGETS = {4096: (4750.0, 31.5), 16384: (4200.0, 41.0)}  # lean mode: tok/s at least, peak GiB at most
@@ -145,11 +146,11 @@ def build(setup: str, *, seq: int, layers: int, smoke: bool, dtype_name: str, ch
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
                                              bias="none", task_type="CAUSAL_LM"))
     report = None
-    if setup in ("hearth", "hearth_fast", "hearth_attn"):
+    if setup.startswith("hearth"):
         from hearth import patch
 
-        report = patch.apply(model, attention=setup == "hearth_attn",
-                             lora_compute="base" if setup == "hearth_fast" else "adapter")
+        fields["lora_compute"] = "base" if setup.startswith("hearth_fast") else "adapter"
+        report = patch.apply(model, attention=setup.endswith("_attn"), lora_compute=fields["lora_compute"])
         fields["patch"] = report.as_dict()
         fields["patch_text"] = str(report)
     return model, fields, report

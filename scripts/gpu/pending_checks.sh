@@ -21,6 +21,10 @@
 #   GLUON_BWD=1  the Gluon backward kernels (dK / dV, dQ, both) against the Triton ones and cuDNN, fwd+bwd -> attention_gluon_bwd.jsonl
 #   ATTN_AB=1    still owed: the LoRA step with hearth's attention, its forward the ping-pong kernel (default) and the
 #                Triton kernel (HEARTH_ATTN_GLUON=0), seq 4096, one child each -> lora_attn_{default,triton}.jsonl
+#   (GLUON_BWD and ATTN_AB ran on 2026-12-02 at 199b1aa: BENCHMARKS.md)
+#   FAST_ATTN_AB=1  the fastest LoRA step (hearth_fast) against the same with hearth's attention (hearth_fast_attn),
+#                seq 4096, A B then B A, each in its own child, to tell a difference from drift; then A B at seq 16384,
+#                where attention is a larger share of the step -> lora_fast_attn.jsonl
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
 # back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
 # (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
@@ -70,6 +74,15 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
 [ -n "${ATTN_AB:-}" ] && step lora_attn_triton 70 env HEARTH_ATTN_GLUON=0 python3 scripts/gpu/lora_e2e.py \
   --out "$OUT/lora_attn_triton.jsonl" --seqs 4096 --setups hearth_attn --budget-gib 80 --steps 3 --time-budget-s 65 \
   --min-child-s 40 --child-timeout-s 60
+[ -n "${FAST_ATTN_AB:-}" ] && step lora_fast_attn_ab 110 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_fast_attn.jsonl" \
+  --seqs 4096 --setups hearth_fast,hearth_fast_attn --budget-gib 80 --steps 5 --time-budget-s 105 --min-child-s 40 \
+  --child-timeout-s 90
+[ -n "${FAST_ATTN_AB:-}" ] && step lora_fast_attn_ba 110 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_fast_attn.jsonl" \
+  --seqs 4096 --setups hearth_fast_attn,hearth_fast --budget-gib 80 --steps 5 --time-budget-s 105 --min-child-s 40 \
+  --child-timeout-s 90
+[ -n "${FAST_ATTN_AB:-}" ] && step lora_fast_attn_16k 120 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_fast_attn.jsonl" \
+  --seqs 16384 --setups hearth_fast,hearth_fast_attn --budget-gib 80 --steps 3 --time-budget-s 115 --min-child-s 50 \
+  --child-timeout-s 100
 [ -n "${MM_MODELS:-}" ] && step mm_models 150 env OUT="$OUT/mm_models" BUDGET_S=120 bash scripts/gpu/bench_models.sh \
   matmul swiglu_mlp
 tail -n 40 "$OUT"/*.log

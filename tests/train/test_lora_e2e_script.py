@@ -65,3 +65,17 @@ def test_profile_lora_step_smoke_writes_a_row_per_setup_with_categories(tmp_path
     assert rows[0]["gpu_ms_total"] > 0 and rows[0]["host_step_s"] > 0 and rows[0]["versions"]["torch"]
     table = (out / "hearth.txt").read_text().splitlines()
     assert table[0].split() == ["us", "total", "calls", "kernel"] and len(table) > 5
+
+
+def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(tmp_path):
+    """The opt-in hearth_fast_attn setup is hearth_fast (LoRA products on the base path) with hearth's attention
+    in place of SDPA: the row's patch report says attention was replaced, hearth_fast's says it was not."""
+    out = tmp_path / "rows.jsonl"
+    proc = _run("--seqs", "16", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["setup"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["hearth_fast_attn"]["status"] == rows["hearth_fast"]["status"] == "ok", rows
+    assert rows["hearth_fast_attn"]["patch"]["replaced"]["attention"] == {"Qwen3Attention": 1}
+    assert rows["hearth_fast"]["patch"]["replaced"]["attention"] == {}
+    assert rows["hearth_fast_attn"]["lora_compute"] == rows["hearth_fast"]["lora_compute"] == "base"
