@@ -712,3 +712,30 @@ def test_rows_record_hearths_switches(monkeypatch):
     env = runner.env_info(torch.device("cpu"))
     assert env["hearth_env"].get("HEARTH_ATTN_GLUON") == "0" and "NOT_HEARTH_X" not in env["hearth_env"]
 
+
+
+def test_attention_goal_lines_by_hand():
+    """The flash-attention goals per mode: against cuDNN (>= 1.0x everywhere, none below 0.95x) and FlashAttention
+    where it ran, and activation memory >= 2x below cuDNN's in fwd+bwd; other ops and failed rows do not count."""
+    def case(label, mode, h, c, fa=None, h_act=None, c_act=None):
+        rows = [{**_row("hearth", h), "op": "attention", "size_label": label, "mode": mode, "activation_mib": h_act},
+                {**_row("sdpa_cudnn", c), "op": "attention", "size_label": label, "mode": mode, "activation_mib": c_act}]
+        if fa is not None:
+            rows.append({**_row("flash_attn", fa), "op": "attention", "size_label": label, "mode": mode})
+        return rows
+
+    rows = (case("T1024", "fwd", 1.0, 0.8, fa=0.7) + case("T4096", "fwd", 1.0, 1.1, fa=0.9)
+            + case("T1024", "full", 2.0, 1.9, h_act=100.0, c_act=400.0) + case("T4096", "full", 2.0, 2.2, h_act=300.0, c_act=400.0)
+            + case("T8192", "full", 1.0, 5.0) + _case("softmax", "s", 1.0, {"liger": 9.0}))
+    rows[-4]["status"] = "wrong"  # hearth at T8192 full: not counted
+    full, fwd = report.attention_goal_lines(rows)
+    assert fwd.startswith("ATTENTION-GOAL fwd: 2 cases | vs cuDNN: >= 1.00x at 1/2, worst 0.800x (T1024 fwd)")
+    assert "goals: >= 1.00x everywhere MISSED, none below 0.95x MISSED" in fwd
+    assert "vs FlashAttention: >= 1.00x at 0/2, worst 0.700x (T1024 fwd)" in fwd
+    assert full.startswith("ATTENTION-GOAL full: 2 cases | vs cuDNN: >= 1.00x at 1/2, worst 0.950x (T1024 full)")
+    assert "none below 0.95x met" in full and "FlashAttention not measured" in full
+    assert full.endswith("activation >= 2x below cuDNN at 1/2 (least 1.33x, T4096 full) MISSED")
+    assert report.attention_goal_lines(_case("softmax", "s", 1.0, {"liger": 1.0})) == []
+    md = report.summary_markdown([{**r, "metric": "TFLOP/s", "formula": "f", "value": 1.0, "p20_ms": r["ms"],
+                                   "p80_ms": r["ms"], "work": 1, "limits": {}, "env": {"gpu": "x"}} for r in rows])
+    assert "## Attention against cuDNN and FlashAttention" in md and fwd in md

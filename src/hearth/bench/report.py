@@ -235,6 +235,9 @@ def summary_markdown(rows: list[dict]) -> str:
                          + f" | {_num(floor)} ms | {verdict(cr)['text']} |")
         lines.append("")
     lines += ["## Per op: geometric mean against the fastest correct fused peer", "", "```"] + geomean_lines(rows) + ["```", ""]
+    goal = attention_goal_lines(rows)
+    if goal:
+        lines += ["## Attention against cuDNN and FlashAttention (the flash-attention goals)", "", "```"] + goal + ["```", ""]
     lines += cases_markdown(rows)
     losses, failures = [], []
     for key, cr in sorted(groups.items()):
@@ -361,6 +364,62 @@ def geomean_lines(rows: list[dict]) -> list[str]:
             line += f" | wall/call {g['wall_geomean']:.3f}x worst {xr:.3f}x ({_case_name(xkey)} vs {xpeer})"
         line += " | " + goals_text(g)
         lines.append(line)
+    return lines
+
+
+# issue 15's goals for attention: against cuDNN (SDPA's cuDNN backend) at every case, forward and fwd+bwd, first
+# >= 1.0x, never below 0.95x; activation memory in fwd+bwd at least 2x below cuDNN's; then FlashAttention-4
+ATTN_GOAL_RATIO, ATTN_FLOOR_RATIO, ATTN_ACT_FACTOR = 1.0, 0.95, 2.0
+ATTN_PEERS = (("sdpa_cudnn", "cuDNN"), ("flash_attn", "FlashAttention"))
+
+
+def attention_goal_lines(rows: list[dict]) -> list[str]:
+    """One `ATTENTION-GOAL <mode>` line per mode of the dense attention op's cases (fwd, full), each against
+    cuDNN and, where it ran correctly, FlashAttention: how many cases hearth is at least as fast, the worst
+    ratio and its case, the goals met or missed; and for full (fwd+bwd), how many cases hold activation
+    memory at least 2x below cuDNN's. Only cases where hearth and the peer both ran correctly count;
+    nothing is printed without attention rows."""
+    by_mode: dict[str, dict] = {}
+    for key, cr in sorted(group_cases(rows).items()):
+        if key[0] != "attention":
+            continue
+        by = {r["provider"]: r for r in cr if r.get("status") == "ok" and r.get("ms")}
+        h = by.get("hearth")
+        if h is None:
+            continue
+        m = by_mode.setdefault(key[3], {p: [] for p, _ in ATTN_PEERS} | {"act": [], "cases": 0})
+        m["cases"] += 1
+        for peer, _ in ATTN_PEERS:
+            if peer in by:
+                m[peer].append((by[peer]["ms"] / h["ms"], key))
+        c = by.get("sdpa_cudnn")
+        if key[3] == "full" and c and h.get("activation_mib") is not None and c.get("activation_mib") is not None:
+            m["act"].append((c["activation_mib"] / max(h["activation_mib"], 1e-9), key))
+    lines = []
+    for mode in sorted(by_mode):
+        m = by_mode[mode]
+        parts = [f"ATTENTION-GOAL {mode}: {m['cases']} cases"]
+        for peer, name in ATTN_PEERS:
+            rs = m[peer]
+            if not rs:
+                parts.append(f"{name} not measured")
+                continue
+            worst = min(rs, key=lambda t: t[0])
+            ok = sum(r >= ATTN_GOAL_RATIO for r, _ in rs)
+            part = (f"vs {name}: >= {ATTN_GOAL_RATIO:.2f}x at {ok}/{len(rs)}, worst {worst[0]:.3f}x ({_case_name(worst[1])})"
+                    f", geomean {_geomean([r for r, _ in rs]):.3f}x")
+            if peer == "sdpa_cudnn":
+                part += (f"; goals: >= {ATTN_GOAL_RATIO:.2f}x everywhere {'met' if ok == len(rs) else 'MISSED'}, "
+                         f"none below {ATTN_FLOOR_RATIO:.2f}x {'met' if worst[0] >= ATTN_FLOOR_RATIO else 'MISSED'}")
+            else:
+                part += f"; goal >= {ATTN_GOAL_RATIO:.2f}x everywhere {'met' if ok == len(rs) else 'MISSED'}"
+            parts.append(part)
+        if m["act"]:
+            worst = min(m["act"], key=lambda t: t[0])
+            ok = sum(f >= ATTN_ACT_FACTOR for f, _ in m["act"])
+            parts.append(f"activation >= {ATTN_ACT_FACTOR:.0f}x below cuDNN at {ok}/{len(m['act'])} (least "
+                         f"{worst[0]:.2f}x, {_case_name(worst[1])}) {'met' if ok == len(m['act']) else 'MISSED'}")
+        lines.append(" | ".join(parts))
     return lines
 
 

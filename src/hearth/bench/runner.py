@@ -324,10 +324,11 @@ def _line(rows) -> str:
 
 
 def _print_geomeans(rows) -> None:
-    """The per-op GEOMEAN lines, last, on plain stdout (scripts grep them from the tail)."""
-    from hearth.bench.report import geomean_lines
+    """The per-op GEOMEAN lines (and, with attention rows, the ATTENTION-GOAL lines), last, on plain stdout
+    (scripts grep them from the tail)."""
+    from hearth.bench.report import attention_goal_lines, geomean_lines
 
-    for line in geomean_lines(rows):
+    for line in geomean_lines(rows) + attention_goal_lines(rows):
         print(line, flush=True)
 
 
