@@ -81,6 +81,22 @@ def case_inputs(case):
     return q, k, v, D ** -0.5, 4 * B * Hq * T * T * D // (2 if causal else 1)
 
 
+def error_text(e: Exception, width: int = 160) -> str:
+    """'Type: first line of the message' (cut to width), also for an exception with an empty message."""
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0][:width] if lines else ''}"
+
+
+def time_into(row, prefix, fns, flops, **bench_kw):
+    """row[prefix + name] = the TFLOP/s of each of fns (name -> callable) at `flops` a call, or "error: ..."
+    where one raises (cuDNN may refuse a shape: say so, keep going)."""
+    for name, fn in fns.items():
+        try:
+            row[f"{prefix}{name}"] = tflops(flops, bench(fn, **bench_kw))
+        except Exception as e:
+            row[f"{prefix}{name}"] = f"error: {error_text(e)}"
+
+
 def gated_sweep_row(row, run, reference, fwd_flops, sync=False):
     """Run `run` (a Gluon forward returning (out, lse)) once, compare with `reference` (the Triton forward's
     (out, lse)) and time it only when it agrees; fills and returns `row`."""
@@ -96,7 +112,7 @@ def gated_sweep_row(row, run, reference, fwd_flops, sync=False):
         else:
             row["status"] = "mismatch: not timed"
     except Exception as e:
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        row["error"] = error_text(e)
     return row
 
 
@@ -126,7 +142,7 @@ def probe(case, emit):
         o_g, lse_g = ag.forward(q, k, v, causal, scale)
         torch.cuda.synchronize()
     except Exception as e:  # a compile error on this Triton build: report it, go on to the next case
-        row["status"] = f"gluon forward failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["status"] = f"gluon forward failed: {error_text(e, 300)}"
         emit(row)
         return
     row["gluon_first_call_s"] = round(time.time() - t, 2)  # compile + first run
@@ -153,7 +169,7 @@ def probe(case, emit):
         row["ws_max_abs_diff_lse"] = float((lse_w - lse_t).abs().max())
         ws_ok = row["ws_max_abs_diff_out"] <= 0.05 and row["ws_max_abs_diff_lse"] <= 1e-3
     except Exception as e:
-        row["ws_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        row["ws_error"] = error_text(e)
         ws_ok = False
     ag.WARP_SPECIALIZE = False
     fwd = {
@@ -163,11 +179,7 @@ def probe(case, emit):
     }
     if ws_ok:
         fwd["gluon_ws"] = gluon(True)
-    for name, fn in fwd.items():
-        try:
-            row[f"fwd_tflops_{name}"] = tflops(fwd_flops, bench(fn))
-        except Exception as e:  # cuDNN may refuse a shape: say so, keep going
-            row[f"fwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    time_into(row, "fwd_tflops_", fwd, fwd_flops)
     if time.time() - T0 > BUDGET_S:
         row["status"] = "fwd only (budget)"
         emit(row)
@@ -190,11 +202,7 @@ def probe(case, emit):
     fb = {"gluon": fwd_bwd(True), "triton": fwd_bwd(False), "sdpa_cudnn": lambda: cud().backward(do)}
     if ws_ok:
         fb["gluon_ws"] = fwd_bwd(True, ws=True)
-    for name, fn in fb.items():
-        try:
-            row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
-        except Exception as e:
-            row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    time_into(row, "fwdbwd_tflops_", fb, 3.5 * fwd_flops, grad_to_none=[qg, kg, vg])
     use_triton_forward()
     ag.WARP_SPECIALIZE = False
     row["status"] = "ok" if ws_ok else "ok (warp-specialised variant failed its check: not timed)"
@@ -293,7 +301,7 @@ def bwd_probe(case, emit):
             torch.cuda.synchronize()
             grads[name] = [t.grad.float() for t in (qg, kg, vg)]
         except Exception as e:
-            row[f"error_{name}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            row[f"error_{name}"] = error_text(e)
             continue
         if name != "triton" and "triton" in grads:
             diff = {n: float((a - b).abs().max()) for n, a, b in zip(("dq", "dk", "dv"), grads["triton"], grads[name])}
@@ -304,11 +312,7 @@ def bwd_probe(case, emit):
         fns[name] = run(flags)
     cud = cudnn_fn(qg, kg, vg, causal)
     fns["sdpa_cudnn"] = lambda: cud().backward(do)
-    for name, fn in fns.items():
-        try:
-            row[f"fwdbwd_tflops_{name}"] = tflops(3.5 * fwd_flops, bench(fn, grad_to_none=[qg, kg, vg]))
-        except Exception as e:
-            row[f"fwdbwd_tflops_{name}"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    time_into(row, "fwdbwd_tflops_", fns, 3.5 * fwd_flops, grad_to_none=[qg, kg, vg])
     for var in ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ"):
         os.environ.pop(var, None)
     emit(row)
