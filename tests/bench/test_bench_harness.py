@@ -713,7 +713,6 @@ def test_rows_record_hearths_switches(monkeypatch):
     assert env["hearth_env"].get("HEARTH_ATTN_GLUON") == "0" and "NOT_HEARTH_X" not in env["hearth_env"]
 
 
-
 def test_attention_goal_lines_by_hand():
     """The flash-attention goals per mode: against cuDNN (>= 1.0x everywhere, none below 0.95x) and FlashAttention
     where it ran, and activation memory >= 2x below cuDNN's in fwd+bwd; other ops and failed rows do not count."""
@@ -731,6 +730,10 @@ def test_attention_goal_lines_by_hand():
     full, fwd = report.attention_goal_lines(rows)
     assert fwd.startswith("ATTENTION-GOAL fwd: 2 cases | vs cuDNN: >= 1.00x at 1/2, worst 0.800x (T1024 fwd)")
     assert "goals: >= 1.00x everywhere MISSED, none below 0.95x MISSED" in fwd
+    # a cuDNN row merged from another GPU is not ranked, as verdict does not rank it
+    other = case("T2048", "fwd", 1.0, 0.5)
+    other[1]["env"] = {"gpu": "another GPU"}
+    assert report.attention_goal_lines(rows + other)[1] == fwd.replace("fwd: 2 cases", "fwd: 3 cases")
     assert "vs FlashAttention: >= 1.00x at 0/2, worst 0.700x (T1024 fwd)" in fwd
     assert full.startswith("ATTENTION-GOAL full: 2 cases | vs cuDNN: >= 1.00x at 1/2, worst 0.950x (T1024 full)")
     assert "none below 0.95x met" in full and "FlashAttention not measured" in full

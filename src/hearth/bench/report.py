@@ -377,16 +377,17 @@ def attention_goal_lines(rows: list[dict]) -> list[str]:
     """One `ATTENTION-GOAL <mode>` line per mode of the dense attention op's cases (fwd, full), each against
     cuDNN and, where it ran correctly, FlashAttention: how many cases hearth is at least as fast, the worst
     ratio and its case, the goals met or missed; and for full (fwd+bwd), how many cases hold activation
-    memory at least 2x below cuDNN's. Only cases where hearth and the peer both ran correctly count;
-    nothing is printed without attention rows."""
+    memory at least 2x below cuDNN's. Only cases where hearth and the peer both ran correctly count, a peer
+    only as verdict ranks it (_rankable: measured on hearth's setup); nothing is printed without attention
+    rows."""
     by_mode: dict[str, dict] = {}
     for key, cr in sorted(group_cases(rows).items()):
         if key[0] != "attention":
             continue
-        by = {r["provider"]: r for r in cr if r.get("status") == "ok" and r.get("ms")}
-        h = by.get("hearth")
+        h = next((r for r in cr if r["provider"] == "hearth" and r.get("status") == "ok" and r.get("ms")), None)
         if h is None:
             continue
+        by = {r["provider"]: r for r in cr if r["provider"] != "hearth" and r.get("ms") and _rankable(r, h)}
         m = by_mode.setdefault(key[3], {p: [] for p, _ in ATTN_PEERS} | {"act": [], "cases": 0})
         m["cases"] += 1
         for peer, _ in ATTN_PEERS:
