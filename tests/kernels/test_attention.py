@@ -128,6 +128,37 @@ def test_strided_inputs_match_contiguous():
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
 
 
+def _bthd_views(B, Hq, Hk, T, D, dtype, seed, device=DEVICE):
+    """q, k, v as transposed views of dense [B, T, H, D] tensors (HF's layout), each a non-leaf view of a leaf."""
+    g = torch.Generator().manual_seed(seed)
+    leaves = [torch.randn(B, T, h, D, generator=g).to(device, dtype).requires_grad_() for h in (Hq, Hk, Hk)]
+    return leaves, [x.transpose(1, 2) for x in leaves]
+
+
+def test_output_and_gradients_follow_the_inputs_memory_order():
+    """As PyTorch's SDPA: for q / k / v that are [B, T, H, D] tensors viewed as [B, H, T, D], the output and the
+    gradients come back in that memory order (their .transpose(1, 2) is dense, so the model's reshape to
+    [B, T, H * D] copies nothing); for dense [B, H, T, D] inputs everything stays dense [B, H, T, D]. The
+    custom ops' fake impls give the same strides (opcheck), as torch.compile relies on."""
+    _, (q, k, v) = _bthd_views(1, 4, 2, 21, 16, torch.float16, seed=11)
+    out = attention(q, k, v, causal=True)
+    assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert g.transpose(1, 2).is_contiguous(), (name, g.stride())
+    with torch.no_grad():
+        assert attention(q, k, v, causal=True).transpose(1, 2).is_contiguous()
+    dense = [x.detach().contiguous().requires_grad_() for x in (q, k, v)]
+    out_d = attention(*dense, causal=True)
+    assert out_d.is_contiguous()
+    assert all(g.is_contiguous() for g in torch.autograd.grad(out_d, dense, torch.ones_like(out_d)))
+    qs, ks, vs = (x.detach() for x in (q, k, v))
+    torch.library.opcheck(torch.ops.hearth.attention_fwd, (qs, ks, vs, True, 0.25))
+    torch.library.opcheck(torch.ops.hearth.attention_infer, (qs, ks, vs, True, 0.25))
+    o, lse = torch.ops.hearth.attention_fwd(qs, ks, vs, True, 0.25)
+    torch.library.opcheck(torch.ops.hearth.attention_bwd, (torch.ones_like(o), qs, ks, vs, o, lse, True, 0.25))
+
+
 def test_saved_logsumexp_is_the_logsumexp():
     q, k, v, _ = _make(1, 2, 1, 33, 16, torch.float32, seed=6)
     scale = 0.25
@@ -368,6 +399,24 @@ def test_gpu_strided_bthd_views():
     v = torch.randn(1, 1500, 8, 128, generator=g).to("cuda", torch.bfloat16).transpose(1, 2)
     do = torch.randn(1, 40, 1500, 128, generator=g).to("cuda", torch.bfloat16)
     _assert_within_bound(q, k, v, do, True, None)
+
+
+@gpu_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_bthd_order_output_and_gradients_match_dense_bitwise(D):
+    """On the GPU (head_dim 128: the Gluon ping-pong forward storing through a 4-D TMA descriptor with the
+    [B, T, H, D] strides; 64: the Triton kernels), HF-ordered inputs give an output and gradients in that
+    order, bitwise equal to the dense-layout call's."""
+    leaves, (q, k, v) = _bthd_views(2, 8, 2, 777, D, torch.bfloat16, seed=12, device="cuda")
+    out = attention(q, k, v, causal=True)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    assert out.transpose(1, 2).is_contiguous() and all(g.transpose(1, 2).is_contiguous() for g in grads)
+    dense = [x.detach().contiguous().requires_grad_() for x in (q, k, v)]
+    out_d = attention(*dense, causal=True)
+    grads_d = torch.autograd.grad(out_d, dense, do)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (out_d, *grads_d)):
+        assert torch.equal(a, b), name
 
 
 @gpu_only

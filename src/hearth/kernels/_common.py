@@ -106,6 +106,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def empty_heads_like(ref: torch.Tensor, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """torch.empty of `shape` [B, H, T, D] in the memory order of `ref` (a [B, H', T', D'] tensor), as PyTorch's
+    SDPA allocates its output and gradients: when ref is a transposed view of a dense [B, T, H, D] tensor
+    (its heads step faster than its positions), a transposed view of a new dense [B, T, H, D] buffer, so
+    that the caller's `.transpose(1, 2)` back to [B, T, H, D] is contiguous and a following reshape to
+    [B, T, H * D] copies nothing; otherwise a dense [B, H, T, D] tensor."""
+    B, H, T, D = shape
+    dtype = ref.dtype if dtype is None else dtype
+    if ref.shape[1] > 1 and ref.shape[2] > 1 and ref.stride(1) < ref.stride(2):
+        return torch.empty((B, T, H, D), dtype=dtype, device=ref.device).transpose(1, 2)
+    return torch.empty((B, H, T, D), dtype=dtype, device=ref.device)
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (0 for n <= 0, like triton.next_power_of_2), in plain int math:
     triton.next_power_of_2 costs ~6 us a call on the host (its constexpr_function wrapper)."""

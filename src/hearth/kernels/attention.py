@@ -74,6 +74,7 @@ from hearth.kernels._common import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    empty_heads_like,
     interpret_mode,
 )
 
@@ -916,7 +917,8 @@ def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head
     """THE place that picks a backward kernel, per part ("dkdv" or "dq"): "gluon" (attention_gluon.py's
     wgmma + TMA-ring kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
     everything). The Gluon ones are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
-    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ), until the H200 has checked and timed them."""
+    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way
+    (BENCHMARKS.md), so nothing is routed to them by default."""
     if part not in _BWD_ENV:
         raise ValueError(f"part must be 'dkdv' or 'dq', got {part!r}")
     env = os.environ if env is None else env
@@ -982,7 +984,8 @@ def _checked_scale(scale, head_dim: int) -> float:
 
 
 def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = True):
-    """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32.
+    """q [B, Hq, Tq, D], k/v [B, Hk, Tk, D] (any strides) -> out [B, Hq, Tq, D] in q's memory order
+    (empty_heads_like), lse [B, Hq, Tq] fp32.
     store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     B, Hq, Tq, D = q.shape
     cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
@@ -993,7 +996,7 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
         if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
             return attention_gluon.forward(q, k, v, causal, scale, store_lse, kernel == "gluon_pp")
     Hk, Tk = k.shape[1], k.shape[2]
-    out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+    out = empty_heads_like(q, (B, Hq, Tq, D))
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
     use_tma = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
     if use_tma:
@@ -1010,12 +1013,13 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
 
 
 def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
-    """Gradients of attention: dq [B, Hq, Tq, D], dk/dv [B, Hk, Tk, D] (contiguous, input dtype)."""
+    """Gradients of attention: dq [B, Hq, Tq, D] in q's memory order, dk / dv [B, Hk, Tk, D] both in k's
+    (empty_heads_like; the dK/dV kernels write both through one set of strides), in the input dtype."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     delta = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
-    dk = torch.empty((B, Hk, Tk, D), dtype=k.dtype, device=k.device)
-    dv = torch.empty((B, Hk, Tk, D), dtype=v.dtype, device=v.device)
+    dk = empty_heads_like(k, (B, Hk, Tk, D))
+    dv = empty_heads_like(k, (B, Hk, Tk, D), dtype=v.dtype)
     prec = _dot_precision(q.dtype)
     use_tma_dkdv = bool(USE_TMA and not interpret_mode() and _tma_ok(q, do))
     use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
@@ -1046,9 +1050,9 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
         else:
             _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args,
                     dict(meta, FUSED_DQ=fused))
+        dq = empty_heads_like(q, (B, Hq, Tq, D))
         if fused:
-            return dq_acc.to(q.dtype), dk, dv
-        dq = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+            return dq.copy_(dq_acc), dk, dv
         if backward_kernel(cap, q.dtype, D, causal, part="dq") == "gluon":
             from hearth.kernels import attention_gluon
 
@@ -1075,7 +1079,7 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 @_attention_fwd_op.register_fake
 def _(q, k, v, causal, scale):
     B, Hq, Tq, D = q.shape
-    return q.new_empty((B, Hq, Tq, D)), q.new_empty((B, Hq, Tq), dtype=torch.float32)
+    return empty_heads_like(q, (B, Hq, Tq, D)), q.new_empty((B, Hq, Tq), dtype=torch.float32)
 
 
 @torch.library.custom_op("hearth::attention_infer", mutates_args=())
@@ -1085,7 +1089,7 @@ def _attention_infer_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
 @_attention_infer_op.register_fake
 def _(q, k, v, causal, scale):
-    return q.new_empty(q.shape)
+    return empty_heads_like(q, q.shape)
 
 
 def _attention_infer(q, k, v, causal: bool, scale: float) -> torch.Tensor:
@@ -1107,7 +1111,7 @@ def _attention_bwd_op(
 
 @_attention_bwd_op.register_fake
 def _(do, q, k, v, out, lse, causal, scale):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return empty_heads_like(q, q.shape), empty_heads_like(k, k.shape), empty_heads_like(k, v.shape, dtype=v.dtype)
 
 
 def _setup_context(ctx, inputs, output):
@@ -1161,7 +1165,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         scale: multiplier of q k^T; default 1/sqrt(D).
 
     Returns:
-        [B, Hq, Tq, D] contiguous, in the input dtype. Differentiable in q, k and v.
+        [B, Hq, Tq, D] in the input dtype and in q's memory order, as PyTorch's SDPA returns it: for q a
+        transposed [B, T, H, D] view, a transposed view of a dense [B, Tq, Hq, D] tensor (so `.transpose(1, 2)`
+        is contiguous and the usual reshape to [B, Tq, Hq * D] copies nothing), otherwise dense [B, Hq, Tq, D].
+        The gradients follow q's and k's orders the same way. Differentiable in q, k and v.
 
     dtypes: float16 / bfloat16 (tensor cores, fp32 accumulation and softmax) and float32 (full fp32
     matmuls, slow). D: 1..256; a power of two in 16..256 runs natively, any other D zero-padded to the

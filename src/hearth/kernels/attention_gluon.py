@@ -77,6 +77,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from hearth.kernels._common import empty_heads_like
+
 LOG2E = 1.4426950408889634
 LN2 = ttgl.constexpr(0.6931471805599453)
 LOG2E_C = ttgl.constexpr(LOG2E)
@@ -85,7 +87,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 # (BLOCK_M, BLOCK_N, num_warps, NUM_STAGES) per head dim. num_warps 8 = two warpgroups sharing one
 # 128-row tile (64 rows each); 4 = one warpgroup on a 64-row tile. Chosen so that ptxas reports no
-# spills for sm_90 (tests/kernels/test_attention_gluon.py checks it); untimed until the H200 run.
+# spills for sm_90 (tests/kernels/test_attention_gluon.py checks it); timed on the H200 (BENCHMARKS.md), where this
+# single-partition kernel is slower than the Triton forward and the ping-pong one below.
 CONFIGS = {
     64: (128, 128, 8, 2),
     128: (128, 128, 8, 2),
@@ -601,7 +604,8 @@ def _attn_fwd_gluon_pp_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Backward, dK and dV (env HEARTH_ATTN_GLUON_BWD=1; not yet run on a GPU)
+# Backward, dK and dV (env HEARTH_ATTN_GLUON_BWD=1; checked by the GPU suite and timed on the H200: within 3% of
+# the Triton kernel either way, with bitwise-equal gradients, so it stays opt-in)
 # ----------------------------------------------------------------------------------------------
 # (BLOCK_N keys a program, BLOCK_M queries a step, NUM_STAGES of the Q / dO ring, num_warps) per head dim
 # (offline sm_90 builds: at D128, 64-query steps spill 8 bytes causal, so D128 takes 32; none of these spill)
@@ -901,7 +905,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     the other (False), or as PING_PONG says (None; attention.forward_kernel passes its choice)."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
-    out = torch.empty((B, Hq, Tq, D), dtype=q.dtype, device=q.device)
+    out = empty_heads_like(q, (B, Hq, Tq, D))  # in q's memory order, as attention._attention_forward
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
@@ -932,7 +936,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 
 def backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float) -> None:
-    """dK, dV of attention into dk / dv ([B, Hk, Tk, D], contiguous) with the Gluon kernel above; lse and
+    """dK, dV of attention into dk / dv ([B, Hk, Tk, D], one layout, last dim contiguous) with the Gluon kernel above; lse and
     delta are [B, Hq, Tq] fp32 (contiguous), q / do [B, Hq, Tq, D] and k / v TMA-addressable (the caller
     checked ``supported`` and ``tma_addressable``)."""
     B, Hq, Tq, D = q.shape
@@ -950,7 +954,7 @@ def backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float) -
 
 
 def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None:
-    """dQ of attention into dq ([B, Hq, Tq, D], contiguous) with the Gluon kernel above; same contract as
+    """dQ of attention into dq ([B, Hq, Tq, D], last dim contiguous) with the Gluon kernel above; same contract as
     backward_dkdv."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
