@@ -20,7 +20,7 @@ forward at every config of attention_gluon.CANDIDATES (all compile for sm_90 wit
 D=128 and D=64 cases, both variants, each gated by the same check; one row per (case, config, variant).
 Then the ping-pong variant (attention_gluon.PING_PONG, what HEARTH_ATTN_GLUON_PP=1 selects) at every config
 of attention_gluon.PP_CANDIDATES, same cases, gate and row format (variant "pp", config (BLOCK_M per
-warpgroup, BLOCK_N, NUM_STAGES)). A wrong barrier schedule would hang the GPU, so these run in a child
+warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups)). A wrong barrier schedule would hang the GPU, so these run in a child
 process (--pp-child) with a PP_TIMEOUT_S limit (--pp-only: those rows alone, at all four cases, with the
 Triton forward's (HEARTH_ATTN_GLUON=0) and cuDNN's TFLOP/s timed beside them in the same child): a hang
 becomes a row with status "timed out", not a stalled probe.

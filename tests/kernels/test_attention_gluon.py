@@ -173,6 +173,41 @@ print(json.dumps(out))
 """
 
 
+_PP_CANDIDATES_SCRIPT = r"""
+import json, re, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for d, cands in ag.PP_CANDIDATES.items():
+    for cfg in cands:
+        for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=("pp",), pp_configs={d: cfg}):
+            r = hi.report_compiled(label, k)
+            ptx = k.asm["ptx"]
+            out.append(dict(label=label, cfg=list(cfg), spill=r.spill_bytes, warps=r.num_warps, wgmma=r.ptx["wgmma"],
+                            tma=r.ptx["tma"], scratch=getattr(k.metadata, "global_scratch_size", None),
+                            setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+                            wgmma_waits=sorted(set(int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)))))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_every_ping_pong_candidate_builds_without_spills():
+    """Every ping-pong config the sweep may time (PP_CANDIDATES: 2 consumer warpgroups, and 3 at head_dim 64)
+    builds for sm_90, causal or not: no spills, no global scratch, wgmma and TMA, a consumer warp count of
+    4 per consumer plus the producer padded to a warpgroup, setmaxnreg giving the consumers their budget
+    (CONSUMER_REGS_BY_COUNT) and the producer PRODUCER_REGS, and the wgmma wait that keeps PV(j - 1) in flight."""
+    reports = run_offline(_PP_CANDIDATES_SCRIPT)
+    assert len(reports) == 2 * sum(len(c) for c in ag.PP_CANDIDATES.values()), [r["label"] for r in reports]
+    for r in reports:
+        consumers = r["cfg"][3]
+        assert r["spill"] == 0, f"{r['label']}: {r['spill']} bytes spilled"
+        assert r["scratch"] == 0 and r["wgmma"] > 0 and r["tma"] > 0, r
+        assert r["warps"] == 4 * consumers + 4, (r["label"], r["warps"])
+        assert ["inc", str(ag.CONSUMER_REGS_BY_COUNT[consumers])] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
+        assert ["dec", str(ag.PRODUCER_REGS)] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
+        assert 1 in r["wgmma_waits"], (r["label"], r["wgmma_waits"])
+
+
 def test_sm90_every_backward_candidate_builds_without_spills():
     """Every dK / dV and dQ config (BWD_CANDIDATES / BWD_DQ_CANDIDATES, the first of each is the shipped one)
     builds for sm_90, causal or not, with wgmma and TMA and no spills."""
@@ -481,9 +516,10 @@ def test_shipped_config_is_the_first_candidate():
             assert bm == 16 * warps, (d, bm, warps)  # the accumulator layout gives each warp 16 rows of the tile
             assert stages >= 2, (d, stages)  # _consume's next QK^T reads another slot than the one refilled
         assert ag.PP_CANDIDATES[d][0] == ag.PP_CONFIGS[d]
-        for bm, bn, stages in ag.PP_CANDIDATES[d]:
+        for bm, bn, stages, consumers in ag.PP_CANDIDATES[d]:
             assert bm % 64 == 0, (d, bm)  # one warpgroup's wgmma covers 64 rows; larger tiles repeat it
             assert stages >= 2, (d, stages)  # QK^T(j) is issued while PV(j - 1) still reads the other slot
+            assert consumers in ag.CONSUMER_REGS_BY_COUNT, (d, consumers)  # the kernel spells out 2 and 3
 
 
 @hopper_only
@@ -662,7 +698,7 @@ from hearth.kernels import attention_gluon as ag
 from tests.kernels import test_attention_gluon as t
 assert ag.PING_PONG, "HEARTH_ATTN_GLUON_PP=1 did not select the ping-pong variant"
 for name, args, config in json.loads(sys.argv[1]):
-    if config is not None:  # one of PP_CANDIDATES: (head_dim, (BLOCK_M, BLOCK_N, NUM_STAGES))
+    if config is not None:  # one of PP_CANDIDATES: (head_dim, (BLOCK_M, BLOCK_N, NUM_STAGES, consumers))
         ag.PP_CONFIGS[config[0]] = tuple(config[1])
     args = [getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a for a in args]
     print("running", name, args, ag.PP_CONFIGS, flush=True)
@@ -713,6 +749,21 @@ def test_gpu_pp_every_candidate_config_is_correct(D, cfg):
     """Every ping-pong config the probe's --sweep may time, causal and not, T 300 and 1000 (GQA 4/2)."""
     _run_pp([("_check_forward", [1, 4, 2, T, D, torch.bfloat16, c], [D, list(cfg)])
              for c in (False, True) for T in (300, 1000)])
+
+
+@gluon_pp
+@hopper_only
+@pytest.mark.parametrize("cfg", [c for c in ag.PP_CANDIDATES[64] if c[3] == 3], ids=str)
+def test_gpu_pp_three_consumers_ragged_lengths(cfg):
+    """Three consumer warpgroups (head_dim 64): the turn ring over the active tiles at every ragged shape of
+    one or two programs (T 1, 64, 100, 128, 192, 200, 300: a program's second or third tile partly or wholly
+    past the end), then 1000 and 4160, causal and not; GQA 40/8 on a [B, T, H, D] view; fp16. A ring that
+    waits on a turn that never comes hangs: the subprocess's timeout turns that into a failure."""
+    calls = [("_check_forward", [1, 4, 2, T, 64, torch.bfloat16, c], [64, list(cfg)])
+             for c in (False, True) for T in (1, 64, 100, 128, 192, 200, 300, 1000, 4160)]
+    calls += [("_check_forward", [1, 40, 8, 1500, 64, torch.bfloat16, c, True], [64, list(cfg)]) for c in (False, True)]
+    calls += [("_check_forward", [2, 4, 4, 777, 64, torch.float16, c], [64, list(cfg)]) for c in (False, True)]
+    _run_pp(calls, timeout=2 * PP_TIMEOUT_S)
 
 
 @gluon_pp

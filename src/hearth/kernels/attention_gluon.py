@@ -45,6 +45,10 @@ stand in for FlashAttention-3's bar.sync / bar.arrive pair). Waits for a turn th
 takes are skipped, so unequal block counts cannot hang. A slot has one "released" mbarrier per consumer;
 the producer refills it when every consumer that reads its block has released it. setmaxnreg gives
 each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
+A config may ask for three consumer warpgroups instead (PP_CANDIDATES at head_dim 64, where the softmax is a
+larger share of each block's work, as FlashAttention-3 does at small head dims): the turns then go round a
+ring 0 -> 1 -> 2 -> 0 over the program's active tiles (_pp_ring), 512 threads a program, 160 registers a
+consumer. Built offline without spills; not yet run on a GPU, so no default uses it.
 Not done yet: a persistent tile scheduler.
 
 On the H200 (BENCHMARKS.md) the single-partition and warp-specialised variants are correct but slower
@@ -106,21 +110,25 @@ WARP_SPECIALIZE = os.environ.get("HEARTH_ATTN_GLUON_WS", "0") == "1"
 PRODUCER_WARPS = 1
 PRODUCER_REGS = 24
 # Ping-pong variant (env HEARTH_ATTN_GLUON_PP=1, read here only; it replaces the variants above when set):
-# (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES) per head dim; a program owns 2 * BLOCK_M
-# rows. A warpgroup holds S, the P of the previous block (its PV is still in flight) and O at once: 64-row
-# tiles fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key blocks).
+# (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) per head dim; a program owns
+# consumers * BLOCK_M rows. A warpgroup holds S, the P of the previous block (its PV is still in flight) and O
+# at once: 64-row tiles fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key
+# blocks). Three consumers (FlashAttention-3's choice at small head dims, where the softmax is a larger share
+# of the work) get 160 registers each (the register file of four warpgroups less the producer's).
 # All of PP_CANDIDATES compile for sm_90 without spills; the first of each is PP_CONFIGS'.
 PING_PONG = os.environ.get("HEARTH_ATTN_GLUON_PP", "0") == "1"
 PP_CONFIGS = {
-    64: (64, 128, 3),
-    128: (64, 128, 3),  # the probe's sweep on the H200 (2026-12-02): 519 TFLOP/s against 476 at 2 stages
+    64: (64, 128, 3, 2),
+    128: (64, 128, 3, 2),  # the probe's sweep on the H200 (2026-12-02): 519 TFLOP/s against 476 at 2 stages
 }
 PP_CANDIDATES = {
-    128: [(64, 128, 3), (64, 128, 2), (64, 64, 3)],
-    64: [(64, 128, 3), (64, 128, 2), (64, 128, 4), (128, 64, 3)],
+    128: [(64, 128, 3, 2), (64, 128, 2, 2), (64, 64, 3, 2)],
+    # 3 consumers: not yet run on a GPU (built offline only)
+    64: [(64, 128, 3, 2), (64, 128, 2, 2), (64, 128, 4, 2), (128, 64, 3, 2), (64, 64, 4, 3), (64, 64, 3, 3)],
 }
 PP_WARPS = 4  # the default partition: consumer warpgroup 0
-CONSUMER_REGS = 240
+CONSUMER_REGS_BY_COUNT = {2: 240, 3: 160}
+CONSUMER_REGS = CONSUMER_REGS_BY_COUNT[2]
 
 
 @gluon.constexpr_function
@@ -407,28 +415,58 @@ def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
 
 
 @gluon.jit
+def _pp_ring(start_m, N_CTX_Q, N_CTX_K, WG: ttgl.constexpr, NUM_CONSUMERS: ttgl.constexpr,
+             CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr):
+    """Consumer WG's place in the program's turn ring: (n_prev, nxt). The ring runs over the ACTIVE tiles (a
+    tile wholly past the queries' end visits no block; those are a suffix of the program's tiles), in order
+    0 -> 1 -> ... -> last active -> 0. n_prev: the number of turns of the warpgroup WG waits on (0: none, WG
+    is alone); nxt: the warpgroup whose turn barrier WG arrives on. Under the causal mask the active tiles'
+    block counts never decrease with the tile (a later tile reaches further along the keys), and without it
+    they are equal, so every warpgroup's turn t + 1 waits, through the ring, for every other's turn t that
+    exists: no barrier is arrived on twice before its owner waited once (its phase parity stays exact)."""
+    n1 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    if WG == 0:  # waits on the last active warpgroup's turn t - 1, hands over to warpgroup 1 when it is active
+        n_prev = n1
+        if NUM_CONSUMERS == 3:
+            n2 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+            n_prev = ttgl.where(n2 > 0, n2, n1)
+        nxt = ttgl.where(n1 > 0, 1, 0)
+    elif WG == 1:
+        n_prev = _pp_tile_blocks(NUM_CONSUMERS * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+        nxt = 0
+        if NUM_CONSUMERS == 3:
+            n2 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+            nxt = ttgl.where(n2 > 0, 2, 0)
+    else:
+        n_prev = n1
+        nxt = 0
+    return n_prev, nxt
+
+
+@gluon.jit
 def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
                  empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K,
-                 WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
+                 WG: ttgl.constexpr, NUM_CONSUMERS: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+                 BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
                  s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
-    """One consumer warpgroup: query tile 2 * start_m + WG of head (b, h), all of it (Q load, key blocks,
-    epilogue). q_desc / o_desc: host-built 4-D TMA descriptors over [B, Hq, T, D] with a [1, 1, BLOCK_M, D]
-    box, so a tile past T is zero-filled on load and clipped on store within its own head.
+    """One consumer warpgroup: query tile NUM_CONSUMERS * start_m + WG of head (b, h), all of it (Q load, key
+    blocks, epilogue). q_desc / o_desc: host-built 4-D TMA descriptors over [B, Hq, T, D] with a
+    [1, 1, BLOCK_M, D] box, so a tile past T is zero-filled on load and clipped on store within its own head.
 
-    Per key block j it takes one turn: wait for the other warpgroup's turn (turn_bars[WG]), issue
-    QK^T(j) and PV(j - 1) asynchronously, hand the turn over (arrive on turn_bars[1 - WG]), then run
-    block j's softmax while the tensor cores work on the other warpgroup's GEMMs. Turn t of WG1 waits
-    for WG0's turn t, turn t >= 1 of WG0 for WG1's turn t - 1; a wait whose partner turn does not exist
-    (the tiles visit different numbers of blocks under the causal mask) is skipped, so neither can
-    hang on the other. The last PV is issued outside the turns."""
+    Per key block j it takes one turn: wait for the previous warpgroup's turn (turn_bars[WG]), issue
+    QK^T(j) and PV(j - 1) asynchronously, hand the turn over (arrive on the next warpgroup's barrier), then
+    run block j's softmax while the tensor cores work on the other warpgroups' GEMMs. The turns go round the
+    ring of _pp_ring: turn t of warpgroup w >= 1 waits for warpgroup w - 1's turn t, turn t >= 1 of
+    warpgroup 0 for the last active warpgroup's turn t - 1 (with two consumers: FlashAttention-3's
+    ping-pong). A wait whose partner turn does not exist (the tiles visit different numbers of blocks under
+    the causal mask) is skipped, so none can hang on another. The last PV is issued outside the turns."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
-    tile = 2 * start_m + WG
+    tile = NUM_CONSUMERS * start_m + WG
     n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
-    n_other = _pp_tile_blocks(2 * start_m + 1 - WG, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n_other, nxt = _pp_ring(start_m, N_CTX_Q, N_CTX_K, WG, NUM_CONSUMERS, CAUSAL, BLOCK_M, BLOCK_N)
     my_turn = turn_bars.index(WG)
-    their_turn = turn_bars.index(1 - WG)
+    their_turn = turn_bars.index(nxt)
     if n_blocks > 0:
         q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
         mbarrier.expect(q_bar, Q_BYTES)
@@ -439,7 +477,7 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
         mbarrier.wait(q_bar, 0)
 
         # turn 0: QK^T(0) alone (no P yet)
-        if WG == 1:
+        if WG != 0:
             mbarrier.wait(my_turn, 0, pred=n_other > 0)
         mbarrier.wait(k_bars.index(0), 0)
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -517,19 +555,26 @@ def _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, pred
 @gluon.jit
 def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
                  start_m, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr,
+                 NUM_CONSUMERS: ttgl.constexpr):
     """The load warp of the ping-pong variant: key block j goes into slot j % NUM_STAGES once every
     consumer that read the slot's previous block (j - NUM_STAGES) released it; a warpgroup whose tile
     stops short of that block never arrives for it, so its barrier is not waited on. k_desc / v_desc:
     host-built 4-D descriptors over [B, Hk, T, D] with a [1, 1, BLOCK_N, D] box."""
-    n0 = _pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-    n1 = _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n0 = _pp_tile_blocks(NUM_CONSUMERS * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n1 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     n_blocks = ttgl.maximum(n0, n1)
+    if NUM_CONSUMERS == 3:
+        n2 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+        n_blocks = ttgl.maximum(n_blocks, n2)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(empty_bars.index(slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n0))
         mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n1))
+        if NUM_CONSUMERS == 3:
+            mbarrier.wait(empty_bars.index(2 * NUM_STAGES + slot), phase,
+                          pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n2))
         _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, True, BLOCK_N, HEAD_DIM, NUM_STAGES,
                       TILE_BYTES)
 
@@ -541,12 +586,13 @@ def _attn_fwd_gluon_pp_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
-    STORE_LSE: ttgl.constexpr = True,
+    STORE_LSE: ttgl.constexpr = True, NUM_CONSUMERS: ttgl.constexpr = 2,
 ):
-    """One program per 2 * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default partition,
-    num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next, and a
-    1-warp producer streams the K/V blocks both read through one shared ring. The four TMA descriptors are
-    built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch."""
+    """One program per NUM_CONSUMERS * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default
+    partition, num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next
+    (and with NUM_CONSUMERS = 3, warpgroup 2 the third, FlashAttention-3's shape for small head dims), and a
+    1-warp producer streams the K/V blocks all of them read through one shared ring. The four TMA descriptors
+    are built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     # Each consumer is one warpgroup: its 4 warps stack along M (a 128-row tile wraps round them twice).
@@ -562,17 +608,18 @@ def _attn_fwd_gluon_pp_kernel(
     else:  # Lse is None: the consumers take this unused value in its place and store nothing through it
         lse_base = bh
 
-    q_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_shared)
+    NC: ttgl.constexpr = NUM_CONSUMERS
+    q_smem = ttgl.allocate_shared_memory(dtype, [NC, BLOCK_M, HEAD_DIM], q_shared)
     k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
     v_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
-    q_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = ttgl.allocate_shared_memory(ttgl.int64, [NC, 1], mbarrier.MBarrierLayout())
     k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     # one "slot released" barrier per (consumer, slot), consumer-major: a slot is refilled once both consumers that
     # read its block arrived (the producer waits on both); turn_bars[w]: warpgroup w may issue its GEMMs.
-    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for w in ttgl.static_range(2):
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NC * NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    for w in ttgl.static_range(NC):
         mbarrier.init(q_bars.index(w), count=1)
         mbarrier.init(turn_bars.index(w), count=1)
         for i in ttgl.static_range(NUM_STAGES):
@@ -582,18 +629,40 @@ def _attn_fwd_gluon_pp_kernel(
         mbarrier.init(v_bars.index(i), count=1)
     fence_async_shared()
 
-    ttgl.warp_specialize(
-        [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
-                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
-                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
-         (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
-                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
-                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
-         (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
-                         start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
-        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    # (the partition lists are spelled out per consumer count: the Gluon frontend takes a (function, args) pair
+    # only inside the warp_specialize call)
+    if NC == 3:
+        ttgl.warp_specialize(
+            [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
+                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0, NC,
+                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                             p_layout)),
+             (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
+                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1, NC,
+                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                             p_layout)),
+             (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(2), q_bars.index(2), k_smem, v_smem, k_bars,
+                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 2, NC,
+                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                             p_layout)),
+             (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
+                             start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES, NC))],
+            [4, 4, PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        ttgl.warp_specialize(
+            [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
+                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0, NC,
+                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                             p_layout)),
+             (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
+                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1, NC,
+                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                             p_layout)),
+             (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
+                             start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES, NC))],
+            [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
-    for w in ttgl.static_range(2):
+    for w in ttgl.static_range(NC):
         mbarrier.invalidate(q_bars.index(w))
         mbarrier.invalidate(turn_bars.index(w))
         for i in ttgl.static_range(NUM_STAGES):
@@ -910,15 +979,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     if PING_PONG if ping_pong is None else ping_pong:
-        block_m, block_n, stages = PP_CONFIGS[D]
-        grid = (triton.cdiv(Tq, 2 * block_m), B * Hq)
+        block_m, block_n, stages, consumers = PP_CONFIGS[D]
+        grid = (triton.cdiv(Tq, consumers * block_m), B * Hq)
         descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
         with torch.cuda.device(q.device):
             _attn_fwd_gluon_pp_kernel[grid](
                 *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
-                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                STORE_LSE=store_lse, num_warps=PP_WARPS,
+                CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[consumers], PRODUCER_WARPS=PRODUCER_WARPS,
+                PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, NUM_CONSUMERS=consumers, num_warps=PP_WARPS,
             )
         return out, lse
     block_m, block_n, warps, stages = CONFIGS[D]
@@ -1017,12 +1086,13 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant == "pp":
-            bm, bn, stages = (pp_configs or PP_CONFIGS)[d]
+            bm, bn, stages, nc = (pp_configs or PP_CONFIGS)[d]
             warps, fn = PP_WARPS, _attn_fwd_gluon_pp_kernel
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages,
-                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                         STORE_LSE=store_lse)
-            name = f"fwd[pp] d{d} {'causal' if c else 'full'} 2x{bm}x{bn} w{warps}+4+{PRODUCER_WARPS} s{stages}"
+                         CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[nc], PRODUCER_WARPS=PRODUCER_WARPS,
+                         PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, NUM_CONSUMERS=nc)
+            workers = "+4" * (nc - 1)
+            name = f"fwd[pp] d{d} {'causal' if c else 'full'} {nc}x{bm}x{bn} w{warps}{workers}+{PRODUCER_WARPS} s{stages}"
             # the descriptor arguments typed as a launch types them (JIT's mangling of a TensorDescriptor)
             sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
                    for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("o_desc", bm))}
