@@ -798,3 +798,82 @@ def test_inspect_offline_build_of_attention_is_the_gluon_forward():
         attn.offline_kernels(100, torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
         attn.offline_kernels(90, torch.float32)
+
+
+# ---------------------------------------------------------------- the ping-pong turn protocol, modelled
+def _pp_turn_program(w, n, consumers):
+    """Consumer warpgroup w's turn-barrier operations in _pp_consumer, in order, for block counts n (one per
+    tile of the program): ('wait', barrier, parity, pred) and ('arrive', barrier, pred). Two consumers: the
+    ping-pong rule; three: the chain of _pp_ring3 / _pp_ring3_arrive (the same arithmetic, in Python)."""
+    if n[w] == 0:
+        return
+    if consumers == 2:
+        n_other = n[1 - w]
+        for j in range(n[w]):
+            if w == 1:
+                yield ("wait", 1, j & 1, j < n_other)
+            elif j >= 1:
+                yield ("wait", 0, (j - 1) & 1, j - 1 < n_other)
+            yield ("arrive", 1 - w, True)
+        return
+    n0, n1, n2 = n
+    last = int(n1 > 0) + int(n2 > 0)
+    n_last = n2 if n2 > 0 else (n1 if n1 > 0 else n0)
+    for j in range(n[w]):
+        if w != 0:
+            yield ("wait", w, j & 1, True)
+        elif j >= 1:
+            yield ("wait", 0, (j - 1) & 1, True)
+        m_next = int(last > 0 and n0 <= j + 1) + int(last > 1 and n1 <= j + 1)
+        yield ("arrive", w + 1 if w < last else m_next, w < last or j + 1 < n_last)
+
+
+def _pp_turns_run(n, consumers, rng):
+    """Run the warpgroups' turn operations under one random interleaving with mbarrier phase semantics
+    (count 1; a wait on parity p passes once the barrier's completed-phase count has the other parity).
+    Returns None, or what went wrong: a deadlock, or (three consumers, whose turns form one chain) a barrier
+    arrived on twice before its owner waited once, the ABA that would make a parity wait pass or block wrongly."""
+    phases, waits = [0] * consumers, [0] * consumers
+    progs = [_pp_turn_program(w, n, consumers) for w in range(consumers)]
+    cur = [next(p, None) for p in progs]
+    while any(c is not None for c in cur):
+        ready = [w for w, c in enumerate(cur) if c is not None
+                 and (c[0] == "arrive" or not c[3] or (phases[c[1]] & 1) != c[2])]
+        if not ready:
+            return f"deadlock at {cur}, phases {phases}"
+        w = rng.choice(ready)
+        op = cur[w]
+        if op[0] == "arrive" and op[2]:
+            phases[op[1]] += 1
+            if consumers == 3 and phases[op[1]] - waits[op[1]] > 1:
+                return f"barrier {op[1]} arrived on twice before a wait ({phases}, {waits})"
+        elif op[0] == "wait" and op[3]:
+            waits[op[1]] += 1
+        cur[w] = next(progs[w], None)
+    return None
+
+
+def test_pp_turn_rings_never_hang():
+    """The turn protocol of the ping-pong forward, for two consumer warpgroups (the rule the H200 runs) and
+    three (_pp_ring3's single chain), over every program of ragged and long lengths, causal and not, under
+    random interleavings: no deadlock, and with three consumers no turn barrier two phases ahead of its wait.
+    (A first three-way ring, each warpgroup waiting only on its predecessor's turn, hung here: with
+    n = [1, 2, 3] warpgroup 1 ran two turns ahead of warpgroup 2's wait.)"""
+    import random
+
+    def blocks(tile, T, causal, bm, bn):
+        lo = tile * bm
+        if lo >= T:
+            return 0
+        return -(-(min(lo + bm, T) if causal else T) // bn)
+
+    rng = random.Random(0)
+    for consumers in (2, 3):
+        for causal in (True, False):
+            for T in [1, 63, 64, 65, 100, 128, 134, 192, 200, 300, 333, 500, 777, 1000, 4160]:
+                for bm, bn in ((64, 64), (64, 128), (128, 64)):
+                    for start_m in range(-(-T // (consumers * bm))):
+                        n = [blocks(consumers * start_m + w, T, causal, bm, bn) for w in range(consumers)]
+                        for _ in range(5):
+                            err = _pp_turns_run(n, consumers, rng)
+                            assert err is None, (consumers, causal, T, bm, bn, n, err)

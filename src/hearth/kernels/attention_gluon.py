@@ -47,7 +47,7 @@ the producer refills it when every consumer that reads its block has released it
 each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
 A config may ask for three consumer warpgroups instead (PP_CANDIDATES at head_dim 64, where the softmax is a
 larger share of each block's work, as FlashAttention-3 does at small head dims): the turns then go round a
-ring 0 -> 1 -> 2 -> 0 over the program's active tiles (_pp_ring), 512 threads a program, 160 registers a
+single chain over the program's active tiles (_pp_ring3), 512 threads a program, 160 registers a
 consumer. Built offline without spills; not yet run on a GPU, so no default uses it.
 Not done yet: a persistent tile scheduler.
 
@@ -415,32 +415,33 @@ def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
 
 
 @gluon.jit
-def _pp_ring(start_m, N_CTX_Q, N_CTX_K, WG: ttgl.constexpr, NUM_CONSUMERS: ttgl.constexpr,
-             CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr):
-    """Consumer WG's place in the program's turn ring: (n_prev, nxt). The ring runs over the ACTIVE tiles (a
-    tile wholly past the queries' end visits no block; those are a suffix of the program's tiles), in order
-    0 -> 1 -> ... -> last active -> 0. n_prev: the number of turns of the warpgroup WG waits on (0: none, WG
-    is alone); nxt: the warpgroup whose turn barrier WG arrives on. Under the causal mask the active tiles'
-    block counts never decrease with the tile (a later tile reaches further along the keys), and without it
-    they are equal, so every warpgroup's turn t + 1 waits, through the ring, for every other's turn t that
-    exists: no barrier is arrived on twice before its owner waited once (its phase parity stays exact)."""
-    n1 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-    if WG == 0:  # waits on the last active warpgroup's turn t - 1, hands over to warpgroup 1 when it is active
-        n_prev = n1
-        if NUM_CONSUMERS == 3:
-            n2 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-            n_prev = ttgl.where(n2 > 0, n2, n1)
-        nxt = ttgl.where(n1 > 0, 1, 0)
-    elif WG == 1:
-        n_prev = _pp_tile_blocks(NUM_CONSUMERS * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-        nxt = 0
-        if NUM_CONSUMERS == 3:
-            n2 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-            nxt = ttgl.where(n2 > 0, 2, 0)
-    else:
-        n_prev = n1
-        nxt = 0
-    return n_prev, nxt
+def _pp_ring3(start_m, N_CTX_Q, N_CTX_K, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr):
+    """The turn ring of three consumer warpgroups: (n0, n1, last, n_last) = the block counts of the program's
+    first two tiles, the last active warpgroup (a tile wholly past the queries' end visits no block; such
+    tiles are a suffix) and its block count. Over the active tiles the block counts never decrease (causal: a
+    later tile reaches further along the keys; otherwise they are equal), so the warpgroups that take turn t
+    are a suffix m_t .. last of the active ones, and the turns run as ONE chain: (turn 0: 0, 1, .., last),
+    (turn 1: m_1, .., last), ... Each turn waits for the one before it in the chain and hands over to the one
+    after (_pp_ring3_arrive): every wait is matched by exactly one arrival, never two ahead, so the phase
+    parities stay exact and no warpgroup can wait on a turn that never comes. (Two warpgroups keep the
+    simpler ping-pong rule of _pp_consumer, which the H200 has run; the three-way chain is modelled in
+    tests/kernels/test_attention_gluon.py::test_pp_turn_rings_never_hang.)"""
+    n0 = _pp_tile_blocks(3 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n1 = _pp_tile_blocks(3 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n2 = _pp_tile_blocks(3 * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    last = (n1 > 0).to(ttgl.int32) + (n2 > 0).to(ttgl.int32)
+    n_last = ttgl.where(n2 > 0, n2, ttgl.where(n1 > 0, n1, n0))
+    return n0, n1, last, n_last
+
+
+@gluon.jit
+def _pp_ring3_arrive(turn_bars, j, n0, n1, last, n_last, WG: ttgl.constexpr):
+    """Hand turn j of warpgroup WG over in the three-way chain: to WG + 1 when WG is not the last active
+    warpgroup, else to the first warpgroup that takes turn j + 1 (m_{j+1}: the active ones before `last` whose
+    tiles end before block j + 1 drop out), if any does."""
+    m_next = ((last > 0) & (n0 <= j + 1)).to(ttgl.int32) + ((last > 1) & (n1 <= j + 1)).to(ttgl.int32)
+    target = ttgl.where(WG < last, WG + 1, m_next)
+    mbarrier.arrive(turn_bars.index(target), count=1, pred=(WG < last) | (j + 1 < n_last))
 
 
 @gluon.jit
@@ -453,20 +454,23 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
     blocks, epilogue). q_desc / o_desc: host-built 4-D TMA descriptors over [B, Hq, T, D] with a
     [1, 1, BLOCK_M, D] box, so a tile past T is zero-filled on load and clipped on store within its own head.
 
-    Per key block j it takes one turn: wait for the previous warpgroup's turn (turn_bars[WG]), issue
-    QK^T(j) and PV(j - 1) asynchronously, hand the turn over (arrive on the next warpgroup's barrier), then
-    run block j's softmax while the tensor cores work on the other warpgroups' GEMMs. The turns go round the
-    ring of _pp_ring: turn t of warpgroup w >= 1 waits for warpgroup w - 1's turn t, turn t >= 1 of
-    warpgroup 0 for the last active warpgroup's turn t - 1 (with two consumers: FlashAttention-3's
-    ping-pong). A wait whose partner turn does not exist (the tiles visit different numbers of blocks under
-    the causal mask) is skipped, so none can hang on another. The last PV is issued outside the turns."""
+    Per key block j it takes one turn: wait for its turn (turn_bars[WG]), issue QK^T(j) and PV(j - 1)
+    asynchronously, hand the turn over (arrive on the next warpgroup's turn barrier), then run block j's
+    softmax while the tensor cores work on the other warpgroups' GEMMs. Two consumers (FlashAttention-3's
+    ping-pong): turn t of WG1 waits for WG0's turn t, turn t >= 1 of WG0 for WG1's turn t - 1; a wait whose
+    partner turn does not exist (the tiles visit different numbers of blocks under the causal mask) is
+    skipped, so neither can hang on the other. Three consumers: the single chain of _pp_ring3. The last PV
+    is issued outside the turns."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     tile = NUM_CONSUMERS * start_m + WG
     n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
-    n_other, nxt = _pp_ring(start_m, N_CTX_Q, N_CTX_K, WG, NUM_CONSUMERS, CAUSAL, BLOCK_M, BLOCK_N)
     my_turn = turn_bars.index(WG)
-    their_turn = turn_bars.index(nxt)
+    if NUM_CONSUMERS == 3:
+        n0, n1, last, n_last = _pp_ring3(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
+    else:
+        n_other = _pp_tile_blocks(2 * start_m + 1 - WG, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+        their_turn = turn_bars.index(1 - WG)
     if n_blocks > 0:
         q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
         mbarrier.expect(q_bar, Q_BYTES)
@@ -477,11 +481,17 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
         mbarrier.wait(q_bar, 0)
 
         # turn 0: QK^T(0) alone (no P yet)
-        if WG != 0:
+        if NUM_CONSUMERS == 3:
+            if WG != 0:
+                mbarrier.wait(my_turn, 0)
+        elif WG == 1:
             mbarrier.wait(my_turn, 0, pred=n_other > 0)
         mbarrier.wait(k_bars.index(0), 0)
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        mbarrier.arrive(their_turn, count=1)
+        if NUM_CONSUMERS == 3:
+            _pp_ring3_arrive(turn_bars, 0, n0, n1, last, n_last, WG)
+        else:
+            mbarrier.arrive(their_turn, count=1)
         s = warpgroup_mma_wait(0, deps=[s_tok])
         s = _pp_scores(s, 0, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
         # Block 0 holds key 0, which no row masks: m_i is finite from here on.
@@ -493,7 +503,12 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
         for j in range(1, n_blocks):
             slot = j % NUM_STAGES
             prev = (j - 1) % NUM_STAGES
-            if WG == 0:
+            if NUM_CONSUMERS == 3:  # every turn of the chain waits for the one before it
+                if WG == 0:
+                    mbarrier.wait(my_turn, (j - 1) & 1)
+                else:
+                    mbarrier.wait(my_turn, j & 1)
+            elif WG == 0:
                 mbarrier.wait(my_turn, (j - 1) & 1, pred=j - 1 < n_other)
             else:
                 mbarrier.wait(my_turn, j & 1, pred=j < n_other)
@@ -502,7 +517,10 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
                                   is_async=True)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
             o_tok = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
-            mbarrier.arrive(their_turn, count=1)
+            if NUM_CONSUMERS == 3:
+                _pp_ring3_arrive(turn_bars, j, n0, n1, last, n_last, WG)
+            else:
+                mbarrier.arrive(their_turn, count=1)
             # wgmma groups retire in issue order: one outstanding = QK^T(j) done, PV(j - 1) maybe not.
             s = warpgroup_mma_wait(1, deps=[s_tok])
             s = _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
