@@ -159,6 +159,27 @@ def test_output_and_gradients_follow_the_inputs_memory_order():
     torch.library.opcheck(torch.ops.hearth.attention_bwd, (torch.ones_like(o), qs, ks, vs, o, lse, True, 0.25))
 
 
+def test_expanded_or_overlapping_inputs_get_dense_outputs():
+    """empty_heads_like takes the [B, T, H, D] order only for inputs whose heads do not overlap: an expanded
+    multi-query k (stride 0 across heads) must not give dK / dV a [B, T, H, D] buffer whose [T, D] plane spans
+    H times the checked input's (the kernels' in-plane offsets are int32); its gradients come back dense
+    [B, H, T, D] and match the dense call's."""
+    from hearth.kernels._common import empty_heads_like
+
+    big = torch.empty(1, 1, 300000, 128).expand(1, 64, 300000, 128)  # strides (.., 0, 128, 1): no memory touched
+    assert big.stride(1) == 0 and empty_heads_like(big, big.shape).is_contiguous()
+    qkv = torch.empty(2, 7, 3 * 4 * 16).view(2, 7, 3, 4, 16)[:, :, 0].transpose(1, 2)  # q sliced from a fused qkv
+    assert empty_heads_like(qkv, qkv.shape).transpose(1, 2).is_contiguous()
+    q, k1, v1, do = _make(1, 4, 1, 19, 16, torch.float32, seed=13)
+    k, v = k1.expand(1, 4, 19, 16), v1.expand(1, 4, 19, 16)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k1, v1)]
+    out = attention(leaves[0], leaves[1].expand(1, 4, 19, 16), leaves[2].expand(1, 4, 19, 16), causal=True)
+    out.backward(do)
+    want = _run(lambda a, b, c: attention(a, b, c, causal=True), q, k.contiguous(), v.contiguous(), do)
+    torch.testing.assert_close(out.detach(), want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(leaves[1].grad, want[2].sum(1, keepdim=True), atol=1e-4, rtol=1e-4)
+
+
 def test_saved_logsumexp_is_the_logsumexp():
     q, k, v, _ = _make(1, 2, 1, 33, 16, torch.float32, seed=6)
     scale = 0.25

@@ -111,10 +111,17 @@ def empty_heads_like(ref: torch.Tensor, shape, dtype: torch.dtype | None = None)
     SDPA allocates its output and gradients: when ref is a transposed view of a dense [B, T, H, D] tensor
     (its heads step faster than its positions), a transposed view of a new dense [B, T, H, D] buffer, so
     that the caller's `.transpose(1, 2)` back to [B, T, H, D] is contiguous and a following reshape to
-    [B, T, H * D] copies nothing; otherwise a dense [B, H, T, D] tensor."""
+    [B, T, H * D] copies nothing; otherwise a dense [B, H, T, D] tensor.
+
+    Only a ref whose heads do not overlap (stride(1) >= D' and stride(2) >= H' * stride(1), e.g. not an
+    expanded view with stride(1) == 0) takes the [B, T, H, D] order: then the new tensor's [T, D] plane spans no
+    more than ref's, which the caller checked against the kernels' int32 in-plane offsets. An expanded
+    multi-query k of 300000 positions would otherwise give dK a plane of 2.46e9 elements."""
     B, H, T, D = shape
     dtype = ref.dtype if dtype is None else dtype
-    if ref.shape[1] > 1 and ref.shape[2] > 1 and ref.stride(1) < ref.stride(2):
+    h, t, d = ref.shape[1], ref.shape[2], ref.shape[3]
+    s_h, s_t = ref.stride(1), ref.stride(2)
+    if h > 1 and t > 1 and s_h < s_t and s_h >= d and s_t >= h * s_h:
         return torch.empty((B, T, H, D), dtype=dtype, device=ref.device).transpose(1, 2)
     return torch.empty((B, H, T, D), dtype=dtype, device=ref.device)
 

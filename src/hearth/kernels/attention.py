@@ -482,7 +482,7 @@ def _dkdv_head(
 def _attn_bwd_dkdv_kernel(
     # pointers
     Q, K, V, DO, Lse, Delta, DK, DV, DQacc,
-    # strides (elements); DK and DV share the contiguous layout of their allocation
+    # strides (elements); DK and DV share one layout (both allocated in k's order: empty_heads_like)
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,

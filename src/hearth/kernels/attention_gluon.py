@@ -47,8 +47,8 @@ the producer refills it when every consumer that reads its block has released it
 each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
 A config may ask for three consumer warpgroups instead (PP_CANDIDATES at head_dim 64, where the softmax is a
 larger share of each block's work, as FlashAttention-3 does at small head dims): the turns then go round a
-single chain over the program's active tiles (_pp_ring3), 512 threads a program, 160 registers a
-consumer. Built offline without spills; not yet run on a GPU, so no default uses it.
+single chain over the program's active tiles (_pp_ring3), 512 threads a program, 160 registers for each
+worker consumer and the leftover 168 for consumer 0 (the default partition). Built offline without spills; not yet run on a GPU, so no default uses it.
 Not done yet: a persistent tile scheduler.
 
 On the H200 (BENCHMARKS.md) the single-partition and warp-specialised variants are correct but slower
@@ -536,11 +536,11 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
             acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
             p16 = ttgl.convert_layout(p.to(dtype), p_layout)
 
-        last = (n_blocks - 1) % NUM_STAGES
-        mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
-        acc = warpgroup_mma(p16, v_smem.index(last), acc)
+        last_slot = (n_blocks - 1) % NUM_STAGES
+        mbarrier.wait(v_bars.index(last_slot), ((n_blocks - 1) // NUM_STAGES) & 1)
+        acc = warpgroup_mma(p16, v_smem.index(last_slot), acc)
         ttgl.thread_barrier()
-        mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + last), count=1)
+        mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + last_slot), count=1)
 
         if STORE_LSE:  # lse in natural-log units, as attention.py's forward writes it
             lse = (m_i + ttgl.log2(l_i)) * LN2
