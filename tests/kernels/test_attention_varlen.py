@@ -273,6 +273,31 @@ def test_rejects_bad_offsets_before_any_kernel_reads_through_them():
     _raises(ValueError, r"^cu_seqlens_q gives n_seqs x heads", q, k, v, many, many, 7, 7)
 
 
+def test_offsets_are_copied_to_the_host_once_per_pair(monkeypatch):
+    """The layers of a packed forward share one pair of cu_seqlens tensors: the device->host copy (a stream sync on
+    the GPU) is made for the first call only. Changing the offsets in place (version counter), passing new tensors
+    or other lengths checks them again, and an offset made bad in place is still refused."""
+    mod = importlib.import_module("hearth.kernels.attention_varlen")
+    checks = []
+    real = mod._check_offsets_on_host
+    monkeypatch.setattr(mod, "_check_offsets_on_host", lambda *a: checks.append(a[2:]) or real(*a))
+    monkeypatch.setattr(mod, "_VALIDATED", type(mod._VALIDATED)())
+    q, k, v, cu = _ok()
+    cu_k = cu.clone()
+    first = attention_varlen(q, k, v, cu, cu_k, 4, 4)
+    for _ in range(3):  # the other layers of the same forward
+        assert torch.equal(attention_varlen(q, k, v, cu, cu_k, 4, 4), first)
+    assert len(checks) == 1
+    attention_varlen(q, k, v, cu, cu_k, 5, 4)  # other lengths: checked again
+    attention_varlen(q, k, v, cu.clone(), cu_k, 4, 4)  # new tensors: checked again
+    assert len(checks) == 3
+    cu_k[1] = 5  # in place: 0, 5, 7 -- still valid, and checked again
+    attention_varlen(q, k, v, cu, cu_k, 4, 5)
+    assert len(checks) == 4
+    cu_k[1] = 9  # in place, now past the end
+    _raises(ValueError, r"^cu_seqlens_k must be non-decreasing", q, k, v, cu, cu_k, 4, 9)
+
+
 # ---------------------------------------------------------------- sm_90 compile (no GPU needed)
 _COMPILE = r"""
 import importlib, json
