@@ -309,7 +309,12 @@ class LiveBytes(TorchDispatchMode):
         self._inside: list[str] = []
 
     def _free(self, key):
-        self.now -= self.live.pop(key)[0]
+        if key in self.live:  # (a storage released early by resize_(0) was counted off then: see released)
+            self.now -= self.live.pop(key)[0]
+
+    def released(self, t):
+        """t's storage was shrunk to 0 bytes (swiglu._release_storage): its memory is free from here on."""
+        self._free(t.untyped_storage()._cdata)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -385,16 +390,29 @@ def peak_live_bytes(kind, n, hidden, inter, dtype):
         "eager": lambda: F.linear(F.silu(F.linear(x, w[0])) * F.linear(x, w[1]), w[2]),
         "ideal": lambda: _IdealMLP.apply(x, *w),
     }[kind]
+    real_release = swiglu_module._release_storage
+
+    def release(t):
+        mode.released(t)
+        real_release(t)
+
     with LiveBytes() as mode:
-        fn().backward(dout)
+        swiglu_module._release_storage = release
+        try:
+            fn().backward(dout)
+        finally:
+            swiglu_module._release_storage = real_release
     assert all(t.grad is not None for t in (x, *w))
     return mode.peak, mode.at_peak
 
 
-def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch):
-    # The bench case (N=8192 H=4096 I=14336) scaled by 1/128 per dim, the chunks like [N, I]
-    # (1/16384): 8 row chunks in the forward, 7 column chunks in the backward, as on the H200.
-    n, hidden, inter = 64, 32, 112
+@pytest.mark.parametrize("n,hidden,inter,saved", [(64, 32, 112, 0.5), (32, 40, 136, 1.0)],
+                         ids=["bench-8192x4096x14336", "qwen3-14b-4096x5120x17408"])
+def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch, n, hidden, inter, saved):
+    # A bench case scaled by 1/128 per dim, the chunks like [N, I] (1/16384): the headline case (N=8192 H=4096
+    # I=14336: 8 row chunks in the forward, 7 column chunks in the backward, as on the H200) and the model-shape
+    # suite's Qwen3-14B case with 4096 tokens (N=4096 H=5120 I=17408), where the weights' gradients are larger
+    # than [N, I]. saved: how many [N, I] below the ideal the backward's peak must be.
     monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", swiglu_module.MLP_CHUNK_ELEMS // 128**2)
     # The Triton interpreter leaves each launch's arguments in a reference cycle (a compiled GPU
     # launch holds nothing): collect right after every launch so freed chunk buffers really go.
@@ -418,6 +436,10 @@ def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch):
     alive = "\n".join(f"  {b / ni:5.2f} x [N,I]  {d}" for b, d in peaks["hearth"][1] if b >= ni // 8)
     msg = (f"peak in [N, I] units: hearth {hearth / ni:.2f}, ideal {ideal / ni:.2f}, eager {eager / ni:.2f}; "
            f"alive at hearth's peak:\n{alive}")
-    # Ideal = gradients (3 weights + dx) + out + the saved g and u; the margin is half a chunk.
-    assert hearth <= ideal + ni // 16, msg
+    # Ideal = gradients (3 weights + dx) + out + the saved g and u. The eager backward frees du before dW_gate
+    # is allocated, so its last phase holds one [N, I] less than that (as Liger's unfused MLP does: autograd
+    # frees the up projection's gradient before the gate's weight gradient). Where the weights' gradients are
+    # smaller than [N, I] (the headline case) the column loop, with g, u, dW_down and dW_up alive, is the peak
+    # instead, half an [N, I] below the ideal. The margin is half a chunk.
+    assert hearth <= ideal - saved * ni + ni // 16, msg
     assert hearth < eager, msg

@@ -353,10 +353,10 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
     return x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, inter)), u
 
 
-def _mlp_backward_impl(
+def _mlp_backward_body(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: Optional[torch.Tensor],
-    need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True,
+    need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True, *, release_u: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down (weight grads are empty [0]
     tensors when need_weight_grads is False, bias grads when either flag is False: an MLP without
@@ -393,6 +393,8 @@ def _mlp_backward_impl(
     else:
         dx = torch.mm(dg, w_gate)
         dx.addmm_(u, w_up)
+        if release_u:  # du's last use: give its [rows, I] back before dW_gate's [I, H] is allocated
+            _release_storage(u)
     # Distinct placeholders: custom op outputs may not alias each other.
     dw_gate = dg.t() @ x if need_w else x.new_empty(0)
     if need_b:
@@ -402,11 +404,30 @@ def _mlp_backward_impl(
     return dx.view(x_shape), dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
+def _mlp_backward_impl(
+    dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: Optional[torch.Tensor],
+    need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The custom op's body (torch.compile's route): _mlp_backward_body, keeping every input's memory."""
+    return _mlp_backward_body(dout, x, g, u, w_gate, w_up, w_down, b_up, need_weight_grads, recompute_up,
+                              need_bias_grads)
+
+
+def _release_storage(t: torch.Tensor) -> None:
+    """Free t's memory now: its storage shrinks to 0 bytes while autograd's saved-tensor slot still names it
+    (the eager backward's du, dead after its last product; a second backward through the graph is refused
+    by the version check before anything could read it)."""
+    t.untyped_storage().resize_(0)
+
+
 def _mlp_backward_eager(dout, x, g, u, *args):
     """The eager route: the launcher called directly. g and u are overwritten by Triton (which autograd
     does not see), so their version counters are bumped here, as the custom op's mutates_args does:
-    a second backward through the same graph then fails autograd's saved-tensor check."""
-    grads = _mlp_backward_impl(dout, x, g, u, *args)
+    a second backward through the same graph then fails autograd's saved-tensor check. u (du by then) is
+    freed after its last use, before dW_gate is allocated: the backward's peak then holds one [rows, I]
+    tensor less (the full backward's peak was out + g + u + the three weight gradients + dx)."""
+    grads = _mlp_backward_body(dout, x, g, u, *args, release_u=True)
     torch.autograd.graph.increment_version([g, u])
     return grads
 
