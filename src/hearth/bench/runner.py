@@ -73,12 +73,10 @@ def kernel_used(op: str, size: dict, dtype_name: str, device) -> str | None:
 
     import torch
 
-    from hearth.kernels._common import interpret_mode
-
     attn = importlib.import_module("hearth.kernels.attention")  # the package exports the function of that name
 
-    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" and not interpret_mode() else None
-    return attn.forward_kernel(cap, getattr(torch, dtype_name), int(size["D"]), bool(size["causal"]))
+    return attn.forward_kernel(attn.device_capability(device), getattr(torch, dtype_name), int(size["D"]),
+                               bool(size["causal"]))
 
 
 def _outputs_needing_grad(out):

@@ -909,6 +909,22 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     return "gluon"
 
 
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The (major, minor) compute capability forward_kernel / backward_kernel take: a CUDA device's, None off
+    CUDA and under the interpreter (where no Gluon kernel runs)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" and not interpret_mode() else None
+
+
+def _gluon_serving(choice: str, *tensors: torch.Tensor):
+    """attention_gluon when `choice` (forward_kernel's or backward_kernel's) names one of its kernels and TMA can
+    address every tensor; None otherwise (odd strides or alignment: the Triton kernel runs)."""
+    if choice == "triton":
+        return None
+    from hearth.kernels import attention_gluon  # imports Gluon: only when one of its kernels was chosen
+
+    return attention_gluon if attention_gluon.tma_addressable(*tensors) else None
+
+
 _BWD_ENV = {"dkdv": "HEARTH_ATTN_GLUON_BWD", "dq": "HEARTH_ATTN_GLUON_BWD_DQ"}
 
 
@@ -988,13 +1004,10 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
     (empty_heads_like), lse [B, Hq, Tq] fp32.
     store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     B, Hq, Tq, D = q.shape
-    cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
-    kernel = forward_kernel(cap, q.dtype, D, causal)
-    if kernel != "triton":
-        from hearth.kernels import attention_gluon
-
-        if attention_gluon.tma_addressable(q, k, v):  # else (odd strides/alignment): the Triton kernel
-            return attention_gluon.forward(q, k, v, causal, scale, store_lse, kernel == "gluon_pp")
+    kernel = forward_kernel(device_capability(q.device), q.dtype, D, causal)
+    gluon = _gluon_serving(kernel, q, k, v)
+    if gluon is not None:
+        return gluon.forward(q, k, v, causal, scale, store_lse, kernel == "gluon_pp")
     Hk, Tk = k.shape[1], k.shape[2]
     out = empty_heads_like(q, (B, Hq, Tq, D))
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
@@ -1039,26 +1052,21 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
             scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
         )
         meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma_dkdv, DOT_PREC=prec, INTERP=interpret_mode())
-        cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" and not interpret_mode() else None
-        gluon_dkdv = not fused and backward_kernel(cap, q.dtype, D, causal) == "gluon"
-        if gluon_dkdv:
-            from hearth.kernels import attention_gluon
-
-            gluon_dkdv = attention_gluon.tma_addressable(q, k, v, do)  # else (odd strides): the Triton kernel
-        if gluon_dkdv:
-            attention_gluon.backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
+        cap = device_capability(q.device)
+        # the fused dQ path is the Triton kernel's own
+        gluon = None if fused else _gluon_serving(backward_kernel(cap, q.dtype, D, causal), q, k, v, do)
+        if gluon is not None:
+            gluon.backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale)
         else:
             _launch(_attn_bwd_dkdv_kernel, _dkdv_tuned, "dkdv", _DKDV_CANDIDATES, Tk, B * Hk, dkdv_args,
                     dict(meta, FUSED_DQ=fused))
         dq = empty_heads_like(q, (B, Hq, Tq, D))
         if fused:
             return dq.copy_(dq_acc), dk, dv
-        if backward_kernel(cap, q.dtype, D, causal, part="dq") == "gluon":
-            from hearth.kernels import attention_gluon
-
-            if attention_gluon.tma_addressable(q, k, v, do):  # else (odd strides): the Triton kernel
-                attention_gluon.backward_dq(q, k, v, do, lse, delta, dq, causal, scale)
-                return dq, dk, dv
+        gluon = _gluon_serving(backward_kernel(cap, q.dtype, D, causal, part="dq"), q, k, v, do)
+        if gluon is not None:
+            gluon.backward_dq(q, k, v, do, lse, delta, dq, causal, scale)
+            return dq, dk, dv
         dq_args = (
             q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
             scale, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,

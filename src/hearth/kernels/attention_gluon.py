@@ -1075,12 +1075,17 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
+
+    def desc_sig(d, q_rows, kv_rows, fourth):
+        """The four host-descriptor arguments (q, k, v, and o or do) typed as a launch types them (JIT's
+        mangling of a TensorDescriptor): q and the fourth over q_rows-row boxes, k and v over kv_rows."""
+        return {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
+                for n, rows in (("q_desc", q_rows), ("k_desc", kv_rows), ("v_desc", kv_rows), (fourth, q_rows))}
     for variant, d, c in itertools.product(variants, head_dims, causal):
         if variant == "bwd":  # dK / dV (store_lse does not apply)
             bn, bm, stages, warps = (bwd_configs or BWD_CONFIGS)[d]
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps)
-            sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
-                   for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("do_desc", bm))}
+            sig = desc_sig(d, bm, bn, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
                        N_CTX_Q="i32", N_CTX_K="i32")
@@ -1093,8 +1098,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
         if variant == "bwd_dq":
             bm, bn, stages, warps = (bwd_dq_configs or BWD_DQ_CONFIGS)[d]
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages, NUM_WARPS=warps)
-            sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
-                   for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("do_desc", bm))}
+            sig = desc_sig(d, bm, bn, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DQ=ptr, stride_dqb="i32", stride_dqh="i32", stride_dqt="i32",
                        sm_scale="fp32", qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             sig.update({n: "constexpr" for n in const})
@@ -1111,9 +1115,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, NUM_CONSUMERS=nc)
             workers = "+4" * (nc - 1)
             name = f"fwd[pp] d{d} {'causal' if c else 'full'} {nc}x{bm}x{bn} w{warps}{workers}+{PRODUCER_WARPS} s{stages}"
-            # the descriptor arguments typed as a launch types them (JIT's mangling of a TensorDescriptor)
-            sig = {n: mangle_type(_host_desc(torch.empty((1, 1, rows, d), dtype=dtype), rows))
-                   for n, rows in (("q_desc", bm), ("k_desc", bn), ("v_desc", bn), ("o_desc", bm))}
+            sig = desc_sig(d, bm, bn, "o_desc")
             sig["Lse"] = "*fp32" if store_lse else "constexpr"
             if not store_lse:
                 const["Lse"] = None
