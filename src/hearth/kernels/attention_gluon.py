@@ -81,7 +81,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from hearth.kernels._common import empty_heads_like
+from hearth.kernels._common import empty_heads_like, num_sms
 
 LOG2E = 1.4426950408889634
 LN2 = ttgl.constexpr(0.6931471805599453)
@@ -127,6 +127,11 @@ PP_CANDIDATES = {
     64: [(64, 128, 3, 2), (64, 128, 2, 2), (64, 128, 4, 2), (128, 64, 3, 2), (64, 64, 4, 3), (64, 64, 3, 3)],
 }
 PP_WARPS = 4  # the default partition: consumer warpgroup 0
+# The persistent form of the two-consumer ping-pong forward (env HEARTH_ATTN_GLUON_PERSIST=1, read here only; not
+# yet run on a GPU): one program per SM walks the (query block, batch * head) tiles, heaviest first under the
+# causal mask, so a tile's epilogue and the next tile's first loads overlap instead of paying a program launch,
+# barrier set-up and cold loads per tile (the ping-pong forward is furthest behind cuDNN at short sequences).
+PERSISTENT = os.environ.get("HEARTH_ATTN_GLUON_PERSIST", "0") == "1"
 CONSUMER_REGS_BY_COUNT = {2: 240, 3: 160}
 CONSUMER_REGS = CONSUMER_REGS_BY_COUNT[2]
 
@@ -598,6 +603,236 @@ def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bar
 
 
 @gluon.jit
+def _pps_tile(tile_id, BH, N_M, H_Q, GROUP, CAUSAL: ttgl.constexpr):
+    """(start_m, bh, b, h, hk) of persistent tile tile_id: tiles run batch * head fastest, query blocks from the
+    last (the most keys under the causal mask: longest first) to the first."""
+    bh = tile_id % BH
+    start_m = tile_id // BH
+    if CAUSAL:
+        start_m = N_M - 1 - start_m
+    b = bh // H_Q
+    h = bh % H_Q
+    return start_m, bh, b, h, h // GROUP
+
+
+@gluon.jit
+def _pps_wait_turn(my_turn, r, WG: ttgl.constexpr):
+    """Wait for turn r (both warpgroups take one turn per ring position, so the position is the turn count):
+    WG1's turn r waits for WG0's turn r, WG0's turn r >= 1 for WG1's turn r - 1."""
+    if WG == 1:
+        mbarrier.wait(my_turn, r & 1)
+    else:
+        mbarrier.wait(my_turn, (r - 1) & 1, pred=r > 0)
+
+
+@gluon.jit
+def _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, j0, n_max, WG: ttgl.constexpr,
+                     NUM_STAGES: ttgl.constexpr):
+    """Turns j0 .. n_max - 1 of a tile whose blocks this warpgroup does not visit: wait for the turn, pass it on,
+    wait for the block to land and release it unread (waiting for it bounds the releases to one phase ahead of
+    the producer's wait)."""
+    for j in range(j0, n_max):
+        r = r0 + j
+        _pps_wait_turn(my_turn, r, WG)
+        mbarrier.arrive(their_turn, count=1)
+        mbarrier.wait(k_bars.index(r % NUM_STAGES), (r // NUM_STAGES) & 1)
+        mbarrier.wait(v_bars.index(r % NUM_STAGES), (r // NUM_STAGES) & 1)
+        mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + r % NUM_STAGES), count=1)
+
+
+@gluon.jit
+def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars, empty_bars, turn_bars,
+                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL,
+                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
+                  s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+    """Consumer warpgroup WG of the persistent ping-pong forward: for each of this program's tiles, query tile
+    2 * start_m + WG of head (b, h), as _pp_consumer does for one tile, with three differences that keep every
+    mbarrier's phase exact across tiles:
+      - ring position r = (blocks of this program's earlier tiles) + j: slot r % NUM_STAGES, phase
+        (r // NUM_STAGES) & 1, for the producer and both consumers alike (each tile streams n_max blocks, the
+        larger of its two query tiles' counts);
+      - both warpgroups take n_max turns a tile, one per ring position r, strictly alternating (WG1's turn r
+        waits for WG0's turn r, WG0's turn r >= 1 for WG1's turn r - 1; no wait is ever skipped, so neither runs
+        two turns ahead). The
+        warpgroup whose tile stops short (or lies wholly past the end) takes the rest as empty turns: it passes
+        the turn on, waits for the block to land and releases it unread, so the producer waits on both
+        consumers for every slot;
+      - the empty turns come before the epilogue, so one warpgroup's O store overlaps the other's last block,
+        and its next tile's Q load and first QK^T overlap the other's epilogue;
+      - Q is loaded every tile, also for a query tile wholly past the end (zero-filled, unused), so q_bar's
+        phase is the tile count."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    BH = TOTAL // N_M  # batch * heads (TOTAL = N_M * B * H_Q)
+    my_turn = turn_bars.index(WG)
+    their_turn = turn_bars.index(1 - WG)
+    zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
+    q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
+    r0 = 0  # ring position of this tile's block 0 (= turns taken so far, by either warpgroup)
+    for tile_id in range(ttgl.program_id(0), TOTAL, ttgl.num_programs(0)):
+        start_m, bh, b, h, hk = _pps_tile(tile_id, BH, N_M, H_Q, GROUP, CAUSAL)
+        tile = 2 * start_m + WG
+        n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
+        n_max = ttgl.maximum(_pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1],
+                             _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1])
+        # Q is loaded every tile, also one past the end (zero-filled, not used), so q_bar's phase is the tile count
+        mbarrier.expect(q_bar, Q_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
+        mbarrier.wait(q_bar, ((tile_id - ttgl.program_id(0)) // ttgl.num_programs(0)) & 1)
+        if n_blocks > 0:
+            offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+            acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
+
+            # turn 0 of the tile: QK^T(0) alone
+            _pps_wait_turn(my_turn, r0, WG)
+            mbarrier.wait(k_bars.index(r0 % NUM_STAGES), (r0 // NUM_STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(r0 % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            mbarrier.arrive(their_turn, count=1)
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            s = _pp_scores(s, 0, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
+            m_i = ttgl.max(s, 1)  # block 0 holds key 0, which no row masks
+            p = ttgl.exp2(s - m_i[:, None])
+            l_i = ttgl.sum(p, 1)
+            p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+
+            for j in range(1, n_blocks):
+                r = r0 + j
+                slot = r % NUM_STAGES
+                prev = (r - 1) % NUM_STAGES
+                _pps_wait_turn(my_turn, r, WG)
+                mbarrier.wait(k_bars.index(slot), (r // NUM_STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)
+                mbarrier.wait(v_bars.index(prev), ((r - 1) // NUM_STAGES) & 1)
+                o_tok = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+                mbarrier.arrive(their_turn, count=1)
+                s = warpgroup_mma_wait(1, deps=[s_tok])
+                s = _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
+                m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
+                p = ttgl.exp2(s - m_new[:, None])
+                alpha = ttgl.exp2(m_i - m_new)
+                l_i = l_i * alpha + ttgl.sum(p, 1)
+                m_i = m_new
+                acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+                ttgl.thread_barrier()  # every warp's PV(j - 1) is done: release its slot
+                mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + prev), count=1)
+                acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
+                p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+
+            r = r0 + n_blocks - 1
+            mbarrier.wait(v_bars.index(r % NUM_STAGES), (r // NUM_STAGES) & 1)
+            acc = warpgroup_mma(p16, v_smem.index(r % NUM_STAGES), acc)
+            ttgl.thread_barrier()
+            mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + r % NUM_STAGES), count=1)
+
+            # the empty turns, then this tile's epilogue (overlapping the other warpgroup's last block)
+            _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, n_blocks, n_max, WG, NUM_STAGES)
+            if STORE_LSE:  # lse in natural-log units, as attention.py's forward writes it
+                lse = (m_i + ttgl.log2(l_i)) * LN2
+                ttgl.store(Lse + bh.to(ttgl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+            o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
+            q_smem.store(o.to(dtype))  # this tile's Q is no longer read: stage O there for the TMA store
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, h, tile * BLOCK_M, 0], q_box)
+            tma.store_wait(0)  # q_smem takes the next tile's Q
+        else:  # this warpgroup's query tile lies past the end: empty turns only
+            _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, 0, n_max, WG, NUM_STAGES)
+        r0 += n_max
+
+
+@gluon.jit
+def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP, N_M,
+                  TOTAL, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+    """The load warp of the persistent ping-pong forward: the n_max key blocks of each of the program's tiles,
+    ring position r (counted across tiles) into slot r % NUM_STAGES once BOTH consumers released position
+    r - NUM_STAGES (each releases every position, read or not: _pps_consumer's empty turns)."""
+    BH = TOTAL // N_M
+    r = 0
+    for tile_id in range(ttgl.program_id(0), TOTAL, ttgl.num_programs(0)):
+        start_m, bh, b, h, hk = _pps_tile(tile_id, BH, N_M, H_Q, GROUP, CAUSAL)
+        n_max = ttgl.maximum(_pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1],
+                             _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1])
+        for j in range(n_max):
+            slot = r % NUM_STAGES
+            phase = ((r // NUM_STAGES) & 1) ^ 1
+            mbarrier.wait(empty_bars.index(slot), phase, pred=r >= NUM_STAGES)
+            mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=r >= NUM_STAGES)
+            kb = k_bars.index(slot)
+            vb = v_bars.index(slot)
+            box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+            mbarrier.expect(kb, TILE_BYTES)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], kb,
+                                            k_smem.index(slot)._reinterpret(k_desc.dtype, box, k_desc.layout))
+            mbarrier.expect(vb, TILE_BYTES)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], vb,
+                                            v_smem.index(slot)._reinterpret(v_desc.dtype, box, v_desc.layout))
+            r += 1
+
+
+@gluon.jit
+def _attn_fwd_gluon_pps_kernel(
+    q_desc, k_desc, v_desc, o_desc, Lse,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+    BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
+    CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
+    STORE_LSE: ttgl.constexpr = True,
+):
+    """The persistent ping-pong forward: min(TOTAL, SMs) programs, each walking tiles tile_id = program,
+    program + grid, ... of the TOTAL = N_M * B * H_Q tiles (N_M = cdiv(T_q, 2 * BLOCK_M) query blocks of two
+    consumer tiles each); barriers are set up once per program and their phases carried across tiles
+    (_pps_consumer, _pps_producer). Descriptors as _attn_fwd_gluon_pp_kernel's."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    s_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[0]
+    o_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[1]
+    p_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[2]
+    q_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    q_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_shared)
+    k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    v_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
+    q_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in ttgl.static_range(2):
+        mbarrier.init(q_bars.index(w), count=1)
+        mbarrier.init(turn_bars.index(w), count=1)
+        for i in ttgl.static_range(NUM_STAGES):
+            mbarrier.init(empty_bars.index(w * NUM_STAGES + i), count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    ttgl.warp_specialize(
+        [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, 0, HEAD_DIM,
+                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+         (_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars, v_bars,
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, 1, HEAD_DIM,
+                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+         (_pps_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP,
+                          N_M, TOTAL, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+
+    for w in ttgl.static_range(2):
+        mbarrier.invalidate(q_bars.index(w))
+        mbarrier.invalidate(turn_bars.index(w))
+        for i in ttgl.static_range(NUM_STAGES):
+            mbarrier.invalidate(empty_bars.index(w * NUM_STAGES + i))
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+
+@gluon.jit
 def _attn_fwd_gluon_pp_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
     qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K,
@@ -998,8 +1233,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     if PING_PONG if ping_pong is None else ping_pong:
         block_m, block_n, stages, consumers = PP_CONFIGS[D]
-        grid = (triton.cdiv(Tq, consumers * block_m), B * Hq)
         descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
+        if PERSISTENT and consumers == 2:
+            n_m = triton.cdiv(Tq, 2 * block_m)
+            total = n_m * B * Hq
+            with torch.cuda.device(q.device):
+                _attn_fwd_gluon_pps_kernel[(min(total, num_sms(q.device)),)](
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, total,
+                    HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
+                    CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[2], PRODUCER_WARPS=PRODUCER_WARPS,
+                    PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, num_warps=PP_WARPS,
+                )
+            return out, lse
+        grid = (triton.cdiv(Tq, consumers * block_m), B * Hq)
         with torch.cuda.device(q.device):
             _attn_fwd_gluon_pp_kernel[grid](
                 *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
