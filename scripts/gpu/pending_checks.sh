@@ -25,8 +25,9 @@
 #   FAST_ATTN_AB=1  the fastest LoRA step (hearth_fast) against the same with hearth's attention (hearth_fast_attn),
 #                seq 4096, A B then B A, each in its own child, to tell a difference from drift; then A B at seq 16384,
 #                where attention is a larger share of the step -> lora_fast_attn.jsonl
-#   PERSIST=1    the persistent ping-pong forward (HEARTH_ATTN_GLUON_PERSIST=1) against the per-tile one, forward at
-#                the flash-attention goal grid, cuDNN beside both -> persist_{on,off}/
+#   PERSIST=1    the persistent ping-pong forward (HEARTH_ATTN_GLUON_PERSIST=1): its GPU correctness tests first
+#                (persist_tests.log), then, only if they passed, against the per-tile one, forward at the
+#                flash-attention goal grid, cuDNN beside both -> persist_{on,off}/
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
 # back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
 # (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
@@ -85,7 +86,10 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
 [ -n "${FAST_ATTN_AB:-}" ] && step lora_fast_attn_16k 120 python3 scripts/gpu/lora_e2e.py --out "$OUT/lora_fast_attn.jsonl" \
   --seqs 16384 --setups hearth_fast,hearth_fast_attn --budget-gib 80 --steps 3 --time-budget-s 115 --min-child-s 50 \
   --child-timeout-s 100
-[ -n "${PERSIST:-}" ] && step persist_on 100 env HEARTH_ATTN_GLUON_PERSIST=1 python3 -m hearth.bench attention \
+[ -n "${PERSIST:-}" ] && step persist_tests 150 python3 -m pytest -q -p no:cacheprovider --timeout 400 -m gluon_pp \
+  -k persistent tests/kernels/test_attention_gluon.py
+[ -n "${PERSIST:-}" ] && grep -q " passed" "$OUT/persist_tests.log" && ! grep -q " failed" "$OUT/persist_tests.log" \
+  && step persist_on 100 env HEARTH_ATTN_GLUON_PERSIST=1 python3 -m hearth.bench attention \
   --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_on" --total-budget-s 90
 [ -n "${PERSIST:-}" ] && step persist_off 100 python3 -m hearth.bench attention \
   --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_off" --total-budget-s 90
