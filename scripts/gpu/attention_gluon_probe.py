@@ -51,6 +51,13 @@ CASES = [  # (B, Hq, Hk, T, D, causal)
     (4, 32, 32, 4096, 64, True),
     (4, 32, 32, 4096, 128, False),
 ]
+# --pp-only also times these: short sequences, where the forward is furthest behind cuDNN (0.81x at T 1024 on the
+# goal grid), so a per-length config (or the persistent variant) can be judged there
+SHORT_CASES = [
+    (16, 32, 32, 1024, 128, True),
+    (8, 32, 32, 2048, 128, True),
+    (16, 32, 32, 1024, 64, True),
+]
 SWEEP = ag.CANDIDATES
 PP_SWEEP = ag.PP_CANDIDATES
 PP_TIMEOUT_S = 75  # the ping-pong rows: ~7 compiles and timings, seconds each; a hang never ends
@@ -253,7 +260,8 @@ def sweep_pp_guarded(emit, time_triton=False):
     else:  # the child's Triton reference (the gate only) takes the first config: no second autotuning run
         env["HEARTH_ATTN_AUTOTUNE"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--out", os.devnull, "--pp-child"]
-    limit = PP_TIMEOUT_S + (100 if time_triton else 0)  # + two more cases, the Triton forward's autotuning at four
+    # + two more cases and three short ones, and the Triton forward's autotuning at each
+    limit = PP_TIMEOUT_S + (160 if time_triton else 0)
     try:
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
         out, status = res.stdout, None
@@ -325,7 +333,8 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true",
                     help="then every SWEEP config (both variants) and every PP_SWEEP config (ping-pong) at two cases")
     ap.add_argument("--pp-only", action="store_true",
-                    help="only the ping-pong rows (every PP_SWEEP config at all four cases), the Triton forward and cuDNN beside them")
+                    help="only the ping-pong rows (every PP_SWEEP config at the four cases and the three SHORT_CASES), the "
+                         "Triton forward and cuDNN beside them")
     ap.add_argument("--bwd", action="store_true",
                     help="only fwd+bwd with the Gluon dK / dV and dQ kernels against the Triton ones and cuDNN, at all four cases")
     ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
@@ -333,8 +342,9 @@ def main(argv=None):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("attention_gluon_probe needs a Hopper GPU (compute capability 9.x)")
     if args.pp_child:  # rows to stdout only: the parent writes them to --out
-        # --pp-only: all four cases (the routing in attention.forward_kernel is per (head_dim, causal))
-        for case in CASES if os.environ.get("HEARTH_PP_TIME_TRITON") == "1" else (CASES[0], CASES[2]):
+        # --pp-only: all four cases (the routing in attention.forward_kernel is per (head_dim, causal)) and the short ones
+        pp_only = os.environ.get("HEARTH_PP_TIME_TRITON") == "1"
+        for case in CASES + SHORT_CASES if pp_only else (CASES[0], CASES[2]):
             sweep_pp(case, lambda row: print(json.dumps(row), flush=True))
         return
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

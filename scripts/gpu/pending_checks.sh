@@ -65,7 +65,7 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
   --seq 2048 --steps 3 --cases 14b-single,14b-ddp,14b-fsdp
 [ -n "${GLUON:-}" ] && step attention_gluon 60 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py \
   --out "$OUT/attention_gluon.jsonl"
-[ -n "${PP:-}" ] && step attention_gluon_pp 130 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py \
+[ -n "${PP:-}" ] && step attention_gluon_pp 190 env HEARTH_ATTN_GLUON=1 python3 scripts/gpu/attention_gluon_probe.py \
   --pp-only --out "$OUT/attention_gluon_pp.jsonl"
 [ -n "${TMA_DESC:-}" ] && step tma_desc 60 python3 scripts/gpu/matmul_lce_probe.py --tma-desc --out "$OUT/mm"
 [ -n "${HOST_TRACE:-}" ] && step host_trace 40 python3 scripts/gpu/host_trace_probe.py --op swiglu_mlp \
