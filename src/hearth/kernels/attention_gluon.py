@@ -1308,16 +1308,17 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     bwd_configs=None, bwd_dq_configs=None):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
-    "ws" (producer warp), "pp" (ping-pong), "bwd" (the dK / dV backward), "bwd_dq" (the dQ backward); configs /
+    "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
+    backward), "bwd_dq" (the dQ backward); configs /
     pp_configs / bwd_configs / bwd_dq_configs replace CONFIGS / PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False
     builds the inference forward (Lse a None constexpr, no LSE store). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    unknown = set(variants) - {"1part", "ws", "pp", "bwd", "bwd_dq"}
+    unknown = set(variants) - {"1part", "ws", "pp", "pps", "bwd", "bwd_dq"}
     if unknown:
-        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'bwd', 'bwd_dq', got {sorted(unknown)}")
+        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'pps', 'bwd', 'bwd_dq', got {sorted(unknown)}")
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
@@ -1353,19 +1354,27 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             name = f"bwd[dq] d{d} {'causal' if c else 'full'} {bm}x{bn} w{warps} s{stages}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
-        if variant == "pp":
+        if variant in ("pp", "pps"):
             bm, bn, stages, nc = (pp_configs or PP_CONFIGS)[d]
-            warps, fn = PP_WARPS, _attn_fwd_gluon_pp_kernel
+            if variant == "pps" and nc != 2:
+                raise ValueError(f"the persistent forward has two consumer warpgroups, got a config with {nc}")
+            warps = PP_WARPS
+            fn = _attn_fwd_gluon_pp_kernel if variant == "pp" else _attn_fwd_gluon_pps_kernel
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[nc], PRODUCER_WARPS=PRODUCER_WARPS,
-                         PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, NUM_CONSUMERS=nc)
+                         PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse)
+            if variant == "pp":
+                const["NUM_CONSUMERS"] = nc
             workers = "+4" * (nc - 1)
-            name = f"fwd[pp] d{d} {'causal' if c else 'full'} {nc}x{bm}x{bn} w{warps}{workers}+{PRODUCER_WARPS} s{stages}"
+            name = (f"fwd[{variant}] d{d} {'causal' if c else 'full'} {nc}x{bm}x{bn} w{warps}{workers}+{PRODUCER_WARPS} "
+                    f"s{stages}")
             sig = desc_sig(d, bm, bn, "o_desc")
             sig["Lse"] = "*fp32" if store_lse else "constexpr"
             if not store_lse:
                 const["Lse"] = None
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
+            if variant == "pps":
+                sig.update(N_M="i32", TOTAL="i32")
             sig.update({n: "constexpr" for n in const})
             kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const),
                                     target=target, options={"num_warps": warps})
