@@ -563,7 +563,15 @@ def _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, pred
                   TILE_BYTES: ttgl.constexpr):
     """Start the TMA loads of key block j of K/V head (b, hk) into ring slot j % NUM_STAGES through host-built
     4-D descriptors (a [1, 1, BLOCK_N, D] box; rows past T are zero-filled), when pred."""
-    slot = j % NUM_STAGES
+    _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, j % NUM_STAGES, pred, BLOCK_N, HEAD_DIM,
+                   TILE_BYTES)
+
+
+@gluon.jit
+def _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slot, pred,
+                   BLOCK_N: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+    """_issue_kv_box's loads into a given ring slot (the persistent producer's ring position is not the block's
+    index)."""
     kb = k_bars.index(slot)
     vb = v_bars.index(slot)
     box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
@@ -760,15 +768,8 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
             phase = ((r // NUM_STAGES) & 1) ^ 1
             mbarrier.wait(empty_bars.index(slot), phase, pred=r >= NUM_STAGES)
             mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=r >= NUM_STAGES)
-            kb = k_bars.index(slot)
-            vb = v_bars.index(slot)
-            box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
-            mbarrier.expect(kb, TILE_BYTES)
-            tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], kb,
-                                            k_smem.index(slot)._reinterpret(k_desc.dtype, box, k_desc.layout))
-            mbarrier.expect(vb, TILE_BYTES)
-            tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], vb,
-                                            v_smem.index(slot)._reinterpret(v_desc.dtype, box, v_desc.layout))
+            _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slot, True, BLOCK_N, HEAD_DIM,
+                           TILE_BYTES)
             r += 1
 
 
