@@ -177,6 +177,10 @@ def test_swiglu_mlp_memory_at_target_shape():
     mlp.recompute_up = False
     eager = extra_mib(lambda t: eager_mlp(mlp, t))
     print(f"SwiGLU MLP extra peak: hearth {fused:.0f} MiB, hearth recompute_up {lean:.0f} MiB, eager {eager:.0f} MiB")
-    # Saved g and u alone are 2 x 224 MiB (g alone with recompute_up); eager holds about 5 such tensors.
+    # In [N, I] units (224 MiB here): saved g and u are 2 (g alone with recompute_up); eager holds about 6.5.
+    # The backward frees du before it allocates dW_gate's product, so hearth's peak is under 4 (the H200,
+    # 2026-12-02: 3.86, where it was 4.95 with du alive), and recompute_up keeps it half an [N, I] lower (3.36).
+    ni = n * i * 2 / 2**20
     assert fused < 0.75 * eager
-    assert lean < fused - 150
+    assert fused <= 4 * ni
+    assert lean < fused - 0.4 * ni

@@ -682,7 +682,7 @@ def test_a_verdict_within_the_timing_spread_says_so():
 
 def test_kernel_used_names_attentions_forward(monkeypatch):
     """A hearth attention row records the forward kernel attention.forward_kernel picks for its case (capability,
-    dtype, head_dim, causal); other ops have one kernel and record nothing."""
+    dtype, head_dim, causal, query length); other ops have one kernel and record nothing."""
     import importlib
 
     import torch
@@ -696,9 +696,9 @@ def test_kernel_used_names_attentions_forward(monkeypatch):
     assert runner.kernel_used("attention", size, "bfloat16", cpu) == "triton"
     assert runner.kernel_used("softmax", {"M": 4, "N": 8}, "bfloat16", cpu) is None
     seen = []
-    monkeypatch.setattr(attn, "forward_kernel", lambda *a, **kw: seen.append(a) or "gluon_pp")
+    monkeypatch.setattr(attn, "forward_kernel", lambda *a, **kw: seen.append((a, kw)) or "gluon_pp")
     assert runner.kernel_used("attention", {**size, "causal": 0}, "float16", cpu) == "gluon_pp"
-    assert seen == [(None, torch.float16, 128, False)]
+    assert seen == [((None, torch.float16, 128, False), {"seq_len": 64})]
 
 
 def test_rows_record_hearths_switches(monkeypatch):

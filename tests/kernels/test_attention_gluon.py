@@ -143,9 +143,9 @@ def test_inference_forward_asks_the_gluon_kernel_for_no_logsumexp(monkeypatch):
     and returns the Gluon forward's lse as it comes (None when no backward will run)."""
     calls = []
 
-    def fake(q, k, v, causal, scale, store_lse=True, ping_pong=None):
+    def fake(q, k, v, causal, scale, store_lse=True, ping_pong=None, persistent=None):
         calls.append(store_lse)
-        assert ping_pong is False  # "gluon" asked for: not the ping-pong kernel
+        assert ping_pong is False and persistent is False  # "gluon" asked for: not the ping-pong kernel
         return torch.zeros_like(q), (torch.zeros(q.shape[:3]) if store_lse else None)
 
     monkeypatch.setattr(attn, "forward_kernel", lambda *a, **kw: "gluon")
@@ -264,6 +264,42 @@ def test_forward_choice_on_hopper(d, dtype, causal):
     assert attn.forward_kernel((9, 0), dtype, d, causal, env={"HEARTH_ATTN_GLUON": "0"}) == "triton"
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_ping_pong_up_to_its_measured_length(causal):
+    """The ping-pong forward runs persistent up to PERSIST_MAX_T query rows (where the H200 measured it faster),
+    per tile above it and when the length is unknown; HEARTH_ATTN_GLUON_PERSIST=1 / 0 forces it on / off at any
+    length; cases that do not pick the ping-pong forward are untouched."""
+    at = attn.PERSIST_MAX_T
+    assert at == 4096
+    pick = lambda env, t, d=128: attn.forward_kernel((9, 0), torch.bfloat16, d, causal, seq_len=t, env=env)
+    assert [pick({}, t) for t in (1, at, at + 1, None)] == ["gluon_pps", "gluon_pps", "gluon_pp", "gluon_pp"]
+    assert [pick({"HEARTH_ATTN_GLUON_PERSIST": "1"}, t) for t in (1, 32768, None)] == ["gluon_pps"] * 3
+    assert [pick({"HEARTH_ATTN_GLUON_PERSIST": "0"}, t) for t in (1, 32768)] == ["gluon_pp"] * 2
+    assert pick({}, 1024, d=64) == "triton"  # head_dim 64 stays with the Triton forward
+    assert pick({"HEARTH_ATTN_GLUON": "0", "HEARTH_ATTN_GLUON_PERSIST": "1"}, 1024) == "triton"
+    assert attn.forward_kernel((8, 0), torch.bfloat16, 128, causal, seq_len=1024, env={}) == "triton"
+    if not ag.PING_PONG:  # HEARTH_ATTN_GLUON=1 without the ping-pong variant: the other Gluon forward
+        assert pick({"HEARTH_ATTN_GLUON": "1"}, 1024) == "gluon"
+
+
+def test_attention_forward_passes_the_persistent_choice(monkeypatch):
+    """_attention_forward asks forward_kernel with the query length and hands "gluon_pps" / "gluon_pp" to the
+    Gluon forward as ping_pong=True with persistent True / False."""
+    seen, calls = [], []
+
+    def fake(q, k, v, causal, scale, store_lse=True, ping_pong=None, persistent=None):
+        calls.append((ping_pong, persistent))
+        return torch.zeros_like(q), torch.zeros(q.shape[:3])
+
+    monkeypatch.setattr(ag, "tma_addressable", lambda *t: True)
+    monkeypatch.setattr(ag, "forward", fake)
+    for kernel in ("gluon_pps", "gluon_pp"):
+        monkeypatch.setattr(attn, "forward_kernel", lambda *a, _k=kernel, **kw: seen.append(kw["seq_len"]) or _k)
+        q = torch.randn(1, 2, 24, 64)
+        attn._attention_forward(q, torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64), False, 0.125)
+    assert calls == [(True, True), (True, False)] and seen == [24, 24]
+
+
 def test_ping_pong_default_is_the_measured_case_only():
     assert attn.GLUON_PP_DEFAULT == {(128, True), (128, False)}
     assert attn.forward_kernel((9, 0), torch.float32, 128, True, env={}) == "triton"
@@ -303,7 +339,7 @@ def test_env_on_without_hopper_still_runs_the_triton_kernel(monkeypatch):
     expected = attn.attention(q, k, v, causal=True)
     monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
     called = []
-    monkeypatch.setattr(ag, "forward", lambda *a: called.append(a) or pytest.fail("Gluon forward on fp32"))
+    monkeypatch.setattr(ag, "forward", lambda *a, **k: called.append(a) or pytest.fail("Gluon forward on fp32"))
     torch.testing.assert_close(attn.attention(q, k, v, causal=True), expected, atol=0, rtol=0)
     assert not called
 
@@ -489,7 +525,7 @@ def test_gpu_attention_fwd_bwd_through_public_function(monkeypatch, causal, T, H
     monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
     calls = []
     real = ag.forward
-    monkeypatch.setattr(ag, "forward", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(ag, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     q, k, v, do = _inputs(1, Hq, Hk, T, D, torch.bfloat16, seed=3)
     test_attention._assert_within_bound(q, k, v, do, causal, None)
     assert calls, "HEARTH_ATTN_GLUON=1 on Hopper did not run the Gluon forward"
@@ -524,18 +560,21 @@ def test_shipped_config_is_the_first_candidate():
 
 @hopper_only
 def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
-    """HEARTH_ATTN_GLUON unset: attention() at D128 bf16 runs the ping-pong forward (counted), fwd + bwd within
-    the rule; at D64 (not in GLUON_PP_DEFAULT) it runs no Gluon forward."""
+    """HEARTH_ATTN_GLUON unset: attention() at D128 bf16 runs the ping-pong forward (counted), persistent up to
+    PERSIST_MAX_T query rows and per tile above, fwd + bwd within the rule; at D64 (not in GLUON_PP_DEFAULT) it
+    runs no Gluon forward."""
     monkeypatch.delenv("HEARTH_ATTN_GLUON", raising=False)
+    monkeypatch.delenv("HEARTH_ATTN_GLUON_PERSIST", raising=False)
     test_attention = importlib.import_module("tests.kernels.test_attention")
     calls = []
     real = ag.forward
-    monkeypatch.setattr(ag, "forward", lambda *a: calls.append(a[6:]) or real(*a))
-    q, k, v, do = _inputs(1, 8, 2, 1000, 128, torch.bfloat16, seed=4)
-    for causal in (True, False):
-        test_attention._assert_within_bound(q, k, v, do, causal, None)
-    assert len(calls) >= 2 and all(c == (True,) for c in calls), calls
-    calls.clear()
+    monkeypatch.setattr(ag, "forward", lambda *a, **k: calls.append((a[6:], k)) or real(*a, **k))
+    for t, persistent in ((1000, True), (attn.PERSIST_MAX_T + 100, False)):
+        q, k, v, do = _inputs(1, 8, 2, t, 128, torch.bfloat16, seed=4)
+        for causal in (True, False):
+            test_attention._assert_within_bound(q, k, v, do, causal, None)
+        assert len(calls) >= 2 and all(c == ((True,), {"persistent": persistent}) for c in calls), (t, calls)
+        calls.clear()
     q, k, v, do = _inputs(1, 8, 2, 1000, 64, torch.bfloat16, seed=4)
     attn.attention(q, k, v, causal=True)
     assert calls == []
@@ -660,7 +699,7 @@ def test_gpu_inputs_tma_cannot_address_take_the_triton_kernel(monkeypatch):
     """HEARTH_ATTN_GLUON=1 with rows of 136 bytes (a [..., :64] slice of D=68 storage): not TMA-addressable,
     so attention() runs the Triton forward (the Gluon one is never called) and is still right."""
     monkeypatch.setenv("HEARTH_ATTN_GLUON", "1")
-    monkeypatch.setattr(ag, "forward", lambda *a: pytest.fail("Gluon forward on non-TMA-addressable inputs"))
+    monkeypatch.setattr(ag, "forward", lambda *a, **k: pytest.fail("Gluon forward on non-TMA-addressable inputs"))
     g = torch.Generator().manual_seed(5)
     q, k, v, do = (torch.randn(1, 4, 200, 68, generator=g).to("cuda", torch.bfloat16)[..., :64] for _ in range(4))
     assert not ag.tma_addressable(q, k, v)
@@ -716,7 +755,9 @@ def _run_pp(calls, timeout=PP_TIMEOUT_S, extra_env=None):
     """Run [(helper name in this module, args, config or None)] with HEARTH_ATTN_GLUON_PP=1 in a fresh
     process; a hang (timeout) or any failure fails the calling test with the log of what ran."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(HEARTH_ATTN_GLUON="1", HEARTH_ATTN_GLUON_PP="1", **(extra_env or {}))
+    # per-tile unless the caller asks for the persistent form (forward_kernel would pick it at short lengths)
+    env.update(HEARTH_ATTN_GLUON="1", HEARTH_ATTN_GLUON_PP="1", HEARTH_ATTN_GLUON_PERSIST="0")
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(_REPO, "src"), _REPO, env.get("PYTHONPATH", "")])
     calls = [(n, [str(a) if isinstance(a, torch.dtype) else a for a in args], cfg) for n, args, cfg in calls]
     try:

@@ -66,7 +66,7 @@ def env_info(device) -> dict:
 
 def kernel_used(op: str, size: dict, dtype_name: str, device) -> str | None:
     """Which of hearth's kernels a hearth row of `op` ran, where an op has more than one: attention's forward
-    ("gluon_pp" / "gluon" / "triton", as attention.forward_kernel chooses for the case). None elsewhere."""
+    ("gluon_pps" / "gluon_pp" / "gluon" / "triton", as attention.forward_kernel chooses for the case). None elsewhere."""
     if op != "attention":
         return None
     import importlib
@@ -76,7 +76,7 @@ def kernel_used(op: str, size: dict, dtype_name: str, device) -> str | None:
     attn = importlib.import_module("hearth.kernels.attention")  # the package exports the function of that name
 
     return attn.forward_kernel(attn.device_capability(device), getattr(torch, dtype_name), int(size["D"]),
-                               bool(size["causal"]))
+                               bool(size["causal"]), seq_len=int(size["T"]))
 
 
 def _outputs_needing_grad(out):

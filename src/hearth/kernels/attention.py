@@ -881,18 +881,28 @@ def _on_device(device: torch.device):
 # causal B4 H32 T4096 D128 496 / 431 / 521, causal B2 Hq40 Hk8 T8192 D128 540 / 470 / 551, non-causal B4 H32
 # T4096 D128 559 / 476 / 597; at D64 (causal B4 H32 T4096) 348 / 377 / 418, slower, so D64 stays Triton.
 GLUON_PP_DEFAULT = frozenset({(128, True), (128, False)})
+# Up to this query length the ping-pong forward runs persistent (one program per SM walks the tiles: no launch,
+# barrier set-up and cold loads per tile). The H200, goal grid (B*T = 16384, GQA 40/8, D128), env
+# HEARTH_ATTN_GLUON_PERSIST=1 against unset in the same call (2026-12-02, df6889a), forward ms:
+# causal T1024 0.393 / 0.449, T2048 0.638 / 0.693, T4096 1.148 / 1.186; non-causal T1024 0.601 / 0.639,
+# T2048 1.114 / 1.128, T4096 2.152 / 2.153. From T8192 on it ties or loses (T32768 causal 18.50 / 17.69,
+# non-causal 39.42 / 36.08): long rows leave no launch cost to save and the per-tile grid balances better.
+PERSIST_MAX_T = 4096
 
 
 def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
-                   *, env: dict | None = None) -> str:
+                   *, seq_len: int | None = None, env: dict | None = None) -> str:
     """THE place that picks the forward kernel: "gluon_pp" (attention_gluon.py's ping-pong forward: two consumer
-    warpgroups and a TMA producer warp), "gluon" (its single-partition / producer-warp forward) or "triton" (the
-    kernel above, which serves every GPU, dtype and head dim). The Gluon kernels serve Hopper, bf16/fp16,
-    head_dim 64/128. capability: the GPU's (major, minor), None off CUDA / under the interpreter.
+    warpgroups and a TMA producer warp, one program per tile), "gluon_pps" (the same, persistent), "gluon" (its
+    single-partition / producer-warp forward) or "triton" (the kernel above, which serves every GPU, dtype and
+    head dim). The Gluon kernels serve Hopper, bf16/fp16, head_dim 64/128. capability: the GPU's (major, minor),
+    None off CUDA / under the interpreter. seq_len: the query length (None: unknown, not persistent).
 
     env HEARTH_ATTN_GLUON unset: the ping-pong forward where it measured faster (GLUON_PP_DEFAULT), Triton
     elsewhere. "0": Triton everywhere. "1": a Gluon forward wherever it serves, ping-pong when
-    attention_gluon.PING_PONG (env HEARTH_ATTN_GLUON_PP=1), else the variant HEARTH_ATTN_GLUON_WS picks."""
+    attention_gluon.PING_PONG (env HEARTH_ATTN_GLUON_PP=1), else the variant HEARTH_ATTN_GLUON_WS picks.
+    A ping-pong pick runs persistent up to PERSIST_MAX_T query rows; env HEARTH_ATTN_GLUON_PERSIST "1" makes it
+    persistent at every length, "0" never."""
     env = os.environ if env is None else env
     choice = env.get("HEARTH_ATTN_GLUON")
     if choice == "0" or capability is None or capability[0] != 9:
@@ -904,9 +914,12 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
 
     if not attention_gluon.supported(capability, dtype, head_dim):
         return "triton"
-    if choice != "1" or attention_gluon.PING_PONG:
-        return "gluon_pp"
-    return "gluon"
+    if choice == "1" and not attention_gluon.PING_PONG:
+        return "gluon"
+    persist = env.get("HEARTH_ATTN_GLUON_PERSIST")
+    if persist == "1" or (persist != "0" and seq_len is not None and seq_len <= PERSIST_MAX_T):
+        return "gluon_pps"
+    return "gluon_pp"
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
@@ -983,7 +996,8 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
 
     if arch // 10 != 9 or dtype not in attention_gluon.DTYPES:
         raise ValueError(f"the offline build is the Gluon forward: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
-    return attention_gluon.offline_kernels(arch, dtype)
+    # every variant, the persistent forward included (forward_kernel's pick up to PERSIST_MAX_T query rows)
+    return attention_gluon.offline_kernels(arch, dtype, variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq"))
 
 
 def _checked_scale(scale, head_dim: int) -> float:
@@ -1004,10 +1018,11 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
     (empty_heads_like), lse [B, Hq, Tq] fp32.
     store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     B, Hq, Tq, D = q.shape
-    kernel = forward_kernel(device_capability(q.device), q.dtype, D, causal)
+    kernel = forward_kernel(device_capability(q.device), q.dtype, D, causal, seq_len=Tq)
     gluon = _gluon_serving(kernel, q, k, v)
     if gluon is not None:
-        return gluon.forward(q, k, v, causal, scale, store_lse, kernel == "gluon_pp")
+        return gluon.forward(q, k, v, causal, scale, store_lse, kernel in ("gluon_pp", "gluon_pps"),
+                             persistent=kernel == "gluon_pps")
     Hk, Tk = k.shape[1], k.shape[2]
     out = empty_heads_like(q, (B, Hq, Tq, D))
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None

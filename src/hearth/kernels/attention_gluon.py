@@ -127,10 +127,11 @@ PP_CANDIDATES = {
     64: [(64, 128, 3, 2), (64, 128, 2, 2), (64, 128, 4, 2), (128, 64, 3, 2), (64, 64, 4, 3), (64, 64, 3, 3)],
 }
 PP_WARPS = 4  # the default partition: consumer warpgroup 0
-# The persistent form of the two-consumer ping-pong forward (env HEARTH_ATTN_GLUON_PERSIST=1, read here only; not
-# yet run on a GPU): one program per SM walks the (query block, batch * head) tiles, heaviest first under the
-# causal mask, so a tile's epilogue and the next tile's first loads overlap instead of paying a program launch,
-# barrier set-up and cold loads per tile (the ping-pong forward is furthest behind cuDNN at short sequences).
+# The persistent form of the two-consumer ping-pong forward: one program per SM walks the (query block,
+# batch * head) tiles, heaviest first under the causal mask, so a tile's epilogue and the next tile's first loads
+# overlap instead of paying a program launch, barrier set-up and cold loads per tile (the ping-pong forward is
+# furthest behind cuDNN at short sequences). attention.forward_kernel picks it by query length; PERSISTENT
+# (env HEARTH_ATTN_GLUON_PERSIST=1) is what a direct call of forward() with persistent=None runs.
 PERSISTENT = os.environ.get("HEARTH_ATTN_GLUON_PERSIST", "0") == "1"
 CONSUMER_REGS_BY_COUNT = {2: 240, 3: 160}
 CONSUMER_REGS = CONSUMER_REGS_BY_COUNT[2]
@@ -1221,11 +1222,13 @@ def _host_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-            store_lse: bool = True, ping_pong: bool | None = None):
+            store_lse: bool = True, ping_pong: bool | None = None, persistent: bool | None = None):
     """(out [B, Hq, Tq, D], lse [B, Hq, Tq] fp32) like attention._attention_forward. The caller checked
     the arguments and ``supported`` / ``tma_addressable``. store_lse=False (no backward will run): lse is
     None, neither allocated nor written (the STORE_LSE constexpr). ping_pong: the ping-pong kernel (True),
-    the other (False), or as PING_PONG says (None; attention.forward_kernel passes its choice)."""
+    the other (False), or as PING_PONG says (None; attention.forward_kernel passes its choice). persistent:
+    the ping-pong kernel's persistent form (True; two-consumer configs only), its per-tile form (False), or as
+    PERSISTENT says (None)."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     out = empty_heads_like(q, (B, Hq, Tq, D))  # in q's memory order, as attention._attention_forward
@@ -1235,7 +1238,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     if PING_PONG if ping_pong is None else ping_pong:
         block_m, block_n, stages, consumers = PP_CONFIGS[D]
         descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
-        if PERSISTENT and consumers == 2:
+        if (PERSISTENT if persistent is None else persistent) and consumers == 2:
             n_m = triton.cdiv(Tq, 2 * block_m)
             total = n_m * B * Hq
             with torch.cuda.device(q.device):
