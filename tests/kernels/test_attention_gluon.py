@@ -1039,6 +1039,48 @@ def _pps_agents(tiles, stages):
     return [producer(), consumer(0), consumer(1)]
 
 
+@pytest.mark.parametrize("bh,n_m,section", [(1, 1, 1), (8, 3, 2), (160, 16, 80), (128, 32, 16), (10, 5, 10),
+                                             (9, 4, 3), (7, 2, 1)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_pps_tile_order_visits_every_tile_once_longest_first(bh, n_m, section, causal):
+    """The persistent forward's tile order (pps_tile_order, the host's spelling of _pps_tile): every (query block,
+    batch * head) tile exactly once; sections of `section` rows in turn, each wholly before the next; within a section query blocks longest first under the causal mask,
+    and the section's heads side by side (the programs running at once share their K/V)."""
+    order = ag.pps_tile_order(bh, n_m, section, causal)
+    assert sorted(order) == [(m, r) for m in range(n_m) for r in range(bh)]
+    for i, (m, r) in enumerate(order):
+        sec = r // section
+        assert all(r2 // section <= sec for _, r2 in order[:i])  # sections never interleave
+        size = section
+        same = [o for o in order if o[1] // section == sec]
+        pos = same.index((m, r))
+        assert _longest_first_rank(same[pos], n_m, causal) == pos // size and same[pos][1] == sec * section + pos % size
+
+
+def _longest_first_rank(tile, n_m, causal):
+    """A tile's rank in the longest-first walk of query blocks (causal: the last block first)."""
+    return n_m - 1 - tile[0] if causal else tile[0]
+
+
+def test_pps_section_holds_whole_kv_heads_within_the_budget():
+    """Sections are whole GQA groups of the most K/V heads (K and V, tk x head_dim) that fit PPS_KV_BYTES and divide
+    the K/V heads evenly: MHA B4 H32 T4096 D128 bf16 (2 MiB a head): 16 rows; GQA B4 40/8: 16 K/V heads = 80 rows;
+    T 32768 (16 MiB a head): 2 K/V heads; a head over the budget still makes a section of one group; 7 K/V heads
+    (prime) where 16 fit: one section of all 7."""
+    assert ag.PPS_KV_BYTES == 32 * 2**20
+    assert ag.pps_section(128, 1, 4096, 128, 2) == 16
+    assert ag.pps_section(160, 5, 4096, 128, 2) == 80
+    assert ag.pps_section(40, 5, 32768, 128, 2) == 10
+    assert ag.pps_section(40, 5, 131072, 128, 2) == 5
+    assert ag.pps_section(8, 1, 1024, 64, 2) == 8
+    assert ag.pps_section(35, 5, 4096, 128, 2) == 35
+    assert ag.pps_section(26, 1, 4096, 128, 2) == 13  # 16 fit, 13 the largest divisor of 26 below
+    for bh, group, tk in ((640, 5, 1024), (64, 8, 8192), (3, 1, 100), (22, 2, 2048)):
+        sec = ag.pps_section(bh, group, tk, 128, 2)
+        assert bh % sec == 0 and sec % group == 0
+        assert sec == group or (sec // group) * 2 * tk * 128 * 2 <= ag.PPS_KV_BYTES
+
+
 def test_pps_barrier_phases_stay_exact_across_tiles():
     """The persistent forward carries every barrier's phase across a program's tiles. Modelled under random
     interleavings for tile sequences with unequal, zero and equal block counts (causal diagonals, ragged ends,
