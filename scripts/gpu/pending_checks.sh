@@ -26,8 +26,9 @@
 #                seq 4096, A B then B A, each in its own child, to tell a difference from drift; then A B at seq 16384,
 #                where attention is a larger share of the step -> lora_fast_attn.jsonl
 #   PERSIST=1    the persistent ping-pong forward (HEARTH_ATTN_GLUON_PERSIST=1): its GPU correctness tests first
-#                (persist_tests.log), then, only if they passed, against the per-tile one, forward at the
-#                flash-attention goal grid, cuDNN beside both -> persist_{on,off}/
+#                (persist_tests.log), then, only if they passed, against the per-tile one (=0), forward at the
+#                flash-attention goal grid and at the headline shapes, cuDNN beside both
+#                -> persist_{on,off}/, persist_headline_{1,0}/
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
 # back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
 # (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
@@ -91,8 +92,13 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
 [ -n "${PERSIST:-}" ] && grep -q " passed" "$OUT/persist_tests.log" && ! grep -q " failed" "$OUT/persist_tests.log" \
   && step persist_on 100 env HEARTH_ATTN_GLUON_PERSIST=1 python3 -m hearth.bench attention \
   --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_on" --total-budget-s 90
-[ -n "${PERSIST:-}" ] && step persist_off 100 python3 -m hearth.bench attention \
+[ -n "${PERSIST:-}" ] && step persist_off 100 env HEARTH_ATTN_GLUON_PERSIST=0 python3 -m hearth.bench attention \
   --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_off" --total-budget-s 90
+for p in 1 0; do  # the headline shapes too: B4 H32 (no GQA) T4096 is where the first tile order lost
+  [ -n "${PERSIST:-}" ] && step "persist_headline_$p" 60 env HEARTH_ATTN_GLUON_PERSIST=$p python3 -m hearth.bench \
+    attention --sizes headline --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_headline_$p" \
+    --total-budget-s 50
+done
 [ -n "${MM_MODELS:-}" ] && step mm_models 150 env OUT="$OUT/mm_models" BUDGET_S=120 bash scripts/gpu/bench_models.sh \
   matmul swiglu_mlp
 tail -n 40 "$OUT"/*.log

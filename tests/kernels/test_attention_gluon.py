@@ -1054,7 +1054,8 @@ def test_pps_tile_order_visits_every_tile_once_longest_first(bh, n_m, section, c
         size = section
         same = [o for o in order if o[1] // section == sec]
         pos = same.index((m, r))
-        assert _longest_first_rank(same[pos], n_m, causal) == pos // size and same[pos][1] == sec * section + pos % size
+        assert _longest_first_rank(same[pos], n_m, causal) == pos // size
+        assert same[pos][1] == sec * section + pos % size
 
 
 def _longest_first_rank(tile, n_m, causal):
