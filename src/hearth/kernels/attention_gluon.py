@@ -482,6 +482,65 @@ def _pp_ring3_arrive(turn_bars, j, n0, n1, last, n_last, WG: ttgl.constexpr):
 
 
 @gluon.jit
+def _pp_first_block(s_tok, n_free, offs_m, qk_scale, N_CTX_K, dtype: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+                    CAUSAL: ttgl.constexpr, s_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+    """Key block 0 of a ping-pong consumer's tile, once its QK^T (s_tok) was issued: (m_i, l_i, p16). Block 0
+    holds key 0, which no row masks, so m_i is finite from here on."""
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    s = _pp_scores(s, 0, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
+    m_i = ttgl.max(s, 1)
+    p = ttgl.exp2(s - m_i[:, None])
+    return m_i, ttgl.sum(p, 1), ttgl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _pp_next_block(s_tok, o_tok, p16, m_i, l_i, j, n_free, offs_m, qk_scale, N_CTX_K, empty_bar,
+                   dtype: ttgl.constexpr, BLOCK_N: ttgl.constexpr, CAUSAL: ttgl.constexpr, s_layout: ttgl.constexpr,
+                   o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+    """Key block j >= 1 of a ping-pong consumer's tile, once QK^T(j) (s_tok) and PV(j - 1) (o_tok) were issued
+    and the turn handed over: the online softmax update; the previous block's slot is released on empty_bar
+    once every warp's PV(j - 1) is done. Returns (acc, p16, m_i, l_i)."""
+    # wgmma groups retire in issue order: one outstanding = QK^T(j) done, PV(j - 1) maybe not.
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    s = _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
+    m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
+    p = ttgl.exp2(s - m_new[:, None])
+    alpha = ttgl.exp2(m_i - m_new)
+    l_i = l_i * alpha + ttgl.sum(p, 1)
+    acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
+    ttgl.thread_barrier()  # every warp's PV(j - 1) is done: this warpgroup is through with its slot
+    mbarrier.arrive(empty_bar, count=1)
+    acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
+    return acc, ttgl.convert_layout(p.to(dtype), p_layout), m_new, l_i
+
+
+@gluon.jit
+def _pp_last_pv(p16, acc, v_smem, v_bars, empty_bar, r, NUM_STAGES: ttgl.constexpr):
+    """The tile's last PV (its ring position r), outside the turns, then its slot released on empty_bar."""
+    mbarrier.wait(v_bars.index(r % NUM_STAGES), (r // NUM_STAGES) & 1)
+    acc = warpgroup_mma(p16, v_smem.index(r % NUM_STAGES), acc)
+    ttgl.thread_barrier()
+    mbarrier.arrive(empty_bar, count=1)
+    return acc
+
+
+@gluon.jit
+def _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, row,
+                 dtype: ttgl.constexpr, STORE_LSE: ttgl.constexpr, o_layout: ttgl.constexpr):
+    """A ping-pong consumer's tile epilogue: lse (natural-log units, as attention.py's forward writes it) at
+    lse_base + offs_m when STORE_LSE, O normalised and staged in q_smem (the tile's Q is no longer read), then
+    TMA-stored at [b, h, row, 0] and waited for (q_smem may take the next Q)."""
+    if STORE_LSE:
+        lse = (m_i + ttgl.log2(l_i)) * LN2
+        ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
+    o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
+    q_smem.store(o.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, row, 0], q_box)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
                  empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K,
                  WG: ttgl.constexpr, NUM_CONSUMERS: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
@@ -529,13 +588,8 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
             _pp_ring3_arrive(turn_bars, 0, n0, n1, last, n_last, WG)
         else:
             mbarrier.arrive(their_turn, count=1)
-        s = warpgroup_mma_wait(0, deps=[s_tok])
-        s = _pp_scores(s, 0, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
-        # Block 0 holds key 0, which no row masks: m_i is finite from here on.
-        m_i = ttgl.max(s, 1)
-        p = ttgl.exp2(s - m_i[:, None])
-        l_i = ttgl.sum(p, 1)
-        p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+        m_i, l_i, p16 = _pp_first_block(s_tok, n_free, offs_m, qk_scale, N_CTX_K, dtype, BLOCK_N, CAUSAL, s_layout,
+                                        p_layout)
 
         for j in range(1, n_blocks):
             slot = j % NUM_STAGES
@@ -558,35 +612,15 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
                 _pp_ring3_arrive(turn_bars, j, n0, n1, last, n_last, WG)
             else:
                 mbarrier.arrive(their_turn, count=1)
-            # wgmma groups retire in issue order: one outstanding = QK^T(j) done, PV(j - 1) maybe not.
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-            s = _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
-            m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
-            p = ttgl.exp2(s - m_new[:, None])
-            alpha = ttgl.exp2(m_i - m_new)
-            l_i = l_i * alpha + ttgl.sum(p, 1)
-            m_i = m_new
-            acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-            # Every warp's PV(j - 1) is done: this warpgroup is through with slot `prev`.
-            ttgl.thread_barrier()
-            mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + prev), count=1)
-            acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
-            p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+            acc, p16, m_i, l_i = _pp_next_block(s_tok, o_tok, p16, m_i, l_i, j, n_free, offs_m, qk_scale, N_CTX_K,
+                                                empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N, CAUSAL,
+                                                s_layout, o_layout, p_layout)
 
-        last_slot = (n_blocks - 1) % NUM_STAGES
-        mbarrier.wait(v_bars.index(last_slot), ((n_blocks - 1) // NUM_STAGES) & 1)
-        acc = warpgroup_mma(p16, v_smem.index(last_slot), acc)
-        ttgl.thread_barrier()
-        mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + last_slot), count=1)
-
-        if STORE_LSE:  # lse in natural-log units, as attention.py's forward writes it
-            lse = (m_i + ttgl.log2(l_i)) * LN2
-            ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
-        o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
-        q_smem.store(o.to(dtype))  # this tile's Q is no longer read: stage O there for the TMA store
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, tile * BLOCK_M, 0], q_box)
-        tma.store_wait(0)
+        last = n_blocks - 1
+        acc = _pp_last_pv(p16, acc, v_smem, v_bars, empty_bars.index(WG * NUM_STAGES + last % NUM_STAGES), last,
+                          NUM_STAGES)
+        _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M, dtype,
+                     STORE_LSE, o_layout)
 
 
 @gluon.jit
@@ -733,12 +767,8 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
             s_tok = warpgroup_mma(q_smem, k_smem.index(r0 % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
                                   is_async=True)
             mbarrier.arrive(their_turn, count=1)
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            s = _pp_scores(s, 0, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
-            m_i = ttgl.max(s, 1)  # block 0 holds key 0, which no row masks
-            p = ttgl.exp2(s - m_i[:, None])
-            l_i = ttgl.sum(p, 1)
-            p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+            m_i, l_i, p16 = _pp_first_block(s_tok, n_free, offs_m, qk_scale, N_CTX_K, dtype, BLOCK_N, CAUSAL,
+                                            s_layout, p_layout)
 
             for j in range(1, n_blocks):
                 r = r0 + j
@@ -751,35 +781,20 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
                 mbarrier.wait(v_bars.index(prev), ((r - 1) // NUM_STAGES) & 1)
                 o_tok = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
                 mbarrier.arrive(their_turn, count=1)
-                s = warpgroup_mma_wait(1, deps=[s_tok])
-                s = _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K, BLOCK_N, CAUSAL, s_layout)
-                m_new = ttgl.maximum(m_i, ttgl.max(s, 1))
-                p = ttgl.exp2(s - m_new[:, None])
-                alpha = ttgl.exp2(m_i - m_new)
-                l_i = l_i * alpha + ttgl.sum(p, 1)
-                m_i = m_new
-                acc, p16 = warpgroup_mma_wait(0, deps=[o_tok, p16])
-                ttgl.thread_barrier()  # every warp's PV(j - 1) is done: release its slot
-                mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + prev), count=1)
-                acc = acc * ttgl.convert_layout(alpha, ttgl.SliceLayout(1, o_layout))[:, None]
-                p16 = ttgl.convert_layout(p.to(dtype), p_layout)
+                acc, p16, m_i, l_i = _pp_next_block(s_tok, o_tok, p16, m_i, l_i, j, n_free, offs_m, qk_scale,
+                                                    N_CTX_K, empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N,
+                                                    CAUSAL, s_layout, o_layout, p_layout)
 
             r = r0 + n_blocks - 1
-            mbarrier.wait(v_bars.index(r % NUM_STAGES), (r // NUM_STAGES) & 1)
-            acc = warpgroup_mma(p16, v_smem.index(r % NUM_STAGES), acc)
-            ttgl.thread_barrier()
-            mbarrier.arrive(empty_bars.index(WG * NUM_STAGES + r % NUM_STAGES), count=1)
-
+            acc = _pp_last_pv(p16, acc, v_smem, v_bars, empty_bars.index(WG * NUM_STAGES + r % NUM_STAGES), r,
+                              NUM_STAGES)
             # the empty turns, then this tile's epilogue (overlapping the other warpgroup's last block)
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, n_blocks, n_max, WG, NUM_STAGES)
-            if STORE_LSE:  # lse in natural-log units, as attention.py's forward writes it
-                lse = (m_i + ttgl.log2(l_i)) * LN2
-                ttgl.store(Lse + bh.to(ttgl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
-            o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
-            q_smem.store(o.to(dtype))  # this tile's Q is no longer read: stage O there for the TMA store
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, h, tile * BLOCK_M, 0], q_box)
-            tma.store_wait(0)  # q_smem takes the next tile's Q
+            lse_base = Lse
+            if STORE_LSE:
+                lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
+            _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M, dtype,
+                         STORE_LSE, o_layout)
         else:  # this warpgroup's query tile lies past the end: empty turns only
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, 0, n_max, WG, NUM_STAGES)
         r0 += n_max
