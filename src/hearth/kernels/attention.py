@@ -887,8 +887,9 @@ GLUON_PP_DEFAULT = frozenset({(128, True), (128, False)})
 # causal T1024 0.393 / 0.449, T2048 0.638 / 0.693, T4096 1.148 / 1.186; non-causal T1024 0.601 / 0.639,
 # T2048 1.114 / 1.128, T4096 2.152 / 2.153. From T8192 on it ties or loses (T32768 causal 18.50 / 17.69,
 # non-causal 39.42 / 36.08): long rows leave no launch cost to save and the per-tile grid balances better.
-# The same call at B4 H32 T4096 D128 (no GQA) measured it slower: causal 1.101 / 0.962 ms, non-causal 2.067 /
-# 1.698, with the tiles walked batch * head fastest over all heads (132 programs on 132 heads' K/V). The
+# At B4 H32 T4096 D128 (no GQA; a later call, =1 against =0) it was slower: causal 1.101 / 0.962 ms,
+# non-causal 2.067 / 1.698, with the tiles walked batch * head fastest over all heads (132 programs on 132 heads'
+# K/V), where GQA 40/8 at T4096 measured 1.149 / 1.186 in that call. The
 # persistent kernel now walks them in sections of heads whose K/V fit L2 (attention_gluon.pps_section); that
 # order and this rule are to be measured on the H200 at both shapes before the branch lands.
 PERSIST_MAX_T = 4096
