@@ -17,6 +17,7 @@
 #   PP=1         the Gluon ping-pong forward at every PP_CANDIDATES config beside the Triton forward and cuDNN -> attention_gluon_pp.jsonl
 #   TMA_DESC=1   matmul with host vs device TMA descriptors: ms, host us per call, extra memory -> mm/tma_desc.json
 #   HOST_TRACE=1 swiglu_mlp at Qwen3-0.6B back to back under torch.profiler -> host_trace_*.txt
+#   MLP_AB=1     swiglu_mlp's model-shape cases with the early free of du and without it, A B A B -> mlp_*/
 #   MM_MODELS=1  the model-shape suite for matmul and swiglu_mlp (time and memory after the host descriptors) -> models/
 #   GLUON_BWD=1  the Gluon backward kernels (dK / dV, dQ, both) against the Triton ones and cuDNN, fwd+bwd -> attention_gluon_bwd.jsonl
 #   ATTN_AB=1    still owed: the LoRA step with hearth's attention, its forward the ping-pong kernel (default) and the
@@ -98,6 +99,17 @@ for p in 1 0; do  # the headline shapes too: B4 H32 (no GQA) T4096 is where the 
   [ -n "${PERSIST:-}" ] && step "persist_headline_$p" 60 env HEARTH_ATTN_GLUON_PERSIST=$p python3 -m hearth.bench \
     attention --sizes headline --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_headline_$p" \
     --total-budget-s 50
+done
+# MLP_AB: the SwiGLU MLP's model-shape cases with the eager backward's early free of du (as shipped) and with it
+# patched out (the pre-change backward), A B A B, one process each: the branch's one run showed more host time a
+# call (Qwen3-0.6B wall 2.12 ms, host 2.08, against main's 1.61 / 1.37 in an earlier call), to tell the change
+# from drift between calls
+for i in 1 2; do
+  for v in release keep; do
+    patch=""; [ "$v" = keep ] && patch="import hearth.kernels.swiglu as s; s._release_storage = lambda t: None; "
+    [ -n "${MLP_AB:-}" ] && step "mlp_${v}_$i" 45 python3 -c "${patch}import sys; from hearth.bench.__main__ import parse; from hearth.bench.runner import main
+sys.exit(main(**parse(['swiglu_mlp', '--sizes', 'models', '--providers', 'hearth,compile', '--out', '$OUT/mlp_${v}_$i', '--total-budget-s', '40'])))"
+  done
 done
 [ -n "${MM_MODELS:-}" ] && step mm_models 150 env OUT="$OUT/mm_models" BUDGET_S=120 bash scripts/gpu/bench_models.sh \
   matmul swiglu_mlp
