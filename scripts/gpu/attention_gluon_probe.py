@@ -20,7 +20,7 @@ forward at every config of attention_gluon.CANDIDATES (all compile for sm_90 wit
 D=128 and D=64 cases, both variants, each gated by the same check; one row per (case, config, variant).
 Then the ping-pong variant (attention_gluon.PING_PONG, what HEARTH_ATTN_GLUON_PP=1 selects) at every config
 of attention_gluon.PP_CANDIDATES, same cases, gate and row format (variant "pp", config (BLOCK_M per
-warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups)). A wrong barrier schedule would hang the GPU, so these run in a child
+warpgroup, BLOCK_N, NUM_STAGES)). A wrong barrier schedule would hang the GPU, so these run in a child
 process (--pp-child) with a PP_TIMEOUT_S limit (--pp-only: those rows alone, at all four cases, with the
 Triton forward's (HEARTH_ATTN_GLUON=0) and cuDNN's TFLOP/s timed beside them in the same child): a hang
 becomes a row with status "timed out", not a stalled probe.
@@ -59,10 +59,7 @@ SHORT_CASES = [
     (16, 32, 32, 1024, 64, True),
 ]
 SWEEP = ag.CANDIDATES
-# every ping-pong candidate, and (probe only) FlashAttention-3's head_dim-64 shape, three consumers of 64 rows over
-# 128-key blocks: it spills 88 bytes when built non-causal, so it is not a candidate; timed here (gated on the
-# reference like the rest) to see whether it pays anyway
-PP_SWEEP = {d: list(c) + ([(64, 128, 3, 3)] if d == 64 else []) for d, c in ag.PP_CANDIDATES.items()}
+PP_SWEEP = {d: list(c) for d, c in ag.PP_CANDIDATES.items()}
 PP_TIMEOUT_S = 75  # the ping-pong rows: ~7 compiles and timings, seconds each; a hang never ends
 BUDGET_S = 80.0
 T0 = time.time()

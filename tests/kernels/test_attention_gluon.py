@@ -192,18 +192,17 @@ print(json.dumps(out))
 
 
 def test_sm90_every_ping_pong_candidate_builds_without_spills():
-    """Every ping-pong config the sweep may time (PP_CANDIDATES: 2 consumer warpgroups, and 3 at head_dim 64)
-    builds for sm_90, causal or not: no spills, no global scratch, wgmma and TMA, a consumer warp count of
-    4 per consumer plus the producer padded to a warpgroup, setmaxnreg giving the consumers their budget
-    (CONSUMER_REGS_BY_COUNT) and the producer PRODUCER_REGS, and the wgmma wait that keeps PV(j - 1) in flight."""
+    """Every ping-pong config the sweep may time (PP_CANDIDATES) builds for sm_90, causal or not: no spills, no
+    global scratch, wgmma and TMA, 12 warps (two 4-warp consumers and the producer padded to a warpgroup),
+    setmaxnreg giving the consumers CONSUMER_REGS and the producer PRODUCER_REGS, and the wgmma wait that keeps
+    PV(j - 1) in flight."""
     reports = run_offline(_PP_CANDIDATES_SCRIPT)
     assert len(reports) == 2 * sum(len(c) for c in ag.PP_CANDIDATES.values()), [r["label"] for r in reports]
     for r in reports:
-        consumers = r["cfg"][3]
         assert r["spill"] == 0, f"{r['label']}: {r['spill']} bytes spilled"
         assert r["scratch"] == 0 and r["wgmma"] > 0 and r["tma"] > 0, r
-        assert r["warps"] == 4 * consumers + 4, (r["label"], r["warps"])
-        assert ["inc", str(ag.CONSUMER_REGS_BY_COUNT[consumers])] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
+        assert r["warps"] == 12, (r["label"], r["warps"])
+        assert ["inc", str(ag.CONSUMER_REGS)] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
         assert ["dec", str(ag.PRODUCER_REGS)] in r["setmaxnreg"], (r["label"], r["setmaxnreg"])
         assert 1 in r["wgmma_waits"], (r["label"], r["wgmma_waits"])
 
@@ -552,10 +551,9 @@ def test_shipped_config_is_the_first_candidate():
             assert bm == 16 * warps, (d, bm, warps)  # the accumulator layout gives each warp 16 rows of the tile
             assert stages >= 2, (d, stages)  # _consume's next QK^T reads another slot than the one refilled
         assert ag.PP_CANDIDATES[d][0] == ag.PP_CONFIGS[d]
-        for bm, bn, stages, consumers in ag.PP_CANDIDATES[d]:
+        for bm, bn, stages in ag.PP_CANDIDATES[d]:
             assert bm % 64 == 0, (d, bm)  # one warpgroup's wgmma covers 64 rows; larger tiles repeat it
             assert stages >= 2, (d, stages)  # QK^T(j) is issued while PV(j - 1) still reads the other slot
-            assert consumers in ag.CONSUMER_REGS_BY_COUNT, (d, consumers)  # the kernel spells out 2 and 3
 
 
 @hopper_only
@@ -741,7 +739,7 @@ assert ag.PERSISTENT == (os.environ.get("HEARTH_ATTN_GLUON_PERSIST") == "1")
 if os.environ.get("HEARTH_TEST_NUM_SMS"):  # a small persistent grid: every program walks many tiles
     ag.num_sms = lambda device: int(os.environ["HEARTH_TEST_NUM_SMS"])
 for name, args, config in json.loads(sys.argv[1]):
-    if config is not None:  # one of PP_CANDIDATES: (head_dim, (BLOCK_M, BLOCK_N, NUM_STAGES, consumers))
+    if config is not None:  # one of PP_CANDIDATES: (head_dim, (BLOCK_M, BLOCK_N, NUM_STAGES))
         ag.PP_CONFIGS[config[0]] = tuple(config[1])
     args = [getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a for a in args]
     print("running", name, args, ag.PP_CONFIGS, flush=True)
@@ -798,55 +796,6 @@ def test_gpu_pp_every_candidate_config_is_correct(D, cfg):
 
 @gluon_pp
 @hopper_only
-@pytest.mark.parametrize("cfg", [c for c in ag.PP_CANDIDATES[64] if c[3] == 3], ids=str)
-def test_gpu_pp_three_consumers_ragged_lengths(cfg):
-    """Three consumer warpgroups (head_dim 64): the turn ring over the active tiles at every ragged shape of
-    one or two programs (T 1, 64, 100, 128, 192, 200, 300: a program's second or third tile partly or wholly
-    past the end), then 1000 and 4160, causal and not; GQA 40/8 on a [B, T, H, D] view; fp16. A ring that
-    waits on a turn that never comes hangs: the subprocess's timeout turns that into a failure."""
-    calls = [("_check_forward", [1, 4, 2, T, 64, torch.bfloat16, c], [64, list(cfg)])
-             for c in (False, True) for T in (1, 64, 100, 128, 192, 200, 300, 1000, 4160)]
-    calls += [("_check_forward", [1, 40, 8, 1500, 64, torch.bfloat16, c, True], [64, list(cfg)]) for c in (False, True)]
-    calls += [("_check_forward", [2, 4, 4, 777, 64, torch.float16, c], [64, list(cfg)]) for c in (False, True)]
-    _run_pp(calls, timeout=2 * PP_TIMEOUT_S)
-
-
-@gluon_pp
-@hopper_only
-def test_gpu_pp_through_attention_fwd_bwd():
-    """attention() with HEARTH_ATTN_GLUON=1 HEARTH_ATTN_GLUON_PP=1 (the env, as a user sets it): the
-    ping-pong forward runs and the existing backward consumes its O and lse (out, dq, dk, dv in the rule)."""
-    _run_pp([("_pp_fwd_bwd", [T, Hq, Hk, D, c], None)
-             for T, Hq, Hk, D in ((1000, 4, 2, 128), (1500, 40, 8, 64)) for c in (False, True)])
-
-
-def _pp_fwd_bwd(T, Hq, Hk, D, causal):
-    """(in the subprocess) attention() forward + backward within the rule, the Gluon forward counted."""
-    test_attention = importlib.import_module("tests.kernels.test_attention")
-    calls = []
-    real = ag.forward
-    ag.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
-    try:
-        q, k, v, do = _inputs(1, Hq, Hk, T, D, torch.bfloat16, seed=3)
-        test_attention._assert_within_bound(q, k, v, do, causal, None)
-    finally:
-        ag.forward = real
-    assert calls, "HEARTH_ATTN_GLUON=1 on Hopper did not run the Gluon forward"
-
-
-def test_inspect_offline_build_of_attention_is_the_gluon_forward():
-    """`hearth inspect attention --arch sm_90` builds attention_gluon's variants; other targets are refused
-    by name (the build itself is covered by the sm90_reports tests above)."""
-    with pytest.raises(ValueError, match="sm_80"):
-        attn.offline_kernels(80, torch.bfloat16)
-    with pytest.raises(ValueError, match="sm_100"):
-        attn.offline_kernels(100, torch.bfloat16)
-    with pytest.raises(ValueError, match="float32"):
-        attn.offline_kernels(90, torch.float32)
-
-
-@gluon_pp
-@hopper_only
 @pytest.mark.parametrize("sms", [None, 7], ids=["all-sms", "7-programs"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_pp_persistent_matches_reference(D, sms):
@@ -855,7 +804,7 @@ def test_gpu_pp_persistent_matches_reference(D, sms):
     turns follow its real ones), on the whole GPU and on a grid of 7 programs (every program walks many tiles,
     several wholly past the end in a row): ragged lengths, causal and not, GQA 40/8 on a [B, T, H, D] view,
     fp16, Tq != Tk, and the inference call without lse."""
-    configs = [None, [D, [64, 64, 3, 2]]]
+    configs = [None, [D, [64, 64, 3]]]
     calls = [("_check_forward", [B, H, H // 2, T, D, torch.bfloat16, c], cfg)
              for cfg in configs for c in (False, True)
              for B, H, T in ((1, 4, 1), (1, 4, 100), (1, 4, 128), (8, 32, 300), (2, 16, 1000), (1, 4, 4160))]
@@ -888,7 +837,7 @@ def test_sm90_persistent_ping_pong_builds():
     """The persistent forward builds for sm_90 at the shipped PP_CONFIGS, causal or not, with and without the lse
     store (Lse a None constexpr through the partitions' arguments): wgmma and TMA, no global
     scratch, within the H200's shared memory. Spills: none, except 8 bytes at head_dim 128 causal (the tile
-    loop's extra live values at the consumers' 240-register budget; the opt-in variant is kept to be timed,
+    loop's extra live values at the consumers' 240-register budget; the variant runs up to PERSIST_MAX_T rows,
     and this bound keeps it from growing unnoticed)."""
     reports = run_offline(_PPS_BUILD_SCRIPT)
     assert len(reports) == 2 * len(ag.HEAD_DIMS) * 2, [r["label"] for r in reports]
@@ -899,40 +848,26 @@ def test_sm90_persistent_ping_pong_builds():
 
 
 # ---------------------------------------------------------------- the ping-pong turn protocol, modelled
-def _pp_turn_program(w, n, consumers):
+def _pp_turn_program(w, n):
     """Consumer warpgroup w's turn-barrier operations in _pp_consumer, in order, for block counts n (one per
-    tile of the program): ('wait', barrier, parity, pred) and ('arrive', barrier, pred). Two consumers: the
-    ping-pong rule; three: the chain of _pp_ring3 / _pp_ring3_arrive (the same arithmetic, in Python)."""
+    tile of the program): ('wait', barrier, parity, pred) and ('arrive', barrier, pred)."""
     if n[w] == 0:
         return
-    if consumers == 2:
-        n_other = n[1 - w]
-        for j in range(n[w]):
-            if w == 1:
-                yield ("wait", 1, j & 1, j < n_other)
-            elif j >= 1:
-                yield ("wait", 0, (j - 1) & 1, j - 1 < n_other)
-            yield ("arrive", 1 - w, True)
-        return
-    n0, n1, n2 = n
-    last = int(n1 > 0) + int(n2 > 0)
-    n_last = n2 if n2 > 0 else (n1 if n1 > 0 else n0)
+    n_other = n[1 - w]
     for j in range(n[w]):
-        if w != 0:
-            yield ("wait", w, j & 1, True)
+        if w == 1:
+            yield ("wait", 1, j & 1, j < n_other)
         elif j >= 1:
-            yield ("wait", 0, (j - 1) & 1, True)
-        m_next = int(last > 0 and n0 <= j + 1) + int(last > 1 and n1 <= j + 1)
-        yield ("arrive", w + 1 if w < last else m_next, w < last or j + 1 < n_last)
+            yield ("wait", 0, (j - 1) & 1, j - 1 < n_other)
+        yield ("arrive", 1 - w, True)
 
 
-def _pp_turns_run(n, consumers, rng):
-    """Run the warpgroups' turn operations under one random interleaving with mbarrier phase semantics
+def _pp_turns_run(n, rng):
+    """Run the two warpgroups' turn operations under one random interleaving with mbarrier phase semantics
     (count 1; a wait on parity p passes once the barrier's completed-phase count has the other parity).
-    Returns None, or what went wrong: a deadlock, or (three consumers, whose turns form one chain) a barrier
-    arrived on twice before its owner waited once, the ABA that would make a parity wait pass or block wrongly."""
-    phases, waits = [0] * consumers, [0] * consumers
-    progs = [_pp_turn_program(w, n, consumers) for w in range(consumers)]
+    Returns None, or what went wrong: a deadlock."""
+    phases = [0, 0]
+    progs = [_pp_turn_program(w, n) for w in range(2)]
     cur = [next(p, None) for p in progs]
     while any(c is not None for c in cur):
         ready = [w for w, c in enumerate(cur) if c is not None
@@ -943,20 +878,13 @@ def _pp_turns_run(n, consumers, rng):
         op = cur[w]
         if op[0] == "arrive" and op[2]:
             phases[op[1]] += 1
-            if consumers == 3 and phases[op[1]] - waits[op[1]] > 1:
-                return f"barrier {op[1]} arrived on twice before a wait ({phases}, {waits})"
-        elif op[0] == "wait" and op[3]:
-            waits[op[1]] += 1
         cur[w] = next(progs[w], None)
     return None
 
 
 def test_pp_turn_rings_never_hang():
-    """The turn protocol of the ping-pong forward, for two consumer warpgroups (the rule the H200 runs) and
-    three (_pp_ring3's single chain), over every program of ragged and long lengths, causal and not, under
-    random interleavings: no deadlock, and with three consumers no turn barrier two phases ahead of its wait.
-    (A first three-way ring, each warpgroup waiting only on its predecessor's turn, hung here: with
-    n = [1, 2, 3] warpgroup 1 ran two turns ahead of warpgroup 2's wait.)"""
+    """The turn protocol of the ping-pong forward's two consumer warpgroups over every program of ragged and
+    long lengths, causal and not, under random interleavings: no deadlock."""
     import random
 
     def blocks(tile, T, causal, bm, bn):
@@ -966,15 +894,14 @@ def test_pp_turn_rings_never_hang():
         return -(-(min(lo + bm, T) if causal else T) // bn)
 
     rng = random.Random(0)
-    for consumers in (2, 3):
-        for causal in (True, False):
-            for T in [1, 63, 64, 65, 100, 128, 134, 192, 200, 300, 333, 500, 777, 1000, 4160]:
-                for bm, bn in ((64, 64), (64, 128), (128, 64)):
-                    for start_m in range(-(-T // (consumers * bm))):
-                        n = [blocks(consumers * start_m + w, T, causal, bm, bn) for w in range(consumers)]
-                        for _ in range(5):
-                            err = _pp_turns_run(n, consumers, rng)
-                            assert err is None, (consumers, causal, T, bm, bn, n, err)
+    for causal in (True, False):
+        for T in [1, 63, 64, 65, 100, 128, 134, 192, 200, 300, 333, 500, 777, 1000, 4160]:
+            for bm, bn in ((64, 64), (64, 128), (128, 64)):
+                for start_m in range(-(-T // (2 * bm))):
+                    n = [blocks(2 * start_m + w, T, causal, bm, bn) for w in range(2)]
+                    for _ in range(5):
+                        err = _pp_turns_run(n, rng)
+                        assert err is None, (causal, T, bm, bn, n, err)
 
 
 def _pps_agents(tiles, stages):

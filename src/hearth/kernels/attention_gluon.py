@@ -45,11 +45,9 @@ stand in for FlashAttention-3's bar.sync / bar.arrive pair). Waits for a turn th
 takes are skipped, so unequal block counts cannot hang. A slot has one "released" mbarrier per consumer;
 the producer refills it when every consumer that reads its block has released it. setmaxnreg gives
 each consumer warpgroup CONSUMER_REGS registers and the producer PRODUCER_REGS (384 threads a program).
-A config may ask for three consumer warpgroups instead (PP_CANDIDATES at head_dim 64, where the softmax is a
-larger share of each block's work, as FlashAttention-3 does at small head dims): the turns then go round a
-single chain over the program's active tiles (_pp_ring3), 512 threads a program, 160 registers for each
-worker consumer and the leftover 168 for consumer 0 (the default partition). Built offline without spills; not yet run on a GPU, so no default uses it.
-Not done yet: a persistent tile scheduler.
+A persistent form (_attn_fwd_gluon_pps_kernel) runs one program per SM over all the tiles. A form with three
+consumer warpgroups (FlashAttention-3's at small head dims) was built and timed on the H200; it was slower
+than the Triton forward at head_dim 64 (BENCHMARKS.md) and was removed.
 
 On the H200 (BENCHMARKS.md) the single-partition and warp-specialised variants are correct but slower
 than the Triton forward: attention() uses them only under HEARTH_ATTN_GLUON=1. The ping-pong variant is
@@ -110,21 +108,18 @@ WARP_SPECIALIZE = os.environ.get("HEARTH_ATTN_GLUON_WS", "0") == "1"
 PRODUCER_WARPS = 1
 PRODUCER_REGS = 24
 # Ping-pong variant (env HEARTH_ATTN_GLUON_PP=1, read here only; it replaces the variants above when set):
-# (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) per head dim; a program owns
-# consumers * BLOCK_M rows. A warpgroup holds S, the P of the previous block (its PV is still in flight) and O
-# at once: 64-row tiles fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key
-# blocks). Three consumers (FlashAttention-3's choice at small head dims, where the softmax is a larger share
-# of the work) get 160 registers each (the register file of four warpgroups less the producer's).
+# (BLOCK_M rows per consumer warpgroup, BLOCK_N, NUM_STAGES) per head dim; a program owns 2 * BLOCK_M rows.
+# A warpgroup holds S, the P of the previous block (its PV is still in flight) and O at once: 64-row tiles
+# fit CONSUMER_REGS (2 x 128 x 128 spills at D 64; D 64 takes 128 rows only with 64-key blocks).
 # All of PP_CANDIDATES compile for sm_90 without spills; the first of each is PP_CONFIGS'.
 PING_PONG = os.environ.get("HEARTH_ATTN_GLUON_PP", "0") == "1"
 PP_CONFIGS = {
-    64: (64, 128, 3, 2),
-    128: (64, 128, 3, 2),  # the probe's sweep on the H200 (2026-12-02): 519 TFLOP/s against 476 at 2 stages
+    64: (64, 128, 3),
+    128: (64, 128, 3),  # the probe's sweep on the H200 (2026-12-02): 519 TFLOP/s against 476 at 2 stages
 }
 PP_CANDIDATES = {
-    128: [(64, 128, 3, 2), (64, 128, 2, 2), (64, 64, 3, 2)],
-    # 3 consumers: not yet run on a GPU (built offline only)
-    64: [(64, 128, 3, 2), (64, 128, 2, 2), (64, 128, 4, 2), (128, 64, 3, 2), (64, 64, 4, 3), (64, 64, 3, 3)],
+    128: [(64, 128, 3), (64, 128, 2), (64, 64, 3)],
+    64: [(64, 128, 3), (64, 128, 2), (64, 128, 4), (128, 64, 3)],
 }
 PP_WARPS = 4  # the default partition: consumer warpgroup 0
 # The persistent form of the two-consumer ping-pong forward: one program per SM walks the (query block,
@@ -133,7 +128,6 @@ PP_WARPS = 4  # the default partition: consumer warpgroup 0
 # furthest behind cuDNN at short sequences). attention.forward_kernel picks it by query length; PERSISTENT
 # (env HEARTH_ATTN_GLUON_PERSIST=1) is what a direct call of forward() with persistent=None runs.
 PERSISTENT = os.environ.get("HEARTH_ATTN_GLUON_PERSIST", "0") == "1"
-CONSUMER_REGS_BY_COUNT = {2: 240, 3: 160}
 # The persistent forward walks its tiles in sections of query heads whose keys and values fit this many bytes,
 # so the programs running at once read the K/V of a few heads, as the per-tile grid's (query blocks fastest)
 # do, and L2 serves the re-reads. With batch * head fastest over all heads (its first order) 132 programs read
@@ -165,7 +159,7 @@ def pps_tile_order(bh: int, n_m: int, section: int, causal: bool) -> list[tuple[
         start_m = q - sec * n_m
         out.append((n_m - 1 - start_m if causal else start_m, tile_id - q * section + sec * section))
     return out
-CONSUMER_REGS = CONSUMER_REGS_BY_COUNT[2]
+CONSUMER_REGS = 240
 
 
 @gluon.constexpr_function
@@ -452,36 +446,6 @@ def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
 
 
 @gluon.jit
-def _pp_ring3(start_m, N_CTX_Q, N_CTX_K, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr):
-    """The turn ring of three consumer warpgroups: (n0, n1, last, n_last) = the block counts of the program's
-    first two tiles, the last active warpgroup (a tile wholly past the queries' end visits no block; such
-    tiles are a suffix) and its block count. Over the active tiles the block counts never decrease (causal: a
-    later tile reaches further along the keys; otherwise they are equal), so the warpgroups that take turn t
-    are a suffix m_t .. last of the active ones, and the turns run as ONE chain: (turn 0: 0, 1, .., last),
-    (turn 1: m_1, .., last), ... Each turn waits for the one before it in the chain and hands over to the one
-    after (_pp_ring3_arrive): every wait is matched by exactly one arrival, never two ahead, so the phase
-    parities stay exact and no warpgroup can wait on a turn that never comes. (Two warpgroups keep the
-    simpler ping-pong rule of _pp_consumer, which the H200 has run; the three-way chain is modelled in
-    tests/kernels/test_attention_gluon.py::test_pp_turn_rings_never_hang.)"""
-    n0 = _pp_tile_blocks(3 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-    n1 = _pp_tile_blocks(3 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-    n2 = _pp_tile_blocks(3 * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-    last = (n1 > 0).to(ttgl.int32) + (n2 > 0).to(ttgl.int32)
-    n_last = ttgl.where(n2 > 0, n2, ttgl.where(n1 > 0, n1, n0))
-    return n0, n1, last, n_last
-
-
-@gluon.jit
-def _pp_ring3_arrive(turn_bars, j, n0, n1, last, n_last, WG: ttgl.constexpr):
-    """Hand turn j of warpgroup WG over in the three-way chain: to WG + 1 when WG is not the last active
-    warpgroup, else to the first warpgroup that takes turn j + 1 (m_{j+1}: the active ones before `last` whose
-    tiles end before block j + 1 drop out), if any does."""
-    m_next = ((last > 0) & (n0 <= j + 1)).to(ttgl.int32) + ((last > 1) & (n1 <= j + 1)).to(ttgl.int32)
-    target = ttgl.where(WG < last, WG + 1, m_next)
-    mbarrier.arrive(turn_bars.index(target), count=1, pred=(WG < last) | (j + 1 < n_last))
-
-
-@gluon.jit
 def _pp_first_block(s_tok, n_free, offs_m, qk_scale, N_CTX_K, dtype: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
                     CAUSAL: ttgl.constexpr, s_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
     """Key block 0 of a ping-pong consumer's tile, once its QK^T (s_tok) was issued: (m_i, l_i, p16). Block 0
@@ -543,30 +507,26 @@ def _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc
 @gluon.jit
 def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars,
                  empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K,
-                 WG: ttgl.constexpr, NUM_CONSUMERS: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+                 WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
                  BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
                  s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
-    """One consumer warpgroup: query tile NUM_CONSUMERS * start_m + WG of head (b, h), all of it (Q load, key
+    """One consumer warpgroup: query tile 2 * start_m + WG of head (b, h), all of it (Q load, key
     blocks, epilogue). q_desc / o_desc: host-built 4-D TMA descriptors over [B, Hq, T, D] with a
     [1, 1, BLOCK_M, D] box, so a tile past T is zero-filled on load and clipped on store within its own head.
 
     Per key block j it takes one turn: wait for its turn (turn_bars[WG]), issue QK^T(j) and PV(j - 1)
-    asynchronously, hand the turn over (arrive on the next warpgroup's turn barrier), then run block j's
-    softmax while the tensor cores work on the other warpgroups' GEMMs. Two consumers (FlashAttention-3's
-    ping-pong): turn t of WG1 waits for WG0's turn t, turn t >= 1 of WG0 for WG1's turn t - 1; a wait whose
-    partner turn does not exist (the tiles visit different numbers of blocks under the causal mask) is
-    skipped, so neither can hang on the other. Three consumers: the single chain of _pp_ring3. The last PV
-    is issued outside the turns."""
+    asynchronously, hand the turn over (arrive on the other warpgroup's turn barrier), then run block j's
+    softmax while the tensor cores work on the other warpgroup's GEMMs (FlashAttention-3's ping-pong): turn t
+    of WG1 waits for WG0's turn t, turn t >= 1 of WG0 for WG1's turn t - 1; a wait whose partner turn does not
+    exist (the tiles visit different numbers of blocks under the causal mask) is skipped, so neither can hang
+    on the other. The last PV is issued outside the turns."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
-    tile = NUM_CONSUMERS * start_m + WG
+    tile = 2 * start_m + WG
     n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
     my_turn = turn_bars.index(WG)
-    if NUM_CONSUMERS == 3:
-        n0, n1, last, n_last = _pp_ring3(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
-    else:
-        n_other = _pp_tile_blocks(2 * start_m + 1 - WG, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-        their_turn = turn_bars.index(1 - WG)
+    n_other = _pp_tile_blocks(2 * start_m + 1 - WG, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    their_turn = turn_bars.index(1 - WG)
     if n_blocks > 0:
         q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
         mbarrier.expect(q_bar, Q_BYTES)
@@ -577,29 +537,18 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
         mbarrier.wait(q_bar, 0)
 
         # turn 0: QK^T(0) alone (no P yet)
-        if NUM_CONSUMERS == 3:
-            if WG != 0:
-                mbarrier.wait(my_turn, 0)
-        elif WG == 1:
+        if WG == 1:
             mbarrier.wait(my_turn, 0, pred=n_other > 0)
         mbarrier.wait(k_bars.index(0), 0)
         s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        if NUM_CONSUMERS == 3:
-            _pp_ring3_arrive(turn_bars, 0, n0, n1, last, n_last, WG)
-        else:
-            mbarrier.arrive(their_turn, count=1)
+        mbarrier.arrive(their_turn, count=1)
         m_i, l_i, p16 = _pp_first_block(s_tok, n_free, offs_m, qk_scale, N_CTX_K, dtype, BLOCK_N, CAUSAL, s_layout,
                                         p_layout)
 
         for j in range(1, n_blocks):
             slot = j % NUM_STAGES
             prev = (j - 1) % NUM_STAGES
-            if NUM_CONSUMERS == 3:  # every turn of the chain waits for the one before it
-                if WG == 0:
-                    mbarrier.wait(my_turn, (j - 1) & 1)
-                else:
-                    mbarrier.wait(my_turn, j & 1)
-            elif WG == 0:
+            if WG == 0:
                 mbarrier.wait(my_turn, (j - 1) & 1, pred=j - 1 < n_other)
             else:
                 mbarrier.wait(my_turn, j & 1, pred=j < n_other)
@@ -608,10 +557,7 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
                                   is_async=True)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
             o_tok = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
-            if NUM_CONSUMERS == 3:
-                _pp_ring3_arrive(turn_bars, j, n0, n1, last, n_last, WG)
-            else:
-                mbarrier.arrive(their_turn, count=1)
+            mbarrier.arrive(their_turn, count=1)
             acc, p16, m_i, l_i = _pp_next_block(s_tok, o_tok, p16, m_i, l_i, j, n_free, offs_m, qk_scale, N_CTX_K,
                                                 empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N, CAUSAL,
                                                 s_layout, o_layout, p_layout)
@@ -652,26 +598,19 @@ def _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slo
 @gluon.jit
 def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
                  start_m, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr,
-                 NUM_CONSUMERS: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
     """The load warp of the ping-pong variant: key block j goes into slot j % NUM_STAGES once every
     consumer that read the slot's previous block (j - NUM_STAGES) released it; a warpgroup whose tile
     stops short of that block never arrives for it, so its barrier is not waited on. k_desc / v_desc:
     host-built 4-D descriptors over [B, Hk, T, D] with a [1, 1, BLOCK_N, D] box."""
-    n0 = _pp_tile_blocks(NUM_CONSUMERS * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-    n1 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n0 = _pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
+    n1 = _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     n_blocks = ttgl.maximum(n0, n1)
-    if NUM_CONSUMERS == 3:
-        n2 = _pp_tile_blocks(NUM_CONSUMERS * start_m + 2, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
-        n_blocks = ttgl.maximum(n_blocks, n2)
     for j in range(n_blocks):
         slot = j % NUM_STAGES
         phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(empty_bars.index(slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n0))
         mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n1))
-        if NUM_CONSUMERS == 3:
-            mbarrier.wait(empty_bars.index(2 * NUM_STAGES + slot), phase,
-                          pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n2))
         _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, True, BLOCK_N, HEAD_DIM, NUM_STAGES,
                       TILE_BYTES)
 
@@ -891,13 +830,12 @@ def _attn_fwd_gluon_pp_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
-    STORE_LSE: ttgl.constexpr = True, NUM_CONSUMERS: ttgl.constexpr = 2,
+    STORE_LSE: ttgl.constexpr = True,
 ):
-    """One program per NUM_CONSUMERS * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default
-    partition, num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next
-    (and with NUM_CONSUMERS = 3, warpgroup 2 the third, FlashAttention-3's shape for small head dims), and a
-    1-warp producer streams the K/V blocks all of them read through one shared ring. The four TMA descriptors
-    are built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch."""
+    """One program per 2 * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default partition,
+    num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next, and a
+    1-warp producer streams the K/V blocks both read through one shared ring. The four TMA descriptors are
+    built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     # Each consumer is one warpgroup: its 4 warps stack along M (a 128-row tile wraps round them twice).
@@ -913,18 +851,17 @@ def _attn_fwd_gluon_pp_kernel(
     else:  # Lse is None: the consumers take this unused value in its place and store nothing through it
         lse_base = bh
 
-    NC: ttgl.constexpr = NUM_CONSUMERS
-    q_smem = ttgl.allocate_shared_memory(dtype, [NC, BLOCK_M, HEAD_DIM], q_shared)
+    q_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_shared)
     k_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
     v_smem = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], kv_shared)
-    q_bars = ttgl.allocate_shared_memory(ttgl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    q_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     # one "slot released" barrier per (consumer, slot), consumer-major: a slot is refilled once both consumers that
     # read its block arrived (the producer waits on both); turn_bars[w]: warpgroup w may issue its GEMMs.
-    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NC * NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [NC, 1], mbarrier.MBarrierLayout())
-    for w in ttgl.static_range(NC):
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in ttgl.static_range(2):
         mbarrier.init(q_bars.index(w), count=1)
         mbarrier.init(turn_bars.index(w), count=1)
         for i in ttgl.static_range(NUM_STAGES):
@@ -934,40 +871,18 @@ def _attn_fwd_gluon_pp_kernel(
         mbarrier.init(v_bars.index(i), count=1)
     fence_async_shared()
 
-    # (the partition lists are spelled out per consumer count: the Gluon frontend takes a (function, args) pair
-    # only inside the warp_specialize call)
-    if NC == 3:
-        ttgl.warp_specialize(
-            [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
-                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0, NC,
-                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                             p_layout)),
-             (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
-                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1, NC,
-                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                             p_layout)),
-             (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(2), q_bars.index(2), k_smem, v_smem, k_bars,
-                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 2, NC,
-                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                             p_layout)),
-             (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
-                             start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES, NC))],
-            [4, 4, PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        ttgl.warp_specialize(
-            [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
-                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0, NC,
-                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                             p_layout)),
-             (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
-                             v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1, NC,
-                             HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                             p_layout)),
-             (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
-                             start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES, NC))],
-            [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    ttgl.warp_specialize(
+        [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
+                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+         (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
+                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+         (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
+                         start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
-    for w in ttgl.static_range(NC):
+    for w in ttgl.static_range(2):
         mbarrier.invalidate(q_bars.index(w))
         mbarrier.invalidate(turn_bars.index(w))
         for i in ttgl.static_range(NUM_STAGES):
@@ -1286,9 +1201,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     if PING_PONG if ping_pong is None else ping_pong:
-        block_m, block_n, stages, consumers = PP_CONFIGS[D]
+        block_m, block_n, stages = PP_CONFIGS[D]
         descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
-        if (PERSISTENT if persistent is None else persistent) and consumers == 2:
+        if PERSISTENT if persistent is None else persistent:
             n_m = triton.cdiv(Tq, 2 * block_m)
             total = n_m * B * Hq
             section = pps_section(B * Hq, Hq // Hk, Tk, D, q.element_size())
@@ -1296,17 +1211,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                 _attn_fwd_gluon_pps_kernel[(min(total, num_sms(q.device)),)](
                     *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, total, section,
                     HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
-                    CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[2], PRODUCER_WARPS=PRODUCER_WARPS,
+                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS,
                     PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, num_warps=PP_WARPS,
                 )
             return out, lse
-        grid = (triton.cdiv(Tq, consumers * block_m), B * Hq)
+        grid = (triton.cdiv(Tq, 2 * block_m), B * Hq)
         with torch.cuda.device(q.device):
             _attn_fwd_gluon_pp_kernel[grid](
                 *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
-                CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[consumers], PRODUCER_WARPS=PRODUCER_WARPS,
-                PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, NUM_CONSUMERS=consumers, num_warps=PP_WARPS,
+                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS,
+                PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, num_warps=PP_WARPS,
             )
         return out, lse
     block_m, block_n, warps, stages = CONFIGS[D]
@@ -1410,19 +1325,13 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant in ("pp", "pps"):
-            bm, bn, stages, nc = (pp_configs or PP_CONFIGS)[d]
-            if variant == "pps" and nc != 2:
-                raise ValueError(f"the persistent forward has two consumer warpgroups, got a config with {nc}")
+            bm, bn, stages = (pp_configs or PP_CONFIGS)[d]
             warps = PP_WARPS
             fn = _attn_fwd_gluon_pp_kernel if variant == "pp" else _attn_fwd_gluon_pps_kernel
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=stages,
-                         CONSUMER_REGS=CONSUMER_REGS_BY_COUNT[nc], PRODUCER_WARPS=PRODUCER_WARPS,
+                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS,
                          PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse)
-            if variant == "pp":
-                const["NUM_CONSUMERS"] = nc
-            workers = "+4" * (nc - 1)
-            name = (f"fwd[{variant}] d{d} {'causal' if c else 'full'} {nc}x{bm}x{bn} w{warps}{workers}+{PRODUCER_WARPS} "
-                    f"s{stages}")
+            name = f"fwd[{variant}] d{d} {'causal' if c else 'full'} 2x{bm}x{bn} w{warps}+4+{PRODUCER_WARPS} s{stages}"
             sig = desc_sig(d, bm, bn, "o_desc")
             sig["Lse"] = "*fp32" if store_lse else "constexpr"
             if not store_lse:
