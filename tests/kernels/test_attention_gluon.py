@@ -847,6 +847,30 @@ def test_sm90_persistent_ping_pong_builds():
         assert r["spill"] <= (8 if (r["d"], r["causal"]) == (128, True) else 0), r
 
 
+
+_ONES_BUILD_SCRIPT = r"""
+import json, sys, torch
+from hearth.kernels import attention_gluon as ag
+ones, variants = sys.argv[1].split(","), tuple(sys.argv[2].split(","))
+print(json.dumps([label for label, _ in ag.offline_kernels(90, torch.bfloat16, variants=variants, ones=ones)]))
+"""
+
+
+def test_sm90_builds_with_the_launch_constants_of_tiny_shapes():
+    """A launch with an int argument equal to 1 compiles it as the constant 1 (Triton's specialization), so a
+    one-row shape builds a different kernel than the offline builds above. Every variant builds at T_q = T_k = 1
+    (one query block), and the forwards also at B = H = 1 (every count 1). The persistent forward failed this
+    in Triton's LLVM lowering until N_M was kept out of specialization; the H200 suite found it at T = 1."""
+    t1 = ("N_CTX_Q,N_CTX_K,N_M", "1part,ws,pp,pps,bwd,bwd_dq")
+    all1 = ("N_CTX_Q,N_CTX_K,N_M,H_Q,H_K,GROUP,SECTION,TOTAL", "1part,ws,pp,pps")
+    got = run_offline(_ONES_BUILD_SCRIPT, t1, all1)
+    assert [len(g) for g in got] == [6 * len(ag.HEAD_DIMS) * 2, 4 * len(ag.HEAD_DIMS) * 2], got
+
+
+def test_offline_ones_must_name_kernel_arguments():
+    with pytest.raises(ValueError, match="ones must name kernel arguments.*N_CTX"):
+        ag.offline_kernels(90, torch.bfloat16, ones=("N_CTX",))
+
 # ---------------------------------------------------------------- the ping-pong turn protocol, modelled
 def _pp_turn_program(w, n):
     """Consumer warpgroup w's turn-barrier operations in _pp_consumer, in order, for block counts n (one per

@@ -761,7 +761,11 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
             r += 1
 
 
-@gluon.jit
+# N_M is never specialized: a launch with N_M == 1 (one query block: T_q <= 2 * BLOCK_M) would make start_m the
+# constant 0, and with T_q == T_k == 1 as well (constants too) Triton 3.6's lowering to LLVM fails an internal
+# assertion (SmallVector index out of range; the H200 suite hit it at T = 1). offline_kernels(ones=...) builds
+# such launches without a GPU.
+@gluon.jit(do_not_specialize=["N_M"])
 def _attn_fwd_gluon_pps_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
     qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, SECTION,
@@ -1275,13 +1279,15 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None):
+                    bwd_configs=None, bwd_dq_configs=None, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
     backward), "bwd_dq" (the dQ backward); configs /
     pp_configs / bwd_configs / bwd_dq_configs replace CONFIGS / PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False
-    builds the inference forward (Lse a None constexpr, no LSE store). Needs TRITON_INTERPRET unset."""
+    builds the inference forward (Lse a None constexpr, no LSE store). ones: integer arguments (e.g. "N_CTX_Q")
+    built as a launch with the value 1 builds them: Triton makes such an int the constant 1 unless the kernel
+    names it in do_not_specialize. Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -1289,9 +1295,24 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     unknown = set(variants) - {"1part", "ws", "pp", "pps", "bwd", "bwd_dq"}
     if unknown:
         raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'pps', 'bwd', 'bwd_dq', got {sorted(unknown)}")
+    kernels = (_attn_fwd_gluon_kernel, _attn_fwd_gluon_pp_kernel, _attn_fwd_gluon_pps_kernel,
+               _attn_bwd_dkdv_gluon_kernel, _attn_bwd_dq_gluon_kernel)
+    unknown = set(ones) - {p.name for fn in kernels for p in fn.params}
+    if unknown:
+        raise ValueError(f"ones must name kernel arguments, got {sorted(unknown)}")
     ptr = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     target = GPUTarget("cuda", arch, 32)
     found = []
+
+    def build(fn, sig, const, warps):
+        """triton.compile of fn for `target` with the ones applied as a launch would."""
+        const = dict(const)
+        for p in fn.params:
+            if p.name in ones and sig.get(p.name) == "i32" and not p.do_not_specialize:
+                const[p.name] = 1
+        sig = {n: "constexpr" if n in const else t for n, t in sig.items()}
+        return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const), target=target,
+                              options={"num_warps": warps})
 
     def desc_sig(d, q_rows, kv_rows, fourth):
         """The four host-descriptor arguments (q, k, v, and o or do) typed as a launch types them (JIT's
@@ -1307,8 +1328,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
                        N_CTX_Q="i32", N_CTX_K="i32")
             sig.update({n: "constexpr" for n in const})
-            kernel = triton.compile(GluonASTSource(fn=_attn_bwd_dkdv_gluon_kernel, signature=sig, constexprs=const),
-                                    target=target, options={"num_warps": warps})
+            kernel = build(_attn_bwd_dkdv_gluon_kernel, sig, const, warps)
             name = f"bwd[dkdv] d{d} {'causal' if c else 'full'} {bn}x{bm} w{warps} s{stages}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
@@ -1319,8 +1339,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update(Lse="*fp32", Delta="*fp32", DQ=ptr, stride_dqb="i32", stride_dqh="i32", stride_dqt="i32",
                        sm_scale="fp32", qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             sig.update({n: "constexpr" for n in const})
-            kernel = triton.compile(GluonASTSource(fn=_attn_bwd_dq_gluon_kernel, signature=sig, constexprs=const),
-                                    target=target, options={"num_warps": warps})
+            kernel = build(_attn_bwd_dq_gluon_kernel, sig, const, warps)
             name = f"bwd[dq] d{d} {'causal' if c else 'full'} {bm}x{bn} w{warps} s{stages}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
@@ -1340,8 +1359,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             if variant == "pps":
                 sig.update(N_M="i32", TOTAL="i32", SECTION="i32")
             sig.update({n: "constexpr" for n in const})
-            kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const),
-                                    target=target, options={"num_warps": warps})
+            kernel = build(fn, sig, const, warps)
             found.append((f"attention_gluon {name}{'' if store_lse else ' no-lse'} sm_{arch}", kernel))
             continue
         else:
@@ -1361,7 +1379,6 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig[n] = "i32"
         sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
         sig.update({n: "constexpr" for n in const})
-        kernel = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const),
-                                target=target, options={"num_warps": warps})
+        kernel = build(fn, sig, const, warps)
         found.append((f"attention_gluon {name}{'' if store_lse else ' no-lse'} sm_{arch}", kernel))
     return found
