@@ -881,18 +881,18 @@ def _on_device(device: torch.device):
 # causal B4 H32 T4096 D128 496 / 431 / 521, causal B2 Hq40 Hk8 T8192 D128 540 / 470 / 551, non-causal B4 H32
 # T4096 D128 559 / 476 / 597; at D64 (causal B4 H32 T4096) 348 / 377 / 418, slower, so D64 stays Triton.
 GLUON_PP_DEFAULT = frozenset({(128, True), (128, False)})
-# Up to this query length the ping-pong forward runs persistent (one program per SM walks the tiles: no launch,
-# barrier set-up and cold loads per tile). The H200, goal grid (B*T = 16384, GQA 40/8, D128), env
-# HEARTH_ATTN_GLUON_PERSIST=1 against unset in the same call (2026-12-02, df6889a), forward ms:
-# causal T1024 0.393 / 0.449, T2048 0.638 / 0.693, T4096 1.148 / 1.186; non-causal T1024 0.601 / 0.639,
-# T2048 1.114 / 1.128, T4096 2.152 / 2.153. From T8192 on it ties or loses (T32768 causal 18.50 / 17.69,
-# non-causal 39.42 / 36.08): long rows leave no launch cost to save and the per-tile grid balances better.
-# At B4 H32 T4096 D128 (no GQA; a later call, =1 against =0) it was slower: causal 1.101 / 0.962 ms,
-# non-causal 2.067 / 1.698, with the tiles walked batch * head fastest over all heads (132 programs on 132 heads'
-# K/V), where GQA 40/8 at T4096 measured 1.149 / 1.186 in that call. The
-# persistent kernel now walks them in sections of heads whose K/V fit L2 (attention_gluon.pps_section); that
-# order and this rule are to be measured on the H200 at both shapes before the branch lands.
-PERSIST_MAX_T = 4096
+# Up to these query lengths (by causal) the ping-pong forward runs persistent: one program per SM walks the
+# tiles, in sections of heads whose K/V fit L2 (attention_gluon.pps_section), so no launch, barrier set-up and
+# cold loads per tile. Measured on the H200 (torch 2.11.0+cu130, triton 3.6.0, 2026-12-02/03, commit 080b316),
+# `python -m hearth.bench attention --sizes goal|headline --mode fwd --providers hearth,sdpa_cudnn` with env
+# HEARTH_ATTN_GLUON_PERSIST=1 against =0, forward ms (goal grid B*T = 16384, GQA 40/8, D128; =0 run twice):
+#   causal      T1024 0.393 / 0.453, T2048 0.632 / 0.696-0.704, T4096 1.136 / 1.188-1.189
+#   non-causal  T1024 0.599 / 0.637-0.643, T2048 1.097 / 1.125-1.128, T4096 2.184 / 2.100-2.101 (slower)
+#   B4 H32 T4096 (no GQA): causal 0.950 / 0.960, non-causal 1.759 / 1.684 (slower)
+# From T8192 on the per-tile grid balances as well and the first tile order tied or lost (T32768 causal
+# 18.50 / 17.69 ms), so both stay per tile there. Non-causal at T4096 measured slower persistent at both shapes
+# (why is not known yet), so non-causal stays per tile from T4096 on.
+PERSIST_MAX_T = {True: 4096, False: 2048}  # keyed by causal
 
 
 def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
@@ -906,8 +906,8 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     env HEARTH_ATTN_GLUON unset: the ping-pong forward where it measured faster (GLUON_PP_DEFAULT), Triton
     elsewhere. "0": Triton everywhere. "1": a Gluon forward wherever it serves, ping-pong when
     attention_gluon.PING_PONG (env HEARTH_ATTN_GLUON_PP=1), else the variant HEARTH_ATTN_GLUON_WS picks.
-    A ping-pong pick runs persistent up to PERSIST_MAX_T query rows; env HEARTH_ATTN_GLUON_PERSIST "1" makes it
-    persistent at every length, "0" never."""
+    A ping-pong pick runs persistent up to PERSIST_MAX_T[causal] query rows; env HEARTH_ATTN_GLUON_PERSIST "1"
+    makes it persistent at every length, "0" never."""
     env = os.environ if env is None else env
     choice = env.get("HEARTH_ATTN_GLUON")
     if choice == "0" or capability is None or capability[0] != 9:
@@ -922,7 +922,7 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     if choice == "1" and not attention_gluon.PING_PONG:
         return "gluon"
     persist = env.get("HEARTH_ATTN_GLUON_PERSIST")
-    if persist == "1" or (persist != "0" and seq_len is not None and seq_len <= PERSIST_MAX_T):
+    if persist == "1" or (persist != "0" and seq_len is not None and seq_len <= PERSIST_MAX_T[bool(causal)]):
         return "gluon_pps"
     return "gluon_pp"
 
@@ -1001,7 +1001,7 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
 
     if arch // 10 != 9 or dtype not in attention_gluon.DTYPES:
         raise ValueError(f"the offline build is the Gluon forward: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
-    # every variant, the persistent forward included (forward_kernel's pick up to PERSIST_MAX_T query rows)
+    # every variant, the persistent forward included (forward_kernel's pick up to PERSIST_MAX_T[causal] query rows)
     return attention_gluon.offline_kernels(arch, dtype, variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq"))
 
 
