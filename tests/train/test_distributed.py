@@ -60,6 +60,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def failure(proc: subprocess.CompletedProcess) -> str:
+    """A failed torchrun's story: the tails of stdout and stderr, and, from anywhere in stderr, the lines a rank's
+    own crash leaves (a C++ `what():` or `terminate called` above torchrun's summary can fall outside the tail)."""
+    marks = ("terminate called", "what():", "Error", "Signal", "Traceback")
+    crash = [line for line in proc.stderr.splitlines() if any(m in line for m in marks)]
+    return proc.stdout[-3000:] + proc.stderr[-3000:] + "\n--- crash lines ---\n" + "\n".join(crash[:60])
+
+
 def torchrun(run_toml: Path, out: Path, parallel: str, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT), OMP_NUM_THREADS="1")
@@ -75,7 +83,7 @@ def test_two_gloo_ranks_train_like_one_process(files, single, parallel):
     d, _, base, run_toml = files
     out = d / parallel
     proc = torchrun(run_toml, out, parallel)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure(proc)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["parallel"] == {"mode": parallel, "world_size": 2, "backend": "gloo", "mixed_precision": None}
     assert len(single["loss"]) == 3 and single["loss"][-1] < single["loss"][0]
@@ -148,15 +156,41 @@ def test_ddp_resume_with_dropout_gives_each_rank_its_own_rng_back(files):
     d, _, _, run_toml = files
     extra = ("--dropout", "0.3", "--max-steps", "3", "--save-every", "2", "--eval-fraction", "0", "--eval-every", "0")
     whole = torchrun(run_toml, d / "drop-whole", "ddp", *extra)
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    assert whole.returncode == 0, failure(whole)
     ckpt = d / "drop-whole" / "checkpoints" / "step-000002"
     assert {"rng-rank-0.pt", "rng-rank-1.pt"} <= {p.name for p in ckpt.iterdir()}
     resumed = torchrun(run_toml, d / "drop-resumed", "ddp", *extra, "--resume", str(ckpt))
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert resumed.returncode == 0, failure(resumed)
     want = json.loads((d / "drop-whole" / "metrics.json").read_text())["loss"]
     got = json.loads((d / "drop-resumed" / "metrics.json").read_text())["loss"]
     assert len(want) == 3 and len(got) == 1
     assert got[0] == pytest.approx(want[2], rel=1e-5)
+
+
+def test_every_rank_is_done_before_any_tears_down(monkeypatch):
+    """train_model meets the other ranks at a barrier after its work and before destroy_process_group (rank 0
+    writes the plot and metrics after the others return; a rank that exits while a peer's gloo group is live can
+    abort that peer), and skips that barrier when its work raised (a peer may be in another collective)."""
+    calls = []
+    d = D.Dist(mode="ddp", rank=1, world=2, initialized=True)
+    monkeypatch.setattr(D, "setup", lambda mode: d)
+    monkeypatch.setattr(D, "barrier", lambda dist: calls.append(("barrier", dist.rank)))
+    monkeypatch.setattr(D, "teardown", lambda dist: calls.append(("teardown", dist.rank)))
+    cfg = finetune.FinetuneConfig(corpus=Path("c.jsonl"), model="m", out=Path("o"))
+    monkeypatch.setattr(finetune.FinetuneConfig, "check", lambda self: None)
+    monkeypatch.setattr(finetune, "_train", lambda cfg, dist, console: calls.append(("train", dist.rank)) or ("m", {}))
+    assert finetune.train_model(cfg) == ("m", {})
+    assert calls == [("train", 1), ("barrier", 1), ("teardown", 1)]
+
+    def broken(cfg, dist, console):
+        calls.append(("train", dist.rank))
+        raise RuntimeError("out of memory")
+
+    calls.clear()
+    monkeypatch.setattr(finetune, "_train", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        finetune.train_model(cfg)
+    assert calls == [("train", 1), ("teardown", 1)]
 
 
 def test_more_ranks_than_gpus_is_refused_naming_parallel(monkeypatch):

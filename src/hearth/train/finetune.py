@@ -803,7 +803,12 @@ def train_model(cfg: FinetuneConfig, *, console=None):
     cfg.check()
     dist = D.setup(cfg.parallel)
     try:
-        return _train(cfg, dist, console if dist.main else Console(quiet=True))
+        result = _train(cfg, dist, console if dist.main else Console(quiet=True))
+        # Every rank is done before any tears down. Rank 0 writes the plot and metrics after the others have
+        # returned; a rank that exits while a peer's gloo process group is still live can make that peer abort
+        # (SIGABRT from gloo's I/O thread). Not on the error path: a peer may be inside another collective.
+        D.barrier(dist)
+        return result
     finally:
         D.teardown(dist)
 
