@@ -90,12 +90,14 @@ step attention 90 python3 -m hearth.bench attention attention_varlen --sizes hea
   --child-timeout-s 100
 [ -n "${PERSIST:-}" ] && step persist_tests 150 python3 -m pytest -q -p no:cacheprovider --timeout 400 -m gluon_pp \
   -k persistent tests/kernels/test_attention_gluon.py
-if [ -n "${PERSIST:-}" ] && ! { grep -qs " passed" "$OUT/persist_tests.log" && ! grep -q " failed" "$OUT/persist_tests.log"; }; then
-  echo "== persist_on: skipped, persist_tests did not pass here (skipped or failed)" | tee -a "$OUT/steps.log"
+if [ -n "${PERSIST:-}" ]; then
+  if grep -qs " passed" "$OUT/persist_tests.log" && ! grep -q " failed" "$OUT/persist_tests.log"; then
+    step persist_on 100 env HEARTH_ATTN_GLUON_PERSIST=1 python3 -m hearth.bench attention \
+      --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_on" --total-budget-s 90
+  else
+    echo "== persist_on: skipped, persist_tests did not pass here (skipped or failed)" | tee -a "$OUT/steps.log"
+  fi
 fi
-[ -n "${PERSIST:-}" ] && grep -qs " passed" "$OUT/persist_tests.log" && ! grep -q " failed" "$OUT/persist_tests.log" \
-  && step persist_on 100 env HEARTH_ATTN_GLUON_PERSIST=1 python3 -m hearth.bench attention \
-  --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_on" --total-budget-s 90
 [ -n "${PERSIST:-}" ] && step persist_off 100 env HEARTH_ATTN_GLUON_PERSIST=0 python3 -m hearth.bench attention \
   --sizes goal --mode fwd --providers hearth,sdpa_cudnn --out "$OUT/persist_off" --total-budget-s 90
 for p in 1 0; do  # the headline shapes too: B4 H32 (no GQA) T4096 is where the first tile order lost
