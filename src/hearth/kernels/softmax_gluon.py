@@ -8,8 +8,8 @@ Design: a row of n columns is split over CTAS CTAs of one cluster (2, 4, 8 or 16
 limit, which Triton's launcher allows), each holding its P = next_pow2(cdiv(n, CTAS)) columns in registers,
 so the row is read from HBM once and written once. Each CTA reduces its part to (m_i, s_i) = (max, sum of
 exp(x - m_i)); the CTAs exchange the pairs through distributed shared memory and every CTA combines them
-into the row's (m, s) = (max m_i, sum s_i exp(m_i - m)): one exchange per row. Triton 3.6 does not build that exchange from its own
-ops (a reduce across CTAs and a cross-CTA convert_layout both fail to lower:
+into the row's (m, s) = (max m_i, sum s_i exp(m_i - m)): one exchange per row. Triton 3.6 does not build
+that exchange from its own ops (a reduce across CTAs and a cross-CTA convert_layout both fail to lower:
 scripts/cluster_reduce_probe.py), so it is inline PTX:
   * START, first thing in the kernel: `barrier.cluster.arrive.relaxed` and this CTA's %cluster_ctarank.
   * EXCHANGE: `barrier.cluster.wait` (every CTA of the cluster has started, so its shared memory may be
