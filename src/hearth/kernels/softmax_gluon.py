@@ -65,7 +65,7 @@ def exchange_ptx(ctas: int) -> str:
     return "\n".join(lines)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["never"])  # a plain runtime 0: the keep-alive store's mask must not fold away
 def _softmax_fwd_cluster_kernel(
     X, Y, stride_x, stride_y, n_cols, never,
     P: ttgl.constexpr, SLOTS: ttgl.constexpr, layout: ttgl.constexpr, slot_layout: ttgl.constexpr,

@@ -1,0 +1,107 @@
+"""GPU probe: the cluster softmax forward (hearth.kernels.softmax_gluon, branch, not routed) against hearth's
+shipped softmax (the chunked kernel reads a wide row twice) and torch.compile, at wide rows.
+
+    python scripts/gpu/softmax_cluster_probe.py --out DIR/softmax_cluster.jsonl      # H200, about a minute
+
+For each shape and provider (cluster at config's cluster size and at the sizes in --ctas, hearth, compile):
+  1. correctness: max abs error against softmax in fp64 of the same values, and PyTorch's own bf16 error
+     beside it (a provider over 2x PyTorch's error is marked wrong and not timed);
+  2. time: hearth.bench.timing.time_call (CUDA events, L2 flushed, median of >= 10 calls); GB/s = one read
+     and one write of the rows over the median, next to the device copy bandwidth measured in the same run;
+  3. memory: peak allocated during one call minus what was allocated before it.
+Writes one JSON line per (shape, provider) with the GPU, versions and command; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from hearth.bench.runner import env_info
+from hearth.bench.timing import time_call
+from hearth.kernels import softmax_gluon as sg
+from hearth.kernels.softmax import softmax as hearth_softmax
+
+SHAPES = [(4096, 262144), (4096, 151936), (8192, 131072), (16384, 65536)]
+console = Console(width=160)
+
+
+def _copy_gbps(device) -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    t = time_call(lambda: b.copy_(a), [], device)
+    return 2 * a.numel() / (t.median_ms * 1e-3) / 1e9
+
+
+def _peak_extra_mib(fn, device) -> float:
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    extra = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    del out
+    return extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--ctas", default="8,16", help="extra cluster sizes to time beside config's pick")
+    p.add_argument("--shapes", default=None, help="semicolon list of ROWSxCOLS (default: %s)" %
+                   ";".join(f"{m}x{n}" for m, n in SHAPES))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        sys.exit("softmax_cluster_probe needs a Hopper GPU (compute capability 9.x)")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(";")] if args.shapes else SHAPES
+    device = torch.device("cuda")
+    meta = {**env_info(device), "command": " ".join(["python", "scripts/gpu/softmax_cluster_probe.py",
+                                                     *(sys.argv[1:] if argv is None else argv)])}
+    copy = _copy_gbps(device)
+    compiled = torch.compile(lambda t: torch.softmax(t, -1))
+    table = Table(title=f"softmax fwd, bf16, GB/s (device copy {copy:.0f})")
+    for col in ("shape", "provider", "ms", "GB/s", "% copy", "max err (torch bf16)", "extra MiB"):
+        table.add_column(col)
+    t0 = time.time()
+    with open(args.out, "a") as f:
+        for m, n in shapes:
+            x = (torch.randn(m, n, device=device) * 3).to(torch.bfloat16)
+            ref = torch.softmax(x[:64].double(), -1)
+            base_err = (torch.softmax(x[:64], -1).double() - ref).abs().max().item()
+            providers = [("cluster", lambda t: sg.softmax_fwd(t))]
+            pick = sg.config(n)[0]
+            providers += [(f"cluster-{c}", lambda t, c=c: sg.softmax_fwd(t, ctas=c))
+                          for c in map(int, args.ctas.split(",")) if c != pick]
+            providers += [("hearth", hearth_softmax), ("compile", compiled)]
+            for name, fn in providers:
+                row = {"rows": m, "cols": n, "dtype": "bfloat16", "provider": name, **meta}
+                if name.startswith("cluster"):
+                    row["ctas"] = int(name.split("-")[1]) if "-" in name else pick
+                try:
+                    err = (fn(x[:64]).double() - ref).abs().max().item()
+                    row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-6)
+                    if row["ok"]:
+                        t = time_call(lambda fn=fn, x=x: fn(x), [], device)
+                        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
+                                   gbps=2 * x.numel() * x.element_size() / (t.median_ms * 1e-3) / 1e9,
+                                   extra_mib=_peak_extra_mib(lambda fn=fn, x=x: fn(x), device))
+                except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
+                    row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                err_text = f"{row.get('max_err', float('nan')):.2e} ({base_err:.2e})" + ("" if row["ok"] else " WRONG")
+                table.add_row(f"{m}x{n}", name, f"{row.get('ms', float('nan')):.3f}", f"{row.get('gbps', 0):.0f}",
+                              f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', float('nan')):.0f}")
+    console.print(table)
+    console.print(f"{time.time() - t0:.0f} s; rows appended to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

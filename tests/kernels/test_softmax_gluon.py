@@ -1,0 +1,124 @@
+"""hearth.kernels.softmax_gluon, the cluster softmax for wide rows (branch; not routed). No interpreter runs
+Gluon or inline PTX, so on the CPU the kernel is built offline for sm_90 and its build is checked; its values
+are checked on a Hopper GPU against an fp64 reference, within the 2x-PyTorch rule."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from tests.kernels.offline import run_offline
+from tests.kernels.tolerance import HAS_CUDA, assert_close
+
+sg = importlib.import_module("hearth.kernels.softmax_gluon")
+
+_BUILD_SCRIPT = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from hearth import inspect as hi
+from hearth.kernels import softmax_gluon as sg
+
+n, dt, ctas = int(sys.argv[1]), sys.argv[2], (int(sys.argv[3]) or None)
+ctas, p, warps = sg.config(n, ctas)
+const = dict(P=p, SLOTS=sg.SLOT_FLOATS, **sg.layouts(ctas, p, warps), START_ASM=sg.START,
+             EXCHANGE_ASM=sg.exchange_ptx(ctas))
+sig = {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32", "n_cols": "i32", "never": "i32",
+       **{k: "constexpr" for k in const}}
+k = triton.compile(GluonASTSource(fn=sg._softmax_fwd_cluster_kernel, signature=sig, constexprs=const),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})
+ptx = k.asm["ptx"]
+own = "\n".join(line for line in ptx.splitlines() if "cluster" not in line and "global_smem;" not in line)
+rep = hi.report_compiled("softmax_gluon", k)
+print(json.dumps(dict(
+    ctas=ctas, p=p, warps=warps, shared=k.metadata.shared, spills=rep.spill_bytes, regs=rep.registers,
+    cluster=f".reqnctapercluster {ctas}" in ptx, mapa=ptx.count("mapa.shared::cluster"),
+    st_cluster=ptx.count("st.shared::cluster"), barriers=ptx.count("barrier.cluster"),
+    # the compiler's own shared-memory addresses (its reduction scratch), outside the inline PTX
+    scratch=sorted({int(o) for o in re.findall(r"\[global_smem\+(\d+)\]", own)}),
+    bare=own.count("[global_smem]"))))
+"""
+
+
+@pytest.mark.parametrize("n, dtype, ctas", [(262144, "bf16", 0), (151936, "fp32", 0), (65536, "fp16", 0),
+                                           (262144, "bf16", 8)],
+                         ids=["262144-bf16", "151936-fp32", "65536-fp16", "262144-bf16-8ctas"])
+def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(n, dtype, ctas):
+    """The kernel builds for sm_90 as a cluster (.reqnctapercluster), stores its pair into every CTA's slots
+    (one mapa + st.shared::cluster per CTA) between cluster barriers (arrive at start, wait, arrive.release,
+    wait.acquire), and the compiler's own shared memory (the reduction scratch) lies past the slot buffer,
+    which the inline PTX addresses at global_smem + 0. At config's pick nothing spills; 8 CTAs at 262144
+    columns (64 values a thread) spill a little, which is what the pick avoids."""
+    r = run_offline(_BUILD_SCRIPT, (str(n), dtype, str(ctas)))[0]
+    assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"], r
+    assert r["barriers"] == 4, r
+    slot_bytes = sg.SLOT_FLOATS * 4
+    assert r["scratch"] and min(r["scratch"]) >= slot_bytes and r["bare"] == 0, r
+    assert r["shared"] > slot_bytes, r
+    if ctas == 0:
+        assert r["spills"] == 0, r
+    assert r["regs"] <= 65536 // (32 * r["warps"]), r
+
+
+def test_config_covers_the_row_in_power_of_two_parts():
+    for n in (32769, 40000, 65536, 131072, 151936, 262144):
+        ctas, p, warps = sg.config(n)
+        assert ctas in (2, 4, 8, 16) and p & (p - 1) == 0 and ctas * p >= n > (ctas // 2) * p, (n, ctas, p)
+        assert p // (32 * warps) <= sg.ELEMENTS_PER_THREAD, (n, p, warps)
+    assert sg.config(262144) == (16, 16384, 16)
+    assert sg.config(262144, 8) == (8, 32768, 16)
+    with pytest.raises(ValueError, match="ctas"):
+        sg.config(65536, 3)
+
+
+def test_exchange_ptx_stores_one_pair_per_cta_and_reads_them_all():
+    for ctas in (2, 16):
+        text = sg.exchange_ptx(ctas)
+        assert text.count("st.shared::cluster.v2.f32") == ctas and text.count("mapa.shared::cluster") == ctas
+        assert text.count("ld.shared.v2.f32") == ctas
+        assert text.index("barrier.cluster.wait.aligned") < text.index("st.shared::cluster")
+        assert text.index("st.shared::cluster") < text.index("barrier.cluster.arrive.release")
+
+
+def test_supported_and_bad_input_name_the_argument():
+    assert sg.supported((9, 0), torch.bfloat16, 262144) and not sg.supported((8, 0), torch.bfloat16, 262144)
+    assert not sg.supported((9, 0), torch.bfloat16, 4096) and not sg.supported(None, torch.float32, 65536)
+    with pytest.raises(ValueError, match="x: the cluster softmax serves Hopper"):
+        sg.softmax_fwd(torch.zeros(2, 65536))  # a CPU tensor
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        sg.softmax_fwd(torch.zeros(2, 3, 65536))
+
+
+# ---------------------------------------------------------------- GPU (H200)
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+hopper_only = pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU of compute capability 9.x (Hopper)")
+
+
+@hopper_only
+@pytest.mark.parametrize("rows, n, dtype, ctas", [
+    (3, 262144, torch.bfloat16, None), (5, 151936, torch.bfloat16, None), (4, 65536 + 7, torch.float16, None),
+    (2, 40000, torch.float32, None), (3, 262144, torch.bfloat16, 8), (4, 131072, torch.bfloat16, 16)])
+def test_gpu_matches_reference(rows, n, dtype, ctas):
+    """Against softmax in fp64 of the same values, within 2x PyTorch's own error in `dtype`; one row with a
+    large spread, one with a tail of -inf (masked parts: a CTA whose columns are all -inf or past n)."""
+    g = torch.Generator(device="cpu").manual_seed(n)
+    x = (torch.randn(rows, n, generator=g) * 4).to(dtype)
+    x[0, : n // 3] -= 40
+    x[-1, n // 2:] = float("-inf")
+    x = x.cuda()
+    y = sg.softmax_fwd(x, ctas=ctas)
+    ref = torch.softmax(x.double(), -1)
+    assert_close(y, ref, dtype, msg="cluster softmax", baseline=torch.softmax(x, -1))
+    assert torch.equal(y[-1, n // 2:], torch.zeros_like(y[-1, n // 2:]))
+
+
+@hopper_only
+def test_gpu_reads_rows_through_their_stride_and_handles_zero_rows():
+    x = torch.randn(4, 70000, device="cuda", dtype=torch.bfloat16)
+    view = x[:, :65536]
+    assert_close(sg.softmax_fwd(view), torch.softmax(view.double(), -1), torch.bfloat16, msg="strided",
+                 baseline=torch.softmax(view, -1))
+    assert sg.softmax_fwd(x[:0]).shape == (0, 70000)
