@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 err_text = f"{row.get('max_err', float('nan')):.2e} ({base_err:.2e})" + ("" if row["ok"] else " WRONG")
-                table.add_row(f"{m}x{n}", name, f"{row.get('ms', float('nan')):.3f}", f"{row.get('gbps', 0):.0f}",
-                              f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', float('nan')):.0f}")
+                nan = float("nan")
+                table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
+                              f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', nan):.0f}")
     console.print(table)
     console.print(f"{time.time() - t0:.0f} s; rows appended to {args.out}")
     return 0
