@@ -1,5 +1,7 @@
 """GPU probe: the cluster softmax forward (hearth.kernels.softmax_gluon, branch, not routed) against hearth's
-shipped softmax (the chunked kernel reads a wide row twice) and torch.compile, at wide rows.
+shipped softmax (the chunked kernel reads a wide row twice) and torch.compile, at wide rows; then the cluster
+cross-entropy (hearth.kernels.cross_entropy_gluon: loss and gradient in place, one pass) against the shipped
+row kernel (cross_entropy.ce_rows_) and Liger's fused cross-entropy where it imports.
 
     python scripts/gpu/softmax_cluster_probe.py --out DIR/softmax_cluster.jsonl      # H200, about a minute
 
@@ -27,10 +29,13 @@ from rich.table import Table
 
 from hearth.bench.runner import env_info
 from hearth.bench.timing import time_call
+from hearth.kernels import cross_entropy_gluon as cg
 from hearth.kernels import softmax_gluon as sg
+from hearth.kernels.cross_entropy import ce_rows_
 from hearth.kernels.softmax import softmax as hearth_softmax
 
 SHAPES = [(4096, 262144), (4096, 151936), (8192, 131072), (16384, 65536)]
+CE_SHAPES = [(8192, 131072), (16384, 151936), (4096, 262144)]
 console = Console(width=160)
 
 
@@ -50,6 +55,69 @@ def _peak_extra_mib(fn, device) -> float:
     extra = (torch.cuda.max_memory_allocated(device) - base) / 2**20
     del out
     return extra
+
+
+def _liger_ce():
+    try:
+        from liger_kernel.transformers.functional import liger_cross_entropy
+    except Exception:  # noqa: BLE001 -- absent or broken: the probe runs without the peer
+        return None
+    return liger_cross_entropy
+
+
+def ce_table(out: str, meta: dict, copy: float, device) -> None:
+    """Cross-entropy fwd+bwd at CE_SHAPES (bf16): the loss and the gradient of the mean, each provider on a
+    fresh copy of the logits made outside the timed region (the hearth kernels write over them)."""
+    liger = _liger_ce()
+    table = Table(title=f"cross-entropy fwd+bwd, bf16 (device copy {copy:.0f} GB/s)")
+    for col in ("shape", "provider", "ms", "GB/s (read + write)", "loss err / torch", "grad err / torch"):
+        table.add_column(col)
+    with open(out, "a") as f:
+        for n, v in CE_SHAPES:
+            x = (torch.randn(n, v, device=device) * 3).to(torch.bfloat16)
+            t = torch.randint(0, v, (n,), device=device)
+            k = 64  # the reference on the first rows (fp64), PyTorch's bf16 error beside it
+            ref_x = x[:k].double().requires_grad_()
+            ref = torch.nn.functional.cross_entropy(ref_x, t[:k], reduction="none")
+            (ref.sum() / n).backward()
+            bx = x[:k].clone().requires_grad_()
+            base = torch.nn.functional.cross_entropy(bx, t[:k], reduction="none")
+            (base.sum() / n).backward()
+            base_l = (base.double() - ref).abs().max().item()
+            base_g = (bx.grad.double() - ref_x.grad).abs().max().item()
+            work = torch.empty_like(x)
+            providers = [("cluster", lambda w: cg.ce_rows_(w, t, grad_scale=1.0 / n)),
+                         ("hearth", lambda w: ce_rows_(w, t, grad_scale=1.0 / n))]
+            if liger is not None:
+                providers.append(("liger", lambda w: liger(w, t).backward()))
+            for name, fn in providers:
+                row = {"op": "cross_entropy", "rows": n, "cols": v, "dtype": "bfloat16", "provider": name, **meta}
+                try:
+                    if name == "liger":  # a peer: timed, not checked here (the bench harness checks it)
+                        l_err = g_err = float("nan")
+                    else:
+                        w = x[:k].clone()
+                        l_err = (fn(w).double() - ref).abs().max().item()
+                        g_err = (w.double() - ref_x.grad).abs().max().item()  # the kernel wrote d(mean)/dx
+                    row.update(loss_err=l_err, grad_err=g_err, torch_loss_err=base_l, torch_grad_err=base_g,
+                               ok=name == "liger" or (l_err <= 2 * base_l + 1e-6 and g_err <= 2 * base_g + 1e-9))
+                    if row["ok"]:
+                        def setup(name=name):
+                            work.copy_(x)
+                            return work.detach().requires_grad_(name == "liger")
+
+                        tm = time_call(lambda w, fn=fn: fn(w), [], device, setup=setup)
+                        row.update(ms=tm.median_ms, p20_ms=tm.p20_ms, p80_ms=tm.p80_ms,
+                                   gbps=2 * x.numel() * x.element_size() / (tm.median_ms * 1e-3) / 1e9)
+                except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
+                    row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                nan = float("nan")
+                table.add_row(f"{n}x{v}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
+                              f"{row.get('loss_err', nan):.1e} / {base_l:.1e}",
+                              f"{row.get('grad_err', nan):.1e} / {base_g:.1e}" + ("" if row.get("ok") else " WRONG"))
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
                               f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', nan):.0f}")
     console.print(table)
+    ce_table(args.out, meta, copy, device)
     console.print(f"{time.time() - t0:.0f} s; rows appended to {args.out}")
     return 0
 

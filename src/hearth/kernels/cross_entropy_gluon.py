@@ -1,0 +1,91 @@
+"""Wide-row cross-entropy, loss and gradient in one pass, for Hopper (sm_90) in Gluon: one row held on chip by a
+thread-block cluster (softmax_gluon's design and exchange; see its docstring).
+
+Not routed: cross_entropy() does not call it. It is here to be checked and timed on the H200 against the
+shipped row kernel (cross_entropy.ce_rows_, the same contract), which reads each row twice (online logsumexp,
+then the gradient pass): 8192 x 131072 bf16 took 1.553 ms there against a 1.4 ms goal; one read and one write
+of the logits at the copy bandwidth is about 1.0 ms.
+
+Per row (one row per cluster of CTAS CTAs, each holding P columns in registers): the CTAs exchange their
+(max, sum of exp) pairs once (softmax_gluon.exchange_ptx), every CTA forms lse = m + log(s), the CTA whose
+columns hold the target writes loss = lse - x[target], and every CTA writes its part of
+grad_scale * (softmax - onehot) over the logits in place. Ignored rows (target == ignore_index) get loss 0 and a
+zero gradient. No label smoothing, z-loss or softcap here: the probe compares the plain case.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as ttgl
+
+from hearth.kernels import softmax_gluon as sg
+
+
+@gluon.jit(do_not_specialize=["never"])  # a plain runtime 0: the keep-alive store's mask must not fold away
+def _ce_rows_cluster_kernel(
+    Logits, Target, Loss, stride, n_cols, ignore_index, grad_scale, never,
+    P: ttgl.constexpr, SLOTS: ttgl.constexpr, layout: ttgl.constexpr, slot_layout: ttgl.constexpr,
+    slot_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+):
+    """One row per cluster (program_id = the cluster's index); this CTA holds columns [rank * P, rank * P + P)."""
+    slots = ttgl.allocate_shared_memory(ttgl.float32, [SLOTS], slot_shared)  # first: at global_smem + 0
+    rank = ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    row = ttgl.program_id(0).to(ttgl.int64)
+    lo = rank * P
+    cols = lo + ttgl.arange(0, P, layout=layout)
+    mask = cols < n_cols
+    x = ttgl.load(Logits + row * stride + cols, mask=mask, other=float("-inf")).to(ttgl.float32)
+    m_part = ttgl.maximum(ttgl.max(x, 0), -1.0e30)  # a part wholly past the end: keeps x - m finite
+    s_part = ttgl.sum(ttgl.exp2((x - m_part) * 1.4426950408889634), 0)
+    m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
+                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    lse = m + ttgl.log(s)
+    t = ttgl.load(Target + row)
+    valid = t != ignore_index
+    hit = cols == t
+    x_t = ttgl.sum(ttgl.where(hit, x, 0.0), 0)  # 0 unless this CTA holds the target column
+    owner = (t >= lo) & (t < lo + P)
+    # the target's CTA writes the loss; rank 0 writes an ignored row's 0
+    ttgl.store(Loss + row, ttgl.where(valid, lse - x_t, 0.0), mask=(owner & valid) | ((rank == 0) & (~valid)))
+    g = (ttgl.exp2((x - lse) * 1.4426950408889634) - ttgl.where(hit, 1.0, 0.0)) * grad_scale
+    g = ttgl.where(valid, g, 0.0)
+    ttgl.store(Logits + row * stride + cols, g.to(Logits.dtype.element_ty), mask=mask)
+    keep = slots.load(slot_layout)  # the slots stay live to here, so the compiler's scratch goes after them
+    idx = ttgl.arange(0, SLOTS, layout=slot_layout)
+    ttgl.store(Loss + row + idx, keep, mask=idx < never)
+
+
+def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: int) -> bool:
+    """As softmax_gluon.supported: Hopper, a served dtype, a row wide enough for a cluster."""
+    return sg.supported(capability, dtype, n_cols)
+
+
+def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, grad_scale: float = 1.0,
+             ctas: int | None = None) -> torch.Tensor:
+    """Per-row cross-entropy of `logits` [n, V] (unit column stride, Hopper, V within `supported`) against
+    `target` [n] int64; returns fp32 [n] (0 for ignored rows) and writes grad_scale * d loss_i / d logits_i
+    over `logits` in place (0 for ignored rows). Targets other than ignore_index must lie in [0, V) (the
+    caller validates them, as cross_entropy does). ctas: the cluster size (softmax_gluon.config's pick when
+    None)."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be 2-D with unit column stride, got shape {tuple(logits.shape)}, "
+                         f"strides {tuple(logits.stride())}")
+    if target.shape != logits.shape[:1] or target.dtype != torch.int64 or target.device != logits.device:
+        raise ValueError(f"target must be int64 of shape [{logits.shape[0]}] on {logits.device}, got "
+                         f"{target.dtype} {tuple(target.shape)} on {target.device}")
+    cap = torch.cuda.get_device_capability(logits.device) if logits.is_cuda else None
+    if not supported(cap, logits.dtype, logits.shape[1]):
+        raise ValueError(f"logits: the cluster cross-entropy serves Hopper, {', '.join(map(str, sg.DTYPES))} and "
+                         f"{sg.MIN_COLS} < V <= {sg.MAX_CTAS * 16 * 32 * sg.ELEMENTS_PER_THREAD} columns; got "
+                         f"{logits.dtype}, V = {logits.shape[1]}, capability {cap}")
+    n, v = logits.shape
+    loss = torch.empty(n, dtype=torch.float32, device=logits.device)
+    if n == 0:
+        return loss
+    ctas, p, warps = sg.config(v, ctas)
+    const = sg.constexprs(ctas, p, warps, pipelined=False)
+    with torch.cuda.device(logits.device):
+        _ce_rows_cluster_kernel[(n,)](logits, target.contiguous(), loss, logits.stride(0), v, ignore_index,
+                                      float(grad_scale), 0, **const, num_warps=warps, num_ctas=ctas)
+    return loss
