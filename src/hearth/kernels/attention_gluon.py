@@ -761,6 +761,35 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
             r += 1
 
 
+@gluon.jit
+def _pp_init_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES: ttgl.constexpr):
+    """The ping-pong forwards' mbarriers (per tile and persistent), each with count 1: per consumer warpgroup its
+    Q barrier, its turn barrier and its NUM_STAGES slot-released barriers (consumer-major); per ring slot its K
+    and V barriers. Then the fence that makes them visible to the async proxy (TMA)."""
+    for w in ttgl.static_range(2):
+        mbarrier.init(q_bars.index(w), count=1)
+        mbarrier.init(turn_bars.index(w), count=1)
+        for i in ttgl.static_range(NUM_STAGES):
+            mbarrier.init(empty_bars.index(w * NUM_STAGES + i), count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+
+@gluon.jit
+def _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES: ttgl.constexpr):
+    """_pp_init_barriers' mbarriers, invalidated at the end of the kernel."""
+    for w in ttgl.static_range(2):
+        mbarrier.invalidate(q_bars.index(w))
+        mbarrier.invalidate(turn_bars.index(w))
+        for i in ttgl.static_range(NUM_STAGES):
+            mbarrier.invalidate(empty_bars.index(w * NUM_STAGES + i))
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+
 # N_M is never specialized: a launch with N_M == 1 (one query block: T_q <= 2 * BLOCK_M) would make start_m the
 # constant 0, and with T_q == T_k == 1 as well (constants too) Triton 3.6's lowering to LLVM fails an internal
 # assertion (SmallVector index out of range; the H200 suite hit it at T = 1). offline_kernels(ones=...) builds
@@ -794,15 +823,7 @@ def _attn_fwd_gluon_pps_kernel(
     v_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for w in ttgl.static_range(2):
-        mbarrier.init(q_bars.index(w), count=1)
-        mbarrier.init(turn_bars.index(w), count=1)
-        for i in ttgl.static_range(NUM_STAGES):
-            mbarrier.init(empty_bars.index(w * NUM_STAGES + i), count=1)
-    for i in ttgl.static_range(NUM_STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
+    _pp_init_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
 
     ttgl.warp_specialize(
         [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
@@ -817,14 +838,7 @@ def _attn_fwd_gluon_pps_kernel(
                           N_M, TOTAL, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
-    for w in ttgl.static_range(2):
-        mbarrier.invalidate(q_bars.index(w))
-        mbarrier.invalidate(turn_bars.index(w))
-        for i in ttgl.static_range(NUM_STAGES):
-            mbarrier.invalidate(empty_bars.index(w * NUM_STAGES + i))
-    for i in ttgl.static_range(NUM_STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
+    _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
 
 
 @gluon.jit
@@ -865,15 +879,7 @@ def _attn_fwd_gluon_pp_kernel(
     # read its block arrived (the producer waits on both); turn_bars[w]: warpgroup w may issue its GEMMs.
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for w in ttgl.static_range(2):
-        mbarrier.init(q_bars.index(w), count=1)
-        mbarrier.init(turn_bars.index(w), count=1)
-        for i in ttgl.static_range(NUM_STAGES):
-            mbarrier.init(empty_bars.index(w * NUM_STAGES + i), count=1)
-    for i in ttgl.static_range(NUM_STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
+    _pp_init_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
 
     ttgl.warp_specialize(
         [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
@@ -886,14 +892,7 @@ def _attn_fwd_gluon_pp_kernel(
                          start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
-    for w in ttgl.static_range(2):
-        mbarrier.invalidate(q_bars.index(w))
-        mbarrier.invalidate(turn_bars.index(w))
-        for i in ttgl.static_range(NUM_STAGES):
-            mbarrier.invalidate(empty_bars.index(w * NUM_STAGES + i))
-    for i in ttgl.static_range(NUM_STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
+    _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
 
 
 # ----------------------------------------------------------------------------------------------
