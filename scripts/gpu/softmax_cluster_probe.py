@@ -6,8 +6,7 @@ row kernel (cross_entropy.ce_rows_) and Liger's fused cross-entropy where it imp
     python scripts/gpu/softmax_cluster_probe.py --out DIR/softmax_cluster.jsonl      # H200, about a minute
 
 For each shape and provider (cluster: one row per cluster, at config's cluster size and at the sizes in
---ctas; pipelined: the persistent kernel, at PIPELINED_MAXNREG registers and at ptxas's own choice;
-hearth; compile):
+--ctas; hearth; compile):
   1. correctness: max abs error against softmax in fp64 of the same values, and PyTorch's own bf16 error
      beside it (a provider over 2x PyTorch's error is marked wrong and not timed);
   2. time: hearth.bench.timing.time_call (CUDA events, L2 flushed, median of >= 10 calls); GB/s = one read
@@ -148,15 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             pick = sg.config(n)[0]
             providers += [(f"cluster-{c}", lambda t, c=c: sg.softmax_fwd(t, ctas=c))
                           for c in map(int, args.ctas.split(",")) if c != pick]
-            providers += [("pipelined", lambda t: sg.softmax_fwd(t, pipelined=True)),
-                          ("pipelined-ptxas-regs", lambda t: sg.softmax_fwd(t, pipelined=True, maxnreg=None))]
             providers += [("hearth", hearth_softmax), ("compile", compiled)]
             for name, fn in providers:
                 row = {"rows": m, "cols": n, "dtype": "bfloat16", "provider": name, **meta}
                 if name.startswith("cluster"):
                     row["ctas"] = int(name.split("-")[1]) if "-" in name else pick
-                elif name.startswith("pipelined"):
-                    row.update(ctas=pick, maxnreg=None if name.endswith("regs") else sg.PIPELINED_MAXNREG)
                 try:
                     err = (fn(x[:64]).double() - ref).abs().max().item()
                     row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-6)

@@ -1,5 +1,6 @@
-"""hearth.kernels.cross_entropy_gluon, the cluster cross-entropy for wide rows (branch; not routed): built
-offline for sm_90 on the CPU, its losses and gradients checked on a Hopper GPU against fp64."""
+"""hearth.kernels.cross_entropy_gluon, the cluster cross-entropy for wide rows (branch; not routed): its
+offline sm_90 build is checked beside the softmax's (tests/kernels/test_softmax_gluon.py); its losses and
+gradients on a Hopper GPU against fp64."""
 
 from __future__ import annotations
 
@@ -9,45 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import HAS_CUDA, assert_close
 
 cg = importlib.import_module("hearth.kernels.cross_entropy_gluon")
-
-_BUILD_SCRIPT = r"""
-import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from hearth import inspect as hi
-from hearth.kernels import cross_entropy_gluon as cg, softmax_gluon as sg
-
-n, dt = int(sys.argv[1]), sys.argv[2]
-ctas, p, warps = sg.config(n)
-const = sg.constexprs(ctas, p, warps, False)
-fn = cg._ce_rows_cluster_kernel
-sig = {"Logits": f"*{dt}", "Target": "*i64", "Loss": "*fp32", "stride": "i32", "n_cols": "i32",
-       "ignore_index": "i32", "grad_scale": "fp32", "never": "i32", **{k: "constexpr" for k in const}}
-aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-           if name in ("Logits", "Target", "Loss", "stride", "n_cols")}
-k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})
-ptx = k.asm["ptx"]
-own = "\n".join(line for line in ptx.splitlines() if "cluster" not in line and "global_smem;" not in line)
-rep = hi.report_compiled("cross_entropy_gluon", k)
-print(json.dumps(dict(ctas=ctas, spills=rep.spill_bytes, mapa=ptx.count("mapa.shared::cluster"),
-                      scratch=sorted({int(o) for o in re.findall(r"\[global_smem\+(\d+)\]", own)}),
-                      bare=own.count("[global_smem]"))))
-"""
-
-
-@pytest.mark.parametrize("n, dtype", [(131072, "bf16"), (151936, "fp32")])
-def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(n, dtype):
-    """Builds for sm_90 without spills; one remote store per CTA; the compiler's scratch past the slots."""
-    r = run_offline(_BUILD_SCRIPT, (str(n), dtype))[0]
-    assert r["spills"] == 0 and r["mapa"] == r["ctas"], r
-    assert r["scratch"] and min(r["scratch"]) >= 4 * cg.sg.SLOT_FLOATS and r["bare"] == 0, r
-
 
 def test_bad_input_names_the_argument():
     logits = torch.zeros(2, 65536)

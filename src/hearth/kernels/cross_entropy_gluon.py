@@ -22,38 +22,38 @@ from triton.experimental.gluon import language as ttgl
 from hearth.kernels import softmax_gluon as sg
 
 
-@gluon.jit(do_not_specialize=["never"])  # a plain runtime 0: the keep-alive store's mask must not fold away
+@gluon.jit
 def _ce_rows_cluster_kernel(
-    Logits, Target, Loss, stride, n_cols, ignore_index, grad_scale, never,
-    P: ttgl.constexpr, SLOTS: ttgl.constexpr, layout: ttgl.constexpr, slot_layout: ttgl.constexpr,
+    Logits, Target, Loss, stride, n_cols, ignore_index, grad_scale,
+    CTAS: ttgl.constexpr, P: ttgl.constexpr, SLOTS: ttgl.constexpr, layout: ttgl.constexpr,
     slot_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
 ):
-    """One row per cluster (program_id = the cluster's index); this CTA holds columns [rank * P, rank * P + P)."""
-    slots = ttgl.allocate_shared_memory(ttgl.float32, [SLOTS], slot_shared)  # first: at global_smem + 0
-    rank = ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    """One row per cluster (program_id = the cluster's index), seen as [CTAS, P]: CTA i holds row i of it,
+    columns [i * P, i * P + P) (softmax_gluon's kernel, with the loss and the in-place gradient)."""
+    slots = ttgl.allocate_shared_memory(ttgl.float32, [SLOTS], slot_shared)  # at global_smem + 0
+    ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
     row = ttgl.program_id(0).to(ttgl.int64)
-    lo = rank * P
-    cols = lo + ttgl.arange(0, P, layout=layout)
+    part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
+    cols = part[:, None] * P + ttgl.arange(0, P, layout=ttgl.SliceLayout(0, layout))[None, :]
     mask = cols < n_cols
     x = ttgl.load(Logits + row * stride + cols, mask=mask, other=float("-inf")).to(ttgl.float32)
-    m_part = ttgl.maximum(ttgl.max(x, 0), -1.0e30)  # a part wholly past the end: keeps x - m finite
-    s_part = ttgl.sum(ttgl.exp2((x - m_part) * 1.4426950408889634), 0)
+    mx = ttgl.max(x, 1)  # [CTAS]: this CTA's element is its part's max
+    m_part = ttgl.where(mx == float("-inf"), sg.LOWEST, mx)
+    s_part = ttgl.sum(ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 1)
     m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
                                        dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
-    lse = m + ttgl.log(s)
+    lse = m + ttgl.log(s)  # [CTAS], the same value in every CTA
     t = ttgl.load(Target + row)
     valid = t != ignore_index
     hit = cols == t
-    x_t = ttgl.sum(ttgl.where(hit, x, 0.0), 0)  # 0 unless this CTA holds the target column
-    owner = (t >= lo) & (t < lo + P)
-    # the target's CTA writes the loss; rank 0 writes an ignored row's 0
-    ttgl.store(Loss + row, ttgl.where(valid, lse - x_t, 0.0), mask=(owner & valid) | ((rank == 0) & (~valid)))
-    g = (ttgl.exp2((x - lse) * 1.4426950408889634) - ttgl.where(hit, 1.0, 0.0)) * grad_scale
+    x_t = ttgl.sum(ttgl.where(hit, x, 0.0), 1)  # 0 except in the CTA holding the target column
+    owner = (t >= part * P) & (t < part * P + P)
+    # one writer a row: the target's CTA, or CTA 0 for an ignored row (loss 0)
+    ttgl.store(Loss + row + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=(owner & valid) | ((part == 0) & ~valid))
+    g = (ttgl.exp2((x - lse[:, None]) * 1.4426950408889634) - ttgl.where(hit, 1.0, 0.0)) * grad_scale
     g = ttgl.where(valid, g, 0.0)
     ttgl.store(Logits + row * stride + cols, g.to(Logits.dtype.element_ty), mask=mask)
-    keep = slots.load(slot_layout)  # the slots stay live to here, so the compiler's scratch goes after them
-    idx = ttgl.arange(0, SLOTS, layout=slot_layout)
-    ttgl.store(Loss + row + idx, keep, mask=idx < never)
+    slots._keep_alive()  # live to here: the compiler's scratch may not take its bytes
 
 
 def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: int) -> bool:
@@ -84,8 +84,8 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
     if n == 0:
         return loss
     ctas, p, warps = sg.config(v, ctas)
-    const = sg.constexprs(ctas, p, warps, pipelined=False)
     with torch.cuda.device(logits.device):
         _ce_rows_cluster_kernel[(n,)](logits, target.contiguous(), loss, logits.stride(0), v, ignore_index,
-                                      float(grad_scale), 0, **const, num_warps=warps, num_ctas=ctas)
+                                      float(grad_scale), **sg.constexprs(ctas, p, warps), num_warps=warps,
+                                      num_ctas=ctas)
     return loss
