@@ -85,10 +85,11 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
             base_l = (base.double() - ref).abs().max().item()
             base_g = (bx.grad.double() - ref_x.grad).abs().max().item()
             work = torch.empty_like(x)
-            providers = [("cluster", lambda w: cg.ce_rows_(w, t, grad_scale=1.0 / n)),
-                         ("hearth", lambda w: ce_rows_(w, t, grad_scale=1.0 / n))]
+            # each provider takes the logits and their targets (the check runs on the first k rows)
+            providers = [("cluster", lambda w, tt: cg.ce_rows_(w, tt, grad_scale=1.0 / n)),
+                         ("hearth", lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n))]
             if liger is not None:
-                providers.append(("liger", lambda w: liger(w, t).backward()))
+                providers.append(("liger", lambda w, tt: liger(w, tt).backward()))
             for name, fn in providers:
                 row = {"op": "cross_entropy", "rows": n, "cols": v, "dtype": "bfloat16", "provider": name, **meta}
                 try:
@@ -96,7 +97,7 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
                         l_err = g_err = float("nan")
                     else:
                         w = x[:k].clone()
-                        l_err = (fn(w).double() - ref).abs().max().item()
+                        l_err = (fn(w, t[:k]).double() - ref).abs().max().item()
                         g_err = (w.double() - ref_x.grad).abs().max().item()  # the kernel wrote d(mean)/dx
                     row.update(loss_err=l_err, grad_err=g_err, torch_loss_err=base_l, torch_grad_err=base_g,
                                ok=name == "liger" or (l_err <= 2 * base_l + 1e-6 and g_err <= 2 * base_g + 1e-9))
@@ -105,7 +106,7 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
                             work.copy_(x)
                             return work.detach().requires_grad_(name == "liger")
 
-                        tm = time_call(lambda w, fn=fn: fn(w), [], device, setup=setup)
+                        tm = time_call(lambda w, fn=fn: fn(w, t), [], device, setup=setup)
                         row.update(ms=tm.median_ms, p20_ms=tm.p20_ms, p80_ms=tm.p80_ms,
                                    gbps=2 * x.numel() * x.element_size() / (tm.median_ms * 1e-3) / 1e9)
                 except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
