@@ -133,7 +133,8 @@ PERSISTENT = os.environ.get("HEARTH_ATTN_GLUON_PERSIST", "0") == "1"
 # do, and L2 serves the re-reads. With batch * head fastest over all heads (its first order) 132 programs read
 # 132 heads' K/V: at B4 H32 T4096 D128 that is 264 MiB against the H200's 50 MB L2, and the H200 measured it
 # 0.87x (causal) and 0.82x (non-causal) the per-tile kernel, where GQA 40/8 (a fifth the K/V) measured 1.03x.
-# Not yet run on a GPU in this order.
+# In this order it measured 1.01x causal and 0.96x non-causal at that shape (attention.PERSIST_MAX_T says where
+# it runs).
 PPS_KV_BYTES = 32 * 2**20
 
 
@@ -633,6 +634,15 @@ def _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL: ttgl.constexpr):
 
 
 @gluon.jit
+def _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                    BLOCK_N: ttgl.constexpr):
+    """Turns (= ring positions) of persistent tile start_m: the larger key-block count of its two query tiles
+    (the producer streams that many blocks; both consumers take that many turns)."""
+    return ttgl.maximum(_pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1],
+                        _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1])
+
+
+@gluon.jit
 def _pps_wait_turn(my_turn, r, WG: ttgl.constexpr):
     """Wait for turn r (both warpgroups take one turn per ring position, so the position is the turn count):
     WG1's turn r waits for WG0's turn r, WG0's turn r >= 1 for WG1's turn r - 1."""
@@ -690,8 +700,7 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
         start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
         tile = 2 * start_m + WG
         n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
-        n_max = ttgl.maximum(_pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1],
-                             _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1])
+        n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         # Q is loaded every tile, also one past the end (zero-filled, not used), so q_bar's phase is the tile count
         mbarrier.expect(q_bar, Q_BYTES)
         tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
@@ -749,8 +758,7 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
     r = 0
     for tile_id in range(ttgl.program_id(0), TOTAL, ttgl.num_programs(0)):
         start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
-        n_max = ttgl.maximum(_pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1],
-                             _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1])
+        n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         for j in range(n_max):
             slot = r % NUM_STAGES
             phase = ((r // NUM_STAGES) & 1) ^ 1
