@@ -25,7 +25,7 @@ from hearth.kernels import cross_entropy_gluon as cg
 
 op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) or None)
 ctas, p, warps = sg.config(n, ctas)
-const = sg.constexprs(ctas, p, warps)
+const = sg.constexprs(ctas, p, warps, {"bf16": 2, "fp16": 2, "fp32": 4}[dt])
 if op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"

@@ -86,6 +86,6 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
     ctas, p, warps = sg.config(v, ctas)
     with torch.cuda.device(logits.device):
         _ce_rows_cluster_kernel[(n,)](logits, target.contiguous(), loss, logits.stride(0), v, ignore_index,
-                                      float(grad_scale), **sg.constexprs(ctas, p, warps), num_warps=warps,
-                                      num_ctas=ctas)
+                                      float(grad_scale), **sg.constexprs(ctas, p, warps, logits.element_size()),
+                                      num_warps=warps, num_ctas=ctas)
     return loss
