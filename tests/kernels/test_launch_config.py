@@ -48,6 +48,30 @@ def test_pick_config_times_candidates_once_and_keeps_the_fastest(monkeypatch):
     assert len(calls) == 4
 
 
+def test_a_pick_on_few_rows_is_not_reused_for_many(monkeypatch):
+    """rows joins the key as its power-of-two bucket (capped): a pick made on a 64-row slice is timed again
+    at 4096 rows, 3000 rows reuse the 4096 pick, and past the cap every count shares one pick."""
+    monkeypatch.setattr(common, "interpret_mode", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(common, "_PICKED", {})
+    timed = []
+    fast = {64: "a", 4096: "b"}
+    rows_now = [64]
+
+    def fake_time(candidates, launch):
+        timed.append(rows_now[0])
+        return [0.0 if c == fast.get(rows_now[0], "a") else 1.0 for c in candidates]
+
+    monkeypatch.setattr(common, "_time_candidates", fake_time)
+    for rows, want in ((64, "a"), (4096, "b"), (3000, "b"), (64, "a")):
+        rows_now[0] = rows
+        assert common.pick_config(("k",), ["a", "b"], lambda c: None, _FakeCudaDevice(), rows=rows) == want
+    assert timed == [64, 4096]
+    cap = common.ROWS_BUCKET_CAP
+    assert common.rows_bucket(1) == 1 and common.rows_bucket(3000) == 4096 and common.rows_bucket(4096) == 4096
+    assert common.rows_bucket(cap + 1) == common.rows_bucket(50 * cap) == cap
+
+
 class _FakeClock:
     """A GPU clock for _time_candidates on the CPU: each launch advances it by the candidate's time, times a
     slowdown while the 'GPU' is still ramping up its clocks (the first `ramp` launches after the compiles)."""

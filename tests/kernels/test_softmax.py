@@ -79,7 +79,7 @@ def test_persistent_onepass_kernels_every_candidate(monkeypatch, cfg, dtype):
     monkeypatch.setattr(sm, "ROWS_MIN_BLOCK", 64)
     asked = []
 
-    def forced(key, cands, launch, device):
+    def forced(key, cands, launch, device, rows=None):
         asked.append(list(cands))
         return cfg
 
@@ -113,7 +113,8 @@ def test_gpu_every_wide_candidate(monkeypatch, n_rows, n_cols):
     cands = sm._wide_candidates(n_cols, 2, 1) + sm._wide_candidates(n_cols, 2, 2)
     for cfg in dict.fromkeys(cands):
         # forced where it is a candidate of that pass (forward: 1 input, backward: 2), else that list's first
-        monkeypatch.setattr(sm, "pick_config", lambda key, c, launch, device, cfg=cfg: cfg if cfg in c else c[0])
+        monkeypatch.setattr(sm, "pick_config",
+                            lambda key, c, launch, device, rows=None, cfg=cfg: cfg if cfg in c else c[0])
         torch.manual_seed(1)
         x = (torch.randn(n_rows, n_cols, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
         y = softmax(x)

@@ -60,7 +60,7 @@ def test_swiglu_every_candidate_matches_reference(cand, monkeypatch):
     the row kernels and, for contiguous tensors, the flat kernels (17 x 130 is not a multiple of any block)."""
     asked = []
 
-    def forced(key, cands, launch, device):
+    def forced(key, cands, launch, device, rows=None):
         asked.append((key, tuple(cands)))
         assert cand in cands, (cand, cands)
         return cand
@@ -75,7 +75,7 @@ def test_swiglu_strided_views_get_no_flat_candidate(monkeypatch):
     """A row-strided view (a fused gate_up output split in two) is not one flat run: no flat config is offered."""
     asked = []
     monkeypatch.setattr(swiglu_module, "pick_config",
-                        lambda key, cands, launch, device: asked.append(cands) or cands[0])
+                        lambda key, cands, launch, device, rows=None: asked.append(cands) or cands[0])
     gu = torch.randn(9, 2 * 40, device=DEVICE)
     check_swiglu(gu[:, :40], gu[:, 40:], torch.float32)
     assert len(asked) == 2 and not any(c[2] for cands in asked for c in cands), asked

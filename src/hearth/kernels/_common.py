@@ -276,7 +276,15 @@ def _time_candidates(candidates, launch, clock=_CudaClock) -> list:
 _PICKED: dict = {}
 
 
-def pick_config(key, candidates, launch, device: torch.device):
+ROWS_BUCKET_CAP = 1 << 14  # past this many rows the persistent grids are full: one pick serves all
+
+
+def rows_bucket(rows: int) -> int:
+    """The row count's bucket in a pick's key: the next power of two, capped at ROWS_BUCKET_CAP."""
+    return min(1 << max(rows - 1, 0).bit_length(), ROWS_BUCKET_CAP)
+
+
+def pick_config(key, candidates, launch, device: torch.device, rows: int | None = None):
     """The fastest of `candidates` for `key`, timed once on the GPU (later calls hit a cache).
 
     candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
@@ -285,12 +293,15 @@ def pick_config(key, candidates, launch, device: torch.device):
     (each candidate runs a few dozen times). Timing: _time_candidates (CUDA events, interleaved rounds of
     launch blocks, median per candidate; no allocation: triton.testing.do_bench allocated a 256 MB L2-flush
     buffer, which showed up as extra peak memory of the op's first call).
+    rows: the call's row count; its bucket (rows_bucket) joins the key, so a pick made on a few rows (a
+    check on a slice, a short first batch) is not reused for many: hearth's softmax picked on 64 rows of
+    width 262144 ran 4096 rows at 3.06 ms against 1.59 ms with the pick made at 4096 (H200).
     Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
     environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
     """
     # the candidate list is part of the key: a cached pick is always one of the candidates passed now
     # (the same width can meet different lists, e.g. when tests lower ONEPASS_MAX_COLS / WIDE_CHUNK)
-    key = (key, tuple(candidates))
+    key = (key, tuple(candidates)) if rows is None else (key, tuple(candidates), rows_bucket(rows))
     if key in _PICKED:
         return _PICKED[key]
     if (len(candidates) == 1 or device.type != "cuda" or interpret_mode()

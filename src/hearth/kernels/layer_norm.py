@@ -278,7 +278,7 @@ def _forward(x, weight, bias, eps):
 
     # idempotent (writes y, mean and rstd only), so candidates are timed on the real arguments
     key = ("layer_norm_fwd", n, x.dtype, weight.dtype, bias is not None)
-    launch(pick_config(key, _ln_fwd_candidates(n), launch, x.device))
+    launch(pick_config(key, _ln_fwd_candidates(n), launch, x.device, rows=m))
     return y, mean, rstd
 
 
@@ -326,7 +326,7 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
     key = ("layer_norm_bwd", n, x.dtype, weight.dtype, need_dw)
-    partial = launch(pick_config(key, _ln_bwd_candidates(n), launch, x.device))
+    partial = launch(pick_config(key, _ln_bwd_candidates(n), launch, x.device, rows=m))
     if not need_dw:
         return dx, None, None
     if not separate:

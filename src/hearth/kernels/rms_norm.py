@@ -265,7 +265,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
                 x2, weight, y2, rstd, m, n, eps, x2.stride(0), y2.stride(0), BLOCK_M=rows, BLOCK_N=block, num_warps=warps)
 
     # idempotent (writes y and rstd only), so candidates are timed on the real arguments
-    launch(pick_config(("rms_norm_fwd", n, x.dtype, weight.dtype), _fwd_candidates(n), launch, x.device))
+    launch(pick_config(("rms_norm_fwd", n, x.dtype, weight.dtype), _fwd_candidates(n), launch, x.device, rows=m))
     return y, rstd
 
 
@@ -321,7 +321,7 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
     key = ("rms_norm_bwd", n, x.dtype, weight.dtype, need_dw)
-    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device))
+    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device, rows=m))
     if not need_dw:
         return dx, None
     dw = partial.sum(0)

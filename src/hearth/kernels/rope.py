@@ -140,7 +140,7 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
     # (shape, layout, dtype) and keeps the fastest (_common.pick_config); NUM_WARPS pins it
     cands = [num_warps] if NUM_WARPS else list(dict.fromkeys([num_warps, 8, 4, 2]))
     key = ("rope", hq, hk, dim, q.dtype, q.stride(), k.stride(), cos.dtype, backward)
-    launch(pick_config(key, cands, launch, q.device))
+    launch(pick_config(key, cands, launch, q.device, rows=bsz * t))
     return qo, ko
 
 

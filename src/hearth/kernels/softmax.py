@@ -16,8 +16,8 @@ Two paths, chosen by row width in `_config` (the one place BLOCK / num_warps are
     The wide kernels are persistent (WIDE_PROGRAMS_PER_SM programs per SM, each walking rows p, p+P,
     ...): that bounds the rows in flight, and so the bytes between a row's read and its re-read,
     which is what decides whether the re-read hits L2. On the GPU, (programs per SM, CHUNK, num_warps,
-    pipelining depth) is picked once per (n, dtype) by timing a few candidates (`pick_config`), and the
-    one-pass kernels pick their num_warps the same way.
+    pipelining depth) is picked once per (n, dtype, row-count bucket) by timing a few candidates
+    (`pick_config`), and the one-pass kernels pick their num_warps the same way.
 
 Layout: the softmax dim is moved last (`movedim`, a view). Rows are copied to contiguous memory only
 when the moved dim does not have stride 1 (or the leading dims cannot be flattened into one row
@@ -338,7 +338,7 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
             per_sm, chunk, w, stages = cfg
             _softmax_fwd_chunked_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
                 xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
-        launch(pick_config(key, _wide_candidates(n_cols, x.element_size(), 1), launch, x.device))
+        launch(pick_config(key, _wide_candidates(n_cols, x.element_size(), 1), launch, x.device, rows=n_rows))
     else:
         def launch(cfg):
             if isinstance(cfg, int):
@@ -348,7 +348,8 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
             _softmax_fwd_rows_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
                 xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w,
                 num_stages=stages)
-        launch(pick_config(key, _onepass_pick_candidates(block, warps, x.element_size()), launch, x.device))
+        launch(pick_config(key, _onepass_pick_candidates(block, warps, x.element_size()), launch, x.device,
+                                rows=n_rows))
     return y
 
 
@@ -369,7 +370,7 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
             per_sm, chunk, w, stages = cfg
             _softmax_bwd_chunked_kernel[(_wide_programs(n_rows, y.device, per_sm),)](
                 yr, dyr, dxr, *strides, n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
-        launch(pick_config(key, _wide_candidates(n_cols, y.element_size(), 2), launch, y.device))
+        launch(pick_config(key, _wide_candidates(n_cols, y.element_size(), 2), launch, y.device, rows=n_rows))
     else:
         def launch(cfg):
             if isinstance(cfg, int):
@@ -378,7 +379,8 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
             per_sm, w, stages = cfg
             _softmax_bwd_rows_kernel[(_wide_programs(n_rows, y.device, per_sm),)](
                 yr, dyr, dxr, *strides, n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w, num_stages=stages)
-        launch(pick_config(key, _onepass_pick_candidates(block, warps, y.element_size(), 2), launch, y.device))
+        launch(pick_config(key, _onepass_pick_candidates(block, warps, y.element_size(), 2), launch, y.device,
+                                rows=n_rows))
     return dx
 
 

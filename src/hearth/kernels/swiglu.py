@@ -164,7 +164,7 @@ def _launch_fwd(g2, u2, h2, tune: bool = False) -> None:
         if not tune:
             return launch((BLOCK_COLS, NUM_WARPS, False))
         flat = _dense(n, g2, u2, h2)
-        launch(pick_config(("swiglu_fwd", n, g2.dtype, flat), _candidates(n, flat), launch, g2.device))
+        launch(pick_config(("swiglu_fwd", n, g2.dtype, flat), _candidates(n, flat), launch, g2.device, rows=m))
 
 
 def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None, tune: bool = False) -> None:
@@ -189,7 +189,7 @@ def _launch_bwd(dh2, g2, u2, dg2, du2, h2=None, tune: bool = False) -> None:
             return launch((BLOCK_COLS, NUM_WARPS, False))
         flat = h2 is None and _dense(n, dh2, g2, u2, dg2, du2)
         launch(pick_config(("swiglu_bwd", n, g2.dtype, h2 is not None, flat), _candidates(n, flat), launch,
-                           g2.device))
+                           g2.device, rows=m))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
