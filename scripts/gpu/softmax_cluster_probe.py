@@ -8,7 +8,7 @@ row kernel (cross_entropy.ce_rows_) and Liger's fused cross-entropy where it imp
 Last, pick_check: hearth softmax with its launch config picked on a 64-row first call and on a full one.
 
 For each shape and provider (cluster: one row per cluster, at config's cluster size and at the sizes in
---ctas; persist-G: the persistent kernel on G clusters; hearth; compile), after one call at the full shape:
+--ctas; hearth; compile), after one call at the full shape:
   1. correctness: max abs error against softmax in fp64 of the same values, and PyTorch's own bf16 error
      beside it (a provider over 2x PyTorch's error is marked wrong and not timed);
   2. time: hearth.bench.timing.time_call (CUDA events, L2 flushed, median of >= 10 calls); GB/s = one read
@@ -174,16 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             pick = sg.config(n)[0]
             providers += [(f"cluster-{c}", lambda t, c=c: sg.softmax_fwd(t, ctas=c))
                           for c in map(int, args.ctas.split(",")) if c != pick]
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            for g in (sms // pick, 2 * (sms // pick)):  # one and two clusters' worth of CTAs per SM
-                providers.append((f"persist-{g}", lambda t, g=g: sg.softmax_fwd(t, clusters=g)))
             providers += [("hearth", hearth_softmax), ("compile", compiled)]
             for name, fn in providers:
                 row = {"rows": m, "cols": n, "dtype": "bfloat16", "provider": name, **meta}
                 if name.startswith("cluster"):
                     row["ctas"] = int(name.split("-")[1]) if "-" in name else pick
-                if name.startswith("persist"):
-                    row.update(ctas=pick, clusters=int(name.split("-")[1]))
                 try:
                     # first call at the full shape: hearth picks its launch config on its first call for a
                     # width (pick_config, keyed by width, not rows), and a pick made on the 64-row check

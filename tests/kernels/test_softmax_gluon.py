@@ -29,10 +29,6 @@ const = sg.constexprs(ctas, p, warps, {"bf16": 2, "fp16": 2, "fp32": 4}[dt])
 if op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"
-elif op == "softmax_persistent":
-    fn, args = sg._softmax_fwd_cluster_persistent_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
-                                                           "stride_y": "i32", "n_rows": "i32", "n_cols": "i32"}
-    const["EXCHANGE_ASM"] = sg.exchange_ptx(ctas, rearm=True)
 else:
     fn, args = cg._ce_rows_cluster_kernel, {"Logits": f"*{dt}", "Target": "*i64", "Loss": "*fp32", "stride": "i32"}
     args.update(n_cols="i32", ignore_index="i32", grad_scale="fp32")
@@ -70,10 +66,9 @@ print(json.dumps(dict(
 
 @pytest.mark.parametrize("op, n, dtype, ctas", [
     ("softmax", 262144, "bf16", 0), ("softmax", 151936, "fp32", 0), ("softmax", 65536, "fp16", 0),
-    ("softmax", 262144, "bf16", 8), ("cross_entropy", 131072, "bf16", 0), ("cross_entropy", 151936, "fp32", 0),
-    ("softmax_persistent", 262144, "bf16", 0), ("softmax_persistent", 65536, "fp16", 0)],
+    ("softmax", 262144, "bf16", 8), ("cross_entropy", 131072, "bf16", 0), ("cross_entropy", 151936, "fp32", 0)],
     ids=["softmax-262144-bf16", "softmax-151936-fp32", "softmax-65536-fp16", "softmax-262144-bf16-8ctas",
-         "ce-131072-bf16", "ce-151936-fp32", "persistent-262144-bf16", "persistent-65536-fp16"])
+         "ce-131072-bf16", "ce-151936-fp32"])
 def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n, dtype, ctas):
     """The kernels build for sm_90 as a cluster (.reqnctapercluster); each stores its pair into every CTA's
     slots (one mapa + st.shared::cluster per CTA) between cluster barriers (arrive at start, wait,
@@ -82,11 +77,10 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
     predicated on the CTA's rank being 0 (what a layout the compiler believes replicated over the CTAs
     produces: review found every store but CTA 0's dropped that way; cross-entropy's one-writer loss store
     is meant to be). At config's pick nothing spills; 8 CTAs at 262144
-    columns (64 values a thread) may spill, which is what the pick avoids. The persistent kernel has one
-    more barrier (the exchange's closing arrive) and holds its next row too: still no spill at the pick."""
+    columns (64 values a thread) may spill, which is what the pick avoids."""
     r = run_offline(_BUILD_SCRIPT, (op, str(n), dtype, str(ctas)))[0]
     assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"], r
-    assert r["barriers"] == (5 if op == "softmax_persistent" else 4), r
+    assert r["barriers"] == 4, r
     slot_bytes = sg.SLOT_FLOATS * 4
     assert r["offsets"] and min(r["offsets"]) >= slot_bytes and not r["bare"], r
     assert r["shared"] > slot_bytes, r
@@ -149,27 +143,6 @@ def test_gpu_matches_reference(rows, n, dtype, ctas):
     ref = torch.softmax(x.double(), -1)
     assert_close(y, ref, dtype, msg="cluster softmax", baseline=torch.softmax(x, -1))
     assert torch.equal(y[-1, n // 2:], torch.zeros_like(y[-1, n // 2:]))
-
-
-@hopper_only
-@pytest.mark.parametrize("rows, n, dtype, ctas, clusters", [
-    (7, 262144, torch.bfloat16, None, 3), (9, 65536 + 7, torch.float16, None, 4), (5, 40000, torch.float32, 4, 1),
-    (6, 131072, torch.bfloat16, 8, 64)])
-def test_gpu_persistent_matches_reference(rows, n, dtype, ctas, clusters):
-    """The persistent kernel: fewer clusters than rows (each cluster takes several rows, the slots reused
-    row after row), one cluster for all rows, and more clusters than rows; the same special rows as above."""
-    g = torch.Generator(device="cpu").manual_seed(n + rows)
-    x = (torch.randn(rows, n, generator=g) * 4).to(dtype)
-    x[0, : n // 3] -= 40
-    x[-1, n // 2:] = float("-inf")
-    x[1, : n // 4] = float("-inf")
-    x = x.cuda()
-    y = sg.softmax_fwd(x, ctas=ctas, clusters=clusters)
-    ref = torch.softmax(x.double(), -1)
-    assert_close(y, ref, dtype, msg="persistent cluster softmax", baseline=torch.softmax(x, -1))
-    assert torch.equal(y[-1, n // 2:], torch.zeros_like(y[-1, n // 2:]))
-    with pytest.raises(ValueError, match="clusters"):
-        sg.softmax_fwd(x, clusters=0)
 
 
 @hopper_only

@@ -1,16 +1,18 @@
 """Wide-row cross-entropy, loss and gradient in one pass, for Hopper (sm_90) in Gluon: one row held on chip by a
 thread-block cluster (softmax_gluon's design and exchange; see its docstring).
 
-Not routed: cross_entropy() does not call it. It is here to be checked and timed on the H200 against the
-shipped row kernel (cross_entropy.ce_rows_, the same contract), which reads each row twice (online logsumexp,
-then the gradient pass): 8192 x 131072 bf16 took 1.553 ms there against a 1.4 ms goal; one read and one write
-of the logits at the copy bandwidth is about 1.0 ms.
+Not routed: cross_entropy() keeps the shipped row kernel (cross_entropy.ce_rows_, the same contract), which
+reads each row twice (online logsumexp, then the gradient pass). Measured on the H200 (bf16, loss and
+gradient, scripts/gpu/softmax_cluster_probe.py, 2026-12-03), this kernel against ce_rows_: 1.712 / 1.554 ms
+at 8192 x 131072 (0.91x), 1.938 / 1.602 at 4096 x 262144 (0.83x), 7.172 / 3.611 at 16384 x 151936 (0.50x,
+the padded width: softmax_gluon's docstring). One read and one write of the logits at the copy bandwidth
+would take about 1.0 ms at 8192 x 131072; the goal there is 1.4 ms.
 
 Per row (one row per cluster of CTAS CTAs, each holding P columns in registers): the CTAs exchange their
 (max, sum of exp) pairs once (softmax_gluon.exchange_ptx), every CTA forms lse = m + log(s), CTA 0 writes
-loss = lse - x[target] (every thread reads x[target] from memory before the exchange), and every CTA writes its part of
-grad_scale * (softmax - onehot) over the logits in place. Ignored rows (target == ignore_index) get loss 0 and a
-zero gradient. No label smoothing, z-loss or softcap here: the probe compares the plain case.
+loss = lse - x[target] (every thread reads x[target] from memory before the exchange), and every CTA writes
+its part of grad_scale * (softmax - onehot) over the logits in place. Ignored rows (target == ignore_index) get
+loss 0 and a zero gradient. No label smoothing, z-loss or softcap here: the probe compares the plain case.
 """
 
 from __future__ import annotations

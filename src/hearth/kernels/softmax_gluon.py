@@ -1,8 +1,15 @@
 """Wide-row softmax forward for Hopper (sm_90) in Gluon: one row held on chip by a thread-block cluster.
 
-Not routed: softmax() does not call it. It is here to be checked and timed on the H200 against the chunked
-Triton kernel (softmax.py), which reads a wide row twice (statistics, then output; the re-read from HBM where
-it misses L2): 4096 x 262144 bf16 ran at about 2700 GB/s there against a 3800 goal.
+Not routed: softmax() keeps the chunked Triton kernel (softmax.py), which reads a wide row twice
+(statistics, then output; the re-read from HBM where it misses L2). Measured on the H200 (bf16, forward,
+scripts/gpu/softmax_cluster_probe.py, 2026-12-03), this kernel against the chunked one: 1.09x faster at
+16384 x 65536 (1.340 / 1.458 ms) and 1.06x at 8192 x 131072 (1.439 / 1.529), but 0.94x at 4096 x 262144
+(1.681 / 1.583) and 0.56x at 4096 x 151936 (1.618 / 0.905): a width that is not a power of two pads every
+CTA's part to one, and the time follows the padded width (one cluster's launch, load, exchange and store
+per row: latency, not bandwidth, bounds it at 2 CTAs an SM). Vocabulary widths are rarely powers of two,
+and the 3800 GB/s goal at 262144 is not met by either kernel. A persistent form (a cluster looping over
+rows, the next row loaded into registers before the current row's exchange) was measured too and removed:
+110 registers a thread, 1 CTA an SM, 2.0-2.4x slower than this one.
 
 Design: a row of n columns is split over CTAS CTAs of one cluster (2, 4, 8 or 16; 16 is past the portable
 limit, which Triton's launcher allows), each holding its P = next_pow2(cdiv(n, CTAS)) columns in registers,
@@ -48,14 +55,11 @@ LOWEST = ttgl.constexpr(-3.4028234663852886e38)  # the lowest finite fp32: the m
 START = "barrier.cluster.arrive.relaxed.aligned;\nmov.u32 $0, %cluster_ctarank;"
 
 
-def exchange_ptx(ctas: int, rearm: bool = False) -> str:
+def exchange_ptx(ctas: int) -> str:
     """Inline PTX for the (max, sum) exchange among `ctas` CTAs: inputs $2 = m_i, $3 = s_i; outputs $0 = m,
     $1 = s. Slots are pairs of fp32 at global_smem + 8 * rank. The pairs are combined as they are read
     (running max and rescaled sum: four live registers whatever `ctas` is). It opens with the wait that pairs
-    with START's arrive (every CTA has started). rearm (the persistent kernel, which reuses the slots for its
-    next row): it closes with an arrive (release: the slots have been read) that the next exchange's opening
-    wait pairs with, so no CTA writes a slot another CTA has yet to read; the last row's arrive is left
-    unwaited, and by then every remote store has landed (the exchange's own barrier)."""
+    with START's arrive (every CTA has started)."""
     log2e = "0f3FB8AA3B"  # log2(e) as a PTX fp32 literal
     lines = ["{", ".reg .u32 la, sa, ra, off, t;", ".reg .pred p;", ".reg .f32 mi, si, mx, acc, nm, d;",
              "barrier.cluster.wait.aligned;",
@@ -70,8 +74,6 @@ def exchange_ptx(ctas: int, rearm: bool = False) -> str:
                   "sub.f32 d, mx, nm;", f"mul.f32 d, d, {log2e};", "ex2.approx.ftz.f32 d, d;", "mul.f32 acc, acc, d;",
                   "sub.f32 d, mi, nm;", f"mul.f32 d, d, {log2e};", "ex2.approx.ftz.f32 d, d;",
                   "fma.rn.f32 acc, si, d, acc;", "mov.f32 mx, nm;"]
-    if rearm:
-        lines += ["barrier.cluster.arrive.release.aligned;"]
     lines += ["mov.f32 $0, mx;", "mov.f32 $1, acc;", "}"]
     return "\n".join(lines)
 
@@ -122,8 +124,8 @@ def constexprs(ctas: int, p: int, warps: int, elem_bytes: int) -> dict:
     cluster's CTAs, dim 1 over each CTA's threads), the slots' shared layout (replicated: every CTA has its
     own) and the inline PTX. A thread holds 16 bytes of adjacent columns per repeat (elem_bytes: the row's
     element size), so one warp-wide access covers 512 contiguous bytes; the first GPU run gave each thread
-    all of its columns in one run (64 bytes apart between lanes) and reached 1652 GB/s against the chunked
-    kernel's 2184 at 4096 x 262144 bf16."""
+    all of its columns in one run (64 bytes apart between lanes): 2.600 ms at 4096 x 262144 bf16, 1.681
+    with this layout."""
     bits = ctas.bit_length() - 1
     vec = max(1, min(16 // elem_bytes, p // (32 * warps)))
     return dict(
@@ -142,45 +144,10 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
             and MIN_COLS < n_cols <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD)
 
 
-@gluon.jit
-def _softmax_fwd_cluster_persistent_kernel(
-    X, Y, stride_x, stride_y, n_rows, n_cols,
-    CTAS: ttgl.constexpr, P: ttgl.constexpr, SLOTS: ttgl.constexpr, layout: ttgl.constexpr,
-    slot_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
-):
-    """The cluster kernel as a persistent loop: cluster c takes rows c, c + G, ... (G = the grid's clusters),
-    and loads its next row into registers before the current row's exchange and store, so a CTA's load of
-    row i + 1 is in flight while it waits on the cluster barrier and writes row i (no cluster is launched
-    per row). EXCHANGE_ASM must be exchange_ptx(CTAS, rearm=True)."""
-    slots = ttgl.allocate_shared_memory(ttgl.float32, [SLOTS], slot_shared)  # at global_smem + 0
-    ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
-    part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
-    cols = part[:, None] * P + ttgl.arange(0, P, layout=ttgl.SliceLayout(0, layout))[None, :]
-    mask = cols < n_cols
-    first = ttgl.program_id(0)
-    step = ttgl.num_programs(0)
-    x_raw = ttgl.load(X + first.to(ttgl.int64) * stride_x + cols, mask=mask & (first < n_rows), other=float("-inf"))
-    for r in range(first, n_rows, step):
-        nxt = r + step
-        x_next = ttgl.load(X + nxt.to(ttgl.int64) * stride_x + cols, mask=mask & (nxt < n_rows),
-                           other=float("-inf"))
-        x = x_raw.to(ttgl.float32)
-        mx = ttgl.max(x, 1)
-        m_part = ttgl.where(mx == float("-inf"), LOWEST, mx)
-        s_part = ttgl.sum(ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 1)
-        m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
-                                           dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
-        y = ttgl.exp2((x - m[:, None]) * 1.4426950408889634) * (1.0 / s)[:, None]
-        ttgl.store(Y + r.to(ttgl.int64) * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
-        x_raw = x_next
-    slots._keep_alive()  # live to here: the compiler's scratch may not take its bytes
-
-
-def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None, clusters: int | None = None) -> torch.Tensor:
+def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
     """softmax over the last dim of a 2-D CUDA tensor [M, n] with unit column stride (the caller's rows are
     read in place through their stride), n within `supported`; returns a new row-contiguous [M, n].
-    ctas: the cluster size (config's pick when None). clusters: run the persistent kernel on that many
-    clusters (rows are dealt out round-robin); None launches one cluster per row."""
+    ctas: the cluster size (config's pick when None)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)}, "
                          f"strides {tuple(x.stride())}")
@@ -194,15 +161,6 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None, clusters: int | Non
     if m == 0:
         return y
     ctas, p, warps = config(n, ctas)
-    if clusters is not None:
-        if clusters < 1:
-            raise ValueError(f"clusters must be >= 1, got {clusters!r}")
-        const = constexprs(ctas, p, warps, x.element_size())
-        const["EXCHANGE_ASM"] = exchange_ptx(ctas, rearm=True)
-        with torch.cuda.device(x.device):
-            _softmax_fwd_cluster_persistent_kernel[(min(m, clusters),)](
-                x, y, x.stride(0), y.stride(0), m, n, **const, num_warps=warps, num_ctas=ctas)
-        return y
     with torch.cuda.device(x.device):
         _softmax_fwd_cluster_kernel[(m,)](x, y, x.stride(0), y.stride(0), n,
                                           **constexprs(ctas, p, warps, x.element_size()),
