@@ -25,7 +25,9 @@ result #0 must be LLVM pointer in address space 0 or 7, but got '!llvm.ptr<3>'" 
 lowering exists but emits IR its LLVM rejects). So the exchange would need inline PTX (mapa /
 ld.shared::cluster / barrier.cluster) until a Triton that builds these; asm builds (ptxas accepts it). A
 kernel built that way also needs a cluster barrier before the first remote store (a peer must not zero its
-slots after they were written) and has not yet run on a GPU.
+slots after they were written). hearth.kernels.softmax_gluon is that kernel, with the (max, sum) exchange and
+the opening barrier; it ran correctly on the H200 (2026-12-03; its figures are in BENCHMARKS.md). This
+script's asm variant stays the minimal max-only exchange it checked the build with.
 
     python scripts/cluster_reduce_probe.py [--n 16384] [--ctas 2]
 """
