@@ -1,4 +1,4 @@
-"""GPU probe: the cluster softmax forward (hearth.kernels.softmax_gluon, branch, not routed) against hearth's
+"""GPU probe: the cluster softmax forward (hearth.kernels.softmax_gluon, not routed) against hearth's
 shipped softmax (the chunked kernel reads a wide row twice) and torch.compile, at wide rows; then the cluster
 cross-entropy (hearth.kernels.cross_entropy_gluon: loss and gradient in place, one pass) against the shipped
 row kernel (cross_entropy.ce_rows_) and Liger's fused cross-entropy where it imports.
@@ -181,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["ctas"] = int(name.split("-")[1]) if "-" in name else pick
                 try:
                     # first call at the full shape: hearth picks its launch config on its first call for a
-                    # width (pick_config, keyed by width, not rows), and a pick made on the 64-row check
-                    # slice is a poor one at 4096 rows (the first runs timed hearth at 1.97 and 3.06 ms)
+                    # width and row-count bucket (pick_config); before the bucket joined the key, a pick made
+                    # on the 64-row check slice was reused at 4096 rows (hearth timed 1.97 and 3.06 ms)
                     fn(x)
                     err = (fn(x[:64]).double() - ref).abs().max().item()
                     row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-6)

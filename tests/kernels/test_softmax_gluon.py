@@ -1,6 +1,6 @@
-"""hearth.kernels.softmax_gluon, the cluster softmax for wide rows (branch; not routed). No interpreter runs
-Gluon or inline PTX, so on the CPU the kernel is built offline for sm_90 and its build is checked; its values
-are checked on a Hopper GPU against an fp64 reference, within the 2x-PyTorch rule."""
+"""hearth.kernels.softmax_gluon, the cluster softmax for wide rows (not routed: BENCHMARKS.md says why). No
+interpreter runs Gluon or inline PTX, so on the CPU the kernel is built offline for sm_90 and its build is
+checked; its values are checked on a Hopper GPU against an fp64 reference, within the 2x-PyTorch rule."""
 
 from __future__ import annotations
 
