@@ -38,13 +38,15 @@ def _ce_rows_cluster_kernel(
     part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
     cols = part[:, None] * P + ttgl.arange(0, P, layout=ttgl.SliceLayout(0, layout))[None, :]
     mask = cols < n_cols
+    # the row's load is issued first: the target's logit depends on the target's load, and in-order issue
+    # would hold the row's loads behind that chain
+    x = ttgl.load(Logits + row * stride + cols, mask=mask, other=float("-inf")).to(ttgl.float32)
     t = ttgl.load(Target + row)
     valid = t != ignore_index
     # the target's logit, read by every thread before the exchange (its barrier orders this read before the
     # owner CTA's gradient store over it): no reduction over the row for it, which held the CTA at 94-106
     # registers a thread (1 CTA an SM) against softmax's 64 (2 an SM)
     x_t = ttgl.load(Logits + row * stride + ttgl.where(valid, t, 0)).to(ttgl.float32)
-    x = ttgl.load(Logits + row * stride + cols, mask=mask, other=float("-inf")).to(ttgl.float32)
     mx = ttgl.max(x, 1)  # [CTAS]: this CTA's element is its part's max
     m_part = ttgl.where(mx == float("-inf"), sg.LOWEST, mx)
     s_part = ttgl.sum(ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 1)
