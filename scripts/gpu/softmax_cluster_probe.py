@@ -8,7 +8,8 @@ row kernel (cross_entropy.ce_rows_) and Liger's fused cross-entropy where it imp
 Last, pick_check: hearth softmax with its launch config picked on a 64-row first call and on a full one.
 
 For each shape and provider (cluster: one row per cluster, at config's cluster size and at the sizes in
---ctas; hearth; compile), after one call at the full shape:
+--ctas; smem: the shared-memory form, likewise, and with 4 warps a CTA; hearth; compile), after one call at
+the full shape:
   1. correctness: max abs error against softmax in fp64 of the same values, and PyTorch's own bf16 error
      beside it (a provider over 2x PyTorch's error is marked wrong and not timed);
   2. time: hearth.bench.timing.time_call (CUDA events, L2 flushed, median of >= 10 calls); GB/s = one read
@@ -174,11 +175,20 @@ def main(argv: list[str] | None = None) -> int:
             pick = sg.config(n)[0]
             providers += [(f"cluster-{c}", lambda t, c=c: sg.softmax_fwd(t, ctas=c))
                           for c in map(int, args.ctas.split(",")) if c != pick]
+            # the shared-memory form: smem_config's cluster size, the --ctas sizes, and 4 warps a CTA
+            spick = sg.smem_config(n, x.element_size())[0]
+            providers.append(("smem", lambda t: sg.softmax_fwd_smem(t)))
+            providers += [(f"smem-{c}", lambda t, c=c: sg.softmax_fwd_smem(t, ctas=c))
+                          for c in map(int, args.ctas.split(",")) if c != spick]
+            providers.append(("smem-w4", lambda t: sg.softmax_fwd_smem(t, warps=4)))
             providers += [("hearth", hearth_softmax), ("compile", compiled)]
             for name, fn in providers:
                 row = {"rows": m, "cols": n, "dtype": "bfloat16", "provider": name, **meta}
                 if name.startswith("cluster"):
                     row["ctas"] = int(name.split("-")[1]) if "-" in name else pick
+                if name.startswith("smem"):
+                    row.update(form="smem", warps=4 if name == "smem-w4" else 8,
+                               ctas=int(name.split("-")[1]) if name[5:].isdigit() else spick)
                 try:
                     # first call at the full shape: hearth picks its launch config on its first call for a
                     # width and row-count bucket (pick_config); before the bucket joined the key, a pick made

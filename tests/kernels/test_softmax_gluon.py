@@ -24,9 +24,18 @@ from hearth.kernels import softmax_gluon as sg
 from hearth.kernels import cross_entropy_gluon as cg
 
 op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) or None)
-ctas, p, warps = sg.config(n, ctas)
-const = sg.constexprs(ctas, p, warps, {"bf16": 2, "fp16": 2, "fp32": 4}[dt])
-if op == "softmax":
+eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
+if op == "smem":
+    ctas, chunk, chunks = sg.smem_config(n, eb, ctas)
+    p, warps = chunk * chunks, 8
+    const = sg.smem_constexprs(ctas, chunk, chunks, eb, warps)
+else:
+    ctas, p, warps = sg.config(n, ctas)
+    const = sg.constexprs(ctas, p, warps, eb)
+if op == "smem":
+    fn, args = sg._softmax_fwd_cluster_smem_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
+                                                     "stride_y": "i32", "n_cols": "i32"}
+elif op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"
 else:
@@ -43,6 +52,8 @@ ptx, llir = k.asm["ptx"], k.asm["llir"]
 offsets = [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", llir)]
 bare = [line for line in llir.splitlines() if "@global_smem" in line and "@global_smem," not in line
         and "external addrspace(3)" not in line and "asm" not in line]
+# an address formed from global_smem + a run-time offset alone starts at byte 0 (where the slots are)
+bare += [line.strip() for line in llir.splitlines() if re.search(r"@global_smem, i(32|64) %", line)]
 # a layout the compiler thinks is replicated over the CTAs makes it predicate the row's stores on rank == 0:
 # `and.b32 rX, <rank>, CTAS - 1`, `setp.eq pY, rX, 0`, then pY and-ed into the st.global.v4 predicates
 rank_regs = set(re.findall(r"mov\.u32\s+(%r\d+), %cluster_ctarank;", ptx))
@@ -60,7 +71,7 @@ print(json.dumps(dict(
     ctas=ctas, p=p, warps=warps, shared=k.metadata.shared, spills=rep.spill_bytes, regs=rep.registers,
     cluster=f".reqnctapercluster {ctas}" in ptx, mapa=ptx.count("mapa.shared::cluster"),
     st_cluster=ptx.count("st.shared::cluster"), barriers=ptx.count("barrier.cluster"),
-    offsets=offsets, bare=bare, rank0=rank0)))
+    offsets=offsets, bare=bare, rank0=rank0, cp_async=ptx.count("cp.async.cg.shared.global"))))
 """
 
 
@@ -87,6 +98,34 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
     assert not r["rank0"], r
     if ctas == 0:
         assert r["spills"] == 0, r
+
+
+@pytest.mark.parametrize("n, dtype, ctas", [(262144, "bf16", 0), (151936, "bf16", 0), (65536, "fp16", 0),
+                                            (262144, "fp32", 0), (131072, "bf16", 16)],
+                         ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas"])
+def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(n, dtype, ctas):
+    """The shared-memory form builds as a cluster with the same exchange; it copies chunks 1.. by cp.async
+    (16 bytes a lane); every shared address the compiler forms is at or past CHUNK_BYTES (chunk 0's bytes,
+    at global_smem + 0 where the buffer sits, are the exchange's slots: the compiler never touches them, and
+    a bare @global_smem use would mean it does); no row store predicated on rank 0; no spills."""
+    r = run_offline(_BUILD_SCRIPT, ("smem", str(n), dtype, str(ctas)))[0]
+    assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"] and r["barriers"] == 4, r
+    assert r["cp_async"] > 0, r
+    assert r["offsets"] and min(r["offsets"]) >= sg.CHUNK_BYTES and not r["bare"], r
+    assert not r["rank0"] and r["spills"] == 0, r
+
+
+def test_smem_config_parts_fit_and_bad_input_is_named():
+    for n, eb in ((32769, 2), (40000, 4), (131072, 2), (151936, 2), (262144, 2), (262144, 4)):
+        ctas, chunk, chunks = sg.smem_config(n, eb)
+        assert ctas in (2, 4, 8, 16) and chunk * eb == sg.CHUNK_BYTES, (n, eb)
+        assert ctas * chunk * chunks >= n > ctas * chunk * (chunks - 1), (n, eb, ctas, chunks)
+        assert chunks * sg.CHUNK_BYTES <= (sg.SMEM_PART_BYTES if ctas < 16 else sg.SMEM_MAX_PART_BYTES)
+    assert sg.smem_config(262144, 2) == (16, 2048, 8)
+    with pytest.raises(ValueError, match="ctas"):
+        sg.smem_config(65536, 2, 3)
+    with pytest.raises(ValueError, match="n_cols"):
+        sg.smem_config(262144, 4, 2)
 
 
 def test_config_covers_the_row_in_power_of_two_parts():
@@ -117,7 +156,10 @@ def test_supported_and_bad_input_name_the_argument():
         sg.softmax_fwd(torch.zeros(2, 65536))  # a CPU tensor
     with pytest.raises(ValueError, match="x must be 2-D"):
         sg.softmax_fwd(torch.zeros(2, 3, 65536))
-
+    with pytest.raises(ValueError, match="x: the cluster softmax serves Hopper"):
+        sg.softmax_fwd_smem(torch.zeros(2, 65536))
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        sg.softmax_fwd_smem(torch.zeros(65536))
 
 
 # ---------------------------------------------------------------- GPU (H200)
@@ -143,6 +185,30 @@ def test_gpu_matches_reference(rows, n, dtype, ctas):
     ref = torch.softmax(x.double(), -1)
     assert_close(y, ref, dtype, msg="cluster softmax", baseline=torch.softmax(x, -1))
     assert torch.equal(y[-1, n // 2:], torch.zeros_like(y[-1, n // 2:]))
+
+
+@hopper_only
+@pytest.mark.parametrize("rows, n, dtype, ctas", [
+    (3, 262144, torch.bfloat16, None), (5, 151936, torch.bfloat16, None), (4, 65536 + 7, torch.float16, None),
+    (3, 40000, torch.float32, None), (3, 262144, torch.float32, None), (4, 131072, torch.bfloat16, 16),
+    (3, 40000, torch.bfloat16, 16)])
+def test_gpu_smem_form_matches_reference(rows, n, dtype, ctas):
+    """The shared-memory form against fp64, within 2x PyTorch's error, with the same special rows (a large
+    spread, a tail of -inf, a first part all -inf); 40000 columns over 16 CTAs leaves whole chunks and
+    whole CTAs past the row's end."""
+    g = torch.Generator(device="cpu").manual_seed(n + 1)
+    x = (torch.randn(rows, n, generator=g) * 4).to(dtype)
+    x[0, : n // 3] -= 40
+    x[-1, n // 2:] = float("-inf")
+    x[1, : n // 4] = float("-inf")
+    x = x.cuda()
+    y = sg.softmax_fwd_smem(x, ctas=ctas)
+    assert_close(y, torch.softmax(x.double(), -1), dtype, msg="cluster softmax (shared memory)",
+                 baseline=torch.softmax(x, -1))
+    assert torch.equal(y[-1, n // 2:], torch.zeros_like(y[-1, n // 2:]))
+    view = x[:, : n - 5]  # a row stride that is not the width
+    assert_close(sg.softmax_fwd_smem(view, ctas=ctas), torch.softmax(view.double(), -1), dtype, msg="strided",
+                 baseline=torch.softmax(view, -1))
 
 
 @hopper_only

@@ -9,7 +9,9 @@ CTA's part to one, and the time follows the padded width (one cluster's launch, 
 per row: latency, not bandwidth, bounds it at 2 CTAs an SM). Vocabulary widths are rarely powers of two,
 and the 3800 GB/s goal at 262144 is not met by either kernel. A persistent form (a cluster looping over
 rows, the next row loaded into registers before the current row's exchange) was measured too and removed:
-110 registers a thread, 1 CTA an SM, 2.0-2.4x slower than this one.
+110 registers a thread, 1 CTA an SM, 2.0-2.4x slower than this one. softmax_fwd_smem (end of this file) is
+the next form: the part in shared memory by cp.async, a chunk at a time in registers (built offline for
+sm_90; not yet run on a GPU).
 
 Design: a row of n columns is split over CTAS CTAs of one cluster (2, 4, 8 or 16; 16 is past the portable
 limit, which Triton's launcher allows), each holding its P = next_pow2(cdiv(n, CTAS)) columns in registers,
@@ -41,6 +43,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from hearth.kernels._common import cdiv, next_power_of_2
 
@@ -165,4 +168,126 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
         _softmax_fwd_cluster_kernel[(m,)](x, y, x.stride(0), y.stride(0), n,
                                           **constexprs(ctas, p, warps, x.element_size()),
                                           num_warps=warps, num_ctas=ctas)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The shared-memory form (branch, not GPU-run). The register form above holds a CTA's whole part in
+# registers (64 a thread, 2 CTAs an SM), so an SM has at most two parts' loads in flight and each row costs
+# the latency of its load, exchange and store: it measured 0.94x the chunked kernel at 4096 x 262144. Here a
+# CTA copies its part into shared memory with cp.async (16 bytes a lane, no registers held while in flight)
+# in CHUNK-wide chunks, and works on one chunk at a time in registers, so a CTA needs about 32 KiB of shared
+# memory and few registers, and 4-6 CTAs an SM keep their loads in flight.
+# Chunk 0 is loaded into registers instead and stays there to the end; its bytes at the start of the CTA's
+# buffer (the buffer is the kernel's only allocation, so at global_smem + 0) are never written by the
+# compiler's code and serve as the exchange's slots (exchange_ptx addresses global_smem + 8 * rank).
+CHUNK_BYTES = 4096  # a chunk: 16 bytes a lane over 8 warps; also the slot area (>= 8 * MAX_CTAS bytes)
+SMEM_PART_BYTES = 32768  # the part a CTA takes when config may choose (fewer CTAs up to this)
+SMEM_MAX_PART_BYTES = 98304  # the largest part a CTA may hold (a given ctas too small for the row fails)
+
+
+def smem_config(n_cols: int, elem_bytes: int, ctas: int | None = None) -> tuple[int, int, int]:
+    """(CTAS, CHUNK, CHUNKS) for the shared-memory form: the fewest CTAs (2, 4, 8, 16) whose part fits
+    SMEM_PART_BYTES (16 when none does), or `ctas` when given; CHUNK = CHUNK_BYTES of columns, CHUNKS a
+    part's chunks (the part need not be a power of two: P = CHUNKS * CHUNK)."""
+    chunk = CHUNK_BYTES // elem_bytes
+    if ctas is None:
+        ctas = 2
+        while ctas < MAX_CTAS and cdiv(n_cols, ctas) * elem_bytes > SMEM_PART_BYTES:
+            ctas *= 2
+    elif ctas not in (2, 4, 8, 16):
+        raise ValueError(f"ctas must be 2, 4, 8 or 16, got {ctas!r}")
+    chunks = cdiv(cdiv(n_cols, ctas), chunk)
+    if chunks * CHUNK_BYTES > SMEM_MAX_PART_BYTES:
+        raise ValueError(f"n_cols: {n_cols} columns over {ctas} CTAs is {chunks * CHUNK_BYTES} bytes a CTA, "
+                         f"over {SMEM_MAX_PART_BYTES}")
+    return ctas, chunk, chunks
+
+
+def smem_constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: int) -> dict:
+    """The shared-memory kernel's constexprs: the [CTAS, CHUNK] register layout (dim 0 split over the
+    cluster's CTAs, 16 bytes of adjacent columns a lane), the [BUF_CHUNKS, CTAS, CHUNK] buffer's shared
+    layout (unswizzled, dim CTAS split over the CTAs, so each CTA's chunk c starts at c * CHUNK_BYTES) and
+    the inline PTX."""
+    bits = ctas.bit_length() - 1
+    split = [[1 << i, 0] for i in range(bits)]
+    vec = 16 // elem_bytes
+    if chunk % (vec * 32 * warps):
+        raise ValueError(f"warps: a chunk of {chunk} columns is not a whole number of {warps}-warp rows of "
+                         f"{vec}-column vectors")
+    return dict(
+        CTAS=ctas, P=chunk * chunks, CHUNK=chunk, CHUNKS=chunks, BUF_CHUNKS=next_power_of_2(chunks),
+        layout=ttgl.BlockedLayout([1, vec], [1, 32], [1, warps], [1, 0], split),
+        buf_shared=ttgl.SwizzledSharedLayout(1, 1, 1, [1, 0], split),
+        START_ASM=START, EXCHANGE_ASM=exchange_ptx(ctas),
+    )
+
+
+@gluon.jit
+def _softmax_fwd_cluster_smem_kernel(
+    X, Y, stride_x, stride_y, n_cols,
+    CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
+    BUF_CHUNKS: ttgl.constexpr, layout: ttgl.constexpr, buf_shared: ttgl.constexpr,
+    START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+):
+    """One row per cluster; CTA i holds columns [i * P, i * P + P) as CHUNKS chunks: chunk 0 in registers,
+    the others in shared memory (buffer chunk c). Statistics in two sweeps with one cross-warp reduction
+    each (elementwise maxima as the chunks land, then elementwise sums of exp against the part's max), the
+    exchange, then the output chunk by chunk."""
+    buf = ttgl.allocate_shared_memory(X.dtype.element_ty, [BUF_CHUNKS, CTAS, CHUNK], buf_shared)
+    ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    row = ttgl.program_id(0).to(ttgl.int64)
+    part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
+    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))
+    for c in ttgl.static_range(1, CHUNKS):
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        async_copy.async_copy_global_to_shared(buf.index(c), X + row * stride_x + cols, mask=cols < n_cols)
+        async_copy.commit_group()
+    cols0 = part[:, None] * P + c0[None, :]
+    x0 = ttgl.load(X + row * stride_x + cols0, mask=cols0 < n_cols, other=float("-inf")).to(ttgl.float32)
+    mx = x0
+    for c in ttgl.static_range(1, CHUNKS):
+        async_copy.wait_group(CHUNKS - 1 - c)  # chunk c has landed (the compiler adds the CTA barrier)
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        mx = ttgl.maximum(mx, ttgl.where(cols < n_cols, x, float("-inf")))
+    m_part = ttgl.maximum(ttgl.max(mx, 1), LOWEST)  # a part all -inf (or past n) is exchanged as LOWEST
+    se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
+    for c in ttgl.static_range(1, CHUNKS):
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        se += ttgl.where(cols < n_cols, ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 0.0)
+    s_part = ttgl.sum(se, 1)
+    m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
+                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    inv = 1.0 / s
+    y0 = ttgl.exp2((x0 - m[:, None]) * 1.4426950408889634) * inv[:, None]
+    ttgl.store(Y + row * stride_y + cols0, y0.to(Y.dtype.element_ty), mask=cols0 < n_cols)
+    for c in ttgl.static_range(1, CHUNKS):
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        y = ttgl.exp2((x - m[:, None]) * 1.4426950408889634) * inv[:, None]
+        ttgl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cols < n_cols)
+    buf._keep_alive()  # live to the end: nothing else may take the slot bytes at global_smem + 0
+
+
+def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = 8) -> torch.Tensor:
+    """softmax_fwd's contract through the shared-memory form (smem_config picks the cluster size when
+    ctas is None)."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)}, "
+                         f"strides {tuple(x.stride())}")
+    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+    if cap is None or cap[0] != 9 or x.dtype not in DTYPES or x.shape[1] <= MIN_COLS:
+        raise ValueError(f"x: the cluster softmax serves Hopper, {', '.join(map(str, DTYPES))} and more than "
+                         f"{MIN_COLS} columns; got {x.dtype}, n = {x.shape[1]}, capability {cap}")
+    m, n = x.shape
+    ctas, chunk, chunks = smem_config(n, x.element_size(), ctas)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if m == 0:
+        return y
+    with torch.cuda.device(x.device):
+        _softmax_fwd_cluster_smem_kernel[(m,)](
+            x, y, x.stride(0), y.stride(0), n, **smem_constexprs(ctas, chunk, chunks, x.element_size(), warps),
+            num_warps=warps, num_ctas=ctas)
     return y
