@@ -90,6 +90,7 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
             work = torch.empty_like(x)
             # each provider takes the logits and their targets (the check runs on the first k rows)
             providers = [("cluster", lambda w, tt: cg.ce_rows_(w, tt, grad_scale=1.0 / n)),
+                         ("smem", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n)),
                          ("hearth", lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n))]
             if liger is not None:
                 providers.append(("liger", lambda w, tt: liger(w, tt).backward()))

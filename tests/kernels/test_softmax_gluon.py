@@ -25,7 +25,7 @@ from hearth.kernels import cross_entropy_gluon as cg
 
 op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) or None)
 eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
-if op == "smem":
+if op in ("smem", "ce_smem"):
     ctas, chunk, chunks = sg.smem_config(n, eb, ctas)
     p, warps = chunk * chunks, 8
     const = sg.smem_constexprs(ctas, chunk, chunks, eb, warps)
@@ -35,6 +35,10 @@ else:
 if op == "smem":
     fn, args = sg._softmax_fwd_cluster_smem_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
                                                      "stride_y": "i32", "n_cols": "i32"}
+elif op == "ce_smem":
+    fn, args = cg._ce_rows_cluster_smem_kernel, {"Logits": f"*{dt}", "Target": "*i64", "Loss": "*fp32",
+                                                 "stride": "i32", "n_cols": "i32", "ignore_index": "i32",
+                                                 "grad_scale": "fp32"}
 elif op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"
@@ -100,15 +104,18 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
         assert r["spills"] == 0, r
 
 
-@pytest.mark.parametrize("n, dtype, ctas", [(262144, "bf16", 0), (151936, "bf16", 0), (65536, "fp16", 0),
-                                            (262144, "fp32", 0), (131072, "bf16", 16)],
-                         ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas"])
-def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(n, dtype, ctas):
-    """The shared-memory form builds as a cluster with the same exchange; it copies chunks 1.. by cp.async
-    (16 bytes a lane); every shared address the compiler forms is at or past CHUNK_BYTES (chunk 0's bytes,
-    at global_smem + 0 where the buffer sits, are the exchange's slots: the compiler never touches them, and
-    a bare @global_smem use would mean it does); no row store predicated on rank 0; no spills."""
-    r = run_offline(_BUILD_SCRIPT, ("smem", str(n), dtype, str(ctas)))[0]
+@pytest.mark.parametrize("op, n, dtype, ctas", [
+    ("smem", 262144, "bf16", 0), ("smem", 151936, "bf16", 0), ("smem", 65536, "fp16", 0), ("smem", 262144, "fp32", 0),
+    ("smem", 131072, "bf16", 16), ("ce_smem", 131072, "bf16", 0), ("ce_smem", 151936, "fp32", 0)],
+    ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas", "ce-131072-bf16",
+         "ce-151936-fp32"])
+def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(op, n, dtype, ctas):
+    """The shared-memory forms (softmax; cross-entropy) build as a cluster with the same exchange; they copy
+    chunks 1.. by cp.async (16 bytes a lane); every shared address the compiler forms is at or past
+    CHUNK_BYTES (chunk 0's bytes, at global_smem + 0 where the buffer sits, are the exchange's slots: the
+    compiler never touches them, and a bare @global_smem use would mean it does); no row store predicated on
+    rank 0; no spills."""
+    r = run_offline(_BUILD_SCRIPT, (op, str(n), dtype, str(ctas)))[0]
     assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"] and r["barriers"] == 4, r
     assert r["cp_async"] > 0, r
     assert r["offsets"] and min(r["offsets"]) >= sg.CHUNK_BYTES and not r["bare"], r

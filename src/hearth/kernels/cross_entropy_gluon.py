@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from hearth.kernels import softmax_gluon as sg
 
@@ -67,13 +68,8 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
     return sg.supported(capability, dtype, n_cols)
 
 
-def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, grad_scale: float = 1.0,
-             ctas: int | None = None) -> torch.Tensor:
-    """Per-row cross-entropy of `logits` [n, V] (unit column stride, Hopper, V within `supported`) against
-    `target` [n] int64; returns fp32 [n] (0 for ignored rows) and writes grad_scale * d loss_i / d logits_i
-    over `logits` in place (0 for ignored rows). Targets other than ignore_index must lie in [0, V) (the
-    caller validates them, as cross_entropy does). ctas: the cluster size (softmax_gluon.config's pick when
-    None)."""
+def _check(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """The argument checks shared by both forms (the shared-memory form serves the same widths)."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be 2-D with unit column stride, got shape {tuple(logits.shape)}, "
                          f"strides {tuple(logits.stride())}")
@@ -85,6 +81,16 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
         raise ValueError(f"logits: the cluster cross-entropy serves Hopper, {', '.join(map(str, sg.DTYPES))} and "
                          f"{sg.MIN_COLS} < V <= {sg.MAX_CTAS * 16 * 32 * sg.ELEMENTS_PER_THREAD} columns; got "
                          f"{logits.dtype}, V = {logits.shape[1]}, capability {cap}")
+
+
+def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, grad_scale: float = 1.0,
+             ctas: int | None = None) -> torch.Tensor:
+    """Per-row cross-entropy of `logits` [n, V] (unit column stride, Hopper, V within `supported`) against
+    `target` [n] int64; returns fp32 [n] (0 for ignored rows) and writes grad_scale * d loss_i / d logits_i
+    over `logits` in place (0 for ignored rows). Targets other than ignore_index must lie in [0, V) (the
+    caller validates them, as cross_entropy does). ctas: the cluster size (softmax_gluon.config's pick when
+    None)."""
+    _check(logits, target)
     n, v = logits.shape
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
     if n == 0:
@@ -94,4 +100,76 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
         _ce_rows_cluster_kernel[(n,)](logits, target.contiguous(), loss, logits.stride(0), v, ignore_index,
                                       float(grad_scale), **sg.constexprs(ctas, p, warps, logits.element_size()),
                                       num_warps=warps, num_ctas=ctas)
+    return loss
+
+
+@gluon.jit
+def _ce_rows_cluster_smem_kernel(
+    Logits, Target, Loss, stride, n_cols, ignore_index, grad_scale,
+    CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
+    BUF_CHUNKS: ttgl.constexpr, layout: ttgl.constexpr, buf_shared: ttgl.constexpr,
+    START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+):
+    """softmax_gluon's shared-memory form with the loss and the in-place gradient (branch, not GPU-run):
+    chunk 0 in registers (its bytes at global_smem + 0 are the slots), chunks 1.. copied into shared memory
+    by cp.async; the gradient is written from those copies over the logits."""
+    buf = ttgl.allocate_shared_memory(Logits.dtype.element_ty, [BUF_CHUNKS, CTAS, CHUNK], buf_shared)
+    ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    row = ttgl.program_id(0).to(ttgl.int64)
+    part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
+    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))
+    base = Logits + row * stride
+    for c in ttgl.static_range(1, CHUNKS):
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        async_copy.async_copy_global_to_shared(buf.index(c), base + cols, mask=cols < n_cols)
+        async_copy.commit_group()
+    cols0 = part[:, None] * P + c0[None, :]
+    x0 = ttgl.load(base + cols0, mask=cols0 < n_cols, other=float("-inf")).to(ttgl.float32)
+    t = ttgl.load(Target + row)
+    valid = t != ignore_index
+    x_t = ttgl.load(base + ttgl.where(valid, t, 0)).to(ttgl.float32)  # before the exchange: see above
+    mx = x0
+    for c in ttgl.static_range(1, CHUNKS):
+        async_copy.wait_group(CHUNKS - 1 - c)
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        mx = ttgl.maximum(mx, ttgl.where(cols < n_cols, x, float("-inf")))
+    m_part = ttgl.maximum(ttgl.max(mx, 1), sg.LOWEST)
+    se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
+    for c in ttgl.static_range(1, CHUNKS):
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        se += ttgl.where(cols < n_cols, ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 0.0)
+    s_part = ttgl.sum(se, 1)
+    m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
+                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    lse = m + ttgl.log(s)
+    ttgl.store(Loss + row + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=part == 0)
+    scale = ttgl.where(valid, grad_scale, 0.0)
+    g0 = ttgl.exp2((x0 - lse[:, None]) * 1.4426950408889634) * scale
+    g0 = ttgl.where(cols0 == t, g0 - scale, g0)
+    ttgl.store(base + cols0, g0.to(Logits.dtype.element_ty), mask=cols0 < n_cols)
+    for c in ttgl.static_range(1, CHUNKS):
+        cols = part[:, None] * P + c * CHUNK + c0[None, :]
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        g = ttgl.exp2((x - lse[:, None]) * 1.4426950408889634) * scale
+        g = ttgl.where(cols == t, g - scale, g)
+        ttgl.store(base + cols, g.to(Logits.dtype.element_ty), mask=cols < n_cols)
+    buf._keep_alive()
+
+
+def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  grad_scale: float = 1.0, ctas: int | None = None, warps: int = 8) -> torch.Tensor:
+    """ce_rows_'s contract through the shared-memory form (softmax_gluon.smem_config picks the cluster size
+    when ctas is None)."""
+    _check(logits, target)
+    n, v = logits.shape
+    ctas, chunk, chunks = sg.smem_config(v, logits.element_size(), ctas)
+    loss = torch.empty(n, dtype=torch.float32, device=logits.device)
+    if n == 0:
+        return loss
+    with torch.cuda.device(logits.device):
+        _ce_rows_cluster_smem_kernel[(n,)](
+            logits, target.contiguous(), loss, logits.stride(0), v, ignore_index, float(grad_scale),
+            **sg.smem_constexprs(ctas, chunk, chunks, logits.element_size(), warps), num_warps=warps, num_ctas=ctas)
     return loss
