@@ -70,17 +70,10 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
 
 def _check(logits: torch.Tensor, target: torch.Tensor) -> None:
     """The argument checks shared by both forms (the shared-memory form serves the same widths)."""
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be 2-D with unit column stride, got shape {tuple(logits.shape)}, "
-                         f"strides {tuple(logits.stride())}")
     if target.shape != logits.shape[:1] or target.dtype != torch.int64 or target.device != logits.device:
         raise ValueError(f"target must be int64 of shape [{logits.shape[0]}] on {logits.device}, got "
                          f"{target.dtype} {tuple(target.shape)} on {target.device}")
-    cap = torch.cuda.get_device_capability(logits.device) if logits.is_cuda else None
-    if not supported(cap, logits.dtype, logits.shape[1]):
-        raise ValueError(f"logits: the cluster cross-entropy serves Hopper, {', '.join(map(str, sg.DTYPES))} and "
-                         f"{sg.MIN_COLS} < V <= {sg.MAX_CTAS * 16 * 32 * sg.ELEMENTS_PER_THREAD} columns; got "
-                         f"{logits.dtype}, V = {logits.shape[1]}, capability {cap}")
+    sg.check_rows(logits, "logits", "the cluster cross-entropy", "V")
 
 
 def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, grad_scale: float = 1.0,

@@ -147,18 +147,24 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
             and MIN_COLS < n_cols <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD)
 
 
+def check_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
+    """The argument checks of the cluster kernels' wrappers: `t` (called `name`) 2-D with unit column stride,
+    and within `supported` (`what` names the kernel, `width` the row width, in the error)."""
+    if t.dim() != 2 or t.stride(1) != 1:
+        raise ValueError(f"{name} must be 2-D with unit column stride, got shape {tuple(t.shape)}, "
+                         f"strides {tuple(t.stride())}")
+    cap = torch.cuda.get_device_capability(t.device) if t.is_cuda else None
+    if not supported(cap, t.dtype, t.shape[1]):
+        raise ValueError(f"{name}: {what} serves Hopper, {', '.join(map(str, DTYPES))} and {MIN_COLS} < {width} "
+                         f"<= {MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD} columns; got {t.dtype}, "
+                         f"{width} = {t.shape[1]}, capability {cap}")
+
+
 def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
     """softmax over the last dim of a 2-D CUDA tensor [M, n] with unit column stride (the caller's rows are
     read in place through their stride), n within `supported`; returns a new row-contiguous [M, n].
     ctas: the cluster size (config's pick when None)."""
-    if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)}, "
-                         f"strides {tuple(x.stride())}")
-    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
-    if not supported(cap, x.dtype, x.shape[1]):
-        raise ValueError(f"x: the cluster softmax serves Hopper, {', '.join(map(str, DTYPES))} and "
-                         f"{MIN_COLS} < n <= {MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD} columns; got {x.dtype}, "
-                         f"n = {x.shape[1]}, capability {cap}")
+    check_rows(x, "x", "the cluster softmax", "n")
     m, n = x.shape
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if m == 0:
