@@ -91,6 +91,8 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
             # each provider takes the logits and their targets (the check runs on the first k rows)
             providers = [("cluster", lambda w, tt: cg.ce_rows_(w, tt, grad_scale=1.0 / n)),
                          ("smem", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n)),
+                         ("smem-16", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, ctas=16)),
+                         ("smem-w4", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, warps=4)),
                          ("hearth", lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n))]
             if liger is not None:
                 providers.append(("liger", lambda w, tt: liger(w, tt).backward()))

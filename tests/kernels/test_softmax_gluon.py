@@ -63,19 +63,43 @@ bare += [line.strip() for line in llir.splitlines() if re.search(r"@global_smem,
 rank_regs = set(re.findall(r"mov\.u32\s+(%r\d+), %cluster_ctarank;", ptx))
 masked = {m.group(1) for m in re.finditer(r"and\.b32\s+(%r\d+), (%r\d+|%cluster_ctarank), \d+;", ptx)
           if m.group(2) in rank_regs or m.group(2) == "%cluster_ctarank"}
-tainted = {m.group(1) for m in re.finditer(r"setp\.eq\.[bsu]32\s+(%p\d+), (%r\d+), 0;", ptx) if m.group(2) in masked}
-for _ in range(4):  # predicates built from them
-    for m in re.finditer(r"(?:and|or)\.pred\s+(%p\d+), (%p\d+), (%p\d+);", ptx):
+tainted = {m.group(1) for m in re.finditer(r"setp\.(?:eq|ne)\.[bsu]32\s+(%p\d+), (%r\d+), 0;", ptx)
+           if m.group(2) in masked}
+for _ in range(4):  # predicates built from them (either polarity)
+    for m in re.finditer(r"(?:and|or|xor)\.pred\s+(%p\d+), (%p\d+), (%p\d+);", ptx):
         if m.group(2) in tainted or m.group(3) in tainted:
             tainted.add(m.group(1))
+    for m in re.finditer(r"not\.pred\s+(%p\d+), (%p\d+);", ptx):
+        if m.group(2) in tainted:
+            tainted.add(m.group(1))
 rank0 = [line.strip() for line in ptx.splitlines()
-         if re.match(r"\s*@(%p\d+) st\.global\.v", line) and re.match(r"\s*@(%p\d+)", line).group(1) in tainted]
+         if re.match(r"\s*@!?(%p\d+) st\.global\.v", line)
+         and re.match(r"\s*@!?(%p\d+)", line).group(1) in tainted]
+# the shared-memory forms: chunk c (bytes [c * CHUNK_BYTES, (c + 1) * CHUNK_BYTES) of the CTA's buffer) may be
+# read only after a cp.async.wait_group leaving at most CHUNKS - 1 - c groups in flight, then a CTA barrier
+early = []
+if op in ("smem", "ce_smem"):
+    chunks, last_wait, synced, seen = p // const["CHUNK"], None, False, set()
+    for line in ptx.splitlines():
+        w = re.match(r"\s*cp\.async\.wait_group\s+(\d+);", line)
+        if w:
+            last_wait, synced = int(w.group(1)), False
+        elif re.match(r"\s*bar\.sync\s", line):
+            synced = True
+        ld = re.match(r"\s*ld\.shared\.v4\.b32\s+\{[^}]*\}, \[%r\d+\+(\d+)\];", line)
+        if ld and sg.CHUNK_BYTES <= int(ld.group(1)) < chunks * sg.CHUNK_BYTES:
+            c = int(ld.group(1)) // sg.CHUNK_BYTES
+            if c not in seen and (last_wait is None or last_wait > chunks - 1 - c or not synced):
+                early.append((c, last_wait, synced))
+            seen.add(c)
+    early += [("unread", c) for c in range(1, chunks) if c not in seen]
 rep = hi.report_compiled("cluster", k)
 print(json.dumps(dict(
     ctas=ctas, p=p, warps=warps, shared=k.metadata.shared, spills=rep.spill_bytes, regs=rep.registers,
     cluster=f".reqnctapercluster {ctas}" in ptx, mapa=ptx.count("mapa.shared::cluster"),
     st_cluster=ptx.count("st.shared::cluster"), barriers=ptx.count("barrier.cluster"),
-    offsets=offsets, bare=bare, rank0=rank0, cp_async=ptx.count("cp.async.cg.shared.global"))))
+    offsets=offsets, bare=bare, rank0=rank0, cp_async=ptx.count("cp.async.cg.shared.global"),
+    cp_async_small=ptx.count("cp.async.ca"), early=early)))
 """
 
 
@@ -113,11 +137,12 @@ def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(op, n, dtype, ctas):
     """The shared-memory forms (softmax; cross-entropy) build as a cluster with the same exchange; they copy
     chunks 1.. by cp.async (16 bytes a lane); every shared address the compiler forms is at or past
     CHUNK_BYTES (chunk 0's bytes, at global_smem + 0 where the buffer sits, are the exchange's slots: the
-    compiler never touches them, and a bare @global_smem use would mean it does); no row store predicated on
-    rank 0; no spills."""
+    compiler never touches them, and a bare @global_smem use would mean it does); each chunk is first read
+    after a cp.async.wait_group that has let it land and a CTA barrier; no row store predicated on rank 0;
+    no spills."""
     r = run_offline(_BUILD_SCRIPT, (op, str(n), dtype, str(ctas)))[0]
     assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"] and r["barriers"] == 4, r
-    assert r["cp_async"] > 0, r
+    assert r["cp_async"] > 0 and r["cp_async_small"] == 0 and not r["early"], r
     assert r["offsets"] and min(r["offsets"]) >= sg.CHUNK_BYTES and not r["bare"], r
     assert not r["rank0"] and r["spills"] == 0, r
 
@@ -169,6 +194,19 @@ def test_supported_and_bad_input_name_the_argument():
         sg.softmax_fwd_smem(torch.zeros(65536))
 
 
+@pytest.mark.parametrize("case", ["width", "stride", "pointer"])
+def test_smem_form_names_unaligned_rows(case):
+    """cp.async copies 16 bytes a lane: a width or row stride that is not a multiple of 16 elements, or a
+    pointer off 16 bytes, is refused by name (a 2-byte dtype would otherwise fail to build: there is no
+    2-byte cp.async), before the device is asked, so the message is the same on any machine."""
+    x = torch.zeros(3, 65536 + 32, dtype=torch.bfloat16)
+    t = {"width": x[:, : 65536 + 8], "stride": torch.zeros(3, 65536 + 40, dtype=torch.bfloat16)[:, :65536],
+         "pointer": x[:, 1: 1 + 65536]}[case]
+    assert not sg.smem_aligned(t) and sg.smem_aligned(x)
+    with pytest.raises(ValueError, match="x: the cluster softmax \\(shared-memory form\\) needs 16-byte aligned"):
+        sg.softmax_fwd_smem(t)
+
+
 # ---------------------------------------------------------------- GPU (H200)
 HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 hopper_only = pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU of compute capability 9.x (Hopper)")
@@ -196,7 +234,7 @@ def test_gpu_matches_reference(rows, n, dtype, ctas):
 
 @hopper_only
 @pytest.mark.parametrize("rows, n, dtype, ctas", [
-    (3, 262144, torch.bfloat16, None), (5, 151936, torch.bfloat16, None), (4, 65536 + 7, torch.float16, None),
+    (3, 262144, torch.bfloat16, None), (5, 151936, torch.bfloat16, None), (4, 65536 + 16, torch.float16, None),
     (3, 40000, torch.float32, None), (3, 262144, torch.float32, None), (4, 131072, torch.bfloat16, 16),
     (3, 40000, torch.bfloat16, 16)])
 def test_gpu_smem_form_matches_reference(rows, n, dtype, ctas):
@@ -213,7 +251,7 @@ def test_gpu_smem_form_matches_reference(rows, n, dtype, ctas):
     assert_close(y, torch.softmax(x.double(), -1), dtype, msg="cluster softmax (shared memory)",
                  baseline=torch.softmax(x, -1))
     assert torch.equal(y[-1, n // 2:], torch.zeros_like(y[-1, n // 2:]))
-    view = x[:, : n - 5]  # a row stride that is not the width
+    view = x[:, : n - 16]  # a row stride that is not the width (both multiples of 16: smem_aligned)
     assert_close(sg.softmax_fwd_smem(view, ctas=ctas), torch.softmax(view.double(), -1), dtype, msg="strided",
                  baseline=torch.softmax(view, -1))
 

@@ -68,12 +68,13 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
     return sg.supported(capability, dtype, n_cols)
 
 
-def _check(logits: torch.Tensor, target: torch.Tensor) -> None:
-    """The argument checks shared by both forms (the shared-memory form serves the same widths)."""
+def _check(logits: torch.Tensor, target: torch.Tensor, smem: bool = False) -> None:
+    """The argument checks shared by both forms (the shared-memory form serves the same widths, on aligned
+    rows)."""
     if target.shape != logits.shape[:1] or target.dtype != torch.int64 or target.device != logits.device:
         raise ValueError(f"target must be int64 of shape [{logits.shape[0]}] on {logits.device}, got "
                          f"{target.dtype} {tuple(target.shape)} on {target.device}")
-    sg.check_rows(logits, "logits", "the cluster cross-entropy", "V")
+    (sg.check_smem_rows if smem else sg.check_rows)(logits, "logits", "the cluster cross-entropy", "V")
 
 
 def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, grad_scale: float = 1.0,
@@ -100,62 +101,65 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
 def _ce_rows_cluster_smem_kernel(
     Logits, Target, Loss, stride, n_cols, ignore_index, grad_scale,
     CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
-    BUF_CHUNKS: ttgl.constexpr, layout: ttgl.constexpr, buf_shared: ttgl.constexpr,
-    START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+    layout: ttgl.constexpr, buf_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
 ):
     """softmax_gluon's shared-memory form with the loss and the in-place gradient (branch, not GPU-run):
     chunk 0 in registers (its bytes at global_smem + 0 are the slots), chunks 1.. copied into shared memory
-    by cp.async; the gradient is written from those copies over the logits."""
-    buf = ttgl.allocate_shared_memory(Logits.dtype.element_ty, [BUF_CHUNKS, CTAS, CHUNK], buf_shared)
+    by cp.async; the gradient is written from those copies over the logits. Masks and the target's column
+    are compared against per-CTA offsets ([CTAS] vectors), as in the softmax form: full column indices per
+    chunk held live took the CTA to 76-94 registers."""
+    buf = ttgl.allocate_shared_memory(Logits.dtype.element_ty, [CHUNKS, CTAS, CHUNK], buf_shared)
     ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
     row = ttgl.program_id(0).to(ttgl.int64)
     part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
-    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))
-    base = Logits + row * stride
-    for c in ttgl.static_range(1, CHUNKS):
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
-        async_copy.async_copy_global_to_shared(buf.index(c), base + cols, mask=cols < n_cols)
-        async_copy.commit_group()
-    cols0 = part[:, None] * P + c0[None, :]
-    x0 = ttgl.load(base + cols0, mask=cols0 < n_cols, other=float("-inf")).to(ttgl.float32)
+    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))[None, :]
+    left = n_cols - part * P  # [CTAS]: the row's columns from this CTA's first one
+    base = Logits + row * stride + part[:, None] * P + c0
+    # chunk 0 and the target first (the compiler puts a CTA barrier between the copies' issues); the
+    # target's logit after the copies are issued (its load waits on the target's)
+    x0 = ttgl.load(base, mask=c0 < left[:, None], other=float("-inf")).to(ttgl.float32)
     t = ttgl.load(Target + row)
+    for c in ttgl.static_range(1, CHUNKS):
+        async_copy.async_copy_global_to_shared(buf.index(c), base + c * CHUNK, mask=c0 < (left - c * CHUNK)[:, None])
+        async_copy.commit_group()
     valid = t != ignore_index
-    x_t = ttgl.load(base + ttgl.where(valid, t, 0)).to(ttgl.float32)  # before the exchange: see above
+    # read by every thread before the exchange (its barrier orders this read before the owner CTA's
+    # gradient store over it)
+    x_t = ttgl.load(Logits + row * stride + ttgl.where(valid, t, 0)).to(ttgl.float32)
     mx = x0
     for c in ttgl.static_range(1, CHUNKS):
         async_copy.wait_group(CHUNKS - 1 - c)
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
         x = buf.index(c).load(layout).to(ttgl.float32)
-        mx = ttgl.maximum(mx, ttgl.where(cols < n_cols, x, float("-inf")))
+        mx = ttgl.maximum(mx, ttgl.where(c0 < (left - c * CHUNK)[:, None], x, float("-inf")))
     m_part = ttgl.maximum(ttgl.max(mx, 1), sg.LOWEST)
     se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
     for c in ttgl.static_range(1, CHUNKS):
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
         x = buf.index(c).load(layout).to(ttgl.float32)
-        se += ttgl.where(cols < n_cols, ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 0.0)
+        e = ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634)
+        se += ttgl.where(c0 < (left - c * CHUNK)[:, None], e, 0.0)
     s_part = ttgl.sum(se, 1)
     m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
                                        dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
     lse = m + ttgl.log(s)
     ttgl.store(Loss + row + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=part == 0)
     scale = ttgl.where(valid, grad_scale, 0.0)
+    t_off = t.to(ttgl.int32) - part * P  # [CTAS]: the target's column from this CTA's first one (int32: V < 2^31)
     g0 = ttgl.exp2((x0 - lse[:, None]) * 1.4426950408889634) * scale
-    g0 = ttgl.where(cols0 == t, g0 - scale, g0)
-    ttgl.store(base + cols0, g0.to(Logits.dtype.element_ty), mask=cols0 < n_cols)
+    g0 = ttgl.where(c0 == t_off[:, None], g0 - scale, g0)
+    ttgl.store(base, g0.to(Logits.dtype.element_ty), mask=c0 < left[:, None])
     for c in ttgl.static_range(1, CHUNKS):
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
         x = buf.index(c).load(layout).to(ttgl.float32)
         g = ttgl.exp2((x - lse[:, None]) * 1.4426950408889634) * scale
-        g = ttgl.where(cols == t, g - scale, g)
-        ttgl.store(base + cols, g.to(Logits.dtype.element_ty), mask=cols < n_cols)
+        g = ttgl.where(c0 == (t_off - c * CHUNK)[:, None], g - scale, g)
+        ttgl.store(base + c * CHUNK, g.to(Logits.dtype.element_ty), mask=c0 < (left - c * CHUNK)[:, None])
     buf._keep_alive()
 
 
 def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
                   grad_scale: float = 1.0, ctas: int | None = None, warps: int = 8) -> torch.Tensor:
     """ce_rows_'s contract through the shared-memory form (softmax_gluon.smem_config picks the cluster size
-    when ctas is None)."""
-    _check(logits, target)
+    when ctas is None), for logits whose rows are softmax_gluon.smem_aligned."""
+    _check(logits, target, smem=True)
     n, v = logits.shape
     ctas, chunk, chunks = sg.smem_config(v, logits.element_size(), ctas)
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)

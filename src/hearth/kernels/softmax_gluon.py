@@ -212,7 +212,7 @@ def smem_config(n_cols: int, elem_bytes: int, ctas: int | None = None) -> tuple[
 
 def smem_constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: int) -> dict:
     """The shared-memory kernel's constexprs: the [CTAS, CHUNK] register layout (dim 0 split over the
-    cluster's CTAs, 16 bytes of adjacent columns a lane), the [BUF_CHUNKS, CTAS, CHUNK] buffer's shared
+    cluster's CTAs, 16 bytes of adjacent columns a lane), the [CHUNKS, CTAS, CHUNK] buffer's shared
     layout (unswizzled, dim CTAS split over the CTAs, so each CTA's chunk c starts at c * CHUNK_BYTES) and
     the inline PTX."""
     bits = ctas.bit_length() - 1
@@ -222,7 +222,7 @@ def smem_constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: 
         raise ValueError(f"warps: a chunk of {chunk} columns is not a whole number of {warps}-warp rows of "
                          f"{vec}-column vectors")
     return dict(
-        CTAS=ctas, P=chunk * chunks, CHUNK=chunk, CHUNKS=chunks, BUF_CHUNKS=next_power_of_2(chunks),
+        CTAS=ctas, P=chunk * chunks, CHUNK=chunk, CHUNKS=chunks,
         layout=ttgl.BlockedLayout([1, vec], [1, 32], [1, warps], [1, 0], split),
         buf_shared=ttgl.SwizzledSharedLayout(1, 1, 1, [1, 0], split),
         START_ASM=START, EXCHANGE_ASM=exchange_ptx(ctas),
@@ -233,60 +233,72 @@ def smem_constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: 
 def _softmax_fwd_cluster_smem_kernel(
     X, Y, stride_x, stride_y, n_cols,
     CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
-    BUF_CHUNKS: ttgl.constexpr, layout: ttgl.constexpr, buf_shared: ttgl.constexpr,
-    START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+    layout: ttgl.constexpr, buf_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
 ):
     """One row per cluster; CTA i holds columns [i * P, i * P + P) as CHUNKS chunks: chunk 0 in registers,
     the others in shared memory (buffer chunk c). Statistics in two sweeps with one cross-warp reduction
     each (elementwise maxima as the chunks land, then elementwise sums of exp against the part's max), the
-    exchange, then the output chunk by chunk."""
-    buf = ttgl.allocate_shared_memory(X.dtype.element_ty, [BUF_CHUNKS, CTAS, CHUNK], buf_shared)
+    exchange, then the output chunk by chunk. Masks compare the chunk's column offsets c0 with the columns
+    left to this CTA's chunk (a [CTAS] vector): full column indices per chunk would be held live across the
+    sweeps."""
+    buf = ttgl.allocate_shared_memory(X.dtype.element_ty, [CHUNKS, CTAS, CHUNK], buf_shared)
     ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
     row = ttgl.program_id(0).to(ttgl.int64)
     part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
-    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))
+    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))[None, :]
+    left = n_cols - part * P  # [CTAS]: the row's columns from this CTA's first one
+    cols0 = part[:, None] * P + c0
+    # chunk 0's load first: the compiler puts a CTA barrier between the copies' issues
+    x0 = ttgl.load(X + row * stride_x + cols0, mask=c0 < left[:, None], other=float("-inf")).to(ttgl.float32)
     for c in ttgl.static_range(1, CHUNKS):
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
-        async_copy.async_copy_global_to_shared(buf.index(c), X + row * stride_x + cols, mask=cols < n_cols)
+        async_copy.async_copy_global_to_shared(buf.index(c), X + row * stride_x + cols0 + c * CHUNK,
+                                               mask=c0 < (left - c * CHUNK)[:, None])
         async_copy.commit_group()
-    cols0 = part[:, None] * P + c0[None, :]
-    x0 = ttgl.load(X + row * stride_x + cols0, mask=cols0 < n_cols, other=float("-inf")).to(ttgl.float32)
     mx = x0
     for c in ttgl.static_range(1, CHUNKS):
         async_copy.wait_group(CHUNKS - 1 - c)  # chunk c has landed (the compiler adds the CTA barrier)
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
         x = buf.index(c).load(layout).to(ttgl.float32)
-        mx = ttgl.maximum(mx, ttgl.where(cols < n_cols, x, float("-inf")))
+        mx = ttgl.maximum(mx, ttgl.where(c0 < (left - c * CHUNK)[:, None], x, float("-inf")))
     m_part = ttgl.maximum(ttgl.max(mx, 1), LOWEST)  # a part all -inf (or past n) is exchanged as LOWEST
     se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
     for c in ttgl.static_range(1, CHUNKS):
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
         x = buf.index(c).load(layout).to(ttgl.float32)
-        se += ttgl.where(cols < n_cols, ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 0.0)
+        e = ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634)
+        se += ttgl.where(c0 < (left - c * CHUNK)[:, None], e, 0.0)
     s_part = ttgl.sum(se, 1)
     m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
                                        dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
     inv = 1.0 / s
+    out = Y + row * stride_y + cols0
     y0 = ttgl.exp2((x0 - m[:, None]) * 1.4426950408889634) * inv[:, None]
-    ttgl.store(Y + row * stride_y + cols0, y0.to(Y.dtype.element_ty), mask=cols0 < n_cols)
+    ttgl.store(out, y0.to(Y.dtype.element_ty), mask=c0 < left[:, None])
     for c in ttgl.static_range(1, CHUNKS):
-        cols = part[:, None] * P + c * CHUNK + c0[None, :]
         x = buf.index(c).load(layout).to(ttgl.float32)
         y = ttgl.exp2((x - m[:, None]) * 1.4426950408889634) * inv[:, None]
-        ttgl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=cols < n_cols)
+        ttgl.store(out + c * CHUNK, y.to(Y.dtype.element_ty), mask=c0 < (left - c * CHUNK)[:, None])
     buf._keep_alive()  # live to the end: nothing else may take the slot bytes at global_smem + 0
+
+
+def smem_aligned(t: torch.Tensor) -> bool:
+    """Whether the shared-memory forms can copy `t`'s rows (2-D) 16 bytes at a time: the pointer 16-byte
+    aligned, the width and the row stride multiples of 16 elements (what a launch specializes on; without
+    it the copies of a 2-byte dtype would be 2 bytes, which cp.async does not have, and the build fails)."""
+    return t.data_ptr() % 16 == 0 and t.shape[1] % 16 == 0 and t.stride(0) % 16 == 0
+
+
+def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
+    """check_rows, then smem_aligned (before the device: the message is the same on any machine)."""
+    if t.dim() == 2 and t.stride(1) == 1 and not smem_aligned(t):
+        raise ValueError(f"{name}: {what} (shared-memory form) needs 16-byte aligned rows: pointer % 16 == 0, "
+                         f"{width} and the row stride multiples of 16 elements; got pointer % 16 = "
+                         f"{t.data_ptr() % 16}, {width} = {t.shape[1]}, stride {t.stride(0)}")
+    check_rows(t, name, what, width)
 
 
 def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = 8) -> torch.Tensor:
     """softmax_fwd's contract through the shared-memory form (smem_config picks the cluster size when
-    ctas is None)."""
-    if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)}, "
-                         f"strides {tuple(x.stride())}")
-    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
-    if cap is None or cap[0] != 9 or x.dtype not in DTYPES or x.shape[1] <= MIN_COLS:
-        raise ValueError(f"x: the cluster softmax serves Hopper, {', '.join(map(str, DTYPES))} and more than "
-                         f"{MIN_COLS} columns; got {x.dtype}, n = {x.shape[1]}, capability {cap}")
+    ctas is None), for rows that are smem_aligned."""
+    check_smem_rows(x, "x", "the cluster softmax", "n")
     m, n = x.shape
     ctas, chunk, chunks = smem_config(n, x.element_size(), ctas)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
