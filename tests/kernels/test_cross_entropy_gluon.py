@@ -61,3 +61,56 @@ def test_gpu_loss_and_gradient_match_reference(rows, v, dtype, form):
     assert loss[0].item() == 0.0 and torch.count_nonzero(work[0]).item() == 0
     assert_close(loss, ref.detach(), dtype, msg="loss", baseline=base.detach().float())
     assert_close(work, ref_x.grad, dtype, msg="grad", baseline=base_x.grad)
+
+
+@hopper_only
+def test_gpu_cross_entropy_routes_the_plain_loss_at_wide_aligned_vocabularies(monkeypatch):
+    """cross_entropy() sends the plain loss at a wide aligned vocabulary to ce_rows_smem_: in place in eager
+    mode (the gradient over the logits, the mean's 1 / n_valid read from the device), into a separate buffer
+    through the functional op torch.compile uses (the logits untouched), the losses alone with
+    reduction="none" and no gradient; label smoothing, z-loss, a softcap or an unaligned vocabulary keep
+    the Triton kernel. Values against fp64 within the rule."""
+    from hearth.kernels import cross_entropy as ce
+
+    calls = []
+    real = cg.ce_rows_smem_
+    monkeypatch.setattr(cg, "ce_rows_smem_", lambda *a, **k: calls.append(k.get("grad") is None) or real(*a, **k))
+    g = torch.Generator(device="cpu").manual_seed(7)
+    rows, v = 37, 131072
+    x = (torch.randn(rows, v, generator=g) * 3).to(torch.bfloat16).cuda()
+    t = torch.randint(0, v, (rows,), generator=g).cuda()
+    t[::5] = -100
+    ref_x = x.double().requires_grad_()
+    ref = F.cross_entropy(ref_x, t)
+    ref.backward()
+    base_x = x.clone().requires_grad_()
+    base = F.cross_entropy(base_x, t)
+    base.backward()
+    # eager, in place
+    work = x.clone().requires_grad_()
+    loss = ce.cross_entropy(work, t)
+    loss.backward()
+    assert calls == [False] and work.grad.data_ptr() == work.data_ptr()
+    assert_close(loss, ref.detach(), torch.bfloat16, msg="loss", baseline=base.detach().float())
+    assert_close(work.grad, ref_x.grad, torch.bfloat16, msg="grad", baseline=base_x.grad)
+    assert torch.count_nonzero(work.grad[::5]).item() == 0
+    # the functional op: the gradient into its own buffer, the logits left as they were
+    calls.clear()
+    kept = x.clone()
+    loss2, grad, factor = torch.ops.hearth.cross_entropy_fwd(kept, t, -100, 0.0, "mean", 0.0, 0.0, True)
+    assert calls == [False] and torch.equal(kept, x) and float(factor) == 1.0
+    assert_close(grad, ref_x.grad, torch.bfloat16, msg="functional grad", baseline=base_x.grad)
+    # losses only
+    calls.clear()
+    none = ce.cross_entropy(x, t, reduction="none")
+    assert len(calls) == 1
+    assert_close(none, F.cross_entropy(x.double(), t, reduction="none"), torch.bfloat16, msg="none",
+                 baseline=F.cross_entropy(x, t, reduction="none").float())
+    # not routed
+    for opts in (dict(label_smoothing=0.1), dict(z_loss=1e-4), dict(softcap=30.0)):
+        calls.clear()
+        ce.cross_entropy(x.clone().requires_grad_(), t, **opts).backward()
+        assert not calls, opts
+    calls.clear()
+    ce.cross_entropy(torch.randn(4, v + 8, device="cuda", dtype=torch.bfloat16), t[:4])
+    assert not calls

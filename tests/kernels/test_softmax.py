@@ -111,6 +111,7 @@ def test_gpu_every_wide_candidate(monkeypatch, n_rows, n_cols):
     """Every chunked-kernel candidate the GPU pick may choose, forced, forward and backward in bf16 against fp32
     (a candidate that fails to compile or is wrong would otherwise surface only when the pick chose it)."""
     cands = sm._wide_candidates(n_cols, 2, 1) + sm._wide_candidates(n_cols, 2, 2)
+    monkeypatch.setattr(sm.sg, "ROUTE", False)  # the Triton forward, which Hopper sends to the cluster kernel
     for cfg in dict.fromkeys(cands):
         # forced where it is a candidate of that pass (forward: 1 input, backward: 2), else that list's first
         monkeypatch.setattr(sm, "pick_config",

@@ -27,8 +27,8 @@ op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) 
 eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
 if op in ("smem", "ce_smem"):
     ctas, chunk, chunks = sg.smem_config(n, eb, ctas)
-    p, warps = chunk * chunks, 8
-    const = sg.smem_constexprs(ctas, chunk, chunks, eb, warps)
+    p, warps = chunk * chunks, sg.SMEM_WARPS
+    const = dict(sg.smem_constexprs(ctas, chunk, chunks, eb, warps))
 else:
     ctas, p, warps = sg.config(n, ctas)
     const = sg.constexprs(ctas, p, warps, eb)
@@ -36,9 +36,12 @@ if op == "smem":
     fn, args = sg._softmax_fwd_cluster_smem_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
                                                      "stride_y": "i32", "n_cols": "i32"}
 elif op == "ce_smem":
-    fn, args = cg._ce_rows_cluster_smem_kernel, {"Logits": f"*{dt}", "Target": "*i64", "Loss": "*fp32",
-                                                 "stride": "i32", "n_cols": "i32", "ignore_index": "i32",
-                                                 "grad_scale": "fp32"}
+    # as cross_entropy routes a mean loss: the gradient in place, its scale (1 / n_valid) read from the device
+    fn, args = cg._ce_rows_cluster_smem_kernel, {"Logits": f"*{dt}", "Grad": f"*{dt}", "Target": "*i64",
+                                                 "Loss": "*fp32", "Scale": "*fp32", "stride": "i32",
+                                                 "stride_g": "i32", "n_cols": "i32", "ignore_index": "i32",
+                                                 "scale_value": "fp32"}
+    const.update(WRITE_GRAD=True, SCALE_MODE=1)
 elif op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"
@@ -48,7 +51,8 @@ else:
 sig = {**args, **{k: "constexpr" for k in const}}
 # as a launch specializes them on 16-byte aligned rows: the pointers and these ints divisible by 16
 aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-           if name in ("X", "Y", "Logits", "Target", "Loss", "stride_x", "stride_y", "stride", "n_cols")}
+           if name in ("X", "Y", "Logits", "Grad", "Target", "Loss", "Scale", "stride_x", "stride_y", "stride",
+                       "stride_g", "n_cols")}
 k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})
 ptx, llir = k.asm["ptx"], k.asm["llir"]
@@ -181,6 +185,13 @@ def test_exchange_ptx_stores_one_pair_per_cta_and_reads_them_all():
     assert "barrier.cluster.arrive.relaxed" in sg.START and "wait" not in sg.START
 
 
+def test_serves_only_cuda_rows_with_route_on():
+    """The routing rule answers False for a CPU tensor (no GPU to serve it) and for rows that are not
+    2-D with unit column stride, whatever ROUTE says."""
+    x = torch.zeros(2, 131072, dtype=torch.bfloat16)
+    assert not sg.serves(x) and not sg.serves(x.t()) and not sg.serves(x[None])
+
+
 def test_supported_and_bad_input_name_the_argument():
     assert sg.supported((9, 0), torch.bfloat16, 262144) and not sg.supported((8, 0), torch.bfloat16, 262144)
     assert not sg.supported((9, 0), torch.bfloat16, 4096) and not sg.supported(None, torch.float32, 65536)
@@ -263,3 +274,33 @@ def test_gpu_reads_rows_through_their_stride_and_handles_zero_rows():
     assert_close(sg.softmax_fwd(view), torch.softmax(view.double(), -1), torch.bfloat16, msg="strided",
                  baseline=torch.softmax(view, -1))
     assert sg.softmax_fwd(x[:0]).shape == (0, 70000)
+
+
+@hopper_only
+def test_gpu_softmax_routes_wide_aligned_rows_to_the_smem_form(monkeypatch):
+    """hearth's softmax() sends a wide row that is smem_aligned to softmax_fwd_smem (one call, the values
+    within the rule, the gradient through the Triton backward), and an unaligned one or ROUTE off to the
+    chunked Triton kernel."""
+    from hearth.kernels.softmax import softmax
+
+    calls = []
+    real = sg.softmax_fwd_smem
+    monkeypatch.setattr(sg, "softmax_fwd_smem", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(3)
+    for n, routed in ((131072, True), (131072 + 8, False)):
+        x = (torch.randn(2, 3, n, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
+        calls.clear()
+        y = softmax(x)
+        assert len(calls) == int(routed), (n, calls)
+        ref = torch.softmax(x.detach().double(), -1)
+        assert_close(y, ref, torch.bfloat16, msg=f"routed {routed}", baseline=torch.softmax(x.detach(), -1))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ref_grad = ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True))
+        base_x = x.detach().clone().requires_grad_()
+        torch.softmax(base_x, -1).backward(dy)
+        assert_close(x.grad, ref_grad, torch.bfloat16, msg="grad", baseline=base_x.grad)
+    monkeypatch.setattr(sg, "ROUTE", False)
+    calls.clear()
+    softmax(torch.randn(2, 131072, device="cuda", dtype=torch.bfloat16))
+    assert not calls

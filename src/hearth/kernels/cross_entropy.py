@@ -48,6 +48,13 @@ Backward through the same graph twice (retain_graph=True) raises in eager mode: 
 can be consumed once.
 
 `ce_rows_` is the row launcher linear_cross_entropy calls (its docstring is the contract).
+
+On Hopper, the plain loss (no label smoothing, z-loss or softcap) at a wide vocabulary whose rows are 16-byte
+aligned (softmax_gluon.serves) runs the cluster kernel in Gluon instead (cross_entropy_gluon.ce_rows_smem_:
+the row split over a cluster of CTAs, each part held in shared memory, read from HBM once, the same scale
+modes and in-place or separate gradient); everything else runs the Triton row kernel below. H200, bf16,
+loss and gradient: 1.35x the Triton kernel at 8192 x 131072 (1.152 / 1.553 ms), 1.31x at 4096 x 262144,
+1.18x at 16384 x 151936.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hearth.kernels import cross_entropy_gluon as cg
+from hearth.kernels import softmax_gluon as sg
 from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -275,6 +284,14 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
         scale_mode = _SCALE_ROW_PTR if grad_scale.dim() == 1 else _SCALE_SCALAR_PTR
     elif write_grad and grad_scale is not None:
         scale_value = float(grad_scale)
+
+    if not (label_smoothing or z_loss or softcap is not None) and sg.serves(logits) and (
+            grad is None or grad is logits or sg.smem_aligned(grad)):
+        # Hopper, a wide aligned vocabulary, the plain loss: the cluster kernel reads the row from HBM once
+        # (softmax_gluon's routing note)
+        return cg.ce_rows_smem_(logits, target, ignore_index=ignore_index,
+                                grad_scale=(1.0 if grad_scale is None else grad_scale) if write_grad else None,
+                                grad=grad)
 
     def launch(cfg, x, g, t, out):
         programs_per_sm, block, warps, stages = cfg

@@ -1,18 +1,21 @@
 """Wide-row cross-entropy, loss and gradient in one pass, for Hopper (sm_90) in Gluon: one row held on chip by a
 thread-block cluster (softmax_gluon's design and exchange; see its docstring).
 
-Not routed: cross_entropy() keeps the shipped row kernel (cross_entropy.ce_rows_, the same contract), which
-reads each row twice (online logsumexp, then the gradient pass). Measured on the H200 (bf16, loss and
-gradient, scripts/gpu/softmax_cluster_probe.py, 2026-12-03), this kernel against ce_rows_: 1.712 / 1.554 ms
-at 8192 x 131072 (0.91x), 1.938 / 1.602 at 4096 x 262144 (0.83x), 7.172 / 3.611 at 16384 x 151936 (0.50x,
-the padded width: softmax_gluon's docstring). One read and one write of the logits at the copy bandwidth
-would take about 1.0 ms at 8192 x 131072; the goal there is 1.4 ms.
+Two forms. ce_rows_smem_ (the shared-memory form, end of this file) is what cross_entropy() routes to on Hopper
+for the plain loss at wide aligned vocabularies (cross_entropy.py says when). Measured on the H200 (bf16, loss
+and gradient in place, scripts/gpu/softmax_cluster_probe.py, 2026-12-03) against the Triton row kernel
+(cross_entropy's, which reads each row twice: online logsumexp, then the gradient pass), at 4 warps a CTA:
+1.152 / 1.553 ms at 8192 x 131072 (1.35x; 3727 GB/s against a device copy of 4251), 1.222 / 1.600 at
+4096 x 262144 (1.31x), 3.052 / 3.610 at 16384 x 151936 (1.18x). ce_rows_ (the register form, one part of the
+row in registers a CTA) is not routed: 1.711 / 1.553 at 8192 x 131072 (0.91x), 1.905 / 1.600 at 4096 x 262144,
+7.051 / 3.610 at 16384 x 151936 (0.51x, the padded width: softmax_gluon's docstring).
 
 Per row (one row per cluster of CTAS CTAs, each holding P columns in registers): the CTAs exchange their
 (max, sum of exp) pairs once (softmax_gluon.exchange_ptx), every CTA forms lse = m + log(s), CTA 0 writes
 loss = lse - x[target] (every thread reads x[target] from memory before the exchange), and every CTA writes
 its part of grad_scale * (softmax - onehot) over the logits in place. Ignored rows (target == ignore_index) get
-loss 0 and a zero gradient. No label smoothing, z-loss or softcap here: the probe compares the plain case.
+loss 0 and a zero gradient. No label smoothing, z-loss or softcap here (cross_entropy keeps its Triton
+kernel for those).
 """
 
 from __future__ import annotations
@@ -99,15 +102,17 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
 
 @gluon.jit
 def _ce_rows_cluster_smem_kernel(
-    Logits, Target, Loss, stride, n_cols, ignore_index, grad_scale,
+    Logits, Grad, Target, Loss, Scale, stride, stride_g, n_cols, ignore_index, scale_value,
     CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
     layout: ttgl.constexpr, buf_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+    WRITE_GRAD: ttgl.constexpr, SCALE_MODE: ttgl.constexpr,
 ):
-    """softmax_gluon's shared-memory form with the loss and the in-place gradient (branch, not GPU-run):
-    chunk 0 in registers (its bytes at global_smem + 0 are the slots), chunks 1.. copied into shared memory
-    by cp.async; the gradient is written from those copies over the logits. Masks and the target's column
-    are compared against per-CTA offsets ([CTAS] vectors), as in the softmax form: full column indices per
-    chunk held live took the CTA to 76-94 registers."""
+    """softmax_gluon's shared-memory form with the loss and the gradient: chunk 0 in registers (its bytes at
+    global_smem + 0 are the slots), chunks 1.. copied into shared memory by cp.async; the gradient
+    (WRITE_GRAD) is written from those copies into Grad (the logits themselves for the in-place form), times
+    the scale: scale_value (SCALE_MODE 0), *Scale (1) or Scale[row] (2), as cross_entropy's row kernel takes
+    it. Masks and the target's column are compared against per-CTA offsets ([CTAS] vectors): full column
+    indices per chunk held live took the CTA to 76-94 registers."""
     buf = ttgl.allocate_shared_memory(Logits.dtype.element_ty, [CHUNKS, CTAS, CHUNK], buf_shared)
     ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
     row = ttgl.program_id(0).to(ttgl.int64)
@@ -124,8 +129,11 @@ def _ce_rows_cluster_smem_kernel(
         async_copy.commit_group()
     valid = t != ignore_index
     # read by every thread before the exchange (its barrier orders this read before the owner CTA's
-    # gradient store over it)
-    x_t = ttgl.load(Logits + row * stride + ttgl.where(valid, t, 0)).to(ttgl.float32)
+    # in-place gradient store over it); a target outside [0, n_cols) (reachable only when the caller's
+    # check is off) reads nothing and gives a nan loss, as the Triton kernel does
+    in_range = (t >= 0) & (t < n_cols)
+    x_t = ttgl.load(Logits + row * stride + ttgl.where(in_range, t, 0), mask=in_range,
+                    other=float("nan")).to(ttgl.float32)
     mx = x0
     for c in ttgl.static_range(1, CHUNKS):
         async_copy.wait_group(CHUNKS - 1 - c)
@@ -142,31 +150,64 @@ def _ce_rows_cluster_smem_kernel(
                                        dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
     lse = m + ttgl.log(s)
     ttgl.store(Loss + row + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=part == 0)
-    scale = ttgl.where(valid, grad_scale, 0.0)
-    t_off = t.to(ttgl.int32) - part * P  # [CTAS]: the target's column from this CTA's first one (int32: V < 2^31)
-    g0 = ttgl.exp2((x0 - lse[:, None]) * 1.4426950408889634) * scale
-    g0 = ttgl.where(c0 == t_off[:, None], g0 - scale, g0)
-    ttgl.store(base, g0.to(Logits.dtype.element_ty), mask=c0 < left[:, None])
-    for c in ttgl.static_range(1, CHUNKS):
-        x = buf.index(c).load(layout).to(ttgl.float32)
-        g = ttgl.exp2((x - lse[:, None]) * 1.4426950408889634) * scale
-        g = ttgl.where(c0 == (t_off - c * CHUNK)[:, None], g - scale, g)
-        ttgl.store(base + c * CHUNK, g.to(Logits.dtype.element_ty), mask=c0 < (left - c * CHUNK)[:, None])
+    if WRITE_GRAD:
+        if SCALE_MODE == 1:
+            scale = ttgl.load(Scale).to(ttgl.float32)
+        elif SCALE_MODE == 2:
+            scale = ttgl.load(Scale + row).to(ttgl.float32)
+        else:
+            scale = scale_value
+        t_off = t.to(ttgl.int32) - part * P  # [CTAS]: the target's column from this CTA's first one
+        gbase = Grad + row * stride_g + part[:, None] * P + c0
+        if valid:
+            g0 = ttgl.exp2((x0 - lse[:, None]) * 1.4426950408889634) * scale
+            g0 = ttgl.where(c0 == t_off[:, None], g0 - scale, g0)
+            ttgl.store(gbase, g0.to(Grad.dtype.element_ty), mask=c0 < left[:, None])
+            for c in ttgl.static_range(1, CHUNKS):
+                x = buf.index(c).load(layout).to(ttgl.float32)
+                g = ttgl.exp2((x - lse[:, None]) * 1.4426950408889634) * scale
+                g = ttgl.where(c0 == (t_off - c * CHUNK)[:, None], g - scale, g)
+                ttgl.store(gbase + c * CHUNK, g.to(Grad.dtype.element_ty), mask=c0 < (left - c * CHUNK)[:, None])
+        else:  # an ignored row: zeros, whatever its logits (inf, nan)
+            zero = ttgl.zeros([CTAS, CHUNK], Grad.dtype.element_ty, layout)
+            for c in ttgl.static_range(0, CHUNKS):
+                ttgl.store(gbase + c * CHUNK, zero, mask=c0 < (left - c * CHUNK)[:, None])
     buf._keep_alive()
 
 
 def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
-                  grad_scale: float = 1.0, ctas: int | None = None, warps: int = 8) -> torch.Tensor:
-    """ce_rows_'s contract through the shared-memory form (softmax_gluon.smem_config picks the cluster size
-    when ctas is None), for logits whose rows are softmax_gluon.smem_aligned."""
+                  grad_scale: float | torch.Tensor | None = 1.0, grad: torch.Tensor | None = None,
+                  ctas: int | None = None, warps: int = sg.SMEM_WARPS) -> torch.Tensor:
+    """Per-row cross-entropy of `logits` [n, V] (unit column stride, rows softmax_gluon.smem_aligned, Hopper,
+    V within `supported`) against `target` [n] int64, through the shared-memory form; returns fp32 [n] (0
+    for ignored rows). grad_scale (a float, or an fp32 tensor [] or [n] on the logits' device; None: no
+    gradient) times d loss_i / d logits_i is written into `grad` ([n, V] of the logits' dtype, unit column
+    stride), or over `logits` in place when grad is None; ignored rows get zeros. Targets other than
+    ignore_index must lie in [0, V) (an out-of-range one gives a nan loss, reading nothing). ctas: the
+    cluster size (softmax_gluon.smem_config's pick when None)."""
     _check(logits, target, smem=True)
     n, v = logits.shape
+    if grad is None:
+        grad = logits
+    elif grad.shape != logits.shape or grad.dtype != logits.dtype or grad.device != logits.device or grad.stride(1) != 1:
+        raise ValueError(f"grad must be {logits.dtype} {tuple(logits.shape)} on {logits.device} with unit column "
+                         f"stride, got {grad.dtype} {tuple(grad.shape)} on {grad.device}, strides {tuple(grad.stride())}")
     ctas, chunk, chunks = sg.smem_config(v, logits.element_size(), ctas)
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
     if n == 0:
         return loss
+    scale_mode, scale_value, scale_ptr = 0, 1.0, loss  # loss: a placeholder pointer, never read in mode 0
+    if isinstance(grad_scale, torch.Tensor):
+        if grad_scale.shape not in ((), (n,)) or grad_scale.device != logits.device:
+            raise ValueError(f"grad_scale must be a float or an fp32 tensor [] or [{n}] on {logits.device}, got "
+                             f"{tuple(grad_scale.shape)} on {grad_scale.device}")
+        scale_ptr = grad_scale.to(torch.float32).contiguous()
+        scale_mode = 1 if grad_scale.dim() == 0 else 2
+    elif grad_scale is not None:
+        scale_value = float(grad_scale)
     with torch.cuda.device(logits.device):
         _ce_rows_cluster_smem_kernel[(n,)](
-            logits, target.contiguous(), loss, logits.stride(0), v, ignore_index, float(grad_scale),
-            **sg.smem_constexprs(ctas, chunk, chunks, logits.element_size(), warps), num_warps=warps, num_ctas=ctas)
+            logits, grad, target.contiguous(), loss, scale_ptr, logits.stride(0), grad.stride(0), v, ignore_index,
+            scale_value, **sg.smem_constexprs(ctas, chunk, chunks, logits.element_size(), warps),
+            WRITE_GRAD=grad_scale is not None, SCALE_MODE=scale_mode, num_warps=warps, num_ctas=ctas)
     return loss

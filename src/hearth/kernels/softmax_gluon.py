@@ -1,17 +1,19 @@
 """Wide-row softmax forward for Hopper (sm_90) in Gluon: one row held on chip by a thread-block cluster.
 
-Not routed: softmax() keeps the chunked Triton kernel (softmax.py), which reads a wide row twice
-(statistics, then output; the re-read from HBM where it misses L2). Measured on the H200 (bf16, forward,
-scripts/gpu/softmax_cluster_probe.py, 2026-12-03), this kernel against the chunked one: 1.09x faster at
-16384 x 65536 (1.340 / 1.458 ms) and 1.06x at 8192 x 131072 (1.439 / 1.529), but 0.94x at 4096 x 262144
-(1.681 / 1.583) and 0.56x at 4096 x 151936 (1.618 / 0.905): a width that is not a power of two pads every
-CTA's part to one, and the time follows the padded width (one cluster's launch, load, exchange and store
-per row: latency, not bandwidth, bounds it at 2 CTAs an SM). Vocabulary widths are rarely powers of two,
-and the 3800 GB/s goal at 262144 is not met by either kernel. A persistent form (a cluster looping over
-rows, the next row loaded into registers before the current row's exchange) was measured too and removed:
-110 registers a thread, 1 CTA an SM, 2.0-2.4x slower than this one. softmax_fwd_smem (end of this file) is
-the next form: the part in shared memory by cp.async, a chunk at a time in registers (built offline for
-sm_90; not yet run on a GPU).
+Two forms. softmax_fwd_smem (the shared-memory form, end of this file: each CTA's part copied into shared
+memory by cp.async and worked a chunk at a time in registers) is what softmax() routes a wide forward row to
+on Hopper when the row is 16-byte aligned (`serves`, the rule both softmax.py and cross_entropy.py call).
+Measured on the H200 (bf16, forward, scripts/gpu/softmax_cluster_probe.py, 2026-12-03) against the chunked
+Triton kernel (softmax.py, which reads a wide row twice: statistics, then output), at 4 warps a CTA:
+4096 x 262144 1.201 / 1.582 ms (1.32x, 3576 GB/s against a device copy of 4251), 4096 x 151936 0.746 /
+0.905 (1.21x), 8192 x 131072 1.173 / 1.528 (1.30x), 8192 x 152064 1.480 / 1.777 (1.20x), 8192 x 128256
+1.148 / 1.504 (1.31x), 16384 x 65536 1.117 / 1.457 (1.30x).
+softmax_fwd (the register form, below) holds a CTA's whole part in registers (64 a thread, 2 CTAs an SM),
+so an SM has two parts' loads in flight and each row costs the latency of its load, exchange and store;
+its parts are powers of two, and the time follows the padded width. Same run: 1.06-1.09x the chunked
+kernel at 8192 x 131072 and 16384 x 65536, 0.94x at 4096 x 262144 (1.681 ms), 0.55-0.56x at 151936 and
+152064. It is not routed. A persistent register form (a cluster looping over rows) was 2.0-2.4x slower
+still (110 registers a thread, 1 CTA an SM) and was removed.
 
 Design: a row of n columns is split over CTAS CTAs of one cluster (2, 4, 8 or 16; 16 is past the portable
 limit, which Triton's launcher allows), each holding its P = next_pow2(cdiv(n, CTAS)) columns in registers,
@@ -39,6 +41,8 @@ buffers, the larger allocation, took offset 0 from the slots.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from triton.experimental import gluon
@@ -147,13 +151,22 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
             and MIN_COLS < n_cols <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD)
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def check_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
     """The argument checks of the cluster kernels' wrappers: `t` (called `name`) 2-D with unit column stride,
     and within `supported` (`what` names the kernel, `width` the row width, in the error)."""
     if t.dim() != 2 or t.stride(1) != 1:
         raise ValueError(f"{name} must be 2-D with unit column stride, got shape {tuple(t.shape)}, "
                          f"strides {tuple(t.stride())}")
-    cap = torch.cuda.get_device_capability(t.device) if t.is_cuda else None
+    cap = _capability(_index(t.device)) if t.is_cuda else None
     if not supported(cap, t.dtype, t.shape[1]):
         raise ValueError(f"{name}: {what} serves Hopper, {', '.join(map(str, DTYPES))} and {MIN_COLS} < {width} "
                          f"<= {MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD} columns; got {t.dtype}, "
@@ -178,7 +191,7 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The shared-memory form (branch, not GPU-run). The register form above holds a CTA's whole part in
+# The shared-memory form (routed: softmax() on Hopper, see `serves`). The register form above holds a CTA's whole part in
 # registers (64 a thread, 2 CTAs an SM), so an SM has at most two parts' loads in flight and each row costs
 # the latency of its load, exchange and store: it measured 0.94x the chunked kernel at 4096 x 262144. Here a
 # CTA copies its part into shared memory with cp.async (16 bytes a lane, no registers held while in flight)
@@ -190,6 +203,11 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
 CHUNK_BYTES = 4096  # a chunk: 16 bytes a lane over 8 warps; also the slot area (>= 8 * MAX_CTAS bytes)
 SMEM_PART_BYTES = 32768  # the part a CTA takes when config may choose (fewer CTAs up to this)
 SMEM_MAX_PART_BYTES = 98304  # the largest part a CTA may hold (a given ctas too small for the row fails)
+# warps a CTA: 4 measured fastest or within 2% of the best form at every probed shape (H200, 2026-12-03,
+# softmax 4096 x 262144 / 151936, 8192 x 131072 / 152064 / 128256, 16384 x 65536; cross-entropy 8192 x
+# 131072, 16384 x 151936, 4096 x 262144): 8 warps at the same cluster size were 10-27% slower; 8 warps over
+# 8 CTAs (64 KiB parts) were 2% faster at 4096 x 262144 and equal at 4096 x 151936
+SMEM_WARPS = 4
 
 
 def smem_config(n_cols: int, elem_bytes: int, ctas: int | None = None) -> tuple[int, int, int]:
@@ -210,6 +228,7 @@ def smem_config(n_cols: int, elem_bytes: int, ctas: int | None = None) -> tuple[
     return ctas, chunk, chunks
 
 
+@functools.lru_cache(maxsize=64)  # built once a shape (the host cost of a call); callers must not mutate it
 def smem_constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: int) -> dict:
     """The shared-memory kernel's constexprs: the [CTAS, CHUNK] register layout (dim 0 split over the
     cluster's CTAs, 16 bytes of adjacent columns a lane), the [CHUNKS, CTAS, CHUNK] buffer's shared
@@ -295,17 +314,39 @@ def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
     check_rows(t, name, what, width)
 
 
-def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = 8) -> torch.Tensor:
+def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = SMEM_WARPS,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax_fwd's contract through the shared-memory form (smem_config picks the cluster size when
-    ctas is None), for rows that are smem_aligned."""
+    ctas is None), for rows that are smem_aligned; out: a [M, n] tensor of x's dtype and device with unit
+    column stride to write into (a new row-contiguous one when None)."""
     check_smem_rows(x, "x", "the cluster softmax", "n")
     m, n = x.shape
     ctas, chunk, chunks = smem_config(n, x.element_size(), ctas)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
+        raise ValueError(f"out must be {x.dtype} {tuple(x.shape)} on {x.device} with unit column stride, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}, strides {tuple(out.stride())}")
     if m == 0:
-        return y
+        return out
     with torch.cuda.device(x.device):
         _softmax_fwd_cluster_smem_kernel[(m,)](
-            x, y, x.stride(0), y.stride(0), n, **smem_constexprs(ctas, chunk, chunks, x.element_size(), warps),
+            x, out, x.stride(0), out.stride(0), n, **smem_constexprs(ctas, chunk, chunks, x.element_size(), warps),
             num_warps=warps, num_ctas=ctas)
-    return y
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Routing: softmax() and cross_entropy() (hence linear_cross_entropy's row kernel) send a row here when
+# `serves` says so, and keep their Triton kernels otherwise: the one rule, in one place.
+ROUTE = True  # False: the Triton kernels everywhere (the benchmarks' A/B switch; tests)
+
+
+def serves(t: torch.Tensor) -> bool:
+    """Whether the shared-memory cluster form takes the rows of `t` (2-D, unit column stride): ROUTE on, a
+    Hopper GPU, a served dtype, MIN_COLS < width <= the register form's limit (the widths measured), and
+    smem_aligned rows."""
+    return (ROUTE and t.is_cuda and t.dim() == 2 and t.stride(1) == 1 and t.dtype in DTYPES
+            and MIN_COLS < t.shape[1] <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD
+            and _capability(_index(t.device))[0] == 9
+            and smem_aligned(t))
