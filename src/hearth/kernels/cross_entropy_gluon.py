@@ -189,9 +189,11 @@ def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     n, v = logits.shape
     if grad is None:
         grad = logits
-    elif grad.shape != logits.shape or grad.dtype != logits.dtype or grad.device != logits.device or grad.stride(1) != 1:
+    elif (grad.shape != logits.shape or grad.dtype != logits.dtype or grad.device != logits.device
+          or grad.stride(1) != 1):
         raise ValueError(f"grad must be {logits.dtype} {tuple(logits.shape)} on {logits.device} with unit column "
-                         f"stride, got {grad.dtype} {tuple(grad.shape)} on {grad.device}, strides {tuple(grad.stride())}")
+                         f"stride, got {grad.dtype} {tuple(grad.shape)} on {grad.device}, "
+                         f"strides {tuple(grad.stride())}")
     ctas, chunk, chunks = sg.smem_config(v, logits.element_size(), ctas)
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
     if n == 0:

@@ -191,16 +191,16 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The shared-memory form (routed: softmax() on Hopper, see `serves`). The register form above holds a CTA's whole part in
-# registers (64 a thread, 2 CTAs an SM), so an SM has at most two parts' loads in flight and each row costs
-# the latency of its load, exchange and store: it measured 0.94x the chunked kernel at 4096 x 262144. Here a
+# The shared-memory form (routed: softmax() on Hopper, see `serves`). The register form above holds a CTA's
+# whole part in registers (64 a thread, 2 CTAs an SM), so an SM has at most two parts' loads in flight and
+# each row costs the latency of its load, exchange and store: it measured 0.94x the chunked kernel at 4096 x 262144. Here a
 # CTA copies its part into shared memory with cp.async (16 bytes a lane, no registers held while in flight)
 # in CHUNK-wide chunks, and works on one chunk at a time in registers, so a CTA needs about 32 KiB of shared
-# memory and few registers, and 4-6 CTAs an SM keep their loads in flight.
+# memory and 64-85 registers a thread at 4 warps, and 5-6 CTAs an SM keep their loads in flight.
 # Chunk 0 is loaded into registers instead and stays there to the end; its bytes at the start of the CTA's
 # buffer (the buffer is the kernel's only allocation, so at global_smem + 0) are never written by the
 # compiler's code and serve as the exchange's slots (exchange_ptx addresses global_smem + 8 * rank).
-CHUNK_BYTES = 4096  # a chunk: 16 bytes a lane over 8 warps; also the slot area (>= 8 * MAX_CTAS bytes)
+CHUNK_BYTES = 4096  # a chunk: 16 bytes a lane, two vectors at 4 warps; also the slot area (>= 8 * MAX_CTAS bytes)
 SMEM_PART_BYTES = 32768  # the part a CTA takes when config may choose (fewer CTAs up to this)
 SMEM_MAX_PART_BYTES = 98304  # the largest part a CTA may hold (a given ctas too small for the row fails)
 # warps a CTA: 4 measured fastest or within 2% of the best form at every probed shape (H200, 2026-12-03,
