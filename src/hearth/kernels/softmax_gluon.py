@@ -193,10 +193,11 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------
 # The shared-memory form (routed: softmax() on Hopper, see `serves`). The register form above holds a CTA's
 # whole part in registers (64 a thread, 2 CTAs an SM), so an SM has at most two parts' loads in flight and
-# each row costs the latency of its load, exchange and store: it measured 0.94x the chunked kernel at 4096 x 262144. Here a
-# CTA copies its part into shared memory with cp.async (16 bytes a lane, no registers held while in flight)
-# in CHUNK-wide chunks, and works on one chunk at a time in registers, so a CTA needs about 32 KiB of shared
-# memory and 64-85 registers a thread at 4 warps, and 5-6 CTAs an SM keep their loads in flight.
+# each row costs the latency of its load, exchange and store: it measured 0.94x the chunked kernel at
+# 4096 x 262144. Here a CTA copies its part into shared memory with cp.async (16 bytes a lane, no registers
+# held while in flight) in CHUNK-wide chunks, and works on one chunk at a time in registers, so a CTA needs
+# about 32 KiB of shared memory and 64-85 registers a thread at 4 warps, and 5-6 CTAs an SM keep their loads
+# in flight.
 # Chunk 0 is loaded into registers instead and stays there to the end; its bytes at the start of the CTA's
 # buffer (the buffer is the kernel's only allocation, so at global_smem + 0) are never written by the
 # compiler's code and serve as the exchange's slots (exchange_ptx addresses global_smem + 8 * rank).
