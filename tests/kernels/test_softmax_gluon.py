@@ -25,14 +25,18 @@ from hearth.kernels import cross_entropy_gluon as cg
 
 op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) or None)
 eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
-if op in ("smem", "ce_smem"):
-    ctas, chunk, chunks = sg.smem_config(n, eb, ctas)
+if op in ("smem", "ce_smem", "bwd_smem"):
+    ctas, chunk, chunks = sg.smem_config(n, eb, ctas, inputs=2 if op == "bwd_smem" else 1)
     p, warps = chunk * chunks, sg.SMEM_WARPS
     const = dict(sg.smem_constexprs(ctas, chunk, chunks, eb, warps))
 else:
     ctas, p, warps = sg.config(n, ctas)
     const = sg.constexprs(ctas, p, warps, eb)
-if op == "smem":
+if op == "bwd_smem":
+    fn, args = sg._softmax_bwd_cluster_smem_kernel, {"Y": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}",
+                                                     "stride_y": "i32", "stride_dy": "i32", "stride_dx": "i32",
+                                                     "n_cols": "i32"}
+elif op == "smem":
     fn, args = sg._softmax_fwd_cluster_smem_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
                                                      "stride_y": "i32", "n_cols": "i32"}
 elif op == "ce_smem":
@@ -51,8 +55,8 @@ else:
 sig = {**args, **{k: "constexpr" for k in const}}
 # as a launch specializes them on 16-byte aligned rows: the pointers and these ints divisible by 16
 aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-           if name in ("X", "Y", "Logits", "Grad", "Target", "Loss", "Scale", "stride_x", "stride_y", "stride",
-                       "stride_g", "n_cols")}
+           if name in ("X", "Y", "DY", "DX", "Logits", "Grad", "Target", "Loss", "Scale", "stride_x", "stride_y",
+                       "stride_dy", "stride_dx", "stride", "stride_g", "n_cols")}
 k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})
 ptx, llir = k.asm["ptx"], k.asm["llir"]
@@ -82,8 +86,10 @@ rank0 = [line.strip() for line in ptx.splitlines()
 # the shared-memory forms: chunk c (bytes [c * CHUNK_BYTES, (c + 1) * CHUNK_BYTES) of the CTA's buffer) may be
 # read only after a cp.async.wait_group leaving at most CHUNKS - 1 - c groups in flight, then a CTA barrier
 early = []
-if op in ("smem", "ce_smem"):
+if op in ("smem", "ce_smem", "bwd_smem"):
     chunks, last_wait, synced, seen = p // const["CHUNK"], None, False, set()
+    # buffer chunk k holds the row's chunk k; the backward's dy chunk c sits at buffer chunk chunks - 1 + c
+    held = 2 * chunks - 1 if op == "bwd_smem" else chunks
     for line in ptx.splitlines():
         w = re.match(r"\s*cp\.async\.wait_group\s+(\d+);", line)
         if w:
@@ -91,8 +97,9 @@ if op in ("smem", "ce_smem"):
         elif re.match(r"\s*bar\.sync\s", line):
             synced = True
         ld = re.match(r"\s*ld\.shared\.v4\.b32\s+\{[^}]*\}, \[%r\d+\+(\d+)\];", line)
-        if ld and sg.CHUNK_BYTES <= int(ld.group(1)) < chunks * sg.CHUNK_BYTES:
-            c = int(ld.group(1)) // sg.CHUNK_BYTES
+        if ld and sg.CHUNK_BYTES <= int(ld.group(1)) < held * sg.CHUNK_BYTES:
+            slot = int(ld.group(1)) // sg.CHUNK_BYTES
+            c = slot if slot < chunks else slot - (chunks - 1)
             if c not in seen and (last_wait is None or last_wait > chunks - 1 - c or not synced):
                 early.append((c, last_wait, synced))
             seen.add(c)
@@ -134,12 +141,13 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
 
 @pytest.mark.parametrize("op, n, dtype, ctas", [
     ("smem", 262144, "bf16", 0), ("smem", 151936, "bf16", 0), ("smem", 65536, "fp16", 0), ("smem", 262144, "fp32", 0),
-    ("smem", 131072, "bf16", 16), ("ce_smem", 131072, "bf16", 0), ("ce_smem", 151936, "fp32", 0)],
+    ("smem", 131072, "bf16", 16), ("ce_smem", 131072, "bf16", 0), ("ce_smem", 151936, "fp32", 0),
+    ("bwd_smem", 262144, "bf16", 0), ("bwd_smem", 151936, "bf16", 0), ("bwd_smem", 65536, "fp32", 0)],
     ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas", "ce-131072-bf16",
-         "ce-151936-fp32"])
+         "ce-151936-fp32", "bwd-262144-bf16", "bwd-151936-bf16", "bwd-65536-fp32"])
 def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(op, n, dtype, ctas):
-    """The shared-memory forms (softmax; cross-entropy) build as a cluster with the same exchange; they copy
-    chunks 1.. by cp.async (16 bytes a lane); every shared address the compiler forms is at or past
+    """The shared-memory forms (softmax forward and backward; cross-entropy) build as a cluster with the same
+    exchange; they copy chunks 1.. by cp.async (16 bytes a lane); every shared address the compiler forms is at or past
     CHUNK_BYTES (chunk 0's bytes, at global_smem + 0 where the buffer sits, are the exchange's slots: the
     compiler never touches them, and a bare @global_smem use would mean it does); each chunk is first read
     after a cp.async.wait_group that has let it land and a CTA barrier; no row store predicated on rank 0;
@@ -277,29 +285,64 @@ def test_gpu_reads_rows_through_their_stride_and_handles_zero_rows():
 
 
 @hopper_only
+@pytest.mark.parametrize("rows, n, dtype", [(3, 262144, torch.bfloat16), (5, 151936, torch.bfloat16),
+                                           (4, 65536 + 16, torch.float16), (3, 40000, torch.float32),
+                                           (3, 131072, torch.float32)])
+def test_gpu_smem_backward_matches_reference(rows, n, dtype):
+    """softmax_bwd_smem against y * (dy - sum(dy * y)) in fp64 of the same y and dy, within 2x PyTorch's own
+    error in `dtype` (its softmax backward on the same values); one row with a tail of zeros in y (the
+    forward of -inf), and a row stride that is not the width."""
+    g = torch.Generator(device="cpu").manual_seed(n + 2)
+    x = torch.randn(rows, n, generator=g) * 4
+    x[-1, n // 2:] = float("-inf")
+    x = x.to(dtype).cuda().requires_grad_()
+    y = torch.softmax(x, -1)
+    dy = (torch.randn(rows, n, generator=g)).to(dtype).cuda()
+    y.backward(dy)
+    yd, dyd = y.detach().double(), dy.double()
+    ref = yd * (dyd - (yd * dyd).sum(-1, keepdim=True))
+    assert_close(sg.softmax_bwd_smem(y.detach(), dy), ref, dtype, msg="cluster softmax backward", baseline=x.grad)
+    wide_y = torch.zeros(rows, n + 16, dtype=dtype, device="cuda")
+    wide_y[:, :n] = y.detach()
+    assert_close(sg.softmax_bwd_smem(wide_y[:, :n], dy), ref, dtype, msg="strided", baseline=x.grad)
+
+
+def test_smem_backward_names_bad_input():
+    y = torch.zeros(2, 65536)
+    with pytest.raises(ValueError, match="dy: the cluster softmax backward \\(shared-memory form\\) needs 16-byte"):
+        sg.softmax_bwd_smem(y, torch.zeros(2, 65536 + 8)[:, 1:65537])
+    with pytest.raises(ValueError, match="y: the cluster softmax backward serves Hopper"):
+        sg.softmax_bwd_smem(y, y)
+    assert not sg.serves(torch.zeros(2, 262144), inputs=2)
+
+
+@hopper_only
 def test_gpu_softmax_routes_wide_aligned_rows_to_the_smem_form(monkeypatch):
-    """hearth's softmax() sends a wide row that is smem_aligned to softmax_fwd_smem (one call, the values
-    within the rule, the gradient through the Triton backward), and an unaligned one or ROUTE off to the
-    chunked Triton kernel."""
+    """hearth's softmax() sends a wide row that is smem_aligned to softmax_fwd_smem and its backward to
+    softmax_bwd_smem (one call each, the values within the rule), an unaligned one or ROUTE off to the
+    chunked Triton kernels, and the fp32 backward at 262144 columns (y and dy past the shared memory of 16
+    CTAs) to the Triton backward."""
     from hearth.kernels.softmax import softmax
 
     calls = []
-    real = sg.softmax_fwd_smem
-    monkeypatch.setattr(sg, "softmax_fwd_smem", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fwd, bwd = sg.softmax_fwd_smem, sg.softmax_bwd_smem
+    monkeypatch.setattr(sg, "softmax_fwd_smem", lambda *a, **k: calls.append("fwd") or fwd(*a, **k))
+    monkeypatch.setattr(sg, "softmax_bwd_smem", lambda *a, **k: calls.append("bwd") or bwd(*a, **k))
     torch.manual_seed(3)
-    for n, routed in ((131072, True), (131072 + 8, False)):
-        x = (torch.randn(2, 3, n, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
+    for n, dtype, routed in ((131072, torch.bfloat16, ["fwd", "bwd"]), (131072 + 8, torch.bfloat16, []),
+                             (262144, torch.float32, ["fwd"])):
+        x = (torch.randn(2, 3, n, device="cuda") * 3).to(dtype).requires_grad_()
         calls.clear()
         y = softmax(x)
-        assert len(calls) == int(routed), (n, calls)
-        ref = torch.softmax(x.detach().double(), -1)
-        assert_close(y, ref, torch.bfloat16, msg=f"routed {routed}", baseline=torch.softmax(x.detach(), -1))
         dy = torch.randn_like(y)
         y.backward(dy)
+        assert calls == routed, (n, dtype, calls)
+        ref = torch.softmax(x.detach().double(), -1)
+        assert_close(y, ref, dtype, msg=f"routed {routed}", baseline=torch.softmax(x.detach(), -1))
         ref_grad = ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True))
         base_x = x.detach().clone().requires_grad_()
         torch.softmax(base_x, -1).backward(dy)
-        assert_close(x.grad, ref_grad, torch.bfloat16, msg="grad", baseline=base_x.grad)
+        assert_close(x.grad, ref_grad, dtype, msg="grad", baseline=base_x.grad)
     monkeypatch.setattr(sg, "ROUTE", False)
     calls.clear()
     softmax(torch.randn(2, 131072, device="cuda", dtype=torch.bfloat16))

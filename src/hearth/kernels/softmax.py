@@ -18,10 +18,10 @@ Two paths, chosen by row width in `_config` (the one place BLOCK / num_warps are
     which is what decides whether the re-read hits L2. On the GPU, (programs per SM, CHUNK, num_warps,
     pipelining depth) is picked once per (n, dtype, row-count bucket) by timing a few candidates
     (`pick_config`), and the one-pass kernels pick their num_warps the same way.
-    On Hopper, a wide forward row that is 16-byte aligned (softmax_gluon.serves) goes instead to the
-    cluster kernel in Gluon (softmax_gluon.softmax_fwd_smem): the row is split over a cluster of CTAs,
-    each holding its part in shared memory, so it is read from HBM once (H200, bf16: 1.20-1.32x the
-    chunked kernel at 4096 x 151936 / 262144, 8192 x 128256 / 131072 / 152064, 16384 x 65536).
+    On Hopper, wide rows that are 16-byte aligned (softmax_gluon.serves) go instead to the cluster
+    kernels in Gluon (softmax_gluon.softmax_fwd_smem / softmax_bwd_smem): the row is split over a cluster
+    of CTAs, each holding its part in shared memory, so it is read from HBM once (H200, bf16, forward:
+    1.20-1.32x the chunked kernel at 4096 x 151936 / 262144, 8192 x 128256 / 131072 / 152064, 16384 x 65536).
 
 Layout: the softmax dim is moved last (`movedim`, a view). Rows are copied to contiguous memory only
 when the moved dim does not have stride 1 (or the leading dims cannot be flattened into one row
@@ -372,7 +372,9 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     strides = (yr.stride(0), dyr.stride(0), dxr.stride(0))
     key = ("softmax_bwd", n_cols, y.dtype)
     # both kernels only write dx, so candidates are timed on the real arguments
-    if chunked:
+    if chunked and sg.serves(yr, inputs=2) and sg.smem_aligned(dyr):  # Hopper, wide aligned rows, as forward
+        sg.softmax_bwd_smem(yr, dyr, out=dxr)
+    elif chunked:
         def launch(cfg):
             per_sm, chunk, w, stages = cfg
             _softmax_bwd_chunked_kernel[(_wide_programs(n_rows, y.device, per_sm),)](

@@ -211,20 +211,21 @@ SMEM_MAX_PART_BYTES = 98304  # the largest part a CTA may hold (a given ctas too
 SMEM_WARPS = 4
 
 
-def smem_config(n_cols: int, elem_bytes: int, ctas: int | None = None) -> tuple[int, int, int]:
-    """(CTAS, CHUNK, CHUNKS) for the shared-memory form: the fewest CTAs (2, 4, 8, 16) whose part fits
-    SMEM_PART_BYTES (16 when none does), or `ctas` when given; CHUNK = CHUNK_BYTES of columns, CHUNKS a
-    part's chunks (the part need not be a power of two: P = CHUNKS * CHUNK)."""
+def smem_config(n_cols: int, elem_bytes: int, ctas: int | None = None, inputs: int = 1) -> tuple[int, int, int]:
+    """(CTAS, CHUNK, CHUNKS) for the shared-memory forms: the fewest CTAs (2, 4, 8, 16) whose part of the
+    row, times `inputs` (the rows held: 1, or 2 for the backward's y and dy), fits SMEM_PART_BYTES (16 when
+    none does), or `ctas` when given; CHUNK = CHUNK_BYTES of columns, CHUNKS a part's chunks (the part need
+    not be a power of two: P = CHUNKS * CHUNK)."""
     chunk = CHUNK_BYTES // elem_bytes
     if ctas is None:
         ctas = 2
-        while ctas < MAX_CTAS and cdiv(n_cols, ctas) * elem_bytes > SMEM_PART_BYTES:
+        while ctas < MAX_CTAS and cdiv(n_cols, ctas) * elem_bytes * inputs > SMEM_PART_BYTES:
             ctas *= 2
     elif ctas not in (2, 4, 8, 16):
         raise ValueError(f"ctas must be 2, 4, 8 or 16, got {ctas!r}")
     chunks = cdiv(cdiv(n_cols, ctas), chunk)
-    if chunks * CHUNK_BYTES > SMEM_MAX_PART_BYTES:
-        raise ValueError(f"n_cols: {n_cols} columns over {ctas} CTAs is {chunks * CHUNK_BYTES} bytes a CTA, "
+    if chunks * CHUNK_BYTES * inputs > SMEM_MAX_PART_BYTES:
+        raise ValueError(f"n_cols: {n_cols} columns over {ctas} CTAs is {chunks * CHUNK_BYTES * inputs} bytes a CTA, "
                          f"over {SMEM_MAX_PART_BYTES}")
     return ctas, chunk, chunks
 
@@ -306,12 +307,17 @@ def smem_aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and t.shape[1] % 16 == 0 and t.stride(0) % 16 == 0
 
 
-def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
-    """check_rows, then smem_aligned (before the device: the message is the same on any machine)."""
+def _check_aligned(t: torch.Tensor, name: str, what: str, width: str) -> None:
     if t.dim() == 2 and t.stride(1) == 1 and not smem_aligned(t):
         raise ValueError(f"{name}: {what} (shared-memory form) needs 16-byte aligned rows: pointer % 16 == 0, "
                          f"{width} and the row stride multiples of 16 elements; got pointer % 16 = "
                          f"{t.data_ptr() % 16}, {width} = {t.shape[1]}, stride {t.stride(0)}")
+
+
+def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
+    """smem_aligned (checked first, before the device is asked: the message is the same on any machine),
+    then check_rows."""
+    _check_aligned(t, name, what, width)
     check_rows(t, name, what, width)
 
 
@@ -337,17 +343,93 @@ def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = S
     return out
 
 
+@gluon.jit
+def _softmax_bwd_cluster_smem_kernel(
+    Y, DY, DX, stride_y, stride_dy, stride_dx, n_cols,
+    CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
+    layout: ttgl.constexpr, buf_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+):
+    """dx = y * (dy - sum(dy * y)) for one row per cluster: CTA i holds columns [i * P, i * P + P) of y and
+    dy as CHUNKS chunks each, chunk 0 of both in registers, chunk c of y in buffer chunk c and of dy in
+    buffer chunk CHUNKS - 1 + c (buffer chunk 0's bytes are the exchange's slots, as in the forward). One
+    sweep sums y * dy as the chunks land; the CTAs exchange their partial sums (as (max, sum) pairs with
+    max 0, which the exchange combines into the plain sum), then dx is written chunk by chunk."""
+    buf = ttgl.allocate_shared_memory(Y.dtype.element_ty, [2 * CHUNKS - 1, CTAS, CHUNK], buf_shared)
+    ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    row = ttgl.program_id(0).to(ttgl.int64)
+    part = ttgl.arange(0, CTAS, layout=ttgl.SliceLayout(1, layout))
+    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))[None, :]
+    left = n_cols - part * P  # [CTAS]: the row's columns from this CTA's first one
+    yb = Y + row * stride_y + part[:, None] * P + c0
+    db = DY + row * stride_dy + part[:, None] * P + c0
+    y0 = ttgl.load(yb, mask=c0 < left[:, None], other=0.0).to(ttgl.float32)
+    d0 = ttgl.load(db, mask=c0 < left[:, None], other=0.0).to(ttgl.float32)
+    for c in ttgl.static_range(1, CHUNKS):
+        mask = c0 < (left - c * CHUNK)[:, None]
+        async_copy.async_copy_global_to_shared(buf.index(c), yb + c * CHUNK, mask=mask)
+        async_copy.async_copy_global_to_shared(buf.index(CHUNKS - 1 + c), db + c * CHUNK, mask=mask)
+        async_copy.commit_group()
+    acc = y0 * d0
+    for c in ttgl.static_range(1, CHUNKS):
+        async_copy.wait_group(CHUNKS - 1 - c)  # chunk c of both has landed (the compiler adds the barrier)
+        y = buf.index(c).load(layout).to(ttgl.float32)
+        d = buf.index(CHUNKS - 1 + c).load(layout).to(ttgl.float32)
+        acc += ttgl.where(c0 < (left - c * CHUNK)[:, None], y * d, 0.0)
+    s_part = ttgl.sum(acc, 1)
+    _, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [ttgl.zeros_like(s_part), s_part],
+                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    out = DX + row * stride_dx + part[:, None] * P + c0
+    ttgl.store(out, (y0 * (d0 - s[:, None])).to(DX.dtype.element_ty), mask=c0 < left[:, None])
+    for c in ttgl.static_range(1, CHUNKS):
+        y = buf.index(c).load(layout).to(ttgl.float32)
+        d = buf.index(CHUNKS - 1 + c).load(layout).to(ttgl.float32)
+        ttgl.store(out + c * CHUNK, (y * (d - s[:, None])).to(DX.dtype.element_ty),
+                   mask=c0 < (left - c * CHUNK)[:, None])
+    buf._keep_alive()  # live to the end: nothing else may take the slot bytes at global_smem + 0
+
+
+def softmax_bwd_smem(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = None, warps: int = SMEM_WARPS,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """The softmax backward dx = y * (dy - sum(dy * y, -1)) over [M, n] rows through the shared-memory form:
+    y and dy of one dtype and shape, each smem_aligned, within `supported`; out as in softmax_fwd_smem (a new
+    row-contiguous tensor when None)."""
+    for t, name in ((y, "y"), (dy, "dy")):
+        _check_aligned(t, name, "the cluster softmax backward", "n")
+    check_rows(y, "y", "the cluster softmax backward", "n")
+    check_rows(dy, "dy", "the cluster softmax backward", "n")
+    if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
+        raise ValueError(f"dy must be {y.dtype} {tuple(y.shape)} on {y.device}, got {dy.dtype} {tuple(dy.shape)} "
+                         f"on {dy.device}")
+    m, n = y.shape
+    ctas, chunk, chunks = smem_config(n, y.element_size(), ctas, inputs=2)
+    if out is None:
+        out = torch.empty_like(y, memory_format=torch.contiguous_format)
+    elif out.shape != y.shape or out.dtype != y.dtype or out.device != y.device or out.stride(1) != 1:
+        raise ValueError(f"out must be {y.dtype} {tuple(y.shape)} on {y.device} with unit column stride, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}, strides {tuple(out.stride())}")
+    if m == 0:
+        return out
+    with torch.cuda.device(y.device):
+        _softmax_bwd_cluster_smem_kernel[(m,)](
+            y, dy, out, y.stride(0), dy.stride(0), out.stride(0), n,
+            **smem_constexprs(ctas, chunk, chunks, y.element_size(), warps), num_warps=warps, num_ctas=ctas)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Routing: softmax() and cross_entropy() (hence linear_cross_entropy's row kernel) send a row here when
 # `serves` says so, and keep their Triton kernels otherwise: the one rule, in one place.
 ROUTE = True  # False: the Triton kernels everywhere (the benchmarks' A/B switch; tests)
 
 
-def serves(t: torch.Tensor) -> bool:
+def serves(t: torch.Tensor, inputs: int = 1) -> bool:
     """Whether the shared-memory cluster form takes the rows of `t` (2-D, unit column stride): ROUTE on, a
-    Hopper GPU, a served dtype, MIN_COLS < width <= the register form's limit (the widths measured), and
-    smem_aligned rows."""
-    return (ROUTE and t.is_cuda and t.dim() == 2 and t.stride(1) == 1 and t.dtype in DTYPES
-            and MIN_COLS < t.shape[1] <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD
-            and _capability(_index(t.device))[0] == 9
-            and smem_aligned(t))
+    Hopper GPU, a served dtype, MIN_COLS < width <= the register form's limit (the widths measured),
+    smem_aligned rows, and `inputs` such rows (2: the backward's y and dy) fitting SMEM_MAX_PART_BYTES a CTA
+    over MAX_CTAS CTAs (fp32 at 262144 columns does not, in the backward)."""
+    if not (ROUTE and t.is_cuda and t.dim() == 2 and t.stride(1) == 1 and t.dtype in DTYPES
+            and MIN_COLS < t.shape[1] <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD):
+        return False
+    chunk = CHUNK_BYTES // t.element_size()
+    return (cdiv(cdiv(t.shape[1], MAX_CTAS), chunk) * CHUNK_BYTES * inputs <= SMEM_MAX_PART_BYTES
+            and _capability(_index(t.device))[0] == 9 and smem_aligned(t))
