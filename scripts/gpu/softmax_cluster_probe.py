@@ -1,15 +1,19 @@
-"""GPU probe: the cluster softmax forward (hearth.kernels.softmax_gluon, not routed) against hearth's
-shipped softmax (the chunked kernel reads a wide row twice) and torch.compile, at wide rows; then the cluster
-cross-entropy (hearth.kernels.cross_entropy_gluon: loss and gradient in place, one pass) against the shipped
-row kernel (cross_entropy.ce_rows_) and Liger's fused cross-entropy where it imports.
+"""GPU probe: the cluster softmax (hearth.kernels.softmax_gluon: the register form, not routed, and the
+shared-memory form, which softmax() routes wide rows to on Hopper) against hearth's Triton kernels (the chunked
+kernel reads a wide row twice) and torch.compile, at wide rows; then the cluster cross-entropy
+(hearth.kernels.cross_entropy_gluon: loss and gradient in place, one pass) against the Triton row kernel and
+Liger's fused cross-entropy where it imports; then the softmax backward (softmax_bwd_smem against the Triton
+backward).
 
-    python scripts/gpu/softmax_cluster_probe.py --out DIR/softmax_cluster.jsonl      # H200, about a minute
+    python scripts/gpu/softmax_cluster_probe.py --out DIR/softmax_cluster.jsonl      # H200, about two minutes
 
-Last, pick_check: hearth softmax with its launch config picked on a 64-row first call and on a full one.
+Last, pick_check (skipped by --no-pick-check): hearth softmax with its launch config picked on a 64-row first
+call and on a full one.
 
-For each shape and provider (cluster: one row per cluster, at config's cluster size and at the sizes in
---ctas; smem: the shared-memory form, likewise, and with 4 warps a CTA; hearth; compile), after one call at
-the full shape:
+For each shape and provider (cluster: the register form at config's cluster size and at the sizes in --ctas;
+smem: the shared-memory form at smem_config's cluster size, at the --ctas sizes and at 8 warps a CTA; hearth:
+softmax() as routed; hearth-triton: its Triton kernel, softmax_gluon.ROUTE off; compile; --fwd-only-smem keeps
+smem, hearth, hearth-triton and compile), after one call at the full shape:
   1. correctness: max abs error against softmax in fp64 of the same values, and PyTorch's own bf16 error
      beside it (a provider over 2x PyTorch's error is marked wrong and not timed);
   2. time: hearth.bench.timing.time_call (CUDA events, L2 flushed, median of >= 10 calls); GB/s = one read
@@ -39,6 +43,17 @@ from hearth.kernels.softmax import softmax as hearth_softmax
 SHAPES = [(4096, 262144), (4096, 151936), (8192, 131072), (16384, 65536)]
 CE_SHAPES = [(8192, 131072), (16384, 151936), (4096, 262144)]
 console = Console(width=160)
+
+
+def _unrouted(fn):
+    """fn with softmax_gluon.ROUTE off: hearth's Triton kernels, which Hopper's wide rows no longer reach."""
+    def call(*args):
+        sg.ROUTE = False
+        try:
+            return fn(*args)
+        finally:
+            sg.ROUTE = True
+    return call
 
 
 def _copy_gbps(device) -> float:
@@ -92,8 +107,9 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
             providers = [("cluster", lambda w, tt: cg.ce_rows_(w, tt, grad_scale=1.0 / n)),
                          ("smem", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n)),
                          ("smem-16", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, ctas=16)),
-                         ("smem-w4", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, warps=4)),
-                         ("hearth", lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n))]
+                         ("smem-w8", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, warps=8)),
+                         ("hearth", lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n)),
+                         ("hearth-triton", _unrouted(lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n)))]
             if liger is not None:
                 providers.append(("liger", lambda w, tt: liger(w, tt).backward()))
             for name, fn in providers:
@@ -128,6 +144,47 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
     console.print(table)
 
 
+def bwd_table(out: str, meta: dict, shapes, copy: float, device) -> None:
+    """The softmax backward (dx from y and dy) at `shapes` (bf16): softmax_bwd_smem against the chunked Triton
+    backward (softmax_gluon.ROUTE off), each checked against fp64 on the first rows beside PyTorch's own bf16
+    error, then timed; GB/s = two reads and one write."""
+    from hearth.kernels.softmax import _softmax_bwd
+
+    table = Table(title=f"softmax bwd, bf16 (device copy {copy:.0f} GB/s)")
+    for col in ("shape", "provider", "ms", "GB/s (2 reads + write)", "max err (torch bf16)"):
+        table.add_column(col)
+    with open(out, "a") as f:
+        for m, n in shapes:
+            x = (torch.randn(m, n, device=device) * 3).to(torch.bfloat16)
+            y = torch.softmax(x, -1)
+            dy = torch.randn_like(y)
+            yd, dyd = y[:64].double(), dy[:64].double()
+            ref = yd * (dyd - (yd * dyd).sum(-1, keepdim=True))
+            xb = x[:64].clone().requires_grad_()
+            torch.softmax(xb, -1).backward(dy[:64])
+            base_err = (xb.grad.double() - ref).abs().max().item()
+
+            for name, fn in (("smem-bwd", lambda a, b: sg.softmax_bwd_smem(a, b)),
+                             ("hearth-triton", _unrouted(_softmax_bwd))):
+                row = {"op": "softmax_bwd", "rows": m, "cols": n, "dtype": "bfloat16", "provider": name, **meta}
+                try:
+                    fn(y, dy)  # first call at the full shape (the Triton kernel picks its config here)
+                    err = (fn(y[:64], dy[:64]).double() - ref).abs().max().item()
+                    row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-9)
+                    if row["ok"]:
+                        t = time_call(lambda fn=fn: fn(y, dy), [], device)
+                        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
+                                   gbps=3 * y.numel() * y.element_size() / (t.median_ms * 1e-3) / 1e9)
+                except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
+                    row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                nan = float("nan")
+                table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
+                              f"{row.get('max_err', nan):.2e} ({base_err:.2e})" + ("" if row["ok"] else " WRONG"))
+    console.print(table)
+
+
 def pick_check(out: str, meta: dict, device, rows: int = 4096, n: int = 200000) -> None:
     """hearth's softmax at rows x n, its launch config picked (a) on a first call with 64 rows and (b) on a
     first call at the full shape, the pick cache emptied before each: with the row count's bucket in the
@@ -156,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctas", default="8,16", help="extra cluster sizes to time beside config's pick")
     p.add_argument("--shapes", default=None, help="semicolon list of ROWSxCOLS (default: %s)" %
                    ";".join(f"{m}x{n}" for m, n in SHAPES))
+    p.add_argument("--fwd-only-smem", action="store_true",
+                   help="forward table: only smem (config's pick), hearth and compile (no register form, no variants)")
+    p.add_argument("--no-pick-check", action="store_true")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("softmax_cluster_probe needs a Hopper GPU (compute capability 9.x)")
@@ -174,23 +234,26 @@ def main(argv: list[str] | None = None) -> int:
             x = (torch.randn(m, n, device=device) * 3).to(torch.bfloat16)
             ref = torch.softmax(x[:64].double(), -1)
             base_err = (torch.softmax(x[:64], -1).double() - ref).abs().max().item()
-            providers = [("cluster", lambda t: sg.softmax_fwd(t))]
+            providers = [] if args.fwd_only_smem else [("cluster", lambda t: sg.softmax_fwd(t))]
             pick = sg.config(n)[0]
-            providers += [(f"cluster-{c}", lambda t, c=c: sg.softmax_fwd(t, ctas=c))
-                          for c in map(int, args.ctas.split(",")) if c != pick]
-            # the shared-memory form: smem_config's cluster size, the --ctas sizes, and 4 warps a CTA
+            if not args.fwd_only_smem:
+                providers += [(f"cluster-{c}", lambda t, c=c: sg.softmax_fwd(t, ctas=c))
+                              for c in map(int, args.ctas.split(",")) if c != pick]
+            # the shared-memory form: smem_config's cluster size, the --ctas sizes, and 8 warps a CTA
             spick = sg.smem_config(n, x.element_size())[0]
             providers.append(("smem", lambda t: sg.softmax_fwd_smem(t)))
-            providers += [(f"smem-{c}", lambda t, c=c: sg.softmax_fwd_smem(t, ctas=c))
-                          for c in map(int, args.ctas.split(",")) if c != spick]
-            providers.append(("smem-w4", lambda t: sg.softmax_fwd_smem(t, warps=4)))
-            providers += [("hearth", hearth_softmax), ("compile", compiled)]
+            if not args.fwd_only_smem:
+                providers += [(f"smem-{c}", lambda t, c=c: sg.softmax_fwd_smem(t, ctas=c))
+                              for c in map(int, args.ctas.split(",")) if c != spick]
+                providers.append(("smem-w8", lambda t: sg.softmax_fwd_smem(t, warps=8)))
+            providers += [("hearth", hearth_softmax), ("hearth-triton", _unrouted(hearth_softmax)),
+                          ("compile", compiled)]
             for name, fn in providers:
                 row = {"rows": m, "cols": n, "dtype": "bfloat16", "provider": name, **meta}
                 if name.startswith("cluster"):
                     row["ctas"] = int(name.split("-")[1]) if "-" in name else pick
                 if name.startswith("smem"):
-                    row.update(form="smem", warps=4 if name == "smem-w4" else 8,
+                    row.update(form="smem", warps=8 if name == "smem-w8" else sg.SMEM_WARPS,
                                ctas=int(name.split("-")[1]) if name[5:].isdigit() else spick)
                 try:
                     # first call at the full shape: hearth picks its launch config on its first call for a
@@ -214,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                               f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', nan):.0f}")
     console.print(table)
     ce_table(args.out, meta, copy, device)
-    pick_check(args.out, meta, device)
+    bwd_table(args.out, meta, shapes, copy, device)
+    if not args.no_pick_check:
+        pick_check(args.out, meta, device)
     console.print(f"{time.time() - t0:.0f} s; rows appended to {args.out}")
     return 0
 
