@@ -114,3 +114,33 @@ def test_gpu_cross_entropy_routes_the_plain_loss_at_wide_aligned_vocabularies(mo
     calls.clear()
     ce.cross_entropy(torch.randn(4, v + 8, device="cuda", dtype=torch.bfloat16), t[:4])
     assert not calls
+
+
+@hopper_only
+def test_gpu_smem_out_of_range_targets_and_non_finite_ignored_rows():
+    """ce_rows_smem_ called with targets the caller did not check: one past V and one at 2^32 + 5 (which int32
+    would wrap onto column 5) give a nan loss and a gradient of plain softmax * scale (no -scale written
+    anywhere); an ignored row whose logits hold inf and nan gets loss 0 and a zero gradient; the other rows
+    stay within the rule."""
+    g = torch.Generator(device="cpu").manual_seed(11)
+    rows, v = 6, 131072
+    x = (torch.randn(rows, v, generator=g) * 3).to(torch.bfloat16)
+    x[2, 7], x[2, 9] = float("inf"), float("nan")
+    x = x.cuda()
+    t = torch.randint(0, v, (rows,), generator=g).cuda()
+    t[0], t[1], t[2] = v, 2**32 + 5, -100
+    work = x.clone()
+    loss = cg.ce_rows_smem_(work, t, grad_scale=0.5)
+    assert torch.isnan(loss[:2]).all() and loss[2].item() == 0.0
+    assert torch.count_nonzero(work[2]).item() == 0
+    soft = torch.softmax(x[:2].double(), -1) * 0.5
+    assert_close(work[:2], soft, torch.bfloat16, msg="out-of-range rows: softmax only",
+                 baseline=(torch.softmax(x[:2].float(), -1) * 0.5).to(torch.bfloat16))
+    ref_x = x[3:].double().requires_grad_()
+    ref = F.cross_entropy(ref_x, t[3:], reduction="none")
+    (ref.sum() * 0.5).backward()
+    base_x = x[3:].clone().requires_grad_()
+    base = F.cross_entropy(base_x, t[3:], reduction="none")
+    (base.sum() * 0.5).backward()
+    assert_close(loss[3:], ref.detach(), torch.bfloat16, msg="loss", baseline=base.detach().float())
+    assert_close(work[3:], ref_x.grad, torch.bfloat16, msg="grad", baseline=base_x.grad)

@@ -193,11 +193,44 @@ def test_exchange_ptx_stores_one_pair_per_cta_and_reads_them_all():
     assert "barrier.cluster.arrive.relaxed" in sg.START and "wait" not in sg.START
 
 
-def test_serves_only_cuda_rows_with_route_on():
-    """The routing rule answers False for a CPU tensor (no GPU to serve it) and for rows that are not
-    2-D with unit column stride, whatever ROUTE says."""
-    x = torch.zeros(2, 131072, dtype=torch.bfloat16)
-    assert not sg.serves(x) and not sg.serves(x.t()) and not sg.serves(x[None])
+def test_routing_rule_shapes_dtypes_alignment_and_shared_memory():
+    """rows_fit, the shape side of `serves` (a pure function, so the CPU checks it): 2-D rows with unit column
+    stride, a served dtype, 32768 < width <= 262144, 16-byte aligned pointer / width / row stride, and the
+    backward's two rows fitting 16 CTAs' shared memory (not fp32 at 262144); `serves` is False off CUDA."""
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert sg.rows_fit(bf16, (8, 131072), (131072, 1), 4096)
+    assert sg.rows_fit(bf16, (8, 262144), (262144, 1), 0, inputs=2)
+    assert sg.rows_fit(fp32, (8, 262144), (262144, 1), 0) and not sg.rows_fit(fp32, (8, 262144), (262144, 1), 0, 2)
+    assert sg.rows_fit(fp32, (8, 131072), (131072, 1), 0, inputs=2)
+    assert not sg.rows_fit(bf16, (8, 32768), (32768, 1), 0)  # the one-pass kernel's widths
+    assert sg.rows_fit(bf16, (8, 32768 + 16), (32768 + 16, 1), 0)
+    assert not sg.rows_fit(bf16, (8, 262144 + 16), (262144 + 16, 1), 0)
+    assert not sg.rows_fit(bf16, (8, 131072), (1, 8), 0)  # column stride
+    assert not sg.rows_fit(bf16, (2, 8, 131072), (8 * 131072, 131072, 1), 0)  # 3-D
+    assert not sg.rows_fit(torch.float64, (8, 131072), (131072, 1), 0)
+    assert not sg.rows_fit(bf16, (8, 131072 + 8), (131072 + 8, 1), 0)  # width
+    assert not sg.rows_fit(bf16, (8, 131072), (131072 + 8, 1), 0)  # row stride
+    assert not sg.rows_fit(bf16, (8, 131072), (131072, 1), 8)  # pointer
+    x = torch.zeros(2, 131072, dtype=bf16)
+    assert sg.rows_fit(x.dtype, tuple(x.shape), tuple(x.stride()), x.data_ptr() - x.data_ptr() % 16)
+    assert not sg.serves(x)
+
+
+def test_kernels_import_without_gluon():
+    """hearth.kernels imports on a Triton without Gluon (the package allows older ones): softmax and
+    cross_entropy then keep every row on their Triton kernels."""
+    script = r"""
+import importlib.abc, json, sys
+class NoGluon(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.startswith("triton.experimental.gluon"):
+            raise ImportError("no gluon here")
+sys.meta_path.insert(0, NoGluon())
+import hearth.kernels
+sm, ce = sys.modules["hearth.kernels.softmax"], sys.modules["hearth.kernels.cross_entropy"]
+print(json.dumps([sm.sg is None, ce.sg is None, ce.cg is None]))
+"""
+    assert run_offline(script) == [True, True, True]
 
 
 def test_supported_and_bad_input_name_the_argument():
@@ -313,7 +346,6 @@ def test_smem_backward_names_bad_input():
         sg.softmax_bwd_smem(y, torch.zeros(2, 65536 + 8)[:, 1:65537])
     with pytest.raises(ValueError, match="y: the cluster softmax backward serves Hopper"):
         sg.softmax_bwd_smem(y, y)
-    assert not sg.serves(torch.zeros(2, 262144), inputs=2)
 
 
 @hopper_only
@@ -347,3 +379,27 @@ def test_gpu_softmax_routes_wide_aligned_rows_to_the_smem_form(monkeypatch):
     calls.clear()
     softmax(torch.randn(2, 131072, device="cuda", dtype=torch.bfloat16))
     assert not calls
+
+
+@pytest.mark.xdist_group("gpu_big")  # three ~4 GiB storages: one at a time (scripts/gpu/test.sh)
+@hopper_only
+def test_gpu_routed_rows_past_int32():
+    """Rows whose last one starts past element 2^31 (row stride below 2^31, so Triton passes it as int32):
+    softmax() routes them to the smem forms (the stride is a multiple of 16), which must widen row * stride
+    to int64; forward and backward against fp64."""
+    from hearth.kernels.softmax import softmax
+    from tests.kernels.tolerance import rows_past_int32
+
+    n = 65536
+    x = rows_past_int32(3, n, torch.bfloat16)
+    assert sg.serves(x) and sg.serves(x, inputs=2)
+    y = softmax(x)
+    ref = torch.softmax(x.double(), -1)
+    assert_close(y, ref, torch.bfloat16, msg="forward", baseline=torch.softmax(x, -1))
+    y_far, dy = rows_past_int32(3, n, torch.bfloat16), rows_past_int32(3, n, torch.bfloat16)
+    y_far.copy_(y)
+    dx = sg.softmax_bwd_smem(y_far, dy)
+    yd = y_far.double()
+    ref_dx = yd * (dy.double() - (yd * dy.double()).sum(-1, keepdim=True))
+    base = y_far.float() * (dy.float() - (y_far.float() * dy.float()).sum(-1, keepdim=True))
+    assert_close(dx, ref_dx, torch.bfloat16, msg="backward", baseline=base.to(torch.bfloat16))

@@ -63,9 +63,13 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels import cross_entropy_gluon as cg
-from hearth.kernels import softmax_gluon as sg
 from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms
+
+try:  # Gluon ships with Triton 3.6; without it every row stays on the Triton row kernel below
+    from hearth.kernels import cross_entropy_gluon as cg
+    from hearth.kernels import softmax_gluon as sg
+except (ImportError, AttributeError):  # pragma: no cover - the pinned Triton has it
+    cg = sg = None
 
 REDUCTIONS = ("mean", "sum", "none")
 # fp16 only: the forward stores g * FP16_STORE_SCALE (a power of two, so exact) to lift small softmax
@@ -285,7 +289,7 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
     elif write_grad and grad_scale is not None:
         scale_value = float(grad_scale)
 
-    if not (label_smoothing or z_loss or softcap is not None) and sg.serves(logits) and (
+    if sg is not None and not (label_smoothing or z_loss or softcap is not None) and sg.serves(logits) and (
             grad is None or grad is logits or sg.smem_aligned(grad)):
         # Hopper, a wide aligned vocabulary, the plain loss: the cluster kernel reads the row from HBM once
         # (softmax_gluon's routing note)

@@ -157,7 +157,9 @@ def _ce_rows_cluster_smem_kernel(
             scale = ttgl.load(Scale + row).to(ttgl.float32)
         else:
             scale = scale_value
-        t_off = t.to(ttgl.int32) - part * P  # [CTAS]: the target's column from this CTA's first one
+        # [CTAS]: the target's column from this CTA's first one; -1 (no column) for a target outside [0, n_cols),
+        # which int32 would otherwise wrap onto a column (2^32 + 5 -> 5)
+        t_off = ttgl.where(in_range, t, -1).to(ttgl.int32) - part * P
         gbase = Grad + row * stride_g + part[:, None] * P + c0
         if valid:
             g0 = ttgl.exp2((x0 - lse[:, None]) * 1.4426950408889634) * scale

@@ -422,14 +422,22 @@ def softmax_bwd_smem(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = No
 ROUTE = True  # False: the Triton kernels everywhere (the benchmarks' A/B switch; tests)
 
 
-def serves(t: torch.Tensor, inputs: int = 1) -> bool:
-    """Whether the shared-memory cluster form takes the rows of `t` (2-D, unit column stride): ROUTE on, a
-    Hopper GPU, a served dtype, MIN_COLS < width <= the register form's limit (the widths measured),
-    smem_aligned rows, and `inputs` such rows (2: the backward's y and dy) fitting SMEM_MAX_PART_BYTES a CTA
-    over MAX_CTAS CTAs (fp32 at 262144 columns does not, in the backward)."""
-    if not (ROUTE and t.is_cuda and t.dim() == 2 and t.stride(1) == 1 and t.dtype in DTYPES
-            and MIN_COLS < t.shape[1] <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD):
+def rows_fit(dtype: torch.dtype, shape: tuple, strides: tuple, pointer: int, inputs: int = 1) -> bool:
+    """The shape side of the routing rule, a pure function: 2-D rows with unit column stride, a served dtype,
+    MIN_COLS < width <= the register form's limit (the widths measured), 16-byte aligned rows (smem_aligned's
+    test on these numbers), and `inputs` such rows (2: the backward's y and dy) fitting SMEM_MAX_PART_BYTES a
+    CTA over MAX_CTAS CTAs (fp32 at 262144 columns does not, in the backward)."""
+    if not (len(shape) == 2 and strides[1] == 1 and dtype in DTYPES
+            and MIN_COLS < shape[1] <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD):
         return False
-    chunk = CHUNK_BYTES // t.element_size()
-    return (cdiv(cdiv(t.shape[1], MAX_CTAS), chunk) * CHUNK_BYTES * inputs <= SMEM_MAX_PART_BYTES
-            and _capability(_index(t.device))[0] == 9 and smem_aligned(t))
+    chunk = CHUNK_BYTES // dtype.itemsize
+    return (cdiv(cdiv(shape[1], MAX_CTAS), chunk) * CHUNK_BYTES * inputs <= SMEM_MAX_PART_BYTES
+            and pointer % 16 == 0 and shape[1] % 16 == 0 and strides[0] % 16 == 0)
+
+
+def serves(t: torch.Tensor, inputs: int = 1) -> bool:
+    """Whether the shared-memory cluster form takes the rows of `t`: ROUTE on, an NVIDIA Hopper GPU (not ROCm,
+    whose gfx9 parts also report major 9), and rows_fit."""
+    return (ROUTE and t.is_cuda and torch.version.hip is None
+            and rows_fit(t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr(), inputs)
+            and _capability(_index(t.device))[0] == 9)
