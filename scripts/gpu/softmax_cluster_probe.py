@@ -56,6 +56,18 @@ def _unrouted(fn):
     return call
 
 
+def _timing(tm, nbytes: int) -> dict:
+    """A provider row's timing fields from time_call's result: median / p20 / p80 ms and GB/s for `nbytes`
+    of traffic over the median."""
+    return dict(ms=tm.median_ms, p20_ms=tm.p20_ms, p80_ms=tm.p80_ms, gbps=nbytes / (tm.median_ms * 1e-3) / 1e9)
+
+
+def _write(f, row: dict) -> None:
+    """One JSON line per provider row, flushed (a probe cut short by its time limit keeps its rows)."""
+    f.write(json.dumps(row) + "\n")
+    f.flush()
+
+
 def _copy_gbps(device) -> float:
     a = torch.empty(2**30, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
@@ -131,12 +143,10 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
                             return work.detach().requires_grad_(name == "liger")
 
                         tm = time_call(lambda w, fn=fn: fn(w, t), [], device, setup=setup)
-                        row.update(ms=tm.median_ms, p20_ms=tm.p20_ms, p80_ms=tm.p80_ms,
-                                   gbps=2 * x.numel() * x.element_size() / (tm.median_ms * 1e-3) / 1e9)
+                        row.update(_timing(tm, 2 * x.numel() * x.element_size()))
                 except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
                     row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
-                f.write(json.dumps(row) + "\n")
-                f.flush()
+                _write(f, row)
                 nan = float("nan")
                 table.add_row(f"{n}x{v}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
                               f"{row.get('loss_err', nan):.1e} / {base_l:.1e}",
@@ -173,12 +183,10 @@ def bwd_table(out: str, meta: dict, shapes, copy: float, device) -> None:
                     row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-9)
                     if row["ok"]:
                         t = time_call(lambda fn=fn: fn(y, dy), [], device)
-                        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
-                                   gbps=3 * y.numel() * y.element_size() / (t.median_ms * 1e-3) / 1e9)
+                        row.update(_timing(t, 3 * y.numel() * y.element_size()))
                 except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
                     row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
-                f.write(json.dumps(row) + "\n")
-                f.flush()
+                _write(f, row)
                 nan = float("nan")
                 table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
                               f"{row.get('max_err', nan):.2e} ({base_err:.2e})" + ("" if row["ok"] else " WRONG"))
@@ -265,13 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-6)
                     if row["ok"]:
                         t = time_call(lambda fn=fn, x=x: fn(x), [], device)
-                        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
-                                   gbps=2 * x.numel() * x.element_size() / (t.median_ms * 1e-3) / 1e9,
+                        row.update(**_timing(t, 2 * x.numel() * x.element_size()),
                                    extra_mib=_peak_extra_mib(lambda fn=fn, x=x: fn(x), device))
                 except Exception as e:  # noqa: BLE001 -- a failing provider is a row, not the end of the probe
                     row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
-                f.write(json.dumps(row) + "\n")
-                f.flush()
+                _write(f, row)
                 err_text = f"{row.get('max_err', float('nan')):.2e} ({base_err:.2e})" + ("" if row["ok"] else " WRONG")
                 nan = float("nan")
                 table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",

@@ -264,6 +264,18 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 hopper_only = pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU of compute capability 9.x (Hopper)")
 
 
+def _special_rows(rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """[rows, n] CUDA values of `dtype` (rows >= 2): row 0 with a large spread (its first third 40 lower), the
+    last row's second half -inf (masked parts: a CTA whose columns are all -inf or past n), row 1's first
+    quarter -inf (a first part all -inf)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = (torch.randn(rows, n, generator=g) * 4).to(dtype)
+    x[0, : n // 3] -= 40
+    x[-1, n // 2:] = float("-inf")
+    x[1, : n // 4] = float("-inf")
+    return x.cuda()
+
+
 @hopper_only
 @pytest.mark.parametrize("rows, n, dtype, ctas", [
     (3, 262144, torch.bfloat16, None), (5, 151936, torch.bfloat16, None), (4, 65536 + 7, torch.float16, None),
@@ -272,12 +284,7 @@ def test_gpu_matches_reference(rows, n, dtype, ctas):
     """Against softmax in fp64 of the same values, within 2x PyTorch's own error in `dtype`; one row with a
     large spread, one with a tail of -inf (masked parts: a CTA whose columns are all -inf or past n), one
     whose first part is all -inf."""
-    g = torch.Generator(device="cpu").manual_seed(n)
-    x = (torch.randn(rows, n, generator=g) * 4).to(dtype)
-    x[0, : n // 3] -= 40
-    x[-1, n // 2:] = float("-inf")
-    x[1, : n // 4] = float("-inf")
-    x = x.cuda()
+    x = _special_rows(rows, n, dtype, seed=n)
     y = sg.softmax_fwd(x, ctas=ctas)
     ref = torch.softmax(x.double(), -1)
     assert_close(y, ref, dtype, msg="cluster softmax", baseline=torch.softmax(x, -1))
@@ -293,12 +300,7 @@ def test_gpu_smem_form_matches_reference(rows, n, dtype, ctas):
     """The shared-memory form against fp64, within 2x PyTorch's error, with the same special rows (a large
     spread, a tail of -inf, a first part all -inf); 40000 columns over 16 CTAs leaves whole chunks and
     whole CTAs past the row's end."""
-    g = torch.Generator(device="cpu").manual_seed(n + 1)
-    x = (torch.randn(rows, n, generator=g) * 4).to(dtype)
-    x[0, : n // 3] -= 40
-    x[-1, n // 2:] = float("-inf")
-    x[1, : n // 4] = float("-inf")
-    x = x.cuda()
+    x = _special_rows(rows, n, dtype, seed=n + 1)
     y = sg.softmax_fwd_smem(x, ctas=ctas)
     assert_close(y, torch.softmax(x.double(), -1), dtype, msg="cluster softmax (shared memory)",
                  baseline=torch.softmax(x, -1))
