@@ -488,3 +488,26 @@ def test_ce_rows_probe_smoke_mode_checks_each_config_against_fp32(tmp_path):
     assert all(r["ok"] and r["grad_err"] <= 1e-5 and r["median_ms"] > 0 for r in rows), rows
     with pytest.raises(SystemExit):
         main(["--smoke", "--out", str(out), "--configs", "2,128,4"])
+
+
+@pytest.mark.parametrize("path", ["eager", "functional"])
+def test_target_check_syncs_after_the_queued_device_work_and_before_the_kernel(monkeypatch, path):
+    """The target check's one sync comes after 1 / n_valid is queued (so the GPU is not left idle while the
+    host prepares it) and before the row kernel writes anything; a bad target still raises with the logits
+    untouched."""
+    order = []
+    for name in ("_plan", "_raise_bad", "_launch_rows"):
+        real = getattr(ce, name)
+        monkeypatch.setattr(ce, name, lambda *a, real=real, name=name, **k: order.append(name) or real(*a, **k))
+    x = torch.randn(4, 40, device=DEVICE)
+    t = torch.tensor([1, 2, -100, 39], device=DEVICE)
+    if path == "eager":
+        cross_entropy(x.clone().requires_grad_(), t).backward()
+    else:
+        torch.ops.hearth.cross_entropy_fwd(x, t, -100, 0.0, "mean", 0.0, 0.0, True)
+    assert order == ["_plan", "_raise_bad", "_launch_rows"], order
+    order.clear()
+    bad = x.clone().requires_grad_()
+    with pytest.raises(ValueError, match="target values must be in"):
+        cross_entropy(bad, torch.tensor([1, 2, 40, 0], device=DEVICE))
+    assert order == ["_plan", "_raise_bad"] and torch.equal(bad.detach(), x)

@@ -53,8 +53,8 @@ On Hopper, the plain loss (no label smoothing, z-loss or softcap) at a wide voca
 aligned (softmax_gluon.serves) runs the cluster kernel in Gluon instead (cross_entropy_gluon.ce_rows_smem_:
 the row split over a cluster of CTAs, each part held in shared memory, read from HBM once, the same scale
 modes and in-place or separate gradient); everything else runs the Triton row kernel below. H200, bf16,
-loss and gradient: 1.35x the Triton kernel at 8192 x 131072 (1.152 / 1.553 ms), 1.31x at 4096 x 262144,
-1.18x at 16384 x 151936.
+loss and gradient, the kernel alone: 1.30x the Triton kernel at 8192 x 131072 (1.196 / 1.553 ms), 1.28x at
+4096 x 262144, 1.17x at 16384 x 151936; through cross_entropy() and autograd 1.379 ms at 8192 x 131072.
 """
 
 from __future__ import annotations
@@ -277,25 +277,24 @@ def _config(n_cols: int) -> tuple[int, int]:
 
 def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss, softcap, grad_scale):
     """Run the row kernel. grad: tensor receiving the gradient (may be `logits` itself) or None."""
+    write_grad = grad is not None
+    if sg is not None and not (label_smoothing or z_loss or softcap is not None) and sg.serves(logits) and (
+            grad is None or grad is logits or sg.smem_aligned(grad)):
+        # Hopper, a wide aligned vocabulary, the plain loss: the cluster kernel reads the row from HBM once
+        # (softmax_gluon's routing note); first, so that nothing below is allocated or converted for it
+        return cg.ce_rows_smem_(logits, target, ignore_index=ignore_index,
+                                grad_scale=(1.0 if grad_scale is None else grad_scale) if write_grad else None,
+                                grad=grad)
     n_rows, n_cols = logits.shape
     loss = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     if n_rows == 0:
         return loss
-    write_grad = grad is not None
     scale_mode, scale_value, scale_ptr = _SCALE_VALUE, 1.0, loss  # loss: a dummy pointer, never read
     if write_grad and isinstance(grad_scale, torch.Tensor):
         scale_ptr = grad_scale.to(device=logits.device, dtype=torch.float32).contiguous()
         scale_mode = _SCALE_ROW_PTR if grad_scale.dim() == 1 else _SCALE_SCALAR_PTR
     elif write_grad and grad_scale is not None:
         scale_value = float(grad_scale)
-
-    if sg is not None and not (label_smoothing or z_loss or softcap is not None) and sg.serves(logits) and (
-            grad is None or grad is logits or sg.smem_aligned(grad)):
-        # Hopper, a wide aligned vocabulary, the plain loss: the cluster kernel reads the row from HBM once
-        # (softmax_gluon's routing note)
-        return cg.ce_rows_smem_(logits, target, ignore_index=ignore_index,
-                                grad_scale=(1.0 if grad_scale is None else grad_scale) if write_grad else None,
-                                grad=grad)
 
     def launch(cfg, x, g, t, out):
         programs_per_sm, block, warps, stages = cfg
@@ -366,14 +365,26 @@ def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
     )
 
 
-def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> torch.Tensor:
-    """Host check (ONE device->host sync): every non-ignored target lies in [0, V). Returns the mask
-    target != ignore_index, which _inv_n reuses: 5 small launches + the sync (8 with the 1/n before)."""
+def _target_flags(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Device side of the target check (no sync): (valid, bad) = (target != ignore_index, a valid target outside
+    [0, V)). The caller queues more device work, then calls _raise_bad before anything writes over the logits:
+    the sync then waits on that queued work instead of leaving the GPU idle while the host prepares it."""
     valid = target != ignore_index
-    bad = (target.clamp(0, n_cols - 1) != target) & valid  # outside [0, V): the clamp moved it
+    return valid, (target.clamp(0, n_cols - 1) != target) & valid  # outside [0, V): the clamp moved it
+
+
+def _raise_bad(target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int) -> None:
+    """Host side of the target check: ONE device->host sync; a ValueError naming the first bad target."""
     if bool(bad.any()):
         first = int(target[bad][0])
         raise ValueError(f"target values must be in [0, {n_cols}) or equal ignore_index={ignore_index}, found {first}")
+
+
+def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> torch.Tensor:
+    """Host check (ONE device->host sync): every non-ignored target lies in [0, V). Returns the mask
+    target != ignore_index, which _inv_n reuses: 5 small launches + the sync (8 with the 1/n before)."""
+    valid, bad = _target_flags(target, n_cols, ignore_index)
+    _raise_bad(target, bad, n_cols, ignore_index)
     return valid
 
 
@@ -418,14 +429,18 @@ def _backward_scale(grad_output, extra):
 class _CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad, check):
-        # the target check here, not before apply: its mask is reused for n_valid (one launch fewer)
-        valid = _check_targets(target, input.shape[1], ignore_index) if check else None
+        # the target check here, not before apply: its mask is reused for n_valid (one launch fewer); its
+        # sync comes after the device work queued before the kernel (a copy, 1 / n_valid) and before the
+        # kernel writes anything
+        valid, bad = _target_flags(target, input.shape[1], ignore_index) if check else (None, None)
         # rows that share memory (an expanded input, row stride < V) cannot each receive their own
         # in-place gradient: copy them, like a column stride != 1
         overlapping = input.shape[0] > 1 and input.stride(0) < input.shape[1]
         in_place_ok = input.stride(1) == 1 and not (write_grad and overlapping)
         logits = input if in_place_ok else input.contiguous()
         inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
+        if bad is not None:
+            _raise_bad(target, bad, input.shape[1], ignore_index)
         rows_loss = _launch_rows(
             logits, logits if write_grad else None, target, ignore_index=ignore_index,
             label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale,
@@ -459,10 +474,12 @@ def _ce_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Functional forward: (loss, grad [N, V] or empty [0], backward factor [] fp32). softcap 0 = off."""
     # runs at run time, even under compile (the op is opaque to the compiler)
-    valid = _check_targets(target, input.shape[1], ignore_index) if CHECK_TARGETS else None
+    valid, bad = _target_flags(target, input.shape[1], ignore_index) if CHECK_TARGETS else (None, None)
     inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
     logits = input if input.stride(1) == 1 else input.contiguous()
     grad = torch.empty(logits.shape, dtype=input.dtype, device=input.device) if with_grad else None
+    if bad is not None:  # the sync after the queued device work, before the kernel (see the eager forward)
+        _raise_bad(target, bad, input.shape[1], ignore_index)
     rows_loss = _launch_rows(
         logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
         z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale,
