@@ -135,20 +135,7 @@ def _ce_rows_cluster_smem_kernel(
     in_range = (t >= 0) & (t < n_cols)
     x_t = ttgl.load(Logits + row * stride + ttgl.where(in_range, t, 0), mask=in_range,
                     other=float("nan")).to(ttgl.float32)
-    mx = x0
-    for c in ttgl.static_range(1, CHUNKS):
-        async_copy.wait_group(CHUNKS - 1 - c)
-        x = buf.index(c).load(layout).to(ttgl.float32)
-        mx = ttgl.maximum(mx, ttgl.where(c0 < (left - c * CHUNK)[:, None], x, float("-inf")))
-    m_part = ttgl.maximum(ttgl.max(mx, 1), sg.LOWEST)
-    se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
-    for c in ttgl.static_range(1, CHUNKS):
-        x = buf.index(c).load(layout).to(ttgl.float32)
-        e = ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634)
-        se += ttgl.where(c0 < (left - c * CHUNK)[:, None], e, 0.0)
-    s_part = ttgl.sum(se, 1)
-    m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
-                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    m, s = sg._smem_row_stats(x0, buf, c0, left, CHUNK, CHUNKS, layout, EXCHANGE_ASM)
     lse = m + ttgl.log(s)
     ttgl.store(Loss + row + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=part == 0)
     if WRITE_GRAD:
@@ -190,13 +177,7 @@ def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     cluster size (softmax_gluon.smem_config's pick when None)."""
     _check(logits, target, smem=True)
     n, v = logits.shape
-    if grad is None:
-        grad = logits
-    elif (grad.shape != logits.shape or grad.dtype != logits.dtype or grad.device != logits.device
-          or grad.stride(1) != 1):
-        raise ValueError(f"grad must be {logits.dtype} {tuple(logits.shape)} on {logits.device} with unit column "
-                         f"stride, got {grad.dtype} {tuple(grad.shape)} on {grad.device}, "
-                         f"strides {tuple(grad.stride())}")
+    grad = logits if grad is None else sg._out_like(logits, grad, "grad")
     ctas, chunk, chunks = sg.smem_config(v, logits.element_size(), ctas)
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
     if n == 0:

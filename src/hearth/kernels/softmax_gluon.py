@@ -251,6 +251,30 @@ def smem_constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: 
 
 
 @gluon.jit
+def _smem_row_stats(x0, buf, c0, left, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr, layout: ttgl.constexpr,
+                    EXCHANGE_ASM: ttgl.constexpr):
+    """The row's (max, sum of exp(x - max)) in every CTA of the cluster, from this CTA's part: chunk 0 in
+    registers (x0, fp32), chunks 1.. in `buf` as their cp.async groups land (one group a chunk, issued in
+    order). Two sweeps with one cross-warp reduction each (elementwise maxima as the chunks land, then
+    elementwise sums of exp against the part's max), then the exchange. c0: the chunk's column offsets
+    ([1, CHUNK]); left: [CTAS], the row's columns from this CTA's first one (masks compare the two)."""
+    mx = x0
+    for c in ttgl.static_range(1, CHUNKS):
+        async_copy.wait_group(CHUNKS - 1 - c)  # chunk c has landed (the compiler adds the CTA barrier)
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        mx = ttgl.maximum(mx, ttgl.where(c0 < (left - c * CHUNK)[:, None], x, float("-inf")))
+    m_part = ttgl.maximum(ttgl.max(mx, 1), LOWEST)  # a part all -inf (or past n) is exchanged as LOWEST
+    se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
+    for c in ttgl.static_range(1, CHUNKS):
+        x = buf.index(c).load(layout).to(ttgl.float32)
+        e = ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634)
+        se += ttgl.where(c0 < (left - c * CHUNK)[:, None], e, 0.0)
+    s_part = ttgl.sum(se, 1)
+    return ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
+                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+
+
+@gluon.jit
 def _softmax_fwd_cluster_smem_kernel(
     X, Y, stride_x, stride_y, n_cols,
     CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
@@ -275,20 +299,7 @@ def _softmax_fwd_cluster_smem_kernel(
         async_copy.async_copy_global_to_shared(buf.index(c), X + row * stride_x + cols0 + c * CHUNK,
                                                mask=c0 < (left - c * CHUNK)[:, None])
         async_copy.commit_group()
-    mx = x0
-    for c in ttgl.static_range(1, CHUNKS):
-        async_copy.wait_group(CHUNKS - 1 - c)  # chunk c has landed (the compiler adds the CTA barrier)
-        x = buf.index(c).load(layout).to(ttgl.float32)
-        mx = ttgl.maximum(mx, ttgl.where(c0 < (left - c * CHUNK)[:, None], x, float("-inf")))
-    m_part = ttgl.maximum(ttgl.max(mx, 1), LOWEST)  # a part all -inf (or past n) is exchanged as LOWEST
-    se = ttgl.exp2((x0 - m_part[:, None]) * 1.4426950408889634)
-    for c in ttgl.static_range(1, CHUNKS):
-        x = buf.index(c).load(layout).to(ttgl.float32)
-        e = ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634)
-        se += ttgl.where(c0 < (left - c * CHUNK)[:, None], e, 0.0)
-    s_part = ttgl.sum(se, 1)
-    m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f", [m_part, s_part],
-                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    m, s = _smem_row_stats(x0, buf, c0, left, CHUNK, CHUNKS, layout, EXCHANGE_ASM)
     inv = 1.0 / s
     out = Y + row * stride_y + cols0
     y0 = ttgl.exp2((x0 - m[:, None]) * 1.4426950408889634) * inv[:, None]
@@ -321,6 +332,17 @@ def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
     check_rows(t, name, what, width)
 
 
+def _out_like(ref: torch.Tensor, out: torch.Tensor | None, name: str) -> torch.Tensor:
+    """A new row-contiguous tensor like `ref` when `out` is None; else `out` (called `name`), which must have
+    ref's shape, dtype and device and a unit column stride (a ValueError naming it otherwise)."""
+    if out is None:
+        return torch.empty_like(ref, memory_format=torch.contiguous_format)
+    if out.shape != ref.shape or out.dtype != ref.dtype or out.device != ref.device or out.stride(1) != 1:
+        raise ValueError(f"{name} must be {ref.dtype} {tuple(ref.shape)} on {ref.device} with unit column stride, "
+                         f"got {out.dtype} {tuple(out.shape)} on {out.device}, strides {tuple(out.stride())}")
+    return out
+
+
 def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = SMEM_WARPS,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax_fwd's contract through the shared-memory form (smem_config picks the cluster size when
@@ -329,11 +351,7 @@ def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = S
     check_smem_rows(x, "x", "the cluster softmax", "n")
     m, n = x.shape
     ctas, chunk, chunks = smem_config(n, x.element_size(), ctas)
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
-        raise ValueError(f"out must be {x.dtype} {tuple(x.shape)} on {x.device} with unit column stride, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device}, strides {tuple(out.stride())}")
+    out = _out_like(x, out, "out")
     if m == 0:
         return out
     with torch.cuda.device(x.device):
@@ -402,11 +420,7 @@ def softmax_bwd_smem(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = No
                          f"on {dy.device}")
     m, n = y.shape
     ctas, chunk, chunks = smem_config(n, y.element_size(), ctas, inputs=2)
-    if out is None:
-        out = torch.empty_like(y, memory_format=torch.contiguous_format)
-    elif out.shape != y.shape or out.dtype != y.dtype or out.device != y.device or out.stride(1) != 1:
-        raise ValueError(f"out must be {y.dtype} {tuple(y.shape)} on {y.device} with unit column stride, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device}, strides {tuple(out.stride())}")
+    out = _out_like(y, out, "out")
     if m == 0:
         return out
     with torch.cuda.device(y.device):
