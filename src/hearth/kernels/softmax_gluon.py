@@ -55,6 +55,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_CTAS = 16  # Triton's launcher sets the non-portable cluster size 16 (8 is the portable limit)
 ELEMENTS_PER_THREAD = 32  # register budget for one CTA's part of the row (fp32 values per thread)
 MIN_COLS = 32768  # narrower rows fit one program (softmax.py's one-pass kernels read them once already)
+MAX_COLS = MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD  # 262144: MAX_CTAS CTAs of 16 warps at that register budget
 SLOT_FLOATS = 1024  # the slot buffer (4 KiB: (m, s) pairs of up to MAX_CTAS CTAs), larger than the scratch
 LOG2E = 1.4426950408889634
 LOWEST = ttgl.constexpr(-3.4028234663852886e38)  # the lowest finite fp32: the max of a part that is all -inf
@@ -148,7 +149,7 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
     """Hopper, a served dtype, and a row wide enough to need more than one program and narrow enough for
     MAX_CTAS CTAs at ELEMENTS_PER_THREAD values a thread."""
     return (capability is not None and capability[0] == 9 and dtype in DTYPES
-            and MIN_COLS < n_cols <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD)
+            and MIN_COLS < n_cols <= MAX_COLS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -169,7 +170,7 @@ def check_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
     cap = _capability(_index(t.device)) if t.is_cuda else None
     if not supported(cap, t.dtype, t.shape[1]):
         raise ValueError(f"{name}: {what} serves Hopper, {', '.join(map(str, DTYPES))} and {MIN_COLS} < {width} "
-                         f"<= {MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD} columns; got {t.dtype}, "
+                         f"<= {MAX_COLS} columns; got {t.dtype}, "
                          f"{width} = {t.shape[1]}, capability {cap}")
 
 
@@ -315,7 +316,12 @@ def smem_aligned(t: torch.Tensor) -> bool:
     """Whether the shared-memory forms can copy `t`'s rows (2-D) 16 bytes at a time: the pointer 16-byte
     aligned, the width and the row stride multiples of 16 elements (what a launch specializes on; without
     it the copies of a 2-byte dtype would be 2 bytes, which cp.async does not have, and the build fails)."""
-    return t.data_ptr() % 16 == 0 and t.shape[1] % 16 == 0 and t.stride(0) % 16 == 0
+    return _aligned(t.data_ptr(), t.shape[1], t.stride(0))
+
+
+def _aligned(pointer: int, width: int, row_stride: int) -> bool:
+    """smem_aligned's test on plain numbers (rows_fit uses it too)."""
+    return pointer % 16 == 0 and width % 16 == 0 and row_stride % 16 == 0
 
 
 def _check_aligned(t: torch.Tensor, name: str, what: str, width: str) -> None:
@@ -442,11 +448,11 @@ def rows_fit(dtype: torch.dtype, shape: tuple, strides: tuple, pointer: int, inp
     test on these numbers), and `inputs` such rows (2: the backward's y and dy) fitting SMEM_MAX_PART_BYTES a
     CTA over MAX_CTAS CTAs (fp32 at 262144 columns does not, in the backward)."""
     if not (len(shape) == 2 and strides[1] == 1 and dtype in DTYPES
-            and MIN_COLS < shape[1] <= MAX_CTAS * 16 * 32 * ELEMENTS_PER_THREAD):
+            and MIN_COLS < shape[1] <= MAX_COLS):
         return False
     chunk = CHUNK_BYTES // dtype.itemsize
     return (cdiv(cdiv(shape[1], MAX_CTAS), chunk) * CHUNK_BYTES * inputs <= SMEM_MAX_PART_BYTES
-            and pointer % 16 == 0 and shape[1] % 16 == 0 and strides[0] % 16 == 0)
+            and _aligned(pointer, shape[1], strides[0]))
 
 
 def serves(t: torch.Tensor, inputs: int = 1) -> bool:
