@@ -366,6 +366,52 @@ def test_one_trained_parameter_gets_its_gradient(trained):
         assert_close(b.grad, dbr, torch.float32, msg="db")
 
 
+_BF, _F16, _F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.mark.parametrize("wdt, bdt", [(_BF, _BF), (_F16, _F16), (_F32, _F32), (_BF, _F32), (_F32, _BF), (_BF, _F16)],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_eager_backward_casts_weight_and_bias_grads_once(wdt, bdt, monkeypatch):
+    """Weight and bias of one 16-bit dtype: their gradients come from ONE cast of the [2, N] fp32 sums (a cast
+    each before, db's in the autograd backward), bit for bit the values of before (each fp32 sum cast on its
+    own: the cast is elementwise); other pairs cast only what is not fp32. The gradients are the sums' (or the
+    cast's) own views: autograd stores them as they are, no clone."""
+    torch.manual_seed(27)
+    x = (torch.randn(13, 96, device=DEVICE) + 1).to(wdt).requires_grad_()
+    w = (1 + 0.1 * torch.randn(96, device=DEVICE)).to(wdt).requires_grad_()
+    b = (0.1 * torch.randn(96, device=DEVICE)).to(bdt).requires_grad_()
+    dy = torch.randn(13, 96, device=DEVICE).to(wdt)
+    torch.autograd.backward([layer_norm(x, w, b)], [dy])  # one backward first: a GPU picks its configs on it
+    x.grad = w.grad = b.grad = None
+    y = layer_norm(x, w, b)
+    with _AtenOps().watch(monkeypatch, "layer_norm") as ops:  # (the interpreter's own aten ops not counted)
+        torch.autograd.backward([y], [dy])
+    assert len(ops.launches) == 1, ops.launches
+    casts = {wdt, bdt} - {torch.float32}  # the dtypes that the fp32 sums are cast to, once each
+    assert ops.seen.count("_to_copy") == len(casts) and ops.seen.count("sum") == 1, ops.seen
+    assert not {"clone", "copy_"} & set(ops.seen), ops.seen
+    assert x.grad.dtype == wdt and w.grad.dtype == wdt and b.grad.dtype == bdt
+    _y, mean, rstd = ln._forward(x.detach(), w.detach(), b.detach(), 1e-5)
+    dx, dw, db32 = ln._backward(dy, x.detach(), w.detach(), mean, rstd)  # the default: dbias in fp32
+    assert db32.dtype == torch.float32
+    torch.testing.assert_close(x.grad, dx, rtol=0, atol=0)
+    torch.testing.assert_close(w.grad, dw, rtol=0, atol=0)
+    torch.testing.assert_close(b.grad, db32.to(bdt), rtol=0, atol=0)
+    dxr, dwr, dbr = _fp64(x, w, b, dy)
+    assert_close(w.grad, dwr, wdt, msg="dw")
+    assert_close(b.grad, dbr, bdt, msg="db")
+
+
+@pytest.mark.parametrize("wdt, bdt", [(_BF, _BF), (_F32, _BF), (_BF, _F32)], ids=lambda d: str(d).replace("torch.", ""))
+def test_zero_rows_give_zero_param_grads_in_their_dtypes(wdt, bdt):
+    x = torch.randn(0, 8, device=DEVICE, dtype=wdt, requires_grad=True)
+    w = torch.randn(8, device=DEVICE, dtype=wdt, requires_grad=True)
+    b = torch.randn(8, device=DEVICE, dtype=bdt, requires_grad=True)
+    layer_norm(x, w, b).sum().backward()
+    assert w.grad.dtype == wdt and b.grad.dtype == bdt
+    assert not w.grad.any() and not b.grad.any()
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU: the model shapes of issue 17, every candidate at the real grid
 # ----------------------------------------------------------------------------------------------
@@ -431,7 +477,7 @@ if group.startswith("bwd"):
     _, dt, n = group.split("_")
     n = int(n)
     sig = {"dy_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
-           "dx_ptr": f"*{dt}", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "M": "i32", "N": "i32",
+           "dx_ptr": f"*{dt}", "partial_ptr": "*fp32", "M": "i32", "N": "i32",
            "tiles_per_program": "i32", "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
     for _, block_m, pps, warps, stages in [c for c in ln._ln_bwd_candidates(n) if c[0] == "tile"]:
         const = dict(BLOCK_M=block_m, BLOCK_N=n, NUM_STAGES=stages, COMPUTE_DW=True)
@@ -440,7 +486,7 @@ if group.startswith("bwd"):
 elif group == "wide":  # the untimed default of the widest rows, one-row kernel (these spill: not checked)
     for dt, n in (("bf16", 65536),):
         sig = {"dy_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32",
-               "dx_ptr": f"*{dt}", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "M": "i32", "N": "i32",
+               "dx_ptr": f"*{dt}", "partial_ptr": "*fp32", "M": "i32", "N": "i32",
                "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
         _, _, pps, warps, stages = ln._ln_bwd_candidates(n)[0]
         const = dict(BLOCK_N=n, ROWS_PER_PROGRAM=16, NUM_STAGES=stages, COMPUTE_DW=True)

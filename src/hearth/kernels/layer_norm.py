@@ -13,8 +13,11 @@ At 65536x1024 bf16 (Qwen3-0.6B width) that is 128 MiB + 192 MiB = 320 MiB, ~0.08
 
 Weight and bias gradients are reduced in two stages like rms_norm (no atomics, LESSON 5): a persistent
 grid of G programs keeps fp32 partial dw and db in registers; both partials share one [2, G, N] buffer,
-so one allocation and one column sum finish them. A frozen norm (weight and bias need no gradient, e.g.
-under LoRA) skips that work entirely (COMPUTE_DW: no accumulation, no buffer, no sum).
+passed to the kernel as one pointer, so one allocation and one column sum finish them (and one cast, when
+weight and bias share a 16-bit dtype). An eager fwd+bwd with trained bf16 weight and bias is then 2 Triton
+launches + 1 sum + 1 cast, and y, mean, rstd, dx and the partials (+ the sum's and the cast's results). A
+frozen norm (weight and bias need no gradient, e.g. under LoRA) skips that work entirely (COMPUTE_DW: no
+accumulation, no buffer, no sum).
 
 Launch configs are rms_norm's machinery (_common.pick_config, timed once per width on the GPU; the first
 candidate is the CPU / interpreter default): one row per program or, for rows up to NARROW_MAX_BLOCK wide,
@@ -134,7 +137,7 @@ def _layer_norm_fwd_rows_kernel(
 @triton.jit
 def _layer_norm_bwd_kernel(
     # pointers
-    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
     # shapes
     M, N,
     # strides
@@ -143,8 +146,10 @@ def _layer_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see rms_norm.persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
-    COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: the partial pointers are unused
+    COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: partial_ptr is unused
 ):
+    """partial_ptr: the [2, G, N] fp32 partials of the G = num_programs programs, dw's in rows 0..G-1 and db's in
+    rows G..2G-1 (one pointer: no views of the buffer to make on the host per call)."""
     pid = tl.program_id(0)
     row_start = pid * ROWS_PER_PROGRAM
     cols = tl.arange(0, BLOCK_N)
@@ -172,14 +177,14 @@ def _layer_norm_bwd_kernel(
             dw_acc += dy * xhat
             db_acc += dy
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
-        tl.store(db_partial_ptr + pid * N + cols, db_acc, mask=col_mask)
+        tl.store(partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+        tl.store(partial_ptr + (tl.num_programs(0) + pid) * N + cols, db_acc, mask=col_mask)
 
 
 @triton.jit
 def _layer_norm_bwd_rows_kernel(
     # pointers
-    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
     # shapes
     M, N,
     tiles_per_program,  # a runtime trip count: one compiled variant for every M
@@ -189,14 +194,15 @@ def _layer_norm_bwd_rows_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
-    COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: the partial pointers are unused
+    COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: partial_ptr is unused
 ):
     """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _layer_norm_bwd_kernel per row.
 
     Each program walks tiles_per_program consecutive tiles; the per-row sums sum(dy*w) and sum(dy*w*xhat)
     are reductions along axis 1, and dw / db are accumulated elementwise in [BLOCK_M, BLOCK_N] fp32 tiles
     (no cross-row reduction inside the loop), summed over their rows once at the end. Rows at or past M
-    load zeros (xhat is masked to 0): their dx is not stored and they add nothing to dw or db.
+    load zeros (xhat is masked to 0): their dx is not stored and they add nothing to dw or db. partial_ptr: the
+    [2, G, N] partials as in _layer_norm_bwd_kernel.
     """
     pid = tl.program_id(0)
     row_start = pid.to(tl.int64) * tiles_per_program * BLOCK_M
@@ -223,8 +229,8 @@ def _layer_norm_bwd_rows_kernel(
             dw_acc += dy * xhat
             db_acc += dy
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
-        tl.store(db_partial_ptr + pid * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
+        tl.store(partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        tl.store(partial_ptr + (tl.num_programs(0) + pid) * N + cols, tl.sum(db_acc, axis=0), mask=col_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,9 +288,13 @@ def _forward(x, weight, bias, eps):
     return y, mean, rstd
 
 
-def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool = True):
-    """(dx, dweight in weight.dtype, dbias fp32). separate=True reduces dw and db into two tensors of their
-    own (a custom op's outputs may not share memory); the default (eager route) one launch for both.
+def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool = True,
+              db_dtype: torch.dtype | None = torch.float32):
+    """(dx, dweight in weight.dtype, dbias in db_dtype: fp32 by default and when None, which says the caller
+    does not use dbias). separate=True reduces dw and db into two tensors of their own (a custom op's outputs
+    may not share memory; dbias fp32 there); the default (eager route) one launch for both, and when dbias is
+    wanted in weight.dtype (the eager backward passes bias.dtype: a bf16 LayerNorm's weight and bias) one cast
+    of the [2, N] sums for both, instead of one cast each (the casts are elementwise: the same values).
     need_dw=False (weight and bias frozen): the kernel skips the dw / db accumulation, and there is no
     partial buffer and no reduction; dweight and dbias are then None."""
     n = x.shape[-1]
@@ -296,7 +306,7 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     if m == 0:
         if not need_dw:
             return dx, None, None
-        return dx, torch.zeros_like(weight), torch.zeros_like(weight, dtype=torch.float32)
+        return dx, torch.zeros_like(weight), torch.zeros_like(weight, dtype=db_dtype or torch.float32)
     block = _config(n)[0]
     dx2 = dx.view(-1, n)
 
@@ -306,19 +316,20 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
             grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
         else:
             grid, tiles_per_program = persistent_tile_grid(m, block_m, x.device, programs_per_sm)
-        # the dw and db partials share one buffer: one allocation and ONE column-sum launch reduce both;
-        # without dw the kernel never touches the partial pointers: rstd stands in for them
+        # the dw and db partials share one buffer: one allocation and ONE column-sum launch reduce both; the
+        # kernel takes the whole buffer (db's half at row G), so no views of it are made per call. Without dw
+        # the kernel never touches the partial pointer: rstd stands in for it
         partial = torch.empty((2, grid, n), dtype=torch.float32, device=x.device) if need_dw else None
-        dw_p, db_p = (partial[0], partial[1]) if need_dw else (rstd, rstd)
+        partial_arg = partial if need_dw else rstd
         if kind == "row":
             _layer_norm_bwd_kernel[(grid,)](
-                dy2, x2, weight, mean, rstd, dx2, dw_p, db_p, m, n,
+                dy2, x2, weight, mean, rstd, dx2, partial_arg, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
                 ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         else:
             _layer_norm_bwd_rows_kernel[(grid,)](
-                dy2, x2, weight, mean, rstd, dx2, dw_p, db_p, m, n, tiles_per_program,
+                dy2, x2, weight, mean, rstd, dx2, partial_arg, m, n, tiles_per_program,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
                 NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
@@ -330,8 +341,12 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     if not need_dw:
         return dx, None, None
     if not separate:
-        dw, db = partial.sum(1)  # views of one [2, N] result (dw's too when weight is fp32)
-        return dx, dw.to(weight.dtype), db
+        sums = partial.sum(1)  # [2, N] fp32; dw and db are views of it (or of its one cast)
+        if db_dtype == weight.dtype:
+            dw, db = (sums if sums.dtype == db_dtype else sums.to(db_dtype)).unbind(0)
+            return dx, dw, db
+        dw, db = sums.unbind(0)
+        return dx, dw.to(weight.dtype), (db if db_dtype is None else db.to(db_dtype))
     return dx, partial[0].sum(0).to(weight.dtype), partial[1].sum(0)
 
 
@@ -388,11 +403,12 @@ def _autograd_backward(ctx, dy, _dmean, _drstd):
     need_w, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     # one flag for both partials (they share one buffer and one reduction): frozen weight AND bias skip them
     need_dw = need_w or need_b
-    if ctx.eager:
-        dx, dw, db = _backward(dy, x, weight, mean, rstd, need_dw=need_dw)
-    else:
+    if ctx.eager:  # db comes back in bias.dtype (cast together with dw when the dtypes match)
+        dx, dw, db = _backward(dy, x, weight, mean, rstd, need_dw=need_dw, db_dtype=ctx.bias_dtype if need_b else None)
+    else:  # the op returns dbias in fp32
         dx, dw, db = torch.ops.hearth.layer_norm_bwd(dy, x, weight, mean, rstd, need_dw)
-    return dx, (dw if need_w else None), (db.to(ctx.bias_dtype) if need_b else None), None
+        db = db.to(ctx.bias_dtype) if need_b else None
+    return dx, (dw if need_w else None), (db if need_b else None), None
 
 
 # eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
