@@ -25,12 +25,6 @@
    kernel (HEARTH_MATMUL_TMA_DESC=device) in the forward's and the backward's operand layouts: median ms, host
    time per call, and the extra peak memory of one call next to the output's size (host: exactly the output;
    device: the output plus the descriptors' per-launch scratch). Writes OUT/tma_desc.json.
---grad-w-acc: instead of 1-3, linear_cross_entropy's per-chunk weight-gradient step grad_W[V, H] += g^T[V, C] @
-   x[C, H] at the chunks the headline and model-shape cases run: cuBLAS torch.mm (beta 0, no read of grad_W: the
-   floor) and addmm_ (beta 1, what linear_cross_entropy ran) against hearth's matmul_accumulate_ in every config,
-   C-read mode and programs per SM listed in ACC_VARIANTS (error against the fp64 sum, median ms, the traffic and
-   compute floors); then linear_cross_entropy fwd+bwd at those cases with GRAD_W_KERNEL "cublas" and "hearth".
-   Writes OUT/grad_w_acc.json.
 Writes OUT/matmul_lce_probe.json and OUT/matmul_lce_probe.png (GPU name, versions, date inside).
 """
 
@@ -284,95 +278,6 @@ def probe_lce_budgets(rows: list, budgets_mib: list[int]) -> None:
     console.print(table)
 
 
-# (label, tile kwargs, warps, stages, C-read mode, programs per SM) for --grad-w-acc
-def _acc_cfg(bm, bn, bk, split, warps, stages):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "EPILOGUE_SPLIT": split},
-                         num_warps=warps, num_stages=stages)
-
-
-ACC_VARIANTS = [
-    (f"{bm}x{bn}x{bk} s{st} w{wp}{' split' if sp else ''} mode{mode} p{pp}", _acc_cfg(bm, bn, bk, sp, wp, st), mode, pp)
-    # shared memory of each (sm_90 offline build, bytes; the limit is 232448 per program, 233472 per SM):
-    # 128x256x64 s3 213064, s2 163888; 256x128x64 s3 213064; 128x128x64 s4 196680, s3 131144, s2 98352
-    # (two programs fit an SM: p2); 128x128x128 s2 163888. 128x256x64 x 4 stages (262224) does not fit.
-    for (bm, bn, bk, sp, wp, st, pp) in [
-        (128, 256, 64, True, 8, 3, 1), (128, 256, 64, True, 8, 2, 1), (256, 128, 64, True, 8, 3, 1),
-        (128, 128, 64, False, 8, 4, 1), (128, 128, 64, True, 8, 3, 1), (128, 128, 64, True, 8, 2, 2),
-        (128, 128, 64, True, 4, 2, 2), (128, 128, 128, True, 8, 2, 1),
-    ]
-    for mode in (1, 2)
-]
-# (case, V, H, chunk rows C, tokens N): the headline trainable cases and the model suite's trainable ones
-GRAD_W_CASES = [("headline H4096 V131072", 131072, 4096, 448, 8192), ("headline H5120 V151936", 151936, 5120, 384, 8192),
-                ("Qwen3-0.6B", 151936, 1024, 384, 16384), ("Llama-3.1-8B", 128256, 4096, 448, 4096)]
-
-
-def probe_grad_w_acc(rows: list) -> None:
-    """--grad-w-acc (module docstring)."""
-    mm_mod = importlib.import_module("hearth.kernels.matmul")
-    lce_mod = importlib.import_module("hearth.kernels.linear_cross_entropy")
-    table = Table(title="grad_W[V, H] += g^T[V, C] @ x[C, H] (bf16): median ms")
-    for col in ("case (V x H x C)", "kernel", "rel err", "ms", "vs addmm_", "floor ms (traffic / compute)"):
-        table.add_column(col)
-    for name, v, h, c, _n in GRAD_W_CASES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        a = (torch.randn(c, v, device="cuda", generator=g) * 1e-2).to(torch.bfloat16).t()  # the logits chunk, transposed
-        b = torch.randn(c, h, device="cuda", generator=g).to(torch.bfloat16)
-        c0 = (torch.randn(v, h, device="cuda", generator=g) * 1e-2).to(torch.bfloat16)
-        ref = c0.double() + a.double() @ b.double()
-        scale = ref.abs().max().item()
-        traffic_ms = (2 * v * h * 2 + v * c * 2 + c * h * 2) / 4.3e12 * 1e3  # C read + write, A and B once; ~4.3 TB/s
-        compute_ms = 2 * v * h * c / 989e12 * 1e3  # dense bf16 peak
-        floor = f"{traffic_ms:.3f} / {compute_ms:.3f}"
-        out = c0.clone()
-        base_ms = None
-        for label, fn in (("cuBLAS mm (beta 0)", lambda: torch.mm(a, b, out=out)), ("cuBLAS addmm_ (beta 1)", lambda: out.addmm_(a, b))):
-            out.copy_(c0)
-            fn()
-            err = ((out.double() - (ref if "beta 1" in label else ref - c0.double())).abs().max() / scale).item()
-            ms = bench(fn)
-            if "beta 1" in label:
-                base_ms = ms
-            table.add_row(f"{name} ({v}x{h}x{c})", label, f"{err:.1e}", f"{ms:.3f}", "1.00x" if "beta 1" in label else "-", floor)
-            rows.append(dict(case="grad_w_acc", name=name, v=v, h=h, c=c, kernel=label, rel_err=err, ms=ms,
-                             traffic_floor_ms=traffic_ms, compute_floor_ms=compute_ms, correct=err < 1e-2))
-        for label, cfg, mode, pps in ACC_VARIANTS:
-            out.copy_(c0)
-            try:
-                assert mm_mod.matmul_accumulate_(a, b, out, config=cfg, mode=mode, programs_per_sm=pps)
-                torch.cuda.synchronize()
-            except Exception as exc:  # a config that does not fit this GPU: recorded, not fatal
-                table.add_row(f"{name} ({v}x{h}x{c})", label, "-", f"failed: {type(exc).__name__}", "-", floor)
-                rows.append(dict(case="grad_w_acc", name=name, v=v, h=h, c=c, kernel=label, error=str(exc)[:300], correct=False))
-                continue
-            err = ((out.double() - ref).abs().max() / scale).item()
-            ms = bench(lambda: mm_mod.matmul_accumulate_(a, b, out, config=cfg, mode=mode, programs_per_sm=pps))
-            table.add_row(f"{name} ({v}x{h}x{c})", label, f"{err:.1e}", f"{ms:.3f}", f"{base_ms / ms:.2f}x", floor)
-            rows.append(dict(case="grad_w_acc", name=name, v=v, h=h, c=c, kernel=label, rel_err=err, ms=ms,
-                             speedup_vs_addmm=base_ms / ms, traffic_floor_ms=traffic_ms, compute_floor_ms=compute_ms,
-                             correct=err < 1e-2))
-    console.print(table)
-    table = Table(title="linear_cross_entropy fwd+bwd bf16 (trainable): grad_W by cuBLAS addmm_ or hearth")
-    for col in ("case (N x H x V)", "GRAD_W_KERNEL", "median ms", "extra MiB total", "activation MiB"):
-        table.add_column(col)
-    try:
-        for name, v, h, c, n in GRAD_W_CASES:
-            x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_()
-            t = torch.randint(0, v, (n,), device="cuda")
-            for kernel in ("cublas", "hearth"):
-                lce_mod.GRAD_W_KERNEL = kernel
-                ms, total, grads = _lce_time_and_memory(x, w, t, c, [x, w])
-                table.add_row(f"{name} ({n}x{h}x{v})", kernel, f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
-                rows.append(dict(case="lce_grad_w_kernel", name=name, n=n, h=h, v=v, chunk_rows=c, grad_w_kernel=kernel,
-                                 median_ms=ms, extra_total_mib=total, extra_activation_mib=total - grads))
-            del x, w, t
-            torch.cuda.empty_cache()
-    finally:
-        lce_mod.GRAD_W_KERNEL = "hearth"
-    console.print(table)
-
-
 def plot(rows: list, path: Path) -> None:
     import matplotlib
 
@@ -402,8 +307,6 @@ def main() -> int:
     parser.add_argument("--skip-inspect", action="store_true")
     parser.add_argument("--tma-desc", action="store_true",
                         help="run only the TMA host- vs device-descriptor comparison (module docstring)")
-    parser.add_argument("--grad-w-acc", action="store_true",
-                        help="run only the weight-gradient accumulation comparison (module docstring)")
     parser.add_argument("--lce-budgets", default=None,
                         help="comma list of chunk budgets in MiB: run only the chunk-budget sweep (module docstring)")
     args = parser.parse_args()
@@ -429,12 +332,6 @@ def main() -> int:
         (args.out / "tma_desc.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         console.print(f"wrote {args.out}/tma_desc.json ({time.time() - start:.0f} s)")
         return 0 if all(r["correct"] for r in rows) else 1
-    if args.grad_w_acc:
-        probe_grad_w_acc(rows)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "grad_w_acc.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-        console.print(f"wrote {args.out}/grad_w_acc.json ({time.time() - start:.0f} s)")
-        return 0 if all(r["correct"] for r in rows if r["case"] == "grad_w_acc" and "error" not in r) else 1
     if budgets:
         probe_lce_budgets(rows, budgets)
         args.out.mkdir(parents=True, exist_ok=True)

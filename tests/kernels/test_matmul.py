@@ -9,7 +9,7 @@ import importlib
 import pytest
 import torch
 
-from hearth.kernels.matmul import matmul, matmul_accumulate_, matmul_into
+from hearth.kernels.matmul import matmul, matmul_into
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
 
 
@@ -42,43 +42,6 @@ def test_tma_kernel_every_layout(a_t, b_t, dtype, desc, monkeypatch):
     out = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
     matmul_into(a, b, out, backend="tma")
     assert_close(out, _ref(a, b), dtype)
-
-
-def _acc_case(m, n, k, dtype, a_t, b_t, seed):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(k, m, generator=g).t() if a_t else torch.randn(m, k, generator=g)
-    b = torch.randn(n, k, generator=g).t() if b_t else torch.randn(k, n, generator=g)
-    c0 = torch.randn(m, n, generator=g) * 4
-    return a.to(DEVICE, dtype), b.to(DEVICE, dtype), c0.to(DEVICE, dtype)
-
-
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True)])
-def test_accumulate_adds_into_out_every_layout(a_t, b_t, dtype, mode):
-    # out += a @ b: out's old values (non-zero, larger than the product) must be in the sum, once, and the
-    # edge tiles (40 x 72 is not a multiple of the interpreter's 16 x 32 tile) are summed and clipped like the rest.
-    # (True, False) is linear_cross_entropy's layout: A is the logits chunk transposed.
-    m, n, k = 40, 72, 24
-    a, b, c0 = _acc_case(m, n, k, dtype, a_t, b_t, seed=5)
-    out = c0.clone()
-    assert matmul_accumulate_(a, b, out, mode=mode)
-    ref = c0.double() + a.double() @ b.double()
-    assert_close(out, ref, dtype, f"mode {mode}", baseline=torch.addmm(c0, a, b))
-
-
-def test_accumulate_declines_what_tma_cannot_run_and_leaves_out_untouched():
-    a = torch.randn(8, 16, device=DEVICE)
-    b = torch.randn(16, 8, device=DEVICE)
-    out = torch.randn(8, 8, device=DEVICE)
-    before = out.clone()
-    assert not matmul_accumulate_(a, b, out)  # fp32: torch's addmm serves it
-    assert torch.equal(out, before)
-    a16, b16 = torch.randn(8, 3, device=DEVICE, dtype=torch.bfloat16), torch.randn(3, 8, device=DEVICE, dtype=torch.bfloat16)
-    out16 = torch.randn(8, 8, device=DEVICE, dtype=torch.bfloat16)
-    before16 = out16.clone()
-    assert not matmul_accumulate_(a16, b16, out16)  # 6-byte rows: TMA cannot describe a
-    assert torch.equal(out16, before16)
 
 
 def test_tma_refuses_unaligned_rows():
@@ -237,20 +200,6 @@ def test_gpu_real_shapes_bf16(size):
     ref = _ref(a, b)
     # bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds ~1e-6*sqrt(K).
     torch.testing.assert_close(out.float(), ref, atol=0.05 * k ** 0.5 / 8, rtol=1.6e-2)
-
-
-@gpu_only
-@pytest.mark.parametrize("mode", [1, 2])
-def test_gpu_accumulate_at_a_weight_gradient_chunk(mode):
-    # linear_cross_entropy's weight-gradient step at a real chunk: grad_W [V, H] += g^T [V, C] @ x [C, H],
-    # V = 32776 (not a tile multiple), H = 1032, C = 448, the default config on the GPU; against the fp64 sum
-    # of the same bf16 operands, PyTorch's addmm (cuBLAS, beta = 1) as the baseline error.
-    v, h, c = 32776, 1032, 448
-    a, b, c0 = _acc_case(v, h, c, torch.bfloat16, True, False, seed=6)
-    out = c0.clone()
-    assert matmul_accumulate_(a, b, out, mode=mode)
-    ref = c0.double() + a.double() @ b.double()
-    assert_close(out, ref, torch.bfloat16, f"mode {mode}", baseline=torch.addmm(c0, a, b))
 
 
 @gpu_only

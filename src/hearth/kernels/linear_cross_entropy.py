@@ -68,14 +68,10 @@ import triton.language as tl
 
 from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, num_sms
 from hearth.kernels.cross_entropy import _check_targets, _inv_n, check_loss_options
-from hearth.kernels.matmul import matmul_accumulate_
 
 EXTRA_MEMORY_BUDGET = 120 << 20  # one chunk of logits: the memory the fusion trades against grad_W passes
 CHUNK_ROW_MULTIPLE = 64  # GEMM row-tile granularity (cuBLAS / hearth tiles are 64 or 128 rows)
 SCALE_BLOCK = 4096
-# grad_W += g_c^T x_c for every chunk after the first: "hearth" (matmul_accumulate_, the C tile read while
-# the MMAs run, on Hopper; cuBLAS elsewhere) or "cublas" (addmm_ everywhere; the probe's A/B switch)
-GRAD_W_KERNEL = "hearth"
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -169,7 +165,7 @@ def _run_chunks(x, w, bias, target, *, ignore_index, label_smoothing, z_loss, so
         if gw is not None:
             if start == 0:
                 torch.mm(logits.t(), x_c, out=gw)
-            elif not (GRAD_W_KERNEL == "hearth" and gw.is_cuda and matmul_accumulate_(logits.t(), x_c, gw)):
+            else:
                 gw.addmm_(logits.t(), x_c)
         if gb is not None:
             gb += logits.sum(dim=0, dtype=torch.float32)

@@ -120,31 +120,13 @@ def _matmul_kernel(
 
 
 @triton.jit
-def _load_c_tile(c_desc, off_m, off_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr):
-    """C's [BLOCK_M, BLOCK_N] tile at (off_m, off_n) in fp32 (out-of-bounds parts read as 0); with
-    EPILOGUE_SPLIT the descriptor's block is half as wide, so two halves are loaded and joined (the inverse
-    of the split store)."""
-    if EPILOGUE_SPLIT:
-        c0 = c_desc.load([off_m, off_n]).to(tl.float32)
-        c1 = c_desc.load([off_m, off_n + BLOCK_N // 2]).to(tl.float32)
-        tile = tl.reshape(tl.join(c0, c1).permute(0, 2, 1), (BLOCK_M, BLOCK_N))
-    else:
-        tile = c_desc.load([off_m, off_n]).to(tl.float32)
-    return tile
-
-
-@triton.jit
 def _tma_persistent_tiles(
     a_desc, b_desc, c_desc, M, N, K,
     A_T: tl.constexpr, B_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
 ):
-    """The persistent tile loop of both TMA kernels (they differ only in where the descriptors come from).
-    ACCUMULATE 0: C = A @ B; 1: C += A @ B with the C tile loaded by TMA before the K loop as the fp32
-    accumulator's start; 2: the same sum with the C tile loaded after the K loop and added in the epilogue.
-    Either way the sum is rounded to C's dtype once, as cuBLAS addmm with beta=1 does."""
+    """The persistent tile loop of both TMA kernels (they differ only in where the descriptors come from)."""
     dtype = c_desc.dtype
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -157,10 +139,7 @@ def _tma_persistent_tiles(
         pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if ACCUMULATE == 1:
-            acc = _load_c_tile(c_desc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
             if A_T:
@@ -175,8 +154,6 @@ def _tma_persistent_tiles(
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        if ACCUMULATE == 2:
-            acc += _load_c_tile(c_desc, off_m, off_n, BLOCK_M, BLOCK_N, EPILOGUE_SPLIT)
         if EPILOGUE_SPLIT:
             halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
             c0, c1 = tl.split(halves)
@@ -199,10 +176,9 @@ def _matmul_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr,  # store C in two halves: halves the epilogue's shared memory
     NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    ACCUMULATE: tl.constexpr,  # 0: C = A @ B; 1 / 2: C += A @ B (see _tma_persistent_tiles)
 ):
     _tma_persistent_tiles(a_desc, b_desc, c_desc, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                          EPILOGUE_SPLIT, NUM_SMS, PRECISION, UPCAST, ACCUMULATE)
+                          EPILOGUE_SPLIT, NUM_SMS, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -217,7 +193,6 @@ def _matmul_tma_device_desc_kernel(
     A_T: tl.constexpr, B_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr, NUM_SMS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
 ):
     # The descriptors are built on the device: each program writes them into the global scratch
     # buffer Triton allocates per launch (triton.set_allocator).
@@ -234,7 +209,7 @@ def _matmul_tma_device_desc_kernel(
     else:
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[ldc, 1], block_shape=[BLOCK_M, BLOCK_N])
     _tma_persistent_tiles(a_desc, b_desc, c_desc, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                          EPILOGUE_SPLIT, NUM_SMS, PRECISION, UPCAST, ACCUMULATE)
+                          EPILOGUE_SPLIT, NUM_SMS, PRECISION, UPCAST)
 
 
 # ----------------------------------------------------------------------------------------- launcher
@@ -457,7 +432,7 @@ def _launch_tma(a, b, c, *, tuned: bool = True, plan: _TmaPlan | None = None):
     fixed = plan.fixed.get(key)
     if fixed is None:
         kernel = _matmul_tma_device_desc_kernel if device_desc else _matmul_tma_kernel
-        meta = dict(A_T=plan.a_t, B_T=plan.b_t, NUM_SMS=plan.sms, PRECISION=key[1], UPCAST=not tuned, ACCUMULATE=0)
+        meta = dict(A_T=plan.a_t, B_T=plan.b_t, NUM_SMS=plan.sms, PRECISION=key[1], UPCAST=not tuned)
         if tuned:
             # The plan's first launch goes through the autotuner (it benchmarks on the shape's first
             # call; each config's pre_hook sets the descriptors' block shapes); later ones reuse its pick.
@@ -529,55 +504,6 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, backend:
     handle = _launch_pointer(a, b, out, tuned=tuned)
     LAST_BACKEND = "pointer"
     return handle
-
-
-# C += A @ B (linear_cross_entropy's weight gradient, one token chunk at a time): one fixed config, not the
-# autotuner (a timed candidate would add into the caller's buffer again on every run).
-ACC_CONFIG = triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "EPILOGUE_SPLIT": True},
-                           num_stages=3, num_warps=8)
-ACC_MODE = 1  # where the C tile is read (see _tma_persistent_tiles)
-ACC_PROGRAMS_PER_SM = 1
-
-
-def matmul_accumulate_(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, config: triton.Config | None = None,
-                       mode: int | None = None, programs_per_sm: int | None = None) -> bool:
-    """out += a @ b in place on the Hopper TMA kernel, the fp32 sum rounded to out.dtype once (as
-    torch.addmm with beta=1). a [M, K], b [K, N] (either may be a transposed view), out [M, N] row-major,
-    same dtype, already validated. Returns False and leaves `out` untouched where the TMA kernel cannot run
-    these operands (not Hopper, fp32, layouts or alignment TMA cannot describe, or a TMA build failure):
-    the caller then uses torch's addmm_. Under the interpreter (CPU tests) it runs at the small test tile.
-    config / mode / programs_per_sm: probe overrides of ACC_CONFIG, ACC_MODE, ACC_PROGRAMS_PER_SM."""
-    tuned = a.device.type == "cuda" and not interpret_mode()
-    if tuned:
-        plan = _use_tma(a, b, out)
-    elif a.dtype in (torch.bfloat16, torch.float16):
-        plan = _tma_plan(a, b, out)
-        plan = plan if plan is not None and _aligned(a, b, out) else None
-    else:
-        plan = None
-    if plan is None:
-        return False
-    if tuned:
-        cfg = config or ACC_CONFIG
-        kwargs, warps, stages = cfg.kwargs, cfg.num_warps, cfg.num_stages
-    else:
-        kwargs, warps, stages = _INTERP_TMA, 4, 1
-    tiles = cdiv(plan.M, kwargs["BLOCK_M"]) * cdiv(plan.N, kwargs["BLOCK_N"])
-    grid = min(tiles, plan.sms * (programs_per_sm or ACC_PROGRAMS_PER_SM))
-    blocks = _block_shapes(plan.a_t, plan.b_t, kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"],
-                           kwargs["EPILOGUE_SPLIT"])
-    try:
-        _matmul_tma_kernel[(grid,)](
-            *plan.args(a, b, out, False, blocks), A_T=plan.a_t, B_T=plan.b_t, NUM_SMS=grid,
-            PRECISION=_precision(a.dtype), UPCAST=not tuned, ACCUMULATE=mode or ACC_MODE, num_warps=warps,
-            num_stages=stages, **kwargs)
-    except triton.CompilationError as exc:  # a toolchain that cannot build it: nothing was launched
-        if not tuned:
-            raise
-        warnings.warn(f"hearth.matmul_accumulate_: the TMA kernel failed to build ({str(exc)[:300]}); "
-                      "using torch's addmm", stacklevel=2)
-        return False
-    return True
 
 
 # ----------------------------------------------------------------------------------------- torch.library op
@@ -661,7 +587,7 @@ def inspect_kernels(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[st
 
 
 def compile_tma_offline(arch: int, dtype: torch.dtype, cfg: triton.Config, *, a_t: bool = False, b_t: bool = False,
-                        desc: str = "host", accumulate: int = 0):
+                        desc: str = "host"):
     """triton.compile one TMA kernel config for compute capability `arch` without a GPU, as a launch with
     these operand layouts would specialise it. desc "host": _matmul_tma_kernel, whose descriptor
     arguments are typed by element type and block shape (tensordesc<bf16[128, 64]>, what Triton's JIT
@@ -674,7 +600,7 @@ def compile_tma_offline(arch: int, dtype: torch.dtype, cfg: triton.Config, *, a_
     ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
     if ty is None:
         raise ValueError(f"dtype must be bfloat16 or float16 for the TMA kernel, got {dtype}")
-    const = dict(A_T=a_t, B_T=b_t, NUM_SMS=132, PRECISION="ieee", UPCAST=False, ACCUMULATE=accumulate, **cfg.kwargs)
+    const = dict(A_T=a_t, B_T=b_t, NUM_SMS=132, PRECISION="ieee", UPCAST=False, **cfg.kwargs)
     if desc == "host":
         blocks = _block_shapes(a_t, b_t, cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"],
                                cfg.kwargs["EPILOGUE_SPLIT"])
