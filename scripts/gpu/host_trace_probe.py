@@ -1,14 +1,18 @@
 """Where one op's wall time per call goes when calls run back to back (the harness's wall/call column).
 
     python scripts/gpu/host_trace_probe.py --op swiglu_mlp --shape 16384,1024,3072 [--iters 20] [--out DIR]
+    python scripts/gpu/host_trace_probe.py --op layer_norm --shape 12289,5120 --provider liger   # a peer, same trace
 
 Runs --iters fwd+bwd calls back to back (no sync between them, as a training loop would) under
 torch.profiler and prints: wall ms per call, the host ms inside the calls, and the CUDA runtime calls that
 block the host or allocate (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy*, cudaMalloc,
 cudaFree, cudaEventSynchronize) with their counts and host time, then the top ops by self CPU time. A
 host figure close to the wall time with a synchronising call in the list is a sync inside the op, not
-launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_entropy (N,H,V).
-Writes DIR/host_trace_<op>.txt when --out is given.
+launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_entropy (N,H,V), layer_norm and
+rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the harness's full mode). --provider
+hearth (default), liger (Liger-Kernel's function, where installed) or torch (eager PyTorch) for layer_norm and
+rms_norm. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
+Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
 """
 
 from __future__ import annotations
@@ -20,15 +24,42 @@ from pathlib import Path
 import torch
 
 BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMalloc", "cudaFree",
-            "cudaEventSynchronize", "cudaHostAlloc")
+            "cudaEventSynchronize", "cudaHostAlloc", "cuLaunchKernel", "cudaLaunchKernel")
 
 
-def _case(op: str, shape: list[int]):
+def _norm(op: str, provider: str):
+    """layer_norm / rms_norm as (x, weight, bias) -> y for one provider (eps 1e-5 and 1e-6)."""
+    import torch.nn.functional as F
+
+    if provider == "hearth":
+        import hearth.kernels as hk
+
+        return (lambda x, w, b: hk.layer_norm(x, w, b, 1e-5)) if op == "layer_norm" else (lambda x, w, b: hk.rms_norm(x, w, 1e-6))
+    if provider == "liger":
+        from liger_kernel.transformers import functional as lf
+
+        return (lambda x, w, b: lf.liger_layer_norm(x, w, b, 1e-5)) if op == "layer_norm" else (lambda x, w, b: lf.liger_rms_norm(x, w, 1e-6))
+    if provider == "torch":
+        return ((lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)) if op == "layer_norm"
+                else (lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6)))
+    raise SystemExit(f"--provider: one of hearth, liger, torch, got {provider!r}")
+
+
+def _case(op: str, shape: list[int], provider: str = "hearth"):
     import hearth.kernels as hk
 
     dev, dt = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *s, scale=1.0: (torch.randn(*s, device=dev, generator=g) * scale).to(dt)  # noqa: E731
+    if op in ("layer_norm", "rms_norm"):
+        m, n = shape
+        fn = _norm(op, provider)
+        x, w, b = rnd(m, n).requires_grad_(), (1 + rnd(n, scale=0.1)).requires_grad_(), rnd(n, scale=0.1).requires_grad_()
+        dy = rnd(m, n)
+        leaves = [x, w, b] if op == "layer_norm" else [x, w]
+        return leaves, lambda: fn(x, w, b), dy  # y.backward(dy): the harness's full mode
+    if provider != "hearth":
+        raise SystemExit(f"--provider {provider}: only layer_norm and rms_norm have peers here")
     if op == "swiglu_mlp":
         from hearth.kernels.swiglu import swiglu_mlp
 
@@ -37,16 +68,16 @@ def _case(op: str, shape: list[int]):
         ws = [rnd(i, h, scale=0.02).requires_grad_(), rnd(i, h, scale=0.02).requires_grad_(),
               rnd(h, i, scale=0.02).requires_grad_()]
         leaves = [x, *ws]
-        return leaves, lambda: swiglu_mlp(x, *ws).sum()
+        return leaves, lambda: swiglu_mlp(x, *ws).sum(), None
     if op == "matmul":
         m, k, n = shape
         a, b = rnd(m, k).requires_grad_(), rnd(k, n, scale=0.02).requires_grad_()
-        return [a, b], lambda: hk.matmul(a, b).float().sum()
+        return [a, b], lambda: hk.matmul(a, b).float().sum(), None
     if op == "linear_cross_entropy":
         n, h, v = shape
         x, w = rnd(n, h).requires_grad_(), rnd(v, h, scale=0.02).requires_grad_()
         t = torch.randint(0, v, (n,), device=dev, generator=g)
-        return [x, w], lambda: hk.linear_cross_entropy(x, w, t)
+        return [x, w], lambda: hk.linear_cross_entropy(x, w, t), None
     raise SystemExit(f"--op: unknown op {op!r}")
 
 
@@ -56,15 +87,16 @@ def main() -> None:
     p.add_argument("--shape", default="16384,1024,3072", help="comma-separated sizes (see the docstring)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=None)
+    p.add_argument("--provider", default="hearth", help="hearth, liger or torch (layer_norm and rms_norm only)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
-    leaves, step = _case(args.op, [int(s) for s in args.shape.split(",")])
+    leaves, step, grad = _case(args.op, [int(s) for s in args.shape.split(",")], args.provider)
 
     def call():
         for t in leaves:
             t.grad = None
-        step().backward()
+        step().backward(grad)
 
     for _ in range(3):
         call()
@@ -77,7 +109,7 @@ def main() -> None:
         host += time.perf_counter() - h0
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    lines = [f"{args.op} {args.shape} bf16 fwd+bwd, {args.iters} calls back to back on {torch.cuda.get_device_name()}"
+    lines = [f"{args.op} ({args.provider}) {args.shape} bf16 fwd+bwd, {args.iters} calls back to back on {torch.cuda.get_device_name()}"
              f" (torch {torch.__version__}): wall {wall / args.iters * 1e3:.3f} ms/call, host inside the calls"
              f" {host / args.iters * 1e3:.3f} ms/call"]
     from torch.profiler import ProfilerActivity, profile
@@ -100,7 +132,8 @@ def main() -> None:
     print(text)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"host_trace_{args.op}.txt").write_text(text + "\n")
+        name = args.op if args.provider == "hearth" else f"{args.op}_{args.provider}"
+        (Path(args.out) / f"host_trace_{name}_{args.shape.replace(',', 'x')}.txt").write_text(text + "\n")
 
 
 if __name__ == "__main__":
