@@ -119,7 +119,7 @@ def main() -> None:
             call()
         torch.cuda.synchronize()
     avgs = prof.key_averages()
-    lines.append("CUDA runtime calls that block or allocate (count per call, host us per call):")
+    lines.append("CUDA runtime calls that block, allocate or launch (count per call, host us per call):")
     found = False
     for e in avgs:
         if e.key.startswith(BLOCKING):
