@@ -21,6 +21,11 @@
    (trainable) and fewer, fuller row-kernel launches (frozen), against more activation memory. What decides
    the default budget (EXTRA_MEMORY_BUDGET, 120 MiB), which must stay well under torch.compile's (it
    materialises the logits: 2-2.4 GiB of activations at these shapes).
+--lce-rows R1,R2,...: as --lce-budgets, but with these exact rows per chunk, at the model-shape cases and the two
+   headline trainable cases (N 8192: H 4096 V 131072, H 5120 V 151936). What it asks: the budget sweep had 512-row
+   chunks fastest everywhere and 448- and 640-row chunks slower than 384 in the frozen case (69.4 and 69.5 ms
+   against 66.6 at Qwen3-14B), which points at the GEMMs' 256-row tiles; rows that are multiples of 256 (256 fits
+   every 120 MiB budget) may beat the budget's largest multiple of 64. Writes OUT/lce_rows.json.
 --tma-desc: instead of 1-3, the TMA matmul with host descriptors (the default) against the device-descriptor
    kernel (HEARTH_MATMUL_TMA_DESC=device) in the forward's and the backward's operand layouts: median ms, host
    time per call, and the extra peak memory of one call next to the output's size (host: exactly the output;
@@ -278,6 +283,32 @@ def probe_lce_budgets(rows: list, budgets_mib: list[int]) -> None:
     console.print(table)
 
 
+LCE_HEADLINE_CASES = [("headline H4096 V131072", 8192, 4096, 131072, False), ("headline H5120 V151936", 8192, 5120, 151936, False)]
+
+
+def probe_lce_rows(rows: list, chunk_rows: list[int]) -> None:
+    """--lce-rows: linear_cross_entropy fwd+bwd at LCE_MODEL_CASES and LCE_HEADLINE_CASES for each chunk size."""
+    table = Table(title="linear_cross_entropy fwd+bwd bf16 by rows per chunk")
+    for col in ("case", "chunk rows", "chunks", "logits chunk MiB", "median ms", "extra MiB total", "activation MiB"):
+        table.add_column(col)
+    for name, n, h, v, frozen in LCE_MODEL_CASES + LCE_HEADLINE_CASES:
+        x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_(not frozen)
+        t = torch.randint(0, v, (n,), device="cuda")
+        leaves = [x] if frozen else [x, w]
+        for chunk in chunk_rows:
+            ms, total, grads = _lce_time_and_memory(x, w, t, chunk, leaves)
+            chunks = -(-n // chunk)
+            chunk_mib = min(chunk, n) * v * 2 / MiB
+            table.add_row(name, str(chunk), str(chunks), f"{chunk_mib:.0f}", f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
+            rows.append(dict(case="linear_cross_entropy_rows", name=name, n=n, h=h, v=v, frozen=frozen, chunk_rows=chunk,
+                             chunks=chunks, logits_chunk_mib=chunk_mib, median_ms=ms, extra_total_mib=total,
+                             extra_activation_mib=total - grads))
+        del x, w, t
+        torch.cuda.empty_cache()
+    console.print(table)
+
+
 def plot(rows: list, path: Path) -> None:
     import matplotlib
 
@@ -307,6 +338,8 @@ def main() -> int:
     parser.add_argument("--skip-inspect", action="store_true")
     parser.add_argument("--tma-desc", action="store_true",
                         help="run only the TMA host- vs device-descriptor comparison (module docstring)")
+    parser.add_argument("--lce-rows", default=None,
+                        help="comma list of rows per chunk: run only the chunk-rows sweep (module docstring)")
     parser.add_argument("--lce-budgets", default=None,
                         help="comma list of chunk budgets in MiB: run only the chunk-budget sweep (module docstring)")
     args = parser.parse_args()
@@ -318,6 +351,14 @@ def main() -> int:
             parser.error(f"--lce-budgets: a comma list of whole MiB, got {args.lce_budgets!r}")
         if any(b <= 0 for b in budgets):
             parser.error(f"--lce-budgets: budgets must be positive, got {args.lce_budgets!r}")
+    chunk_rows = None
+    if args.lce_rows:
+        try:
+            chunk_rows = [int(r) for r in args.lce_rows.split(",")]
+        except ValueError:
+            parser.error(f"--lce-rows: a comma list of whole rows, got {args.lce_rows!r}")
+        if any(r <= 0 for r in chunk_rows):
+            parser.error(f"--lce-rows: rows must be positive, got {args.lce_rows!r}")
     if not torch.cuda.is_available():
         console.print("[bold red]this probe needs a CUDA GPU[/]")
         return 2
@@ -332,6 +373,12 @@ def main() -> int:
         (args.out / "tma_desc.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         console.print(f"wrote {args.out}/tma_desc.json ({time.time() - start:.0f} s)")
         return 0 if all(r["correct"] for r in rows) else 1
+    if chunk_rows:
+        probe_lce_rows(rows, chunk_rows)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "lce_rows.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        console.print(f"wrote {args.out}/lce_rows.json ({time.time() - start:.0f} s)")
+        return 0
     if budgets:
         probe_lce_budgets(rows, budgets)
         args.out.mkdir(parents=True, exist_ok=True)
