@@ -41,7 +41,9 @@ from hearth.kernels.cross_entropy import ce_rows_
 from hearth.kernels.softmax import softmax as hearth_softmax
 
 SHAPES = [(4096, 262144), (4096, 151936), (8192, 131072), (16384, 65536)]
-CE_SHAPES = [(8192, 131072), (16384, 151936), (4096, 262144)]
+# the 4096 x 152064 row (Qwen2.5-7B in the model-shape suite) is the suite's lowest copy bandwidth: 16 CTAs of 20 KiB
+# a row where 131072 takes 8 of 32 KiB (the --ctas sizes are timed too)
+CE_SHAPES = [(8192, 131072), (16384, 151936), (4096, 262144), (4096, 152064)]
 console = Console(width=160)
 
 
@@ -94,9 +96,10 @@ def _liger_ce():
     return liger_cross_entropy
 
 
-def ce_table(out: str, meta: dict, copy: float, device) -> None:
+def ce_table(out: str, meta: dict, copy: float, device, ctas: list[int]) -> None:
     """Cross-entropy fwd+bwd at CE_SHAPES (bf16): the loss and the gradient of the mean, each provider on a
-    fresh copy of the logits made outside the timed region (the hearth kernels write over them)."""
+    fresh copy of the logits made outside the timed region (the hearth kernels write over them). smem: the
+    shared-memory form at smem_config's cluster size, then at each of `ctas` (the --ctas sizes) besides it."""
     liger = _liger_ce()
     table = Table(title=f"cross-entropy fwd+bwd, bf16 (device copy {copy:.0f} GB/s)")
     for col in ("shape", "provider", "ms", "GB/s (read + write)", "loss err / torch", "grad err / torch"):
@@ -116,10 +119,12 @@ def ce_table(out: str, meta: dict, copy: float, device) -> None:
             base_g = (bx.grad.double() - ref_x.grad).abs().max().item()
             work = torch.empty_like(x)
             # each provider takes the logits and their targets (the check runs on the first k rows)
+            spick = sg.smem_config(v, x.element_size())[0]
             providers = [("cluster", lambda w, tt: cg.ce_rows_(w, tt, grad_scale=1.0 / n)),
-                         ("smem", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n)),
-                         ("smem-16", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, ctas=16)),
-                         ("smem-w8", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, warps=8)),
+                         ("smem", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n))]
+            providers += [(f"smem-{c}", lambda w, tt, c=c: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, ctas=c))
+                          for c in ctas if c != spick]
+            providers += [("smem-w8", lambda w, tt: cg.ce_rows_smem_(w, tt, grad_scale=1.0 / n, warps=8)),
                          ("hearth", lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n)),
                          ("hearth-triton", _unrouted(lambda w, tt: ce_rows_(w, tt, grad_scale=1.0 / n)))]
             if liger is not None:
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
                               f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', nan):.0f}")
     console.print(table)
-    ce_table(args.out, meta, copy, device)
+    ce_table(args.out, meta, copy, device, [int(c) for c in args.ctas.split(",")])
     bwd_table(args.out, meta, shapes, copy, device)
     if not args.no_pick_check:
         pick_check(args.out, meta, device)
