@@ -491,12 +491,12 @@ def test_ce_rows_probe_smoke_mode_checks_each_config_against_fp32(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["eager", "functional"])
-def test_target_check_syncs_after_the_queued_device_work_and_before_the_kernel(monkeypatch, path):
-    """The target check's one sync comes after 1 / n_valid is queued (so the GPU is not left idle while the
-    host prepares it) and before the row kernel writes anything; a bad target still raises with the logits
-    untouched."""
+def test_target_check_gates_the_kernel_and_is_awaited_after_its_launch(monkeypatch, path):
+    """The target check is queued as the kernel's gate after 1 / n_valid, the kernel is launched, and only then
+    does the host wait for the check (so the GPU is not left idle while the host prepares the launch). A bad
+    target still raises, and the gated kernel leaves the logits untouched (it ran, and wrote nothing)."""
     order = []
-    for name in ("_plan", "_raise_bad", "_launch_rows"):
+    for name in ("_plan", "_queue_check", "_launch_rows", "_finish_check"):
         real = getattr(ce, name)
         monkeypatch.setattr(ce, name, lambda *a, real=real, name=name, **k: order.append(name) or real(*a, **k))
     x = torch.randn(4, 40, device=DEVICE)
@@ -505,9 +505,29 @@ def test_target_check_syncs_after_the_queued_device_work_and_before_the_kernel(m
         cross_entropy(x.clone().requires_grad_(), t).backward()
     else:
         torch.ops.hearth.cross_entropy_fwd(x, t, -100, 0.0, "mean", 0.0, 0.0, True)
-    assert order == ["_plan", "_raise_bad", "_launch_rows"], order
+    assert order == ["_plan", "_queue_check", "_launch_rows", "_finish_check"], order
     order.clear()
     bad = x.clone().requires_grad_()
     with pytest.raises(ValueError, match="target values must be in"):
         cross_entropy(bad, torch.tensor([1, 2, 40, 0], device=DEVICE))
-    assert order == ["_plan", "_raise_bad"] and torch.equal(bad.detach(), x)
+    assert order == ["_plan", "_queue_check", "_launch_rows", "_finish_check"] and torch.equal(bad.detach(), x)
+
+
+@pytest.mark.parametrize("n_cols", [40, 9000])  # one chunk a row, and the wide config's several
+def test_gated_row_kernel_writes_nothing(n_cols):
+    """The row kernel with a non-zero gate writes no gradient over the logits (nor a separate buffer); with a
+    zero gate it gives exactly the ungated result."""
+    torch.manual_seed(0)
+    x = torch.randn(5, n_cols, device=DEVICE)
+    t = torch.tensor([1, 2, -100, n_cols - 1, 0], device=DEVICE)
+    kw = dict(ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, grad_scale=0.5)
+    work = x.clone()
+    ce._launch_rows(work, work, t, gate=torch.ones((), dtype=torch.int32, device=DEVICE), **kw)
+    assert torch.equal(work, x)
+    grad = torch.full_like(x, 7.0)
+    ce._launch_rows(x, grad, t, gate=torch.ones((), dtype=torch.int32, device=DEVICE), **kw)
+    assert torch.equal(grad, torch.full_like(x, 7.0))
+    ungated, gated = x.clone(), x.clone()
+    loss_u = ce._launch_rows(ungated, ungated, t, **kw)
+    loss_g = ce._launch_rows(gated, gated, t, gate=torch.zeros((), dtype=torch.int32, device=DEVICE), **kw)
+    assert torch.equal(loss_u, loss_g) and torch.equal(ungated, gated) and not torch.equal(gated, x)

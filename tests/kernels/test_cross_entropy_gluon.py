@@ -144,3 +144,37 @@ def test_gpu_smem_out_of_range_targets_and_non_finite_ignored_rows():
     (base.sum() * 0.5).backward()
     assert_close(loss[3:], ref.detach(), torch.bfloat16, msg="loss", baseline=base.detach().float())
     assert_close(work[3:], ref_x.grad, torch.bfloat16, msg="grad", baseline=base_x.grad)
+
+
+@hopper_only
+def test_gpu_smem_gate_writes_nothing_and_a_routed_bad_target_loses_no_logits():
+    """The routed kernel reads cross_entropy's gate: non-zero, no gradient is written (in place or into a
+    separate buffer); zero, the result is the ungated one bit for bit. Through cross_entropy at a routed width,
+    a bad target raises and the logits are as they were (the kernel was queued before the check was awaited)."""
+    from hearth.kernels import cross_entropy as ce_fn
+
+    g = torch.Generator(device="cpu").manual_seed(12)
+    rows, v = 8, 131072
+    x = (torch.randn(rows, v, generator=g) * 3).to(torch.bfloat16).cuda()
+    t = torch.randint(0, v, (rows,), generator=g).cuda()
+    t[3] = -100
+    one = torch.ones((), dtype=torch.int32, device="cuda")
+    zero = torch.zeros((), dtype=torch.int32, device="cuda")
+    work = x.clone()
+    cg.ce_rows_smem_(work, t, grad_scale=0.5, gate=one)
+    assert torch.equal(work, x)
+    sep = torch.full_like(x, 7.0)
+    cg.ce_rows_smem_(x, t, grad_scale=0.5, grad=sep, gate=one)
+    assert torch.equal(sep, torch.full_like(x, 7.0))
+    ungated, gated = x.clone(), x.clone()
+    loss_u = cg.ce_rows_smem_(ungated, t, grad_scale=0.5)
+    loss_g = cg.ce_rows_smem_(gated, t, grad_scale=0.5, gate=zero)
+    torch.cuda.synchronize()
+    assert torch.equal(loss_u, loss_g) and torch.equal(ungated, gated) and not torch.equal(gated, x)
+    bad_t = t.clone()
+    bad_t[5] = v
+    leaf = x.clone().requires_grad_()
+    with pytest.raises(ValueError, match=f"found {v}"):
+        ce_fn(leaf, bad_t)
+    torch.cuda.synchronize()
+    assert torch.equal(leaf.detach(), x)

@@ -233,13 +233,15 @@ def test_matmul_double_backward_matches_torch():
 # -------------------------------------------------------------------------- the cross-entropy forward
 def test_cross_entropy_forward_check_and_count_share_the_mask(launches):
     """The target check's mask (target != ignore_index) is reused for n_valid, the range test is one clamp,
-    and 1/n_valid is made in place: 12 torch ops in the forward (16 before), the one host sync kept."""
+    and 1/n_valid is made in place: 12 torch ops in the forward (16 before), the one host read of the check
+    kept (the count of bad targets, which also gates the kernel: one sum; on CUDA a pinned copy and an event
+    instead of the scalar read here)."""
     x = _leaf(8, 16)
     t = torch.randint(0, 16, (8,), device=DEVICE)
     with _AtenOps() as mode:
         hk.cross_entropy(x, t)
-    assert mode.work() == Counter({"ne": 2, "clamp": 1, "bitwise_and": 1, "any": 1, "_local_scalar_dense": 1,
-                                   "sum": 2, "clamp_": 1, "reciprocal_": 1, "empty": 1, "mul": 1}), mode.seen
+    assert mode.work() == Counter({"ne": 2, "clamp": 1, "bitwise_and": 1, "sum": 3, "_local_scalar_dense": 1,
+                                   "clamp_": 1, "reciprocal_": 1, "empty": 1, "mul": 1}), mode.seen
     assert launches[0] in (None, 1)
 
 

@@ -42,10 +42,11 @@ elif op == "smem":
 elif op == "ce_smem":
     # as cross_entropy routes a mean loss: the gradient in place, its scale (1 / n_valid) read from the device
     fn, args = cg._ce_rows_cluster_smem_kernel, {"Logits": f"*{dt}", "Grad": f"*{dt}", "Target": "*i64",
-                                                 "Loss": "*fp32", "Scale": "*fp32", "stride": "i32",
+                                                 "Loss": "*fp32", "Scale": "*fp32", "Gate": "*i32", "stride": "i32",
                                                  "stride_g": "i32", "n_cols": "i32", "ignore_index": "i32",
                                                  "scale_value": "fp32"}
-    const.update(WRITE_GRAD=True, SCALE_MODE=1)
+    # ... with the target check's gate (cross_entropy's default)
+    const.update(WRITE_GRAD=True, SCALE_MODE=1, GATED=True)
 elif op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"
@@ -55,7 +56,7 @@ else:
 sig = {**args, **{k: "constexpr" for k in const}}
 # as a launch specializes them on 16-byte aligned rows: the pointers and these ints divisible by 16
 aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-           if name in ("X", "Y", "DY", "DX", "Logits", "Grad", "Target", "Loss", "Scale", "stride_x", "stride_y",
+           if name in ("X", "Y", "DY", "DX", "Logits", "Grad", "Target", "Loss", "Scale", "Gate", "stride_x", "stride_y",
                        "stride_dy", "stride_dx", "stride", "stride_g", "n_cols")}
 k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})

@@ -79,7 +79,8 @@ FP16_STORE_SCALE = 2.0**12
 # Backward scaling kernel: tile width (columns) and persistent programs per SM.
 SCALE_BLOCK = 4096
 SCALE_PROGRAMS_PER_SM = 8
-# Host check of target range (one device->host sync per call). False skips it: the kernel stays
+# Host check of target range (one device->host wait per call, for the check alone: the check gates the row
+# kernel on the device, and the host waits for it after the launch, _queue_check). False skips it: the kernel stays
 # memory-safe (masked loads) and an out-of-range target then yields a nan loss instead of an error.
 CHECK_TARGETS = True
 # Row kernel on the CPU interpreter: programs per SM of the persistent grid (0 = one program per row).
@@ -126,7 +127,7 @@ def _capped(x, softcap, HAS_SOFTCAP: tl.constexpr):
 @triton.jit
 def _ce_rows_kernel(
     # pointers
-    logits_ptr, grad_ptr, target_ptr, loss_ptr, scale_ptr,
+    logits_ptr, grad_ptr, target_ptr, loss_ptr, scale_ptr, gate_ptr,
     # shapes and strides (elements; vocab has stride 1)
     n_rows, n_cols, stride_logits, stride_grad,
     # scalars
@@ -139,8 +140,11 @@ def _ce_rows_kernel(
     WRITE_GRAD: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     NUM_STAGES: tl.constexpr = 1,  # software-pipelining depth of the vocab loops (1: none)
+    GATED: tl.constexpr = False,  # *gate_ptr (int32) != 0: the caller's target check failed, touch nothing
 ):
     offs = tl.arange(0, BLOCK)
+    if GATED:  # no rows at all: the caller raises, and the logits (the gradient's buffer in place) stay as they were
+        n_rows = tl.where(tl.load(gate_ptr) == 0, n_rows, 0)
     # persistent: program p handles rows p, p + P, ... (P bounds the rows in flight, hence the
     # bytes between loop 1 reading a row and loop 2 re-reading it: keep that under L2)
     # int64 induction variable: row * stride exceeds 2^31 at real shapes (16384 x 151936)
@@ -275,8 +279,9 @@ def _config(n_cols: int) -> tuple[int, int]:
     raise AssertionError("unreachable: last limit is unbounded")
 
 
-def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss, softcap, grad_scale):
-    """Run the row kernel. grad: tensor receiving the gradient (may be `logits` itself) or None."""
+def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss, softcap, grad_scale, gate=None):
+    """Run the row kernel. grad: tensor receiving the gradient (may be `logits` itself) or None. gate: None,
+    or an int32 [] device tensor (_queue_check's): non-zero at run time, the kernel writes no gradient."""
     write_grad = grad is not None
     if sg is not None and not (label_smoothing or z_loss or softcap is not None) and sg.serves(logits) and (
             grad is None or grad is logits or sg.smem_aligned(grad)):
@@ -284,7 +289,7 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
         # (softmax_gluon's routing note); first, so that nothing below is allocated or converted for it
         return cg.ce_rows_smem_(logits, target, ignore_index=ignore_index,
                                 grad_scale=(1.0 if grad_scale is None else grad_scale) if write_grad else None,
-                                grad=grad)
+                                grad=grad, gate=gate)
     n_rows, n_cols = logits.shape
     loss = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     if n_rows == 0:
@@ -299,7 +304,7 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
     def launch(cfg, x, g, t, out):
         programs_per_sm, block, warps, stages = cfg
         _ce_rows_kernel[(_grid_rows(x.shape[0], x.device, programs_per_sm),)](
-            x, g if write_grad else x, t, out, scale_ptr,
+            x, g if write_grad else x, t, out, scale_ptr, out if gate is None else gate,
             x.shape[0], n_cols, x.stride(0), g.stride(0) if write_grad else 0,
             ignore_index, float(label_smoothing), float(z_loss), float(softcap or 1.0), scale_value,
             BLOCK=block,
@@ -309,6 +314,7 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
             WRITE_GRAD=write_grad,
             SCALE_MODE=scale_mode,
             NUM_STAGES=stages,
+            GATED=gate is not None,
             num_warps=warps,
             num_stages=stages,
         )
@@ -367,17 +373,48 @@ def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
 
 def _target_flags(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Device side of the target check (no sync): (valid, bad) = (target != ignore_index, a valid target outside
-    [0, V)). The caller queues more device work, then calls _raise_bad before anything writes over the logits:
-    the sync then waits on that queued work instead of leaving the GPU idle while the host prepares it."""
+    [0, V)). cross_entropy turns `bad` into the row kernel's gate (_queue_check) and waits for it after the
+    launch; linear_cross_entropy waits at once (_check_targets), before its first GEMM."""
     valid = target != ignore_index
     return valid, (target.clamp(0, n_cols - 1) != target) & valid  # outside [0, V): the clamp moved it
 
 
-def _raise_bad(target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int) -> None:
-    """Host side of the target check: ONE device->host sync; a ValueError naming the first bad target."""
-    if bool(bad.any()):
+def _raise_bad(target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int, any_bad: bool | None = None) -> None:
+    """Host side of the target check: ONE device->host sync (none when any_bad, the outcome, is given); a
+    ValueError naming the first bad target."""
+    if bool(bad.any()) if any_bad is None else any_bad:
         first = int(target[bad][0])
         raise ValueError(f"target values must be in [0, {n_cols}) or equal ignore_index={ignore_index}, found {first}")
+
+
+def _queue_check(bad: torch.Tensor):
+    """The target check as a gate on the kernel, so that the GPU is not left idle while the host waits for the
+    check and then prepares the launch. Returns (gate, pending): gate = the number of bad targets (int32 [] on
+    the device), which the row kernels read before they write anything (non-zero: no gradient is written, the
+    logits stay as they were); pending = on CUDA, that count's copy into pinned host memory and an event
+    recorded after it. Both are queued BEFORE the kernel: _finish_check then waits for the check only, while
+    the kernel is already queued behind it (None elsewhere: the interpreter runs in order)."""
+    gate = bad.sum(dtype=torch.int32)
+    if gate.device.type != "cuda":
+        return gate, None
+    host = torch.empty((), dtype=torch.int32, pin_memory=True)
+    host.copy_(gate, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(gate.device))
+    return gate, (host, done)
+
+
+def _finish_check(target: torch.Tensor, bad: torch.Tensor, gate: torch.Tensor, pending, n_cols: int,
+                  ignore_index: int) -> None:
+    """Host side of _queue_check, after the kernel's launch: waits for the count (not for the kernel), then
+    raises as _raise_bad does. The gated kernel wrote nothing, so a bad target loses no data."""
+    if pending is None:
+        n_bad = int(gate)
+    else:
+        host, done = pending
+        done.synchronize()
+        n_bad = int(host)
+    _raise_bad(target, bad, n_cols, ignore_index, any_bad=n_bad != 0)
 
 
 def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> torch.Tensor:
@@ -429,9 +466,8 @@ def _backward_scale(grad_output, extra):
 class _CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad, check):
-        # the target check here, not before apply: its mask is reused for n_valid (one launch fewer); its
-        # sync comes after the device work queued before the kernel (a copy, 1 / n_valid) and before the
-        # kernel writes anything
+        # the target check here, not before apply: its mask is reused for n_valid (one launch fewer); it gates
+        # the kernel on the device, and the host waits for it only after the launch (_queue_check)
         valid, bad = _target_flags(target, input.shape[1], ignore_index) if check else (None, None)
         # rows that share memory (an expanded input, row stride < V) cannot each receive their own
         # in-place gradient: copy them, like a column stride != 1
@@ -439,12 +475,13 @@ class _CrossEntropyInPlace(torch.autograd.Function):
         in_place_ok = input.stride(1) == 1 and not (write_grad and overlapping)
         logits = input if in_place_ok else input.contiguous()
         inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
-        if bad is not None:
-            _raise_bad(target, bad, input.shape[1], ignore_index)
+        gate, pending = _queue_check(bad) if bad is not None else (None, None)
         rows_loss = _launch_rows(
             logits, logits if write_grad else None, target, ignore_index=ignore_index,
-            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale,
+            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale, gate=gate,
         )
+        if bad is not None:
+            _finish_check(target, bad, gate, pending, input.shape[1], ignore_index)
         if write_grad:
             ctx.save_for_backward(logits, extra if extra is not None else inv_n)
             ctx.has_extra = extra is not None
@@ -478,12 +515,13 @@ def _ce_fwd_op(
     inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
     logits = input if input.stride(1) == 1 else input.contiguous()
     grad = torch.empty(logits.shape, dtype=input.dtype, device=input.device) if with_grad else None
-    if bad is not None:  # the sync after the queued device work, before the kernel (see the eager forward)
-        _raise_bad(target, bad, input.shape[1], ignore_index)
+    gate, pending = _queue_check(bad) if bad is not None else (None, None)  # the gated kernel (see the eager forward)
     rows_loss = _launch_rows(
         logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
-        z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale,
+        z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale, gate=gate,
     )
+    if bad is not None:
+        _finish_check(target, bad, gate, pending, input.shape[1], ignore_index)
     factor = extra if extra is not None else torch.ones((), dtype=torch.float32, device=input.device)
     if grad is None:
         grad = torch.empty(0, dtype=input.dtype, device=input.device)
@@ -572,7 +610,8 @@ def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, redu
     Raises:
         TypeError: input not float32/bf16/fp16, target not int64, or option of the wrong type.
         ValueError: wrong shapes, devices, empty input, bad option values, or a target outside [0, V)
-            that is not ignore_index (checked on the host: ONE device->host sync per call).
+            that is not ignore_index (ONE device->host wait per call, for the check only; the kernel, queued
+            behind the check, writes nothing when it fails, so the logits are left as they were).
     """
     check_tensor(input, "input", ndim=2)
     check_tensor(target, "target", dtypes=(torch.int64,), ndim=1, allow_empty=True)

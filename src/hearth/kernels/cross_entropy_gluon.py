@@ -103,17 +103,18 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
 
 @gluon.jit
 def _ce_rows_cluster_smem_kernel(
-    Logits, Grad, Target, Loss, Scale, stride, stride_g, n_cols, ignore_index, scale_value,
+    Logits, Grad, Target, Loss, Scale, Gate, stride, stride_g, n_cols, ignore_index, scale_value,
     CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
     layout: ttgl.constexpr, buf_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
-    WRITE_GRAD: ttgl.constexpr, SCALE_MODE: ttgl.constexpr,
+    WRITE_GRAD: ttgl.constexpr, SCALE_MODE: ttgl.constexpr, GATED: ttgl.constexpr,
 ):
     """softmax_gluon's shared-memory form with the loss and the gradient: chunk 0 in registers (its bytes at
     global_smem + 0 are the slots), chunks 1.. copied into shared memory by cp.async; the gradient
     (WRITE_GRAD) is written from those copies into Grad (the logits themselves for the in-place form), times
     the scale: scale_value (SCALE_MODE 0), *Scale (1) or Scale[row] (2), as cross_entropy's row kernel takes
     it. Masks and the target's column are compared against per-CTA offsets ([CTAS] vectors): full column
-    indices per chunk held live took the CTA to 76-94 registers."""
+    indices per chunk held live took the CTA to 76-94 registers. GATED: *Gate (int32) != 0 means the caller's
+    target check failed, and no gradient is written (the logits stay as they were; the caller raises)."""
     buf = ttgl.allocate_shared_memory(Logits.dtype.element_ty, [CHUNKS, CTAS, CHUNK], buf_shared)
     ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
     row = ttgl.program_id(0).to(ttgl.int64)
@@ -138,7 +139,11 @@ def _ce_rows_cluster_smem_kernel(
     m, s = sg._smem_row_stats(x0, buf, c0, left, CHUNK, CHUNKS, layout, EXCHANGE_ASM)
     lse = m + ttgl.log(s)
     ttgl.store(Loss + row + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=part == 0)
-    if WRITE_GRAD:
+    if GATED:
+        open_grad = ttgl.load(Gate) == 0
+    else:
+        open_grad = True
+    if WRITE_GRAD and open_grad:
         if SCALE_MODE == 1:
             scale = ttgl.load(Scale).to(ttgl.float32)
         elif SCALE_MODE == 2:
@@ -167,14 +172,16 @@ def _ce_rows_cluster_smem_kernel(
 
 def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
                   grad_scale: float | torch.Tensor | None = 1.0, grad: torch.Tensor | None = None,
-                  ctas: int | None = None, warps: int = sg.SMEM_WARPS) -> torch.Tensor:
+                  ctas: int | None = None, warps: int = sg.SMEM_WARPS, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row cross-entropy of `logits` [n, V] (unit column stride, rows softmax_gluon.smem_aligned, Hopper,
     V within `supported`) against `target` [n] int64, through the shared-memory form; returns fp32 [n] (0
     for ignored rows). grad_scale (a float, or an fp32 tensor [] or [n] on the logits' device; None: no
     gradient) times d loss_i / d logits_i is written into `grad` ([n, V] of the logits' dtype, unit column
     stride), or over `logits` in place when grad is None; ignored rows get zeros. Targets other than
     ignore_index must lie in [0, V) (an out-of-range one gives a nan loss, reading nothing). ctas: the
-    cluster size (softmax_gluon.smem_config's pick when None)."""
+    cluster size (softmax_gluon.smem_config's pick when None). gate: an int32 [] tensor on the device, or None;
+    when it holds a non-zero value at run time no gradient is written (cross_entropy queues its target check
+    into it, launches, and only then waits for the check: see _queue_check there)."""
     _check(logits, target, smem=True)
     n, v = logits.shape
     grad = logits if grad is None else sg._out_like(logits, grad, "grad")
@@ -193,7 +200,9 @@ def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         scale_value = float(grad_scale)
     with torch.cuda.device(logits.device):
         _ce_rows_cluster_smem_kernel[(n,)](
-            logits, grad, target.contiguous(), loss, scale_ptr, logits.stride(0), grad.stride(0), v, ignore_index,
-            scale_value, **sg.smem_constexprs(ctas, chunk, chunks, logits.element_size(), warps),
-            WRITE_GRAD=grad_scale is not None, SCALE_MODE=scale_mode, num_warps=warps, num_ctas=ctas)
+            logits, grad, target.contiguous(), loss, scale_ptr, loss if gate is None else gate, logits.stride(0),
+            grad.stride(0), v, ignore_index, scale_value,
+            **sg.smem_constexprs(ctas, chunk, chunks, logits.element_size(), warps),
+            WRITE_GRAD=grad_scale is not None, SCALE_MODE=scale_mode, GATED=gate is not None, num_warps=warps,
+            num_ctas=ctas)
     return loss
