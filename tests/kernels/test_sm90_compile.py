@@ -19,13 +19,14 @@ ce = importlib.import_module("hearth.kernels.cross_entropy")
 target = GPUTarget("cuda", 90, 32)
 done, failed = [], []
 sig = {"logits_ptr": "*bf16", "grad_ptr": "*bf16", "target_ptr": "*i64", "loss_ptr": "*fp32", "scale_ptr": "*fp32",
-       "n_rows": "i32", "n_cols": "i32", "stride_logits": "i32", "stride_grad": "i32", "ignore_index": "i32",
+       "gate_ptr": "*i32", "n_rows": "i32", "n_cols": "i32", "stride_logits": "i32", "stride_grad": "i32", "ignore_index": "i32",
        "label_smoothing": "fp32", "z_loss": "fp32", "softcap": "fp32", "scale_value": "fp32"}
 # every option alone and all together, with and without the gradient pass, pipelined (the GPU config) or not
 flag_sets = [dict(HAS_SOFTCAP=s, HAS_SMOOTHING=m, HAS_ZLOSS=z) for s, m, z in
              [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1)]]
 for flags, write_grad, (stages, scale_mode) in itertools.product(flag_sets, (0, 1), ((1, 0), (3, 1))):
-    const = dict(BLOCK=1024, WRITE_GRAD=write_grad, SCALE_MODE=scale_mode, NUM_STAGES=stages,
+    # GATED: cross_entropy's default (the target check gates the kernel)
+    const = dict(BLOCK=1024, WRITE_GRAD=write_grad, SCALE_MODE=scale_mode, NUM_STAGES=stages, GATED=True,
                  **{k: bool(v) for k, v in flags.items()})
     s = dict(sig); s.update({k: "constexpr" for k in const})
     label = ",".join(f"{k}={v}" for k, v in const.items())
