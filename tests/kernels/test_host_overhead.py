@@ -240,8 +240,11 @@ def test_cross_entropy_forward_check_and_count_share_the_mask(launches):
     t = torch.randint(0, 16, (8,), device=DEVICE)
     with _AtenOps() as mode:
         hk.cross_entropy(x, t)
-    assert mode.work() == Counter({"ne": 2, "clamp": 1, "bitwise_and": 1, "sum": 3, "_local_scalar_dense": 1,
-                                   "clamp_": 1, "reciprocal_": 1, "empty": 1, "mul": 1}), mode.seen
+    want = Counter({"ne": 2, "clamp": 1, "bitwise_and": 1, "sum": 3, "_local_scalar_dense": 1, "clamp_": 1,
+                    "reciprocal_": 1, "empty": 1, "mul": 1})
+    if DEVICE.type == "cuda":  # the count's pinned host buffer and its copy (the scalar read is then of that buffer)
+        want += Counter({"empty": 1, "copy_": 1})
+    assert mode.work() == want, mode.seen
     assert launches[0] in (None, 1)
 
 
