@@ -54,7 +54,8 @@ aligned (softmax_gluon.serves) runs the cluster kernel in Gluon instead (cross_e
 the row split over a cluster of CTAs, each part held in shared memory, read from HBM once, the same scale
 modes and in-place or separate gradient); everything else runs the Triton row kernel below. H200, bf16,
 loss and gradient, the kernel alone: 1.30x the Triton kernel at 8192 x 131072 (1.196 / 1.553 ms), 1.28x at
-4096 x 262144, 1.17x at 16384 x 151936; through cross_entropy() and autograd 1.379 ms at 8192 x 131072.
+4096 x 262144, 1.17x at 16384 x 151936; through cross_entropy() and autograd 1.379 ms at 8192 x 131072, and 1.301
+ms since the target check gates the kernel on the device instead of holding its launch (_queue_check).
 """
 
 from __future__ import annotations
