@@ -513,6 +513,21 @@ def test_target_check_gates_the_kernel_and_is_awaited_after_its_launch(monkeypat
     assert order == ["_plan", "_queue_check", "_launch_rows", "_finish_check"] and torch.equal(bad.detach(), x)
 
 
+def test_functional_op_with_a_bad_target_raises_and_leaves_the_input():
+    """The torch.compile route (hearth::cross_entropy_fwd, a separate gradient buffer) with a bad target: the
+    same ValueError, and the input as it was."""
+    x = torch.randn(4, 40, device=DEVICE)
+    before = x.clone()
+    with pytest.raises(ValueError, match="found 40"):
+        torch.ops.hearth.cross_entropy_fwd(x, torch.tensor([1, 2, 40, 0], device=DEVICE), -100, 0.0, "mean", 0.0, 0.0, True)
+    assert torch.equal(x, before)
+    f = torch.compile(lambda a, t: cross_entropy(a, t), fullgraph=True)
+    leaf = before.clone().requires_grad_()
+    with pytest.raises(ValueError, match="found -3"):
+        f(leaf, torch.tensor([1, -3, 2, 0], device=DEVICE))
+    assert torch.equal(leaf.detach(), before)
+
+
 @pytest.mark.parametrize("n_cols", [40, 9000])  # one chunk a row, and the wide config's several
 def test_gated_row_kernel_writes_nothing(n_cols):
     """The row kernel with a non-zero gate writes no gradient over the logits (nor a separate buffer); with a

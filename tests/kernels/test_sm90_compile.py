@@ -24,9 +24,11 @@ sig = {"logits_ptr": "*bf16", "grad_ptr": "*bf16", "target_ptr": "*i64", "loss_p
 # every option alone and all together, with and without the gradient pass, pipelined (the GPU config) or not
 flag_sets = [dict(HAS_SOFTCAP=s, HAS_SMOOTHING=m, HAS_ZLOSS=z) for s, m, z in
              [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1)]]
-for flags, write_grad, (stages, scale_mode) in itertools.product(flag_sets, (0, 1), ((1, 0), (3, 1))):
-    # GATED: cross_entropy's default (the target check gates the kernel)
-    const = dict(BLOCK=1024, WRITE_GRAD=write_grad, SCALE_MODE=scale_mode, NUM_STAGES=stages, GATED=True,
+# GATED: cross_entropy's default (the target check gates the kernel); ungated: linear_cross_entropy's plain loss
+cases = [(flags, write_grad, ss, True) for flags, write_grad, ss in itertools.product(flag_sets, (0, 1), ((1, 0), (3, 1)))]
+cases += [(flag_sets[0], write_grad, ss, False) for write_grad, ss in itertools.product((0, 1), ((1, 0), (3, 1)))]
+for flags, write_grad, (stages, scale_mode), gated in cases:
+    const = dict(BLOCK=1024, WRITE_GRAD=write_grad, SCALE_MODE=scale_mode, NUM_STAGES=stages, GATED=gated,
                  **{k: bool(v) for k, v in flags.items()})
     s = dict(sig); s.update({k: "constexpr" for k in const})
     label = ",".join(f"{k}={v}" for k, v in const.items())
@@ -43,7 +45,7 @@ print(json.dumps({"done": done, "failed": failed}))
 def test_cross_entropy_row_kernel_compiles_for_sm90_with_every_option():
     out = run_offline(_SCRIPT)
     assert not out["failed"], "\n".join(out["failed"])
-    assert len(out["done"]) == 20
+    assert len(out["done"]) == 24  # 20 gated (every option) + 4 ungated
 
 
 _SOFTMAX_ROWS_SCRIPT = r"""

@@ -24,6 +24,8 @@ from hearth.kernels import softmax_gluon as sg
 from hearth.kernels import cross_entropy_gluon as cg
 
 op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) or None)
+gated = op != "ce_smem_ungated"  # cross_entropy's launch is gated by its target check; direct callers' are not
+op = "ce_smem" if op == "ce_smem_ungated" else op
 eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
 if op in ("smem", "ce_smem", "bwd_smem"):
     ctas, chunk, chunks = sg.smem_config(n, eb, ctas, inputs=2 if op == "bwd_smem" else 1)
@@ -45,8 +47,8 @@ elif op == "ce_smem":
                                                  "Loss": "*fp32", "Scale": "*fp32", "Gate": "*i32", "stride": "i32",
                                                  "stride_g": "i32", "n_cols": "i32", "ignore_index": "i32",
                                                  "scale_value": "fp32"}
-    # ... with the target check's gate (cross_entropy's default)
-    const.update(WRITE_GRAD=True, SCALE_MODE=1, GATED=True)
+    # ... with the target check's gate (cross_entropy's default), or without (ce_rows_smem_ called directly)
+    const.update(WRITE_GRAD=True, SCALE_MODE=1, GATED=gated)
 elif op == "softmax":
     fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
     args["n_cols"] = "i32"
@@ -143,9 +145,10 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
 @pytest.mark.parametrize("op, n, dtype, ctas", [
     ("smem", 262144, "bf16", 0), ("smem", 151936, "bf16", 0), ("smem", 65536, "fp16", 0), ("smem", 262144, "fp32", 0),
     ("smem", 131072, "bf16", 16), ("ce_smem", 131072, "bf16", 0), ("ce_smem", 151936, "fp32", 0),
+    ("ce_smem_ungated", 131072, "bf16", 0),
     ("bwd_smem", 262144, "bf16", 0), ("bwd_smem", 151936, "bf16", 0), ("bwd_smem", 65536, "fp32", 0)],
     ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas", "ce-131072-bf16",
-         "ce-151936-fp32", "bwd-262144-bf16", "bwd-151936-bf16", "bwd-65536-fp32"])
+         "ce-151936-fp32", "ce-131072-bf16-ungated", "bwd-262144-bf16", "bwd-151936-bf16", "bwd-65536-fp32"])
 def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(op, n, dtype, ctas):
     """The shared-memory forms (softmax forward and backward; cross-entropy) build as a cluster with the same
     exchange; they copy chunks 1.. by cp.async (16 bytes a lane); every shared address the compiler forms is at or past

@@ -10,6 +10,7 @@ on CPU tensors through Triton's interpreter, at small shapes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -99,6 +100,15 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
             first_name, first = name, t
         elif t.dtype != first.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}; they must match")
+
+
+def on_device(device: torch.device):
+    """Make `device` current for Triton launches (Triton launches on the current device's stream, torch ops on
+    their tensors' device), switching only when it is not already (a device context costs two device exchanges of
+    host time a call)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def cdiv(a: int, b: int) -> int:

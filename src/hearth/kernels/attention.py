@@ -59,7 +59,6 @@ and the padded output columns are dropped), at the padded size's cost in time an
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import os
@@ -76,6 +75,7 @@ from hearth.kernels._common import (
     check_tensor,
     empty_heads_like,
     interpret_mode,
+    on_device,
 )
 
 LOG2E = 1.4426950408889634
@@ -867,12 +867,7 @@ def _ensure_allocator() -> None:
     triton.set_allocator(_tma_scratch)
 
 
-def _on_device(device: torch.device):
-    """Make `device` current for the launches, switching only when it is not already (a device
-    context costs two device exchanges of host time a call)."""
-    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
+_on_device = on_device  # attention_varlen reaches it through this module
 
 
 # Where the Gluon ping-pong forward is the default on Hopper (bf16/fp16): the (head_dim, causal) cases where the

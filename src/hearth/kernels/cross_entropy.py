@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms
+from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, on_device
 
 try:  # Gluon ships with Triton 3.6; without it every row stays on the Triton row kernel below
     from hearth.kernels import cross_entropy_gluon as cg
@@ -321,7 +321,8 @@ def _launch_rows(logits, grad, target, *, ignore_index, label_smoothing, z_loss,
         )
 
     cfg = _pick_rows_config(logits)
-    launch(cfg, logits, grad, target, loss)
+    with on_device(logits.device):  # the logits' stream: the gate, the scale and the logits are queued there
+        launch(cfg, logits, grad, target, loss)
     return loss
 
 
@@ -366,10 +367,11 @@ def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
     scale = scale.to(device=grad.device, dtype=torch.float32).contiguous()
     n_tiles = n_rows * cdiv(n_cols, block)
     grid = (min(n_tiles, num_sms(grad.device) * SCALE_PROGRAMS_PER_SM),)
-    _scale_rows_kernel[grid](
-        grad, scale, n_rows, n_cols, grad.stride(0), ROWWISE=scale.dim() == 1, BLOCK=block,
-        num_warps=8 if block >= 2048 else 4,
-    )
+    with on_device(grad.device):
+        _scale_rows_kernel[grid](
+            grad, scale, n_rows, n_cols, grad.stride(0), ROWWISE=scale.dim() == 1, BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
+        )
 
 
 def _target_flags(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
