@@ -94,16 +94,22 @@ def test_layer_norm_backward_is_one_partial_buffer_and_one_sum(launches, dtype):
     assert x.grad is not None and w.grad is not None and b.grad is not None
 
 
-def test_layer_norm_fused_reduction_matches_the_separate_one():
-    """The eager route and the custom op's route (dbias in fp32, the outputs separate tensors) give the same
-    dw / db."""
-    x, w, b = _leaf(37, 48), _leaf(48), _leaf(48)
+def test_layer_norm_reduction_matches_fp64_on_both_routes():
+    """The eager route (dbias in the bias dtype, here bf16) and the custom op's route (dbias in fp32, separate
+    tensors) against the fp64 sums of the same partial products: dx, dw and db."""
+    x, w = _leaf(37, 48), _leaf(48)
     dy = torch.randn_like(x)
-    _, mean, rstd = ln_mod._forward(x.detach(), w.detach(), b.detach(), 1e-5)
-    fused = ln_mod._backward(dy, x.detach(), w.detach(), mean, rstd)
+    _, mean, rstd = ln_mod._forward(x.detach(), w.detach(), torch.zeros_like(w.detach()), 1e-5)
+    xd, dyd = x.detach().double(), dy.double()
+    xhat = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    want_dw, want_db = (dyd * xhat).sum(0), dyd.sum(0)
+    eager = ln_mod._backward(dy, x.detach(), w.detach(), mean, rstd, db_dtype=torch.bfloat16)
     separate = ln_mod._backward(dy, x.detach(), w.detach(), mean, rstd, separate=True)
-    for got, want in zip(fused, separate):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert eager[2].dtype == torch.bfloat16 and separate[2].dtype == torch.float32
+    torch.testing.assert_close(eager[0], separate[0], rtol=0, atol=0)
+    for dw, db, tol in ((separate[1], separate[2], 1e-5), (eager[1], eager[2], 2 * torch.finfo(torch.bfloat16).eps)):
+        torch.testing.assert_close(dw.double(), want_dw, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(db.double(), want_db, rtol=tol, atol=1e-5)
     assert separate[1].untyped_storage().data_ptr() != separate[2].untyped_storage().data_ptr()
 
 

@@ -487,3 +487,30 @@ def test_sum_partials_sums_every_program_and_column(g, n):
     only = torch.full((n,), float("nan"), device=DEVICE)
     rn.sum_partials(partial[0].contiguous(), only)
     torch.testing.assert_close(only, dw, rtol=0, atol=0)
+
+
+def test_sum_partials_refuses_a_buffer_it_cannot_read():
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+    out = torch.empty(8, device=DEVICE)
+    for bad in (torch.zeros(4, 8, device=DEVICE, dtype=torch.bfloat16), torch.zeros(8, 4, device=DEVICE).t()):
+        with pytest.raises(ValueError, match="partial must be a contiguous fp32"):
+            rn.sum_partials(bad, out)
+    with pytest.raises(ValueError, match="out1 needs a"):
+        rn.sum_partials(torch.zeros(4, 8, device=DEVICE), out, torch.empty(8, device=DEVICE))
+
+
+def test_trained_weight_backward_is_one_kernel_and_one_sum_launch(monkeypatch):
+    """rms_norm's backward with a trained weight: the backward kernel and the partials' sum kernel, no torch sum
+    or cast (the frozen weight's backward has neither partials nor sum: test_frozen_weight_skips_the_weight_gradient)."""
+    torch.manual_seed(32)
+    x = torch.randn(20, 64, device=DEVICE, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(64, device=DEVICE)).to(torch.bfloat16).float().requires_grad_()
+    y = rms_norm(x, w)
+    torch.autograd.backward([y], [torch.ones_like(y)])  # one backward first: a GPU picks its configs on it
+    x.grad = w.grad = None
+    y = rms_norm(x, w)
+    with _AtenOps().watch(monkeypatch) as ops:
+        torch.autograd.backward([y], [torch.ones_like(y)])
+    assert len(ops.launches) == 2 and ops.launches[1] == "_sum_partials_kernel", ops.launches
+    assert not {"sum", "_to_copy", "clone", "copy_"} & set(ops.seen), ops.seen
+    assert w.grad is not None and w.grad.dtype == w.dtype

@@ -308,9 +308,16 @@ SUM_BLOCK_N, SUM_BLOCK_G = 128, 32
 
 def sum_partials(partial: torch.Tensor, out0: torch.Tensor, out1: torch.Tensor | None = None) -> None:
     """out0 = partial[0].sum(0) and, when out1 is given, out1 = partial[1].sum(0), each in its own dtype, in
-    one launch. partial: contiguous fp32 [G, N] (out0 only) or [2, G, N]; out0 / out1: contiguous [N]."""
+    one launch. partial: contiguous fp32 [G, N] (out0 only) or [2, G, N] (out1 None: the first slice only);
+    out0 / out1: contiguous [N]."""
     n = partial.shape[-1]
     g = partial.shape[-2]
+    # the kernel's in-slice offsets are int32 and it reads the buffer densely: a caller's bug, said plainly
+    if partial.dtype != torch.float32 or not partial.is_contiguous() or g * n >= 2**31 or partial.dim() not in (2, 3):
+        raise ValueError(f"partial must be a contiguous fp32 [G, N] or [2, G, N] buffer with G * N < 2^31, got "
+                         f"{partial.dtype} {tuple(partial.shape)} (contiguous: {partial.is_contiguous()})")
+    if out1 is not None and not (partial.dim() == 3 and partial.shape[0] == 2):
+        raise ValueError(f"out1 needs a [2, G, N] partial buffer (its second slice), got {tuple(partial.shape)}")
     _sum_partials_kernel[(cdiv(n, SUM_BLOCK_N), 1 if out1 is None else 2)](
         partial, out0, out0 if out1 is None else out1, g, n, BLOCK_N=SUM_BLOCK_N, BLOCK_G=SUM_BLOCK_G, num_warps=4)
 
