@@ -13,6 +13,10 @@ rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the har
 hearth (default), liger (Liger-Kernel's function, where installed) or torch (eager PyTorch) for layer_norm and
 rms_norm. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
 Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
+--op sum_partials --shape G,N: instead, the norms' dweight / dbias reduction alone, both ways in one process (host
+time on that machine varies by up to 2.5x between processes): a torch sum of the [2, G, N] fp32 partials and a
+cast per bf16 output (what the backward ran before), against rms_norm.sum_partials (one launch); wall and host
+us per call, back to back, and the largest difference between the two results.
 """
 
 from __future__ import annotations
@@ -81,6 +85,44 @@ def _case(op: str, shape: list[int], provider: str = "hearth"):
     raise SystemExit(f"--op: unknown op {op!r}")
 
 
+def _sum_partials_ab(shape: list[int], iters: int) -> str:
+    """--op sum_partials (module docstring)."""
+    import importlib
+
+    rn = importlib.import_module("hearth.kernels.rms_norm")
+    g, n = shape
+    partial = torch.randn(2, g, n, device="cuda")
+    dw, db = (torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def torch_way():
+        sums = partial.sum(1)
+        return sums[0].to(torch.bfloat16), sums[1].to(torch.bfloat16)
+
+    def kernel_way():
+        rn.sum_partials(partial, dw, db)
+        return dw, db
+
+    lines = [f"sum_partials {g}x{n} (2 slices, bf16 outputs), {iters} calls back to back on {torch.cuda.get_device_name()}"
+             f" (torch {torch.__version__})"]
+    for _round in range(3):  # alternate, three rounds: the host's speed drifts
+        for name, fn in (("torch sum + casts", torch_way), ("sum_partials", kernel_way)):
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            host, t0 = 0.0, time.perf_counter()
+            for _ in range(iters):
+                h0 = time.perf_counter()
+                fn()
+                host += time.perf_counter() - h0
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+            lines.append(f"  round {_round}: {name:18s} wall {wall / iters * 1e6:7.1f} us/call, host {host / iters * 1e6:7.1f}")
+    a, b = torch_way(), kernel_way()
+    diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+    lines.append(f"  largest difference between the two results: {diff:.3e} (bf16 of the same fp32 sums)")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--op", default="swiglu_mlp")
@@ -91,6 +133,13 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
+    if args.op == "sum_partials":
+        text = _sum_partials_ab([int(s) for s in args.shape.split(",")], args.iters)
+        print(text)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"host_trace_sum_partials_{args.shape.replace(',', 'x')}.txt").write_text(text + "\n")
+        return
     leaves, step, grad = _case(args.op, [int(s) for s in args.shape.split(",")], args.provider)
 
     def call():

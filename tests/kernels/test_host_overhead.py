@@ -77,8 +77,8 @@ def _backward_ops(out, grad=None) -> _AtenOps:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_backward_is_one_partial_buffer_and_one_sum(launches, dtype):
     """mean / rstd are outputs only to be saved: no zero gradient is made for them (two zeros launches per
-    backward before), the dw / db partials are reduced by ONE sum (two before, two allocations), and 16-bit
-    weight and bias of one dtype are cast by ONE cast of the [2, N] sums (one cast each before)."""
+    backward before), and the dw / db partials are summed and written in the parameters' dtypes by ONE
+    launch (before: two torch sums and a cast each, then one sum and one cast, all torch ops)."""
     x, w, b = _leaf(8, 32, dtype=dtype), _leaf(32, dtype=dtype), _leaf(32, dtype=dtype)
     # one backward first: on a GPU the first call picks its backward config (timed launches, their buffers)
     _backward_ops(hk.layer_norm(x, w, b))
@@ -87,25 +87,29 @@ def test_layer_norm_backward_is_one_partial_buffer_and_one_sum(launches, dtype):
         launches[0] = 0
     y = hk.layer_norm(x, w, b)
     mode = _backward_ops(y)
-    # dx, the [2, G, N] fp32 partials, one column sum; 16-bit params: one cast of dw and db together (no
-    # clone either: the two views of the cast are the gradients themselves)
-    want = Counter({"empty": 2, "sum": 1})
-    if dtype != torch.float32:
-        want["_to_copy"] = 1
-    assert mode.work() == want, mode.seen
-    assert launches[0] in (None, 1 + 1)  # the forward and the backward kernel (counted under the interpreter)
+    # dx, the [2, G, N] fp32 partials, dw and db (written by the sum kernel in their dtypes: no torch sum,
+    # cast or clone)
+    assert mode.work() == Counter({"empty": 4}), mode.seen
+    assert launches[0] in (None, 1 + 2)  # the forward, the backward and the sum kernel (under the interpreter)
     assert x.grad is not None and w.grad is not None and b.grad is not None
 
 
-def test_layer_norm_fused_reduction_matches_the_separate_one():
-    """The eager route's one sum over [2, G, N] and the custom op's two sums give the same dw / db."""
-    x, w, b = _leaf(37, 48), _leaf(48), _leaf(48)
+def test_layer_norm_reduction_matches_fp64_on_both_routes():
+    """The eager route (dbias in the bias dtype, here bf16) and the custom op's route (dbias in fp32, separate
+    tensors) against the fp64 sums of the same partial products: dx, dw and db."""
+    x, w = _leaf(37, 48), _leaf(48)
     dy = torch.randn_like(x)
-    _, mean, rstd = ln_mod._forward(x.detach(), w.detach(), b.detach(), 1e-5)
-    fused = ln_mod._backward(dy, x.detach(), w.detach(), mean, rstd)
+    _, mean, rstd = ln_mod._forward(x.detach(), w.detach(), torch.zeros_like(w.detach()), 1e-5)
+    xd, dyd = x.detach().double(), dy.double()
+    xhat = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    want_dw, want_db = (dyd * xhat).sum(0), dyd.sum(0)
+    eager = ln_mod._backward(dy, x.detach(), w.detach(), mean, rstd, db_dtype=torch.bfloat16)
     separate = ln_mod._backward(dy, x.detach(), w.detach(), mean, rstd, separate=True)
-    for got, want in zip(fused, separate):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert eager[2].dtype == torch.bfloat16 and separate[2].dtype == torch.float32
+    torch.testing.assert_close(eager[0], separate[0], rtol=0, atol=0)
+    for dw, db, tol in ((separate[1], separate[2], 1e-5), (eager[1], eager[2], 2 * torch.finfo(torch.bfloat16).eps)):
+        torch.testing.assert_close(dw.double(), want_dw, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(db.double(), want_db, rtol=tol, atol=1e-5)
     assert separate[1].untyped_storage().data_ptr() != separate[2].untyped_storage().data_ptr()
 
 

@@ -329,8 +329,10 @@ class _AtenOps(TorchDispatchMode):
     def watch(self, monkeypatch, op="rms_norm"):
         """Count launches of hearth.kernels.<op>'s _<op>_{fwd,bwd}{,_rows}_kernel (layer_norm's tests reuse this)."""
         mod = importlib.import_module(f"hearth.kernels.{op}")  # the package attribute is the function
-        for name in (f"_{op}_fwd_kernel", f"_{op}_fwd_rows_kernel", f"_{op}_bwd_kernel", f"_{op}_bwd_rows_kernel"):
-            kernel = getattr(mod, name)
+        rn = importlib.import_module("hearth.kernels.rms_norm")
+        kernels = [(name, getattr(mod, name)) for name in
+                   (f"_{op}_fwd_kernel", f"_{op}_fwd_rows_kernel", f"_{op}_bwd_kernel", f"_{op}_bwd_rows_kernel")]
+        for name, kernel in kernels + [("_sum_partials_kernel", rn._sum_partials_kernel)]:  # both norms' dw sum
 
             def run(*args, _run=kernel.run, _name=name, **kwargs):
                 self.launches.append(_name)
@@ -465,3 +467,50 @@ def test_narrow_rows_bwd_tile_kernel_compiles_for_sm90():
     out = run_offline(_SM90_SCRIPT)
     assert not out["failed"], "\n".join(out["failed"])
     assert len(out["done"]) == 9
+
+
+@pytest.mark.parametrize("g, n", [(70, 300), (5, 7), (528, 5120)])
+def test_sum_partials_sums_every_program_and_column(g, n):
+    """rms_norm.sum_partials (both norms' dw / db reduction): every one of G partial rows and every column, past
+    the kernel's 32-row and 128-column blocks (70 x 300: three partial blocks each way; 528 x 5120: the GPU's
+    grid at Qwen3-14B's width), into outputs of two dtypes at once; one slice alone for rms_norm's dw."""
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+    torch.manual_seed(31)
+    partial = torch.randn(2, g, n, device=DEVICE) * 10
+    want = partial.double().sum(1)
+    dw = torch.full((n,), float("nan"), device=DEVICE)
+    db = torch.full((n,), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    rn.sum_partials(partial, dw, db)
+    torch.testing.assert_close(dw.double(), want[0], rtol=1e-6, atol=1e-4 * g ** 0.5)
+    # bf16: the fp32 sum rounded once (truncated under the interpreter): within one unit in the last place
+    torch.testing.assert_close(db.double(), want[1], rtol=2 * torch.finfo(torch.bfloat16).eps, atol=1e-3 * g ** 0.5)
+    only = torch.full((n,), float("nan"), device=DEVICE)
+    rn.sum_partials(partial[0].contiguous(), only)
+    torch.testing.assert_close(only, dw, rtol=0, atol=0)
+
+
+def test_sum_partials_refuses_a_buffer_it_cannot_read():
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+    out = torch.empty(8, device=DEVICE)
+    for bad in (torch.zeros(4, 8, device=DEVICE, dtype=torch.bfloat16), torch.zeros(8, 4, device=DEVICE).t()):
+        with pytest.raises(ValueError, match="partial must be a contiguous fp32"):
+            rn.sum_partials(bad, out)
+    with pytest.raises(ValueError, match="out1 needs a"):
+        rn.sum_partials(torch.zeros(4, 8, device=DEVICE), out, torch.empty(8, device=DEVICE))
+
+
+def test_trained_weight_backward_is_one_kernel_and_one_sum_launch(monkeypatch):
+    """rms_norm's backward with a trained weight: the backward kernel and the partials' sum kernel, no torch sum
+    or cast (the frozen weight's backward has neither partials nor sum: test_frozen_weight_skips_the_weight_gradient)."""
+    torch.manual_seed(32)
+    x = torch.randn(20, 64, device=DEVICE, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(64, device=DEVICE)).to(torch.bfloat16).float().requires_grad_()
+    y = rms_norm(x, w)
+    torch.autograd.backward([y], [torch.ones_like(y)])  # one backward first: a GPU picks its configs on it
+    x.grad = w.grad = None
+    y = rms_norm(x, w)
+    with _AtenOps().watch(monkeypatch) as ops:
+        torch.autograd.backward([y], [torch.ones_like(y)])
+    assert len(ops.launches) == 2 and ops.launches[1] == "_sum_partials_kernel", ops.launches
+    assert not {"sum", "_to_copy", "clone", "copy_"} & set(ops.seen), ops.seen
+    assert w.grad is not None and w.grad.dtype == w.dtype

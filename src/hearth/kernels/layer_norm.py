@@ -44,6 +44,7 @@ from hearth.kernels.rms_norm import (
     _rows,
     persistent_grid,
     persistent_tile_grid,
+    sum_partials,
 )
 
 # Forward tiles (tile elements, num_warps) for rows <= NARROW_MAX_BLOCK: rms_norm's list (the forward
@@ -290,13 +291,12 @@ def _forward(x, weight, bias, eps):
 
 def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool = True,
               db_dtype: torch.dtype | None = torch.float32):
-    """(dx, dweight in weight.dtype, dbias in db_dtype: fp32 by default and when None, which says the caller
-    does not use dbias). separate=True reduces dw and db into two tensors of their own (a custom op's outputs
-    may not share memory; dbias fp32 there); the default (eager route) one launch for both, and when dbias is
-    wanted in weight.dtype (the eager backward passes bias.dtype: a bf16 LayerNorm's weight and bias) one cast
-    of the [2, N] sums for both, instead of one cast each (the casts are elementwise: the same values).
-    need_dw=False (weight and bias frozen): the kernel skips the dw / db accumulation, and there is no
-    partial buffer and no reduction; dweight and dbias are then None."""
+    """(dx, dweight in weight.dtype, dbias in db_dtype: fp32 by default; None when db_dtype is None, which
+    says the caller does not use dbias, and then only dweight is summed). separate=True (the custom op) gives
+    dbias in fp32. The partials are summed and written in their dtypes by one launch (rms_norm.sum_partials),
+    dweight and dbias as two tensors of their own. need_dw=False (weight and bias frozen): the kernel skips
+    the dw / db accumulation, and there is no partial buffer and no reduction; dweight and dbias are then
+    None."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     weight = weight.contiguous()  # read at w_ptr + col (see _forward)
@@ -306,7 +306,8 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     if m == 0:
         if not need_dw:
             return dx, None, None
-        return dx, torch.zeros_like(weight), torch.zeros_like(weight, dtype=db_dtype or torch.float32)
+        db_dtype = torch.float32 if separate else db_dtype
+        return dx, torch.zeros_like(weight), (None if db_dtype is None else torch.zeros_like(weight, dtype=db_dtype))
     block = _config(n)[0]
     dx2 = dx.view(-1, n)
 
@@ -340,14 +341,11 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     partial = launch(pick_config(key, _ln_bwd_candidates(n), launch, x.device, rows=m))
     if not need_dw:
         return dx, None, None
-    if not separate:
-        sums = partial.sum(1)  # [2, N] fp32; dw and db are views of it (or of its one cast)
-        if db_dtype == weight.dtype:
-            dw, db = (sums if sums.dtype == db_dtype else sums.to(db_dtype)).unbind(0)
-            return dx, dw, db
-        dw, db = sums.unbind(0)
-        return dx, dw.to(weight.dtype), (db if db_dtype is None else db.to(db_dtype))
-    return dx, partial[0].sum(0).to(weight.dtype), partial[1].sum(0)
+    db_dtype = torch.float32 if separate else db_dtype
+    dw = torch.empty(n, dtype=weight.dtype, device=x.device)
+    db = None if db_dtype is None else torch.empty(n, dtype=db_dtype, device=x.device)
+    sum_partials(partial, dw, db)
+    return dx, dw, db
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,9 +41,11 @@ V=151936: 148 MiB, 16 chunks, ~4.5 ms faster).
 
 Numerics
 - grad_W accumulates in linear_weight's dtype: the first chunk writes it (beta = 0), later chunks
-  add with cuBLAS addmm (fp32 accumulation inside each GEMM, one rounding to bf16 per chunk). Each
-  chunk adds one bf16 rounding (relative 2^-9) to the running sum, so after k chunks the relative
-  error is <= k * 2^-9 in the worst case and ~sqrt(k) * 2^-9 typically. The chunk budget keeps k
+  add with cuBLAS addmm (fp32 accumulation inside each GEMM). On the H200 a bf16 addmm_ rounds twice a
+  chunk: its error against the fp64 sum was 5.5-6.3e-3 against 2.8-3.4e-3 for one rounding (the product
+  rounded to bf16, then the sum; BENCHMARKS.md, the grad_W accumulate probe). Each chunk thus adds up to
+  two bf16 roundings (relative 2^-9 each) to the running sum, so after k chunks the relative error is
+  <= 2k * 2^-9 in the worst case and ~sqrt(2k) * 2^-9 typically. The chunk budget keeps k
   small (k = N / chunk_rows: 19 at N=8192, V=131072; 22 at V=151936). tests/kernels/test_linear_cross_entropy.py
   measures it at V=4099 with k=32 chunks against an fp32 accumulator of the same chunk gradients:
   5.8e-3 relative (Frobenius), vs 1.7e-3 for a single final bf16 rounding; the bound asserted is

@@ -13,7 +13,9 @@ At 32768x4096 bf16 that is 256 MiB + 384 MiB = 640 MiB, ~0.16 ms at 4.27 TB/s co
 
 The weight gradient is a sum over every row. It is reduced in two stages (LESSON 5): a persistent
 grid of G programs each walks a contiguous run of rows and keeps its partial dw in fp32 registers,
-writes one row of a [G, N] fp32 buffer, and one torch.sum over G finishes it. No atomics.
+writes one row of a [G, N] fp32 buffer, and one small kernel (sum_partials) sums over G and writes dw in the
+weight's dtype. No atomics. (A torch sum and a cast did that before: three torch calls and about 70 us of host
+time a backward on the H200's host against one launch.)
 The row loop is software-pipelined (the next rows' x and dy stream into shared memory while one row
 is computed); G, num_warps and the pipelining depth are picked on the GPU (see _BWD_CANDIDATES).
 Narrow rows (N <= NARROW_MAX_BLOCK, e.g. head_dim 128 for Qwen3's q_norm / k_norm) are walked in
@@ -282,6 +284,44 @@ def _fwd_candidates(n: int, tile_table=_FWD_TILE_CANDIDATES) -> tuple[tuple[str,
     return tuple(dict.fromkeys(tiles + rows))
 
 
+@triton.jit
+def _sum_partials_kernel(partial_ptr, out0_ptr, out1_ptr, G, N, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):
+    """out<k>[c] = sum over g of partial[k, g, c] (fp32), stored in out<k>'s dtype; program (i, k) sums columns
+    [i * BLOCK_N, (i + 1) * BLOCK_N) of slice k (the grid's second axis: 1 or 2 slices)."""
+    k = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    base = partial_ptr + k.to(tl.int64) * G * N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        gs = g0 + tl.arange(0, BLOCK_G)
+        tile = tl.load(base + gs[:, None] * N + cols[None, :], mask=(gs[:, None] < G) & col_mask[None, :], other=0.0)
+        acc += tl.sum(tile, axis=0)
+    if k == 0:
+        tl.store(out0_ptr + cols, acc.to(out0_ptr.dtype.element_ty), mask=col_mask)
+    else:
+        tl.store(out1_ptr + cols, acc.to(out1_ptr.dtype.element_ty), mask=col_mask)
+
+
+SUM_BLOCK_N, SUM_BLOCK_G = 128, 32
+
+
+def sum_partials(partial: torch.Tensor, out0: torch.Tensor, out1: torch.Tensor | None = None) -> None:
+    """out0 = partial[0].sum(0) and, when out1 is given, out1 = partial[1].sum(0), each in its own dtype, in
+    one launch. partial: contiguous fp32 [G, N] (out0 only) or [2, G, N] (out1 None: the first slice only);
+    out0 / out1: contiguous [N]."""
+    n = partial.shape[-1]
+    g = partial.shape[-2]
+    # the kernel's in-slice offsets are int32 and it reads the buffer densely: a caller's bug, said plainly
+    if partial.dtype != torch.float32 or not partial.is_contiguous() or g * n >= 2**31 or partial.dim() not in (2, 3):
+        raise ValueError(f"partial must be a contiguous fp32 [G, N] or [2, G, N] buffer with G * N < 2^31, got "
+                         f"{partial.dtype} {tuple(partial.shape)} (contiguous: {partial.is_contiguous()})")
+    if out1 is not None and not (partial.dim() == 3 and partial.shape[0] == 2):
+        raise ValueError(f"out1 needs a [2, G, N] partial buffer (its second slice), got {tuple(partial.shape)}")
+    _sum_partials_kernel[(cdiv(n, SUM_BLOCK_N), 1 if out1 is None else 2)](
+        partial, out0, out0 if out1 is None else out1, g, n, BLOCK_N=SUM_BLOCK_N, BLOCK_G=SUM_BLOCK_G, num_warps=4)
+
+
 def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dx, dw); dw is None when need_dw is False (a frozen weight, e.g. every norm under LoRA): the
     kernel then skips the dw accumulation, and there is no partial buffer and no reduction (an
@@ -324,8 +364,9 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
     partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device, rows=m))
     if not need_dw:
         return dx, None
-    dw = partial.sum(0)
-    return dx, (dw if dw.dtype == weight.dtype else dw.to(weight.dtype))
+    dw = torch.empty(n, dtype=weight.dtype, device=x.device)
+    sum_partials(partial, dw)
+    return dx, dw
 
 
 @functools.lru_cache(maxsize=None)
