@@ -258,55 +258,54 @@ LCE_MODEL_CASES = [("Qwen3-0.6B", 16384, 1024, 151936, False), ("Llama-3.1-8B", 
                    ("Qwen3-14B frozen W", 12289, 5120, 151936, True)]
 
 
-def probe_lce_budgets(rows: list, budgets_mib: list[int]) -> None:
-    """linear_cross_entropy fwd+bwd at LCE_MODEL_CASES for each chunk budget (see the module docstring)."""
-    from hearth.kernels.linear_cross_entropy import chunk_rows_for
-
-    table = Table(title="linear_cross_entropy fwd+bwd bf16 by chunk budget")
-    for col in ("case", "budget MiB", "chunk rows", "chunks", "median ms", "extra MiB total", "activation MiB"):
-        table.add_column(col)
-    for name, n, h, v, frozen in LCE_MODEL_CASES:
-        x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_(not frozen)
-        t = torch.randint(0, v, (n,), device="cuda")
-        leaves = [x] if frozen else [x, w]
-        for budget in budgets_mib:
-            chunk = chunk_rows_for(n, v, 2, budget * MiB)
-            ms, total, grads = _lce_time_and_memory(x, w, t, chunk, leaves)
-            chunks = -(-n // chunk)
-            table.add_row(name, str(budget), str(chunk), str(chunks), f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
-            rows.append(dict(case="linear_cross_entropy_budget", name=name, n=n, h=h, v=v, frozen=frozen,
-                             budget_mib=budget, chunk_rows=chunk, chunks=chunks, median_ms=ms,
-                             extra_total_mib=total, extra_activation_mib=total - grads))
-        del x, w, t
-        torch.cuda.empty_cache()
-    console.print(table)
-
-
 LCE_HEADLINE_CASES = [("headline H4096 V131072", 8192, 4096, 131072, False), ("headline H5120 V151936", 8192, 5120, 151936, False)]
 
 
-def probe_lce_rows(rows: list, chunk_rows: list[int]) -> None:
-    """--lce-rows: linear_cross_entropy fwd+bwd at LCE_MODEL_CASES and LCE_HEADLINE_CASES for each chunk size."""
-    table = Table(title="linear_cross_entropy fwd+bwd bf16 by rows per chunk")
-    for col in ("case", "chunk rows", "chunks", "logits chunk MiB", "median ms", "extra MiB total", "activation MiB"):
+def probe_lce_chunks(rows: list, sizes: list[int], by: str) -> None:
+    """linear_cross_entropy fwd+bwd for each chunk size (see the module docstring): by "budget", `sizes` are
+    budgets in MiB (chunk_rows_for's rows) at LCE_MODEL_CASES (--lce-budgets); by "rows", exact rows per chunk
+    at LCE_MODEL_CASES and LCE_HEADLINE_CASES (--lce-rows)."""
+    from hearth.kernels.linear_cross_entropy import chunk_rows_for
+
+    table = Table(title=f"linear_cross_entropy fwd+bwd bf16 by {'chunk budget' if by == 'budget' else 'rows per chunk'}")
+    for col in ("case", "budget MiB", "chunk rows", "chunks", "logits chunk MiB", "median ms", "extra MiB total",
+                "activation MiB"):
         table.add_column(col)
-    for name, n, h, v, frozen in LCE_MODEL_CASES + LCE_HEADLINE_CASES:
+    cases = LCE_MODEL_CASES if by == "budget" else LCE_MODEL_CASES + LCE_HEADLINE_CASES
+    for name, n, h, v, frozen in cases:
         x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         w = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) / h ** 0.5).requires_grad_(not frozen)
         t = torch.randint(0, v, (n,), device="cuda")
         leaves = [x] if frozen else [x, w]
-        for chunk in chunk_rows:
+        for size in sizes:
+            chunk = chunk_rows_for(n, v, 2, size * MiB) if by == "budget" else size
             ms, total, grads = _lce_time_and_memory(x, w, t, chunk, leaves)
             chunks = -(-n // chunk)
             chunk_mib = min(chunk, n) * v * 2 / MiB
-            table.add_row(name, str(chunk), str(chunks), f"{chunk_mib:.0f}", f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
-            rows.append(dict(case="linear_cross_entropy_rows", name=name, n=n, h=h, v=v, frozen=frozen, chunk_rows=chunk,
-                             chunks=chunks, logits_chunk_mib=chunk_mib, median_ms=ms, extra_total_mib=total,
-                             extra_activation_mib=total - grads))
+            table.add_row(name, str(size) if by == "budget" else "-", str(chunk), str(chunks), f"{chunk_mib:.0f}",
+                          f"{ms:.2f}", f"{total:.0f}", f"{total - grads:.0f}")
+            row = dict(case=f"linear_cross_entropy_{by}", name=name, n=n, h=h, v=v, frozen=frozen, chunk_rows=chunk,
+                       chunks=chunks, logits_chunk_mib=chunk_mib, median_ms=ms, extra_total_mib=total,
+                       extra_activation_mib=total - grads)
+            if by == "budget":
+                row["budget_mib"] = size
+            rows.append(row)
         del x, w, t
         torch.cuda.empty_cache()
     console.print(table)
+
+
+def _positive_ints(parser, flag: str, text: str | None, what: str, unit: str) -> list[int] | None:
+    """`text` as a comma list of positive ints, or None when the flag was not given; parser.error otherwise."""
+    if not text:
+        return None
+    try:
+        values = [int(b) for b in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag}: a comma list of whole {unit}, got {text!r}")
+    if any(b <= 0 for b in values):
+        parser.error(f"{flag}: {what} must be positive, got {text!r}")
+    return values
 
 
 def plot(rows: list, path: Path) -> None:
@@ -343,22 +342,8 @@ def main() -> int:
     parser.add_argument("--lce-budgets", default=None,
                         help="comma list of chunk budgets in MiB: run only the chunk-budget sweep (module docstring)")
     args = parser.parse_args()
-    budgets = None
-    if args.lce_budgets:
-        try:
-            budgets = [int(b) for b in args.lce_budgets.split(",")]
-        except ValueError:
-            parser.error(f"--lce-budgets: a comma list of whole MiB, got {args.lce_budgets!r}")
-        if any(b <= 0 for b in budgets):
-            parser.error(f"--lce-budgets: budgets must be positive, got {args.lce_budgets!r}")
-    chunk_rows = None
-    if args.lce_rows:
-        try:
-            chunk_rows = [int(r) for r in args.lce_rows.split(",")]
-        except ValueError:
-            parser.error(f"--lce-rows: a comma list of whole rows, got {args.lce_rows!r}")
-        if any(r <= 0 for r in chunk_rows):
-            parser.error(f"--lce-rows: rows must be positive, got {args.lce_rows!r}")
+    budgets = _positive_ints(parser, "--lce-budgets", args.lce_budgets, "budgets", "MiB")
+    chunk_rows = _positive_ints(parser, "--lce-rows", args.lce_rows, "rows", "rows")
     if not torch.cuda.is_available():
         console.print("[bold red]this probe needs a CUDA GPU[/]")
         return 2
@@ -374,13 +359,13 @@ def main() -> int:
         console.print(f"wrote {args.out}/tma_desc.json ({time.time() - start:.0f} s)")
         return 0 if all(r["correct"] for r in rows) else 1
     if chunk_rows:
-        probe_lce_rows(rows, chunk_rows)
+        probe_lce_chunks(rows, chunk_rows, "rows")
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "lce_rows.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         console.print(f"wrote {args.out}/lce_rows.json ({time.time() - start:.0f} s)")
         return 0
     if budgets:
-        probe_lce_budgets(rows, budgets)
+        probe_lce_chunks(rows, budgets, "budget")
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "lce_budgets.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         console.print(f"wrote {args.out}/lce_budgets.json ({time.time() - start:.0f} s)")
