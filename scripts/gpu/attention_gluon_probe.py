@@ -281,7 +281,9 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
-BWD_VARIANTS = {"triton": ("0", "0"), "gluon_dkdv": ("1", "0"), "gluon_dq": ("0", "1"), "gluon_both": ("1", "1")}
+BWD_VARIANTS = {"triton": ("0", "0", "0"), "gluon_dkdv": ("1", "0", "0"), "gluon_dq": ("0", "1", "0"),
+                "gluon_both": ("1", "1", "0"), "gluon_fused": ("0", "0", "1")}
+BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED")
 
 
 def bwd_probe(case, emit):
@@ -297,7 +299,7 @@ def bwd_probe(case, emit):
 
     def run(flags):
         def fn():
-            os.environ["HEARTH_ATTN_GLUON_BWD"], os.environ["HEARTH_ATTN_GLUON_BWD_DQ"] = flags
+            os.environ.update(zip(BWD_VARS, flags))
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return fn
 
@@ -321,7 +323,7 @@ def bwd_probe(case, emit):
     cud = cudnn_fn(qg, kg, vg, causal)
     fns["sdpa_cudnn"] = lambda: cud().backward(do)
     time_into(row, "fwdbwd_tflops_", fns, 3.5 * fwd_flops, grad_to_none=[qg, kg, vg])
-    for var in ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ"):
+    for var in BWD_VARS:
         os.environ.pop(var, None)
     emit(row)
 

@@ -579,7 +579,8 @@ def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
     assert calls == []
 
 
-_BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH_ATTN_GLUON_BWD_DQ", "backward_dq")}
+_BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH_ATTN_GLUON_BWD_DQ", "backward_dq"),
+              "fused": ("HEARTH_ATTN_GLUON_BWD_FUSED", "backward_fused")}
 
 
 def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16, parts=("dkdv",)):
@@ -647,8 +648,8 @@ def test_gpu_backward_dq_and_both_match_reference(D, causal, T):
     _check_backward(1, 4, 2, T, D, causal, parts=("dkdv", "dq"))
 
 
-def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0):
-    """Non-causal Tq != Tk through both Gluon backward kernels against the fp64 reference. score_shift moves
+def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0, parts=("dkdv", "dq")):
+    """Non-causal Tq != Tk through the Gluon backward kernels of `parts` against the fp64 reference. score_shift moves
     every score down (q gets a component along a shared direction, k its negative): lse < 0, so a key past T_k
     that were not masked would give P = e^-lse >> 1 and overflow 16-bit dS."""
     test_attention = importlib.import_module("tests.kernels.test_attention")
@@ -663,7 +664,7 @@ def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0):
     v = torch.randn(1, 2, Tk, D, generator=g)
     do = torch.randn(1, 4, Tq, D, generator=g)
     q, k, v, do = (t.to("cuda", dtype) for t in (q, k, v, do))
-    old = {var: os.environ.get(var) for var, _ in _BWD_PARTS.values()}
+    old = {_BWD_PARTS[p][0]: os.environ.get(_BWD_PARTS[p][0]) for p in parts}
     os.environ.update({var: "1" for var in old})
     try:
         test_attention._assert_within_bound(q, k, v, do, False, None)
@@ -691,6 +692,36 @@ def test_gpu_backward_non_causal_different_lengths(D):
 def test_gpu_backward_both_gqa_40_8_bthd_and_fp16(D, causal):
     _check_backward(1, 40, 8, 1500, D, causal, bthd=True, parts=("dkdv", "dq"))
     _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16, parts=("dkdv", "dq"))
+
+
+@hopper_only
+@pytest.mark.parametrize("T", [1, 100, 1000, 4160])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_fused_matches_reference(D, causal, T):
+    """The fused 5-matmul backward (HEARTH_ATTN_GLUON_BWD_FUSED=1): dK, dV and dQ within the 2x rule."""
+    _check_backward(1, 4, 2, T, D, causal, parts=("fused",))
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_fused_gqa_40_8_bthd_fp16_and_lengths(D, causal):
+    _check_backward(1, 40, 8, 1500, D, causal, bthd=True, parts=("fused",))
+    _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16, parts=("fused",))
+    if not causal:
+        _check_backward_lengths(300, 1111, D, parts=("fused",))
+        _check_backward_lengths(1111, 100, D, parts=("fused",))
+        _check_backward_lengths(200, 100, D, dtype=torch.float16, score_shift=32.0 * math.sqrt(D), parts=("fused",))
+
+
+@hopper_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
+    for cfg in ag.FB_CANDIDATES[D]:
+        monkeypatch.setitem(ag.FB_CONFIGS, D, cfg)
+        for causal in (False, True):
+            _check_backward(1, 4, 2, 1000, D, causal, parts=("fused",))
 
 
 @hopper_only

@@ -1160,6 +1160,205 @@ def _attn_bwd_dq_gluon_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused backward: dK, dV and dQ in one kernel, 5 matmuls a step (env HEARTH_ATTN_GLUON_BWD_FUSED=1; experimental)
+# ----------------------------------------------------------------------------------------------
+# (BLOCK_M queries a step, NUM_STAGES of the Q / dO ring) per head dim; a program owns FB_BLOCK_N = 128 keys,
+# 64 per consumer warpgroup.
+FB_BLOCK_N = 128
+FB_CONFIGS = {
+    64: (64, 2),
+    128: (32, 2),
+}
+FB_CANDIDATES = {
+    64: [(64, 2), (32, 2), (64, 3)],
+    128: [(32, 2), (32, 3), (64, 2)],
+}
+
+
+@gluon.jit
+def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+                 Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
+                 H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
+                 WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr):
+    """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
+    dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
+    other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
+    transposed scores (keys x queries):
+        S^T = K_w Q^T, dP^T = V_w dO^T (async together), P^T = exp2(S^T * qk_scale - lse), dV_w += P^T dO,
+        dS^T = P^T (dP^T - delta), dK_w += dS^T Q; dS^T (16-bit) goes to shared memory (rows WG * 64..)
+    and, on its turn, dQ^T [D, BLOCK_M] = K^T dS^T over both warpgroups' rows, added in fp32 to DQacc
+    ([B * Hq, D, N_PAD_Q]: queries contiguous, so a warp's adds cover whole 32-byte sectors)."""
+    dtype: ttgl.constexpr = k_smem.dtype
+    HALF: ttgl.constexpr = BLOCK_N // 2
+    st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
+    acc_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[1]
+    a_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[2]
+    k_w = k_smem.slice(WG * HALF, HALF, dim=0)
+    v_w = v_smem.slice(WG * HALF, HALF, dim=0)
+    offs_n = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, st_layout))
+    key_ok = (offs_n < N_CTX_K)[:, None]
+    ragged = start_n + BLOCK_N > N_CTX_K
+    zero_st = ttgl.zeros([HALF, BLOCK_M], ttgl.float32, st_layout)
+    zero_dq = ttgl.zeros([HEAD_DIM, BLOCK_M], ttgl.float32, st_layout)
+    dk = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
+    dv = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
+    offs_d = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(1, st_layout))
+    mbarrier.wait(kv_bar, 0)
+    for i in range(n_iters):
+        slot = i % NUM_STAGES
+        hq = hk * GROUP + i // n_m
+        start_m = (m_lo + i % n_m) * BLOCK_M
+        bh = (b * H_Q + hq).to(ttgl.int64)
+        offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
+        row_ok = offs_m < N_CTX_Q
+        lse2 = ttgl.load(Lse + bh * N_CTX_Q + offs_m, mask=row_ok, other=float("inf")) * LOG2E_C
+        delta = ttgl.load(Delta + bh * N_CTX_Q + offs_m, mask=row_ok, other=0.0)
+        mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
+        q_s = q_ring.index(slot)
+        do_s = do_ring.index(slot)
+        st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        pt = ttgl.exp2(st * qk_scale - lse2[None, :])
+        # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked
+        if CAUSAL:
+            if (start_m < start_n + (WG + 1) * HALF) | ragged:
+                pt = ttgl.where(key_ok & (offs_m[None, :] >= offs_n[:, None]), pt, 0.0)
+        else:
+            if ragged:
+                pt = ttgl.where(key_ok, pt, 0.0)
+        pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
+        ds = (pt * (dpt - delta[None, :])).to(dtype)
+        # dS^T rows of this warpgroup into the step's buffer (parity i % 2), once the dQ that read it two steps ago
+        # is done
+        par = i % 2
+        use = i // 2
+        mbarrier.wait(ds_empty.index(par), (use & 1) ^ 1, pred=use > 0)
+        ds_smem.index(par).slice(WG * HALF, HALF, dim=0).store(ds)
+        fence_async_shared()
+        ttgl.thread_barrier()
+        mbarrier.arrive(ds_full.index(par), count=1)
+        ds16 = ttgl.convert_layout(ds, a_layout)
+        dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+        dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+        ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+        if par == WG:
+            mbarrier.wait(ds_full.index(par), use & 1)
+            dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
+            ttgl.thread_barrier()
+            mbarrier.arrive(ds_empty.index(par), count=1)
+            dq_off = bh * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
+            ttgl.atomic_add(DQacc + dq_off, dqt, mask=row_ok[None, :], sem="relaxed")
+
+    dk = dk * sm_scale
+    offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
+    offs_c = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
+    out_off = (b.to(ttgl.int64) * stride_dkb + hk.to(ttgl.int64) * stride_dkh
+               + offs_r[:, None].to(ttgl.int64) * stride_dkt + offs_c[None, :])
+    keep = (offs_r < N_CTX_K)[:, None]
+    ttgl.store(DK + out_off, dk.to(dtype), mask=keep)
+    ttgl.store(DV + out_off, dv.to(dtype), mask=keep)
+
+
+@gluon.jit
+def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars,
+                 b, hk, start_n, m_lo, n_m, n_iters, GROUP,
+                 HEAD_DIM: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+                 NUM_STAGES: ttgl.constexpr):
+    """The load warp of the fused backward: the program's K and V block once, then each step's Q and dO tiles
+    into ring slot i % NUM_STAGES once both consumers released the step that held it before."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    TILE_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    KV_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    kv_box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar,
+                                    k_smem._reinterpret(dtype, kv_box, k_desc.layout))
+    tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar,
+                                    v_smem._reinterpret(dtype, kv_box, v_desc.layout))
+    for i in range(n_iters):
+        slot = i % NUM_STAGES
+        mbarrier.wait(empty_bars.index(slot), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
+        _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, ld_bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
+                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
+
+
+@gluon.jit
+def _attn_bwd_fused_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, DQacc,
+    stride_dkb, stride_dkh, stride_dkt,
+    sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+    NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
+    PRODUCER_REGS: ttgl.constexpr,
+):
+    """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
+    pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
+    (64 keys each: the default partition and a 4-warp worker) and a 1-warp TMA producer (_fb_consumer,
+    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    ds_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+    start_n = ttgl.program_id(0) * BLOCK_N
+    bhk = ttgl.program_id(1)
+    b = bhk // H_K
+    hk = bhk % H_K
+    if CAUSAL:
+        m_lo = start_n // BLOCK_M
+    else:
+        m_lo = start_n * 0
+    n_m = ttgl.maximum(ttgl.cdiv(N_CTX_Q, BLOCK_M) - m_lo, 0)
+    n_iters = GROUP * n_m
+    n_m = ttgl.maximum(n_m, 1)
+
+    k_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_shared)
+    v_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_shared)
+    q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
+    do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
+    ds_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_shared)
+    kv_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
+    ld_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_empty = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(ld_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)  # both consumers release a slot
+    for i in ttgl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=2)  # both consumers' dS^T rows are in
+        mbarrier.init(ds_empty.index(i), count=1)  # the dQ warpgroup read them
+    fence_async_shared()
+
+    ttgl.warp_specialize(
+        [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
+                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
+                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES)),
+         (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
+                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
+                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES)),
+         (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
+                         empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
+        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+
+    mbarrier.invalidate(kv_bar)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ld_bars.index(i))
+        mbarrier.invalidate(empty_bars.index(i))
+    for i in ttgl.static_range(2):
+        mbarrier.invalidate(ds_full.index(i))
+        mbarrier.invalidate(ds_empty.index(i))
+
+
+# ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
 def supported(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> bool:
@@ -1284,9 +1483,31 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
         )
 
 
+def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None) -> None:
+    """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
+    (last dim contiguous). dQ is summed in an fp32 buffer [B * Hq, D, Tq rounded up to 16] (B * Hq * Tq * D * 4
+    bytes more than the split kernels hold), then scaled and cast into dq. config: (BLOCK_M, NUM_STAGES), else
+    FB_CONFIGS'."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    block_m, stages = config or FB_CONFIGS[D]
+    n_pad = triton.cdiv(Tq, 16) * 16
+    dq_acc = torch.zeros((B * Hq, D, n_pad), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(Tk, FB_BLOCK_N), B * Hk)
+    descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
+    with torch.cuda.device(q.device):
+        _attn_bwd_fused_gluon_kernel[grid](
+            *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
+            scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk, n_pad,
+            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+        )
+    dq.copy_(dq_acc.view(B, Hq, D, n_pad)[..., :Tq].transpose(-1, -2).mul_(scale))
+
+
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None, ones=()):
+                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1299,11 +1520,12 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    unknown = set(variants) - {"1part", "ws", "pp", "pps", "bwd", "bwd_dq"}
+    unknown = set(variants) - {"1part", "ws", "pp", "pps", "bwd", "bwd_dq", "bwd_fused"}
     if unknown:
-        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'pps', 'bwd', 'bwd_dq', got {sorted(unknown)}")
+        raise ValueError("variants must be among '1part', 'ws', 'pp', 'pps', 'bwd', 'bwd_dq', 'bwd_fused', got "
+                         f"{sorted(unknown)}")
     kernels = (_attn_fwd_gluon_kernel, _attn_fwd_gluon_pp_kernel, _attn_fwd_gluon_pps_kernel,
-               _attn_bwd_dkdv_gluon_kernel, _attn_bwd_dq_gluon_kernel)
+               _attn_bwd_dkdv_gluon_kernel, _attn_bwd_dq_gluon_kernel, _attn_bwd_fused_gluon_kernel)
     unknown = set(ones) - {p.name for fn in kernels for p in fn.params}
     if unknown:
         raise ValueError(f"ones must name kernel arguments, got {sorted(unknown)}")
@@ -1337,6 +1559,19 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_dkdv_gluon_kernel, sig, const, warps)
             name = f"bwd[dkdv] d{d} {'causal' if c else 'full'} {bn}x{bm} w{warps} s{stages}"
+            found.append((f"attention_gluon {name} sm_{arch}", kernel))
+            continue
+        if variant == "bwd_fused":
+            bm, stages = (fb_configs or FB_CONFIGS)[d]
+            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
+                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+            sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
+            sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
+                       stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
+                       N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32")
+            sig.update({n: "constexpr" for n in const})
+            kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
+            name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant == "bwd_dq":
