@@ -162,7 +162,8 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
-for variant, table, key in (("bwd", ag.BWD_CANDIDATES, "bwd_configs"), ("bwd_dq", ag.BWD_DQ_CANDIDATES, "bwd_dq_configs")):
+for variant, table, key in (("bwd", ag.BWD_CANDIDATES, "bwd_configs"), ("bwd_dq", ag.BWD_DQ_CANDIDATES, "bwd_dq_configs"),
+                            ("bwd_fused", ag.FB_CANDIDATES, "fb_configs")):
     for d, cands in table.items():
         for cfg in cands:
             for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=(variant,), **{key: {d: cfg}}):
@@ -208,13 +209,14 @@ def test_sm90_every_ping_pong_candidate_builds_without_spills():
 
 
 def test_sm90_every_backward_candidate_builds_without_spills():
-    """Every dK / dV and dQ config (BWD_CANDIDATES / BWD_DQ_CANDIDATES, the first of each is the shipped one)
+    """Every dK / dV, dQ and fused config (BWD_CANDIDATES / BWD_DQ_CANDIDATES / FB_CANDIDATES, the first of each is the shipped one)
     builds for sm_90, causal or not, with wgmma and TMA and no spills."""
-    for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS)):
+    for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS),
+                          (ag.FB_CANDIDATES, ag.FB_CONFIGS)):
         for d, cands in table.items():
             assert cands[0] == shipped[d]
     reports = run_offline(_BWD_CANDIDATES_SCRIPT)
-    n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES) for c in t.values())
+    n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES, ag.FB_CANDIDATES) for c in t.values())
     assert len(reports) == 2 * n, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
@@ -226,6 +228,11 @@ def test_backward_kernel_is_opt_in(d):
     on = {"HEARTH_ATTN_GLUON_BWD": "1"}
     assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env={}) == "triton"
     assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env=on) == "gluon"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused", env=on) == "triton"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused",
+                                env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}) == "gluon"
+    assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, part="fused",
+                                env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}) == "triton"
     assert attn.backward_kernel((9, 0), torch.float16, d, False, env=on) == "gluon"
     assert attn.backward_kernel((9, 0), torch.float32, d, True, env=on) == "triton"
     assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, env=on) == "triton"

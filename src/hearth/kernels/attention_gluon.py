@@ -1163,7 +1163,8 @@ def _attn_bwd_dq_gluon_kernel(
 # Fused backward: dK, dV and dQ in one kernel, 5 matmuls a step (env HEARTH_ATTN_GLUON_BWD_FUSED=1; experimental)
 # ----------------------------------------------------------------------------------------------
 # (BLOCK_M queries a step, NUM_STAGES of the Q / dO ring) per head dim; a program owns FB_BLOCK_N = 128 keys,
-# 64 per consumer warpgroup.
+# 64 per consumer warpgroup. Every candidate builds for sm_90 without spills (at D 128, 64-query steps spill
+# 160-400 bytes and 3 stages 88 bytes non-causal, so D 128 has one).
 FB_BLOCK_N = 128
 FB_CONFIGS = {
     64: (64, 2),
@@ -1171,7 +1172,7 @@ FB_CONFIGS = {
 }
 FB_CANDIDATES = {
     64: [(64, 2), (32, 2), (64, 3)],
-    128: [(32, 2), (32, 3), (64, 2)],
+    128: [(32, 2)],
 }
 
 
@@ -1197,7 +1198,6 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
     k_w = k_smem.slice(WG * HALF, HALF, dim=0)
     v_w = v_smem.slice(WG * HALF, HALF, dim=0)
     offs_n = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, st_layout))
-    key_ok = (offs_n < N_CTX_K)[:, None]
     ragged = start_n + BLOCK_N > N_CTX_K
     zero_st = ttgl.zeros([HALF, BLOCK_M], ttgl.float32, st_layout)
     zero_dq = ttgl.zeros([HEAD_DIM, BLOCK_M], ttgl.float32, st_layout)
@@ -1221,13 +1221,15 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
-        # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked
+        # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
+        # Causal (T_q == T_k): a valid query and a key past T_k only meet in a step that crosses the diagonal,
+        # whose mask (query >= key) drops that key; other steps need no mask.
         if CAUSAL:
-            if (start_m < start_n + (WG + 1) * HALF) | ragged:
-                pt = ttgl.where(key_ok & (offs_m[None, :] >= offs_n[:, None]), pt, 0.0)
+            if start_m < start_n + (WG + 1) * HALF:
+                pt = ttgl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
         else:
             if ragged:
-                pt = ttgl.where(key_ok, pt, 0.0)
+                pt = ttgl.where((offs_n < N_CTX_K)[:, None], pt, 0.0)
         pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
         dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
@@ -1251,8 +1253,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
             dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
+            # no mask: DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)
             dq_off = bh * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
-            ttgl.atomic_add(DQacc + dq_off, dqt, mask=row_ok[None, :], sem="relaxed")
+            ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
 
     dk = dk * sm_scale
     offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
@@ -1485,13 +1488,13 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
 
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
-    (last dim contiguous). dQ is summed in an fp32 buffer [B * Hq, D, Tq rounded up to 16] (B * Hq * Tq * D * 4
+    (last dim contiguous). dQ is summed in an fp32 buffer [B * Hq, D, Tq rounded up to 64] (B * Hq * Tq * D * 4
     bytes more than the split kernels hold), then scaled and cast into dq. config: (BLOCK_M, NUM_STAGES), else
     FB_CONFIGS'."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     block_m, stages = config or FB_CONFIGS[D]
-    n_pad = triton.cdiv(Tq, 16) * 16
+    n_pad = triton.cdiv(Tq, 64) * 64  # whole query blocks: the kernel's adds need no mask
     dq_acc = torch.zeros((B * Hq, D, n_pad), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(Tk, FB_BLOCK_N), B * Hk)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
