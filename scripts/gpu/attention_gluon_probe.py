@@ -281,14 +281,16 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
-BWD_VARIANTS = {"triton": ("0", "0", "0"), "gluon_dkdv": ("1", "0", "0"), "gluon_dq": ("0", "1", "0"),
-                "gluon_both": ("1", "1", "0"), "gluon_fused": ("0", "0", "1")}
-BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED")
+BWD_VARIANTS = {"triton": ("0", "0", "0", "0"), "gluon_dkdv": ("1", "0", "0", "0"), "gluon_dq": ("0", "1", "0", "0"),
+                "gluon_both": ("1", "1", "0", "0"), "gluon_fused": ("0", "0", "1", "0"),
+                "gluon_fused_v2": ("0", "0", "1", "1")}
+# the fused backward (one kernel, 5 matmuls, fp32 dQ adds) and its red.v2.f32 form
+BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED", "HEARTH_ATTN_FB_VEC_RED")
 
 
 def bwd_probe(case, emit):
     """--bwd: fwd+bwd through attention() with the backward's dK / dV and dQ kernels Triton or Gluon
-    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ), each Gluon variant gated on its gradients agreeing with
+    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ) or the fused Gluon backward (BWD_VARIANTS), each Gluon variant gated on its gradients agreeing with
     the Triton backward's (max |diff| of dq / dk / dv <= 0.05), and SDPA cuDNN; TFLOP/s at 3.5x the forward's
     FLOPs. The forward is whatever attention.forward_kernel picks."""
     causal = case[5]
@@ -323,6 +325,17 @@ def bwd_probe(case, emit):
     cud = cudnn_fn(qg, kg, vg, causal)
     fns["sdpa_cudnn"] = lambda: cud().backward(do)
     time_into(row, "fwdbwd_tflops_", fns, 3.5 * fwd_flops, grad_to_none=[qg, kg, vg])
+    for name, fn in fns.items():  # peak memory of one fwd+bwd above what was allocated before it, MiB
+        try:
+            qg.grad = kg.grad = vg.grad = None
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            torch.cuda.synchronize()
+            row[f"fwdbwd_peak_mib_{name}"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+        except Exception as e:
+            row[f"fwdbwd_peak_mib_{name}"] = f"error: {error_text(e)}"
     for var in BWD_VARS:
         os.environ.pop(var, None)
     emit(row)

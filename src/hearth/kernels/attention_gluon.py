@@ -1181,7 +1181,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                  H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1255,7 +1255,12 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
             mbarrier.arrive(ds_empty.index(par), count=1)
             # no mask: DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)
             dq_off = bh * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
-            ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
+            if VEC_RED:  # one red.v2.f32 per pair of adjacent queries a thread holds (sm_90)
+                ttgl.inline_asm_elementwise(
+                    "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; mov.u32 $0, 0; mov.u32 $1, 0;",
+                    "=r,=r,l,l,f,f", [(DQacc + dq_off).to(ttgl.int64), dqt], dtype=ttgl.int32, is_pure=False, pack=2)
+            else:
+                ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
 
     dk = dk * sm_scale
     offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
@@ -1297,7 +1302,7 @@ def _attn_bwd_fused_gluon_kernel(
     sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
-    PRODUCER_REGS: ttgl.constexpr,
+    PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1343,11 +1348,11 @@ def _attn_bwd_fused_gluon_kernel(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                          Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                          H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
-                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                          Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                          H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
-                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
                          empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1490,7 +1495,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
     (last dim contiguous). dQ is summed in an fp32 buffer [B * Hq, D, Tq rounded up to 64] (B * Hq * Tq * D * 4
     bytes more than the split kernels hold), then scaled and cast into dq. config: (BLOCK_M, NUM_STAGES), else
-    FB_CONFIGS'."""
+    FB_CONFIGS'. HEARTH_ATTN_FB_VEC_RED=1 (probe only): the fp32 adds as red.global.add.v2.f32, two queries at a
+    time, instead of Triton's one-element atomics."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     block_m, stages = config or FB_CONFIGS[D]
@@ -1503,14 +1509,15 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
             *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
             scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk, n_pad,
             HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
-            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+            VEC_RED=os.environ.get("HEARTH_ATTN_FB_VEC_RED", "0") == "1", num_warps=4,
         )
     dq.copy_(dq_acc.view(B, Hq, D, n_pad)[..., :Tq].transpose(-1, -2).mul_(scale))
 
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, ones=()):
+                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_vec_red=False, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1567,7 +1574,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
         if variant == "bwd_fused":
             bm, stages = (fb_configs or FB_CONFIGS)[d]
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
-                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS)
+                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                         VEC_RED=fb_vec_red)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
