@@ -281,11 +281,13 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
-BWD_VARIANTS = {"triton": ("0", "0", "0", "0"), "gluon_dkdv": ("1", "0", "0", "0"), "gluon_dq": ("0", "1", "0", "0"),
-                "gluon_both": ("1", "1", "0", "0"), "gluon_fused": ("0", "0", "1", "0"),
-                "gluon_fused_v2": ("0", "0", "1", "1")}
-# the fused backward (one kernel, 5 matmuls, fp32 dQ adds) and its red.v2.f32 form
-BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED", "HEARTH_ATTN_FB_VEC_RED")
+BWD_VARIANTS = {"triton": ("0", "0", "0", "0", "0"), "gluon_dkdv": ("1", "0", "0", "0", "0"),
+                "gluon_dq": ("0", "1", "0", "0", "0"), "gluon_both": ("1", "1", "0", "0", "0"),
+                "gluon_fused": ("0", "0", "1", "0", "0"), "gluon_fused_v2": ("0", "0", "1", "1", "0"),
+                "gluon_fused_64m": ("0", "0", "1", "0", "64")}
+# the fused backward (one kernel, 5 matmuls, fp32 dQ adds): its red.v2.f32 form, and its dQ buffer bounded to 64 MiB
+BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED", "HEARTH_ATTN_FB_VEC_RED",
+            "HEARTH_ATTN_FB_ACC_MIB")
 
 
 def bwd_probe(case, emit):

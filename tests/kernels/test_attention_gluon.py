@@ -722,6 +722,28 @@ def test_gpu_backward_fused_gqa_40_8_bthd_fp16_and_lengths(D, causal):
         _check_backward_lengths(200, 100, D, dtype=torch.float16, score_shift=32.0 * math.sqrt(D), parts=("fused",))
 
 
+def test_fused_chunk_bounds_the_dq_buffer():
+    """(b, K/V head) pairs per launch of the fused backward: all when unbounded or when they fit; else the most that
+    fit among the divisors of Hk and the whole batch rows dividing B; never 0."""
+    per = 2 * 64 * 128 * 4  # group 2, D 64, 128 padded queries: 64 KiB a pair
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 0) == 12
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 12 * per) == 12
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 11 * per) == 4  # one batch row (12 does not fit, 8 does not divide)
+    assert ag.fused_chunk(4, 4, 2, 64, 128, 11 * per) == 8  # two of four batch rows
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 3 * per) == 2  # within a row: a divisor of Hk
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 1) == 1
+
+
+@hopper_only
+@pytest.mark.parametrize("mib", [0.001, 0.125, 0.25])
+def test_gpu_fused_backward_bounded_buffer(monkeypatch, mib):
+    """HEARTH_ATTN_FB_ACC_MIB bounds the fp32 dQ buffer: one pair a launch (0.001), a whole batch row (0.125: Hk
+    pairs), two rows (0.25); gradients within the 2x rule either way."""
+    monkeypatch.setenv("HEARTH_ATTN_FB_ACC_MIB", str(mib))
+    for causal in (False, True):
+        _check_backward(2, 4, 2, 100, 64, causal, parts=("fused",))
+
+
 @hopper_only
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):

@@ -1179,7 +1179,7 @@ FB_CANDIDATES = {
 @gluon.jit
 def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
-                 H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
+                 H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
@@ -1254,7 +1254,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
             # no mask: DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)
-            dq_off = bh * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
+            dq_off = ((acc_h0 + i // n_m).to(ttgl.int64) * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q
+                      + offs_m[None, :])
             if VEC_RED:  # one red.v2.f32 per pair of adjacent queries a thread holds (sm_90)
                 ttgl.inline_asm_elementwise(
                     "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; mov.u32 $0, 0; mov.u32 $1, 0;",
@@ -1299,7 +1300,7 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
 def _attn_bwd_fused_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, DQacc,
     stride_dkb, stride_dkh, stride_dkt,
-    sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q,
+    sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, BHK0,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False,
@@ -1307,14 +1308,16 @@ def _attn_bwd_fused_gluon_kernel(
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
     (64 keys each: the default partition and a 4-warp worker) and a 1-warp TMA producer (_fb_consumer,
-    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel."""
+    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel; program (i, j) serves (b, K/V head) number BHK0 + j,
+    and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g)."""
     dtype: ttgl.constexpr = q_desc.dtype
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     ds_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
 
     start_n = ttgl.program_id(0) * BLOCK_N
-    bhk = ttgl.program_id(1)
+    bhk = BHK0 + ttgl.program_id(1)
+    acc_h0 = ttgl.program_id(1) * GROUP  # this launch's first query head in DQacc
     b = bhk // H_K
     hk = bhk % H_K
     if CAUSAL:
@@ -1347,11 +1350,11 @@ def _attn_bwd_fused_gluon_kernel(
     ttgl.warp_specialize(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                          Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
-                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
+                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                          0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                          Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
-                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, start_n, m_lo, n_m, n_iters,
+                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                          1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
                          empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
@@ -1491,28 +1494,54 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
         )
 
 
-def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None) -> None:
+def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: int) -> int:
+    """(b, K/V head) pairs per launch of the fused backward: all B * Hk when their fp32 dQ buffer (group * head_dim
+    * n_pad * 4 bytes a pair) fits `budget` bytes (0: no bound), else the most that fit and either divide Hk (a
+    launch within one batch row) or are whole batch rows dividing B, at least 1."""
+    total = B * Hk
+    per = group * head_dim * n_pad * 4
+    if budget <= 0 or total * per <= budget:
+        return total
+    fit = max(1, budget // per)
+    options = [c for c in range(1, Hk + 1) if Hk % c == 0] + [Hk * nb for nb in range(1, B + 1) if B % nb == 0]
+    return max(c for c in options if c <= fit)
+
+
+def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
+                   acc_bytes: int | None = None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
-    (last dim contiguous). dQ is summed in an fp32 buffer [B * Hq, D, Tq rounded up to 64] (B * Hq * Tq * D * 4
-    bytes more than the split kernels hold), then scaled and cast into dq. config: (BLOCK_M, NUM_STAGES), else
-    FB_CONFIGS'. HEARTH_ATTN_FB_VEC_RED=1 (probe only): the fp32 adds as red.global.add.v2.f32, two queries at a
-    time, instead of Triton's one-element atomics."""
+    (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to 64], then scaled and cast
+    into dq. acc_bytes bounds that buffer (env HEARTH_ATTN_FB_ACC_MIB, MiB; 0 or unset: none, B * Hq * Tq * D * 4
+    bytes): the (b, K/V head) pairs then run in launches of fused_chunk pairs, one buffer reused. config:
+    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. HEARTH_ATTN_FB_VEC_RED=1 (probe only): the fp32 adds as
+    red.global.add.v2.f32, two queries at a time, instead of Triton's one-element atomics."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
+    group = Hq // Hk
     block_m, stages = config or FB_CONFIGS[D]
     n_pad = triton.cdiv(Tq, 64) * 64  # whole query blocks: the kernel's adds need no mask
-    dq_acc = torch.zeros((B * Hq, D, n_pad), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(Tk, FB_BLOCK_N), B * Hk)
+    if acc_bytes is None:
+        acc_bytes = int(float(os.environ.get("HEARTH_ATTN_FB_ACC_MIB", "0")) * 2**20)
+    chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
+    dq_acc = torch.empty((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
+    vec_red = os.environ.get("HEARTH_ATTN_FB_VEC_RED", "0") == "1"
     with torch.cuda.device(q.device):
-        _attn_bwd_fused_gluon_kernel[grid](
-            *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
-            scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk, n_pad,
-            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
-            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-            VEC_RED=os.environ.get("HEARTH_ATTN_FB_VEC_RED", "0") == "1", num_warps=4,
-        )
-    dq.copy_(dq_acc.view(B, Hq, D, n_pad)[..., :Tq].transpose(-1, -2).mul_(scale))
+        for r0 in range(0, B * Hk, chunk):
+            dq_acc.zero_()
+            _attn_bwd_fused_gluon_kernel[(triton.cdiv(Tk, FB_BLOCK_N), chunk)](
+                *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
+                scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
+                HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
+                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                VEC_RED=vec_red, num_warps=4,
+            )
+            # this launch's query heads: `rows` of each of its batch rows (a view of dq each)
+            b0, hk0 = divmod(r0, Hk)
+            rows = min(chunk, Hk) * group
+            for r in range(max(1, chunk // Hk)):
+                h0 = hk0 * group if chunk < Hk else 0
+                dq[b0 + r, h0:h0 + rows].copy_(dq_acc[r * rows:(r + 1) * rows, :, :Tq].transpose(-1, -2).mul_(scale))
 
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
@@ -1579,7 +1608,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
-                       N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32")
+                       N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}"
