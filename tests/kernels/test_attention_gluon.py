@@ -734,6 +734,32 @@ def test_fused_chunk_bounds_the_dq_buffer():
     assert ag.fused_chunk(3, 4, 2, 64, 128, 1) == 1
 
 
+@pytest.mark.parametrize("zero", [False, True])
+def test_dq_from_acc_transposes_scales_casts_and_clears(zero):
+    """The fused backward's epilogue (interpreter on the CPU): dq[b, h, t] = scale * acc[b * rows + h, :, t] into a
+    strided view ([B, T, H, D] memory, heads 1..2 of 4), queries past T not written, acc cleared only with zero."""
+    g = torch.Generator().manual_seed(3)
+    heads, rows, d, t, n_pad = 4, 2, 16, 70, 128
+    acc = torch.randn(heads, d, n_pad, generator=g)
+    acc0 = acc.clone()
+    dev = "cuda" if HAS_CUDA else "cpu"
+    acc = acc.to(dev)
+    full = torch.full((2, t, 4, d), 7.0, dtype=torch.bfloat16, device=dev).transpose(1, 2)  # [B, H, T, D] view
+    ag.dq_from_acc(acc, full[:, 1:3], rows, t, 0.5, zero)
+    want = (acc0[:, :, :t].transpose(-1, -2) * 0.5).reshape(2, rows, t, d)
+    # one bf16 step (the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest)
+    torch.testing.assert_close(full[:, 1:3].float().cpu(), want, rtol=2 ** -7, atol=0)
+    assert (full[:, 0] == 7).all() and (full[:, 3] == 7).all()
+    if zero:
+        assert (acc == 0).all()
+    else:
+        assert torch.equal(acc.cpu(), acc0)
+    with pytest.raises(ValueError, match="acc must be"):
+        ag.dq_from_acc(acc[:, :, :100], full[:, 1:3], rows, t, 0.5, zero)
+    with pytest.raises(ValueError, match="dq must be"):
+        ag.dq_from_acc(acc, full[:, 1:4], rows, t, 0.5, zero)
+
+
 @hopper_only
 @pytest.mark.parametrize("mib", [0.001, 0.125, 0.25])
 def test_gpu_fused_backward_bounded_buffer(monkeypatch, mib):

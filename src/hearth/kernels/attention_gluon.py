@@ -68,6 +68,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -1494,6 +1495,39 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
         )
 
 
+@triton.jit
+def _dq_from_acc_kernel(Acc, DQ, stride_b, stride_h, stride_t, ROWS, N_CTX_Q, N_PAD_Q, scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, ZERO: tl.constexpr):
+    """dq[b, h, t, :] = scale * Acc[j, :, t] for head j = b * ROWS + h of a fused-backward launch (Acc [heads, D,
+    N_PAD_Q] fp32, queries contiguous), cast to dq's dtype; with ZERO the read part of Acc is cleared for the next
+    launch. One program: BLOCK_T queries of one head."""
+    j = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.arange(0, HEAD_DIM)
+    src = Acc + j.to(tl.int64) * HEAD_DIM * N_PAD_Q + d[:, None] * N_PAD_Q + t[None, :]
+    a = tl.load(src)  # t < N_PAD_Q: BLOCK_T divides N_PAD_Q
+    if ZERO:
+        tl.store(src, tl.zeros_like(a))
+    b = j // ROWS
+    h = j - b * ROWS
+    dst = DQ + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + t[None, :].to(tl.int64) * stride_t + d[:, None]
+    tl.store(dst, (a * scale).to(DQ.dtype.element_ty), mask=(t < N_CTX_Q)[None, :])
+
+
+def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, scale: float, zero: bool) -> None:
+    """_dq_from_acc_kernel over every head of acc [heads, D, n_pad] (n_pad a multiple of 64) into dq, a [heads //
+    rows, rows, T, D] view (last dim contiguous): dq = scale * acc^T per head, and acc cleared when `zero`."""
+    heads, d, n_pad = acc.shape
+    if acc.dtype != torch.float32 or not acc.is_contiguous() or n_pad % 64 or heads % rows:
+        raise ValueError(f"acc must be a contiguous fp32 [heads, D, n_pad] with n_pad % 64 == 0 and heads % rows == 0, "
+                         f"got {acc.dtype} {tuple(acc.shape)}, rows={rows}")
+    if dq.dim() != 4 or tuple(dq.shape) != (heads // rows, rows, n_ctx_q, d) or dq.stride(-1) != 1:
+        raise ValueError(f"dq must be a [{heads // rows}, {rows}, {n_ctx_q}, {d}] view with a unit last stride, got "
+                         f"{tuple(dq.shape)} strides {tuple(dq.stride())}")
+    _dq_from_acc_kernel[(n_pad // 64, heads)](acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), rows, n_ctx_q, n_pad,
+                                              scale, HEAD_DIM=d, BLOCK_T=64, ZERO=zero, num_warps=4)
+
+
 def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: int) -> int:
     """(b, K/V head) pairs per launch of the fused backward: all B * Hk when their fp32 dQ buffer (group * head_dim
     * n_pad * 4 bytes a pair) fits `budget` bytes (0: no bound), else the most that fit and either divide Hk (a
@@ -1523,12 +1557,11 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     if acc_bytes is None:
         acc_bytes = int(float(os.environ.get("HEARTH_ATTN_FB_ACC_MIB", "0")) * 2**20)
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
-    dq_acc = torch.empty((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     vec_red = os.environ.get("HEARTH_ATTN_FB_VEC_RED", "0") == "1"
     with torch.cuda.device(q.device):
-        for r0 in range(0, B * Hk, chunk):
-            dq_acc.zero_()
+        for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[(triton.cdiv(Tk, FB_BLOCK_N), chunk)](
                 *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
@@ -1536,12 +1569,12 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                 VEC_RED=vec_red, num_warps=4,
             )
-            # this launch's query heads: `rows` of each of its batch rows (a view of dq each)
+            # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
             rows = min(chunk, Hk) * group
-            for r in range(max(1, chunk // Hk)):
-                h0 = hk0 * group if chunk < Hk else 0
-                dq[b0 + r, h0:h0 + rows].copy_(dq_acc[r * rows:(r + 1) * rows, :, :Tq].transpose(-1, -2).mul_(scale))
+            h0 = hk0 * group if chunk < Hk else 0
+            dq_from_acc(dq_acc, dq[b0:b0 + max(1, chunk // Hk), h0:h0 + rows], rows, Tq, scale,
+                        zero=r0 + chunk < B * Hk)
 
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
