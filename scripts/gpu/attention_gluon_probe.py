@@ -281,16 +281,19 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
-BWD_VARIANTS = {"triton": ("0", "0", "0", "0", "0"), "gluon_dkdv": ("1", "0", "0", "0", "0"),
-                "gluon_dq": ("0", "1", "0", "0", "0"), "gluon_both": ("1", "1", "0", "0", "0"),
-                "gluon_fused": ("0", "0", "1", "0", "0"), "gluon_fused_v2": ("0", "0", "1", "1", "0"),
-                "gluon_fused_64m": ("0", "0", "1", "0", "64")}
-# the fused backward (one kernel, 5 matmuls, fp32 dQ adds): its red.v2.f32 form, and its dQ buffer bounded to 64 MiB
+BWD_VARIANTS = {"triton": ("0", "0", "0", "0", "0", "0", ""), "gluon_dkdv": ("1", "0", "0", "0", "0", "0", ""),
+                "gluon_dq": ("0", "1", "0", "0", "0", "0", ""), "gluon_both": ("1", "1", "0", "0", "0", "0", ""),
+                "gluon_fused": ("0", "0", "1", "0", "0", "0", ""), "gluon_fused_v2": ("0", "0", "1", "1", "0", "0", ""),
+                "gluon_fused_64m": ("0", "0", "1", "0", "64", "0", ""),
+                "gluon_fused_pf": ("0", "0", "1", "0", "0", "1", ""),
+                "gluon_fused_pf_m64": ("0", "0", "1", "0", "0", "1", "64,2")}
+# the fused backward (one kernel, 5 matmuls, fp32 dQ adds): its red.v2.f32 form, its dQ buffer bounded to 64 MiB, the
+# next step's lse / delta loaded a step ahead, and 64-query steps at every head dim (they spill at D 128)
 BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED", "HEARTH_ATTN_FB_VEC_RED",
-            "HEARTH_ATTN_FB_ACC_MIB")
+            "HEARTH_ATTN_FB_ACC_MIB", "HEARTH_ATTN_FB_PREFETCH", "HEARTH_ATTN_FB_CONFIG")
 
 
-def bwd_probe(case, emit):
+def bwd_probe(case, emit, variants=None):
     """--bwd: fwd+bwd through attention() with the backward's dK / dV and dQ kernels Triton or Gluon
     (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ) or the fused Gluon backward (BWD_VARIANTS), each Gluon variant gated on its gradients agreeing with
     the Triton backward's (max |diff| of dq / dk / dv <= 0.05), and SDPA cuDNN; TFLOP/s at 3.5x the forward's
@@ -303,12 +306,18 @@ def bwd_probe(case, emit):
 
     def run(flags):
         def fn():
-            os.environ.update(zip(BWD_VARS, flags))
+            for var, val in zip(BWD_VARS, flags):
+                if val:
+                    os.environ[var] = val
+                else:
+                    os.environ.pop(var, None)
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return fn
 
     fns, grads = {}, {}
     for name, flags in BWD_VARIANTS.items():
+        if variants and name not in variants and name != "triton":
+            continue
         try:
             qg.grad = kg.grad = vg.grad = None
             run(flags)()
@@ -354,6 +363,8 @@ def main(argv=None):
                          "Triton forward and cuDNN beside them")
     ap.add_argument("--bwd", action="store_true",
                     help="only fwd+bwd with the Gluon dK / dV and dQ kernels against the Triton ones and cuDNN, at all four cases")
+    ap.add_argument("--bwd-variants", default=None,
+                    help="with --bwd: comma list of BWD_VARIANTS names to time (the Triton backward always runs)")
     ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -378,7 +389,7 @@ def main(argv=None):
             return
         if args.bwd:
             for case in CASES:
-                bwd_probe(case, emit)
+                bwd_probe(case, emit, args.bwd_variants.split(",") if args.bwd_variants else None)
             return
         for case in CASES[:1] if args.quick else CASES:
             if time.time() - T0 > BUDGET_S:

@@ -1178,11 +1178,25 @@ FB_CANDIDATES = {
 
 
 @gluon.jit
+def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr,
+                  st_layout: ttgl.constexpr):
+    """(lse * log2(e), delta) of step i's BLOCK_M query rows (lse +inf and delta 0 past T_q or past the last
+    step), along the columns of the transposed score tile."""
+    hq = hk * GROUP + i // n_m
+    bh = (b * H_Q + hq).to(ttgl.int64)
+    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
+    ok = (offs_m < N_CTX_Q) & (i < n_iters)
+    lse2 = ttgl.load(Lse + bh * N_CTX_Q + offs_m, mask=ok, other=float("inf")) * LOG2E_C
+    return lse2, ttgl.load(Delta + bh * N_CTX_Q + offs_m, mask=ok, other=0.0)
+
+
+@gluon.jit
 def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                  H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr,
+                 PREFETCH: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1205,16 +1219,21 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
     dk = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
     dv = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
     offs_d = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(1, st_layout))
+    if PREFETCH:  # step 0's lse / delta; each step then loads the next step's before its own matmuls
+        lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, 0, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M, st_layout)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_iters):
         slot = i % NUM_STAGES
-        hq = hk * GROUP + i // n_m
         start_m = (m_lo + i % n_m) * BLOCK_M
-        bh = (b * H_Q + hq).to(ttgl.int64)
         offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
-        row_ok = offs_m < N_CTX_Q
-        lse2 = ttgl.load(Lse + bh * N_CTX_Q + offs_m, mask=row_ok, other=float("inf")) * LOG2E_C
-        delta = ttgl.load(Delta + bh * N_CTX_Q + offs_m, mask=row_ok, other=0.0)
+        if PREFETCH:
+            lse2 = lse_n
+            delta = delta_n
+            lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, i + 1, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                           st_layout)
+        else:
+            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                        st_layout)
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
@@ -1304,7 +1323,7 @@ def _attn_bwd_fused_gluon_kernel(
     sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, BHK0,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
-    PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False,
+    PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False, PREFETCH: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1352,11 +1371,11 @@ def _attn_bwd_fused_gluon_kernel(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                          Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                          H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED)),
+                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                          Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                          H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED)),
+                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
                          empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1552,7 +1571,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
-    block_m, stages = config or FB_CONFIGS[D]
+    env_cfg = os.environ.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
+    block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[D])
     n_pad = triton.cdiv(Tq, 64) * 64  # whole query blocks: the kernel's adds need no mask
     if acc_bytes is None:
         acc_bytes = int(float(os.environ.get("HEARTH_ATTN_FB_ACC_MIB", "0")) * 2**20)
@@ -1567,7 +1587,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                VEC_RED=vec_red, num_warps=4,
+                VEC_RED=vec_red, PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1", num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1579,7 +1599,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_vec_red=False, ones=()):
+                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_vec_red=False, fb_prefetch=False,
+                    ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1637,7 +1658,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             bm, stages = (fb_configs or FB_CONFIGS)[d]
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                         VEC_RED=fb_vec_red)
+                         VEC_RED=fb_vec_red, PREFETCH=fb_prefetch)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
