@@ -281,16 +281,24 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
-BWD_VARIANTS = {"triton": ("0", "0", "0", "0", "0", "0", ""), "gluon_dkdv": ("1", "0", "0", "0", "0", "0", ""),
-                "gluon_dq": ("0", "1", "0", "0", "0", "0", ""), "gluon_both": ("1", "1", "0", "0", "0", "0", ""),
-                "gluon_fused": ("0", "0", "1", "0", "0", "0", ""), "gluon_fused_v2": ("0", "0", "1", "1", "0", "0", ""),
-                "gluon_fused_64m": ("0", "0", "1", "0", "64", "0", ""),
-                "gluon_fused_pf": ("0", "0", "1", "0", "0", "1", ""),
-                "gluon_fused_pf_m64": ("0", "0", "1", "0", "0", "1", "64,2")}
-# the fused backward (one kernel, 5 matmuls, fp32 dQ adds): its red.v2.f32 form, its dQ buffer bounded to 64 MiB, the
-# next step's lse / delta loaded a step ahead, and 64-query steps at every head dim (they spill at D 128)
-BWD_VARS = ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ", "HEARTH_ATTN_GLUON_BWD_FUSED", "HEARTH_ATTN_FB_VEC_RED",
-            "HEARTH_ATTN_FB_ACC_MIB", "HEARTH_ATTN_FB_PREFETCH", "HEARTH_ATTN_FB_CONFIG")
+# name -> the env the backward reads (attention.backward_kernel and attention_gluon.backward_fused); unset = default.
+# The fused backward (one kernel, 5 matmuls, fp32 dQ adds) in its forms: red.v2.f32 adds (V2), the dQ buffer bounded
+# to 64 MiB, the next step's lse / delta loaded a step ahead (PF), 64-query steps at every head dim (they spill at
+# D 128), dQ^T split over both warpgroups by rows of D every step (SPLIT, D 128), P^T and dS^T read from shared
+# memory as the dV / dK products' A operands (SA).
+_FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}
+_PF = dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1")
+BWD_VARIANTS = {
+    "triton": {}, "gluon_dkdv": {"HEARTH_ATTN_GLUON_BWD": "1"}, "gluon_dq": {"HEARTH_ATTN_GLUON_BWD_DQ": "1"},
+    "gluon_both": {"HEARTH_ATTN_GLUON_BWD": "1", "HEARTH_ATTN_GLUON_BWD_DQ": "1"},
+    "gluon_fused": _FUSED, "gluon_fused_v2": dict(_FUSED, HEARTH_ATTN_FB_VEC_RED="1"),
+    "gluon_fused_64m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="64"),
+    "gluon_fused_pf": _PF, "gluon_fused_pf_m64": dict(_PF, HEARTH_ATTN_FB_CONFIG="64,2"),
+    "gluon_fused_pf_split": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1"),
+    "gluon_fused_pf_sa": dict(_PF, HEARTH_ATTN_FB_SMEM_A="1"),
+    "gluon_fused_pf_split_sa": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1", HEARTH_ATTN_FB_SMEM_A="1"),
+}
+BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 
 
 def bwd_probe(case, emit, variants=None):
@@ -304,23 +312,23 @@ def bwd_probe(case, emit, variants=None):
     do = torch.randn_like(q)
     row = dict(case=case_label(case), bwd=True, config_dkdv=ag.BWD_CONFIGS[case[4]], config_dq=ag.BWD_DQ_CONFIGS[case[4]])
 
-    def run(flags):
+    def run(env):
         def fn():
-            for var, val in zip(BWD_VARS, flags):
-                if val:
-                    os.environ[var] = val
+            for var in BWD_VARS:
+                if var in env:
+                    os.environ[var] = env[var]
                 else:
                     os.environ.pop(var, None)
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return fn
 
     fns, grads = {}, {}
-    for name, flags in BWD_VARIANTS.items():
+    for name, env in BWD_VARIANTS.items():
         if variants and name not in variants and name != "triton":
             continue
         try:
             qg.grad = kg.grad = vg.grad = None
-            run(flags)()
+            run(env)()
             torch.cuda.synchronize()
             grads[name] = [t.grad.float() for t in (qg, kg, vg)]
         except Exception as e:
@@ -332,7 +340,7 @@ def bwd_probe(case, emit, variants=None):
             if max(diff.values()) > 0.05:
                 row[f"status_{name}"] = "mismatch: not timed"
                 continue
-        fns[name] = run(flags)
+        fns[name] = run(env)
     cud = cudnn_fn(qg, kg, vg, causal)
     fns["sdpa_cudnn"] = lambda: cud().backward(do)
     time_into(row, "fwdbwd_tflops_", fns, 3.5 * fwd_flops, grad_to_none=[qg, kg, vg])

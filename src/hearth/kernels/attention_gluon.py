@@ -1191,12 +1191,25 @@ def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q,
 
 
 @gluon.jit
-def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+def _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM: ttgl.constexpr, VEC_RED: ttgl.constexpr):
+    """dqt (rows offs_d of dQ^T, columns offs_m) added into DQacc[head] ([D, N_PAD_Q], queries contiguous). No mask:
+    DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)."""
+    dq_off = head.to(ttgl.int64) * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
+    if VEC_RED:  # one red.v2.f32 per pair of adjacent queries a thread holds (sm_90)
+        ttgl.inline_asm_elementwise(
+            "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; mov.u32 $0, 0; mov.u32 $1, 0;",
+            "=r,=r,l,l,f,f", [(DQacc + dq_off).to(ttgl.int64), dqt], dtype=ttgl.int32, is_pure=False, pack=2)
+    else:
+        ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
+
+
+@gluon.jit
+def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty, p_smem,
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                  H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr,
-                 PREFETCH: ttgl.constexpr):
+                 PREFETCH: ttgl.constexpr, DQ_SPLIT: ttgl.constexpr, SMEM_A: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1215,10 +1228,11 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
     offs_n = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, st_layout))
     ragged = start_n + BLOCK_N > N_CTX_K
     zero_st = ttgl.zeros([HALF, BLOCK_M], ttgl.float32, st_layout)
-    zero_dq = ttgl.zeros([HEAD_DIM, BLOCK_M], ttgl.float32, st_layout)
+    DQ_ROWS: ttgl.constexpr = HEAD_DIM // 2 if DQ_SPLIT else HEAD_DIM  # rows of dQ^T this warpgroup computes a step
+    zero_dq = ttgl.zeros([DQ_ROWS, BLOCK_M], ttgl.float32, st_layout)
     dk = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
     dv = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
-    offs_d = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(1, st_layout))
+    offs_d = ttgl.arange(0, DQ_ROWS, layout=ttgl.SliceLayout(1, st_layout))
     if PREFETCH:  # step 0's lse / delta; each step then loads the next step's before its own matmuls
         lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, 0, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M, st_layout)
     mbarrier.wait(kv_bar, 0)
@@ -1250,8 +1264,14 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         else:
             if ragged:
                 pt = ttgl.where((offs_n < N_CTX_K)[:, None], pt, 0.0)
-        pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
-        dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+        if SMEM_A:  # P^T through shared memory as the dV product's A operand (no register copy in its layout)
+            p_smem.store(pt.to(dtype))
+            fence_async_shared()
+            ttgl.thread_barrier()
+            dv_tok = warpgroup_mma(p_smem, do_s, dv, is_async=True)
+        else:
+            pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
+            dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
         ds = (pt * (dpt - delta[None, :])).to(dtype)
         # dS^T rows of this warpgroup into the step's buffer (parity i % 2), once the dQ that read it two steps ago
@@ -1263,25 +1283,29 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         fence_async_shared()
         ttgl.thread_barrier()
         mbarrier.arrive(ds_full.index(par), count=1)
-        ds16 = ttgl.convert_layout(ds, a_layout)
-        dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
-        dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+        if SMEM_A:  # dK's A operand: this warpgroup's dS^T rows, just stored
+            dk_tok = warpgroup_mma(ds_smem.index(par).slice(WG * HALF, HALF, dim=0), q_s, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+        else:
+            ds16 = ttgl.convert_layout(ds, a_layout)
+            dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+            dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
         ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
         mbarrier.arrive(empty_bars.index(slot), count=1)
-        if par == WG:
+        if DQ_SPLIT:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
             mbarrier.wait(ds_full.index(par), use & 1)
-            dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
+            dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par), zero_dq,
+                                use_acc=False)
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
-            # no mask: DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)
-            dq_off = ((acc_h0 + i // n_m).to(ttgl.int64) * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q
-                      + offs_m[None, :])
-            if VEC_RED:  # one red.v2.f32 per pair of adjacent queries a thread holds (sm_90)
-                ttgl.inline_asm_elementwise(
-                    "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; mov.u32 $0, 0; mov.u32 $1, 0;",
-                    "=r,=r,l,l,f,f", [(DQacc + dq_off).to(ttgl.int64), dqt], dtype=ttgl.int32, is_pure=False, pack=2)
-            else:
-                ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
+            _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM, VEC_RED)
+        else:
+            if par == WG:
+                mbarrier.wait(ds_full.index(par), use & 1)
+                dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
+                ttgl.thread_barrier()
+                mbarrier.arrive(ds_empty.index(par), count=1)
+                _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, offs_d, offs_m, N_PAD_Q, HEAD_DIM, VEC_RED)
 
     dk = dk * sm_scale
     offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
@@ -1324,6 +1348,7 @@ def _attn_bwd_fused_gluon_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False, PREFETCH: ttgl.constexpr = False,
+    DQ_SPLIT: ttgl.constexpr = False, SMEM_A: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1353,6 +1378,9 @@ def _attn_bwd_fused_gluon_kernel(
     q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     ds_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_shared)
+    # each consumer's P^T tile (read by SMEM_A's dV product only)
+    p_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], dtype)
+    p_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N // 2, BLOCK_M], p_shared)
     kv_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
     ld_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -1364,18 +1392,18 @@ def _attn_bwd_fused_gluon_kernel(
         mbarrier.init(empty_bars.index(i), count=2)  # both consumers release a slot
     for i in ttgl.static_range(2):
         mbarrier.init(ds_full.index(i), count=2)  # both consumers' dS^T rows are in
-        mbarrier.init(ds_empty.index(i), count=1)  # the dQ warpgroup read them
+        mbarrier.init(ds_empty.index(i), count=2 if DQ_SPLIT else 1)  # the dQ warpgroup(s) read them
     fence_async_shared()
 
     ttgl.warp_specialize(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
-                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
-                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH)),
+                         p_smem.index(0), Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
+                         qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
+                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH, DQ_SPLIT, SMEM_A)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
-                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
-                         H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH)),
+                         p_smem.index(1), Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
+                         qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
+                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH, DQ_SPLIT, SMEM_A)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
                          empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1587,7 +1615,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                VEC_RED=vec_red, PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1", num_warps=4,
+                VEC_RED=vec_red, PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1",
+                DQ_SPLIT=D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1",
+                SMEM_A=os.environ.get("HEARTH_ATTN_FB_SMEM_A", "0") == "1", num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1600,7 +1630,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_vec_red=False, fb_prefetch=False,
-                    ones=()):
+                    fb_dq_split=False, fb_smem_a=False, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1658,7 +1688,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             bm, stages = (fb_configs or FB_CONFIGS)[d]
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                         VEC_RED=fb_vec_red, PREFETCH=fb_prefetch)
+                         VEC_RED=fb_vec_red, PREFETCH=fb_prefetch, DQ_SPLIT=fb_dq_split and d == 128, SMEM_A=fb_smem_a)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
