@@ -281,12 +281,29 @@ def sweep_pp_guarded(emit, time_triton=False):
         emit(dict(sweep=True, variant="pp", status=status, last_started=last))
 
 
-BWD_VARIANTS = {"triton": ("0", "0"), "gluon_dkdv": ("1", "0"), "gluon_dq": ("0", "1"), "gluon_both": ("1", "1")}
+# name -> the env the backward reads (attention.backward_kernel and attention_gluon.backward_fused); unset = default.
+# The fused backward (one kernel, 5 matmuls, fp32 dQ adds) in its forms: red.v2.f32 adds (V2), the dQ buffer bounded
+# to 64 MiB, the next step's lse / delta loaded a step ahead (PF), 64-query steps at every head dim (they spill at
+# D 128), dQ^T split over both warpgroups by rows of D every step (SPLIT, D 128), P^T and dS^T read from shared
+# memory as the dV / dK products' A operands (SA).
+_FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}
+_PF = dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1")
+BWD_VARIANTS = {
+    "triton": {}, "gluon_dkdv": {"HEARTH_ATTN_GLUON_BWD": "1"}, "gluon_dq": {"HEARTH_ATTN_GLUON_BWD_DQ": "1"},
+    "gluon_both": {"HEARTH_ATTN_GLUON_BWD": "1", "HEARTH_ATTN_GLUON_BWD_DQ": "1"},
+    "gluon_fused": _FUSED, "gluon_fused_v2": dict(_FUSED, HEARTH_ATTN_FB_VEC_RED="1"),
+    "gluon_fused_64m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="64"),
+    "gluon_fused_pf": _PF, "gluon_fused_pf_m64": dict(_PF, HEARTH_ATTN_FB_CONFIG="64,2"),
+    "gluon_fused_pf_split": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1"),
+    "gluon_fused_pf_sa": dict(_PF, HEARTH_ATTN_FB_SMEM_A="1"),
+    "gluon_fused_pf_split_sa": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1", HEARTH_ATTN_FB_SMEM_A="1"),
+}
+BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 
 
-def bwd_probe(case, emit):
+def bwd_probe(case, emit, variants=None):
     """--bwd: fwd+bwd through attention() with the backward's dK / dV and dQ kernels Triton or Gluon
-    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ), each Gluon variant gated on its gradients agreeing with
+    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ) or the fused Gluon backward (BWD_VARIANTS), each Gluon variant gated on its gradients agreeing with
     the Triton backward's (max |diff| of dq / dk / dv <= 0.05), and SDPA cuDNN; TFLOP/s at 3.5x the forward's
     FLOPs. The forward is whatever attention.forward_kernel picks."""
     causal = case[5]
@@ -295,17 +312,23 @@ def bwd_probe(case, emit):
     do = torch.randn_like(q)
     row = dict(case=case_label(case), bwd=True, config_dkdv=ag.BWD_CONFIGS[case[4]], config_dq=ag.BWD_DQ_CONFIGS[case[4]])
 
-    def run(flags):
+    def run(env):
         def fn():
-            os.environ["HEARTH_ATTN_GLUON_BWD"], os.environ["HEARTH_ATTN_GLUON_BWD_DQ"] = flags
+            for var in BWD_VARS:
+                if var in env:
+                    os.environ[var] = env[var]
+                else:
+                    os.environ.pop(var, None)
             attn.attention(qg, kg, vg, causal=causal).backward(do)
         return fn
 
     fns, grads = {}, {}
-    for name, flags in BWD_VARIANTS.items():
+    for name, env in BWD_VARIANTS.items():
+        if variants and name not in variants and name != "triton":
+            continue
         try:
             qg.grad = kg.grad = vg.grad = None
-            run(flags)()
+            run(env)()
             torch.cuda.synchronize()
             grads[name] = [t.grad.float() for t in (qg, kg, vg)]
         except Exception as e:
@@ -317,11 +340,22 @@ def bwd_probe(case, emit):
             if max(diff.values()) > 0.05:
                 row[f"status_{name}"] = "mismatch: not timed"
                 continue
-        fns[name] = run(flags)
+        fns[name] = run(env)
     cud = cudnn_fn(qg, kg, vg, causal)
     fns["sdpa_cudnn"] = lambda: cud().backward(do)
     time_into(row, "fwdbwd_tflops_", fns, 3.5 * fwd_flops, grad_to_none=[qg, kg, vg])
-    for var in ("HEARTH_ATTN_GLUON_BWD", "HEARTH_ATTN_GLUON_BWD_DQ"):
+    for name, fn in fns.items():  # peak memory of one fwd+bwd above what was allocated before it, MiB
+        try:
+            qg.grad = kg.grad = vg.grad = None
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            torch.cuda.synchronize()
+            row[f"fwdbwd_peak_mib_{name}"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+        except Exception as e:
+            row[f"fwdbwd_peak_mib_{name}"] = f"error: {error_text(e)}"
+    for var in BWD_VARS:
         os.environ.pop(var, None)
     emit(row)
 
@@ -337,6 +371,8 @@ def main(argv=None):
                          "Triton forward and cuDNN beside them")
     ap.add_argument("--bwd", action="store_true",
                     help="only fwd+bwd with the Gluon dK / dV and dQ kernels against the Triton ones and cuDNN, at all four cases")
+    ap.add_argument("--bwd-variants", default=None,
+                    help="with --bwd: comma list of BWD_VARIANTS names to time (the Triton backward always runs)")
     ap.add_argument("--pp-child", action="store_true", help=argparse.SUPPRESS)  # sweep_pp_guarded's child
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -361,7 +397,7 @@ def main(argv=None):
             return
         if args.bwd:
             for case in CASES:
-                bwd_probe(case, emit)
+                bwd_probe(case, emit, args.bwd_variants.split(",") if args.bwd_variants else None)
             return
         for case in CASES[:1] if args.quick else CASES:
             if time.time() - T0 > BUDGET_S:

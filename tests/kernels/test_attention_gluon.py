@@ -162,7 +162,8 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
-for variant, table, key in (("bwd", ag.BWD_CANDIDATES, "bwd_configs"), ("bwd_dq", ag.BWD_DQ_CANDIDATES, "bwd_dq_configs")):
+for variant, table, key in (("bwd", ag.BWD_CANDIDATES, "bwd_configs"), ("bwd_dq", ag.BWD_DQ_CANDIDATES, "bwd_dq_configs"),
+                            ("bwd_fused", ag.FB_CANDIDATES, "fb_configs")):
     for d, cands in table.items():
         for cfg in cands:
             for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=(variant,), **{key: {d: cfg}}):
@@ -208,13 +209,14 @@ def test_sm90_every_ping_pong_candidate_builds_without_spills():
 
 
 def test_sm90_every_backward_candidate_builds_without_spills():
-    """Every dK / dV and dQ config (BWD_CANDIDATES / BWD_DQ_CANDIDATES, the first of each is the shipped one)
+    """Every dK / dV, dQ and fused config (BWD_CANDIDATES / BWD_DQ_CANDIDATES / FB_CANDIDATES, the first of each is the shipped one)
     builds for sm_90, causal or not, with wgmma and TMA and no spills."""
-    for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS)):
+    for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS),
+                          (ag.FB_CANDIDATES, ag.FB_CONFIGS)):
         for d, cands in table.items():
             assert cands[0] == shipped[d]
     reports = run_offline(_BWD_CANDIDATES_SCRIPT)
-    n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES) for c in t.values())
+    n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES, ag.FB_CANDIDATES) for c in t.values())
     assert len(reports) == 2 * n, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
@@ -226,6 +228,11 @@ def test_backward_kernel_is_opt_in(d):
     on = {"HEARTH_ATTN_GLUON_BWD": "1"}
     assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env={}) == "triton"
     assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env=on) == "gluon"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused", env=on) == "triton"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused",
+                                env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}) == "gluon"
+    assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, part="fused",
+                                env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}) == "triton"
     assert attn.backward_kernel((9, 0), torch.float16, d, False, env=on) == "gluon"
     assert attn.backward_kernel((9, 0), torch.float32, d, True, env=on) == "triton"
     assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, env=on) == "triton"
@@ -579,7 +586,8 @@ def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
     assert calls == []
 
 
-_BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH_ATTN_GLUON_BWD_DQ", "backward_dq")}
+_BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH_ATTN_GLUON_BWD_DQ", "backward_dq"),
+              "fused": ("HEARTH_ATTN_GLUON_BWD_FUSED", "backward_fused")}
 
 
 def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16, parts=("dkdv",)):
@@ -647,8 +655,8 @@ def test_gpu_backward_dq_and_both_match_reference(D, causal, T):
     _check_backward(1, 4, 2, T, D, causal, parts=("dkdv", "dq"))
 
 
-def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0):
-    """Non-causal Tq != Tk through both Gluon backward kernels against the fp64 reference. score_shift moves
+def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0, parts=("dkdv", "dq")):
+    """Non-causal Tq != Tk through the Gluon backward kernels of `parts` against the fp64 reference. score_shift moves
     every score down (q gets a component along a shared direction, k its negative): lse < 0, so a key past T_k
     that were not masked would give P = e^-lse >> 1 and overflow 16-bit dS."""
     test_attention = importlib.import_module("tests.kernels.test_attention")
@@ -663,7 +671,7 @@ def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0):
     v = torch.randn(1, 2, Tk, D, generator=g)
     do = torch.randn(1, 4, Tq, D, generator=g)
     q, k, v, do = (t.to("cuda", dtype) for t in (q, k, v, do))
-    old = {var: os.environ.get(var) for var, _ in _BWD_PARTS.values()}
+    old = {_BWD_PARTS[p][0]: os.environ.get(_BWD_PARTS[p][0]) for p in parts}
     os.environ.update({var: "1" for var in old})
     try:
         test_attention._assert_within_bound(q, k, v, do, False, None)
@@ -691,6 +699,84 @@ def test_gpu_backward_non_causal_different_lengths(D):
 def test_gpu_backward_both_gqa_40_8_bthd_and_fp16(D, causal):
     _check_backward(1, 40, 8, 1500, D, causal, bthd=True, parts=("dkdv", "dq"))
     _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16, parts=("dkdv", "dq"))
+
+
+@hopper_only
+@pytest.mark.parametrize("T", [1, 100, 1000, 4160])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_fused_matches_reference(D, causal, T):
+    """The fused 5-matmul backward (HEARTH_ATTN_GLUON_BWD_FUSED=1): dK, dV and dQ within the 2x rule."""
+    _check_backward(1, 4, 2, T, D, causal, parts=("fused",))
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_fused_gqa_40_8_bthd_fp16_and_lengths(D, causal):
+    _check_backward(1, 40, 8, 1500, D, causal, bthd=True, parts=("fused",))
+    _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16, parts=("fused",))
+    if not causal:
+        _check_backward_lengths(300, 1111, D, parts=("fused",))
+        _check_backward_lengths(1111, 100, D, parts=("fused",))
+        _check_backward_lengths(200, 100, D, dtype=torch.float16, score_shift=32.0 * math.sqrt(D), parts=("fused",))
+
+
+def test_fused_chunk_bounds_the_dq_buffer():
+    """(b, K/V head) pairs per launch of the fused backward: all when unbounded or when they fit; else the most that
+    fit among the divisors of Hk and the whole batch rows dividing B; never 0."""
+    per = 2 * 64 * 128 * 4  # group 2, D 64, 128 padded queries: 64 KiB a pair
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 0) == 12
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 12 * per) == 12
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 11 * per) == 4  # one batch row (12 does not fit, 8 does not divide)
+    assert ag.fused_chunk(4, 4, 2, 64, 128, 11 * per) == 8  # two of four batch rows
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 3 * per) == 2  # within a row: a divisor of Hk
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 1) == 1
+
+
+@pytest.mark.parametrize("zero", [False, True])
+def test_dq_from_acc_transposes_scales_casts_and_clears(zero):
+    """The fused backward's epilogue (interpreter on the CPU): dq[b, h, t] = scale * acc[b * rows + h, :, t] into a
+    strided view ([B, T, H, D] memory, heads 1..2 of 4), queries past T not written, acc cleared only with zero."""
+    g = torch.Generator().manual_seed(3)
+    heads, rows, d, t, n_pad = 4, 2, 16, 70, 128
+    acc = torch.randn(heads, d, n_pad, generator=g)
+    acc0 = acc.clone()
+    dev = "cuda" if HAS_CUDA else "cpu"
+    acc = acc.to(dev)
+    full = torch.full((2, t, 4, d), 7.0, dtype=torch.bfloat16, device=dev).transpose(1, 2)  # [B, H, T, D] view
+    ag.dq_from_acc(acc, full[:, 1:3], rows, t, 0.5, zero)
+    want = (acc0[:, :, :t].transpose(-1, -2) * 0.5).reshape(2, rows, t, d)
+    # one bf16 step (the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest)
+    torch.testing.assert_close(full[:, 1:3].float().cpu(), want, rtol=2 ** -7, atol=0)
+    assert (full[:, 0] == 7).all() and (full[:, 3] == 7).all()
+    if zero:
+        assert (acc == 0).all()
+    else:
+        assert torch.equal(acc.cpu(), acc0)
+    with pytest.raises(ValueError, match="acc must be"):
+        ag.dq_from_acc(acc[:, :, :100], full[:, 1:3], rows, t, 0.5, zero)
+    with pytest.raises(ValueError, match="dq must be"):
+        ag.dq_from_acc(acc, full[:, 1:4], rows, t, 0.5, zero)
+
+
+@hopper_only
+@pytest.mark.parametrize("mib", [0.001, 0.125, 0.25])
+def test_gpu_fused_backward_bounded_buffer(monkeypatch, mib):
+    """HEARTH_ATTN_FB_ACC_MIB bounds the fp32 dQ buffer: one pair a launch (0.001), a whole batch row (0.125: Hk
+    pairs), two rows (0.25); gradients within the 2x rule either way."""
+    monkeypatch.setenv("HEARTH_ATTN_FB_ACC_MIB", str(mib))
+    for causal in (False, True):
+        _check_backward(2, 4, 2, 100, 64, causal, parts=("fused",))
+
+
+@hopper_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
+    for cfg in ag.FB_CANDIDATES[D]:
+        monkeypatch.setitem(ag.FB_CONFIGS, D, cfg)
+        for causal in (False, True):
+            _check_backward(1, 4, 2, 1000, D, causal, parts=("fused",))
 
 
 @hopper_only

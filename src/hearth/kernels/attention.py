@@ -938,18 +938,19 @@ def _gluon_serving(choice: str, *tensors: torch.Tensor):
     return attention_gluon if attention_gluon.tma_addressable(*tensors) else None
 
 
-_BWD_ENV = {"dkdv": "HEARTH_ATTN_GLUON_BWD", "dq": "HEARTH_ATTN_GLUON_BWD_DQ"}
+_BWD_ENV = {"dkdv": "HEARTH_ATTN_GLUON_BWD", "dq": "HEARTH_ATTN_GLUON_BWD_DQ", "fused": "HEARTH_ATTN_GLUON_BWD_FUSED"}
 
 
 def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
                     *, part: str = "dkdv", env: dict | None = None) -> str:
-    """THE place that picks a backward kernel, per part ("dkdv" or "dq"): "gluon" (attention_gluon.py's
+    """THE place that picks a backward kernel, per part ("dkdv", "dq" or "fused"): "gluon" (attention_gluon.py's
     wgmma + TMA-ring kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
     everything). The Gluon ones are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
     HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way
-    (BENCHMARKS.md), so nothing is routed to them by default."""
+    (BENCHMARKS.md), so nothing is routed to them by default. "fused" (HEARTH_ATTN_GLUON_BWD_FUSED=1, experimental):
+    dK, dV and dQ in one warp-specialised kernel (attention_gluon.backward_fused), which replaces both parts."""
     if part not in _BWD_ENV:
-        raise ValueError(f"part must be 'dkdv' or 'dq', got {part!r}")
+        raise ValueError(f"part must be 'dkdv', 'dq' or 'fused', got {part!r}")
     env = os.environ if env is None else env
     if env.get(_BWD_ENV[part], "0") != "1" or capability is None or capability[0] != 9:
         return "triton"
@@ -1058,6 +1059,12 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
         _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
             out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
         )
+        cap = device_capability(q.device)
+        gluon = _gluon_serving(backward_kernel(cap, q.dtype, D, causal, part="fused"), q, k, v, do)
+        if gluon is not None:
+            dq = empty_heads_like(q, (B, Hq, Tq, D))
+            gluon.backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal, scale)
+            return dq, dk, dv
         fused = bool(FUSED_DQ)
         # fp32 dQ accumulator (fused) or a 1-element stand-in the kernel never touches
         dq_acc = torch.zeros((B, Hq, Tq, D) if fused else (1,), dtype=torch.float32, device=q.device)
@@ -1067,7 +1074,6 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
             scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
         )
         meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma_dkdv, DOT_PREC=prec, INTERP=interpret_mode())
-        cap = device_capability(q.device)
         # the fused dQ path is the Triton kernel's own
         gluon = None if fused else _gluon_serving(backward_kernel(cap, q.dtype, D, causal), q, k, v, do)
         if gluon is not None:

@@ -68,6 +68,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -1160,6 +1161,263 @@ def _attn_bwd_dq_gluon_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused backward: dK, dV and dQ in one kernel, 5 matmuls a step (env HEARTH_ATTN_GLUON_BWD_FUSED=1; experimental)
+# ----------------------------------------------------------------------------------------------
+# (BLOCK_M queries a step, NUM_STAGES of the Q / dO ring) per head dim; a program owns FB_BLOCK_N = 128 keys,
+# 64 per consumer warpgroup. Every candidate builds for sm_90 without spills (at D 128, 64-query steps spill
+# 160-400 bytes and 3 stages 88 bytes non-causal, so D 128 has one).
+FB_BLOCK_N = 128
+FB_CONFIGS = {
+    64: (64, 2),
+    128: (32, 2),
+}
+FB_CANDIDATES = {
+    64: [(64, 2), (32, 2), (64, 3)],
+    128: [(32, 2)],
+}
+
+
+@gluon.jit
+def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr,
+                  st_layout: ttgl.constexpr):
+    """(lse * log2(e), delta) of step i's BLOCK_M query rows (lse +inf and delta 0 past T_q or past the last
+    step), along the columns of the transposed score tile."""
+    hq = hk * GROUP + i // n_m
+    bh = (b * H_Q + hq).to(ttgl.int64)
+    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
+    ok = (offs_m < N_CTX_Q) & (i < n_iters)
+    lse2 = ttgl.load(Lse + bh * N_CTX_Q + offs_m, mask=ok, other=float("inf")) * LOG2E_C
+    return lse2, ttgl.load(Delta + bh * N_CTX_Q + offs_m, mask=ok, other=0.0)
+
+
+@gluon.jit
+def _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM: ttgl.constexpr, VEC_RED: ttgl.constexpr):
+    """dqt (rows offs_d of dQ^T, columns offs_m) added into DQacc[head] ([D, N_PAD_Q], queries contiguous). No mask:
+    DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)."""
+    dq_off = head.to(ttgl.int64) * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
+    if VEC_RED:  # one red.v2.f32 per pair of adjacent queries a thread holds (sm_90)
+        ttgl.inline_asm_elementwise(
+            "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; mov.u32 $0, 0; mov.u32 $1, 0;",
+            "=r,=r,l,l,f,f", [(DQacc + dq_off).to(ttgl.int64), dqt], dtype=ttgl.int32, is_pure=False, pack=2)
+    else:
+        ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
+
+
+@gluon.jit
+def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty, p_smem,
+                 Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
+                 H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
+                 WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr,
+                 PREFETCH: ttgl.constexpr, DQ_SPLIT: ttgl.constexpr, SMEM_A: ttgl.constexpr):
+    """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
+    dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
+    other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
+    transposed scores (keys x queries):
+        S^T = K_w Q^T, dP^T = V_w dO^T (async together), P^T = exp2(S^T * qk_scale - lse), dV_w += P^T dO,
+        dS^T = P^T (dP^T - delta), dK_w += dS^T Q; dS^T (16-bit) goes to shared memory (rows WG * 64..)
+    and, on its turn, dQ^T [D, BLOCK_M] = K^T dS^T over both warpgroups' rows, added in fp32 to DQacc
+    ([B * Hq, D, N_PAD_Q]: queries contiguous, so a warp's adds cover whole 32-byte sectors)."""
+    dtype: ttgl.constexpr = k_smem.dtype
+    HALF: ttgl.constexpr = BLOCK_N // 2
+    st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
+    acc_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[1]
+    a_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[2]
+    k_w = k_smem.slice(WG * HALF, HALF, dim=0)
+    v_w = v_smem.slice(WG * HALF, HALF, dim=0)
+    offs_n = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, st_layout))
+    ragged = start_n + BLOCK_N > N_CTX_K
+    zero_st = ttgl.zeros([HALF, BLOCK_M], ttgl.float32, st_layout)
+    DQ_ROWS: ttgl.constexpr = HEAD_DIM // 2 if DQ_SPLIT else HEAD_DIM  # rows of dQ^T this warpgroup computes a step
+    zero_dq = ttgl.zeros([DQ_ROWS, BLOCK_M], ttgl.float32, st_layout)
+    dk = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
+    dv = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
+    offs_d = ttgl.arange(0, DQ_ROWS, layout=ttgl.SliceLayout(1, st_layout))
+    if PREFETCH:  # step 0's lse / delta; each step then loads the next step's before its own matmuls
+        lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, 0, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M, st_layout)
+    mbarrier.wait(kv_bar, 0)
+    for i in range(n_iters):
+        slot = i % NUM_STAGES
+        start_m = (m_lo + i % n_m) * BLOCK_M
+        offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
+        if PREFETCH:
+            lse2 = lse_n
+            delta = delta_n
+            lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, i + 1, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                           st_layout)
+        else:
+            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                        st_layout)
+        mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
+        q_s = q_ring.index(slot)
+        do_s = do_ring.index(slot)
+        st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        pt = ttgl.exp2(st * qk_scale - lse2[None, :])
+        # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
+        # Causal (T_q == T_k): a valid query and a key past T_k only meet in a step that crosses the diagonal,
+        # whose mask (query >= key) drops that key; other steps need no mask.
+        if CAUSAL:
+            if start_m < start_n + (WG + 1) * HALF:
+                pt = ttgl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+        else:
+            if ragged:
+                pt = ttgl.where((offs_n < N_CTX_K)[:, None], pt, 0.0)
+        if SMEM_A:  # P^T through shared memory as the dV product's A operand (no register copy in its layout)
+            p_smem.store(pt.to(dtype))
+            fence_async_shared()
+            ttgl.thread_barrier()
+            dv_tok = warpgroup_mma(p_smem, do_s, dv, is_async=True)
+        else:
+            pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
+            dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
+        ds = (pt * (dpt - delta[None, :])).to(dtype)
+        # dS^T rows of this warpgroup into the step's buffer (parity i % 2), once the dQ that read it two steps ago
+        # is done
+        par = i % 2
+        use = i // 2
+        mbarrier.wait(ds_empty.index(par), (use & 1) ^ 1, pred=use > 0)
+        ds_smem.index(par).slice(WG * HALF, HALF, dim=0).store(ds)
+        fence_async_shared()
+        ttgl.thread_barrier()
+        mbarrier.arrive(ds_full.index(par), count=1)
+        if SMEM_A:  # dK's A operand: this warpgroup's dS^T rows, just stored
+            dk_tok = warpgroup_mma(ds_smem.index(par).slice(WG * HALF, HALF, dim=0), q_s, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+        else:
+            ds16 = ttgl.convert_layout(ds, a_layout)
+            dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+            dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+        ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+        if DQ_SPLIT:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
+            mbarrier.wait(ds_full.index(par), use & 1)
+            dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par), zero_dq,
+                                use_acc=False)
+            ttgl.thread_barrier()
+            mbarrier.arrive(ds_empty.index(par), count=1)
+            _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM, VEC_RED)
+        else:
+            if par == WG:
+                mbarrier.wait(ds_full.index(par), use & 1)
+                dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
+                ttgl.thread_barrier()
+                mbarrier.arrive(ds_empty.index(par), count=1)
+                _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, offs_d, offs_m, N_PAD_Q, HEAD_DIM, VEC_RED)
+
+    dk = dk * sm_scale
+    offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
+    offs_c = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
+    out_off = (b.to(ttgl.int64) * stride_dkb + hk.to(ttgl.int64) * stride_dkh
+               + offs_r[:, None].to(ttgl.int64) * stride_dkt + offs_c[None, :])
+    keep = (offs_r < N_CTX_K)[:, None]
+    ttgl.store(DK + out_off, dk.to(dtype), mask=keep)
+    ttgl.store(DV + out_off, dv.to(dtype), mask=keep)
+
+
+@gluon.jit
+def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars,
+                 b, hk, start_n, m_lo, n_m, n_iters, GROUP,
+                 HEAD_DIM: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+                 NUM_STAGES: ttgl.constexpr):
+    """The load warp of the fused backward: the program's K and V block once, then each step's Q and dO tiles
+    into ring slot i % NUM_STAGES once both consumers released the step that held it before."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    TILE_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    KV_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    kv_box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar,
+                                    k_smem._reinterpret(dtype, kv_box, k_desc.layout))
+    tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar,
+                                    v_smem._reinterpret(dtype, kv_box, v_desc.layout))
+    for i in range(n_iters):
+        slot = i % NUM_STAGES
+        mbarrier.wait(empty_bars.index(slot), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
+        _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, ld_bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
+                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
+
+
+@gluon.jit
+def _attn_bwd_fused_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, DQacc,
+    stride_dkb, stride_dkh, stride_dkt,
+    sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, BHK0,
+    HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
+    NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
+    PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False, PREFETCH: ttgl.constexpr = False,
+    DQ_SPLIT: ttgl.constexpr = False, SMEM_A: ttgl.constexpr = False,
+):
+    """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
+    pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
+    (64 keys each: the default partition and a 4-warp worker) and a 1-warp TMA producer (_fb_consumer,
+    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel; program (i, j) serves (b, K/V head) number BHK0 + j,
+    and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g)."""
+    dtype: ttgl.constexpr = q_desc.dtype
+    qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    ds_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+    start_n = ttgl.program_id(0) * BLOCK_N
+    bhk = BHK0 + ttgl.program_id(1)
+    acc_h0 = ttgl.program_id(1) * GROUP  # this launch's first query head in DQacc
+    b = bhk // H_K
+    hk = bhk % H_K
+    if CAUSAL:
+        m_lo = start_n // BLOCK_M
+    else:
+        m_lo = start_n * 0
+    n_m = ttgl.maximum(ttgl.cdiv(N_CTX_Q, BLOCK_M) - m_lo, 0)
+    n_iters = GROUP * n_m
+    n_m = ttgl.maximum(n_m, 1)
+
+    k_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_shared)
+    v_smem = ttgl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_shared)
+    q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
+    do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
+    ds_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_shared)
+    # each consumer's P^T tile (read by SMEM_A's dV product only)
+    p_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], dtype)
+    p_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N // 2, BLOCK_M], p_shared)
+    kv_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
+    ld_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_empty = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.init(ld_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)  # both consumers release a slot
+    for i in ttgl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=2)  # both consumers' dS^T rows are in
+        mbarrier.init(ds_empty.index(i), count=2 if DQ_SPLIT else 1)  # the dQ warpgroup(s) read them
+    fence_async_shared()
+
+    ttgl.warp_specialize(
+        [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+                         p_smem.index(0), Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
+                         qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
+                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH, DQ_SPLIT, SMEM_A)),
+         (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+                         p_smem.index(1), Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
+                         qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
+                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH, DQ_SPLIT, SMEM_A)),
+         (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
+                         empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
+        [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+
+    mbarrier.invalidate(kv_bar)
+    for i in ttgl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ld_bars.index(i))
+        mbarrier.invalidate(empty_bars.index(i))
+    for i in ttgl.static_range(2):
+        mbarrier.invalidate(ds_full.index(i))
+        mbarrier.invalidate(ds_empty.index(i))
+
+
+# ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
 def supported(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int) -> bool:
@@ -1284,9 +1542,95 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
         )
 
 
+@triton.jit
+def _dq_from_acc_kernel(Acc, DQ, stride_b, stride_h, stride_t, ROWS, N_CTX_Q, N_PAD_Q, scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, ZERO: tl.constexpr):
+    """dq[b, h, t, :] = scale * Acc[j, :, t] for head j = b * ROWS + h of a fused-backward launch (Acc [heads, D,
+    N_PAD_Q] fp32, queries contiguous), cast to dq's dtype; with ZERO the read part of Acc is cleared for the next
+    launch. One program: BLOCK_T queries of one head."""
+    j = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.arange(0, HEAD_DIM)
+    src = Acc + j.to(tl.int64) * HEAD_DIM * N_PAD_Q + d[:, None] * N_PAD_Q + t[None, :]
+    a = tl.load(src)  # t < N_PAD_Q: BLOCK_T divides N_PAD_Q
+    if ZERO:
+        tl.store(src, tl.zeros_like(a))
+    b = j // ROWS
+    h = j - b * ROWS
+    dst = DQ + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + t[None, :].to(tl.int64) * stride_t + d[:, None]
+    tl.store(dst, (a * scale).to(DQ.dtype.element_ty), mask=(t < N_CTX_Q)[None, :])
+
+
+def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, scale: float, zero: bool) -> None:
+    """_dq_from_acc_kernel over every head of acc [heads, D, n_pad] (n_pad a multiple of 64) into dq, a [heads //
+    rows, rows, T, D] view (last dim contiguous): dq = scale * acc^T per head, and acc cleared when `zero`."""
+    heads, d, n_pad = acc.shape
+    if acc.dtype != torch.float32 or not acc.is_contiguous() or n_pad % 64 or heads % rows:
+        raise ValueError(f"acc must be a contiguous fp32 [heads, D, n_pad] with n_pad % 64 == 0 and heads % rows == 0, "
+                         f"got {acc.dtype} {tuple(acc.shape)}, rows={rows}")
+    if dq.dim() != 4 or tuple(dq.shape) != (heads // rows, rows, n_ctx_q, d) or dq.stride(-1) != 1:
+        raise ValueError(f"dq must be a [{heads // rows}, {rows}, {n_ctx_q}, {d}] view with a unit last stride, got "
+                         f"{tuple(dq.shape)} strides {tuple(dq.stride())}")
+    _dq_from_acc_kernel[(n_pad // 64, heads)](acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), rows, n_ctx_q, n_pad,
+                                              scale, HEAD_DIM=d, BLOCK_T=64, ZERO=zero, num_warps=4)
+
+
+def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: int) -> int:
+    """(b, K/V head) pairs per launch of the fused backward: all B * Hk when their fp32 dQ buffer (group * head_dim
+    * n_pad * 4 bytes a pair) fits `budget` bytes (0: no bound), else the most that fit and either divide Hk (a
+    launch within one batch row) or are whole batch rows dividing B, at least 1."""
+    total = B * Hk
+    per = group * head_dim * n_pad * 4
+    if budget <= 0 or total * per <= budget:
+        return total
+    fit = max(1, budget // per)
+    options = [c for c in range(1, Hk + 1) if Hk % c == 0] + [Hk * nb for nb in range(1, B + 1) if B % nb == 0]
+    return max(c for c in options if c <= fit)
+
+
+def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
+                   acc_bytes: int | None = None) -> None:
+    """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
+    (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to 64], then scaled and cast
+    into dq. acc_bytes bounds that buffer (env HEARTH_ATTN_FB_ACC_MIB, MiB; 0 or unset: none, B * Hq * Tq * D * 4
+    bytes): the (b, K/V head) pairs then run in launches of fused_chunk pairs, one buffer reused. config:
+    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. HEARTH_ATTN_FB_VEC_RED=1 (probe only): the fp32 adds as
+    red.global.add.v2.f32, two queries at a time, instead of Triton's one-element atomics."""
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    group = Hq // Hk
+    env_cfg = os.environ.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
+    block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[D])
+    n_pad = triton.cdiv(Tq, 64) * 64  # whole query blocks: the kernel's adds need no mask
+    if acc_bytes is None:
+        acc_bytes = int(float(os.environ.get("HEARTH_ATTN_FB_ACC_MIB", "0")) * 2**20)
+    chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
+    dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
+    descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
+    vec_red = os.environ.get("HEARTH_ATTN_FB_VEC_RED", "0") == "1"
+    with torch.cuda.device(q.device):
+        for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
+            _attn_bwd_fused_gluon_kernel[(triton.cdiv(Tk, FB_BLOCK_N), chunk)](
+                *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
+                scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
+                HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
+                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                VEC_RED=vec_red, PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1",
+                DQ_SPLIT=D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1",
+                SMEM_A=os.environ.get("HEARTH_ATTN_FB_SMEM_A", "0") == "1", num_warps=4,
+            )
+            # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
+            b0, hk0 = divmod(r0, Hk)
+            rows = min(chunk, Hk) * group
+            h0 = hk0 * group if chunk < Hk else 0
+            dq_from_acc(dq_acc, dq[b0:b0 + max(1, chunk // Hk), h0:h0 + rows], rows, Tq, scale,
+                        zero=r0 + chunk < B * Hk)
+
+
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None, ones=()):
+                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_vec_red=False, fb_prefetch=False,
+                    fb_dq_split=False, fb_smem_a=False, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1299,11 +1643,12 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    unknown = set(variants) - {"1part", "ws", "pp", "pps", "bwd", "bwd_dq"}
+    unknown = set(variants) - {"1part", "ws", "pp", "pps", "bwd", "bwd_dq", "bwd_fused"}
     if unknown:
-        raise ValueError(f"variants must be among '1part', 'ws', 'pp', 'pps', 'bwd', 'bwd_dq', got {sorted(unknown)}")
+        raise ValueError("variants must be among '1part', 'ws', 'pp', 'pps', 'bwd', 'bwd_dq', 'bwd_fused', got "
+                         f"{sorted(unknown)}")
     kernels = (_attn_fwd_gluon_kernel, _attn_fwd_gluon_pp_kernel, _attn_fwd_gluon_pps_kernel,
-               _attn_bwd_dkdv_gluon_kernel, _attn_bwd_dq_gluon_kernel)
+               _attn_bwd_dkdv_gluon_kernel, _attn_bwd_dq_gluon_kernel, _attn_bwd_fused_gluon_kernel)
     unknown = set(ones) - {p.name for fn in kernels for p in fn.params}
     if unknown:
         raise ValueError(f"ones must name kernel arguments, got {sorted(unknown)}")
@@ -1337,6 +1682,20 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_dkdv_gluon_kernel, sig, const, warps)
             name = f"bwd[dkdv] d{d} {'causal' if c else 'full'} {bn}x{bm} w{warps} s{stages}"
+            found.append((f"attention_gluon {name} sm_{arch}", kernel))
+            continue
+        if variant == "bwd_fused":
+            bm, stages = (fb_configs or FB_CONFIGS)[d]
+            const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
+                         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                         VEC_RED=fb_vec_red, PREFETCH=fb_prefetch, DQ_SPLIT=fb_dq_split and d == 128, SMEM_A=fb_smem_a)
+            sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
+            sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
+                       stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
+                       N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
+            sig.update({n: "constexpr" for n in const})
+            kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
+            name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant == "bwd_dq":
