@@ -1,5 +1,6 @@
 """H200 probe of the Gluon flash-attention kernels (hearth.kernels.attention_gluon), < 90 s.
-(--bwd: the Gluon backward kernels (dK / dV, dQ, both), fwd+bwd TFLOP/s beside the Triton backward and cuDNN.)
+(--bwd: the Gluon backward kernels (dK / dV, dQ, both, and the fused 5-matmul kernel in its probe-only forms:
+BWD_VARIANTS, a subset with --bwd-variants), fwd+bwd TFLOP/s and peak MiB beside the Triton backward and cuDNN.)
 
     python scripts/gpu/attention_gluon_probe.py --out $OUT/attention_gluon_probe.jsonl [--quick]
 
