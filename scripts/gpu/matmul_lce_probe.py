@@ -352,31 +352,29 @@ def main() -> int:
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     console.print(meta)
     rows: list = []
+
+    def save(name: str) -> None:
+        """rows (with meta) as JSON to args.out/name, and say so."""
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / name).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+        console.print(f"wrote {args.out}/{name} ({time.time() - start:.0f} s)")
+
     if args.tma_desc:
         probe_tma_desc(rows)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tma_desc.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-        console.print(f"wrote {args.out}/tma_desc.json ({time.time() - start:.0f} s)")
+        save("tma_desc.json")
         return 0 if all(r["correct"] for r in rows) else 1
-    if chunk_rows:
-        probe_lce_chunks(rows, chunk_rows, "rows")
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "lce_rows.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-        console.print(f"wrote {args.out}/lce_rows.json ({time.time() - start:.0f} s)")
-        return 0
-    if budgets:
-        probe_lce_chunks(rows, budgets, "budget")
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "lce_budgets.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-        console.print(f"wrote {args.out}/lce_budgets.json ({time.time() - start:.0f} s)")
-        return 0
+    # --lce-rows, else --lce-budgets: the chunk sweep alone
+    for sizes, kind, name in ((chunk_rows, "rows", "lce_rows.json"), (budgets, "budget", "lce_budgets.json")):
+        if sizes:
+            probe_lce_chunks(rows, sizes, kind)
+            save(name)
+            return 0
     probe_matmul(rows)
     console.print(f"[dim]matmul done at {time.time() - start:.0f} s[/]")
     if not args.skip_lce:
         probe_lce(rows)
         console.print(f"[dim]linear_cross_entropy done at {time.time() - start:.0f} s[/]")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "matmul_lce_probe.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    save("matmul_lce_probe.json")
     plot(rows, args.out / "matmul_lce_probe.png")
     rc = 0 if all(r.get("correct", True) for r in rows) else 1
     if not args.skip_inspect:
