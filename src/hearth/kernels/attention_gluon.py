@@ -57,6 +57,13 @@ D64 it is slower (348 against 377) and D64 stays Triton. Its four TMA descriptor
 4-D over [B, H, T, D] with a [1, 1, rows, D] box (the two other variants build theirs on the device, in a
 global scratch buffer of 128 B per descriptor and program).
 
+Backward: a dK/dV kernel and a dQ kernel (opt-in, each by its env var; within 3% of the Triton kernels on the
+H200), and a fused 5-matmul kernel (_attn_bwd_fused_gluon_kernel, HEARTH_ATTN_GLUON_BWD_FUSED=1): two consumer
+warpgroups of 64 keys and a TMA producer warp, dS^T through shared memory, dQ^T = K^T dS^T added in fp32 to a
+[heads, D, T] buffer and cast into dq by dq_from_acc. On the H200 it tied the split kernels at head_dim 128 (32-query
+steps: 64 spill) and ran 8% faster at head_dim 64, with the fp32 buffer's B * Hq * T * D * 4 bytes more memory
+(BENCHMARKS.md); nothing is routed to it.
+
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
 """
