@@ -1224,7 +1224,10 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         S^T = K_w Q^T, dP^T = V_w dO^T (async together), P^T = exp2(S^T * qk_scale - lse), dV_w += P^T dO,
         dS^T = P^T (dP^T - delta), dK_w += dS^T Q; dS^T (16-bit) goes to shared memory (rows WG * 64..)
     and, on its turn, dQ^T [D, BLOCK_M] = K^T dS^T over both warpgroups' rows, added in fp32 to DQacc
-    ([B * Hq, D, N_PAD_Q]: queries contiguous, so a warp's adds cover whole 32-byte sectors)."""
+    ([this launch's query heads, D, N_PAD_Q]: queries contiguous, so four lanes' adds cover 32 bytes of a row).
+    Probe-only forms (constexprs, all GPU-timed: BENCHMARKS.md): PREFETCH loads the next step's lse / delta a step
+    ahead; DQ_SPLIT (D 128) has both warpgroups compute half of dQ^T's rows every step; SMEM_A reads P^T and dS^T
+    from shared memory as the dV / dK products' A operands; VEC_RED adds pairs with red.global.add.v2.f32."""
     dtype: ttgl.constexpr = k_smem.dtype
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
