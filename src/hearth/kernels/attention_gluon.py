@@ -947,6 +947,15 @@ def _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo
 
 
 @gluon.jit
+def _bwd_st_dpt(k_s, v_s, q_s, do_s, zero_st):
+    """A backward step's transposed scores: S^T = K Q^T and dP^T = V dO^T issued together (keys x queries, K / V
+    and Q / dO tiles in shared memory). Returns (S^T, dP^T's token): S^T retired, dP^T maybe still running."""
+    st_tok = warpgroup_mma(k_s, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v_s, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+    return warpgroup_mma_wait(1, deps=[st_tok]), dpt_tok
+
+
+@gluon.jit
 def _attn_bwd_dkdv_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_dkb, stride_dkh, stride_dkt,
@@ -1025,9 +1034,7 @@ def _attn_bwd_dkdv_gluon_kernel(
         mbarrier.wait(bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
-        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        st, dpt_tok = _bwd_st_dpt(k_smem, v_smem, q_s, do_s, zero_st)
         pt = ttgl.exp2(st * qk_scale - (lse * LOG2E_C)[None, :])
         if CAUSAL:
             if start_m < start_n + BLOCK_N:  # a block that crosses the diagonal
@@ -1261,9 +1268,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
-        st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
         # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
         # Causal (T_q == T_k): a valid query and a key past T_k only meet in a step that crosses the diagonal,
