@@ -283,21 +283,19 @@ def sweep_pp_guarded(emit, time_triton=False):
 
 
 # name -> the env the backward reads (attention.backward_kernel and attention_gluon.backward_fused); unset = default.
-# The fused backward (one kernel, 5 matmuls, fp32 dQ adds) in its forms: red.v2.f32 adds (V2), the dQ buffer bounded
-# to 64 MiB, the next step's lse / delta loaded a step ahead (PF), 64-query steps at every head dim (they spill at
-# D 128), dQ^T split over both warpgroups by rows of D every step (SPLIT, D 128), P^T and dS^T read from shared
-# memory as the dV / dK products' A operands (SA).
+# The fused backward (one kernel, 5 matmuls, fp32 dQ adds) in its forms: the dQ buffer bounded to 64 MiB, the next
+# step's lse / delta loaded a step ahead (PF), 64-query steps at every head dim (they spill at D 128), dQ^T split over
+# both warpgroups by rows of D every step (SPLIT, D 128). (The red.v2.f32 and shared-memory-A forms of the
+# 2026-12-03 runs were removed after them: BENCHMARKS.md.)
 _FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}
 _PF = dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1")
 BWD_VARIANTS = {
     "triton": {}, "gluon_dkdv": {"HEARTH_ATTN_GLUON_BWD": "1"}, "gluon_dq": {"HEARTH_ATTN_GLUON_BWD_DQ": "1"},
     "gluon_both": {"HEARTH_ATTN_GLUON_BWD": "1", "HEARTH_ATTN_GLUON_BWD_DQ": "1"},
-    "gluon_fused": _FUSED, "gluon_fused_v2": dict(_FUSED, HEARTH_ATTN_FB_VEC_RED="1"),
+    "gluon_fused": _FUSED,
     "gluon_fused_64m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="64"),
     "gluon_fused_pf": _PF, "gluon_fused_pf_m64": dict(_PF, HEARTH_ATTN_FB_CONFIG="64,2"),
     "gluon_fused_pf_split": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1"),
-    "gluon_fused_pf_sa": dict(_PF, HEARTH_ATTN_FB_SMEM_A="1"),
-    "gluon_fused_pf_split_sa": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1", HEARTH_ATTN_FB_SMEM_A="1"),
 }
 BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 

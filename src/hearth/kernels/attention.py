@@ -947,8 +947,10 @@ def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head
     wgmma + TMA-ring kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
     everything). The Gluon ones are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
     HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way
-    (BENCHMARKS.md), so nothing is routed to them by default. "fused" (HEARTH_ATTN_GLUON_BWD_FUSED=1, experimental):
-    dK, dV and dQ in one warp-specialised kernel (attention_gluon.backward_fused), which replaces both parts."""
+    (BENCHMARKS.md), so nothing is routed to them by default. "fused" (HEARTH_ATTN_GLUON_BWD_FUSED=1): dK, dV and
+    dQ in one warp-specialised kernel (attention_gluon.backward_fused), which replaces both parts; the H200 measured
+    it level with the split kernels at head_dim 128 and 8% faster at 64, for an fp32 dQ buffer of B * Hq * T * D * 4
+    bytes, so it is opt-in too."""
     if part not in _BWD_ENV:
         raise ValueError(f"part must be 'dkdv', 'dq' or 'fused', got {part!r}")
     env = os.environ if env is None else env

@@ -57,6 +57,13 @@ D64 it is slower (348 against 377) and D64 stays Triton. Its four TMA descriptor
 4-D over [B, H, T, D] with a [1, 1, rows, D] box (the two other variants build theirs on the device, in a
 global scratch buffer of 128 B per descriptor and program).
 
+Backward: a dK/dV kernel and a dQ kernel (opt-in, each by its env var; within 3% of the Triton kernels on the
+H200), and a fused 5-matmul kernel (_attn_bwd_fused_gluon_kernel, HEARTH_ATTN_GLUON_BWD_FUSED=1): two consumer
+warpgroups of 64 keys and a TMA producer warp, dS^T through shared memory, dQ^T = K^T dS^T added in fp32 to a
+[heads, D, T] buffer and cast into dq by dq_from_acc. On the H200 it tied the split kernels at head_dim 128 (32-query
+steps: 64 spill) and ran 8% faster at head_dim 64, with the fp32 buffer's B * Hq * T * D * 4 bytes more memory
+(BENCHMARKS.md); nothing is routed to it.
+
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
 """
@@ -940,6 +947,15 @@ def _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo
 
 
 @gluon.jit
+def _bwd_st_dpt(k_s, v_s, q_s, do_s, zero_st):
+    """A backward step's transposed scores: S^T = K Q^T and dP^T = V dO^T issued together (keys x queries, K / V
+    and Q / dO tiles in shared memory). Returns (S^T, dP^T's token): S^T retired, dP^T maybe still running."""
+    st_tok = warpgroup_mma(k_s, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v_s, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+    return warpgroup_mma_wait(1, deps=[st_tok]), dpt_tok
+
+
+@gluon.jit
 def _attn_bwd_dkdv_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_dkb, stride_dkh, stride_dkt,
@@ -1018,9 +1034,7 @@ def _attn_bwd_dkdv_gluon_kernel(
         mbarrier.wait(bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
-        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        st, dpt_tok = _bwd_st_dpt(k_smem, v_smem, q_s, do_s, zero_st)
         pt = ttgl.exp2(st * qk_scale - (lse * LOG2E_C)[None, :])
         if CAUSAL:
             if start_m < start_n + BLOCK_N:  # a block that crosses the diagonal
@@ -1191,25 +1205,20 @@ def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q,
 
 
 @gluon.jit
-def _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM: ttgl.constexpr, VEC_RED: ttgl.constexpr):
+def _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM: ttgl.constexpr):
     """dqt (rows offs_d of dQ^T, columns offs_m) added into DQacc[head] ([D, N_PAD_Q], queries contiguous). No mask:
     DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)."""
     dq_off = head.to(ttgl.int64) * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
-    if VEC_RED:  # one red.v2.f32 per pair of adjacent queries a thread holds (sm_90)
-        ttgl.inline_asm_elementwise(
-            "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; mov.u32 $0, 0; mov.u32 $1, 0;",
-            "=r,=r,l,l,f,f", [(DQacc + dq_off).to(ttgl.int64), dqt], dtype=ttgl.int32, is_pure=False, pack=2)
-    else:
-        ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
+    ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
 
 
 @gluon.jit
-def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty, p_smem,
+def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                  H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, VEC_RED: ttgl.constexpr,
-                 PREFETCH: ttgl.constexpr, DQ_SPLIT: ttgl.constexpr, SMEM_A: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
+                 DQ_SPLIT: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1217,7 +1226,10 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         S^T = K_w Q^T, dP^T = V_w dO^T (async together), P^T = exp2(S^T * qk_scale - lse), dV_w += P^T dO,
         dS^T = P^T (dP^T - delta), dK_w += dS^T Q; dS^T (16-bit) goes to shared memory (rows WG * 64..)
     and, on its turn, dQ^T [D, BLOCK_M] = K^T dS^T over both warpgroups' rows, added in fp32 to DQacc
-    ([B * Hq, D, N_PAD_Q]: queries contiguous, so a warp's adds cover whole 32-byte sectors)."""
+    ([this launch's query heads, D, N_PAD_Q]: queries contiguous, so four lanes' adds cover 32 bytes of a row).
+    Probe-only forms (constexprs, all GPU-timed: BENCHMARKS.md): PREFETCH loads the next step's lse / delta a step
+    ahead; DQ_SPLIT (D 128) has both warpgroups compute half of dQ^T's rows every step. (Two more forms were timed
+    and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds; BENCHMARKS.md.)"""
     dtype: ttgl.constexpr = k_smem.dtype
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
@@ -1251,9 +1263,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
-        st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(1, deps=[st_tok])  # S^T retired, dP^T may still run
+        st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
         # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
         # Causal (T_q == T_k): a valid query and a key past T_k only meet in a step that crosses the diagonal,
@@ -1264,14 +1274,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         else:
             if ragged:
                 pt = ttgl.where((offs_n < N_CTX_K)[:, None], pt, 0.0)
-        if SMEM_A:  # P^T through shared memory as the dV product's A operand (no register copy in its layout)
-            p_smem.store(pt.to(dtype))
-            fence_async_shared()
-            ttgl.thread_barrier()
-            dv_tok = warpgroup_mma(p_smem, do_s, dv, is_async=True)
-        else:
-            pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
-            dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+        pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
         ds = (pt * (dpt - delta[None, :])).to(dtype)
         # dS^T rows of this warpgroup into the step's buffer (parity i % 2), once the dQ that read it two steps ago
@@ -1283,13 +1287,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         fence_async_shared()
         ttgl.thread_barrier()
         mbarrier.arrive(ds_full.index(par), count=1)
-        if SMEM_A:  # dK's A operand: this warpgroup's dS^T rows, just stored
-            dk_tok = warpgroup_mma(ds_smem.index(par).slice(WG * HALF, HALF, dim=0), q_s, dk, is_async=True)
-            dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
-        else:
-            ds16 = ttgl.convert_layout(ds, a_layout)
-            dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
-            dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+        ds16 = ttgl.convert_layout(ds, a_layout)
+        dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+        dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
         ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
         mbarrier.arrive(empty_bars.index(slot), count=1)
         if DQ_SPLIT:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
@@ -1298,14 +1298,14 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
                                 use_acc=False)
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
-            _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM, VEC_RED)
+            _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM)
         else:
             if par == WG:
                 mbarrier.wait(ds_full.index(par), use & 1)
                 dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
                 ttgl.thread_barrier()
                 mbarrier.arrive(ds_empty.index(par), count=1)
-                _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, offs_d, offs_m, N_PAD_Q, HEAD_DIM, VEC_RED)
+                _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, offs_d, offs_m, N_PAD_Q, HEAD_DIM)
 
     dk = dk * sm_scale
     offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
@@ -1347,8 +1347,7 @@ def _attn_bwd_fused_gluon_kernel(
     sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, BHK0,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
-    PRODUCER_REGS: ttgl.constexpr, VEC_RED: ttgl.constexpr = False, PREFETCH: ttgl.constexpr = False,
-    DQ_SPLIT: ttgl.constexpr = False, SMEM_A: ttgl.constexpr = False,
+    PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1378,9 +1377,6 @@ def _attn_bwd_fused_gluon_kernel(
     q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     ds_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_shared)
-    # each consumer's P^T tile (read by SMEM_A's dV product only)
-    p_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], dtype)
-    p_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N // 2, BLOCK_M], p_shared)
     kv_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
     ld_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -1397,13 +1393,13 @@ def _attn_bwd_fused_gluon_kernel(
 
     ttgl.warp_specialize(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
-                         p_smem.index(0), Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
+                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
                          qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH, DQ_SPLIT, SMEM_A)),
+                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
-                         p_smem.index(1), Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
+                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
                          qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, VEC_RED, PREFETCH, DQ_SPLIT, SMEM_A)),
+                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
                          empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1594,8 +1590,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to 64], then scaled and cast
     into dq. acc_bytes bounds that buffer (env HEARTH_ATTN_FB_ACC_MIB, MiB; 0 or unset: none, B * Hq * Tq * D * 4
     bytes): the (b, K/V head) pairs then run in launches of fused_chunk pairs, one buffer reused. config:
-    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. HEARTH_ATTN_FB_VEC_RED=1 (probe only): the fp32 adds as
-    red.global.add.v2.f32, two queries at a time, instead of Triton's one-element atomics."""
+    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
@@ -1607,7 +1602,6 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
-    vec_red = os.environ.get("HEARTH_ATTN_FB_VEC_RED", "0") == "1"
     with torch.cuda.device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[(triton.cdiv(Tk, FB_BLOCK_N), chunk)](
@@ -1615,9 +1609,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                VEC_RED=vec_red, PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1",
-                DQ_SPLIT=D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1",
-                SMEM_A=os.environ.get("HEARTH_ATTN_FB_SMEM_A", "0") == "1", num_warps=4,
+                PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1",
+                DQ_SPLIT=D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1", num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1629,8 +1622,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_vec_red=False, fb_prefetch=False,
-                    fb_dq_split=False, fb_smem_a=False, ones=()):
+                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=False,
+                    ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1688,7 +1681,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             bm, stages = (fb_configs or FB_CONFIGS)[d]
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                         VEC_RED=fb_vec_red, PREFETCH=fb_prefetch, DQ_SPLIT=fb_dq_split and d == 128, SMEM_A=fb_smem_a)
+                         PREFETCH=fb_prefetch, DQ_SPLIT=fb_dq_split and d == 128)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
