@@ -19,13 +19,13 @@
    suite's three cases (`hearth bench linear_cross_entropy --sizes models`) with chunk_rows_for(budget) rows per
    chunk for each budget: a larger logits chunk means fewer read+write passes over the [V, H] weight gradient
    (trainable) and fewer, fuller row-kernel launches (frozen), against more activation memory. What decides
-   the default budget (EXTRA_MEMORY_BUDGET, 120 MiB), which must stay well under torch.compile's (it
-   materialises the logits: 2-2.4 GiB of activations at these shapes).
+   the default budget (EXTRA_MEMORY_BUDGET, 160 MiB, beside the 512-row cap), which must stay well under
+   torch.compile's (it materialises the logits: 2-2.4 GiB of activations at these shapes).
 --lce-rows R1,R2,...: as --lce-budgets, but with these exact rows per chunk, at the model-shape cases and the two
    headline trainable cases (N 8192: H 4096 V 131072, H 5120 V 151936). What it asks: the budget sweep had 512-row
    chunks fastest everywhere and 448- and 640-row chunks slower than 384 in the frozen case (69.4 and 69.5 ms
-   against 66.6 at Qwen3-14B), which points at the GEMMs' 256-row tiles; rows that are multiples of 256 (256 fits
-   every 120 MiB budget) may beat the budget's largest multiple of 64. Writes OUT/lce_rows.json.
+   against 66.6 at Qwen3-14B), which points at the GEMMs' row tiles. Two sweeps (256-640 rows) are what set
+   CHUNK_ROWS_MAX to 512. Writes OUT/lce_rows.json.
 --tma-desc: instead of 1-3, the TMA matmul with host descriptors (the default) against the device-descriptor
    kernel (HEARTH_MATMUL_TMA_DESC=device) in the forward's and the backward's operand layouts: median ms, host
    time per call, and the extra peak memory of one call next to the output's size (host: exactly the output;
@@ -226,10 +226,10 @@ def probe_lce(rows: list) -> None:
     for col in ("N x H x V", "weight", "check (rel err)", "chunk rows", "median ms", "target ms", "extra MiB total", "activation MiB", "target MiB"):
         table.add_column(col)
     # (N, H, V, frozen, target ms, target MiB, chunk_rows): None = the default (chunk_rows_for:
-    # logits chunk <= EXTRA_MEMORY_BUDGET, 120 MiB); the 512-row cases show the time/memory trade
-    # (fewer passes over grad_W, a larger logits chunk: 128 MiB at V=131072, 148 MiB at V=151936).
-    cases = [(8192, 4096, 131072, False, 38.0, 128, None), (8192, 4096, 131072, False, 38.0, 128, 512),
-             (8192, 5120, 151936, False, 55.0, 160, None), (8192, 5120, 151936, False, 55.0, 160, 512),
+    # <= 512 rows, logits chunk <= 160 MiB); the fixed 384-row cases show the time/memory trade against the
+    # older 120 MiB rule's chunks (more passes over grad_W, a smaller logits chunk).
+    cases = [(8192, 4096, 131072, False, 38.0, 128, None), (8192, 4096, 131072, False, 38.0, 128, 384),
+             (8192, 5120, 151936, False, 55.0, 160, None), (8192, 5120, 151936, False, 55.0, 160, 384),
              (8192, 5120, 151936, True, 36.0, 160, None)]
     checked = set()
     for n, h, v, frozen, target_ms, target_mib, chunk in cases:

@@ -194,19 +194,26 @@ def test_second_backward_refused():
 
 
 def test_chunk_rows_from_budget():
-    assert lce_mod.EXTRA_MEMORY_BUDGET == 120 << 20
-    assert chunk_rows_for(8192, 131072, 2) == 448  # 120 MiB / 256 KiB = 480 -> 448 (x64), 19 chunks, 112 MiB
-    assert chunk_rows_for(8192, 151936, 2) == 384  # 414 -> 384, 22 chunks, 111.3 MiB
-    assert chunk_rows_for(8000, 131072, 2) == 448  # 18 chunks: ceil(8000/18) = 445 -> 448
+    assert lce_mod.EXTRA_MEMORY_BUDGET == 160 << 20 and lce_mod.CHUNK_ROWS_MAX == 512
+    assert chunk_rows_for(8192, 131072, 2) == 512  # the row cap: 16 chunks, 128 MiB
+    assert chunk_rows_for(8192, 151936, 2) == 512  # 16 chunks, 148.4 MiB
+    assert chunk_rows_for(12289, 151936, 2) == 512  # 25 chunks: ceil(12289/25) = 492 -> 512
+    assert chunk_rows_for(8000, 131072, 2) == 512  # 16 chunks: ceil(8000/16) = 500 -> 512
+    assert chunk_rows_for(8192, 262144, 2) == 320  # the memory cap: 160 MiB / 512 KiB
+    assert chunk_rows_for(8192, 131072, 4) == 320  # fp32 logits: 512 KiB a row
+    assert chunk_rows_for(600, 32000, 2) == 320  # 2 chunks: 300 -> 320
     assert chunk_rows_for(8192, 131072, 2, budget=64 << 20) == 256
     assert chunk_rows_for(8192, 151936, 2, budget=64 << 20) == 192  # 220 -> 192 (x64)
+    assert chunk_rows_for(8192, 131072, 2, max_rows=400) == 384  # 400 -> 384 (x64), 22 chunks
     assert chunk_rows_for(10, 131072, 2) == 10
     assert chunk_rows_for(100, 1 << 30, 4) == 1
     assert chunk_rows_for(100, 1 << 20, 4, budget=40 << 20) == 8  # cap 10 -> 8 (x8 below 64 rows)
-    for n, v, budget in ((8192, 151936, None), (777, 50000, 16 << 20), (5000, 4099, 1 << 20), (12345, 32000, None)):
+    for n, v, budget in ((8192, 151936, None), (777, 50000, 16 << 20), (5000, 4099, 1 << 20), (12345, 32000, None),
+                         (8192, 262144, None), (20000, 128256, 200 << 20)):
         rows = chunk_rows_for(n, v, 2, budget=budget)
-        max_rows = (budget or lce_mod.EXTRA_MEMORY_BUDGET) // (v * 2)
+        max_rows = min(lce_mod.CHUNK_ROWS_MAX, (budget or lce_mod.EXTRA_MEMORY_BUDGET) // (v * 2))
         cap = max_rows - max_rows % 64
+        assert rows <= lce_mod.CHUNK_ROWS_MAX
         assert rows * v * 2 <= (budget or lce_mod.EXTRA_MEMORY_BUDGET)  # the logits chunk fits the budget
         assert rows % 64 == 0 and -(-n // rows) == -(-n // cap)  # full row tiles, fewest chunks at that cap
 
