@@ -16,6 +16,7 @@ timeout: a wrong barrier schedule hangs the GPU, and a hang must fail that test,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -590,31 +591,39 @@ _BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH
               "fused": ("HEARTH_ATTN_GLUON_BWD_FUSED", "backward_fused")}
 
 
-def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16, parts=("dkdv",)):
-    """With the env var of each part set (dkdv: HEARTH_ATTN_GLUON_BWD=1, dq: HEARTH_ATTN_GLUON_BWD_DQ=1),
-    attention()'s fwd + bwd runs those Gluon backward kernels (counted) and stays within the 2x rule against
-    the fp64 reference (tests/kernels/test_attention.py's bound)."""
-    test_attention = importlib.import_module("tests.kernels.test_attention")
+@contextlib.contextmanager
+def _backward_parts(parts):
+    """With the env var of each part set (dkdv: HEARTH_ATTN_GLUON_BWD=1, dq: HEARTH_ATTN_GLUON_BWD_DQ=1, fused:
+    HEARTH_ATTN_GLUON_BWD_FUSED=1) and each part's Gluon launcher counted; restores both on exit, then asserts
+    that every part ran."""
     calls = {p: [] for p in parts}
-    saved = {}
-    for p in parts:
-        var, fn = _BWD_PARTS[p]
-        real = getattr(ag, fn)
-        saved[p] = (var, fn, real, os.environ.get(var))
-        setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], real))
-        os.environ[var] = "1"
+    saved = []
     try:
-        q, k, v, do = _inputs(B, Hq, Hk, T, D, dtype, seed=8, bthd=bthd)
-        test_attention._assert_within_bound(q, k, v, do, causal, None)
+        for p in parts:
+            var, fn = _BWD_PARTS[p]
+            real = getattr(ag, fn)
+            saved.append((var, fn, real, os.environ.get(var)))
+            setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], real))
+            os.environ[var] = "1"
+        yield
     finally:
-        for var, fn, real, old in saved.values():
+        for var, fn, real, old in saved:
             setattr(ag, fn, real)
             if old is None:
-                os.environ.pop(var)
+                os.environ.pop(var, None)
             else:
                 os.environ[var] = old
     for p in parts:
         assert calls[p], f"{_BWD_PARTS[p][0]}=1 on Hopper did not run the Gluon {p} kernel"
+
+
+def _check_backward(B, Hq, Hk, T, D, causal, bthd=False, dtype=torch.bfloat16, parts=("dkdv",)):
+    """With the Gluon backward kernels of `parts` on (_backward_parts), attention()'s fwd + bwd runs them and
+    stays within the 2x rule against the fp64 reference (tests/kernels/test_attention.py's bound)."""
+    test_attention = importlib.import_module("tests.kernels.test_attention")
+    with _backward_parts(parts):
+        q, k, v, do = _inputs(B, Hq, Hk, T, D, dtype, seed=8, bthd=bthd)
+        test_attention._assert_within_bound(q, k, v, do, causal, None)
 
 
 @hopper_only
@@ -671,16 +680,8 @@ def _check_backward_lengths(Tq, Tk, D, dtype=torch.bfloat16, score_shift=0.0, pa
     v = torch.randn(1, 2, Tk, D, generator=g)
     do = torch.randn(1, 4, Tq, D, generator=g)
     q, k, v, do = (t.to("cuda", dtype) for t in (q, k, v, do))
-    old = {_BWD_PARTS[p][0]: os.environ.get(_BWD_PARTS[p][0]) for p in parts}
-    os.environ.update({var: "1" for var in old})
-    try:
+    with _backward_parts(parts):
         test_attention._assert_within_bound(q, k, v, do, False, None)
-    finally:
-        for var, val in old.items():
-            if val is None:
-                os.environ.pop(var)
-            else:
-                os.environ[var] = val
 
 
 @hopper_only
