@@ -170,6 +170,10 @@ def test_smem_config_parts_fit_and_bad_input_is_named():
         assert ctas * chunk * chunks >= n > ctas * chunk * (chunks - 1), (n, eb, ctas, chunks)
         assert chunks * sg.CHUNK_BYTES <= (sg.SMEM_PART_BYTES if ctas < 16 else sg.SMEM_MAX_PART_BYTES)
     assert sg.smem_config(262144, 2) == (16, 2048, 8)
+    assert sg.smem_config(151936, 2) == sg.smem_config(152064, 2) == (8, 2048, 10)  # 38 KiB parts
+    assert sg.smem_config(131072, 2) == (8, 2048, 8) and sg.smem_config(65536, 2) == (4, 2048, 8)
+    assert sg.smem_config(163840, 2) == (8, 2048, 10) and sg.smem_config(163841, 2) == (16, 2048, 6)
+    assert sg.smem_config(151936, 2, inputs=2) == (16, 2048, 5)  # the backward holds y and dy
     with pytest.raises(ValueError, match="ctas"):
         sg.smem_config(65536, 2, 3)
     with pytest.raises(ValueError, match="n_cols"):

@@ -6,7 +6,8 @@ for the plain loss at wide aligned vocabularies (cross_entropy.py says when). Me
 and gradient in place, scripts/gpu/softmax_cluster_probe.py, 2026-12-03) against the Triton row kernel
 (cross_entropy's, which reads each row twice: online logsumexp, then the gradient pass), at 4 warps a CTA:
 1.196 / 1.553 ms at 8192 x 131072 (1.30x; 3591 GB/s against a device copy of 4226), 1.246 / 1.601 at
-4096 x 262144 (1.28x), 3.089 / 3.613 at 16384 x 151936 (1.17x). (Its first run, before it took the device
+4096 x 262144 (1.28x), 3.089 / 3.613 at 16384 x 151936 (1.17x; at 16 CTAs: the 8 that softmax_gluon.smem_config
+now takes there measured 2.872 against 3.072 ms in a later run). (Its first run, before it took the device
 scale, the separate gradient buffer and the ignored-row branch: 1.152, 1.222 and 3.052 ms.) ce_rows_ (the register form, one part of the
 row in registers a CTA) is not routed: 1.711 / 1.553 at 8192 x 131072 (0.91x), 1.905 / 1.600 at 4096 x 262144,
 7.051 / 3.610 at 16384 x 151936 (0.51x, the padded width: softmax_gluon's docstring).

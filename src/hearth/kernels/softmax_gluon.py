@@ -7,7 +7,8 @@ Measured on the H200 (bf16, forward, scripts/gpu/softmax_cluster_probe.py, 2026-
 Triton kernel (softmax.py, which reads a wide row twice: statistics, then output), at 4 warps a CTA:
 4096 x 262144 1.201 / 1.582 ms (1.32x, 3576 GB/s against a device copy of 4251), 4096 x 151936 0.746 /
 0.905 (1.21x), 8192 x 131072 1.173 / 1.528 (1.30x), 8192 x 152064 1.480 / 1.777 (1.20x), 8192 x 128256
-1.148 / 1.504 (1.31x), 16384 x 65536 1.117 / 1.457 (1.30x).
+1.148 / 1.504 (1.31x), 16384 x 65536 1.117 / 1.457 (1.30x). Those are at 16 CTAs for 151936 / 152064 columns;
+smem_config now takes 8 there (SMEM_PART_BYTES): 0.692 against 0.745 ms at 4096 x 151936 in a later run.
 softmax_fwd (the register form, below) holds a CTA's whole part in registers (64 a thread, 2 CTAs an SM),
 so an SM has two parts' loads in flight and each row costs the latency of its load, exchange and store;
 its parts are powers of two, and the time follows the padded width. Same run: 1.06-1.09x the chunked
@@ -197,13 +198,19 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
 # each row costs the latency of its load, exchange and store: it measured 0.94x the chunked kernel at
 # 4096 x 262144. Here a CTA copies its part into shared memory with cp.async (16 bytes a lane, no registers
 # held while in flight) in CHUNK-wide chunks, and works on one chunk at a time in registers, so a CTA needs
-# about 32 KiB of shared memory and 64-85 registers a thread at 4 warps, and 5-6 CTAs an SM keep their loads
-# in flight.
+# about 32-40 KiB of shared memory and 64-85 registers a thread at 4 warps, and 5-6 CTAs an SM keep their
+# loads in flight.
 # Chunk 0 is loaded into registers instead and stays there to the end; its bytes at the start of the CTA's
 # buffer (the buffer is the kernel's only allocation, so at global_smem + 0) are never written by the
 # compiler's code and serve as the exchange's slots (exchange_ptx addresses global_smem + 8 * rank).
 CHUNK_BYTES = 4096  # a chunk: 16 bytes a lane, two vectors at 4 warps; also the slot area (>= 8 * MAX_CTAS bytes)
-SMEM_PART_BYTES = 32768  # the part a CTA takes when config may choose (fewer CTAs up to this)
+# the part a CTA takes when smem_config may choose (the fewest CTAs whose part fits this). 40 KiB, not 32: at
+# rows of 151936-152064 bf16 columns 8 CTAs (38 KiB parts, 10 chunks) against 16 (19 KiB, 5 chunks) took the
+# softmax forward at 4096 rows from 0.745 to 0.692 ms and cross-entropy at 16384 x 151936 from 3.072 to 2.872
+# ms (4096 x 152064: 0.777 to 0.728; H200, 2026-12-03, softmax_cluster_probe.py, same run). It changes the
+# pick only for rows of 32 KiB x 4 < bytes <= 40 KiB x 8 = (131072, 163840] bf16 columns; at 262144 columns 8
+# CTAs (64 KiB parts) were 2% faster in the forward and equal in cross-entropy, and were not adopted.
+SMEM_PART_BYTES = 40960
 SMEM_MAX_PART_BYTES = 98304  # the largest part a CTA may hold (a given ctas too small for the row fails)
 # warps a CTA: 4 measured fastest or within 2% of the best form at every probed shape (H200, 2026-12-03,
 # softmax 4096 x 262144 / 151936, 8192 x 131072 / 152064 / 128256, 16384 x 65536; cross-entropy 8192 x
