@@ -1,4 +1,5 @@
-"""hearth.kernels.softmax_gluon, the cluster softmax for wide rows (not routed: BENCHMARKS.md says why). No
+"""hearth.kernels.softmax_gluon, the cluster softmax for wide rows (its shared-memory form is what softmax() routes
+wide rows to on Hopper; the register form is not routed: BENCHMARKS.md says why). No
 interpreter runs Gluon or inline PTX, so on the CPU the kernel is built offline for sm_90 and its build is
 checked; its values are checked on a Hopper GPU against an fp64 reference, within the 2x-PyTorch rule."""
 
