@@ -1,6 +1,6 @@
 """hearth.kernels.cross_entropy_gluon, the cluster cross-entropy for wide rows (the shared-memory form is routed on
-Hopper, the register form is not: BENCHMARKS.md says why): its offline sm_90 build is checked beside the softmax's (tests/kernels/test_softmax_gluon.py); its losses and
-gradients on a Hopper GPU against fp64."""
+Hopper, the register form is not: BENCHMARKS.md says why): its offline sm_90 build is checked beside the softmax's
+(tests/kernels/test_softmax_gluon.py); its losses and gradients on a Hopper GPU against fp64."""
 
 from __future__ import annotations
 
