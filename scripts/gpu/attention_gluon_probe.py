@@ -302,9 +302,10 @@ BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 
 def bwd_probe(case, emit, variants=None):
     """--bwd: fwd+bwd through attention() with the backward's dK / dV and dQ kernels Triton or Gluon
-    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ) or the fused Gluon backward (BWD_VARIANTS), each Gluon variant gated on its gradients agreeing with
-    the Triton backward's (max |diff| of dq / dk / dv <= 0.05), and SDPA cuDNN; TFLOP/s at 3.5x the forward's
-    FLOPs. The forward is whatever attention.forward_kernel picks."""
+    (HEARTH_ATTN_GLUON_BWD / HEARTH_ATTN_GLUON_BWD_DQ) or the fused Gluon backward (BWD_VARIANTS), each Gluon
+    variant gated on its gradients agreeing with the Triton backward's (max |diff| of dq / dk / dv <= 0.05), and
+    SDPA cuDNN; TFLOP/s at 3.5x the forward's FLOPs, and each one's peak MiB. The forward is whatever
+    attention.forward_kernel picks."""
     causal = case[5]
     q, k, v, scale, fwd_flops = case_inputs(case)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))

@@ -226,8 +226,9 @@ def probe_lce(rows: list) -> None:
     for col in ("N x H x V", "weight", "check (rel err)", "chunk rows", "median ms", "target ms", "extra MiB total", "activation MiB", "target MiB"):
         table.add_column(col)
     # (N, H, V, frozen, target ms, target MiB, chunk_rows): None = the default (chunk_rows_for:
-    # <= 512 rows, logits chunk <= 160 MiB); the fixed 384-row cases show the time/memory trade against the
-    # older 120 MiB rule's chunks (more passes over grad_W, a smaller logits chunk).
+    # <= 512 rows, logits chunk <= 160 MiB); the fixed 384-row cases show the time/memory trade of smaller chunks
+    # (more passes over grad_W, a smaller logits chunk; the older 120 MiB rule took 448 rows at V=131072, 384 at
+    # V=151936).
     cases = [(8192, 4096, 131072, False, 38.0, 128, None), (8192, 4096, 131072, False, 38.0, 128, 384),
              (8192, 5120, 151936, False, 55.0, 160, None), (8192, 5120, 151936, False, 55.0, 160, 384),
              (8192, 5120, 151936, True, 36.0, 160, None)]
