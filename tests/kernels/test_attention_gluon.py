@@ -223,6 +223,38 @@ def test_sm90_every_backward_candidate_builds_without_spills():
         assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
 
 
+_FB_FORMS_SCRIPT = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for forms in (dict(fb_dq_tma=True), dict(fb_stats_smem=True), dict(fb_dq_tma=True, fb_stats_smem=True),
+              dict(fb_dq_tma=True, fb_stats_smem=True, fb_dq_split=True)):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), **forms):
+        r = hi.report_compiled(label, k)
+        ptx = k.asm["ptx"]
+        out.append(dict(label=label, forms=sorted(forms), spill=r.spill_bytes, shared=r.shared_bytes,
+                        reduces=ptx.count("cp.reduce.async.bulk.tensor"), atomics=ptx.count("atom.global"),
+                        red=ptx.count("red.global")))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_probe_forms_build_without_spills():
+    """The fused backward's probe-only forms at the shipped FB_CONFIGS, for sm_90, causal or not: DQ_TMA (dQ^T
+    added by a TMA reduce-add: the PTX has cp.reduce.async.bulk.tensor and no global fp32 atomics), STATS_SMEM
+    (lse / delta staged by the producer), both, and both with the dQ split (D 128); every one without spills and
+    within the 227 KiB of shared memory a block may take."""
+    reports = run_offline(_FB_FORMS_SCRIPT)
+    assert len(reports) == 4 * 2 * len(ag.FB_CONFIGS), [r["label"] for r in reports]
+    for r in reports:
+        assert r["spill"] == 0 and r["shared"] <= 227 * 1024, r
+        if "fb_dq_tma" in r["forms"]:
+            assert r["reduces"] > 0 and r["atomics"] == 0 and r["red"] == 0, r
+        else:
+            assert r["reduces"] == 0 and r["atomics"] + r["red"] > 0, r
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_kernel_is_opt_in(d):
     """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
@@ -778,6 +810,28 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
         monkeypatch.setitem(ag.FB_CONFIGS, D, cfg)
         for causal in (False, True):
             _check_backward(1, 4, 2, 1000, D, causal, parts=("fused",))
+
+
+@hopper_only
+@pytest.mark.parametrize("forms", ["dq_tma", "stats_smem", "dq_tma,stats_smem", "dq_tma,stats_smem,dq_split"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_fused_probe_forms_match_reference(monkeypatch, D, forms):
+    """The fused backward's probe-only forms (HEARTH_ATTN_FB_DQ_TMA: dQ^T by TMA reduce-add; HEARTH_ATTN_FB_STATS_SMEM:
+    lse / delta through the ring slot; HEARTH_ATTN_FB_DQ_SPLIT), at the shipped config and at 64-query steps (the
+    D 128 tile these forms are for): dK, dV and dQ within the 2x rule at ragged T, causal or not, GQA 40/8 in
+    [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head) pair a launch."""
+    for form in forms.split(","):
+        monkeypatch.setenv(f"HEARTH_ATTN_FB_{form.upper()}", "1")
+    for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (64, 2)]):
+        monkeypatch.setenv("HEARTH_ATTN_FB_CONFIG", f"{cfg[0]},{cfg[1]}")
+        for causal in (False, True):
+            for T in (1, 100, 1000):
+                _check_backward(1, 4, 2, T, D, causal, parts=("fused",))
+        _check_backward(1, 40, 8, 1500, D, True, bthd=True, parts=("fused",))
+        _check_backward_lengths(200, 100, D, dtype=torch.float16, score_shift=32.0 * math.sqrt(D), parts=("fused",))
+        _check_backward_lengths(300, 1111, D, parts=("fused",))
+    monkeypatch.setenv("HEARTH_ATTN_FB_ACC_MIB", "0.001")
+    _check_backward(2, 4, 2, 100, D, True, parts=("fused",))
 
 
 @hopper_only

@@ -87,6 +87,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from triton._C.libtriton import ir as _ir
+from triton.experimental.gluon.language._core import builtin as _builtin
+
 from hearth.kernels._common import empty_heads_like, num_sms
 
 LOG2E = 1.4426950408889634
@@ -956,6 +959,20 @@ def _bwd_st_dpt(k_s, v_s, q_s, do_s, zero_st):
 
 
 @gluon.jit
+def _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, row0, stride_dkb, stride_dkh, stride_dkt, N_CTX_K,
+                ROWS: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, acc_layout: ttgl.constexpr):
+    """The dK / dV epilogue: dk * sm_scale and dv (fp32 [ROWS, D] accumulators in acc_layout) of keys row0 + [0, ROWS)
+    of (b, K/V head hk), cast to DK's dtype; keys past T_k are not stored."""
+    offs_r = row0 + ttgl.arange(0, ROWS, layout=ttgl.SliceLayout(1, acc_layout))
+    offs_c = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
+    out_off = (b.to(ttgl.int64) * stride_dkb + hk.to(ttgl.int64) * stride_dkh
+               + offs_r[:, None].to(ttgl.int64) * stride_dkt + offs_c[None, :])
+    keep = (offs_r < N_CTX_K)[:, None]
+    ttgl.store(DK + out_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=keep)
+    ttgl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=keep)
+
+
+@gluon.jit
 def _attn_bwd_dkdv_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV,
     stride_dkb, stride_dkh, stride_dkt,
@@ -1054,14 +1071,8 @@ def _attn_bwd_dkdv_gluon_kernel(
     mbarrier.invalidate(kv_bar)
     for i in ttgl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
-    dk = dk * sm_scale
-    offs_r = start_n + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(1, acc_layout))
-    offs_d = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
-    out_off = (b.to(ttgl.int64) * stride_dkb + hk.to(ttgl.int64) * stride_dkh
-               + offs_r[:, None].to(ttgl.int64) * stride_dkt + offs_d[None, :])
-    keep = (offs_r < N_CTX_K)[:, None]
-    ttgl.store(DK + out_off, dk.to(dtype), mask=keep)
-    ttgl.store(DV + out_off, dv.to(dtype), mask=keep)
+    _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, start_n, stride_dkb, stride_dkh, stride_dkt, N_CTX_K, BLOCK_N, HEAD_DIM,
+                acc_layout)
 
 
 # (BLOCK_M queries a program, BLOCK_N keys a step, NUM_STAGES of the K / V ring, num_warps) per head dim
@@ -1179,7 +1190,8 @@ def _attn_bwd_dq_gluon_kernel(
 # ----------------------------------------------------------------------------------------------
 # (BLOCK_M queries a step, NUM_STAGES of the Q / dO ring) per head dim; a program owns FB_BLOCK_N = 128 keys,
 # 64 per consumer warpgroup. Every candidate builds for sm_90 without spills (at D 128, 64-query steps spill
-# 160-400 bytes and 3 stages 88 bytes non-causal, so D 128 has one).
+# 144-400 bytes with the fp32 atomics and 3 stages 88 bytes non-causal, so D 128 has one; with DQ_TMA and
+# STATS_SMEM, 64-query steps at D 128 build without spills).
 FB_BLOCK_N = 128
 FB_CONFIGS = {
     64: (64, 2),
@@ -1191,34 +1203,65 @@ FB_CANDIDATES = {
 }
 
 
+@_builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """TMA reduce-add of the shared-memory tile src into tensor_desc's box at coord (cp.reduce.async.bulk.tensor
+    .add; completion tracked like a TMA store: tma.store_wait). Triton 3.6 builds the op (GluonOpBuilder's
+    create_async_tma_reduce) but gluon.language does not export it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _fb_stat_index(b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr, layout: ttgl.constexpr):
+    """Where step i's BLOCK_M rows of lse / delta start ((b, h) row times T_q, int64), their query offsets (1-D,
+    in `layout`) and which of them exist (below T_q, and i a real step)."""
+    hq = hk * GROUP + i // n_m
+    base = (b * H_Q + hq).to(ttgl.int64) * N_CTX_Q
+    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=layout)
+    return base, offs_m, (offs_m < N_CTX_Q) & (i < n_iters)
+
+
 @gluon.jit
 def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr,
-                  st_layout: ttgl.constexpr):
-    """(lse * log2(e), delta) of step i's BLOCK_M query rows (lse +inf and delta 0 past T_q or past the last
-    step), along the columns of the transposed score tile."""
-    hq = hk * GROUP + i // n_m
-    bh = (b * H_Q + hq).to(ttgl.int64)
-    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
-    ok = (offs_m < N_CTX_Q) & (i < n_iters)
-    lse2 = ttgl.load(Lse + bh * N_CTX_Q + offs_m, mask=ok, other=float("inf")) * LOG2E_C
-    return lse2, ttgl.load(Delta + bh * N_CTX_Q + offs_m, mask=ok, other=0.0)
+                  layout: ttgl.constexpr):
+    """(lse * log2(e), delta) of step i's BLOCK_M query rows, 1-D in `layout` (lse +inf and delta 0 past T_q or
+    past the last step)."""
+    base, offs_m, ok = _fb_stat_index(b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M, layout)
+    lse2 = ttgl.load(Lse + base + offs_m, mask=ok, other=float("inf")) * LOG2E_C
+    return lse2, ttgl.load(Delta + base + offs_m, mask=ok, other=0.0)
 
 
 @gluon.jit
 def _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM: ttgl.constexpr):
-    """dqt (rows offs_d of dQ^T, columns offs_m) added into DQacc[head] ([D, N_PAD_Q], queries contiguous). No mask:
-    DQacc's rows are padded to a multiple of 64 queries, and a query past T_q adds 0 (P = 0)."""
-    dq_off = head.to(ttgl.int64) * HEAD_DIM * N_PAD_Q + offs_d[:, None].to(ttgl.int64) * N_PAD_Q + offs_m[None, :]
-    ttgl.atomic_add(DQacc + dq_off, dqt, sem="relaxed")
+    """dqt (rows offs_d of dQ^T, columns offs_m) added into DQacc[head] ([D, N_PAD_Q], queries contiguous) by fp32
+    atomics. No mask: DQacc's rows are padded to whole query blocks, and a query past T_q adds 0 (P = 0). The
+    offsets within the head are 32-bit (D * N_PAD_Q < 2^31), the head's base 64-bit."""
+    base = DQacc + head.to(ttgl.int64) * HEAD_DIM * N_PAD_Q
+    ttgl.atomic_add(base + (offs_d[:, None] * N_PAD_Q + offs_m[None, :]), dqt, sem="relaxed")
 
 
 @gluon.jit
-def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
+def _fb_reduce_dq(dq_desc, dq_stage, dqt, head, row0, start_m):
+    """dqt (rows row0.. of dQ^T for queries start_m..) added into DQacc[head] by one TMA reduce-add from the
+    warpgroup's staging buffer: wait until the previous reduce has read the buffer, store, fence, issue."""
+    tma.store_wait(0)
+    ttgl.thread_barrier()  # the issuing thread's wait covers every thread's store below
+    dq_stage.store(dqt)
+    fence_async_shared()
+    ttgl.thread_barrier()  # every thread's part of the tile is in shared memory before the copy reads it
+    _tma_reduce_add(dq_desc, [head, row0, start_m], dq_stage._reinterpret(ttgl.float32, dq_desc.block_shape,
+                                                                           dq_desc.layout))
+
+
+@gluon.jit
+def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
+                 ds_empty, dq_smem, dq_desc,
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
                  H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
-                 DQ_SPLIT: ttgl.constexpr):
+                 DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1227,14 +1270,18 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         dS^T = P^T (dP^T - delta), dK_w += dS^T Q; dS^T (16-bit) goes to shared memory (rows WG * 64..)
     and, on its turn, dQ^T [D, BLOCK_M] = K^T dS^T over both warpgroups' rows, added in fp32 to DQacc
     ([this launch's query heads, D, N_PAD_Q]: queries contiguous, so four lanes' adds cover 32 bytes of a row).
-    Probe-only forms (constexprs, all GPU-timed: BENCHMARKS.md): PREFETCH loads the next step's lse / delta a step
-    ahead; DQ_SPLIT (D 128) has both warpgroups compute half of dQ^T's rows every step. (Two more forms were timed
-    and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds; BENCHMARKS.md.)"""
+    Probe-only forms (constexprs): PREFETCH loads the next step's lse / delta a step ahead; DQ_SPLIT (D 128) has
+    both warpgroups compute half of dQ^T's rows every step; DQ_TMA adds dQ^T by a TMA reduce-add from a
+    shared-memory staging tile (dq_smem[WG], dq_desc) instead of fp32 atomics (no per-element addresses in
+    registers); STATS_SMEM reads lse / delta from the ring slot, where the producer put them (no global loads
+    here). (Two more forms were timed and removed: P^T / dS^T from shared memory as the A operands, and
+    red.global.add.v2.f32 adds; BENCHMARKS.md.)"""
     dtype: ttgl.constexpr = k_smem.dtype
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
     acc_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[1]
     a_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[2]
+    col_layout: ttgl.constexpr = ttgl.SliceLayout(0, st_layout)
     k_w = k_smem.slice(WG * HALF, HALF, dim=0)
     v_w = v_smem.slice(WG * HALF, HALF, dim=0)
     offs_n = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, st_layout))
@@ -1246,23 +1293,28 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
     dv = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
     offs_d = ttgl.arange(0, DQ_ROWS, layout=ttgl.SliceLayout(1, st_layout))
     if PREFETCH:  # step 0's lse / delta; each step then loads the next step's before its own matmuls
-        lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, 0, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M, st_layout)
+        lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, 0, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                       col_layout)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_iters):
         slot = i % NUM_STAGES
         start_m = (m_lo + i % n_m) * BLOCK_M
-        offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(0, st_layout))
+        offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=col_layout)
         if PREFETCH:
             lse2 = lse_n
             delta = delta_n
             lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, i + 1, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
-                                           st_layout)
-        else:
-            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
-                                        st_layout)
+                                           col_layout)
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
+        if not PREFETCH:  # loaded once the slot is in: not live across the wait
+            if STATS_SMEM:
+                lse2 = stats_ring.index(2 * slot).load(col_layout)
+                delta = stats_ring.index(2 * slot + 1).load(col_layout)
+            else:
+                lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                            col_layout)
         st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
         # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
@@ -1292,41 +1344,46 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, d
         dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
         ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
         mbarrier.arrive(empty_bars.index(slot), count=1)
+        head = acc_h0 + i // n_m
         if DQ_SPLIT:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
             mbarrier.wait(ds_full.index(par), use & 1)
             dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par), zero_dq,
                                 use_acc=False)
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
-            _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM)
+            if DQ_TMA:
+                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, start_m)
+            else:
+                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM)
         else:
             if par == WG:
                 mbarrier.wait(ds_full.index(par), use & 1)
                 dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
                 ttgl.thread_barrier()
                 mbarrier.arrive(ds_empty.index(par), count=1)
-                _fb_add_dq(DQacc, dqt, acc_h0 + i // n_m, offs_d, offs_m, N_PAD_Q, HEAD_DIM)
-
-    dk = dk * sm_scale
-    offs_r = start_n + WG * HALF + ttgl.arange(0, HALF, layout=ttgl.SliceLayout(1, acc_layout))
-    offs_c = ttgl.arange(0, HEAD_DIM, layout=ttgl.SliceLayout(0, acc_layout))
-    out_off = (b.to(ttgl.int64) * stride_dkb + hk.to(ttgl.int64) * stride_dkh
-               + offs_r[:, None].to(ttgl.int64) * stride_dkt + offs_c[None, :])
-    keep = (offs_r < N_CTX_K)[:, None]
-    ttgl.store(DK + out_off, dk.to(dtype), mask=keep)
-    ttgl.store(DV + out_off, dv.to(dtype), mask=keep)
+                if DQ_TMA:
+                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, 0, start_m)
+                else:
+                    _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM)
+    if DQ_TMA:
+        tma.store_wait(0)  # the last reduce has read its staging tile before the program's shared memory goes
+    _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, start_n + WG * HALF, stride_dkb, stride_dkh, stride_dkt, N_CTX_K,
+                HALF, HEAD_DIM, acc_layout)
 
 
 @gluon.jit
-def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars,
-                 b, hk, start_n, m_lo, n_m, n_iters, GROUP,
+def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
+                 empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q,
                  HEAD_DIM: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
-                 NUM_STAGES: ttgl.constexpr):
+                 NUM_STAGES: ttgl.constexpr, STATS_SMEM: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr):
     """The load warp of the fused backward: the program's K and V block once, then each step's Q and dO tiles
-    into ring slot i % NUM_STAGES once both consumers released the step that held it before."""
+    into ring slot i % NUM_STAGES once both consumers released the step that held it before; with STATS_SMEM
+    also the step's lse * log2(e) and delta (stats_ring rows 2 * slot and 2 * slot + 1), stored before the slot's
+    mbarrier arrive that the consumers wait on."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     KV_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    stat_layout: ttgl.constexpr = ttgl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     kv_box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
     mbarrier.expect(kv_bar, 2 * KV_BYTES)
     tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar,
@@ -1336,28 +1393,37 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
     for i in range(n_iters):
         slot = i % NUM_STAGES
         mbarrier.wait(empty_bars.index(slot), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
+        if STATS_SMEM:
+            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                        stat_layout)
+            stats_ring.index(2 * slot).store(lse2)
+            stats_ring.index(2 * slot + 1).store(delta)
+            ttgl.thread_barrier()  # every lane's stores come before the arrive (expect) that publishes the slot
         _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, ld_bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
                        BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
 
 
 @gluon.jit
 def _attn_bwd_fused_gluon_kernel(
-    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, DQacc,
+    q_desc, k_desc, v_desc, do_desc, Lse, Delta, DK, DV, DQacc, dq_desc,
     stride_dkb, stride_dkh, stride_dkt,
     sm_scale, qk_scale, H_Q, H_K, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, BHK0,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
+    DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
     (64 keys each: the default partition and a 4-warp worker) and a 1-warp TMA producer (_fb_consumer,
     _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel; program (i, j) serves (b, K/V head) number BHK0 + j,
-    and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g)."""
+    and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g). dq_desc: a TMA
+    descriptor over DQacc ([heads, D, N_PAD_Q], box [1, dQ^T rows a warpgroup, BLOCK_M]) with DQ_TMA, else None."""
     dtype: ttgl.constexpr = q_desc.dtype
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     ds_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    DQ_ROWS: ttgl.constexpr = HEAD_DIM // 2 if DQ_SPLIT else HEAD_DIM
 
     start_n = ttgl.program_id(0) * BLOCK_N
     bhk = BHK0 + ttgl.program_id(1)
@@ -1377,6 +1443,17 @@ def _attn_bwd_fused_gluon_kernel(
     q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     ds_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_shared)
+    if STATS_SMEM:
+        stats_ring = ttgl.allocate_shared_memory(ttgl.float32, [2 * NUM_STAGES, BLOCK_M],
+                                                 ttgl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        stats_ring = ds_smem  # a stand-in (warp_specialize takes no None); the form's code is compiled out
+    if DQ_TMA:  # one staging tile per consumer warpgroup, in the swizzle of dq_desc's box
+        dq_smem = ttgl.allocate_shared_memory(ttgl.float32, [2, DQ_ROWS, BLOCK_M],
+                                              ttgl.NVMMASharedLayout.get_default_for([DQ_ROWS, BLOCK_M], ttgl.float32))
+    else:
+        dq_smem = ds_smem  # stand-ins, as stats_ring's
+        dq_desc = q_desc
     kv_bar = ttgl.allocate_shared_memory(ttgl.int64, [1], mbarrier.MBarrierLayout())
     ld_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -1392,16 +1469,19 @@ def _attn_bwd_fused_gluon_kernel(
     fence_async_shared()
 
     ttgl.warp_specialize(
-        [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
-                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
-                         qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT)),
-         (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars, empty_bars, ds_smem, ds_full, ds_empty,
-                         Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale,
-                         qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
-                         1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT)),
-         (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, ld_bars,
-                         empty_bars, b, hk, start_n, m_lo, n_m, n_iters, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES))],
+        [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
+                         ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
+                         sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m,
+                         n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
+                         STATS_SMEM)),
+         (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
+                         ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
+                         sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m,
+                         n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
+                         STATS_SMEM)),
+         (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
+                         empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, NUM_STAGES, STATS_SMEM, PRODUCER_WARPS))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_bar)
@@ -1584,33 +1664,48 @@ def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: 
     return max(c for c in options if c <= fit)
 
 
+def _dq_acc_desc(acc: torch.Tensor, rows: int, block_m: int) -> TensorDescriptor:
+    """The fused backward's TMA descriptor over its fp32 dQ buffer acc [heads, D, n_pad] (DQ_TMA): one box is
+    [1, rows, block_m], the dQ^T rows one consumer warpgroup adds a step for block_m queries."""
+    box = [1, rows, block_m]
+    return TensorDescriptor(acc, list(acc.shape), list(acc.stride()), box,
+                            ttgl.NVMMASharedLayout.get_default_for(box, ttgl.float32))
+
+
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
                    acc_bytes: int | None = None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
     (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to 64], then scaled and cast
     into dq. acc_bytes bounds that buffer (env HEARTH_ATTN_FB_ACC_MIB, MiB; 0 or unset: none, B * Hq * Tq * D * 4
     bytes): the (b, K/V head) pairs then run in launches of fused_chunk pairs, one buffer reused. config:
-    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'."""
+    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe-only env (each "1" turns its constexpr on):
+    HEARTH_ATTN_FB_PREFETCH, HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM; and
+    HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
     env_cfg = os.environ.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
     block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[D])
-    n_pad = triton.cdiv(Tq, 64) * 64  # whole query blocks: the kernel's adds need no mask
+    split = D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1"
+    dq_tma = os.environ.get("HEARTH_ATTN_FB_DQ_TMA", "0") == "1"  # probe only, as the two below
+    # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
+    step = max(64, block_m)
+    n_pad = triton.cdiv(Tq, step) * step
     if acc_bytes is None:
         acc_bytes = int(float(os.environ.get("HEARTH_ATTN_FB_ACC_MIB", "0")) * 2**20)
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
+    dq_desc = _dq_acc_desc(dq_acc, D // 2 if split else D, block_m) if dq_tma else None
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with torch.cuda.device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[(triton.cdiv(Tk, FB_BLOCK_N), chunk)](
-                *descs, lse, delta, dk, dv, dq_acc, dk.stride(0), dk.stride(1), dk.stride(2),
+                *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1",
-                DQ_SPLIT=D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1", num_warps=4,
+                PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1", DQ_SPLIT=split, DQ_TMA=dq_tma,
+                STATS_SMEM=os.environ.get("HEARTH_ATTN_FB_STATS_SMEM", "0") == "1", num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1623,7 +1718,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=False,
-                    ones=()):
+                    fb_dq_tma=False, fb_stats_smem=False, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1679,16 +1774,25 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             continue
         if variant == "bwd_fused":
             bm, stages = (fb_configs or FB_CONFIGS)[d]
+            split = fb_dq_split and d == 128
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                         PREFETCH=fb_prefetch, DQ_SPLIT=fb_dq_split and d == 128)
+                         PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
+            if fb_dq_tma:
+                sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32),
+                                                          d // 2 if split else d, bm))
+            else:
+                const["dq_desc"] = None
+                sig["dq_desc"] = "constexpr"
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
                        N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
-            name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}"
+            forms = "".join(f" {n}" for n, on in (("pf", fb_prefetch), ("split", split), ("dq-tma", fb_dq_tma),
+                                                    ("stats-smem", fb_stats_smem)) if on)
+            name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant == "bwd_dq":
