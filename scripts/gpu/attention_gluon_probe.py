@@ -283,26 +283,26 @@ def sweep_pp_guarded(emit, time_triton=False):
 
 
 # name -> the env the backward reads (attention.backward_kernel and attention_gluon.backward_fused); unset = default.
-# The fused backward (one kernel, 5 matmuls, fp32 dQ adds) in its forms: the dQ buffer bounded to 64 MiB, the next
-# step's lse / delta loaded a step ahead (PF), 64-query steps at every head dim (they spill at D 128), dQ^T split over
-# both warpgroups by rows of D every step (SPLIT, D 128), dQ^T added by one TMA reduce-add a step instead of fp32
-# atomics (TMA), lse / delta staged in the ring slot by the producer warp (SS). (The red.v2.f32 and
-# shared-memory-A forms of the 2026-12-03 runs were removed after them: BENCHMARKS.md.)
+# "gluon_fused" is the shipped fused backward (the default on Hopper: dQ^T by TMA reduce-add, lse / delta staged by
+# the producer, 64-query steps, dQ^T split at D 128, fp32 buffer bounded to FB_ACC_MIB); the others change one
+# thing: 32-query steps (M32), the pre-2026-12-03 form (fp32 atomics, consumers' loads, no split, M32: what the
+# default was built from), no dQ split, the buffer unbounded or bounded to 64 MiB, the next step's lse / delta a
+# step ahead (PF). "triton" turns the fused kernel off. (The red.v2.f32 and shared-memory-A forms of the
+# 2026-12-03 runs were removed after them: BENCHMARKS.md.)
+_NO_FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "0"}
 _FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}
-_PF = dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1")
-_TMA = dict(_FUSED, HEARTH_ATTN_FB_DQ_TMA="1")
-_TMA_SS = dict(_TMA, HEARTH_ATTN_FB_STATS_SMEM="1")
+_OLD = dict(_FUSED, HEARTH_ATTN_FB_DQ_TMA="0", HEARTH_ATTN_FB_STATS_SMEM="0", HEARTH_ATTN_FB_DQ_SPLIT="0")
 BWD_VARIANTS = {
-    "triton": {}, "gluon_dkdv": {"HEARTH_ATTN_GLUON_BWD": "1"}, "gluon_dq": {"HEARTH_ATTN_GLUON_BWD_DQ": "1"},
-    "gluon_both": {"HEARTH_ATTN_GLUON_BWD": "1", "HEARTH_ATTN_GLUON_BWD_DQ": "1"},
+    "triton": _NO_FUSED, "gluon_dkdv": dict(_NO_FUSED, HEARTH_ATTN_GLUON_BWD="1"),
+    "gluon_dq": dict(_NO_FUSED, HEARTH_ATTN_GLUON_BWD_DQ="1"),
+    "gluon_both": dict(_NO_FUSED, HEARTH_ATTN_GLUON_BWD="1", HEARTH_ATTN_GLUON_BWD_DQ="1"),
     "gluon_fused": _FUSED,
+    "gluon_fused_m32": dict(_FUSED, HEARTH_ATTN_FB_CONFIG="32,2"),
+    "gluon_fused_old_m32": dict(_OLD, HEARTH_ATTN_FB_CONFIG="32,2"),
+    "gluon_fused_nosplit": dict(_FUSED, HEARTH_ATTN_FB_DQ_SPLIT="0"),
+    "gluon_fused_unbounded": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="0"),
     "gluon_fused_64m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="64"),
-    "gluon_fused_pf": _PF, "gluon_fused_pf_m64": dict(_PF, HEARTH_ATTN_FB_CONFIG="64,2"),
-    "gluon_fused_pf_split": dict(_PF, HEARTH_ATTN_FB_DQ_SPLIT="1"),
-    "gluon_fused_ss": dict(_FUSED, HEARTH_ATTN_FB_STATS_SMEM="1"),
-    "gluon_fused_tma": _TMA, "gluon_fused_tma_ss": _TMA_SS,
-    "gluon_fused_tma_ss_m64": dict(_TMA_SS, HEARTH_ATTN_FB_CONFIG="64,2"),
-    "gluon_fused_tma_ss_split_m64": dict(_TMA_SS, HEARTH_ATTN_FB_CONFIG="64,2", HEARTH_ATTN_FB_DQ_SPLIT="1"),
+    "gluon_fused_pf": dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1"),
 }
 BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 

@@ -104,6 +104,7 @@ def test_fused_dq_variant(monkeypatch, causal):
     mod = importlib.import_module("hearth.kernels.attention")
 
     monkeypatch.setattr(mod, "FUSED_DQ", True)
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")  # FUSED_DQ is the Triton backward's variant
     q, k, v, do = _make(1, 4, 2, 70, 32, torch.bfloat16, seed=8)
     _assert_within_bound(q, k, v, do, causal, None)
 
@@ -388,10 +389,15 @@ def test_gpu_gqa_40_8_t4097(causal):
 
 
 @gpu_only
+@pytest.mark.parametrize("bwd", ["routed", "triton"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gpu_dtypes_head_dims(dtype, causal, D):
+def test_gpu_dtypes_head_dims(dtype, causal, D, bwd, monkeypatch):
+    """bwd "routed": as attention() picks (on Hopper, bf16 / fp16: the fused Gluon backward); "triton": the Triton
+    backward kernels (HEARTH_ATTN_GLUON_BWD_FUSED=0)."""
+    if bwd == "triton":
+        monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")
     _gpu_bound_vs_sdpa(2, 8, 2, 1000, D, dtype, causal)
 
 
@@ -424,10 +430,12 @@ def test_gpu_strided_bthd_views():
 
 @gpu_only
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_bthd_order_output_and_gradients_match_dense_bitwise(D):
+def test_gpu_bthd_order_output_and_gradients_match_dense_bitwise(D, monkeypatch):
     """On the GPU (head_dim 128: the Gluon ping-pong forward storing through a 4-D TMA descriptor with the
-    [B, T, H, D] strides; 64: the Triton kernels), HF-ordered inputs give an output and gradients in that
+    [B, T, H, D] strides; 64: the Triton kernels; the Triton backward, whose dQ has the same bits every run:
+    the fused Gluon backward's fp32 adds do not), HF-ordered inputs give an output and gradients in that
     order, bitwise equal to the dense-layout call's."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")
     leaves, (q, k, v) = _bthd_views(2, 8, 2, 777, D, torch.bfloat16, seed=12, device="cuda")
     out = attention(q, k, v, causal=True)
     do = torch.randn_like(out)
@@ -449,6 +457,7 @@ def test_gpu_every_config_is_correct(monkeypatch, cls, D, dtype):
     on one GPU may win on another (the 64 x 128 dQ entry did, at head_dim 16/32)."""
     mod = importlib.import_module("hearth.kernels.attention")
     monkeypatch.setattr(mod, "AUTOTUNE", False)
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")  # the Triton backward's tables, on Hopper too
     tables = {"fwd": mod._FWD_CANDIDATES, "dkdv": mod._DKDV_CANDIDATES, "dq": mod._DQ_CANDIDATES}
     n = max(len(t[cls]) for t in tables.values())
     q, k, v, do = _make(1, 4, 2, 300, D, dtype, device="cuda")
@@ -472,12 +481,17 @@ def test_gpu_fused_dq_variant(monkeypatch, causal):
     mod = importlib.import_module("hearth.kernels.attention")
 
     monkeypatch.setattr(mod, "FUSED_DQ", True)
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")  # FUSED_DQ is the Triton backward's variant
     _gpu_bound_vs_sdpa(1, 40, 8, 4097, 128, torch.bfloat16, causal)
 
 
 @gpu_only
-def test_gpu_tma_path_matches_pointer_path():
+def test_gpu_tma_path_matches_pointer_path(monkeypatch):
+    """The Triton kernels' TMA loads against their pointer loads (HEARTH_ATTN_GLUON=0 and
+    HEARTH_ATTN_GLUON_BWD_FUSED=0: on Hopper the Gluon kernels would run instead)."""
     mod = importlib.import_module("hearth.kernels.attention")
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")
 
     q, k, v, do = _make(2, 8, 2, 1000, 128, torch.bfloat16, device="cuda")
     fn = lambda a, b, c: attention(a, b, c, causal=True)  # noqa: E731

@@ -210,8 +210,8 @@ def test_sm90_every_ping_pong_candidate_builds_without_spills():
 
 
 def test_sm90_every_backward_candidate_builds_without_spills():
-    """Every dK / dV, dQ and fused config (BWD_CANDIDATES / BWD_DQ_CANDIDATES / FB_CANDIDATES, the first of each is the shipped one)
-    builds for sm_90, causal or not, with wgmma and TMA and no spills."""
+    """Every dK / dV, dQ and fused config (BWD_CANDIDATES / BWD_DQ_CANDIDATES / FB_CANDIDATES, the first of each is the shipped one;
+    the fused one in its shipped forms) builds for sm_90, causal or not, with wgmma and TMA and no spills but one."""
     for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS),
                           (ag.FB_CANDIDATES, ag.FB_CONFIGS)):
         for d, cands in table.items():
@@ -220,7 +220,10 @@ def test_sm90_every_backward_candidate_builds_without_spills():
     n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES, ag.FB_CANDIDATES) for c in t.values())
     assert len(reports) == 2 * n, [r["label"] for r in reports]
     for r in reports:
-        assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
+        # the one known spill: the fused backward's 64-query steps at head_dim 128 (FlashAttention-3's tile, the
+        # shipped one: the fastest on the H200 all the same), 80 bytes in the sm_90 builds of Triton 3.6
+        allowed = 80 if "bwd[fused] d128" in r["label"] and "128x64 " in r["label"] else 0
+        assert r["spill"] <= allowed and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
 
 
 _FB_FORMS_SCRIPT = r"""
@@ -228,31 +231,31 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
-for forms in (dict(fb_dq_tma=True), dict(fb_stats_smem=True), dict(fb_dq_tma=True, fb_stats_smem=True),
-              dict(fb_dq_tma=True, fb_stats_smem=True, fb_dq_split=True)):
-    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), **forms):
-        r = hi.report_compiled(label, k)
-        ptx = k.asm["ptx"]
-        out.append(dict(label=label, forms=sorted(forms), spill=r.spill_bytes, shared=r.shared_bytes,
-                        reduces=ptx.count("cp.reduce.async.bulk.tensor"), atomics=ptx.count("atom.global"),
-                        red=ptx.count("red.global")))
+for tma in (False, True):
+    for ss in (False, True):
+        for split in (False, True):
+            forms = dict(fb_dq_tma=tma, fb_stats_smem=ss, fb_dq_split=split)
+            for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,),
+                                               fb_configs={128: (32, 2)}, **forms):
+                r = hi.report_compiled(label, k)
+                ptx = k.asm["ptx"]
+                out.append(dict(label=label, tma=tma, spill=r.spill_bytes, shared=r.shared_bytes,
+                                reduces=ptx.count("cp.reduce.async.bulk.tensor"),
+                                adds=ptx.count("atom.global") + ptx.count("red.global")))
 print(json.dumps(out))
 """
 
 
-def test_sm90_fused_backward_probe_forms_build_without_spills():
-    """The fused backward's probe-only forms at the shipped FB_CONFIGS, for sm_90, causal or not: DQ_TMA (dQ^T
-    added by a TMA reduce-add: the PTX has cp.reduce.async.bulk.tensor and no global fp32 atomics), STATS_SMEM
-    (lse / delta staged by the producer), both, and both with the dQ split (D 128); every one without spills and
-    within the 227 KiB of shared memory a block may take."""
+def test_sm90_fused_backward_forms_build_without_spills():
+    """The fused backward's forms at head_dim 128 with 32-query steps, every combination of DQ_TMA (dQ^T added by a
+    TMA reduce-add: the PTX has cp.reduce.async.bulk.tensor and no global fp32 atomics; else atomics and no
+    reduce), STATS_SMEM and DQ_SPLIT, for sm_90, causal or not: no spills, within the 227 KiB of shared memory a
+    block may take. (The shipped forms at every candidate config: the candidates test above.)"""
     reports = run_offline(_FB_FORMS_SCRIPT)
-    assert len(reports) == 4 * 2 * len(ag.FB_CONFIGS), [r["label"] for r in reports]
+    assert len(reports) == 16, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["shared"] <= 227 * 1024, r
-        if "fb_dq_tma" in r["forms"]:
-            assert r["reduces"] > 0 and r["atomics"] == 0 and r["red"] == 0, r
-        else:
-            assert r["reduces"] == 0 and r["atomics"] + r["red"] > 0, r
+        assert (r["reduces"] > 0 and r["adds"] == 0) if r["tma"] else (r["reduces"] == 0 and r["adds"] > 0), r
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -261,9 +264,6 @@ def test_backward_kernel_is_opt_in(d):
     on = {"HEARTH_ATTN_GLUON_BWD": "1"}
     assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env={}) == "triton"
     assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, env=on) == "gluon"
-    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused", env=on) == "triton"
-    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused",
-                                env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}) == "gluon"
     assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, part="fused",
                                 env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}) == "triton"
     assert attn.backward_kernel((9, 0), torch.float16, d, False, env=on) == "gluon"
@@ -623,24 +623,45 @@ _BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH
               "fused": ("HEARTH_ATTN_GLUON_BWD_FUSED", "backward_fused")}
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_fused_backward_is_the_default_where_it_serves(d, monkeypatch):
+    """The fused Gluon backward: Hopper's bf16 / fp16 head_dim 64 / 128 backward by default, replacing both split
+    parts; HEARTH_ATTN_GLUON_BWD_FUSED=0 and torch's deterministic mode (its dQ adds run in no fixed order) give the
+    Triton kernels, as do other GPUs, dtypes and head dims."""
+    for dtype in (torch.bfloat16, torch.float16):
+        for causal in (False, True):
+            assert attn.backward_kernel((9, 0), dtype, d, causal, part="fused", env={}) == "gluon"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused",
+                                env={"HEARTH_ATTN_GLUON_BWD_FUSED": "0"}) == "triton"
+    assert attn.backward_kernel((9, 0), torch.float32, d, True, part="fused", env={}) == "triton"
+    assert attn.backward_kernel((8, 0), torch.bfloat16, d, True, part="fused", env={}) == "triton"
+    assert attn.backward_kernel(None, torch.bfloat16, d, True, part="fused", env={}) == "triton"
+    assert attn.backward_kernel((9, 0), torch.bfloat16, 96, True, part="fused", env={}) == "triton"
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert attn.backward_kernel((9, 0), torch.bfloat16, d, True, part="fused", env={}) == "triton"
+
+
 @contextlib.contextmanager
 def _backward_parts(parts):
     """With the env var of each part set (dkdv: HEARTH_ATTN_GLUON_BWD=1, dq: HEARTH_ATTN_GLUON_BWD_DQ=1, fused:
-    HEARTH_ATTN_GLUON_BWD_FUSED=1) and each part's Gluon launcher counted; restores both on exit, then asserts
-    that every part ran."""
+    HEARTH_ATTN_GLUON_BWD_FUSED=1; without "fused", HEARTH_ATTN_GLUON_BWD_FUSED=0) and each part's Gluon launcher
+    counted; restores both on exit, then asserts that every part ran."""
     calls = {p: [] for p in parts}
     saved = []
     try:
-        for p in parts:
-            var, fn = _BWD_PARTS[p]
-            real = getattr(ag, fn)
+        for p in (*parts, *(() if "fused" in parts else ("no-fused",))):
+            # the split parts run only with the fused backward (the default) off
+            var, fn = _BWD_PARTS.get(p, (_BWD_PARTS["fused"][0], None))
+            real = getattr(ag, fn) if fn else None
             saved.append((var, fn, real, os.environ.get(var)))
-            setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], real))
-            os.environ[var] = "1"
+            if fn:
+                setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], real))
+            os.environ[var] = "1" if fn else "0"
         yield
     finally:
         for var, fn, real, old in saved:
-            setattr(ag, fn, real)
+            if fn:
+                setattr(ag, fn, real)
             if old is None:
                 os.environ.pop(var, None)
             else:
@@ -813,16 +834,20 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
 
 
 @hopper_only
-@pytest.mark.parametrize("forms", ["dq_tma", "stats_smem", "dq_tma,stats_smem", "dq_tma,stats_smem,dq_split"])
-@pytest.mark.parametrize("D", [64, 128])
-def test_gpu_backward_fused_probe_forms_match_reference(monkeypatch, D, forms):
-    """The fused backward's probe-only forms (HEARTH_ATTN_FB_DQ_TMA: dQ^T by TMA reduce-add; HEARTH_ATTN_FB_STATS_SMEM:
-    lse / delta through the ring slot; HEARTH_ATTN_FB_DQ_SPLIT), at the shipped config and at 64-query steps (the
-    D 128 tile these forms are for): dK, dV and dQ within the 2x rule at ragged T, causal or not, GQA 40/8 in
-    [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head) pair a launch."""
-    for form in forms.split(","):
-        monkeypatch.setenv(f"HEARTH_ATTN_FB_{form.upper()}", "1")
-    for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (64, 2)]):
+@pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (128, "atomics"),
+                                     (128, "atomics_ss"), (128, "tma"), (128, "no_split")])
+def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
+    """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
+    and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
+    (HEARTH_ATTN_FB_STATS_SMEM=0) or staged by the producer; by TMA reduce-add with the consumers' loads; the shipped
+    forms without the dQ split (HEARTH_ATTN_FB_DQ_SPLIT=0). dK, dV and dQ within the 2x rule at ragged T, causal or
+    not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
+    pair a launch."""
+    env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
+           "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0")}[forms]
+    for name, value in env.items():
+        monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
+    for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):
         monkeypatch.setenv("HEARTH_ATTN_FB_CONFIG", f"{cfg[0]},{cfg[1]}")
         for causal in (False, True):
             for T in (1, 100, 1000):

@@ -944,17 +944,23 @@ _BWD_ENV = {"dkdv": "HEARTH_ATTN_GLUON_BWD", "dq": "HEARTH_ATTN_GLUON_BWD_DQ", "
 def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
                     *, part: str = "dkdv", env: dict | None = None) -> str:
     """THE place that picks a backward kernel, per part ("dkdv", "dq" or "fused"): "gluon" (attention_gluon.py's
-    wgmma + TMA-ring kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
-    everything). The Gluon ones are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
-    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way
-    (BENCHMARKS.md), so nothing is routed to them by default. "fused" (HEARTH_ATTN_GLUON_BWD_FUSED=1): dK, dV and
-    dQ in one warp-specialised kernel (attention_gluon.backward_fused), which replaces both parts; the H200 measured
-    it level with the split kernels at head_dim 128 and 8% faster at 64, for an fp32 dQ buffer of B * Hq * T * D * 4
-    bytes, so it is opt-in too."""
+    wgmma + TMA kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
+    everything). "fused": dK, dV and dQ in one warp-specialised kernel (attention_gluon.backward_fused), which
+    replaces both other parts. It is the default where it serves: the H200 measured it 14-24% faster than the
+    Triton kernels at the issue's cases (BENCHMARKS.md). Env HEARTH_ATTN_GLUON_BWD_FUSED=0 turns it off, and so
+    does torch.use_deterministic_algorithms(True): its dQ is summed by fp32 adds in whatever order the programs
+    reach them, so two runs may differ in the last bits (the Triton kernels give the same bits every run). The
+    split Gluon kernels are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
+    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way."""
     if part not in _BWD_ENV:
         raise ValueError(f"part must be 'dkdv', 'dq' or 'fused', got {part!r}")
     env = os.environ if env is None else env
-    if env.get(_BWD_ENV[part], "0") != "1" or capability is None or capability[0] != 9:
+    if capability is None or capability[0] != 9:
+        return "triton"
+    if part == "fused":
+        if env.get(_BWD_ENV[part]) == "0" or torch.are_deterministic_algorithms_enabled():
+            return "triton"
+    elif env.get(_BWD_ENV[part], "0") != "1":
         return "triton"
     from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
 

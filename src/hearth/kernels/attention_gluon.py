@@ -58,11 +58,13 @@ D64 it is slower (348 against 377) and D64 stays Triton. Its four TMA descriptor
 global scratch buffer of 128 B per descriptor and program).
 
 Backward: a dK/dV kernel and a dQ kernel (opt-in, each by its env var; within 3% of the Triton kernels on the
-H200), and a fused 5-matmul kernel (_attn_bwd_fused_gluon_kernel, HEARTH_ATTN_GLUON_BWD_FUSED=1): two consumer
-warpgroups of 64 keys and a TMA producer warp, dS^T through shared memory, dQ^T = K^T dS^T added in fp32 to a
-[heads, D, T] buffer and cast into dq by dq_from_acc. On the H200 it tied the split kernels at head_dim 128 (32-query
-steps: 64 spill) and ran 8% faster at head_dim 64, with the fp32 buffer's B * Hq * T * D * 4 bytes more memory
-(BENCHMARKS.md); nothing is routed to it.
+H200), and a fused 5-matmul kernel (_attn_bwd_fused_gluon_kernel): two consumer warpgroups of 64 keys and a TMA
+producer warp that also stages each step's lse / delta, dS^T through shared memory, dQ^T = K^T dS^T added in fp32
+to a [heads, D, T] buffer by TMA reduce-adds and cast into dq by dq_from_acc. At head_dim 128 it runs
+FlashAttention-3's 64-query steps with dQ^T split over both warpgroups. On the H200 it ran 14-24% faster than the
+Triton backward at the issue's four cases (BENCHMARKS.md), so attention.backward_kernel routes Hopper's bf16 / fp16
+head_dim 64 / 128 backward to it (HEARTH_ATTN_GLUON_BWD_FUSED=0: the Triton kernels); its transient fp32 buffer is
+bounded to FB_ACC_MIB.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
@@ -1189,18 +1191,25 @@ def _attn_bwd_dq_gluon_kernel(
 # Fused backward: dK, dV and dQ in one kernel, 5 matmuls a step (env HEARTH_ATTN_GLUON_BWD_FUSED=1; experimental)
 # ----------------------------------------------------------------------------------------------
 # (BLOCK_M queries a step, NUM_STAGES of the Q / dO ring) per head dim; a program owns FB_BLOCK_N = 128 keys,
-# 64 per consumer warpgroup. Every candidate builds for sm_90 without spills (at D 128, 64-query steps spill
-# 144-400 bytes with the fp32 atomics and 3 stages 88 bytes non-causal, so D 128 has one; with DQ_TMA and
-# STATS_SMEM, 64-query steps at D 128 build without spills).
+# 64 per consumer warpgroup. The shipped forms (FB_DQ_TMA, FB_STATS_SMEM, FB_DQ_SPLIT[D]) were the fastest on the
+# H200 (BENCHMARKS.md): at D 128, FlashAttention-3's 64-query steps with dQ^T split over both warpgroups. Offline
+# sm_90 builds: every candidate builds without spills in the shipped forms except D 128 at 64-query steps, 80 bytes
+# (with the fp32 atomics instead of the TMA reduce it spilled 144-400 bytes, which is why D 128 used to take 32).
 FB_BLOCK_N = 128
 FB_CONFIGS = {
     64: (64, 2),
-    128: (32, 2),
+    128: (64, 2),
 }
 FB_CANDIDATES = {
     64: [(64, 2), (32, 2), (64, 3)],
-    128: [(32, 2)],
+    128: [(64, 2), (32, 2)],
 }
+FB_DQ_SPLIT = {64: False, 128: True}  # both warpgroups compute half of dQ^T's rows every step
+FB_DQ_TMA = True  # dQ^T added by a TMA reduce-add (False: fp32 atomics)
+FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (False: each consumer loads them)
+# the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
+# run in further launches over the same buffer
+FB_ACC_MIB = 256
 
 
 @_builtin
@@ -1270,11 +1279,12 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         dS^T = P^T (dP^T - delta), dK_w += dS^T Q; dS^T (16-bit) goes to shared memory (rows WG * 64..)
     and, on its turn, dQ^T [D, BLOCK_M] = K^T dS^T over both warpgroups' rows, added in fp32 to DQacc
     ([this launch's query heads, D, N_PAD_Q]: queries contiguous, so four lanes' adds cover 32 bytes of a row).
-    Probe-only forms (constexprs): PREFETCH loads the next step's lse / delta a step ahead; DQ_SPLIT (D 128) has
-    both warpgroups compute half of dQ^T's rows every step; DQ_TMA adds dQ^T by a TMA reduce-add from a
-    shared-memory staging tile (dq_smem[WG], dq_desc) instead of fp32 atomics (no per-element addresses in
-    registers); STATS_SMEM reads lse / delta from the ring slot, where the producer put them (no global loads
-    here). (Two more forms were timed and removed: P^T / dS^T from shared memory as the A operands, and
+    Forms (constexprs; the shipped ones are FB_DQ_TMA, FB_STATS_SMEM and FB_DQ_SPLIT, all GPU-timed:
+    BENCHMARKS.md): DQ_TMA adds dQ^T by a TMA reduce-add from a shared-memory staging tile (dq_smem[WG],
+    dq_desc) instead of fp32 atomics (no per-element addresses in registers); STATS_SMEM reads lse / delta from
+    the ring slot, where the producer put them (no global loads here); DQ_SPLIT (D 128) has both warpgroups
+    compute half of dQ^T's rows every step; PREFETCH (probe only) loads the next step's lse / delta a step
+    ahead. (Two more forms were timed and removed: P^T / dS^T from shared memory as the A operands, and
     red.global.add.v2.f32 adds; BENCHMARKS.md.)"""
     dtype: ttgl.constexpr = k_smem.dtype
     HALF: ttgl.constexpr = BLOCK_N // 2
@@ -1664,6 +1674,11 @@ def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: 
     return max(c for c in options if c <= fit)
 
 
+def _env_flag(env, name: str, default: bool) -> bool:
+    """A probe switch of the fused backward: "1" on, "0" off, unset (or anything else) the shipped default."""
+    return {"1": True, "0": False}.get(env.get(name, ""), default)
+
+
 def _dq_acc_desc(acc: torch.Tensor, rows: int, block_m: int) -> TensorDescriptor:
     """The fused backward's TMA descriptor over its fp32 dQ buffer acc [heads, D, n_pad] (DQ_TMA): one box is
     [1, rows, block_m], the dQ^T rows one consumer warpgroup adds a step for block_m queries."""
@@ -1675,24 +1690,26 @@ def _dq_acc_desc(acc: torch.Tensor, rows: int, block_m: int) -> TensorDescriptor
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
                    acc_bytes: int | None = None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
-    (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to 64], then scaled and cast
-    into dq. acc_bytes bounds that buffer (env HEARTH_ATTN_FB_ACC_MIB, MiB; 0 or unset: none, B * Hq * Tq * D * 4
-    bytes): the (b, K/V head) pairs then run in launches of fused_chunk pairs, one buffer reused. config:
-    (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe-only env (each "1" turns its constexpr on):
-    HEARTH_ATTN_FB_PREFETCH, HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM; and
-    HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
+    (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to whole query blocks], then
+    scaled and cast into dq. acc_bytes bounds that buffer (default: env HEARTH_ATTN_FB_ACC_MIB, MiB, else
+    FB_ACC_MIB; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of fused_chunk
+    pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1" on, "0"
+    off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM, HEARTH_ATTN_FB_DQ_SPLIT
+    (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
+    and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
-    env_cfg = os.environ.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
+    env = os.environ
+    env_cfg = env.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
     block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[D])
-    split = D == 128 and os.environ.get("HEARTH_ATTN_FB_DQ_SPLIT", "0") == "1"
-    dq_tma = os.environ.get("HEARTH_ATTN_FB_DQ_TMA", "0") == "1"  # probe only, as the two below
+    split = D == 128 and _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", FB_DQ_SPLIT[D])
+    dq_tma = _env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA)
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
     step = max(64, block_m)
     n_pad = triton.cdiv(Tq, step) * step
     if acc_bytes is None:
-        acc_bytes = int(float(os.environ.get("HEARTH_ATTN_FB_ACC_MIB", "0")) * 2**20)
+        acc_bytes = int(float(env.get("HEARTH_ATTN_FB_ACC_MIB", FB_ACC_MIB)) * 2**20)
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     dq_desc = _dq_acc_desc(dq_acc, D // 2 if split else D, block_m) if dq_tma else None
@@ -1704,8 +1721,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                PREFETCH=os.environ.get("HEARTH_ATTN_FB_PREFETCH", "0") == "1", DQ_SPLIT=split, DQ_TMA=dq_tma,
-                STATS_SMEM=os.environ.get("HEARTH_ATTN_FB_STATS_SMEM", "0") == "1", num_warps=4,
+                PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False), DQ_SPLIT=split, DQ_TMA=dq_tma,
+                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1717,8 +1734,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
-                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=False,
-                    fb_dq_tma=False, fb_stats_smem=False, ones=()):
+                    bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
+                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1774,7 +1791,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             continue
         if variant == "bwd_fused":
             bm, stages = (fb_configs or FB_CONFIGS)[d]
-            split = fb_dq_split and d == 128
+            split = d == 128 and (FB_DQ_SPLIT[d] if fb_dq_split is None else fb_dq_split)
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem)
