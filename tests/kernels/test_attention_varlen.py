@@ -379,10 +379,12 @@ def test_gpu_dtypes_head_dims_with_empty_sequences(D, dtype):
 def test_gpu_same_as_attention_per_sequence(monkeypatch, causal):
     """With autotuning off both run the first config of each table: the packed call and `attention` on
     each sequence alone must give bitwise the same numbers (same tiles, same order of operations). The
-    per-sequence calls take the Triton forward (HEARTH_ATTN_GLUON=0): at head_dim 128 on Hopper attention()
-    defaults to the Gluon ping-pong forward, another kernel, which the varlen path does not use."""
+    per-sequence calls take the Triton kernels (HEARTH_ATTN_GLUON=0, HEARTH_ATTN_GLUON_BWD_FUSED=0): on Hopper
+    attention() defaults to the Gluon ping-pong forward (head_dim 128) and the fused Gluon backward, other kernels,
+    which the varlen path does not use."""
     monkeypatch.setattr(importlib.import_module("hearth.kernels.attention"), "AUTOTUNE", False)
     monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")
     lens = [300, 1000, 129, 2000]
     q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
     ours = _run(_varlen(lens, lens, causal), q, k, v, do)
