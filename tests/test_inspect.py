@@ -58,6 +58,25 @@ def test_hfma2_mma_is_not_a_tensor_core_instruction():
     assert hi.count_sass(text)["HMMA"] == 0
 
 
+def test_tma_reduce_counts_as_tma():
+    """A TMA reduce-add (the fused attention backward's dQ) is a TMA bulk op in PTX and in SASS."""
+    ptx = "\tcp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [%rd1, {%r1, %r2, %r3}], [%r4];"
+    assert hi.count_ptx(ptx)["tma"] == 1
+    assert hi.count_sass("UTMAREDG.3D.ADD [UR4], [UR8] ;")["UTMA"] == 1
+
+
+def test_render_prints_labels_with_brackets_as_they_are():
+    """Kernel labels such as "bwd[fused]" are text, not rich markup: the table and the notes keep the brackets."""
+    rep = hi.KernelReport(label="attention_gluon bwd[fused] d128", name="k", target="sm_90a", matmul_like=True,
+                          ptx=dict(hi.count_ptx(""), wgmma=4), sass=None, registers=168, spill_bytes=0,
+                          shared_bytes=1024, num_warps=4, num_stages=2, notes=["see [notes]"])
+    rep.level, rep.verdict = hi.verdict(rep)
+    console = Console(record=True, width=250)
+    hi.render([rep], console)
+    out = console.export_text()
+    assert "bwd[fused] d128" in out and "see [notes]" in out
+
+
 def test_comments_do_not_count():
     assert hi.count_ptx("// wgmma.mma_async.sync.aligned.m64n256k16\n\tadd.s32 %r1, %r2, 1;")["wgmma"] == 0
     assert hi.count_sass("/* HGMMA.64x128x16 */ FFMA R1, R2, R3, R4 ;") == dict(hi.count_sass(""), FFMA=1)

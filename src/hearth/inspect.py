@@ -5,7 +5,8 @@ the tensor cores are used is read in the compiled code, not guessed. Per kernel 
   * tensor-core instructions: PTX `wgmma.mma_async` (Hopper), `mma.sync` / `wmma` (Ampere style);
     SASS `HGMMA` / `QGMMA` (Hopper), `HMMA` / `IMMA` (older path) -- SASS through cuobjdump on the
     cubin when the tool is there (Triton ships one);
-  * TMA bulk copies (PTX cp.async.bulk.tensor, SASS UTMALDG/UTMASTG), fp32 FMAs (FFMA);
+  * TMA bulk copies and reduces (PTX cp.async.bulk.tensor / cp.reduce.async.bulk.tensor, SASS
+    UTMALDG / UTMASTG / UTMAREDG), fp32 FMAs (FFMA);
   * registers per thread, spills (stack frame / local memory bytes), shared memory per program;
   * a one-line verdict. A kernel whose Triton IR holds a `tt.dot` (matmul-like) but whose code has
     no tensor-core instruction gets "No tensor-core instructions were emitted", in red.
@@ -39,7 +40,7 @@ PTX_PATTERNS = {
     "wgmma": r"\bwgmma\.mma_async\b",
     "mma.sync": r"\bmma\.sync\b",
     "wmma": r"\bwmma\.mma\b",
-    "tma": r"\bcp\.async\.bulk\.tensor\b",
+    "tma": r"\bcp\.(?:reduce\.)?async\.bulk\.tensor\b",
     "fma.f32": r"\bfma\.rn\.f32\b",
     "local": r"\b(?:ld|st)\.local\b",
 }
@@ -48,7 +49,7 @@ SASS_PATTERNS = {
     "QGMMA": r"\bQGMMA\b",
     "HMMA": r"\bHMMA\b",  # not HFMA2.MMA (a plain fp16x2 FMA on the MMA pipe)
     "IMMA": r"\bIMMA\b",
-    "UTMA": r"\bUTMA(?:LDG|STG)\b",
+    "UTMA": r"\bUTMA(?:LDG|STG|REDG)\b",
     "FFMA": r"\bFFMA\b",
     "LDL/STL": r"\b(?:LDL|STL)\b",
 }
@@ -275,6 +276,7 @@ def collect(op: str, shape, dtype) -> list[KernelReport]:
 
 # ----------------------------------------------------------------------------------------- output
 def render(reports: list[KernelReport], console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="hearth inspect (PTX: wgmma, mma.sync, TMA; SASS: HGMMA, HMMA, FFMA)", show_lines=False)
@@ -287,7 +289,7 @@ def render(reports: list[KernelReport], console) -> None:
         s = r.sass or {}
         na = "-" if r.sass is None else None
         table.add_row(
-            r.label, r.target or "?", str(r.ptx["wgmma"]), str(r.ptx["mma.sync"]), na or str(s["HGMMA"]),
+            escape(r.label), r.target or "?", str(r.ptx["wgmma"]), str(r.ptx["mma.sync"]), na or str(s["HGMMA"]),
             na or str(s["HMMA"]), str(r.ptx["tma"]), na or str(s["FFMA"]), str(r.registers), str(r.spill_bytes),
             "?" if r.shared_bytes is None else f"{r.shared_bytes / 1024:.1f}", f"{r.num_warps}/{r.num_stages}",
             f"[{style[r.level]}]{r.verdict}[/]",
@@ -295,10 +297,10 @@ def render(reports: list[KernelReport], console) -> None:
     console.print(table)
     for r in reports:
         if r.level == "error":
-            console.print(f"[bold red]{r.label}: NO TENSOR-CORE INSTRUCTIONS WERE EMITTED for a matmul-like kernel "
+            console.print(f"[bold red]{escape(r.label)}: NO TENSOR-CORE INSTRUCTIONS WERE EMITTED for a matmul-like kernel "
                           f"(tl.dot compiled to plain FMAs: expect ~1/20 of the tensor-core throughput).[/]")
         for note in r.notes:
-            console.print(f"[dim]{r.label}: {note}[/]")
+            console.print(f"[dim]{escape(r.label)}: {escape(note)}[/]")
 
 
 def _parse_arch(arch: str) -> int:
