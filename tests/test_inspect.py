@@ -16,6 +16,10 @@ from rich.console import Console
 
 from hearth import inspect as hi
 
+# the kernels imported now, under the suite's interpreter setting, as a whole-suite run does before this file: a
+# test below sets TRITON_INTERPRET=0, and Gluon's modules refuse a first import with the flag changed under them
+importlib.import_module("hearth.kernels")
+
 DATA = Path(__file__).parent / "data" / "inspect"
 HAS_CUDA = torch.cuda.is_available()
 
