@@ -647,25 +647,14 @@ def _backward_parts(parts):
     HEARTH_ATTN_GLUON_BWD_FUSED=1; without "fused", HEARTH_ATTN_GLUON_BWD_FUSED=0) and each part's Gluon launcher
     counted; restores both on exit, then asserts that every part ran."""
     calls = {p: [] for p in parts}
-    saved = []
-    try:
-        for p in (*parts, *(() if "fused" in parts else ("no-fused",))):
-            # the split parts run only with the fused backward (the default) off
-            var, fn = _BWD_PARTS.get(p, (_BWD_PARTS["fused"][0], None))
-            real = getattr(ag, fn) if fn else None
-            saved.append((var, fn, real, os.environ.get(var)))
-            if fn:
-                setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], real))
-            os.environ[var] = "1" if fn else "0"
+    with pytest.MonkeyPatch.context() as mp:
+        if "fused" not in parts:  # the split parts run only with the fused backward (the default) off
+            mp.setenv(_BWD_PARTS["fused"][0], "0")
+        for p in parts:
+            var, fn = _BWD_PARTS[p]
+            mp.setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], getattr(ag, fn)))
+            mp.setenv(var, "1")
         yield
-    finally:
-        for var, fn, real, old in saved:
-            if fn:
-                setattr(ag, fn, real)
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
     for p in parts:
         assert calls[p], f"{_BWD_PARTS[p][0]}=1 on Hopper did not run the Gluon {p} kernel"
 
