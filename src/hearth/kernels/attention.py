@@ -33,6 +33,8 @@ descriptors instead (needs 16-byte aligned strides; otherwise the pointer path i
 are autotuned per (T, D, causal, dtype) from short lists below; HEARTH_ATTN_AUTOTUNE=0 pins the first.
 On Hopper the head_dim-128 forward is attention_gluon.py's ping-pong kernel (measured faster); the env
 HEARTH_ATTN_GLUON=0 / 1 turns the Gluon forwards off / on everywhere they serve (all chosen in forward_kernel).
+The bf16 / fp16 head_dim 64 / 128 backward on Hopper is attention_gluon.py's fused 5-matmul kernel (measured
+faster; HEARTH_ATTN_GLUON_BWD_FUSED=0 or torch's deterministic mode keep the Triton kernels: backward_kernel).
 Under TRITON_INTERPRET=1 (CPU tests) fixed small blocks are used and two interpreter limits are worked
 around behind the INTERP flag (no effect on GPU code): loops with run-time bounds, bf16 tl.dot.
 
@@ -998,15 +1000,17 @@ def offline_source(fn, consts: dict, dtype: str = "bf16"):
 
 
 def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
-    """`hearth inspect attention --arch sm_90` (no GPU): the Gluon forward's variants built offline for
-    `arch` (attention_gluon.offline_kernels). The Triton kernels above are inspected on a GPU
-    (`hearth inspect attention`) or with `scripts/gpu/attention_probe.py --ptxas`."""
+    """`hearth inspect attention --arch sm_90` (no GPU): the Gluon kernels built offline for `arch`
+    (attention_gluon.offline_kernels): every forward variant, the split backward kernels and the fused backward
+    (Hopper's default backward). The Triton kernels above are inspected on a GPU (`hearth inspect attention`) or
+    with `scripts/gpu/attention_probe.py --ptxas`."""
     from hearth.kernels import attention_gluon
 
     if arch // 10 != 9 or dtype not in attention_gluon.DTYPES:
-        raise ValueError(f"the offline build is the Gluon forward: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
+        raise ValueError(f"the offline build is the Gluon kernels: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
     # every variant, the persistent forward included (forward_kernel's pick up to PERSIST_MAX_T[causal] query rows)
-    return attention_gluon.offline_kernels(arch, dtype, variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq"))
+    return attention_gluon.offline_kernels(arch, dtype,
+                                           variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq", "bwd_fused"))
 
 
 def _checked_scale(scale, head_dim: int) -> float:

@@ -1193,8 +1193,9 @@ def _attn_bwd_dq_gluon_kernel(
 # (BLOCK_M queries a step, NUM_STAGES of the Q / dO ring) per head dim; a program owns FB_BLOCK_N = 128 keys,
 # 64 per consumer warpgroup. The shipped forms (FB_DQ_TMA, FB_STATS_SMEM, FB_DQ_SPLIT[D]) were the fastest on the
 # H200 (BENCHMARKS.md): at D 128, FlashAttention-3's 64-query steps with dQ^T split over both warpgroups. Offline
-# sm_90 builds: every candidate builds without spills in the shipped forms except D 128 at 64-query steps, 80 bytes
-# (with the fp32 atomics instead of the TMA reduce it spilled 144-400 bytes, which is why D 128 used to take 32).
+# sm_90 builds: every candidate builds without spills in the shipped forms (64-query steps at D 128 spilled 144-400
+# bytes with the fp32 atomics, which is why D 128 used to take 32; 80 with the TMA forms until each consumer read
+# lse and delta from the ring slot just before its use).
 FB_BLOCK_N = 128
 FB_CONFIGS = {
     64: (64, 2),
@@ -1222,21 +1223,14 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _fb_stat_index(b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr, layout: ttgl.constexpr):
-    """Where step i's BLOCK_M rows of lse / delta start ((b, h) row times T_q, int64), their query offsets (1-D,
-    in `layout`) and which of them exist (below T_q, and i a real step)."""
-    hq = hk * GROUP + i // n_m
-    base = (b * H_Q + hq).to(ttgl.int64) * N_CTX_Q
-    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=layout)
-    return base, offs_m, (offs_m < N_CTX_Q) & (i < n_iters)
-
-
-@gluon.jit
 def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr,
                   layout: ttgl.constexpr):
     """(lse * log2(e), delta) of step i's BLOCK_M query rows, 1-D in `layout` (lse +inf and delta 0 past T_q or
     past the last step)."""
-    base, offs_m, ok = _fb_stat_index(b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M, layout)
+    hq = hk * GROUP + i // n_m
+    base = (b * H_Q + hq).to(ttgl.int64) * N_CTX_Q
+    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=layout)
+    ok = (offs_m < N_CTX_Q) & (i < n_iters)
     lse2 = ttgl.load(Lse + base + offs_m, mask=ok, other=float("inf")) * LOG2E_C
     return lse2, ttgl.load(Delta + base + offs_m, mask=ok, other=0.0)
 
@@ -1318,14 +1312,12 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
-        if not PREFETCH:  # loaded once the slot is in: not live across the wait
-            if STATS_SMEM:
-                lse2 = stats_ring.index(2 * slot).load(col_layout)
-                delta = stats_ring.index(2 * slot + 1).load(col_layout)
-            else:
-                lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
-                                            col_layout)
+        if not PREFETCH and not STATS_SMEM:  # loaded once the slot is in: not live across the wait
+            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+                                        col_layout)
         st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
+        if STATS_SMEM and not PREFETCH:  # each read from the slot just before its use: not live across the matmuls
+            lse2 = stats_ring.index(2 * slot).load(col_layout)
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
         # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
         # Causal (T_q == T_k): a valid query and a key past T_k only meet in a step that crosses the diagonal,
@@ -1339,6 +1331,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
         dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
+        if STATS_SMEM and not PREFETCH:  # read late: not live across the dV issue
+            delta = stats_ring.index(2 * slot + 1).load(col_layout)
         ds = (pt * (dpt - delta[None, :])).to(dtype)
         # dS^T rows of this warpgroup into the step's buffer (parity i % 2), once the dQ that read it two steps ago
         # is done
@@ -1679,10 +1673,11 @@ def _env_flag(env, name: str, default: bool) -> bool:
     return {"1": True, "0": False}.get(env.get(name, ""), default)
 
 
-def _dq_acc_desc(acc: torch.Tensor, rows: int, block_m: int) -> TensorDescriptor:
+def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescriptor:
     """The fused backward's TMA descriptor over its fp32 dQ buffer acc [heads, D, n_pad] (DQ_TMA): one box is
-    [1, rows, block_m], the dQ^T rows one consumer warpgroup adds a step for block_m queries."""
-    box = [1, rows, block_m]
+    [1, rows, block_m], the dQ^T rows one consumer warpgroup adds a step for block_m queries (all D, or D / 2 with
+    the dQ split: the kernel's DQ_ROWS)."""
+    box = [1, acc.shape[1] // 2 if split else acc.shape[1], block_m]
     return TensorDescriptor(acc, list(acc.shape), list(acc.stride()), box,
                             ttgl.NVMMASharedLayout.get_default_for(box, ttgl.float32))
 
@@ -1712,7 +1707,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
         acc_bytes = int(float(env.get("HEARTH_ATTN_FB_ACC_MIB", FB_ACC_MIB)) * 2**20)
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
-    dq_desc = _dq_acc_desc(dq_acc, D // 2 if split else D, block_m) if dq_tma else None
+    dq_desc = _dq_acc_desc(dq_acc, split, block_m) if dq_tma else None
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with torch.cuda.device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
@@ -1797,8 +1792,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
-                sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32),
-                                                          d // 2 if split else d, bm))
+                sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
             else:
                 const["dq_desc"] = None
                 sig["dq_desc"] = "constexpr"

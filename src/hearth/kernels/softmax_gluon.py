@@ -207,9 +207,12 @@ CHUNK_BYTES = 4096  # a chunk: 16 bytes a lane, two vectors at 4 warps; also the
 # the part a CTA takes when smem_config may choose (the fewest CTAs whose part fits this). 40 KiB, not 32: at
 # rows of 151936-152064 bf16 columns 8 CTAs (38 KiB parts, 10 chunks) against 16 (19 KiB, 5 chunks) took the
 # softmax forward at 4096 rows from 0.745 to 0.692 ms and cross-entropy at 16384 x 151936 from 3.072 to 2.872
-# ms (4096 x 152064: 0.777 to 0.728; H200, 2026-12-03, softmax_cluster_probe.py, same run). It changes the
-# pick only for rows of 32 KiB x 4 < bytes <= 40 KiB x 8 = (131072, 163840] bf16 columns; at 262144 columns 8
-# CTAs (64 KiB parts) were 2% faster in the forward and equal in cross-entropy, and were not adopted.
+# ms (4096 x 152064: 0.777 to 0.728; H200, 2026-12-03, softmax_cluster_probe.py, same run). It halves the
+# cluster at (131072, 163840] bf16 columns (16 -> 8 CTAs, the measured case) and also at (32768, 40960] and
+# (65536, 81920] (4 -> 2, 8 -> 4; no probe has timed those widths). Larger parts were probed and not adopted:
+# at 262144 columns 8 CTAs (64 KiB parts) were 2% faster in the forward and equal in cross-entropy, and 64-74 KiB
+# parts were 3-4% faster in the forward at 65536 / 131072 columns but 2-13% slower at 151936 and in
+# cross-entropy (a later run).
 SMEM_PART_BYTES = 40960
 SMEM_MAX_PART_BYTES = 98304  # the largest part a CTA may hold (a given ctas too small for the row fails)
 # warps a CTA: 4 measured fastest or within 2% of the best form at every probed shape (H200, 2026-12-03,
