@@ -286,9 +286,10 @@ def sweep_pp_guarded(emit, time_triton=False):
 # "gluon_fused" is the shipped fused backward (the default on Hopper: dQ^T by TMA reduce-add, lse / delta staged by
 # the producer, 64-query steps, dQ^T split at D 128, fp32 buffer bounded to FB_ACC_MIB); the others change one
 # thing: 32-query steps (M32), the pre-2026-12-03 form (fp32 atomics, consumers' loads, no split, M32: what the
-# default was built from), no dQ split, the buffer unbounded or bounded to 32 / 64 / 128 MiB, the next step's lse / delta a
-# step ahead (PF). "triton" turns the fused kernel off. (The red.v2.f32 and shared-memory-A forms of the
-# 2026-12-03 runs were removed after them: BENCHMARKS.md.)
+# default was built from), no dQ split, the buffer unbounded or bounded to 32 / 64 / 128 MiB, the next step's
+# lse / delta a step ahead (PF), the grid key-major (KM: every pair's key block 0 first) or pair-major (PM).
+# "triton" turns the fused kernel off. (The red.v2.f32 and shared-memory-A forms of the 2026-12-03 runs were
+# removed after them: BENCHMARKS.md.)
 _NO_FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "0"}
 _FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}
 _OLD = dict(_FUSED, HEARTH_ATTN_FB_DQ_TMA="0", HEARTH_ATTN_FB_STATS_SMEM="0", HEARTH_ATTN_FB_DQ_SPLIT="0")
@@ -305,6 +306,8 @@ BWD_VARIANTS = {
     "gluon_fused_64m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="64"),
     "gluon_fused_128m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="128"),
     "gluon_fused_pf": dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1"),
+    "gluon_fused_km": dict(_FUSED, HEARTH_ATTN_FB_KEY_MAJOR="1"),
+    "gluon_fused_pm": dict(_FUSED, HEARTH_ATTN_FB_KEY_MAJOR="0"),
 }
 BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 

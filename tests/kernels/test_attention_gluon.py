@@ -239,6 +239,12 @@ for tma in (False, True):
                 out.append(dict(label=label, tma=tma, spill=r.spill_bytes, shared=r.shared_bytes,
                                 reduces=ptx.count("cp.reduce.async.bulk.tensor"),
                                 adds=ptx.count("atom.global") + ptx.count("red.global")))
+# the shipped forms in the other grid order (KEY_MAJOR), at the shipped config
+for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,), fb_key_major=True):
+    r = hi.report_compiled(label, k)
+    out.append(dict(label=label, tma=True, spill=r.spill_bytes, shared=r.shared_bytes,
+                    reduces=k.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
+                    adds=k.asm["ptx"].count("atom.global") + k.asm["ptx"].count("red.global")))
 print(json.dumps(out))
 """
 
@@ -247,9 +253,11 @@ def test_sm90_fused_backward_forms_build_without_spills():
     """The fused backward's forms at head_dim 128 with 32-query steps, every combination of DQ_TMA (dQ^T added by a
     TMA reduce-add: the PTX has cp.reduce.async.bulk.tensor and no global fp32 atomics; else atomics and no
     reduce), STATS_SMEM and DQ_SPLIT, for sm_90, causal or not: no spills, within the 227 KiB of shared memory a
-    block may take. (The shipped forms at every candidate config: the candidates test above.)"""
+    block may take; and the shipped forms in the key-major grid order (HEARTH_ATTN_FB_KEY_MAJOR). (The shipped forms
+    at every candidate config: the candidates test above.)"""
     reports = run_offline(_FB_FORMS_SCRIPT)
-    assert len(reports) == 16, [r["label"] for r in reports]
+    assert len(reports) == 18, [r["label"] for r in reports]
+    assert sum("key-major" in r["label"] for r in reports) == 2, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["shared"] <= 227 * 1024, r
         assert (r["reduces"] > 0 and r["adds"] == 0) if r["tma"] else (r["reduces"] == 0 and r["adds"] > 0), r
@@ -820,17 +828,20 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
 
 
 @hopper_only
-@pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (128, "atomics"),
-                                     (128, "atomics_ss"), (128, "tma"), (128, "no_split")])
+@pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (64, "key_major"),
+                                     (128, "atomics"), (128, "atomics_ss"), (128, "tma"), (128, "no_split"),
+                                     (128, "key_major")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
     (HEARTH_ATTN_FB_STATS_SMEM=0) or staged by the producer; by TMA reduce-add with the consumers' loads; the shipped
-    forms without the dQ split (HEARTH_ATTN_FB_DQ_SPLIT=0). dK, dV and dQ within the 2x rule at ragged T, causal or
+    forms without the dQ split (HEARTH_ATTN_FB_DQ_SPLIT=0) or in the other grid order (HEARTH_ATTN_FB_KEY_MAJOR=1,
+    where the default is off). dK, dV and dQ within the 2x rule at ragged T, causal or
     not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
     pair a launch."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
-           "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0")}[forms]
+           "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
+           "key_major": dict(KEY_MAJOR="0" if ag.FB_KEY_MAJOR else "1")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

@@ -1211,6 +1211,10 @@ FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (Fal
 # the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
 # run in further launches over the same buffer
 FB_ACC_MIB = 256
+# the fused backward's grid order (env HEARTH_ATTN_FB_KEY_MAJOR): key blocks fastest within each (b, K/V head)
+# pair (False, FlashAttention-3's order), or pairs fastest within each key block (True: under causal masking the
+# longest programs, key block 0 of every pair, go first; a probe switch until the H200 has timed it)
+FB_KEY_MAJOR = False
 
 
 @_builtin
@@ -1415,13 +1419,13 @@ def _attn_bwd_fused_gluon_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
-    DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False,
+    DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, KEY_MAJOR: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
     (64 keys each: the default partition and a 4-warp worker) and a 1-warp TMA producer (_fb_consumer,
-    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel; program (i, j) serves (b, K/V head) number BHK0 + j,
-    and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g). dq_desc: a TMA
+    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel; program (i, j) serves key block i of (b, K/V head)
+    number BHK0 + j (KEY_MAJOR: program (j, i), so that the grid runs every pair's first key block first), and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g). dq_desc: a TMA
     descriptor over DQacc ([heads, D, N_PAD_Q], box [1, dQ^T rows a warpgroup, BLOCK_M]) with DQ_TMA, else None."""
     dtype: ttgl.constexpr = q_desc.dtype
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -1429,9 +1433,15 @@ def _attn_bwd_fused_gluon_kernel(
     ds_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     DQ_ROWS: ttgl.constexpr = HEAD_DIM // 2 if DQ_SPLIT else HEAD_DIM
 
-    start_n = ttgl.program_id(0) * BLOCK_N
-    bhk = BHK0 + ttgl.program_id(1)
-    acc_h0 = ttgl.program_id(1) * GROUP  # this launch's first query head in DQacc
+    if KEY_MAJOR:  # causal: key block 0 sees every query, so the longest programs are dispatched first
+        kb = ttgl.program_id(1)
+        pair = ttgl.program_id(0)
+    else:
+        kb = ttgl.program_id(0)
+        pair = ttgl.program_id(1)
+    start_n = kb * BLOCK_N
+    bhk = BHK0 + pair
+    acc_h0 = pair * GROUP  # this launch's first query head in DQacc
     b = bhk // H_K
     hk = bhk % H_K
     if CAUSAL:
@@ -1690,7 +1700,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     FB_ACC_MIB; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of fused_chunk
     pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1" on, "0"
     off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM, HEARTH_ATTN_FB_DQ_SPLIT
-    (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
+    (D 128), HEARTH_ATTN_FB_KEY_MAJOR (the grid order), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse /
+    delta itself, so STATS_SMEM is moot with it);
     and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
@@ -1708,16 +1719,19 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     dq_desc = _dq_acc_desc(dq_acc, split, block_m) if dq_tma else None
+    key_major = _env_flag(env, "HEARTH_ATTN_FB_KEY_MAJOR", FB_KEY_MAJOR)
+    n_kb = triton.cdiv(Tk, FB_BLOCK_N)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with torch.cuda.device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
-            _attn_bwd_fused_gluon_kernel[(triton.cdiv(Tk, FB_BLOCK_N), chunk)](
+            _attn_bwd_fused_gluon_kernel[(chunk, n_kb) if key_major else (n_kb, chunk)](
                 *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                 PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False), DQ_SPLIT=split, DQ_TMA=dq_tma,
-                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), num_warps=4,
+                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), KEY_MAJOR=key_major,
+                num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1730,7 +1744,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
-                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, ones=()):
+                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_key_major=FB_KEY_MAJOR, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1789,7 +1803,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             split = d == 128 and (FB_DQ_SPLIT[d] if fb_dq_split is None else fb_dq_split)
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                         PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem)
+                         PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
+                         KEY_MAJOR=fb_key_major)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -1802,7 +1817,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
             forms = "".join(f" {n}" for n, on in (("pf", fb_prefetch), ("split", split), ("dq-tma", fb_dq_tma),
-                                                    ("stats-smem", fb_stats_smem)) if on)
+                                                    ("stats-smem", fb_stats_smem), ("key-major", fb_key_major)) if on)
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
