@@ -287,7 +287,8 @@ def sweep_pp_guarded(emit, time_triton=False):
 # the producer, 64-query steps, dQ^T split at D 128, fp32 buffer bounded to FB_ACC_MIB); the others change one
 # thing: 32-query steps (M32), the pre-2026-12-03 form (fp32 atomics, consumers' loads, no split, M32: what the
 # default was built from), no dQ split, the buffer unbounded or bounded to 32 / 64 / 128 MiB, the next step's
-# lse / delta a step ahead (PF), the grid key-major (KM: every pair's key block 0 first) or pair-major (PM).
+# lse / delta a step ahead (PF), the grid order (HEARTH_ATTN_FB_PAIR_GROUP: KM every pair's key block 0 first, PM
+# a pair's key blocks together, PGn groups of n pairs).
 # "triton" turns the fused kernel off. (The red.v2.f32 and shared-memory-A forms of the 2026-12-03 runs were
 # removed after them: BENCHMARKS.md.)
 _NO_FUSED = {"HEARTH_ATTN_GLUON_BWD_FUSED": "0"}
@@ -306,8 +307,11 @@ BWD_VARIANTS = {
     "gluon_fused_64m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="64"),
     "gluon_fused_128m": dict(_FUSED, HEARTH_ATTN_FB_ACC_MIB="128"),
     "gluon_fused_pf": dict(_FUSED, HEARTH_ATTN_FB_PREFETCH="1"),
-    "gluon_fused_km": dict(_FUSED, HEARTH_ATTN_FB_KEY_MAJOR="1"),
-    "gluon_fused_pm": dict(_FUSED, HEARTH_ATTN_FB_KEY_MAJOR="0"),
+    "gluon_fused_km": dict(_FUSED, HEARTH_ATTN_FB_PAIR_GROUP="0"),
+    "gluon_fused_pm": dict(_FUSED, HEARTH_ATTN_FB_PAIR_GROUP="1"),
+    "gluon_fused_pg4": dict(_FUSED, HEARTH_ATTN_FB_PAIR_GROUP="4"),
+    "gluon_fused_pg8": dict(_FUSED, HEARTH_ATTN_FB_PAIR_GROUP="8"),
+    "gluon_fused_pg16": dict(_FUSED, HEARTH_ATTN_FB_PAIR_GROUP="16"),
 }
 BWD_VARS = sorted({var for env in BWD_VARIANTS.values() for var in env})
 

@@ -228,23 +228,22 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
+
+def build(tma, **forms):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,), **forms):
+        r = hi.report_compiled(label, k)
+        ptx = k.asm["ptx"]
+        out.append(dict(label=label, tma=tma, spill=r.spill_bytes, shared=r.shared_bytes,
+                        reduces=ptx.count("cp.reduce.async.bulk.tensor"),
+                        adds=ptx.count("atom.global") + ptx.count("red.global")))
+
 for tma in (False, True):
     for ss in (False, True):
         for split in (False, True):
-            forms = dict(fb_dq_tma=tma, fb_stats_smem=ss, fb_dq_split=split)
-            for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,),
-                                               fb_configs={128: (32, 2)}, **forms):
-                r = hi.report_compiled(label, k)
-                ptx = k.asm["ptx"]
-                out.append(dict(label=label, tma=tma, spill=r.spill_bytes, shared=r.shared_bytes,
-                                reduces=ptx.count("cp.reduce.async.bulk.tensor"),
-                                adds=ptx.count("atom.global") + ptx.count("red.global")))
-# the shipped forms in the other grid order (KEY_MAJOR), at the shipped config
-for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,), fb_key_major=True):
-    r = hi.report_compiled(label, k)
-    out.append(dict(label=label, tma=True, spill=r.spill_bytes, shared=r.shared_bytes,
-                    reduces=k.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
-                    adds=k.asm["ptx"].count("atom.global") + k.asm["ptx"].count("red.global")))
+            build(tma, fb_configs={128: (32, 2)}, fb_dq_tma=tma, fb_stats_smem=ss, fb_dq_split=split)
+# the shipped forms at the shipped config in the rule's other grid order (PAIR_GROUP 0: every pair's key block 0
+# first; the probe's groups of 2^k pairs are not held to 0 spills: 8 bytes at D 128 causal with 4)
+build(ag.FB_DQ_TMA, fb_pair_group=0)
 print(json.dumps(out))
 """
 
@@ -253,11 +252,11 @@ def test_sm90_fused_backward_forms_build_without_spills():
     """The fused backward's forms at head_dim 128 with 32-query steps, every combination of DQ_TMA (dQ^T added by a
     TMA reduce-add: the PTX has cp.reduce.async.bulk.tensor and no global fp32 atomics; else atomics and no
     reduce), STATS_SMEM and DQ_SPLIT, for sm_90, causal or not: no spills, within the 227 KiB of shared memory a
-    block may take; and the shipped forms in the key-major grid order (HEARTH_ATTN_FB_KEY_MAJOR). (The shipped forms
-    at every candidate config: the candidates test above.)"""
+    block may take; and the shipped forms in the grid order fb_pair_group gives causal GQA (PAIR_GROUP 0). (The
+    shipped forms at every candidate config, in the other order: the candidates test above.)"""
     reports = run_offline(_FB_FORMS_SCRIPT)
     assert len(reports) == 18, [r["label"] for r in reports]
-    assert sum("key-major" in r["label"] for r in reports) == 2, [r["label"] for r in reports]
+    assert sum(" pairs0" in r["label"] for r in reports) == 2, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["shared"] <= 227 * 1024, r
         assert (r["reduces"] > 0 and r["adds"] == 0) if r["tma"] else (r["reduces"] == 0 and r["adds"] > 0), r
@@ -770,6 +769,24 @@ def test_gpu_backward_fused_gqa_40_8_bthd_fp16_and_lengths(D, causal):
         _check_backward_lengths(200, 100, D, dtype=torch.float16, score_shift=32.0 * math.sqrt(D), parts=("fused",))
 
 
+def test_fused_backward_grid_order_rule():
+    """Pairs interleaved per key block: all of the launch's (every pair's key block 0 first) for causal grouped-query
+    attention, where the H200 measured it faster; 1 for MHA and non-causal, where it measured slower; the env forces
+    n, or the largest power of two below it that divides the pairs (0 or more than the pairs: all), and a bad value
+    is an error that names it."""
+    assert ag.fb_pair_group(True, 5, 32, env={}) == 32 and ag.fb_pair_group(True, 2, 3, env={}) == 3
+    assert ag.fb_pair_group(True, 1, 32, env={}) == 1 and ag.fb_pair_group(False, 5, 32, env={}) == 1
+    force = lambda v: {"HEARTH_ATTN_FB_PAIR_GROUP": v}
+    assert ag.fb_pair_group(False, 1, 32, env=force("8")) == 8
+    assert ag.fb_pair_group(False, 1, 32, env=force("7")) == 4 and ag.fb_pair_group(True, 5, 12, env=force("5")) == 4
+    assert ag.fb_pair_group(True, 5, 32, env=force("1")) == 1
+    assert ag.fb_pair_group(False, 1, 32, env=force("0")) == 32 == ag.fb_pair_group(False, 1, 32, env=force("99"))
+    assert ag.fb_pair_group(True, 5, 32, env=force(" ")) == 32  # blank: the rule
+    for bad in ("many", "-1", "2.5"):
+        with pytest.raises(ValueError, match="HEARTH_ATTN_FB_PAIR_GROUP"):
+            ag.fb_pair_group(True, 5, 32, env=force(bad))
+
+
 def test_fused_chunk_bounds_the_dq_buffer():
     """(b, K/V head) pairs per launch of the fused backward: all when unbounded or when they fit; else the most that
     fit among the divisors of Hk and the whole batch rows dividing B; never 0."""
@@ -828,20 +845,23 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
 
 
 @hopper_only
-@pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (64, "key_major"),
-                                     (128, "atomics"), (128, "atomics_ss"), (128, "tma"), (128, "no_split"),
-                                     (128, "key_major")])
+@pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (64, "all_pairs"),
+                                     (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
+                                     (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
+                                     (128, "four_pairs")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
     (HEARTH_ATTN_FB_STATS_SMEM=0) or staged by the producer; by TMA reduce-add with the consumers' loads; the shipped
-    forms without the dQ split (HEARTH_ATTN_FB_DQ_SPLIT=0) or in the other grid order (HEARTH_ATTN_FB_KEY_MAJOR=1,
-    where the default is off). dK, dV and dQ within the 2x rule at ragged T, causal or
+    forms without the dQ split (HEARTH_ATTN_FB_DQ_SPLIT=0) or in a forced grid order (HEARTH_ATTN_FB_PAIR_GROUP
+    0 / 1 / 4: every pair's key blocks interleaved, none, groups of four (two groups at GQA 40/8); the default
+    picks by causal and GQA: fb_pair_group). dK, dV and dQ within the 2x rule at ragged T, causal or
     not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
     pair a launch."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
-           "key_major": dict(KEY_MAJOR="0" if ag.FB_KEY_MAJOR else "1")}[forms]
+           "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
+           "four_pairs": dict(PAIR_GROUP="4")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

@@ -1211,10 +1211,6 @@ FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (Fal
 # the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
 # run in further launches over the same buffer
 FB_ACC_MIB = 256
-# the fused backward's grid order (env HEARTH_ATTN_FB_KEY_MAJOR): key blocks fastest within each (b, K/V head)
-# pair (False, FlashAttention-3's order), or pairs fastest within each key block (True: under causal masking the
-# longest programs, key block 0 of every pair, go first; a probe switch until the H200 has timed it)
-FB_KEY_MAJOR = False
 
 
 @_builtin
@@ -1282,8 +1278,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     dq_desc) instead of fp32 atomics (no per-element addresses in registers); STATS_SMEM reads lse / delta from
     the ring slot, where the producer put them (no global loads here); DQ_SPLIT (D 128) has both warpgroups
     compute half of dQ^T's rows every step; PREFETCH (probe only) loads the next step's lse / delta a step
-    ahead. (Two more forms were timed and removed: P^T / dS^T from shared memory as the A operands, and
-    red.global.add.v2.f32 adds; BENCHMARKS.md.)"""
+    ahead (the kernel then passes STATS_SMEM False here and to the producer: nothing is staged). (Two more forms
+    were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
+    BENCHMARKS.md.)"""
     dtype: ttgl.constexpr = k_smem.dtype
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
@@ -1320,7 +1317,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
                                         col_layout)
         st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
-        if STATS_SMEM and not PREFETCH:  # each read from the slot just before its use: not live across the matmuls
+        if STATS_SMEM:  # each read from the slot just before its use: not live across the matmuls
             lse2 = stats_ring.index(2 * slot).load(col_layout)
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
         # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
@@ -1335,7 +1332,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
         dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
-        if STATS_SMEM and not PREFETCH:  # read late: not live across the dV issue
+        if STATS_SMEM:  # read late: not live across the dV issue
             delta = stats_ring.index(2 * slot + 1).load(col_layout)
         ds = (pt * (dpt - delta[None, :])).to(dtype)
         # dS^T rows of this warpgroup into the step's buffer (parity i % 2), once the dQ that read it two steps ago
@@ -1419,26 +1416,34 @@ def _attn_bwd_fused_gluon_kernel(
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
-    DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, KEY_MAJOR: ttgl.constexpr = False,
+    DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
     (64 keys each: the default partition and a 4-warp worker) and a 1-warp TMA producer (_fb_consumer,
-    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel; program (i, j) serves key block i of (b, K/V head)
-    number BHK0 + j (KEY_MAJOR: program (j, i), so that the grid runs every pair's first key block first), and DQacc holds the query heads of this launch's (b, K/V heads) only (its head acc_h0 + g). dq_desc: a TMA
-    descriptor over DQacc ([heads, D, N_PAD_Q], box [1, dQ^T rows a warpgroup, BLOCK_M]) with DQ_TMA, else None."""
+    _fb_producer). Same inputs as _attn_bwd_dkdv_gluon_kernel. The grid order (fb_pair_group): PAIR_GROUP 1,
+    program (i, j) serves key block i of (b, K/V head) pair BHK0 + j (a pair's key blocks together,
+    FlashAttention-3's order); 0, program (j, i) does (every pair's key block 0 first, the longest programs under
+    causal masking); n > 1 (a probe knob), program (i, j) serves key block i // n of pair BHK0 + j * n + i % n
+    (groups of n pairs, key blocks interleaved within a group). DQacc holds the query heads of this launch's
+    (b, K/V heads) only (its head acc_h0 + g). dq_desc: a TMA descriptor over DQacc ([heads, D, N_PAD_Q], box
+    [1, dQ^T rows a warpgroup, BLOCK_M]) with DQ_TMA, else None."""
     dtype: ttgl.constexpr = q_desc.dtype
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     ds_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     DQ_ROWS: ttgl.constexpr = HEAD_DIM // 2 if DQ_SPLIT else HEAD_DIM
+    STAGED: ttgl.constexpr = STATS_SMEM and not PREFETCH  # PREFETCH loads lse / delta itself: nothing to stage
 
-    if KEY_MAJOR:  # causal: key block 0 sees every query, so the longest programs are dispatched first
+    if PAIR_GROUP == 0:
         kb = ttgl.program_id(1)
         pair = ttgl.program_id(0)
-    else:
+    elif PAIR_GROUP == 1:
         kb = ttgl.program_id(0)
         pair = ttgl.program_id(1)
+    else:
+        kb = ttgl.program_id(0) // PAIR_GROUP
+        pair = ttgl.program_id(1) * PAIR_GROUP + ttgl.program_id(0) % PAIR_GROUP
     start_n = kb * BLOCK_N
     bhk = BHK0 + pair
     acc_h0 = pair * GROUP  # this launch's first query head in DQacc
@@ -1457,7 +1462,7 @@ def _attn_bwd_fused_gluon_kernel(
     q_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     do_ring = ttgl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], qd_shared)
     ds_smem = ttgl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_shared)
-    if STATS_SMEM:
+    if STAGED:
         stats_ring = ttgl.allocate_shared_memory(ttgl.float32, [2 * NUM_STAGES, BLOCK_M],
                                                  ttgl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
@@ -1487,15 +1492,15 @@ def _attn_bwd_fused_gluon_kernel(
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STATS_SMEM)),
+                         STAGED)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STATS_SMEM)),
+                         STAGED)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, NUM_STAGES, STATS_SMEM, PRODUCER_WARPS))],
+                         BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_bar)
@@ -1678,9 +1683,42 @@ def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: 
     return max(c for c in options if c <= fit)
 
 
-def _env_flag(env, name: str, default: bool) -> bool:
+def _env_flag(env, name: str, default: bool | None) -> bool | None:
     """A probe switch of the fused backward: "1" on, "0" off, unset (or anything else) the shipped default."""
     return {"1": True, "0": False}.get(env.get(name, ""), default)
+
+
+def _fb_split(head_dim: int, forced: bool | None = None) -> bool:
+    """Whether the fused backward splits dQ^T's rows over both consumer warpgroups: FB_DQ_SPLIT's choice, or
+    `forced`; only head_dim 128 has the split form."""
+    return head_dim == 128 and (FB_DQ_SPLIT[head_dim] if forced is None else forced)
+
+
+def fb_pair_group(causal: bool, group: int, pairs: int, env=None) -> int:
+    """The fused backward's grid order, as the number of (b, K/V head) pairs whose key blocks interleave (1 ..
+    `pairs`, the launch's pairs): all of them (every pair's key block 0 first) for causal grouped-query attention, 1
+    (a pair's key blocks together, FlashAttention-3's order) otherwise. With causal masking key block 0 is a pair's
+    longest program, GROUP times longer under GQA, and in the order of 1 the last pairs' ones start late. On the
+    H200 (BENCHMARKS.md) every-pair order took causal GQA 40/8 from 479 to 507 TFLOP/s fwd+bwd, but MHA from 462 to
+    362 and non-causal from 525 to 388 (MHA's short programs leave little tail, and the order of 1 keeps the programs
+    that read one head's Q / dO together in L2); groups in between are a probe knob. Env HEARTH_ATTN_FB_PAIR_GROUP
+    = n forces groups of n pairs, or of the largest power of two <= n that divides `pairs` (0 or n >= pairs:
+    all)."""
+    env = os.environ if env is None else env
+    raw = env.get("HEARTH_ATTN_FB_PAIR_GROUP", "")
+    if raw.strip() == "":
+        n = pairs if causal and group > 1 else 1
+    else:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"HEARTH_ATTN_FB_PAIR_GROUP must be an integer (0: all pairs), got {raw!r}") from None
+        if n < 0:
+            raise ValueError(f"HEARTH_ATTN_FB_PAIR_GROUP must be >= 0 (0: all pairs), got {n}")
+    if n == 0 or n >= pairs:
+        return pairs
+    # whole groups of a power of two (each size is its own build): the largest that divides pairs and is <= n
+    return max(g for g in (1, 2, 4, 8, 16, 32, 64) if g <= n and pairs % g == 0)
 
 
 def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescriptor:
@@ -1700,16 +1738,16 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     FB_ACC_MIB; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of fused_chunk
     pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1" on, "0"
     off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM, HEARTH_ATTN_FB_DQ_SPLIT
-    (D 128), HEARTH_ATTN_FB_KEY_MAJOR (the grid order), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse /
-    delta itself, so STATS_SMEM is moot with it);
-    and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
+    (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
+    and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order: fb_pair_group) and
+    HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
     env = os.environ
     env_cfg = env.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
     block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[D])
-    split = D == 128 and _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", FB_DQ_SPLIT[D])
+    split = _fb_split(D, _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", None))
     dq_tma = _env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA)
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
     step = max(64, block_m)
@@ -1719,19 +1757,21 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     dq_desc = _dq_acc_desc(dq_acc, split, block_m) if dq_tma else None
-    key_major = _env_flag(env, "HEARTH_ATTN_FB_KEY_MAJOR", FB_KEY_MAJOR)
     n_kb = triton.cdiv(Tk, FB_BLOCK_N)
+    order = fb_pair_group(causal, group, chunk, env)
+    order = 0 if order == chunk > 1 else order  # the kernel's PAIR_GROUP (0: all pairs, the grid's axes swapped)
+    grid = (chunk, n_kb) if order == 0 else (n_kb * order, chunk // order)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with torch.cuda.device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
-            _attn_bwd_fused_gluon_kernel[(chunk, n_kb) if key_major else (n_kb, chunk)](
+            _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),
                 scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                 PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False), DQ_SPLIT=split, DQ_TMA=dq_tma,
-                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), KEY_MAJOR=key_major,
-                num_warps=4,
+                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM),
+                PAIR_GROUP=order, num_warps=4,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1744,7 +1784,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
-                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_key_major=FB_KEY_MAJOR, ones=()):
+                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=()):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1800,11 +1840,11 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             continue
         if variant == "bwd_fused":
             bm, stages = (fb_configs or FB_CONFIGS)[d]
-            split = d == 128 and (FB_DQ_SPLIT[d] if fb_dq_split is None else fb_dq_split)
+            split = _fb_split(d, fb_dq_split)
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
-                         KEY_MAJOR=fb_key_major)
+                         PAIR_GROUP=fb_pair_group)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -1816,8 +1856,10 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                        N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
+            staged = fb_stats_smem and not fb_prefetch  # the kernel's STAGED
             forms = "".join(f" {n}" for n, on in (("pf", fb_prefetch), ("split", split), ("dq-tma", fb_dq_tma),
-                                                    ("stats-smem", fb_stats_smem), ("key-major", fb_key_major)) if on)
+                                                    ("stats-smem", staged)) if on)
+            forms += f" pairs{fb_pair_group}" if fb_pair_group != 1 else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
