@@ -9,9 +9,10 @@ block the host or allocate (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMe
 cudaFree, cudaEventSynchronize) with their counts and host time, then the top ops by self CPU time. A
 host figure close to the wall time with a synchronising call in the list is a sync inside the op, not
 launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_entropy (N,H,V), layer_norm and
-rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the harness's full mode). --provider
-hearth (default), liger (Liger-Kernel's function, where installed) or torch (eager PyTorch) for layer_norm and
-rms_norm. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
+rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the harness's full mode), attention
+(B,Hq,Hk,T,D, causal). --provider hearth (default), liger (Liger-Kernel's function, where installed) or torch
+(eager PyTorch) for layer_norm and rms_norm; sdpa_cudnn or sdpa_flash for attention. --pyprof (attention): also a
+cProfile of hearth's forward and backward launchers, Python time by function. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
 Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
 --op sum_partials --shape G,N: instead, the norms' dweight / dbias reduction alone, both ways in one process (host
 time on that machine varies by up to 2.5x between processes): a torch sum of the [2, G, N] fp32 partials and a
@@ -62,8 +63,26 @@ def _case(op: str, shape: list[int], provider: str = "hearth"):
         dy = rnd(m, n)
         leaves = [x, w, b] if op == "layer_norm" else [x, w]
         return leaves, lambda: fn(x, w, b), dy  # y.backward(dy): the harness's full mode
+    if op == "attention":  # shape B,Hq,Hk,T,D; causal, [B, H, T, D] contiguous (the harness's layout)
+        b, hq, nk, t, d = shape
+        q = rnd(b, hq, t, d).requires_grad_()
+        k, v = rnd(b, nk, t, d).requires_grad_(), rnd(b, nk, t, d).requires_grad_()
+        dy = rnd(b, hq, t, d)
+        if provider == "hearth":
+            return [q, k, v], lambda: hk.attention(q, k, v, causal=True), dy
+        if provider in ("sdpa_cudnn", "sdpa_flash"):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            backend = SDPBackend.CUDNN_ATTENTION if provider == "sdpa_cudnn" else SDPBackend.FLASH_ATTENTION
+
+            def sdpa():
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                            enable_gqa=hq != nk)
+            return [q, k, v], sdpa, dy
+        raise SystemExit(f"--provider {provider}: attention takes hearth, sdpa_cudnn or sdpa_flash")
     if provider != "hearth":
-        raise SystemExit(f"--provider {provider}: only layer_norm and rms_norm have peers here")
+        raise SystemExit(f"--provider {provider}: only layer_norm, rms_norm and attention have peers here")
     if op == "swiglu_mlp":
         from hearth.kernels.swiglu import swiglu_mlp
 
@@ -83,6 +102,51 @@ def _case(op: str, shape: list[int], provider: str = "hearth"):
         t = torch.randint(0, v, (n,), device=dev, generator=g)
         return [x, w], lambda: hk.linear_cross_entropy(x, w, t), None
     raise SystemExit(f"--op: unknown op {op!r}")
+
+
+def _pyprof(shape: list[int], iters: int) -> str:
+    """--pyprof with --op attention: cProfile of hearth's forward and backward launchers called directly in this
+    thread (autograd runs a CUDA backward on its own thread, which cProfile does not see), top functions by own
+    time, microseconds per call."""
+    import cProfile
+    import io
+    import pstats
+
+    import importlib
+
+    at = importlib.import_module("hearth.kernels.attention")  # the package exports the function under that name
+
+    (q, k, v), _step, dy = _case("attention", shape)
+    scale = q.shape[-1] ** -0.5
+
+    def both():
+        out, lse = at._attention_forward(q, k, v, True, scale)
+        at._attention_backward(dy, q, k, v, out, lse, True, scale)
+
+    for _ in range(3):
+        both()
+    torch.cuda.synchronize()
+    lines = []
+    for name, fn in (("forward", lambda: at._attention_forward(q, k, v, True, scale)), ("forward + backward", both)):
+        host, t0 = 0.0, time.perf_counter()
+        for _ in range(iters):
+            h0 = time.perf_counter()
+            fn()
+            host += time.perf_counter() - h0
+        torch.cuda.synchronize()
+        lines.append(f"launchers only, {name}: host {host / iters * 1e6:.1f} us/call, wall "
+                     f"{(time.perf_counter() - t0) / iters * 1e6:.1f} us/call")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        both()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    lines.append(f"cProfile of {iters} forward + backward launcher calls (times are totals over the calls):")
+    lines.append(buf.getvalue())
+    return "\n".join(lines)
 
 
 def _sum_partials_ab(shape: list[int], iters: int) -> str:
@@ -129,7 +193,10 @@ def main() -> None:
     p.add_argument("--shape", default="16384,1024,3072", help="comma-separated sizes (see the docstring)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=None)
-    p.add_argument("--provider", default="hearth", help="hearth, liger or torch (layer_norm and rms_norm only)")
+    p.add_argument("--provider", default="hearth",
+                   help="hearth, liger or torch (layer_norm and rms_norm); sdpa_cudnn or sdpa_flash (attention)")
+    p.add_argument("--pyprof", action="store_true",
+                   help="--op attention: also cProfile hearth's forward and backward launchers (Python time by function)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -179,6 +246,15 @@ def main() -> None:
     lines.append(avgs.table(sort_by="self_cpu_time_total", row_limit=25))
     text = "\n".join(lines)
     print(text)
+    if args.pyprof and args.op == "attention" and args.provider == "hearth":
+        try:
+            prof_text = _pyprof([int(s) for s in args.shape.split(",")], args.iters)
+        except Exception:  # noqa: BLE001 - keep the trace above; say what failed
+            import traceback
+
+            prof_text = "--pyprof failed:\n" + traceback.format_exc()
+        print(prof_text)
+        text += "\n" + prof_text
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         name = args.op if args.provider == "hearth" else f"{args.op}_{args.provider}"

@@ -787,6 +787,45 @@ def test_fused_backward_grid_order_rule():
             ag.fb_pair_group(True, 5, 32, env=force(bad))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_host_descriptors_equal_the_validating_constructor(dtype):
+    """_host_desc / _dq_acc_desc set TensorDescriptor's fields directly (its dataclass init and asserts cost host
+    time a launch): the result must equal what the validating constructor builds, field by field, Triton must
+    specialise a launch on it the same way (the kernel cache key), and the layouts are built once."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import create_function_from_signature
+
+    dense = torch.empty((2, 3, 100, 64), dtype=dtype)
+    transposed = torch.empty((2, 100, 3, 128), dtype=dtype).transpose(1, 2)  # a [B, T, H, D] layout seen as [B, H, T, D]
+    acc = torch.empty((6, 128, 128), dtype=torch.float32)
+    cases = [(ag._host_desc(dense, 64), dense, [1, 1, 64, 64]),
+             (ag._host_desc(transposed, 128), transposed, [1, 1, 128, 128]),
+             (ag._dq_acc_desc(acc, True, 64), acc, [1, 64, 64]),
+             (ag._dq_acc_desc(acc, False, 32), acc, [1, 128, 32])]
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    kernel = ag._attn_bwd_fused_gluon_kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    for fast, t, box in cases:
+        ref = TensorDescriptor(t, list(t.shape), list(t.stride()), box, fast.layout)
+        assert fast.base is t and (fast.shape, fast.strides, fast.block_shape, fast.padding) == (
+            ref.shape, ref.strides, ref.block_shape, ref.padding)
+        assert fast.layout == type(fast.layout).get_default_for(box, _gl_dtype(t.dtype))
+        # the first argument of the fused backward is a descriptor: Triton's specialisation of either must agree
+        args = [fast] + [0] * (len(kernel.params) - 1)
+        ref_args = [ref] + [0] * (len(kernel.params) - 1)
+        assert binder(*args)[1][0] == binder(*ref_args)[1][0]
+    assert ag._host_desc(dense, 64).layout is ag._host_desc(dense, 64).layout  # cached, not rebuilt
+    assert ag._dq_acc_desc(acc, True, 64).layout is ag._dq_acc_desc(acc, True, 64).layout
+
+
+def _gl_dtype(dtype):
+    from triton.experimental.gluon import language as ttgl
+
+    return {torch.bfloat16: ttgl.bfloat16, torch.float16: ttgl.float16, torch.float32: ttgl.float32}[dtype]
+
+
 def test_fused_chunk_bounds_the_dq_buffer():
     """(b, K/V head) pairs per launch of the fused backward: all when unbounded or when they fit; else the most that
     fit among the divisors of Hk and the whole batch rows dividing B; never 0."""

@@ -61,6 +61,7 @@ and the padded output columns are dropped), at the padded size's cost in time an
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -926,8 +927,16 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """The (major, minor) compute capability forward_kernel / backward_kernel take: a CUDA device's, None off
-    CUDA and under the interpreter (where no Gluon kernel runs)."""
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" and not interpret_mode() else None
+    CUDA and under the interpreter (where no Gluon kernel runs). Cached per device index (a properties query a
+    call otherwise, twice per forward + backward)."""
+    if device.type != "cuda" or interpret_mode():
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _gluon_serving(choice: str, *tensors: torch.Tensor):
@@ -1061,11 +1070,6 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     delta = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device)
     dk = empty_heads_like(k, (B, Hk, Tk, D))
     dv = empty_heads_like(k, (B, Hk, Tk, D), dtype=v.dtype)
-    prec = _dot_precision(q.dtype)
-    use_tma_dkdv = bool(USE_TMA and not interpret_mode() and _tma_ok(q, do))
-    use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
-    if use_tma_dkdv or use_tma_dq:
-        _ensure_allocator()
     with _on_device(q.device):
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
         _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
@@ -1077,6 +1081,12 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
             dq = empty_heads_like(q, (B, Hq, Tq, D))
             gluon.backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal, scale)
             return dq, dk, dv
+        # the Triton kernels' TMA loads: checked only here, off the fused path's host time
+        prec = _dot_precision(q.dtype)
+        use_tma_dkdv = bool(USE_TMA and not interpret_mode() and _tma_ok(q, do))
+        use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
+        if use_tma_dkdv or use_tma_dq:
+            _ensure_allocator()
         fused = bool(FUSED_DQ)
         # fp32 dQ accumulator (fused) or a 1-element stand-in the kernel never touches
         dq_acc = torch.zeros((B, Hq, Tq, D) if fused else (1,), dtype=torch.float32, device=q.device)

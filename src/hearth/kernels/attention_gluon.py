@@ -72,6 +72,7 @@ other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 
@@ -92,7 +93,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton._C.libtriton import ir as _ir
 from triton.experimental.gluon.language._core import builtin as _builtin
 
-from hearth.kernels._common import empty_heads_like, num_sms
+from hearth.kernels._common import cdiv, empty_heads_like, num_sms, on_device
 
 LOG2E = 1.4426950408889634
 LN2 = ttgl.constexpr(0.6931471805599453)
@@ -1538,16 +1539,31 @@ def _scratch(size: int, alignment: int, stream):
 _GL_DTYPES = {torch.bfloat16: ttgl.bfloat16, torch.float16: ttgl.float16}
 
 
+@functools.lru_cache(maxsize=None)
 def _box_layout(rows: int, head_dim: int, dtype) -> ttgl.NVMMASharedLayout:
-    """The shared layout of a [1, 1, rows, head_dim] TMA box: the 2-D tile's swizzle with two unit dims."""
+    """The shared layout of a [1, 1, rows, head_dim] TMA box: the 2-D tile's swizzle with two unit dims. Cached:
+    get_default_for is a constexpr_function building a validated dataclass, tens of microseconds of host time on
+    the H200's host, and every launch needs four or five of these."""
     return ttgl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], dtype)
+
+
+def _desc(base: torch.Tensor, block_shape: list[int], layout) -> TensorDescriptor:
+    """TensorDescriptor(base, shape, strides, block_shape, layout) with the fields set directly: the caller has
+    checked what its __post_init__ asserts (tma_addressable: a unit last stride, 16-byte aligned base and outer
+    strides; attention's argument checks: no empty dim; the block shapes and layouts here are fixed). The
+    dataclass init and those asserts cost more host time than the rest of a launch's argument handling; the tests
+    check that the result equals the validating constructor's."""
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (
+        base, list(base.shape), list(base.stride()), block_shape, layout, "zero")
+    return d
 
 
 def _host_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A host-built TMA descriptor over t [B, H, T, D] (t's own strides) that loads / stores one
     [1, 1, rows, D] box: out-of-range rows of a ragged tile are zero-filled / clipped within the head."""
     D = t.shape[-1]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], _box_layout(rows, D, _GL_DTYPES[t.dtype]))
+    return _desc(t, [1, 1, rows, D], _box_layout(rows, D, _GL_DTYPES[t.dtype]))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -1568,10 +1584,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         block_m, block_n, stages = PP_CONFIGS[D]
         descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
         if PERSISTENT if persistent is None else persistent:
-            n_m = triton.cdiv(Tq, 2 * block_m)
+            n_m = cdiv(Tq, 2 * block_m)
             total = n_m * B * Hq
             section = pps_section(B * Hq, Hq // Hk, Tk, D, q.element_size())
-            with torch.cuda.device(q.device):
+            with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(min(total, num_sms(q.device)),)](
                     *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, total, section,
                     HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
@@ -1579,8 +1595,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                     PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, num_warps=PP_WARPS,
                 )
             return out, lse
-        grid = (triton.cdiv(Tq, 2 * block_m), B * Hq)
-        with torch.cuda.device(q.device):
+        grid = (cdiv(Tq, 2 * block_m), B * Hq)
+        with on_device(q.device):
             _attn_fwd_gluon_pp_kernel[grid](
                 *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
@@ -1589,10 +1605,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             )
         return out, lse
     block_m, block_n, warps, stages = CONFIGS[D]
-    grid = (triton.cdiv(Tq, block_m), B * Hq)
+    grid = (cdiv(Tq, block_m), B * Hq)
     # this kernel builds its TMA descriptors on the device, in a global scratch buffer (the allocator is per thread)
     triton.set_allocator(_scratch)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         _attn_fwd_gluon_kernel[grid](
             q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
             HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages, NUM_WARPS=warps,
@@ -1609,9 +1625,9 @@ def backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float) -
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     block_n, block_m, stages, warps = BWD_CONFIGS[D]
-    grid = (triton.cdiv(Tk, block_n), B * Hk)
+    grid = (cdiv(Tk, block_n), B * Hk)
     descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(do, block_m))
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         _attn_bwd_dkdv_gluon_kernel[grid](
             *descs, lse, delta, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2),
             scale, scale * LOG2E, Hq, Hk, Hq // Hk, Tq, Tk,
@@ -1626,9 +1642,9 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     block_m, block_n, stages, warps = BWD_DQ_CONFIGS[D]
-    grid = (triton.cdiv(Tq, block_m), B * Hq)
+    grid = (cdiv(Tq, block_m), B * Hq)
     descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(do, block_m))
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         _attn_bwd_dq_gluon_kernel[grid](
             *descs, lse, delta, dq, dq.stride(0), dq.stride(1), dq.stride(2),
             scale, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
@@ -1725,9 +1741,14 @@ def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescript
     """The fused backward's TMA descriptor over its fp32 dQ buffer acc [heads, D, n_pad] (DQ_TMA): one box is
     [1, rows, block_m], the dQ^T rows one consumer warpgroup adds a step for block_m queries (all D, or D / 2 with
     the dQ split: the kernel's DQ_ROWS)."""
-    box = [1, acc.shape[1] // 2 if split else acc.shape[1], block_m]
-    return TensorDescriptor(acc, list(acc.shape), list(acc.stride()), box,
-                            ttgl.NVMMASharedLayout.get_default_for(box, ttgl.float32))
+    box = (1, acc.shape[1] // 2 if split else acc.shape[1], block_m)
+    return _desc(acc, list(box), _acc_layout(box))
+
+
+@functools.lru_cache(maxsize=None)
+def _acc_layout(box: tuple[int, int, int]) -> ttgl.NVMMASharedLayout:
+    """The shared layout of one fp32 dQ^T box of _dq_acc_desc (cached, as _box_layout)."""
+    return ttgl.NVMMASharedLayout.get_default_for(list(box), ttgl.float32)
 
 
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
@@ -1751,18 +1772,18 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     dq_tma = _env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA)
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
     step = max(64, block_m)
-    n_pad = triton.cdiv(Tq, step) * step
+    n_pad = cdiv(Tq, step) * step
     if acc_bytes is None:
         acc_bytes = int(float(env.get("HEARTH_ATTN_FB_ACC_MIB", FB_ACC_MIB)) * 2**20)
     chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
     dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
     dq_desc = _dq_acc_desc(dq_acc, split, block_m) if dq_tma else None
-    n_kb = triton.cdiv(Tk, FB_BLOCK_N)
+    n_kb = cdiv(Tk, FB_BLOCK_N)
     order = fb_pair_group(causal, group, chunk, env)
     order = 0 if order == chunk > 1 else order  # the kernel's PAIR_GROUP (0: all pairs, the grid's axes swapped)
     grid = (chunk, n_kb) if order == 0 else (n_kb * order, chunk // order)
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),

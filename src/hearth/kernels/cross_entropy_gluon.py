@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from hearth.kernels import softmax_gluon as sg
+from hearth.kernels._common import on_device
 
 
 @gluon.jit
@@ -95,7 +96,7 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
     if n == 0:
         return loss
     ctas, p, warps = sg.config(v, ctas)
-    with torch.cuda.device(logits.device):
+    with on_device(logits.device):
         _ce_rows_cluster_kernel[(n,)](logits, target.contiguous(), loss, logits.stride(0), v, ignore_index,
                                       float(grad_scale), **sg.constexprs(ctas, p, warps, logits.element_size()),
                                       num_warps=warps, num_ctas=ctas)
@@ -199,7 +200,7 @@ def ce_rows_smem_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         scale_mode = 1 if grad_scale.dim() == 0 else 2
     elif grad_scale is not None:
         scale_value = float(grad_scale)
-    with torch.cuda.device(logits.device):
+    with on_device(logits.device):
         _ce_rows_cluster_smem_kernel[(n,)](
             logits, grad, target.contiguous(), loss, scale_ptr, loss if gate is None else gate, logits.stride(0),
             grad.stride(0), v, ignore_index, scale_value,

@@ -50,7 +50,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from hearth.kernels._common import cdiv, next_power_of_2
+from hearth.kernels._common import cdiv, next_power_of_2, on_device
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_CTAS = 16  # Triton's launcher sets the non-portable cluster size 16 (8 is the portable limit)
@@ -185,7 +185,7 @@ def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
     if m == 0:
         return y
     ctas, p, warps = config(n, ctas)
-    with torch.cuda.device(x.device):
+    with on_device(x.device):
         _softmax_fwd_cluster_kernel[(m,)](x, y, x.stride(0), y.stride(0), n,
                                           **constexprs(ctas, p, warps, x.element_size()),
                                           num_warps=warps, num_ctas=ctas)
@@ -370,7 +370,7 @@ def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = S
     out = _out_like(x, out, "out")
     if m == 0:
         return out
-    with torch.cuda.device(x.device):
+    with on_device(x.device):
         _softmax_fwd_cluster_smem_kernel[(m,)](
             x, out, x.stride(0), out.stride(0), n, **smem_constexprs(ctas, chunk, chunks, x.element_size(), warps),
             num_warps=warps, num_ctas=ctas)
@@ -439,7 +439,7 @@ def softmax_bwd_smem(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = No
     out = _out_like(y, out, "out")
     if m == 0:
         return out
-    with torch.cuda.device(y.device):
+    with on_device(y.device):
         _softmax_bwd_cluster_smem_kernel[(m,)](
             y, dy, out, y.stride(0), dy.stride(0), out.stride(0), n,
             **smem_constexprs(ctas, chunk, chunks, y.element_size(), warps), num_warps=warps, num_ctas=ctas)
