@@ -12,7 +12,9 @@ launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_ent
 rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the harness's full mode), attention
 (B,Hq,Hk,T,D, causal). --provider hearth (default), liger (Liger-Kernel's function, where installed) or torch
 (eager PyTorch) for layer_norm and rms_norm; sdpa_cudnn or sdpa_flash for attention. --pyprof (attention): also a
-cProfile of hearth's forward and backward launchers, Python time by function. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
+cProfile of hearth's forward and backward launchers, Python time by function, and the backward() call through
+autograd split by timestamps (hand-over to autograd's device thread, the Python backward there, the return) beside a
+no-op autograd.Function as the control, with a cProfile taken on the device thread. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
 Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
 --op sum_partials --shape G,N: instead, the norms' dweight / dbias reduction alone, both ways in one process (host
 time on that machine varies by up to 2.5x between processes): a torch sum of the [2, G, N] fp32 partials and a
@@ -146,7 +148,93 @@ def _pyprof(shape: list[int], iters: int) -> str:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
     lines.append(f"cProfile of {iters} forward + backward launcher calls (times are totals over the calls):")
     lines.append(buf.getvalue())
+    lines.extend(_autograd_split(at, q, k, v, dy, iters))
     return "\n".join(lines)
+
+
+def _autograd_split(at, q, k, v, dy, iters: int) -> list[str]:
+    """Where a fwd+bwd call through autograd spends host time beyond the launchers (--pyprof, attention):
+    the forward through `attention()`; then, with the GPU idle before each backward (a sync after the forward), the
+    `out.backward(dy)` call split by timestamps taken inside the Python backward on autograd's device thread: the
+    hand-over to that thread, the launchers there, and the return; the same for a no-op autograd.Function (empty
+    outputs and gradients, no kernels) as the control for autograd's own cost on this host; and a cProfile of the
+    backward taken on the device thread itself."""
+    import cProfile
+    import io
+    import pstats
+
+    import hearth.kernels as hk
+
+    lines = []
+    real_bwd = at._attention_backward
+    marks: list[float] = []
+    prof = cProfile.Profile()
+    profiling = [False]
+
+    def timed_bwd(*args):
+        marks.append(time.perf_counter())
+        if profiling[0]:
+            prof.enable()
+        try:
+            return real_bwd(*args)
+        finally:
+            if profiling[0]:
+                prof.disable()
+            marks.append(time.perf_counter())
+
+    class Noop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            ctx.save_for_backward(a, b, c)
+            return torch.empty_like(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            marks.append(time.perf_counter())
+            a, b, c = ctx.saved_tensors
+            out = torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
+            marks.append(time.perf_counter())
+            return out
+
+    def split(name, fwd):
+        fwd_host, parts = 0.0, []
+        for it in range(iters + 3):
+            for t in (q, k, v):
+                t.grad = None
+            h0 = time.perf_counter()
+            out = fwd()
+            h1 = time.perf_counter()
+            torch.cuda.synchronize()
+            marks.clear()
+            b0 = time.perf_counter()
+            out.backward(dy)
+            b1 = time.perf_counter()
+            torch.cuda.synchronize()
+            if it >= 3 and len(marks) == 2:
+                fwd_host += h1 - h0
+                parts.append((marks[0] - b0, marks[1] - marks[0], b1 - marks[1]))
+        n = max(1, len(parts))
+        hand, body, tail = (sum(p[i] for p in parts) / n * 1e6 for i in range(3))
+        lines.append(f"through autograd, {name}: forward {fwd_host / n * 1e6:.1f} us/call; backward() {hand + body + tail:.1f}"
+                     f" us/call = hand-over to the device thread {hand:.1f} + Python backward there {body:.1f} + return"
+                     f" {tail:.1f} (GPU idle before each backward; {len(parts)} calls)")
+
+    at._attention_backward = timed_bwd
+    try:
+        split("hearth attention", lambda: hk.attention(q, k, v, causal=True))
+        split("no-op autograd.Function (control)", lambda: Noop.apply(q, k, v))
+        profiling[0] = True
+        for _ in range(iters):
+            out = hk.attention(q, k, v, causal=True)
+            out.backward(dy)
+        torch.cuda.synchronize()
+    finally:
+        at._attention_backward = real_bwd
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    lines.append(f"cProfile of the backward on autograd's device thread, {iters} calls back to back (totals):")
+    lines.append(buf.getvalue())
+    return lines
 
 
 def _sum_partials_ab(shape: list[int], iters: int) -> str:
