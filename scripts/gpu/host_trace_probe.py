@@ -106,6 +106,19 @@ def _case(op: str, shape: list[int], provider: str = "hearth"):
     raise SystemExit(f"--op: unknown op {op!r}")
 
 
+def _back_to_back(fn, iters: int) -> tuple[float, float]:
+    """(host, wall) seconds per call of `iters` calls of fn back to back from an idle GPU: host is the time spent
+    inside the calls, wall runs to a sync after the last."""
+    torch.cuda.synchronize()
+    host, t0 = 0.0, time.perf_counter()
+    for _ in range(iters):
+        h0 = time.perf_counter()
+        fn()
+        host += time.perf_counter() - h0
+    torch.cuda.synchronize()
+    return host / iters, (time.perf_counter() - t0) / iters
+
+
 def _pyprof(shape: list[int], iters: int) -> str:
     """--pyprof with --op attention: cProfile of hearth's forward and backward launchers called directly in this
     thread (autograd runs a CUDA backward on its own thread, which cProfile does not see), top functions by own
@@ -127,17 +140,10 @@ def _pyprof(shape: list[int], iters: int) -> str:
 
     for _ in range(3):
         both()
-    torch.cuda.synchronize()
     lines = []
     for name, fn in (("forward", lambda: at._attention_forward(q, k, v, True, scale)), ("forward + backward", both)):
-        host, t0 = 0.0, time.perf_counter()
-        for _ in range(iters):
-            h0 = time.perf_counter()
-            fn()
-            host += time.perf_counter() - h0
-        torch.cuda.synchronize()
-        lines.append(f"launchers only, {name}: host {host / iters * 1e6:.1f} us/call, wall "
-                     f"{(time.perf_counter() - t0) / iters * 1e6:.1f} us/call")
+        host, wall = _back_to_back(fn, iters)
+        lines.append(f"launchers only, {name}: host {host * 1e6:.1f} us/call, wall {wall * 1e6:.1f} us/call")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(iters):
@@ -260,15 +266,8 @@ def _sum_partials_ab(shape: list[int], iters: int) -> str:
         for name, fn in (("torch sum + casts", torch_way), ("sum_partials", kernel_way)):
             for _ in range(5):
                 fn()
-            torch.cuda.synchronize()
-            host, t0 = 0.0, time.perf_counter()
-            for _ in range(iters):
-                h0 = time.perf_counter()
-                fn()
-                host += time.perf_counter() - h0
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-            lines.append(f"  round {_round}: {name:18s} wall {wall / iters * 1e6:7.1f} us/call, host {host / iters * 1e6:7.1f}")
+            host, wall = _back_to_back(fn, iters)
+            lines.append(f"  round {_round}: {name:18s} wall {wall * 1e6:7.1f} us/call, host {host * 1e6:7.1f}")
     a, b = torch_way(), kernel_way()
     diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
     lines.append(f"  largest difference between the two results: {diff:.3e} (bf16 of the same fp32 sums)")
@@ -304,18 +303,9 @@ def main() -> None:
 
     for _ in range(3):
         call()
-    torch.cuda.synchronize()
-    host = 0.0
-    t0 = time.perf_counter()
-    for _ in range(args.iters):
-        h0 = time.perf_counter()
-        call()
-        host += time.perf_counter() - h0
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
+    host, wall = _back_to_back(call, args.iters)
     lines = [f"{args.op} ({args.provider}) {args.shape} bf16 fwd+bwd, {args.iters} calls back to back on {torch.cuda.get_device_name()}"
-             f" (torch {torch.__version__}): wall {wall / args.iters * 1e3:.3f} ms/call, host inside the calls"
-             f" {host / args.iters * 1e3:.3f} ms/call"]
+             f" (torch {torch.__version__}): wall {wall * 1e3:.3f} ms/call, host inside the calls {host * 1e3:.3f} ms/call"]
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
