@@ -811,19 +811,13 @@ def test_host_descriptors_equal_the_validating_constructor(dtype):
         ref = TensorDescriptor(t, list(t.shape), list(t.stride()), box, fast.layout)
         assert fast.base is t and (fast.shape, fast.strides, fast.block_shape, fast.padding) == (
             ref.shape, ref.strides, ref.block_shape, ref.padding)
-        assert fast.layout == type(fast.layout).get_default_for(box, _gl_dtype(t.dtype))
+        assert fast.layout == type(fast.layout).get_default_for(box, ag._GL_DTYPES.get(t.dtype, ag.ttgl.float32))
         # the first argument of the fused backward is a descriptor: Triton's specialisation of either must agree
         args = [fast] + [0] * (len(kernel.params) - 1)
         ref_args = [ref] + [0] * (len(kernel.params) - 1)
         assert binder(*args)[1][0] == binder(*ref_args)[1][0]
     assert ag._host_desc(dense, 64).layout is ag._host_desc(dense, 64).layout  # cached, not rebuilt
     assert ag._dq_acc_desc(acc, True, 64).layout is ag._dq_acc_desc(acc, True, 64).layout
-
-
-def _gl_dtype(dtype):
-    from triton.experimental.gluon import language as ttgl
-
-    return {torch.bfloat16: ttgl.bfloat16, torch.float16: ttgl.float16, torch.float32: ttgl.float32}[dtype]
 
 
 def test_fused_chunk_bounds_the_dq_buffer():
