@@ -177,6 +177,64 @@ def test_opt_in_attention_matches_sdpa(monkeypatch):
     assert calls == []
 
 
+def test_attention_by_device_default(monkeypatch):
+    """attention=None (the default) switches hearth's attention in only where its fused backward serves the module
+    (Hopper, bf16/fp16, head_dim 64/128): this fp32 d16 model stays on SDPA, on any device, and the report says
+    nothing about it; where fused_backward_serves says yes, the default patches as attention=True does; anything
+    but a bool or None is refused, naming the argument."""
+    hka = importlib.import_module("hearth.kernels.attention")
+    model = tiny_qwen3()
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False)
+    assert report.count("attention") == 0 and model.config._attn_implementation == "sdpa"
+    assert not [key for key in report.left if key[0] == "attention"]
+    asked = []
+    monkeypatch.setattr(hka, "fused_backward_serves", lambda *a: asked.append(a) or True)
+    model = tiny_qwen3()
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False)
+    assert report.replaced["attention"] == {"Qwen3Attention": 2} and model.config._attn_implementation == "hearth"
+    assert asked[0] == (DEVICE, torch.float32, 16)  # the module's own device, dtype and head_dim
+    assert patch.apply(tiny_qwen3(), attention=False).count("attention") == 0
+    with pytest.raises(TypeError, match="attention must be True, False or None"):
+        patch.apply(tiny_qwen3(), attention="auto")
+
+
+def test_fused_backward_serves_rule(monkeypatch):
+    """The by-device rule is backward_kernel's fused pick: Hopper, bf16/fp16, head_dim 64 or 128 (not a padded 80),
+    not deterministic mode; never off CUDA."""
+    hka = importlib.import_module("hearth.kernels.attention")
+    cpu = torch.device("cpu")
+    assert not hka.fused_backward_serves(cpu, torch.bfloat16, 128)
+    monkeypatch.setattr(hka, "device_capability", lambda device: (9, 0))
+    assert hka.fused_backward_serves(cpu, torch.bfloat16, 128) and hka.fused_backward_serves(cpu, torch.float16, 64)
+    assert not hka.fused_backward_serves(cpu, torch.float32, 128) and not hka.fused_backward_serves(cpu, torch.bfloat16, 80)
+    monkeypatch.setattr(hka, "device_capability", lambda device: (8, 0))
+    assert not hka.fused_backward_serves(cpu, torch.bfloat16, 128)
+    monkeypatch.setattr(hka, "device_capability", lambda device: (9, 0))
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")
+    assert not hka.fused_backward_serves(cpu, torch.bfloat16, 128)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_attention_by_device_follows_the_gpu():
+    """On the GPU the default patches a bf16 head_dim-128 model's attention exactly when the fused backward serves
+    this GPU (Hopper), and the patched model's loss matches SDPA's within bf16 noise."""
+    hka = importlib.import_module("hearth.kernels.attention")
+    cfg = transformers.Qwen3Config(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=128, intermediate_size=96, vocab_size=257, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg).to(DEVICE, torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(DEVICE, torch.bfloat16)
+    model.load_state_dict(ref.state_dict())
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False)
+    serves = torch.cuda.get_device_capability()[0] == 9
+    assert serves == hka.fused_backward_serves(DEVICE, torch.bfloat16, 128)
+    assert report.count("attention") == (2 if serves else 0)
+    ids = torch.randint(0, 257, (2, 300), device=DEVICE)
+    with torch.no_grad():
+        a, b = ref(input_ids=ids, labels=ids).loss.float(), model(input_ids=ids, labels=ids).loss.float()
+    assert abs(a - b) < 2e-2 * abs(a)
+
+
 def test_disabled_kinds_are_left_and_reported():
     model = tiny_qwen3()
     report = patch.apply(model, norm=False, mlp=False, rope=True, loss=False)

@@ -21,8 +21,10 @@ process-wide, and a child returns all of its GPU memory when it exits):
                the patch report is printed and stored with the row
   hearth_fast  hearth + patch.apply(lora_compute="base"): the LoRA-aware nodes run the adapters' products in bf16
                on the tensor cores (fp32 accumulation and fp32 gradients; not peft's fp32 numbers bit for bit)
-  hearth_attn  hearth + patch.apply(attention=True) (opt-in: the published setup fixes SDPA attention)
-  hearth_fast_attn  hearth_fast + attention=True (opt-in): the fastest setup with hearth's attention in place of SDPA
+  hearth_attn  hearth + patch.apply(attention=True). The setups without _attn pin SDPA (attention=False), as every
+               published row before hearth's attention became patch.apply's default by device did
+  hearth_fast_attn  hearth_fast + attention=True: hearth's attention in place of SDPA (on the H200 what
+               `hearth train` runs by default)
   unsloth      Unsloth's FastLanguageModel (opt-in): imported first, as Unsloth requires; when it does not
                import the row says `unavailable` and why. The random model is saved to /tmp and loaded by
                FastLanguageModel.from_pretrained (~70 s more build at 40 layers); --checkpointing full is

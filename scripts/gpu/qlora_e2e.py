@@ -67,7 +67,8 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
 
         # after peft, as `hearth train` does: the "lora" kind routes q/k/v/o (4-bit bases included) to the fused
         # LoRA node and the MLP probe checks its LoRA node on the 4-bit projections
-        report = patch.apply(model)
+        # SDPA attention, as in the published rows (attention=None would patch hearth's in on Hopper)
+        report = patch.apply(model, attention=False)
         row["patch"] = report.as_dict()
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not setup.startswith("qlora"):  # the bf16 comparison runs as `hearth train` would: 90% of the GPU

@@ -153,7 +153,7 @@ def train(
     resume: Annotated[Optional[Path], typer.Option("--resume", help="a checkpoint folder, or a run folder (its latest checkpoint)")] = None,
     memory_budget_gib: Annotated[Optional[float], typer.Option("--memory-budget-gib", help="picks activation checkpointing; refuses what cannot fit [90% of the GPU]")] = None,
     no_patch: Annotated[bool, typer.Option("--no-patch", help="train without hearth's kernels (plain transformers)")] = False,
-    attention: Annotated[Optional[bool], typer.Option("--attention/--no-attention", help="hearth's attention kernels too (opt-in); with --pack, the varlen kernel on each packed row [off]")] = None,
+    attention: Annotated[Optional[bool], typer.Option("--attention/--no-attention", help="hearth's attention kernels: --attention wherever they run, --no-attention never (SDPA); with --pack, the varlen kernel on each packed row [by device: Hopper, bf16/fp16, head_dim 64/128]")] = None,
     lora_compute: Annotated[Optional[str], typer.Option("--lora-compute", help="base: LoRA products in bf16 on the tensor cores (fast); adapter: in the adapters' fp32, as peft [base]")] = None,
     random_init: Annotated[Optional[bool], typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = None,
     qlora: Annotated[Optional[bool], typer.Option("--qlora", help="4-bit NF4 base (bitsandbytes) under the LoRA adapters")] = None,

@@ -37,11 +37,16 @@ refuse with a reason, which the report lists):
                             parameters, state-dict names, merge / unmerge / disable_adapter are peft's, unchanged.
                             Its probe runs with a random lora_B when the adapter's is all zeros (peft's init),
                             so that the LoRA term is checked, and puts the real one back.
-    attention r"Attention$" OPT-IN (attention=True): the module's config is switched to the "hearth" attention
+    attention r"Attention$" BY DEVICE (attention=None, the default): switched in where hearth's fused attention
+                            backward serves the module (kernels.attention.fused_backward_serves: Hopper,
+                            bf16/fp16, head_dim 64 or 128), where the H200 measured it at or above SDPA's
+                            flash / cuDNN backends in the LoRA step; left on SDPA elsewhere, silently (the
+                            Triton backward that serves other GPUs and head dims is slower than SDPA's).
+                            attention=True switches it in wherever hearth's kernels run, False never. Switched
+                            in, the module's config takes the "hearth" attention
                             implementation, registered with transformers' AttentionInterface: causal/full
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
-                            mask, sliding window, dropout, softcap) to transformers' own SDPA function. Off by
-                            default: SDPA's flash / cuDNN backends are the peers it has to beat (hearth bench).
+                            mask, sliding window, dropout, softcap) to transformers' own SDPA function.
                             Packed rows (several sequences in one row, hearth.train.batches.collate(pack=True)):
                             a call with transformers' varlen kwargs (cu_seq_lens_q/k, max_length_q/k) and no
                             mask goes to hearth.kernels.attention_varlen on [B*T, H, D] views (no copy at B=1);
@@ -540,6 +545,13 @@ def _register_attention() -> None:
 
 
 def _attention(module: nn.Module, state: dict) -> None:
+    if state["attention"] is None:  # by device: only where the fused backward serves (not reported otherwise)
+        from hearth.kernels.attention import fused_backward_serves
+
+        p, head_dim = _compute_like(module), getattr(module, "head_dim", None)
+        if (p is None or p.device.type == "meta" or not isinstance(head_dim, int)
+                or not fused_backward_serves(p.device, p.dtype, head_dim)):
+            raise Leave(_BY_DEVICE)
     config = getattr(module, "config", None)
     current = getattr(config, "_attn_implementation", None)
     if current == HEARTH_ATTENTION:
@@ -574,6 +586,10 @@ def _attention(module: nn.Module, state: dict) -> None:
         raise Leave(state["attention_checked"]["attention"])
     config._attn_implementation = HEARTH_ATTENTION
     return None
+
+
+# the reason attention=None leaves a module on SDPA; such a leave is not reported (it is the default's choice)
+_BY_DEVICE = "attention=None keeps SDPA off Hopper / bf16-fp16 / head_dim 64-128"
 
 
 def _kernels_can_run_on(t: torch.Tensor | None) -> str | None:
@@ -771,7 +787,7 @@ _LOOKS_LIKE = {"norm": re.compile(r"Norm"), "mlp": re.compile(r"MLP|FeedForward"
 
 
 def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool = True, loss: bool = True,
-          lora: bool = True, attention: bool = False, lora_compute: str = "adapter") -> PatchReport:
+          lora: bool = True, attention: bool | None = None, lora_compute: str = "adapter") -> PatchReport:
     """Patch `model` (a transformers causal LM, optionally wrapped by peft) in place; returns the report.
 
     Call it before or after peft's get_peft_model; the replacements keep the same parameters and child
@@ -781,7 +797,10 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
     lora_compute: "adapter" (default) runs the fused LoRA nodes' low-rank math in the adapter weights' dtype
     (fp32 under peft's defaults: peft's own numbers); "base" runs it in the base dtype on the tensor cores
     (fp32 accumulation; faster, its LoRA products and gradients rounded to bf16 once each).
-    Raises TypeError when model is not an nn.Module, ValueError for an unknown lora_compute.
+    attention: None (default) switches hearth's attention in where its fused backward serves the module's device,
+    dtype and head_dim (see the module docstring), True wherever hearth's kernels run, False never.
+    Raises TypeError when model is not an nn.Module or attention is not a bool or None, ValueError for an unknown
+    lora_compute.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -789,9 +808,11 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
 
     if lora_compute not in LORA_COMPUTE:
         raise ValueError(f"lora_compute must be one of {', '.join(map(repr, LORA_COMPUTE))}, got {lora_compute!r}")
-    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention}
+    if attention is not None and not isinstance(attention, bool):
+        raise TypeError(f"attention must be True, False or None (by device), got {attention!r}")
+    enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention is not False}
     report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {},
-                                    "lora_compute": lora_compute}
+                                    "lora_compute": lora_compute, "attention": attention}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
     for name, module in named.items():
@@ -806,16 +827,16 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
             if kind is not None and not cls.startswith("Peft") and cls not in ("LoraModel",):
                 report.leave(kind, cls, "no hearth rule for this class")
             continue
-        for rule in rules:  # e.g. an attention class: its rope, and (opt-in) its attention function
+        for rule in rules:  # e.g. an attention class: its rope, and (by device) its attention function
             if not enabled[rule.kind]:
-                if rule.kind != "attention":  # attention is opt-in: not asking for it is not news
+                if rule.kind != "attention":  # attention=False: not asking for it is not news
                     report.leave(rule.kind, cls, "disabled by the caller")
                 continue
             state.pop("label", None)
             try:
                 new = rule.build(module, state)
             except Leave as why:
-                if not (rule.kind == "loss" and hasattr(module, "get_base_model")):
+                if not (rule.kind == "loss" and hasattr(module, "get_base_model")) and str(why) != _BY_DEVICE:
                     report.leave(rule.kind, cls, str(why))
                 continue
             report.add(rule.kind, cls + state.pop("label", ""))  # e.g. "Linear4bit [4-bit base]"

@@ -782,6 +782,8 @@ def test_fused_backward_grid_order_rule():
     assert ag.fb_pair_group(True, 5, 32, env=force("1")) == 1
     assert ag.fb_pair_group(False, 1, 32, env=force("0")) == 32 == ag.fb_pair_group(False, 1, 32, env=force("99"))
     assert ag.fb_pair_group(True, 5, 32, env=force(" ")) == 32  # blank: the rule
+    assert ag.fb_pair_group(False, 1, 512, env=force("200")) == 128  # no cap at 64 groups
+    assert ag.fb_pair_group(False, 1, 96, env=force("90")) == 32  # 96 = 32 x 3
     for bad in ("many", "-1", "2.5"):
         with pytest.raises(ValueError, match="HEARTH_ATTN_FB_PAIR_GROUP"):
             ag.fb_pair_group(True, 5, 32, env=force(bad))

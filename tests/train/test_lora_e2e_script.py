@@ -68,7 +68,7 @@ def test_profile_lora_step_smoke_writes_a_row_per_setup_with_categories(tmp_path
 
 
 def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(tmp_path):
-    """The opt-in hearth_fast_attn setup is hearth_fast (LoRA products on the base path) with hearth's attention
+    """The hearth_fast_attn setup is hearth_fast (LoRA products on the base path) with hearth's attention
     in place of SDPA: the row's patch report says attention was replaced, hearth_fast's says it was not."""
     out = tmp_path / "rows.jsonl"
     proc = _run("--seqs", "16", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",

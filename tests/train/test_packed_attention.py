@@ -1,4 +1,4 @@
-"""`hearth train --pack --attention`: packing and hearth's opt-in attention together. Each packed micro-batch
+"""`hearth train --pack --attention`: packing and hearth's attention (forced on) together. Each packed micro-batch
 reaches hearth.kernels.attention_varlen with the collator's offsets (counted), and the step's loss and LoRA
 gradient norm equal plain transformers' (SDPA with the block-diagonal mask). Tiny random Qwen3, fp32, CPU under
 TRITON_INTERPRET=1, short examples (the interpreter is slow)."""

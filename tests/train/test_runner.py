@@ -52,6 +52,7 @@ def test_toml_with_flags_over_it_and_the_resolved_config_beside_the_adapter(tmp_
     ('rank = 0\n', "rank must be a positive int"),
     ('lr_schedule = "step"\n', "lr_schedule must be one of"),
     ('lora_compute = "fp8"\n', "lora_compute must be one of"),
+    ('attention = "auto"\n', "attention must be true, false or left out"),
     ('corpus = [\n', "is not TOML"),
 ])
 def test_bad_config_files_exit_2_naming_the_key(tmp_path, corpus, base, text, needle):

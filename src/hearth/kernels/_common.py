@@ -136,23 +136,59 @@ def empty_heads_like(ref: torch.Tensor, shape, dtype: torch.dtype | None = None)
     return torch.empty((B, H, T, D), dtype=dtype, device=ref.device)
 
 
+def tma_addressable(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can describe each tensor from its own shape and strides: a contiguous last dim, a 16-byte
+    aligned base and 16-byte aligned, non-zero outer strides (a dO expanded from a sum() has zero strides)."""
+    for t in tensors:
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        es = t.element_size()
+        if any(s <= 0 or (s * es) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def tma_scratch(size: int, alignment: int, stream):
+    """The allocator of kernels that build their TMA descriptors on the device (triton.set_allocator): `size`
+    bytes of global scratch on the current device (the caching allocator's blocks are more aligned than asked).
+    Triton keeps the allocator per thread (a ContextVar) and autograd runs a backward on its own thread, so a
+    launcher sets it before every such launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (0 for n <= 0, like triton.next_power_of_2), in plain int math:
     triton.next_power_of_2 costs ~6 us a call on the host (its constexpr_function wrapper)."""
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+def device_index(device: torch.device) -> int:
+    """A CUDA device's index; the current device's for a bare "cuda"."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# Both cached per device index: a properties query costs microseconds and these sit on launch paths.
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
-    # cached per device: get_device_properties costs microseconds and sits on launch paths
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors on `device` (a small constant under the interpreter); cached per device."""
     if device.type == "cuda":
-        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        return _sm_count(device_index(device))
     return 4
+
+
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """The (major, minor) compute capability of a CUDA device, None for any other; cached per device. The one
+    query the kernels' Hopper-only paths ask."""
+    return _capability(device_index(device)) if device.type == "cuda" else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -61,7 +61,6 @@ and the padded output columns are dropped), at the padded size's cost in time an
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import os
@@ -72,6 +71,7 @@ import triton.language as tl
 
 from hearth.kernels._common import (
     autograd_op,
+    capability,
     cdiv,
     check_same_device,
     check_same_dtype,
@@ -79,6 +79,8 @@ from hearth.kernels._common import (
     empty_heads_like,
     interpret_mode,
     on_device,
+    tma_addressable,
+    tma_scratch,
 )
 
 LOG2E = 1.4426950408889634
@@ -847,27 +849,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """TMA descriptors need a contiguous last dim and 16-byte aligned, non-zero outer strides
-    (a dO expanded from a sum() has zero strides: the pointer path takes it)."""
-    for t in tensors:
-        if t.device.type != "cuda" or t.stride(-1) != 1:
-            return False
-        es = t.element_size()
-        if t.data_ptr() % 16 or any(s <= 0 or (s * es) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
-
-
-def _tma_scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def _ensure_allocator() -> None:
     # Device-side tensor descriptors live in a global scratch buffer Triton asks us for. Triton keeps
     # the allocator in a ContextVar, i.e. per thread: the backward runs on autograd's own thread, so
     # it is set before every TMA launch (one ContextVar.set), not once per process.
-    triton.set_allocator(_tma_scratch)
+    triton.set_allocator(tma_scratch)
 
 
 _on_device = on_device  # attention_varlen reaches it through this module
@@ -927,16 +913,8 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """The (major, minor) compute capability forward_kernel / backward_kernel take: a CUDA device's, None off
-    CUDA and under the interpreter (where no Gluon kernel runs). Cached per device index (a properties query a
-    call otherwise, twice per forward + backward)."""
-    if device.type != "cuda" or interpret_mode():
-        return None
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    CUDA and under the interpreter (where no Gluon kernel runs); cached (_common.capability)."""
+    return None if interpret_mode() else capability(device)
 
 
 def _gluon_serving(choice: str, *tensors: torch.Tensor):
@@ -976,6 +954,14 @@ def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head
     from hearth.kernels import attention_gluon  # imports Gluon: only when asked for
 
     return "gluon" if attention_gluon.supported(capability, dtype, head_dim) else "triton"
+
+
+def fused_backward_serves(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether attention on (device, dtype, head_dim) runs the fused Gluon backward (backward_kernel's "fused"
+    pick: Hopper, bf16/fp16, head_dim 64 or 128, not deterministic mode): where hearth's attention measured at or
+    above SDPA in the LoRA step on the H200, and so where hearth.patch.apply switches it in by default. Elsewhere
+    the Triton backward runs, slower than SDPA's cuDNN / flash kernels."""
+    return backward_kernel(device_capability(device), dtype, head_dim, True, part="fused") == "gluon"
 
 
 def offline_source(fn, consts: dict, dtype: str = "bf16"):
@@ -1048,7 +1034,7 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
     Hk, Tk = k.shape[1], k.shape[2]
     out = empty_heads_like(q, (B, Hq, Tq, D))
     lse = torch.empty((B, Hq, Tq), dtype=torch.float32, device=q.device) if store_lse else None
-    use_tma = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
+    use_tma = bool(USE_TMA and not interpret_mode() and q.is_cuda and tma_addressable(k, v))
     if use_tma:
         _ensure_allocator()
     args = (
@@ -1083,8 +1069,8 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
             return dq, dk, dv
         # the Triton kernels' TMA loads: checked only here, off the fused path's host time
         prec = _dot_precision(q.dtype)
-        use_tma_dkdv = bool(USE_TMA and not interpret_mode() and _tma_ok(q, do))
-        use_tma_dq = bool(USE_TMA and not interpret_mode() and _tma_ok(k, v))
+        use_tma_dkdv = bool(USE_TMA and not interpret_mode() and q.is_cuda and tma_addressable(q, do))
+        use_tma_dq = bool(USE_TMA and not interpret_mode() and q.is_cuda and tma_addressable(k, v))
         if use_tma_dkdv or use_tma_dq:
             _ensure_allocator()
         fused = bool(FUSED_DQ)

@@ -93,7 +93,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton._C.libtriton import ir as _ir
 from triton.experimental.gluon.language._core import builtin as _builtin
 
-from hearth.kernels._common import cdiv, empty_heads_like, num_sms, on_device
+from hearth.kernels._common import (  # noqa: F401 (tma_addressable: this module's serving check, as attention calls it)
+    cdiv, empty_heads_like, num_sms, on_device, tma_addressable, tma_scratch,
+)
 
 LOG2E = 1.4426950408889634
 LN2 = ttgl.constexpr(0.6931471805599453)
@@ -1521,30 +1523,15 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: 
     return capability is not None and capability[0] == 9 and dtype in DTYPES and head_dim in HEAD_DIMS
 
 
-def tma_addressable(*tensors: torch.Tensor) -> bool:
-    """TMA needs a contiguous last dim, a 16-byte aligned base and 16-byte aligned outer strides."""
-    for t in tensors:
-        if t.stride(-1) != 1 or t.data_ptr() % 16:
-            return False
-        es = t.element_size()
-        if any(s <= 0 or (s * es) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
-
-
-def _scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 _GL_DTYPES = {torch.bfloat16: ttgl.bfloat16, torch.float16: ttgl.float16}
 
 
 @functools.lru_cache(maxsize=None)
-def _box_layout(rows: int, head_dim: int, dtype) -> ttgl.NVMMASharedLayout:
-    """The shared layout of a [1, 1, rows, head_dim] TMA box: the 2-D tile's swizzle with two unit dims. Cached:
+def _layout(box: tuple[int, ...], dtype) -> ttgl.NVMMASharedLayout:
+    """The shared layout of one TMA box of `dtype` (the 2-D tile's swizzle; unit leading dims add nothing). Cached:
     get_default_for is a constexpr_function building a validated dataclass, tens of microseconds of host time on
     the H200's host, and every launch needs four or five of these."""
-    return ttgl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], dtype)
+    return ttgl.NVMMASharedLayout.get_default_for(list(box), dtype)
 
 
 def _desc(base: torch.Tensor, block_shape: list[int], layout) -> TensorDescriptor:
@@ -1563,7 +1550,7 @@ def _host_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A host-built TMA descriptor over t [B, H, T, D] (t's own strides) that loads / stores one
     [1, 1, rows, D] box: out-of-range rows of a ragged tile are zero-filled / clipped within the head."""
     D = t.shape[-1]
-    return _desc(t, [1, 1, rows, D], _box_layout(rows, D, _GL_DTYPES[t.dtype]))
+    return _desc(t, [1, 1, rows, D], _layout((1, 1, rows, D), _GL_DTYPES[t.dtype]))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -1607,7 +1594,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     block_m, block_n, warps, stages = CONFIGS[D]
     grid = (cdiv(Tq, block_m), B * Hq)
     # this kernel builds its TMA descriptors on the device, in a global scratch buffer (the allocator is per thread)
-    triton.set_allocator(_scratch)
+    triton.set_allocator(tma_scratch)
     with on_device(q.device):
         _attn_fwd_gluon_kernel[grid](
             q, k, v, out, lse, *strides, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
@@ -1734,7 +1721,7 @@ def fb_pair_group(causal: bool, group: int, pairs: int, env=None) -> int:
     if n == 0 or n >= pairs:
         return pairs
     # whole groups of a power of two (each size is its own build): the largest that divides pairs and is <= n
-    return max(g for g in (1, 2, 4, 8, 16, 32, 64) if g <= n and pairs % g == 0)
+    return 1 << min(n.bit_length(), (pairs & -pairs).bit_length()) - 1
 
 
 def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescriptor:
@@ -1742,13 +1729,7 @@ def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescript
     [1, rows, block_m], the dQ^T rows one consumer warpgroup adds a step for block_m queries (all D, or D / 2 with
     the dQ split: the kernel's DQ_ROWS)."""
     box = (1, acc.shape[1] // 2 if split else acc.shape[1], block_m)
-    return _desc(acc, list(box), _acc_layout(box))
-
-
-@functools.lru_cache(maxsize=None)
-def _acc_layout(box: tuple[int, int, int]) -> ttgl.NVMMASharedLayout:
-    """The shared layout of one fp32 dQ^T box of _dq_acc_desc (cached, as _box_layout)."""
-    return ttgl.NVMMASharedLayout.get_default_for(list(box), ttgl.float32)
+    return _desc(acc, list(box), _layout(box, ttgl.float32))
 
 
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,

@@ -46,7 +46,6 @@ or grad mode is off) `matmul` calls the launcher directly.
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 
@@ -56,7 +55,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hearth.kernels._common import (
-    autograd_op, backward_route, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode, num_sms,
+    autograd_op, backward_route, capability, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode,
+    num_sms, tma_scratch,
 )
 
 
@@ -320,10 +320,6 @@ def _tma_desc_mode() -> str:
     return mode
 
 
-def _alloc_scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def _tma_strides(t: torch.Tensor):
     """(transposed, leading stride) if TMA can describe `t` (2-D) from its shape and strides, else
     None. TMA needs a unit stride on one dimension, a 16-byte multiple leading stride and rows of at
@@ -400,17 +396,11 @@ def _aligned(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
     return not (a.data_ptr() | b.data_ptr() | c.data_ptr()) & 15
 
 
-@functools.lru_cache(maxsize=None)
-def _cc_major(index: int) -> int:
-    # cached: this sits on every launch's host path (small GEMMs are launch-bound)
-    return torch.cuda.get_device_capability(index)[0]
-
-
 def _use_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> _TmaPlan | None:
     """The TMA launch plan when the TMA kernel should run these operands, else None."""
     if _TMA_BROKEN is not None or a.device.type != "cuda" or interpret_mode():
         return None
-    if a.dtype not in (torch.bfloat16, torch.float16) or _cc_major(a.device.index if a.device.index is not None else torch.cuda.current_device()) < 9:
+    if a.dtype not in (torch.bfloat16, torch.float16) or capability(a.device)[0] < 9:
         return None  # fp32 (TF32) stays on the pointer kernel: wgmma reads 32-bit operands K-major only
     plan = _tma_plan(a, b, c)
     return plan if plan is not None and _aligned(a, b, c) else None
@@ -427,7 +417,7 @@ def _launch_tma(a, b, c, *, tuned: bool = True, plan: _TmaPlan | None = None):
     device_desc = _tma_desc_mode() == "device"
     if device_desc and a.device.type == "cuda":
         # A ContextVar: set it on every launch (autograd's backward runs on another thread).
-        triton.set_allocator(_alloc_scratch)
+        triton.set_allocator(tma_scratch)
     key = (device_desc, _precision(a.dtype), tuned)
     fixed = plan.fixed.get(key)
     if fixed is None:

@@ -50,7 +50,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from hearth.kernels._common import cdiv, next_power_of_2, on_device
+from hearth.kernels._common import capability, cdiv, next_power_of_2, on_device
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_CTAS = 16  # Triton's launcher sets the non-portable cluster size 16 (8 is the portable limit)
@@ -153,22 +153,13 @@ def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: in
             and MIN_COLS < n_cols <= MAX_COLS)
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def check_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
     """The argument checks of the cluster kernels' wrappers: `t` (called `name`) 2-D with unit column stride,
     and within `supported` (`what` names the kernel, `width` the row width, in the error)."""
     if t.dim() != 2 or t.stride(1) != 1:
         raise ValueError(f"{name} must be 2-D with unit column stride, got shape {tuple(t.shape)}, "
                          f"strides {tuple(t.stride())}")
-    cap = _capability(_index(t.device)) if t.is_cuda else None
+    cap = capability(t.device)
     if not supported(cap, t.dtype, t.shape[1]):
         raise ValueError(f"{name}: {what} serves Hopper, {', '.join(map(str, DTYPES))} and {MIN_COLS} < {width} "
                          f"<= {MAX_COLS} columns; got {t.dtype}, "
@@ -470,4 +461,4 @@ def serves(t: torch.Tensor, inputs: int = 1) -> bool:
     whose gfx9 parts also report major 9), and rows_fit."""
     return (ROUTE and t.is_cuda and torch.version.hip is None
             and rows_fit(t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr(), inputs)
-            and _capability(_index(t.device))[0] == 9)
+            and capability(t.device)[0] == 9)

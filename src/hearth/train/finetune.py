@@ -12,8 +12,9 @@ kernel on this device (unless --no-patch; after peft, so that the LoRA projectio
 (plan_checkpointing) -> AdamW on the LoRA parameters, lr warm-up then cosine / linear / constant, gradient
 clipping; each optimizer step is grad_accum micro-batches of at most batch_tokens tokens (padded, or packed
 with no attention across examples), weighted by trained tokens; examples reshuffled every epoch from the
-seed. --attention (opt-in, off by default) also patches hearth's attention in: padded micro-batches then run
-its flash kernel (SDPA where there is padding), packed ones (--pack) its varlen kernel on the row's offsets.
+seed. hearth's attention is patched in by device (where its fused backward serves: Hopper, bf16/fp16, head_dim 64
+or 128; --attention everywhere its kernels run, --no-attention never): padded micro-batches then run its flash
+kernel (SDPA where there is padding), packed ones (--pack) its varlen kernel on the row's offsets.
 
 OUT holds: the adapter (peft save_pretrained), run.toml, metrics.jsonl (one row per step: step, epoch,
 loss, eval_loss, lr, grad_norm, tokens, tok_per_s, peak_gib), metrics.json (summary), loss.png, and with
@@ -99,9 +100,10 @@ class FinetuneConfig:
     # tensor cores, fp32 accumulation and fp32 adapter gradients (the fast setting; matches peft's training by
     # the tolerance rule on the H200); "adapter" keeps them in the adapters' fp32, as peft computes them
     lora_compute: str = "base"
-    # opt-in: hearth's attention kernels (patch.apply(attention=True)); with pack, each packed row runs
+    # hearth's attention kernels (patch.apply(attention=...)): None by device (where the fused backward serves),
+    # True wherever the kernels run, False never (SDPA); with pack, each packed row runs
     # hearth.kernels.attention_varlen on the collator's offsets and no [T, T] mask is built
-    attention: bool = False
+    attention: bool | None = None
     random_init: bool = False
     qlora: bool = False
     parallel: str = "none"  # none, ddp or fsdp (under torchrun; hearth.train.distributed)
@@ -158,6 +160,8 @@ class FinetuneConfig:
             raise ValueError(f"grad_accum: {self.grad_accum} micro-batch(es) per step on {world} ranks leaves "
                              f"{world - self.grad_accum} rank(s) with no data in every step; set grad_accum to a "
                              f"multiple of {world} (e.g. {world})")
+        if self.attention is not None and not isinstance(self.attention, bool):
+            raise ValueError(f"attention must be true, false or left out (by device), got {self.attention!r}")
         if self.attention and not self.patch:
             raise ValueError("attention: hearth's attention is part of the patch; drop --no-patch (patch = false) "
                              "or --attention")
