@@ -192,7 +192,8 @@ def test_attention_by_device_default(monkeypatch):
     model = tiny_qwen3()
     report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False)
     assert report.replaced["attention"] == {"Qwen3Attention": 2} and model.config._attn_implementation == "hearth"
-    assert asked[0] == (DEVICE, torch.float32, 16)  # the module's own device, dtype and head_dim
+    device, dtype, head_dim = asked[0]  # the module's own device, dtype and head_dim
+    assert (device.type, dtype, head_dim) == (DEVICE.type, torch.float32, 16)
     assert patch.apply(tiny_qwen3(), attention=False).count("attention") == 0
     with pytest.raises(TypeError, match="attention must be True, False or None"):
         patch.apply(tiny_qwen3(), attention="auto")
