@@ -14,7 +14,8 @@ rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the har
 (eager PyTorch) for layer_norm and rms_norm; sdpa_cudnn or sdpa_flash for attention. --pyprof (attention): also a
 cProfile of hearth's forward and backward launchers, Python time by function, and the backward() call through
 autograd split by timestamps (hand-over to autograd's device thread, the Python backward there, the return) beside a
-no-op autograd.Function as the control, with a cProfile taken on the device thread. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
+no-op autograd.Function as the control, with a cProfile taken on the device thread, then the three back to back
+(launchers, through autograd, the control) alternated in rounds in one process. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
 Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
 --op sum_partials --shape G,N: instead, the norms' dweight / dbias reduction alone, both ways in one process (host
 time on that machine varies by up to 2.5x between processes): a torch sum of the [2, G, N] fp32 partials and a
@@ -155,7 +156,55 @@ def _pyprof(shape: list[int], iters: int) -> str:
     lines.append(f"cProfile of {iters} forward + backward launcher calls (times are totals over the calls):")
     lines.append(buf.getvalue())
     lines.extend(_autograd_split(at, q, k, v, dy, iters))
+    lines.extend(_interleaved(at, q, k, v, dy, iters))
     return "\n".join(lines)
+
+
+def _interleaved(at, q, k, v, dy, iters: int, rounds: int = 3) -> list[str]:
+    """The same fwd+bwd three ways, back to back (no sync between calls, as in a training loop), alternated in
+    rounds in one process (host speed drifts between processes and within one): the launchers called directly,
+    `attention(q, k, v).backward(dy)` through autograd, and a no-op autograd.Function (the control). Host
+    microseconds inside the calls and wall per call; through autograd minus the launchers is what the autograd path
+    adds when the GPU queue is not drained before each backward."""
+    import hearth.kernels as hk
+
+    scale = q.shape[-1] ** -0.5
+
+    def launchers():
+        out, lse = at._attention_forward(q, k, v, True, scale)
+        at._attention_backward(dy, q, k, v, out, lse, True, scale)
+
+    def autograd():
+        for t in (q, k, v):
+            t.grad = None
+        hk.attention(q, k, v, causal=True).backward(dy)
+
+    class Noop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            ctx.save_for_backward(a, b, c)
+            return torch.empty_like(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b, c = ctx.saved_tensors
+            return torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
+
+    def control():
+        for t in (q, k, v):
+            t.grad = None
+        Noop.apply(q, k, v).backward(dy)
+
+    lines = [f"interleaved back to back, {iters} fwd+bwd calls a round (host us inside the calls / wall us a call):"]
+    for r in range(rounds):
+        cells = []
+        for name, fn in (("launchers", launchers), ("through autograd", autograd), ("no-op control", control)):
+            for _ in range(3):
+                fn()
+            host, wall = _back_to_back(fn, iters)
+            cells.append(f"{name} {host * 1e6:.0f} / {wall * 1e6:.0f}")
+        lines.append(f"  round {r}: " + "; ".join(cells))
+    return lines
 
 
 def _autograd_split(at, q, k, v, dy, iters: int) -> list[str]:
