@@ -7,7 +7,8 @@
 # measurement); if a kernel leaves a sticky CUDA error, the ops it stopped run again, one process each.
 #
 #   run (device tool), from the repo root, carrying .whl (Liger: `pip download liger_kernel==0.8.5
-#   --no-deps -d .whl` on the workstation; quack-kernels + nvidia-cutlass-dsl too if wanted):
+#   --no-deps -d .whl` on the workstation; quack and FlashAttention-4 too if wanted: scripts/gpu/peer_wheels.sh, then
+#   carry .peers/peers-1.tar.xz in one call and .peers/peers-2.tar.xz in the next, on the same warm machine):
 #     OUT=out bash scripts/gpu/bench_models.sh                  # all ops, about 7 min (budget 360 s + start-up + reports)
 #     OUT=out bash scripts/gpu/bench_models.sh rms_norm swiglu  # a subset
 #   then on the workstation: hearth bench --report-only --out benchmarks/h200/models --merge <unpacked dirs>
@@ -26,6 +27,9 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
 fi
+# the CuTe-DSL peers (quack, FlashAttention-4) where a part of them was carried (scripts/gpu/peer_wheels.sh: two
+# calls back to back on one warm machine; the second finds the first's part already extracted in /tmp/site)
+if ls .peers/peers-*.tar.xz >/dev/null 2>&1; then . scripts/gpu/peers_env.sh; fi
 # nvidia-cutlass-dsl ships its Python packages under dsl_packages, normally put on the path by a
 # .pth file that `pip install --target` does not run
 for d in /tmp/site/nvidia_cutlass_dsl/*packages*; do [ -d "$d" ] && export PYTHONPATH="$PYTHONPATH:$d"; done
