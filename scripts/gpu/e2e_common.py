@@ -114,13 +114,36 @@ def peak_reader(device):
     return lambda: round(torch.cuda.max_memory_allocated(device) / GIB, 2)
 
 
+def packed_batch(ids, lengths: list[int]) -> dict:
+    """The model kwargs of one packed row (hearth.train.batches.collate(pack=True)'s form): ids [1, T] cut into
+    sequences of `lengths` (summing to T), position ids restarting at each, labels = ids with each sequence's first
+    token ignored, and transformers' varlen kwargs (cu_seq_lens_q / _k int32 on ids' device, max_length_q / _k)."""
+    import torch
+
+    from hearth.train.batches import IGNORE_INDEX
+
+    if sum(lengths) != ids.shape[1] or min(lengths) < 1:
+        raise ValueError(f"lengths must be positive and sum to {ids.shape[1]}, got {lengths}")
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    labels = ids.clone()
+    labels[0, bounds[:-1]] = IGNORE_INDEX
+    cu = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
+    pos = torch.cat([torch.arange(n, device=ids.device) for n in lengths])[None]
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+            "max_length_q": max(lengths), "max_length_k": max(lengths), "use_cache": False}
+
+
 def timed_steps(model, ids, optimizer, n: int, sync) -> tuple[list[float], list[float]]:
-    """n training steps on the batch `ids` (labels = ids): each one's seconds and loss."""
+    """n training steps on the batch `ids` (labels = ids), or on a dict of model kwargs (packed_batch): each one's
+    seconds and loss."""
+    batch = ids if isinstance(ids, dict) else {"input_ids": ids, "labels": ids}
     times, losses = [], []
     for _ in range(n):
         sync()
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

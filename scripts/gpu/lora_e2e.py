@@ -3,7 +3,7 @@
     python scripts/gpu/lora_e2e.py --out benchmarks/e2e/lora_e2e.jsonl [--seqs 4096,16384]
            [--setups hf,liger,hearth] [--layers 40] [--steps 3] [--plot PNG]
            [--checkpointing none|selective|full|auto|best] [--checkpointed N] [--memory-budget-gib B] [--budget-gib B]
-           [--time-budget-s S]
+           [--time-budget-s S] [--pack N]
     python scripts/gpu/lora_e2e.py --match-steps 20 --out DIR/match.jsonl [--setups hf,hearth,liger]
     python scripts/gpu/lora_e2e.py --smoke ...          # CPU, toy dims, TRITON_INTERPRET=1: checks the script
 
@@ -31,6 +31,12 @@ process-wide, and a child returns all of its GPU memory when it exits):
                Unsloth's own "unsloth" (offloaded) checkpointing, anything else none; the planner estimate uses
                HF's knobs. On the H200 image it needs carried wheels: scripts/gpu/unsloth_wheels.sh
 A setup whose package does not import is reported `unavailable` with the reason.
+
+--pack N: the seq tokens are one PACKED row of N sequences (lengths alternately 1/2 and 3/2 of seq / N, the bench's
+attention_varlen spread), as `hearth train --pack` builds it: position ids restarting at each sequence and
+transformers' varlen kwargs. Without hearth's attention, transformers reads the packing from the position ids and
+SDPA attends through a [seq, seq] block-diagonal mask; with it (the _attn setups), hearth's varlen kernel runs on the
+offsets and no mask is built. The planner's estimate does not count that mask. Rows carry `pack`.
 
 Activation checkpointing (non-reentrant; selective = the LAST N decoder layers):
   none / full; selective --checkpointed N; auto: hearth.train.finetune.plan_checkpointing picks for
@@ -66,8 +72,8 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, peak_reader, qwen3_config,
-                        run_meta, step_fields, syncer, timed_steps)
+from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, packed_batch, peak_reader,
+                        qwen3_config, run_meta, step_fields, syncer, timed_steps)
 
 SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "hearth_fast_attn", "unsloth")
 DEFAULT_SETUPS = ("hf", "liger", "hearth")
@@ -169,10 +175,13 @@ def _lora_state(model) -> dict:
 
 def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, budget_gib: float | None,
             checkpointed: int | None = None, smoke: bool = False, dtype_name: str | None = None,
-            match_file: str | None = None) -> dict:
+            match_file: str | None = None, pack: int = 0) -> dict:
     """Build, patch, LoRA-wrap and time one setup at one sequence length; returns the row.
-    match_file: train `steps` steps on the fixed batch and save losses + LoRA weights there (no warm-up)."""
+    match_file: train `steps` steps on the fixed batch and save losses + LoRA weights there (no warm-up).
+    pack: N > 0 makes the row N packed sequences (--pack)."""
     row: dict = {"setup": setup, "seq": seq, "layers": layers}
+    if pack:
+        row["pack"] = pack
     dtype_name = dtype_name or ("float32" if smoke else "bfloat16")
     hint = layers if checkpointing == "full" else 0
     start = time.perf_counter()
@@ -219,6 +228,10 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
     optimizer = torch.optim.AdamW(trainable, lr=MATCH_LR if match_file else 1e-4, weight_decay=0.0)
     gen = torch.Generator(device=device).manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (1, seq), device=device, generator=gen)
+    if pack:
+        from hearth.bench.cases import varlen_lengths
+
+        ids = packed_batch(ids, varlen_lengths(pack, seq))
     sync()
     row["build_s"] = round(time.perf_counter() - start, 2)
     row["weights_gib"] = round(weights_bytes / GIB, 2)
@@ -246,7 +259,8 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
 def child_main(args) -> int:
     return _child_main(ROW_MARK, lambda: run_one(
         args.setup, args.seq, args.layers, args.steps, args.checkpointing, args.memory_budget_gib,
-        checkpointed=args.checkpointed, smoke=args.smoke, dtype_name=args.dtype, match_file=args.match_file), args)
+        checkpointed=args.checkpointed, smoke=args.smoke, dtype_name=args.dtype, match_file=args.match_file,
+        pack=args.pack), args)
 
 
 # ------------------------------------------------------------------------------------------- parent
@@ -276,7 +290,7 @@ class Runner:
     def child(self, setup: str, seq: int, mode: str, *, checkpointed=None, budget=None, dtype=None, match_file=None,
               steps=None) -> dict:
         args = self.args
-        base = {"setup": setup, "seq": seq, "layers": args.layers}
+        base = {"setup": setup, "seq": seq, "layers": args.layers, **({"pack": args.pack} if args.pack else {})}
         left = self.left_s()
         if left is not None and left < args.min_child_s:
             return {**base, "status": "skipped", "error": f"time budget: {max(left, 0):.0f} s left of {args.time_budget_s} s"}
@@ -292,6 +306,8 @@ class Runner:
             cmd += ["--dtype", dtype]
         if match_file:
             cmd += ["--match-file", str(match_file)]
+        if args.pack:
+            cmd += ["--pack", str(args.pack)]
         timeout = args.child_timeout_s if left is None else max(1, min(args.child_timeout_s, int(left)))
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -433,7 +449,7 @@ def parent_main(args) -> int:
 
     sweep_rows(args, runner, seqs, setups, on_row)
 
-    title = f"LoRA step, Qwen3-14B shape ({args.layers} layers), {meta['gpu']}"
+    title = f"LoRA step, Qwen3-14B shape ({args.layers} layers), {meta['gpu']}" + (f", {args.pack} packed sequences" if args.pack else "")
     if args.checkpointing == "best":
         title += f", best setting within {args.budget_gib} GiB"
     table = Table(title=title)
@@ -500,6 +516,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child-timeout-s", type=int, default=240)
     parser.add_argument("--plot", default=None, help="also write a PNG of tok/s and peak memory")
     parser.add_argument("--smoke", action="store_true", help="toy dims on the CPU (TRITON_INTERPRET=1): checks the script")
+    parser.add_argument("--pack", type=int, default=0, help="N: the row is N packed sequences (see above)")
     # internal: one (setup, seq) in this process
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--setup", choices=SETUPS, help=argparse.SUPPRESS)
@@ -519,6 +536,8 @@ def main(argv=None) -> int:
         parser.error(f"--checkpointing selective needs --checkpointed N with 0 <= N <= --layers ({args.layers})")
     if args.layers < 1 or args.steps < 1 or args.match_steps < 0:
         parser.error("--layers and --steps must be >= 1, --match-steps >= 0")
+    if args.pack < 0 or (args.pack and args.match_steps):
+        parser.error(f"--pack must be >= 0 and is not used with --match-steps, got {args.pack}")
     if args.memory_budget_gib is not None and not args.memory_budget_gib > 0:
         parser.error(f"--memory-budget-gib must be > 0, got {args.memory_budget_gib}")
     return child_main(args) if args.child else parent_main(args)

@@ -79,3 +79,27 @@ def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(tmp_pat
     assert rows["hearth_fast_attn"]["patch"]["replaced"]["attention"] == {"Qwen3Attention": 1}
     assert rows["hearth_fast"]["patch"]["replaced"]["attention"] == {}
     assert rows["hearth_fast_attn"]["lora_compute"] == rows["hearth_fast"]["lora_compute"] == "base"
+
+
+def test_pack_trains_one_packed_row_and_hearths_varlen_matches_sdpas_mask(tmp_path):
+    """--pack N: the row is N packed sequences. SDPA (hearth_fast: transformers' block-diagonal mask from the
+    position ids) and hearth's attention (hearth_fast_attn: the varlen kernel on the offsets) give the same first
+    loss on the same weights and batch, and it differs from the unpacked row's (attention across the sequences)."""
+    out = tmp_path / "rows.jsonl"
+    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",
+                "--pack", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", "hearth_fast", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["setup"], r.get("pack"), r["status"]) for r in rows] == [
+        ("hearth_fast", 3, "ok"), ("hearth_fast_attn", 3, "ok"), ("hearth_fast", None, "ok")], rows
+    sdpa, varlen, unpacked = (r["loss"][0] for r in rows)
+    assert abs(sdpa - varlen) <= 1e-4 * abs(sdpa), (sdpa, varlen)
+    assert abs(sdpa - unpacked) > 1e-3 * abs(sdpa), (sdpa, unpacked)
+    assert rows[1]["patch"]["replaced"]["attention"] == {"Qwen3Attention": 1}
+
+
+def test_pack_is_refused_with_match_steps():
+    proc = _run("--pack", "2", "--match-steps", "2", "--out", "unused.jsonl")
+    assert proc.returncode == 2 and "--pack" in proc.stderr
