@@ -115,24 +115,18 @@ def peak_reader(device):
 
 
 def packed_batch(ids, lengths: list[int]) -> dict:
-    """The model kwargs of one packed row (hearth.train.batches.collate(pack=True)'s form): ids [1, T] cut into
-    sequences of `lengths` (summing to T), position ids restarting at each, labels = ids with each sequence's first
-    token ignored, and transformers' varlen kwargs (cu_seq_lens_q / _k int32 on ids' device, max_length_q / _k)."""
-    import torch
-
-    from hearth.train.batches import IGNORE_INDEX
+    """The model kwargs of one packed row, built by `hearth train --pack`'s own collator
+    (hearth.train.batches.collate(pack=True)): ids [1, T] cut into sequences of `lengths` (summing to T), each one
+    an example whose labels are its ids; position ids restart at each, and the varlen kwargs come with it."""
+    from hearth.train.batches import Example, collate
 
     if sum(lengths) != ids.shape[1] or min(lengths) < 1:
         raise ValueError(f"lengths must be positive and sum to {ids.shape[1]}, got {lengths}")
-    bounds = [0]
+    row, examples = ids[0].tolist(), []
     for n in lengths:
-        bounds.append(bounds[-1] + n)
-    labels = ids.clone()
-    labels[0, bounds[:-1]] = IGNORE_INDEX
-    cu = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
-    pos = torch.cat([torch.arange(n, device=ids.device) for n in lengths])[None]
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
-            "max_length_q": max(lengths), "max_length_k": max(lengths), "use_cache": False}
+        examples.append(Example(ids=row[:n], labels=row[:n], line=len(examples) + 1))
+        row = row[n:]
+    return collate(examples, pack=True, device=ids.device)
 
 
 def timed_steps(model, ids, optimizer, n: int, sync) -> tuple[list[float], list[float]]:

@@ -156,23 +156,18 @@ def _pyprof(shape: list[int], iters: int) -> str:
     lines.append(f"cProfile of {iters} forward + backward launcher calls (times are totals over the calls):")
     lines.append(buf.getvalue())
     lines.extend(_autograd_split(at, q, k, v, dy, iters))
-    lines.extend(_interleaved(at, q, k, v, dy, iters))
+    lines.extend(_interleaved(both, q, k, v, dy, iters))
     return "\n".join(lines)
 
 
-def _interleaved(at, q, k, v, dy, iters: int, rounds: int = 3) -> list[str]:
+def _interleaved(launchers, q, k, v, dy, iters: int, rounds: int = 3) -> list[str]:
     """The same fwd+bwd three ways, back to back (no sync between calls, as in a training loop), alternated in
-    rounds in one process (host speed drifts between processes and within one): the launchers called directly,
+    rounds in one process (host speed drifts between processes and within one): the launchers called directly
+    (`launchers`, _pyprof's call of both),
     `attention(q, k, v).backward(dy)` through autograd, and a no-op autograd.Function (the control). Host
     microseconds inside the calls and wall per call; through autograd minus the launchers is what the autograd path
     adds when the GPU queue is not drained before each backward."""
     import hearth.kernels as hk
-
-    scale = q.shape[-1] ** -0.5
-
-    def launchers():
-        out, lse = at._attention_forward(q, k, v, True, scale)
-        at._attention_backward(dy, q, k, v, out, lse, True, scale)
 
     def autograd():
         for t in (q, k, v):
