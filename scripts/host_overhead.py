@@ -148,6 +148,13 @@ def _install(timers, torch, modules, cuda: bool):
 
         def stub(self, *a, **k):  # the kernel is not run: its outputs stay uninitialised
             launches[0] += 1
+            if self.fn.__name__ == "_target_stats_kernel":
+                # except cross_entropy's target check, whose count the host reads and acts on: its two 0-d
+                # outputs are set to "no bad target, 1 / n" (the kernel's answer for these valid targets)
+                # without running the interpreter, so that the launch still costs nothing here
+                gate, inv_n, n = a[1], a[2], a[3]
+                gate.fill_(0)
+                inv_n.fill_(1.0 / max(1, n))
 
         InterpretedFunction.run = timers.wrap(stub, "launch")
     del triton

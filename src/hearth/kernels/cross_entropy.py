@@ -84,6 +84,8 @@ SCALE_PROGRAMS_PER_SM = 8
 # kernel on the device, and the host waits for it after the launch, _queue_check). False skips it: the kernel stays
 # memory-safe (masked loads) and an out-of-range target then yields a nan loss instead of an error.
 CHECK_TARGETS = True
+# _target_stats: the one program's tile of targets per loop step (16384 targets: 4 steps)
+TARGET_STATS_BLOCK = 4096
 # Row kernel on the CPU interpreter: programs per SM of the persistent grid (0 = one program per row).
 # Kept persistent there so the tests walk several rows per program.
 CE_PROGRAMS_PER_SM = 2
@@ -262,6 +264,25 @@ def _scale_rows_kernel(
                 tl.store(ptrs, (g * scale).to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
+@triton.jit
+def _target_stats_kernel(target_ptr, gate_ptr, inv_n_ptr, n, n_cols, ignore_index, BLOCK: tl.constexpr):
+    """One program over the whole target vector: *gate_ptr (int32) = the number of targets that are neither
+    ignore_index nor in [0, n_cols); *inv_n_ptr (fp32) = 1 / max(1, the number of targets != ignore_index),
+    correctly rounded (the count is exact below 2^24, as an fp32 sum of the mask was)."""
+    offs = tl.arange(0, BLOCK)
+    n_bad = tl.zeros([BLOCK], dtype=tl.int32)
+    n_valid = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in tl.range(0, n, BLOCK):
+        idx = start + offs
+        t = tl.load(target_ptr + idx, mask=idx < n, other=ignore_index)
+        valid = t != ignore_index
+        n_valid += valid.to(tl.int32)
+        n_bad += (valid & ((t < 0) | (t >= n_cols))).to(tl.int32)
+    tl.store(gate_ptr, tl.sum(n_bad, axis=0))
+    count = tl.maximum(tl.sum(n_valid, axis=0), 1).to(tl.float32)
+    tl.store(inv_n_ptr, tl.math.div_rn(tl.full((), 1.0, tl.float32), count))
+
+
 # ---------------------------------------------------------------------------------------- launchers
 def _grid_rows(n_rows: int, device: torch.device, programs_per_sm: float | None = None) -> int:
     """Programs for the persistent row kernel: programs_per_sm (default CE_PROGRAMS_PER_SM) per SM
@@ -374,80 +395,79 @@ def _scale_grad_(grad: torch.Tensor, scale: torch.Tensor) -> None:
         )
 
 
-def _target_flags(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Device side of the target check (no sync): (valid, bad) = (target != ignore_index, a valid target outside
-    [0, V)). cross_entropy turns `bad` into the row kernel's gate (_queue_check) and waits for it after the
-    launch; linear_cross_entropy waits at once (_check_targets), before its first GEMM."""
-    valid = target != ignore_index
-    return valid, (target.clamp(0, n_cols - 1) != target) & valid  # outside [0, V): the clamp moved it
+def _target_stats(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Device side of the target check and of the mean's count, in ONE launch and no sync: (gate, inv_n) =
+    (int32 [] the number of targets that are not ignore_index and lie outside [0, V); fp32 [] 1 / max(1, the
+    number of targets != ignore_index): all ignored gives a loss sum 0 -> 0, not nan). cross_entropy hands
+    the gate to the row kernel and waits for it after the launch (_queue_check); linear_cross_entropy waits at
+    once (_check_targets), before its first GEMM. The torch form this replaces took eight small launches
+    (the mask, a clamp, a compare, an and, two sums, a clamp and a reciprocal); on the H200 each costs the
+    host about as much as this one Triton launch. target: contiguous int64 [N]."""
+    gate = torch.empty((), dtype=torch.int32, device=target.device)
+    inv_n = torch.empty((), dtype=torch.float32, device=target.device)
+    block = min(TARGET_STATS_BLOCK, max(16, next_power_of_2(target.shape[0])))
+    with on_device(target.device):
+        _target_stats_kernel[(1,)](target, gate, inv_n, target.shape[0], n_cols, ignore_index, BLOCK=block,
+                                   num_warps=8 if block >= 2048 else 4)
+    return gate, inv_n
 
 
-def _raise_bad(target: torch.Tensor, bad: torch.Tensor, n_cols: int, ignore_index: int, any_bad: bool | None = None) -> None:
-    """Host side of the target check: ONE device->host sync (none when any_bad, the outcome, is given); a
-    ValueError naming the first bad target."""
-    if bool(bad.any()) if any_bad is None else any_bad:
-        first = int(target[bad][0])
-        raise ValueError(f"target values must be in [0, {n_cols}) or equal ignore_index={ignore_index}, found {first}")
+def _raise_bad(target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
+    """The error path of the target check (only after the gate said a target is bad): a ValueError naming the
+    first non-ignored target outside [0, V), found again with torch on the target's device."""
+    bad = ((target < 0) | (target >= n_cols)) & (target != ignore_index)
+    first = int(target[bad][0])
+    raise ValueError(f"target values must be in [0, {n_cols}) or equal ignore_index={ignore_index}, found {first}")
 
 
-def _queue_check(bad: torch.Tensor):
+def _queue_check(gate: torch.Tensor):
     """The target check as a gate on the kernel, so that the GPU is not left idle while the host waits for the
-    check and then prepares the launch. Returns (gate, pending): gate = the number of bad targets (int32 [] on
-    the device), which the row kernels read before they write anything (non-zero: no gradient is written, the
-    logits stay as they were); pending = on CUDA, that count's copy into pinned host memory and an event
-    recorded after it. Both are queued BEFORE the kernel: _finish_check then waits for the check only, while
-    the kernel is already queued behind it (None elsewhere: the interpreter runs in order)."""
-    gate = bad.sum(dtype=torch.int32)
+    check and then prepares the launch. gate: _target_stats' count of bad targets (int32 [] on the device),
+    which the row kernels read before they write anything (non-zero: no gradient is written, the logits stay as
+    they were). Returns `pending`: on CUDA, the count's copy into pinned host memory and an event recorded after
+    it, both queued BEFORE the kernel, so that _finish_check waits for the check only while the kernel is
+    already queued behind it (None elsewhere: the interpreter runs in order)."""
     if gate.device.type != "cuda":
-        return gate, None
+        return None
     host = torch.empty((), dtype=torch.int32, pin_memory=True)
     host.copy_(gate, non_blocking=True)
     done = torch.cuda.Event()
     done.record(torch.cuda.current_stream(gate.device))
-    return gate, (host, done)
+    return host, done
 
 
-def _finish_check(target: torch.Tensor, bad: torch.Tensor, gate: torch.Tensor, pending, n_cols: int,
-                  ignore_index: int) -> None:
-    """Host side of _queue_check, after the kernel's launch: waits for the count (not for the kernel), then
-    raises as _raise_bad does. The gated kernel wrote nothing, so a bad target loses no data."""
+def _finish_check(target: torch.Tensor, gate: torch.Tensor, pending, n_cols: int, ignore_index: int) -> None:
+    """Host side of _queue_check, after the kernel's launch: waits for the count (not for the kernel), and
+    raises when it is not 0. The gated kernel wrote nothing, so a bad target loses no data."""
     if pending is None:
         n_bad = int(gate)
     else:
         host, done = pending
         done.synchronize()
         n_bad = int(host)
-    _raise_bad(target, bad, n_cols, ignore_index, any_bad=n_bad != 0)
+    if n_bad:
+        _raise_bad(target, n_cols, ignore_index)
 
 
 def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> torch.Tensor:
-    """Host check (ONE device->host sync): every non-ignored target lies in [0, V). Returns the mask
-    target != ignore_index, which _inv_n reuses: 5 small launches + the sync (8 with the 1/n before)."""
-    valid, bad = _target_flags(target, n_cols, ignore_index)
-    _raise_bad(target, bad, n_cols, ignore_index)
-    return valid
+    """Host check (ONE device->host sync): every non-ignored target lies in [0, V). Returns inv_n, fp32 [] on
+    the device (see _target_stats): one launch and the sync."""
+    gate, inv_n = _target_stats(target, n_cols, ignore_index)
+    if int(gate):
+        _raise_bad(target, n_cols, ignore_index)
+    return inv_n
 
 
-def _inv_n(valid: torch.Tensor) -> torch.Tensor:
-    """1 / max(1, n_valid) as a 0-d fp32 tensor on the device (no sync; all ignored: the loss sum 0 -> 0,
-    not nan). Three launches: the count is summed in fp32 (exact below 2^24 rows) and clamped and
-    inverted in place; bit for bit 1.0 / n_valid.clamp(min=1).to(float32), which took five."""
-    return valid.sum(dtype=torch.float32).clamp_(min=1.0).reciprocal_()
-
-
-def _plan(input, target, ignore_index, reduction, valid=None):
-    """Device-side (no sync) scalars: the forward grad scale and the backward's extra factor.
-    valid: the mask target != ignore_index when _check_targets made it already.
-
-    Returns (inv_n [] fp32, forward grad_scale, backward factor [] fp32 or None)."""
-    inv_n = _inv_n(target != ignore_index if valid is None else valid)
+def _plan(input, inv_n, reduction):
+    """Device-side (no sync) scalars from inv_n (_target_stats'): the forward grad scale and the backward's
+    extra factor. Returns (forward grad_scale, backward factor [] fp32 or None)."""
     if input.dtype == torch.float16:
         # LESSON 7: never fold 1/n into an fp16 store; store g * 2^k (exact) and undo it in fp32 later
         undo = inv_n if reduction == "mean" else torch.ones_like(inv_n)
-        return inv_n, FP16_STORE_SCALE, undo / FP16_STORE_SCALE
+        return FP16_STORE_SCALE, undo / FP16_STORE_SCALE
     if reduction != "mean":
-        return inv_n, 1.0, None
-    return inv_n, inv_n, None
+        return 1.0, None
+    return inv_n, None
 
 
 def _reduce(rows_loss, inv_n, reduction):
@@ -469,22 +489,23 @@ def _backward_scale(grad_output, extra):
 class _CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad, check):
-        # the target check here, not before apply: its mask is reused for n_valid (one launch fewer); it gates
+        # the target check here, not before apply: one launch gives it and n_valid (_target_stats); it gates
         # the kernel on the device, and the host waits for it only after the launch (_queue_check)
-        valid, bad = _target_flags(target, input.shape[1], ignore_index) if check else (None, None)
+        gate, inv_n = _target_stats(target, input.shape[1], ignore_index)
         # rows that share memory (an expanded input, row stride < V) cannot each receive their own
         # in-place gradient: copy them, like a column stride != 1
         overlapping = input.shape[0] > 1 and input.stride(0) < input.shape[1]
         in_place_ok = input.stride(1) == 1 and not (write_grad and overlapping)
         logits = input if in_place_ok else input.contiguous()
-        inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
-        gate, pending = _queue_check(bad) if bad is not None else (None, None)
+        fwd_scale, extra = _plan(input, inv_n, reduction)
+        pending = _queue_check(gate) if check else None
         rows_loss = _launch_rows(
             logits, logits if write_grad else None, target, ignore_index=ignore_index,
-            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale, gate=gate,
+            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale,
+            gate=gate if check else None,
         )
-        if bad is not None:
-            _finish_check(target, bad, gate, pending, input.shape[1], ignore_index)
+        if check:
+            _finish_check(target, gate, pending, input.shape[1], ignore_index)
         if write_grad:
             ctx.save_for_backward(logits, extra if extra is not None else inv_n)
             ctx.has_extra = extra is not None
@@ -514,17 +535,18 @@ def _ce_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Functional forward: (loss, grad [N, V] or empty [0], backward factor [] fp32). softcap 0 = off."""
     # runs at run time, even under compile (the op is opaque to the compiler)
-    valid, bad = _target_flags(target, input.shape[1], ignore_index) if CHECK_TARGETS else (None, None)
-    inv_n, fwd_scale, extra = _plan(input, target, ignore_index, reduction, valid)
+    check = CHECK_TARGETS
+    gate, inv_n = _target_stats(target, input.shape[1], ignore_index)
+    fwd_scale, extra = _plan(input, inv_n, reduction)
     logits = input if input.stride(1) == 1 else input.contiguous()
     grad = torch.empty(logits.shape, dtype=input.dtype, device=input.device) if with_grad else None
-    gate, pending = _queue_check(bad) if bad is not None else (None, None)  # the gated kernel (see the eager forward)
+    pending = _queue_check(gate) if check else None  # the gated kernel (see the eager forward)
     rows_loss = _launch_rows(
         logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
-        z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale, gate=gate,
+        z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale, gate=gate if check else None,
     )
-    if bad is not None:
-        _finish_check(target, bad, gate, pending, input.shape[1], ignore_index)
+    if check:
+        _finish_check(target, gate, pending, input.shape[1], ignore_index)
     factor = extra if extra is not None else torch.ones((), dtype=torch.float32, device=input.device)
     if grad is None:
         grad = torch.empty(0, dtype=input.dtype, device=input.device)

@@ -77,7 +77,7 @@ import triton
 import triton.language as tl
 
 from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, num_sms
-from hearth.kernels.cross_entropy import _check_targets, _inv_n, check_loss_options
+from hearth.kernels.cross_entropy import _check_targets, check_loss_options
 
 EXTRA_MEMORY_BUDGET = 160 << 20  # cap on one chunk of logits: the memory the fusion trades against grad_W passes
 CHUNK_ROWS_MAX = 512  # rows per chunk beyond which the H200 sweeps found no gain (module docstring)
@@ -197,9 +197,9 @@ def _lce_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_x | [0], grad_w | [0], grad_b fp32 | [0], factor fp32 []): factor is what the
     backward multiplies into the gradients besides grad_output (1/n_valid for fp16 "mean", else 1)."""
-    # ONE device->host sync: every non-ignored target in [0, V); its mask gives n_valid (all ignored: loss 0
-    # and grads 0, like cross_entropy)
-    inv_n = _inv_n(_check_targets(target, w.shape[0], ignore_index))
+    # ONE launch and ONE device->host sync: every non-ignored target in [0, V), and 1 / n_valid from the same
+    # pass (all ignored: loss 0 and grads 0, like cross_entropy)
+    inv_n = _check_targets(target, w.shape[0], ignore_index)
     one = torch.ones((), dtype=torch.float32, device=x.device)
     want = (need_gx or need_gw or need_gb) and reduction != "none"
     if not want:
