@@ -144,7 +144,7 @@ def test_wrong_math_is_left_by_the_probe(monkeypatch, base):
     else:
         model = peft.get_peft_model(tiny_qwen3(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS))
     real = klora.lora_linear
-    monkeypatch.setattr(klora, "lora_linear", lambda x, w, b, a, bb, s: real(x, w, b, a, bb, 2 * s))
+    monkeypatch.setattr(klora, "lora_linear", lambda x, w, b, a, bb, s, c: real(x, w, b, a, bb, 2 * s, c))
     report = patch.apply(model, mlp=False)
     assert report.count("lora") == 0
     (reason, n), = [(r, n) for (k, _c, r), n in report.left.items() if k == "lora"]

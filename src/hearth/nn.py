@@ -104,9 +104,9 @@ class SwiGLUMLP(nn.Module):
             return swiglu_mlp(x, g.weight, u.weight, d.weight, g.bias, u.bias, d.bias, recompute_up=self.recompute_up)
         lora = self._lora_parts(x)
         if lora is not None:
-            (wg, bg, ag, bbg, sg), (wu, bu, au, bbu, su), (wd, bd, ad, bbd, sd) = lora
+            (wg, bg, ag, bbg, sg, _), (wu, bu, au, bbu, su, _), (wd, bd, ad, bbd, sd, _) = lora
             return lora_swiglu_mlp(x, wg, wu, wd, ag, bbg, au, bbu, ad, bbd, sg, su, sd, bg, bu, bd,
-                                   recompute_up=self.recompute_up)
+                                   recompute_up=self.recompute_up, compute=self.lora_compute)
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 

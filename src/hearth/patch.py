@@ -737,7 +737,7 @@ def _probe_lora(module: nn.Module, lora_linear: Callable, lora_parts: Callable, 
             if module.merged or module.disable_adapters:
                 return "not probed (adapters merged or disabled at patch time)"
             return "LoRA layer is not plain (a trainable base, several active adapters, a LoRA bias...); kept on peft's forward"
-        _weight, _bias, lora_a, lora_b, _scale = parts
+        _weight, _bias, lora_a, lora_b, _scale, _compute = parts
         saved = None
         with torch.no_grad():
             if not lora_b.any():

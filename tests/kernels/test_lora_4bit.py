@@ -268,7 +268,7 @@ def test_mixed_16bit_and_4bit_projections():
     q = mlp.up_proj.base_layer
     x = torch.randn(6, 64, device=DEVICE, requires_grad=True)
     parts = mlp._lora_parts(x)
-    (wg, _, ag, bg, sg), (wu, _, au, bu, su), (wd, _, ad, bd, sd) = parts
+    (wg, _, ag, bg, sg, _), (wu, _, au, bu, su, _), (wd, _, ad, bd, sd, _) = parts
     plain_g, plain_d = dequantize(wg, torch.float32), dequantize(wd, torch.float32)
     got = lora_swiglu_mlp(x, plain_g, wu, plain_d, ag, bg, au, bu, ad, bd, sg, su, sd)
     assert type(got.grad_fn).__name__ == "_LoraMlp4bitBackward" and is_4bit(q.weight)
@@ -295,7 +295,7 @@ def test_base_compute_on_a_4bit_base_runs_the_lora_products_in_bf16():
     assert a.grad is not None and a.grad.dtype == torch.float32
     _model, layer = peft_linear_4bit(64, 96, torch.bfloat16, seed=6)
     parts = lora_parts(layer, x, "base")
-    assert parts[2].dtype == parts[3].dtype == torch.bfloat16
+    assert parts[2].dtype == parts[3].dtype == torch.float32 and parts[5] == "base"  # cast in the node
     got = lora_linear(x, *parts)
     a, b, s = _factors(layer)
     w = _dequantised(layer, torch.bfloat16)
@@ -337,14 +337,14 @@ def test_lora_linear_4bit_names_the_bad_argument():
     with pytest.raises(TypeError, match=r"^bias\b"):
         lora_linear(x, w, torch.zeros(96, device=DEVICE), a, b, s)  # fp32 bias beside a bf16 x
     _model, mlp = peft_mlp_4bit(64, 96, torch.bfloat16)
-    (wg, _, ag, bg, sg), (wu, _, au, bu, su), (wd, _, ad, bd, sd) = mlp._lora_parts(x)
+    (wg, _, ag, bg, sg, _), (wu, _, au, bu, su, _), (wd, _, ad, bd, sd, _) = mlp._lora_parts(x)
     with pytest.raises(ValueError, match=r"^w_down must be \[64, 96\]"):
         lora_swiglu_mlp(x, wg, wu, wu, ag, bg, au, bu, ad, bd, sg, su, sd)
 
 
 def test_torch_compile_graph_breaks_around_the_4bit_node():
     _model, layer = peft_linear_4bit(64, 96, torch.float32, seed=2)
-    w, bias, a, b, s = lora_parts(layer)
+    w, bias, a, b, s, _ = lora_parts(layer)
     x = torch.randn(4, 64, device=DEVICE, requires_grad=True)
 
     def loss(x, a, b):

@@ -104,15 +104,23 @@ def _check_4bit(weight: torch.Tensor, name: str, x: torch.Tensor) -> None:
 # --------------------------------------------------------------------------------------------
 # lora_linear: ops + autograd
 # --------------------------------------------------------------------------------------------
+def _cast(cast: bool, dtype: torch.dtype, *factors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The LoRA factors in `dtype` when cast (compute="base": copies made inside the node, not autograd
+    nodes of their own), else as they are."""
+    return tuple(t.to(dtype) for t in factors) if cast else factors
+
+
 def _linear_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
-    lora_b: torch.Tensor, scale: float,
+    lora_b: torch.Tensor, scale: float, cast: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (y [..., N] in x.dtype, xa = x A^T [M, r] in lora_a.dtype; M = x's rows).
+    """x [..., K] -> (y [..., N] in x.dtype, xa = x A^T [M, r] in the LoRA compute dtype; M = x's rows).
+    cast: compute="base", the factors cast to x's dtype in here (the compute dtype is then x's, else lora_a's).
 
     The leading dims are flattened in here, not around the autograd node: no view nodes in the graph
     (each one an autograd node of host time, forward and backward). y is allocated in its final shape
     (an autograd.Function may not return a view: the caller could not modify it in place)."""
+    lora_a, lora_b = _cast(cast, x.dtype, lora_a, lora_b)
     return _linear_forward_with(lambda: weight, x, bias, lora_a, lora_b, scale, lora_b.shape[0])
 
 
@@ -132,22 +140,26 @@ _linear_fwd_op = torch.library.custom_op("hearth::lora_linear_fwd", mutates_args
 
 
 @_linear_fwd_op.register_fake
-def _(x, weight, bias, lora_a, lora_b, scale):
+def _(x, weight, bias, lora_a, lora_b, scale, cast):
     rows = math.prod(x.shape[:-1])
-    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty((rows, lora_a.shape[0]), dtype=lora_a.dtype)
+    return (x.new_empty((*x.shape[:-1], weight.shape[0])),
+            x.new_empty((rows, lora_a.shape[0]), dtype=x.dtype if cast else lora_a.dtype))
 
 
 def _linear_backward_impl(
     dy: torch.Tensor, x: torch.Tensor, xa: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor,
-    lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool,
+    lora_b: torch.Tensor, scale: float, need_dx: bool, need_dw: bool, need_db: bool, cast: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx [x's shape], dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed."""
-    return _linear_backward_with(lambda: weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db)
+    """(dx [x's shape], dA, dB, dW, db); dx / dW / db are empty [0] tensors when not needed. cast: as in the
+    forward (the factors cast to x's dtype again here; dA and dB returned in the factors' own dtype)."""
+    return _linear_backward_with(lambda: weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db, cast)
 
 
-def _linear_backward_with(weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db):
+def _linear_backward_with(weight, dy, x, xa, lora_a, lora_b, scale, need_dx, need_dw, need_db, cast=False):
     """_linear_backward_impl with the base weight from weight() at its one use, dx = dy W, after the transient
     upcast of dy has gone (a 4-bit base: the dequantised temporary is not alive beside it)."""
+    factor_dtype = lora_a.dtype
+    lora_a, lora_b = _cast(cast, x.dtype, lora_a, lora_b)
     x_shape = x.shape
     x = x.reshape(-1, x.shape[-1])
     dy = dy.reshape(-1, dy.shape[-1]).contiguous()
@@ -164,6 +176,8 @@ def _linear_backward_with(weight, dy, x, xa, lora_a, lora_b, scale, need_dx, nee
         dx = dx.view(x_shape)
     else:
         dx = x.new_empty(0)
+    if cast:  # the gradients of the factors in their own dtype (what a cast node's backward did before)
+        da, db_lora = da.to(factor_dtype), db_lora.to(factor_dtype)
     return dx, da, db_lora, dw, db
 
 
@@ -171,7 +185,7 @@ _linear_bwd_op = torch.library.custom_op("hearth::lora_linear_bwd", mutates_args
 
 
 @_linear_bwd_op.register_fake
-def _(dy, x, xa, weight, lora_a, lora_b, scale, need_dx, need_dw, need_db):
+def _(dy, x, xa, weight, lora_a, lora_b, scale, need_dx, need_dw, need_db, cast):
     dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
     dw = weight.new_empty(weight.shape) if need_dw else x.new_empty(0)
     db = x.new_empty((weight.shape[0],)) if need_db else x.new_empty(0)
@@ -179,23 +193,23 @@ def _(dy, x, xa, weight, lora_a, lora_b, scale, need_dx, need_dw, need_db):
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias, lora_a, lora_b, scale = inputs
+    x, weight, bias, lora_a, lora_b, scale, cast = inputs
     _out, xa = output
     ctx.mark_non_differentiable(xa)
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, xa, weight, lora_a, lora_b)
-    ctx.scale = scale
+    ctx.scale, ctx.cast = scale, cast
 
 
 def _linear_backward(ctx, dy, _dxa):
     if dy is None:
-        return (None,) * 6
+        return (None,) * 7
     x, xa, weight, lora_a, lora_b = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, da, db_lora, dw, db = (_linear_backward_impl if ctx.eager else torch.ops.hearth.lora_linear_bwd)(
-        dy, x, xa, weight, lora_a, lora_b, ctx.scale, need[0], need[1], need[2])
+        dy, x, xa, weight, lora_a, lora_b, ctx.scale, need[0], need[1], need[2], ctx.cast)
     return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None,
-            da if need[3] else None, db_lora if need[4] else None, None)
+            da if need[3] else None, db_lora if need[4] else None, None, None)
 
 
 # eager: a torch.autograd.Function over _linear_forward / _linear_backward_impl (no torch.library dispatch:
@@ -208,31 +222,31 @@ class _LoraLinear4bit(torch.autograd.Function):
     forward and again in the backward (for dx only); the packed weight is saved, never the dequantised one."""
 
     @staticmethod
-    def forward(ctx, x, packed, bias, lora_a, lora_b, scale):
-        out, xa = _linear_forward_with(lambda: dequantize(packed, x.dtype), x, bias, lora_a, lora_b, scale,
-                                       lora_b.shape[0])
+    def forward(ctx, x, packed, bias, lora_a, lora_b, scale, cast):
+        a, b = _cast(cast, x.dtype, lora_a, lora_b)
+        out, xa = _linear_forward_with(lambda: dequantize(packed, x.dtype), x, bias, a, b, scale, b.shape[0])
         ctx.mark_non_differentiable(xa)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x, xa, packed, lora_a, lora_b)
-        ctx.scale = scale
+        ctx.scale, ctx.cast = scale, cast
         return out, xa
 
     @staticmethod
     def backward(ctx, dy, _dxa):
         if dy is None:
-            return (None,) * 6
+            return (None,) * 7
         x, xa, packed, lora_a, lora_b = ctx.saved_tensors
         need = ctx.needs_input_grad
         # dx = dy W is the only use of W here: dequantised just for it (not at all when x needs no gradient)
         dx, da, db_lora, _dw, db = _linear_backward_with(lambda: dequantize(packed, x.dtype), dy, x, xa, lora_a,
-                                                         lora_b, ctx.scale, need[0], False, need[2])
+                                                         lora_b, ctx.scale, need[0], False, need[2], ctx.cast)
         return (dx if need[0] else None, None, db if need[2] else None, da if need[3] else None,
-                db_lora if need[4] else None, None)
+                db_lora if need[4] else None, None, None)
 
 
 @torch.compiler.disable  # the quant state is no custom-op argument: eager, a graph break under torch.compile
-def _lora_linear_4bit(x, packed, bias, lora_a, lora_b, scale):
-    return _LoraLinear4bit.apply(x, packed, bias, lora_a, lora_b, scale)
+def _lora_linear_4bit(x, packed, bias, lora_a, lora_b, scale, cast):
+    return _LoraLinear4bit.apply(x, packed, bias, lora_a, lora_b, scale, cast)
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,14 +257,17 @@ def _mlp_forward(
     bias_gate: Optional[torch.Tensor], bias_up: Optional[torch.Tensor], bias_down: Optional[torch.Tensor],
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
     a_down: torch.Tensor, b_down: torch.Tensor, s_gate: float, s_up: float, s_down: float, recompute_up: bool,
+    cast: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [..., H] -> (out [..., H], g [M, I], u [M, I] or [0] when recompute_up, xa [M, r_g + r_u], xa_down [M, r_d]).
 
     h is formed one row chunk at a time (as in swiglu_mlp) and never held whole; its LoRA A product
     xa_down is taken per chunk from the chunk upcast to the LoRA dtype. x's leading dims are flattened in
-    here (no view nodes around the autograd node); out is allocated in its final shape."""
-    return _mlp_forward_with((w_gate, w_up, w_down).__getitem__, x, bias_gate, bias_up, bias_down, a_gate, b_gate,
-                             a_up, b_up, a_down, b_down, s_gate, s_up, s_down, recompute_up)
+    here (no view nodes around the autograd node); out is allocated in its final shape. cast: compute="base",
+    the six factors cast to x's dtype in here (see _linear_forward)."""
+    lora = _cast(cast, x.dtype, a_gate, b_gate, a_up, b_up, a_down, b_down)
+    return _mlp_forward_with((w_gate, w_up, w_down).__getitem__, x, bias_gate, bias_up, bias_down, *lora,
+                             s_gate, s_up, s_down, recompute_up)
 
 
 def _mlp_forward_with(weight, x, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
@@ -286,10 +303,10 @@ _mlp_fwd_op = torch.library.custom_op("hearth::lora_swiglu_mlp_fwd", mutates_arg
 
 @_mlp_fwd_op.register_fake
 def _(x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
-      s_gate, s_up, s_down, recompute_up):
+      s_gate, s_up, s_down, recompute_up, cast):
     m, inter = math.prod(x.shape[:-1]), w_gate.shape[0]
     u = x.new_empty(0) if recompute_up else x.new_empty((m, inter))
-    ldt = a_gate.dtype
+    ldt = x.dtype if cast else a_gate.dtype
     return (x.new_empty((*x.shape[:-1], w_down.shape[0])), x.new_empty((m, inter)), u,
             x.new_empty((m, a_gate.shape[0] + a_up.shape[0]), dtype=ldt), x.new_empty((m, a_down.shape[0]), dtype=ldt))
 
@@ -299,12 +316,23 @@ def _mlp_backward_impl(
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, bias_up: Optional[torch.Tensor],
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
     a_down: torch.Tensor, b_down: torch.Tensor, s_gate: float, s_up: float, s_down: float, recompute_up: bool,
+    cast: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dA_gate, dB_gate, dA_up, dB_up, dA_down, dB_down). Overwrites g with dg and u with du (they are dead
     after); h is recomputed per column chunk of I by the swiglu backward kernel into the dh chunk buffer.
-    x and dout may have leading dims ([..., H]); dx has x's shape."""
-    return _mlp_backward_with((w_gate, w_up, w_down).__getitem__, dout, x, g, u, xa, xa_down, bias_up, a_gate, b_gate,
-                              a_up, b_up, a_down, b_down, s_gate, s_up, s_down, recompute_up)
+    x and dout may have leading dims ([..., H]); dx has x's shape. cast: as in the forward (the factors cast
+    again here, their gradients returned in the factors' own dtype)."""
+    return _mlp_backward_cast((w_gate, w_up, w_down).__getitem__, dout, x, g, u, xa, xa_down, bias_up,
+                              (a_gate, b_gate, a_up, b_up, a_down, b_down), (s_gate, s_up, s_down), recompute_up, cast)
+
+
+def _mlp_backward_cast(weight, dout, x, g, u, xa, xa_down, bias_up, lora, scales, recompute_up, cast):
+    """_mlp_backward_with on the six factors cast to x's dtype when cast, their gradients cast back."""
+    grads = _mlp_backward_with(weight, dout, x, g, u, xa, xa_down, bias_up, *_cast(cast, x.dtype, *lora), *scales,
+                               recompute_up)
+    if not cast:
+        return grads
+    return (grads[0],) + tuple(d.to(t.dtype) for d, t in zip(grads[1:], lora))
 
 
 def _mlp_backward_with(weight, dout, x, g, u, xa, xa_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down,
@@ -380,31 +408,31 @@ def _mlp_backward_eager(dout, x, g, u, *args):
 
 @_mlp_bwd_op.register_fake
 def _(dout, x, g, u, xa, xa_down, w_gate, w_up, w_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down,
-      s_gate, s_up, s_down, recompute_up):
+      s_gate, s_up, s_down, recompute_up, cast):
     return (x.new_empty(x.shape),) + tuple(t.new_empty(t.shape) for t in (a_gate, b_gate, a_up, b_up, a_down, b_down))
 
 
 def _mlp_setup(ctx, inputs, output):
     (x, w_gate, w_up, w_down, _bg, bias_up, _bd, a_gate, b_gate, a_up, b_up, a_down, b_down,
-     s_gate, s_up, s_down, recompute_up) = inputs
+     s_gate, s_up, s_down, recompute_up, cast) = inputs
     _out, g, u, xa, xa_down = output
     ctx.mark_non_differentiable(g, u, xa, xa_down)
     ctx.set_materialize_grads(False)  # no zero [rows, I] grads for g and u (see swiglu_mlp)
     ctx.save_for_backward(x, g, u, xa, xa_down, w_gate, w_up, w_down, bias_up, a_gate, b_gate, a_up, b_up, a_down, b_down)
     ctx.scales = (s_gate, s_up, s_down)
-    ctx.recompute_up = recompute_up
+    ctx.recompute_up, ctx.cast = recompute_up, cast
 
 
 def _mlp_backward(ctx, dout, _dg, _du, _dxa, _dxad):
     if dout is None:
-        return (None,) * 17
+        return (None,) * 18
     saved = ctx.saved_tensors
     grads = (_mlp_backward_eager if ctx.eager else torch.ops.hearth.lora_swiglu_mlp_bwd)(
-        dout, *saved, *ctx.scales, ctx.recompute_up)
+        dout, *saved, *ctx.scales, ctx.recompute_up, ctx.cast)
     need = ctx.needs_input_grad
     dx, lora = grads[0], grads[1:]
     return ((dx if need[0] else None,) + (None,) * 6
-            + tuple(t if need[7 + i] else None for i, t in enumerate(lora)) + (None,) * 4)
+            + tuple(t if need[7 + i] else None for i, t in enumerate(lora)) + (None,) * 5)
 
 
 # eager: a torch.autograd.Function over _mlp_forward / _mlp_backward_impl; under torch.compile: the custom ops
@@ -428,30 +456,31 @@ class _LoraMlp4bit(torch.autograd.Function):
     16-bit base; the packed base weights are held by reference (frozen parameters), never dequantised."""
 
     @staticmethod
-    def forward(ctx, x, a_gate, b_gate, a_up, b_up, a_down, b_down, base, biases, scales, recompute_up):
-        out, g, u, xa, xa_down = _mlp_forward_with(base.weight, x, *biases, a_gate, b_gate, a_up, b_up, a_down, b_down,
-                                                   *scales, recompute_up)
+    def forward(ctx, x, a_gate, b_gate, a_up, b_up, a_down, b_down, base, biases, scales, recompute_up, cast):
+        lora = (a_gate, b_gate, a_up, b_up, a_down, b_down)
+        out, g, u, xa, xa_down = _mlp_forward_with(base.weight, x, *biases, *_cast(cast, x.dtype, *lora), *scales,
+                                                   recompute_up)
         ctx.mark_non_differentiable(g, u, xa, xa_down)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, g, u, xa, xa_down, a_gate, b_gate, a_up, b_up, a_down, b_down)
-        ctx.base, ctx.bias_up, ctx.scales, ctx.recompute_up = base, biases[1], scales, recompute_up
+        ctx.save_for_backward(x, g, u, xa, xa_down, *lora)
+        ctx.base, ctx.bias_up, ctx.scales, ctx.recompute_up, ctx.cast = base, biases[1], scales, recompute_up, cast
         return out, g, u, xa, xa_down
 
     @staticmethod
     def backward(ctx, dout, _dg, _du, _dxa, _dxad):
         if dout is None:
-            return (None,) * 11
+            return (None,) * 12
         x, g, u, xa, xa_down, *lora = ctx.saved_tensors
-        grads = _mlp_backward_with(ctx.base.weight, dout, x, g, u, xa, xa_down, ctx.bias_up, *lora, *ctx.scales,
-                                   ctx.recompute_up)
+        grads = _mlp_backward_cast(ctx.base.weight, dout, x, g, u, xa, xa_down, ctx.bias_up, lora, ctx.scales,
+                                   ctx.recompute_up, ctx.cast)
         torch.autograd.graph.increment_version([g, u])  # g and u now hold dg and du (see _mlp_backward_eager)
         need = ctx.needs_input_grad
-        return tuple(t if need[i] else None for i, t in enumerate(grads)) + (None,) * 4
+        return tuple(t if need[i] else None for i, t in enumerate(grads)) + (None,) * 5
 
 
 @torch.compiler.disable  # the quant states are no custom-op arguments: eager, a graph break under torch.compile
-def _lora_mlp_4bit(x, weights, biases, lora, scales, recompute_up):
-    return _LoraMlp4bit.apply(x, *lora, _MlpBase(weights, x.dtype), biases, scales, recompute_up)
+def _lora_mlp_4bit(x, weights, biases, lora, scales, recompute_up, cast):
+    return _LoraMlp4bit.apply(x, *lora, _MlpBase(weights, x.dtype), biases, scales, recompute_up, cast)
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,8 +504,15 @@ def _check_scale(scale, name: str) -> float:
     return float(scale)
 
 
+def _check_compute(compute, x: torch.Tensor, factor: torch.Tensor) -> bool:
+    """Whether the node casts the factors (compute "base" with factors not already in x's dtype)."""
+    if compute not in LORA_COMPUTE:
+        raise ValueError(f"compute must be one of {LORA_COMPUTE}, got {compute!r}")
+    return compute == "base" and factor.dtype != x.dtype
+
+
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
-                lora_b: torch.Tensor, scale: float) -> torch.Tensor:
+                lora_b: torch.Tensor, scale: float, compute: str = "adapter") -> torch.Tensor:
     """x W^T (+ b) + scale * (x A^T) B^T as ONE autograd node (peft's lora.Linear with one adapter, no dropout).
 
     Args:
@@ -486,6 +522,9 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             temporary that is freed at once (the node saves the packed weight only); it gets no gradient.
         lora_a [r, K], lora_b [N, r]: float32 (peft's default on a 16-bit base) or x's dtype.
         scale: lora_alpha / r (peft's `scaling[adapter]`).
+        compute: "adapter" (the LoRA math in the factors' dtype) or "base": fp32 factors are cast to x's dtype
+            inside the node, so the LoRA GEMMs run on the tensor cores and dA / dB come back in fp32 (rounded to
+            x's dtype once each); the casts are part of this one node, not two autograd nodes more per call.
 
     Returns:
         [..., N] in x.dtype.
@@ -511,6 +550,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     check_same_device(x=x, weight=weight, bias=bias)
     _check_lora(x, {"lora_a": lora_a, "lora_b": lora_b})
     scale = _check_scale(scale, "scale")
+    cast = _check_compute(compute, x, lora_a)
     n, k = _shape(weight)
     r = lora_a.shape[0]
     if x.dim() == 0 or x.shape[-1] != k:
@@ -522,8 +562,8 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if tuple(lora_b.shape) != (n, r):
         raise ValueError(f"lora_b must be [{n}, {r}], got {tuple(lora_b.shape)}")
     if quantised:
-        return _lora_linear_4bit(x, weight, bias, lora_a, lora_b, scale)[0]
-    out, _xa = _lora_linear(x, weight, bias, lora_a, lora_b, scale)  # [..., N]: flattened inside the node
+        return _lora_linear_4bit(x, weight, bias, lora_a, lora_b, scale, cast)[0]
+    out, _xa = _lora_linear(x, weight, bias, lora_a, lora_b, scale, cast)  # [..., N]: flattened inside the node
     return out
 
 
@@ -532,7 +572,7 @@ def lora_swiglu_mlp(
     a_gate: torch.Tensor, b_gate: torch.Tensor, a_up: torch.Tensor, b_up: torch.Tensor,
     a_down: torch.Tensor, b_down: torch.Tensor, scale_gate: float, scale_up: float, scale_down: float,
     bias_gate: torch.Tensor | None = None, bias_up: torch.Tensor | None = None, bias_down: torch.Tensor | None = None,
-    *, recompute_up: bool = False,
+    *, recompute_up: bool = False, compute: str = "adapter",
 ) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)) with each projection a frozen base Linear + LoRA, as ONE autograd node.
 
@@ -543,7 +583,7 @@ def lora_swiglu_mlp(
             where it is used, one projection at a time (W_up beside W_down with recompute_up), forward and
             backward, never kept (see lora_linear).
         a_gate, a_up [r, H], b_gate, b_up [I, r], a_down [r_d, I], b_down [H, r_d]: float32 or x's dtype, all
-            the same. scale_*: each adapter's lora_alpha / r.
+            the same. scale_*: each adapter's lora_alpha / r. compute: "adapter" or "base", as lora_linear's.
 
     Returns:
         [..., H] in x.dtype.
@@ -573,6 +613,7 @@ def lora_swiglu_mlp(
     lora = {"a_gate": a_gate, "b_gate": b_gate, "a_up": a_up, "b_up": b_up, "a_down": a_down, "b_down": b_down}
     _check_lora(x, lora)
     scales = [_check_scale(s, n) for s, n in ((scale_gate, "scale_gate"), (scale_up, "scale_up"), (scale_down, "scale_down"))]
+    cast = _check_compute(compute, x, a_gate)
     hidden, inter = x.shape[-1] if x.dim() else -1, _shape(w_gate)[0]
     want = {"w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
     for name, shape in want.items():
@@ -590,10 +631,10 @@ def lora_swiglu_mlp(
             raise ValueError(f"{b_name} must be [{n}, {a.shape[0]}], got {tuple(b.shape)}")
     if quantised:
         return _lora_mlp_4bit(x, (w_gate, w_up, w_down), (bias_gate, bias_up, bias_down),
-                              (a_gate, b_gate, a_up, b_up, a_down, b_down), tuple(scales), bool(recompute_up))[0]
+                              (a_gate, b_gate, a_up, b_up, a_down, b_down), tuple(scales), bool(recompute_up), cast)[0]
     return _lora_mlp(  # [..., H]: flattened inside the node
         x, w_gate, w_up, w_down, bias_gate, bias_up, bias_down, a_gate, b_gate, a_up, b_up, a_down, b_down,
-        *scales, bool(recompute_up))[0]
+        *scales, bool(recompute_up), cast)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,7 +644,7 @@ LORA_COMPUTE = ("adapter", "base")
 
 
 def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
-    """(weight, bias, lora_a, lora_b, scale) of a peft LoRA Linear in a plain state, else None (the caller
+    """(weight, bias, lora_a, lora_b, scale, compute) of a peft LoRA Linear in a plain state, else None (the caller
     falls back to the module's own forward). Plain: exactly one active adapter that the module holds, not
     merged, adapters not disabled, no variant (DoRA, ...), no LoRA bias, dropout Identity / p=0 / eval mode,
     base layer a plain nn.Linear or a bitsandbytes 4-bit Linear (base_compute_dtype) whose weight and bias do
@@ -612,11 +653,12 @@ def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
     returned is the packed Params4bit (with its quant_state), which lora_linear / lora_swiglu_mlp dequantise
     where they use it. Attribute reads only (cheap enough to run at every call); peft is never imported.
 
-    compute: "adapter" returns the LoRA factors as they are (the LoRA math in their dtype, fp32 under peft's
-    defaults: peft's own numbers); "base" returns them cast to the base dtype (a differentiable cast of two
-    rank-r matrices: their gradients still arrive in fp32), so every LoRA GEMM runs on the tensor cores in the
-    base dtype with fp32 accumulation instead of fp32 FMA on upcast copies -- the faster choice, whose LoRA
-    products and gradients are rounded to the base dtype once each."""
+    compute: "adapter" (the LoRA math in the factors' dtype, fp32 under peft's defaults: peft's own numbers) or
+    "base" (the node casts the factors to the base dtype inside itself, their gradients still arrive in fp32),
+    so every LoRA GEMM runs on the tensor cores in the base dtype with fp32 accumulation instead of fp32 FMA on
+    upcast copies -- the faster choice, whose LoRA products and gradients are rounded to the base dtype once
+    each. The factors are returned as they are either way and `compute` is passed through, so that
+    lora_linear(x, *parts) runs the chosen math (the casts are not two autograd nodes more per call)."""
     base = getattr(module, "base_layer", None)
     lora_a_dict = getattr(module, "lora_A", None)
     if lora_a_dict is None or base is None:
@@ -660,9 +702,9 @@ def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
             return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         return None
-    if compute == "base" and a.dtype != dtype:
-        a, bb = a.to(dtype), bb.to(dtype)
-    return w, b, a, bb, float(scale)
+    if compute not in LORA_COMPUTE:
+        raise ValueError(f"compute must be one of {LORA_COMPUTE}, got {compute!r}")
+    return w, b, a, bb, float(scale), compute
 
 
 # bitsandbytes' 4-bit Linear classes (same forward: x cast to compute_dtype, dequantise, GEMM, cast back)
