@@ -1,12 +1,13 @@
 """LoRA-aware fused nodes: a frozen base projection and its low-rank adapter in ONE autograd node.
 
-    lora_linear(x, weight, bias, lora_a, lora_b, scale)
+    lora_linear(x, weight, bias, lora_a, lora_b, scale, compute="adapter")
         y = x W^T (+ b) + scale * (x A^T) B^T
     lora_swiglu_mlp(x, w_gate, w_up, w_down, a_gate, b_gate, a_up, b_up, a_down, b_down, s_gate, s_up, s_down)
         down(silu(gate(x)) * up(x)) where each projection is a frozen base Linear plus its LoRA factors
     lora_parts(module, x, compute="adapter")
-        (weight, bias, lora_a, lora_b, scale) of a peft LoRA Linear in a plain state, else None; compute="base"
-        casts the factors to the base dtype (the LoRA GEMMs on tensor cores: faster, rounded once more)
+        (weight, bias, lora_a, lora_b, scale, compute) of a peft LoRA Linear in a plain state, else None;
+        compute="base" makes the node cast the factors to the base dtype inside itself (the LoRA GEMMs on tensor
+        cores: faster, rounded once more)
 
 Why (issue 16): peft keeps LoRA weights in fp32 on a bf16 base (autocast_adapter_dtype=True); each peft
 lora.Linear casts its bf16 input to fp32 and lora_A's autograd saves that fp32 copy (4 bytes per element of
