@@ -95,7 +95,12 @@ _LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
 class Leave(Exception):
-    """A rule matched a module but must not replace it; str(self) is the reason shown in the report."""
+    """A rule matched a module but must not replace it; str(self) is the reason shown in the report. quiet: the
+    leave is expected and not reported (the default's own choice, or a wrapper whose inner module is patched)."""
+
+    def __init__(self, reason: str, *, quiet: bool = False):
+        super().__init__(reason)
+        self.quiet = quiet
 
 
 @dataclass
@@ -546,13 +551,14 @@ def _register_attention() -> None:
 
 
 def _attention(module: nn.Module, state: dict) -> None:
+    p = _compute_like(module)
     if state["attention"] is None:  # by device: only where the fused backward serves (not reported otherwise)
         from hearth.kernels.attention import fused_backward_serves
 
-        p, head_dim = _compute_like(module), getattr(module, "head_dim", None)
+        head_dim = getattr(module, "head_dim", None)
         if (p is None or p.device.type == "meta" or not isinstance(head_dim, int)
                 or not fused_backward_serves(p.device, p.dtype, head_dim)):
-            raise Leave(_BY_DEVICE)
+            raise Leave("attention=None keeps SDPA off Hopper / bf16-fp16 / head_dim 64-128", quiet=True)
     config = getattr(module, "config", None)
     current = getattr(config, "_attn_implementation", None)
     if current == HEARTH_ATTENTION:
@@ -566,7 +572,6 @@ def _attention(module: nn.Module, state: dict) -> None:
     _register_attention()
     if "attention" not in state["attention_checked"]:
         state["attention_checked"]["attention"] = None
-        p = _compute_like(module)
         if p is not None and p.device.type != "meta":
             groups = getattr(module, "num_key_value_groups", 1)
             hk, d = 1, module.head_dim
@@ -589,10 +594,6 @@ def _attention(module: nn.Module, state: dict) -> None:
     return None
 
 
-# the reason attention=None leaves a module on SDPA; such a leave is not reported (it is the default's choice)
-_BY_DEVICE = "attention=None keeps SDPA off Hopper / bf16-fp16 / head_dim 64-128"
-
-
 def _kernels_can_run_on(t: torch.Tensor | None) -> str | None:
     """None when hearth's kernels can run on t's device, else the reason (for the report)."""
     from hearth.kernels._common import interpret_mode
@@ -605,7 +606,7 @@ def _kernels_can_run_on(t: torch.Tensor | None) -> str | None:
 
 def _loss(model: nn.Module, state: dict) -> None:
     if hasattr(model, "get_base_model"):
-        raise Leave("peft wrapper: its inner causal LM is patched instead")
+        raise Leave("peft wrapper: its inner causal LM is patched instead", quiet=True)
     if getattr(model, "_hearth_loss", False):
         return None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -837,7 +838,7 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
             try:
                 new = rule.build(module, state)
             except Leave as why:
-                if not (rule.kind == "loss" and hasattr(module, "get_base_model")) and str(why) != _BY_DEVICE:
+                if not why.quiet:
                     report.leave(rule.kind, cls, str(why))
                 continue
             report.add(rule.kind, cls + state.pop("label", ""))  # e.g. "Linear4bit [4-bit base]"
