@@ -26,9 +26,9 @@ def _archive(path: Path, files: dict[str, str]) -> None:
 
 
 def _source(repo: Path, site: Path) -> tuple[str, str]:
-    script = SCRIPT.read_text().replace("_peers_site=/tmp/site", f"_peers_site={site}")
-    (repo / "peers_env.sh").write_text(script)
+    (repo / "peers_env.sh").write_text(SCRIPT.read_text())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HEARTH_SITE"] = str(site)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # python3 = this interpreter
     res = subprocess.run(["bash", "-c", ". ./peers_env.sh && echo \"PYTHONPATH=$PYTHONPATH\""], cwd=repo, env=env,
                          capture_output=True, text=True, timeout=60)
@@ -62,3 +62,38 @@ def test_parts_extract_once_and_the_dsl_folder_goes_on_the_path(tmp_path):
     assert "extracted .peers/peers-1.tar.xz" in out and "peers-2" not in out
     assert "peers: quack imports" in out and "peers: flash_attn.cute imports" in out
     assert (site / "quack" / "__init__.py").read_text() == "VERSION = 'kept'\n"
+
+
+def _wheel(folder: Path, name: str) -> None:
+    """A minimal pure-Python wheel of one module `name` (version 0.1) that pip installs offline."""
+    import zipfile
+
+    dist = f"{name}-0.1.dist-info"
+    files = {f"{name}/__init__.py": "VALUE = 7\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hearth-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{n},,\n" for n in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-0.1-py3-none-any.whl", "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="bash script")
+def test_carried_env_installs_the_carried_wheels_and_puts_src_first(tmp_path):
+    """scripts/gpu/carried_env.sh, the top of every device script: hearth from src, the wheels under .whl/ installed
+    into the site folder and on PYTHONPATH after src, and nothing else when no peers were carried."""
+    repo, site = tmp_path / "repo", tmp_path / "site"
+    (repo / ".whl").mkdir(parents=True)
+    (repo / "scripts" / "gpu").mkdir(parents=True)
+    (repo / "scripts" / "gpu" / "carried_env.sh").write_text((SCRIPT.parent / "carried_env.sh").read_text())
+    _wheel(repo / ".whl", "hearth_carried_standin")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HEARTH_SITE"] = str(site)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    res = subprocess.run(["bash", "-uc", ". scripts/gpu/carried_env.sh && echo \"PYTHONPATH=$PYTHONPATH\" && "
+                          "python3 -c 'import hearth_carried_standin as m; print(\"value\", m.VALUE)'"],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[-2] == f"PYTHONPATH=src:{site}" and lines[-1] == "value 7", res.stdout
+    assert (site / "hearth_carried_standin" / "__init__.py").exists()

@@ -14,13 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
 BUDGET_S=${BUDGET_S:-390}
-export PYTHONPATH=src
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
-fi
-# the CuTe-DSL peers (quack, FlashAttention-4) where a part of them was carried (scripts/gpu/peer_wheels.sh: two
-# calls back to back on one warm machine; the second finds the first's part already extracted in /tmp/site)
-if ls .peers/peers-*.tar.xz >/dev/null 2>&1; then . scripts/gpu/peers_env.sh; fi
+# the carried wheels and, where a part of them was carried, the CuTe-DSL peers (quack, FlashAttention-4)
+. scripts/gpu/carried_env.sh
 ops=("$@")
 [ ${#ops[@]} -gt 0 ] || ops=(softmax cross_entropy linear_cross_entropy rms_norm layer_norm rope swiglu swiglu_mlp attention matmul)
 dest="$OUT/bench"

@@ -23,16 +23,10 @@ cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
 BUDGET_S=${BUDGET_S:-360}
 PROVIDERS=${PROVIDERS:-hearth,compile,liger,quack,vendor}
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
-fi
-# the CuTe-DSL peers (quack, FlashAttention-4) where a part of them was carried (scripts/gpu/peer_wheels.sh: two
-# calls back to back on one warm machine; the second finds the first's part already extracted in /tmp/site)
-if ls .peers/peers-*.tar.xz >/dev/null 2>&1; then . scripts/gpu/peers_env.sh; fi
-# nvidia-cutlass-dsl ships its Python packages under dsl_packages, normally put on the path by a
-# .pth file that `pip install --target` does not run
-for d in /tmp/site/nvidia_cutlass_dsl/*packages*; do [ -d "$d" ] && export PYTHONPATH="$PYTHONPATH:$d"; done
+export PYTHONUNBUFFERED=1
+# the carried wheels and, where a part of them was carried, the CuTe-DSL peers (scripts/gpu/peer_wheels.sh: two calls
+# back to back on one warm machine; the second finds the first's part already extracted in /tmp/site)
+. scripts/gpu/carried_env.sh
 ops=("$@")
 [ ${#ops[@]} -gt 0 ] || ops=(all)
 dest="$OUT/models"

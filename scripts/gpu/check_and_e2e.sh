@@ -4,8 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?}"
-export PYTHONUNBUFFERED=1 PYTHONPATH=src
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
+export PYTHONUNBUFFERED=1
+. scripts/gpu/carried_env.sh
 python3 - <<'PY' > "$OUT/env.json"
 import json, torch, triton, transformers, peft, datetime
 print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -41,13 +41,10 @@ FINAL=$OUT; OUT=$(mktemp -d)/pending  # staging: packed into $FINAL/pending.tgz 
 BUDGET_S=${BUDGET_S:-540}
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
-export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=src:/tmp/site
-fi
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 mkdir -p "$OUT"
-# the CuTe-DSL peers, where a part of them was carried (a no-op otherwise)
-if ls .peers/peers-*.tar.xz >/dev/null 2>&1; then . scripts/gpu/peers_env.sh >> "$OUT/steps.log" 2>&1; fi
+# the carried wheels and, where a part of them was carried, the CuTe-DSL peers (a no-op otherwise)
+. scripts/gpu/carried_env.sh >> "$OUT/steps.log" 2>&1
 step() {  # step NAME MIN_SECONDS COMMAND...
   local name=$1 need=$2; shift 2
   case " ${SKIP:-} " in *" $name "*) echo "== $name: skipped (SKIP)" | tee -a "$OUT/steps.log"; return;; esac
