@@ -443,3 +443,28 @@ def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch, n, hidden, inter, saved):
     # instead, half an [N, I] below the ideal. The margin is half a chunk.
     assert hearth <= ideal - saved * ni + ni // 16, msg
     assert hearth < eager, msg
+
+
+def test_mlp_chunk_probe_smoke(tmp_path):
+    """scripts/gpu/mlp_chunk_probe.py on the CPU at toy dims: a row per (case, provider, chunk, rule), the eager
+    reference first, and hearth's chunk rule put back afterwards."""
+    import importlib
+    import json
+    import runpy
+    from pathlib import Path
+
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    real = sw._chunk
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "mlp_chunk_probe.py"
+    main = runpy.run_path(str(script), run_name="mlp_chunk_probe")["main"]
+    assert main(["--smoke", "--out", str(tmp_path), "--chunks", "600,0", "--reps", "1", "--cases", "0"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "mlp_chunks.jsonl").read_text().splitlines()]
+    assert [(r["provider"], r["chunk_mi"], r["rule"]) for r in rows] == [
+        ("eager", None, None), ("hearth", 600, "floor"), ("hearth", 600, "balanced"), ("hearth", 0, "one")]
+    assert all(r["ms"] > 0 for r in rows) and sw._chunk is real
+    rule = runpy.run_path(str(script), run_name="mlp_chunk_probe")["rule_fn"]
+    # 1000 rows at 300 a chunk: floor cuts 256 + 256 + 256 + 232, balanced the same four chunks evenly (256 each)
+    assert rule("floor", 300 * 10)(1000, 10) == 256 and rule("balanced", 300 * 10)(1000, 10) == 256
+    assert rule("floor", 600 * 10)(1000, 10) == 512 and rule("balanced", 600 * 10)(1000, 10) == 512
+    assert rule("floor", 700 * 10)(1100, 10) == 512 and rule("balanced", 700 * 10)(1100, 10) == 512
+    assert rule("balanced", 5376 * 3072)(16384, 3072) == 4096  # Qwen3-0.6B: 5376 + 5376 + 5376 + 256 -> 4 x 4096

@@ -1,0 +1,187 @@
+"""How the fused MLPs' chunk size sets their speed and memory (swiglu_mlp and lora_swiglu_mlp, fwd+bwd).
+
+    python3 scripts/gpu/mlp_chunk_probe.py --out DIR [--chunks 8,16,32,64,0] [--rules floor,balanced] [--reps 10]
+    python3 scripts/gpu/mlp_chunk_probe.py --smoke --out /tmp/chunks       # CPU, toy dims, TRITON_INTERPRET=1
+
+Both nodes never hold h = silu(g) * u whole: the forward forms it one row chunk at a time (then down_proj's GEMM
+on that chunk), the backward one column chunk of I at a time (dh, then the chunk's weight-gradient GEMMs), each
+chunk about MLP_CHUNK_ELEMS elements of [rows, I]. Smaller chunks hold less and split the GEMMs into more, smaller
+ones. Per case this times the forward + backward at each chunk size (--chunks, in Mi elements; 0 = one chunk, h
+whole) under each rule for cutting the rows or columns (--rules): floor = the chunk rounded down to a multiple of
+256 and the rest in a last, ragged chunk (hearth's rule until this probe); balanced = the same number of chunks,
+cut evenly (each rounded up to a multiple of 256). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
+the reference for the same GEMMs unchunked. Median of --reps CUDA-event timings after two warm-up calls; extra
+peak memory = peak allocated during the call minus allocated before it (weight / LoRA gradients pre-allocated, so
+what is left is activations and temporaries). Cases: the issue's headline MLP (8192 x 4096 x 14336, weights
+trainable), the model-shape suite's three, and the Qwen3-14B LoRA MLP (frozen bf16 base, rank-16 fp32 adapters,
+compute="base", as hearth train runs it) at 4096 and 16384 tokens. Writes DIR/mlp_chunks.jsonl and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+CASES = (  # name, tokens, hidden, intermediate, kind
+    ("headline 8192 x 4096 x 14336", 8192, 4096, 14336, "full"),
+    ("Qwen3-0.6B 16384 x 1024 x 3072", 16384, 1024, 3072, "full"),
+    ("Qwen3-4B 12289 x 2560 x 9728", 12289, 2560, 9728, "full"),
+    ("Qwen3-14B 4096 x 5120 x 17408", 4096, 5120, 17408, "full"),
+    ("Qwen3-14B LoRA r16 4096 tokens", 4096, 5120, 17408, "lora"),
+    ("Qwen3-14B LoRA r16 16384 tokens", 16384, 5120, 17408, "lora"),
+)
+SMOKE_CASES = (("smoke full", 37, 16, 40, "full"), ("smoke lora", 37, 16, 40, "lora"))
+
+
+def rule_fn(rule: str, budget: int):
+    """A stand-in for hearth.kernels.swiglu._chunk: (total, other) -> rows (or columns) per chunk, for a budget of
+    `budget` elements a chunk (0: everything in one chunk)."""
+    def floor(total: int, other: int) -> int:
+        size = budget // max(1, other)
+        if size >= 256:
+            size -= size % 256
+        return max(1, min(total, size))
+
+    def balanced(total: int, other: int) -> int:
+        size = floor(total, other)
+        n = math.ceil(total / size)
+        even = math.ceil(total / n)
+        if size >= 256:
+            even = math.ceil(even / 256) * 256
+        return max(1, min(total, even))
+
+    if budget == 0:
+        return lambda total, other: max(1, total)
+    return {"floor": floor, "balanced": balanced}[rule]
+
+
+def build(case, device, dtype):
+    """(run, params_with_grads, x): run() does one forward + backward."""
+    from hearth.kernels.lora import lora_swiglu_mlp
+    from hearth.kernels.swiglu import swiglu_mlp
+
+    _name, n, h, i, kind = case
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape, scale=1.0, dt=dtype, grad=False):
+        t = (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
+        return t.requires_grad_(grad)
+
+    x = rnd(n, h, grad=True)
+    dout = rnd(n, h)
+    ws = [rnd(i, h, scale=h ** -0.5, grad=kind == "full"), rnd(i, h, scale=h ** -0.5, grad=kind == "full"),
+          rnd(h, i, scale=i ** -0.5, grad=kind == "full")]
+    if kind == "full":
+        params = [x, *ws]
+
+        def run():
+            swiglu_mlp(x, *ws).backward(dout)
+
+        def eager():
+            F.linear(F.silu(F.linear(x, ws[0])) * F.linear(x, ws[1]), ws[2]).backward(dout)
+    else:
+        r = 4 if n < 256 else 16
+        lora = [rnd(r, h, scale=h ** -0.5, dt=torch.float32, grad=True), rnd(i, r, scale=0.01, dt=torch.float32, grad=True),
+                rnd(r, h, scale=h ** -0.5, dt=torch.float32, grad=True), rnd(i, r, scale=0.01, dt=torch.float32, grad=True),
+                rnd(r, i, scale=i ** -0.5, dt=torch.float32, grad=True), rnd(h, r, scale=0.01, dt=torch.float32, grad=True)]
+        params = [x, *lora]
+
+        def run():
+            lora_swiglu_mlp(x, *ws, *lora, 2.0, 2.0, 2.0, compute="base").backward(dout)
+
+        def eager():
+            ag, bg, au, bu, ad, bd = (t.to(dtype) for t in lora)
+            gate = F.linear(x, ws[0]) + 2.0 * F.linear(F.linear(x, ag), bg)
+            up = F.linear(x, ws[1]) + 2.0 * F.linear(F.linear(x, au), bu)
+            hh = F.silu(gate) * up
+            (F.linear(hh, ws[2]) + 2.0 * F.linear(F.linear(hh, ad), bd)).backward(dout)
+    return run, eager, params
+
+
+def measure(fn, params, reps: int, cuda: bool) -> dict:
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for _ in range(2):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else 0.0
+    return {"ms": times[len(times) // 2], "ms_min": times[0], "extra_mib": round(extra, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--chunks", default="8,16,32,64,0", help="Mi elements per chunk, comma list (0: one chunk)")
+    p.add_argument("--rules", default="floor,balanced")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--cases", default=None, help="comma list of case indices (default all)")
+    p.add_argument("--smoke", action="store_true", help="CPU, toy dims, chunks of a few hundred elements")
+    args = p.parse_args(argv)
+    import importlib
+
+    sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cases = SMOKE_CASES if args.smoke else CASES
+    if args.cases:
+        cases = [cases[int(k)] for k in args.cases.split(",")]
+    unit = 1 if args.smoke else 2**20
+    chunks = [int(c) for c in args.chunks.split(",")]
+    rules = args.rules.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    real = sw._chunk
+    meta = {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__}
+    try:
+        for case in cases:
+            run, eager, params = build(case, device, dtype)
+            res = measure(eager, params, args.reps, cuda)
+            rows.append({**meta, "case": case[0], "kind": case[4], "provider": "eager", "chunk_mi": None, "rule": None, **res})
+            print(f"{case[0]:36s} eager                 {res['ms']:8.3f} ms  {res['extra_mib']:8.1f} MiB", flush=True)
+            for c in chunks:
+                for rule in rules if c else ["one"]:
+                    sw._chunk = rule_fn(rule if c else "floor", c * unit)
+                    res = measure(run, params, args.reps, cuda)
+                    rows.append({**meta, "case": case[0], "kind": case[4], "provider": "hearth", "chunk_mi": c,
+                                 "rule": rule, **res})
+                    print(f"{case[0]:36s} {('chunk %d Mi' % c) if c else 'one chunk':12s} {rule:8s} {res['ms']:8.3f} ms  "
+                          f"{res['extra_mib']:8.1f} MiB", flush=True)
+                    sw._chunk = real
+            del run, eager, params
+            if cuda:
+                torch.cuda.empty_cache()
+    finally:
+        sw._chunk = real
+    with open(out / "mlp_chunks.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
