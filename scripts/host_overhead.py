@@ -306,10 +306,11 @@ def _specs(torch, dev, dtype):
         xd, ad, bd = x.detach(), a.detach(), b.detach()
         fwd_impl = _raw(lo, "_linear_forward", "_linear_fwd_op")
         bwd_impl = _raw(lo, "_linear_backward_impl", "_linear_bwd_op")
-        _, xa = fwd_impl(xd, w, None, ad, bd, 0.5)
+        _, xa = fwd_impl(xd, w, None, ad, bd, 0.5, False)
         dy = torch.randn(64, 128, device=dev, dtype=dtype)
-        return dict(fwd=lambda: lo.lora_linear(x, w, None, a, b, 0.5), impl_fwd=lambda: fwd_impl(xd, w, None, ad, bd, 0.5),
-                    impl_bwd=lambda: bwd_impl(dy, xd, xa, w, ad, bd, 0.5, True, False, False))
+        return dict(fwd=lambda: lo.lora_linear(x, w, None, a, b, 0.5),
+                    impl_fwd=lambda: fwd_impl(xd, w, None, ad, bd, 0.5, False),
+                    impl_bwd=lambda: bwd_impl(dy, xd, xa, w, ad, bd, 0.5, True, False, False, False))
 
     def lora_swiglu_mlp():  # frozen base [I=128, H=64], rank-8 factors on the three projections
         x = leaf(32, 64)
@@ -318,11 +319,12 @@ def _specs(torch, dev, dtype):
         ld = [t.detach() for t in lora]
         fwd_impl = _raw(lo, "_mlp_forward", "_mlp_fwd_op")
         bwd_impl = _raw(lo, "_mlp_backward_impl", "_mlp_bwd_op")
-        fwd_args = (x.detach(), *base, None, None, None, *ld, 0.5, 0.5, 0.5, False)
+        fwd_args = (x.detach(), *base, None, None, None, *ld, 0.5, 0.5, 0.5, False, False)
         out, g, u, xa, xa_down = fwd_impl(*fwd_args)
         dout = torch.randn_like(out)
         return dict(fwd=lambda: lo.lora_swiglu_mlp(x, *base, *lora, 0.5, 0.5, 0.5), impl_fwd=lambda: fwd_impl(*fwd_args),
-                    impl_bwd=lambda: bwd_impl(dout, x.detach(), g, u, xa, xa_down, *base, None, *ld, 0.5, 0.5, 0.5, False))
+                    impl_bwd=lambda: bwd_impl(dout, x.detach(), g, u, xa, xa_down, *base, None, *ld, 0.5, 0.5, 0.5, False,
+                                              False))
 
     modules = (att, ce, ln, lce, mm, rn, rp, sm, sw, lo)
     return {f.__name__: f for f in (softmax, cross_entropy, linear_cross_entropy, rms_norm, layer_norm, rope,
