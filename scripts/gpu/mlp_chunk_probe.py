@@ -15,6 +15,10 @@ peak memory = peak allocated during the call minus allocated before it (weight /
 what is left is activations and temporaries). Cases: the issue's headline MLP (8192 x 4096 x 14336, weights
 trainable), the model-shape suite's three, and the Qwen3-14B LoRA MLP (frozen bf16 base, rank-16 fp32 adapters,
 compute="base", as hearth train runs it) at 4096 and 16384 tokens. Writes DIR/mlp_chunks.jsonl and prints a table.
+
+--profile K: instead, one fwd+bwd of case K with hearth's own chunk rule and one of eager PyTorch under
+torch.profiler, after the same warm-up: the GPU kernels of each by total time (DIR/mlp_profile_<K>.txt), to see
+where the two differ.
 """
 
 from __future__ import annotations
@@ -131,6 +135,28 @@ def measure(fn, params, reps: int, cuda: bool) -> dict:
     return {"ms": times[len(times) // 2], "ms_min": times[0], "extra_mib": round(extra, 1)}
 
 
+def profile(case, device, dtype, cuda: bool, out: Path, k: int) -> int:
+    """One profiled fwd+bwd of hearth's node and one of eager PyTorch at `case`; the kernel tables to out."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    run, eager, params = build(case, device, dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    text = [f"{case[0]} ({case[4]}), {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}"]
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for name, fn in (("hearth", run), ("eager", eager)):
+        measure(fn, params, 2, cuda)  # warm-up (compiles, cuBLAS heuristics) and grads allocated
+        with torch_profile(activities=acts) as prof:
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=90)
+        text += [f"\n== {name}", table]
+    (out / f"mlp_profile_{k}.txt").write_text("\n".join(text))
+    print("\n".join(text))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -139,6 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--cases", default=None, help="comma list of case indices (default all)")
     p.add_argument("--smoke", action="store_true", help="CPU, toy dims, chunks of a few hundred elements")
+    p.add_argument("--profile", type=int, default=None, help="K: profile case K (hearth and eager) instead")
     args = p.parse_args(argv)
     import importlib
 
@@ -149,6 +176,8 @@ def main(argv=None) -> int:
     cases = SMOKE_CASES if args.smoke else CASES
     if args.cases:
         cases = [cases[int(k)] for k in args.cases.split(",")]
+    if args.profile is not None:
+        return profile(cases[args.profile], device, dtype, cuda, Path(args.out), args.profile)
     unit = 1 if args.smoke else 2**20
     chunks = [int(c) for c in args.chunks.split(",")]
     rules = args.rules.split(",")
