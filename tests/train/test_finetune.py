@@ -208,3 +208,18 @@ def test_lora_compute_choices_are_the_kernels_own():
     from hearth.train.finetune import LORA_COMPUTE as run_choices
 
     assert sorted(run_choices) == sorted(kernels_choices) and run_choices[0] == "base"
+
+
+def test_packed_mask_note_only_where_packed_rows_take_sdpa():
+    """The start-up note about transformers' [T, T] mask: packed rows on CUDA without hearth's attention (no patch,
+    or a patch that left attention on SDPA), and nowhere else."""
+    from hearth.patch import PatchReport
+
+    on_sdpa, on_hearth = PatchReport(), PatchReport()
+    on_hearth.add("attention", "Qwen3Attention")
+    note = finetune.packed_mask_note(True, on_sdpa, "cuda")
+    assert note and "mask" in note and "--memory-budget-gib" in note and "--attention" in note
+    assert finetune.packed_mask_note(True, None, "cuda") == note  # --no-patch
+    assert finetune.packed_mask_note(True, on_hearth, "cuda") is None  # the varlen kernel, no mask
+    assert finetune.packed_mask_note(False, on_sdpa, "cuda") is None  # padded rows: SDPA's own causal path
+    assert finetune.packed_mask_note(True, on_sdpa, "cpu") is None  # no memory plan off the GPU
