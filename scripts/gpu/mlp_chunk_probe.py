@@ -1,7 +1,7 @@
 """How the fused MLPs' chunk size sets their speed and memory (swiglu_mlp and lora_swiglu_mlp, fwd+bwd).
 
     python3 scripts/gpu/mlp_chunk_probe.py --out DIR [--chunks 8,16,32,64,0] [--rules floor,balanced] [--reps 10]
-    python3 scripts/gpu/mlp_chunk_probe.py --smoke --out /tmp/chunks       # CPU, toy dims, TRITON_INTERPRET=1
+    python3 scripts/gpu/mlp_chunk_probe.py --smoke --out /tmp/chunks       # toy dims (CPU: TRITON_INTERPRET=1)
 
 Both nodes never hold h = silu(g) * u whole: the forward forms it one row chunk at a time (then down_proj's GEMM
 on that chunk), the backward one column chunk of I at a time (dh, then the chunk's weight-gradient GEMMs), each
@@ -164,15 +164,16 @@ def main(argv=None) -> int:
     p.add_argument("--rules", default="floor,balanced")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--cases", default=None, help="comma list of case indices (default all)")
-    p.add_argument("--smoke", action="store_true", help="CPU, toy dims, chunks of a few hundred elements")
+    p.add_argument("--smoke", action="store_true", help="toy dims, chunks of a few hundred elements (fp32; the CPU or the GPU)")
     p.add_argument("--profile", type=int, default=None, help="K: profile case K (hearth and eager) instead")
     args = p.parse_args(argv)
     import importlib
 
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
 
-    cuda = torch.cuda.is_available() and not args.smoke
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cuda = torch.cuda.is_available()  # --smoke on a GPU machine: toy dims on the GPU (no interpreter there)
+    device = "cuda" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda and not args.smoke else torch.float32
     cases = SMOKE_CASES if args.smoke else CASES
     if args.cases:
         cases = [cases[int(k)] for k in args.cases.split(",")]
