@@ -742,3 +742,14 @@ def test_attention_goal_lines_by_hand():
     md = report.summary_markdown([{**r, "metric": "TFLOP/s", "formula": "f", "value": 1.0, "p20_ms": r["ms"],
                                    "p80_ms": r["ms"], "work": 1, "limits": {}, "env": {"gpu": "x"}} for r in rows])
     assert "## Attention against cuDNN and FlashAttention" in md and fwd in md
+
+
+def test_sleep_ms_covers_the_host_time_of_a_warm_call():
+    """The device sleep ahead of each timed call: 1.5x the median host time of the warm-up calls after the first
+    (which pays compiles and picks), plus 0.2 ms, within [1, 50] ms; a host-heavy case gets a longer sleep."""
+    from hearth.bench.timing import SLEEP_MAX_MS, SLEEP_MIN_MS, sleep_ms
+
+    assert sleep_ms([900.0, 0.1, 0.1, 0.1]) == SLEEP_MIN_MS  # a light call: the 1 ms floor; the first call ignored
+    assert sleep_ms([900.0, 1.9, 2.0, 2.1]) == pytest.approx(1.5 * 2.0 + 0.2)  # swiglu_mlp at Qwen3-14B: 3.2 ms
+    assert sleep_ms([5.0, 400.0, 400.0]) == SLEEP_MAX_MS
+    assert sleep_ms([2.0]) == pytest.approx(3.2) and sleep_ms([]) == SLEEP_MIN_MS

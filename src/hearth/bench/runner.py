@@ -165,7 +165,7 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
             return row
         fn, setup = _timed_fn(bound, mode, gouts)
         t = time_call(fn, bound.leaves, device, setup=setup)
-        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, n_reps=t.n)
+        row.update(ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, n_reps=t.n, sleep_ms=t.sleep_ms)
         if mode != "bwd":  # bwd's untimed forward cannot be taken out of a back-to-back wall time
             row.update(time_wall(fn, bound.leaves, device, est_ms=t.median_ms, min_calls=5 if device.type == "cuda" else 1))
         row.update(measure_memory(fn, bound.leaves, device, setup=setup))

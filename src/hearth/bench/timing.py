@@ -2,10 +2,14 @@
 
 Timing (CUDA): CUDA events around each call, after a warm-up of at least 3 calls and 25 ms;
 between timed calls the 256 MiB L2-flush buffer is rewritten and gradients are reset to None
-(both outside the events). Before each timed call a ~1 ms device-side sleep (torch.cuda._sleep) is
-queued ahead of the start event, so the host has queued the whole call (autograd included) before
-the GPU reaches it: the events then time the GPU work, not Python launch gaps. Without it, a
-0.3 ms fwd+bwd measured ~0.5 ms on an H200 for every provider alike (host-bound). The bwd mode runs its forward there too, outside the events, and
+(both outside the events). Before each timed call a device-side sleep (torch.cuda._sleep) is queued
+ahead of the start event, so the host has queued the whole call (autograd included) before the GPU
+reaches it: the events then time the GPU work, not Python launch gaps. Without it, a 0.3 ms fwd+bwd
+measured ~0.5 ms on an H200 for every provider alike (host-bound). The sleep is sized per case from
+the host time of the warm-up calls (sleep_ms: 1.5x their median after the first, plus 0.2 ms; at least
+1 ms, at most 50): a fixed 1 ms was shorter than some calls take to queue (hearth's swiglu_mlp at the
+Qwen3-14B shape: 1.9 ms of host time a call on the H200), whose GPU time could then include waits for
+the host. Rows carry it as sleep_ms. The bwd mode runs its forward there too, outside the events, and
 times the backward alone (no retain_graph: fused losses need not support a second backward).
 Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms of calls, at most 500). On the CPU (--check, the
 interpreter: a test of the harness's paths, not a measurement) a host clock times one call.
@@ -36,8 +40,9 @@ import time
 from dataclasses import dataclass
 
 
-# ~1 ms at the H200's ~1.98 GHz SM clock: longer than the host needs to queue one call of any case.
-_SLEEP_CYCLES = 2_000_000
+# device-sleep cycles per ms at the H200's ~1.98 GHz SM clock (a slower clock sleeps longer: still enough)
+_SLEEP_CYCLES_PER_MS = 2_000_000
+SLEEP_MIN_MS, SLEEP_MAX_MS = 1.0, 50.0
 
 
 @dataclass
@@ -46,6 +51,7 @@ class Timing:
     p20_ms: float
     p80_ms: float
     n: int
+    sleep_ms: float = 0.0  # the device sleep queued ahead of each timed call (0 on the CPU)
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -57,6 +63,15 @@ def quantile(xs: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def sleep_ms(host_ms: list[float]) -> float:
+    """The device sleep ahead of each timed call, from the host time (ms) of the warm-up calls: 1.5x the median
+    of those after the first (which pays compiles and config picks), plus 0.2 ms, within [SLEEP_MIN_MS,
+    SLEEP_MAX_MS]."""
+    warm = host_ms[1:] or host_ms
+    need = 1.5 * statistics.median(warm) + 0.2 if warm else 0.0
+    return min(SLEEP_MAX_MS, max(SLEEP_MIN_MS, need))
 
 
 def reset_grads(leaves) -> None:
@@ -83,19 +98,25 @@ def time_call(fn, leaves, device, *, setup=None, warmup_ms=25.0, rep_ms=100.0, m
     # warm-up, and a first estimate of one call
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    n_warm = 0
+    n_warm, host = 0, []
     while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
-        fn(*_prepare(leaves, setup))
+        args = _prepare(leaves, setup)
+        h0 = time.perf_counter()
+        fn(*args)
+        host.append((time.perf_counter() - h0) * 1e3)  # the host's time to queue the call (GPU idle before it)
+        del args
         torch.cuda.synchronize()
         n_warm += 1
     est = (time.perf_counter() - t0) * 1e3 / n_warm
+    sleep = sleep_ms(host)
+    cycles = int(_SLEEP_CYCLES_PER_MS * sleep)
     reps = int(min(max_reps, max(min_reps, rep_ms / max(est, 1e-3))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         args = _prepare(leaves, setup)
         flush.zero_()  # evict the inputs from L2 so every call reads them from memory
-        torch.cuda._sleep(_SLEEP_CYCLES)  # keep the GPU busy while the host queues the call
+        torch.cuda._sleep(cycles)  # keep the GPU busy while the host queues the call
         starts[i].record()
         fn(*args)
         ends[i].record()
@@ -103,7 +124,7 @@ def time_call(fn, leaves, device, *, setup=None, warmup_ms=25.0, rep_ms=100.0, m
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     del flush
-    return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps)
+    return Timing(statistics.median(ms), quantile(ms, 0.2), quantile(ms, 0.8), reps, round(sleep, 3))
 
 
 def time_wall(fn, leaves, device, *, setup=None, est_ms=None, target_ms=30.0, min_calls=5, max_calls=200) -> dict:
