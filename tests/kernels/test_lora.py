@@ -358,6 +358,39 @@ def test_torch_compile_fullgraph_lora_mlp():
         assert_close(g, w, torch.float32)
 
 
+def test_torch_compile_fullgraph_base_compute_matches_eager():
+    """compute="base" through torch.compile (the custom ops with cast=True) against the eager Function route: a bf16
+    base with fp32 factors, the same outputs and the same fp32 factor gradients, for lora_linear and the MLP."""
+    _model, layer = peft_linear(8, 12, torch.bfloat16, seed=5)
+    w, _b, a, b, s, _ = lora_parts(layer)
+    x = torch.randn(4, 8, device=DEVICE).to(torch.bfloat16).requires_grad_()
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+
+    def loss(x, a, b):
+        return lora_linear(x, w, None, a, b, s, "base").float().square().sum()
+
+    got = torch.autograd.grad(torch.compile(loss, backend=backend, fullgraph=True)(x, a, b), (x, a, b))
+    want = torch.autograd.grad(loss(x, a, b), (x, a, b))
+    assert got[1].dtype == got[2].dtype == torch.float32
+    for g, wv in zip(got, want):
+        torch.testing.assert_close(g, wv, rtol=2e-2, atol=2e-2)
+
+    _model, mlp = peft_mlp(8, 24, torch.bfloat16, seed=6)
+    (wg, _, ag, bg, sg, _), (wu, _, au, bu, su, _), (wd, _, ad, bd, sd, _) = mlp._lora_parts(None)
+    xm = torch.randn(5, 8, device=DEVICE).to(torch.bfloat16).requires_grad_()
+
+    def mlp_loss(x, ag, bg, au, bu, ad, bd):
+        out = lora_swiglu_mlp(x, wg, wu, wd, ag, bg, au, bu, ad, bd, sg, su, sd, compute="base")
+        return out.float().square().sum()
+
+    leaves = (xm, ag, bg, au, bu, ad, bd)
+    got = torch.autograd.grad(torch.compile(mlp_loss, backend=backend, fullgraph=True)(*leaves), leaves)
+    want = torch.autograd.grad(mlp_loss(*leaves), leaves)
+    assert all(g.dtype == torch.float32 for g in got[1:])
+    for g, wv in zip(got, want):
+        torch.testing.assert_close(g, wv, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("cast", [False, True], ids=["adapter", "base"])
 def test_opcheck_lora_linear_ops(cast):
     """The ops as torch.compile sees them; cast (compute="base"): a bf16 x and base with fp32 factors."""
