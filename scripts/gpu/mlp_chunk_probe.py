@@ -8,7 +8,7 @@ on that chunk), the backward one column chunk of I at a time (dh, then the chunk
 chunk about MLP_CHUNK_ELEMS elements of [rows, I]. Smaller chunks hold less and split the GEMMs into more, smaller
 ones. Per case this times the forward + backward at each chunk size (--chunks, in Mi elements; 0 = one chunk, h
 whole) under each rule for cutting the rows or columns (--rules): floor = the chunk rounded down to a multiple of
-256 and the rest in a last, ragged chunk (hearth's rule until this probe); balanced = the same number of chunks,
+256 and the rest in a last, ragged chunk (hearth's shipped rule, _chunk itself); balanced = the same number of chunks,
 cut evenly (each rounded up to a multiple of 256). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
 the reference for the same GEMMs unchunked. Median of --reps CUDA-event timings after two warm-up calls; extra
 peak memory = peak allocated during the call minus allocated before it (weight / LoRA gradients pre-allocated, so
@@ -24,6 +24,7 @@ where the two differ.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import time
@@ -45,12 +46,18 @@ SMOKE_CASES = (("smoke full", 37, 16, 40, "full"), ("smoke lora", 37, 16, 40, "l
 
 def rule_fn(rule: str, budget: int):
     """A stand-in for hearth.kernels.swiglu._chunk: (total, other) -> rows (or columns) per chunk, for a budget of
-    `budget` elements a chunk (0: everything in one chunk)."""
+    `budget` elements a chunk (0: everything in one chunk). "floor" is the shipped _chunk itself, run with
+    MLP_CHUNK_ELEMS set to the budget; "balanced" cuts the same number of chunks evenly. Call it while the shipped
+    _chunk is in place (main swaps the stand-in in afterwards)."""
+    sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
+    shipped = sw._chunk
+
     def floor(total: int, other: int) -> int:
-        size = budget // max(1, other)
-        if size >= 256:
-            size -= size % 256
-        return max(1, min(total, size))
+        saved, sw.MLP_CHUNK_ELEMS = sw.MLP_CHUNK_ELEMS, budget
+        try:
+            return shipped(total, other)
+        finally:
+            sw.MLP_CHUNK_ELEMS = saved
 
     def balanced(total: int, other: int) -> int:
         size = floor(total, other)
@@ -167,8 +174,6 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="toy dims, chunks of a few hundred elements (fp32; the CPU or the GPU)")
     p.add_argument("--profile", type=int, default=None, help="K: profile case K (hearth and eager) instead")
     args = p.parse_args(argv)
-    import importlib
-
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
 
     cuda = torch.cuda.is_available()  # --smoke on a GPU machine: toy dims on the GPU (no interpreter there)
