@@ -1,7 +1,7 @@
 # Source on the device (bash), from the repo root, after carrying .peers/peers-*.tar.xz (scripts/gpu/peer_wheels.sh):
 #   . scripts/gpu/peers_env.sh
-# Extracts each part found into /tmp/site ($HEARTH_SITE when set) (once: a marker file per part, so a second call on the same warm machine
-# adds only the part it carried), leaves out the packages the image already imports (the image's copies stay in
+# Extracts each part found into /tmp/site, or $HEARTH_SITE when set (once: a marker file per part, so a second call
+# on the same warm machine adds only the part it carried), leaves out the packages the image already imports (the image's copies stay in
 # charge: a PYTHONPATH entry would shadow them), and puts /tmp/site and the CuTe DSL's package folder (normally
 # added by a .pth file, which extracting does not run) on PYTHONPATH. Prints whether quack and flash_attn.cute import.
 _peers_site=${HEARTH_SITE:-/tmp/site}  # the site folder (HEARTH_SITE: elsewhere, e.g. a test's)
