@@ -551,7 +551,9 @@ def _register_attention() -> None:
 
 
 def _attention(module: nn.Module, state: dict) -> None:
-    p = _compute_like(module)
+    # the compute dtype / device, looked up only where it is used: the by-device choice, and the first module's probe
+    p = (_compute_like(module) if state["attention"] is None or "attention" not in state["attention_checked"]
+         else None)
     if state["attention"] is None:  # by device: only where the fused backward serves (not reported otherwise)
         from hearth.kernels.attention import fused_backward_serves
 
@@ -806,10 +808,9 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    from hearth.kernels.lora import LORA_COMPUTE
+    from hearth.kernels.lora import check_compute
 
-    if lora_compute not in LORA_COMPUTE:
-        raise ValueError(f"lora_compute must be one of {', '.join(map(repr, LORA_COMPUTE))}, got {lora_compute!r}")
+    check_compute(lora_compute, "lora_compute")
     if attention is not None and not isinstance(attention, bool):
         raise TypeError(f"attention must be True, False or None (by device), got {attention!r}")
     enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention is not False}

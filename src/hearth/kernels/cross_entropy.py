@@ -402,7 +402,11 @@ def _target_stats(target: torch.Tensor, n_cols: int, ignore_index: int) -> tuple
     the gate to the row kernel and waits for it after the launch (_queue_check); linear_cross_entropy waits at
     once (_check_targets), before its first GEMM. The torch form this replaces took eight small launches
     (the mask, a clamp, a compare, an and, two sums, a clamp and a reciprocal); on the H200 each costs the
-    host about as much as this one Triton launch. target: contiguous int64 [N]."""
+    host about as much as this one Triton launch. target: contiguous int64 [N].
+    Scaling: one program (one SM) walks the targets TARGET_STATS_BLOCK at a time, so its GPU time grows with N
+    where the torch ops' did not (estimated, not measured: about 1 us a step, so it passes the eight parallel ops'
+    few microseconds somewhere past 64K targets; a training batch holds a few thousand to a few tens of
+    thousands)."""
     gate = torch.empty((), dtype=torch.int32, device=target.device)
     inv_n = torch.empty((), dtype=torch.float32, device=target.device)
     block = min(TARGET_STATS_BLOCK, max(16, next_power_of_2(target.shape[0])))
@@ -485,32 +489,45 @@ def _backward_scale(grad_output, extra):
     return scale * extra if extra is not None else scale
 
 
+def _gated_forward(logits, grad, target, *, ignore_index, label_smoothing, reduction, z_loss, softcap, check):
+    """The forward both routes run (the eager Function and the custom op): the target statistics, the grad
+    scale, the check queued as the row kernel's gate, the launch, then the host's wait for the check (after the
+    launch) and the reduction. grad: the buffer the gradient goes to (logits itself in place, a new one, or None
+    for no gradient). check False: no gate and no wait (CHECK_TARGETS off). Returns (loss, inv_n, extra), extra
+    being _plan's backward factor or None."""
+    n_cols = logits.shape[1]
+    gate, inv_n = _target_stats(target, n_cols, ignore_index)
+    fwd_scale, extra = _plan(logits, inv_n, reduction)
+    pending = _queue_check(gate) if check else None
+    rows_loss = _launch_rows(
+        logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+        softcap=softcap, grad_scale=fwd_scale, gate=gate if check else None,
+    )
+    if check:
+        _finish_check(target, gate, pending, n_cols, ignore_index)
+    return _reduce(rows_loss, inv_n, reduction), inv_n, extra
+
+
 # -------------------------------------------------------------------------- eager autograd (in place)
 class _CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, ignore_index, label_smoothing, reduction, z_loss, softcap, write_grad, check):
-        # the target check here, not before apply: one launch gives it and n_valid (_target_stats); it gates
-        # the kernel on the device, and the host waits for it only after the launch (_queue_check)
-        gate, inv_n = _target_stats(target, input.shape[1], ignore_index)
+        # the target check runs in here (_gated_forward), not before apply: one launch gives it and n_valid, it
+        # gates the kernel on the device, and the host waits for it only after the launch
         # rows that share memory (an expanded input, row stride < V) cannot each receive their own
         # in-place gradient: copy them, like a column stride != 1
         overlapping = input.shape[0] > 1 and input.stride(0) < input.shape[1]
         in_place_ok = input.stride(1) == 1 and not (write_grad and overlapping)
         logits = input if in_place_ok else input.contiguous()
-        fwd_scale, extra = _plan(input, inv_n, reduction)
-        pending = _queue_check(gate) if check else None
-        rows_loss = _launch_rows(
+        loss, inv_n, extra = _gated_forward(
             logits, logits if write_grad else None, target, ignore_index=ignore_index,
-            label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, grad_scale=fwd_scale,
-            gate=gate if check else None,
+            label_smoothing=label_smoothing, reduction=reduction, z_loss=z_loss, softcap=softcap, check=check,
         )
-        if check:
-            _finish_check(target, gate, pending, input.shape[1], ignore_index)
         if write_grad:
             ctx.save_for_backward(logits, extra if extra is not None else inv_n)
             ctx.has_extra = extra is not None
             ctx.consumed = False
-        return _reduce(rows_loss, inv_n, reduction)
+        return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -535,22 +552,16 @@ def _ce_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Functional forward: (loss, grad [N, V] or empty [0], backward factor [] fp32). softcap 0 = off."""
     # runs at run time, even under compile (the op is opaque to the compiler)
-    check = CHECK_TARGETS
-    gate, inv_n = _target_stats(target, input.shape[1], ignore_index)
-    fwd_scale, extra = _plan(input, inv_n, reduction)
     logits = input if input.stride(1) == 1 else input.contiguous()
     grad = torch.empty(logits.shape, dtype=input.dtype, device=input.device) if with_grad else None
-    pending = _queue_check(gate) if check else None  # the gated kernel (see the eager forward)
-    rows_loss = _launch_rows(
-        logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
-        z_loss=z_loss, softcap=softcap or None, grad_scale=fwd_scale, gate=gate if check else None,
+    loss, _inv_n, extra = _gated_forward(
+        logits, grad, target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+        z_loss=z_loss, softcap=softcap or None, check=CHECK_TARGETS,
     )
-    if check:
-        _finish_check(target, gate, pending, input.shape[1], ignore_index)
     factor = extra if extra is not None else torch.ones((), dtype=torch.float32, device=input.device)
     if grad is None:
         grad = torch.empty(0, dtype=input.dtype, device=input.device)
-    return _reduce(rows_loss, inv_n, reduction), grad, factor
+    return loss, grad, factor
 
 
 @_ce_fwd_op.register_fake

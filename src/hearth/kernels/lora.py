@@ -505,10 +505,15 @@ def _check_scale(scale, name: str) -> float:
     return float(scale)
 
 
+def check_compute(compute, name: str = "compute") -> None:
+    """ValueError naming `name` unless compute is one of LORA_COMPUTE (the nodes, lora_parts and patch.apply)."""
+    if compute not in LORA_COMPUTE:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, LORA_COMPUTE))}, got {compute!r}")
+
+
 def _check_compute(compute, x: torch.Tensor, factor: torch.Tensor) -> bool:
     """Whether the node casts the factors (compute "base" with factors not already in x's dtype)."""
-    if compute not in LORA_COMPUTE:
-        raise ValueError(f"compute must be one of {LORA_COMPUTE}, got {compute!r}")
+    check_compute(compute)
     return compute == "base" and factor.dtype != x.dtype
 
 
@@ -703,8 +708,7 @@ def lora_parts(module, x: torch.Tensor | None = None, compute: str = "adapter"):
             return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         return None
-    if compute not in LORA_COMPUTE:
-        raise ValueError(f"compute must be one of {LORA_COMPUTE}, got {compute!r}")
+    check_compute(compute)
     return w, b, a, bb, float(scale), compute
 
 
