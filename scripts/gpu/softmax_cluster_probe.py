@@ -230,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fwd-only-smem", action="store_true",
                    help="forward table: only smem (config's pick), hearth and compile (no register form, no variants)")
     p.add_argument("--no-pick-check", action="store_true")
+    p.add_argument("--no-ce", action="store_true", help="skip the cross-entropy table")
+    p.add_argument("--min-cols", type=int, default=None,
+                   help="lower softmax_gluon.MIN_COLS for this run, so the shared-memory forms take rows that "
+                        "softmax() keeps on its one-pass kernels (rows up to 32768: whether routing them would pay)")
     args = p.parse_args(argv)
+    if args.min_cols is not None:
+        sg.MIN_COLS = args.min_cols
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("softmax_cluster_probe needs a Hopper GPU (compute capability 9.x)")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(";")] if args.shapes else SHAPES
@@ -288,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(f"{m}x{n}", name, f"{row.get('ms', nan):.3f}", f"{row.get('gbps', 0):.0f}",
                               f"{100 * row.get('gbps', 0) / copy:.0f}", err_text, f"{row.get('extra_mib', nan):.0f}")
     console.print(table)
-    ce_table(args.out, meta, copy, device, [int(c) for c in args.ctas.split(",")])
+    if not args.no_ce:
+        ce_table(args.out, meta, copy, device, [int(c) for c in args.ctas.split(",")])
     bwd_table(args.out, meta, shapes, copy, device)
     if not args.no_pick_check:
         pick_check(args.out, meta, device)
