@@ -225,6 +225,27 @@ def test_routing_rule_shapes_dtypes_alignment_and_shared_memory():
     assert not sg.serves(x)
 
 
+def test_softmax_takes_narrower_16_bit_rows_than_cross_entropy():
+    """smem_min_cols: softmax's 16-bit rows go to the shared-memory forms past 16384 columns forward and 4096
+    backward (where they measured faster than the one-pass kernels); fp32 and the default (cross-entropy's
+    rule, and the register form's) keep MIN_COLS; the bound is exclusive and rows_fit / supported honour it."""
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert sg.smem_min_cols(bf16) == sg.smem_min_cols(fp16) == 16384 == sg.SMEM_FWD_MIN_COLS
+    assert sg.smem_min_cols(bf16, inputs=2) == 4096 == sg.SMEM_BWD_MIN_COLS
+    assert sg.smem_min_cols(fp32) == sg.smem_min_cols(fp32, inputs=2) == sg.MIN_COLS
+    fwd, bwd = sg.smem_min_cols(bf16), sg.smem_min_cols(bf16, inputs=2)
+    assert sg.rows_fit(bf16, (8, 32000), (32000, 1), 0, min_cols=fwd)
+    assert not sg.rows_fit(bf16, (8, 32000), (32000, 1), 0)  # cross-entropy's rule: the one-pass widths
+    assert not sg.rows_fit(bf16, (8, 16384), (16384, 1), 0, min_cols=fwd)
+    assert sg.rows_fit(bf16, (8, 16384 + 16), (16384 + 16, 1), 0, min_cols=fwd)
+    assert sg.rows_fit(bf16, (8, 8192), (8192, 1), 0, inputs=2, min_cols=bwd)
+    assert not sg.rows_fit(bf16, (8, 4096), (4096, 1), 0, inputs=2, min_cols=bwd)
+    assert not sg.rows_fit(bf16, (8, 32000 + 8), (32000 + 8, 1), 0, min_cols=fwd)  # alignment still applies
+    assert sg.supported((9, 0), bf16, 8192, min_cols=bwd) and not sg.supported((9, 0), bf16, 8192)
+    with pytest.raises(ValueError, match="4096 < n <= 262144"):
+        sg.softmax_bwd_smem(torch.zeros(2, 8192, dtype=bf16), torch.zeros(2, 8192, dtype=bf16))  # CPU: not Hopper
+
+
 def test_kernels_import_without_gluon():
     """hearth.kernels imports on a Triton without Gluon (the package allows older ones): softmax and
     cross_entropy then keep every row on their Triton kernels."""
@@ -304,7 +325,8 @@ def test_gpu_matches_reference(rows, n, dtype, ctas):
 @pytest.mark.parametrize("rows, n, dtype, ctas", [
     (3, 262144, torch.bfloat16, None), (5, 151936, torch.bfloat16, None), (4, 65536 + 16, torch.float16, None),
     (3, 40000, torch.float32, None), (3, 262144, torch.float32, None), (4, 131072, torch.bfloat16, 16),
-    (3, 40000, torch.bfloat16, 16)])
+    (3, 40000, torch.bfloat16, 16), (3, 32000, torch.bfloat16, None), (4, 16384 + 32, torch.float16, None),
+    (3, 20000, torch.bfloat16, 4)])
 def test_gpu_smem_form_matches_reference(rows, n, dtype, ctas):
     """The shared-memory form against fp64, within 2x PyTorch's error, with the same special rows (a large
     spread, a tail of -inf, a first part all -inf); 40000 columns over 16 CTAs leaves whole chunks and
@@ -331,7 +353,8 @@ def test_gpu_reads_rows_through_their_stride_and_handles_zero_rows():
 @hopper_only
 @pytest.mark.parametrize("rows, n, dtype", [(3, 262144, torch.bfloat16), (5, 151936, torch.bfloat16),
                                            (4, 65536 + 16, torch.float16), (3, 40000, torch.float32),
-                                           (3, 131072, torch.float32)])
+                                           (3, 131072, torch.float32), (3, 32000, torch.bfloat16),
+                                           (4, 4096 + 16, torch.bfloat16), (2, 8192, torch.float16)])
 def test_gpu_smem_backward_matches_reference(rows, n, dtype):
     """softmax_bwd_smem against y * (dy - sum(dy * y)) in fp64 of the same y and dy, within 2x PyTorch's own
     error in `dtype` (its softmax backward on the same values); one row with a tail of zeros in y (the
@@ -364,7 +387,8 @@ def test_gpu_softmax_routes_wide_aligned_rows_to_the_smem_form(monkeypatch):
     """hearth's softmax() sends a wide row that is smem_aligned to softmax_fwd_smem and its backward to
     softmax_bwd_smem (one call each, the values within the rule), an unaligned one or ROUTE off to the
     chunked Triton kernels, and the fp32 backward at 262144 columns (y and dy past the shared memory of 16
-    CTAs) to the Triton backward."""
+    CTAs) to the Triton backward; 16-bit rows narrower than MIN_COLS by smem_min_cols (32000: both, 16384: the
+    backward only, 4096: neither), fp32 ones of that width to the one-pass kernels."""
     from hearth.kernels.softmax import softmax
 
     calls = []
@@ -373,7 +397,9 @@ def test_gpu_softmax_routes_wide_aligned_rows_to_the_smem_form(monkeypatch):
     monkeypatch.setattr(sg, "softmax_bwd_smem", lambda *a, **k: calls.append("bwd") or bwd(*a, **k))
     torch.manual_seed(3)
     for n, dtype, routed in ((131072, torch.bfloat16, ["fwd", "bwd"]), (131072 + 8, torch.bfloat16, []),
-                             (262144, torch.float32, ["fwd"])):
+                             (262144, torch.float32, ["fwd"]), (32000, torch.bfloat16, ["fwd", "bwd"]),
+                             (16384, torch.bfloat16, ["bwd"]), (4096, torch.float16, []),
+                             (32000, torch.float32, []), (32000 + 8, torch.bfloat16, [])):
         x = (torch.randn(2, 3, n, device="cuda") * 3).to(dtype).requires_grad_()
         calls.clear()
         y = softmax(x)

@@ -22,6 +22,9 @@ Two paths, chosen by row width in `_config` (the one place BLOCK / num_warps are
     kernels in Gluon (softmax_gluon.softmax_fwd_smem / softmax_bwd_smem): the row is split over a cluster
     of CTAs, each holding its part in shared memory, so it is read from HBM once (H200, bf16, forward:
     1.20-1.32x the chunked kernel at 4096 x 151936 / 262144, 8192 x 128256 / 131072 / 152064, 16384 x 65536).
+    For 16-bit dtypes they also take aligned rows the one-pass kernels would: forward rows over 16384 columns,
+    backward rows over 4096 (softmax_gluon.smem_min_cols: 1.13-1.14x forward and 1.09-1.11x backward at 32000 /
+    32768 columns; narrower forward rows measured slower there and stay on the one-pass kernel).
 
 Layout: the softmax dim is moved last (`movedim`, a view). Rows are copied to contiguous memory only
 when the moved dim does not have stride 1 (or the leading dims cannot be flattened into one row
@@ -342,7 +345,8 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
     chunked, block, warps = _config(n_cols)
     key = ("softmax_fwd", n_cols, x.dtype)
     # both kernels only write y, so candidates are timed on the real arguments
-    if chunked and sg is not None and sg.serves(xr):  # Hopper, a wide aligned row: read once
+    # Hopper, an aligned row past the cluster's width (softmax_gluon.smem_min_cols): the row split over a cluster
+    if sg is not None and sg.serves(xr, min_cols=sg.smem_min_cols(xr.dtype)):
         sg.softmax_fwd_smem(xr, out=yr)
     elif chunked:
         def launch(cfg):
@@ -376,7 +380,8 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     strides = (yr.stride(0), dyr.stride(0), dxr.stride(0))
     key = ("softmax_bwd", n_cols, y.dtype)
     # both kernels only write dx, so candidates are timed on the real arguments
-    if chunked and sg is not None and sg.serves(yr, inputs=2) and sg.smem_aligned(dyr):  # as the forward
+    if (sg is not None and sg.serves(yr, inputs=2, min_cols=sg.smem_min_cols(yr.dtype, inputs=2))
+            and sg.smem_aligned(dyr)):  # as the forward
         sg.softmax_bwd_smem(yr, dyr, out=dxr)
     elif chunked:
         def launch(cfg):

@@ -2,7 +2,9 @@
 
 Two forms. softmax_fwd_smem (the shared-memory form, end of this file: each CTA's part copied into shared
 memory by cp.async and worked a chunk at a time in registers) is what softmax() routes a wide forward row to
-on Hopper when the row is 16-byte aligned (`serves`, the rule both softmax.py and cross_entropy.py call).
+on Hopper when the row is 16-byte aligned (`serves`, the rule both softmax.py and cross_entropy.py call), and,
+for 16-bit rows, narrower ones too: forward rows over 16384 columns, backward rows over 4096 (`smem_min_cols`,
+with its measurements).
 Measured on the H200 (bf16, forward, scripts/gpu/softmax_cluster_probe.py, 2026-12-03) against the chunked
 Triton kernel (softmax.py, which reads a wide row twice: statistics, then output), at 4 warps a CTA:
 4096 x 262144 1.201 / 1.582 ms (1.32x, 3576 GB/s against a device copy of 4251), 4096 x 151936 0.746 /
@@ -146,24 +148,51 @@ def constexprs(ctas: int, p: int, warps: int, elem_bytes: int) -> dict:
     )
 
 
-def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: int) -> bool:
-    """Hopper, a served dtype, and a row wide enough to need more than one program and narrow enough for
-    MAX_CTAS CTAs at ELEMENTS_PER_THREAD values a thread."""
+def supported(capability: tuple[int, int] | None, dtype: torch.dtype, n_cols: int, min_cols: int | None = None
+              ) -> bool:
+    """Hopper, a served dtype, and a row wider than min_cols (default MIN_COLS: wide enough to need more than
+    one program) and narrow enough for MAX_CTAS CTAs at ELEMENTS_PER_THREAD values a thread."""
+    low = MIN_COLS if min_cols is None else min_cols
     return (capability is not None and capability[0] == 9 and dtype in DTYPES
-            and MIN_COLS < n_cols <= MAX_COLS)
+            and low < n_cols <= MAX_COLS)
 
 
-def check_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
+def check_rows(t: torch.Tensor, name: str, what: str, width: str, min_cols: int | None = None) -> None:
     """The argument checks of the cluster kernels' wrappers: `t` (called `name`) 2-D with unit column stride,
-    and within `supported` (`what` names the kernel, `width` the row width, in the error)."""
+    and within `supported` (`what` names the kernel, `width` the row width, in the error; min_cols as there)."""
     if t.dim() != 2 or t.stride(1) != 1:
         raise ValueError(f"{name} must be 2-D with unit column stride, got shape {tuple(t.shape)}, "
                          f"strides {tuple(t.stride())}")
     cap = capability(t.device)
-    if not supported(cap, t.dtype, t.shape[1]):
-        raise ValueError(f"{name}: {what} serves Hopper, {', '.join(map(str, DTYPES))} and {MIN_COLS} < {width} "
+    if not supported(cap, t.dtype, t.shape[1], min_cols):
+        low = MIN_COLS if min_cols is None else min_cols
+        raise ValueError(f"{name}: {what} serves Hopper, {', '.join(map(str, DTYPES))} and {low} < {width} "
                          f"<= {MAX_COLS} columns; got {t.dtype}, "
                          f"{width} = {t.shape[1]}, capability {cap}")
+
+
+# The shared-memory forms also take softmax rows narrow enough for softmax.py's one-pass kernels, which read
+# them once too, where they measured faster: H200, bf16, 16384 rows (scripts/gpu/softmax_cluster_probe.py
+# --min-cols 2048, 2026-12-04), shared-memory form / one-pass kernel at its picked config, ms:
+#   forward   32000: 0.520 / 0.595 (1.14x)   32768: 0.529 / 0.600 (1.13x)   16384: 0.281 / 0.275 (0.98x)
+#             8192: 0.153 / 0.135 (0.88x)    4096 (32768 rows): 0.179 / 0.140 (0.78x)
+#   backward  32000: 0.733 / 0.802 (1.09x)   32768: 0.744 / 0.824 (1.11x)   16384: 0.375 / 0.390 (1.04x)
+#             8192: 0.191 / 0.196 (1.03x)    4096 (32768 rows): 0.202 / 0.208 (1.03x)
+# A one-pass row at 32768 bf16 columns is one 32-warp program an SM (the register file), which loads, reduces
+# and stores one row at a time; the cluster splits the row over 2-4 CTAs that keep several rows' copies in
+# flight an SM. So for 16-bit dtypes the forward takes rows over SMEM_FWD_MIN_COLS columns and the backward
+# rows over SMEM_BWD_MIN_COLS (4096 itself, at 1.03x, stays on the one-pass kernel: within a run's spread).
+# fp32 rows this narrow were not measured: they keep MIN_COLS. Cross-entropy keeps MIN_COLS (not measured).
+SMEM_FWD_MIN_COLS = 16384
+SMEM_BWD_MIN_COLS = 4096
+
+
+def smem_min_cols(dtype: torch.dtype, inputs: int = 1) -> int:
+    """The width the softmax rows of `dtype` must pass for the shared-memory forms (inputs 1: the forward, 2:
+    the backward's y and dy); never above MIN_COLS (the probe lowers that one to explore)."""
+    if dtype.itemsize != 2:
+        return MIN_COLS
+    return min(MIN_COLS, SMEM_FWD_MIN_COLS if inputs == 1 else SMEM_BWD_MIN_COLS)
 
 
 def softmax_fwd(x: torch.Tensor, *, ctas: int | None = None) -> torch.Tensor:
@@ -332,11 +361,11 @@ def _check_aligned(t: torch.Tensor, name: str, what: str, width: str) -> None:
                          f"{t.data_ptr() % 16}, {width} = {t.shape[1]}, stride {t.stride(0)}")
 
 
-def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str) -> None:
+def check_smem_rows(t: torch.Tensor, name: str, what: str, width: str, min_cols: int | None = None) -> None:
     """smem_aligned (checked first, before the device is asked: the message is the same on any machine),
     then check_rows."""
     _check_aligned(t, name, what, width)
-    check_rows(t, name, what, width)
+    check_rows(t, name, what, width, min_cols)
 
 
 def _out_like(ref: torch.Tensor, out: torch.Tensor | None, name: str) -> torch.Tensor:
@@ -355,7 +384,7 @@ def softmax_fwd_smem(x: torch.Tensor, *, ctas: int | None = None, warps: int = S
     """softmax_fwd's contract through the shared-memory form (smem_config picks the cluster size when
     ctas is None), for rows that are smem_aligned; out: a [M, n] tensor of x's dtype and device with unit
     column stride to write into (a new row-contiguous one when None)."""
-    check_smem_rows(x, "x", "the cluster softmax", "n")
+    check_smem_rows(x, "x", "the cluster softmax", "n", smem_min_cols(x.dtype))
     m, n = x.shape
     ctas, chunk, chunks = smem_config(n, x.element_size(), ctas)
     out = _out_like(x, out, "out")
@@ -420,8 +449,9 @@ def softmax_bwd_smem(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = No
     row-contiguous tensor when None)."""
     for t, name in ((y, "y"), (dy, "dy")):
         _check_aligned(t, name, "the cluster softmax backward", "n")
-    check_rows(y, "y", "the cluster softmax backward", "n")
-    check_rows(dy, "dy", "the cluster softmax backward", "n")
+    low = smem_min_cols(y.dtype, inputs=2)
+    check_rows(y, "y", "the cluster softmax backward", "n", low)
+    check_rows(dy, "dy", "the cluster softmax backward", "n", low)
     if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
         raise ValueError(f"dy must be {y.dtype} {tuple(y.shape)} on {y.device}, got {dy.dtype} {tuple(dy.shape)} "
                          f"on {dy.device}")
@@ -443,22 +473,25 @@ def softmax_bwd_smem(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = No
 ROUTE = True  # False: the Triton kernels everywhere (the benchmarks' A/B switch; tests)
 
 
-def rows_fit(dtype: torch.dtype, shape: tuple, strides: tuple, pointer: int, inputs: int = 1) -> bool:
+def rows_fit(dtype: torch.dtype, shape: tuple, strides: tuple, pointer: int, inputs: int = 1,
+             min_cols: int | None = None) -> bool:
     """The shape side of the routing rule, a pure function: 2-D rows with unit column stride, a served dtype,
-    MIN_COLS < width <= the register form's limit (the widths measured), 16-byte aligned rows (smem_aligned's
-    test on these numbers), and `inputs` such rows (2: the backward's y and dy) fitting SMEM_MAX_PART_BYTES a
-    CTA over MAX_CTAS CTAs (fp32 at 262144 columns does not, in the backward)."""
+    min_cols (default MIN_COLS; softmax passes smem_min_cols) < width <= the register form's limit (the widths
+    measured), 16-byte aligned rows (smem_aligned's test on these numbers), and `inputs` such rows (2: the
+    backward's y and dy) fitting SMEM_MAX_PART_BYTES a CTA over MAX_CTAS CTAs (fp32 at 262144 columns does
+    not, in the backward)."""
+    low = MIN_COLS if min_cols is None else min_cols
     if not (len(shape) == 2 and strides[1] == 1 and dtype in DTYPES
-            and MIN_COLS < shape[1] <= MAX_COLS):
+            and low < shape[1] <= MAX_COLS):
         return False
     chunk = CHUNK_BYTES // dtype.itemsize
     return (cdiv(cdiv(shape[1], MAX_CTAS), chunk) * CHUNK_BYTES * inputs <= SMEM_MAX_PART_BYTES
             and _aligned(pointer, shape[1], strides[0]))
 
 
-def serves(t: torch.Tensor, inputs: int = 1) -> bool:
+def serves(t: torch.Tensor, inputs: int = 1, min_cols: int | None = None) -> bool:
     """Whether the shared-memory cluster form takes the rows of `t`: ROUTE on, an NVIDIA Hopper GPU (not ROCm,
-    whose gfx9 parts also report major 9), and rows_fit."""
+    whose gfx9 parts also report major 9), and rows_fit (min_cols as there)."""
     return (ROUTE and t.is_cuda and torch.version.hip is None
-            and rows_fit(t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr(), inputs)
+            and rows_fit(t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr(), inputs, min_cols)
             and capability(t.device)[0] == 9)
