@@ -546,13 +546,29 @@ def test_time_wall_measures_host_cost_per_call():
         calls.append(1)
         _time.sleep(0.004)
 
-    w = timing.time_wall(fn, [], torch.device("cpu"), est_ms=4.0, target_ms=20.0, min_calls=3)
-    assert w["wall_calls"] == len(calls) == 5
+    w = timing.time_wall(fn, [], torch.device("cpu"), est_ms=4.0, target_ms=20.0, min_calls=3, blocks=1)
+    assert w["wall_calls"] == len(calls) == 5 and w["wall_blocks"] == 1
     assert 4.0 <= w["host_ms"] <= w["wall_ms"]
     # setup runs between the calls and counts in the wall time, not in the host time
     w2 = timing.time_wall(lambda _: None, [], torch.device("cpu"), setup=lambda: _time.sleep(0.02), est_ms=1.0,
-                          target_ms=3.0, min_calls=3)
+                          target_ms=3.0, min_calls=3, blocks=1)
     assert w2["wall_calls"] == 3 and w2["wall_ms"] - w2["host_ms"] >= 20.0
+
+
+def test_time_wall_takes_the_median_block_so_one_stall_does_not_move_it():
+    """5 blocks of back-to-back calls (the default); one call of one block stalls 60 ms (a host hiccup): the
+    median block's wall and host per call stay near the 2 ms calls, where one block's mean would include it."""
+    import time as _time
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        _time.sleep(0.06 if len(calls) == 7 else 0.002)
+
+    w = timing.time_wall(fn, [], torch.device("cpu"), est_ms=2.0, target_ms=30.0, min_calls=3)
+    assert w["wall_blocks"] == 5 and w["wall_calls"] == len(calls) == 15  # 3 calls a block
+    assert 2.0 <= w["host_ms"] <= w["wall_ms"] < 2.0 + 60.0 / 15 / 2  # far below the stall's share of one mean
 
 
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "full"])

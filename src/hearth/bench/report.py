@@ -221,7 +221,8 @@ def summary_markdown(rows: list[dict]) -> str:
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
               "(torch.compile, Liger, quack, vendor) measured on the same GPU and software; ratio = peer ms / hearth ms; a peer "
               "not ranked (not ok, or merged from another setup) is named beside the verdict. wall = ms per call back to back "
-              "(no device sleep, no L2 flush): the host overhead a training loop sees.", ""]
+              "(no device sleep, no L2 flush; the median of 5 blocks of calls since 2026-12-04, one block before): the host "
+              "overhead a training loop sees.", ""]
     groups = group_cases(rows)
     head = {k: v for k, v in groups.items() if any(r.get("headline") for r in v)}
     if head:
