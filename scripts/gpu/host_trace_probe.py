@@ -17,6 +17,8 @@ autograd split by timestamps (hand-over to autograd's device thread, the Python 
 no-op autograd.Function as the control, with a cProfile taken on the device thread, then the three back to back
 (launchers, through autograd, the control) alternated in rounds in one process. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
 Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
+--op softmax_ab --shape M,N: softmax's fwd+bwd host time route by route in rounds (the cluster forms routed and
+not, through autograd and the launchers called directly, Liger beside them), and a cProfile of the routed backward.
 --op sum_partials --shape G,N: instead, the norms' dweight / dbias reduction alone, both ways in one process (host
 time on that machine varies by up to 2.5x between processes): a torch sum of the [2, G, N] fp32 partials and a
 cast per bf16 output (what the backward ran before), against rms_norm.sum_partials (one launch); wall and host
@@ -320,6 +322,75 @@ def _sum_partials_ab(shape: list[int], iters: int) -> str:
     return "\n".join(lines)
 
 
+def _softmax_ab(shape: list[int], iters: int, rounds: int = 3) -> str:
+    """--op softmax_ab --shape M,N (bf16): where the host time of softmax's fwd+bwd goes, route by route, in rounds
+    in one process, back to back (host us inside the calls / wall us a call): through autograd with the cluster
+    forms routed (softmax_gluon.ROUTE on) and off (the one-pass / chunked Triton kernels), Liger's softmax where it
+    imports, then each backward launcher called directly on this thread (no autograd), routed and not; then a
+    cProfile of the routed backward launcher (Python time by function)."""
+    import cProfile
+    import importlib
+    import io
+    import pstats
+
+    sm = importlib.import_module("hearth.kernels.softmax")
+    sg = sm.sg
+    m, n = shape
+    x = (torch.randn(m, n, device="cuda") * 3).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    y = torch.softmax(x.detach().float(), -1).to(torch.bfloat16)
+
+    def routed(flag, fn):
+        def call():
+            sg.ROUTE = flag
+            try:
+                fn()
+            finally:
+                sg.ROUTE = True
+        return call
+
+    def autograd():
+        x.grad = None
+        sm.softmax(x).backward(dy)
+
+    cases = [("autograd, routed", routed(True, autograd)), ("autograd, Triton", routed(False, autograd))]
+    try:
+        from liger_kernel.transformers.functional import liger_softmax
+
+        def liger():
+            x.grad = None
+            liger_softmax(x).backward(dy)
+        cases.append(("liger", liger))
+    except ImportError:
+        pass
+    cases += [("bwd launcher, routed", routed(True, lambda: sm._softmax_bwd(y, dy))),
+              ("bwd launcher, Triton", routed(False, lambda: sm._softmax_bwd(y, dy))),
+              ("fwd launcher, routed", routed(True, lambda: sm._softmax_fwd(x.detach())))]
+    lines = [f"softmax {m}x{n} bf16, {iters} calls a round back to back (host us inside the calls / wall us a call); "
+             f"routes: backward {'smem' if sg is not None and sg.serves(y, inputs=2, min_cols=sg.smem_min_cols(y.dtype, 2)) else 'Triton'}, "
+             f"forward {'smem' if sg is not None and sg.serves(y, min_cols=sg.smem_min_cols(y.dtype)) else 'Triton'}"]
+    for r in range(rounds):
+        cells = []
+        for name, fn in cases:
+            for _ in range(3):
+                fn()
+            host, wall = _back_to_back(fn, iters)
+            cells.append(f"{name} {host * 1e6:.0f} / {wall * 1e6:.0f}")
+        lines.append(f"  round {r}: " + "; ".join(cells))
+    prof = cProfile.Profile()
+    bwd = routed(True, lambda: sm._softmax_bwd(y, dy))
+    prof.enable()
+    for _ in range(iters):
+        bwd()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    lines.append(f"cProfile of {iters} routed backward launcher calls (totals over the calls):")
+    lines.append(buf.getvalue())
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--op", default="swiglu_mlp")
@@ -333,6 +404,13 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
+    if args.op == "softmax_ab":
+        text = _softmax_ab([int(s) for s in args.shape.split(",")], args.iters)
+        print(text)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"host_trace_softmax_ab_{args.shape.replace(',', 'x')}.txt").write_text(text + "\n")
+        return
     if args.op == "sum_partials":
         text = _sum_partials_ab([int(s) for s in args.shape.split(",")], args.iters)
         print(text)
