@@ -39,6 +39,8 @@ Eager calls skip that dispatch: a torch.autograd.Function runs the same launcher
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -255,10 +257,18 @@ def _softmax_bwd_chunked_kernel(
 # ---------------------------------------------------------------------------------------- launcher
 def _config(n_cols: int) -> tuple[bool, int, int]:
     """(chunked?, BLOCK or CHUNK, num_warps) for rows of width n_cols: the one tuning table."""
-    if n_cols > ONEPASS_MAX_COLS:
-        return True, min(WIDE_CHUNK, next_power_of_2(n_cols)), WIDE_WARPS
+    return _config_for(n_cols, ONEPASS_MAX_COLS, WIDE_CHUNK, WIDE_WARPS, _ONEPASS_WARPS)
+
+
+# The launch plans below are pure functions of their arguments and the module's tuning constants, which are passed
+# in as arguments so that the caches see a test's lowered constant: built once a width, not on every call (their
+# lists cost several microseconds of host time a call, more than the rest of the launcher's Python).
+@functools.lru_cache(maxsize=None)
+def _config_for(n_cols: int, onepass_max: int, wide_chunk: int, wide_warps: int, onepass_warps) -> tuple[bool, int, int]:
+    if n_cols > onepass_max:
+        return True, min(wide_chunk, next_power_of_2(n_cols)), wide_warps
     block = next_power_of_2(n_cols)
-    warps = next(w for limit, w in _ONEPASS_WARPS if block <= limit)
+    warps = next(w for limit, w in onepass_warps if block <= limit)
     return False, block, warps
 
 
@@ -272,7 +282,14 @@ def _wide_programs(n_rows: int, device: torch.device, per_sm: float | None = Non
     return max(1, min(n_rows, int(num_sms(device) * per_sm)))
 
 
-def _wide_candidates(n_cols: int, itemsize: int = 2, n_inputs: int = 1) -> list[tuple[float, int, int, int]]:
+def _wide_candidates(n_cols: int, itemsize: int = 2, n_inputs: int = 1) -> tuple[tuple[float, int, int, int], ...]:
+    """_wide_candidates_for with the module's constants (cached per width, see _config_for)."""
+    return _wide_candidates_for(n_cols, itemsize, n_inputs, WIDE_PROGRAMS_PER_SM, WIDE_CHUNK, WIDE_WARPS)
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_candidates_for(n_cols: int, itemsize: int, n_inputs: int, programs_per_sm: float, wide_chunk: int,
+                         wide_warps: int) -> tuple[tuple[float, int, int, int], ...]:
     """(programs_per_SM, CHUNK, num_warps, num_stages) candidates of the wide kernels; the first is the
     default (CPU / interpreter: the module constants, unpipelined). On the GPU the fastest is kept.
     Pipelined loops (num_stages > 1: cp.async into shared memory) keep chunks in flight without more
@@ -282,14 +299,14 @@ def _wide_candidates(n_cols: int, itemsize: int = 2, n_inputs: int = 1) -> list[
     stages -- cross-entropy's row kernel, the same two-loop walk, ran 9-20% faster on the H200 that way
     than with 2 persistent programs per SM (ce_rows_probe, 2026-12-02), the re-read missing L2 in both."""
     cap = next_power_of_2(n_cols)
-    first = (WIDE_PROGRAMS_PER_SM, min(WIDE_CHUNK, cap), WIDE_WARPS, 1)
+    first = (programs_per_sm, min(wide_chunk, cap), wide_warps, 1)
     cands = [first, (1.0, 16384, 32, 3), (0.5, 16384, 32, 3), (0.5, 16384, 32, 1), (0.5, 16384, 32, 2), (0.25, 16384, 32, 4),
              (0, 4096, 8, 3), (0, 8192, 16, 3)]
     # shared memory of the pipelined loads: (stages - 1) x CHUNK x itemsize per input (the compiled
     # sm_90 kernels hold stages - 1 buffers); keep <= 160 KiB
     # (the H200 allows 227 KiB a block; candidates over it would fail to launch and be skipped anyway)
     fits = [c for c in cands if c[3] == 1 or (c[3] - 1) * min(c[1], cap) * itemsize * n_inputs <= 160 * 1024]
-    return list(dict.fromkeys((p, min(c, cap), w, s) for p, c, w, s in fits))
+    return tuple(dict.fromkeys((p, min(c, cap), w, s) for p, c, w, s in fits))
 
 
 def _onepass_candidates(warps: int) -> list[int]:
@@ -309,22 +326,31 @@ ROWS_MIN_BLOCK = 8192
 _ROWS_CANDIDATES = ((1, 32, 2), (1, 16, 2), (1, 32, 3), (2, 16, 2))
 
 
-def _onepass_pick_candidates(block: int, warps: int, itemsize: int, n_inputs: int = 1) -> list:
+def _onepass_pick_candidates(block: int, warps: int, itemsize: int, n_inputs: int = 1) -> tuple:
+    """_onepass_pick_candidates_for with the module's constants (cached per width, see _config_for)."""
+    return _onepass_pick_candidates_for(block, warps, itemsize, n_inputs, ROWS_MIN_BLOCK, _ROWS_CANDIDATES)
+
+
+@functools.lru_cache(maxsize=None)
+def _onepass_pick_candidates_for(block: int, warps: int, itemsize: int, n_inputs: int, rows_min_block: int,
+                                 rows_candidates) -> tuple:
     """The one-pass kernels' candidates: num_warps (int) of the one-row kernel, the table's first (the CPU
     default), then for rows of BLOCK >= ROWS_MIN_BLOCK the persistent kernel's (programs_per_SM, num_warps,
     num_stages), kept to those whose pipelined rows ((stages - 1) x BLOCK x itemsize x n_inputs of shared
     memory a program: 1 input forward, 2 backward) fit 160 KiB an SM. Up to n_inputs x BLOCK = 32768 only: the
     backward's y and dy at BLOCK 32768 spilled registers on sm_90 (40 and 88 bytes at 32 and 16 warps)."""
     cands = list(_onepass_candidates(warps))
-    if ROWS_MIN_BLOCK <= block and n_inputs * block <= 32768:
-        cands += [c for c in _ROWS_CANDIDATES
+    if rows_min_block <= block and n_inputs * block <= 32768:
+        cands += [c for c in rows_candidates
                   if c[0] * (c[2] - 1) * block * itemsize * n_inputs <= 160 * 1024
                   and c[0] * n_inputs * block <= 32768]  # two programs an SM: half the registers each
-    return cands
+    return tuple(cands)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """View `t` (softmax dim last) as [rows, n] with unit column stride; copies only when it must."""
+    if t.is_contiguous() and t.dim():  # the common case (y, a fresh dy, an unsliced x): one view
+        return t.view(-1, t.shape[-1])
     if t.dim() == 0:
         t = t.reshape(1)
     if t.stride(-1) != 1:
@@ -373,7 +399,7 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if y.numel() == 0:
         return dx
-    yr, dyr = _as_rows(y), _as_rows(dy.to(y.dtype))
+    yr, dyr = _as_rows(y), _as_rows(dy if dy.dtype == y.dtype else dy.to(y.dtype))
     dxr = dx.view(-1, y.shape[-1])
     n_rows, n_cols = yr.shape
     chunked, block, warps = _config(n_cols)

@@ -23,6 +23,8 @@ backward: one extra matmul).
 
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Optional
 
@@ -137,12 +139,19 @@ def _grid(m: int, n: int, block: int = BLOCK_COLS):
     return (m, cdiv(n, block))
 
 
-def _candidates(n: int, flat: bool = False) -> list[tuple[int, int, bool]]:
+def _candidates(n: int, flat: bool = False) -> tuple[tuple[int, int, bool], ...]:
     """(BLOCK, num_warps, flat) candidates for rows of n columns (no row block wider than the row needs);
-    flat=True when every tensor of the call is contiguous: the flat kernels' blocks join the list."""
-    cap = max(BLOCK_COLS, next_power_of_2(n))
-    rows = [(b, w, False) for b, w in _CANDIDATES if b <= cap]
-    return rows + [(b, w, True) for b, w in _FLAT_CANDIDATES] if flat else rows
+    flat=True when every tensor of the call is contiguous: the flat kernels' blocks join the list. Built once a
+    width (_candidates_for; the module's tables are part of the cache key): the list cost several microseconds
+    of host time a call."""
+    return _candidates_for(n, flat, BLOCK_COLS, _CANDIDATES, _FLAT_CANDIDATES)
+
+
+@functools.lru_cache(maxsize=None)
+def _candidates_for(n: int, flat: bool, block_cols: int, table, flat_table) -> tuple[tuple[int, int, bool], ...]:
+    cap = max(block_cols, next_power_of_2(n))
+    rows = tuple((b, w, False) for b, w in table if b <= cap)
+    return rows + tuple((b, w, True) for b, w in flat_table) if flat else rows
 
 
 def _dense(n: int, *ts: torch.Tensor) -> bool:
