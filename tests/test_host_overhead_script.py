@@ -61,3 +61,27 @@ def test_host_overhead_script_lora_rows_and_min_stat(tmp_path):
     by = {(r["op"], r["direction"]): r for r in rows}
     assert by[("lora_swiglu_mlp", "fwd")]["launches"] >= 1  # the swiglu kernel per row chunk
     assert by[("lora_linear", "fwd")]["checks"] > 0
+
+
+def test_host_vs_peers_script_times_every_provider(tmp_path):
+    """scripts/host_vs_peers.py (CPU, launches stubbed): one row per (op, provider) with hearth, Liger and eager
+    PyTorch, each a positive host time a call; cross_entropy's target check sees valid targets through the stub."""
+    out = tmp_path / "peers.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "host_vs_peers.py"), "--ops", "softmax,cross_entropy,rope",
+         "--reps", "3", "--rounds", "2", "--warmup", "1", "--jsonl", str(out)],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["op"], r["provider"]) for r in rows] == [
+        (op, p) for op in ("softmax", "cross_entropy", "rope") for p in ("hearth", "liger", "torch")]
+    for r in rows:
+        assert 0 < r["min_us"] <= r["median_us"] and r["samples"] == 6, r
+    assert "hearth / liger" in proc.stdout
+
+
+def test_host_vs_peers_script_rejects_an_unknown_op():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_vs_peers.py"), "--ops", "nope"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown op" in proc.stderr
