@@ -126,10 +126,6 @@ def _pyprof(shape: list[int], iters: int) -> str:
     """--pyprof with --op attention: cProfile of hearth's forward and backward launchers called directly in this
     thread (autograd runs a CUDA backward on its own thread, which cProfile does not see), top functions by own
     time, microseconds per call."""
-    import cProfile
-    import io
-    import pstats
-
     import importlib
 
     at = importlib.import_module("hearth.kernels.attention")  # the package exports the function under that name
@@ -147,16 +143,8 @@ def _pyprof(shape: list[int], iters: int) -> str:
     for name, fn in (("forward", lambda: at._attention_forward(q, k, v, True, scale)), ("forward + backward", both)):
         host, wall = _back_to_back(fn, iters)
         lines.append(f"launchers only, {name}: host {host * 1e6:.1f} us/call, wall {wall * 1e6:.1f} us/call")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(iters):
-        both()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
     lines.append(f"cProfile of {iters} forward + backward launcher calls (times are totals over the calls):")
-    lines.append(buf.getvalue())
+    lines.append(_cprofile(both, iters, 30))
     lines.extend(_autograd_split(at, q, k, v, dy, iters))
     lines.extend(_interleaved(both, q, k, v, dy, iters))
     return "\n".join(lines)
@@ -182,15 +170,40 @@ def _interleaved(launchers, q, k, v, dy, iters: int, rounds: int = 3) -> list[st
         _Noop.apply(q, k, v).backward(dy)
 
     lines = [f"interleaved back to back, {iters} fwd+bwd calls a round (host us inside the calls / wall us a call):"]
+    return lines + _rounds((("launchers", launchers), ("through autograd", autograd), ("no-op control", control)),
+                           iters, rounds)
+
+
+def _rounds(cases, iters: int, rounds: int) -> list[str]:
+    """One line a round: each (name, fn) of `cases` warmed 3 calls, then `iters` calls back to back; host us inside
+    the calls / wall us a call, the cases alternating within the round (host speed drifts within a process)."""
+    lines = []
     for r in range(rounds):
         cells = []
-        for name, fn in (("launchers", launchers), ("through autograd", autograd), ("no-op control", control)):
+        for name, fn in cases:
             for _ in range(3):
                 fn()
             host, wall = _back_to_back(fn, iters)
             cells.append(f"{name} {host * 1e6:.0f} / {wall * 1e6:.0f}")
         lines.append(f"  round {r}: " + "; ".join(cells))
     return lines
+
+
+def _cprofile(fn, iters: int, top: int) -> str:
+    """cProfile of `iters` calls of fn on this thread, the `top` functions by own time (totals over the calls)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
 
 
 class _Noop(torch.autograd.Function):
@@ -328,10 +341,7 @@ def _softmax_ab(shape: list[int], iters: int, rounds: int = 3) -> str:
     forms routed (softmax_gluon.ROUTE on) and off (the one-pass / chunked Triton kernels), Liger's softmax where it
     imports, then each backward launcher called directly on this thread (no autograd), routed and not; then a
     cProfile of the routed backward launcher (Python time by function)."""
-    import cProfile
     import importlib
-    import io
-    import pstats
 
     sm = importlib.import_module("hearth.kernels.softmax")
     sg = sm.sg
@@ -369,25 +379,9 @@ def _softmax_ab(shape: list[int], iters: int, rounds: int = 3) -> str:
     lines = [f"softmax {m}x{n} bf16, {iters} calls a round back to back (host us inside the calls / wall us a call); "
              f"routes: backward {'smem' if sg is not None and sg.serves(y, inputs=2, min_cols=sg.smem_min_cols(y.dtype, 2)) else 'Triton'}, "
              f"forward {'smem' if sg is not None and sg.serves(y, min_cols=sg.smem_min_cols(y.dtype)) else 'Triton'}"]
-    for r in range(rounds):
-        cells = []
-        for name, fn in cases:
-            for _ in range(3):
-                fn()
-            host, wall = _back_to_back(fn, iters)
-            cells.append(f"{name} {host * 1e6:.0f} / {wall * 1e6:.0f}")
-        lines.append(f"  round {r}: " + "; ".join(cells))
-    prof = cProfile.Profile()
-    bwd = routed(True, lambda: sm._softmax_bwd(y, dy))
-    prof.enable()
-    for _ in range(iters):
-        bwd()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    lines += _rounds(cases, iters, rounds)
     lines.append(f"cProfile of {iters} routed backward launcher calls (totals over the calls):")
-    lines.append(buf.getvalue())
+    lines.append(_cprofile(routed(True, lambda: sm._softmax_bwd(y, dy)), iters, 25))
     return "\n".join(lines)
 
 
@@ -404,19 +398,13 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
-    if args.op == "softmax_ab":
-        text = _softmax_ab([int(s) for s in args.shape.split(",")], args.iters)
+    ab = {"softmax_ab": _softmax_ab, "sum_partials": _sum_partials_ab}.get(args.op)
+    if ab is not None:  # the A/B modes: their own text, one file
+        text = ab([int(s) for s in args.shape.split(",")], args.iters)
         print(text)
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / f"host_trace_softmax_ab_{args.shape.replace(',', 'x')}.txt").write_text(text + "\n")
-        return
-    if args.op == "sum_partials":
-        text = _sum_partials_ab([int(s) for s in args.shape.split(",")], args.iters)
-        print(text)
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / f"host_trace_sum_partials_{args.shape.replace(',', 'x')}.txt").write_text(text + "\n")
+            (Path(args.out) / f"host_trace_{args.op}_{args.shape.replace(',', 'x')}.txt").write_text(text + "\n")
         return
     leaves, step, grad = _case(args.op, [int(s) for s in args.shape.split(",")], args.provider)
 
