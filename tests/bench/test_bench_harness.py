@@ -568,7 +568,9 @@ def test_time_wall_takes_the_median_block_so_one_stall_does_not_move_it():
 
     w = timing.time_wall(fn, [], torch.device("cpu"), est_ms=2.0, target_ms=30.0, min_calls=3)
     assert w["wall_blocks"] == 5 and w["wall_calls"] == len(calls) == 15  # 3 calls a block
-    assert 2.0 <= w["host_ms"] <= w["wall_ms"] < 2.0 + 60.0 / 15 / 2  # far below the stall's share of one mean
+    # one mean over all 15 calls would be (60 + 14 * 2) / 15 = 5.9 ms; the median block stays near 2 (5: room for a
+    # busy machine's sleep overshoot)
+    assert 2.0 <= w["host_ms"] <= w["wall_ms"] < 5.0
 
 
 @pytest.mark.parametrize("mode", ["fwd", "bwd", "full"])
