@@ -85,3 +85,20 @@ def test_host_vs_peers_script_rejects_an_unknown_op():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_vs_peers.py"), "--ops", "nope"],
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "unknown op" in proc.stderr
+
+
+def test_host_trace_probe_rounds_and_profile_helpers(monkeypatch):
+    """scripts/gpu/host_trace_probe.py's shared helpers (the GPU probe's A/B modes use them; the sync is stubbed on
+    the CPU): one line a round naming every case with host / wall us, and a cProfile text of the function."""
+    import runpy
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    mod = runpy.run_path(str(ROOT / "scripts" / "gpu" / "host_trace_probe.py"), run_name="host_trace_probe")
+    calls = []
+    lines = mod["_rounds"]((("first", lambda: calls.append(1)), ("second", lambda: calls.append(2))), 4, 2)
+    assert len(lines) == 2 and all("first " in line and "second " in line and " / " in line for line in lines)
+    assert calls.count(1) == calls.count(2) == 2 * (3 + 4)  # 3 warm-up calls and 4 timed, each round
+    text = mod["_cprofile"](lambda: sorted(range(50)), 3, 5)
+    assert "function calls" in text and "sorted" in text
