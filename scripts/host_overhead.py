@@ -148,17 +148,22 @@ def _install(timers, torch, modules, cuda: bool):
 
         def stub(self, *a, **k):  # the kernel is not run: its outputs stay uninitialised
             launches[0] += 1
-            if self.fn.__name__ == "_target_stats_kernel":
-                # except cross_entropy's target check, whose count the host reads and acts on: its two 0-d
-                # outputs are set to "no bad target, 1 / n" (the kernel's answer for these valid targets)
-                # without running the interpreter, so that the launch still costs nothing here
-                gate, inv_n, n = a[1], a[2], a[3]
-                gate.fill_(0)
-                inv_n.fill_(1.0 / max(1, n))
+            answer_read_outputs(self, a)
 
         InterpretedFunction.run = timers.wrap(stub, "launch")
     del triton
     return launches
+
+
+def answer_read_outputs(kernel, args) -> None:
+    """For a stubbed interpreter launch (the kernel body not run): the one kernel whose outputs the host reads and
+    acts on, cross_entropy's target check, gets its two 0-d outputs set to "no bad target, 1 / n" (the kernel's
+    answer for valid targets) without running the interpreter, so that the launch still costs nothing. Every other
+    kernel's outputs stay uninitialised. Shared with scripts/host_vs_peers.py."""
+    if kernel.fn.__name__ == "_target_stats_kernel":
+        gate, inv_n, n = args[1], args[2], args[3]
+        gate.fill_(0)
+        inv_n.fill_(1.0 / max(1, n))
 
 
 def _wrapper_cost_ns(timers) -> float:

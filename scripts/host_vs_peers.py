@@ -52,14 +52,14 @@ def _parse(argv=None):
 
 
 def _stub_launches() -> None:
-    """Every interpreted Triton launch returns at once. cross_entropy's target check is the one launch whose
-    output the host reads and acts on: its two 0-d outputs get the answer for valid targets (no bad target, 1 / n)."""
+    """Every interpreted Triton launch returns at once, as in host_overhead.py's CPU mode (its answer_read_outputs
+    fills the outputs the host reads: cross_entropy's target check)."""
     from triton.runtime.interpreter import InterpretedFunction
 
+    from host_overhead import answer_read_outputs  # this script's folder is on sys.path when it runs
+
     def stub(self, *a, **k):
-        if self.fn.__name__ == "_target_stats_kernel":
-            a[1].fill_(0)
-            a[2].fill_(1.0 / max(1, a[3]))
+        answer_read_outputs(self, a)
 
     InterpretedFunction.run = stub
 
