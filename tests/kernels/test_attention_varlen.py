@@ -401,3 +401,117 @@ def test_gpu_autotuned_path(monkeypatch, causal):
     lens = [300, 1000, 129, 2000]
     q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
     _rule_per_sequence(q, k, v, do, lens, lens, causal)
+
+
+# ---------------------------------------------------------------- the Gluon kernels on packed rows (Hopper)
+def test_gluon_route_follows_the_dense_pick_and_tma():
+    """attention_varlen takes the Gluon forward / fused backward only where attention.forward_kernel /
+    backward_kernel pick them for dense attention and TMA can address the packed tensors (a dO expanded from a
+    sum() has zero strides: the Triton kernels)."""
+    from hearth.kernels import attention_gluon
+
+    route = importlib.import_module("hearth.kernels.attention_varlen")._gluon
+    q, k, v, do, _, _ = _make([5, 3], [5, 3], 4, 2, 64, torch.bfloat16, device="cpu")
+    fwd, bwd = ("gluon_pp", "gluon_pps"), ("gluon",)
+    assert route("gluon_pp", fwd, q, k, v) is attention_gluon
+    assert route("gluon_pps", fwd, q, k, v) is attention_gluon
+    assert route("gluon", bwd, q, k, v, do) is attention_gluon
+    assert route("triton", fwd, q, k, v) is None and route("triton", bwd, q, k, v, do) is None
+    assert route("gluon", fwd, q, k, v) is None  # the opt-in single-partition forward has no packed form
+    assert route("gluon", bwd, q, k, v, torch.ones(1, 1, 1, dtype=q.dtype).expand_as(q)) is None
+    assert route("gluon_pp", fwd, q[:, :, 1:], k[:, :, 1:], v[:, :, 1:]) is None  # 16-byte alignment lost
+
+
+_VARLEN_GLUON_BUILDS = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for order in (1, 0):
+    variants = ("pp", "bwd_fused") if order == 1 else ("bwd_fused",)
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order):
+        r = hi.report_compiled(label, k)
+        out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"]))
+print(json.dumps(out))
+"""
+
+
+def test_gluon_varlen_kernels_build_for_sm90():
+    """The packed forms of the ping-pong forward and the fused backward (both grid orders) build for the H200:
+    wgmma, TMA, within 227 KiB of shared memory. Spills: none at head_dim 64 or in the forward; the D 128 fused
+    backward spills at most 16 bytes (its sequence's first row and lengths are live registers where the dense
+    kernel reads kernel arguments; the dense build, tests/kernels/test_attention_gluon.py, spills none)."""
+    reports = run_offline(_VARLEN_GLUON_BUILDS)
+    assert len(reports) == 4 + 4 + 4, [r["label"] for r in reports]
+    for r in reports:
+        assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r
+        limit = 16 if ("bwd[fused]" in r["label"] and " d128 " in r["label"]) else 0
+        assert r["spill"] <= limit, r
+
+
+@gpu_only
+def test_gpu_packed_rows_run_the_gluon_kernels(monkeypatch):
+    """On Hopper, bf16, head_dim 128, a packed call runs the Gluon ping-pong forward and fused backward (spied),
+    under THE rule; with HEARTH_ATTN_GLUON=0 and HEARTH_ATTN_GLUON_BWD_FUSED=0 it runs neither."""
+    from hearth.kernels import attention_gluon
+
+    if attention.device_capability(torch.device("cuda"))[0] != 9:
+        pytest.skip("the Gluon kernels serve Hopper only")
+    calls = []
+    for name in ("forward_varlen", "backward_fused_varlen"):
+        real = getattr(attention_gluon, name)
+        monkeypatch.setattr(attention_gluon, name, lambda *a, _r=real, _n=name, **kw: calls.append(_n) or _r(*a, **kw))
+    lens = [300, 1000, 129, 2000]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
+    _rule_per_sequence(q, k, v, do, lens, lens, True)
+    assert calls == ["forward_varlen", "backward_fused_varlen"], calls
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_BWD_FUSED", "0")
+    _run(_varlen(lens, lens, True), q, k, v, do)
+    assert calls == ["forward_varlen", "backward_fused_varlen"], calls
+
+
+@gpu_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_gluon_packed_same_as_dense_gluon_per_sequence(monkeypatch, causal):
+    """The packed Gluon kernels against the dense Gluon kernels on each sequence alone (per-tile ping-pong forward,
+    fused backward): the same tiles in the same order, so out, dK and dV are bitwise the same; dQ is summed by fp32
+    reduce-adds in whatever order the programs reach them (two runs of one call may differ in the last bits), so
+    it is held to THE rule against fp64."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_PERSIST", "0")
+    lens = [300, 1000, 129, 2000, 64, 1]
+    lens_k = lens if causal else [n + 37 for n in reversed(lens)]
+    q, k, v, do, _, _ = _make(lens, lens_k, 8, 2, 128, torch.bfloat16, device="cuda")
+    ours = _rule_per_sequence(q, k, v, do, lens, lens_k, causal)
+    dense = _per_sequence(q, k, v, do, lens, lens_k, causal)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, dense):
+        if name != "dq":
+            torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@gpu_only
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_gluon_queries_without_keys_keys_without_queries_and_boundaries(D):
+    """Non-causal packed rows with a sequence whose queries have no keys (out 0, dq 0) and one whose keys have no
+    queries (dk = dv = 0), sequence ends inside the kernels' tiles, under THE rule; then sequence 1's keys and
+    values replaced: out, dk and dv of every other sequence stay bitwise the same and dq within the reduce-add's
+    last bits (the tiles that straddle a boundary read the next sequence's rows, which must not leak)."""
+    lens_q, lens_k = [700, 0, 65, 1300, 5, 129], [300, 90, 0, 1301, 64, 200]
+    q, k, v, do, _, cu_k = _make(lens_q, lens_k, 8, 2, D, torch.bfloat16, seed=3, device="cuda")
+    base = _rule_per_sequence(q, k, v, do, lens_q, lens_k, False)
+    cq = _offsets(lens_q, "cpu").tolist()
+    ck = cu_k.tolist()
+    for name, t, (s, e) in (("out", base[0], cq[2:4]), ("dq", base[1], cq[2:4]),  # sequence 2: no keys
+                            ("dk", base[2], ck[1:3]), ("dv", base[3], ck[1:3])):  # sequence 1: no queries
+        assert e > s and torch.count_nonzero(t[s:e]) == 0, f"{name} rows {s}:{e} are not all 0"
+    lo, hi = ck[3], ck[4]  # sequence 3: 1300 queries on 1301 keys
+    k2, v2 = k.clone(), v.clone()
+    k2[lo:hi] = torch.randn_like(k2[lo:hi].float()).to(k2.dtype) * 3
+    v2[lo:hi] = -v2[lo:hi]
+    pert = _run(_varlen(lens_q, lens_k, False), q, k2, v2, do)
+    for name, a, b, (s, e) in zip(("out", "dq", "dk", "dv"), base, pert, [(cq[3], cq[4])] * 2 + [(lo, hi)] * 2):
+        others = torch.ones(a.shape[0], dtype=torch.bool, device=a.device)
+        others[s:e] = False
+        tol = dict(atol=1e-5, rtol=2 ** -6) if name == "dq" else dict(atol=0, rtol=0)  # dq: two bf16 ulps
+        torch.testing.assert_close(a[others].float(), b[others].float(), **tol, msg=lambda m: f"{name} outside: {m}")
+        assert not torch.equal(a[s:e], b[s:e]), f"{name} of sequence 3 did not change"

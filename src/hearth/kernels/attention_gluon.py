@@ -507,18 +507,48 @@ def _pp_last_pv(p16, acc, v_smem, v_bars, empty_bar, r, NUM_STAGES: ttgl.constex
 
 @gluon.jit
 def _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, row,
-                 dtype: ttgl.constexpr, STORE_LSE: ttgl.constexpr, o_layout: ttgl.constexpr):
+                 dtype: ttgl.constexpr, STORE_LSE: ttgl.constexpr, o_layout: ttgl.constexpr,
+                 q0=0, o_rows=None, stride_ot=0, VARLEN: ttgl.constexpr = False):
     """A ping-pong consumer's tile epilogue: lse (natural-log units, as attention.py's forward writes it) at
     lse_base + offs_m when STORE_LSE, O normalised and staged in q_smem (the tile's Q is no longer read), then
-    TMA-stored at [b, h, row, 0] and waited for (q_smem may take the next Q)."""
+    TMA-stored at [b, h, row, 0] and waited for (q_smem may take the next Q). VARLEN: `row` is the packed row of
+    the tile's first query, q0 the sequence's first and N_CTX_Q its length; a tile that runs past the sequence's
+    end is stored through pointers instead (o_rows: O at [the sequence's first row, this head], stride_ot its
+    token stride), rows past the end masked: the box would write over the next sequence's rows."""
     if STORE_LSE:
         lse = (m_i + ttgl.log2(l_i)) * LN2
         ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
     o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
-    q_smem.store(o.to(dtype))
+    BLOCK_M: ttgl.constexpr = o.shape[0]
+    if VARLEN:
+        if row - q0 + BLOCK_M > N_CTX_Q:  # row - q0: the tile's first query within its sequence
+            _store_rows(o.to(dtype), o_rows, row - q0, N_CTX_Q, stride_ot, o_layout)
+        else:
+            _store_o_box(o.to(dtype), q_smem, q_box, o_desc, b, h, row)
+    else:
+        _store_o_box(o.to(dtype), q_smem, q_box, o_desc, b, h, row)
+
+
+@gluon.jit
+def _store_o_box(o, q_smem, q_box, o_desc, b, h, row):
+    """O (16-bit, registers) staged in q_smem and TMA-stored as the box at [b, h, row, 0], waited for (q_smem may
+    take the next Q)."""
+    q_smem.store(o)
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, row, 0], q_box)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _store_rows(o, o_rows, first, n_rows, stride_t, layout: ttgl.constexpr):
+    """o ([ROWS, D] in `layout`) stored through pointers at o_rows + (first + r) * stride_t for the rows
+    first + r < n_rows (a packed sequence's tile that runs past its end, or the zeros of queries without keys)."""
+    ROWS: ttgl.constexpr = o.shape[0]
+    D: ttgl.constexpr = o.shape[1]
+    offs_r = first + ttgl.arange(0, ROWS, layout=ttgl.SliceLayout(1, layout))
+    offs_d = ttgl.arange(0, D, layout=ttgl.SliceLayout(0, layout))
+    ptrs = o_rows + offs_r[:, None].to(ttgl.int64) * stride_t + offs_d[None, :]
+    ttgl.store(ptrs, o, mask=(offs_r < n_rows)[:, None])
 
 
 @gluon.jit
@@ -526,10 +556,15 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
                  empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
                  BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
-                 s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+                 s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr,
+                 q0=0, o_rows=None, stride_ot=0, VARLEN: ttgl.constexpr = False):
     """One consumer warpgroup: query tile 2 * start_m + WG of head (b, h), all of it (Q load, key
     blocks, epilogue). q_desc / o_desc: host-built 4-D TMA descriptors over [B, Hq, T, D] with a
     [1, 1, BLOCK_M, D] box, so a tile past T is zero-filled on load and clipped on store within its own head.
+    VARLEN (packed sequences, B = 1): N_CTX_Q / N_CTX_K are the sequence's lengths and q0 its first packed row;
+    positions (masks, lse) are the sequence's own, the Q box starts at q0 + the tile's first query (the rows
+    past the sequence's end it also reads belong to the next one: their outputs are never stored); a tile whose
+    sequence has no keys stores zeros and lse -inf (_pp_epilogue's o_rows / stride_ot).
 
     Per key block j it takes one turn: wait for its turn (turn_bars[WG]), issue QK^T(j) and PV(j - 1)
     asynchronously, hand the turn over (arrive on the other warpgroup's turn barrier), then run block j's
@@ -547,7 +582,7 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
     if n_blocks > 0:
         q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
         mbarrier.expect(q_bar, Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
+        tma.async_copy_global_to_shared(q_desc, [b, h, q0 + tile * BLOCK_M, 0], q_bar, q_box)
         offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
         zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
         acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
@@ -582,8 +617,16 @@ def _pp_consumer(q_desc, o_desc, lse_base, q_smem, q_bar, k_smem, v_smem, k_bars
         last = n_blocks - 1
         acc = _pp_last_pv(p16, acc, v_smem, v_bars, empty_bars.index(WG * NUM_STAGES + last % NUM_STAGES), last,
                           NUM_STAGES)
-        _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M, dtype,
-                     STORE_LSE, o_layout)
+        _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, q0 + tile * BLOCK_M,
+                     dtype, STORE_LSE, o_layout, q0, o_rows, stride_ot, VARLEN)
+    if VARLEN:
+        if (n_blocks == 0) & (tile * BLOCK_M < N_CTX_Q):  # queries of a sequence without keys: out 0, lse -inf
+            if STORE_LSE:
+                offs_z = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+                ttgl.store(lse_base + offs_z, ttgl.full([BLOCK_M], float("-inf"), ttgl.float32,
+                                                        ttgl.SliceLayout(1, s_layout)), mask=offs_z < N_CTX_Q)
+            _store_rows(ttgl.zeros([BLOCK_M, HEAD_DIM], q_desc.dtype, o_layout), o_rows, tile * BLOCK_M, N_CTX_Q,
+                        stride_ot, o_layout)
 
 
 @gluon.jit
@@ -598,28 +641,29 @@ def _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, pred
 
 @gluon.jit
 def _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slot, pred,
-                   BLOCK_N: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+                   BLOCK_N: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, TILE_BYTES: ttgl.constexpr, k0=0):
     """_issue_kv_box's loads into a given ring slot (the persistent producer's ring position is not the block's
-    index)."""
+    index), the box at row k0 + j * BLOCK_N (k0: a packed sequence's first key row)."""
     kb = k_bars.index(slot)
     vb = v_bars.index(slot)
     box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
     mbarrier.expect(kb, TILE_BYTES, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], kb,
+    tma.async_copy_global_to_shared(k_desc, [b, hk, k0 + j * BLOCK_N, 0], kb,
                                     k_smem.index(slot)._reinterpret(k_desc.dtype, box, k_desc.layout), pred=pred)
     mbarrier.expect(vb, TILE_BYTES, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], vb,
+    tma.async_copy_global_to_shared(v_desc, [b, hk, k0 + j * BLOCK_N, 0], vb,
                                     v_smem.index(slot)._reinterpret(v_desc.dtype, box, v_desc.layout), pred=pred)
 
 
 @gluon.jit
 def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
                  start_m, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+                 BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr, k0=0):
     """The load warp of the ping-pong variant: key block j goes into slot j % NUM_STAGES once every
     consumer that read the slot's previous block (j - NUM_STAGES) released it; a warpgroup whose tile
     stops short of that block never arrives for it, so its barrier is not waited on. k_desc / v_desc:
-    host-built 4-D descriptors over [B, Hk, T, D] with a [1, 1, BLOCK_N, D] box."""
+    host-built 4-D descriptors over [B, Hk, T, D] with a [1, 1, BLOCK_N, D] box; key block j's box starts at row
+    k0 + j * BLOCK_N (k0: a packed sequence's first key row, else 0)."""
     n0 = _pp_tile_blocks(2 * start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     n1 = _pp_tile_blocks(2 * start_m + 1, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)[1]
     n_blocks = ttgl.maximum(n0, n1)
@@ -628,8 +672,8 @@ def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bar
         phase = ((j // NUM_STAGES) & 1) ^ 1
         mbarrier.wait(empty_bars.index(slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n0))
         mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=(j >= NUM_STAGES) & (j - NUM_STAGES < n1))
-        _issue_kv_box(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, True, BLOCK_N, HEAD_DIM, NUM_STAGES,
-                      TILE_BYTES)
+        _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slot, True, BLOCK_N, HEAD_DIM,
+                       TILE_BYTES, k0)
 
 
 @gluon.jit
@@ -873,11 +917,17 @@ def _attn_fwd_gluon_pp_kernel(
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
     STORE_LSE: ttgl.constexpr = True,
+    CuSeqQ=None, CuSeqK=None, Out=None, stride_ot=0, stride_oh=0, VARLEN: ttgl.constexpr = False,
 ):
     """One program per 2 * BLOCK_M query rows of one (b, h): consumer warpgroup 0 (the default partition,
     num_warps = 4) takes the first BLOCK_M rows, consumer warpgroup 1 (a 4-warp worker) the next, and a
     1-warp producer streams the K/V blocks both read through one shared ring. The four TMA descriptors are
-    built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch."""
+    built on the host (4-D, over [B, H, T, D]): no device-side descriptor, so no global scratch.
+
+    VARLEN (forward_varlen): packed sequences, the descriptors over [1, H, total, D] views of [total, H, D]; the
+    grid's second axis is sequence * head, N_CTX_Q the packed query count (lse's row length: lse is [Hq, total_q]);
+    each program reads its sequence's first rows and lengths from CuSeqQ / CuSeqK (int32 offsets) and works in the
+    sequence's own positions; Out / stride_ot / stride_oh address O for the tiles that end past the sequence."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     # Each consumer is one warpgroup: its 4 warps stack along M (a 128-row tile wraps round them twice).
@@ -888,8 +938,23 @@ def _attn_fwd_gluon_pp_kernel(
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
     start_m, bh, b, h, hk = _program_ids(H_Q, GROUP, CAUSAL)
+    if VARLEN:  # b is the sequence; the descriptors' batch index is 0
+        q0 = ttgl.load(CuSeqQ + b)
+        k0 = ttgl.load(CuSeqK + b)
+        n_q = ttgl.load(CuSeqQ + b + 1) - q0
+        n_k = ttgl.load(CuSeqK + b + 1) - k0
+        o_rows = Out + h.to(ttgl.int64) * stride_oh + q0.to(ttgl.int64) * stride_ot
+        lse_row = h.to(ttgl.int64) * N_CTX_Q + q0
+        b = b * 0
+    else:
+        q0 = 0
+        k0 = 0
+        n_q = N_CTX_Q
+        n_k = N_CTX_K
+        o_rows = bh  # unused (warp_specialize takes no None)
+        lse_row = bh.to(ttgl.int64) * N_CTX_Q
     if STORE_LSE:
-        lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
+        lse_base = Lse + lse_row
     else:  # Lse is None: the consumers take this unused value in its place and store nothing through it
         lse_base = bh
 
@@ -907,13 +972,15 @@ def _attn_fwd_gluon_pp_kernel(
 
     ttgl.warp_specialize(
         [(_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars,
-                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 0,
-                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, n_q, n_k, 0,
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout,
+                         q0, o_rows, stride_ot, VARLEN)),
          (_pp_consumer, (q_desc, o_desc, lse_base, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars,
-                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, N_CTX_Q, N_CTX_K, 1,
-                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
-         (_pp_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
-                         start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+                         v_bars, empty_bars, turn_bars, b, h, start_m, qk_scale, n_q, n_k, 1,
+                         HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout,
+                         q0, o_rows, stride_ot, VARLEN)),
+         (_pp_producer, (k_desc, v_desc, n_q, n_k, k_smem, v_smem, k_bars, v_bars, empty_bars, b, hk,
+                         start_m, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES, k0))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
@@ -938,13 +1005,14 @@ BWD_CANDIDATES = {
 @gluon.jit
 def _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
                    BLOCK_M: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
-                   TILE_BYTES: ttgl.constexpr):
+                   TILE_BYTES: ttgl.constexpr, q0=0):
     """Start the TMA loads of step i's Q and dO tiles into ring slot i % NUM_STAGES (no-op past the last
-    step). Step i is query block m_lo + i % n_m of query head hk * GROUP + i // n_m."""
+    step). Step i is query block m_lo + i % n_m of query head hk * GROUP + i // n_m; its box starts at row
+    q0 + the block's first query (q0: a packed sequence's first row, else 0)."""
     slot = i % NUM_STAGES
     pred = i < n_iters
     h = hk * GROUP + i // n_m
-    row = (m_lo + i % n_m) * BLOCK_M
+    row = q0 + (m_lo + i % n_m) * BLOCK_M
     bar = bars.index(slot)
     box: ttgl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
     mbarrier.expect(bar, 2 * TILE_BYTES, pred=pred)
@@ -1226,12 +1294,13 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M: ttgl.constexpr,
+def _fb_row_stats(Lse, Delta, stat_h0, stat_q0, i, n_iters, m_lo, n_m, STAT_T, N_CTX_Q, BLOCK_M: ttgl.constexpr,
                   layout: ttgl.constexpr):
     """(lse * log2(e), delta) of step i's BLOCK_M query rows, 1-D in `layout` (lse +inf and delta 0 past T_q or
-    past the last step)."""
-    hq = hk * GROUP + i // n_m
-    base = (b * H_Q + hq).to(ttgl.int64) * N_CTX_Q
+    past the last step). Lse / Delta rows of STAT_T: step i's query head is row stat_h0 + i // n_m (stat_h0: the
+    program's first query head, b * H_Q + hk * GROUP), its queries start at column stat_q0 (a packed sequence's
+    first row, else 0); N_CTX_Q: the (sequence's) query count."""
+    base = (stat_h0 + i // n_m).to(ttgl.int64) * STAT_T + stat_q0
     offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=layout)
     ok = (offs_m < N_CTX_Q) & (i < n_iters)
     lse2 = ttgl.load(Lse + base + offs_m, mask=ok, other=float("inf")) * LOG2E_C
@@ -1267,7 +1336,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m, n_iters,
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
-                 DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr):
+                 DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
+                 stat_h0, stat_t, q0):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1283,7 +1353,10 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     compute half of dQ^T's rows every step; PREFETCH (probe only) loads the next step's lse / delta a step
     ahead (the kernel then passes STATS_SMEM False here and to the producer: nothing is staged). (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
-    BENCHMARKS.md.)"""
+    BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
+    first packed query row (0 when dense), stat_h0 / stat_t address lse / delta (_fb_row_stats); `b` only places
+    dK / dV (b * stride_dkb): there it is the sequence's first key row and stride_dkb the token stride (one scalar
+    fewer live across the steps than a separate offset, which spilled at D 128)."""
     dtype: ttgl.constexpr = k_smem.dtype
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
@@ -1301,7 +1374,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     dv = ttgl.zeros([HALF, HEAD_DIM], ttgl.float32, acc_layout)
     offs_d = ttgl.arange(0, DQ_ROWS, layout=ttgl.SliceLayout(1, st_layout))
     if PREFETCH:  # step 0's lse / delta; each step then loads the next step's before its own matmuls
-        lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, 0, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+        lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, 0, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
                                        col_layout)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_iters):
@@ -1311,13 +1384,14 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         if PREFETCH:
             lse2 = lse_n
             delta = delta_n
-            lse_n, delta_n = _fb_row_stats(Lse, Delta, b, hk, i + 1, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+            lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, i + 1, n_iters, m_lo, n_m, stat_t, N_CTX_Q,
+                                           BLOCK_M,
                                            col_layout)
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
         if not PREFETCH and not STATS_SMEM:  # loaded once the slot is in: not live across the wait
-            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+            lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
                                         col_layout)
         st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
         if STATS_SMEM:  # each read from the slot just before its use: not live across the matmuls
@@ -1360,9 +1434,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
             if DQ_TMA:
-                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, start_m)
+                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, q0 + start_m)
             else:
-                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, offs_m, N_PAD_Q, HEAD_DIM)
+                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, q0 + offs_m, N_PAD_Q, HEAD_DIM)
         else:
             if par == WG:
                 mbarrier.wait(ds_full.index(par), use & 1)
@@ -1370,9 +1444,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                 ttgl.thread_barrier()
                 mbarrier.arrive(ds_empty.index(par), count=1)
                 if DQ_TMA:
-                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, 0, start_m)
+                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, 0, q0 + start_m)
                 else:
-                    _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM)
+                    _fb_add_dq(DQacc, dqt, head, offs_d, q0 + offs_m, N_PAD_Q, HEAD_DIM)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce has read its staging tile before the program's shared memory goes
     _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, start_n + WG * HALF, stride_dkb, stride_dkh, stride_dkt, N_CTX_K,
@@ -1383,7 +1457,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
 def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                  empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q,
                  HEAD_DIM: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
-                 NUM_STAGES: ttgl.constexpr, STATS_SMEM: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr):
+                 NUM_STAGES: ttgl.constexpr, STATS_SMEM: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
+                 stat_h0, stat_t, q0, k0):
     """The load warp of the fused backward: the program's K and V block once, then each step's Q and dO tiles
     into ring slot i % NUM_STAGES once both consumers released the step that held it before; with STATS_SMEM
     also the step's lse * log2(e) and delta (stats_ring rows 2 * slot and 2 * slot + 1), stored before the slot's
@@ -1394,21 +1469,21 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
     stat_layout: ttgl.constexpr = ttgl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0])
     kv_box: ttgl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
     mbarrier.expect(kv_bar, 2 * KV_BYTES)
-    tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar,
+    tma.async_copy_global_to_shared(k_desc, [b, hk, k0 + start_n, 0], kv_bar,
                                     k_smem._reinterpret(dtype, kv_box, k_desc.layout))
-    tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar,
+    tma.async_copy_global_to_shared(v_desc, [b, hk, k0 + start_n, 0], kv_bar,
                                     v_smem._reinterpret(dtype, kv_box, v_desc.layout))
     for i in range(n_iters):
         slot = i % NUM_STAGES
         mbarrier.wait(empty_bars.index(slot), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
         if STATS_SMEM:
-            lse2, delta = _fb_row_stats(Lse, Delta, b, hk, i, n_iters, m_lo, n_m, H_Q, GROUP, N_CTX_Q, BLOCK_M,
+            lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
                                         stat_layout)
             stats_ring.index(2 * slot).store(lse2)
             stats_ring.index(2 * slot + 1).store(delta)
             ttgl.thread_barrier()  # every lane's stores come before the arrive (expect) that publishes the slot
         _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, ld_bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
-                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES)
+                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES, q0)
 
 
 @gluon.jit
@@ -1420,6 +1495,7 @@ def _attn_bwd_fused_gluon_kernel(
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
     DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
+    CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1430,7 +1506,14 @@ def _attn_bwd_fused_gluon_kernel(
     causal masking); n > 1 (a probe knob), program (i, j) serves key block i // n of pair BHK0 + j * n + i % n
     (groups of n pairs, key blocks interleaved within a group). DQacc holds the query heads of this launch's
     (b, K/V heads) only (its head acc_h0 + g). dq_desc: a TMA descriptor over DQacc ([heads, D, N_PAD_Q], box
-    [1, dQ^T rows a warpgroup, BLOCK_M]) with DQ_TMA, else None."""
+    [1, dQ^T rows a warpgroup, BLOCK_M]) with DQ_TMA, else None.
+
+    VARLEN (backward_fused_varlen): packed sequences, the descriptors over [1, H, total, D] views of [total, H, D];
+    a "pair" is (sequence, K/V head BHK0 + j) for j < H_K (this launch's K/V heads), sequence-major; N_CTX_Q is the
+    packed query count (lse / delta are [Hq, total_q]), DQacc's columns are packed query rows. Each program reads
+    its sequence's first rows and lengths from CuSeqQ / CuSeqK and works in the sequence's own positions: Q / dO
+    rows past the sequence's end (the next sequence's) get lse +inf, so P = dS = 0 for them, and keys past it are
+    masked as a ragged tail is."""
     dtype: ttgl.constexpr = q_desc.dtype
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
@@ -1448,15 +1531,34 @@ def _attn_bwd_fused_gluon_kernel(
         kb = ttgl.program_id(0) // PAIR_GROUP
         pair = ttgl.program_id(1) * PAIR_GROUP + ttgl.program_id(0) % PAIR_GROUP
     start_n = kb * BLOCK_N
-    bhk = BHK0 + pair
-    acc_h0 = pair * GROUP  # this launch's first query head in DQacc
-    b = bhk // H_K
-    hk = bhk % H_K
+    if VARLEN:
+        b = pair // H_K  # the sequence
+        hk = BHK0 + pair % H_K
+        acc_h0 = (pair % H_K) * GROUP  # this launch's first query head in DQacc
+        q0 = ttgl.load(CuSeqQ + b)
+        k0 = ttgl.load(CuSeqK + b)
+        stat_h0 = hk * GROUP
+        stat_t = N_CTX_Q
+        N_CTX_Q = ttgl.load(CuSeqQ + b + 1) - q0
+        N_CTX_K = ttgl.load(CuSeqK + b + 1) - k0
+        b = b * 0  # the descriptors' batch index
+        dk_b = k0  # the consumers' dK / dV "batch" index: stride_dkb is the token stride (backward_fused_varlen)
+    else:
+        bhk = BHK0 + pair
+        acc_h0 = pair * GROUP  # this launch's first query head in DQacc
+        b = bhk // H_K
+        hk = bhk % H_K
+        q0 = 0
+        k0 = 0
+        stat_h0 = b * H_Q + hk * GROUP
+        stat_t = N_CTX_Q
+        dk_b = b
     if CAUSAL:
         m_lo = start_n // BLOCK_M
     else:
         m_lo = start_n * 0
     n_m = ttgl.maximum(ttgl.cdiv(N_CTX_Q, BLOCK_M) - m_lo, 0)
+    n_m = ttgl.where(start_n < N_CTX_K, n_m, 0)  # a key block past the (packed) sequence's keys: no steps
     n_iters = GROUP * n_m
     n_m = ttgl.maximum(n_m, 1)
 
@@ -1493,17 +1595,18 @@ def _attn_bwd_fused_gluon_kernel(
     ttgl.warp_specialize(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
-                         sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m,
+                         sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED)),
+                         STAGED, stat_h0, stat_t, q0)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
-                         sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, b, hk, acc_h0, start_n, m_lo, n_m,
+                         sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED)),
+                         STAGED, stat_h0, stat_t, q0)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS))],
+                         BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
+                         k0))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_bar)
@@ -1732,6 +1835,36 @@ def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescript
     return _desc(acc, list(box), _layout(box, ttgl.float32))
 
 
+def _fb_meta(head_dim: int, config, env) -> dict:
+    """The fused backward's launch constexprs but CAUSAL / PAIR_GROUP (and num_warps): config (BLOCK_M, NUM_STAGES)
+    or the probe knob HEARTH_ATTN_FB_CONFIG or FB_CONFIGS', and the forms the env switches pick (backward_fused)."""
+    env_cfg = env.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
+    block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[head_dim])
+    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
+                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False),
+                DQ_SPLIT=_fb_split(head_dim, _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", None)),
+                DQ_TMA=_env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA),
+                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), num_warps=4)
+
+
+def _fb_acc(meta: dict, heads: int, n_pad: int, device) -> tuple[torch.Tensor, TensorDescriptor | None]:
+    """The fused backward's zeroed fp32 dQ buffer [heads, D, n_pad] and, with DQ_TMA, its descriptor."""
+    acc = torch.zeros((heads, meta["HEAD_DIM"], n_pad), dtype=torch.float32, device=device)
+    return acc, (_dq_acc_desc(acc, meta["DQ_SPLIT"], meta["BLOCK_M"]) if meta["DQ_TMA"] else None)
+
+
+def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, env) -> tuple[tuple[int, int], int]:
+    """(grid, PAIR_GROUP) of a fused-backward launch over `pairs` (b, K/V head) pairs of n_kb key blocks each."""
+    order = fb_pair_group(causal, group, pairs, env)
+    order = 0 if order == pairs > 1 else order  # the kernel's PAIR_GROUP (0: all pairs, the grid's axes swapped)
+    return ((pairs, n_kb) if order == 0 else (n_kb * order, pairs // order)), order
+
+
+def _acc_budget(acc_bytes: int | None, env) -> int:
+    return int(float(env.get("HEARTH_ATTN_FB_ACC_MIB", FB_ACC_MIB)) * 2**20) if acc_bytes is None else acc_bytes
+
+
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
                    acc_bytes: int | None = None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
@@ -1747,33 +1880,20 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
     env = os.environ
-    env_cfg = env.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
-    block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[D])
-    split = _fb_split(D, _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", None))
-    dq_tma = _env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA)
+    meta = _fb_meta(D, config, env)
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
-    step = max(64, block_m)
+    step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(Tq, step) * step
-    if acc_bytes is None:
-        acc_bytes = int(float(env.get("HEARTH_ATTN_FB_ACC_MIB", FB_ACC_MIB)) * 2**20)
-    chunk = fused_chunk(B, Hk, group, D, n_pad, acc_bytes)
-    dq_acc = torch.zeros((chunk * group, D, n_pad), dtype=torch.float32, device=q.device)
-    dq_desc = _dq_acc_desc(dq_acc, split, block_m) if dq_tma else None
-    n_kb = cdiv(Tk, FB_BLOCK_N)
-    order = fb_pair_group(causal, group, chunk, env)
-    order = 0 if order == chunk > 1 else order  # the kernel's PAIR_GROUP (0: all pairs, the grid's axes swapped)
-    grid = (chunk, n_kb) if order == 0 else (n_kb * order, chunk // order)
+    chunk = fused_chunk(B, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))
+    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device)
+    grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), env)
+    block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with on_device(q.device):
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),
-                scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0,
-                HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
-                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False), DQ_SPLIT=split, DQ_TMA=dq_tma,
-                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM),
-                PAIR_GROUP=order, num_warps=4,
+                scale, scale * LOG2E, Hq, Hk, group, Tq, Tk, n_pad, r0, CAUSAL=causal, PAIR_GROUP=order, **meta,
             )
             # this launch's query heads: `rows` of each of its batch rows, one [rows_b, rows, T, D] view of dq
             b0, hk0 = divmod(r0, Hk)
@@ -1783,10 +1903,79 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                         zero=r0 + chunk < B * Hk)
 
 
+def _packed_planes(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """[total, H, D] -> [1, H, total, D] views (no copy): what the host descriptors describe."""
+    return [t.unsqueeze(0).transpose(1, 2) for t in tensors]
+
+
+def varlen_serves(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can describe the packed [total, H, D] tensors as the varlen kernels view them."""
+    return tma_addressable(*_packed_planes(*tensors))
+
+
+def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float):
+    """The ping-pong forward over packed sequences (attention_varlen's contract): q [total_q, Hq, D], k / v
+    [total_k, Hk, D], cu_q / cu_k int32 [n + 1] offsets the caller checked (and ``supported``,
+    ``varlen_serves``) -> (out [total_q, Hq, D] contiguous, lse [Hq, total_q] fp32; a query whose sequence has no
+    keys gets out 0 and lse -inf, as the Triton varlen forward). One program per 2 * BLOCK_M query rows of one
+    (sequence, head): the grid covers max_q's query blocks, and a program past its sequence's end exits."""
+    total_q, Hq, D = q.shape
+    total_k, Hk = k.shape[0], k.shape[1]
+    n_seqs = cu_q.shape[0] - 1
+    out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
+    block_m, block_n, stages = PP_CONFIGS[D]
+    q4, k4, v4, o4 = _packed_planes(q, k, v, out)
+    descs = (_host_desc(q4, block_m), _host_desc(k4, block_n), _host_desc(v4, block_n), _host_desc(o4, block_m))
+    with on_device(q.device):
+        _attn_fwd_gluon_pp_kernel[(cdiv(max_q, 2 * block_m), n_seqs * Hq)](
+            *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k,
+            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+            CuSeqQ=cu_q, CuSeqK=cu_k, Out=out, stride_ot=out.stride(0), stride_oh=out.stride(1), VARLEN=True,
+            num_warps=PP_WARPS,
+        )
+    return out, lse
+
+
+def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k: int, causal: bool, scale: float,
+                          acc_bytes: int | None = None) -> None:
+    """The fused backward over packed sequences: q / do / dq [total_q, Hq, D], k / v / dk / dv [total_k, Hk, D]
+    (dq / dk / dv written whole), lse / delta [Hq, total_q] fp32, cu_q / cu_k the checked offsets. As
+    backward_fused: dQ summed in an fp32 buffer [heads, D, total_q + one block, rounded up] (a sequence's last
+    query block may run one block past the packed end), bounded by acc_bytes, the K/V heads then in launches of
+    fused_chunk heads over every sequence. Grid: cdiv(max_k, FB_BLOCK_N) key blocks per (sequence, K/V head)
+    pair; blocks past a sequence's keys take no steps (a key without queries gets dK = dV = 0)."""
+    total_q, Hq, D = q.shape
+    total_k, Hk = k.shape[0], k.shape[1]
+    group = Hq // Hk
+    n_seqs = cu_q.shape[0] - 1
+    env = os.environ
+    meta = _fb_meta(D, None, env)
+    step = max(64, meta["BLOCK_M"])
+    n_pad = cdiv(total_q, step) * step + step
+    chunk = fused_chunk(1, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))  # divides Hk
+    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device)
+    grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), env)
+    q4, k4, v4, do4, dq4, dk4, dv4 = _packed_planes(q, k, v, do, dq, dk, dv)
+    block_m = meta["BLOCK_M"]
+    descs = (_host_desc(q4, block_m), _host_desc(k4, FB_BLOCK_N), _host_desc(v4, FB_BLOCK_N),
+             _host_desc(do4, block_m))
+    with on_device(q.device):
+        for hk0 in range(0, Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
+            _attn_bwd_fused_gluon_kernel[grid](
+                *descs, lse, delta, dk4, dv4, dq_acc, dq_desc, dk4.stride(0), dk4.stride(1), dk4.stride(2),
+                scale, scale * LOG2E, Hq, chunk, group, total_q, total_k, n_pad, hk0, CAUSAL=causal,
+                PAIR_GROUP=order, CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True, **meta,
+            )
+            dq_from_acc(dq_acc, dq4[:, hk0 * group:(hk0 + chunk) * group], chunk * group, total_q, scale,
+                        zero=hk0 + chunk < Hk)
+
+
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
-                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=()):
+                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1794,7 +1983,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     pp_configs / bwd_configs / bwd_dq_configs replace CONFIGS / PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False
     builds the inference forward (Lse a None constexpr, no LSE store). ones: integer arguments (e.g. "N_CTX_Q")
     built as a launch with the value 1 builds them: Triton makes such an int the constant 1 unless the kernel
-    names it in do_not_specialize. Needs TRITON_INTERPRET unset."""
+    names it in do_not_specialize. varlen=True builds the packed-sequence (VARLEN) forms of "pp" and "bwd_fused"
+    (forward_varlen, backward_fused_varlen). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -1856,12 +2046,16 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update(Lse="*fp32", Delta="*fp32", DK=ptr, DV=ptr, DQacc="*fp32", stride_dkb="i32", stride_dkh="i32",
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
                        N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
+            if varlen:
+                const["VARLEN"] = True
+                sig.update(CuSeqQ="*i32", CuSeqK="*i32")
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
             staged = fb_stats_smem and not fb_prefetch  # the kernel's STAGED
             forms = "".join(f" {n}" for n, on in (("pf", fb_prefetch), ("split", split), ("dq-tma", fb_dq_tma),
                                                     ("stats-smem", staged)) if on)
             forms += f" pairs{fb_pair_group}" if fb_pair_group != 1 else ""
+            forms += " varlen" if varlen else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
@@ -1891,6 +2085,10 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             if variant == "pps":
                 sig.update(N_M="i32", TOTAL="i32", SECTION="i32")
+            elif varlen:
+                const["VARLEN"] = True
+                sig.update(CuSeqQ="*i32", CuSeqK="*i32", Out=ptr, stride_ot="i32", stride_oh="i32")
+                name += " varlen"
             sig.update({n: "constexpr" for n in const})
             kernel = build(fn, sig, const, warps)
             found.append((f"attention_gluon {name}{'' if store_lse else ' no-lse'} sm_{arch}", kernel))

@@ -138,6 +138,18 @@ def _tune_key(max_q: int, max_k: int) -> tuple[int, int]:
     return next_power_of_2(max_q), next_power_of_2(max_k)
 
 
+def _gluon(choice: str, serving: tuple[str, ...], *packed: torch.Tensor):
+    """attention_gluon when `choice` (attention.forward_kernel's or backward_kernel's "fused" pick: the one place
+    that routes dense attention, so its env switches and its Hopper / dtype / head-dim rule hold here too) is one
+    of `serving` (the picks with a packed form: the ping-pong forward, the fused backward) and TMA can address the
+    packed tensors; None: the Triton kernels."""
+    if choice not in serving:
+        return None
+    from hearth.kernels import attention_gluon  # imports Gluon: only when it may be used
+
+    return attention_gluon if attention_gluon.varlen_serves(*packed) else None
+
+
 def _meta(q: torch.Tensor, causal: bool, cu_q: torch.Tensor, cu_k: torch.Tensor) -> dict:
     return dict(HEAD_DIM=q.shape[-1], CAUSAL=causal, USE_TMA=False, DOT_PREC=_attn._dot_precision(q.dtype),
                 INTERP=interpret_mode(), CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True)
@@ -150,6 +162,10 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
     total_k, Hk = k.shape[0], k.shape[1]
     _check_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
     n_seqs = cu_q.shape[0] - 1
+    gluon = _gluon(_attn.forward_kernel(_attn.device_capability(q.device), q.dtype, D, causal),
+                   ("gluon_pp", "gluon_pps"), q, k, v)
+    if gluon is not None:
+        return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale)
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     q4, k4, v4, o4 = _planes(q, k, v, out)
@@ -173,12 +189,18 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
     dv = torch.empty((total_k, Hk, D), dtype=v.dtype, device=v.device)
     q4, k4, v4, o4, do4, dk4, dv4 = _planes(q, k, v, out, do, dk, dv)
     meta = _meta(q, causal, cu_q, cu_k)
+    choice = _attn.backward_kernel(_attn.device_capability(q.device), q.dtype, D, causal, part="fused")
+    gluon = _gluon(choice, ("gluon",), q, k, v, do)
     with _attn._on_device(q.device):
         # delta is row-wise: the dense preprocess over the packed axis (a batch of one) computes it as is
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
         _attn._bwd_preprocess_kernel[(cdiv(total_q, pre_block), Hq)](
             o4, do4, delta, *o4.stride(), *do4.stride(), Hq, total_q, HEAD_DIM=D, BLOCK_M=pre_block,
         )
+        if gluon is not None:
+            dq = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k, causal, scale)
+            return dq, dk, dv
         fused = bool(_attn.FUSED_DQ)
         dq_acc = torch.zeros((1, Hq, total_q, D) if fused else (1,), dtype=torch.float32, device=q.device)
         dkdv_args = (
