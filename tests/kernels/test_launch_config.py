@@ -133,3 +133,53 @@ def test_a_candidate_that_does_not_launch_is_named_and_skipped():
 
     timed = common._time_candidates(["a", "bad", "b"], launch, clock)
     assert timed[1] == "RuntimeError" and [round(timed[0], 9), round(timed[2], 9)] == [0.2, 0.1]
+
+
+def test_memory_tie_break_keeps_the_leanest_of_the_level_candidates():
+    """pick_among: without `memory`, the fastest; with it, the least-allocating of the candidates within
+    PICK_MEMORY_TIE of the fastest (equal bytes: the faster); a candidate that did not launch is never kept."""
+    cands = ["fast_fat", "level_lean", "slow_leanest", "broken"]
+    timed = [1.00, 1.00 + common.PICK_MEMORY_TIE / 2, 1.5, "OutOfResources"]
+    mem = {"fast_fat": 8 << 20, "level_lean": 4 << 20, "slow_leanest": 1 << 20, "broken": 0}.get
+    assert common.pick_among(cands, timed) == "fast_fat"
+    assert common.pick_among(cands, timed, mem) == "level_lean"
+    # just past the tie: the time wins
+    timed[1] = 1.00 * (1 + common.PICK_MEMORY_TIE) * 1.001
+    assert common.pick_among(cands, timed, mem) == "fast_fat"
+    # equal bytes within the tie: the faster
+    assert common.pick_among(["a", "b"], [1.001, 1.0], lambda c: 5) == "b"
+    assert common.pick_among(["a", "b"], ["X", "Y"], mem) == "a"  # none launched: the default
+
+
+def test_rms_and_layer_norm_backward_picks_weigh_the_partial_buffer(monkeypatch):
+    """The norms' backward picks pass a memory function that is the fp32 partial buffer of the candidate's grid
+    (rms_norm: grid x n x 4 bytes, layer_norm: twice that), and none when no weight gradient is taken."""
+    import importlib
+
+    rn = importlib.import_module("hearth.kernels.rms_norm")
+    ln = importlib.import_module("hearth.kernels.layer_norm")
+    seen = []
+
+    def spy(key, candidates, launch, device, rows=None, memory=None):
+        seen.append((key[0], memory, candidates, rows))
+        return candidates[0]
+
+    monkeypatch.setattr(rn, "num_sms", lambda device: 4)
+    monkeypatch.setattr(rn, "pick_config", spy)
+    monkeypatch.setattr(ln, "pick_config", spy)
+    x = torch.randn(64, 32)
+    w = torch.randn(32, requires_grad=True)
+    dy = torch.randn(64, 32)
+    rstd = torch.ones(64)
+    rn._backward(dy, x, w, rstd, need_dw=True)
+    rn._backward(dy, x, w, rstd, need_dw=False)
+    ln._backward(dy, x, w, torch.zeros(64), rstd, need_dw=True)
+    ln._backward(dy, x, w, torch.zeros(64), rstd, need_dw=False)
+    bwd = [s for s in seen if s[0].endswith("_bwd")]
+    assert [s[0] for s in bwd] == ["rms_norm_bwd", "rms_norm_bwd", "layer_norm_bwd", "layer_norm_bwd"]
+    assert bwd[1][1] is None and bwd[3][1] is None
+    for (_, memory, candidates, rows), per in ((bwd[0], 1), (bwd[2], 2)):
+        grids = {rn.bwd_grid(cfg, rows, "cpu")[0] for cfg in candidates}
+        assert len(grids) > 1  # the candidates differ in memory, so the tie-break has something to weigh
+        for cfg in candidates:
+            assert memory(cfg) == per * rn.bwd_grid(cfg, rows, "cpu")[0] * 32 * 4

@@ -177,7 +177,7 @@ def _distinct(cands, n_fields):
 
 
 def _use(monkeypatch, cfg):
-    monkeypatch.setattr(ln, "pick_config", lambda key, candidates, launch, device, rows=None, cfg=cfg: cfg)
+    monkeypatch.setattr(ln, "pick_config", lambda key, candidates, launch, device, rows=None, memory=None, cfg=cfg: cfg)
 
 
 def _fp64(x, w, b, dy=None, eps=1e-5):

@@ -212,7 +212,7 @@ def test_narrow_rows_tile_kernel_every_candidate(dtype, shape, monkeypatch):
     x32 = x.float()
     want_rstd = torch.rsqrt(x32.pow(2).mean(-1) + 1e-6).reshape(-1)
     for cfg in cands:
-        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, cfg=cfg: cfg)
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, memory=None, cfg=cfg: cfg)
         y, rstd = rn._forward(x, w, 1e-6)
         assert_close(y, reference(x, w), dtype, msg=f"y {cfg}")
         torch.testing.assert_close(rstd, want_rstd, rtol=1e-5, atol=1e-6, msg=f"rstd {cfg}")
@@ -269,7 +269,7 @@ def test_narrow_rows_bwd_every_candidate(dtype, shape, monkeypatch):
         if cfg[0] == "row" and (dtype != torch.float32 or x.numel() // n > 40):
             continue  # the one-row kernel (tested above at wider rows) is walked here in fp32, at M <= 40:
             # the interpreter takes its rows one at a time
-        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, cfg=cfg: cfg)
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, memory=None, cfg=cfg: cfg)
         dx, dw = rn._backward(dy, x, w, rstd)
         assert dx.dtype == dtype and dw.dtype == dtype
         assert_close(dx, dxr, dtype, msg=f"dx {cfg}")
@@ -421,7 +421,7 @@ def test_narrow_rows_real_shape_every_bwd_candidate_bf16(monkeypatch):
     w = (1 + 0.1 * torch.randn(128, device=DEVICE)).to(torch.bfloat16)
     dxr, dwr, rstd = _bwd_reference(x, w, dy)
     for cfg in rn._bwd_candidates(128):
-        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, cfg=cfg: cfg)
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, memory=None, cfg=cfg: cfg)
         dx, dw = rn._backward(dy, x, w, rstd)
         assert_close(dx, dxr, torch.bfloat16, msg=f"dx {cfg}")
         assert_close(dw, dwr, torch.bfloat16, msg=f"dw {cfg}")

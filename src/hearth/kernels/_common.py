@@ -330,7 +330,26 @@ def rows_bucket(rows: int) -> int:
     return min(1 << max(rows - 1, 0).bit_length(), ROWS_BUCKET_CAP)
 
 
-def pick_config(key, candidates, launch, device: torch.device, rows: int | None = None):
+# A pick's memory tie-break (pick_config's `memory`): candidates timed within this fraction of the fastest count as
+# level (the rounds' run-to-run spread), and the one that allocates least among them is kept.
+PICK_MEMORY_TIE = 0.02
+
+
+def pick_among(candidates, timed, memory=None):
+    """The pick from candidates' timings (ms, or an exception's name for one that did not launch): the fastest;
+    with `memory` (config -> bytes the launch allocates) the least-allocating of those within PICK_MEMORY_TIE of the
+    fastest (ties in bytes: the faster). candidates[0] when none launched."""
+    ok = [(ms, i) for i, ms in enumerate(timed) if isinstance(ms, float)]
+    if not ok:
+        return candidates[0]
+    best_ms, best = min(ok)
+    if memory is None:
+        return candidates[best]
+    level = [(memory(candidates[i]), ms, i) for ms, i in ok if ms <= best_ms * (1 + PICK_MEMORY_TIE)]
+    return candidates[min(level)[2]]
+
+
+def pick_config(key, candidates, launch, device: torch.device, rows: int | None = None, memory=None):
     """The fastest of `candidates` for `key`, timed once on the GPU (later calls hit a cache).
 
     candidates: a non-empty list of launch configs; candidates[0] is the default, used without timing
@@ -342,6 +361,8 @@ def pick_config(key, candidates, launch, device: torch.device, rows: int | None 
     rows: the call's row count; its bucket (rows_bucket) joins the key, so a pick made on a few rows (a
     check on a slice, a short first batch) is not reused for many: hearth's softmax picked on 64 rows of
     width 262144 ran 4096 rows at 3.06 ms against 1.59 ms with the pick made at 4096 (H200).
+    memory: config -> bytes its launch allocates (e.g. a partial-sum buffer sized by the grid): among the
+    candidates within PICK_MEMORY_TIE of the fastest, the least-allocating is kept (pick_among).
     Shared by hearth's row kernels (softmax, cross_entropy, rms_norm, rope, swiglu). With the
     environment variable HEARTH_PICK_LOG set, each pick is printed to stderr (key, ms per candidate).
     """
@@ -355,8 +376,7 @@ def pick_config(key, candidates, launch, device: torch.device, rows: int | None 
         return candidates[0]
     timed = _time_candidates(candidates, launch)
     timings = [(cfg, round(ms, 4) if isinstance(ms, float) else ms) for cfg, ms in zip(candidates, timed)]
-    ok = [(ms, i) for i, ms in enumerate(timed) if isinstance(ms, float)]
-    best = candidates[min(ok)[1]] if ok else candidates[0]
+    best = pick_among(candidates, timed, memory)
     _PICKED[key] = best
     if os.environ.get("HEARTH_PICK_LOG"):
         print(f"hearth pick_config {key}: {best} of {timings}", file=sys.stderr, flush=True)

@@ -42,8 +42,7 @@ from hearth.kernels.rms_norm import (
     _config,
     _fwd_candidates,
     _rows,
-    persistent_grid,
-    persistent_tile_grid,
+    bwd_grid,
     sum_partials,
 )
 
@@ -312,11 +311,8 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     dx2 = dx.view(-1, n)
 
     def launch(cfg):
-        kind, block_m, programs_per_sm, warps, stages = cfg
-        if kind == "row":
-            grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
-        else:
-            grid, tiles_per_program = persistent_tile_grid(m, block_m, x.device, programs_per_sm)
+        kind, block_m, _, warps, stages = cfg
+        grid, per_program = bwd_grid(cfg, m, x.device)  # rows (kind "row") or tiles per program
         # the dw and db partials share one buffer: one allocation and ONE column-sum launch reduce both; the
         # kernel takes the whole buffer (db's half at row G), so no views of it are made per call. Without dw
         # the kernel never touches the partial pointer: rstd stands in for it
@@ -326,11 +322,11 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
             _layer_norm_bwd_kernel[(grid,)](
                 dy2, x2, weight, mean, rstd, dx2, partial_arg, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
-                ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                ROWS_PER_PROGRAM=per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         else:
             _layer_norm_bwd_rows_kernel[(grid,)](
-                dy2, x2, weight, mean, rstd, dx2, partial_arg, m, n, tiles_per_program,
+                dy2, x2, weight, mean, rstd, dx2, partial_arg, m, n, per_program,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
                 NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
@@ -338,7 +334,9 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
     key = ("layer_norm_bwd", n, x.dtype, weight.dtype, need_dw)
-    partial = launch(pick_config(key, _ln_bwd_candidates(n), launch, x.device, rows=m))
+    # memory tie-break: the fp32 partial buffer is 2 x grid x n (rms_norm.bwd_grid)
+    partial = launch(pick_config(key, _ln_bwd_candidates(n), launch, x.device, rows=m,
+                                 memory=(lambda cfg: 2 * bwd_grid(cfg, m, x.device)[0] * n * 4) if need_dw else None))
     if not need_dw:
         return dx, None, None
     db_dtype = torch.float32 if separate else db_dtype

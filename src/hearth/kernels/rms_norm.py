@@ -227,6 +227,16 @@ def persistent_tile_grid(m: int, block_m: int, device: torch.device, programs_pe
     return cdiv(tiles, tiles_per_program), tiles_per_program
 
 
+def bwd_grid(cfg: tuple, m: int, device: torch.device) -> tuple[int, int]:
+    """(programs, rows or tiles per program) of a backward candidate (kind, BLOCK_M, programs_per_SM, ...) over m
+    rows (rms_norm's and layer_norm's): its grid also sizes the fp32 partial buffer, which pick_config's memory
+    tie-break weighs."""
+    kind, block_m, programs_per_sm = cfg[:3]
+    if kind == "row":
+        return persistent_grid(m, device, programs_per_sm)
+    return persistent_tile_grid(m, block_m, device, programs_per_sm)
+
+
 # --------------------------------------------------------------------------------------------
 # Launchers: flatten to 2-D [M, N], choose BLOCK_N / num_warps in one place
 # --------------------------------------------------------------------------------------------
@@ -338,22 +348,19 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
     dx2 = dx.view(-1, n)
 
     def launch(cfg):
-        kind, block_m, programs_per_sm, warps, stages = cfg
-        if kind == "row":
-            grid, rows_per_program = persistent_grid(m, x.device, programs_per_sm)
-        else:
-            grid, tiles_per_program = persistent_tile_grid(m, block_m, x.device, programs_per_sm)
+        kind, block_m, _, warps, stages = cfg
+        grid, per_program = bwd_grid(cfg, m, x.device)  # rows (kind "row") or tiles per program
         # without dw the kernel never touches dw_partial_ptr: rstd stands in for the pointer
         partial = torch.empty((grid, n), dtype=torch.float32, device=x.device) if need_dw else rstd
         if kind == "row":
             _rms_norm_bwd_kernel[(grid,)](
                 dy2, x2, weight, rstd, dx2, partial, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
-                ROWS_PER_PROGRAM=rows_per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                ROWS_PER_PROGRAM=per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
         else:
             _rms_norm_bwd_rows_kernel[(grid,)](
-                dy2, x2, weight, rstd, dx2, partial, m, n, tiles_per_program,
+                dy2, x2, weight, rstd, dx2, partial, m, n, per_program,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
                 NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
             )
@@ -361,7 +368,9 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
     key = ("rms_norm_bwd", n, x.dtype, weight.dtype, need_dw)
-    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device, rows=m))
+    # memory tie-break: the fp32 partial buffer is grid x n (a grid of 2 programs an SM doubles it)
+    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device, rows=m,
+                                 memory=(lambda cfg: bwd_grid(cfg, m, x.device)[0] * n * 4) if need_dw else None))
     if not need_dw:
         return dx, None
     dw = torch.empty(n, dtype=weight.dtype, device=x.device)
