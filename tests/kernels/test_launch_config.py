@@ -167,14 +167,16 @@ def test_rms_and_layer_norm_backward_picks_weigh_the_partial_buffer(monkeypatch)
     monkeypatch.setattr(rn, "num_sms", lambda device: 4)
     monkeypatch.setattr(rn, "pick_config", spy)
     monkeypatch.setattr(ln, "pick_config", spy)
-    x = torch.randn(64, 32)
-    w = torch.randn(32, requires_grad=True)
-    dy = torch.randn(64, 32)
-    rstd = torch.ones(64)
+    from tests.kernels.tolerance import DEVICE
+
+    x = torch.randn(64, 32, device=DEVICE)
+    w = torch.randn(32, device=DEVICE, requires_grad=True)
+    dy = torch.randn(64, 32, device=DEVICE)
+    rstd = torch.ones(64, device=DEVICE)
     rn._backward(dy, x, w, rstd, need_dw=True)
     rn._backward(dy, x, w, rstd, need_dw=False)
-    ln._backward(dy, x, w, torch.zeros(64), rstd, need_dw=True)
-    ln._backward(dy, x, w, torch.zeros(64), rstd, need_dw=False)
+    ln._backward(dy, x, w, torch.zeros_like(rstd), rstd, need_dw=True)
+    ln._backward(dy, x, w, torch.zeros_like(rstd), rstd, need_dw=False)
     bwd = [s for s in seen if s[0].endswith("_bwd")]
     assert [s[0] for s in bwd] == ["rms_norm_bwd", "rms_norm_bwd", "layer_norm_bwd", "layer_norm_bwd"]
     assert bwd[1][1] is None and bwd[3][1] is None

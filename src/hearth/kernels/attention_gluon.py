@@ -1963,8 +1963,9 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k
              _host_desc(do4, block_m))
     with on_device(q.device):
         for hk0 in range(0, Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
+            # the kernel places dK / dV at b * stride_dkb with b = the sequence's first key row: the token stride
             _attn_bwd_fused_gluon_kernel[grid](
-                *descs, lse, delta, dk4, dv4, dq_acc, dq_desc, dk4.stride(0), dk4.stride(1), dk4.stride(2),
+                *descs, lse, delta, dk4, dv4, dq_acc, dq_desc, dk4.stride(2), dk4.stride(1), dk4.stride(2),
                 scale, scale * LOG2E, Hq, chunk, group, total_q, total_k, n_pad, hk0, CAUSAL=causal,
                 PAIR_GROUP=order, CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True, **meta,
             )
