@@ -428,24 +428,29 @@ from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
 for order in (1, 0):
-    variants = ("pp", "bwd_fused") if order == 1 else ("bwd_fused",)
-    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order):
-        r = hi.report_compiled(label, k)
-        out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"]))
+    for tma in (True, False):
+        variants = ("pp", "bwd_fused") if order == 1 and tma else ("bwd_fused",)
+        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order,
+                                           fb_dq_tma=tma):
+            r = hi.report_compiled(label, k)
+            out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"],
+                            tma=r.ptx["tma"], dq_tma=tma))
 print(json.dumps(out))
 """
 
 
 def test_gluon_varlen_kernels_build_for_sm90():
-    """The packed forms of the ping-pong forward and the fused backward (both grid orders) build for the H200:
-    wgmma, TMA, within 227 KiB of shared memory. Spills: none at head_dim 64 or in the forward; the D 128 fused
-    backward spills at most 16 bytes (its sequence's first row and lengths are live registers where the dense
-    kernel reads kernel arguments; the dense build, tests/kernels/test_attention_gluon.py, spills none)."""
+    """The packed forms of the ping-pong forward and the fused backward (both grid orders, dQ^T added by TMA
+    reduce-adds or by fp32 atomics: backward_fused_varlen's dq_tma) build for the H200: wgmma, TMA, within 227 KiB
+    of shared memory. Spills: none at head_dim 64 or in the forward; at D 128 the fused backward spills at most 16
+    bytes in the TMA form (its sequence's first row and lengths are live registers where the dense kernel reads
+    kernel arguments; the dense build, tests/kernels/test_attention_gluon.py, spills none) and at most 96 in the
+    atomics form (per-element addresses)."""
     reports = run_offline(_VARLEN_GLUON_BUILDS)
-    assert len(reports) == 4 + 4 + 4, [r["label"] for r in reports]
+    assert len(reports) == 4 + 4 + 4 + 4 + 4, [r["label"] for r in reports]
     for r in reports:
         assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r
-        limit = 16 if ("bwd[fused]" in r["label"] and " d128 " in r["label"]) else 0
+        limit = (16 if r["dq_tma"] else 96) if ("bwd[fused]" in r["label"] and " d128 " in r["label"]) else 0
         assert r["spill"] <= limit, r
 
 

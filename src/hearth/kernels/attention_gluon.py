@@ -1939,19 +1939,23 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float):
 
 
 def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k: int, causal: bool, scale: float,
-                          acc_bytes: int | None = None) -> None:
+                          acc_bytes: int | None = None, dq_tma: bool = False) -> None:
     """The fused backward over packed sequences: q / do / dq [total_q, Hq, D], k / v / dk / dv [total_k, Hk, D]
     (dq / dk / dv written whole), lse / delta [Hq, total_q] fp32, cu_q / cu_k the checked offsets. As
     backward_fused: dQ summed in an fp32 buffer [heads, D, total_q + one block, rounded up] (a sequence's last
     query block may run one block past the packed end), bounded by acc_bytes, the K/V heads then in launches of
     fused_chunk heads over every sequence. Grid: cdiv(max_k, FB_BLOCK_N) key blocks per (sequence, K/V head)
-    pair; blocks past a sequence's keys take no steps (a key without queries gets dK = dV = 0)."""
+    pair; blocks past a sequence's keys take no steps (a key without queries gets dK = dV = 0). dq_tma: the caller
+    knows every query offset is a multiple of 64 (attention_varlen.DQ_TMA_ALIGN), so the TMA reduce-add form may
+    serve (where FB_DQ_TMA picks it); else dQ^T is added by fp32 atomics (a TMA reduce-add at a ragged sequence
+    start raised an illegal instruction on the H200)."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     group = Hq // Hk
     n_seqs = cu_q.shape[0] - 1
     env = os.environ
     meta = _fb_meta(D, None, env)
+    meta["DQ_TMA"] = meta["DQ_TMA"] and dq_tma
     step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(total_q, step) * step + step
     chunk = fused_chunk(1, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))  # divides Hk

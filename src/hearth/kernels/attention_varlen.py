@@ -81,20 +81,36 @@ def _check_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k
                    max_q: int, max_k: int, causal: bool) -> None:
     """Validate both offset arrays after one device->host copy; ValueError naming the argument. A pair of
     offset tensors already validated against the same lengths, and not changed in place since (their version
-    counters), is not copied again (_VALIDATED)."""
+    counters), is not copied again (_VALIDATED). The entry also keeps whether every query offset is a multiple of
+    DQ_TMA_ALIGN (_dq_tma_ok)."""
     state = _offsets_state(cu_q, cu_k, (total_q, total_k, max_q, max_k, causal))
     seen = _VALIDATED.get(id(cu_q))
     if seen is not None and seen[0]() is cu_q and seen[1]() is cu_k and seen[2] == state:
         return
-    _check_offsets_on_host(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
-    _VALIDATED[id(cu_q)] = (weakref.ref(cu_q), weakref.ref(cu_k), state)
+    aligned = _check_offsets_on_host(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
+    _VALIDATED[id(cu_q)] = (weakref.ref(cu_q), weakref.ref(cu_k), state, aligned)
     _VALIDATED.move_to_end(id(cu_q))
     while len(_VALIDATED) > _VALIDATED_MAX:
         _VALIDATED.popitem(last=False)
 
 
+# The fused Gluon backward adds dQ^T into its fp32 buffer by TMA reduce-adds whose innermost coordinate is a query
+# row: at a packed sequence's first row that is not a multiple of this, the H200 raised an illegal instruction
+# (suite at a102095: every test with ragged offsets; the benchmark's rows, all offsets multiples of 64, ran). Such
+# packs take the kernel's fp32-atomics form of the dQ add instead (backward_fused_varlen's dq_tma).
+DQ_TMA_ALIGN = 64
+
+
+def _dq_tma_ok(cu_q: torch.Tensor) -> bool:
+    """Whether the forward validated cu_q (and it is unchanged) with every query offset a multiple of
+    DQ_TMA_ALIGN; False when not known (an evicted entry): the atomics form serves every pack."""
+    seen = _VALIDATED.get(id(cu_q))
+    return seen is not None and seen[0]() is cu_q and seen[2][0] == cu_q._version and seen[3]
+
+
 def _check_offsets_on_host(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
-                           max_q: int, max_k: int, causal: bool) -> None:
+                           max_q: int, max_k: int, causal: bool) -> bool:
+    """The checks of _check_offsets; returns whether every query offset is a multiple of DQ_TMA_ALIGN."""
     host = torch.cat((cu_q, cu_k)).cpu()  # the one device->host copy (a stream sync) of the call
     n1 = cu_q.shape[0]
     lengths = {}
@@ -121,6 +137,7 @@ def _check_offsets_on_host(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int,
             f"causal attention needs equal q and k lengths in every sequence (cu_seqlens_q and cu_seqlens_k; the mask "
             f"is aligned at each sequence's start), got sequence {i} with q {int(lengths['q'][i])} and k {int(lengths['k'][i])}"
         )
+    return bool((host[:n1] % DQ_TMA_ALIGN == 0).all())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +216,8 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
         )
         if gluon is not None:
             dq = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
-            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k, causal, scale)
+            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k, causal, scale,
+                                        dq_tma=_dq_tma_ok(cu_q))
             return dq, dk, dv
         fused = bool(_attn.FUSED_DQ)
         dq_acc = torch.zeros((1, Hq, total_q, D) if fused else (1,), dtype=torch.float32, device=q.device)
