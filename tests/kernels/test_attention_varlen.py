@@ -460,7 +460,7 @@ def test_gpu_packed_rows_run_the_gluon_kernels(monkeypatch):
     under THE rule; with HEARTH_ATTN_GLUON=0 and HEARTH_ATTN_GLUON_BWD_FUSED=0 it runs neither."""
     from hearth.kernels import attention_gluon
 
-    if attention.device_capability(torch.device("cuda"))[0] != 9:
+    if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
         pytest.skip("the Gluon kernels serve Hopper only")
     calls = []
     for name in ("forward_varlen", "backward_fused_varlen"):
