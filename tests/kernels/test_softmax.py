@@ -12,6 +12,7 @@ import torch
 # `import hearth.kernels.softmax as sm` can bind the function (depending on import order)
 sm = importlib.import_module("hearth.kernels.softmax")
 from hearth.kernels.softmax import softmax
+from tests.kernels.launch_log import Launches, kept_pointer, laid_out
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
 
@@ -158,6 +159,58 @@ def test_non_contiguous_inputs():
     _check(base.t(), torch.float32)  # column stride 37: copied to contiguous rows
     _check(base[:, ::2], torch.float32)  # row stride 24, column stride 2
     _check(torch.randn(8, 40, device=DEVICE)[::2, 3:], torch.float32)  # strided rows, read in place
+
+
+# contiguous tensors of every kind (N-D, size-1 dims with odd strides, one element, one column), then
+# non-contiguous ones (copied or read in place through their row stride)
+_LAYOUTS = [((64, 256), None), ((4, 3, 33), None), ((33,), None), ((1, 256), (999, 1)), ((3, 1, 33), (33, 7, 1)),
+            ((1, 1), (5, 7)), ((5, 1), None), ((6, 1, 1), (1, 9, 3)), ((7, 40), (50, 1)), ((3, 40), (1, 3)),
+            ((2, 3, 20), (100, 20, 1))]
+
+
+@pytest.mark.parametrize("use_wide", [False, True])
+@pytest.mark.parametrize("shape,strides", _LAYOUTS, ids=lambda v: "x".join(map(str, v)) if v else "c")
+def test_launch_arguments_are_those_of_the_row_views(monkeypatch, use_wide, shape, strides):
+    """The launchers pass contiguous tensors whole (no [rows, n] views: host time); every launch gets the pointers,
+    row strides and sizes of the views it took before, _as_rows(x) and y.view(-1, n) (forward), _as_rows of y and
+    dy and dx.view(-1, n) (backward), and the values are torch's."""
+    if use_wide:
+        monkeypatch.setattr(sm, "ONEPASS_MAX_COLS", 16)
+        monkeypatch.setattr(sm, "WIDE_CHUNK", 8)
+    # the default config, untimed (on the GPU the pick would time every candidate through the same launches)
+    monkeypatch.setattr(sm, "pick_config", lambda key, candidates, launch, device, rows=None: candidates[0])
+    kernels = Launches(monkeypatch, sm, ["_softmax_fwd_onepass_kernel", "_softmax_fwd_chunked_kernel",
+                                           "_softmax_bwd_onepass_kernel", "_softmax_bwd_chunked_kernel"])
+    x = laid_out(shape, strides)
+    dy = laid_out(shape, strides, seed=1)
+    y = sm._softmax_fwd(x)
+    dx = sm._softmax_bwd(y, dy)
+    n = shape[-1]
+    want = []
+    for ins, out in (((x,), y), ((y, dy), dx)):
+        rows = [sm._as_rows(t) for t in (*ins, out)]
+        ptrs = [kept_pointer(r, t) for r, t in zip(rows, (*ins, out))]
+        want.append((ptrs, [r.stride(0) for r in rows], rows[0].shape[0]))
+    assert len(kernels.log) == 2
+    for (name, grid, args), (ptrs, strides_, m) in zip(kernels.log, want):
+        k = len(ptrs)
+        assert [p if w is not None else None for p, w in zip(args, ptrs)] == ptrs, (name, args)
+        assert list(args[k:2 * k]) == strides_, (name, args)
+        sizes = (grid[0], args[2 * k]) if "onepass" in name else args[2 * k:2 * k + 2]
+        assert tuple(sizes) == (m, n) and ("chunked" in name) == (use_wide and n > 16), (name, args)
+    assert y.is_contiguous() and dx.is_contiguous()
+    ref = torch.softmax(x.double(), -1)
+    assert_close(y, ref, torch.float32)
+    assert_close(dx, ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True)), torch.float32)
+
+
+def test_last_dim_by_either_index_and_no_bool_dim():
+    """softmax(x, x.dim() - 1) takes the same route as dim=-1; a bool is not an int dim, even where it names the
+    last dim (True == 1 for a 2-D x)."""
+    x = torch.randn(4, 3, 33, device=DEVICE)
+    torch.testing.assert_close(softmax(x, 2), softmax(x, -1), rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"^dim must be an int, got bool$"):
+        softmax(torch.ones(3, 4, device=DEVICE), dim=True)
 
 
 def test_does_not_modify_input():

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 swiglu_module = importlib.import_module("hearth.kernels.swiglu")
 from hearth.kernels.swiglu import swiglu, swiglu_mlp
 from hearth.nn import SwiGLUMLP
+from tests.kernels.launch_log import Launches, kept_pointer, laid_out
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only
 
 
@@ -79,6 +80,64 @@ def test_swiglu_strided_views_get_no_flat_candidate(monkeypatch):
     gu = torch.randn(9, 2 * 40, device=DEVICE)
     check_swiglu(gu[:, :40], gu[:, 40:], torch.float32)
     assert len(asked) == 2 and not any(c[2] for cands in asked for c in cands), asked
+
+
+# contiguous tensors (N-D, one row, a size-1 dim with an odd stride, one column, one element), row-strided views
+# (a fused gate_up output split in two), a transposed (copied) one; "mixed": up alone row-strided
+_LAYOUTS = [((17, 130), None), ((2, 3, 70), None), ((1, 80), None), ((1, 80), (999, 1)), ((3, 1, 40), (40, 7, 1)),
+            ((5, 1), None), ((1, 1), (5, 7)), ((9, 40), (80, 1)), ((9, 40), (1, 9)), ((17, 130), "mixed")]
+
+
+@pytest.mark.parametrize("force_flat", [False, True], ids=["first", "flat"])
+@pytest.mark.parametrize("shape,strides", _LAYOUTS,
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_swiglu_launch_arguments_are_those_of_the_row_views(monkeypatch, shape, strides, force_flat):
+    """The standalone op's launchers pass contiguous tensors whole (no [rows, n] views: host time); every launch
+    gets the pointers, row strides, sizes and pick key (flat or not) of the views it took before, _rows of the
+    inputs and out.view(-1, n), and the values are the reference's. force_flat: the pick returns a flat config
+    where one is offered (the CPU's default, the first, is a row config)."""
+    keys = []
+
+    def pick(key, cands, launch, device, rows=None):
+        keys.append(key)
+        flat = [c for c in cands if c[2]]
+        return flat[0] if force_flat and flat else cands[0]
+
+    monkeypatch.setattr(swiglu_module, "pick_config", pick)
+    kernels = Launches(monkeypatch, swiglu_module, ["_swiglu_fwd_kernel", "_swiglu_fwd_flat_kernel",
+                                                    "_swiglu_bwd_kernel", "_swiglu_bwd_flat_kernel"])
+    g = laid_out(shape, None if strides == "mixed" else strides)
+    u = laid_out(shape, (2 * shape[-1], 1) if strides == "mixed" else strides, seed=1)
+    dh = laid_out(shape, None if strides == "mixed" else strides, seed=2)
+    h = swiglu_module._swiglu_forward(g, u)
+    dg, du = swiglu_module._swiglu_backward_impl(dh, g, u)
+    n = shape[-1]
+    rows = swiglu_module._rows
+    want = []
+    for ins, outs in (((g, u), (h,)), ((dh, g, u), (dg, du, dg))):  # the backward's h_out is dg when h is not stored
+        views = [rows(t) for t in ins] + [t.view(-1, n) for t in outs]
+        m = views[0].shape[0]
+        dense = all(v.shape[0] <= 1 or v.stride(0) == n for v in views[:len(ins) + 2])
+        ptrs = [kept_pointer(v, t) for v, t in zip(views, (*ins, *outs))]
+        want.append((ptrs, [v.stride(0) for v in views], m, dense))
+    assert [k[0] for k in keys] == ["swiglu_fwd", "swiglu_bwd"]
+    assert len(kernels.log) == 2
+    for (name, grid, args), key, (ptrs, strides_, m, dense) in zip(kernels.log, keys, want):
+        assert key[-1] is dense and key[1] == n, (key, dense)
+        flat = force_flat and dense
+        assert ("flat" in name) == flat, name
+        k = len(ptrs) - 1 if flat and "bwd" in name else len(ptrs)  # the flat backward takes no h_out
+        assert [p if w is not None else None for p, w in zip(args, ptrs[:k])] == ptrs[:k], (name, args)
+        if flat:
+            assert args[k] == m * n, (name, args)
+        else:
+            assert args[k] == n and list(args[k + 1:k + 1 + len(strides_)]) == strides_ and grid[0] == m, (name, args)
+    gr, ur = g.double().requires_grad_(), u.double().requires_grad_()
+    hr = F.silu(gr) * ur
+    dgr, dur = torch.autograd.grad(hr, (gr, ur), dh.double())
+    for got, ref in ((h, hr), (dg, dgr), (du, dur)):
+        assert got.is_contiguous()
+        assert_close(got, ref, torch.float32)
 
 
 def test_swiglu_empty_gives_empty():
