@@ -771,3 +771,18 @@ def test_sleep_ms_covers_the_host_time_of_a_warm_call():
     assert sleep_ms([900.0, 1.9, 2.0, 2.1]) == pytest.approx(1.5 * 2.0 + 0.2)  # swiglu_mlp at Qwen3-14B: 3.2 ms
     assert sleep_ms([5.0, 400.0, 400.0]) == SLEEP_MAX_MS
     assert sleep_ms([2.0]) == pytest.approx(3.2) and sleep_ms([]) == SLEEP_MIN_MS
+
+
+def test_model_suite_packs_both_dq_forms_of_the_gluon_varlen_backward():
+    """The model suite's packed rows include ones whose sequence starts are all multiples of
+    attention_varlen.DQ_TMA_ALIGN (the fused Gluon backward's TMA reduce-add form) and one with starts off it (its
+    fp32-atomics form), so a run times both."""
+    import itertools
+
+    from hearth.kernels.attention_varlen import DQ_TMA_ALIGN
+
+    aligned = []
+    for _, spec, _ in cases.MODEL_CASES["attention_varlen"]:
+        starts = list(itertools.accumulate(cases.varlen_lengths(spec["S"], spec["T"])))[:-1]
+        aligned.append(all(s % DQ_TMA_ALIGN == 0 for s in starts))
+    assert any(aligned) and not all(aligned), aligned
