@@ -6,7 +6,7 @@ and each query attends only to the keys of its own sequence (a block-diagonal ma
 
     O[rows of i] = softmax(scale * Q_i K_i^T (+ causal mask aligned at the sequence's start)) V_i
 
-The kernels are attention.py's own (forward, backward preprocess, dK/dV, dQ) with the constexpr
+The Triton kernels are attention.py's own (forward, backward preprocess, dK/dV, dQ) with the constexpr
 VARLEN flag set: a program (row block, sequence * head) reads its sequence's start and end from
 cu_seqlens, offsets the T axis by the start and masks by the sequence's length; its key loops stop at
 the sequence's end (causal: at the diagonal). The grid covers cdiv(max_seqlen, BLOCK) row blocks per
@@ -34,8 +34,12 @@ runs inside the custom op, so torch.compile sees one opaque node and the check s
 The backward reuses the forward's validated offsets (saved tensors: an in-place change between the
 two is refused by autograd's version check).
 
-Limitations: the Triton pointer path only (HEARTH_ATTN_TMA and the Gluon forward do not apply);
-n_seqs * Hq <= 65535 (CUDA grid); the int32 in-plane offsets bound max_seqlen * row stride < 2^31
+On Hopper (bf16 / fp16; head_dim 128 forward, 64 and 128 backward) the Gluon kernels serve packed rows too
+(attention_gluon.forward_varlen, backward_fused_varlen), picked by attention.forward_kernel / backward_kernel as
+for dense attention and only where TMA can address the packed tensors; their fused backward adds dQ by TMA
+reduce-adds only when every query offset is a multiple of DQ_TMA_ALIGN, by fp32 atomics otherwise.
+
+Limitations: HEARTH_ATTN_TMA does not apply to the Triton varlen kernels; n_seqs * Hq <= 65535 (CUDA grid); the int32 in-plane offsets bound max_seqlen * row stride < 2^31
 (a plane 2^31 elements wide: a [T, Hq, D] sequence of T = 2^31 / (Hq * D) tokens, 419430 at 40 x 128).
 """
 

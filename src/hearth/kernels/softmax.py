@@ -349,7 +349,7 @@ def _onepass_pick_candidates_for(block: int, warps: int, itemsize: int, n_inputs
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """View `t` (softmax dim last) as [rows, n] with unit column stride; copies only when it must."""
-    if t.is_contiguous() and t.dim():  # the common case (y, a fresh dy, an unsliced x): one view
+    if t.is_contiguous() and t.dim():  # one view (the launchers pass contiguous tensors of 2+ elements whole)
         return t.view(-1, t.shape[-1])
     if t.dim() == 0:
         t = t.reshape(1)
@@ -362,32 +362,50 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
-    """Launch the forward over the last dim of x. Returns a contiguous tensor shaped like x."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.numel() == 0:
+    """Launch the forward over the last dim of x. Returns a contiguous tensor shaped like x.
+
+    Host time: this runs on every call, so the common case (x contiguous) builds no [rows, n] views (about 1 us
+    of host time each): a launch reads only a tensor's pointer, so the kernels take x and y themselves with the
+    row stride n_cols, what x.view(-1, n_cols).stride(0) is (except for a single element, which keeps its own
+    stride there: numel > 1). The 2-D views are built where they are read: a non-contiguous x (_as_rows) and the
+    cluster kernels' routing test."""
+    # empty_like: torch.empty(x.shape, dtype=..., device=...) builds and parses a Size and a device (2.5 us of host
+    # time against 1.1); contiguous_format: y is row-contiguous whatever x's strides, as before
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    numel = x.numel()
+    if numel == 0:
         return y
-    xr, yr = _as_rows(x), y.view(-1, x.shape[-1])
-    n_rows, n_cols = xr.shape
+    n_cols = x.shape[-1]
+    n_rows = numel // n_cols
+    dtype = x.dtype
+    xr = x if numel > 1 and x.is_contiguous() else _as_rows(x)
+    stride_x = n_cols if xr is x else xr.stride(0)
     chunked, block, warps = _config(n_cols)
-    key = ("softmax_fwd", n_cols, x.dtype)
+    key = ("softmax_fwd", n_cols, dtype)
     # both kernels only write y, so candidates are timed on the real arguments
-    # Hopper, an aligned row past the cluster's width (softmax_gluon.smem_min_cols): the row split over a cluster
-    if sg is not None and sg.serves(xr, min_cols=sg.smem_min_cols(xr.dtype)):
-        sg.softmax_fwd_smem(xr, out=yr)
-    elif chunked:
+    # Hopper, an aligned row past the cluster's width (softmax_gluon.smem_min_cols): the row split over a cluster.
+    # serves takes only CUDA rows wider than min_cols (softmax_gluon.rows_fit), so its 2-D views are built only then
+    if sg is not None and x.is_cuda and n_cols > (min_cols := sg.smem_min_cols(dtype)):
+        if xr is x:
+            xr = x.view(-1, n_cols)  # what _as_rows gives a contiguous x
+        if sg.serves(xr, min_cols=min_cols):
+            sg.softmax_fwd_smem(xr, out=y.view(-1, n_cols))
+            return y
+    # y is passed whole: its pointer is that of y.view(-1, n_cols), whose row stride is n_cols
+    if chunked:
         def launch(cfg):
             per_sm, chunk, w, stages = cfg
             _softmax_fwd_chunked_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
-                xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
+                xr, y, stride_x, n_cols, n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
         launch(pick_config(key, _wide_candidates(n_cols, x.element_size(), 1), launch, x.device, rows=n_rows))
     else:
         def launch(cfg):
             if isinstance(cfg, int):
-                _softmax_fwd_onepass_kernel[(n_rows,)](xr, yr, xr.stride(0), yr.stride(0), n_cols, block, num_warps=cfg)
+                _softmax_fwd_onepass_kernel[(n_rows,)](xr, y, stride_x, n_cols, n_cols, block, num_warps=cfg)
                 return
             per_sm, w, stages = cfg
             _softmax_fwd_rows_kernel[(_wide_programs(n_rows, x.device, per_sm),)](
-                xr, yr, xr.stride(0), yr.stride(0), n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w,
+                xr, y, stride_x, n_cols, n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w,
                 num_stages=stages)
         launch(pick_config(key, _onepass_pick_candidates(block, warps, x.element_size()), launch, x.device,
                                 rows=n_rows))
@@ -395,34 +413,51 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
 
 
 def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """Launch the backward over the last dim. y, dy shaped alike; returns a contiguous dx."""
-    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    if y.numel() == 0:
+    """Launch the backward over the last dim. y, dy shaped alike; returns a contiguous dx.
+
+    As _softmax_fwd: contiguous y and dy (the usual case) are passed whole with row stride n_cols, dx always."""
+    dx = torch.empty_like(y, memory_format=torch.contiguous_format)
+    numel = y.numel()
+    if numel == 0:
         return dx
-    yr, dyr = _as_rows(y), _as_rows(dy if dy.dtype == y.dtype else dy.to(y.dtype))
-    dxr = dx.view(-1, y.shape[-1])
-    n_rows, n_cols = yr.shape
+    n_cols = y.shape[-1]
+    n_rows = numel // n_cols
+    dtype = y.dtype
+    yr = y if numel > 1 and y.is_contiguous() else _as_rows(y)
+    if dy.dtype != dtype:
+        dy = dy.to(dtype)
+    dyr = dy if numel > 1 and dy.is_contiguous() else _as_rows(dy)
+    stride_y = n_cols if yr is y else yr.stride(0)
+    stride_dy = n_cols if dyr is dy else dyr.stride(0)
     chunked, block, warps = _config(n_cols)
-    strides = (yr.stride(0), dyr.stride(0), dxr.stride(0))
-    key = ("softmax_bwd", n_cols, y.dtype)
+    key = ("softmax_bwd", n_cols, dtype)
     # both kernels only write dx, so candidates are timed on the real arguments
-    if (sg is not None and sg.serves(yr, inputs=2, min_cols=sg.smem_min_cols(yr.dtype, inputs=2))
-            and sg.smem_aligned(dyr)):  # as the forward
-        sg.softmax_bwd_smem(yr, dyr, out=dxr)
-    elif chunked:
+    # as the forward: the cluster kernels' routing test (and its 2-D views) only for CUDA rows past min_cols
+    if sg is not None and y.is_cuda and n_cols > (min_cols := sg.smem_min_cols(dtype, inputs=2)):
+        if yr is y:
+            yr = y.view(-1, n_cols)
+        if dyr is dy:
+            dyr = dy.view(-1, n_cols)
+        if sg.serves(yr, inputs=2, min_cols=min_cols) and sg.smem_aligned(dyr):
+            sg.softmax_bwd_smem(yr, dyr, out=dx.view(-1, n_cols))
+            return dx
+    if chunked:
         def launch(cfg):
             per_sm, chunk, w, stages = cfg
             _softmax_bwd_chunked_kernel[(_wide_programs(n_rows, y.device, per_sm),)](
-                yr, dyr, dxr, *strides, n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w, num_stages=stages)
+                yr, dyr, dx, stride_y, stride_dy, n_cols, n_rows, n_cols, chunk, NUM_STAGES=stages, num_warps=w,
+                num_stages=stages)
         launch(pick_config(key, _wide_candidates(n_cols, y.element_size(), 2), launch, y.device, rows=n_rows))
     else:
         def launch(cfg):
             if isinstance(cfg, int):
-                _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dxr, *strides, n_cols, block, num_warps=cfg)
+                _softmax_bwd_onepass_kernel[(n_rows,)](yr, dyr, dx, stride_y, stride_dy, n_cols, n_cols, block,
+                                                       num_warps=cfg)
                 return
             per_sm, w, stages = cfg
             _softmax_bwd_rows_kernel[(_wide_programs(n_rows, y.device, per_sm),)](
-                yr, dyr, dxr, *strides, n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w, num_stages=stages)
+                yr, dyr, dx, stride_y, stride_dy, n_cols, n_rows, n_cols, block, NUM_STAGES=stages, num_warps=w,
+                num_stages=stages)
         launch(pick_config(key, _onepass_pick_candidates(block, warps, y.element_size(), 2), launch, y.device,
                                 rows=n_rows))
     return dx
@@ -481,13 +516,16 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         ValueError: x is 0-D or not on a usable device; dim is out of range.
     """
     check_tensor(x, "x", allow_empty=True)
-    if x.dim() == 0:
+    nd = x.dim()
+    if nd == 0:
         raise ValueError("x must have at least 1 dimension, got a 0-D tensor")
+    if type(dim) is int and (dim == -1 or dim == nd - 1):  # the usual call: a plain int naming the last dim
+        return _softmax(x)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, got {dim}")
-    dim = dim % x.dim()
-    if dim == x.dim() - 1:
+    if not -nd <= dim < nd:
+        raise ValueError(f"dim must be in [{-nd}, {nd - 1}] for x of shape {tuple(x.shape)}, got {dim}")
+    dim = dim % nd
+    if dim == nd - 1:
         return _softmax(x)
     return _softmax(x.movedim(dim, -1)).movedim(-1, dim)
