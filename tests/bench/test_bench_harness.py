@@ -775,8 +775,8 @@ def test_sleep_ms_covers_the_host_time_of_a_warm_call():
 
 def test_model_suite_packs_both_dq_forms_of_the_gluon_varlen_backward():
     """The model suite's packed rows include ones whose sequence starts are all multiples of
-    attention_varlen.DQ_TMA_ALIGN (the fused Gluon backward's TMA reduce-add form) and one with starts off it (its
-    fp32-atomics form), so a run times both."""
+    attention_varlen.DQ_TMA_ALIGN (the fused Gluon backward's dQ^T columns are the packed rows) and one with starts
+    off it (each sequence's columns placed apart), so a run times both."""
     import itertools
 
     from hearth.kernels.attention_varlen import DQ_TMA_ALIGN

@@ -860,6 +860,58 @@ def test_dq_from_acc_transposes_scales_casts_and_clears(zero):
         ag.dq_from_acc(acc, full[:, 1:4], rows, t, 0.5, zero)
 
 
+def test_dq_pad_starts_place_sequences_apart():
+    """DQ_PAD's placement: every sequence starts at a multiple of pad, its roundup(len, pad) columns end at or
+    before the next one's start, and the last one within dq_pad_columns; brute force over ragged lengths,
+    empty sequences included."""
+    g = torch.Generator().manual_seed(5)
+    for pad in (64, 128):
+        for _ in range(200):
+            lens = torch.randint(0, 300, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g)
+            cu = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0)))
+            starts = ag.dq_pad_starts(cu, pad)
+            ends = starts + (lens + pad - 1) // pad * pad
+            assert (starts % pad == 0).all()
+            assert (ends[:-1] <= starts[1:]).all(), (lens, starts)
+            n_pad = ag.dq_pad_columns(int(cu[-1]), len(lens), pad)
+            assert n_pad % pad == 0 and int(ends[-1]) <= n_pad, (lens, n_pad)
+
+
+@pytest.mark.parametrize("zero", [False, True])
+def test_dq_from_acc_reads_padded_sequences(zero):
+    """The packed form (pad, the fused kernel's DQ_PAD; interpreter on the CPU): sequence s's dQ^T is read from
+    columns dq_pad_starts(cu_q, pad)[s] onwards into dq's packed rows cu_q[s] .. cu_q[s + 1]; with zero every
+    column of each sequence's blocks is cleared (the padding too), columns between sequences are not touched."""
+    g = torch.Generator().manual_seed(4)
+    lens = [70, 0, 1, 130, 64]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    total, heads, d, pad = int(cu[-1]), 3, 16, 64
+    n_pad = ag.dq_pad_columns(total, len(lens), pad)
+    acc = torch.randn(heads, d, n_pad, generator=g)
+    acc0 = acc.clone()
+    dev = "cuda" if HAS_CUDA else "cpu"
+    acc, cu_dev = acc.to(dev), cu.to(dev)
+    dq = torch.full((total, heads, d), 7.0, dtype=torch.bfloat16, device=dev)
+    dq4 = dq.unsqueeze(0).transpose(1, 2)  # [1, H, total, D]: the varlen backward's view
+    ag.dq_from_acc(acc, dq4, heads, total, 0.5, zero, cu_q=cu_dev, max_q=max(lens), pad=pad)
+    starts = ag.dq_pad_starts(cu.long(), pad)
+    want = torch.empty(total, heads, d)
+    cleared = torch.zeros(n_pad, dtype=torch.bool)
+    for s, n in enumerate(lens):
+        c0, r0 = int(starts[s]), int(cu[s])
+        want[r0:r0 + n] = acc0[:, :, c0:c0 + n].permute(2, 0, 1) * 0.5
+        cleared[c0:c0 + (n + 63) // 64 * 64] = True
+    torch.testing.assert_close(dq.float().cpu(), want, rtol=2 ** -7, atol=0)
+    acc = acc.cpu()
+    if zero:
+        assert (acc[:, :, cleared] == 0).all()
+        assert torch.equal(acc[:, :, ~cleared], acc0[:, :, ~cleared])
+    else:
+        assert torch.equal(acc, acc0)
+    with pytest.raises(ValueError, match="pad must be"):
+        ag.dq_from_acc(acc.to(dev), dq4, heads, total, 0.5, zero, cu_q=cu_dev, max_q=max(lens), pad=96)
+
+
 @hopper_only
 @pytest.mark.parametrize("mib", [0.001, 0.125, 0.25])
 def test_gpu_fused_backward_bounded_buffer(monkeypatch, mib):

@@ -428,10 +428,10 @@ from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
 for order in (1, 0):
-    for tma in (True, False):
-        variants = ("pp", "bwd_fused") if order == 1 and tma else ("bwd_fused",)
+    for tma, pad in ((True, 0), (True, 64), (False, 0)):
+        variants = ("pp", "bwd_fused") if order == 1 and tma and not pad else ("bwd_fused",)
         for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order,
-                                           fb_dq_tma=tma):
+                                           fb_dq_tma=tma, fb_dq_pad=pad):
             r = hi.report_compiled(label, k)
             out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"],
                             tma=r.ptx["tma"], dq_tma=tma))
@@ -440,14 +440,15 @@ print(json.dumps(out))
 
 
 def test_gluon_varlen_kernels_build_for_sm90():
-    """The packed forms of the ping-pong forward and the fused backward (both grid orders, dQ^T added by TMA
-    reduce-adds or by fp32 atomics: backward_fused_varlen's dq_tma) build for the H200: wgmma, TMA, within 227 KiB
+    """The packed forms of the ping-pong forward and the fused backward (both grid orders; dQ^T added by TMA
+    reduce-adds at the packed rows' columns or at columns placed apart per sequence, backward_fused_varlen's
+    aligned and DQ_PAD, or by fp32 atomics) build for the H200: wgmma, TMA, within 227 KiB
     of shared memory. Spills: none at head_dim 64 or in the forward; at D 128 the fused backward spills at most 16
     bytes in the TMA form (its sequence's first row and lengths are live registers where the dense kernel reads
     kernel arguments; the dense build, tests/kernels/test_attention_gluon.py, spills none) and at most 96 in the
     atomics form (per-element addresses)."""
     reports = run_offline(_VARLEN_GLUON_BUILDS)
-    assert len(reports) == 4 + 4 + 4 + 4 + 4, [r["label"] for r in reports]
+    assert len(reports) == 4 + 3 * 4 + 3 * 4, [r["label"] for r in reports]
     for r in reports:
         assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r
         limit = (16 if r["dq_tma"] else 96) if ("bwd[fused]" in r["label"] and " d128 " in r["label"]) else 0
@@ -492,6 +493,27 @@ def test_gpu_gluon_packed_same_as_dense_gluon_per_sequence(monkeypatch, causal):
     for name, a, b in zip(("out", "dq", "dk", "dv"), ours, dense):
         if name != "dq":
             torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@gpu_only
+@pytest.mark.parametrize("lens", [[128, 640, 64, 1024], [127, 641, 63, 1025]], ids=["aligned", "ragged"])
+def test_gpu_gluon_backward_places_dq_by_alignment(monkeypatch, lens):
+    """Packs whose query offsets are all multiples of DQ_TMA_ALIGN take the fused backward's packed-row dQ^T columns
+    (aligned=True), others the per-sequence placement (aligned=False, the kernel's DQ_PAD); both under THE rule,
+    causal GQA at head_dim 128 and 64."""
+    from hearth.kernels import attention_gluon
+
+    if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
+        pytest.skip("the Gluon kernels serve Hopper only")
+    seen = []
+    real = attention_gluon.backward_fused_varlen
+    monkeypatch.setattr(attention_gluon, "backward_fused_varlen",
+                        lambda *a, **kw: seen.append(kw["aligned"]) or real(*a, **kw))
+    want = all(n % 64 == 0 for n in lens)
+    for D in (128, 64):
+        q, k, v, do, _, _ = _make(lens, lens, 8, 2, D, torch.bfloat16, seed=D, device="cuda")
+        _rule_per_sequence(q, k, v, do, lens, lens, True)
+    assert seen == [want, want], seen
 
 
 @gpu_only

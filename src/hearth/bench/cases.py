@@ -560,8 +560,8 @@ MODEL_CASES: dict[str, list[tuple[str, dict, tuple[str, ...]]]] = {
         ("Qwen3-14B", 40, 8, 128, 4096, 2, BOTH), ("Llama-3.1-8B", 32, 8, 128, 32768, 1, FULL),
         ("Qwen3-32B", 64, 8, 128, 8192, 1, FULL))],
     # a packed fine-tuning row: 16384 / 32768 tokens in sequences of 1:3 spread lengths; 16381 tokens put the sequence
-    # starts off multiples of 64 (real packs do), where the fused Gluon backward adds dQ by fp32 atomics, not TMA
-    # (attention_varlen.DQ_TMA_ALIGN)
+    # starts off multiples of 64 (real packs do), where the fused Gluon backward places each sequence's dQ^T
+    # columns apart (attention_varlen.DQ_TMA_ALIGN)
     "attention_varlen": [(f"{src} {hq}/{hk} heads d{d} {t} tokens in {n} seqs causal", _varlen(n, t, hq, hk, D=d), modes)
                          for src, hq, hk, d, t, n, modes in (
         ("Qwen3-14B", 40, 8, 128, 16384, 8, BOTH), ("Llama-3.2-1B", 32, 8, 64, 32768, 32, FULL),

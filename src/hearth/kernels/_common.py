@@ -136,6 +136,12 @@ def empty_heads_like(ref: torch.Tensor, shape, dtype: torch.dtype | None = None)
     return torch.empty((B, H, T, D), dtype=dtype, device=ref.device)
 
 
+def packed_planes(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Packed-sequence attention's [total, H, D] tensors as [1, H, total, D] views (no copy): the layout the
+    dense kernels (and their TMA descriptors) address, a batch of one whose rows are every sequence's tokens."""
+    return [t.unsqueeze(0).transpose(1, 2) for t in tensors]
+
+
 def tma_addressable(*tensors: torch.Tensor) -> bool:
     """Whether TMA can describe each tensor from its own shape and strides: a contiguous last dim, a 16-byte
     aligned base and 16-byte aligned, non-zero outer strides (a dO expanded from a sum() has zero strides)."""

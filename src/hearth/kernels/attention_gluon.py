@@ -94,7 +94,7 @@ from triton._C.libtriton import ir as _ir
 from triton.experimental.gluon.language._core import builtin as _builtin
 
 from hearth.kernels._common import (  # noqa: F401 (tma_addressable: this module's serving check, as attention calls it)
-    cdiv, empty_heads_like, num_sms, on_device, tma_addressable, tma_scratch,
+    cdiv, empty_heads_like, num_sms, on_device, packed_planes, tma_addressable, tma_scratch,
 )
 
 LOG2E = 1.4426950408889634
@@ -1337,7 +1337,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
-                 stat_h0, stat_t, q0):
+                 stat_h0, stat_t, q0, dq0):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1354,7 +1354,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     ahead (the kernel then passes STATS_SMEM False here and to the producer: nothing is staged). (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
     BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
-    first packed query row (0 when dense), stat_h0 / stat_t address lse / delta (_fb_row_stats); `b` only places
+    first packed query row (0 when dense) and dq0 its first column in DQacc (q0, or the kernel's DQ_PAD placement),
+    stat_h0 / stat_t address lse / delta (_fb_row_stats); `b` only places
     dK / dV (b * stride_dkb): there it is the sequence's first key row and stride_dkb the token stride (one scalar
     fewer live across the steps than a separate offset, which spilled at D 128)."""
     dtype: ttgl.constexpr = k_smem.dtype
@@ -1434,9 +1435,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             ttgl.thread_barrier()
             mbarrier.arrive(ds_empty.index(par), count=1)
             if DQ_TMA:
-                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, q0 + start_m)
+                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
             else:
-                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, q0 + offs_m, N_PAD_Q, HEAD_DIM)
+                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
         else:
             if par == WG:
                 mbarrier.wait(ds_full.index(par), use & 1)
@@ -1444,9 +1445,9 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                 ttgl.thread_barrier()
                 mbarrier.arrive(ds_empty.index(par), count=1)
                 if DQ_TMA:
-                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, 0, q0 + start_m)
+                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, 0, dq0 + start_m)
                 else:
-                    _fb_add_dq(DQacc, dqt, head, offs_d, q0 + offs_m, N_PAD_Q, HEAD_DIM)
+                    _fb_add_dq(DQacc, dqt, head, offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce has read its staging tile before the program's shared memory goes
     _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, start_n + WG * HALF, stride_dkb, stride_dkh, stride_dkt, N_CTX_K,
@@ -1495,7 +1496,7 @@ def _attn_bwd_fused_gluon_kernel(
     NUM_STAGES: ttgl.constexpr, CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
     DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
-    CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False,
+    CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1510,7 +1511,10 @@ def _attn_bwd_fused_gluon_kernel(
 
     VARLEN (backward_fused_varlen): packed sequences, the descriptors over [1, H, total, D] views of [total, H, D];
     a "pair" is (sequence, K/V head BHK0 + j) for j < H_K (this launch's K/V heads), sequence-major; N_CTX_Q is the
-    packed query count (lse / delta are [Hq, total_q]), DQacc's columns are packed query rows. Each program reads
+    packed query count (lse / delta are [Hq, total_q]). DQacc's columns are packed query rows when DQ_PAD is 0
+    (the caller knows every sequence starts at a multiple of 64), else sequence b's dQ^T starts at column
+    roundup(q0, DQ_PAD) + b * DQ_PAD (dq_pad_start: a multiple of DQ_PAD, so every TMA reduce-add box starts
+    aligned, with room for the sequence's last query block before the next one's). Each program reads
     its sequence's first rows and lengths from CuSeqQ / CuSeqK and works in the sequence's own positions: Q / dO
     rows past the sequence's end (the next sequence's) get lse +inf, so P = dS = 0 for them, and keys past it are
     masked as a ragged tail is."""
@@ -1537,6 +1541,10 @@ def _attn_bwd_fused_gluon_kernel(
         acc_h0 = (pair % H_K) * GROUP  # this launch's first query head in DQacc
         q0 = ttgl.load(CuSeqQ + b)
         k0 = ttgl.load(CuSeqK + b)
+        if DQ_PAD:
+            dq0 = (q0 + DQ_PAD - 1) // DQ_PAD * DQ_PAD + b * DQ_PAD  # dq_pad_start
+        else:
+            dq0 = q0
         stat_h0 = hk * GROUP
         stat_t = N_CTX_Q
         N_CTX_Q = ttgl.load(CuSeqQ + b + 1) - q0
@@ -1550,6 +1558,7 @@ def _attn_bwd_fused_gluon_kernel(
         hk = bhk % H_K
         q0 = 0
         k0 = 0
+        dq0 = 0
         stat_h0 = b * H_Q + hk * GROUP
         stat_t = N_CTX_Q
         dk_b = b
@@ -1597,12 +1606,12 @@ def _attn_bwd_fused_gluon_kernel(
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED, stat_h0, stat_t, q0)),
+                         STAGED, stat_h0, stat_t, q0, dq0)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED, stat_h0, stat_t, q0)),
+                         STAGED, stat_h0, stat_t, q0, dq0)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -1671,27 +1680,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     if PING_PONG if ping_pong is None else ping_pong:
-        block_m, block_n, stages = PP_CONFIGS[D]
-        descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
+        block_m, descs, meta = _pp_launch(q, k, v, out, causal)
         if PERSISTENT if persistent is None else persistent:
             n_m = cdiv(Tq, 2 * block_m)
             total = n_m * B * Hq
             section = pps_section(B * Hq, Hq // Hk, Tk, D, q.element_size())
             with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(min(total, num_sms(q.device)),)](
-                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, total, section,
-                    HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
-                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS,
-                    PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, num_warps=PP_WARPS,
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, total, section, STORE_LSE=store_lse,
+                    **meta,
                 )
             return out, lse
         grid = (cdiv(Tq, 2 * block_m), B * Hq)
         with on_device(q.device):
             _attn_fwd_gluon_pp_kernel[grid](
-                *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk,
-                HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
-                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS,
-                PRODUCER_REGS=PRODUCER_REGS, STORE_LSE=store_lse, num_warps=PP_WARPS,
+                *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, STORE_LSE=store_lse, **meta,
             )
         return out, lse
     block_m, block_n, warps, stages = CONFIGS[D]
@@ -1744,27 +1747,57 @@ def backward_dq(q, k, v, do, lse, delta, dq, causal: bool, scale: float) -> None
 
 
 @triton.jit
-def _dq_from_acc_kernel(Acc, DQ, stride_b, stride_h, stride_t, ROWS, N_CTX_Q, N_PAD_Q, scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, ZERO: tl.constexpr):
+def _dq_from_acc_kernel(Acc, DQ, stride_b, stride_h, stride_t, ROWS, N_CTX_Q, N_PAD_Q, scale, CuSeq, N_BLOCKS,
+                        HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, ZERO: tl.constexpr, DQ_PAD: tl.constexpr):
     """dq[b, h, t, :] = scale * Acc[j, :, t] for head j = b * ROWS + h of a fused-backward launch (Acc [heads, D,
     N_PAD_Q] fp32, queries contiguous), cast to dq's dtype; with ZERO the read part of Acc is cleared for the next
-    launch. One program: BLOCK_T queries of one head."""
+    launch. One program: BLOCK_T queries of one head. DQ_PAD (packed sequences placed apart in Acc, the fused
+    kernel's DQ_PAD): program axis 0 is (sequence s, block i) = divmod(id, N_BLOCKS); its queries are
+    CuSeq[s] + i * BLOCK_T + [0, BLOCK_T), read at the sequence's padded column; blocks past the sequence do
+    nothing (the padding past a sequence's end only ever receives zeros, and its last block clears it)."""
     j = tl.program_id(1)
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.arange(0, HEAD_DIM)
-    src = Acc + j.to(tl.int64) * HEAD_DIM * N_PAD_Q + d[:, None] * N_PAD_Q + t[None, :]
-    a = tl.load(src)  # t < N_PAD_Q: BLOCK_T divides N_PAD_Q
+    if DQ_PAD:
+        s = tl.program_id(0) // N_BLOCKS
+        r = (tl.program_id(0) % N_BLOCKS) * BLOCK_T + tl.arange(0, BLOCK_T)  # rows of the sequence
+        q0 = tl.load(CuSeq + s)
+        n = tl.load(CuSeq + s + 1) - q0
+        col = (q0 + DQ_PAD - 1) // DQ_PAD * DQ_PAD + s * DQ_PAD + r
+        t = q0 + r
+        live = (r < (n + BLOCK_T - 1) // BLOCK_T * BLOCK_T)[None, :]  # the block holds some of the sequence
+        keep = r < n
+    else:
+        col = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = col
+        live = (col < N_PAD_Q)[None, :]  # always: BLOCK_T divides N_PAD_Q
+        keep = t < N_CTX_Q
+    src = Acc + j.to(tl.int64) * HEAD_DIM * N_PAD_Q + d[:, None] * N_PAD_Q + col[None, :]
+    a = tl.load(src, mask=live, other=0.0)  # DQ_PAD's live blocks stay within their sequence's span
     if ZERO:
-        tl.store(src, tl.zeros_like(a))
+        tl.store(src, tl.zeros_like(a), mask=live)
     b = j // ROWS
     h = j - b * ROWS
     dst = DQ + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + t[None, :].to(tl.int64) * stride_t + d[:, None]
-    tl.store(dst, (a * scale).to(DQ.dtype.element_ty), mask=(t < N_CTX_Q)[None, :])
+    tl.store(dst, (a * scale).to(DQ.dtype.element_ty), mask=keep[None, :])
 
 
-def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, scale: float, zero: bool) -> None:
+def _pp_launch(q, k, v, out, causal: bool):
+    """The ping-pong forward's (and its persistent form's) launch pieces for [B, H, T, D] views: BLOCK_M, the four
+    host descriptors, and the constexprs every launch of it shares (PP_CONFIGS[D], the partitions' registers)."""
+    D = q.shape[-1]
+    block_m, block_n, stages = PP_CONFIGS[D]
+    descs = (_host_desc(q, block_m), _host_desc(k, block_n), _host_desc(v, block_n), _host_desc(out, block_m))
+    return block_m, descs, dict(HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
+                                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS,
+                                PRODUCER_REGS=PRODUCER_REGS, num_warps=PP_WARPS)
+
+
+def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, scale: float, zero: bool,
+                cu_q: torch.Tensor | None = None, max_q: int = 0, pad: int = 0) -> None:
     """_dq_from_acc_kernel over every head of acc [heads, D, n_pad] (n_pad a multiple of 64) into dq, a [heads //
-    rows, rows, T, D] view (last dim contiguous): dq = scale * acc^T per head, and acc cleared when `zero`."""
+    rows, rows, T, D] view (last dim contiguous): dq = scale * acc^T per head, and acc cleared when `zero`. pad
+    (a multiple of 64; with cu_q, the packed offsets, and max_q, the longest sequence): acc holds the packed
+    sequences at dq_pad_starts(cu_q, pad), as the fused kernel's DQ_PAD writes them."""
     heads, d, n_pad = acc.shape
     if acc.dtype != torch.float32 or not acc.is_contiguous() or n_pad % 64 or heads % rows:
         raise ValueError(f"acc must be a contiguous fp32 [heads, D, n_pad] with n_pad % 64 == 0 and heads % rows == 0, "
@@ -1772,8 +1805,29 @@ def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, sc
     if dq.dim() != 4 or tuple(dq.shape) != (heads // rows, rows, n_ctx_q, d) or dq.stride(-1) != 1:
         raise ValueError(f"dq must be a [{heads // rows}, {rows}, {n_ctx_q}, {d}] view with a unit last stride, got "
                          f"{tuple(dq.shape)} strides {tuple(dq.stride())}")
-    _dq_from_acc_kernel[(n_pad // 64, heads)](acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), rows, n_ctx_q, n_pad,
-                                              scale, HEAD_DIM=d, BLOCK_T=64, ZERO=zero, num_warps=4)
+    if pad:
+        if pad % 64 or cu_q is None or max_q < 1:
+            raise ValueError(f"pad must be a multiple of 64 with cu_q and max_q >= 1, got pad={pad}, max_q={max_q}")
+        blocks = cdiv(max_q, 64)
+        grid = ((cu_q.shape[0] - 1) * blocks, heads)
+    else:
+        blocks, grid = 1, (n_pad // 64, heads)
+    _dq_from_acc_kernel[grid](acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), rows, n_ctx_q, n_pad, scale, cu_q,
+                              blocks, HEAD_DIM=d, BLOCK_T=64, ZERO=zero, DQ_PAD=pad, num_warps=4)
+
+
+def dq_pad_starts(cu_q: torch.Tensor, pad: int) -> torch.Tensor:
+    """Each packed sequence's first dQ^T column under the fused kernel's DQ_PAD = pad (on the host, for tests and
+    sizing): roundup(cu_q[s], pad) + s * pad. Sequence s's roundup(len_s, pad) columns end at or before s + 1's
+    start (roundup(a) + roundup(b) <= roundup(a + b) + pad), and the last one by dq_pad_columns(total_q, n, pad)."""
+    s = torch.arange(cu_q.shape[0] - 1, device=cu_q.device)
+    return (cu_q[:-1] + pad - 1) // pad * pad + s * pad
+
+
+def dq_pad_columns(total_q: int, n_seqs: int, pad: int) -> int:
+    """Columns of the fused backward's dQ^T buffer for n_seqs packed sequences of total_q queries placed by
+    DQ_PAD = pad (dq_pad_starts), a multiple of pad."""
+    return cdiv(total_q, pad) * pad + n_seqs * pad
 
 
 def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: int) -> int:
@@ -1903,14 +1957,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
                         zero=r0 + chunk < B * Hk)
 
 
-def _packed_planes(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """[total, H, D] -> [1, H, total, D] views (no copy): what the host descriptors describe."""
-    return [t.unsqueeze(0).transpose(1, 2) for t in tensors]
-
-
 def varlen_serves(*tensors: torch.Tensor) -> bool:
     """Whether TMA can describe the packed [total, H, D] tensors as the varlen kernels view them."""
-    return tma_addressable(*_packed_planes(*tensors))
+    return tma_addressable(*packed_planes(*tensors))
 
 
 def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float):
@@ -1924,44 +1973,41 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float):
     n_seqs = cu_q.shape[0] - 1
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
-    block_m, block_n, stages = PP_CONFIGS[D]
-    q4, k4, v4, o4 = _packed_planes(q, k, v, out)
-    descs = (_host_desc(q4, block_m), _host_desc(k4, block_n), _host_desc(v4, block_n), _host_desc(o4, block_m))
+    block_m, descs, meta = _pp_launch(*packed_planes(q, k, v, out), causal)
     with on_device(q.device):
         _attn_fwd_gluon_pp_kernel[(cdiv(max_q, 2 * block_m), n_seqs * Hq)](
             *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k,
-            HEAD_DIM=D, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=stages,
-            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-            CuSeqQ=cu_q, CuSeqK=cu_k, Out=out, stride_ot=out.stride(0), stride_oh=out.stride(1), VARLEN=True,
-            num_warps=PP_WARPS,
+            CuSeqQ=cu_q, CuSeqK=cu_k, Out=out, stride_ot=out.stride(0), stride_oh=out.stride(1), VARLEN=True, **meta,
         )
     return out, lse
 
 
-def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k: int, causal: bool, scale: float,
-                          acc_bytes: int | None = None, dq_tma: bool = False) -> None:
+def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q: int, max_k: int, causal: bool,
+                          scale: float, acc_bytes: int | None = None, aligned: bool = False) -> None:
     """The fused backward over packed sequences: q / do / dq [total_q, Hq, D], k / v / dk / dv [total_k, Hk, D]
     (dq / dk / dv written whole), lse / delta [Hq, total_q] fp32, cu_q / cu_k the checked offsets. As
-    backward_fused: dQ summed in an fp32 buffer [heads, D, total_q + one block, rounded up] (a sequence's last
-    query block may run one block past the packed end), bounded by acc_bytes, the K/V heads then in launches of
-    fused_chunk heads over every sequence. Grid: cdiv(max_k, FB_BLOCK_N) key blocks per (sequence, K/V head)
-    pair; blocks past a sequence's keys take no steps (a key without queries gets dK = dV = 0). dq_tma: the caller
-    knows every query offset is a multiple of 64 (attention_varlen.DQ_TMA_ALIGN), so the TMA reduce-add form may
-    serve (where FB_DQ_TMA picks it); else dQ^T is added by fp32 atomics (a TMA reduce-add at a ragged sequence
-    start raised an illegal instruction on the H200)."""
+    backward_fused: dQ summed in an fp32 buffer [heads, D, columns] bounded by acc_bytes, the K/V heads then in
+    launches of fused_chunk heads over every sequence. Grid: cdiv(max_k, FB_BLOCK_N) key blocks per (sequence, K/V
+    head) pair; blocks past a sequence's keys take no steps (a key without queries gets dK = dV = 0). aligned: the
+    caller knows every query offset is a multiple of 64 (attention_varlen.DQ_TMA_ALIGN): the buffer's columns are
+    the packed query rows (total_q + one block, rounded up: a sequence's last query block may run one block past
+    the packed end). Otherwise, in the TMA reduce-add form (FB_DQ_TMA), each sequence's columns start at a multiple
+    of the query step (the kernel's DQ_PAD; dq_pad_starts): a reduce-add box at a ragged start raised an illegal
+    instruction on the H200, and the fp32-atomics form, which needs no placement, ran 2-14% slower (dense,
+    BENCHMARKS.md). The padding costs n_seqs * 64 columns."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     group = Hq // Hk
     n_seqs = cu_q.shape[0] - 1
     env = os.environ
     meta = _fb_meta(D, None, env)
-    meta["DQ_TMA"] = meta["DQ_TMA"] and dq_tma
     step = max(64, meta["BLOCK_M"])
-    n_pad = cdiv(total_q, step) * step + step
+    pad = step if meta["DQ_TMA"] and not aligned else 0
+    n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
     chunk = fused_chunk(1, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))  # divides Hk
     dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device)
     grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), env)
-    q4, k4, v4, do4, dq4, dk4, dv4 = _packed_planes(q, k, v, do, dq, dk, dv)
+    q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q4, block_m), _host_desc(k4, FB_BLOCK_N), _host_desc(v4, FB_BLOCK_N),
              _host_desc(do4, block_m))
@@ -1971,16 +2017,17 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k
             _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk4, dv4, dq_acc, dq_desc, dk4.stride(2), dk4.stride(1), dk4.stride(2),
                 scale, scale * LOG2E, Hq, chunk, group, total_q, total_k, n_pad, hk0, CAUSAL=causal,
-                PAIR_GROUP=order, CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True, **meta,
+                PAIR_GROUP=order, CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True, DQ_PAD=pad, **meta,
             )
             dq_from_acc(dq_acc, dq4[:, hk0 * group:(hk0 + chunk) * group], chunk * group, total_q, scale,
-                        zero=hk0 + chunk < Hk)
+                        zero=hk0 + chunk < Hk, cu_q=cu_q, max_q=max_q, pad=pad)
 
 
 def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causal=(False, True), configs=None,
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
-                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False):
+                    fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
+                    fb_dq_pad=0):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -1989,7 +2036,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     builds the inference forward (Lse a None constexpr, no LSE store). ones: integer arguments (e.g. "N_CTX_Q")
     built as a launch with the value 1 builds them: Triton makes such an int the constant 1 unless the kernel
     names it in do_not_specialize. varlen=True builds the packed-sequence (VARLEN) forms of "pp" and "bwd_fused"
-    (forward_varlen, backward_fused_varlen). Needs TRITON_INTERPRET unset."""
+    (forward_varlen, backward_fused_varlen); fb_dq_pad, the fused backward's DQ_PAD (its ragged-offset placement of
+    dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -2052,7 +2100,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
                        N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
             if varlen:
-                const["VARLEN"] = True
+                const.update(VARLEN=True, DQ_PAD=fb_dq_pad)
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32")
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
@@ -2061,6 +2109,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                                                     ("stats-smem", staged)) if on)
             forms += f" pairs{fb_pair_group}" if fb_pair_group != 1 else ""
             forms += " varlen" if varlen else ""
+            forms += f" dq-pad{fb_dq_pad}" if varlen and fb_dq_pad else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue

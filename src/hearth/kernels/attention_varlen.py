@@ -37,7 +37,8 @@ two is refused by autograd's version check).
 On Hopper (bf16 / fp16; head_dim 128 forward, 64 and 128 backward) the Gluon kernels serve packed rows too
 (attention_gluon.forward_varlen, backward_fused_varlen), picked by attention.forward_kernel / backward_kernel as
 for dense attention and only where TMA can address the packed tensors; their fused backward adds dQ by TMA
-reduce-adds only when every query offset is a multiple of DQ_TMA_ALIGN, by fp32 atomics otherwise.
+reduce-adds into an fp32 buffer whose columns are the packed query rows when every query offset is a multiple of
+DQ_TMA_ALIGN, and otherwise places each sequence's columns at a multiple of it (n_seqs * 64 more columns).
 
 Limitations: HEARTH_ATTN_TMA does not apply to the Triton varlen kernels; n_seqs * Hq <= 65535 (CUDA grid); the int32 in-plane offsets bound max_seqlen * row stride < 2^31
 (a plane 2^31 elements wide: a [T, Hq, D] sequence of T = 2^31 / (Hq * D) tokens, 419430 at 40 x 128).
@@ -59,6 +60,7 @@ from hearth.kernels._common import (
     check_tensor,
     interpret_mode,
     next_power_of_2,
+    packed_planes,
 )
 
 # the module, not the package's `attention` function of the same name; read at call time, so that its
@@ -86,7 +88,7 @@ def _check_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k
     """Validate both offset arrays after one device->host copy; ValueError naming the argument. A pair of
     offset tensors already validated against the same lengths, and not changed in place since (their version
     counters), is not copied again (_VALIDATED). The entry also keeps whether every query offset is a multiple of
-    DQ_TMA_ALIGN (_dq_tma_ok)."""
+    DQ_TMA_ALIGN (_q_aligned)."""
     state = _offsets_state(cu_q, cu_k, (total_q, total_k, max_q, max_k, causal))
     seen = _VALIDATED.get(id(cu_q))
     if seen is not None and seen[0]() is cu_q and seen[1]() is cu_k and seen[2] == state:
@@ -99,15 +101,15 @@ def _check_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k
 
 
 # The fused Gluon backward adds dQ^T into its fp32 buffer by TMA reduce-adds whose innermost coordinate is a query
-# row: at a packed sequence's first row that is not a multiple of this, the H200 raised an illegal instruction
+# column: at a packed sequence's first row that is not a multiple of this, the H200 raised an illegal instruction
 # (suite at a102095: every test with ragged offsets; the benchmark's rows, all offsets multiples of 64, ran). Such
-# packs take the kernel's fp32-atomics form of the dQ add instead (backward_fused_varlen's dq_tma).
+# packs get their columns placed apart, each sequence's at a multiple of it (backward_fused_varlen's aligned).
 DQ_TMA_ALIGN = 64
 
 
-def _dq_tma_ok(cu_q: torch.Tensor) -> bool:
+def _q_aligned(cu_q: torch.Tensor) -> bool:
     """Whether the forward validated cu_q (and it is unchanged) with every query offset a multiple of
-    DQ_TMA_ALIGN; False when not known (an evicted entry): the atomics form serves every pack."""
+    DQ_TMA_ALIGN; False when not known (an evicted entry): the padded placement serves every pack."""
     seen = _VALIDATED.get(id(cu_q))
     return seen is not None and seen[0]() is cu_q and seen[2][0] == cu_q._version and seen[3]
 
@@ -147,11 +149,6 @@ def _check_offsets_on_host(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int,
 # ----------------------------------------------------------------------------------------------
 # Launchers (attention.py's kernels with VARLEN=True; block sizes from its tables, via its _launch)
 # ----------------------------------------------------------------------------------------------
-def _planes(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """[total, H, D] -> [1, H, total, D] views: the kernels' strided layout, no copy."""
-    return [t.unsqueeze(0).transpose(1, 2) for t in tensors]
-
-
 def _tune_key(max_q: int, max_k: int) -> tuple[int, int]:
     """The kernels' N_CTX_Q / N_CTX_K under VARLEN: read only by the autotuner (each program reads its own
     lengths from cu_seqlens), so they carry max_seqlen's power-of-two bucket: a packed batch's longest
@@ -189,7 +186,7 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
         return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale)
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
-    q4, k4, v4, o4 = _planes(q, k, v, out)
+    q4, k4, v4, o4 = packed_planes(q, k, v, out)
     args = (
         q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
         scale * _attn.LOG2E, Hq, Hq // Hk, *_tune_key(max_q, max_k),
@@ -208,8 +205,7 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     dk = torch.empty((total_k, Hk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((total_k, Hk, D), dtype=v.dtype, device=v.device)
-    q4, k4, v4, o4, do4, dk4, dv4 = _planes(q, k, v, out, do, dk, dv)
-    meta = _meta(q, causal, cu_q, cu_k)
+    o4, do4 = packed_planes(out, do)
     choice = _attn.backward_kernel(_attn.device_capability(q.device), q.dtype, D, causal, part="fused")
     gluon = _gluon(choice, ("gluon",), q, k, v, do)
     with _attn._on_device(q.device):
@@ -220,9 +216,11 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
         )
         if gluon is not None:
             dq = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
-            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_k, causal, scale,
-                                        dq_tma=_dq_tma_ok(cu_q))
+            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
+                                        scale, aligned=_q_aligned(cu_q))
             return dq, dk, dv
+        q4, k4, v4, dk4, dv4 = packed_planes(q, k, v, dk, dv)
+        meta = _meta(q, causal, cu_q, cu_k)
         fused = bool(_attn.FUSED_DQ)
         dq_acc = torch.zeros((1, Hq, total_q, D) if fused else (1,), dtype=torch.float32, device=q.device)
         dkdv_args = (
@@ -235,7 +233,7 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
         if fused:
             return dq_acc[0].transpose(0, 1).to(q.dtype).contiguous(), dk, dv
         dq = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
-        (dq4,) = _planes(dq)
+        (dq4,) = packed_planes(dq)
         dq_args = (
             q4, k4, v4, do4, lse, delta, dq4, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
             scale, scale * _attn.LOG2E, Hq, Hq // Hk, *_tune_key(max_q, max_k),
