@@ -1,0 +1,103 @@
+"""H200 probe: the fused Gluon backward's env knobs at the model-shape suite's weakest attention cases.
+
+    python scripts/gpu/attention_knob_probe.py --out $OUT/knobs.jsonl [--budget-s 200]
+
+For each case (causal, bf16; the cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
+and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
+HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST), hearth.kernels.attention fwd+bwd is
+checked against the shipped setting's gradients on the same inputs (max |diff| of dq / dk / dv relative to their
+max magnitude, under 2e-2: a knob that breaks the kernel is reported, not timed) and timed with
+triton.testing.do_bench (median ms), cuDNN (SDPA) timed beside it. One JSON object per line; settings past the
+budget are skipped and say so. A probe of knobs, not a benchmark: the suite's figures come from hearth bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+CASES = [  # (label, B, Hq, Hk, T, D)
+    ("Llama-2-7B 32/32 d128 T2048 B4", 4, 32, 32, 2048, 128),
+    ("Qwen3-14B 40/8 d128 T4096 B2", 2, 40, 8, 4096, 128),
+    ("Llama-3.2-1B 32/8 d64 T8192 B1", 1, 32, 8, 8192, 64),
+]
+SETTINGS = [  # (label, env); the first is the shipped setting (no knob set)
+    ("shipped", {}),
+    ("pairs0", {"HEARTH_ATTN_FB_PAIR_GROUP": "0"}),
+    ("pairs1", {"HEARTH_ATTN_FB_PAIR_GROUP": "1"}),
+    ("pairs4", {"HEARTH_ATTN_FB_PAIR_GROUP": "4"}),
+    ("pairs16", {"HEARTH_ATTN_FB_PAIR_GROUP": "16"}),
+    ("cfg32x2", {"HEARTH_ATTN_FB_CONFIG": "32,2"}),
+    ("nosplit", {"HEARTH_ATTN_FB_DQ_SPLIT": "0"}),
+    ("persist", {"HEARTH_ATTN_GLUON_PERSIST": "1"}),
+]
+KNOBS = sorted({k for _, env in SETTINGS for k in env})
+
+
+def _step(q, k, v, do, fn):
+    for t in (q, k, v):
+        t.grad = None
+    fn(q, k, v).backward(do)
+    return q.grad, k.grad, v.grad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    args = ap.parse_args()
+    from hearth.kernels import attention
+
+    start = time.monotonic()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        def emit(row):
+            print(json.dumps(row), flush=True)
+            f.write(json.dumps(row) + "\n")
+
+        for label, B, Hq, Hk, T, D in CASES:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+                       for h in (Hq, Hk, Hk))
+            do = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
+            flops = 3.5 * 2 * B * Hq * T * T * D  # causal: half of 4 * B * Hq * T^2 * D, fwd+bwd 3.5x
+            sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=Hq != Hk))
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                ms = triton.testing.do_bench(lambda: _step(q, k, v, do, sdpa), warmup=25, rep=100)
+            emit(dict(case=label, setting="cudnn", ms=ms, tflops=flops / ms / 1e9))
+            ours = (lambda a, b, c: attention.attention(a, b, c, causal=True))
+            ref = None
+            for name, env in SETTINGS:
+                if time.monotonic() - start > args.budget_s:
+                    emit(dict(case=label, setting=name, status="skipped (budget)"))
+                    continue
+                for key in KNOBS:
+                    os.environ.pop(key, None)
+                os.environ.update(env)
+                try:
+                    grads = [x.float() for x in _step(q, k, v, do, ours)]
+                    if ref is None:
+                        ref = grads
+                    err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref))
+                    if err > 2e-2:
+                        emit(dict(case=label, setting=name, status="mismatch", rel_err=err))
+                        continue
+                    ms = triton.testing.do_bench(lambda: _step(q, k, v, do, ours), warmup=25, rep=100)
+                    emit(dict(case=label, setting=name, env=env, ms=ms, tflops=flops / ms / 1e9, rel_err=err,
+                              status="ok"))
+                except Exception as e:  # a knob outside the kernel's forms: report it, go on
+                    emit(dict(case=label, setting=name, status=f"error: {type(e).__name__}: {str(e)[:300]}"))
+            for key in KNOBS:
+                os.environ.pop(key, None)
+            q = k = v = do = ref = None  # free this case's tensors before the next one's
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
