@@ -1,8 +1,9 @@
 """H200 probe: the fused Gluon backward's env knobs at the model-shape suite's weakest attention cases.
 
     python scripts/gpu/attention_knob_probe.py --out $OUT/knobs.jsonl [--budget-s 200]
+        [--cases "LABEL:B,Hq,Hk,T,D,causal;..."] [--settings "NAME=VAR=VALUE,VAR=VALUE;..."]
 
-For each case (causal, bf16; the cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
+For each case (bf16; by default the causal cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
 and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
 HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST), hearth.kernels.attention fwd+bwd is
 checked against the shipped setting's gradients on the same inputs (max |diff| of dq / dk / dv relative to their
@@ -23,10 +24,10 @@ import torch
 import torch.nn.functional as F
 import triton
 
-CASES = [  # (label, B, Hq, Hk, T, D)
-    ("Llama-2-7B 32/32 d128 T2048 B4", 4, 32, 32, 2048, 128),
-    ("Qwen3-14B 40/8 d128 T4096 B2", 2, 40, 8, 4096, 128),
-    ("Llama-3.2-1B 32/8 d64 T8192 B1", 1, 32, 8, 8192, 64),
+CASES = [  # (label, B, Hq, Hk, T, D, causal)
+    ("Llama-2-7B 32/32 d128 T2048 B4", 4, 32, 32, 2048, 128, True),
+    ("Qwen3-14B 40/8 d128 T4096 B2", 2, 40, 8, 4096, 128, True),
+    ("Llama-3.2-1B 32/8 d64 T8192 B1", 1, 32, 8, 8192, 64, True),
 ]
 SETTINGS = [  # (label, env); the first is the shipped setting (no knob set)
     ("shipped", {}),
@@ -38,7 +39,23 @@ SETTINGS = [  # (label, env); the first is the shipped setting (no knob set)
     ("nosplit", {"HEARTH_ATTN_FB_DQ_SPLIT": "0"}),
     ("persist", {"HEARTH_ATTN_GLUON_PERSIST": "1"}),
 ]
-KNOBS = sorted({k for _, env in SETTINGS for k in env})
+
+
+def _parse_cases(text: str) -> list:
+    cases = []
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        label, _, nums = item.rpartition(":")
+        B, Hq, Hk, T, D, causal = (int(x) for x in nums.split(","))
+        cases.append((label, B, Hq, Hk, T, D, bool(causal)))
+    return cases
+
+
+def _parse_settings(text: str) -> list:
+    settings = []
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        name, _, assigns = item.partition("=")
+        settings.append((name, dict(a.split("=", 1) for a in assigns.split(",") if a)))
+    return settings
 
 
 def _step(q, k, v, do, fn):
@@ -52,7 +69,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--cases", default=None, help='"LABEL:B,Hq,Hk,T,D,causal;..." (default: CASES)')
+    ap.add_argument("--settings", default=None,
+                    help='"NAME=VAR=VALUE,VAR=VALUE;..." (NAME= alone: no knob set; the first is the reference)')
     args = ap.parse_args()
+    cases = _parse_cases(args.cases) if args.cases else CASES
+    settings = _parse_settings(args.settings) if args.settings else SETTINGS
+    knobs = sorted({k for _, env in settings for k in env})
     attention = importlib.import_module("hearth.kernels.attention")  # the module (the package's name is a function)
 
     start = time.monotonic()
@@ -62,23 +85,23 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             f.write(json.dumps(row) + "\n")
 
-        for label, B, Hq, Hk, T, D in CASES:
+        for label, B, Hq, Hk, T, D, causal in cases:
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                        for h in (Hq, Hk, Hk))
             do = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-            flops = 3.5 * 2 * B * Hq * T * T * D  # causal: half of 4 * B * Hq * T^2 * D, fwd+bwd 3.5x
-            sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=Hq != Hk))
+            flops = 3.5 * 4 * B * Hq * T * T * D / (2 if causal else 1)  # fwd+bwd: 3.5x the forward
+            sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hk))
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                 ms = triton.testing.do_bench(lambda: _step(q, k, v, do, sdpa), warmup=25, rep=100)
             emit(dict(case=label, setting="cudnn", ms=ms, tflops=flops / ms / 1e9))
-            ours = (lambda a, b, c: attention.attention(a, b, c, causal=True))
+            ours = (lambda a, b, c: attention.attention(a, b, c, causal=causal))
             ref = None
-            for name, env in SETTINGS:
+            for name, env in settings:
                 if time.monotonic() - start > args.budget_s:
                     emit(dict(case=label, setting=name, status="skipped (budget)"))
                     continue
-                for key in KNOBS:
+                for key in knobs:
                     os.environ.pop(key, None)
                 os.environ.update(env)
                 try:
@@ -94,7 +117,7 @@ def main() -> None:
                               status="ok"))
                 except Exception as e:  # a knob outside the kernel's forms: report it, go on
                     emit(dict(case=label, setting=name, status=f"error: {type(e).__name__}: {str(e)[:300]}"))
-            for key in KNOBS:
+            for key in knobs:
                 os.environ.pop(key, None)
             q = k = v = do = ref = None  # free this case's tensors before the next one's
             torch.cuda.empty_cache()
