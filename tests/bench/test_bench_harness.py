@@ -511,6 +511,37 @@ def test_flash_attn_row_applies_to_attention_only_and_needs_cuda():
         P.bind("attention", "flash_attn", {"q": q, "k": q, "v": q}, cases.SPECS["attention"], {}, False, True)
 
 
+def test_sdpa_flash_row_covers_packed_attention_through_torch_varlen():
+    """sdpa_flash times attention_varlen with PyTorch's own varlen_attn (its FlashAttention kernels): the row
+    applies there, needs CUDA, and the keywords follow the installed signature (window_size from torch 2.11 on,
+    is_causal before; enable_gqa for grouped-query heads)."""
+    import inspect
+
+    assert [op for op in cases.SPECS if P.applies(op, "sdpa_flash")] == ["attention", "attention_varlen"]
+    assert not P.applies("attention_varlen", "sdpa_cudnn")
+    q = torch.zeros(6, 2, 8)
+    with pytest.raises(P.Unavailable, match="CUDA"):
+        P.bind("attention_varlen", "sdpa_flash", {"q": q, "k": q, "v": q}, cases.SPECS["attention_varlen"], {},
+               False, True)
+
+    def new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
+        pass
+
+    def old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
+        pass
+
+    def bare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k):
+        pass
+
+    sig = lambda f: inspect.signature(f).parameters  # noqa: E731
+    assert P.varlen_attn_kwargs(sig(new), True, True) == {"enable_gqa": True, "window_size": (-1, 0)}
+    assert P.varlen_attn_kwargs(sig(new), False, False) == {"window_size": (-1, -1)}
+    assert P.varlen_attn_kwargs(sig(old), True, False) == {"is_causal": True}
+    assert P.varlen_attn_kwargs(sig(bare), False, False) == {}
+    with pytest.raises(P.Unavailable, match="causal"):
+        P.varlen_attn_kwargs(sig(bare), True, False)
+
+
 def test_flash_attn_dense_row_hands_flash_attention_its_own_layout(monkeypatch):
     """FlashAttention takes [B, T, H, D] (GQA: fewer k / v heads): the row transposes the bench's [B, H, T, D] as
     views, and its output (and gradients) match SDPA's on the bench's layout."""

@@ -278,9 +278,11 @@ def _vendor(name):
             if inputs["a"].device.type != "cuda":
                 raise Skipped("cuBLAS needs CUDA (torch.matmul on the CPU is not cuBLAS)")
             return _tensor_bound(lambda a, b: torch.matmul(a, b), inputs, spec.grad_names(size), {})
+        if name == "sdpa_flash" and op == "attention_varlen":
+            return _torch_varlen(inputs, spec, size)
         if name in ("sdpa_flash", "sdpa_cudnn"):
             if op != "attention":
-                raise Skipped("SDPA rows are for attention only")
+                raise Skipped("SDPA rows are for attention only (sdpa_flash: attention_varlen too)")
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             if name == "sdpa_cudnn" and inputs["q"].device.type != "cuda":
@@ -340,6 +342,45 @@ def _flash_attn_dense(op, inputs, spec, size):
     return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
 
 
+def varlen_attn_kwargs(params, causal: bool, gqa: bool) -> dict:
+    """The keywords of torch's varlen_attn (its signature's `params`) for a causal / grouped-query call."""
+    kw = {"enable_gqa": True} if gqa else {}
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0) if causal else (-1, -1)
+    elif "is_causal" in params:
+        kw["is_causal"] = causal
+    elif causal:
+        raise Unavailable("this torch's varlen_attn has neither window_size nor is_causal: no causal mask")
+    return kw
+
+
+def _torch_varlen(inputs, spec, size):
+    """PyTorch's own packed attention, torch.nn.attention.varlen.varlen_attn (its FlashAttention kernels: the
+    sdpa_flash row of attention_varlen). Its keywords moved between releases: causal masking is window_size
+    (-1, 0) where the function has window_size, else is_causal; grouped-query heads go in natively where it has
+    enable_gqa (else the row is unavailable: repeating K / V inside the timed call would charge it a copy)."""
+    import inspect
+
+    import torch
+
+    if inputs["q"].device.type != "cuda":
+        raise Unavailable("torch's varlen_attn runs FlashAttention's CUDA kernels")
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception as e:
+        raise Unavailable(f"torch {torch.__version__} has no torch.nn.attention.varlen: {type(e).__name__}") from None
+    params = inspect.signature(varlen_attn).parameters
+    gqa = inputs["q"].shape[1] != inputs["k"].shape[1]
+    if gqa and "enable_gqa" not in params:
+        raise Unavailable(f"torch {torch.__version__}'s varlen_attn has no enable_gqa (grouped-query heads)")
+
+    def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
+        return varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           **varlen_attn_kwargs(params, causal, gqa))
+
+    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+
+
 def _flash_attn_varlen(op, inputs, spec, size):
     """FlashAttention's own varlen function where one imports (FLASH_ATTN_MODULES, first found)."""
     if op != "attention_varlen":
@@ -361,7 +402,8 @@ BINDERS.update({v: _vendor(v) for v in VENDOR})
 def applies(op: str, provider: str) -> bool:
     """False for provider rows that can never apply to an op (a vendor library for another op);
     those are left out of the tables instead of filling them with 'skipped'."""
-    only = {"cublas": "matmul", "sdpa_flash": "attention", "sdpa_cudnn": "attention", "torch_lce": "linear_cross_entropy",
+    only = {"cublas": "matmul", "sdpa_flash": ("attention", "attention_varlen"), "sdpa_cudnn": "attention",
+            "torch_lce": "linear_cross_entropy",
             "flash_attn": ("attention", "attention_varlen")}
     if provider in only:
         return op in only[provider] if isinstance(only[provider], tuple) else only[provider] == op
