@@ -514,7 +514,7 @@ def test_flash_attn_row_applies_to_attention_only_and_needs_cuda():
 def test_sdpa_flash_row_covers_packed_attention_through_torch_varlen():
     """sdpa_flash times attention_varlen with PyTorch's own varlen_attn (its FlashAttention kernels): the row
     applies there, needs CUDA, and the keywords follow the installed signature (window_size from torch 2.11 on,
-    is_causal before; enable_gqa for grouped-query heads)."""
+    is_causal before; enable_gqa for grouped-query heads where the signature has it)."""
     import inspect
 
     assert [op for op in cases.SPECS if P.applies(op, "sdpa_flash")] == ["attention", "attention_varlen"]
@@ -537,6 +537,7 @@ def test_sdpa_flash_row_covers_packed_attention_through_torch_varlen():
     assert P.varlen_attn_kwargs(sig(new), True, True) == {"enable_gqa": True, "window_size": (-1, 0)}
     assert P.varlen_attn_kwargs(sig(new), False, False) == {"window_size": (-1, -1)}
     assert P.varlen_attn_kwargs(sig(old), True, False) == {"is_causal": True}
+    assert P.varlen_attn_kwargs(sig(old), False, True) == {"is_causal": False}  # GQA heads go in as they are
     assert P.varlen_attn_kwargs(sig(bare), False, False) == {}
     with pytest.raises(P.Unavailable, match="causal"):
         P.varlen_attn_kwargs(sig(bare), True, False)
