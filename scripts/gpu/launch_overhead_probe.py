@@ -58,6 +58,7 @@ def main() -> None:
     x, y, w = (torch.randn(n, device="cuda") for _ in range(3))
     z = torch.empty_like(x)
     grid = (triton.cdiv(n, 1024),)
+    grid3 = (grid[0], 1, 1)
     runtime = (x, y, z, w, n, 1, 1, 1, 1, 7, 0.5)
     jit = lambda: _probe_kernel[grid](*runtime, BLOCK=1024, FLAG=True)  # noqa: E731
     compiled = _probe_kernel[grid](*runtime, BLOCK=1024, FLAG=True)
@@ -67,7 +68,7 @@ def main() -> None:
     for label, call_args in (("runtime args", runtime),
                              ("all args", runtime + (1024, True))):
         try:
-            compiled[grid](*call_args)
+            compiled[grid3](*call_args)  # the CompiledKernel's runner indexes grid[0..2]
             torch.cuda.synchronize()
             if torch.equal(z, want):
                 form = (label, call_args)
@@ -81,7 +82,7 @@ def main() -> None:
         if form is not None:
             runner_args = form[1]
             rows.append(dict(probe="launch", path=f"compiled ({form[0]})",
-                             host_us=_host_us(lambda: compiled[grid](*runner_args), args.n)))
+                             host_us=_host_us(lambda: compiled[grid3](*runner_args), args.n)))
         rows.append(dict(probe="launch", path="torch.add", host_us=_host_us(lambda: torch.add(x, y, out=z), args.n)))
 
     import importlib
