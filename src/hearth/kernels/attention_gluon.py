@@ -1993,8 +1993,9 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     the packed query rows (total_q + one block, rounded up: a sequence's last query block may run one block past
     the packed end). Otherwise, in the TMA reduce-add form (FB_DQ_TMA), each sequence's columns start at a multiple
     of the query step (the kernel's DQ_PAD; dq_pad_starts): a reduce-add box at a ragged start raised an illegal
-    instruction on the H200, and the fp32-atomics form, which needs no placement, ran 2-14% slower (dense,
-    BENCHMARKS.md). The padding costs n_seqs * 64 columns."""
+    instruction on the H200, and the fp32-atomics form, which needs no placement, took about twice the time on
+    packed rows (Qwen3-14B 40/8, 16381 tokens in 8 sequences: 7.71 against 3.74 ms fwd+bwd; BENCHMARKS.md). The
+    padding costs n_seqs * 64 columns."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     group = Hq // Hk
