@@ -191,6 +191,30 @@ def test_saved_logsumexp_is_the_logsumexp():
     torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
 
 
+def test_preprocess_can_clear_the_fused_backward_dq_buffer():
+    """_bwd_preprocess_kernel with ZERO_ACC (the fused Gluon backward's preprocess, one launch instead of a fill and
+    the delta pass): delta = rowsum(dO * O) at every row, and the dQ buffer's first ACC_HEADS heads cleared over
+    all N_PAD_Q columns (past T too: the grid covers the padding); the heads after them, and delta's neighbours,
+    untouched."""
+    from hearth.kernels.attention import _bwd_preprocess_kernel
+
+    g = torch.Generator().manual_seed(3)
+    B, H, T, D, n_pad, heads, block = 2, 3, 50, 16, 96, 4, 16
+    out = torch.randn(B, T, H, D, generator=g).transpose(1, 2).to(DEVICE)  # strided, as a [B, T, H, D] output
+    do = torch.randn(B, H, T, D, generator=g).to(DEVICE)
+    delta = torch.full((B * H * T + 7,), float("nan"), device=DEVICE)
+    acc = torch.full((B * H, D, n_pad), float("nan"), device=DEVICE)
+    _bwd_preprocess_kernel[(-(-n_pad // block), B * H)](
+        out, do, delta, *out.stride(), *do.stride(), H, T, HEAD_DIM=D, BLOCK_M=block,
+        DQacc=acc, ACC_HEADS=heads, N_PAD_Q=n_pad, ZERO_ACC=True,
+    )
+    want = (out.double() * do.double()).sum(-1).flatten()
+    torch.testing.assert_close(delta[:B * H * T].double(), want, rtol=1e-5, atol=1e-5)
+    assert delta[B * H * T:].isnan().all()
+    assert (acc[:heads] == 0).all()
+    assert acc[heads:].isnan().all()
+
+
 @pytest.mark.parametrize("D", [16, 24], ids=["D16", "D24_padded"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_without_grad_skips_the_logsumexp(monkeypatch, causal, D):

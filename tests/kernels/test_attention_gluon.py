@@ -241,9 +241,11 @@ for tma in (False, True):
     for ss in (False, True):
         for split in (False, True):
             build(tma, fb_configs={128: (32, 2)}, fb_dq_tma=tma, fb_stats_smem=ss, fb_dq_split=split)
-# the shipped forms at the shipped config in the rule's other grid order (PAIR_GROUP 0: every pair's key block 0
-# first; the probe's groups of 2^k pairs are not held to 0 spills: 8 bytes at D 128 causal with 4)
+# the shipped forms at the shipped config in the rule's other grid orders (PAIR_GROUP 0: every pair's key block 0
+# first; 2: causal MHA's pairs of pairs; the probe's larger groups are not held to 0 spills: 8 bytes at D 128
+# causal with 4)
 build(ag.FB_DQ_TMA, fb_pair_group=0)
+build(ag.FB_DQ_TMA, fb_pair_group=ag.FB_MHA_CAUSAL_PAIRS[128])
 print(json.dumps(out))
 """
 
@@ -252,11 +254,13 @@ def test_sm90_fused_backward_forms_build_without_spills():
     """The fused backward's forms at head_dim 128 with 32-query steps, every combination of DQ_TMA (dQ^T added by a
     TMA reduce-add: the PTX has cp.reduce.async.bulk.tensor and no global fp32 atomics; else atomics and no
     reduce), STATS_SMEM and DQ_SPLIT, for sm_90, causal or not: no spills, within the 227 KiB of shared memory a
-    block may take; and the shipped forms in the grid order fb_pair_group gives causal GQA (PAIR_GROUP 0). (The
-    shipped forms at every candidate config, in the other order: the candidates test above.)"""
+    block may take; and the shipped forms in the grid orders fb_pair_group gives causal GQA (PAIR_GROUP 0) and
+    causal MHA at head_dim 128 (2). (The shipped forms at every candidate config, in the order of 1: the candidates
+    test above.)"""
     reports = run_offline(_FB_FORMS_SCRIPT)
-    assert len(reports) == 18, [r["label"] for r in reports]
+    assert len(reports) == 20, [r["label"] for r in reports]
     assert sum(" pairs0" in r["label"] for r in reports) == 2, [r["label"] for r in reports]
+    assert sum(" pairs2" in r["label"] for r in reports) == 2, [r["label"] for r in reports]
     for r in reports:
         assert r["spill"] == 0 and r["shared"] <= 227 * 1024, r
         assert (r["reduces"] > 0 and r["adds"] == 0) if r["tma"] else (r["reduces"] == 0 and r["adds"] > 0), r
@@ -656,7 +660,7 @@ def _backward_parts(parts):
             mp.setenv(_BWD_PARTS["fused"][0], "0")
         for p in parts:
             var, fn = _BWD_PARTS[p]
-            mp.setattr(ag, fn, (lambda c, r: lambda *a: c.append(1) or r(*a))(calls[p], getattr(ag, fn)))
+            mp.setattr(ag, fn, (lambda c, r: lambda *a, **kw: c.append(1) or r(*a, **kw))(calls[p], getattr(ag, fn)))
             mp.setenv(var, "1")
         yield
     for p in parts:
@@ -771,22 +775,27 @@ def test_gpu_backward_fused_gqa_40_8_bthd_fp16_and_lengths(D, causal):
 
 def test_fused_backward_grid_order_rule():
     """Pairs interleaved per key block: all of the launch's (every pair's key block 0 first) for causal grouped-query
-    attention, where the H200 measured it faster; 1 for MHA and non-causal, where it measured slower; the env forces
-    n, or the largest power of two below it that divides the pairs (0 or more than the pairs: all), and a bad value
-    is an error that names it."""
-    assert ag.fb_pair_group(True, 5, 32, env={}) == 32 and ag.fb_pair_group(True, 2, 3, env={}) == 3
-    assert ag.fb_pair_group(True, 1, 32, env={}) == 1 and ag.fb_pair_group(False, 5, 32, env={}) == 1
+    attention, where the H200 measured it faster; two for causal MHA at head_dim 128 and one at 64, as measured;
+    1 for non-causal, where more measured slower; the env forces n, or the largest power of two below it that
+    divides the pairs (0 or more than the pairs: all), and a bad value is an error that names it."""
+    assert ag.fb_pair_group(True, 5, 32, 128, env={}) == 32 and ag.fb_pair_group(True, 2, 3, 64, env={}) == 3
+    assert ag.fb_pair_group(True, 1, 32, 128, env={}) == 2 and ag.fb_pair_group(True, 1, 32, 64, env={}) == 1
+    assert ag.fb_pair_group(True, 1, 3, 128, env={}) == 1  # two does not divide three pairs
+    assert ag.fb_pair_group(True, 1, 1, 128, env={}) == 1
+    assert ag.fb_pair_group(False, 5, 32, 128, env={}) == 1 and ag.fb_pair_group(False, 1, 32, 128, env={}) == 1
     force = lambda v: {"HEARTH_ATTN_FB_PAIR_GROUP": v}
-    assert ag.fb_pair_group(False, 1, 32, env=force("8")) == 8
-    assert ag.fb_pair_group(False, 1, 32, env=force("7")) == 4 and ag.fb_pair_group(True, 5, 12, env=force("5")) == 4
-    assert ag.fb_pair_group(True, 5, 32, env=force("1")) == 1
-    assert ag.fb_pair_group(False, 1, 32, env=force("0")) == 32 == ag.fb_pair_group(False, 1, 32, env=force("99"))
-    assert ag.fb_pair_group(True, 5, 32, env=force(" ")) == 32  # blank: the rule
-    assert ag.fb_pair_group(False, 1, 512, env=force("200")) == 128  # no cap at 64 groups
-    assert ag.fb_pair_group(False, 1, 96, env=force("90")) == 32  # 96 = 32 x 3
+    assert ag.fb_pair_group(False, 1, 32, 128, env=force("8")) == 8
+    assert (ag.fb_pair_group(False, 1, 32, 128, env=force("7")) == 4
+            and ag.fb_pair_group(True, 5, 12, 128, env=force("5")) == 4)
+    assert ag.fb_pair_group(True, 5, 32, 128, env=force("1")) == 1
+    assert (ag.fb_pair_group(False, 1, 32, 128, env=force("0")) == 32
+            == ag.fb_pair_group(False, 1, 32, 128, env=force("99")))
+    assert ag.fb_pair_group(True, 5, 32, 128, env=force(" ")) == 32  # blank: the rule
+    assert ag.fb_pair_group(False, 1, 512, 128, env=force("200")) == 128  # no cap at 64 groups
+    assert ag.fb_pair_group(False, 1, 96, 128, env=force("90")) == 32  # 96 = 32 x 3
     for bad in ("many", "-1", "2.5"):
         with pytest.raises(ValueError, match="HEARTH_ATTN_FB_PAIR_GROUP"):
-            ag.fb_pair_group(True, 5, 32, env=force(bad))
+            ag.fb_pair_group(True, 5, 32, 128, env=force(bad))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -923,6 +932,26 @@ def test_gpu_fused_backward_bounded_buffer(monkeypatch, mib):
 
 
 @hopper_only
+def test_gpu_fused_preprocess_clears_the_dq_buffer():
+    """_fb_prepare (the fused backward's one-launch preprocess) on the GPU: delta = rowsum(dO * O) against fp64 for
+    a [B, T, H, D]-ordered output, the dQ buffer's first acc_heads heads zero over every padded column, the rest
+    untouched; HEARTH_ATTN_FB_PRE_ZERO=0 launches nothing and says so."""
+    g = torch.Generator().manual_seed(11)
+    B, H, T, D, n_pad, heads = 2, 4, 1000, 128, 1024, 5
+    out = torch.randn(B, T, H, D, generator=g).to("cuda", torch.bfloat16).transpose(1, 2)
+    do = torch.randn(B, H, T, D, generator=g).to("cuda", torch.bfloat16)
+    delta = torch.full((B, H, T), float("nan"), device="cuda")
+    acc = torch.full((B * H, D, n_pad), float("nan"), device="cuda")
+    assert not ag._fb_prepare(out, do, delta, acc, heads, n_pad, {"HEARTH_ATTN_FB_PRE_ZERO": "0"})
+    assert delta.isnan().all() and acc.isnan().all()
+    assert ag._fb_prepare(out, do, delta, acc, heads, n_pad, {})
+    want = (out.double() * do.double()).sum(-1)
+    torch.testing.assert_close(delta.double(), want, rtol=1e-5, atol=1e-4)
+    assert (acc[:heads] == 0).all()
+    assert acc[heads:].isnan().all()
+
+
+@hopper_only
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
     for cfg in ag.FB_CANDIDATES[D]:
@@ -935,7 +964,7 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
 @pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (64, "all_pairs"),
                                      (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
-                                     (128, "four_pairs")])
+                                     (128, "four_pairs"), (128, "two_launch_pre")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -944,11 +973,12 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     0 / 1 / 4: every pair's key blocks interleaved, none, groups of four (two groups at GQA 40/8); the default
     picks by causal and GQA: fb_pair_group). dK, dV and dQ within the 2x rule at ragged T, causal or
     not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
-    pair a launch."""
+    pair a launch. two_launch_pre: the dQ buffer zeroed by a fill and delta by the plain preprocess
+    (HEARTH_ATTN_FB_PRE_ZERO=0), not in one launch."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
-           "four_pairs": dict(PAIR_GROUP="4")}[forms]
+           "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

@@ -322,8 +322,13 @@ def _bwd_preprocess_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     H_Q, N_CTX_Q,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    DQacc=None, ACC_HEADS=0, N_PAD_Q=0, ZERO_ACC: tl.constexpr = False,
 ):
-    """delta[b, h, t] = sum_d dO * O, in fp32. Reads O and dO once, writes B*H*T floats."""
+    """delta[b, h, t] = sum_d dO * O, in fp32. Reads O and dO once, writes B*H*T floats.
+    ZERO_ACC (the fused Gluon backward's preprocess, FlashAttention-3's): also clears that backward's fp32 dQ
+    buffer DQacc [heads, HEAD_DIM, N_PAD_Q] (queries contiguous) for its first ACC_HEADS heads (program row bh ->
+    head bh), so no separate fill runs; the grid then covers max(N_CTX_Q, N_PAD_Q) columns. In-head offsets are
+    32-bit (HEAD_DIM * N_PAD_Q < 2^31, as the fused kernel's)."""
     bh = tl.program_id(1)
     b = bh // H_Q
     h = bh % H_Q
@@ -341,6 +346,11 @@ def _bwd_preprocess_kernel(
         mask=row_ok[:, None], other=0.0,
     ).to(tl.float32)
     tl.store(Delta + bh.to(tl.int64) * N_CTX_Q + offs_m, tl.sum(o * do, 1), mask=row_ok)
+    if ZERO_ACC:
+        if bh < ACC_HEADS:
+            acc = DQacc + bh.to(tl.int64) * HEAD_DIM * N_PAD_Q
+            tl.store(acc + offs_d[:, None] * N_PAD_Q + offs_m[None, :],
+                     tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32), mask=(offs_m < N_PAD_Q)[None, :])
 
 
 @triton.jit
@@ -1058,16 +1068,16 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
     dk = empty_heads_like(k, (B, Hk, Tk, D))
     dv = empty_heads_like(k, (B, Hk, Tk, D), dtype=v.dtype)
     with _on_device(q.device):
+        cap = device_capability(q.device)
+        gluon = _gluon_serving(backward_kernel(cap, q.dtype, D, causal, part="fused"), q, k, v, do)
+        if gluon is not None:  # it computes delta itself, in the launch that clears its dQ buffer
+            dq = empty_heads_like(q, (B, Hq, Tq, D))
+            gluon.backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal, scale, out=out)
+            return dq, dk, dv
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
         _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
             out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
         )
-        cap = device_capability(q.device)
-        gluon = _gluon_serving(backward_kernel(cap, q.dtype, D, causal, part="fused"), q, k, v, do)
-        if gluon is not None:
-            dq = empty_heads_like(q, (B, Hq, Tq, D))
-            gluon.backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal, scale)
-            return dq, dk, dv
         # the Triton kernels' TMA loads: checked only here, off the fused path's host time
         prec = _dot_precision(q.dtype)
         use_tma_dkdv = bool(USE_TMA and not interpret_mode() and q.is_cuda and tma_addressable(q, do))

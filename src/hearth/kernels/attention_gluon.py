@@ -1277,6 +1277,8 @@ FB_CANDIDATES = {
     128: [(64, 2), (32, 2)],
 }
 FB_DQ_SPLIT = {64: False, 128: True}  # both warpgroups compute half of dQ^T's rows every step
+# causal MHA's grid order (fb_pair_group): (b, head) pairs whose key blocks interleave, per head dim
+FB_MHA_CAUSAL_PAIRS = {64: 1, 128: 2}
 FB_DQ_TMA = True  # dQ^T added by a TMA reduce-add (False: fp32 atomics)
 FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (False: each consumer loads them)
 # the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
@@ -1854,20 +1856,21 @@ def _fb_split(head_dim: int, forced: bool | None = None) -> bool:
     return head_dim == 128 and (FB_DQ_SPLIT[head_dim] if forced is None else forced)
 
 
-def fb_pair_group(causal: bool, group: int, pairs: int, env=None) -> int:
+def fb_pair_group(causal: bool, group: int, pairs: int, head_dim: int, env=None) -> int:
     """The fused backward's grid order, as the number of (b, K/V head) pairs whose key blocks interleave (1 ..
-    `pairs`, the launch's pairs): all of them (every pair's key block 0 first) for causal grouped-query attention, 1
-    (a pair's key blocks together, FlashAttention-3's order) otherwise. With causal masking key block 0 is a pair's
-    longest program, GROUP times longer under GQA, and in the order of 1 the last pairs' ones start late. On the
-    H200 (BENCHMARKS.md) every-pair order took causal GQA 40/8 from 479 to 507 TFLOP/s fwd+bwd, but MHA from 462 to
-    362 and non-causal from 525 to 388 (MHA's short programs leave little tail, and the order of 1 keeps the programs
-    that read one head's Q / dO together in L2); groups in between are a probe knob. Env HEARTH_ATTN_FB_PAIR_GROUP
-    = n forces groups of n pairs, or of the largest power of two <= n that divides `pairs` (0 or n >= pairs:
-    all)."""
+    `pairs`, the launch's pairs): all of them (every pair's key block 0 first) for causal grouped-query attention,
+    FB_MHA_CAUSAL_PAIRS[head_dim] for causal MHA, 1 (a pair's key blocks together, FlashAttention-3's order) for
+    non-causal. With causal masking key block 0 is a pair's longest program, GROUP times longer under GQA, and in
+    the order of 1 the last pairs' ones start late. On the H200 (BENCHMARKS.md) every-pair order took causal GQA
+    40/8 from 479 to 507 TFLOP/s fwd+bwd, but MHA from 462 to 362 and non-causal from 525 to 388 (MHA's short
+    programs leave little tail, and the order of 1 keeps the programs that read one head's Q / dO together in L2);
+    for causal MHA at head_dim 128 two pairs were 2-3% faster than one at T 2048-16384 and 8 or more up to 13%
+    slower at T >= 4096. Env HEARTH_ATTN_FB_PAIR_GROUP = n forces groups of n pairs, or of the largest power of two
+    <= n that divides `pairs` (0 or n >= pairs: all)."""
     env = os.environ if env is None else env
     raw = env.get("HEARTH_ATTN_FB_PAIR_GROUP", "")
     if raw.strip() == "":
-        n = pairs if causal and group > 1 else 1
+        n = (pairs if group > 1 else FB_MHA_CAUSAL_PAIRS.get(head_dim, 1)) if causal else 1
     else:
         try:
             n = int(raw)
@@ -1902,15 +1905,54 @@ def _fb_meta(head_dim: int, config, env) -> dict:
                 STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), num_warps=4)
 
 
-def _fb_acc(meta: dict, heads: int, n_pad: int, device) -> tuple[torch.Tensor, TensorDescriptor | None]:
-    """The fused backward's zeroed fp32 dQ buffer [heads, D, n_pad] and, with DQ_TMA, its descriptor."""
-    acc = torch.zeros((heads, meta["HEAD_DIM"], n_pad), dtype=torch.float32, device=device)
+def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool = True) -> tuple[torch.Tensor,
+                                                                                   TensorDescriptor | None]:
+    """The fused backward's fp32 dQ buffer [heads, D, n_pad] (zeroed here when `zero`, else left to _fb_prepare)
+    and, with DQ_TMA, its descriptor."""
+    acc = (torch.zeros if zero else torch.empty)((heads, meta["HEAD_DIM"], n_pad), dtype=torch.float32, device=device)
     return acc, (_dq_acc_desc(acc, meta["DQ_SPLIT"], meta["BLOCK_M"]) if meta["DQ_TMA"] else None)
 
 
-def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, env) -> tuple[tuple[int, int], int]:
+# the preprocess that also clears the dQ buffer: 64 query rows a program, 8 warps (the fastest of five launch configs
+# at five shapes on the H200: scripts/gpu/attention_pre_probe.py, BENCHMARKS.md; 3-9% under the fill plus the
+# plain preprocess, 68.5 against 75.3 us at B4 H32 T2048 D128)
+FB_PRE_BLOCK = 64
+FB_PRE_WARPS = 8
+
+
+def _fb_prepare(out4, do4, delta, acc, acc_heads: int, n_pad: int, env, block: int = 0, warps: int = 0) -> bool:
+    """The fused backward's preprocess on [B, Hq, T, D] views of O and dO (a packed [1, Hq, total, D] with
+    varlen): delta [B * Hq rows, T] = rowsum(dO * O), and acc's first acc_heads heads cleared in the same launch
+    (FlashAttention-3's order: no separate fill; `acc` from _fb_acc(zero=False)). Returns False without launching
+    when the probe switch HEARTH_ATTN_FB_PRE_ZERO=0 asks for the two-launch form (the caller then zeroes acc and
+    runs the plain preprocess). block / warps: the launch's query rows a program and warps (a probe's; 0: the shipped
+    FB_PRE_BLOCK / FB_PRE_WARPS)."""
+    if not _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True):
+        return False
+    from hearth.kernels.attention import _bwd_preprocess_kernel  # attention imports this module lazily
+
+    B, Hq, T, D = out4.shape
+    block = block or FB_PRE_BLOCK
+    _bwd_preprocess_kernel[(cdiv(max(T, n_pad), block), B * Hq)](
+        out4, do4, delta, *out4.stride(), *do4.stride(), Hq, T, HEAD_DIM=D, BLOCK_M=block,
+        DQacc=acc, ACC_HEADS=acc_heads, N_PAD_Q=n_pad, ZERO_ACC=True, num_warps=warps or FB_PRE_WARPS,
+    )
+    return True
+
+
+def _fb_plain_preprocess(out4, do4, delta) -> None:
+    """The preprocess as attention's Triton backward runs it (delta only: 128-row programs), for the fused
+    backward's two-launch probe form."""
+    from hearth.kernels.attention import _bwd_preprocess_kernel
+
+    B, Hq, T, D = out4.shape
+    _bwd_preprocess_kernel[(cdiv(T, 128), B * Hq)](out4, do4, delta, *out4.stride(), *do4.stride(), Hq, T,
+                                                   HEAD_DIM=D, BLOCK_M=128)
+
+
+def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, head_dim: int, env) -> tuple[tuple[int, int], int]:
     """(grid, PAIR_GROUP) of a fused-backward launch over `pairs` (b, K/V head) pairs of n_kb key blocks each."""
-    order = fb_pair_group(causal, group, pairs, env)
+    order = fb_pair_group(causal, group, pairs, head_dim, env)
     order = 0 if order == pairs > 1 else order  # the kernel's PAIR_GROUP (0: all pairs, the grid's axes swapped)
     return ((pairs, n_kb) if order == 0 else (n_kb * order, pairs // order)), order
 
@@ -1920,7 +1962,7 @@ def _acc_budget(acc_bytes: int | None, env) -> int:
 
 
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
-                   acc_bytes: int | None = None) -> None:
+                   acc_bytes: int | None = None, out: torch.Tensor | None = None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
     (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to whole query blocks], then
     scaled and cast into dq. acc_bytes bounds that buffer (default: env HEARTH_ATTN_FB_ACC_MIB, MiB, else
@@ -1929,7 +1971,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM, HEARTH_ATTN_FB_DQ_SPLIT
     (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
     and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order: fb_pair_group) and
-    HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES"."""
+    HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when given, `delta` is
+    only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer (_fb_prepare;
+    HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an input."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
@@ -1939,11 +1983,14 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(Tq, step) * step
     chunk = fused_chunk(B, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))
-    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device)
-    grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), env)
+    pre = out is not None and _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True)
+    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device, zero=not pre)
+    grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), D, env)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with on_device(q.device):
+        if out is not None and not _fb_prepare(out, do, delta, dq_acc, chunk * group, n_pad, env):
+            _fb_plain_preprocess(out, do, delta)
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),
@@ -1983,7 +2030,8 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float):
 
 
 def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q: int, max_k: int, causal: bool,
-                          scale: float, acc_bytes: int | None = None, aligned: bool = False) -> None:
+                          scale: float, acc_bytes: int | None = None, aligned: bool = False,
+                          out: torch.Tensor | None = None) -> None:
     """The fused backward over packed sequences: q / do / dq [total_q, Hq, D], k / v / dk / dv [total_k, Hk, D]
     (dq / dk / dv written whole), lse / delta [Hq, total_q] fp32, cu_q / cu_k the checked offsets. As
     backward_fused: dQ summed in an fp32 buffer [heads, D, columns] bounded by acc_bytes, the K/V heads then in
@@ -1995,7 +2043,8 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     of the query step (the kernel's DQ_PAD; dq_pad_starts): a reduce-add box at a ragged start raised an illegal
     instruction on the H200, and the fp32-atomics form, which needs no placement, took about twice the time on
     packed rows (Qwen3-14B 40/8, 16381 tokens in 8 sequences: 7.71 against 3.74 ms fwd+bwd; BENCHMARKS.md). The
-    padding costs n_seqs * 64 columns."""
+    padding costs n_seqs * 64 columns. out [total_q, Hq, D]: as backward_fused's (delta then a buffer this call
+    fills, in the launch that clears the dQ buffer)."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     group = Hq // Hk
@@ -2006,13 +2055,18 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     pad = step if meta["DQ_TMA"] and not aligned else 0
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
     chunk = fused_chunk(1, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))  # divides Hk
-    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device)
-    grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), env)
+    pre = out is not None and _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True)
+    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device, zero=not pre)
+    grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), D, env)
     q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q4, block_m), _host_desc(k4, FB_BLOCK_N), _host_desc(v4, FB_BLOCK_N),
              _host_desc(do4, block_m))
     with on_device(q.device):
+        if out is not None:
+            (o4,) = packed_planes(out)
+            if not _fb_prepare(o4, do4, delta, dq_acc, chunk * group, n_pad, env):
+                _fb_plain_preprocess(o4, do4, delta)
         for hk0 in range(0, Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             # the kernel places dK / dV at b * stride_dkb with b = the sequence's first key row: the token stride
             _attn_bwd_fused_gluon_kernel[grid](

@@ -205,20 +205,20 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     dk = torch.empty((total_k, Hk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((total_k, Hk, D), dtype=v.dtype, device=v.device)
-    o4, do4 = packed_planes(out, do)
     choice = _attn.backward_kernel(_attn.device_capability(q.device), q.dtype, D, causal, part="fused")
     gluon = _gluon(choice, ("gluon",), q, k, v, do)
     with _attn._on_device(q.device):
+        if gluon is not None:  # delta there, in the launch that clears its dQ buffer
+            dq = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
+            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
+                                        scale, aligned=_q_aligned(cu_q), out=out)
+            return dq, dk, dv
         # delta is row-wise: the dense preprocess over the packed axis (a batch of one) computes it as is
+        o4, do4 = packed_planes(out, do)
         pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
         _attn._bwd_preprocess_kernel[(cdiv(total_q, pre_block), Hq)](
             o4, do4, delta, *o4.stride(), *do4.stride(), Hq, total_q, HEAD_DIM=D, BLOCK_M=pre_block,
         )
-        if gluon is not None:
-            dq = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
-            gluon.backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
-                                        scale, aligned=_q_aligned(cu_q))
-            return dq, dk, dv
         q4, k4, v4, dk4, dv4 = packed_planes(q, k, v, dk, dv)
         meta = _meta(q, causal, cu_q, cu_k)
         fused = bool(_attn.FUSED_DQ)
