@@ -796,13 +796,19 @@ def test_attention_goal_lines_by_hand():
 
 def test_sleep_ms_covers_the_host_time_of_a_warm_call():
     """The device sleep ahead of each timed call: 1.5x the median host time of the warm-up calls after the first
-    (which pays compiles and picks), plus 0.2 ms, within [1, 50] ms; a host-heavy case gets a longer sleep."""
+    (which pays compiles and picks), plus 0.2 ms, and at least their median whole call (host and GPU: the GPU idles
+    as long as it works, so its power limit leaves the clock alone), within [1, 50] ms; a host-heavy case gets a
+    longer sleep."""
     from hearth.bench.timing import SLEEP_MAX_MS, SLEEP_MIN_MS, sleep_ms
 
     assert sleep_ms([900.0, 0.1, 0.1, 0.1]) == SLEEP_MIN_MS  # a light call: the 1 ms floor; the first call ignored
     assert sleep_ms([900.0, 1.9, 2.0, 2.1]) == pytest.approx(1.5 * 2.0 + 0.2)  # swiglu_mlp at Qwen3-14B: 3.2 ms
     assert sleep_ms([5.0, 400.0, 400.0]) == SLEEP_MAX_MS
     assert sleep_ms([2.0]) == pytest.approx(3.2) and sleep_ms([]) == SLEEP_MIN_MS
+    # and at least one whole call (host and GPU), the first left out: a 2.4 ms matmul queued in 0.1 ms sleeps 2.4
+    assert sleep_ms([900.0, 0.1, 0.1, 0.1], [950.0, 2.3, 2.4, 2.5]) == pytest.approx(2.4)
+    assert sleep_ms([900.0, 1.9, 2.0, 2.1], [950.0, 2.5, 2.6, 2.7]) == pytest.approx(3.2)  # the host bound is higher
+    assert sleep_ms([0.1, 0.1], [0.3, 0.4]) == SLEEP_MIN_MS and sleep_ms([0.1], [900.0]) == SLEEP_MAX_MS
 
 
 def test_model_suite_packs_both_dq_forms_of_the_gluon_varlen_backward():

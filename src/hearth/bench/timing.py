@@ -9,7 +9,13 @@ measured ~0.5 ms on an H200 for every provider alike (host-bound). The sleep is 
 the host time of the warm-up calls (sleep_ms: 1.5x their median after the first, plus 0.2 ms; at least
 1 ms, at most 50): a fixed 1 ms was shorter than some calls take to queue (hearth's swiglu_mlp at the
 Qwen3-14B shape: 1.9 ms of host time a call on the H200), whose GPU time could then include waits for
-the host. Rows carry it as sleep_ms. The bwd mode runs its forward there too, outside the events, and
+the host. Since 2026-12-04 the sleep is also at least one call's own time (the warm-up calls' median, host and GPU,
+to the synchronize): under a short sleep a compute-bound call ran at a varying duty cycle, so the board's power limit
+moved the SM clock between calls and providers (hearth's matmul at Llama-3.1-70B up_proj: p20 2.38 / p80 2.94 ms
+with a 1 ms sleep; 2.40 / 2.41 with 2 ms, as cuBLAS; both 2.89 ms a call under seconds of back-to-back load at
+~1470 MHz, BENCHMARKS.md). At a duty cycle of at most one half the calls run at the full clock: GPU time is the
+kernel's at full clock, the same condition for every provider; wall time is the sustained figure. Rows carry it
+as sleep_ms. The bwd mode runs its forward there too, outside the events, and
 times the backward alone (no retain_graph: fused losses need not support a second backward).
 Reported: median, p20 and p80 in ms over >= 10 calls (about 100 ms of calls, at most 500). On the CPU (--check, the
 interpreter: a test of the harness's paths, not a measurement) a host clock times one call.
@@ -66,12 +72,16 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def sleep_ms(host_ms: list[float]) -> float:
-    """The device sleep ahead of each timed call, from the host time (ms) of the warm-up calls: 1.5x the median
-    of those after the first (which pays compiles and config picks), plus 0.2 ms, within [SLEEP_MIN_MS,
-    SLEEP_MAX_MS]."""
+def sleep_ms(host_ms: list[float], call_ms: list[float] | None = None) -> float:
+    """The device sleep ahead of each timed call, from the warm-up calls (the first, which pays compiles and config
+    picks, left out): 1.5x the median host time (ms) plus 0.2 ms, so the host has queued the call before the GPU
+    reaches it; and at least the median whole call (call_ms: host and GPU, to a synchronize), so the GPU idles at
+    least as long as it works (its power limit then leaves the clock alone); within [SLEEP_MIN_MS, SLEEP_MAX_MS]."""
     warm = host_ms[1:] or host_ms
     need = 1.5 * statistics.median(warm) + 0.2 if warm else 0.0
+    whole = (call_ms or [])[1:] or (call_ms or [])
+    if whole:
+        need = max(need, statistics.median(whole))
     return min(SLEEP_MAX_MS, max(SLEEP_MIN_MS, need))
 
 
@@ -99,7 +109,7 @@ def time_call(fn, leaves, device, *, setup=None, warmup_ms=25.0, rep_ms=100.0, m
     # warm-up, and a first estimate of one call
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    n_warm, host = 0, []
+    n_warm, host, whole = 0, [], []
     while n_warm < 3 or (time.perf_counter() - t0) * 1e3 < warmup_ms:
         args = _prepare(leaves, setup)
         h0 = time.perf_counter()
@@ -107,9 +117,10 @@ def time_call(fn, leaves, device, *, setup=None, warmup_ms=25.0, rep_ms=100.0, m
         host.append((time.perf_counter() - h0) * 1e3)  # the host's time to queue the call (GPU idle before it)
         del args
         torch.cuda.synchronize()
+        whole.append((time.perf_counter() - h0) * 1e3)  # the call to its end on the GPU
         n_warm += 1
     est = (time.perf_counter() - t0) * 1e3 / n_warm
-    sleep = sleep_ms(host)
+    sleep = sleep_ms(host, whole)
     cycles = int(_SLEEP_CYCLES_PER_MS * sleep)
     reps = int(min(max_reps, max(min_reps, rep_ms / max(est, 1e-3))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
