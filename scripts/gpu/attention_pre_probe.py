@@ -65,7 +65,7 @@ def main() -> None:
             for block, warps in CONFIGS:
                 def one_launch(block=block, warps=warps):
                     acc = torch.empty((heads, D, n_pad), device="cuda")
-                    ag._fb_prepare(out, do, delta, acc, heads, n_pad, {}, block=block, warps=warps)
+                    ag._fb_prepare(out, do, delta, acc, heads, n_pad, block=block, warps=warps)
                     return acc
 
                 delta.fill_(float("nan"))

@@ -935,16 +935,14 @@ def test_gpu_fused_backward_bounded_buffer(monkeypatch, mib):
 def test_gpu_fused_preprocess_clears_the_dq_buffer():
     """_fb_prepare (the fused backward's one-launch preprocess) on the GPU: delta = rowsum(dO * O) against fp64 for
     a [B, T, H, D]-ordered output, the dQ buffer's first acc_heads heads zero over every padded column, the rest
-    untouched; HEARTH_ATTN_FB_PRE_ZERO=0 launches nothing and says so."""
+    untouched."""
     g = torch.Generator().manual_seed(11)
     B, H, T, D, n_pad, heads = 2, 4, 1000, 128, 1024, 5
     out = torch.randn(B, T, H, D, generator=g).to("cuda", torch.bfloat16).transpose(1, 2)
     do = torch.randn(B, H, T, D, generator=g).to("cuda", torch.bfloat16)
     delta = torch.full((B, H, T), float("nan"), device="cuda")
     acc = torch.full((B * H, D, n_pad), float("nan"), device="cuda")
-    assert not ag._fb_prepare(out, do, delta, acc, heads, n_pad, {"HEARTH_ATTN_FB_PRE_ZERO": "0"})
-    assert delta.isnan().all() and acc.isnan().all()
-    assert ag._fb_prepare(out, do, delta, acc, heads, n_pad, {})
+    ag._fb_prepare(out, do, delta, acc, heads, n_pad)
     want = (out.double() * do.double()).sum(-1)
     torch.testing.assert_close(delta.double(), want, rtol=1e-5, atol=1e-4)
     assert (acc[:heads] == 0).all()

@@ -1920,15 +1920,11 @@ FB_PRE_BLOCK = 64
 FB_PRE_WARPS = 8
 
 
-def _fb_prepare(out4, do4, delta, acc, acc_heads: int, n_pad: int, env, block: int = 0, warps: int = 0) -> bool:
+def _fb_prepare(out4, do4, delta, acc, acc_heads: int, n_pad: int, block: int = 0, warps: int = 0) -> None:
     """The fused backward's preprocess on [B, Hq, T, D] views of O and dO (a packed [1, Hq, total, D] with
-    varlen): delta [B * Hq rows, T] = rowsum(dO * O), and acc's first acc_heads heads cleared in the same launch
-    (FlashAttention-3's order: no separate fill; `acc` from _fb_acc(zero=False)). Returns False without launching
-    when the probe switch HEARTH_ATTN_FB_PRE_ZERO=0 asks for the two-launch form (the caller then zeroes acc and
-    runs the plain preprocess). block / warps: the launch's query rows a program and warps (a probe's; 0: the shipped
-    FB_PRE_BLOCK / FB_PRE_WARPS)."""
-    if not _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True):
-        return False
+    varlen): delta [B * Hq rows, T] = rowsum(dO * O), and acc's first acc_heads heads cleared over its n_pad columns
+    in the same launch (FlashAttention-3's order: no separate fill; `acc` from _fb_acc(zero=False)). block / warps:
+    the launch's query rows a program and warps (a probe's; 0: the shipped FB_PRE_BLOCK / FB_PRE_WARPS)."""
     from hearth.kernels.attention import _bwd_preprocess_kernel  # attention imports this module lazily
 
     B, Hq, T, D = out4.shape
@@ -1937,12 +1933,11 @@ def _fb_prepare(out4, do4, delta, acc, acc_heads: int, n_pad: int, env, block: i
         out4, do4, delta, *out4.stride(), *do4.stride(), Hq, T, HEAD_DIM=D, BLOCK_M=block,
         DQacc=acc, ACC_HEADS=acc_heads, N_PAD_Q=n_pad, ZERO_ACC=True, num_warps=warps or FB_PRE_WARPS,
     )
-    return True
 
 
 def _fb_plain_preprocess(out4, do4, delta) -> None:
     """The preprocess as attention's Triton backward runs it (delta only: 128-row programs), for the fused
-    backward's two-launch probe form."""
+    backward's two-launch probe form (HEARTH_ATTN_FB_PRE_ZERO=0: the dQ buffer then zeroed by _fb_acc)."""
     from hearth.kernels.attention import _bwd_preprocess_kernel
 
     B, Hq, T, D = out4.shape
@@ -1989,7 +1984,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with on_device(q.device):
-        if out is not None and not _fb_prepare(out, do, delta, dq_acc, chunk * group, n_pad, env):
+        if pre:
+            _fb_prepare(out, do, delta, dq_acc, chunk * group, n_pad)
+        elif out is not None:
             _fb_plain_preprocess(out, do, delta)
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[grid](
@@ -2065,7 +2062,9 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     with on_device(q.device):
         if out is not None:
             (o4,) = packed_planes(out)
-            if not _fb_prepare(o4, do4, delta, dq_acc, chunk * group, n_pad, env):
+            if pre:
+                _fb_prepare(o4, do4, delta, dq_acc, chunk * group, n_pad)
+            else:
                 _fb_plain_preprocess(o4, do4, delta)
         for hk0 in range(0, Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             # the kernel places dK / dV at b * stride_dkb with b = the sequence's first key row: the token stride
