@@ -216,7 +216,9 @@ def summary_markdown(rows: list[dict]) -> str:
     if any(str(json.loads(e).get("gpu", "")).startswith("CPU") for e in envs):
         lines += ["", "**CPU run under the Triton interpreter (--check): times validate the harness only; they say "
                   "nothing about kernel speed.**"]
-    lines += ["", "Timing: CUDA events, median ms [p20-p80], warm-up excluded, L2 flushed between calls. Memory: extra = peak "
+    lines += ["", "Timing: CUDA events, median ms [p20-p80], warm-up excluded, L2 flushed between calls, a device sleep "
+              "queued before each call (since 2026-12-04 at least as long as the call: the GPU idles as long as it works, "
+              "so the power limit leaves the clock alone; rows carry sleep_ms). Memory: extra = peak "
               "allocated during one call minus allocated before it (inputs and earlier .grad excluded; grads reset to None); "
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
               "(torch.compile, Liger, quack, vendor) measured on the same GPU and software; ratio = peer ms / hearth ms; a peer "
@@ -432,8 +434,9 @@ def cases_markdown(rows: list[dict]) -> list[str]:
     if not groups:
         return []
     lines = ["## Every case: GPU time, memory and wall time per call", "",
-             "GPU = CUDA-event median with the host ahead of the GPU (device sleep, L2 flushed); wall = the call back to "
-             "back, no sleep, no flush (what a training loop with a short GPU queue sees); host = time spent inside the "
+             "GPU = CUDA-event median with the host ahead of the GPU (device sleep, L2 flushed): the kernels at the full "
+             "clock; wall = the call back to back, no sleep, no flush (what a training loop with a short GPU queue sees, "
+             "at the clock sustained load gets); host = time spent inside the "
              "calls. peer = the fastest correct fused peer by GPU time; its memory is compared. wall ratio = the best "
              "fused peer wall / hearth wall.", "",
              "| op | case | mode | hearth GPU | peer GPU | ratio | hearth +MiB | peer +MiB | hearth wall (host) | best peer wall | wall ratio |",
