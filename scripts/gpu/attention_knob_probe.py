@@ -7,8 +7,11 @@ For each case (bf16; by default the causal cases of `hearth bench attention --si
 and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
 HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST), hearth.kernels.attention fwd+bwd is
 checked against the shipped setting's gradients on the same inputs (max |diff| of dq / dk / dv relative to their
-max magnitude, under 2e-2: a knob that breaks the kernel is reported, not timed) and timed with
-triton.testing.do_bench (median ms), cuDNN (SDPA) timed beside it. One JSON object per line; settings past the
+max magnitude, under 2e-2: a knob that breaks the kernel is reported, not timed) and timed the harness's way
+(hearth.bench.timing.time_call: L2 flushed and a device sleep at least one call long queued before each call, median
+ms), cuDNN (SDPA) timed beside it. Until 2026-12-04 this probe used triton.testing.do_bench, calls back to back: at
+small shapes that timed hearth's host path, not its GPU work (B8 H32 T1024: 0.79-1.32 ms between settings that
+differ by a few percent on the GPU). One JSON object per line; settings past the
 budget are skipped and say so. A probe of knobs, not a benchmark: the suite's figures come from hearth bench.
 """
 
@@ -22,7 +25,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-import triton
 
 CASES = [  # (label, B, Hq, Hk, T, D, causal)
     ("Llama-2-7B 32/32 d128 T2048 B4", 4, 32, 32, 2048, 128, True),
@@ -56,6 +58,13 @@ def _parse_settings(text: str) -> list:
         name, _, assigns = item.partition("=")
         settings.append((name, dict(a.split("=", 1) for a in assigns.split(",") if a)))
     return settings
+
+
+def _gpu_ms(q, k, v, do, fn) -> float:
+    """Median GPU ms of one fwd+bwd through `fn`, timed as the bench harness times (flush, sleep, events)."""
+    from hearth.bench.timing import time_call
+
+    return time_call(lambda: fn(q, k, v).backward(do), [q, k, v], q.device).median_ms
 
 
 def _step(q, k, v, do, fn):
@@ -93,7 +102,7 @@ def main() -> None:
             flops = 3.5 * 4 * B * Hq * T * T * D / (2 if causal else 1)  # fwd+bwd: 3.5x the forward
             sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hk))
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                ms = triton.testing.do_bench(lambda: _step(q, k, v, do, sdpa), warmup=25, rep=100)
+                ms = _gpu_ms(q, k, v, do, sdpa)
             emit(dict(case=label, setting="cudnn", ms=ms, tflops=flops / ms / 1e9))
             ours = (lambda a, b, c: attention.attention(a, b, c, causal=causal))
             ref = None
@@ -112,7 +121,7 @@ def main() -> None:
                     if err > 2e-2:
                         emit(dict(case=label, setting=name, status="mismatch", rel_err=err))
                         continue
-                    ms = triton.testing.do_bench(lambda: _step(q, k, v, do, ours), warmup=25, rep=100)
+                    ms = _gpu_ms(q, k, v, do, ours)
                     emit(dict(case=label, setting=name, env=env, ms=ms, tflops=flops / ms / 1e9, rel_err=err,
                               status="ok"))
                 except Exception as e:  # a knob outside the kernel's forms: report it, go on
