@@ -1,13 +1,15 @@
 """H200 probe: the fused Gluon backward's env knobs at the model-shape suite's weakest attention cases.
 
     python scripts/gpu/attention_knob_probe.py --out $OUT/knobs.jsonl [--budget-s 200]
-        [--cases "LABEL:B,Hq,Hk,T,D,causal;..."] [--settings "NAME=VAR=VALUE,VAR=VALUE;..."]
+        [--cases "LABEL:B,Hq,Hk,T,D,causal;..."] [--settings "NAME=VAR=VALUE,VAR=VALUE;..."] [--pass fwd|full]
 
 For each case (bf16; by default the causal cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
 and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
-HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST), hearth.kernels.attention fwd+bwd is
-checked against the shipped setting's gradients on the same inputs (max |diff| of dq / dk / dv relative to their
-max magnitude, under 2e-2: a knob that breaks the kernel is reported, not timed) and timed the harness's way
+HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST, and the persistent forward's
+HEARTH_ATTN_PPS_BALANCE / HEARTH_ATTN_PPS_TILE_COST), hearth.kernels.attention fwd+bwd (--pass fwd: the training
+forward alone, inputs requiring grad, so lse is stored) is checked against the shipped setting's gradients (fwd: its
+output) on the same inputs (max |diff| relative to the max magnitude, under 2e-2: a knob that breaks the kernel is
+reported, not timed) and timed the harness's way
 (hearth.bench.timing.time_call: L2 flushed and a device sleep at least one call long queued before each call, median
 ms), cuDNN (SDPA) timed beside it. Until 2026-12-04 this probe used triton.testing.do_bench, calls back to back: at
 small shapes that timed hearth's host path, not its GPU work (B8 H32 T1024: 0.79-1.32 ms between settings that
@@ -60,14 +62,18 @@ def _parse_settings(text: str) -> list:
     return settings
 
 
-def _gpu_ms(q, k, v, do, fn) -> float:
-    """Median GPU ms of one fwd+bwd through `fn`, timed as the bench harness times (flush, sleep, events)."""
+def _gpu_ms(q, k, v, do, fn, fwd_only: bool = False) -> float:
+    """Median GPU ms of one fwd+bwd (or forward) through `fn`, timed as the bench harness times (flush, sleep,
+    events)."""
     from hearth.bench.timing import time_call
 
-    return time_call(lambda: fn(q, k, v).backward(do), [q, k, v], q.device).median_ms
+    call = (lambda: fn(q, k, v)) if fwd_only else (lambda: fn(q, k, v).backward(do))
+    return time_call(call, [q, k, v], q.device).median_ms
 
 
-def _step(q, k, v, do, fn):
+def _step(q, k, v, do, fn, fwd_only: bool = False):
+    if fwd_only:
+        return (fn(q, k, v).detach(),)
     for t in (q, k, v):
         t.grad = None
     fn(q, k, v).backward(do)
@@ -81,7 +87,9 @@ def main() -> None:
     ap.add_argument("--cases", default=None, help='"LABEL:B,Hq,Hk,T,D,causal;..." (default: CASES)')
     ap.add_argument("--settings", default=None,
                     help='"NAME=VAR=VALUE,VAR=VALUE;..." (NAME= alone: no knob set; the first is the reference)')
+    ap.add_argument("--pass", dest="which", choices=("fwd", "full"), default="full")
     args = ap.parse_args()
+    fwd_only = args.which == "fwd"
     cases = _parse_cases(args.cases) if args.cases else CASES
     settings = _parse_settings(args.settings) if args.settings else SETTINGS
     knobs = sorted({k for _, env in settings for k in env})
@@ -99,11 +107,11 @@ def main() -> None:
             q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                        for h in (Hq, Hk, Hk))
             do = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-            flops = 3.5 * 4 * B * Hq * T * T * D / (2 if causal else 1)  # fwd+bwd: 3.5x the forward
+            flops = (1 if fwd_only else 3.5) * 4 * B * Hq * T * T * D / (2 if causal else 1)  # fwd+bwd: 3.5x
             sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hk))
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                ms = _gpu_ms(q, k, v, do, sdpa)
-            emit(dict(case=label, setting="cudnn", ms=ms, tflops=flops / ms / 1e9))
+                ms = _gpu_ms(q, k, v, do, sdpa, fwd_only)
+            emit(dict(case=label, setting="cudnn", which=args.which, ms=ms, tflops=flops / ms / 1e9))
             ours = (lambda a, b, c: attention.attention(a, b, c, causal=causal))
             ref = None
             for name, env in settings:
@@ -114,15 +122,15 @@ def main() -> None:
                     os.environ.pop(key, None)
                 os.environ.update(env)
                 try:
-                    grads = [x.float() for x in _step(q, k, v, do, ours)]
+                    grads = [x.float() for x in _step(q, k, v, do, ours, fwd_only)]
                     if ref is None:
                         ref = grads
                     err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref))
                     if err > 2e-2:
                         emit(dict(case=label, setting=name, status="mismatch", rel_err=err))
                         continue
-                    ms = _gpu_ms(q, k, v, do, ours)
-                    emit(dict(case=label, setting=name, env=env, ms=ms, tflops=flops / ms / 1e9, rel_err=err,
+                    ms = _gpu_ms(q, k, v, do, ours, fwd_only)
+                    emit(dict(case=label, setting=name, which=args.which, env=env, ms=ms, tflops=flops / ms / 1e9, rel_err=err,
                               status="ok"))
                 except Exception as e:  # a knob outside the kernel's forms: report it, go on
                     emit(dict(case=label, setting=name, status=f"error: {type(e).__name__}: {str(e)[:300]}"))

@@ -353,6 +353,17 @@ def _bwd_preprocess_kernel(
                      tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32), mask=(offs_m < N_PAD_Q)[None, :])
 
 
+def _bwd_preprocess(out4, do4, delta) -> None:
+    """The plain backward preprocess on [B, H, T, D] views of O and dO (a packed [1, H, total, D] with varlen):
+    delta [B * H rows, T] = rowsum(dO * O), in fp32; 128-row programs (32 above head_dim 128, 16 in the
+    interpreter). The caller is on the tensors' device."""
+    B, H, T, D = out4.shape
+    block = 16 if interpret_mode() else (128 if D <= 128 else 32)
+    _bwd_preprocess_kernel[(cdiv(T, block), B * H)](
+        out4, do4, delta, *out4.stride(), *do4.stride(), H, T, HEAD_DIM=D, BLOCK_M=block,
+    )
+
+
 @triton.jit
 def _dkdv_stage(
     dk, dv, k, v,
@@ -1074,10 +1085,7 @@ def _attention_backward(do, q, k, v, out, lse, causal: bool, scale: float):
             dq = empty_heads_like(q, (B, Hq, Tq, D))
             gluon.backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal, scale, out=out)
             return dq, dk, dv
-        pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
-        _bwd_preprocess_kernel[(cdiv(Tq, pre_block), B * Hq)](
-            out, do, delta, *out.stride(), *do.stride(), Hq, Tq, HEAD_DIM=D, BLOCK_M=pre_block,
-        )
+        _bwd_preprocess(out, do, delta)
         # the Triton kernels' TMA loads: checked only here, off the fused path's host time
         prec = _dot_precision(q.dtype)
         use_tma_dkdv = bool(USE_TMA and not interpret_mode() and q.is_cuda and tma_addressable(q, do))

@@ -176,6 +176,71 @@ def pps_tile_order(bh: int, n_m: int, section: int, causal: bool) -> list[tuple[
         start_m = q - sec * n_m
         out.append((n_m - 1 - start_m if causal else start_m, tile_id - q * section + sec * section))
     return out
+# Which program runs which persistent tile. Round robin (tile_id = program, program + grid, ...) leaves the
+# programs unequal under the causal mask: tiles cost 1 to n_m key blocks, and where a program's share is a few
+# tiles the one that drew the heavy ones sets the kernel's end (at B4 H32 T2048 D128 causal, 2048 tiles on 132
+# SMs, the busiest program's blocks are 1.14x the mean). The schedule walks the same tile order and gives each
+# tile to the program whose tiles so far cost least (a tile costs its turns plus PPS_TILE_COST for its Q load
+# and epilogue; ties to the lowest program), what a work queue would do at run time without its atomics: the
+# busiest then holds 1.01x the mean. Env HEARTH_ATTN_PPS_BALANCE=0 (a probe's A/B) keeps round robin,
+# HEARTH_ATTN_PPS_TILE_COST overrides the cost.
+PPS_TILE_COST = 1.0
+
+
+def pps_tile_turns(start_m: int, tq: int, tk: int, causal: bool, block_m: int, block_n: int) -> int:
+    """The host's spelling of _pps_tile_turns: key blocks the persistent tile start_m streams (the larger count of
+    its two query tiles; 0 for a tile wholly past the queries' end)."""
+    def blocks(tile):
+        lo = tile * block_m
+        if lo >= tq:
+            return 0
+        return cdiv(min(lo + block_m, tk) if causal else tk, block_n)
+    return max(blocks(2 * start_m), blocks(2 * start_m + 1))
+
+
+def pps_schedule(bh: int, n_m: int, section: int, causal: bool, programs: int, tq: int, tk: int, block_m: int,
+                 block_n: int, balance: bool = True, tile_cost: float = PPS_TILE_COST) -> tuple[list[int], list[int]]:
+    """(starts [programs + 1], tiles [bh * n_m]): program p runs tile ids tiles[starts[p]:starts[p + 1]] in that
+    order (ascending: the tile order of pps_tile_order, so the programs running at once stay within a section).
+    balance: each tile, in tile order, to the least-loaded program (turns + tile_cost a tile; ties to the lowest
+    program); else round robin."""
+    import heapq
+
+    total = bh * n_m
+    if programs < 1 or programs > total:
+        raise ValueError(f"programs must be in [1, {total}] (the tiles), got {programs}")
+    owner = [0] * total
+    if balance:
+        heap = [(0.0, p) for p in range(programs)]
+        for tile_id, (start_m, _) in enumerate(pps_tile_order(bh, n_m, section, causal)):
+            load, p = heapq.heappop(heap)
+            owner[tile_id] = p
+            heapq.heappush(heap, (load + pps_tile_turns(start_m, tq, tk, causal, block_m, block_n) + tile_cost, p))
+    else:
+        owner = [t % programs for t in range(total)]
+    per = [[] for _ in range(programs)]
+    for tile_id, p in enumerate(owner):
+        per[p].append(tile_id)
+    starts = [0]
+    for ts in per:
+        starts.append(starts[-1] + len(ts))
+    return starts, [t for ts in per for t in ts]
+
+
+@functools.lru_cache(maxsize=256)
+def _pps_schedule_tensor(bh: int, n_m: int, section: int, causal: bool, programs: int, tq: int, tk: int, block_m: int,
+                         block_n: int, balance: bool, tile_cost: float, device: torch.device) -> torch.Tensor:
+    """pps_schedule as the kernel reads it: int32 [1 + most tiles a program runs, programs], row n program p's n-th
+    tile id, -1 past its tiles (every column ends in one). Built and copied once per shape."""
+    starts, tiles = pps_schedule(bh, n_m, section, causal, programs, tq, tk, block_m, block_n, balance, tile_cost)
+    counts = [b - a for a, b in zip(starts, starts[1:])]
+    table = [[-1] * programs for _ in range(1 + max(counts))]
+    for p, a in enumerate(starts[:-1]):
+        for n in range(counts[p]):
+            table[n][p] = tiles[a + n]
+    return torch.tensor(table, dtype=torch.int32, device=device)
+
+
 CONSUMER_REGS = 240
 
 
@@ -677,6 +742,15 @@ def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bar
 
 
 @gluon.jit
+def _pps_tile_id(Sched, n):
+    """This program's n-th tile id in the persistent schedule (_pps_schedule_tensor: row n of [rows, grid], -1 past
+    the program's tiles): addressed from the argument and the program's ids, so the tile loop keeps only n and
+    the tile id live, as the round-robin loop did (a per-program start, end and pointer in registers added spills
+    at head_dim 128 causal)."""
+    return ttgl.load(Sched + n * ttgl.num_programs(0) + ttgl.program_id(0))
+
+
+@gluon.jit
 def _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL: ttgl.constexpr):
     """(start_m, bh, b, h, hk) of persistent tile tile_id, in the order pps_tile_order spells out on the host:
     sections of SECTION (batch * head) rows one after another (SECTION divides batch * heads); within one,
@@ -729,7 +803,7 @@ def _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, j0, n_
 
 @gluon.jit
 def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars, empty_bars, turn_bars,
-                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, SECTION,
+                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
                   WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
                   s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
@@ -756,7 +830,9 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
     zero_s = ttgl.zeros([BLOCK_M, BLOCK_N], ttgl.float32, s_layout)
     q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
     r0 = 0  # ring position of this tile's block 0 (= turns taken so far, by either warpgroup)
-    for tile_id in range(ttgl.program_id(0), TOTAL, ttgl.num_programs(0)):
+    n = 0
+    tile_id = _pps_tile_id(Sched, 0)
+    while tile_id >= 0:  # the schedule ends each program's column with -1
         start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
         tile = 2 * start_m + WG
         n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
@@ -764,7 +840,7 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
         # Q is loaded every tile, also one past the end (zero-filled, not used), so q_bar's phase is the tile count
         mbarrier.expect(q_bar, Q_BYTES)
         tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
-        mbarrier.wait(q_bar, ((tile_id - ttgl.program_id(0)) // ttgl.num_programs(0)) & 1)
+        mbarrier.wait(q_bar, n & 1)
         if n_blocks > 0:
             offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
             acc = ttgl.zeros([BLOCK_M, HEAD_DIM], ttgl.float32, o_layout)
@@ -806,17 +882,21 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
         else:  # this warpgroup's query tile lies past the end: empty turns only
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, 0, n_max, WG, NUM_STAGES)
         r0 += n_max
+        n += 1
+        tile_id = _pps_tile_id(Sched, n)
 
 
 @gluon.jit
 def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP, N_M,
-                  TOTAL, SECTION, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                  Sched, SECTION, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
     """The load warp of the persistent ping-pong forward: the n_max key blocks of each of the program's tiles,
     ring position r (counted across tiles) into slot r % NUM_STAGES once BOTH consumers released position
     r - NUM_STAGES (each releases every position, read or not: _pps_consumer's empty turns)."""
     r = 0
-    for tile_id in range(ttgl.program_id(0), TOTAL, ttgl.num_programs(0)):
+    n = 0
+    tile_id = _pps_tile_id(Sched, 0)
+    while tile_id >= 0:  # the schedule ends each program's column with -1
         start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
         n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         for j in range(n_max):
@@ -827,6 +907,8 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
             _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slot, True, BLOCK_N, HEAD_DIM,
                            TILE_BYTES)
             r += 1
+        n += 1
+        tile_id = _pps_tile_id(Sched, n)
 
 
 @gluon.jit
@@ -865,15 +947,15 @@ def _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_S
 @gluon.jit(do_not_specialize=["N_M"])
 def _attn_fwd_gluon_pps_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
-    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, SECTION,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
     STORE_LSE: ttgl.constexpr = True,
 ):
-    """The persistent ping-pong forward: min(TOTAL, SMs) programs, each walking tiles tile_id = program,
-    program + grid, ... of the TOTAL = N_M * B * H_Q tiles (N_M = cdiv(T_q, 2 * BLOCK_M) query blocks of two
-    consumer tiles each); barriers are set up once per program and their phases carried across tiles
+    """The persistent ping-pong forward: min(tiles, SMs) programs, each walking its tiles of the N_M * B * H_Q
+    (N_M = cdiv(T_q, 2 * BLOCK_M) query blocks of two consumer tiles each) as the schedule Sched lists them
+    (int32 [rows, grid], a column per program, -1 past its tiles; pps_schedule, _pps_schedule_tensor); barriers are set up once per program and their phases carried across tiles
     (_pps_consumer, _pps_producer). Descriptors as _attn_fwd_gluon_pp_kernel's."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -895,15 +977,15 @@ def _attn_fwd_gluon_pps_kernel(
 
     ttgl.warp_specialize(
         [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
-                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, SECTION, 0,
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, 0,
                           HEAD_DIM,
                           CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
          (_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars, v_bars,
-                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, TOTAL, SECTION, 1,
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, 1,
                           HEAD_DIM,
                           CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
          (_pps_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP,
-                          N_M, TOTAL, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+                          N_M, Sched, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
@@ -1685,11 +1767,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         block_m, descs, meta = _pp_launch(q, k, v, out, causal)
         if PERSISTENT if persistent is None else persistent:
             n_m = cdiv(Tq, 2 * block_m)
-            total = n_m * B * Hq
+            programs = min(n_m * B * Hq, num_sms(q.device))
             section = pps_section(B * Hq, Hq // Hk, Tk, D, q.element_size())
+            env = os.environ
+            sched = _pps_schedule_tensor(B * Hq, n_m, section, bool(causal), programs, Tq, Tk, block_m,
+                                         meta["BLOCK_N"], _env_flag(env, "HEARTH_ATTN_PPS_BALANCE", True),
+                                         float(env.get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST)), q.device)
             with on_device(q.device):
-                _attn_fwd_gluon_pps_kernel[(min(total, num_sms(q.device)),)](
-                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, total, section, STORE_LSE=store_lse,
+                _attn_fwd_gluon_pps_kernel[(programs,)](
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, STORE_LSE=store_lse,
                     **meta,
                 )
             return out, lse
@@ -1846,7 +1932,8 @@ def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: 
 
 
 def _env_flag(env, name: str, default: bool | None) -> bool | None:
-    """A probe switch of the fused backward: "1" on, "0" off, unset (or anything else) the shipped default."""
+    """A probe switch (the fused backward's, the persistent forward's): "1" on, "0" off, unset (or anything else)
+    the shipped default."""
     return {"1": True, "0": False}.get(env.get(name, ""), default)
 
 
@@ -1935,14 +2022,21 @@ def _fb_prepare(out4, do4, delta, acc, acc_heads: int, n_pad: int, block: int = 
     )
 
 
-def _fb_plain_preprocess(out4, do4, delta) -> None:
-    """The preprocess as attention's Triton backward runs it (delta only: 128-row programs), for the fused
-    backward's two-launch probe form (HEARTH_ATTN_FB_PRE_ZERO=0: the dQ buffer then zeroed by _fb_acc)."""
-    from hearth.kernels.attention import _bwd_preprocess_kernel
+def _fb_start(meta: dict, heads: int, n_pad: int, out4, do4, delta, device, env) -> tuple[torch.Tensor,
+                                                                                     TensorDescriptor | None]:
+    """The fused backward's fp32 dQ buffer and descriptor (_fb_acc) and, given out4 (the forward's output as
+    [B, Hq, T, D] views; do4 likewise), delta: in the launch that clears the buffer (_fb_prepare), or with
+    HEARTH_ATTN_FB_PRE_ZERO=0 (the two-launch probe form) a zeroed buffer and attention's plain preprocess.
+    Without out4, delta is the caller's input and the buffer is zeroed. Called on the tensors' device."""
+    pre = out4 is not None and _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True)
+    acc, desc = _fb_acc(meta, heads, n_pad, device, zero=not pre)
+    if pre:
+        _fb_prepare(out4, do4, delta, acc, heads, n_pad)
+    elif out4 is not None:
+        from hearth.kernels.attention import _bwd_preprocess  # attention imports this module lazily
 
-    B, Hq, T, D = out4.shape
-    _bwd_preprocess_kernel[(cdiv(T, 128), B * Hq)](out4, do4, delta, *out4.stride(), *do4.stride(), Hq, T,
-                                                   HEAD_DIM=D, BLOCK_M=128)
+        _bwd_preprocess(out4, do4, delta)
+    return acc, desc
 
 
 def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, head_dim: int, env) -> tuple[tuple[int, int], int]:
@@ -1978,16 +2072,11 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(Tq, step) * step
     chunk = fused_chunk(B, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))
-    pre = out is not None and _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True)
-    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device, zero=not pre)
     grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), D, env)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with on_device(q.device):
-        if pre:
-            _fb_prepare(out, do, delta, dq_acc, chunk * group, n_pad)
-        elif out is not None:
-            _fb_plain_preprocess(out, do, delta)
+        dq_acc, dq_desc = _fb_start(meta, chunk * group, n_pad, out, do, delta, q.device, env)
         for r0 in range(0, B * Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk, dv, dq_acc, dq_desc, dk.stride(0), dk.stride(1), dk.stride(2),
@@ -2052,20 +2141,14 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     pad = step if meta["DQ_TMA"] and not aligned else 0
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
     chunk = fused_chunk(1, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))  # divides Hk
-    pre = out is not None and _env_flag(env, "HEARTH_ATTN_FB_PRE_ZERO", True)
-    dq_acc, dq_desc = _fb_acc(meta, chunk * group, n_pad, q.device, zero=not pre)
     grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), D, env)
     q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q4, block_m), _host_desc(k4, FB_BLOCK_N), _host_desc(v4, FB_BLOCK_N),
              _host_desc(do4, block_m))
     with on_device(q.device):
-        if out is not None:
-            (o4,) = packed_planes(out)
-            if pre:
-                _fb_prepare(o4, do4, delta, dq_acc, chunk * group, n_pad)
-            else:
-                _fb_plain_preprocess(o4, do4, delta)
+        o4 = None if out is None else packed_planes(out)[0]
+        dq_acc, dq_desc = _fb_start(meta, chunk * group, n_pad, o4, do4, delta, q.device, env)
         for hk0 in range(0, Hk, chunk):  # each launch's dq_from_acc clears the buffer for the next
             # the kernel places dK / dV at b * stride_dkb with b = the sequence's first key row: the token stride
             _attn_bwd_fused_gluon_kernel[grid](
@@ -2192,7 +2275,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                 const["Lse"] = None
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             if variant == "pps":
-                sig.update(N_M="i32", TOTAL="i32", SECTION="i32")
+                sig.update(N_M="i32", Sched="*i32", SECTION="i32")
             elif varlen:
                 const["VARLEN"] = True
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32", Out=ptr, stride_ot="i32", stride_oh="i32")

@@ -54,7 +54,6 @@ import torch
 
 from hearth.kernels._common import (
     autograd_op,
-    cdiv,
     check_same_device,
     check_same_dtype,
     check_tensor,
@@ -215,10 +214,7 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
             return dq, dk, dv
         # delta is row-wise: the dense preprocess over the packed axis (a batch of one) computes it as is
         o4, do4 = packed_planes(out, do)
-        pre_block = 16 if interpret_mode() else (128 if D <= 128 else 32)
-        _attn._bwd_preprocess_kernel[(cdiv(total_q, pre_block), Hq)](
-            o4, do4, delta, *o4.stride(), *do4.stride(), Hq, total_q, HEAD_DIM=D, BLOCK_M=pre_block,
-        )
+        _attn._bwd_preprocess(o4, do4, delta)
         q4, k4, v4, dk4, dv4 = packed_planes(q, k, v, dk, dv)
         meta = _meta(q, causal, cu_q, cu_k)
         fused = bool(_attn.FUSED_DQ)
