@@ -1095,15 +1095,18 @@ def test_gpu_pp_every_candidate_config_is_correct(D, cfg):
 
 @gluon_pp
 @hopper_only
-@pytest.mark.parametrize("sms,balance", [(None, "1"), (7, "1"), (7, "0")],
-                         ids=["all-sms", "7-programs", "7-programs-round-robin"])
+@pytest.mark.parametrize("sms,balance,prefetch", [(None, "1", "0"), (7, "1", "0"), (7, "0", "0"), (None, "1", "1"),
+                                                  (7, "1", "1")],
+                         ids=["all-sms", "7-programs", "7-programs-round-robin", "all-sms-prefetch-q",
+                              "7-programs-prefetch-q"])
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_pp_persistent_matches_reference(D, sms, balance):
+def test_gpu_pp_persistent_matches_reference(D, sms, balance, prefetch):
     """The persistent ping-pong forward (HEARTH_ATTN_GLUON_PERSIST=1), at the shipped config and at 64-key blocks
     (where the two query tiles of a causal tile visit different numbers of blocks, so one warpgroup's empty
     turns follow its real ones), on the whole GPU and on a grid of 7 programs (every program walks many tiles,
     several wholly past the end in a row): ragged lengths, causal and not, GQA 40/8 on a [B, T, H, D] view,
-    fp16, Tq != Tk, and the inference call without lse. Both schedules: balanced (shipped) and round robin."""
+    fp16, Tq != Tk, and the inference call without lse. Both schedules: balanced (shipped) and round robin; both
+    Q loads: per tile and one tile ahead (PREFETCH_Q, O then stored through pointers)."""
     configs = [None, [D, [64, 64, 3]]]
     calls = [("_check_forward", [B, H, H // 2, T, D, torch.bfloat16, c], cfg)
              for cfg in configs for c in (False, True)
@@ -1112,7 +1115,7 @@ def test_gpu_pp_persistent_matches_reference(D, sms, balance):
     calls += [("_check_forward", [2, 4, 4, 777, D, torch.float16, c], cfg) for cfg in configs for c in (False, True)]
     calls += [("_check_forward_without_lse", [2, 8, 2, 1024, D, c], cfg) for cfg in configs for c in (False, True)]
     calls += [("_check_forward_lengths", [tq, tk, D], cfg) for cfg in configs for tq, tk in ((300, 1111), (1111, 300))]
-    env = {"HEARTH_ATTN_GLUON_PERSIST": "1", "HEARTH_ATTN_PPS_BALANCE": balance}
+    env = {"HEARTH_ATTN_GLUON_PERSIST": "1", "HEARTH_ATTN_PPS_BALANCE": balance, "HEARTH_ATTN_PPS_PREFETCH_Q": prefetch}
     if sms:
         env["HEARTH_TEST_NUM_SMS"] = str(sms)
     _run_pp(calls, timeout=2 * PP_TIMEOUT_S, extra_env=env)  # under the suite's 200 s per test
@@ -1123,10 +1126,12 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
-for store in (True, False):
-    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pps",), store_lse=store):
+for store, prefetch in ((True, False), (False, False), (True, True), (False, True)):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pps",), store_lse=store,
+                                       pps_prefetch_q=prefetch):
         r = hi.report_compiled(label, k)
         out.append(dict(label=label, d=int(label.split(" d")[1].split()[0]), causal="causal" in label,
+                        prefetch=prefetch,
                         spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
                         scratch=getattr(k.metadata, "global_scratch_size", None), shared=r.shared_bytes))
 print(json.dumps(out))
@@ -1139,14 +1144,15 @@ def test_sm90_persistent_ping_pong_builds():
     scratch, within the H200's shared memory. Spills: none, except at head_dim 128 causal: 8 bytes (the tile
     loop's extra live values at the consumers' 240-register budget), 16 with the lse store since the schedule
     table (one more value, stored once at the start; its reloads sit in the tile loop, outside the key-block loop,
-    by the SASS); the variant runs up to PERSIST_MAX_T[causal] rows, and this bound keeps it from growing
-    unnoticed."""
+    by the SASS); with the Q prefetch 80 (64 without the lse store): the next tile's coordinates around the
+    prefetch, 15 values stored and reloaded once a tile, outside the key-block loop. The variant runs up to
+    PERSIST_MAX_T[causal] rows, and these bounds keep the spills from growing unnoticed."""
     reports = run_offline(_PPS_BUILD_SCRIPT)
-    assert len(reports) == 2 * len(ag.HEAD_DIMS) * 2, [r["label"] for r in reports]
+    assert len(reports) == 2 * 2 * len(ag.HEAD_DIMS) * 2, [r["label"] for r in reports]
     for r in reports:
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["scratch"] == 0, r
         assert r["shared"] <= 227 * 1024, r
-        assert r["spill"] <= (16 if (r["d"], r["causal"]) == (128, True) else 0), r
+        assert r["spill"] <= ((80 if r["prefetch"] else 16) if (r["d"], r["causal"]) == (128, True) else 0), r
 
 
 

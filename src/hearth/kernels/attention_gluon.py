@@ -185,6 +185,8 @@ def pps_tile_order(bh: int, n_m: int, section: int, causal: bool) -> list[tuple[
 # busiest then holds 1.01x the mean. Env HEARTH_ATTN_PPS_BALANCE=0 (a probe's A/B) keeps round robin,
 # HEARTH_ATTN_PPS_TILE_COST overrides the cost.
 PPS_TILE_COST = 1.0
+# The persistent forward's Q prefetch (_pps_consumer's PREFETCH_Q; env HEARTH_ATTN_PPS_PREFETCH_Q=1 / 0 overrides)
+PPS_PREFETCH_Q = False
 
 
 def pps_tile_turns(start_m: int, tq: int, tk: int, causal: bool, block_m: int, block_n: int) -> int:
@@ -573,19 +575,23 @@ def _pp_last_pv(p16, acc, v_smem, v_bars, empty_bar, r, NUM_STAGES: ttgl.constex
 @gluon.jit
 def _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, row,
                  dtype: ttgl.constexpr, STORE_LSE: ttgl.constexpr, o_layout: ttgl.constexpr,
-                 q0=0, o_rows=None, stride_ot=0, VARLEN: ttgl.constexpr = False):
+                 q0=0, o_rows=None, stride_ot=0, VARLEN: ttgl.constexpr = False, ROWS: ttgl.constexpr = False):
     """A ping-pong consumer's tile epilogue: lse (natural-log units, as attention.py's forward writes it) at
     lse_base + offs_m when STORE_LSE, O normalised and staged in q_smem (the tile's Q is no longer read), then
     TMA-stored at [b, h, row, 0] and waited for (q_smem may take the next Q). VARLEN: `row` is the packed row of
     the tile's first query, q0 the sequence's first and N_CTX_Q its length; a tile that runs past the sequence's
     end is stored through pointers instead (o_rows: O at [the sequence's first row, this head], stride_ot its
-    token stride), rows past the end masked: the box would write over the next sequence's rows."""
+    token stride), rows past the end masked: the box would write over the next sequence's rows. ROWS (dense): O
+    always through pointers at o_rows (this head's row 0) + row * stride_ot, q_smem untouched (the persistent
+    forward's Q prefetch has the next tile's Q there)."""
     if STORE_LSE:
         lse = (m_i + ttgl.log2(l_i)) * LN2
         ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
     o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
     BLOCK_M: ttgl.constexpr = o.shape[0]
-    if VARLEN:
+    if ROWS:
+        _store_rows(o.to(dtype), o_rows, row, N_CTX_Q, stride_ot, o_layout)
+    elif VARLEN:
         if row - q0 + BLOCK_M > N_CTX_Q:  # row - q0: the tile's first query within its sequence
             _store_rows(o.to(dtype), o_rows, row - q0, N_CTX_Q, stride_ot, o_layout)
         else:
@@ -768,6 +774,17 @@ def _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL: ttgl.constexpr):
 
 
 @gluon.jit
+def _pps_load_q(q_desc, q_bar, q_box, tile_id, N_M, H_Q, GROUP, SECTION, WG: ttgl.constexpr, CAUSAL: ttgl.constexpr,
+                BLOCK_M: ttgl.constexpr, Q_BYTES: ttgl.constexpr):
+    """Issue warpgroup WG's Q load of persistent tile tile_id (none past the program's last tile, tile_id -1) on
+    q_bar: the prefetching consumer's, one tile ahead."""
+    if tile_id >= 0:
+        start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
+        mbarrier.expect(q_bar, Q_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [b, h, (2 * start_m + WG) * BLOCK_M, 0], q_bar, q_box)
+
+
+@gluon.jit
 def _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                     BLOCK_N: ttgl.constexpr):
     """Turns (= ring positions) of persistent tile start_m: the larger key-block count of its two query tiles
@@ -803,9 +820,10 @@ def _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, j0, n_
 
 @gluon.jit
 def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars, empty_bars, turn_bars,
-                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
+                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out, stride_ob, stride_oh, stride_ot,
                   WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
+                  PREFETCH_Q: ttgl.constexpr,
                   s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
     """Consumer warpgroup WG of the persistent ping-pong forward: for each of this program's tiles, query tile
     2 * start_m + WG of head (b, h), as _pp_consumer does for one tile, with three differences that keep every
@@ -822,7 +840,11 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
       - the empty turns come before the epilogue, so one warpgroup's O store overlaps the other's last block,
         and its next tile's Q load and first QK^T overlap the other's epilogue;
       - Q is loaded every tile, also for a query tile wholly past the end (zero-filled, unused), so q_bar's
-        phase is the tile count."""
+        phase is the tile count.
+    PREFETCH_Q: the next tile's Q load is issued as soon as this tile's last QK^T has read q_smem (before its last
+    PV, empty turns and epilogue), so it lands behind them; O is then stored from registers through pointers (Out,
+    rows past the end masked) instead of staged in q_smem for a TMA store, which would keep q_smem busy to the end
+    of the tile."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     my_turn = turn_bars.index(WG)
@@ -832,14 +854,17 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
     r0 = 0  # ring position of this tile's block 0 (= turns taken so far, by either warpgroup)
     n = 0
     tile_id = _pps_tile_id(Sched, 0)
+    if PREFETCH_Q:
+        _pps_load_q(q_desc, q_bar, q_box, tile_id, N_M, H_Q, GROUP, SECTION, WG, CAUSAL, BLOCK_M, Q_BYTES)
     while tile_id >= 0:  # the schedule ends each program's column with -1
         start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
         tile = 2 * start_m + WG
         n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         # Q is loaded every tile, also one past the end (zero-filled, not used), so q_bar's phase is the tile count
-        mbarrier.expect(q_bar, Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
+        if not PREFETCH_Q:
+            mbarrier.expect(q_bar, Q_BYTES)
+            tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
         mbarrier.wait(q_bar, n & 1)
         if n_blocks > 0:
             offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
@@ -869,6 +894,9 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
                                                     N_CTX_K, empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N,
                                                     CAUSAL, s_layout, o_layout, p_layout)
 
+            if PREFETCH_Q:  # every QK^T of this tile has completed: q_smem is free for the next tile's Q
+                _pps_load_q(q_desc, q_bar, q_box, _pps_tile_id(Sched, n + 1), N_M, H_Q, GROUP, SECTION, WG, CAUSAL,
+                            BLOCK_M, Q_BYTES)
             r = r0 + n_blocks - 1
             acc = _pp_last_pv(p16, acc, v_smem, v_bars, empty_bars.index(WG * NUM_STAGES + r % NUM_STAGES), r,
                               NUM_STAGES)
@@ -877,9 +905,17 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
             lse_base = Lse
             if STORE_LSE:
                 lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
-            _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M, dtype,
-                         STORE_LSE, o_layout)
+            if PREFETCH_Q:
+                _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
+                             dtype, STORE_LSE, o_layout, o_rows=Out + b.to(ttgl.int64) * stride_ob
+                             + h.to(ttgl.int64) * stride_oh, stride_ot=stride_ot, ROWS=True)
+            else:
+                _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
+                             dtype, STORE_LSE, o_layout)
         else:  # this warpgroup's query tile lies past the end: empty turns only
+            if PREFETCH_Q:
+                _pps_load_q(q_desc, q_bar, q_box, _pps_tile_id(Sched, n + 1), N_M, H_Q, GROUP, SECTION, WG, CAUSAL,
+                            BLOCK_M, Q_BYTES)
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, 0, n_max, WG, NUM_STAGES)
         r0 += n_max
         n += 1
@@ -947,11 +983,11 @@ def _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_S
 @gluon.jit(do_not_specialize=["N_M"])
 def _attn_fwd_gluon_pps_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
-    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out, stride_ob, stride_oh, stride_ot,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
-    STORE_LSE: ttgl.constexpr = True,
+    STORE_LSE: ttgl.constexpr = True, PREFETCH_Q: ttgl.constexpr = False,
 ):
     """The persistent ping-pong forward: min(tiles, SMs) programs, each walking its tiles of the N_M * B * H_Q
     (N_M = cdiv(T_q, 2 * BLOCK_M) query blocks of two consumer tiles each) as the schedule Sched lists them
@@ -977,13 +1013,13 @@ def _attn_fwd_gluon_pps_kernel(
 
     ttgl.warp_specialize(
         [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
-                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, 0,
-                          HEAD_DIM,
-                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out,
+                          stride_ob, stride_oh, stride_ot, 0, HEAD_DIM,
+                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, PREFETCH_Q, s_layout, o_layout, p_layout)),
          (_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars, v_bars,
-                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, 1,
-                          HEAD_DIM,
-                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout, p_layout)),
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out,
+                          stride_ob, stride_oh, stride_ot, 1, HEAD_DIM,
+                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, PREFETCH_Q, s_layout, o_layout, p_layout)),
          (_pps_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP,
                           N_M, Sched, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1775,8 +1811,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                                          float(env.get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST)), q.device)
             with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(programs,)](
-                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, STORE_LSE=store_lse,
-                    **meta,
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, out, out.stride(0),
+                    out.stride(1), out.stride(2), STORE_LSE=store_lse,
+                    PREFETCH_Q=_env_flag(env, "HEARTH_ATTN_PPS_PREFETCH_Q", PPS_PREFETCH_Q), **meta,
                 )
             return out, lse
         grid = (cdiv(Tq, 2 * block_m), B * Hq)
@@ -2164,7 +2201,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
-                    fb_dq_pad=0):
+                    fb_dq_pad=0, pps_prefetch_q=None):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2174,7 +2211,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     built as a launch with the value 1 builds them: Triton makes such an int the constant 1 unless the kernel
     names it in do_not_specialize. varlen=True builds the packed-sequence (VARLEN) forms of "pp" and "bwd_fused"
     (forward_varlen, backward_fused_varlen); fb_dq_pad, the fused backward's DQ_PAD (its ragged-offset placement of
-    dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
+    dQ^T, with varlen); pps_prefetch_q, the persistent forward's PREFETCH_Q (None: PPS_PREFETCH_Q). Needs
+    TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -2275,7 +2313,10 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                 const["Lse"] = None
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             if variant == "pps":
-                sig.update(N_M="i32", Sched="*i32", SECTION="i32")
+                sig.update(N_M="i32", Sched="*i32", SECTION="i32", Out=ptr, stride_ob="i32", stride_oh="i32",
+                           stride_ot="i32")
+                const["PREFETCH_Q"] = PPS_PREFETCH_Q if pps_prefetch_q is None else pps_prefetch_q
+                name += " prefetch-q" if const["PREFETCH_Q"] else ""
             elif varlen:
                 const["VARLEN"] = True
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32", Out=ptr, stride_ot="i32", stride_oh="i32")
