@@ -894,10 +894,14 @@ GLUON_PP_DEFAULT = frozenset({(128, True), (128, False)})
 #   causal      T1024 0.393 / 0.453, T2048 0.632 / 0.696-0.704, T4096 1.136 / 1.188-1.189
 #   non-causal  T1024 0.599 / 0.637-0.643, T2048 1.097 / 1.125-1.128, T4096 2.184 / 2.100-2.101 (slower)
 #   B4 H32 T4096 (no GQA): causal 0.950 / 0.960, non-causal 1.759 / 1.684 (slower)
-# From T8192 on the per-tile grid balances as well and the first tile order tied or lost (T32768 causal
-# 18.50 / 17.69 ms), so both stay per tile there. Non-causal at T4096 measured slower persistent at both shapes
-# (why is not known yet), so non-causal stays per tile from T4096 on.
-PERSIST_MAX_T = {True: 4096, False: 2048}  # keyed by causal
+# From T8192 on the first tile order (round robin) tied or lost (T32768 causal 18.50 / 17.69 ms). With the
+# balanced schedule (attention_gluon.pps_schedule; 2026-12-04, commit 89eda47, scripts/gpu/attention_knob_probe.py
+# --pass fwd, persistent / per tile, forward ms, two rounds each) causal runs persistent faster up to T16384:
+#   GQA 40/8 T8192 B2 2.107 / 2.162-2.170, T16384 B1 4.095-4.101 / 4.120-4.126, T32768 B1 16.20 / 16.15-16.16
+#   (slower), Qwen3-32B 64/8 T8192 B1 1.683 / 1.741-1.746, MHA 32/32 T8192 B2 1.708-1.713 / 1.751
+# Non-causal at T4096 measured slower persistent at both shapes (its tiles are equal, so the schedule does not
+# change it; why is not known yet), so non-causal stays per tile from T4096 on.
+PERSIST_MAX_T = {True: 16384, False: 2048}  # keyed by causal
 
 
 def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
