@@ -6,14 +6,19 @@
 For each case (bf16; by default the causal cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
 and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
 HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST, and the persistent forward's
-HEARTH_ATTN_PPS_BALANCE / HEARTH_ATTN_PPS_TILE_COST), hearth.kernels.attention fwd+bwd (--pass fwd: the training
+HEARTH_ATTN_PPS_BALANCE / HEARTH_ATTN_PPS_TILE_COST, HEARTH_ATTN_FB_ACC_MIB; and the pseudo-knob PP_CONFIG=BMxBNxSTAGES, which
+this probe applies by setting attention_gluon.PP_CONFIGS[D] for the setting and restores after: the ping-pong forward's
+launch config, e.g. at head_dim 64; run the probe with HEARTH_ATTN_GLUON_PP=1 exported for a setting
+HEARTH_ATTN_GLUON=1 to reach the ping-pong forward where it is not the default), hearth.kernels.attention fwd+bwd (--pass fwd: the training
 forward alone, inputs requiring grad, so lse is stored) is checked against the shipped setting's gradients (fwd: its
 output) on the same inputs (max |diff| relative to the max magnitude, under 2e-2: a knob that breaks the kernel is
 reported, not timed) and timed the harness's way
 (hearth.bench.timing.time_call: L2 flushed and a device sleep at least one call long queued before each call, median
 ms), cuDNN (SDPA) timed beside it. Until 2026-12-04 this probe used triton.testing.do_bench, calls back to back: at
 small shapes that timed hearth's host path, not its GPU work (B8 H32 T1024: 0.79-1.32 ms between settings that
-differ by a few percent on the GPU). One JSON object per line; settings past the
+differ by a few percent on the GPU). Each timed row also carries extra_mib and act_mib: the peak memory one call
+allocates beyond what was allocated before it (gradients reset to None), and that minus the gradients it returns
+(the harness's "act"). One JSON object per line; settings past the
 budget are skipped and say so. A probe of knobs, not a benchmark: the suite's figures come from hearth bench.
 """
 
@@ -71,6 +76,29 @@ def _gpu_ms(q, k, v, do, fn, fwd_only: bool = False) -> float:
     return time_call(call, [q, k, v], q.device).median_ms
 
 
+def _extra_mib(q, k, v, do, fn, fwd_only: bool = False) -> tuple[float, float]:
+    """(extra, act) MiB of one call: peak allocated during it minus allocated before it (grads reset to None),
+    and that minus the gradients it leaves (the harness's memory columns)."""
+    for t in (q, k, v):
+        t.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = _step(q, k, v, do, fn, fwd_only)
+    torch.cuda.synchronize()
+    extra = (torch.cuda.max_memory_allocated() - before) / 2**20
+    grads = 0 if fwd_only else sum(g.numel() * g.element_size() for g in out) / 2**20
+    out = None
+    for t in (q, k, v):
+        t.grad = None
+    return extra, extra - grads
+
+
+def _apply_pp_config(ag, head_dim: int, value: str | None, saved: tuple) -> None:
+    """The PP_CONFIG pseudo-knob: attention_gluon.PP_CONFIGS[head_dim] = BMxBNxSTAGES, or the saved entry."""
+    ag.PP_CONFIGS[head_dim] = tuple(int(x) for x in value.split("x")) if value else saved
+
+
 def _step(q, k, v, do, fn, fwd_only: bool = False):
     if fwd_only:
         return (fn(q, k, v).detach(),)
@@ -92,7 +120,7 @@ def main() -> None:
     fwd_only = args.which == "fwd"
     cases = _parse_cases(args.cases) if args.cases else CASES
     settings = _parse_settings(args.settings) if args.settings else SETTINGS
-    knobs = sorted({k for _, env in settings for k in env})
+    knobs = sorted({k for _, env in settings for k in env if k != "PP_CONFIG"})
     attention = importlib.import_module("hearth.kernels.attention")  # the module (the package's name is a function)
 
     start = time.monotonic()
@@ -102,7 +130,9 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             f.write(json.dumps(row) + "\n")
 
+        ag = importlib.import_module("hearth.kernels.attention_gluon")
         for label, B, Hq, Hk, T, D, causal in cases:
+            saved_pp = ag.PP_CONFIGS[D] if D in ag.PP_CONFIGS else None
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                        for h in (Hq, Hk, Hk))
@@ -111,7 +141,9 @@ def main() -> None:
             sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hk))
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                 ms = _gpu_ms(q, k, v, do, sdpa, fwd_only)
-            emit(dict(case=label, setting="cudnn", which=args.which, ms=ms, tflops=flops / ms / 1e9))
+                extra, act = _extra_mib(q, k, v, do, sdpa, fwd_only)
+            emit(dict(case=label, setting="cudnn", which=args.which, ms=ms, tflops=flops / ms / 1e9,
+                      extra_mib=round(extra, 1), act_mib=round(act, 1)))
             ours = (lambda a, b, c: attention.attention(a, b, c, causal=causal))
             ref = None
             for name, env in settings:
@@ -120,7 +152,9 @@ def main() -> None:
                     continue
                 for key in knobs:
                     os.environ.pop(key, None)
-                os.environ.update(env)
+                os.environ.update({k: val for k, val in env.items() if k != "PP_CONFIG"})
+                if saved_pp is not None:
+                    _apply_pp_config(ag, D, env.get("PP_CONFIG"), saved_pp)
                 try:
                     grads = [x.float() for x in _step(q, k, v, do, ours, fwd_only)]
                     if ref is None:
@@ -130,12 +164,15 @@ def main() -> None:
                         emit(dict(case=label, setting=name, status="mismatch", rel_err=err))
                         continue
                     ms = _gpu_ms(q, k, v, do, ours, fwd_only)
+                    extra, act = _extra_mib(q, k, v, do, ours, fwd_only)
                     emit(dict(case=label, setting=name, which=args.which, env=env, ms=ms, tflops=flops / ms / 1e9, rel_err=err,
-                              status="ok"))
+                              extra_mib=round(extra, 1), act_mib=round(act, 1), status="ok"))
                 except Exception as e:  # a knob outside the kernel's forms: report it, go on
                     emit(dict(case=label, setting=name, status=f"error: {type(e).__name__}: {str(e)[:300]}"))
             for key in knobs:
                 os.environ.pop(key, None)
+            if saved_pp is not None:
+                _apply_pp_config(ag, D, None, saved_pp)
             q = k = v = do = ref = None  # free this case's tensors before the next one's
             torch.cuda.empty_cache()
 
