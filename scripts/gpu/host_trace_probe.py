@@ -157,21 +157,59 @@ def _interleaved(launchers, q, k, v, dy, iters: int, rounds: int = 3) -> list[st
     `attention(q, k, v).backward(dy)` through autograd, and a no-op autograd.Function (the control). Host
     microseconds inside the calls and wall per call; through autograd minus the launchers is what the autograd path
     adds when the GPU queue is not drained before each backward."""
+    import importlib
+    import queue
+    import threading
+
     import hearth.kernels as hk
+
+    at = importlib.import_module("hearth.kernels.attention")
+    scale = q.shape[-1] ** -0.5
 
     def autograd():
         for t in (q, k, v):
             t.grad = None
         hk.attention(q, k, v, causal=True).backward(dy)
 
+    def function():  # the autograd.Function without attention()'s argument checks
+        for t in (q, k, v):
+            t.grad = None
+        at._attention(q, k, v, True, scale)[0].backward(dy)
+
+    jobs: queue.Queue = queue.Queue()
+
+    def worker():
+        while True:
+            job, done = jobs.get()
+            if job is None:
+                return
+            job()
+            done.set()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+
+    def launchers_thread():  # forward here, backward launchers on another Python thread, waited for (autograd's shape)
+        out, lse = at._attention_forward(q, k, v, True, scale)
+        done = threading.Event()
+        jobs.put((lambda: at._attention_backward(dy, q, k, v, out, lse, True, scale), done))
+        done.wait()
+
     def control():
         for t in (q, k, v):
             t.grad = None
         _Noop.apply(q, k, v).backward(dy)
 
-    lines = [f"interleaved back to back, {iters} fwd+bwd calls a round (host us inside the calls / wall us a call):"]
-    return lines + _rounds((("launchers", launchers), ("through autograd", autograd), ("no-op control", control)),
-                           iters, rounds)
+    lines = [f"interleaved back to back, {iters} fwd+bwd calls a round (host us inside the calls / wall us a call); "
+             "'Function only' skips attention()'s checks, 'launchers, backward on a thread' hands the backward "
+             "launchers to a Python worker thread and waits, as autograd hands a CUDA backward to its device thread:"]
+    try:
+        return lines + _rounds((("launchers", launchers), ("launchers, backward on a thread", launchers_thread),
+                                ("Function only", function), ("through autograd", autograd),
+                                ("no-op control", control)), iters, rounds)
+    finally:
+        jobs.put((None, None))
+        thread.join()
 
 
 def _rounds(cases, iters: int, rounds: int) -> list[str]:

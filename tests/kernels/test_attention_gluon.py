@@ -846,6 +846,25 @@ def test_fused_chunk_bounds_the_dq_buffer():
     assert ag.fused_chunk(3, 4, 2, 64, 128, 1) == 1
 
 
+def test_acc_budget_halves_the_dq_buffer_under_gqa(monkeypatch):
+    """The fp32 dQ buffer's bound: FB_ACC_MIB for MHA; under GQA also half the whole buffer (FB_ACC_GQA_SPLIT), so
+    the goal grid's GQA 40/8 head_dim 64 (B16 T1024: 128 pairs, 160 MiB whole) runs 64 pairs a launch (80 MiB)
+    where it ran all 128; an explicit acc_bytes or env HEARTH_ATTN_FB_ACC_MIB (0: none) replaces the rule."""
+    monkeypatch.delenv("HEARTH_ATTN_FB_ACC_MIB", raising=False)
+    mib = 2**20
+    assert ag.FB_ACC_GQA_SPLIT == 2
+    assert ag.acc_budget(None, {}, 160 * mib, 1) == ag.FB_ACC_MIB * mib
+    assert ag.acc_budget(None, {}, 160 * mib, 5) == 80 * mib
+    assert ag.acc_budget(None, {}, 4096 * mib, 5) == ag.FB_ACC_MIB * mib  # the absolute bound below half
+    assert ag.acc_budget(7, {}, 160 * mib, 5) == 7
+    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0"}, 160 * mib, 5) == 0
+    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0.5"}, 160 * mib, 1) == mib // 2
+    whole = 16 * 40 * 64 * 1024 * 4
+    assert ag.fused_chunk(16, 8, 5, 64, 1024, ag.acc_budget(None, {}, whole, 5)) == 64
+    assert ag.fused_chunk(16, 8, 5, 64, 1024, ag.acc_budget(None, {}, whole, 1)) == 128
+    assert ag.fused_chunk(1, 1, 5, 64, 1024, ag.acc_budget(None, {}, 5 * 64 * 1024 * 4, 5)) == 1  # one pair: whole
+
+
 @pytest.mark.parametrize("zero", [False, True])
 def test_dq_from_acc_transposes_scales_casts_and_clears(zero):
     """The fused backward's epilogue (interpreter on the CPU): dq[b, h, t] = scale * acc[b * rows + h, :, t] into a
@@ -1098,18 +1117,15 @@ def test_gpu_pp_every_candidate_config_is_correct(D, cfg):
 
 @gluon_pp
 @hopper_only
-@pytest.mark.parametrize("sms,balance,prefetch", [(None, "1", "0"), (7, "1", "0"), (7, "0", "0"), (None, "1", "1"),
-                                                  (7, "1", "1")],
-                         ids=["all-sms", "7-programs", "7-programs-round-robin", "all-sms-prefetch-q",
-                              "7-programs-prefetch-q"])
+@pytest.mark.parametrize("sms,balance", [(None, "1"), (7, "1"), (7, "0")],
+                         ids=["all-sms", "7-programs", "7-programs-round-robin"])
 @pytest.mark.parametrize("D", [64, 128])
-def test_gpu_pp_persistent_matches_reference(D, sms, balance, prefetch):
+def test_gpu_pp_persistent_matches_reference(D, sms, balance):
     """The persistent ping-pong forward (HEARTH_ATTN_GLUON_PERSIST=1), at the shipped config and at 64-key blocks
     (where the two query tiles of a causal tile visit different numbers of blocks, so one warpgroup's empty
     turns follow its real ones), on the whole GPU and on a grid of 7 programs (every program walks many tiles,
     several wholly past the end in a row): ragged lengths, causal and not, GQA 40/8 on a [B, T, H, D] view,
-    fp16, Tq != Tk, and the inference call without lse. Both schedules: balanced (shipped) and round robin; both
-    Q loads: per tile and one tile ahead (PREFETCH_Q, O then stored through pointers)."""
+    fp16, Tq != Tk, and the inference call without lse. Both schedules: balanced (shipped) and round robin."""
     configs = [None, [D, [64, 64, 3]]]
     calls = [("_check_forward", [B, H, H // 2, T, D, torch.bfloat16, c], cfg)
              for cfg in configs for c in (False, True)
@@ -1118,7 +1134,7 @@ def test_gpu_pp_persistent_matches_reference(D, sms, balance, prefetch):
     calls += [("_check_forward", [2, 4, 4, 777, D, torch.float16, c], cfg) for cfg in configs for c in (False, True)]
     calls += [("_check_forward_without_lse", [2, 8, 2, 1024, D, c], cfg) for cfg in configs for c in (False, True)]
     calls += [("_check_forward_lengths", [tq, tk, D], cfg) for cfg in configs for tq, tk in ((300, 1111), (1111, 300))]
-    env = {"HEARTH_ATTN_GLUON_PERSIST": "1", "HEARTH_ATTN_PPS_BALANCE": balance, "HEARTH_ATTN_PPS_PREFETCH_Q": prefetch}
+    env = {"HEARTH_ATTN_GLUON_PERSIST": "1", "HEARTH_ATTN_PPS_BALANCE": balance}
     if sms:
         env["HEARTH_TEST_NUM_SMS"] = str(sms)
     _run_pp(calls, timeout=2 * PP_TIMEOUT_S, extra_env=env)  # under the suite's 200 s per test
@@ -1129,12 +1145,10 @@ import json, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
-for store, prefetch in ((True, False), (False, False), (True, True), (False, True)):
-    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pps",), store_lse=store,
-                                       pps_prefetch_q=prefetch):
+for store in (True, False):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pps",), store_lse=store):
         r = hi.report_compiled(label, k)
         out.append(dict(label=label, d=int(label.split(" d")[1].split()[0]), causal="causal" in label,
-                        prefetch=prefetch,
                         spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
                         scratch=getattr(k.metadata, "global_scratch_size", None), shared=r.shared_bytes))
 print(json.dumps(out))
@@ -1147,15 +1161,14 @@ def test_sm90_persistent_ping_pong_builds():
     scratch, within the H200's shared memory. Spills: none, except at head_dim 128 causal: 8 bytes (the tile
     loop's extra live values at the consumers' 240-register budget), 16 with the lse store since the schedule
     table (one more value, stored once at the start; its reloads sit in the tile loop, outside the key-block loop,
-    by the SASS); with the Q prefetch 80 (64 without the lse store): the next tile's coordinates around the
-    prefetch, 15 values stored and reloaded once a tile, outside the key-block loop. The variant runs up to
-    PERSIST_MAX_T[causal] rows, and these bounds keep the spills from growing unnoticed."""
+    by the SASS). The variant runs up to PERSIST_MAX_T[causal] rows, and these bounds keep the spills from growing
+    unnoticed."""
     reports = run_offline(_PPS_BUILD_SCRIPT)
-    assert len(reports) == 2 * 2 * len(ag.HEAD_DIMS) * 2, [r["label"] for r in reports]
+    assert len(reports) == 2 * len(ag.HEAD_DIMS) * 2, [r["label"] for r in reports]
     for r in reports:
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["scratch"] == 0, r
         assert r["shared"] <= 227 * 1024, r
-        assert r["spill"] <= ((80 if r["prefetch"] else 16) if (r["d"], r["causal"]) == (128, True) else 0), r
+        assert r["spill"] <= (16 if (r["d"], r["causal"]) == (128, True) else 0), r
 
 
 
@@ -1320,10 +1333,9 @@ def test_pps_tile_order_visits_every_tile_once_longest_first(bh, n_m, section, c
         assert same[pos][1] == sec * section + pos % size
 
 
-def _schedule_loads(starts, tiles, bh, n_m, section, causal, tq, tk, bm=64, bn=128, cost=ag.PPS_TILE_COST):
+def _schedule_loads(per, bh, n_m, section, causal, tq, tk, bm=64, bn=128, cost=ag.PPS_TILE_COST):
     order = ag.pps_tile_order(bh, n_m, section, causal)
-    return [sum(ag.pps_tile_turns(order[t][0], tq, tk, causal, bm, bn) + cost for t in tiles[a:b])
-            for a, b in zip(starts, starts[1:])]
+    return [sum(ag.pps_tile_turns(order[t][0], tq, tk, causal, bm, bn) + cost for t in tiles) for tiles in per]
 
 
 @pytest.mark.parametrize("bh,n_m,section,causal,programs,tq", [
@@ -1332,22 +1344,21 @@ def _schedule_loads(starts, tiles, bh, n_m, section, causal, tq, tk, bm=64, bn=1
 @pytest.mark.parametrize("balance", [True, False], ids=["balanced", "round-robin"])
 def test_pps_schedule_gives_every_tile_to_one_program_in_tile_order(bh, n_m, section, causal, programs, tq,
                                                                      balance):
-    """pps_schedule: starts partition the tile list; every tile id exactly once; each program's tiles ascending
+    """pps_schedule: one list of tile ids per program; every tile id exactly once; each program's tiles ascending
     (the tile order, so programs running at once share a section's K/V); round robin is tile_id = p, p + grid, ...;
     every program gets a tile (grid <= tiles); the kernel's table holds each program's tiles by column, then -1."""
-    starts, tiles = ag.pps_schedule(bh, n_m, section, causal, programs, tq, tq, 64, 128, balance=balance)
-    assert len(starts) == programs + 1 and starts[0] == 0 and starts[-1] == bh * n_m
-    assert sorted(tiles) == list(range(bh * n_m))
-    for p, (a, b) in enumerate(zip(starts, starts[1:])):
-        assert b > a and tiles[a:b] == sorted(tiles[a:b])
+    per = ag.pps_schedule(bh, n_m, section, causal, programs, tq, tq, 64, 128, balance=balance)
+    assert len(per) == programs
+    assert sorted(t for tiles in per for t in tiles) == list(range(bh * n_m))
+    for p, tiles in enumerate(per):
+        assert tiles and tiles == sorted(tiles)
         if not balance:
-            assert tiles[a:b] == list(range(p, bh * n_m, programs))
+            assert tiles == list(range(p, bh * n_m, programs))
     t = ag._pps_schedule_tensor(bh, n_m, section, causal, programs, tq, tq, 64, 128, balance, ag.PPS_TILE_COST,
                                 torch.device("cpu"))
-    counts = [b - a for a, b in zip(starts, starts[1:])]
-    assert t.dtype == torch.int32 and t.shape == (1 + max(counts), programs)
-    for p, (a, b) in enumerate(zip(starts, starts[1:])):  # column p: its tiles in order, then -1 (at least one)
-        assert t[:, p].tolist() == tiles[a:b] + [-1] * (t.shape[0] - (b - a))
+    assert t.dtype == torch.int32 and t.is_contiguous() and t.shape == (1 + max(map(len, per)), programs)
+    for p, tiles in enumerate(per):  # column p: its tiles in order, then -1 (at least one)
+        assert t[:, p].tolist() == tiles + [-1] * (t.shape[0] - len(tiles))
 
 
 def test_pps_schedule_balances_the_causal_tail():
@@ -1357,13 +1368,13 @@ def test_pps_schedule_balances_the_causal_tail():
     for bh, n_m, section, tq, rr_min in ((128, 16, 32, 2048, 1.10), (80, 32, 80, 4096, 1.04), (64, 32, 64, 4096, 1.04)):
         loads = {}
         for balance in (True, False):
-            starts, tiles = ag.pps_schedule(bh, n_m, section, True, 132, tq, tq, 64, 128, balance=balance)
-            got = _schedule_loads(starts, tiles, bh, n_m, section, True, tq, tq)
+            per = ag.pps_schedule(bh, n_m, section, True, 132, tq, tq, 64, 128, balance=balance)
+            got = _schedule_loads(per, bh, n_m, section, True, tq, tq)
             loads[balance] = max(got) / (sum(got) / len(got))
         assert loads[True] <= 1.02 and loads[False] >= rr_min, (bh, n_m, loads)
     for balance in (True, False):
-        starts, tiles = ag.pps_schedule(160, 16, 80, False, 132, 2048, 2048, 64, 128, balance=balance)
-        counts = [b - a for a, b in zip(starts, starts[1:])]
+        counts = [len(tiles) for tiles in ag.pps_schedule(160, 16, 80, False, 132, 2048, 2048, 64, 128,
+                                                          balance=balance)]
         assert max(counts) - min(counts) <= 1
 
 

@@ -64,7 +64,7 @@ to a [heads, D, T] buffer by TMA reduce-adds and cast into dq by dq_from_acc. At
 FlashAttention-3's 64-query steps with dQ^T split over both warpgroups. On the H200 it ran 14-24% faster than the
 Triton backward at the issue's four cases (BENCHMARKS.md), so attention.backward_kernel routes Hopper's bf16 / fp16
 head_dim 64 / 128 backward to it (HEARTH_ATTN_GLUON_BWD_FUSED=0: the Triton kernels); its transient fp32 buffer is
-bounded to FB_ACC_MIB.
+bounded to FB_ACC_MIB, and under grouped-query attention to half its whole size (FB_ACC_GQA_SPLIT).
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
@@ -176,6 +176,8 @@ def pps_tile_order(bh: int, n_m: int, section: int, causal: bool) -> list[tuple[
         start_m = q - sec * n_m
         out.append((n_m - 1 - start_m if causal else start_m, tile_id - q * section + sec * section))
     return out
+
+
 # Which program runs which persistent tile. Round robin (tile_id = program, program + grid, ...) leaves the
 # programs unequal under the causal mask: tiles cost 1 to n_m key blocks, and where a program's share is a few
 # tiles the one that drew the heavy ones sets the kernel's end (at B4 H32 T2048 D128 causal, 2048 tiles on 132
@@ -185,8 +187,8 @@ def pps_tile_order(bh: int, n_m: int, section: int, causal: bool) -> list[tuple[
 # busiest then holds 1.01x the mean. Env HEARTH_ATTN_PPS_BALANCE=0 (a probe's A/B) keeps round robin,
 # HEARTH_ATTN_PPS_TILE_COST overrides the cost.
 PPS_TILE_COST = 1.0
-# The persistent forward's Q prefetch (_pps_consumer's PREFETCH_Q; env HEARTH_ATTN_PPS_PREFETCH_Q=1 / 0 overrides)
-PPS_PREFETCH_Q = False
+# A Q prefetch a tile ahead (issued once a tile's last QK^T had read q_smem, O then stored through pointers) measured
+# 6-12% slower on the H200 at six cases (BENCHMARKS.md) and was removed: Q is loaded at the start of each tile.
 
 
 def pps_tile_turns(start_m: int, tq: int, tk: int, causal: bool, block_m: int, block_n: int) -> int:
@@ -201,32 +203,24 @@ def pps_tile_turns(start_m: int, tq: int, tk: int, causal: bool, block_m: int, b
 
 
 def pps_schedule(bh: int, n_m: int, section: int, causal: bool, programs: int, tq: int, tk: int, block_m: int,
-                 block_n: int, balance: bool = True, tile_cost: float = PPS_TILE_COST) -> tuple[list[int], list[int]]:
-    """(starts [programs + 1], tiles [bh * n_m]): program p runs tile ids tiles[starts[p]:starts[p + 1]] in that
-    order (ascending: the tile order of pps_tile_order, so the programs running at once stay within a section).
-    balance: each tile, in tile order, to the least-loaded program (turns + tile_cost a tile; ties to the lowest
-    program); else round robin."""
+                 block_n: int, balance: bool = True, tile_cost: float = PPS_TILE_COST) -> list[list[int]]:
+    """The tile ids each of `programs` programs runs, in that order (ascending: the tile order of pps_tile_order, so
+    the programs running at once stay within a section). balance: each tile, in tile order, to the least-loaded
+    program (turns + tile_cost a tile; ties to the lowest program); else round robin."""
     import heapq
 
     total = bh * n_m
     if programs < 1 or programs > total:
         raise ValueError(f"programs must be in [1, {total}] (the tiles), got {programs}")
-    owner = [0] * total
-    if balance:
-        heap = [(0.0, p) for p in range(programs)]
-        for tile_id, (start_m, _) in enumerate(pps_tile_order(bh, n_m, section, causal)):
-            load, p = heapq.heappop(heap)
-            owner[tile_id] = p
-            heapq.heappush(heap, (load + pps_tile_turns(start_m, tq, tk, causal, block_m, block_n) + tile_cost, p))
-    else:
-        owner = [t % programs for t in range(total)]
+    if not balance:
+        return [list(range(p, total, programs)) for p in range(programs)]
     per = [[] for _ in range(programs)]
-    for tile_id, p in enumerate(owner):
+    heap = [(0.0, p) for p in range(programs)]
+    for tile_id, (start_m, _) in enumerate(pps_tile_order(bh, n_m, section, causal)):
+        load, p = heapq.heappop(heap)
         per[p].append(tile_id)
-    starts = [0]
-    for ts in per:
-        starts.append(starts[-1] + len(ts))
-    return starts, [t for ts in per for t in ts]
+        heapq.heappush(heap, (load + pps_tile_turns(start_m, tq, tk, causal, block_m, block_n) + tile_cost, p))
+    return per
 
 
 @functools.lru_cache(maxsize=256)
@@ -234,13 +228,11 @@ def _pps_schedule_tensor(bh: int, n_m: int, section: int, causal: bool, programs
                          block_n: int, balance: bool, tile_cost: float, device: torch.device) -> torch.Tensor:
     """pps_schedule as the kernel reads it: int32 [1 + most tiles a program runs, programs], row n program p's n-th
     tile id, -1 past its tiles (every column ends in one). Built and copied once per shape."""
-    starts, tiles = pps_schedule(bh, n_m, section, causal, programs, tq, tk, block_m, block_n, balance, tile_cost)
-    counts = [b - a for a, b in zip(starts, starts[1:])]
-    table = [[-1] * programs for _ in range(1 + max(counts))]
-    for p, a in enumerate(starts[:-1]):
-        for n in range(counts[p]):
-            table[n][p] = tiles[a + n]
-    return torch.tensor(table, dtype=torch.int32, device=device)
+    per = pps_schedule(bh, n_m, section, causal, programs, tq, tk, block_m, block_n, balance, tile_cost)
+    rows = 1 + max(len(tiles) for tiles in per)
+    # column p: program p's tiles, then -1; built as rows of columns and transposed
+    table = torch.tensor([tiles + [-1] * (rows - len(tiles)) for tiles in per], dtype=torch.int32)
+    return table.t().contiguous().to(device)
 
 
 CONSUMER_REGS = 240
@@ -575,23 +567,19 @@ def _pp_last_pv(p16, acc, v_smem, v_bars, empty_bar, r, NUM_STAGES: ttgl.constex
 @gluon.jit
 def _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, row,
                  dtype: ttgl.constexpr, STORE_LSE: ttgl.constexpr, o_layout: ttgl.constexpr,
-                 q0=0, o_rows=None, stride_ot=0, VARLEN: ttgl.constexpr = False, ROWS: ttgl.constexpr = False):
+                 q0=0, o_rows=None, stride_ot=0, VARLEN: ttgl.constexpr = False):
     """A ping-pong consumer's tile epilogue: lse (natural-log units, as attention.py's forward writes it) at
     lse_base + offs_m when STORE_LSE, O normalised and staged in q_smem (the tile's Q is no longer read), then
     TMA-stored at [b, h, row, 0] and waited for (q_smem may take the next Q). VARLEN: `row` is the packed row of
     the tile's first query, q0 the sequence's first and N_CTX_Q its length; a tile that runs past the sequence's
     end is stored through pointers instead (o_rows: O at [the sequence's first row, this head], stride_ot its
-    token stride), rows past the end masked: the box would write over the next sequence's rows. ROWS (dense): O
-    always through pointers at o_rows (this head's row 0) + row * stride_ot, q_smem untouched (the persistent
-    forward's Q prefetch has the next tile's Q there)."""
+    token stride), rows past the end masked: the box would write over the next sequence's rows."""
     if STORE_LSE:
         lse = (m_i + ttgl.log2(l_i)) * LN2
         ttgl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
     o = acc / ttgl.convert_layout(l_i, ttgl.SliceLayout(1, o_layout))[:, None]
     BLOCK_M: ttgl.constexpr = o.shape[0]
-    if ROWS:
-        _store_rows(o.to(dtype), o_rows, row, N_CTX_Q, stride_ot, o_layout)
-    elif VARLEN:
+    if VARLEN:
         if row - q0 + BLOCK_M > N_CTX_Q:  # row - q0: the tile's first query within its sequence
             _store_rows(o.to(dtype), o_rows, row - q0, N_CTX_Q, stride_ot, o_layout)
         else:
@@ -774,17 +762,6 @@ def _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL: ttgl.constexpr):
 
 
 @gluon.jit
-def _pps_load_q(q_desc, q_bar, q_box, tile_id, N_M, H_Q, GROUP, SECTION, WG: ttgl.constexpr, CAUSAL: ttgl.constexpr,
-                BLOCK_M: ttgl.constexpr, Q_BYTES: ttgl.constexpr):
-    """Issue warpgroup WG's Q load of persistent tile tile_id (none past the program's last tile, tile_id -1) on
-    q_bar: the prefetching consumer's, one tile ahead."""
-    if tile_id >= 0:
-        start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
-        mbarrier.expect(q_bar, Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [b, h, (2 * start_m + WG) * BLOCK_M, 0], q_bar, q_box)
-
-
-@gluon.jit
 def _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                     BLOCK_N: ttgl.constexpr):
     """Turns (= ring positions) of persistent tile start_m: the larger key-block count of its two query tiles
@@ -820,10 +797,9 @@ def _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, j0, n_
 
 @gluon.jit
 def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars, empty_bars, turn_bars,
-                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out, stride_ob, stride_oh, stride_ot,
+                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
                   WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
-                  PREFETCH_Q: ttgl.constexpr,
                   s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
     """Consumer warpgroup WG of the persistent ping-pong forward: for each of this program's tiles, query tile
     2 * start_m + WG of head (b, h), as _pp_consumer does for one tile, with three differences that keep every
@@ -840,11 +816,7 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
       - the empty turns come before the epilogue, so one warpgroup's O store overlaps the other's last block,
         and its next tile's Q load and first QK^T overlap the other's epilogue;
       - Q is loaded every tile, also for a query tile wholly past the end (zero-filled, unused), so q_bar's
-        phase is the tile count.
-    PREFETCH_Q: the next tile's Q load is issued as soon as this tile's last QK^T has read q_smem (before its last
-    PV, empty turns and epilogue), so it lands behind them; O is then stored from registers through pointers (Out,
-    rows past the end masked) instead of staged in q_smem for a TMA store, which would keep q_smem busy to the end
-    of the tile."""
+        phase is the tile count."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     my_turn = turn_bars.index(WG)
@@ -854,17 +826,14 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
     r0 = 0  # ring position of this tile's block 0 (= turns taken so far, by either warpgroup)
     n = 0
     tile_id = _pps_tile_id(Sched, 0)
-    if PREFETCH_Q:
-        _pps_load_q(q_desc, q_bar, q_box, tile_id, N_M, H_Q, GROUP, SECTION, WG, CAUSAL, BLOCK_M, Q_BYTES)
     while tile_id >= 0:  # the schedule ends each program's column with -1
         start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
         tile = 2 * start_m + WG
         n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
         # Q is loaded every tile, also one past the end (zero-filled, not used), so q_bar's phase is the tile count
-        if not PREFETCH_Q:
-            mbarrier.expect(q_bar, Q_BYTES)
-            tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
+        mbarrier.expect(q_bar, Q_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
         mbarrier.wait(q_bar, n & 1)
         if n_blocks > 0:
             offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
@@ -894,9 +863,6 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
                                                     N_CTX_K, empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N,
                                                     CAUSAL, s_layout, o_layout, p_layout)
 
-            if PREFETCH_Q:  # every QK^T of this tile has completed: q_smem is free for the next tile's Q
-                _pps_load_q(q_desc, q_bar, q_box, _pps_tile_id(Sched, n + 1), N_M, H_Q, GROUP, SECTION, WG, CAUSAL,
-                            BLOCK_M, Q_BYTES)
             r = r0 + n_blocks - 1
             acc = _pp_last_pv(p16, acc, v_smem, v_bars, empty_bars.index(WG * NUM_STAGES + r % NUM_STAGES), r,
                               NUM_STAGES)
@@ -905,17 +871,9 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
             lse_base = Lse
             if STORE_LSE:
                 lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
-            if PREFETCH_Q:
-                _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
-                             dtype, STORE_LSE, o_layout, o_rows=Out + b.to(ttgl.int64) * stride_ob
-                             + h.to(ttgl.int64) * stride_oh, stride_ot=stride_ot, ROWS=True)
-            else:
-                _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
-                             dtype, STORE_LSE, o_layout)
+            _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
+                         dtype, STORE_LSE, o_layout)
         else:  # this warpgroup's query tile lies past the end: empty turns only
-            if PREFETCH_Q:
-                _pps_load_q(q_desc, q_bar, q_box, _pps_tile_id(Sched, n + 1), N_M, H_Q, GROUP, SECTION, WG, CAUSAL,
-                            BLOCK_M, Q_BYTES)
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, 0, n_max, WG, NUM_STAGES)
         r0 += n_max
         n += 1
@@ -983,16 +941,17 @@ def _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_S
 @gluon.jit(do_not_specialize=["N_M"])
 def _attn_fwd_gluon_pps_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
-    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out, stride_ob, stride_oh, stride_ot,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
-    STORE_LSE: ttgl.constexpr = True, PREFETCH_Q: ttgl.constexpr = False,
+    STORE_LSE: ttgl.constexpr = True,
 ):
     """The persistent ping-pong forward: min(tiles, SMs) programs, each walking its tiles of the N_M * B * H_Q
     (N_M = cdiv(T_q, 2 * BLOCK_M) query blocks of two consumer tiles each) as the schedule Sched lists them
-    (int32 [rows, grid], a column per program, -1 past its tiles; pps_schedule, _pps_schedule_tensor); barriers are set up once per program and their phases carried across tiles
-    (_pps_consumer, _pps_producer). Descriptors as _attn_fwd_gluon_pp_kernel's."""
+    (int32 [rows, grid], a column per program, -1 past its tiles; pps_schedule, _pps_schedule_tensor); barriers
+    are set up once per program and their phases carried across tiles (_pps_consumer, _pps_producer). Descriptors
+    as _attn_fwd_gluon_pp_kernel's."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     s_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[0]
@@ -1013,13 +972,13 @@ def _attn_fwd_gluon_pps_kernel(
 
     ttgl.warp_specialize(
         [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
-                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out,
-                          stride_ob, stride_oh, stride_ot, 0, HEAD_DIM,
-                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, PREFETCH_Q, s_layout, o_layout, p_layout)),
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
+                          0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                          p_layout)),
          (_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars, v_bars,
-                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, Out,
-                          stride_ob, stride_oh, stride_ot, 1, HEAD_DIM,
-                          CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, PREFETCH_Q, s_layout, o_layout, p_layout)),
+                          empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
+                          1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                          p_layout)),
          (_pps_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP,
                           N_M, Sched, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1402,6 +1361,12 @@ FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (Fal
 # the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
 # run in further launches over the same buffer
 FB_ACC_MIB = 256
+# Under grouped-query attention the buffer is also held to 1 / FB_ACC_GQA_SPLIT of its whole size (at 2: dQ's own
+# 16-bit size), so the pairs run in that many launches or more. On the H200 (2026-12-04, BENCHMARKS.md) halving
+# cost GQA 40/8 0-1.5% fwd+bwd at head_dim 64 and 128 and took its activations from 1.65x below cuDNN's (which
+# expands dK / dV to the query heads) to 2.45x; for MHA it cost 6.4% (Llama-2-7B T2048 B4), where cuDNN holds
+# no more than hearth either way, so MHA keeps the whole buffer up to FB_ACC_MIB.
+FB_ACC_GQA_SPLIT = 2
 
 
 @_builtin
@@ -1811,9 +1776,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                                          float(env.get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST)), q.device)
             with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(programs,)](
-                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, out, out.stride(0),
-                    out.stride(1), out.stride(2), STORE_LSE=store_lse,
-                    PREFETCH_Q=_env_flag(env, "HEARTH_ATTN_PPS_PREFETCH_Q", PPS_PREFETCH_Q), **meta,
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, STORE_LSE=store_lse,
+                    **meta,
                 )
             return out, lse
         grid = (cdiv(Tq, 2 * block_m), B * Hq)
@@ -2029,8 +1993,8 @@ def _fb_meta(head_dim: int, config, env) -> dict:
                 STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), num_warps=4)
 
 
-def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool = True) -> tuple[torch.Tensor,
-                                                                                   TensorDescriptor | None]:
+def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
+                                                                            TensorDescriptor | None]:
     """The fused backward's fp32 dQ buffer [heads, D, n_pad] (zeroed here when `zero`, else left to _fb_prepare)
     and, with DQ_TMA, its descriptor."""
     acc = (torch.zeros if zero else torch.empty)((heads, meta["HEAD_DIM"], n_pad), dtype=torch.float32, device=device)
@@ -2083,19 +2047,27 @@ def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, head_dim: int, env
     return ((pairs, n_kb) if order == 0 else (n_kb * order, pairs // order)), order
 
 
-def _acc_budget(acc_bytes: int | None, env) -> int:
-    return int(float(env.get("HEARTH_ATTN_FB_ACC_MIB", FB_ACC_MIB)) * 2**20) if acc_bytes is None else acc_bytes
+def acc_budget(acc_bytes: int | None, env, whole: int, group: int) -> int:
+    """The fused backward's bound in bytes on its fp32 dQ buffer (fused_chunk's budget; 0: none): acc_bytes when
+    given, else env HEARTH_ATTN_FB_ACC_MIB (MiB) when set, else FB_ACC_MIB, and under grouped-query attention
+    (group > 1) at most whole // FB_ACC_GQA_SPLIT (whole: the unbounded buffer's bytes)."""
+    if acc_bytes is not None:
+        return acc_bytes
+    raw = env.get("HEARTH_ATTN_FB_ACC_MIB")
+    if raw is not None:
+        return int(float(raw) * 2**20)
+    return min(FB_ACC_MIB * 2**20, whole // FB_ACC_GQA_SPLIT) if group > 1 else FB_ACC_MIB * 2**20
 
 
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
                    acc_bytes: int | None = None, out: torch.Tensor | None = None) -> None:
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
     (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to whole query blocks], then
-    scaled and cast into dq. acc_bytes bounds that buffer (default: env HEARTH_ATTN_FB_ACC_MIB, MiB, else
-    FB_ACC_MIB; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of fused_chunk
-    pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1" on, "0"
-    off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM, HEARTH_ATTN_FB_DQ_SPLIT
-    (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
+    scaled and cast into dq. acc_bytes bounds that buffer (default: acc_budget's, FB_ACC_MIB and half the whole
+    buffer under GQA; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of
+    fused_chunk pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env,
+    "1" on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
+    HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
     and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order: fb_pair_group) and
     HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when given, `delta` is
     only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer (_fb_prepare;
@@ -2108,7 +2080,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
     step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(Tq, step) * step
-    chunk = fused_chunk(B, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))
+    chunk = fused_chunk(B, Hk, group, D, n_pad, acc_budget(acc_bytes, env, B * Hq * D * n_pad * 4, group))
     grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), D, env)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
@@ -2177,7 +2149,7 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     step = max(64, meta["BLOCK_M"])
     pad = step if meta["DQ_TMA"] and not aligned else 0
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
-    chunk = fused_chunk(1, Hk, group, D, n_pad, _acc_budget(acc_bytes, env))  # divides Hk
+    chunk = fused_chunk(1, Hk, group, D, n_pad, acc_budget(acc_bytes, env, Hq * D * n_pad * 4, group))  # divides Hk
     grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), D, env)
     q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
@@ -2201,7 +2173,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
-                    fb_dq_pad=0, pps_prefetch_q=None):
+                    fb_dq_pad=0):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2211,8 +2183,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     built as a launch with the value 1 builds them: Triton makes such an int the constant 1 unless the kernel
     names it in do_not_specialize. varlen=True builds the packed-sequence (VARLEN) forms of "pp" and "bwd_fused"
     (forward_varlen, backward_fused_varlen); fb_dq_pad, the fused backward's DQ_PAD (its ragged-offset placement of
-    dQ^T, with varlen); pps_prefetch_q, the persistent forward's PREFETCH_Q (None: PPS_PREFETCH_Q). Needs
-    TRITON_INTERPRET unset."""
+    dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -2313,10 +2284,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                 const["Lse"] = None
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             if variant == "pps":
-                sig.update(N_M="i32", Sched="*i32", SECTION="i32", Out=ptr, stride_ob="i32", stride_oh="i32",
-                           stride_ot="i32")
-                const["PREFETCH_Q"] = PPS_PREFETCH_Q if pps_prefetch_q is None else pps_prefetch_q
-                name += " prefetch-q" if const["PREFETCH_Q"] else ""
+                sig.update(N_M="i32", Sched="*i32", SECTION="i32")
             elif varlen:
                 const["VARLEN"] = True
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32", Out=ptr, stride_ot="i32", stride_oh="i32")
