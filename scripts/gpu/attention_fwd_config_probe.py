@@ -1,0 +1,124 @@
+"""H200 probe: the Triton attention forward's launch configs at head_dim 64, one by one.
+
+    python scripts/gpu/attention_fwd_config_probe.py --out $OUT/fwd_cfg.jsonl [--budget-s 240] [--cases ...]
+
+At head_dim 64 hearth's forward is the Triton kernel (attention._attn_fwd_kernel; the Gluon ping-pong forward
+measured slower there), autotuned over attention._FWD_CANDIDATES["d64"] (four configs). This probe times every
+(BLOCK_M, BLOCK_N, num_warps, num_stages) of a wider grid (BLOCK_M 64 / 128, BLOCK_N 32-128 with BLOCK_M % BLOCK_N
+== 0 as the causal stages need, 4 / 8 warps, 2-4 stages), each launched alone (the module's AUTOTUNE off and the
+list's first entry set to the config), at each case (bf16, GQA 40/8 by default: the goal grid's), with cuDNN (SDPA)
+and the shipped autotuned forward timed beside them. Every config's output and logsumexp are checked against the
+shipped first config's on the same inputs (max |diff| of O under 2e-2 of its max, lse under 1e-3); a config that
+fails to build (shared memory, registers) or to match is reported, not timed. Timing: hearth.bench.timing.time_call
+(L2 flushed, a device sleep at least one call long before each call, CUDA events, median ms). One JSON object per
+line; configs past the budget are skipped and say so. A probe, not a benchmark: the goal grid's figures come from
+`hearth bench attention --sizes goal`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+CASES = [  # (label, B, Hq, Hk, T, D, causal)
+    ("causal T1024 B16", 16, 40, 8, 1024, 64, True),
+    ("causal T4096 B4", 4, 40, 8, 4096, 64, True),
+    ("causal T16384 B1", 1, 40, 8, 16384, 64, True),
+    ("non-causal T1024 B16", 16, 40, 8, 1024, 64, False),
+    ("non-causal T4096 B4", 4, 40, 8, 4096, 64, False),
+    ("non-causal T16384 B1", 1, 40, 8, 16384, 64, False),
+]
+
+
+def grid() -> list[tuple[int, int, int, int]]:
+    """The configs timed: BLOCK_M in (128, 64), BLOCK_N dividing it (32..128), 4 or 8 warps, 2-4 stages."""
+    out = []
+    for bm, bn, w, s in itertools.product((128, 64), (128, 64, 32), (8, 4), (3, 4, 2)):
+        if bm % bn == 0 and not (bm == 64 and w == 8):
+            out.append((bm, bn, w, s))
+    return out
+
+
+def _parse_cases(text: str) -> list:
+    cases = []
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        label, _, nums = item.rpartition(":")
+        B, Hq, Hk, T, D, causal = (int(x) for x in nums.split(","))
+        cases.append((label, B, Hq, Hk, T, D, bool(causal)))
+    return cases
+
+
+def main() -> None:
+    from hearth.bench.timing import time_call
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--cases", default=None, help='"LABEL:B,Hq,Hk,T,D,causal;..." (default: CASES)')
+    args = ap.parse_args()
+    cases = _parse_cases(args.cases) if args.cases else CASES
+    os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward everywhere (read at call time)
+    at = importlib.import_module("hearth.kernels.attention")
+    shipped = list(at._FWD_CANDIDATES["d64"])
+    start = time.monotonic()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        def emit(row):
+            print(json.dumps(row), flush=True)
+            f.write(json.dumps(row) + "\n")
+
+        for label, B, Hq, Hk, T, D, causal in cases:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g) for h in (Hq, Hk, Hk))
+            scale = 1.0 / math.sqrt(D)
+            flops = 4 * B * Hq * T * T * D / (2 if causal else 1)
+
+            def fwd():
+                return at._attention_forward(q, k, v, causal, scale)
+
+            def timed(name, fn, **extra):
+                ms = time_call(fn, [], q.device).median_ms
+                emit(dict(case=label, config=name, ms=ms, tflops=flops / ms / 1e9, status="ok", **extra))
+
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                timed("cudnn", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hk))
+            at.AUTOTUNE = True
+            at._FWD_CANDIDATES["d64"] = shipped
+            timed("shipped-autotuned", fwd)
+            at.AUTOTUNE = False
+            ref = None
+            for cfg in [shipped[0]] + [c for c in grid() if c != shipped[0]]:
+                name = "x".join(map(str, cfg))
+                if time.monotonic() - start > args.budget_s:
+                    emit(dict(case=label, config=name, status="skipped (budget)"))
+                    continue
+                at._FWD_CANDIDATES["d64"] = [cfg]
+                try:
+                    out, lse = fwd()
+                    torch.cuda.synchronize()
+                    if ref is None:
+                        ref = (out.float(), lse)
+                    err_o = float((out.float() - ref[0]).abs().max() / ref[0].abs().max())
+                    err_l = float((lse - ref[1]).abs().max())
+                    if err_o > 2e-2 or err_l > 1e-3:
+                        emit(dict(case=label, config=name, status="mismatch", err_o=err_o, err_lse=err_l))
+                        continue
+                    timed(name, fwd, err_o=err_o, shipped=cfg in shipped)
+                except Exception as e:  # a config that does not build: report it, go on
+                    emit(dict(case=label, config=name, status=f"error: {type(e).__name__}: {str(e)[:200]}"))
+            at._FWD_CANDIDATES["d64"] = shipped
+            at.AUTOTUNE = True
+            q = k = v = ref = None
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
