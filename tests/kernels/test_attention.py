@@ -352,6 +352,41 @@ def test_rejects_empty():
         attention(q, k, v)
 
 
+def test_forward_config_rule_replaces_the_autotuner_on_hopper_at_head_dim_64(monkeypatch):
+    """forward_config: on Hopper, bf16 / fp16, head_dim 64, the rule's config by causal (64x64 w4 s3 causal, 128x64
+    w8 s3 not); None elsewhere (the autotuner). Both rule configs are list entries (so the every-config GPU test
+    runs them) and keep the causal block invariant. _launch launches the rule's config when the autotuner is on,
+    and the list's first when HEARTH_ATTN_AUTOTUNE is off, as before."""
+    mod = importlib.import_module("hearth.kernels.attention")
+    for dtype in (torch.bfloat16, torch.float16):
+        assert mod.forward_config((9, 0), dtype, 64, True) == (64, 64, 4, 3)
+        assert mod.forward_config((9, 0), dtype, 64, False) == (128, 64, 8, 3)
+    assert mod.forward_config((9, 0), torch.float32, 64, True) is None
+    assert mod.forward_config((9, 0), torch.bfloat16, 128, True) is None
+    assert mod.forward_config((9, 0), torch.bfloat16, 32, True) is None
+    assert mod.forward_config((8, 0), torch.bfloat16, 64, True) is None
+    assert mod.forward_config(None, torch.bfloat16, 64, True) is None
+    for cfg in mod.FWD_RULE_HOPPER_D64.values():
+        assert cfg in mod._FWD_CANDIDATES["d64"] and cfg[0] % cfg[1] == 0
+
+    launched = []
+
+    class _Raw:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append((grid, meta))
+
+    monkeypatch.setattr(mod, "interpret_mode", lambda: False)
+    args = (torch.empty(1, dtype=torch.bfloat16),)
+    for autotune, want in ((True, (64, 64, 4, 3)), (False, mod._FWD_CANDIDATES["d64"][0])):
+        monkeypatch.setattr(mod, "AUTOTUNE", autotune)
+        launched.clear()
+        mod._launch(_Raw(), None, "fwd", mod._FWD_CANDIDATES, 1000, 8, args, {"HEAD_DIM": 64},
+                    fixed=(64, 64, 4, 3))
+        (grid, meta), = launched
+        assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == want
+        assert grid == (-(-1000 // want[0]), 8)
+
+
 def test_config_tables_keep_the_causal_block_invariant(monkeypatch):
     """A dQ config with BLOCK_M < BLOCK_N (64 x 128) sat in the head_dim<=64 list; the GPU autotuner
     picked it at head_dim 16 and 32 and the causal dQ was wrong (max error 1.28). The tables are checked

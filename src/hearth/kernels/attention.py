@@ -849,13 +849,16 @@ _dq_tuned = triton.autotune(
 )(_attn_bwd_dq_kernel)
 
 
-def _launch(raw_kernel, tuned_kernel, which, table, n_rows, bh, args, meta):
-    """Launch with the autotuner on CUDA, or with one fixed config (interpreter / AUTOTUNE off)."""
-    if interpret_mode() or not AUTOTUNE:
+def _launch(raw_kernel, tuned_kernel, which, table, n_rows, bh, args, meta, fixed=None):
+    """Launch with the autotuner on CUDA, or with one config: the interpreter's, the table's first (AUTOTUNE off),
+    or `fixed` (a rule's pick, forward_config: it replaces the autotuner, not AUTOTUNE=0's first entry)."""
+    if interpret_mode() or not AUTOTUNE or fixed is not None:
         if interpret_mode():
             bm, bn, warps, stages = _INTERPRET[which]
-        else:
+        elif not AUTOTUNE:
             bm, bn, warps, stages = table[_size_class(meta["HEAD_DIM"], args[0].element_size())][0]
+        else:
+            bm, bn, warps, stages = fixed
         rows_block = bn if which == "dkdv" else bm
         raw_kernel[(cdiv(n_rows, rows_block), bh)](
             *args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
@@ -934,6 +937,26 @@ def forward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_
     if persist == "1" or (persist != "0" and seq_len is not None and seq_len <= PERSIST_MAX_T[bool(causal)]):
         return "gluon_pps"
     return "gluon_pp"
+
+
+# The Triton forward's launch config on Hopper at head_dim 64 (bf16 / fp16), by causal: a rule in place of the
+# autotuner. Timed one by one on the H200 (2026-12-04, commit f23e60e, scripts/gpu/attention_fwd_config_probe.py: 24
+# configs at 7 cases, GQA 40/8 T1024-16384 causal and not, and Llama-3.2-1B 32/8 T8192; device sleep and L2 flush
+# before each call, as the harness times), the autotuner's pick ran 1.3-9.7% slower than the best config of its own
+# list at every case (causal B4 T4096: 0.893 against 0.814 ms); the best was 64x64, 4 warps, 3 stages at all four
+# causal cases and 128x64, 8 warps, 3 stages at all three non-causal ones. (The autotuner times its candidates back
+# to back, where the clock the power limit allows differs from the one the harness and a short kernel see.)
+FWD_RULE_HOPPER_D64 = {True: (64, 64, 4, 3), False: (128, 64, 8, 3)}  # keyed by causal
+
+
+def forward_config(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
+                   causal: bool) -> tuple[int, int, int, int] | None:
+    """The Triton forward's (BLOCK_M, BLOCK_N, num_warps, num_stages) where a rule replaces the autotuner
+    (FWD_RULE_HOPPER_D64: Hopper, bf16 / fp16, head_dim 64), else None (the autotuner picks from _FWD_CANDIDATES).
+    HEARTH_ATTN_AUTOTUNE=0 still runs each list's first config."""
+    if capability is not None and capability[0] == 9 and head_dim == 64 and dtype in (torch.bfloat16, torch.float16):
+        return FWD_RULE_HOPPER_D64[bool(causal)]
+    return None
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
@@ -1052,7 +1075,8 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
     (empty_heads_like), lse [B, Hq, Tq] fp32.
     store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     B, Hq, Tq, D = q.shape
-    kernel = forward_kernel(device_capability(q.device), q.dtype, D, causal, seq_len=Tq)
+    cap = device_capability(q.device)
+    kernel = forward_kernel(cap, q.dtype, D, causal, seq_len=Tq)
     gluon = _gluon_serving(kernel, q, k, v)
     if gluon is not None:
         return gluon.forward(q, k, v, causal, scale, store_lse, kernel in ("gluon_pp", "gluon_pps"),
@@ -1070,7 +1094,8 @@ def _attention_forward(q, k, v, causal: bool, scale: float, store_lse: bool = Tr
     meta = dict(HEAD_DIM=D, CAUSAL=causal, USE_TMA=use_tma, DOT_PREC=_dot_precision(q.dtype), INTERP=interpret_mode(),
                 STORE_LSE=store_lse)
     with _on_device(q.device):
-        _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta)
+        _launch(_attn_fwd_kernel, _fwd_tuned, "fwd", _FWD_CANDIDATES, Tq, B * Hq, args, meta,
+                fixed=forward_config(cap, q.dtype, D, causal))
     return out, lse
 
 
