@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import itertools
-import json
 import math
 import os
 import time
@@ -47,16 +46,9 @@ def grid() -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _parse_cases(text: str) -> list:
-    cases = []
-    for item in filter(None, (x.strip() for x in text.split(";"))):
-        label, _, nums = item.rpartition(":")
-        B, Hq, Hk, T, D, causal = (int(x) for x in nums.split(","))
-        cases.append((label, B, Hq, Hk, T, D, bool(causal)))
-    return cases
-
-
 def main() -> None:
+    from attention_knob_probe import _parse_cases, jsonl_out  # this folder's knob probe: the same --cases format
+
     from hearth.bench.timing import time_call
 
     ap = argparse.ArgumentParser()
@@ -69,12 +61,7 @@ def main() -> None:
     at = importlib.import_module("hearth.kernels.attention")
     shipped = list(at._FWD_CANDIDATES["d64"])
     start = time.monotonic()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        def emit(row):
-            print(json.dumps(row), flush=True)
-            f.write(json.dumps(row) + "\n")
-
+    with jsonl_out(args.out) as emit:
         for label, B, Hq, Hk, T, D, causal in cases:
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g) for h in (Hq, Hk, Hk))

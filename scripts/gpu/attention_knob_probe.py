@@ -25,6 +25,7 @@ budget are skipped and say so. A probe of knobs, not a benchmark: the suite's fi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -57,6 +58,20 @@ def _parse_cases(text: str) -> list:
         B, Hq, Hk, T, D, causal = (int(x) for x in nums.split(","))
         cases.append((label, B, Hq, Hk, T, D, bool(causal)))
     return cases
+
+
+@contextlib.contextmanager
+def jsonl_out(path: str):
+    """emit(row): one JSON object a line to `path` (its folder made) and to stdout, flushed (a probe cut short keeps
+    its rows)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        def emit(row):
+            print(json.dumps(row), flush=True)
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+        yield emit
 
 
 def _parse_settings(text: str) -> list:
@@ -124,12 +139,7 @@ def main() -> None:
     attention = importlib.import_module("hearth.kernels.attention")  # the module (the package's name is a function)
 
     start = time.monotonic()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        def emit(row):
-            print(json.dumps(row), flush=True)
-            f.write(json.dumps(row) + "\n")
-
+    with jsonl_out(args.out) as emit:
         ag = importlib.import_module("hearth.kernels.attention_gluon")
         for label, B, Hq, Hk, T, D, causal in cases:
             saved_pp = ag.PP_CONFIGS[D] if D in ag.PP_CONFIGS else None
