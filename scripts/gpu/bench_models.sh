@@ -11,7 +11,8 @@
 #   carry .peers/peers-1.tar.xz in one call and .peers/peers-2.tar.xz in the next, on the same warm machine):
 #     OUT=out bash scripts/gpu/bench_models.sh                  # all ops, about 7 min (budget 360 s + start-up + reports)
 #     OUT=out bash scripts/gpu/bench_models.sh rms_norm swiglu  # a subset
-#   then on the workstation: hearth bench --report-only --out benchmarks/h200/models --merge <unpacked dirs>
+#   then on the workstation: bash scripts/merge_models_run.sh <the call's models folder> <commit>-<ops>
+#   (unpacks the committed per-op reports, hearth bench --report-only --merge, repacks them, keeps the bench.log)
 #
 # Files back (at most 8, one folder deep): $OUT/models/{results.jsonl, summary.md, ratios.png,
 # bench.log, nvidia-smi.txt, reports.tgz (per-op Markdown and PNG plots)}.

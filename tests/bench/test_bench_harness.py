@@ -715,6 +715,21 @@ def test_a_skipped_rerun_does_not_erase_a_measured_row():
     assert report.merge_rows([skipped], [{**skipped, "reason": "sticky CUDA error"}])[0]["reason"] == "sticky CUDA error"
 
 
+
+def test_an_unavailable_provider_in_a_rerun_does_not_erase_its_measured_row():
+    """A device call that did not carry a peer (Liger's wheel, quack's library) writes that provider's rows as
+    'unavailable'; merged over an earlier run's measured rows they replaced them, so every merge of the H200 runs
+    had to filter such rows by hand first. Now they are kept only where nothing was measured."""
+    key = dict(op="softmax", size_label="3x40", dtype="float32", mode="fwd", provider="liger")
+    measured = {**key, "status": "ok", "ms": 0.5}
+    unavailable = {**key, "status": "unavailable", "reason": "No module named 'liger_kernel'"}
+    assert report.merge_rows([measured], [unavailable]) == [measured]
+    assert report.merge_rows([unavailable], [measured]) == [measured]
+    assert report.merge_rows([unavailable]) == [unavailable]
+    skipped = {**key, "status": "skipped", "reason": "time budget spent"}
+    assert report.merge_rows([skipped], [unavailable]) == [unavailable]  # neither was run: the later says why
+
+
 def test_a_verdict_within_the_timing_spread_says_so():
     """Was: a 1.001x 'win' read like any other while hearth's and the peer's p20-p80 ranges overlapped. The word
     stays (a loss is still listed as a loss); the text and the dict say it is within noise."""

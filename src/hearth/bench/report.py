@@ -41,15 +41,20 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+# statuses that say a run did not measure the row: merged over a row that was measured, they do not replace it
+NOT_RUN = ("skipped", "unavailable")
+
+
 def merge_rows(*groups: list[dict]) -> list[dict]:
-    """Union of row lists; for equal keys the later group wins, but a skipped row never replaces a row that was
-    run (a rerun that ran out of budget would otherwise erase the measurement). Order: first appearance."""
+    """Union of row lists; for equal keys the later group wins, but a row that was not run (NOT_RUN: skipped, or
+    its provider unavailable in that run) never replaces one that was (a rerun that ran out of budget, or a device
+    call that did not carry a peer's wheel, would otherwise erase the measurement). Order: first appearance."""
     merged: dict[tuple, dict] = {}
     for rows in groups:
         for r in rows:
             key = row_key(r)
             old = merged.get(key)
-            if r.get("status") == "skipped" and old is not None and old.get("status") != "skipped":
+            if r.get("status") in NOT_RUN and old is not None and old.get("status") not in NOT_RUN:
                 continue
             merged[key] = r
     return list(merged.values())
