@@ -13,6 +13,10 @@ fails to build (shared memory, registers) or to match is reported, not timed. Ti
 (L2 flushed, a device sleep at least one call long before each call, CUDA events, median ms). One JSON object per
 line; configs past the budget are skipped and say so. A probe, not a benchmark: the goal grid's figures come from
 `hearth bench attention --sizes goal`.
+--varlen: the same configs through attention_varlen's Triton forward (its Gluon forward serves head_dim 128 only),
+each case's B sequences of T tokens packed into one call ([B * T, H, D], cu_seqlens 0, T, 2T, ...): whether the
+dense rule (attention.FWD_RULE_HOPPER_D64) also holds on packed rows; its "shipped-autotuned" row is varlen's own
+autotuned launch, and cuDNN still runs the dense batch (the same math).
 """
 
 from __future__ import annotations
@@ -55,28 +59,44 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--cases", default=None, help='"LABEL:B,Hq,Hk,T,D,causal;..." (default: CASES)')
+    ap.add_argument("--varlen", action="store_true", help="attention_varlen's forward on the cases packed")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu" under TRITON_INTERPRET=1: a smoke run
     args = ap.parse_args()
     cases = _parse_cases(args.cases) if args.cases else CASES
     os.environ["HEARTH_ATTN_GLUON"] = "0"  # the Triton forward everywhere (read at call time)
     at = importlib.import_module("hearth.kernels.attention")
+    av = importlib.import_module("hearth.kernels.attention_varlen")
     shipped = list(at._FWD_CANDIDATES["d64"])
     start = time.monotonic()
     with jsonl_out(args.out) as emit:
         for label, B, Hq, Hk, T, D, causal in cases:
-            g = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g) for h in (Hq, Hk, Hk))
+            g = torch.Generator(device=args.device).manual_seed(0)
+            q, k, v = (torch.randn(B, h, T, D, device=args.device, dtype=torch.bfloat16, generator=g)
+                       for h in (Hq, Hk, Hk))
             scale = 1.0 / math.sqrt(D)
             flops = 4 * B * Hq * T * T * D / (2 if causal else 1)
 
-            def fwd():
-                return at._attention_forward(q, k, v, causal, scale)
+            if args.varlen:  # [B * T, H, D] packed views of the same values, B sequences of T tokens
+                qp, kp, vp = (t.transpose(1, 2).reshape(B * T, t.shape[1], D) for t in (q, k, v))
+                cu = torch.arange(0, B + 1, device=args.device, dtype=torch.int32) * T
+
+                def fwd():
+                    return av._varlen_forward(qp, kp, vp, cu, cu, T, T, causal, scale)
+            else:
+                def fwd():
+                    return at._attention_forward(q, k, v, causal, scale)
 
             def timed(name, fn, **extra):
                 ms = time_call(fn, [], q.device).median_ms
-                emit(dict(case=label, config=name, ms=ms, tflops=flops / ms / 1e9, status="ok", **extra))
+                emit(dict(case=label, config=name, ms=ms, tflops=flops / ms / 1e9, status="ok",
+                          varlen=bool(args.varlen and name != "cudnn"), **extra))
 
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                timed("cudnn", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hk))
+            try:
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                    timed("cudnn", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                          enable_gqa=Hq != Hk))
+            except RuntimeError as e:  # no cuDNN attention here (the CPU smoke run)
+                emit(dict(case=label, config="cudnn", status=f"error: {str(e)[:120]}"))
             at.AUTOTUNE = True
             at._FWD_CANDIDATES["d64"] = shipped
             timed("shipped-autotuned", fwd)
@@ -90,7 +110,8 @@ def main() -> None:
                 at._FWD_CANDIDATES["d64"] = [cfg]
                 try:
                     out, lse = fwd()
-                    torch.cuda.synchronize()
+                    if q.is_cuda:
+                        torch.cuda.synchronize()
                     if ref is None:
                         ref = (out.float(), lse)
                     err_o = float((out.float() - ref[0]).abs().max() / ref[0].abs().max())
