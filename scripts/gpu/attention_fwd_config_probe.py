@@ -3,20 +3,23 @@
     python scripts/gpu/attention_fwd_config_probe.py --out $OUT/fwd_cfg.jsonl [--budget-s 240] [--cases ...]
 
 At head_dim 64 hearth's forward is the Triton kernel (attention._attn_fwd_kernel; the Gluon ping-pong forward
-measured slower there), autotuned over attention._FWD_CANDIDATES["d64"] (four configs). This probe times every
+measured slower there): on Hopper at the config attention.forward_config's rule gives (since 4747270, from this
+probe's first run), elsewhere autotuned over attention._FWD_CANDIDATES["d64"] (four configs). This probe times every
 (BLOCK_M, BLOCK_N, num_warps, num_stages) of a wider grid (BLOCK_M 64 / 128, BLOCK_N 32-128 with BLOCK_M % BLOCK_N
 == 0 as the causal stages need, 4 / 8 warps, 2-4 stages), each launched alone (the module's AUTOTUNE off and the
 list's first entry set to the config), at each case (bf16, GQA 40/8 by default: the goal grid's), with cuDNN (SDPA)
-and the shipped autotuned forward timed beside them. Every config's output and logsumexp are checked against the
+the shipped forward ("shipped": the rule where it applies) and the autotuner's pick ("autotuner": the rule switched
+off for the row; the first run, at f23e60e, had no rule and called its one such row "shipped-autotuned") timed
+beside them. Every config's output and logsumexp are checked against the
 shipped first config's on the same inputs (max |diff| of O under 2e-2 of its max, lse under 1e-3); a config that
 fails to build (shared memory, registers) or to match is reported, not timed. Timing: hearth.bench.timing.time_call
 (L2 flushed, a device sleep at least one call long before each call, CUDA events, median ms). One JSON object per
 line; configs past the budget are skipped and say so. A probe, not a benchmark: the goal grid's figures come from
 `hearth bench attention --sizes goal`.
---varlen: the same configs through attention_varlen's Triton forward (its Gluon forward serves head_dim 128 only),
-each case's B sequences of T tokens packed into one call ([B * T, H, D], cu_seqlens 0, T, 2T, ...): whether the
-dense rule (attention.FWD_RULE_HOPPER_D64) also holds on packed rows; its "shipped-autotuned" row is varlen's own
-autotuned launch, and cuDNN still runs the dense batch (the same math).
+--varlen: the same configs through attention_varlen's Triton forward (its Gluon forward is not the default at
+head_dim 64), each case's B sequences of T tokens packed into one call ([B * T, H, D], cu_seqlens 0, T, 2T, ...):
+whether the dense rule (attention.FWD_RULE_HOPPER_D64) also holds on packed rows; varlen's launch takes no rule,
+so its "shipped" row is its autotuner's pick, and cuDNN still runs the dense batch (the same math).
 """
 
 from __future__ import annotations
@@ -99,7 +102,14 @@ def main() -> None:
                 emit(dict(case=label, config="cudnn", status=f"error: {str(e)[:120]}"))
             at.AUTOTUNE = True
             at._FWD_CANDIDATES["d64"] = shipped
-            timed("shipped-autotuned", fwd)
+            timed("shipped", fwd)
+            if not args.varlen:  # the dense launch's rule (read at call time) switched off: the autotuner picks
+                rule = at.forward_config
+                at.forward_config = lambda *a, **kw: None
+                try:
+                    timed("autotuner", fwd)
+                finally:
+                    at.forward_config = rule
             at.AUTOTUNE = False
             ref = None
             for cfg in [shipped[0]] + [c for c in grid() if c != shipped[0]]:
