@@ -146,25 +146,23 @@ def _pyprof(shape: list[int], iters: int) -> str:
     lines.append(f"cProfile of {iters} forward + backward launcher calls (times are totals over the calls):")
     lines.append(_cprofile(both, iters, 30))
     lines.extend(_autograd_split(at, q, k, v, dy, iters))
-    lines.extend(_interleaved(both, q, k, v, dy, iters))
+    lines.extend(_interleaved(at, both, q, k, v, dy, scale, iters))
     return "\n".join(lines)
 
 
-def _interleaved(launchers, q, k, v, dy, iters: int, rounds: int = 3) -> list[str]:
-    """The same fwd+bwd three ways, back to back (no sync between calls, as in a training loop), alternated in
+def _interleaved(at, launchers, q, k, v, dy, scale: float, iters: int, rounds: int = 3) -> list[str]:
+    """The same fwd+bwd five ways, back to back (no sync between calls, as in a training loop), alternated in
     rounds in one process (host speed drifts between processes and within one): the launchers called directly
-    (`launchers`, _pyprof's call of both),
-    `attention(q, k, v).backward(dy)` through autograd, and a no-op autograd.Function (the control). Host
-    microseconds inside the calls and wall per call; through autograd minus the launchers is what the autograd path
-    adds when the GPU queue is not drained before each backward."""
-    import importlib
+    (`launchers`, _pyprof's call of both); the same with the backward launchers handed to a Python worker thread
+    and waited for (autograd's hand-over of a CUDA backward to its device thread); attention's autograd.Function
+    (`at._attention`) without attention()'s argument checks; `attention(q, k, v).backward(dy)` through autograd;
+    and a no-op autograd.Function (the control). Host microseconds inside the calls and wall per call; through
+    autograd minus the launchers is what the autograd path adds when the GPU queue is not drained before each
+    backward."""
     import queue
     import threading
 
     import hearth.kernels as hk
-
-    at = importlib.import_module("hearth.kernels.attention")
-    scale = q.shape[-1] ** -0.5
 
     def autograd():
         for t in (q, k, v):
