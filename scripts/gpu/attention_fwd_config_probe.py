@@ -18,8 +18,9 @@ line; configs past the budget are skipped and say so. A probe, not a benchmark: 
 `hearth bench attention --sizes goal`.
 --varlen: the same configs through attention_varlen's Triton forward (its Gluon forward is not the default at
 head_dim 64), each case's B sequences of T tokens packed into one call ([B * T, H, D], cu_seqlens 0, T, 2T, ...):
-whether the dense rule (attention.FWD_RULE_HOPPER_D64) also holds on packed rows; varlen's launch takes no rule,
-so its "shipped" row is its autotuner's pick, and cuDNN still runs the dense batch (the same math).
+whether the dense rule (attention.FWD_RULE_HOPPER_D64) also holds on packed rows (its first run, at 8a96ceb, when
+varlen's launch took no rule, found 64x64 w4 s3 fastest causal and not: attention.FWD_RULE_HOPPER_D64_VARLEN since);
+cuDNN still runs the dense batch (the same math).
 """
 
 from __future__ import annotations
@@ -103,13 +104,12 @@ def main() -> None:
             at.AUTOTUNE = True
             at._FWD_CANDIDATES["d64"] = shipped
             timed("shipped", fwd)
-            if not args.varlen:  # the dense launch's rule (read at call time) switched off: the autotuner picks
-                rule = at.forward_config
-                at.forward_config = lambda *a, **kw: None
-                try:
-                    timed("autotuner", fwd)
-                finally:
-                    at.forward_config = rule
+            rule = at.forward_config  # the launch's rule (read at call time) switched off: the autotuner picks
+            at.forward_config = lambda *a, **kw: None
+            try:
+                timed("autotuner", fwd)
+            finally:
+                at.forward_config = rule
             at.AUTOTUNE = False
             ref = None
             for cfg in [shipped[0]] + [c for c in grid() if c != shipped[0]]:

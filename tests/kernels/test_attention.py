@@ -354,19 +354,23 @@ def test_rejects_empty():
 
 def test_forward_config_rule_replaces_the_autotuner_on_hopper_at_head_dim_64(monkeypatch):
     """forward_config: on Hopper, bf16 / fp16, head_dim 64, the rule's config by causal (64x64 w4 s3 causal, 128x64
-    w8 s3 not); None elsewhere (the autotuner). Both rule configs are list entries (so the every-config GPU test
+    w8 s3 not; packed rows 64x64 w4 s3 either way); None elsewhere (the autotuner). Both rule configs are list entries (so the every-config GPU test
     runs them) and keep the causal block invariant. _launch launches the rule's config when the autotuner is on,
     and the list's first when HEARTH_ATTN_AUTOTUNE is off, as before."""
     mod = importlib.import_module("hearth.kernels.attention")
     for dtype in (torch.bfloat16, torch.float16):
         assert mod.forward_config((9, 0), dtype, 64, True) == (64, 64, 4, 3)
         assert mod.forward_config((9, 0), dtype, 64, False) == (128, 64, 8, 3)
+        for causal in (True, False):  # packed rows (attention_varlen): one config, causal or not
+            assert mod.forward_config((9, 0), dtype, 64, causal, varlen=True) == (64, 64, 4, 3)
     assert mod.forward_config((9, 0), torch.float32, 64, True) is None
     assert mod.forward_config((9, 0), torch.bfloat16, 128, True) is None
     assert mod.forward_config((9, 0), torch.bfloat16, 32, True) is None
     assert mod.forward_config((8, 0), torch.bfloat16, 64, True) is None
     assert mod.forward_config(None, torch.bfloat16, 64, True) is None
-    for cfg in mod.FWD_RULE_HOPPER_D64.values():
+    assert mod.forward_config((9, 0), torch.bfloat16, 128, False, varlen=True) is None
+    assert mod.forward_config((8, 0), torch.bfloat16, 64, False, varlen=True) is None
+    for cfg in [*mod.FWD_RULE_HOPPER_D64.values(), mod.FWD_RULE_HOPPER_D64_VARLEN]:
         assert cfg in mod._FWD_CANDIDATES["d64"] and cfg[0] % cfg[1] == 0
 
     launched = []

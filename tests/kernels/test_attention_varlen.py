@@ -12,6 +12,7 @@ real shapes (8 sequences of 300-4000 tokens, GQA 40/8, D 128, bf16).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import math
@@ -401,6 +402,26 @@ def test_gpu_autotuned_path(monkeypatch, causal):
     lens = [300, 1000, 129, 2000]
     q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
     _rule_per_sequence(q, k, v, do, lens, lens, causal)
+
+
+def test_triton_forward_takes_the_packed_rule_on_hopper_at_head_dim_64(monkeypatch):
+    """On Hopper at head_dim 64 (bf16) the packed forward launches attention.forward_config's varlen pick
+    (FWD_RULE_HOPPER_D64_VARLEN, causal or not) in place of the autotuner; at head_dim 32 it passes none (the
+    autotuner), and off Hopper none. The launch is recorded, not run (no GPU here)."""
+    at = importlib.import_module("hearth.kernels.attention")
+    av = importlib.import_module("hearth.kernels.attention_varlen")
+    seen = []
+    monkeypatch.setattr(at, "_launch", lambda *a, fixed=None, **kw: seen.append(fixed))
+    monkeypatch.setattr(at, "_on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", "0")  # the Triton forward (the Gluon one is not built here)
+    for cap, D, causal, want in (((9, 0), 64, True, at.FWD_RULE_HOPPER_D64_VARLEN),
+                                 ((9, 0), 64, False, at.FWD_RULE_HOPPER_D64_VARLEN),
+                                 ((9, 0), 32, True, None), ((8, 0), 64, True, None)):
+        monkeypatch.setattr(at, "device_capability", lambda device, cap=cap: cap)
+        q, k, v, _, cu_q, cu_k = _make([5, 3], [5, 3], 4, 2, D, torch.bfloat16, device="cpu")
+        seen.clear()
+        av._varlen_forward(q, k, v, cu_q, cu_k, 5, 5, causal, 1.0)
+        assert seen == [want], (cap, D, causal)
 
 
 # ---------------------------------------------------------------- the Gluon kernels on packed rows (Hopper)

@@ -179,8 +179,8 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
     total_k, Hk = k.shape[0], k.shape[1]
     _check_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
     n_seqs = cu_q.shape[0] - 1
-    gluon = _gluon(_attn.forward_kernel(_attn.device_capability(q.device), q.dtype, D, causal),
-                   ("gluon_pp", "gluon_pps"), q, k, v)
+    cap = _attn.device_capability(q.device)
+    gluon = _gluon(_attn.forward_kernel(cap, q.dtype, D, causal), ("gluon_pp", "gluon_pps"), q, k, v)
     if gluon is not None:
         return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale)
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
@@ -190,9 +190,10 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
         q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
         scale * _attn.LOG2E, Hq, Hq // Hk, *_tune_key(max_q, max_k),
     )
+    fixed = _attn.forward_config(cap, q.dtype, D, causal, varlen=True)
     with _attn._on_device(q.device):
         _attn._launch(_attn._attn_fwd_kernel, _attn._fwd_tuned, "fwd", _attn._FWD_CANDIDATES, max_q, n_seqs * Hq,
-                      args, _meta(q, causal, cu_q, cu_k))
+                      args, _meta(q, causal, cu_q, cu_k), fixed=fixed)
     return out, lse
 
 
