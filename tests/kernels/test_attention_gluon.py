@@ -844,6 +844,11 @@ def test_fused_chunk_bounds_the_dq_buffer():
     assert ag.fused_chunk(4, 4, 2, 64, 128, 11 * per) == 8  # two of four batch rows
     assert ag.fused_chunk(3, 4, 2, 64, 128, 3 * per) == 2  # within a row: a divisor of Hk
     assert ag.fused_chunk(3, 4, 2, 64, 128, 1) == 1
+    # split: also at most 1 / split of the whole buffer (12 pairs), alone or under a budget
+    assert ag.fused_chunk(3, 4, 2, 64, 128, 0, 2) == 4  # 6 fit, 4 the most that divides Hk or is whole rows
+    assert ag.fused_chunk(4, 4, 2, 64, 128, 0, 2) == 8  # 16 pairs: two of four batch rows
+    assert ag.fused_chunk(4, 4, 2, 64, 128, 3 * per, 2) == 2  # the budget below half
+    assert ag.fused_chunk(1, 1, 2, 64, 128, 0, 2) == 1  # one pair: never 0
 
 
 def test_acc_budget_halves_the_dq_buffer_under_gqa(monkeypatch):
@@ -853,16 +858,16 @@ def test_acc_budget_halves_the_dq_buffer_under_gqa(monkeypatch):
     monkeypatch.delenv("HEARTH_ATTN_FB_ACC_MIB", raising=False)
     mib = 2**20
     assert ag.FB_ACC_GQA_SPLIT == 2
-    assert ag.acc_budget(None, {}, 160 * mib, 1) == ag.FB_ACC_MIB * mib
-    assert ag.acc_budget(None, {}, 160 * mib, 5) == 80 * mib
-    assert ag.acc_budget(None, {}, 4096 * mib, 5) == ag.FB_ACC_MIB * mib  # the absolute bound below half
-    assert ag.acc_budget(7, {}, 160 * mib, 5) == 7
-    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0"}, 160 * mib, 5) == 0
-    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0.5"}, 160 * mib, 1) == mib // 2
-    whole = 16 * 40 * 64 * 1024 * 4
-    assert ag.fused_chunk(16, 8, 5, 64, 1024, ag.acc_budget(None, {}, whole, 5)) == 64
-    assert ag.fused_chunk(16, 8, 5, 64, 1024, ag.acc_budget(None, {}, whole, 1)) == 128
-    assert ag.fused_chunk(1, 1, 5, 64, 1024, ag.acc_budget(None, {}, 5 * 64 * 1024 * 4, 5)) == 1  # one pair: whole
+    assert ag.acc_budget(None, {}, 1) == (ag.FB_ACC_MIB * mib, 1)
+    assert ag.acc_budget(None, {}, 5) == (ag.FB_ACC_MIB * mib, 2)
+    assert ag.acc_budget(7, {}, 5) == (7, 1)
+    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0"}, 5) == (0, 1)
+    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0.5"}, 1) == (mib // 2, 1)
+    assert ag.fused_chunk(16, 8, 5, 64, 1024, *ag.acc_budget(None, {}, 5)) == 64  # 160 MiB whole: 80 a launch
+    assert ag.fused_chunk(16, 8, 1, 64, 1024, *ag.acc_budget(None, {}, 1)) == 128  # MHA, 32 MiB: whole
+    assert ag.fused_chunk(4, 8, 5, 128, 16384, *ag.acc_budget(None, {}, 5)) == 4  # 1280 MiB: FB_ACC_MIB's bound
+    assert ag.fused_chunk(1, 1, 5, 64, 1024, *ag.acc_budget(None, {}, 5)) == 1  # one pair: whole
+    assert ag.fused_chunk(16, 8, 5, 64, 1024, *ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0"}, 5)) == 128
 
 
 @pytest.mark.parametrize("zero", [False, True])

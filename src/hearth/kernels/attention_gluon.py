@@ -26,11 +26,11 @@ Design (one program per BLOCK_M query rows of one (b, h); one partition, softwar
 
 Warp specialisation (env HEARTH_ATTN_GLUON_WS=1, the WARP_SPECIALIZE constexpr): Triton 3.6's Gluon
 ``ttgl.warp_specialize`` does compile for sm_90. The variant runs the same consumer code in the kernel's
-NUM_WARPS warps (the default partition) and a producer partition of one warp that builds the K/V
-descriptors and issues all K/V loads, waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a partition-wide
-bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
-consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX
-shows it; cuobjdump's REG figure is the launch allocation, 168).
+NUM_WARPS warps (the default partition) and a producer partition of one warp that builds the K/V descriptors and
+issues all K/V loads, waiting on a per-slot "empty" mbarrier the consumers arrive on (one arrive after a
+partition-wide bar.sync) once a slot's PV product is done. Triton pads the producer to a warpgroup (384 threads for 8
+consumer warps) and emits setmaxnreg: 240 registers for the consumers, 24 for the producer (the PTX shows it;
+cuobjdump's REG figure is the launch allocation, 168).
 
 Ping-pong (env HEARTH_ATTN_GLUON_PP=1, the PING_PONG flag; replaces the two variants above when set):
 FlashAttention-3's inter-warpgroup schedule. A program owns two query tiles of BLOCK_M rows (PP_CONFIGS),
@@ -1801,9 +1801,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 
 def backward_dkdv(q, k, v, do, lse, delta, dk, dv, causal: bool, scale: float) -> None:
-    """dK, dV of attention into dk / dv ([B, Hk, Tk, D], one layout, last dim contiguous) with the Gluon kernel above; lse and
-    delta are [B, Hq, Tq] fp32 (contiguous), q / do [B, Hq, Tq, D] and k / v TMA-addressable (the caller
-    checked ``supported`` and ``tma_addressable``)."""
+    """dK, dV of attention into dk / dv ([B, Hk, Tk, D], one layout, last dim contiguous) with the Gluon kernel
+    above; lse and delta are [B, Hq, Tq] fp32 (contiguous), q / do [B, Hq, Tq, D] and k / v TMA-addressable (the
+    caller checked ``supported`` and ``tma_addressable``)."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     block_n, block_m, stages, warps = BWD_CONFIGS[D]
@@ -1919,12 +1919,15 @@ def dq_pad_columns(total_q: int, n_seqs: int, pad: int) -> int:
     return cdiv(total_q, pad) * pad + n_seqs * pad
 
 
-def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: int) -> int:
+def fused_chunk(B: int, Hk: int, group: int, head_dim: int, n_pad: int, budget: int, split: int = 1) -> int:
     """(b, K/V head) pairs per launch of the fused backward: all B * Hk when their fp32 dQ buffer (group * head_dim
-    * n_pad * 4 bytes a pair) fits `budget` bytes (0: no bound), else the most that fit and either divide Hk (a
-    launch within one batch row) or are whole batch rows dividing B, at least 1."""
+    * n_pad * 4 bytes a pair) fits `budget` bytes (0: no bound) and 1 / split of itself (split > 1: a bound of
+    whole // split), else the most that fit and either divide Hk (a launch within one batch row) or are whole
+    batch rows dividing B, at least 1. acc_budget gives (budget, split)."""
     total = B * Hk
     per = group * head_dim * n_pad * 4
+    if split > 1:
+        budget = min(budget, total * per // split) if budget > 0 else total * per // split
     if budget <= 0 or total * per <= budget:
         return total
     fit = max(1, budget // per)
@@ -2047,16 +2050,16 @@ def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, head_dim: int, env
     return ((pairs, n_kb) if order == 0 else (n_kb * order, pairs // order)), order
 
 
-def acc_budget(acc_bytes: int | None, env, whole: int, group: int) -> int:
-    """The fused backward's bound in bytes on its fp32 dQ buffer (fused_chunk's budget; 0: none): acc_bytes when
-    given, else env HEARTH_ATTN_FB_ACC_MIB (MiB) when set, else FB_ACC_MIB, and under grouped-query attention
-    (group > 1) at most whole // FB_ACC_GQA_SPLIT (whole: the unbounded buffer's bytes)."""
+def acc_budget(acc_bytes: int | None, env, group: int) -> tuple[int, int]:
+    """The fused backward's bound on its fp32 dQ buffer, as fused_chunk's (budget bytes, split): acc_bytes when
+    given, else env HEARTH_ATTN_FB_ACC_MIB (MiB) when set (0: none), each alone (split 1); else FB_ACC_MIB, and
+    under grouped-query attention (group > 1) also 1 / FB_ACC_GQA_SPLIT of the whole buffer."""
     if acc_bytes is not None:
-        return acc_bytes
+        return acc_bytes, 1
     raw = env.get("HEARTH_ATTN_FB_ACC_MIB")
     if raw is not None:
-        return int(float(raw) * 2**20)
-    return min(FB_ACC_MIB * 2**20, whole // FB_ACC_GQA_SPLIT) if group > 1 else FB_ACC_MIB * 2**20
+        return int(float(raw) * 2**20), 1
+    return FB_ACC_MIB * 2**20, FB_ACC_GQA_SPLIT if group > 1 else 1
 
 
 def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: float, config=None,
@@ -2065,13 +2068,14 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to whole query blocks], then
     scaled and cast into dq. acc_bytes bounds that buffer (default: acc_budget's, FB_ACC_MIB and half the whole
     buffer under GQA; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of
-    fused_chunk pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env,
-    "1" on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
-    HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so STATS_SMEM is moot with it);
-    and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order: fb_pair_group) and
-    HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when given, `delta` is
-    only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer (_fb_prepare;
-    HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an input."""
+    fused_chunk pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1"
+    on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
+    HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so
+    STATS_SMEM is moot with it); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
+    given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
+    (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
+    input."""
     B, Hq, Tq, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     group = Hq // Hk
@@ -2080,7 +2084,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
     step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(Tq, step) * step
-    chunk = fused_chunk(B, Hk, group, D, n_pad, acc_budget(acc_bytes, env, B * Hq * D * n_pad * 4, group))
+    chunk = fused_chunk(B, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group))
     grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), D, env)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
@@ -2149,7 +2153,7 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     step = max(64, meta["BLOCK_M"])
     pad = step if meta["DQ_TMA"] and not aligned else 0
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
-    chunk = fused_chunk(1, Hk, group, D, n_pad, acc_budget(acc_bytes, env, Hq * D * n_pad * 4, group))  # divides Hk
+    chunk = fused_chunk(1, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group))  # divides Hk
     grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), D, env)
     q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
@@ -2177,13 +2181,12 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
-    backward), "bwd_dq" (the dQ backward); configs /
-    pp_configs / bwd_configs / bwd_dq_configs replace CONFIGS / PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False
-    builds the inference forward (Lse a None constexpr, no LSE store). ones: integer arguments (e.g. "N_CTX_Q")
-    built as a launch with the value 1 builds them: Triton makes such an int the constant 1 unless the kernel
-    names it in do_not_specialize. varlen=True builds the packed-sequence (VARLEN) forms of "pp" and "bwd_fused"
-    (forward_varlen, backward_fused_varlen); fb_dq_pad, the fused backward's DQ_PAD (its ragged-offset placement of
-    dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
+    backward), "bwd_dq" (the dQ backward); configs / pp_configs / bwd_configs / bwd_dq_configs replace CONFIGS /
+    PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False builds the inference forward (Lse a None constexpr, no
+    LSE store). ones: integer arguments (e.g. "N_CTX_Q") built as a launch with the value 1 builds them: Triton makes
+    such an int the constant 1 unless the kernel names it in do_not_specialize. varlen=True builds the packed-sequence
+    (VARLEN) forms of "pp" and "bwd_fused" (forward_varlen, backward_fused_varlen); fb_dq_pad, the fused backward's
+    DQ_PAD (its ragged-offset placement of dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
