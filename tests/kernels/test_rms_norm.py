@@ -280,6 +280,39 @@ def test_narrow_rows_bwd_every_candidate(dtype, shape, monkeypatch):
             torch.testing.assert_close(dx_only, dx, rtol=0, atol=0, msg=f"dx without dw {cfg}")
 
 
+def test_rowpair_backward_halves_the_partial_buffer_and_matches_the_reference(monkeypatch):
+    """The "rowpair" candidates (wide rows with dw only: the 2-programs-an-SM one-row configs with programs 2i and
+    2i+1 adding into one zeroed partial row) give the fp64 reference's dx and dw, the same dx as the one-row form,
+    and a partial buffer of cdiv(grid, 2) rows (the memory tie-break's figure); an odd grid leaves its last row
+    to one program. Interpreter, fp32, few rows (it walks rows one at a time)."""
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+
+    n = 1100  # BLOCK_N 2048: the one-row kernel's range
+    pairs = [c for c in rn._rms_bwd_candidates(n, True) if c[0] == "rowpair"]
+    assert pairs == [("rowpair", *c[1:]) for c in rn._bwd_candidates(n) if c[0] == "row" and c[2] == 2]
+    assert pairs and rn._rms_bwd_candidates(n, True)[0] == rn._bwd_candidates(n)[0]  # the default stays first
+    assert rn._rms_bwd_candidates(n, False) == rn._bwd_candidates(n)  # no dw: nothing to pair
+    assert not any(c[0] == "rowpair" for c in rn._rms_bwd_candidates(128, True) + rn._rms_bwd_candidates(20000, True))
+    torch.manual_seed(21)
+    real_sum = rn.sum_partials
+    for m in (11, 9):  # grids of 6 and 5 programs (4 "SMs" under the interpreter, 2 an SM)
+        x = torch.randn(m, n, device=DEVICE)
+        dy = torch.randn(m, n, device=DEVICE)
+        w = 1 + 0.1 * torch.randn(n, device=DEVICE)
+        dxr, dwr, rstd = _bwd_reference(x, w, dy)
+        grid = rn.bwd_grid(pairs[0], m, x.device)[0]
+        assert rn.partial_rows(pairs[0], m, x.device) == (grid + 1) // 2 and grid >= 5
+        sizes = []
+        monkeypatch.setattr(rn, "sum_partials", lambda partial, out: (sizes.append(partial.shape), real_sum(partial, out)))
+        for cfg in (("row", *pairs[0][1:]), pairs[0]):
+            monkeypatch.setattr(rn, "pick_config",
+                                lambda key, candidates, launch, device, rows=None, memory=None, cfg=cfg: cfg)
+            dx, dw = rn._backward(dy, x, w, rstd)
+            assert_close(dx, dxr, torch.float32, msg=f"dx {cfg} m={m}")
+            assert_close(dw, dwr, torch.float32, msg=f"dw {cfg} m={m}")
+        assert sizes == [(grid, n), ((grid + 1) // 2, n)]
+
+
 def test_narrow_rows_bwd_zero_rows():
     rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
 
@@ -514,3 +547,38 @@ def test_trained_weight_backward_is_one_kernel_and_one_sum_launch(monkeypatch):
     assert len(ops.launches) == 2 and ops.launches[1] == "_sum_partials_kernel", ops.launches
     assert not {"sum", "_to_copy", "clone", "copy_"} & set(ops.seen), ops.seen
     assert w.grad is not None and w.grad.dtype == w.dtype
+
+
+_ROW_SM90_SCRIPT = r"""
+import importlib, json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hearth import inspect as hi
+
+rn = importlib.import_module("hearth.kernels.rms_norm")
+fn = rn._rms_norm_bwd_kernel
+out = {}
+for pair in (False, True):
+    sig = {"dy_ptr": "*bf16", "x_ptr": "*bf16", "w_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
+           "dw_partial_ptr": "*fp32", "M": "i32", "N": "i32", "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32"}
+    const = dict(BLOCK_N=8192, ROWS_PER_PROGRAM=16, NUM_STAGES=3, COMPUTE_DW=True, PAIR_DW=pair)
+    sig.update({k: "constexpr" for k in const})
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 8, "num_stages": 3})
+    ptx = k.asm["ptx"]
+    out[str(pair)] = {"atomics": ptx.count("red.global") + ptx.count("atom.global"),
+                      "spills": hi.report_compiled("rms_norm_bwd", k).spill_bytes}
+print(json.dumps(out))
+"""
+
+
+def test_rowpair_backward_compiles_for_sm90_with_global_adds():
+    """The interpreter never type-checks a kernel: the one-row backward builds for the H200 (sm_90, bundled
+    ptxas, no GPU) at 8192 features, 8 warps, 3 stages, with and without PAIR_DW; the paired form's dw goes out
+    by global atomic adds (one per feature a thread holds), and it spills no more than the plain form (whose 8
+    bytes at this width predate it)."""
+    out = run_offline(_ROW_SM90_SCRIPT)
+    # one fp32 add per feature a thread holds (8192 over 256 threads), beyond what the plain form's PTX counts
+    assert out["True"]["atomics"] - out["False"]["atomics"] >= 8192 // 256, out
+    assert out["True"]["spills"] == out["False"]["spills"], out  # no spill the plain form does not have

@@ -11,11 +11,13 @@ Memory traffic for x [M, N] in `b` bytes per element (weight is negligible):
              buffer of G x N fp32 (G ~ a few x num_SMs):       3*M*N*b + 2*G*N*4
 At 32768x4096 bf16 that is 256 MiB + 384 MiB = 640 MiB, ~0.16 ms at 4.27 TB/s copy bandwidth.
 
-The weight gradient is a sum over every row. It is reduced in two stages (LESSON 5): a persistent
-grid of G programs each walks a contiguous run of rows and keeps its partial dw in fp32 registers,
-writes one row of a [G, N] fp32 buffer, and one small kernel (sum_partials) sums over G and writes dw in the
-weight's dtype. No atomics. (A torch sum and a cast did that before: three torch calls and about 70 us of host
-time a backward on the H200's host against one launch.)
+The weight gradient is a sum over every row. It is reduced in two stages (LESSON 5): a persistent grid of G
+programs each walks a contiguous run of rows and keeps its partial dw in fp32 registers, writes one row of a
+[G, N] fp32 buffer, and one small kernel (sum_partials) sums over G and writes dw in the weight's dtype. No
+atomics, except in the "rowpair" form the GPU may pick at wide rows, where programs 2i and 2i+1 add into one
+zeroed row (half the buffer; two fp32 adds onto 0 give the same bits in either order). (A torch sum and a cast
+did that before: three torch calls and about 70 us of host time a backward on the H200's host against one
+launch.)
 The row loop is software-pipelined (the next rows' x and dy stream into shared memory while one row
 is computed); G, num_warps and the pipelining depth are picked on the GPU (see _BWD_CANDIDATES).
 Narrow rows (N <= NARROW_MAX_BLOCK, e.g. head_dim 128 for Qwen3's q_norm / k_norm) are walked in
@@ -132,6 +134,7 @@ def _rms_norm_bwd_kernel(
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
     COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
+    PAIR_DW: tl.constexpr = False,  # programs 2i and 2i+1 add into partial row i (zeroed): half the buffer
 ):
     pid = tl.program_id(0)
     row_start = pid * ROWS_PER_PROGRAM
@@ -156,7 +159,10 @@ def _rms_norm_bwd_kernel(
         if COMPUTE_DW:
             dw_acc += dy * xhat
     if COMPUTE_DW:
-        tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
+        if PAIR_DW:  # two fp32 adds onto 0 give the same bits in either order: still deterministic
+            tl.atomic_add(dw_partial_ptr + (pid // 2) * N + cols, dw_acc, mask=col_mask, sem="relaxed")
+        else:
+            tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
 
 
 @triton.jit
@@ -227,12 +233,18 @@ def persistent_tile_grid(m: int, block_m: int, device: torch.device, programs_pe
     return cdiv(tiles, tiles_per_program), tiles_per_program
 
 
+def partial_rows(cfg: tuple, m: int, device: torch.device) -> int:
+    """Rows of the fp32 dw partial buffer a backward candidate writes: one a program, half that ("rowpair")."""
+    grid = bwd_grid(cfg, m, device)[0]
+    return cdiv(grid, 2) if cfg[0] == "rowpair" else grid
+
+
 def bwd_grid(cfg: tuple, m: int, device: torch.device) -> tuple[int, int]:
     """(programs, rows or tiles per program) of a backward candidate (kind, BLOCK_M, programs_per_SM, ...) over m
     rows (rms_norm's and layer_norm's): its grid also sizes the fp32 partial buffer, which pick_config's memory
     tie-break weighs."""
     kind, block_m, programs_per_sm = cfg[:3]
-    if kind == "row":
+    if kind != "tile":
         return persistent_grid(m, device, programs_per_sm)
     return persistent_tile_grid(m, block_m, device, programs_per_sm)
 
@@ -349,14 +361,20 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
 
     def launch(cfg):
         kind, block_m, _, warps, stages = cfg
-        grid, per_program = bwd_grid(cfg, m, x.device)  # rows (kind "row") or tiles per program
+        grid, per_program = bwd_grid(cfg, m, x.device)  # rows (kind "row" / "rowpair") or tiles per program
         # without dw the kernel never touches dw_partial_ptr: rstd stands in for the pointer
-        partial = torch.empty((grid, n), dtype=torch.float32, device=x.device) if need_dw else rstd
-        if kind == "row":
+        if not need_dw:
+            partial = rstd
+        elif kind == "rowpair":  # programs add into shared rows: zeroed
+            partial = torch.zeros((cdiv(grid, 2), n), dtype=torch.float32, device=x.device)
+        else:
+            partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+        if kind != "tile":
             _rms_norm_bwd_kernel[(grid,)](
                 dy2, x2, weight, rstd, dx2, partial, m, n,
                 dy2.stride(0), x2.stride(0), dx2.stride(0), BLOCK_N=block, num_warps=warps,
                 ROWS_PER_PROGRAM=per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                PAIR_DW=kind == "rowpair" and need_dw,
             )
         else:
             _rms_norm_bwd_rows_kernel[(grid,)](
@@ -368,14 +386,29 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
 
     # idempotent (writes dx and a fresh partial buffer), so candidates are timed on the real arguments
     key = ("rms_norm_bwd", n, x.dtype, weight.dtype, need_dw)
-    # memory tie-break: the fp32 partial buffer is grid x n (a grid of 2 programs an SM doubles it)
-    partial = launch(pick_config(key, _bwd_candidates(n), launch, x.device, rows=m,
-                                 memory=(lambda cfg: bwd_grid(cfg, m, x.device)[0] * n * 4) if need_dw else None))
+    # memory tie-break: the fp32 partial buffer is grid x n (a grid of 2 programs an SM doubles it; "rowpair" halves)
+    partial = launch(pick_config(key, _rms_bwd_candidates(n, need_dw), launch, x.device, rows=m,
+                                 memory=(lambda cfg: partial_rows(cfg, m, x.device) * n * 4) if need_dw else None))
     if not need_dw:
         return dx, None
     dw = torch.empty(n, dtype=weight.dtype, device=x.device)
     sum_partials(partial, dw)
     return dx, dw
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_bwd_candidates(n: int, need_dw: bool) -> tuple[tuple[str, int, int, int, int], ...]:
+    """_bwd_candidates(n), and with dw at rows of 2049-8192 features (the one-row kernel's pipelined range) the
+    "rowpair" form of its 2-programs-an-SM configs: the same kernel with programs 2i and 2i+1 adding their dw rows
+    into one zeroed row (PAIR_DW), so the fp32 partial buffer holds one row an SM, not two. At Llama-3.1-70B's
+    8192 features x 4096 rows the [264, 8192] buffer (8.6 MiB) put hearth's fwd+bwd 4 MiB over quack's (which
+    keeps one row an SM) on the H200; the GPU times both forms and the memory tie-break keeps the smaller within
+    PICK_MEMORY_TIE. Listed after the others (the first is still the CPU / interpreter default). Cached."""
+    base = _bwd_candidates(n)
+    block, _ = _config(n)
+    if not need_dw or block <= NARROW_MAX_BLOCK or block > 8192:
+        return base
+    return base + tuple(("rowpair", *c[1:]) for c in base if c[0] == "row" and c[2] == 2)
 
 
 @functools.lru_cache(maxsize=None)
