@@ -546,3 +546,66 @@ def test_gated_row_kernel_writes_nothing(n_cols):
     loss_u = ce._launch_rows(ungated, ungated, t, **kw)
     loss_g = ce._launch_rows(gated, gated, t, gate=torch.zeros((), dtype=torch.int32, device=DEVICE), **kw)
     assert torch.equal(loss_u, loss_g) and torch.equal(ungated, gated) and not torch.equal(gated, x)
+
+
+# ------------------------------------------------------------------ host trims: the same behaviour, less host time
+def test_gradient_through_create_graph_is_once_differentiable():
+    """The backward skips once_differentiable's wrapper only where grad mode is off (a plain backward): under
+    create_graph=True the gradient is the same, and differentiating it again raises as the wrapper makes it."""
+    x_vals, t = _inputs(4, 30, torch.float32, n_ignored=1)
+    x = x_vals.clone().requires_grad_()
+    plain, = torch.autograd.grad(cross_entropy(x.clone(), t), x)
+    graph, = torch.autograd.grad(cross_entropy(x.clone(), t), x, create_graph=True)
+    torch.testing.assert_close(graph, plain, rtol=0, atol=0)
+    go = torch.tensor(2.0, device=DEVICE, requires_grad=True)
+    twice, = torch.autograd.grad(cross_entropy(x.clone(), t), x, go, create_graph=True)
+    torch.testing.assert_close(twice, 2 * plain)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        twice.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # fp16: the backward's saved factor
+def test_rows_loss_backward_through_an_expanded_grad_output(dtype):
+    """reduction="none" then .sum(): the backward's [N] grad_output is an expanded (stride 0) tensor, made
+    contiguous before the kernel reads it by pointer; the same gradient as a dense one."""
+    x_vals, t = _inputs(5, 40, dtype, n_ignored=1)
+    x = x_vals.clone().requires_grad_()
+    cross_entropy(x, t, reduction="none").sum().backward()
+    y = x_vals.clone().requires_grad_()
+    cross_entropy(y, t, reduction="none").backward(torch.ones(5, device=DEVICE))
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
+
+
+def test_unusual_valid_options_give_the_usual_result():
+    """Options the checks' one-test fast path does not take (ints for the float options, an int softcap) run the
+    checks one by one and pass, with the float options' result."""
+    x_vals, t = _inputs(4, 30, torch.float32, n_ignored=1)
+    cases = ((dict(label_smoothing=0, z_loss=0), dict()), (dict(label_smoothing=1), dict(label_smoothing=1.0)),
+             (dict(softcap=30, z_loss=1), dict(softcap=30.0, z_loss=1.0)))
+    for ints, floats in cases:
+        torch.testing.assert_close(cross_entropy(x_vals, t, **ints), cross_entropy(x_vals, t, **floats), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kw, exc, message", [
+    (dict(target=[0, 1, 2, 3]), TypeError, "target must be a torch.Tensor, got list"),
+    (dict(target=_t().int()), TypeError, "target must have dtype in (int64), got int32"),
+    (dict(target=_t()[None]), ValueError, "target must have 1 dimensions, got shape (1, 4)"),
+    (dict(target=_t()[:3]), ValueError, "target must have shape [4] to match input (4, 10), got (3,)"),
+    (dict(target=_t().to("meta")), ValueError,
+     "target must be a CUDA tensor (CPU tensors run only under TRITON_INTERPRET=1), got device meta"),
+    (dict(ignore_index=True), TypeError, "ignore_index must be an int, got bool"),
+    (dict(reduction="avg"), ValueError, "reduction must be one of ('mean', 'sum', 'none'), got 'avg'"),
+    (dict(label_smoothing=float("nan")), ValueError, "label_smoothing must be in [0, 1], got nan"),
+    (dict(label_smoothing=-0.5), ValueError, "label_smoothing must be in [0, 1], got -0.5"),
+    (dict(z_loss=True), TypeError, "z_loss must be a float, got bool"),
+    (dict(z_loss=float("nan")), ValueError, "z_loss must be >= 0, got nan"),
+    (dict(softcap=-1.0), ValueError, "softcap must be > 0, got -1.0"),
+    (dict(softcap=True), TypeError, "softcap must be None or a float, got bool"),
+])
+def test_bad_arguments_raise_the_checks_messages(kw, exc, message):
+    """Anything the fast path's one test refuses goes through the checks one by one: their exact messages."""
+    kw = dict(kw)
+    target = kw.pop("target", _t())
+    with pytest.raises(exc) as err:
+        cross_entropy(_x(), target, **kw)
+    assert str(err.value) == message

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hearth.kernels.layer_norm import layer_norm
 from tests.kernels.test_rms_norm import _AtenOps
 from hearth.kernels._common import interpret_mode
+from tests.kernels.launch_log import Launches, kept_pointer, laid_out
 from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
@@ -411,6 +412,96 @@ def test_zero_rows_give_zero_param_grads_in_their_dtypes(wdt, bdt):
     layer_norm(x, w, b).sum().backward()
     assert w.grad.dtype == wdt and b.grad.dtype == bdt
     assert not w.grad.any() and not b.grad.any()
+
+
+# ----------------------------------------------------------------------------------------------
+# Host trims: contiguous tensors passed whole (no [M, N] views), the usual call's checks in one test
+# ----------------------------------------------------------------------------------------------
+# contiguous tensors of every kind (N-D, size-1 dims with odd strides, one row, one column), then non-contiguous
+# ones (read in place through their row stride, or copied when the feature dimension is strided)
+_LAYOUTS = [((24, 48), None), ((4, 3, 33), None), ((33,), None), ((1, 48), (999, 1)), ((3, 1, 33), (33, 7, 1)),
+            ((5, 1), None), ((6, 1, 1), (1, 9, 3)), ((7, 40), (50, 1)), ((3, 40), (1, 3)), ((2, 3, 20), (100, 20, 1))]
+
+
+@pytest.mark.parametrize("kind", ["tile", "row"])
+@pytest.mark.parametrize("shape,strides", _LAYOUTS, ids=lambda v: "x".join(map(str, v)) if v else "c")
+def test_launch_arguments_are_those_of_the_row_views(monkeypatch, kind, shape, strides):
+    """The launchers pass contiguous x, dy, y and dx whole; every launch gets the pointers, row strides and sizes of
+    the views it took before, rms_norm._rows(x) and y.view(-1, n) (forward), _rows of dy and x and dx.view(-1, n)
+    (backward), and the values are torch's."""
+    n = shape[-1]
+    fwd = next(c for c in ln._ln_fwd_candidates(n) if c[0] == kind)
+    bwd = next(c for c in ln._ln_bwd_candidates(n) if c[0] == kind)
+    kernels = Launches(monkeypatch, ln, ["_layer_norm_fwd_kernel", "_layer_norm_fwd_rows_kernel",
+                                         "_layer_norm_bwd_kernel", "_layer_norm_bwd_rows_kernel"])
+    x, dy = laid_out(shape, strides), laid_out(shape, strides, seed=1)
+    w, b = 1 + 0.1 * laid_out((n,), seed=2), laid_out((n,), seed=3)
+    _use(monkeypatch, fwd)
+    y, mean, rstd = ln._forward(x, w, b, 1e-5)
+    _use(monkeypatch, bwd)
+    dx, dw, db = ln._backward(dy, x, w, mean, rstd)
+    want = []
+    for ins, out in (((x,), y), ((dy, x), dx)):
+        rows = [rn._rows(t, n) for t in ins] + [out.view(-1, n)]
+        ptrs = [kept_pointer(r, t) for r, t in zip(rows, (*ins, out))]
+        want.append((ptrs, [r.stride(0) for r in rows], rows[0].shape[0]))
+    assert [name for name, _, _ in kernels.log] == (
+        ["_layer_norm_fwd_rows_kernel", "_layer_norm_bwd_rows_kernel"] if kind == "tile"
+        else ["_layer_norm_fwd_kernel", "_layer_norm_bwd_kernel"])
+    (_, grid_f, args_f), (_, _, args_b) = kernels.log
+    ptrs, strides_, m = want[0]
+    # forward: (x, w, b, y, mean, rstd, [m,] n, eps, stride_x, stride_y), one program a row for "row"
+    got_ptrs = [args_f[0], args_f[3]]
+    assert [p if w_ is not None else None for p, w_ in zip(got_ptrs, ptrs)] == ptrs, args_f
+    assert list(args_f[-2:]) == strides_, args_f
+    assert (tuple(args_f[6:8]) == (m, n)) if kind == "tile" else (grid_f == (m,) and args_f[6] == n), args_f
+    ptrs, strides_, m = want[1]
+    # backward: (dy, x, w, mean, rstd, dx, partial, m, n, [per_program,] stride_dy, stride_x, stride_dx)
+    got_ptrs = [args_b[0], args_b[1], args_b[5]]
+    assert [p if w_ is not None else None for p, w_ in zip(got_ptrs, ptrs)] == ptrs, args_b
+    assert list(args_b[-3:]) == strides_ and tuple(args_b[7:9]) == (m, n), args_b
+    assert y.is_contiguous() and dx.is_contiguous() and y.shape == dx.shape == x.shape
+    assert_close(y, _fp64(x, w, b), torch.float32, msg="y")
+    for got, ref, name in zip((dx, dw, db), _fp64(x, w, b, dy), ("dx", "dw", "db")):
+        assert_close(got, ref, torch.float32, msg=name)
+
+
+def test_unusual_valid_arguments_give_the_usual_result():
+    """Calls the checks' one-test fast path does not take (an int eps, a numpy float eps, no bias, a weight of
+    another float dtype, a strided weight) run the checks one by one and pass, with the same result."""
+    np = pytest.importorskip("numpy")
+    x = torch.randn(6, 32, device=DEVICE)
+    w, b = 1 + 0.1 * torch.randn(32, device=DEVICE), 0.1 * torch.randn(32, device=DEVICE)
+    torch.testing.assert_close(layer_norm(x, w, b, 1), layer_norm(x, w, b, 1.0), rtol=0, atol=0)
+    torch.testing.assert_close(layer_norm(x, w, b, np.float64(1e-3)), layer_norm(x, w, b, 1e-3), rtol=0, atol=0)
+    torch.testing.assert_close(layer_norm(x, w, None), _fp64(x, w, torch.zeros_like(w)).float(), rtol=1e-5, atol=1e-5)
+    assert_close(layer_norm(x, w.bfloat16(), b.half()), _fp64(x, w.bfloat16(), b.half()), torch.float32)
+    wide = torch.randn(32, 2, device=DEVICE)
+    assert_close(layer_norm(x, wide[:, 0], wide[:, 1]), _fp64(x, wide[:, 0], wide[:, 1]), torch.float32)
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda x, w, b: layer_norm(x, w.tolist(), b), TypeError, "weight must be a torch.Tensor, got list"),
+    (lambda x, w, b: layer_norm(x, w.double(), b), TypeError,
+     "weight must have dtype in (float32, bfloat16, float16), got float64"),
+    (lambda x, w, b: layer_norm(x, w[None], b), ValueError, "weight must have 1 dimensions, got shape (1, 8)"),
+    (lambda x, w, b: layer_norm(x, w[:7], b), ValueError, "weight must have length x.shape[-1] = 8, got shape (7,)"),
+    (lambda x, w, b: layer_norm(x, w, b.to("meta")), ValueError,
+     "bias must be a CUDA tensor (CPU tensors run only under TRITON_INTERPRET=1), got device meta"),
+    (lambda x, w, b: layer_norm(x, w, b.long()), TypeError,
+     "bias must have dtype in (float32, bfloat16, float16), got int64"),
+    (lambda x, w, b: layer_norm(x, w, b[:4]), ValueError, "bias must have length x.shape[-1] = 8, got shape (4,)"),
+    (lambda x, w, b: layer_norm(x, w, b, True), ValueError, "eps must be a positive number, got True"),
+    (lambda x, w, b: layer_norm(x, w, b, 0.0), ValueError, "eps must be a positive number, got 0.0"),
+    (lambda x, w, b: layer_norm(x, w, b, float("nan")), ValueError, "eps must be a positive number, got nan"),
+    (lambda x, w, b: layer_norm(x, w, b, "1e-5"), ValueError, "eps must be a positive number, got '1e-5'"),
+])
+def test_bad_arguments_raise_the_checks_messages(call, exc, message):
+    """Anything the fast path's one test refuses goes through the checks one by one: their exact messages."""
+    x, w, b = torch.randn(3, 8, device=DEVICE), torch.ones(8, device=DEVICE), torch.zeros(8, device=DEVICE)
+    with pytest.raises(exc) as err:
+        call(x, w, b)
+    assert str(err.value) == message
 
 
 # ----------------------------------------------------------------------------------------------
