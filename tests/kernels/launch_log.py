@@ -46,3 +46,17 @@ def laid_out(shape, strides=None, seed=0):
 def kept_pointer(view: torch.Tensor, t: torch.Tensor):
     """view's pointer when it reads t's memory, else None (a copy is a new buffer each time: not comparable)."""
     return view.data_ptr() if view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else None
+
+
+def row_view_launches(n: int, y: torch.Tensor, x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor):
+    """What a norm's forward and backward launches got on the view path (rms_norm._rows of each input, out.view(-1,
+    n) of each output), as [(pointers, row strides, rows)] for the forward (x, y) and the backward (dy, x, dx);
+    a pointer is None where _rows copies (not comparable)."""
+    from hearth.kernels.rms_norm import _rows
+
+    want = []
+    for ins, out in (((x,), y), ((dy, x), dx)):
+        rows = [_rows(t, n) for t in ins] + [out.view(-1, n)]
+        ptrs = [kept_pointer(r, t) for r, t in zip(rows, (*ins, out))]
+        want.append((ptrs, [r.stride(0) for r in rows], rows[0].shape[0]))
+    return want

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hearth.kernels.layer_norm import layer_norm
 from tests.kernels.test_rms_norm import _AtenOps
 from hearth.kernels._common import interpret_mode
-from tests.kernels.launch_log import Launches, kept_pointer, laid_out
+from tests.kernels.launch_log import Launches, laid_out, row_view_launches
 from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import DEVICE, DTYPES, assert_close, gpu_only, rows_past_int32
 
@@ -440,11 +440,7 @@ def test_launch_arguments_are_those_of_the_row_views(monkeypatch, kind, shape, s
     y, mean, rstd = ln._forward(x, w, b, 1e-5)
     _use(monkeypatch, bwd)
     dx, dw, db = ln._backward(dy, x, w, mean, rstd)
-    want = []
-    for ins, out in (((x,), y), ((dy, x), dx)):
-        rows = [rn._rows(t, n) for t in ins] + [out.view(-1, n)]
-        ptrs = [kept_pointer(r, t) for r, t in zip(rows, (*ins, out))]
-        want.append((ptrs, [r.stride(0) for r in rows], rows[0].shape[0]))
+    want = row_view_launches(n, y, x, dx, dy)
     assert [name for name, _, _ in kernels.log] == (
         ["_layer_norm_fwd_rows_kernel", "_layer_norm_bwd_rows_kernel"] if kind == "tile"
         else ["_layer_norm_fwd_kernel", "_layer_norm_bwd_kernel"])

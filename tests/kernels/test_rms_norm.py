@@ -582,3 +582,120 @@ def test_rowpair_backward_compiles_for_sm90_with_global_adds():
     # one fp32 add per feature a thread holds (8192 over 256 threads), beyond what the plain form's PTX counts
     assert out["True"]["atomics"] - out["False"]["atomics"] >= 8192 // 256, out
     assert out["True"]["spills"] == out["False"]["spills"], out  # no spill the plain form does not have
+
+
+# ----------------------------------------------------------------------------------------------
+# Host trims: contiguous tensors passed whole (no [M, N] views), the usual call's checks in one test
+# ----------------------------------------------------------------------------------------------
+# contiguous tensors of every kind (N-D, size-1 dims with odd strides, one row, one column), then non-contiguous
+# ones (read in place through their row stride, or copied when the feature dimension is strided); then rows wide
+# enough for the one-row kernel and its "rowpair" form (1025-8192 features), contiguous, row-strided and one row
+_NARROW_LAYOUTS = [((24, 48), None), ((4, 3, 33), None), ((33,), None), ((1, 48), (999, 1)),
+                   ((3, 1, 33), (33, 7, 1)), ((5, 1), None), ((6, 1, 1), (1, 9, 3)), ((7, 40), (50, 1)),
+                   ((3, 40), (1, 3)), ((2, 3, 20), (100, 20, 1))]
+_WIDE_LAYOUTS = [((3, 1100), None), ((2, 2, 1100), None), ((2, 1100), (1200, 1)), ((1, 1100), (5000, 1)),
+                 ((1100,), None)]
+# (kind, shape, strides, need_dw); "rowpair" is a candidate only with dw
+_LAUNCH_CASES = ([(kind, *lay, dw) for kind in ("tile", "row") for lay in _NARROW_LAYOUTS for dw in (True, False)]
+                 + [("row", *lay, dw) for lay in _WIDE_LAYOUTS for dw in (True, False)]
+                 + [("rowpair", *lay, True) for lay in _WIDE_LAYOUTS])
+
+
+@pytest.mark.parametrize("kind,shape,strides,need_dw", _LAUNCH_CASES,
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else
+                         {True: "dw", False: "no_dw", None: "c"}.get(v, v))
+def test_launch_arguments_are_those_of_the_row_views(monkeypatch, kind, shape, strides, need_dw):
+    """The launchers pass contiguous x, dy, y and dx whole; every launch gets the pointers, row strides, sizes and
+    grid of the views it took before, _rows(x) and y.view(-1, n) (forward), _rows of dy and x and dx.view(-1, n)
+    (backward), the partial buffer of the config's size (rstd's pointer without dw), and the values are the fp64
+    reference's."""
+    from tests.kernels.launch_log import Launches, laid_out, row_view_launches
+
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+    n = shape[-1]
+    fwd = next(c for c in rn._fwd_candidates(n) if c[0] == ("tile" if kind == "tile" else "row"))
+    bwd = next(c for c in rn._rms_bwd_candidates(n, need_dw) if c[0] == kind)
+    kernels = Launches(monkeypatch, rn, ["_rms_norm_fwd_kernel", "_rms_norm_fwd_rows_kernel",
+                                         "_rms_norm_bwd_kernel", "_rms_norm_bwd_rows_kernel"])
+    partials = []
+    real_sum = rn.sum_partials
+    monkeypatch.setattr(rn, "sum_partials", lambda p, out: (partials.append(p), real_sum(p, out)))
+    x, dy = laid_out(shape, strides), laid_out(shape, strides, seed=1)
+    w = 1 + 0.1 * laid_out((n,), seed=2)
+    for cfg in (fwd, bwd):  # the forward's pick, then the backward's
+        monkeypatch.setattr(rn, "pick_config", lambda key, candidates, launch, device, rows=None, memory=None,
+                            cfg=cfg: cfg)
+        if cfg is fwd:
+            y, rstd = rn._forward(x, w, 1e-6)
+    dx, dw = rn._backward(dy, x, w, rstd, need_dw)
+    want = row_view_launches(n, y, x, dx, dy)
+    assert [name for name, _, _ in kernels.log] == (
+        ["_rms_norm_fwd_rows_kernel", "_rms_norm_bwd_rows_kernel"] if kind == "tile"
+        else ["_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel"])
+    (_, grid_f, args_f), (_, grid_b, args_b) = kernels.log
+    ptrs, strides_, m = want[0]
+    # forward: (x, w, y, rstd, [m,] n, eps, stride_x, stride_y): one program a row ("row"), a tile of rows ("tile")
+    got_ptrs = [args_f[0], args_f[2]]
+    assert [p if w_ is not None else None for p, w_ in zip(got_ptrs, ptrs)] == ptrs, args_f
+    assert args_f[1] == w.data_ptr() and args_f[3] == rstd.data_ptr(), args_f
+    assert list(args_f[-2:]) == strides_, args_f
+    if kind == "tile":
+        assert tuple(args_f[4:6]) == (m, n) and grid_f == (rn.cdiv(m, fwd[1]),), (grid_f, args_f)
+    else:
+        assert grid_f == (m,) and args_f[4] == n, (grid_f, args_f)
+    ptrs, strides_, m = want[1]
+    # backward: (dy, x, w, rstd, dx, partial, m, n, [tiles_per_program,] stride_dy, stride_x, stride_dx)
+    got_ptrs = [args_b[0], args_b[1], args_b[4]]
+    assert [p if w_ is not None else None for p, w_ in zip(got_ptrs, ptrs)] == ptrs, args_b
+    assert list(args_b[-3:]) == strides_ and tuple(args_b[6:8]) == (m, n), args_b
+    grid, per_program = rn.bwd_grid(bwd, m, x.device)
+    assert grid_b == (grid,) and (kind != "tile" or args_b[8] == per_program), (grid_b, args_b)
+    if need_dw:
+        assert [args_b[5]] == [p.data_ptr() for p in partials], args_b
+        assert partials[0].shape == (rn.partial_rows(bwd, m, x.device), n)
+    else:
+        assert args_b[5] == rstd.data_ptr() and not partials and dw is None, args_b
+    assert y.is_contiguous() and dx.is_contiguous() and y.shape == dx.shape == x.shape
+    dxr, dwr, rstd_r = _bwd_reference(x, w, dy)
+    assert_close(y, reference(x.double(), w.double()), torch.float32, msg="y")
+    torch.testing.assert_close(rstd, rstd_r, rtol=1e-5, atol=1e-6)
+    assert_close(dx, dxr, torch.float32, msg="dx")
+    if need_dw:
+        assert_close(dw, dwr, torch.float32, msg="dw")
+
+
+def test_unusual_valid_arguments_give_the_usual_result():
+    """Calls the checks' one-test fast path does not take (an int eps, a numpy float eps, a weight of another float
+    dtype, a strided weight) run the checks one by one and pass, with the same result."""
+    np = pytest.importorskip("numpy")
+    x = torch.randn(6, 32, device=DEVICE)
+    w = 1 + 0.1 * torch.randn(32, device=DEVICE)
+    torch.testing.assert_close(rms_norm(x, w, 1), rms_norm(x, w, 1.0), rtol=0, atol=0)
+    torch.testing.assert_close(rms_norm(x, w, np.float64(1e-3)), rms_norm(x, w, 1e-3), rtol=0, atol=0)
+    assert_close(rms_norm(x, w.bfloat16()), reference(x.double(), w.bfloat16().double()), torch.float32)
+    wide = torch.randn(32, 2, device=DEVICE)
+    assert_close(rms_norm(x, wide[:, 1]), reference(x.double(), wide[:, 1].double()), torch.float32)
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda x, w: rms_norm(x.double(), w), TypeError, "x must have dtype in (float32, bfloat16, float16), got float64"),
+    (lambda x, w: rms_norm(x[..., :0], w), ValueError, "x must have 1 <= x.shape[-1] <= 65536, got shape (3, 0)"),
+    (lambda x, w: rms_norm(x, w.tolist()), TypeError, "weight must be a torch.Tensor, got list"),
+    (lambda x, w: rms_norm(x, w.double()), TypeError,
+     "weight must have dtype in (float32, bfloat16, float16), got float64"),
+    (lambda x, w: rms_norm(x, w[None]), ValueError, "weight must have 1 dimensions, got shape (1, 8)"),
+    (lambda x, w: rms_norm(x, w[:7]), ValueError, "weight must have length x.shape[-1] = 8, got shape (7,)"),
+    (lambda x, w: rms_norm(x, w.to("meta")), ValueError,
+     "weight must be a CUDA tensor (CPU tensors run only under TRITON_INTERPRET=1), got device meta"),
+    (lambda x, w: rms_norm(x, w, True), ValueError, "eps must be a positive number, got True"),
+    (lambda x, w: rms_norm(x, w, 0.0), ValueError, "eps must be a positive number, got 0.0"),
+    (lambda x, w: rms_norm(x, w, -1), ValueError, "eps must be a positive number, got -1"),
+    (lambda x, w: rms_norm(x, w, float("nan")), ValueError, "eps must be a positive number, got nan"),
+    (lambda x, w: rms_norm(x, w, "1e-6"), ValueError, "eps must be a positive number, got '1e-6'"),
+])
+def test_bad_arguments_raise_the_checks_messages(call, exc, message):
+    """Anything the fast path's one test refuses goes through the checks one by one: their exact messages."""
+    x, w = torch.randn(3, 8, device=DEVICE), torch.ones(8, device=DEVICE)
+    with pytest.raises(exc) as err:
+        call(x, w)
+    assert str(err.value) == message

@@ -41,7 +41,7 @@ from hearth.kernels.rms_norm import (
     _bwd_candidates,
     _config,
     _fwd_candidates,
-    _rows,
+    _row_args,
     bwd_grid,
     sum_partials,
 )
@@ -257,21 +257,7 @@ def _ln_bwd_candidates(n: int) -> tuple[tuple[str, int, int, int, int], ...]:
     return _bwd_candidates(n, _BWD_CANDIDATES if block <= 4096 else _BWD_WIDE_CANDIDATES, _BWD_TILE_CANDIDATES)
 
 
-def _row_args(t: torch.Tensor, n: int, m: int) -> tuple[torch.Tensor, int]:
-    """(the tensor a kernel reads t's [m, n] rows from, its row stride). A contiguous t of 2+ rows is passed whole
-    with row stride n (what t.reshape(-1, n).stride(0) is then): a launch reads only its pointer, and the view
-    costs about 0.7 us of host time, its stride(0) 0.15 (CPU, torch 2.x). Anything else takes rms_norm._rows
-    (a view through its row stride, or a copy when the feature dimension is strided)."""
-    if m > 1 and t.is_contiguous():
-        return t, n
-    t2 = _rows(t, n)
-    return t2, t2.stride(0)
-
-
-# Allocations on the hot path take their sizes as separate ints: torch.empty(x.shape, ...) parses a Size (or a
-# tuple) and cost 1.9 us of host time against 1.0 us for torch.empty(*x.shape, ...) (0.9 us against 1.3 us for a
-# [m] buffer given as (m,)), the same aten.empty op. Outputs are contiguous either way, so y and dx are passed
-# whole with row stride n (y.view(-1, n).stride(0) is n for any contiguous y).
+# Sizes as separate ints and outputs passed whole with row stride n, as in rms_norm._forward (host time there).
 def _forward(x, weight, bias, eps):
     n = x.shape[-1]
     m = x.numel() // n
