@@ -559,7 +559,8 @@ def build(fn, sig, const, warps, stages, label, programs_per_sm):
     usage = hi.parse_res_usage(hi._cuobjdump(k.asm["cubin"], "-res-usage") or "")
     res = usage.get(k.metadata.name, {})
     out.append(dict(label=label, registers=res.get("REG"), spill=res.get("STACK", 0) + res.get("LOCAL", 0),
-                    shared=k.metadata.shared, warps=warps, programs_per_sm=programs_per_sm))
+                    shared=k.metadata.shared, warps=warps, programs_per_sm=programs_per_sm,
+                    mul_rn=k.asm["ptx"].count("mul.rn")))
 
 if group.startswith("bwd"):
     _, dt, n = group.split("_")
@@ -613,6 +614,8 @@ def test_tile_candidates_compile_for_sm90_without_spills(sm90_tile_builds):
     errors = [f"{b['label']}: {b['error']}" for b in sm90_tile_builds if "error" in b]
     assert not errors, "\n".join(errors)
     for b in sm90_tile_builds:
+        if "bwd" in b["label"]:  # dy * w by layer_norm._mul_rn: a product no later add fuses with
+            assert b["mul_rn"] > 0, f"{b['label']}: no mul.rn in the PTX"
         if b["label"].startswith("wide"):
             continue  # the whole row and three fp32 vectors in registers: spills at any num_warps (see _ln_bwd_candidates)
         assert b["spill"] == 0, f"{b['label']}: {b['spill']} bytes spilled ({b['registers']} registers)"

@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_tensor, pick_config
 from hearth.kernels.rms_norm import (
@@ -137,6 +138,19 @@ def _layer_norm_fwd_rows_kernel(
 
 
 @triton.jit
+def _mul_rn(a, b, INTERP: tl.constexpr):
+    """a * b rounded to nearest as its own instruction (PTX mul.rn.f32: neither LLVM nor ptxas fuses it into a later
+    add). The backward's dy * w goes through it: fused, dx = dy*w - c1 - ... became an fma of the unrounded product
+    against c1 = sum(dy*w) / N (rounded), so where the terms cancel exactly one rounding error times rstd was left:
+    at N = 1 (dx = 0) the H200 returned 3.6e-5 with rstd ~ 316 (GPU suite 2026-12-04, af363f9). Turning fusion off
+    for the whole kernel (enable_fp_fusion=False) fixed that but cost registers (one tile candidate spilled 24
+    bytes, another no longer fit 2 programs an SM). The interpreter neither fuses nor runs libdevice: a * b."""
+    if INTERP:
+        return a * b
+    return libdevice.mul_rn(a, b)
+
+
+@triton.jit
 def _layer_norm_bwd_kernel(
     # pointers
     dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
@@ -149,6 +163,7 @@ def _layer_norm_bwd_kernel(
     ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see rms_norm.persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
     COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: partial_ptr is unused
+    INTERP: tl.constexpr = False,  # under TRITON_INTERPRET=1 (_mul_rn)
 ):
     """partial_ptr: the [2, G, N] fp32 partials of the G = num_programs programs, dw's in rows 0..G-1 and db's in
     rows G..2G-1 (one pointer: no views of the buffer to make on the host per call)."""
@@ -170,7 +185,7 @@ def _layer_norm_bwd_kernel(
         mean = tl.load(mean_ptr + row64, mask=row_ok, other=0.0)
         rstd = tl.load(rstd_ptr + row64, mask=row_ok, other=0.0)
         xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-        wdy = dy * w
+        wdy = _mul_rn(dy, w, INTERP)
         c1 = tl.sum(wdy, axis=0) / N
         c2 = tl.sum(wdy * xhat, axis=0) / N
         dx = (wdy - c1 - xhat * c2) * rstd
@@ -197,6 +212,7 @@ def _layer_norm_bwd_rows_kernel(
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
     COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: partial_ptr is unused
+    INTERP: tl.constexpr = False,  # under TRITON_INTERPRET=1 (_mul_rn)
 ):
     """The backward over [BLOCK_M, BLOCK_N] tiles of narrow rows: the math of _layer_norm_bwd_kernel per row.
 
@@ -222,7 +238,7 @@ def _layer_norm_bwd_rows_kernel(
         mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        wdy = dy * w[None, :]
+        wdy = _mul_rn(dy, tl.broadcast_to(w[None, :], (BLOCK_M, BLOCK_N)), INTERP)
         c1 = tl.sum(wdy, axis=1) / N
         c2 = tl.sum(wdy * xhat, axis=1) / N
         dx = (wdy - c1[:, None] - xhat * c2[:, None]) * rstd[:, None]
@@ -312,6 +328,7 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     x2, stride_x = _row_args(x, n, m)
     dy2, stride_dy = _row_args(dy, n, m)
     block = _config(n)[0]
+    interp = not dx.is_cuda  # the interpreter's tensors are on the CPU (an attribute read; _mul_rn)
 
     def launch(cfg):
         kind, block_m, _, warps, stages = cfg
@@ -326,12 +343,13 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
                 dy2, x2, weight, mean, rstd, dx, partial_arg, m, n,
                 stride_dy, stride_x, n, BLOCK_N=block, num_warps=warps,
                 ROWS_PER_PROGRAM=per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                INTERP=interp,
             )
         else:
             _layer_norm_bwd_rows_kernel[(grid,)](
                 dy2, x2, weight, mean, rstd, dx, partial_arg, m, n, per_program,
                 stride_dy, stride_x, n, BLOCK_M=block_m, BLOCK_N=block, num_warps=warps,
-                NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
+                NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw, INTERP=interp,
             )
         return partial
 
