@@ -102,3 +102,43 @@ def test_host_trace_probe_rounds_and_profile_helpers(monkeypatch):
     assert calls.count(1) == calls.count(2) == 2 * (3 + 4)  # 3 warm-up calls and 4 timed, each round
     text = mod["_cprofile"](lambda: sorted(range(50)), 3, 5)
     assert "function calls" in text and "sorted" in text
+
+
+def test_host_trace_probe_packed_attention_case_and_kernel_times(monkeypatch):
+    """host_trace_probe's attention_varlen case (S causal sequences of L tokens packed): hearth's packed attention
+    runs fwd+bwd on the case's leaves (interpreter, CPU), and each sequence's output is the dense causal attention of
+    that sequence alone; the flash_attn provider without FlashAttention-4 installed stops with a message naming it;
+    _kernel_times lists device-only profile entries by device time per call, longest first."""
+    import runpy
+    import types
+
+    import torch
+
+    mod = runpy.run_path(str(ROOT / "scripts" / "gpu" / "host_trace_probe.py"), run_name="host_trace_probe")
+    leaves, step, dy = mod["_case"]("attention_varlen", [2, 16, 2, 1, 16], "hearth", device="cpu")
+    q, k, v = leaves
+    assert q.shape == (32, 2, 16) and k.shape == v.shape == (32, 1, 16) and dy.shape == q.shape
+    out = step()
+    out.backward(dy)
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in leaves)
+    for i in range(2):  # sequence i alone, dense causal attention in fp32 (GQA 2/1: K/V repeated)
+        sl = slice(16 * i, 16 * (i + 1))
+        qi, ki, vi = (t.detach()[sl].float().transpose(0, 1) for t in (q, k, v))
+        ki, vi = ki.repeat_interleave(2, 0), vi.repeat_interleave(2, 0)
+        ref = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True).transpose(0, 1)
+        assert (out.detach()[sl].float() - ref).abs().max() < 3e-2
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:  # FlashAttention-4 is carried to the H200 only
+        try:
+            mod["_case"]("attention_varlen", [2, 16, 2, 1, 16], "flash_attn", device="cpu")
+        except SystemExit as e:
+            assert "flash_attn.cute does not import" in str(e)
+        else:
+            raise AssertionError("no SystemExit without flash_attn.cute")
+    ev = lambda key, dev_us, cpu_us, count: types.SimpleNamespace(  # noqa: E731
+        key=key, self_device_time_total=dev_us, self_cpu_time_total=cpu_us, count=count)
+    lines = mod["_kernel_times"]([ev("bwd_kernel", 400.0, 0, 2), ev("cudaLaunchKernel", 0, 90.0, 8),
+                                   ev("fwd_kernel", 200.0, 0, 2), ev("aten::empty", 0, 10.0, 4)], 2)
+    assert len(lines) == 2 and "bwd_kernel" in lines[0] and "fwd_kernel" in lines[1]
+    assert lines[0].split()[0] == "200.0"  # per call: 400 us over 2 calls

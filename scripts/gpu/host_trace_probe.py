@@ -10,8 +10,10 @@ cudaFree, cudaEventSynchronize) with their counts and host time, then the top op
 host figure close to the wall time with a synchronising call in the list is a sync inside the op, not
 launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_entropy (N,H,V), layer_norm and
 rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the harness's full mode), attention
-(B,Hq,Hk,T,D, causal). --provider hearth (default), liger (Liger-Kernel's function, where installed) or torch
-(eager PyTorch) for layer_norm and rms_norm; sdpa_cudnn or sdpa_flash for attention. --pyprof (attention): also a
+(B,Hq,Hk,T,D, causal), attention_varlen (S,L,Hq,Hk,D: S causal sequences of L tokens packed in one row). --provider
+hearth (default), liger (Liger-Kernel's function, where installed) or torch (eager PyTorch) for layer_norm and
+rms_norm; sdpa_cudnn or sdpa_flash for attention; flash_attn (FlashAttention-4's varlen function, where carried) for
+attention_varlen. The trace also lists GPU time per call by kernel, longest first. --pyprof (attention): also a
 cProfile of hearth's forward and backward launchers, Python time by function, and the backward() call through
 autograd split by timestamps (hand-over to autograd's device thread, the Python backward there, the return) beside a
 no-op autograd.Function as the control, with a cProfile taken on the device thread, then the three back to back
@@ -55,10 +57,10 @@ def _norm(op: str, provider: str):
     raise SystemExit(f"--provider: one of hearth, liger, torch, got {provider!r}")
 
 
-def _case(op: str, shape: list[int], provider: str = "hearth"):
+def _case(op: str, shape: list[int], provider: str = "hearth", device: str = "cuda"):
     import hearth.kernels as hk
 
-    dev, dt = "cuda", torch.bfloat16
+    dev, dt = device, torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *s, scale=1.0: (torch.randn(*s, device=dev, generator=g) * scale).to(dt)  # noqa: E731
     if op in ("layer_norm", "rms_norm"):
@@ -86,8 +88,28 @@ def _case(op: str, shape: list[int], provider: str = "hearth"):
                                                                             enable_gqa=hq != nk)
             return [q, k, v], sdpa, dy
         raise SystemExit(f"--provider {provider}: attention takes hearth, sdpa_cudnn or sdpa_flash")
+    if op == "attention_varlen":  # shape S,L,Hq,Hk,D: S causal sequences of L tokens packed in one row
+        s, seq, hq, nk, d = shape
+        q = rnd(s * seq, hq, d).requires_grad_()
+        k, v = rnd(s * seq, nk, d).requires_grad_(), rnd(s * seq, nk, d).requires_grad_()
+        dy = rnd(s * seq, hq, d)
+        cu = torch.arange(0, s + 1, device=dev, dtype=torch.int32) * seq
+        if provider == "hearth":
+            return [q, k, v], lambda: hk.attention_varlen(q, k, v, cu, cu, seq, seq, causal=True), dy
+        if provider == "flash_attn":  # FlashAttention-4 (CuTe DSL; carried by scripts/gpu/peer_wheels.sh)
+            try:
+                from flash_attn.cute import flash_attn_varlen_func
+            except ImportError as e:
+                raise SystemExit(f"--provider flash_attn: flash_attn.cute does not import ({e})") from e
+
+            def fa4():
+                out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seq,
+                                             max_seqlen_k=seq, causal=True)
+                return out[0] if isinstance(out, tuple) else out  # (out, lse)
+            return [q, k, v], fa4, dy
+        raise SystemExit(f"--provider {provider}: attention_varlen takes hearth or flash_attn")
     if provider != "hearth":
-        raise SystemExit(f"--provider {provider}: only layer_norm, rms_norm and attention have peers here")
+        raise SystemExit(f"--provider {provider}: only layer_norm, rms_norm and attention(_varlen) have peers here")
     if op == "swiglu_mlp":
         from hearth.kernels.swiglu import swiglu_mlp
 
@@ -107,6 +129,19 @@ def _case(op: str, shape: list[int], provider: str = "hearth"):
         t = torch.randint(0, v, (n,), device=dev, generator=g)
         return [x, w], lambda: hk.linear_cross_entropy(x, w, t), None
     raise SystemExit(f"--op: unknown op {op!r}")
+
+
+def _kernel_times(avgs, iters: int, top: int = 12) -> list[str]:
+    """The profile's device-side entries (kernels, memsets, copies) by self device time per call: which part of a
+    fwd+bwd takes the GPU time (e.g. a forward against a peer's, the backward's preprocess, its main kernel)."""
+    rows = []
+    for e in avgs:
+        us = getattr(e, "self_device_time_total", None)
+        us = getattr(e, "self_cuda_time_total", 0) if us is None else us
+        if us > 0 and e.self_cpu_time_total == 0:  # device-only entries (a launch's CPU side is its own entry)
+            rows.append((us / iters, e.count / iters, e.key))
+    rows.sort(reverse=True)
+    return [f"  {us:9.1f}  x{n:4.1f}  {name[:110]}" for us, n, name in rows[:top]] or ["  none"]
 
 
 def _back_to_back(fn, iters: int) -> tuple[float, float]:
@@ -428,7 +463,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=None)
     p.add_argument("--provider", default="hearth",
-                   help="hearth, liger or torch (layer_norm and rms_norm); sdpa_cudnn or sdpa_flash (attention)")
+                   help="hearth, liger or torch (layer_norm and rms_norm); sdpa_cudnn or sdpa_flash (attention); "
+                        "flash_attn (attention_varlen)")
     p.add_argument("--pyprof", action="store_true",
                    help="--op attention: also cProfile hearth's forward and backward launchers (Python time by function)")
     args = p.parse_args()
@@ -469,6 +505,8 @@ def main() -> None:
             lines.append(f"  {e.key:40s} {e.count / args.iters:6.1f}  {e.self_cpu_time_total / args.iters:9.1f}")
     if not found:
         lines.append("  none")
+    lines.append("GPU time per call by kernel (us), longest first:")
+    lines += _kernel_times(avgs, args.iters)
     lines.append(avgs.table(sort_by="self_cpu_time_total", row_limit=25))
     text = "\n".join(lines)
     print(text)
