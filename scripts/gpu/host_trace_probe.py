@@ -12,12 +12,13 @@ launch overhead. Ops: swiglu_mlp (shape N,H,I), matmul (M,K,N), linear_cross_ent
 rms_norm (M,N: bf16 weight, and a bias for layer_norm, all trainable, as the harness's full mode), attention
 (B,Hq,Hk,T,D, causal), attention_varlen (S,L,Hq,Hk,D: S causal sequences of L tokens packed in one row). --provider
 hearth (default), liger (Liger-Kernel's function, where installed) or torch (eager PyTorch) for layer_norm and
-rms_norm; sdpa_cudnn or sdpa_flash for attention; flash_attn (FlashAttention-4's varlen function, where carried) for
-attention_varlen. The trace also lists GPU time per call by kernel, longest first. --pyprof (attention): also a
-cProfile of hearth's forward and backward launchers, Python time by function, and the backward() call through
-autograd split by timestamps (hand-over to autograd's device thread, the Python backward there, the return) beside a
-no-op autograd.Function as the control, with a cProfile taken on the device thread, then the three back to back
-(launchers, through autograd, the control) alternated in rounds in one process. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
+rms_norm; sdpa_cudnn or sdpa_flash for attention; flash_attn (the bench's flash_attn row: FlashAttention-4's varlen
+function where carried, else FlashAttention-3 / 2) for attention_varlen. The trace also lists GPU time per call by
+kernel, longest first. --pyprof (attention): also a cProfile of hearth's forward and backward launchers, Python time
+by function, and the backward() call through autograd split by timestamps (hand-over to autograd's device thread,
+the Python backward there, the return) beside a no-op autograd.Function as the control, with a cProfile taken on the
+device thread, then the three back to back (launchers, through autograd, the control) alternated in rounds in one
+process. The kernel launch calls (cuLaunchKernel, cudaLaunchKernel) are counted too.
 Writes DIR/host_trace_<op>[_<provider>]_<shape>.txt when --out is given.
 --op softmax_ab --shape M,N: softmax's fwd+bwd host time route by route in rounds (the cluster forms routed and
 not, through autograd and the launchers called directly, Liger beside them), and a cProfile of the routed backward.
@@ -96,17 +97,19 @@ def _case(op: str, shape: list[int], provider: str = "hearth", device: str = "cu
         cu = torch.arange(0, s + 1, device=dev, dtype=torch.int32) * seq
         if provider == "hearth":
             return [q, k, v], lambda: hk.attention_varlen(q, k, v, cu, cu, seq, seq, causal=True), dy
-        if provider == "flash_attn":  # FlashAttention-4 (CuTe DSL; carried by scripts/gpu/peer_wheels.sh)
-            try:
-                from flash_attn.cute import flash_attn_varlen_func
-            except ImportError as e:
-                raise SystemExit(f"--provider flash_attn: flash_attn.cute does not import ({e})") from e
+        if provider == "flash_attn":  # the bench's flash_attn row: the first of FlashAttention-4 / 3 / 2 that imports
+            from hearth.bench.providers import Unavailable, _flash_attn_function
 
-            def fa4():
-                out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seq,
-                                             max_seqlen_k=seq, causal=True)
-                return out[0] if isinstance(out, tuple) else out  # (out, lse)
-            return [q, k, v], fa4, dy
+            try:
+                _module, varlen = _flash_attn_function({"q": q}, "flash_attn_varlen_func")
+            except Unavailable as e:
+                raise SystemExit(f"--provider flash_attn: {e}") from e
+
+            def fa():
+                out = varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=seq, max_seqlen_k=seq,
+                             causal=True)
+                return out[0] if isinstance(out, tuple) else out  # FlashAttention-3 / 4 also return the lse
+            return [q, k, v], fa, dy
         raise SystemExit(f"--provider {provider}: attention_varlen takes hearth or flash_attn")
     if provider != "hearth":
         raise SystemExit(f"--provider {provider}: only layer_norm, rms_norm and attention(_varlen) have peers here")
