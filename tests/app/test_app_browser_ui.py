@@ -109,6 +109,14 @@ def test_simulation_mode_and_rehearsal_in_a_browser(tmp_path, desktop_page):
             page.wait_for_selector("#situation-form")
             assert page.locator("#agent-list li").count() == 0
 
+            # the error page's "Go back" returns to the page before it (it was a javascript: link, which the CSP
+            # refuses: a click did nothing)
+            simulate_url = page.url
+            page.goto(server.url + "/companions/" + "0" * 32)
+            assert page.locator("a.back").is_visible()
+            page.click("a.back")
+            page.wait_for_url(simulate_url)
+
             # Back after logout does not show the decrypted chat (Cache-Control: no-store)
             page.goto(companion_url)
             assert "A private thing I told Wren" in page.inner_text("#messages")

@@ -83,16 +83,17 @@ async def test_login_backs_off_after_the_free_attempts(make_settings, sqlite_url
 
 
 async def test_oversized_bodies_get_413(make_settings, sqlite_url):
-    async with running_app(make_settings(sqlite_url, max_body_bytes=4096)) as (app, client):
+    # (the smallest body limit the settings accept: the longest text field's, 8000 characters at 12 bytes each)
+    async with running_app(make_settings(sqlite_url, max_body_bytes=100_000)) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
-        big = "x" * 10_000
+        big = "x" * 200_000
         r = await client.post(f"/companions/{cid}/messages", data={"message": big, "csrf": csrf})
         assert r.status_code == 413
 
         async def chunked():  # no Content-Length: the limit must hold on the bytes received
             yield f"csrf={csrf}&message=".encode()
-            for _ in range(10):
+            for _ in range(200):
                 yield b"y" * 1000
 
         r = await client.post(f"/companions/{cid}/messages", content=chunked(),

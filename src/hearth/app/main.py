@@ -105,6 +105,20 @@ def _install_error_handlers(app: FastAPI) -> None:
                            f"{describe_failure(exc)} Nothing was saved; try again.")
 
 
+GRACEFUL_SHUTDOWN_S = 30  # in-flight turns get this long to commit at shutdown; a hung one cannot block exit
+
+
+async def _finish_turns(turns: set[asyncio.Task]) -> None:
+    """Shutdown: let the streamed turns whose page left commit (the same grace as the requests still open),
+    then cancel what is left (its transaction rolls back: nothing half-written)."""
+    if not turns:
+        return
+    _, late = await asyncio.wait(set(turns), timeout=GRACEFUL_SHUTDOWN_S)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+
+
 def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
     """The ASGI app. ``model`` defaults to the chain built from ``settings.config_path``."""
     backend = model if model is not None else build_backend(settings.config_path)
@@ -114,6 +128,7 @@ def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         db = create_database(settings.database_url)
+        turns: set[asyncio.Task] = set()  # streamed turns whose page may have left (routes._util.to_the_end)
         try:
             await prepare(settings, db)  # StartupError: the app does not start
             if hasattr(backend, "start"):
@@ -121,9 +136,10 @@ def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
             app.state.hearth = AppState(
                 settings=settings, db=db, model=backend, model_configured=not isinstance(backend, NoModel),
                 templates=templates, trusted_proxies=parse_networks(settings.forwarded_allow_ips),
-                device_secret=device_secret(settings.master_key.get_secret_value()))
+                device_secret=device_secret(settings.master_key.get_secret_value()), turns=turns)
             yield
         finally:
+            await _finish_turns(turns)
             if hasattr(backend, "aclose"):
                 await backend.aclose()
             await db.dispose()
@@ -217,7 +233,7 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
           f"database {database}, {workers} worker{'s' if workers > 1 else ''})", flush=True)
     # a bounded graceful shutdown: in-flight turns get time to commit, a hung one cannot block exit
     common = dict(host=host, port=port, log_level="info", lifespan="on", proxy_headers=False, server_header=False,
-                  timeout_graceful_shutdown=30)
+                  timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     if workers > 1:
         os.environ[SERVE_ARGS_ENV] = json.dumps({"config": str(config) if config else None,
                                                  "database_url": database_url, "host": host, "port": port,

@@ -27,6 +27,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, field_validator, model_validator
 
+from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
 from hearth.app.throttle import Policy, parse_networks
@@ -35,6 +36,7 @@ log = logging.getLogger("hearth.app")
 
 DEV_KEY_MARKER = "# hearth development master key: generated on first run; never use it in production"
 DEFAULT_DB = "sqlite+aiosqlite:///./var/hearth.sqlite3"
+FORM_BYTES_PER_CHAR = 12  # one character form-encoded, at most: 4 UTF-8 bytes, each written %XX
 
 
 class SettingsError(ValueError):
@@ -70,7 +72,7 @@ class AppSettings(BaseModel):
     config_path: Path | None = None
     cookie_secure: bool = True
     session_ttl_s: int = Field(14 * 24 * 3600, ge=60)
-    max_body_bytes: int = Field(64 * 1024, ge=1024)
+    max_body_bytes: int = Field(128 * 1024, ge=1024)  # at least what the longest text needs (below)
     max_text_chars: int = Field(4000, ge=10)
     # login / signup throttling (hearth.app.throttle): free attempts, then a doubling delay up to the cap
     login_free_attempts: int = Field(5, ge=1)
@@ -119,6 +121,19 @@ class AppSettings(BaseModel):
     def policy(self, kind: str) -> Policy:
         return Policy(free=getattr(self, f"{kind}_free_attempts"), base_s=getattr(self, f"{kind}_backoff_base_s"),
                       max_s=getattr(self, f"{kind}_backoff_max_s"), window_s=getattr(self, f"{kind}_window_s"))
+
+    @model_validator(mode="after")
+    def _body_holds_the_longest_text(self) -> "AppSettings":
+        # a form-encoded character takes up to 12 bytes (4 UTF-8 bytes, each %XX): a smaller body limit refuses
+        # text within a field's own limit (8000 characters of Chinese context) with a bare 413, the text lost
+        name, chars = max((("shared_context", MAX_CONTEXT), ("max_text_chars", self.max_text_chars)),
+                          key=lambda item: item[1])
+        need = FORM_BYTES_PER_CHAR * chars + 1024
+        if self.max_body_bytes < need:
+            raise ValueError(f"max_body_bytes: must be at least {need} to carry the longest text the forms take "
+                             f"({name}: {chars} characters, up to {FORM_BYTES_PER_CHAR} bytes each once "
+                             f"form-encoded), got {self.max_body_bytes}")
+        return self
 
     @model_validator(mode="after")
     def _secure_outside_dev(self) -> "AppSettings":
@@ -213,6 +228,13 @@ def write_new_dev_key(settings: "AppSettings") -> None:
     print(f"hearth: created development master key {path} (mode 0600)", flush=True)
 
 
+def _path(value: Any, field: str) -> Path:
+    """A path setting; SettingsError naming ``field`` when the TOML gave another type (var_dir = 5)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise SettingsError(field, f"must be a path (text), got {type(value).__name__}")
+    return Path(value)
+
+
 def load_settings(config: Path | None = None, *, database_url: str | None = None, host: str | None = None,
                   port: int | None = None, env: Mapping[str, str] | None = None,
                   overrides: Mapping[str, Any] | None = None) -> AppSettings:
@@ -235,7 +257,7 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     raw.setdefault("environment", "development" if is_loopback(host_) else "production")
     dev = raw["environment"] == "development"
     raw.setdefault("cookie_secure", not (dev and is_loopback(host_)))
-    var_dir = Path(raw.get("var_dir", "var"))
+    var_dir = _path(raw.get("var_dir", "var"), "var_dir")
     raw.setdefault("database_url", f"sqlite+aiosqlite:///{var_dir / 'hearth.sqlite3'}")
 
     key_file = raw.pop("master_key_file", None) or env.get("HEARTH_MASTER_KEY_FILE")
@@ -248,7 +270,7 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
         key = _load_key_text(env["HEARTH_MASTER_KEY"], "HEARTH_MASTER_KEY", dev=dev)
         raw["master_key_source"] = "HEARTH_MASTER_KEY"
     elif key_file:
-        key = _read_key_file(Path(key_file), "master_key_file", dev=dev)
+        key = _read_key_file(_path(key_file, "master_key_file"), "master_key_file", dev=dev)
         raw["master_key_source"] = f"master_key_file {key_file}"
     elif dev:
         key, raw["new_dev_key_file"] = _dev_key(var_dir)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Path
 
+from hearth.app.model import failure_for_log
 from hearth.app.streamtext import MessageStream
+
+log = logging.getLogger("hearth.app")
 
 ID_PATTERN = r"^[0-9a-f]{32}$"
 IdParam = Annotated[str, Path(pattern=ID_PATTERN)]
@@ -20,6 +25,39 @@ def sse(event: str, data: dict) -> bytes:
 
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+async def to_the_end(events: AsyncIterator[bytes], running: set[asyncio.Task]) -> AsyncIterator[bytes]:
+    """Relay a turn's SSE ``events`` while the page listens, running them in a task of their own: a page that
+    goes away (a closed tab, a tap on "Talk to <companion>" while the panel reads a rehearsal) no longer
+    cancels the turn with the response. It runs to its commit as a plain form POST does, and is there when the
+    user comes back. ``running`` holds the task until it ends (the app's shutdown waits for it)."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for event in events:
+                queue.put_nowait(event)
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.create_task(pump())
+    running.add(task)
+    task.add_done_callback(running.discard)
+    relayed = False
+    try:
+        while (event := await queue.get()) is not None:
+            yield event
+        relayed = True
+    finally:
+        if not relayed:  # the page left: nobody awaits the task, so its failure is logged here
+            task.add_done_callback(_log_failure)
+    await task  # a failure after its "error" event is the response's, as before
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a turn whose page had left failed: %s", failure_for_log(task.exception()))
 
 
 async def reply_events(model, messages: list[dict], *, deadline_s: float) -> AsyncIterator[tuple[str, Any]]:

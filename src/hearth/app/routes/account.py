@@ -1,4 +1,8 @@
-"""The user's own account: change the password, export everything, delete the account."""
+"""The user's own account: change the password, export everything, delete the account.
+
+Both changes need the current password; its check is throttled per account like a login (hearth.app.throttle,
+the login policy), so a session left open somewhere cannot be used to guess the password behind it, one argon2
+hash after another."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
 from hearth.app import account as svc
-from hearth.app import accounts
+from hearth.app import accounts, throttle
 from hearth.app.deps import DB, SESSION_COOKIE, CsrfViewer, State, Viewer
 
 router = APIRouter(prefix="/account")
@@ -19,6 +23,22 @@ Secret = Annotated[str, Form(max_length=1000)]
 def _page(request: Request, state: State, viewer, *, error: str = "", notice: str = "", status: int = 200) -> Response:
     return state.templates.TemplateResponse(request, "account.html", {
         "viewer": viewer, "error": error, "notice": notice}, status_code=status)
+
+
+def _password_bucket(viewer) -> str:
+    return f"password|{viewer.user_id}"
+
+
+async def _too_many(request: Request, state: State, db, viewer) -> Response | None:
+    """Count one current-password check; the page with a 429 when it must wait (then nothing is checked)."""
+    wait = await throttle.attempt(db, _password_bucket(viewer), state.settings.policy("login"))
+    if wait <= 0:
+        return None
+    seconds = int(wait) + 1
+    response = _page(request, state, viewer, status=429,
+                     error=f"Too many password attempts; try again in {seconds} s.")
+    response.headers["Retry-After"] = str(seconds)
+    return response
 
 
 @router.get("")
@@ -31,11 +51,14 @@ async def account_page(request: Request, state: State, viewer: Viewer) -> Respon
 @router.post("/password")
 async def change_password(request: Request, state: State, db: DB, viewer: CsrfViewer, current_password: Secret,
                           new_password: Secret) -> Response:
+    if refused := await _too_many(request, state, db, viewer):
+        return refused
     try:
         new = await svc.change_password(db, viewer.user, current=current_password, new=new_password,
                                         ttl_s=state.settings.session_ttl_s)
     except accounts.AccountError as exc:
         return _page(request, state, viewer, error=str(exc), status=400)
+    await throttle.forget(db, _password_bucket(viewer))
     response = RedirectResponse("/account?changed=1", status_code=303)
     response.set_cookie(SESSION_COOKIE, new.token, max_age=state.settings.session_ttl_s, httponly=True,
                         samesite="lax", secure=state.settings.cookie_secure, path="/")
@@ -51,10 +74,13 @@ async def export(db: DB, viewer: Viewer) -> Response:
 
 @router.post("/delete")
 async def delete_account(request: Request, state: State, db: DB, viewer: CsrfViewer, password: Secret) -> Response:
+    if refused := await _too_many(request, state, db, viewer):
+        return refused
     try:
         await svc.delete_account(db, viewer.user, password=password)
     except accounts.AccountError as exc:
         return _page(request, state, viewer, error=str(exc), status=400)
+    await throttle.forget(db, _password_bucket(viewer))  # nothing of the account is left behind
     response = RedirectResponse("/signup", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

@@ -13,7 +13,7 @@ from hearth.app import companions as svc
 from hearth.app import simulation
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.routes._util import SSE_HEADERS, IdParam, reply_events, sse
+from hearth.app.routes._util import SSE_HEADERS, IdParam, reply_events, sse, to_the_end
 from hearth.gateway.errors import GatewayError
 
 router = APIRouter(prefix="/companions")
@@ -45,7 +45,8 @@ def _turn_json(turn: svc.TurnResult) -> dict:
 
 async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str):
     """SSE: ``delta`` events with the message as it streams, then ``done`` once the turn is committed
-    (that is the acknowledgement), or ``error`` (nothing saved)."""
+    (that is the acknowledgement), or ``error`` (nothing saved). A page that leaves does not stop it
+    (routes._util.to_the_end): the turn is saved as it would be after a plain form POST."""
     s = state.settings
     try:
         async with state.db.sessions() as db:
@@ -74,8 +75,8 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
     if wants_stream(request):
         text = svc.clean_text(message, "message", s.max_text_chars)
         await svc.get_companion(db, viewer.cipher, companion_id)  # 404 before the stream starts
-        return StreamingResponse(_stream_turn(state, viewer, companion_id, text), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(to_the_end(_stream_turn(state, viewer, companion_id, text), state.turns),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
                             turns=s.chat_context_turns, prompt_memories=s.prompt_memories,

@@ -15,7 +15,7 @@ from hearth.app.common import clean_text
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse
+from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse, to_the_end
 
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
@@ -71,7 +71,7 @@ async def run_situation(request: Request, state: State, db: DB, viewer: CsrfView
         raise ModelUnavailable("no model endpoint is configured")
     shared = await svc.panel_context(db, viewer.cipher, companion_id)  # 404 for another user's companion
     if wants_stream(request):
-        return StreamingResponse(_stream_panel(state, viewer, companion_id, text, shared),
+        return StreamingResponse(to_the_end(_stream_panel(state, viewer, companion_id, text, shared), state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     results = await svc.run_panel(state.model, shared, text, state.settings.analyst_timeout_s)
     if not any(r.ok for r in results):
@@ -127,7 +127,8 @@ async def rehearsal_page(request: Request, state: State, db: DB, viewer: Viewer,
 
 async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: str, text: str):
     """SSE: ``delta`` (the agent's reply as it streams), ``reply`` (its final text), one ``reading`` per
-    analyst, then ``done`` once both turns and the readings are committed; or ``error`` (nothing saved)."""
+    analyst, then ``done`` once both turns and the readings are committed; or ``error`` (nothing saved).
+    Leaving for the companion while the panel reads does not stop it (routes._util.to_the_end)."""
     s, model = state.settings, state.model
     try:
         async with state.db.sessions() as db:
@@ -161,7 +162,7 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
     if wants_stream(request):
         text = clean_text(message, "message", s.max_text_chars)
         await svc.get_rehearsal(db, viewer.cipher, rehearsal_id)  # 404 before the stream starts
-        return StreamingResponse(_stream_rehearsal(state, viewer, rehearsal_id, text),
+        return StreamingResponse(to_the_end(_stream_rehearsal(state, viewer, rehearsal_id, text), state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,

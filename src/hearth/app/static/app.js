@@ -72,8 +72,9 @@ function addMemories(memories) {
 function streamTurns(form, list, error, lost, start) {
   // a message form whose reply streams in (chat, rehearsal): the user's and the reply's bubbles stay pending
   // until "done"; "delta" text is appended to the reply; `start(mine, reply)` gives the handler of every other
-  // event for this turn. An "error" event, or a stream that ends before "done" (`lost`), removes both bubbles,
-  // shows the error, and gives the text back to the box (nothing was saved).
+  // event for this turn. An "error" event (nothing was saved), or a stream that ends before "done" (`lost`: the
+  // server still finishes the turn, so it may be saved), removes both bubbles, shows the error, and gives the
+  // text back to the box.
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const box = form.elements.message;
@@ -123,7 +124,8 @@ function setupChat(form) {
       form.elements.message.focus();
     }
   });
-  streamTurns(form, list, error, "The connection closed before the reply was saved.", (mine, reply) => (event, data) => {
+  const lost = "The connection closed before the reply arrived. It may still be saved: reload the page before sending it again.";
+  streamTurns(form, list, error, lost, (mine, reply) => (event, data) => {
     if (event !== "done") return;
     reply.querySelector("p").textContent = data.message;
     reply.dataset.id = data.reply_id;
@@ -186,7 +188,7 @@ function setupPanel(form) {
           throw new Error(data.message);
         }
       });
-      if (!saved) throw new Error("The connection closed before the panel was saved; it was not saved.");
+      if (!saved) throw new Error("The connection closed before the panel arrived. It may still be saved: reload the page before asking again.");
     } catch (e) {
       panel.dataset.error = e.message;
       const error = document.getElementById("panel-error");
@@ -226,7 +228,7 @@ function setupRehearsal(form) {
   // and the text goes back into the box (nothing was saved)
   const list = document.getElementById("turns");
   const error = document.getElementById("rehearsal-error");
-  const lost = "The connection closed before the turn was saved; it was not saved.";
+  const lost = "The connection closed before the turn arrived. It may still be saved: reload the page before saying it again.";
   streamTurns(form, list, error, lost, (mine, reply) => {
     let details = null, ul = null, got = 0, ok = 0;
     return (event, data) => {
@@ -252,6 +254,13 @@ function setupRehearsal(form) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  // "Go back" on the error page: the previous page when there is one (the CSP refuses javascript: links, so
+  // this is a listener), else the link's own target (home)
+  for (const link of document.querySelectorAll("a[data-back]")) {
+    link.addEventListener("click", (ev) => {
+      if (history.length > 1) { ev.preventDefault(); history.back(); }
+    });
+  }
   for (const form of document.querySelectorAll("form[data-confirm]")) {
     form.addEventListener("submit", (ev) => { if (!confirm(form.dataset.confirm)) ev.preventDefault(); });
   }
