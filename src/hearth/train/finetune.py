@@ -112,9 +112,13 @@ class FinetuneConfig:
         for name in ("corpus", "model", "out", "eval_corpus", "resume"):
             value = getattr(self, name)
             if value is not None:
+                if not isinstance(value, (str, os.PathLike)):  # Path(3) says "expected str", naming no key
+                    raise ValueError(f"{name} must be a path (a string), got {value!r}")
                 setattr(self, name, Path(value))
         if isinstance(self.targets, str):
             self.targets = tuple(t.strip() for t in self.targets.split(",") if t.strip())
+        if not isinstance(self.targets, (list, tuple)):
+            raise ValueError(f"targets must be a non-empty list of module names, got {self.targets!r}")
         self.targets = tuple(self.targets)
 
     @property
@@ -160,6 +164,10 @@ class FinetuneConfig:
             raise ValueError(f"grad_accum: {self.grad_accum} micro-batch(es) per step on {world} ranks leaves "
                              f"{world - self.grad_accum} rank(s) with no data in every step; set grad_accum to a "
                              f"multiple of {world} (e.g. {world})")
+        for name in ("shuffle", "pack", "patch", "random_init", "qlora"):
+            # a run file's pack = "false" or shuffle = 0 would be read by truthiness: packing on, shuffling off
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.attention is not None and not isinstance(self.attention, bool):
             raise ValueError(f"attention must be true, false or left out (by device), got {self.attention!r}")
         if self.attention and not self.patch:
@@ -174,8 +182,9 @@ class FinetuneConfig:
         if self.batch_tokens is not None and self.batch_tokens < self.seq_len:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must be >= seq_len ({self.seq_len}): "
                              "every example must fit one micro-batch")
-        if self.memory_budget_gib is not None and not self.memory_budget_gib > 0:
-            raise ValueError(f"memory_budget_gib must be > 0, got {self.memory_budget_gib!r}")
+        if self.memory_budget_gib is not None and (isinstance(self.memory_budget_gib, bool) or not isinstance(
+                self.memory_budget_gib, (int, float)) or not self.memory_budget_gib > 0):
+            raise ValueError(f"memory_budget_gib must be a number of GiB > 0, got {self.memory_budget_gib!r}")
         if not Path(self.corpus).is_file():
             raise ValueError(f"corpus: {self.corpus} is not a file (expected OUT_DIR/train.jsonl from `hearth corpus build`)")
         if self.eval_corpus is not None and not Path(self.eval_corpus).is_file():
@@ -183,6 +192,15 @@ class FinetuneConfig:
         if not Path(self.model).exists():
             raise ValueError(f"model: {self.model} does not exist (a local model directory"
                              + (" or config JSON" if self.random_init else "") + "; nothing is downloaded)")
+        # OUT is first written once the model is loaded: a file in its place (or on the way to it) fails here
+        for folder in (Path(self.out), *Path(self.out).parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    raise ValueError(f"out: {folder} is a file, not a folder" +
+                                     (f" (so {self.out} cannot be created)" if folder != Path(self.out) else ""))
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    raise ValueError(f"out: cannot write in {folder} (permission denied)")
+                break
         if self.resume is not None:
             find_checkpoint(self.resume)
 
@@ -650,6 +668,29 @@ def data_fingerprint(cfg) -> dict:
     return out
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a folder's entries, to the disk (OSError from a folder on a file system that cannot
+    sync one is ignored; a file's is not)."""
+    folder = path.is_dir()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        if not folder:
+            raise
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Everything under ``folder`` and the folder itself on the disk, before it is renamed into place: a rename is
+    not a flush, and after a host crash or power cut a renamed folder could otherwise hold empty files."""
+    for entry in sorted(folder.rglob("*"), key=lambda p: (-len(p.parts), p)):  # the files, then their folders
+        _fsync(entry)
+    _fsync(folder)
+
+
 def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
     """The run's adapter into OUT, whole or not at all: written to OUT/.adapter.tmp, then each file moved over its
     old version with one rename. A crash while writing (out of disk, killed) used to leave a half-written
@@ -662,12 +703,14 @@ def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
     D.barrier(d)
     D.save_adapter(model, d, tmp)
     if d.main:
+        _fsync_tree(tmp)
         for entry in sorted(tmp.iterdir()):
             target = out / entry.name
             if entry.is_dir() and target.is_dir():
                 shutil.rmtree(target)
             os.replace(entry, target)
         tmp.rmdir()
+        _fsync(out)
 
 
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
@@ -700,13 +743,30 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
                  "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        _fsync_tree(tmp)  # on the disk before it takes its name (every rank's files are closed: the barrier above)
         if final.exists():  # a resume from an earlier checkpoint replays this step: its new state replaces the old
             import shutil
 
             shutil.rmtree(final)
         tmp.rename(final)  # a checkpoint folder exists only once it is complete
+        _fsync(final.parent)
     D.barrier(d)
     return final
+
+
+def metrics_rows(path: Path, *, upto: int) -> list[dict]:
+    """The rows of a run's metrics.jsonl up to step ``upto``, for a resume to keep. A line that does not decode is
+    skipped: a crash while a row was written (a full disk, a power cut) leaves half of one, always a row after the
+    checkpoint's step, which the resume drops anyway (it used to stop on it with a bare JSONDecodeError)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= upto:
+            rows.append(row)
+    return rows
 
 
 def check_resume(path: Path, cfg, data: dict | None = None) -> dict:
@@ -930,7 +990,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                                 data=fingerprint)
         start_step, optimizer_resume = state["step"], state["optimizer"]
         if log_path.is_file():
-            rows = [r for r in map(json.loads, log_path.read_text(encoding="utf-8").splitlines()) if r["step"] <= start_step]
+            rows = metrics_rows(log_path, upto=start_step)
         console.print(f"resumed from {resume_from} at step {start_step} (epoch {state['epoch']}); AdamW state {optimizer_resume}")
     D.barrier(dist)  # every rank has read metrics.jsonl before rank 0 rewrites it
     log = None
