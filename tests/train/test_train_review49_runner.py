@@ -75,6 +75,25 @@ def test_an_out_that_is_a_file_is_a_config_error_before_the_model_loads(tmp_path
     assert taken.read_text() == "not a folder"
 
 
+def test_a_fresh_run_into_an_out_with_an_earlier_runs_checkpoints_is_refused_at_start_up(tmp_path, corpus, base,
+                                                                                         monkeypatch):
+    # it used to start and overwrite only the steps it reached: after a crash, `--resume OUT` took the earlier run's
+    # later checkpoint and continued that run (or refused it, naming some key the two runs set apart)
+    out = tmp_path / "o"
+    old = out / "checkpoints" / "step-000060"
+    old.mkdir(parents=True)
+    (old / "state.json").write_text("{}")
+    (out / "checkpoints" / "step-000070.tmp").mkdir()  # an interrupted save is not a checkpoint
+    monkeypatch.setattr(finetune, "load_model", _no_load)
+    with pytest.raises(ValueError, match=r"^out: .*step-000060, 1 in all.*--resume"):
+        finetune.train_model(cfg(corpus, base, out, max_steps=1))
+    assert (old / "state.json").read_text() == "{}"
+    # with no complete checkpoint there (a run that crashed before its first save) a fresh run may start
+    fresh = tmp_path / "p"
+    (fresh / "checkpoints" / "step-000010.tmp").mkdir(parents=True)
+    cfg(corpus, base, fresh, max_steps=1).check()
+
+
 # ------------------------------------------------------------------------------------------- durability
 def test_checkpoints_and_the_adapter_are_on_disk_before_they_are_named(tmp_path, corpus, base, monkeypatch):
     # save_checkpoint wrote step-N.tmp/ and renamed it without an fsync: after a host crash or power loss the

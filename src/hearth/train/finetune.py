@@ -203,6 +203,14 @@ class FinetuneConfig:
                 break
         if self.resume is not None:
             find_checkpoint(self.resume)
+        else:
+            # a fresh run into an OUT that holds an earlier run's checkpoints would overwrite only the steps it
+            # reaches: after a crash, `--resume OUT` would take the earlier run's later step and continue IT
+            earlier = sorted(p.parent.name for p in (Path(self.out) / "checkpoints").glob("step-*/state.json"))
+            if earlier:
+                raise ValueError(f"out: {self.out} already holds checkpoints of an earlier run ({earlier[-1]}, "
+                                 f"{len(earlier)} in all); continue that run with --resume {self.out}, or give this "
+                                 f"run another out (or delete {Path(self.out) / 'checkpoints'})")
 
     def as_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
