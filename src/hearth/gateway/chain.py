@@ -25,7 +25,8 @@ provider failed: AllProvidersFailed, one ProviderError per provider in chain ord
 Streaming: deltas carry only the text of the reply's JSON object (hearth.gateway.streamfilter: no
 think block, no fences, no chatter). The chain falls back until the first such byte is yielded;
 after it, a failure ends the stream with StreamInterrupted (no fallback: the client already shows
-text from that provider).
+text from that provider). A reply past hearth.envelope.MAX_REPLY_CHARS fails as soon as it gets there
+(InvalidEnvelope, as the JSON path refuses it), not when the provider stops.
 
 Cancellation (the client hung up): the upstream request is closed at once, nothing is counted
 against the provider, and a half-open trial it held is given back.
@@ -357,8 +358,12 @@ class Chain:
                     upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
                                                           request_id=request_id)
                     delta: str | None = first
+                    size = 0
                     while delta is not None:
                         raw.append(delta)
+                        size += len(delta)
+                        if size > env.MAX_REPLY_CHARS:  # refused at the end anyway: stop reading (and showing) it now
+                            upstream.envelope("".join(raw), kind)  # raises InvalidEnvelope: over the limit
                         shown = cut.feed(delta)
                         if shown:
                             yield StreamDelta(shown, p.name)

@@ -137,6 +137,15 @@ class ProviderConfig(_Strict):
             _check_url(v, ("http", "https"))
         return v.rstrip("/") if v else v
 
+    @field_validator("base_url")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        # /chat/completions is appended to it: after a query or fragment it would land in them (a 404 on every
+        # request, counted against the provider) instead of in the path
+        if "?" in v or "#" in v:
+            raise ValueError("must not have a query or fragment (the gateway appends /chat/completions to it)")
+        return v
+
     @field_validator("extra_body")
     @classmethod
     def _extra(cls, v: dict) -> dict:
@@ -271,6 +280,13 @@ def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.enviro
         raise ConfigError(_field_path(err["loc"]), err["msg"]) from None
     providers = []
     for i, p in enumerate(config.providers):
+        parts = urlsplit(p.base_url)
+        if (parts.username or parts.password) and (
+                p.api_key_env is not None or any(h.lower() == "authorization" for h in p.headers)):
+            # the HTTP client refuses both at once: a ValueError on every request, not a provider failure
+            raise ConfigError(f"providers[{i}].base_url", "holds credentials (user:password@) and the provider also "
+                                                          "sends an Authorization header (api_key_env or headers); "
+                                                          "keep one of them")
         if p.api_key is not None:
             raise ConfigError(f"providers[{i}].api_key", "put the key in an environment variable and name it in api_key_env")
         if p.api_key_env is not None:

@@ -173,7 +173,8 @@ class Provider:
             choice = doc["choices"][0]
             content = choice["message"].get("content")
             finish = choice.get("finish_reason")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        # RecursionError: JSON nested deeper than the decoder's stack (a broken upstream); a failure like any other
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
             raise InvalidResponse(self.name, f"not a chat completion ({exc.__class__.__name__}): "
                                              f"{raw[:200].decode('utf-8', 'replace')!r}") from None
         if content is not None and not isinstance(content, str):
@@ -222,13 +223,18 @@ class ChatStream:
 
     async def next_delta(self, phase: str = "total") -> str | None:
         name = self.provider.name
-        # While streaming, first_token_s also bounds the gap between two deltas: a stall ends the stream.
-        idle = self.provider.config.timeouts.first_token_s
+        # While streaming, first_token_s also bounds the gap between two deltas: a stall ends the stream. The gap
+        # runs from this call, not from the last line: keep-alive comments and empty (or reasoning-only) deltas
+        # carry no content and must not keep a stalled stream open until total_s.
+        idle_until = time.monotonic() + self.provider.config.timeouts.first_token_s
         while not self._done:
-            wait = min(idle, self._clock.left()) if phase == "total" else self._clock.first_token_left()
+            if phase == "total":
+                gap, left = idle_until - time.monotonic(), self._clock.left()
+                wait, kind = (gap, "first_token") if gap < left else (left, "total")
+            else:
+                wait, kind = self._clock.first_token_left(), "first_token"
             try:
-                line = await self._clock.within(anext(self._lines, b""), wait,
-                                                "first_token" if phase != "total" or idle < self._clock.left() else "total")
+                line = await self._clock.within(anext(self._lines, b""), wait, kind)
             except ConnectFailed as exc:
                 raise ConnectionFailed(name, str(exc)) from exc
             if not line:
@@ -247,8 +253,10 @@ class ChatStream:
                 choice = json.loads(data)["choices"][0]
                 delta = choice.get("delta") or {}
                 text = delta.get("content") or ""
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
                 raise InvalidResponse(name, f"bad SSE event: {data[:200].decode('utf-8', 'replace')!r}") from None
+            if not isinstance(text, str):  # as message.content in a JSON reply: the chain joins deltas as text
+                raise InvalidResponse(name, f"delta.content is {type(text).__name__}, not a string")
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
             if text:

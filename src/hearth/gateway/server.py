@@ -360,6 +360,19 @@ async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadli
         err = {"error": {"message": str(exc), "type": "hearth_gateway", "param": None, "code": "stream_interrupted",
                          "provider": exc.provider, "cause": _describe(exc.__cause__) if exc.__cause__ else None}}
         await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+    except Exception as exc:
+        if resp is None or isinstance(exc, ConnectionResetError):
+            raise  # nothing sent yet: the middleware's JSON error (503 state store, 500); or the client is gone
+        # The SSE headers are out: the middleware cannot send its error any more (the stream would never end),
+        # so the stream ends here with an error event and no [DONE], as an interruption does.
+        if isinstance(exc, StateStoreError):
+            log.error("state store failed mid-stream: %s", exc, extra={"request_id": rid, "error": "state_store"})
+            err = {"message": "the gateway's state store is unavailable", "type": "service_unavailable",
+                   "code": "state_store_unavailable"}
+        else:
+            log.exception("unhandled error mid-stream", extra={"request_id": rid, "error": "internal"})
+            err = {"message": "internal gateway error", "type": "server_error", "code": "internal_error"}
+        await resp.write(b"data: " + json.dumps({"error": {**err, "param": None}}).encode() + b"\n\n")
     finally:
         await events.aclose()
     assert resp is not None

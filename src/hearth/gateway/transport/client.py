@@ -5,7 +5,8 @@
     UpstreamResponse: .status, .headers, await .read() -> bytes, async for line in .lines(), .close()
         read()/lines() raise ConnectFailed when the connection breaks mid-body.
 
-The transport enforces only the TCP connect timeout (it alone can tell connecting from waiting);
+The transport enforces only the connect timeout (it alone can tell connecting from waiting): getting a
+connection, i.e. name resolution, a free slot in the pool, TCP and TLS, all within connect_timeout_s;
 first-token and total budgets are enforced by the caller (providers.py) around these awaits, and the
 caller closes the response on any early exit, which drops (never re-pools) the connection.
 
@@ -30,7 +31,7 @@ class TransportError(Exception):
 
 
 class ConnectTimeout(TransportError):
-    """The TCP connection was not established within connect_timeout_s."""
+    """No connection (name resolution, pool slot, TCP, TLS) within connect_timeout_s."""
 
 
 class ConnectFailed(TransportError):
@@ -116,7 +117,9 @@ class AiohttpTransport(Transport):
                    connect_timeout_s: float) -> UpstreamResponse:
         if self._session is None:
             raise RuntimeError("transport not started (call await transport.start())")
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        # connect: DNS, the pool and the handshake together (sock_connect alone left a resolver that does not
+        # answer to the caller's first-token budget); sock_connect: each address tried
+        timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
         try:
             resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout)
         except aiohttp.ConnectionTimeoutError as exc:
