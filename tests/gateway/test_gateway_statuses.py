@@ -208,3 +208,19 @@ def test_unexpected_error_is_a_json_500_with_request_id():
     status, rid, body = asyncio.run(main())
     assert status == 500 and rid == "r-500" and body["error"]["code"] == "internal_error"
     assert "boom" not in body["error"]["message"]   # internals stay in the log
+
+
+def test_an_infinite_or_huge_retry_after_is_a_capped_429_not_a_500():
+    # "Retry-After: inf" parsed to float('inf'), and math.ceil(inf) raised OverflowError: a 500 for a plain rate
+    # limit. A huge one was passed on as it came, though the breaker reopens the provider after max_retry_after_s.
+    async def main(header):
+        async with FakeOpenAI(Behavior.status(429, headers={"Retry-After": header})) as a:
+            async with gateway(make_config(provider("a", a), max_retry_after_s=60.0)) as client:
+                r = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
+                return r.status, r.headers.get("Retry-After"), await r.json()
+
+    status, retry_after, body = asyncio.run(main("inf"))
+    assert status == 429 and retry_after is None and body["error"]["code"] == "rate_limited", (status, body)
+    _shape(body)
+    status, retry_after, body = asyncio.run(main("86400"))
+    assert (status, retry_after) == (429, "60"), (status, retry_after, body)

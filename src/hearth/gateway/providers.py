@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -46,14 +47,17 @@ class Completion:
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Retry-After as seconds from now: delta-seconds or an HTTP-date; None when absent or unparsable."""
+    """Retry-After as seconds from now: delta-seconds or an HTTP-date; None when absent or unparsable (a number
+    that is not finite, e.g. "inf" or "nan", included: it is no delta-seconds, and it broke the arithmetic)."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):

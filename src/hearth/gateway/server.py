@@ -173,8 +173,9 @@ def _rate_limited(e: ProviderError) -> bool:
     return (isinstance(e, UpstreamStatus) and e.status == 429) or (isinstance(e, Cooldown) and e.status == 429)
 
 
-def _failure(exc: AllProvidersFailed, request_id: str) -> web.Response:
-    """The response for a request every provider failed (see the module docstring for the statuses)."""
+def _failure(exc: AllProvidersFailed, request_id: str, max_retry_after_s: float) -> web.Response:
+    """The response for a request every provider failed (see the module docstring for the statuses). An upstream
+    Retry-After is passed on capped at max_retry_after_s, as the breaker caps the cooldown it opens for it."""
     errors = exc.exceptions
     failures = [_describe(e) for e in errors]
     tried = [e for e in errors if not isinstance(e, (Cooldown, Cold))]
@@ -187,7 +188,8 @@ def _failure(exc: AllProvidersFailed, request_id: str) -> web.Response:
                       type=up.get("type") or "invalid_request_error", failures=failures)
     if all(_unavailable(e) for e in errors):
         waits = [e.remaining_s for e in errors if isinstance(e, Cooldown) and e.remaining_s > 0]
-        waits += [e.retry_after for e in errors if isinstance(e, UpstreamStatus) and e.retry_after is not None]
+        waits += [min(e.retry_after, max_retry_after_s) for e in errors
+                  if isinstance(e, UpstreamStatus) and e.retry_after is not None]
         limits = [e for e in errors if not isinstance(e, Cold)]
         rate = bool(limits) and all(_rate_limited(e) for e in limits)
         headers = {"Retry-After": str(max(1, math.ceil(min(waits))))} if waits else None
@@ -326,7 +328,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         result = await chain.complete(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid,
                                       model=model)
     except AllProvidersFailed as exc:
-        return _failure(exc, rid)
+        return _failure(exc, rid, chain.settings.max_retry_after_s)
     request[PROVIDER] = result.provider
     return web.json_response(_completion(result, kind, rid),
                              headers={"X-Request-ID": rid, "X-Hearth-Provider": result.provider})
@@ -354,7 +356,7 @@ async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadli
                                                 "attempts": [list(a) for a in r.attempts]}))
                 await resp.write(b"data: [DONE]\n\n")
     except AllProvidersFailed as exc:
-        return _failure(exc, rid)
+        return _failure(exc, rid, chain.settings.max_retry_after_s)
     except StreamInterrupted as exc:
         assert resp is not None
         err = {"error": {"message": str(exc), "type": "hearth_gateway", "param": None, "code": "stream_interrupted",
