@@ -110,6 +110,28 @@ async def test_chat_turn_saves_everything_in_one_transaction(db, master_key):
     assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user"]
 
 
+async def test_two_turns_at_once_that_learn_the_same_thing_keep_it_once(db, master_key):
+    # both turns read the memories before either saved (two tabs, a double send): each saw none and each saved
+    # "The user's name is Robin", which then filled two of the chat's memory slots and the prompt twice
+    cipher = await _user(db, master_key)
+    async with db.sessions() as s:
+        comp = await companions.create_companion(s, cipher, persona="wren")
+        ctx = await companions.load_chat_context(s, cipher, comp.id, 10)
+    reply = (await FakeModel().complete([{"role": "system", "content": "x"},
+                                         {"role": "user", "content": "Hi, my name is Robin"}], kind="chat")).envelope
+    assert list(reply.memories) == ["The user's name is Robin"]
+
+    async def save(text):
+        async with db.sessions() as s:
+            return await companions.save_turn(s, cipher, ctx, text, reply, "fake")
+
+    results = await asyncio.gather(save("Hi, my name is Robin"), save("Hi again, I'm Robin"))
+    assert sorted(len(r.new_memories) for r in results) == [0, 1]
+    async with db.sessions() as s:
+        assert await companions.memories(s, cipher, comp.id) == ["The user's name is Robin"]
+    assert await _count(db, Message) == 4  # both turns were saved, only the memory is not doubled
+
+
 async def test_failed_reply_writes_nothing(db, master_key):
     cipher = await _user(db, master_key)
     async with db.sessions() as s:

@@ -244,12 +244,6 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
     reply_row.body_ct = seal(cipher, reply_row, "body_ct", reply.message)
     reply_row.meta_ct = seal_json(cipher, reply_row, "meta_ct", {
         "mood": reply.mood, "suggested_actions": list(reply.suggested_actions), "provider": provider})
-    fresh = _new_memories(ctx.memories, list(reply.memories))
-    memory_rows = []
-    for i, text in enumerate(fresh):
-        row = Memory(id=new_id(), user_id=uid, companion_id=cid, created_at=now + timedelta(microseconds=i))
-        row.text_ct = seal(cipher, row, "text_ct", text)
-        memory_rows.append(row)
     async with db.begin():
         # the UPDATE doubles as the ownership/existence check (a companion deleted meanwhile aborts the turn)
         # and as the clear check: a chat cleared since the context was read has another epoch
@@ -260,6 +254,16 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
         if result.rowcount != 1:
             await check_owned(db, Companion, uid, cid, "companion")  # NotFound when it is gone
             raise ChatCleared()
+        # the memories as they are now, not as the context read them before the model call: the UPDATE holds the
+        # companion's row, so a turn sent at the same time has committed its memories (or waits for this one), and
+        # two turns that both learn "likes tea" keep it once
+        kept = (await db.execute(select(Memory).where(Memory.companion_id == cid, Memory.user_id == uid))).scalars()
+        fresh = _new_memories([unseal(cipher, r, "text_ct") for r in kept], list(reply.memories))
+        memory_rows = []
+        for i, text in enumerate(fresh):
+            row = Memory(id=new_id(), user_id=uid, companion_id=cid, created_at=now + timedelta(microseconds=i))
+            row.text_ct = seal(cipher, row, "text_ct", text)
+            memory_rows.append(row)
         db.add_all([user_row, reply_row, *memory_rows])
         await db.flush()
         total = (await db.execute(select(func.count()).select_from(Memory).where(Memory.companion_id == cid))).scalar_one()
