@@ -30,6 +30,12 @@
 #                (persist_tests.log), then, only if they passed, against the per-tile one (=0), forward at the
 #                flash-attention goal grid and at the headline shapes, cuDNN beside both
 #                -> persist_{on,off}/, persist_headline_{1,0}/
+#   VARLEN_SPLIT=1  packed causal fwd+bwd traced by kernel (host_trace_probe.py --op attention_varlen), hearth and
+#                FlashAttention-4's varlen (needs .peers carried), at Qwen3-14B 8 x 2048 (40/8, d128) and Llama-3.2-1B
+#                32 x 1024 (32/8, d64): which kernel holds the 0.80-0.83x gap -> host_trace_attention_varlen_*.txt
+#   NORM_PICK=1  rms_norm's model-shape cases with HEARTH_PICK_LOG=1 and quack beside it: the backward candidates'
+#                timings (rowpair against plain at Qwen3-14B 5120 x 12289, where hearth held 1.1 MiB over quack)
+#                -> norm_pick/ and norm_pick.log
 # Each step is bounded; BUDGET_S (default 540) stops starting steps when time runs out. The device tool brings
 # back at most 8 files, so every output is written under a staging folder and packed into $OUT/pending.tgz
 # (plus $OUT/steps.log); unpack it with `tar xzf pending.tgz`.
@@ -115,6 +121,14 @@ sys.exit(main(**parse(['swiglu_mlp', '--sizes', 'models', '--providers', 'hearth
 done
 [ -n "${MM_MODELS:-}" ] && step mm_models 150 env OUT="$OUT/mm_models" BUDGET_S=120 bash scripts/gpu/bench_models.sh \
   matmul swiglu_mlp
+for c in 8,2048,40,8,128 32,1024,32,8,64; do
+  for prov in hearth flash_attn; do
+    [ -n "${VARLEN_SPLIT:-}" ] && step "varlen_split_${prov}_${c//,/x}" 40 python3 scripts/gpu/host_trace_probe.py \
+      --op attention_varlen --shape "$c" --provider "$prov" --iters 20 --out "$OUT"
+  done
+done
+[ -n "${NORM_PICK:-}" ] && step norm_pick 90 env HEARTH_PICK_LOG=1 python3 -m hearth.bench rms_norm --sizes models \
+  --providers hearth,quack --out "$OUT/norm_pick" --total-budget-s 80
 tail -n 40 "$OUT"/*.log
 cp "$OUT/steps.log" "$FINAL/steps.log"
 tar czf "$FINAL/pending.tgz" -C "$(dirname "$OUT")" pending
