@@ -101,7 +101,7 @@ def gateway(
     config: Annotated[Path, typer.Option("--config", help="gateway TOML file")],
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8400,
-    workers: Annotated[int, typer.Option("--workers", help="processes on one port (SO_REUSEPORT); > 1 needs [gateway] state_url")] = 1,
+    workers: Annotated[int, typer.Option("--workers", help="processes on one port (SO_REUSEPORT); > 1 needs \\[gateway] state_url")] = 1,
 ) -> None:
     """Serve the warm-gated provider chain as an OpenAI-compatible API."""
     from hearth.gateway.server import main
@@ -132,32 +132,32 @@ def train(
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="optimizer steps (default: --epochs passes)")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="passes over the training examples [1]")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="peak AdamW learning rate [2e-4]")] = None,
-    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="after the warm-up: cosine, linear or constant [cosine]")] = None,
+    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="after the warm-up: cosine, linear or constant \\[cosine]")] = None,
     warmup_steps: Annotated[Optional[int], typer.Option("--warmup-steps", help="linear warm-up steps [0]")] = None,
     weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="AdamW weight decay [0]")] = None,
     max_grad_norm: Annotated[Optional[float], typer.Option("--max-grad-norm", help="gradient clipping norm [1.0]")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="seed: LoRA init, shuffling, eval split [0]")] = None,
-    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", help="reshuffle the examples every epoch [on]")] = None,
+    shuffle: Annotated[Optional[bool], typer.Option("--shuffle/--no-shuffle", help="reshuffle the examples every epoch \\[on]")] = None,
     rank: Annotated[Optional[int], typer.Option("--rank", help="LoRA rank r [16]")] = None,
     alpha: Annotated[Optional[float], typer.Option("--alpha", help="LoRA alpha [32]")] = None,
     dropout: Annotated[Optional[float], typer.Option("--dropout", help="LoRA dropout [0]")] = None,
-    targets: Annotated[Optional[str], typer.Option("--targets", help="comma list of module names for LoRA [q,k,v,o,gate,up,down _proj]")] = None,
+    targets: Annotated[Optional[str], typer.Option("--targets", help="comma list of module names for LoRA \\[q,k,v,o,gate,up,down _proj]")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="tokens per example at most; longer ones drop their oldest history turns [4096]")] = None,
-    batch_tokens: Annotated[Optional[int], typer.Option("--batch-tokens", help="tokens per micro-batch, padding included [seq-len]")] = None,
+    batch_tokens: Annotated[Optional[int], typer.Option("--batch-tokens", help="tokens per micro-batch, padding included \\[seq-len]")] = None,
     grad_accum: Annotated[Optional[int], typer.Option("--grad-accum", help="micro-batches per optimizer step [1]")] = None,
-    pack: Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="pack short examples into one row (no attention across them) [off]")] = None,
+    pack: Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="pack short examples into one row (no attention across them) \\[off]")] = None,
     eval_corpus: Annotated[Optional[Path], typer.Option("--eval-corpus", help="validation train.jsonl (instead of --eval-fraction)")] = None,
     eval_fraction: Annotated[Optional[float], typer.Option("--eval-fraction", help="hold out this fraction of the corpus for eval loss [0]")] = None,
-    eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="eval loss every N steps (and at the end) [end only]")] = None,
-    save_every: Annotated[Optional[int], typer.Option("--save-every", help="checkpoint every N steps under OUT/checkpoints [never]")] = None,
+    eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="eval loss every N steps (and at the end) \\[end only]")] = None,
+    save_every: Annotated[Optional[int], typer.Option("--save-every", help="checkpoint every N steps under OUT/checkpoints \\[never]")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="a checkpoint folder, or a run folder (its latest checkpoint)")] = None,
     memory_budget_gib: Annotated[Optional[float], typer.Option("--memory-budget-gib", help="picks activation checkpointing; refuses what cannot fit [90% of the GPU]")] = None,
     no_patch: Annotated[bool, typer.Option("--no-patch", help="train without hearth's kernels (plain transformers)")] = False,
-    attention: Annotated[Optional[bool], typer.Option("--attention/--no-attention", help="hearth's attention kernels: --attention wherever they run, --no-attention never (SDPA); with --pack, the varlen kernel on each packed row [by device: Hopper, bf16/fp16, head_dim 64/128]")] = None,
-    lora_compute: Annotated[Optional[str], typer.Option("--lora-compute", help="base: LoRA products in bf16 on the tensor cores (fast); adapter: in the adapters' fp32, as peft [base]")] = None,
+    attention: Annotated[Optional[bool], typer.Option("--attention/--no-attention", help="hearth's attention kernels: --attention wherever they run, --no-attention never (SDPA); with --pack, the varlen kernel on each packed row \\[by device: Hopper, bf16/fp16, head_dim 64/128]")] = None,
+    lora_compute: Annotated[Optional[str], typer.Option("--lora-compute", help="base: LoRA products in bf16 on the tensor cores (fast); adapter: in the adapters' fp32, as peft \\[base]")] = None,
     random_init: Annotated[Optional[bool], typer.Option("--random-init", help="build the model from a config JSON with random weights (benchmarking)")] = None,
     qlora: Annotated[Optional[bool], typer.Option("--qlora", help="4-bit NF4 base (bitsandbytes) under the LoRA adapters")] = None,
-    parallel: Annotated[Optional[str], typer.Option("--parallel", help="none, ddp or fsdp; ddp / fsdp under torchrun --nproc-per-node N -m hearth.cli train [none]")] = None,
+    parallel: Annotated[Optional[str], typer.Option("--parallel", help="none, ddp or fsdp; ddp / fsdp under torchrun --nproc-per-node N -m hearth.cli train \\[none]")] = None,
 ) -> None:
     """LoRA / QLoRA fine-tune on the envelope corpus with hearth's kernels patched in (docs/training.md)."""
     from hearth.train.finetune import main
@@ -179,7 +179,7 @@ def export(
     model: Annotated[Path, typer.Option("--model", help="the local base model folder it was trained on")],
     out: Annotated[Path, typer.Option("--out", help="where to write the merged model (Hugging Face folder, safetensors)")],
     dtype: Annotated[str, typer.Option("--dtype", help="bfloat16 or float16")] = "bfloat16",
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="tokenizer folder to copy beside it [the base model's]")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="tokenizer folder to copy beside it \\[the base model's]")] = None,
 ) -> None:
     """Merge a LoRA adapter into its base: a 16-bit model folder any server loads."""
     from hearth.train.export import main
