@@ -211,13 +211,13 @@ def test_attention_varlen_packing_and_flops():
 
 
 def test_memory_bound_floors_match_targets():
-    # cross entropy read once + write once at 4.27 TB/s ~ 1.0 ms; rope ~0.16 ms; rms_norm ~0.25 ms
+    # cross entropy read once + write once at 4.27 TB/s ~ 1.0 ms; rope ~0.16 ms; rms_norm ~0.31 ms (5 passes: review 49)
     ce = cases.SPECS["cross_entropy"].work(dict(N=8192, V=131072), 2, "full")
     assert ce / 4.27e12 * 1e3 == pytest.approx(1.0, rel=0.02)
     rope = cases.SPECS["rope"].work(dict(B=4, Hq=32, Hk=8, T=4096, D=128), 2, "full")
     assert rope / 4.27e12 * 1e3 == pytest.approx(0.16, rel=0.05)
     rms = cases.SPECS["rms_norm"].work(dict(M=32768, N=4096), 2, "full")
-    assert rms / 4.27e12 * 1e3 == pytest.approx(0.25, rel=0.02)
+    assert rms / 4.27e12 * 1e3 == pytest.approx(0.314, rel=0.02)
 
 
 def test_quantile():

@@ -7,7 +7,11 @@ A *case* is op x size x dtype x mode, where mode is
 
 Each OpSpec states the work a case must do at least: for memory-bound ops the fewest bytes
 (each input read once, each output written once) giving GB/s, for matmul-bound ops the FLOPs
-giving TFLOP/s. The same formula text is written into the Markdown report.
+giving TFLOP/s. A full case is two calls, the forward returning before dy exists, so its bytes are the
+forward's plus the backward's (the backward re-reads what it needs, except tensors small enough to stay in
+L2 between the two: weights, rope's cos / sin); only cross entropy's scalar loss lets a fused forward write
+the gradient while it reads the logits. The same formula text is written into the
+Markdown report.
 
 Inputs are random normal (never zeros: zeros hide unwritten outputs), drawn from a seeded
 generator so every provider of a case sees the same tensors.
@@ -174,9 +178,9 @@ def _ln_ref(x, weight, bias):
 
 def _norm_work(s, b, mode):
     mn = s["M"] * s["N"] * b
-    # fwd: read x, write y. bwd: read x and dy, write dx. full: read x and dy, write y and dx
-    # (a fused fwd+bwd need not re-read x). Weight/bias terms (N elements) are counted once.
-    return {"fwd": 2 * mn, "bwd": 3 * mn, "full": 4 * mn}[mode] + 2 * s["N"] * b
+    # fwd: read x, write y. bwd: read x and dy, write dx. full = fwd + bwd: the forward returns before dy exists,
+    # so the backward reads x again (no fwd+bwd can share that read). Weight/bias terms (N elements) are counted once.
+    return {"fwd": 2 * mn, "bwd": 3 * mn, "full": 5 * mn}[mode] + 2 * s["N"] * b
 
 
 # ----------------------------------------------------------------------------- rope
@@ -210,6 +214,8 @@ def _rope_ref(q, k, cos, sin):
 def _rope_work(s, b, mode):
     qk = s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"] * b
     cs = 2 * s["T"] * s["D"] * b
+    # full: q, k passes of fwd + bwd; cos / sin (2*T*D elements, tens of MiB at most) counted once, as they can stay in
+    # L2 from the forward to the backward (q, k, their outputs and gradients cannot: each pass is 4x-150x the L2)
     return {"fwd": 2 * qk + cs, "bwd": 2 * qk + cs, "full": 4 * qk + cs}[mode]
 
 
@@ -226,8 +232,10 @@ def _swiglu_ref(gate, up):
 
 def _swiglu_work(s, b, mode):
     mi = s["M"] * s["I"] * b
-    # fwd: read g, u; write h. bwd: read g, u, dh; write dg, du. full: read g, u, dh; write h, dg, du.
-    return {"fwd": 3 * mi, "bwd": 5 * mi, "full": 6 * mi}[mode]
+    # fwd: read g, u; write h. bwd: read g, u, dh; write dg, du. full = fwd + bwd = 8 passes: the forward returns
+    # before dh exists, so the backward reads g and u again (6 passes, as if one call read them once, put a kernel at
+    # the copy bandwidth at 75% of it).
+    return {"fwd": 3 * mi, "bwd": 5 * mi, "full": 8 * mi}[mode]
 
 
 # ----------------------------------------------------------------------------- swiglu mlp
@@ -430,14 +438,14 @@ SPECS: dict[str, OpSpec] = {
         notes="memory: total = everything the call allocates incl. the [V, H] weight gradient; activation = total - gradients",
         check_sizes=[dict(N=6, H=32, V=100), dict(N=6, H=32, V=100, frozen=1)]),
     "rms_norm": OpSpec(
-        "rms_norm", "GB/s", "bytes: fwd 2*M*N*b; bwd 3*M*N*b; full 4*M*N*b (read x, dy; write y, dx); + 2*N*b for the weight",
+        "rms_norm", "GB/s", "bytes: fwd 2*M*N*b; bwd 3*M*N*b; full 5*M*N*b (fwd + bwd: the backward re-reads x); + 2*N*b for the weight",
         _norm_work, _rms_make, _rms_ref, lambda s: ["x", "weight"], _mn,
         sizes={"sweep": [dict(M=16384, N=n) for n in (1024, 2048, 4096, 8192, 16384)] + [dict(M=m, N=4096) for m in (4096, 65536)],
                "small": [dict(M=4096, N=n) for n in (1024, 4096)]},
         headline=[(dict(M=32768, N=4096), FULL)],
         knob="N", explicit=lambda v: dict(M=16384, N=v), check_sizes=[dict(M=5, N=96)]),
     "layer_norm": OpSpec(
-        "layer_norm", "GB/s", "bytes: fwd 2*M*N*b; bwd 3*M*N*b; full 4*M*N*b; + 2*N*b for weight and bias",
+        "layer_norm", "GB/s", "bytes: fwd 2*M*N*b; bwd 3*M*N*b; full 5*M*N*b (fwd + bwd); + 2*N*b for weight and bias",
         _norm_work, _ln_make, _ln_ref, lambda s: ["x", "weight", "bias"], _mn,
         sizes={"sweep": [dict(M=16384, N=n) for n in (1024, 2048, 4096, 8192, 16384)] + [dict(M=m, N=4096) for m in (4096, 65536)],
                "small": [dict(M=4096, N=n) for n in (1024, 4096)]},
@@ -451,7 +459,7 @@ SPECS: dict[str, OpSpec] = {
         headline=[(dict(B=4, Hq=32, Hk=8, T=4096, D=128), FULL)],
         knob="T", explicit=lambda v: dict(B=1, Hq=32, Hk=8, T=v, D=128), check_sizes=[dict(B=1, Hq=4, Hk=2, T=8, D=16)]),
     "swiglu": OpSpec(
-        "swiglu", "GB/s", "bytes: fwd 3*M*I*b; bwd 5*M*I*b; full 6*M*I*b (read g, u, dh; write h, dg, du)",
+        "swiglu", "GB/s", "bytes: fwd 3*M*I*b; bwd 5*M*I*b; full 8*M*I*b (fwd + bwd: the backward re-reads g, u)",
         _swiglu_work, _swiglu_make, _swiglu_ref, lambda s: ["gate", "up"], lambda s: f"{s['M']}x{s['I']}",
         sizes={"sweep": [dict(M=m, I=14336) for m in (1024, 4096, 8192, 16384, 32768)],
                "small": [dict(M=1024, I=14336)]},

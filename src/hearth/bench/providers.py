@@ -39,6 +39,7 @@ class Skipped(Exception):
 class Bound:
     fn: Callable[[], object]
     leaves: list
+    impl: str | None = None  # which of a provider's libraries ran, where it tries several (flash_attn: its module)
 
 
 def expand(names: list[str] | None) -> list[str]:
@@ -333,13 +334,15 @@ def _flash_attn_dense(op, inputs, spec, size):
     GQA natively (k / v keep their Hk heads)."""
     if op != "attention":
         raise Skipped("the dense flash_attn row is for attention only")
-    _, dense = _flash_attn_function(inputs, "flash_attn_func")
+    module, dense = _flash_attn_function(inputs, "flash_attn_func")
 
     def fn(q, k, v, causal):
         out = dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)  # FlashAttention-3/4 also return lse
 
-    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+    bound = _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+    bound.impl = module  # FlashAttention-4, -3 or -2: the row says which it timed
+    return bound
 
 
 def varlen_attn_kwargs(params, causal: bool, gqa: bool) -> dict:
@@ -384,14 +387,16 @@ def _flash_attn_varlen(op, inputs, spec, size):
     """FlashAttention's own varlen function where one imports (FLASH_ATTN_MODULES, first found)."""
     if op != "attention_varlen":
         raise Skipped("the flash_attn varlen row is for attention_varlen only")
-    _, varlen = _flash_attn_function(inputs, "flash_attn_varlen_func")
+    module, varlen = _flash_attn_function(inputs, "flash_attn_varlen_func")
 
     def fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal):
         out = varlen(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                      max_seqlen_k=max_seqlen_k, causal=causal)
         return out[0] if isinstance(out, tuple) else out  # FlashAttention-3/4 also return the lse
 
-    return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+    bound = _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
+    bound.impl = module
+    return bound
 
 
 BINDERS = {"hearth": _hearth, "eager": _eager, "compile": _compile, "liger": _liger, "quack": _quack}

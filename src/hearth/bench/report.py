@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from hearth.bench.providers import FUSED_PEERS, PROVIDERS
+from hearth.bench.timing import TIMING_METHOD
 
 STATUSES = ("ok", "wrong", "error", "oom", "refuses", "unavailable", "skipped")
 
@@ -70,17 +71,37 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- verdicts
 # what a row's time depends on besides the code: rows merged from other runs (--merge, a rerun of some
-# providers) are compared with hearth only when measured on the same GPU and software
+# providers) are compared with hearth only when measured on the same GPU and software, by the same timing procedure
 SETUP_KEYS = ("gpu", "driver", "torch", "triton")
+
+# the timing procedures before rows named theirs (env "timing"): (the UTC time of the commit that ended it, it)
+TIMING_BEFORE = (
+    ("2026-12-04T05:34:08Z", "sleep ~1 ms, wall 1 block"),  # dc843cb: the sleep sized by the call's host time
+    ("2026-12-04T08:54:39Z", "sleep by host time, wall 1 block"),  # e3baf84: wall the median of 5 blocks
+    ("2026-12-04T15:55:32Z", "sleep by host time, wall median of 5 blocks"),  # 1b662d2: the sleep >= one call
+)
+
+
+def timing_method(r: dict) -> str | None:
+    """The timing procedure a row was measured with: its env's "timing", or for a row written before env carried it,
+    the procedure of its run's date (TIMING_BEFORE; after the last change, today's TIMING_METHOD); None without
+    either."""
+    env = r.get("env") or {}
+    if env.get("timing"):
+        return env["timing"]
+    date = env.get("date")
+    if not date:
+        return None
+    return next((method for until, method in TIMING_BEFORE if date < until), TIMING_METHOD)
 
 
 def _setup(r: dict) -> tuple:
     env = r.get("env") or {}
-    return tuple(env.get(k) for k in SETUP_KEYS)
+    return tuple(env.get(k) for k in SETUP_KEYS) + (timing_method(r),)
 
 
 def _rankable(r: dict, h: dict) -> bool:
-    """An ok fused-peer row measured on hearth's setup."""
+    """An ok fused-peer row measured on hearth's setup (GPU, software and timing procedure)."""
     return r["provider"] in FUSED_PEERS and r["status"] == "ok" and _setup(r) == _setup(h)
 
 
@@ -92,8 +113,8 @@ def verdict(case_rows: list[dict]) -> dict:
     rows' p20-p80 ranges overlap (then the text says so)}. ratio > 1 means hearth is
     faster. Wrong or failed rows are never ranked, and never silently: every fused peer whose row is not ok
     is named in "unranked" and in the text (the ratio is then against the peers that did run), and so is
-    a peer row measured on another GPU or software setup than hearth's (SETUP_KEYS: merged from another
-    run). With no fused peer, eager is the comparison and the text says so."""
+    a peer row measured on another GPU or software setup than hearth's, or by another timing procedure
+    (SETUP_KEYS, timing_method: merged from another run). With no fused peer, eager is the comparison and the text says so."""
     by = {r["provider"]: r for r in case_rows}
     h = by.get("hearth")
     unranked = [f"{r['provider']} {r['status']}" for r in case_rows if r["provider"] in FUSED_PEERS and r["status"] != "ok"]
@@ -107,8 +128,9 @@ def verdict(case_rows: list[dict]) -> dict:
     if not peers:
         peers = [r for r in case_rows if r["provider"] == "eager" and r["status"] == "ok" and _setup(r) == _setup(h)]
         suffix = " (no fused peer ran" + (f": {', '.join(unranked)})" if unranked else ")")
-    if not peers:
-        return {"verdict": "none", "ratio": None, "peer": None, "text": "no peer ran", "unranked": unranked}
+    if not peers:  # fused peers that ran but are not ranked are named, not read as 'no peer ran'
+        text = f"no peer ran correctly (not ranked: {', '.join(unranked)})" if unranked else "no peer ran"
+        return {"verdict": "none", "ratio": None, "peer": None, "text": text, "unranked": unranked}
     best = min(peers, key=lambda r: r["ms"])
     ratio = best["ms"] / h["ms"]
     word = "win" if ratio >= 1.0 else "loss"
@@ -217,7 +239,8 @@ def summary_markdown(rows: list[dict]) -> str:
     lines = ["# hearth bench summary", ""]
     for e in sorted(envs):
         env = json.loads(e)
-        lines.append("- " + ", ".join(f"{k}: {env[k]}" for k in ("gpu", "driver", "torch", "triton", "liger", "date") if k in env))
+        lines.append("- " + ", ".join(f"{k}: {env[k]}" for k in ("gpu", "driver", "torch", "triton", "liger", "quack", "flash_attn", "date")
+                                     if k in env))
     if any(str(json.loads(e).get("gpu", "")).startswith("CPU") for e in envs):
         lines += ["", "**CPU run under the Triton interpreter (--check): times validate the harness only; they say "
                   "nothing about kernel speed.**"]
@@ -226,8 +249,8 @@ def summary_markdown(rows: list[dict]) -> str:
               "so the power limit leaves the clock alone; rows carry sleep_ms). Memory: extra = peak "
               "allocated during one call minus allocated before it (inputs and earlier .grad excluded; grads reset to None); "
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
-              "(torch.compile, Liger, quack, vendor) measured on the same GPU and software; ratio = peer ms / hearth ms; a peer "
-              "not ranked (not ok, or merged from another setup) is named beside the verdict. wall = ms per call back to back "
+              "(torch.compile, Liger, quack, vendor) measured on the same GPU and software by the same timing procedure; ratio = "
+              "peer ms / hearth ms; a peer not ranked (not ok, or merged from another setup) is named beside the verdict. wall = ms per call back to back "
               "(no device sleep, no L2 flush; the median of 5 blocks of calls since 2026-12-04, one block before): the host "
               "overhead a training loop sees.", ""]
     groups = group_cases(rows)
@@ -290,7 +313,7 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     for key, cr in sorted(group_cases(rows).items()):
         op = key[0]
         g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0,
-                                  "peer_not_ok": 0, "unranked": []})
+                                  "peer_not_ok": 0, "unranked": [], "no_peer_why": []})
         g["cases"] += 1
         by = {r["provider"]: r for r in cr}
         h = by.get("hearth")
@@ -300,6 +323,7 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
         v = verdict(cr)
         if v["peer"] is None or v["peer"] not in FUSED_PEERS:
             g["no_peer"] += 1
+            g["no_peer_why"] += [u for u in v["unranked"] if u not in g["no_peer_why"]]
             continue
         g["ratios"].append((v["ratio"], key, v["peer"]))
         if v["unranked"]:
@@ -347,7 +371,8 @@ def geomean_lines(rows: list[dict]) -> list[str]:
     for op, g in op_geomeans(rows).items():
         if g["geomean"] is None:
             line = f"GEOMEAN {op} - worst - (no case with hearth and a fused peer both correct"
-            line += f"; {g['cases']} cases, {g['hearth_failed']} hearth not ok, {g['no_peer']} without a fused peer)"
+            line += f"; {g['cases']} cases, {g['hearth_failed']} hearth not ok, {g['no_peer']} without a fused peer"
+            line += (f": {', '.join(g['no_peer_why'])})" if g["no_peer_why"] else ")")
             lines.append(line)
             continue
         wr, wkey, wpeer = g["worst"]
@@ -356,7 +381,7 @@ def geomean_lines(rows: list[dict]) -> list[str]:
         if g["hearth_failed"]:
             line += f", {g['hearth_failed']} hearth not ok"
         if g["no_peer"]:
-            line += f", {g['no_peer']} without a fused peer"
+            line += f", {g['no_peer']} without a fused peer" + (f" ({', '.join(g['no_peer_why'])})" if g["no_peer_why"] else "")
         if g["peer_not_ok"]:
             line += f", {g['peer_not_ok']} ranked while a fused peer was not ok ({', '.join(g['unranked'])})"
         if g["mem"]:

@@ -37,6 +37,8 @@ def env_info(device) -> dict:
     import torch
     import triton
 
+    from hearth.bench.timing import TIMING_METHOD
+
     def version(dist):
         try:
             return md.version(dist)
@@ -56,9 +58,17 @@ def env_info(device) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "liger": version("liger_kernel") or version("liger-kernel"),
+        # the other peers' libraries (None: not installed), and the CUDA / cuDNN under cuBLAS and SDPA's rows
+        "quack": version("quack-kernels"),
+        "cutlass_dsl": version("nvidia-cutlass-dsl"),
+        "flash_attn": {d: v for d in ("flash-attn-4", "flash-attn-3", "flash-attn") if (v := version(d))} or None,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "hearth": version("hearth"),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "hearth bench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("hearth") else " ".join(sys.argv),
+        # the harness's timing procedure (a peer row timed by another is not ranked against hearth's: report._setup)
+        "timing": TIMING_METHOD,
         # hearth's own switches (HEARTH_ATTN_GLUON, HEARTH_ATTN_AUTOTUNE, ...): a row says which were set
         "hearth_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HEARTH_")},
     }
@@ -150,6 +160,8 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
     try:
         t0 = time.perf_counter()
         bound = P.bind(spec.name, provider, inputs, spec, size, mode != "fwd", check, registry)
+        if getattr(bound, "impl", None):
+            row["impl"] = bound.impl
         out = bound.fn()
         grads = []
         if mode != "fwd":
