@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -303,13 +304,27 @@ def _scan_only_repair(text_: str) -> str:
 
     def is_object(s: str) -> bool:
         try:
-            return isinstance(json.loads(s), dict)
+            data = json.loads(s)
         except (ValueError, RecursionError):
             return False
+        def unique(pairs):
+            if len(dict(pairs)) < len(pairs):
+                raise EnvelopeError("duplicate key")  # review49: a valid object with a duplicate key is refused
+            return dict(pairs)
+
+        json.loads(s, object_pairs_hook=unique)
+        return isinstance(data, dict)
+
+    def object_like(start: int) -> bool:
+        return re.match(r'\{[ \t\n\r]*"', out[start:]) is not None
 
     objects = [(a, b) for a, b in spans if is_object(out[a:b])]
+    broken = [a for a, b in spans if (a, b) not in objects and object_like(a)]
+    broken += [open_start] if open_start is not None and object_like(open_start) else []
     if len(objects) > 1:
         raise EnvelopeError("two objects")
+    if objects and any(a > objects[0][0] for a in broken):  # review49: a valid object then a broken one
+        raise EnvelopeError("an object and a broken one")
     if objects:
         return out[objects[0][0]:objects[0][1]]
     candidates = spans + ([(open_start, len(out))] if open_start is not None else [])
@@ -326,6 +341,10 @@ _near_objects = st.one_of(
     st.tuples(_objects, st.sampled_from(["", " ", "\n", "}{", "} {", ",", "x"]), _objects).map("".join),  # two
     st.tuples(_objects, st.integers(0, 40)).map(lambda t: t[0][: max(1, len(t[0]) - t[1] % len(t[0]))]),  # cut
     st.text(alphabet='{}[]"\\:, ab', max_size=30).map(lambda s: "{" + s + "}"),   # brace-wrapped noise
+    st.tuples(_objects, st.sampled_from(["\n", " x "]), _objects, st.integers(1, 40))  # an object, then a cut one
+    .map(lambda t: t[0] + t[1] + t[2][: max(1, len(t[2]) - t[3] % len(t[2]))]),
+    st.tuples(_objects, st.sampled_from(["\n", " x "]), _objects)  # a broken object (trailing comma), then one
+    .map(lambda t: (t[0][:-1] + ",}" if len(t[0]) > 2 else t[0]) + t[1] + t[2]),
 )
 
 

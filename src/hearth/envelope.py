@@ -18,13 +18,15 @@ Validation is strict: ``"1"`` is not an int and ``true`` is not an int either; u
 
 Repair is bounded on purpose (:func:`repair`): it removes wrapping and nothing else (a leading
 ``<think>...</think>`` block, code fences and chatter around exactly one JSON object). It never fills
-in a field, closes a bracket or picks one of two objects; those replies are refused with an
-:class:`EnvelopeError` that names the field (or ``None`` for the reply as a whole) and the reason.
+in a field, closes a bracket or picks one of two objects (or one of two values of a key); those replies
+are refused with an :class:`EnvelopeError` that names the field (or ``None`` for the reply as a whole)
+and the reason.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
@@ -149,6 +151,9 @@ def kind_of(envelope: BaseModel) -> str:
 
 # ------------------------------------------------------------------------------------------ repair
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+# A brace span that starts like a JSON object (``{"``): when it does not decode, it is a broken object, not
+# chatter such as "so {happy} for you" (JSON whitespace only, as the decoder reads it).
+_OBJECT_LIKE = re.compile(r'\{[ \t\n\r]*"')
 
 
 def scan_object(text: str, pos: int = 0, depth: int = 0, in_string: bool = False,
@@ -205,19 +210,54 @@ def repair(text: str) -> str:
     object after chatter, returns that object's text from its ``{`` (still unterminated).
 
     Raises EnvelopeError (field None) when repairing would mean guessing: an unterminated leading
-    think block, two or more JSON objects, or a reply longer than MAX_REPLY_CHARS.
+    think block, two or more JSON objects, one JSON object followed by a broken one (a brace span
+    starting ``{"`` that does not decode, or is cut off), a duplicate key, or a reply longer than
+    MAX_REPLY_CHARS.
     TypeError when ``text`` is not a str.
     """
     return _repair(text)[0]
 
 
-def _loads_dict(candidate: str) -> dict | None:
-    """``json.loads(candidate)`` when that is a dict, else None (never raises)."""
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    # json.loads keeps the last of two equal keys: {"message": "A", ..., "message": "B"} would silently be B
+    # (while a stream preview showed A); two values for one field are two replies, refused like two objects
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return data
+
+
+def _loads_dict(candidate: str, raw: str) -> dict | None:
+    """``json.loads(candidate)`` when that is a dict, else None; EnvelopeError (for ``raw``) when it is a
+    valid JSON object with a duplicate key at any depth."""
     try:
-        data = json.loads(candidate)
+        data = json.loads(candidate, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        if not _is_json(candidate):
+            return None  # not JSON anyway (the duplicate was seen before the syntax error): chatter
+        raise EnvelopeError(f"duplicate key {exc.key!r} in the JSON object; refusing to choose one of its values",
+                            raw=raw) from None
     except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _is_json(candidate: str) -> bool:
+    try:
+        json.loads(candidate)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _repair(text: str) -> tuple[str, dict | None]:
@@ -236,17 +276,28 @@ def _repair(text: str) -> tuple[str, dict | None]:
     # last character is a single brace-balanced span (the scan honours JSON strings exactly as JSON
     # does), so the scan would find that one span and return it whole. Two objects never decode.
     if out.startswith("{") and out.endswith("}"):
-        data = _loads_dict(out)
+        data = _loads_dict(out, text)
         if data is not None:
             return out, data
     spans, open_start = _object_spans(out)
-    objects = []
+    objects, last_broken = [], -1
     for a, b in spans:
-        data = _loads_dict(out[a:b])
+        data = _loads_dict(out[a:b], text)
         if data is not None:
             objects.append((a, b, data))
+        elif _OBJECT_LIKE.match(out, a):
+            last_broken = a
+    if open_start is not None and _OBJECT_LIKE.match(out, open_start):
+        last_broken = open_start
     if len(objects) > 1:
         raise EnvelopeError(f"{len(objects)} JSON objects in the reply; refusing to choose one", raw=text)
+    if objects and last_broken > objects[0][0]:
+        # a later object supersedes: a draft and its correction cut off by max_tokens (or with a syntax
+        # error), or JSON drafted while reasoning (a template that opens <think> in the prompt leaves only
+        # </think> in the reply) before a broken answer. A broken one BEFORE the object (an echoed format,
+        # a draft the object corrects) is chatter.
+        raise EnvelopeError("a JSON object followed by another that is not valid JSON (cut off?); "
+                            "refusing to choose one", raw=text)
     if objects:
         a, b, data = objects[0]
         return out[a:b], data
