@@ -153,3 +153,29 @@ def test_warm_endpoint_that_goes_away_is_reprobed():
     assert first.provider == "ft"
     assert second.attempts == [("ft", "connection"), ("hosted", "ok")]
     assert third.attempts == [("ft", "cold"), ("hosted", "ok")]
+
+
+def test_two_providers_on_one_endpoint_share_its_warm_state_and_one_warmup():
+    # two LoRA adapters a vLLM serves (or one model at two settings) are one scale-to-zero server: each provider
+    # had its own gate, so a cold start ran two probes and two warm-ups, and one learning it was warm left the
+    # other skipping it as cold
+    async def main():
+        port = free_port()
+        a = {**_finetune(port), "name": "ft-a", "model": "lora-a"}
+        b = {**_finetune(port), "name": "ft-b", "model": "lora-b"}
+        async with FakeOpenAI(GOOD) as hosted:
+            async with Chain(make_config(a, b, provider("hosted", hosted))) as chain:
+                assert chain.gates["ft-a"] is chain.gates["ft-b"]
+                first = await chain.complete(MESSAGES, kind="chat")   # both cold: hosted answers
+                async with FakeOpenAI(GOOD, port=port) as ft:
+                    await chain.gates["ft-b"].wait_warmup()
+                    second = await chain.complete(MESSAGES, kind="chat", model="lora-b")
+                    metrics = chain.metrics.render().decode()
+                    return first, second, ft.health_calls, metrics
+
+    first, second, health_calls, metrics = asyncio.run(main())
+    assert first.provider == "hosted" and first.attempts == [("ft-a", "cold"), ("ft-b", "cold"), ("hosted", "ok")]
+    assert second.provider == "ft-b" and second.attempts == [("ft-b", "ok")]   # warm without a probe of its own
+    assert health_calls == 1                                   # one warm-up's knock for the endpoint
+    assert 'hearth_gateway_warm_decisions_total{decision="cold",provider="ft-b"} 1.0' in metrics
+    assert 'hearth_gateway_warm_decisions_total{decision="warm",provider="ft-b"} 1.0' in metrics

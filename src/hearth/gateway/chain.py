@@ -148,8 +148,17 @@ class Chain:
         self.breakers = {p.name: Breaker(p.name, self.store, threshold=s.breaker_failures, cooldown_s=s.cooldown_s,
                                          max_retry_after_s=s.max_retry_after_s,
                                          trial_lease_s=p.timeouts.total_s + 5.0) for p in config.providers}
-        self.gates = {p.name: WarmGate(p, self.transport, self.metrics, self.store)
-                      for p in config.providers if p.scale_to_zero}
+        # one gate per endpoint (health_url), not per provider: two providers on one scale-to-zero server (two
+        # LoRA adapters a vLLM serves, one model at two settings) share its warm state, its probe and ONE warm-up;
+        # the first of them in the TOML gives the gate its name and warm settings
+        by_endpoint: dict[str, WarmGate] = {}
+        self.gates = {}
+        for p in config.providers:
+            if p.scale_to_zero:
+                gate = by_endpoint.get(p.health_url)
+                if gate is None:
+                    gate = by_endpoint[p.health_url] = WarmGate(p, self.transport, self.metrics, self.store)
+                self.gates[p.name] = gate
         self.started = False
 
     # ------------------------------------------------------------------ life cycle
@@ -161,7 +170,7 @@ class Chain:
         return self
 
     async def aclose(self) -> None:
-        for gate in self.gates.values():
+        for gate in {id(g): g for g in self.gates.values()}.values():  # a shared gate once
             await gate.aclose()
         await self.transport.aclose()
         await self.store.aclose()
@@ -218,7 +227,7 @@ class Chain:
             return open_ok, skipped
         try:
             async with asyncio.timeout(max(deadline_at - time.monotonic(), 0.0)):
-                warm = await asyncio.gather(*(self.gates[a.provider.name].is_warm() for a in gated))
+                warm = await asyncio.gather(*(self.gates[a.provider.name].is_warm(a.provider.name) for a in gated))
         except TimeoutError:  # the request deadline is shorter than a probe: treat them as cold
             warm = [False] * len(gated)
         warm_by_name = {a.provider.name: w for a, w in zip(gated, warm)}

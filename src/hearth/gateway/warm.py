@@ -66,10 +66,12 @@ class WarmGate:
         warm, warming = await self.store.warm(self.name)
         return {"warm": warm, "warming": warming, "warming_here": self.warming, "last_error": self.last_error}
 
-    async def is_warm(self) -> bool:
-        """True when the provider may be tried now. Waits at most probe_timeout_s (shared probe)."""
+    async def is_warm(self, provider: str | None = None) -> bool:
+        """True when the provider may be tried now. Waits at most probe_timeout_s (shared probe). provider: whose
+        decision it is, for the metric (a gate shared by the providers of one endpoint); default the gate's."""
         decision = await self._decide()
-        self.metrics.child(self.metrics.warm_decisions, self.provider.name, "warm" if decision else "cold").inc()
+        self.metrics.child(self.metrics.warm_decisions, provider or self.provider.name,
+                           "warm" if decision else "cold").inc()
         return decision
 
     async def invalidate(self) -> None:
