@@ -16,6 +16,7 @@ is ciphertext plus the wrapped data key: see docs/app.md for the operator's side
 from __future__ import annotations
 
 import asyncio
+from datetime import timezone
 from typing import Any
 
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -72,7 +73,11 @@ async def delete_account(db, user: User, *, password: str) -> None:
 
 
 def _when(dt) -> str:
-    return dt.isoformat() if dt is not None else None
+    """ISO 8601 with the UTC offset: SQLite hands the stored UTC times back without their zone (PostgreSQL
+    keeps it), and a time without one is read as local time by whatever imports it."""
+    if dt is None:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).isoformat()
 
 
 def _reading(r) -> dict:

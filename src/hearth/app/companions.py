@@ -104,7 +104,8 @@ async def set_shared_context(db: AsyncSession, cipher: UserCipher, text: str) ->
 
 
 def context_for(companion: CompanionView, shared: str) -> str:
-    """What this companion (and its Simulation Mode panel) may see: the shared context, if allowed."""
+    """What this companion may see: the shared context, if allowed (its Simulation Mode panel sees it too,
+    with the companion's memories: simulation.panel_context)."""
     return shared if companion.share_context else ""
 
 
@@ -173,12 +174,27 @@ def _message_view(cipher: UserCipher, row: Message) -> MessageView:
 
 async def history(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 200) -> list[MessageView]:
     """The last ``limit`` messages of this chat, oldest first. NotFound for another user's companion."""
+    return (await history_page(db, cipher, companion_id, limit=limit))[0]
+
+
+async def history_page(db: AsyncSession, cipher: UserCipher, companion_id: str, *, limit: int = 200,
+                       before: str | None = None) -> tuple[list[MessageView], str | None]:
+    """(up to ``limit`` messages, oldest first, the newest of them just before message ``before`` or the
+    chat's last ones; the id to pass as ``before`` for the page of earlier messages, None at the start).
+    NotFound for another user's companion or a ``before`` that is not a message of this chat."""
     async with db.begin():
         await _row(db, cipher.user_id, companion_id)
-        rows = (await db.execute(select(Message).where(Message.companion_id == companion_id,
-                                                       Message.user_id == cipher.user_id)
-                                 .order_by(Message.created_at.desc()).limit(limit))).scalars().all()
-        return [_message_view(cipher, r) for r in reversed(rows)]
+        query = select(Message).where(Message.companion_id == companion_id, Message.user_id == cipher.user_id)
+        if before is not None:
+            pivot = (await db.execute(select(Message.created_at).where(
+                Message.id == before, Message.companion_id == companion_id,
+                Message.user_id == cipher.user_id))).scalar_one_or_none()
+            if pivot is None:
+                raise NotFound("message")
+            query = query.where(Message.created_at < pivot)
+        rows = (await db.execute(query.order_by(Message.created_at.desc()).limit(limit + 1))).scalars().all()
+        earlier = rows[limit - 1].id if len(rows) > limit else None
+        return [_message_view(cipher, r) for r in reversed(rows[:limit])], earlier
 
 
 async def memories(db: AsyncSession, cipher: UserCipher, companion_id: str) -> list[str]:

@@ -1,7 +1,8 @@
 """Simulation Mode: the five-analyst panel, custom agents, and rehearsals.
 
 Panel: one situation goes to the five analysts (hearth.prompts.ANALYSTS) CONCURRENTLY, each call
-with its own timeout; each analyst sees the context the user shares with the companion. An analyst
+with its own timeout; each analyst sees the context the user shares with the companion and what the
+companion remembers from their chat (nothing of either when the user does not share with it). An analyst
 that fails or times out is reported as failed; the others still arrive. The situation and every
 reading (ok or failed) are written in one transaction once the panel has finished.
 
@@ -25,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from hearth import prompts
 from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, seal, seal_json, unseal,
                                unseal_json)
-from hearth.app.companions import context_for, get_companion, get_shared_context
+from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
 from hearth.app.model import describe_failure, failure_for_log
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
@@ -129,10 +130,22 @@ class SituationView:
     results: list[PanelResult]
 
 
-async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str) -> str:
-    """The shared context the panel sees: what the user shares with this companion."""
+async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str, *, prompt_memories: int = 30) -> str:
+    """The context the panel (and a rehearsal's agent) sees: what the user shares with this companion, then
+    what the companion remembers from their chat (its latest ``prompt_memories``, as its own prompt carries
+    them). Nothing when the user does not share their context with this companion."""
     companion = await get_companion(db, cipher, companion_id)
-    return context_for(companion, await get_shared_context(db, cipher))
+    if not companion.share_context:
+        return ""
+    shared = await get_shared_context(db, cipher)
+    kept = (await memories(db, cipher, companion_id))[-prompt_memories:] if prompt_memories else []
+    # one line each: a memory is model output, and a newline in it must not open a new section of the prompt
+    remembered = [" ".join(m.split()) for m in kept if m.strip()]
+    if not remembered:
+        return shared
+    block = f"What {companion.name}, the user's companion, remembers from their conversations:\n" + "\n".join(
+        f"- {m}" for m in remembered)
+    return f"{shared}\n\n{block}" if shared else block
 
 
 async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
@@ -289,11 +302,11 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
 
 
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
-                            turns: int) -> tuple[RehearsalView, str, list[dict]]:
-    """What one rehearsal turn needs before the model is asked: the rehearsal, the shared context the
-    panel may see, and the messages for the agent's reply. NotFound for another user's rehearsal."""
+                            turns: int, prompt_memories: int = 30) -> tuple[RehearsalView, str, list[dict]]:
+    """What one rehearsal turn needs before the model is asked: the rehearsal, the context the panel may
+    see (panel_context), and the messages for the agent's reply. NotFound for another user's rehearsal."""
     view = await get_rehearsal(db, cipher, rehearsal_id)
-    shared = await panel_context(db, cipher, view.companion_id)
+    shared = await panel_context(db, cipher, view.companion_id, prompt_memories=prompt_memories)
     return view, shared, rehearsal_messages(view, shared, text, turns)
 
 
@@ -315,10 +328,12 @@ async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id
 
 
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
-                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float) -> TurnView:
+                         max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float,
+                         prompt_memories: int = 30) -> TurnView:
     """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
     text = clean_text(text, "message", max_chars)
-    view, shared, messages = await rehearsal_context(db, cipher, rehearsal_id, text, turns=turns)
+    view, shared, messages = await rehearsal_context(db, cipher, rehearsal_id, text, turns=turns,
+                                                     prompt_memories=prompt_memories)
     result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
     reply = result.envelope.message
     results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth import prompts
@@ -13,7 +13,7 @@ from hearth.app import companions as svc
 from hearth.app import simulation
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.routes._util import SSE_HEADERS, IdParam, reply_events, sse, to_the_end
+from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse, to_the_end
 from hearth.gateway.errors import GatewayError
 
 router = APIRouter(prefix="/companions")
@@ -21,11 +21,11 @@ log = logging.getLogger("hearth.app.chat")
 
 
 async def _companion_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
-                          draft: str = "", status: int = 200) -> Response:
+                          draft: str = "", status: int = 200, before: str | None = None) -> Response:
     companion = await svc.get_companion(db, viewer.cipher, companion_id)
+    messages, earlier = await svc.history_page(db, viewer.cipher, companion_id, before=before)
     return state.templates.TemplateResponse(request, "companion.html", {
-        "viewer": viewer, "companion": companion,
-        "messages": await svc.history(db, viewer.cipher, companion_id),
+        "viewer": viewer, "companion": companion, "messages": messages, "earlier": earlier, "before": before,
         "memories": await svc.memories(db, viewer.cipher, companion_id),
         "rehearsals": await simulation.list_rehearsals(db, viewer.cipher, companion_id),
         "world_views": prompts.WORLD_VIEWS, "model_configured": state.model_configured,
@@ -33,8 +33,10 @@ async def _companion_page(request: Request, state: State, db, viewer, companion_
 
 
 @router.get("/{companion_id}")
-async def companion_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
-    return await _companion_page(request, state, db, viewer, companion_id)
+async def companion_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam,
+                         before: Annotated[str | None, Query(pattern=ID_PATTERN)] = None) -> Response:
+    """The chat's last messages; ``?before=<message id>`` pages back through a long one."""
+    return await _companion_page(request, state, db, viewer, companion_id, before=before)
 
 
 def _turn_json(turn: svc.TurnResult) -> dict:

@@ -69,7 +69,8 @@ async def run_situation(request: Request, state: State, db: DB, viewer: CsrfView
     text = clean_text(situation, "situation", state.settings.max_text_chars)
     if not state.model_configured:
         raise ModelUnavailable("no model endpoint is configured")
-    shared = await svc.panel_context(db, viewer.cipher, companion_id)  # 404 for another user's companion
+    shared = await svc.panel_context(db, viewer.cipher, companion_id,  # 404 for another user's companion
+                                     prompt_memories=state.settings.prompt_memories)
     if wants_stream(request):
         return StreamingResponse(to_the_end(_stream_panel(state, viewer, companion_id, text, shared), state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
@@ -133,7 +134,8 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
     try:
         async with state.db.sessions() as db:
             view, shared, messages = await svc.rehearsal_context(db, viewer.cipher, rehearsal_id, text,
-                                                                 turns=s.chat_context_turns)
+                                                                 turns=s.chat_context_turns,
+                                                                 prompt_memories=s.prompt_memories)
         async for what, value in reply_events(model, messages, deadline_s=s.reply_deadline_s):
             if what == "delta":
                 yield sse("delta", {"text": value})
@@ -167,7 +169,7 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
     try:
         await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
                                  turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
-                                 analyst_timeout_s=s.analyst_timeout_s)
+                                 analyst_timeout_s=s.analyst_timeout_s, prompt_memories=s.prompt_memories)
     except GatewayError as exc:  # shown on the rehearsal page with the text kept, not a bare error page
         log.warning("rehearsal turn failed: %s", failure_for_log(exc))
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=502, draft=message,
