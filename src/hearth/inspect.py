@@ -2,14 +2,17 @@
 
 LESSON 4: a matmul sat flat at ~1 TFLOP/s because its PTX had no mma instruction at all -- whether
 the tensor cores are used is read in the compiled code, not guessed. Per kernel this reports:
-  * tensor-core instructions: PTX `wgmma.mma_async` (Hopper), `mma.sync` / `wmma` (Ampere style);
-    SASS `HGMMA` / `QGMMA` (Hopper), `HMMA` / `IMMA` (older path) -- SASS through cuobjdump on the
-    cubin when the tool is there (Triton ships one);
+  * tensor-core instructions: PTX `wgmma.mma_async` (Hopper), `tcgen05.mma` (Blackwell), `mma.sync` /
+    `wmma` (Ampere style); SASS `HGMMA` / `QGMMA` / `IGMMA` (Hopper), `UTC*MMA` (Blackwell), `HMMA` /
+    `IMMA` (older path) -- SASS through cuobjdump on the cubin when the tool is there (Triton ships
+    one). When there is SASS, it decides whether tensor cores are used (it is what runs);
   * TMA bulk copies and reduces (PTX cp.async.bulk.tensor / cp.reduce.async.bulk.tensor, SASS
     UTMALDG / UTMASTG / UTMAREDG), fp32 FMAs (FFMA);
-  * registers per thread, spills (stack frame / local memory bytes), shared memory per program;
+  * registers per thread, spills (stack frame / local memory bytes), shared memory per program (the
+    dynamic shared memory Triton launches with; the 1 KiB the system reserves per block is apart);
   * a one-line verdict. A kernel whose Triton IR holds a `tt.dot` (matmul-like) but whose code has
-    no tensor-core instruction gets "No tensor-core instructions were emitted", in red.
+    no tensor-core instruction gets "No tensor-core instructions were emitted", in red. Gluon kernels
+    have no TTIR: their TTGIR is read (ttng.warp_group_dot / ttng.tc_gen5_mma).
 
 How kernels are found: a kernel module may expose `inspect_kernels(shape, dtype)` returning
 [(label, CompiledKernel)] (matmul and linear_cross_entropy do). For other ops, the public op is run
@@ -37,8 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PTX_PATTERNS = {
-    "wgmma": r"\bwgmma\.mma_async\b",
-    "mma.sync": r"\bmma\.sync\b",
+    "wgmma": r"\bwgmma\.mma_async\b",  # .sp forms included
+    "tcgen05.mma": r"\btcgen05\.mma\b",  # Blackwell (sm_100): .sp / .ws forms included
+    # mma.sync and the sparse mma.sp(::ordered_metadata).sync, not wmma.mma.sync (that is a wmma)
+    "mma.sync": r"(?<![\w.])mma(?:\.sp(?:::ordered_metadata)?)?\.sync\b",
     "wmma": r"\bwmma\.mma\b",
     "tma": r"\bcp\.(?:reduce\.)?async\.bulk\.tensor\b",
     "fma.f32": r"\bfma\.rn\.f32\b",
@@ -47,6 +52,8 @@ PTX_PATTERNS = {
 SASS_PATTERNS = {
     "HGMMA": r"\bHGMMA\b",
     "QGMMA": r"\bQGMMA\b",
+    "IGMMA": r"\bIGMMA\b",  # int8 wgmma
+    "UTCMMA": r"\bUTC[A-Z]*MMA\b",  # Blackwell tcgen05.mma: UTCHMMA, UTCQMMA, UTCIMMA, UTCOMMA
     "HMMA": r"\bHMMA\b",  # not HFMA2.MMA (a plain fp16x2 FMA on the MMA pipe)
     "IMMA": r"\bIMMA\b",
     "UTMA": r"\bUTMA(?:LDG|STG|REDG)\b",
@@ -96,9 +103,11 @@ def parse_res_usage(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def uses_dot(ttir: str) -> bool:
-    """True when the kernel's Triton IR holds a tl.dot (it is matmul-like: tensor cores expected)."""
-    return bool(re.search(r"\btt\.(?:dot|dot_scaled)\b", ttir))
+def uses_dot(ir: str) -> bool:
+    """True when the kernel's Triton IR (TTIR, or TTGIR: Gluon kernels have no TTIR) holds a dot (it is
+    matmul-like: tensor cores expected): tt.dot / tt.dot_scaled, or Gluon's ttng.warp_group_dot (Hopper) /
+    ttng.tc_gen5_mma (Blackwell) -- not ttng.warp_group_dot_wait."""
+    return bool(re.search(r"\b(?:tt\.dot(?:_scaled)?|ttng\.warp_group_dot|ttng\.tc_gen5_mma(?:_scaled)?)\b(?!_)", ir))
 
 
 @dataclass
@@ -119,24 +128,40 @@ class KernelReport:
     notes: list[str] = field(default_factory=list)
 
 
+def _tensor_core_kinds(report: KernelReport) -> dict[str, int]:
+    """Tensor-core instruction counts by kind ("wgmma", "tcgen05", "mma.sync"), read from the SASS when there is
+    SASS (what runs: ptxas may drop a PTX mma whose result is unused), else from the PTX."""
+    if report.sass is not None:
+        s = report.sass
+        return {"wgmma": s.get("HGMMA", 0) + s.get("QGMMA", 0) + s.get("IGMMA", 0), "tcgen05": s.get("UTCMMA", 0),
+                "mma.sync": s.get("HMMA", 0) + s.get("IMMA", 0)}
+    p = report.ptx
+    return {"wgmma": p.get("wgmma", 0), "tcgen05": p.get("tcgen05.mma", 0),
+            "mma.sync": p.get("mma.sync", 0) + p.get("wmma", 0)}
+
+
 def tensor_core_count(report: KernelReport) -> int:
-    sass = report.sass or {}
-    return (report.ptx["wgmma"] + report.ptx["mma.sync"] + report.ptx["wmma"]
-            + sass.get("HGMMA", 0) + sass.get("QGMMA", 0) + sass.get("HMMA", 0) + sass.get("IMMA", 0))
+    """Tensor-core instructions in the kernel (SASS when available, else PTX; see _tensor_core_kinds)."""
+    return sum(_tensor_core_kinds(report).values())
 
 
 def verdict(report: KernelReport) -> tuple[str, str]:
     """(level, one line): level "error" (matmul-like without tensor cores), "warn", or "ok"."""
-    hopper = (report.target or "").startswith("sm_9")
+    # Hopper and the datacenter Blackwells (sm_100 / sm_103) have a faster path than mma.sync
+    fast_path = re.match(r"sm_(?:9\d|10\d)", report.target or "")
     spill = f"; {report.spill_bytes} bytes spilled to local memory" if report.spill_bytes else ""
-    if report.matmul_like and tensor_core_count(report) == 0:
+    kinds = _tensor_core_kinds(report)
+    if report.matmul_like and sum(kinds.values()) == 0:
         return "error", "No tensor-core instructions were emitted" + spill
-    if report.ptx["wgmma"] or (report.sass or {}).get("HGMMA") or (report.sass or {}).get("QGMMA"):
-        tma = ", TMA loads" if report.ptx["tma"] else ""
+    tma = ", TMA loads" if report.ptx["tma"] else ""
+    if kinds["tcgen05"]:
+        return ("warn" if spill else "ok"), f"tcgen05 tensor cores (Blackwell path){tma}{spill}"
+    if kinds["wgmma"]:
         return ("warn" if spill else "ok"), f"wgmma tensor cores (Hopper path){tma}{spill}"
-    if report.ptx["mma.sync"] or report.ptx["wmma"] or (report.sass or {}).get("HMMA"):
-        if hopper:
-            return "warn", "mma.sync tensor cores only: on Hopper wgmma (HGMMA) is the fast path" + spill
+    if kinds["mma.sync"]:
+        if fast_path:
+            faster = "wgmma (HGMMA)" if (report.target or "").startswith("sm_9") else "tcgen05 (UTCHMMA)"
+            return "warn", f"mma.sync tensor cores only: on {report.target} {faster} is the fast path" + spill
         return ("warn" if spill else "ok"), "mma.sync tensor cores" + spill
     return ("warn" if spill else "ok"), "no matmul in this kernel: tensor cores not expected" + spill
 
@@ -174,19 +199,29 @@ def report_compiled(label: str, kernel) -> KernelReport:
     usage = parse_res_usage(_cuobjdump(cubin, "-res-usage") or "")
     name = kernel.metadata.name
     res = usage.get(name) or (next(iter(usage.values())) if usage else {})
-    # n_regs / n_spills exist once the kernel was loaded on a GPU; offline builds use cuobjdump's figures
+    # n_regs / n_spills exist once the kernel was loaded on a GPU; offline builds use cuobjdump's figures.
+    # Triton's n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4 (32-bit words, triton/backends/nvidia/
+    # driver.c): cuobjdump's bytes are taken when there, else n_spills x 4, so both modes report bytes.
     registers = vars(kernel).get("n_regs") or res.get("REG")
-    spills = vars(kernel).get("n_spills")
-    if spills is None and res:
+    if res:
         spills = res.get("STACK", 0) + res.get("LOCAL", 0)
+    else:
+        words = vars(kernel).get("n_spills")
+        spills = None if words is None else 4 * words
     rep = KernelReport(
-        label=label, name=name, target=ptx_target(ptx), matmul_like=uses_dot(asm.get("ttir", "")),
+        label=label, name=name, target=ptx_target(ptx),
+        matmul_like=uses_dot(asm.get("ttir", "") + "\n" + asm.get("ttgir", "")),  # Gluon: TTGIR only
         ptx=count_ptx(ptx), sass=count_sass(sass_text) if sass_text else None, registers=registers,
         spill_bytes=spills, shared_bytes=getattr(kernel.metadata, "shared", None),
         num_warps=getattr(kernel.metadata, "num_warps", None), num_stages=getattr(kernel.metadata, "num_stages", None),
     )
     if sass_text is None:
         rep.notes.append("SASS unavailable (no cuobjdump); PTX counts only")
+    else:
+        in_ptx = sum(rep.ptx[k] for k in ("wgmma", "tcgen05.mma", "mma.sync", "wmma"))
+        in_sass = tensor_core_count(rep)
+        if bool(in_ptx) != bool(in_sass):
+            rep.notes.append(f"PTX has {in_ptx} tensor-core instructions, SASS {in_sass}: the SASS (what runs) decides")
     rep.level, rep.verdict = verdict(rep)
     return rep
 
@@ -279,9 +314,13 @@ def render(reports: list[KernelReport], console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    # Blackwell's tcgen05 columns only when some kernel has them (the Hopper table stays as it was)
+    tc05 = any(r.ptx.get("tcgen05.mma") or (r.sass or {}).get("UTCMMA") for r in reports)
     table = Table(title="hearth inspect (PTX: wgmma, mma.sync, TMA; SASS: HGMMA, HMMA, FFMA)", show_lines=False)
     table.add_column("kernel", min_width=16, overflow="fold")
-    for col in ("target", "wgmma", "mma", "HGMMA", "HMMA", "TMA", "FFMA", "regs", "spill B", "smem KiB", "w/s"):
+    cols = ("target", "wgmma", *(("tcgen05",) if tc05 else ()), "mma", "HGMMA", *(("UTCMMA",) if tc05 else ()), "HMMA",
+            "TMA", "FFMA", "regs", "spill B", "smem KiB", "w/s")
+    for col in cols:
         table.add_column(col, no_wrap=True)
     table.add_column("verdict", min_width=24, overflow="fold")
     style = {"ok": "green", "warn": "yellow", "error": "bold red"}
@@ -289,12 +328,25 @@ def render(reports: list[KernelReport], console) -> None:
         s = r.sass or {}
         na = "-" if r.sass is None else None
         table.add_row(
-            escape(r.label), r.target or "?", str(r.ptx["wgmma"]), str(r.ptx["mma.sync"]), na or str(s["HGMMA"]),
+            escape(r.label), r.target or "?", str(r.ptx["wgmma"]), *((str(r.ptx.get("tcgen05.mma", 0)),) if tc05 else ()),
+            str(r.ptx["mma.sync"]), na or str(s["HGMMA"]), *((na or str(s.get("UTCMMA", 0)),) if tc05 else ()),
             na or str(s["HMMA"]), str(r.ptx["tma"]), na or str(s["FFMA"]), str(r.registers), str(r.spill_bytes),
             "?" if r.shared_bytes is None else f"{r.shared_bytes / 1024:.1f}", f"{r.num_warps}/{r.num_stages}",
             f"[{style[r.level]}]{r.verdict}[/]",
         )
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+    else:
+        # a pipe, a file, CI: rich's default 80 columns squeezed the kernel and verdict columns to nothing
+        # (benchmarks/h200/inspect/*.txt); print the table at the width it needs instead
+        from rich.measure import Measurement
+
+        width = console.width
+        console.width = max(width, Measurement.get(console, console.options.update_width(10_000), table).maximum)
+        try:  # (print(width=...) is capped at the console's width)
+            console.print(table, crop=False)
+        finally:
+            console.width = width
     for r in reports:
         if r.level == "error":
             console.print(f"[bold red]{escape(r.label)}: NO TENSOR-CORE INSTRUCTIONS WERE EMITTED for a matmul-like kernel "
@@ -350,13 +402,17 @@ def main(op: str, shape: str | None = None, dtype: str = "bfloat16", json_out: P
         console.print("[bold red]error:[/] hearth inspect compiles kernels for the GPU at hand, but no CUDA GPU is visible "
                       "(use --arch sm_90 to compile offline for a given GPU).")
         return 2
+    if cc is not None and dims is not None:
+        console.print(f"[yellow]note: --shape {shape} is ignored with --arch: the offline build compiles the op's "
+                      "fixed configs, for no particular shape.[/]")
+    where = f"offline sm_{cc}" if cc is not None else f"shape {dims}"
     try:
         if cc is not None:
             reports = collect_offline(op, cc, getattr(torch, DTYPE_NAMES[dtype]))
         else:
             reports = collect(op, dims, getattr(torch, DTYPE_NAMES[dtype]))
-    except (ValueError, TypeError) as exc:  # unknown op, or the op refused the shape/dtype
-        console.print(f"[bold red]error:[/] {op} at shape {dims} / {dtype}: {exc}")
+    except (ValueError, TypeError) as exc:  # unknown op, or the op refused the shape/dtype/arch
+        console.print(f"[bold red]error:[/] {op} at {where} / {dtype}: {exc}")
         return 2
     if not reports:
         console.print(f"[yellow]{op}: no Triton kernel was launched at this shape/dtype.[/]")
