@@ -155,3 +155,20 @@ def test_instruction_states_every_non_empty_rule_of_the_schema(kind):
             assert "each non-empty" in line, line
         elif prop.get("type") == "string" and "enum" not in prop:
             assert ("non-empty" in line) == (prop.get("minLength", 0) >= 1), line
+
+
+def test_the_panel_context_is_one_builder_for_app_corpus_and_eval():
+    # the app gives the analysts (and a rehearsal's agent) what the companion remembers too; the eval's and the
+    # corpus's analyst specs carry it as companion + memories, so all three build the same prompt
+    text = prompts.panel_context("I work nights.", companion="Wren", memories=["Likes tea", "Two\nlines ", " "])
+    assert text == ("I work nights.\n\nWhat Wren, the user's companion, remembers from their conversations:\n"
+                    "- Likes tea\n- Two lines")
+    assert prompts.panel_context("I work nights.") == "I work nights."
+    assert prompts.panel_context("", memories=["Likes tea"]).startswith("What the user's companion remembers")
+    spec = {"kind": "analyst", "analyst": "cynic", "shared_context": "I work nights.", "companion": "Wren",
+            "memories": ["Likes tea"]}
+    _, system = prompts.system_prompt_for(spec)
+    expected = prompts.panel_context("I work nights.", companion="Wren", memories=["Likes tea"])
+    assert system == prompts.analyst_system_prompt("cynic", shared_context=expected) and "- Likes tea" in system
+    with pytest.raises(TypeError, match="memories"):
+        prompts.system_prompt_for({**spec, "memories": "Likes tea"})

@@ -23,7 +23,7 @@ naming the argument.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hearth.envelope import ChatReply, dumps, json_schema
 
@@ -373,6 +373,22 @@ def rehearsal_system_prompt(*, name: str, personality: str, backstory: str, rela
 
 
 
+def panel_context(shared_context: str, *, companion: str = "", memories: Sequence[str] = ()) -> str:
+    """What the Simulation Mode panel and a rehearsal's agent are told about the user: the context the user
+    shares with the companion, then what that companion remembers of their chats, one line each (a memory is model
+    output: a newline in it must not open a new section of the prompt). The app builds it from the companion's
+    data, the corpus and the eval cases from their spec's ``companion`` and ``memories`` (system_prompt_for), so
+    the three send the same prompt."""
+    if not isinstance(shared_context, str):
+        raise TypeError(f"shared_context must be str, got {type(shared_context).__name__}")
+    remembered = [" ".join(m.split()) for m in memories if isinstance(m, str) and m.strip()]
+    if not remembered:
+        return shared_context
+    who = f"{companion}, the user's companion," if companion else "the user's companion"
+    block = f"What {who} remembers from their conversations:\n" + "\n".join(f"- {m}" for m in remembered)
+    return f"{shared_context}\n\n{block}" if shared_context else block
+
+
 def _spec_field(spec: Mapping[str, Any], name: str, kind: type = str, required: bool = True) -> Any:
     value = spec.get(name)
     if value is None:
@@ -406,7 +422,8 @@ def system_prompt_for(spec: Mapping[str, Any]) -> tuple[str, str]:
     spec keys: kind (a ReplyKind); prompt (optional: companion | feed | analyst | rehearsal, default
     from the kind); shared_context (optional str); then per prompt: persona, world_view, stage,
     memories (companion); persona, world_view (feed); analyst (analyst); rehearsal = {name,
-    personality, backstory, relationship} (rehearsal). ValueError/TypeError naming the key.
+    personality, backstory, relationship} (rehearsal); for analyst and rehearsal also the optional companion
+    (its name) and memories (what it remembers: panel_context). ValueError/TypeError naming the key.
     """
     if not isinstance(spec, Mapping):
         raise TypeError(f"spec must be a mapping, got {type(spec).__name__}")
@@ -424,6 +441,9 @@ def system_prompt_for(spec: Mapping[str, Any]) -> tuple[str, str]:
     if prompt == "feed":
         return kind, feed_system_prompt(persona=_spec_field(spec, "persona"),
                                         world_view=_spec_field(spec, "world_view"), shared_context=shared)
+    if prompt in ("analyst", "rehearsal"):  # the panel's context: what the companion remembers, too (panel_context)
+        shared = panel_context(shared, companion=_spec_field(spec, "companion", required=False) or "",
+                               memories=_spec_field(spec, "memories", list, required=False) or [])
     if prompt == "analyst":
         return kind, analyst_system_prompt(_spec_field(spec, "analyst"), shared_context=shared)
     person = _spec_field(spec, "rehearsal", dict)

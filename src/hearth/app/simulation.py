@@ -139,13 +139,7 @@ async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str,
         return ""
     shared = await get_shared_context(db, cipher)
     kept = (await memories(db, cipher, companion_id))[-prompt_memories:] if prompt_memories else []
-    # one line each: a memory is model output, and a newline in it must not open a new section of the prompt
-    remembered = [" ".join(m.split()) for m in kept if m.strip()]
-    if not remembered:
-        return shared
-    block = f"What {companion.name}, the user's companion, remembers from their conversations:\n" + "\n".join(
-        f"- {m}" for m in remembered)
-    return f"{shared}\n\n{block}" if shared else block
+    return prompts.panel_context(shared, companion=companion.name, memories=kept)
 
 
 async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
