@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from hearth.envelope import MODELS, EnvelopeError, dumps
 from hearth.prompts import history_turn, system_prompt_for
-from hearth.train.chat_format import IM_START, Rendered, render
+from hearth.train.chat_format import IM_END, IM_START, Rendered, render
 
 IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
@@ -165,6 +165,14 @@ def load_tokenizer(path: Path):
         raise ValueError(f"tokenizer: cannot load a tokenizer from {path}: {exc}") from exc
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"tokenizer: {path} is not a fast tokenizer (offsets are needed for the loss mask)")
+    # The trained reply ends with <|im_end|>, the token a server stops on: a tokenizer that splits it into pieces (not
+    # Qwen's; or a model folder without tokenizer files, which transformers 5 loads as an empty tokenizer that
+    # encodes everything to nothing) would train the model to spell the text "<|im_end|>" and never stop
+    for control in (IM_END, IM_START):
+        ids = tok(control, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"tokenizer: {path} does not encode {control} as one token (got {len(ids)}): not a Qwen "
+                             "chat tokenizer, or a folder without tokenizer files; the corpus is Qwen3's chat format")
     return tok
 
 

@@ -19,11 +19,34 @@ from pathlib import Path
 DTYPES = ("bfloat16", "float16")
 
 
+def _usable_tokenizer(path: Path, vocab_size: int):
+    """The tokenizer in ``path``, or None when there is none that can serve this model. transformers 5 loads a model
+    folder WITHOUT tokenizer files as an empty tokenizer of the model's class (one token; every text encodes to
+    nothing): written beside the merged weights, a server would take it and tokenize every prompt to nothing."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
+    ids = tok("<|im_start|>user\nhello, how are you?<|im_end|>", add_special_tokens=False)["input_ids"]
+    if not ids or max(ids) >= vocab_size or len(tok) <= 1:
+        return None
+    return tok
+
+
 def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", tokenizer: Path | None = None) -> dict:
-    """Write the merged model to ``out``; returns what export.json holds. ValueError naming the argument."""
+    """Write the merged model to ``out``; returns what export.json holds. ValueError naming the argument.
+
+    ``out`` is written whole or not at all: the folder is built beside it (``.OUT.export-tmp``) and moved into place,
+    replacing a previous export (a folder holding export.json) only once the new one is complete, so a failure (a full
+    disk, a killed process) leaves the previous export as it was and no stale file of it (an old tokenizer, a shard
+    index) survives into the new one. Any other non-empty folder is refused."""
+    import shutil
+
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     adapter, model, out = Path(adapter), Path(model), Path(out)
     if dtype not in DTYPES:
@@ -36,8 +59,20 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
         raise ValueError(f"out: {out} must not be the adapter or the base model folder")
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "export.json").is_file():
+        raise ValueError(f"out: {out} is a folder that holds other files and no export.json (not an earlier `hearth "
+                         "export`); the merged model would be mixed into it: give an empty or new folder")
     if tokenizer is not None and not Path(tokenizer).is_dir():
         raise ValueError(f"tokenizer: {tokenizer} is not a tokenizer folder")
+    try:
+        vocab_size = AutoConfig.from_pretrained(str(model), local_files_only=True).get_text_config().vocab_size
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"model: cannot read the model config of {model}: {exc}") from exc
+    tok_src = tokenizer or model
+    tok = _usable_tokenizer(Path(tok_src), vocab_size)
+    if tok is None and tokenizer is not None:
+        raise ValueError(f"tokenizer: {tokenizer} holds no tokenizer for this model (none that loads, encodes text and "
+                         f"stays within its vocab_size={vocab_size})")
     try:
         base = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as exc:
@@ -48,20 +83,27 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
         raise ValueError(f"adapter: cannot apply {adapter} to {model}: {exc}") from exc
     merged = merged.to(getattr(torch, dtype))
     merged.config.use_cache = True
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(str(out), safe_serialization=True)
-    tok_src = tokenizer or model
-    tok_saved = False
-    try:
-        AutoTokenizer.from_pretrained(str(tok_src), local_files_only=True).save_pretrained(str(out))
-        tok_saved = True
-    except (OSError, ValueError, KeyError):
-        if tokenizer is not None:
-            raise ValueError(f"tokenizer: cannot load a tokenizer from {tokenizer}") from None
     info = {"adapter": str(adapter), "base_model": str(model), "dtype": dtype,
-            "tokenizer": str(tok_src) if tok_saved else None,
+            "tokenizer": str(tok_src) if tok is not None else None,
             "adapter_config": json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))}
-    (out / "export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = out.with_name(f".{out.name}.export-tmp"), out.with_name(f".{out.name}.export-old")
+    for leftover in (tmp, old):  # an earlier export that was killed half-way
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    try:
+        merged.save_pretrained(str(tmp), safe_serialization=True)
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
+        (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
     return info
 
 

@@ -355,6 +355,27 @@ def loss_bytes_per_token(config, *, patched: bool, bytes_per_el: int, liger: boo
     return config.vocab_size * (2 * bytes_per_el + 8)
 
 
+def sdpa_mask_bytes_per_token(config, tokens: int, mask_rows: int, *, bytes_per_el: int) -> int:
+    """What a micro-batch that reaches SDPA WITH a mask adds, per token, to each decoder layer that keeps its
+    activations (0 when mask_rows is 0: no mask). That is a padded micro-batch with padding (transformers' [B, 1, T, T]
+    padding mask; hearth's attention hands those to SDPA too) and a packed row of several sequences that hearth's
+    varlen attention does not take (the [1, 1, T, T] block-diagonal mask); ``tokens`` is mask_rows x T.
+
+    With a mask, transformers' SDPA path repeats k and v to the query heads (repeat_kv: its GQA path is for mask-free
+    calls only), so SDPA keeps k and v at the query width, 2 (Q - K) more than layer_activation_bytes_per_token's
+    Q + 2K; and torch's SDPA turns the boolean mask into an additive one of the compute dtype, which its
+    memory-efficient kernel keeps for the backward: T x b per token, in every layer (one copy per call). The bool
+    mask itself (T x 1 byte per token, shared by the layers) is in estimate_peak_gib's fixed term. Checked against
+    the H200's packed row on SDPA (16384 tokens in 8 sequences, 21 of 40 layers checkpointed): 92.25 GiB measured,
+    77.00 with the varlen kernel; this adds (16384 + 2 x 4096) x 2 bytes per token to the 20 layers holding
+    activations at the peak plus the 0.25 GiB bool mask: 15.25 GiB, the whole gap."""
+    if not mask_rows:
+        return 0
+    _, _, q, k = _widths(config)
+    width = -(-tokens // mask_rows)
+    return (width + 2 * (q - k)) * bytes_per_el
+
+
 FIXED_BYTES = 256 << 20
 """Beyond weights and optimizer state: cuBLAS workspaces, the fused loss's logits chunk, allocator rounding.
 The measured peaks are torch.cuda.max_memory_allocated (what tensors hold), so the caching allocator's
@@ -367,14 +388,15 @@ PLAN_MARGIN = 0.01
 
 def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: int, trainable_bytes: int,
                       bytes_per_el: int, patched: bool, liger: bool = False, fused_lora: bool = False,
-                      qlora: bool = False, fused_mlp: bool = False) -> float:
+                      qlora: bool = False, fused_mlp: bool = False, mask_rows: int = 0) -> float:
     """Estimated peak GiB (torch.cuda.max_memory_allocated) of one LoRA step with `checkpointed` of the decoder
     layers (the LAST ones, as apply_checkpointing picks them) recomputed in the backward.
 
     Knobs: patched (hearth.patch: its norms, rope and fused loss; its MLP is unfused under peft unless
     fused_lora), liger (Liger's RMSNorm, rope, SwiGLU and fused linear cross entropy), fused_lora (hearth's
     LoRA nodes), qlora (a 4-bit base: each frozen weight is dequantised to the compute dtype while it is used,
-    the largest, H x I, alive in a layer's backward).
+    the largest, H x I, alive in a layer's backward), mask_rows (the micro-batch's `tokens` are that many rows that
+    reach SDPA with a [T, T] mask each: sdpa_mask_bytes_per_token, added to A; 0: no mask).
 
     peak = weights + 3 x trainable (the fp32 LoRA parameters and AdamW's m and v: their gradients appear
            only as the backward goes, after the peak) + FIXED_BYTES (+ H x I x b with qlora)
@@ -396,7 +418,10 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
                                            fused_lora=fused_lora, liger=liger, fused_mlp=fused_mlp)
     loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el, liger=liger)
     backward = backward_bytes_per_token(config, bytes_per_el=bytes_per_el)
+    act += sdpa_mask_bytes_per_token(config, tokens, mask_rows, bytes_per_el=bytes_per_el)
     fixed = weights_bytes + 3 * trainable_bytes + FIXED_BYTES + (h * i * bytes_per_el if qlora else 0)
+    if mask_rows:  # transformers' boolean mask, [rows, 1, T, T], shared by the layers
+        fixed += tokens * -(-tokens // mask_rows)
     c = checkpointed
     per_token = c * h * bytes_per_el + (layers - c) * act + max(loss, (act if c else 0) + backward)
     return (fixed + tokens * per_token) / GIB
@@ -413,19 +438,21 @@ def patch_knobs(report) -> dict:
 def packed_mask_note(pack: bool, report, device_type: str) -> str | None:
     """The start-up note for packed rows that do not run hearth's varlen attention (no attention patch: off Hopper
     by default, --no-attention, --no-patch): transformers then attends through SDPA with a [T, T] block-diagonal
-    mask per row, which the memory plan does not count. None when there is nothing to say."""
+    mask per row, which costs memory (the plan counts it: sdpa_mask_bytes_per_token) and time. None when there is
+    nothing to say."""
     if not pack or device_type != "cuda" or (report is not None and report.count("attention")):
         return None
-    return ("packed rows run through SDPA with transformers' [T, T] block-diagonal mask: the memory plan does not "
-            "count the mask or what SDPA keeps of it for the backward (Qwen3-14B shape, 16384 tokens in 8 sequences, "
-            "on an H200: 92.2 GiB at peak against a 78.5 GiB plan, and 0.46x the tokens/s of hearth's varlen "
-            "attention). Plan with a lower --memory-budget-gib, or use hearth's attention (--attention, where the "
-            "kernels run; the default on Hopper).")
+    return ("packed rows run through SDPA with transformers' [T, T] block-diagonal mask: SDPA keeps a copy of the "
+            "mask and k / v repeated to the query heads in every layer (Qwen3-14B shape, 16384 tokens in 8 sequences, "
+            "on an H200: 92.2 GiB at peak against a 78.5 GiB plan that left them out; the plan counts them now, so it "
+            "checkpoints more under the same --memory-budget-gib), and runs at 0.46x the tokens/s of hearth's varlen "
+            "attention. Use hearth's attention (--attention, where the kernels run; the default on Hopper).")
 
 
 def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_bytes: int, bytes_per_el: int,
                        budget_gib: float | None, patched: bool, liger: bool = False, fused_lora: bool = False,
-                       qlora: bool = False, fused_mlp: bool = False) -> CheckpointPlan:
+                       qlora: bool = False, fused_mlp: bool = False, mask_rows: int = 0,
+                       batches: list[tuple[int, int]] | None = None) -> CheckpointPlan:
     """The fewest checkpointed layers whose estimated peak (estimate_peak_gib, same knobs) fits the budget
     (fewer = less recompute = faster).
 
@@ -433,13 +460,18 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
     peaks, and one under (HF at 16384 tokens) overran an 80 GiB budget by 0.12 GiB without the margin.
     Recompute costs about one extra forward per checkpointed layer (~1/3 of its fwd+bwd time), so c=0 is the
     fastest and c=L the slowest; none fitting falls back to full checkpointing (reported as over budget).
+
+    batches: (tokens, mask_rows) of every micro-batch shape the run takes (micro_batch_shapes); the estimate is the
+    largest over them (a masked micro-batch of fewer tokens can need more than the longest unmasked one). Default:
+    the one micro-batch (tokens, mask_rows).
     """
     layers = config.num_hidden_layers
+    shapes = batches or [(tokens, mask_rows)]
 
     def peak(c: int) -> float:
-        return estimate_peak_gib(config, tokens, c, weights_bytes=weights_bytes, trainable_bytes=trainable_bytes,
-                                 bytes_per_el=bytes_per_el, patched=patched, liger=liger, fused_lora=fused_lora,
-                                 qlora=qlora, fused_mlp=fused_mlp)
+        return max(estimate_peak_gib(config, t, c, weights_bytes=weights_bytes, trainable_bytes=trainable_bytes,
+                                     bytes_per_el=bytes_per_el, patched=patched, liger=liger, fused_lora=fused_lora,
+                                     qlora=qlora, fused_mlp=fused_mlp, mask_rows=r) for t, r in shapes)
 
     table = [{"checkpointed": c, "estimate_gib": round(peak(c), 2)} for c in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers})]
     if budget_gib is None:
@@ -456,6 +488,30 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
                           f"full: even full checkpointing is estimated at {peak(layers):.1f} GiB, over the "
                           f"{budget_gib:.1f} GiB budget (lower --seq-len / --batch-tokens, use --qlora, or a GPU "
                           "with more memory)", table, fits=False)
+
+
+def micro_batch_shapes(examples: list[Example], mbs, *, pack: bool, varlen: bool) -> list[tuple[int, int]]:
+    """(tokens, mask_rows) of the micro-batches ``mbs`` (lists of indices into ``examples``) for plan_checkpointing,
+    keeping only the ones that can set the peak. Padded: rows x the longest, padding included, and a mask over every
+    row when any row is padded. Packed: the sum, with a mask (one row) when several sequences share the row and
+    ``varlen`` is False (hearth's varlen attention not patched in: transformers' block-diagonal mask on SDPA)."""
+    unmasked, masked = 0, set()
+    for mb in mbs:
+        lengths = [len(examples[i]) for i in mb]
+        if pack:
+            tokens, rows = sum(lengths), 1 if len(lengths) > 1 and not varlen else 0
+        else:
+            tokens, rows = max(lengths) * len(lengths), len(lengths) if min(lengths) < max(lengths) else 0
+        if rows:
+            masked.add((tokens, rows))
+        else:
+            unmasked = max(unmasked, tokens)
+    keep, widest = [], 0  # masked shapes no other one beats on both tokens and mask size (tokens x T)
+    for tokens, rows in sorted(masked, key=lambda s: (-s[0], s[1])):
+        if tokens * -(-tokens // rows) > widest:
+            keep.append((tokens, rows))
+            widest = tokens * -(-tokens // rows)
+    return ([(unmasked, 0)] if unmasked and not (keep and keep[0][0] >= unmasked) else []) + keep
 
 
 def enable_checkpointing(model) -> None:
@@ -965,10 +1021,13 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     widest = max(sum(len(train[i]) for i in mb) if cfg.pack else max(len(train[i]) for i in mb) * len(mb)
                  for _, _, mbs in steps for mb in mbs)  # tokens in the largest micro-batch, padding included
     weights_total = sum(_stored_bytes(p) for p in model.parameters())
+    # the masked micro-batches (padded ones with padding; packed rows off hearth's varlen attention) cost more per token
+    batches = micro_batch_shapes(train, [mb for _, _, mbs in steps for mb in mbs], pack=cfg.pack,
+                                 varlen=bool(report and report.count("attention")))
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        qlora=cfg.qlora, **patch_knobs(report))
+        qlora=cfg.qlora, batches=batches, **patch_knobs(report))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
