@@ -115,14 +115,14 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
                         break
                     try:
                         chunk = json.loads(data)
+                        error = _chunk_error(chunk)
+                        if error is not None:  # the server's way to fail mid-stream
+                            message = error.get("message") if isinstance(error, dict) else error
+                            return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
+                                        error=f"error in stream: {str(message)[:200]}")
                         choices = _chunk_choices(chunk)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         return done(status=200, error=f"malformed stream chunk: {data[:200]!r}")
-                    if chunk.get("error") is not None:  # the server's way to fail mid-stream
-                        error = chunk["error"]
-                        message = error.get("message") if isinstance(error, dict) else error
-                        return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
-                                    error=f"error in stream: {str(message)[:200]}")
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
                     for choice, piece in choices:
@@ -141,11 +141,23 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
     return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage)
 
 
+def _chunk_error(chunk):
+    """The error a stream chunk reports, or None: {"error": ...} (OpenAI, vLLM, SGLang, TGI, llama.cpp) or the
+    bare {"object": "error", "message": ...} of vLLM's error bodies."""
+    if not isinstance(chunk, dict):
+        return None
+    if chunk.get("error") is not None:
+        return chunk["error"]
+    return chunk if chunk.get("object") == "error" else None
+
+
 def _chunk_choices(chunk) -> list[tuple[dict, str | None]]:
-    """(choice, content delta) of each choice of a stream chunk; ValueError when it is not shaped like one."""
+    """(choice, content delta) of each choice of a stream chunk; ValueError when it is not shaped like one.
+    A chunk needs a choices list (empty for the usage chunk of include_usage), as the gateway requires: one
+    without is refused there (providers.py), so it is a failure here, not skipped."""
     if not isinstance(chunk, dict):
         raise ValueError("not an object")
-    choices = chunk.get("choices") or []
+    choices = chunk.get("choices")
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise ValueError("choices is not a list of objects")
     out = []

@@ -6,7 +6,7 @@ Each case is one production-size prompt (hearth.prompts) sent ``samples`` times 
 (streamed by default, so the time to the first token is measured; usage asked for with
 stream_options.include_usage), with the temperature and a per-sample seed when given, at most
 ``concurrency`` calls in flight and a wall-clock timeout per call. The overall pass rate comes with a 95%
-interval: Wilson over replies, and with several samples per case a bootstrap that resamples cases. Scores per case are
+interval: Wilson over replies, and with several samples per case one that resamples cases (case_interval). Scores per case are
 in hearth.evals.scoring; this module prints "k/n" per suite and the failures, writes the JSON
 report, and returns exit code 1 when the pass fraction is below the threshold (2 on bad arguments).
 """
@@ -129,24 +129,35 @@ def wilson(passed: int, total: int, z: float = 1.959964) -> list[float]:
     return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
-def case_bootstrap(scores: list[CaseScore], *, resamples: int = 2000, seed: int = 0) -> list[float]:
-    """95% percentile interval of the overall pass rate, resampling CASES (with all their samples): the
-    samples of one case are not independent, so this is the honest interval when --samples > 1."""
-    import random
+def case_interval(scores: list[CaseScore]) -> list[float]:
+    """95% interval of the overall pass rate that resamples CASES with all their samples (the samples of one
+    case are not independent: one prompt, one model), for --samples > 1.
 
+    The variance of the rate under resampling cases is sum_c (k_c - p m_c)^2 / n^2 (k_c of m_c replies of case
+    c passed; the ideal case bootstrap, exactly, with no resampling noise); it gives the effective number of
+    independent replies n_eff = p(1-p) / variance (Kish's design effect), which lies between the number of
+    cases (the samples of each case alike) and the number of replies (samples no more alike than chance);
+    the interval is Wilson's at n_eff. At 0/n and n/n nothing says how alike the samples are, so each case
+    counts once. (It was the percentile interval of 2000 case resamples: [1, 1] at n/n, and near 0 and 1
+    narrower than the cases can support, e.g. 0.822-0.978 for 45 cases answered twice alike, 4 failing, where
+    Wilson over those 45 cases is 0.793-0.965.)
+    """
     by_case: dict[tuple[str, str], list[bool]] = {}
     for s in scores:
         by_case.setdefault((s.suite, s.id), []).append(s.passed)
     groups = [(sum(v), len(v)) for v in by_case.values()]
     if not groups:
         return [0.0, 1.0]
-    rng = random.Random(seed)
-    rates = []
-    for _ in range(resamples):
-        pick = [groups[rng.randrange(len(groups))] for _ in groups]
-        rates.append(sum(p for p, _ in pick) / sum(n for _, n in pick))
-    rates.sort()
-    return [round(rates[int(0.025 * (resamples - 1))], 4), round(rates[int(0.975 * (resamples - 1))], 4)]
+    passed, total, cases = sum(k for k, _ in groups), sum(m for _, m in groups), len(groups)
+    p = passed / total
+    variance = sum((k - p * m) ** 2 for k, m in groups) / (total * total)
+    if passed in (0, total):
+        n_eff = float(cases)
+    elif variance <= 0:  # every case scored alike: nothing beyond chance ties a case's samples together
+        n_eff = float(total)
+    else:
+        n_eff = min(max(p * (1 - p) / variance, cases), total)
+    return wilson(p * n_eff, n_eff)
 
 
 def summarize(scores: list[CaseScore]) -> dict:
@@ -157,10 +168,18 @@ def summarize(scores: list[CaseScore]) -> dict:
         return {"p50": round(statistics.median(values), 4), "p95": round(values[rank95 - 1], 4),
                 "max": round(values[-1], 4)} if values else {}
 
+    def count(usage: dict, key: str) -> int | None:
+        """A token count the server reported, or None when it is not a count ("n/a", {...}, true, -1)."""
+        value = usage.get(key)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
     def block(items: list[CaseScore]) -> dict:
         passed = sum(s.passed for s in items)
         usage = [s.usage for s in items if s.usage]
-        tokens = {k: sum(int(u.get(k) or 0) for u in usage) for k in ("prompt_tokens", "completion_tokens")}
+        counts = {k: [c for u in usage if (c := count(u, k)) is not None] for k in ("prompt_tokens", "completion_tokens")}
+        tokens = {k: sum(v) for k, v in counts.items()}
         return {
             "passed": passed, "total": len(items), "fraction": passed / len(items) if items else 0.0,
             "ci95": wilson(passed, len(items)),
@@ -170,7 +189,8 @@ def summarize(scores: list[CaseScore]) -> dict:
             "latency_s": dist([s.latency_s for s in items]),
             "ttft_s": dist([s.ttft_s for s in items if s.ttft_s is not None]),
             "usage": {**tokens, "replies_with_usage": len(usage),
-                      "completion_tokens_mean": round(tokens["completion_tokens"] / len(usage), 1) if usage else None},
+                      "completion_tokens_mean": (round(tokens["completion_tokens"] / len(counts["completion_tokens"]), 1)
+                                                 if counts["completion_tokens"] else None)},
         }
 
     suites = {}
@@ -178,28 +198,35 @@ def summarize(scores: list[CaseScore]) -> dict:
         suites.setdefault(s.suite, []).append(s)
     overall = block(scores)
     if len(scores) > overall["cases"]:  # several samples per case: the interval that respects that
-        overall["ci95_by_case"] = case_bootstrap(scores)
+        overall["ci95_by_case"] = case_interval(scores)
     return {"suites": {name: block(items) for name, items in suites.items()}, "overall": overall}
 
 
+def _shown(value: object) -> str:
+    """Server text (and names) for the console: never read as markup, and a lone surrogate (valid JSON as
+    "\\ud800", not encodable to stdout) written as its escape instead of raising after the whole run."""
+    from rich.markup import escape
+
+    return escape(str(value).encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
 def _print(console, summary: dict, scores: list[CaseScore], threshold: float) -> None:
-    from rich.markup import escape  # reasons carry server text: print it, never read it as markup
     from rich.table import Table
 
     for name, s in summary["suites"].items():
         lat = s["latency_s"]
         ttft = s["ttft_s"]
-        console.print(f"[bold]{escape(name)}[/bold] {s['passed']}/{s['total']}  "
+        console.print(f"[bold]{_shown(name)}[/bold] {s['passed']}/{s['total']}  "
                       f"(repaired {s['repaired']}, latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s"
                       + (f", first token p50 {ttft['p50']:.2f}s" if ttft else "")
-                      + (f", {s['usage']['completion_tokens_mean']} completion tokens/reply" if s["usage"]["replies_with_usage"] else "")
+                      + (f", {s['usage']['completion_tokens_mean']} completion tokens/reply" if s["usage"]["completion_tokens_mean"] is not None else "")
                       + ")")
     checks = Table(title="checks passed per suite")
     checks.add_column("suite")
     for c in CHECKS:
         checks.add_column(c, justify="right")
     for name, s in summary["suites"].items():
-        checks.add_row(escape(name), *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
+        checks.add_row(_shown(name), *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
     console.print(checks)
     failures = [s for s in scores if not s.passed]
     if failures:
@@ -207,7 +234,7 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
         for col in ("suite", "case", "status", "finish", "reason"):
             table.add_column(col, overflow="fold")
         for s in failures:
-            table.add_row(*(escape(str(v)) for v in (s.suite, s.id, s.status, s.finish_reason, s.reason or "")))
+            table.add_row(*(_shown(str(v)) for v in (s.suite, s.id, s.status, s.finish_reason, s.reason or "")))
         console.print(table)
     o = summary["overall"]
     verdict = "[green]PASS[/green]" if o["fraction"] >= threshold else "[red]FAIL[/red]"
