@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -107,13 +107,23 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -
         return None
     if user is None:  # pragma: no cover - the dummy hash's password is random
         return None
+    checked = user.password_hash
+    rehashed = await asyncio.to_thread(_hasher.hash, password) if _hasher.check_needs_rehash(checked) else None
     row, new = _session_row(user.id, ttl_s)
     async with db.begin():
+        # a write first: on SQLite it takes the write lock, so nothing commits between the look below and the insert
         await db.execute(delete(Session).where(Session.user_id == user.id, Session.expires_at <= utcnow()))
+        # The password was checked outside any transaction: it may have been changed (or the account deleted)
+        # meanwhile. A session for a password that is no longer the account's would outlive "every other session
+        # is logged out", and a rehash would put the old password back. FOR SHARE (PostgreSQL) holds a password
+        # change off until this commits; it then deletes this session with the rest.
+        current = (await db.execute(select(User.password_hash).where(User.id == user.id)
+                                    .with_for_update(read=True))).scalar_one_or_none()
+        if current != checked:
+            return None
         db.add(row)
-        if _hasher.check_needs_rehash(user.password_hash):
-            user.password_hash = await asyncio.to_thread(_hasher.hash, password)
-            db.add(user)
+        if rehashed is not None:
+            await db.execute(update(User).where(User.id == user.id).values(password_hash=rehashed))
     return new
 
 

@@ -39,6 +39,7 @@ class AppState:
     templates: Jinja2Templates
     trusted_proxies: list = field(default_factory=list)  # networks whose X-Forwarded-For is believed
     device_secret: bytes = field(default=b"", repr=False)  # signs device cookies (hearth.app.throttle)
+    throttle_secret: bytes = field(default=b"", repr=False)  # keys the throttle's bucket names (hearth.app.throttle)
     turns: set[asyncio.Task] = field(default_factory=set)  # streamed turns still running (routes._util.to_the_end)
 
 

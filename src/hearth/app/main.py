@@ -39,7 +39,7 @@ from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_ba
 from hearth.app.settings import AppSettings, SettingsError, load_settings
 from hearth.app.startup import StartupError, prepare
 from hearth.app.storage import create_database
-from hearth.app.throttle import device_secret, parse_networks
+from hearth.app.throttle import device_secret, parse_networks, throttle_secret
 
 log = logging.getLogger("hearth.app")
 HERE = Path(__file__).parent
@@ -136,7 +136,8 @@ def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
             app.state.hearth = AppState(
                 settings=settings, db=db, model=backend, model_configured=not isinstance(backend, NoModel),
                 templates=templates, trusted_proxies=parse_networks(settings.forwarded_allow_ips),
-                device_secret=device_secret(settings.master_key.get_secret_value()), turns=turns)
+                device_secret=device_secret(settings.master_key.get_secret_value()),
+                throttle_secret=throttle_secret(settings.master_key.get_secret_value()), turns=turns)
             yield
         finally:
             await _finish_turns(turns)

@@ -7,8 +7,9 @@ What is limited (the "bucket"):
     signup  (client address)
 
 The client address is the TCP peer, or, when the peer is in ``forwarded_allow_ips`` (a trusted reverse
-proxy), the right-most address in ``X-Forwarded-For`` that is not itself a trusted proxy. With the
-default (trust none) the header is ignored, so nobody can pick their own address by sending it.
+proxy), the right-most address in ``X-Forwarded-For`` that is not itself a trusted proxy; an IPv6 client counts
+as its /64 (``client_key``: one host holds a whole /64). With the default (trust none) the header is
+ignored, so nobody can pick their own address by sending it.
 
 Policy (OWASP's authentication guidance: throttle with a growing delay, do not lock accounts): a bucket
 allows ``free`` attempts; after that each attempt must come ``base_s * 2**k`` seconds after the previous
@@ -18,7 +19,9 @@ owner on another address, or on a browser holding its device cookie, logs in as 
 
 An attempt is counted BEFORE the password is checked, in one atomic ``UPDATE ... RETURNING``, so a burst
 of parallel guesses cannot all pass the check; a successful login deletes its bucket. Bucket names are
-stored as SHA-256 hashes: the table holds no usernames or addresses in clear.
+stored as HMAC-SHA256 under ``throttle_secret`` (derived from the master key, never stored): the table holds
+no usernames or addresses, and a copy of it cannot be read back into them by hashing the users table's names
+against the 2**32 IPv4 addresses, as an unkeyed hash could. (A master-key rotation starts every bucket afresh.)
 """
 
 from __future__ import annotations
@@ -77,8 +80,16 @@ class Policy:
         return case(*whens, else_=self.max_s)
 
 
-def bucket_hash(bucket: str) -> str:
-    return hashlib.sha256(b"hearth/throttle|" + bucket.encode("utf-8", "surrogatepass")).hexdigest()
+def throttle_secret(master_key: bytes) -> bytes:
+    """The key of the bucket names' HMAC (derived from the master key; never stored)."""
+    return hmac.new(master_key, b"hearth/throttle-key/v1", hashlib.sha256).digest()
+
+
+def bucket_hash(bucket: str, secret: bytes = b"") -> str:
+    """The stored name of ``bucket``: HMAC-SHA256 under ``secret`` (the app always passes its
+    ``throttle_secret``; without one, a plain SHA-256, which anyone can recompute from a guess)."""
+    data = b"hearth/throttle|" + bucket.encode("utf-8", "surrogatepass")
+    return hmac.new(secret, data, hashlib.sha256).hexdigest() if secret else hashlib.sha256(data).hexdigest()
 
 
 def _insert_missing(dialect: str):
@@ -89,11 +100,12 @@ def _insert_missing(dialect: str):
     return insert
 
 
-async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None) -> float:
+async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None,
+                  secret: bytes = b"") -> float:
     """Count one attempt in ``bucket``. Returns 0.0 when it may go ahead (it is then counted), else the
     seconds to wait (and it is not counted)."""
     now = time.time() if now is None else now
-    key = bucket_hash(bucket)
+    key = bucket_hash(bucket, secret)
     insert = _insert_missing(db.get_bind().dialect.name)
     t = AuthThrottle
     now_p = bindparam("now", now, type_=Double())
@@ -116,10 +128,10 @@ async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float |
     return max(blocked - now, 0.001)
 
 
-async def forget(db: AsyncSession, bucket: str) -> None:
+async def forget(db: AsyncSession, bucket: str, *, secret: bytes = b"") -> None:
     """A successful login: the bucket starts from zero."""
     async with db.begin():
-        await db.execute(delete(AuthThrottle).where(AuthThrottle.key == bucket_hash(bucket)))
+        await db.execute(delete(AuthThrottle).where(AuthThrottle.key == bucket_hash(bucket, secret)))
 
 
 async def sweep(db: AsyncSession, *policies: Policy, now: float | None = None) -> int:
@@ -144,12 +156,33 @@ def parse_networks(values: Iterable[str], field: str = "forwarded_allow_ips") ->
     return out
 
 
-def _trusted(address: str, trusted: list[Network]) -> bool:
+def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address, an IPv4-mapped IPv6 one (``::ffff:a.b.c.d``, a dual-stack socket's peer) as its IPv4."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        return False
-    return any(ip in net for net in trusted)
+        return None
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+
+
+def _trusted(address: str, trusted: list[Network]) -> bool:
+    ip = _ip(address)
+    return ip is not None and any(ip in net for net in trusted)
+
+
+IPV6_CLIENT_PREFIX = 64
+
+
+def client_key(address: str) -> str:
+    """What a client address counts as in a bucket: an IPv4 address itself, an IPv6 address its /64 (one host
+    is handed a whole /64: keyed by the full address, a guesser takes a fresh one per guess and is never slowed),
+    an IPv4-mapped IPv6 address its IPv4. Anything else (not an IP) as it is."""
+    ip = _ip(address)
+    if ip is None:
+        return address
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/{IPV6_CLIENT_PREFIX}", strict=False))
+    return str(ip)
 
 
 def client_address(peer: str, forwarded_for: str | None, trusted: list[Network]) -> str:

@@ -31,7 +31,8 @@ def _password_bucket(viewer) -> str:
 
 async def _too_many(request: Request, state: State, db, viewer) -> Response | None:
     """Count one current-password check; the page with a 429 when it must wait (then nothing is checked)."""
-    wait = await throttle.attempt(db, _password_bucket(viewer), state.settings.policy("login"))
+    wait = await throttle.attempt(db, _password_bucket(viewer), state.settings.policy("login"),
+                                  secret=state.throttle_secret)
     if wait <= 0:
         return None
     seconds = int(wait) + 1
@@ -58,7 +59,7 @@ async def change_password(request: Request, state: State, db: DB, viewer: CsrfVi
                                         ttl_s=state.settings.session_ttl_s)
     except accounts.AccountError as exc:
         return _page(request, state, viewer, error=str(exc), status=400)
-    await throttle.forget(db, _password_bucket(viewer))
+    await throttle.forget(db, _password_bucket(viewer), secret=state.throttle_secret)
     response = RedirectResponse("/account?changed=1", status_code=303)
     response.set_cookie(SESSION_COOKIE, new.token, max_age=state.settings.session_ttl_s, httponly=True,
                         samesite="lax", secure=state.settings.cookie_secure, path="/")
@@ -80,7 +81,8 @@ async def delete_account(request: Request, state: State, db: DB, viewer: CsrfVie
         await svc.delete_account(db, viewer.user, password=password)
     except accounts.AccountError as exc:
         return _page(request, state, viewer, error=str(exc), status=400)
-    await throttle.forget(db, _password_bucket(viewer))  # nothing of the account is left behind
+    # nothing of the account is left behind
+    await throttle.forget(db, _password_bucket(viewer), secret=state.throttle_secret)
     response = RedirectResponse("/signup", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

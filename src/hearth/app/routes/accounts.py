@@ -40,7 +40,8 @@ def _logged_in(state: State, new: accounts.NewSession) -> Response:
 
 def _client(request: Request, state: State) -> str:
     peer = request.client.host if request.client else "?"
-    return throttle.client_address(peer, request.headers.get("x-forwarded-for"), state.trusted_proxies)
+    return throttle.client_key(throttle.client_address(peer, request.headers.get("x-forwarded-for"),
+                                                       state.trusted_proxies))
 
 
 def _too_many(request: Request, state: State, template: str, wait: float, username: str = "") -> Response:
@@ -61,7 +62,8 @@ async def signup(request: Request, state: State, db: DB, username: Annotated[str
                  password: Annotated[str, Form(max_length=1000)], csrf: Annotated[str, Form(max_length=200)] = "") -> Response:
     _check_anon_csrf(request, csrf)
     # every signup attempt from an address counts (each costs an argon2 hash); success does not reset it
-    wait = await throttle.attempt(db, "signup|ip:" + _client(request, state), state.settings.policy("signup"))
+    wait = await throttle.attempt(db, "signup|ip:" + _client(request, state), state.settings.policy("signup"),
+                                  secret=state.throttle_secret)
     if wait > 0:
         return _too_many(request, state, "signup.html", wait, username)
     try:
@@ -96,7 +98,7 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
     device = throttle.known_device(state.device_secret, name, request.cookies.get(throttle.DEVICE_COOKIE))
     bucket = f"login|{name}|" + (f"device:{device}" if device else "ip:" + _client(request, state))
     # counted before the slow password check, so a burst of parallel guesses cannot all pass
-    wait = await throttle.attempt(db, bucket, state.settings.policy("login"))
+    wait = await throttle.attempt(db, bucket, state.settings.policy("login"), secret=state.throttle_secret)
     if wait > 0:
         return _too_many(request, state, "login.html", wait, username)
     new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s)
@@ -105,7 +107,7 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
             await throttle.sweep(db, state.settings.policy("login"), state.settings.policy("signup"))
         return _form_page(request, state, "login.html", error="Wrong username or password.", status=401,
                           username=username)
-    await throttle.forget(db, bucket)
+    await throttle.forget(db, bucket, secret=state.throttle_secret)
     return _with_device(request, state, _logged_in(state, new), name)
 
 

@@ -3,6 +3,9 @@
 SQLite (``sqlite+aiosqlite:///path``): WAL journal, ``synchronous=FULL`` (a commit that returned is on
 disk even if the process is killed right after), foreign keys on (so ON DELETE CASCADE works), and a
 busy timeout instead of "database is locked". PostgreSQL: ``postgresql+asyncpg://...``.
+
+Both engines hide bound parameters from their errors: a statement that fails would otherwise carry an
+argon2 hash, a wrapped data key, a CSRF token or ciphertexts into the traceback of a 500 in the server's log.
 """
 
 from __future__ import annotations
@@ -99,8 +102,8 @@ def create_database(url: str) -> Database:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             make_private_sqlite_file(Path(parsed.database))
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     else:
-        engine = create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        engine = create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10, hide_parameters=True)
     return Database(engine=engine, sessions=async_sessionmaker(engine, expire_on_commit=False))
