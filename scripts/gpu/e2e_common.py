@@ -59,11 +59,40 @@ def gpu_name() -> str:
         return "unknown"
 
 
+ENV_PREFIXES = ("HEARTH_", "TRITON_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_")
+
+
+def env_knobs(environ=None) -> dict:
+    """The environment variables that change what a row measures (hearth's kernel switches, Triton's, NCCL's,
+    the allocator's, the visible GPUs, the CPU threads), sorted: a row run with HEARTH_ATTN_GLUON=0 says so."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ) if k.startswith(ENV_PREFIXES)}
+
+
+def commit_info() -> dict:
+    """The hearth commit a row measured: `git rev-parse HEAD` of this checkout (dirty: tracked files differ from
+    it), else $HEARTH_COMMIT / $COMMIT (a copy of the tree without .git, e.g. the device machine), else None."""
+    import subprocess
+
+    root = SRC.parent
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        if sha:
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=30).stdout.strip() != ""
+            return {"commit": sha, "dirty": dirty, "commit_source": "git"}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    given = os.environ.get("HEARTH_COMMIT") or os.environ.get("COMMIT")
+    return {"commit": given or None, "dirty": None, "commit_source": "environment" if given else None}
+
+
 def run_meta(version_names) -> dict:
-    """The fields every row of one run carries: gpu, versions, date (UTC), command."""
+    """The fields every row of one run carries: gpu, versions, date (UTC), command, commit (+ dirty), env."""
     return {"gpu": gpu_name(), "versions": versions(version_names),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv])}
+            "command": " ".join([Path(sys.executable).name, *sys.argv]), **commit_info(), "env": env_knobs()}
 
 
 def child_env(**defaults: str) -> dict:
@@ -93,8 +122,50 @@ def child_main(mark: str, run, args) -> int:
         traceback.print_exc()
         row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "status": "error",
                "error": f"{type(exc).__name__}: {exc}"}
+    row.setdefault("env", env_knobs())  # what the child itself ran under (the parent's defaults included)
     print(mark + json.dumps(row), flush=True)
     return 0
+
+
+# ------------------------------------------------------------------------------------------- what was patched
+def qwen3_patch_expected(layers: int, *, attention: bool, lora_targets: int = len(LORA_TARGETS)) -> dict:
+    """What hearth.patch.apply replaces in a whole Qwen3 model of `layers` decoder layers with LoRA on
+    `lora_targets` projections: 4 RMSNorms a layer (input, post-attention, q_norm, k_norm) + the final one, rope and
+    the MLP once a layer, the loss once, every LoRA projection, and attention once a layer when asked for."""
+    return {"norm": 4 * layers + 1, "rope": layers, "mlp": layers, "loss": 1, "lora": lora_targets * layers,
+            "attention": layers if attention else 0}
+
+
+def patch_gaps(report: dict | None, expected: dict) -> list[str]:
+    """How a patch report (PatchReport.as_dict()) falls short of `expected` (kind -> modules): a kind that replaced
+    another number of modules, or anything left. [] when the row ran what its setup's name says."""
+    if report is None:
+        return ["no patch report"]
+    gaps = []
+    for kind, want in expected.items():
+        got = sum(report.get("replaced", {}).get(kind, {}).values())
+        if got != want:
+            gaps.append(f"{kind}: {got} of {want} modules replaced")
+    gaps += [f"left {e['kind']} {e['class']} x{e['count']}: {e['reason']}" for e in report.get("left", [])]
+    return gaps
+
+
+def liger_applied(model, layers: int) -> tuple[dict, list[str]]:
+    """What apply_liger_kernel_to_qwen3(rope, rms_norm, swiglu, fused_linear_cross_entropy) actually put in place
+    in `model` (built after the call), and the gaps: Liger's RMSNorm at every norm (4 a layer + the final one),
+    its SwiGLU MLP in every layer, its rope and its fused linear cross-entropy forward in modeling_qwen3."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    def liger(obj) -> bool:
+        return (getattr(obj, "__module__", "") or "").startswith("liger_kernel")
+
+    mods = [m for m in model.modules() if liger(type(m))]
+    found = {"rms_norm": sum("RMSNorm" in type(m).__name__ for m in mods),
+             "swiglu": sum("SwiGLU" in type(m).__name__ for m in mods),
+             "rope": liger(modeling_qwen3.apply_rotary_pos_emb),
+             "fused_linear_cross_entropy": liger(type(model).forward)}
+    want = {"rms_norm": 4 * layers + 1, "swiglu": layers, "rope": True, "fused_linear_cross_entropy": True}
+    return found, [f"liger {k}: {found[k]} where {w} expected" for k, w in want.items() if found[k] != w]
 
 
 def syncer(device):

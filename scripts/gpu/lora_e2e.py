@@ -54,10 +54,13 @@ max |loss diff| and max |LoRA weight diff| between each setup and hf, each setup
 and whether it is within the rule of tests/kernels/tolerance.py: err(setup) <= 2 x err(hf) + 1e-3 x max(1, |ref|)
 (hf: PyTorch's own bf16 run of the same training; factor 4 under Triton's CPU interpreter, which truncates bf16).
 
-Rows (JSONL, appended to --out): case, setup, seq, layers, status (ok / unavailable / oom / error / skipped),
+Rows (JSONL, appended to --out): case, setup, seq, layers, status (ok / unavailable / oom / error / skipped /
+patch_incomplete: timed, but Liger's or hearth's patch put fewer kernels in place than the model has -- patch_gaps
+says which -- so the row is not that setup),
 checkpointing {mode, checkpointed_layers, estimate_gib, ...}, step_s (median), steps_s, tok_per_s, peak_gib,
 peak_over_estimate, weights_gib, build_s, patch (hearth), budget_gib (best), target + meets_target (hearth),
-gpu, versions, date, command. --time-budget-s S stops starting children once S seconds have passed (rows
+liger_patch (liger), patch_gaps, gpu, versions, date, command, commit + dirty, env (HEARTH_* / TRITON_* / NCCL_* /
+allocator / thread variables the child ran under). --time-budget-s S stops starting children once S seconds have passed (rows
 `skipped`). Needs no pydantic.
 """
 
@@ -72,8 +75,9 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, packed_batch, peak_reader,
-                        qwen3_config, run_meta, step_fields, syncer, timed_steps)
+from e2e_common import (GIB, LORA_TARGETS, child_env, child_main as _child_main, child_row, liger_applied, packed_batch,
+                        patch_gaps, peak_reader, qwen3_config, qwen3_patch_expected, run_meta, step_fields, syncer,
+                        timed_steps)
 
 SETUPS = ("hf", "liger", "hearth", "hearth_fast", "hearth_attn", "hearth_fast_attn", "unsloth")
 DEFAULT_SETUPS = ("hf", "liger", "hearth")
@@ -150,6 +154,8 @@ def build(setup: str, *, seq: int, layers: int, smoke: bool, dtype_name: str, ch
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if same_weights else dtype)
     model.to(dtype)
+    if setup == "liger":  # what Liger put in place: a row labelled liger runs Liger's kernels, or says it does not
+        fields["liger_patch"], fields["patch_gaps"] = liger_applied(model, layers)
     torch.manual_seed(1)  # the LoRA init: the same for every setup
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
                                              bias="none", task_type="CAUSAL_LM"))
@@ -161,6 +167,8 @@ def build(setup: str, *, seq: int, layers: int, smoke: bool, dtype_name: str, ch
         report = patch.apply(model, attention=setup.endswith("_attn"), lora_compute=fields["lora_compute"])
         fields["patch"] = report.as_dict()
         fields["patch_text"] = str(report)
+        # fewer modules replaced than the model has (a probe that failed, a kernel left) is not the setup it names
+        fields["patch_gaps"] = patch_gaps(fields["patch"], qwen3_patch_expected(layers, attention=setup.endswith("_attn")))
     return model, fields, report
 
 
@@ -249,10 +257,18 @@ def run_one(setup: str, seq: int, layers: int, steps: int, checkpointing: str, b
             digest.update(name.encode() + state[name].numpy().tobytes())
         row.update(status="ok", loss=losses, match_file=match_file, peak_gib=peak(), lora_sha256=digest.hexdigest(),
                    lora_abs_sum=float(sum(t.abs().sum() for t in state.values())))
-        return row
+        return _gaps_status(row)
     row.update(step_fields(times, losses, seq), peak_gib=peak())
     if row["peak_gib"] is not None:
         row["peak_over_estimate"] = round(row["peak_gib"] / plan.estimate_gib, 3)
+    return _gaps_status(row)
+
+
+def _gaps_status(row: dict) -> dict:
+    """An ok row whose setup did not patch what its name says is timed, but not `ok`: it is not that setup."""
+    if row.get("status") == "ok" and row.get("patch_gaps"):
+        row["status"] = "patch_incomplete"
+        row["error"] = "; ".join(row["patch_gaps"])[:500]
     return row
 
 

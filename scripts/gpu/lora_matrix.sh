@@ -23,6 +23,8 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ -z "${SKIP_WHEELS:-}" ]; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+# the rows' commit where the tree travelled without .git (the device machine): COMMIT=$(git rev-parse HEAD) here
+export HEARTH_COMMIT=${HEARTH_COMMIT:-${COMMIT:-}}
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 run() {  # run SEQ BUDGET_GIB
   local l; l=$(left)

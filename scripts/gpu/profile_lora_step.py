@@ -82,6 +82,7 @@ def child(args) -> int:
         lines.append(f"{getattr(e, key):>12.0f} {e.count:>7}  {e.key[:140]}")
     (out / f"{args.setup}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     row = {"setup": args.setup, "seq": args.seq, "layers": args.layers, "checkpointing": args.checkpointing,
+           "patch_gaps": _fields.get("patch_gaps", []),  # non-empty: the profile is not of the setup its name says
            "host_step_s": round(host_s, 4), "gpu_ms_total": round(sum(totals.values()) / 1e3, 2),
            "gpu_ms_by_category": {k: round(v / 1e3, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},
            **run_meta(("torch", "triton", "transformers", "peft", "liger_kernel"))}

@@ -18,9 +18,10 @@ lora_linear for q/k/v/o, lora_swiglu_mlp for the MLP -- each weight dequantised 
 the backward; until 2026-12-01 the patch ran before peft and the 4-bit projections ran as peft / bitsandbytes
 modules with only silu(g) * u fused), lora_hearth (bf16 base + hearth, the `hearth train` run it is compared with).
 
-Rows (JSONL, appended to --out; one per setup): setup, seq, layers, status (ok / oom / error), step_s, steps_s,
+Rows (JSONL, appended to --out; one per setup): setup, seq, layers, status (ok / oom / error / patch_incomplete:
+hearth's patch replaced fewer modules than the model has, patch_gaps says which), step_s, steps_s,
 tok_per_s, peak_gib, weights_gib, meets_goal (peak <= 16 GiB, QLoRA setups), checkpointing, patch, loss, build_s,
-gpu, versions, date, command. Needs bitsandbytes (pinned in requirements-ci.txt).
+gpu, versions, date, command, commit + dirty, env. Needs bitsandbytes (pinned in requirements-ci.txt).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_common import (GIB, QWEN3_14B, SMOKE, child_env, child_main as _child_main, child_row, peak_reader,
-                        qwen3_config, run_meta, step_fields, syncer, timed_steps)
+from e2e_common import (GIB, QWEN3_14B, SMOKE, child_env, child_main as _child_main, child_row, patch_gaps,
+                        peak_reader, qwen3_config, qwen3_patch_expected, run_meta, step_fields, syncer, timed_steps)
 
 SETUPS = ("lora_hearth", "qlora_hf", "qlora_hearth")
 GOAL_GIB = 16.0
@@ -70,6 +71,8 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
         # SDPA attention, as in the published rows (attention=None would patch hearth's in on Hopper)
         report = patch.apply(model, attention=False)
         row["patch"] = report.as_dict()
+        # a probe that failed leaves its kind on peft / PyTorch (the 2026-12-01 rows: rope left on every layer)
+        row["patch_gaps"] = patch_gaps(row["patch"], qwen3_patch_expected(layers, attention=False))
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not setup.startswith("qlora"):  # the bf16 comparison runs as `hearth train` would: 90% of the GPU
         budget_gib = 0.9 * torch.cuda.get_device_properties(device).total_memory / GIB if cuda else None
@@ -93,6 +96,8 @@ def run_one(setup: str, seq: int, layers: int, steps: int, budget_gib: float, sm
     row.update(step_fields(times, losses, seq), peak_gib=peak())
     if setup.startswith("qlora") and row["peak_gib"] is not None:
         row["meets_goal"] = row["peak_gib"] <= GOAL_GIB
+    if row.get("patch_gaps"):  # timed, but not the setup its name says
+        row.update(status="patch_incomplete", error="; ".join(row["patch_gaps"])[:500])
     return row
 
 
