@@ -193,6 +193,14 @@ class Chain:
             out.append(row)
         return out
 
+    async def sync_breaker_gauge(self) -> None:
+        """Set hearth_gateway_breaker_open from the (shared) store, for a scrape. The failure and success paths
+        set it too, but only in the worker where they happen: a breaker another worker's trial closed, or a
+        cooldown that simply ran out, left this worker's gauge at 1 for good. StateStoreError when it is down."""
+        snaps = await self.store.breakers(self.names)
+        for name, snap in zip(self.names, snaps):
+            self.metrics.breaker_open.labels(name).set(1 if snap.open_left_s > 0 else 0)
+
     def models(self) -> list[str]:
         """Model names a request may use: the alias for the whole chain, then each distinct model id."""
         out = [MODEL_ALIAS]

@@ -254,7 +254,12 @@ class ChatStream:
                 self._done = True
                 return None
             try:
-                choice = json.loads(data)["choices"][0]
+                choices = json.loads(data)["choices"]
+                if isinstance(choices, list) and not choices:
+                    # a chunk for no choice: Azure's prompt_filter_results first chunk, the usage chunk of
+                    # stream_options.include_usage; it carries no text (and no finish_reason)
+                    continue
+                choice = choices[0]
                 delta = choice.get("delta") or {}
                 text = delta.get("content") or ""
             except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):

@@ -4,7 +4,9 @@ Routes:
     POST /v1/chat/completions   Content-Type application/json. JSON reply, or SSE when "stream": true
                                 (a JSON boolean). The envelope kind comes from the body's
                                 "hearth_kind" or the X-Hearth-Kind header (default [gateway].default_kind);
-                                "hearth_deadline_s" may shorten the deadline. "model": absent or "hearth"
+                                "hearth_deadline_s" may shorten the deadline; "max_tokens" and/or
+                                "max_completion_tokens" cap the reply (the stricter wins); "n" must be 1
+                                (one choice). "model": absent or "hearth"
                                 = the whole chain; a provider's name or model id = those providers only
                                 (in chain order); anything else -> 404 model_not_found.
                                 The reply's message.content is the validated envelope (canonical JSON,
@@ -305,9 +307,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
     kind = body.get("hearth_kind") or request.headers.get("X-Hearth-Kind") or chain.settings.default_kind
     if kind not in env.REPLY_KINDS:
         return _error(400, f"hearth_kind must be one of {list(env.REPLY_KINDS)}, got {kind!r}", rid, param="hearth_kind")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        return _error(400, "max_tokens must be a positive integer", rid, param="max_tokens")
+    max_tokens = None
+    # max_completion_tokens is OpenAI's current name for the cap (the SDKs and LangChain send it instead of
+    # max_tokens): either caps the reply, the stricter when both are given; it goes upstream as max_tokens
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return _error(400, f"{name} must be a positive integer", rid, param=name)
+        max_tokens = value if max_tokens is None else min(max_tokens, value)
+    n = body.get("n")
+    if n is not None and (n != 1 or isinstance(n, bool)):
+        # one reply per request: n > 1 answered with one choice would be a silent lie to the client
+        return _error(400, f"n must be 1 (the gateway returns one choice), got {n!r}", rid, param="n")
     deadline = body.get("hearth_deadline_s")
     if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
                                  or not 0 < deadline <= chain.settings.deadline_s):  # NaN fails this too
@@ -411,7 +424,12 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[CHAIN].metrics.render(),
+    chain = request.app[CHAIN]
+    try:
+        await chain.sync_breaker_gauge()
+    except StateStoreError as exc:  # the rest of the scrape is worth having exactly then; /readyz says 503
+        log.warning("metrics: breaker state not refreshed, state store failed: %s", exc, extra={"error": "state_store"})
+    return web.Response(body=chain.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
@@ -476,11 +494,26 @@ def _serve(cfg: GatewayConfig, host: str, port: int, reuse_port: bool) -> int:
     return 0
 
 
-def _worker(config: str, host: str, port: int) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this worker when the supervisor dies (SIGKILL, the OOM killer). Orphaned workers kept
+    serving without a supervisor and held the port, so a restarted gateway refused to start ("port in use")."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if os.getppid() != parent:  # the supervisor died before the call above
+        sys.exit(1)
+
+
+def _worker(config: str, host: str, port: int, parent: int | None = None) -> None:
     """One of --workers N processes: same config, same port through SO_REUSEPORT."""
     setup_logging()
     for sig in (signal.SIGTERM, signal.SIGINT):  # not the supervisor's handlers (inherited by fork); run_app sets its own
         signal.signal(sig, signal.SIG_DFL)
+    if parent is not None and sys.platform.startswith("linux"):
+        _die_with_parent(parent)
     sys.exit(_serve(load_config(Path(config)), host, port, reuse_port=True))
 
 
@@ -497,7 +530,7 @@ def _supervise(config: Path, host: str, port: int, workers: int) -> int:
     # fork where there is one: the parent holds no threads or loops by now and has imported everything,
     # so a worker starts in milliseconds (spawn re-imports the gateway: seconds on a loaded 2-core box)
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    procs = [ctx.Process(target=_worker, args=(str(config), host, port), name=f"hearth-gateway-{i}", daemon=False)
+    procs = [ctx.Process(target=_worker, args=(str(config), host, port, os.getpid()), name=f"hearth-gateway-{i}", daemon=False)
              for i in range(workers)]
     try:
         for p in procs:
@@ -507,6 +540,13 @@ def _supervise(config: Path, host: str, port: int, workers: int) -> int:
         died = [p for p in procs if p.sentinel in ready]
         for p in died:
             p.join(timeout=5)  # its sentinel closes a moment before the process can be reaped
+        # A stop signal sent to the whole process group (systemd's default, a container runtime, Ctrl-C) reaches
+        # the workers too: one may be gone before this process ran its handler. A worker that stopped cleanly
+        # then is part of the stop, not a death (on_signal has run by now: the joins above wait in Python).
+        stopped_cleanly = {0, -signal.SIGTERM, -signal.SIGINT}
+        if stopping and all(p.exitcode in stopped_cleanly for p in died):
+            died = []
+        for p in died:
             log.error("worker %s (pid %d) exited with %s; stopping the others", p.name, p.pid, p.exitcode,
                       extra={"error": "worker"})
     finally:

@@ -7,7 +7,9 @@ delta by delta, so the client never sees the wrapping:
 
     * leading whitespace and ONE leading ``<think>...</think>`` block are dropped (held back while the
       text could still be the start of ``<think>``);
-    * everything before the first ``{`` is dropped (fences, "Here you go:");
+    * everything before the first ``{`` that starts like a JSON object (``{`` then JSON whitespace then
+      ``"``, as repair() tells an object from chatter) is dropped (fences, "Here you go:", "in the format
+      {message, mood}:");
     * from that ``{`` the text passes through as it arrives, until the brace that closes it (braces
       inside JSON strings do not count);
     * everything after it is dropped (the closing fence, remarks).
@@ -22,6 +24,7 @@ from __future__ import annotations
 from hearth.envelope import scan_object
 
 _OPEN, _CLOSE = "<think>", "</think>"
+_JSON_SPACE = " \t\n\r"
 
 
 class EnvelopeFilter:
@@ -67,9 +70,19 @@ class EnvelopeFilter:
                 return ""
             self._state, text = "before", text[end + len(_CLOSE):]
         if self._state == "before":
-            start = text.find("{")
-            if start < 0:
-                return ""
+            # the object starts at a "{" followed (after JSON whitespace) by '"', as repair() tells a JSON object
+            # from chatter such as "in the format {message, mood}:": a brace of chatter is dropped, not shown
+            while True:
+                start = text.find("{")
+                if start < 0:
+                    return ""
+                after = text[start + 1:].lstrip(_JSON_SPACE)
+                if not after:
+                    self._held = text[start:]   # the next delta says which it is
+                    return ""
+                if after[0] == '"':
+                    break
+                text = text[start + 1:]
             self._state, text = "object", text[start:]
         if self._state != "object":
             return ""

@@ -24,6 +24,7 @@ import abc
 from typing import AsyncIterator, Mapping
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 
 class TransportError(Exception):
@@ -89,6 +90,10 @@ class _AiohttpResponse(UpstreamResponse):
                 line = await content.readline()
             except (aiohttp.ClientError, OSError) as exc:
                 raise ConnectFailed(f"connection broke mid-stream: {exc!r}") from exc
+            except (HttpProcessingError, ValueError) as exc:
+                # a line past aiohttp's limit (LineTooLong, 512 KiB): a broken upstream like any other, not a
+                # gateway error that escapes the chain as a 500
+                raise ConnectFailed(f"unreadable stream: {type(exc).__name__}: {str(exc)[:200]}") from exc
             if not line:
                 return
             yield line
