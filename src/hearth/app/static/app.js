@@ -49,8 +49,23 @@ function bubble(list, role, text) {
   p.textContent = text;
   li.appendChild(p);
   list.appendChild(li);
-  li.scrollIntoView({ block: "end" });
+  reveal(li);
   return li;
+}
+
+function reveal(el) {
+  // bring a message that is new or grew (streamed text, the panel's readings) into view: all of it when it
+  // fits the window, else its start. Scrolled to only once, when it was empty, a reply grew out of sight.
+  const r = el.getBoundingClientRect();
+  if (r.top >= 0 && r.bottom <= window.innerHeight) return;
+  el.scrollIntoView({ block: r.height <= window.innerHeight ? "end" : "start" });
+}
+
+function refocus(box, button) {
+  // disabling the focused Send button drops the focus to <body> (a keyboard user's next keys went nowhere):
+  // give it to the message box, unless the user has put it somewhere else meanwhile
+  const active = document.activeElement;
+  if (!active || active === document.body || active === button) box.focus({ preventScroll: true });
 }
 
 function addMemories(memories) {
@@ -94,6 +109,7 @@ function streamTurns(form, list, error, lost, start) {
       await readEvents(response, (event, data) => {
         if (event === "delta") {
           reply.querySelector("p").textContent += data.text;
+          reveal(reply);
         } else if (event === "error") {
           throw new Error(data.message);
         } else {
@@ -102,6 +118,7 @@ function streamTurns(form, list, error, lost, start) {
             mine.classList.remove("pending"); reply.classList.remove("pending");
           }
           onEvent(event, data);
+          if (reply.isConnected) reveal(reply);
         }
       });
       if (!finished) throw new Error(lost);
@@ -111,6 +128,7 @@ function streamTurns(form, list, error, lost, start) {
       error.textContent = e.message; error.hidden = false;
     } finally {
       button.disabled = false;
+      refocus(box, button);
     }
   });
 }
@@ -195,6 +213,7 @@ function setupPanel(form) {
       error.textContent = e.message; error.hidden = false;  // the situation text stays in the box
     } finally {
       button.disabled = false;
+      refocus(form.elements.situation, button);
     }
   });
 }
