@@ -38,3 +38,8 @@ def test_patch_knobs_follow_the_patch_report():
     assert patch_knobs(Report(loss=1, mlp=40)) == {"patched": True, "fused_mlp": True, "fused_lora": False}
     assert patch_knobs(Report(loss=1, mlp=40, lora=280)) == {"patched": True, "fused_mlp": True, "fused_lora": True}
     assert patch_knobs(Report(mlp=40)) == {"patched": False, "fused_mlp": True, "fused_lora": False}  # loss left
+    # LoRA dropout in effect: every LoRA layer takes peft's own forward and the MLP keeps h (patch.py), so the
+    # fused knobs would under-count what training keeps; without LoRA, dropout changes nothing
+    assert patch_knobs(Report(loss=1, mlp=40, lora=280), 0.05) == {"patched": True, "fused_mlp": False,
+                                                                  "fused_lora": False}
+    assert patch_knobs(Report(loss=1, mlp=40), 0.05) == {"patched": True, "fused_mlp": True, "fused_lora": False}

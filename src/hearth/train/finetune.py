@@ -427,12 +427,19 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
     return (fixed + tokens * per_token) / GIB
 
 
-def patch_knobs(report) -> dict:
+def patch_knobs(report, lora_dropout: float = 0.0) -> dict:
     """estimate_peak_gib's knobs for a model that hearth.patch.apply reported on (None: nothing patched): the
     loss kernel (patched), hearth's MLP (fused_mlp: h is recomputed, not kept) and the fused LoRA nodes
-    (fused_lora). One derivation for `hearth train` and the GPU scripts that plan as it does."""
-    return {"patched": bool(report and report.count("loss")), "fused_mlp": bool(report and report.count("mlp")),
-            "fused_lora": bool(report and report.count("lora"))}
+    (fused_lora). One derivation for `hearth train` and the GPU scripts that plan as it does.
+
+    lora_dropout > 0 on a LoRA model: the report still counts the LoRA layers and the MLP it switched in, but in
+    training they are not in a plain state (dropout in effect), so every call takes peft's own forward and the MLP
+    calls its wrapped projections as modules, keeping h: neither fused knob holds, and planning with them would
+    under-count the activations."""
+    lora = bool(report and report.count("lora"))
+    unfused = lora and lora_dropout > 0
+    return {"patched": bool(report and report.count("loss")),
+            "fused_mlp": bool(report and report.count("mlp")) and not unfused, "fused_lora": lora and not unfused}
 
 
 def packed_mask_note(pack: bool, report, device_type: str) -> str | None:
@@ -1027,7 +1034,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        qlora=cfg.qlora, batches=batches, **patch_knobs(report))
+        qlora=cfg.qlora, batches=batches, **patch_knobs(report, cfg.dropout))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
