@@ -57,6 +57,9 @@ class OpSpec:
     models: list[tuple[str, dict, tuple[str, ...]]] = field(default_factory=list)
     # (input elements, largest intermediate's elements) of a size, for the memory estimate
     elems: Callable[[dict], tuple[int, int]] = lambda s: (0, 0)
+    # per output, the input whose memory layout its dy takes (empty: contiguous dy). rope: ("q", "k"), as the
+    # attention backward hands a model's rope its gradient in the layout rope handed it q and k
+    grad_like: tuple[str, ...] = ()
 
     def case_label(self, size: dict) -> str:
         """The case's name in rows and tables: a model case's own name, else the shape."""
@@ -185,6 +188,9 @@ def _norm_work(s, b, mode):
 
 # ----------------------------------------------------------------------------- rope
 def _rope_make(s, dtype, device, rg):
+    """q, k as a Hugging Face attention module hands them to apply_rotary_pos_emb: q_proj(x).view(B, T, H, D)
+    .transpose(1, 2), a [B, H, T, D] view of [B, T, H, D] memory (hearth reads any strides; Liger's kernel works in
+    place on those rows and copied q, k, dy and its gradient on contiguous [B, H, T, D], about 3x its bytes)."""
     import torch
 
     B, Hq, Hk, T, D = s["B"], s["Hq"], s["Hk"], s["T"], s["D"]
@@ -192,8 +198,8 @@ def _rope_make(s, dtype, device, rg):
     ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
     emb = torch.cat([ang, ang], dim=-1)[None]  # [1, T, D], rotate-half convention
     return {
-        "q": _randn((B, Hq, T, D), dtype, device, _gen(), rg),
-        "k": _randn((B, Hk, T, D), dtype, device, _gen(5), rg),
+        "q": _randn((B, T, Hq, D), dtype, device, _gen()).transpose(1, 2).requires_grad_(rg),
+        "k": _randn((B, T, Hk, D), dtype, device, _gen(5)).transpose(1, 2).requires_grad_(rg),
         "cos": emb.cos().to(device=device, dtype=dtype),
         "sin": emb.sin().to(device=device, dtype=dtype),
     }
@@ -454,6 +460,8 @@ SPECS: dict[str, OpSpec] = {
     "rope": OpSpec(
         "rope", "GB/s", "bytes: fwd and bwd 2*(Nq+Nk)*b; full 4*(Nq+Nk)*b, Nq = B*Hq*T*D, Nk = B*Hk*T*D; + 2*T*D*b for cos/sin",
         _rope_work, _rope_make, _rope_ref, lambda s: ["q", "k"], _rope_label,
+        notes="q, k and dy in the Hugging Face layout: [B, H, T, D] views of [B, T, H, D] memory",
+        grad_like=("q", "k"),
         sizes={"sweep": [dict(B=1, Hq=32, Hk=8, T=t, D=128) for t in (1024, 2048, 4096, 8192, 16384)],
                "small": [dict(B=1, Hq=32, Hk=8, T=1024, D=128)]},
         headline=[(dict(B=4, Hq=32, Hk=8, T=4096, D=128), FULL)],

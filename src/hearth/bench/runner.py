@@ -95,19 +95,23 @@ def _outputs_needing_grad(out):
     return [o for o in as_tuple(out) if getattr(o, "requires_grad", False)]
 
 
-def _grad_outputs(ref_out, dtype, device):
-    """dy for each output: ones for a scalar loss (as in training), seeded random otherwise."""
+def _grad_outputs(ref_out, dtype, device, like=()):
+    """dy for each output: ones for a scalar loss (as in training), seeded random otherwise; contiguous, or laid
+    out as like[i] (an input of the output's shape: rope's q, k) where given, with the same values."""
     import torch
 
     from hearth.bench.check import as_tuple
 
     gen = torch.Generator(device=device).manual_seed(1234)
     gs = []
-    for o in as_tuple(ref_out):
+    for i, o in enumerate(as_tuple(ref_out)):
         if o.numel() == 1:
-            gs.append(torch.ones(o.shape, dtype=dtype, device=device))
+            g = torch.ones(o.shape, dtype=dtype, device=device)
         else:
-            gs.append(torch.randn(o.shape, generator=gen, device=device, dtype=torch.float32).to(dtype))
+            g = torch.randn(o.shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        if i < len(like) and tuple(like[i].shape) == tuple(g.shape):
+            g = torch.empty_like(like[i], dtype=dtype).copy_(g)  # empty_like keeps a dense input's strides
+        gs.append(g)
     return gs
 
 
@@ -124,7 +128,7 @@ def _reference(spec, inputs, size, mode, dtype):
     grads, gouts = [], []
     if mode != "fwd":
         device = next(iter(inputs.values())).device
-        gouts = _grad_outputs(out, dtype, device)
+        gouts = _grad_outputs(out, dtype, device, [inputs[n] for n in getattr(spec, "grad_like", ())])
         torch.autograd.backward(list(as_tuple(out)), [g.float() for g in gouts])
         grads = [ref_in[n].grad for n in grad_names]
     out = tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach()
