@@ -3,6 +3,9 @@
 Comments are asked for concurrently (one call per companion, each with its own timeout) before
 anything is written; the post and the comments that arrived are then saved in ONE transaction. A
 companion whose call failed simply has no comment; the post is saved either way.
+
+Which companions comment: at most ``max_commenters``, those who commented least recently first (never first of
+all, then by their last comment; ties by age), so every companion takes its turn across posts, in rotation.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import clean_text, delete_owned, seal, seal_json, unseal, unseal_json
+from hearth.app.common import NotFound, clean_text, delete_owned, seal, seal_json, unseal, unseal_json
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
@@ -55,10 +58,22 @@ async def _comment(model: Any, companion: CompanionView, shared: str, text: str,
     return result.envelope
 
 
+async def _commenters(db: AsyncSession, cipher: UserCipher, limit: int) -> list[CompanionView]:
+    """Up to ``limit`` companions, those who commented least recently first (never, then the oldest last
+    comment; ties in creation order). Their comments are timed in this order, so the turns go round."""
+    companions = await list_companions(db, cipher)
+    async with db.begin():
+        last = dict((await db.execute(select(Comment.companion_id, func.max(Comment.created_at))
+                                      .where(Comment.user_id == cipher.user_id)
+                                      .group_by(Comment.companion_id))).all())
+    order = sorted(range(len(companions)), key=lambda i: (companions[i].id in last, last.get(companions[i].id), i))
+    return [companions[i] for i in order[:limit]]
+
+
 async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: str, *, max_chars: int,
                       max_commenters: int, timeout_s: float) -> PostResult:
     text = clean_text(text, "post", max_chars)
-    companions = (await list_companions(db, cipher))[:max_commenters]
+    companions = await _commenters(db, cipher, max_commenters)
     shared = await get_shared_context(db, cipher)
     outcomes = await asyncio.gather(*(_comment(model, c, shared, text, timeout_s) for c in companions),
                                     return_exceptions=True)
@@ -92,9 +107,26 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
 
 
 async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> list[PostView]:
+    return (await posts_page(db, cipher, limit=limit))[0]
+
+
+async def posts_page(db: AsyncSession, cipher: UserCipher, *, limit: int = 50,
+                     before: str | None = None) -> tuple[list[PostView], str | None]:
+    """(up to ``limit`` posts, newest first, the newest of them just older than post ``before`` or the newest
+    of all; the id to pass as ``before`` for the page of older posts, None at the end).
+    NotFound for a ``before`` that is not one of the user's posts."""
     async with db.begin():
-        posts = (await db.execute(select(Post).where(Post.user_id == cipher.user_id)
-                                  .order_by(Post.created_at.desc()).limit(limit))).scalars().all()
+        query = select(Post).where(Post.user_id == cipher.user_id)
+        if before is not None:
+            pivot = (await db.execute(select(Post.created_at).where(Post.id == before, Post.user_id == cipher.user_id))
+                     ).scalar_one_or_none()
+            if pivot is None:
+                raise NotFound("post")
+            query = query.where(or_(Post.created_at < pivot, and_(Post.created_at == pivot, Post.id < before)))
+        rows = (await db.execute(query.order_by(Post.created_at.desc(), Post.id.desc()).limit(limit + 1))
+                ).scalars().all()
+        older = rows[limit - 1].id if len(rows) > limit else None
+        posts = rows[:limit]
         ids = [p.id for p in posts]
         comments = (await db.execute(select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
                                      .where(Comment.post_id.in_(ids), Comment.user_id == cipher.user_id)
@@ -108,7 +140,7 @@ async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> l
                 text, tone = sealed["comment"], sealed["tone"]
             by_post.setdefault(c.post_id, []).append(CommentView(comp.id, unseal(cipher, comp, "name_ct"), text, tone))
         return [PostView(id=p.id, text=unseal(cipher, p, "body_ct"), created_at=p.created_at,
-                         comments=by_post.get(p.id, [])) for p in posts]
+                         comments=by_post.get(p.id, [])) for p in posts], older
 
 
 async def delete_post(db: AsyncSession, user_id: str, post_id: str) -> None:

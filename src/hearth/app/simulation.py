@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, AsyncIterator
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
@@ -155,10 +155,28 @@ async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str
 
 
 async def list_situations(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 20) -> list[SituationView]:
+    return (await situations_page(db, cipher, companion_id, limit=limit))[0]
+
+
+async def situations_page(db: AsyncSession, cipher: UserCipher, companion_id: str, *, limit: int = 20,
+                          before: str | None = None) -> tuple[list[SituationView], str | None]:
+    """(up to ``limit`` situations, newest first, the newest of them just older than situation ``before`` or the
+    newest of all; the id to pass as ``before`` for the page of older ones, None at the end).
+    NotFound for a ``before`` that is not one of this companion's situations (of this user)."""
     async with db.begin():
-        rows = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
-                                                         Situation.user_id == cipher.user_id)
-                                 .order_by(Situation.created_at.desc()).limit(limit))).scalars().all()
+        mine = (Situation.companion_id == companion_id, Situation.user_id == cipher.user_id)
+        query = select(Situation).where(*mine)
+        if before is not None:
+            pivot = (await db.execute(select(Situation.created_at).where(Situation.id == before, *mine))
+                     ).scalar_one_or_none()
+            if pivot is None:
+                raise NotFound("situation")
+            query = query.where(or_(Situation.created_at < pivot,
+                                    and_(Situation.created_at == pivot, Situation.id < before)))
+        rows = (await db.execute(query.order_by(Situation.created_at.desc(), Situation.id.desc())
+                                 .limit(limit + 1))).scalars().all()
+        older = rows[limit - 1].id if len(rows) > limit else None
+        rows = rows[:limit]
         ids = [r.id for r in rows]
         readings = (await db.execute(select(Reading).where(Reading.situation_id.in_(ids),
                                                            Reading.user_id == cipher.user_id))).scalars().all() if ids else []
@@ -166,7 +184,7 @@ async def list_situations(db: AsyncSession, cipher: UserCipher, companion_id: st
         for rd in readings:
             by_sit.setdefault(rd.situation_id, []).append(rd)
         return [SituationView(id=r.id, text=unseal(cipher, r, "text_ct"), created_at=r.created_at,
-                              results=_read_results(cipher, by_sit.get(r.id, []))) for r in rows]
+                              results=_read_results(cipher, by_sit.get(r.id, []))) for r in rows], older
 
 
 async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) -> None:

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from hearth.app import feed as svc
 from hearth.app.deps import DB, CsrfViewer, State, Viewer
-from hearth.app.routes._util import IdParam
+from hearth.app.routes._util import ID_PATTERN, IdParam
 
 router = APIRouter()
 
 
 @router.get("/feed")
-async def feed_page(request: Request, state: State, db: DB, viewer: Viewer) -> Response:
+async def feed_page(request: Request, state: State, db: DB, viewer: Viewer,
+                    before: Annotated[str | None, Query(pattern=ID_PATTERN)] = None) -> Response:
+    """The newest posts; ``?before=<post id>`` pages back through older ones."""
+    posts, older = await svc.posts_page(db, viewer.cipher, before=before)
     return state.templates.TemplateResponse(request, "feed.html", {
-        "viewer": viewer, "posts": await svc.list_posts(db, viewer.cipher),
+        "viewer": viewer, "posts": posts, "older": older, "before": before,
         "model_configured": state.model_configured, "failed": _failed_count(request, state)})
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth.app import companions as companions_svc
@@ -23,19 +23,22 @@ Text = Annotated[str, Form(max_length=50000)]
 
 
 async def _simulate_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
-                         draft: str = "", status: int = 200) -> Response:
+                         draft: str = "", status: int = 200, before: str | None = None) -> Response:
     companion = await companions_svc.get_companion(db, viewer.cipher, companion_id)
+    situations, older = await svc.situations_page(db, viewer.cipher, companion_id, before=before)
     return state.templates.TemplateResponse(request, "simulate.html", {
         "viewer": viewer, "companion": companion, "analysts": svc.ANALYST_TITLES,
-        "situations": await svc.list_situations(db, viewer.cipher, companion_id),
+        "situations": situations, "older": older, "before": before,
         "agents": await svc.list_agents(db, viewer.cipher),
         "rehearsals": await svc.list_rehearsals(db, viewer.cipher, companion_id),
         "model_configured": state.model_configured, "error": error, "draft": draft}, status_code=status)
 
 
 @router.get("/companions/{companion_id}/simulate")
-async def simulate_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam) -> Response:
-    return await _simulate_page(request, state, db, viewer, companion_id)
+async def simulate_page(request: Request, state: State, db: DB, viewer: Viewer, companion_id: IdParam,
+                        before: Annotated[str | None, Query(pattern=ID_PATTERN)] = None) -> Response:
+    """The newest situations; ``?before=<situation id>`` pages back through older ones."""
+    return await _simulate_page(request, state, db, viewer, companion_id, before=before)
 
 
 def _all_failed(results: list) -> str:
