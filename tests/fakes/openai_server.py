@@ -20,15 +20,19 @@ handler (what POST /v1/chat/completions does), one of:
     * a sync or async callable (body: dict) -> Behavior.
 
 Behaviours:
-    Behavior.reply(content, finish_reason="stop", delay_s=0)   JSON chat.completion, or SSE (the
+    Behavior.reply(content, finish_reason="stop", delay_s=0, usage=AUTO)   JSON chat.completion, or SSE (the
         content split into a few deltas) when the request body has "stream": true.
     Behavior.stream(chunks, first_token_delay_s=0, stall_after=None, chunk_delay_s=0, finish_reason="stop",
-                    cut=False)   SSE deltas;
+                    cut=False, usage=AUTO)   SSE deltas;
         stall_after=N sends N chunks and then stalls (holds the connection open, sends nothing);
         cut=True ends the body right after the chunks, without the final chunk and [DONE].
         For a non-streaming request the chunks are joined into one JSON reply after the delay
         (a stall then means no reply at all).
     Behavior.status(code, headers=None, body=None)   that status; body defaults to an OpenAI error object.
+    usage (reply and stream): AUTO = the default counts (usage_json(content)); a dict = exactly that object;
+        None = no usage at all. A JSON reply carries it as "usage"; an SSE reply only when the request asked
+        with "stream_options": {"include_usage": true}, as OpenAI and vLLM send it: "usage": null on every
+        other chunk, then one last chunk with "choices": [] and the usage, before [DONE] (none when None).
     Behavior.hang()     accepts the request and never answers (until the server stops).
     Behavior.reset()    closes the TCP connection with a RST before any response byte.
     Behavior.raw(data, content_type="application/json", status=200, delay_s=0)   exactly these bytes.
@@ -78,15 +82,18 @@ class Behavior:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None
     content_type: str = "application/json"
+    usage: Any = "auto"
 
     @classmethod
-    def reply(cls, content: str, finish_reason: str | None = "stop", delay_s: float = 0.0) -> "Behavior":
+    def reply(cls, content: str, finish_reason: str | None = "stop", delay_s: float = 0.0,
+              usage: Any = "auto") -> "Behavior":
         _check_delay("delay_s", delay_s)
-        return cls("reply", content=content, finish_reason=finish_reason, delay_s=delay_s)
+        return cls("reply", content=content, finish_reason=finish_reason, delay_s=delay_s, usage=usage)
 
     @classmethod
     def stream(cls, chunks: Sequence[str], first_token_delay_s: float = 0.0, stall_after: int | None = None,
-               chunk_delay_s: float = 0.0, finish_reason: str | None = "stop", cut: bool = False) -> "Behavior":
+               chunk_delay_s: float = 0.0, finish_reason: str | None = "stop", cut: bool = False,
+               usage: Any = "auto") -> "Behavior":
         if isinstance(chunks, str):
             raise TypeError("chunks must be a sequence of strings, not one string")
         _check_delay("first_token_delay_s", first_token_delay_s)
@@ -94,7 +101,7 @@ class Behavior:
         if stall_after is not None and stall_after < 0:
             raise ValueError(f"stall_after must be >= 0, got {stall_after}")
         return cls("stream", chunks=tuple(chunks), delay_s=first_token_delay_s, stall_after=stall_after,
-                   chunk_delay_s=chunk_delay_s, finish_reason=finish_reason, cut=cut)
+                   chunk_delay_s=chunk_delay_s, finish_reason=finish_reason, cut=cut, usage=usage)
 
     @classmethod
     def status(cls, code: int, headers: dict[str, str] | None = None, body: Any = None) -> "Behavior":
@@ -126,17 +133,32 @@ def _check_delay(name: str, value: float) -> None:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-def completion_json(content: str, model: str, finish_reason: str | None = "stop") -> dict:
-    """An OpenAI chat.completion object carrying `content`."""
-    return {
+AUTO = "auto"  # Behavior usage: the default counts
+
+
+def usage_json(content: str) -> dict:
+    """The default usage object of a reply carrying `content` (made-up counts: it is a fake)."""
+    return {"prompt_tokens": 1, "completion_tokens": max(1, len(content) // 4), "total_tokens": 2}
+
+
+def _usage_of(usage: Any, content: str) -> dict | None:
+    return usage_json(content) if usage == AUTO else usage
+
+
+def completion_json(content: str, model: str, finish_reason: str | None = "stop", usage: Any = AUTO) -> dict:
+    """An OpenAI chat.completion object carrying `content` (and `usage`, see Behavior; None: no usage key)."""
+    doc = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                      "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": max(1, len(content) // 4), "total_tokens": 2},
     }
+    usage = _usage_of(usage, content)
+    if usage is not None:
+        doc["usage"] = usage
+    return doc
 
 
 def free_port() -> int:
@@ -290,7 +312,9 @@ class FakeOpenAI:
         if behavior is None:
             return web.json_response(
                 {"error": {"message": f"fake: script exhausted after {len(self.requests) - 1} requests"}}, status=500)
-        return await self._serve(request, behavior, stream=bool(body.get("stream")))
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return await self._serve(request, behavior, stream=bool(body.get("stream")), include_usage=include_usage)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         self.health_calls += 1
@@ -315,7 +339,8 @@ class FakeOpenAI:
         except asyncio.TimeoutError:
             return False
 
-    async def _serve(self, request: web.Request, b: Behavior, *, stream: bool) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, b: Behavior, *, stream: bool,
+                     include_usage: bool = False) -> web.StreamResponse:
         if b.kind == "hang":
             await self._wait(None)
             return web.Response(status=503)
@@ -340,19 +365,23 @@ class FakeOpenAI:
             if b.kind == "stream" and b.stall_after is not None:
                 await self._wait(None)
                 return web.Response(status=503)
-            return web.json_response(completion_json("".join(chunks), self.model, b.finish_reason))
-        return await self._sse(request, b, chunks)
+            return web.json_response(completion_json("".join(chunks), self.model, b.finish_reason, b.usage))
+        return await self._sse(request, b, chunks, include_usage)
 
-    async def _sse(self, request: web.Request, b: Behavior, chunks: list[str]) -> web.StreamResponse:
+    async def _sse(self, request: web.Request, b: Behavior, chunks: list[str],
+                   include_usage: bool = False) -> web.StreamResponse:
         if await self._wait(b.delay_s):
             return web.Response(status=503)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         cid = f"chatcmpl-{uuid.uuid4().hex[:12]}"
 
+        # asked for usage (stream_options.include_usage): "usage": null on every chunk, as OpenAI and vLLM send it
+        extra = {"usage": None} if include_usage else {}
+
         def event(delta: dict, finish: str | None) -> bytes:
             obj = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
         await resp.write(event({"role": "assistant", "content": ""}, None))
@@ -370,6 +399,11 @@ class FakeOpenAI:
             await resp.write_eof()
             return resp
         await resp.write(event({}, b.finish_reason))
+        usage = _usage_of(b.usage, "".join(chunks)) if include_usage else None
+        if usage is not None:  # the usage chunk: no choices, after the finish_reason, before [DONE]
+            obj = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model,
+                   "choices": [], "usage": usage}
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -38,10 +38,12 @@ def test_max_completion_tokens_from_the_openai_sdk_caps_the_reply_upstream():
     async def main():
         async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as up:
             async with gateway(make_config(provider("a", up))) as client:
-                sdk = openai.AsyncOpenAI(base_url=f"{client._base_url}/v1", api_key="unused", max_retries=0)
-                await sdk.chat.completions.create(model="hearth", messages=MESSAGES, max_completion_tokens=64)
-                await sdk.chat.completions.create(model="hearth", messages=MESSAGES, max_tokens=50,
-                                                  max_completion_tokens=80)
+                # closed here: an SDK client left open closes itself in a later test's event loop
+                async with openai.AsyncOpenAI(base_url=f"{client._base_url}/v1", api_key="unused",
+                                              max_retries=0) as sdk:
+                    await sdk.chat.completions.create(model="hearth", messages=MESSAGES, max_completion_tokens=64)
+                    await sdk.chat.completions.create(model="hearth", messages=MESSAGES, max_tokens=50,
+                                                      max_completion_tokens=80)
                 bad = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_completion_tokens": 0})
                 return [r.get("max_tokens") for r in up.requests], bad.status, await bad.json()
 
@@ -56,10 +58,11 @@ def test_n_other_than_1_is_refused_not_answered_with_one_choice():
     async def main():
         async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as up:
             async with gateway(make_config(provider("a", up))) as client:
-                sdk = openai.AsyncOpenAI(base_url=f"{client._base_url}/v1", api_key="unused", max_retries=0)
-                one = await sdk.chat.completions.create(model="hearth", messages=MESSAGES, n=1)
-                with pytest.raises(openai.BadRequestError) as refused:
-                    await sdk.chat.completions.create(model="hearth", messages=MESSAGES, n=3)
+                async with openai.AsyncOpenAI(base_url=f"{client._base_url}/v1", api_key="unused",
+                                              max_retries=0) as sdk:
+                    one = await sdk.chat.completions.create(model="hearth", messages=MESSAGES, n=1)
+                    with pytest.raises(openai.BadRequestError) as refused:
+                        await sdk.chat.completions.create(model="hearth", messages=MESSAGES, n=3)
                 return one, refused.value, len(up.requests)
 
     one, refused, upstream_calls = asyncio.run(main())

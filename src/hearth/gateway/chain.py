@@ -28,6 +28,10 @@ after it, a failure ends the stream with StreamInterrupted (no fallback: the cli
 text from that provider). A reply past hearth.envelope.MAX_REPLY_CHARS fails as soon as it gets there
 (InvalidEnvelope, as the JSON path refuses it), not when the provider stops.
 
+The result names the provider that answered and its configured model id (what the gateway's replies call
+`model`), and carries that attempt's usage as the provider reported it (None when it reported none; a failed
+attempt's usage is never the result's).
+
 Cancellation (the client hung up): the upstream request is closed at once, nothing is counted
 against the provider, and a half-open trial it held is given back.
 """
@@ -79,12 +83,16 @@ class ChainResult:
     latency_s: float                         # whole request, including skipped and failed attempts
     attempts: list[tuple[str, str]] = field(default_factory=list)   # (provider, outcome) in order; "ok" last
     finish_reason: str | None = None         # the provider's, never made up (None when it sent none)
+    model: str | None = None                 # the answering provider's configured model id
+    usage: dict[str, int] | None = None      # the answering attempt's prompt/completion/total_tokens, as the
+                                             # provider reported them (None when it reported none)
 
 
 @dataclass(frozen=True)
 class StreamDelta:
     text: str
     provider: str
+    model: str | None = None                 # the provider's configured model id
 
 
 @dataclass(frozen=True)
@@ -322,12 +330,13 @@ class Chain:
             await self.breakers[name].success()
             self.metrics.breaker_open.labels(name).set(0)
 
-    async def _result(self, w: _Walk, a: _Attempt, envelope, text: str, finish_reason) -> ChainResult:
-        """Record `a`'s success and return the request's result."""
+    async def _result(self, w: _Walk, a: _Attempt, envelope, text: str, finish_reason, usage) -> ChainResult:
+        """Record `a`'s success and return the request's result (with `a`'s usage only)."""
         now = time.monotonic()
         await self._succeeded(a, w.kind, now - w.start)
         w.attempts.append((a.provider.name, "ok"))
-        return ChainResult(envelope, text, a.provider.name, now - w.start, w.attempts, finish_reason)
+        return ChainResult(envelope, text, a.provider.name, now - w.start, w.attempts, finish_reason,
+                           a.provider.config.model, usage)
 
     def _all_failed(self, errors: list[ProviderError], kind: str, start: float, outcome: str = "failed") -> AllProvidersFailed:
         self.metrics.child(self.metrics.requests, kind, outcome).inc()
@@ -351,7 +360,7 @@ class Chain:
                 continue
             finally:
                 await self._abandon(a)
-            return await self._result(w, a, done.envelope, done.text, done.finish_reason)
+            return await self._result(w, a, done.envelope, done.text, done.finish_reason, done.usage)
         raise self._all_failed(w.errors, kind, w.start)
 
     # ------------------------------------------------------------------ SSE
@@ -383,7 +392,7 @@ class Chain:
                             upstream.envelope("".join(raw), kind)  # raises InvalidEnvelope: over the limit
                         shown = cut.feed(delta)
                         if shown:
-                            yield StreamDelta(shown, p.name)
+                            yield StreamDelta(shown, p.name, p.config.model)
                         delta = await upstream.next_delta()
                     text = "".join(raw)
                     envelope = upstream.envelope(text, kind)
@@ -401,7 +410,7 @@ class Chain:
                 if upstream is not None:
                     upstream.close()
                 await self._abandon(a)
-            yield StreamDone(await self._result(w, a, envelope, text, upstream.finish_reason))
+            yield StreamDone(await self._result(w, a, envelope, text, upstream.finish_reason, upstream.usage))
             return
         raise self._all_failed(w.errors, kind, w.start)
 

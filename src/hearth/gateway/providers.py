@@ -12,6 +12,12 @@ Timing of one attempt (all in seconds, against time.monotonic):
 When budget_s is the binding limit the error is DeadlineExceeded instead, so a log says whose budget ran out.
 On any early exit the response is closed, which drops the connection rather than re-pooling it.
 The caller's request id goes upstream as X-Request-ID, so provider logs can be joined with ours.
+
+Usage: the provider's token counts (prompt_tokens, completion_tokens, total_tokens) are read from its reply:
+the JSON reply's `usage`; for SSE the request asks for them (stream_options.include_usage, unless the
+provider's extra_body sets stream_options itself) and the stream's last chunk that carries a `usage` object
+gives them (OpenAI and vLLM send it after the finish_reason, with empty choices). None when the provider
+reported none or nothing usable: the gateway never makes counts up.
 """
 
 from __future__ import annotations
@@ -44,6 +50,28 @@ class Completion:
     envelope: BaseModel
     text: str
     finish_reason: str | None
+    usage: dict[str, int] | None = None   # the provider's token counts (parse_usage), None when it sent none
+
+
+_USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def parse_usage(usage: Any) -> dict[str, int] | None:
+    """An upstream `usage` object as {"prompt_tokens", "completion_tokens", "total_tokens"}, or None when it is
+    absent or unusable (not an object, a count missing or not a non-negative integer). A missing total_tokens
+    is the sum of the two counts (OpenAI defines it so); nothing else is ever filled in."""
+    if not isinstance(usage, dict):
+        return None
+    counts = {k: usage.get(k) for k in _USAGE_KEYS}
+    if counts["total_tokens"] is None:
+        counts["total_tokens"] = _sum(counts["prompt_tokens"], counts["completion_tokens"])
+    if not all(type(v) is int and v >= 0 for v in counts.values()):  # type(): True is no count
+        return None
+    return counts
+
+
+def _sum(a: Any, b: Any) -> int | None:
+    return a + b if type(a) is int and type(b) is int else None
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -129,6 +157,13 @@ class Provider:
             body["response_format"] = self._response_formats[kind]
         if stream:
             body["stream"] = True
+            # ask for the usage chunk (OpenAI, vLLM); a provider's extra_body stream_options wins (a server that
+            # refuses the option is configured with stream_options = { include_usage = false })
+            options = body.get("stream_options")
+            if options is None:
+                body["stream_options"] = {"include_usage": True}
+            elif isinstance(options, dict) and "include_usage" not in options:
+                body["stream_options"] = {**options, "include_usage": True}
         return _COMPACT.encode(body).encode()
 
     async def _open(self, clock: _Clock, body: bytes, stream: bool, request_id: str | None) -> UpstreamResponse:
@@ -168,12 +203,13 @@ class Provider:
             raise ConnectionFailed(self.name, str(exc)) from exc
         finally:
             resp.close()
-        text, finish = self._message(raw)
-        return Completion(self._envelope(text, kind, finish), text, finish)
+        text, finish, usage = self._message(raw)
+        return Completion(self._envelope(text, kind, finish), text, finish, usage)
 
-    def _message(self, raw: bytes) -> tuple[str, str | None]:
+    def _message(self, raw: bytes) -> tuple[str, str | None, dict[str, int] | None]:
         try:
             doc = json.loads(raw)
+            usage = parse_usage(doc.get("usage"))
             choice = doc["choices"][0]
             content = choice["message"].get("content")
             finish = choice.get("finish_reason")
@@ -183,7 +219,7 @@ class Provider:
                                              f"{raw[:200].decode('utf-8', 'replace')!r}") from None
         if content is not None and not isinstance(content, str):
             raise InvalidResponse(self.name, f"message.content is {type(content).__name__}, not a string")
-        return content or "", finish
+        return content or "", finish, usage
 
     def _envelope(self, text: str, kind: str, finish: str | None) -> BaseModel:
         try:
@@ -223,6 +259,7 @@ class ChatStream:
         self._lines = resp.lines()
         self._clock = clock
         self.finish_reason: str | None = None
+        self.usage: dict[str, int] | None = None   # from the last chunk carrying a usable `usage` (parse_usage)
         self._done = False
 
     async def next_delta(self, phase: str = "total") -> str | None:
@@ -254,7 +291,11 @@ class ChatStream:
                 self._done = True
                 return None
             try:
-                choices = json.loads(data)["choices"]
+                doc = json.loads(data)
+                usage = parse_usage(doc.get("usage"))  # the usage chunk; "usage": null on the others
+                if usage is not None:
+                    self.usage = usage
+                choices = doc["choices"]
                 if isinstance(choices, list) and not choices:
                     # a chunk for no choice: Azure's prompt_filter_results first chunk, the usage chunk of
                     # stream_options.include_usage; it carries no text (and no finish_reason)

@@ -10,8 +10,13 @@ Routes:
                                 = the whole chain; a provider's name or model id = those providers only
                                 (in chain order); anything else -> 404 model_not_found.
                                 The reply's message.content is the validated envelope (canonical JSON,
-                                hearth.envelope.dumps); "hearth" says which provider answered and how;
-                                finish_reason is the provider's (null when it sent none, never made up).
+                                hearth.envelope.dumps); "model" is the answering provider's model id,
+                                "hearth" (and X-Hearth-Provider) says which provider answered and how;
+                                finish_reason is the provider's (null when it sent none, never made up);
+                                "usage" is the answering provider's token counts, left out when it
+                                reported none. SSE: with "stream_options": {"include_usage": true} every
+                                chunk has "usage": null and a last chunk with empty "choices" carries the
+                                usage before [DONE] (no such chunk when the provider reported none).
     GET  /v1/models             "hearth" (the whole chain) and each provider model id
     GET  /v1/providers          breaker and warm-gate state per provider
     GET  /healthz               liveness (the process answers; "pid" says which worker)
@@ -205,19 +210,43 @@ def _failure(exc: AllProvidersFailed, request_id: str, max_retry_after_s: float)
     return _error(502, exc.message, request_id, code="upstream_failed", failures=failures)
 
 
+def _model(result) -> str:
+    """`model` of a reply: the model id that answered (OpenAI clients and cost tools key on it); the provider's
+    name is in the `hearth` block and X-Hearth-Provider."""
+    return result.model if result.model is not None else result.provider
+
+
 def _completion(result, kind: str, request_id: str) -> dict:
-    return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()),
-            "model": result.provider,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": env.dumps_parsed(result.envelope)},
-                         "finish_reason": result.finish_reason}],
-            "hearth": {"kind": kind, "provider": result.provider, "latency_ms": round(result.latency_s * 1e3, 3),
-                       "attempts": [list(a) for a in result.attempts]}}
+    out = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()),
+           "model": _model(result),
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": env.dumps_parsed(result.envelope)},
+                        "finish_reason": result.finish_reason}],
+           "hearth": {"kind": kind, "provider": result.provider, "latency_ms": round(result.latency_s * 1e3, 3),
+                      "attempts": [list(a) for a in result.attempts]}}
+    if result.usage is not None:  # the provider's own counts; none reported: no usage (never made up)
+        out["usage"] = dict(result.usage)
+    return out
 
 
-def _chunk(request_id: str, model: str, delta: dict, finish: str | None = None, **extra) -> bytes:
+def _chunk(request_id: str, model: str, delta: dict | None, finish: str | None = None, **extra) -> bytes:
+    """One chat.completion.chunk; delta None: the usage chunk (no choices)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
     obj = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": int(time.time()),
-           "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+           "model": model, "choices": choices, **extra}
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _include_usage(options) -> bool | tuple[str, str]:
+    """A request's stream_options.include_usage; (param, message) when stream_options is not OpenAI's shape
+    (absent/null, or an object whose include_usage is absent, null or a JSON boolean). Ignored unless streaming."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        return "stream_options", "stream_options must be an object"
+    value = options.get("include_usage")
+    if value is not None and not isinstance(value, bool):
+        return "stream_options.include_usage", "stream_options.include_usage must be true or false (a JSON boolean)"
+    return bool(value)
 
 
 # ---------------------------------------------------------------------------------------- middleware
@@ -328,6 +357,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         return _error(400, f"stream must be true or false (a JSON boolean), got {stream!r}", rid, param="stream")
+    include_usage = _include_usage(body.get("stream_options"))
+    if isinstance(include_usage, tuple):
+        return _error(400, include_usage[1], rid, param=include_usage[0])
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         return _error(400, "model must be a string", rid, param="model")
@@ -336,7 +368,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     except UnknownModel as exc:
         return _error(404, str(exc), rid, param="model", code="model_not_found")
     if stream:
-        return await _chat_stream(request, chain, messages, kind, max_tokens, deadline, model)
+        return await _chat_stream(request, chain, messages, kind, max_tokens, deadline, model, include_usage)
     try:
         result = await chain.complete(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid,
                                       model=model)
@@ -347,26 +379,34 @@ async def chat(request: web.Request) -> web.StreamResponse:
                              headers={"X-Request-ID": rid, "X-Hearth-Provider": result.provider})
 
 
-async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadline, model) -> web.StreamResponse:
+async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadline, model,
+                       include_usage: bool = False) -> web.StreamResponse:
     rid = request[REQUEST_ID]
     events = chain.stream(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid, model=model)
     resp: web.StreamResponse | None = None
+    # asked for usage: as OpenAI, "usage": null on every chunk but the last, which carries it (and no choices)
+    nulls = {"usage": None} if include_usage else {}
     try:
         async for ev in events:
             if resp is None:  # headers go out with the first delta: before it, failures are still a clean error
-                request[PROVIDER] = ev.provider if isinstance(ev, StreamDelta) else ev.result.provider
+                if isinstance(ev, StreamDelta):
+                    request[PROVIDER], model_id = ev.provider, ev.model if ev.model is not None else ev.provider
+                else:
+                    request[PROVIDER], model_id = ev.result.provider, _model(ev.result)
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                    "X-Request-ID": rid, "X-Hearth-Provider": request[PROVIDER]})
                 await resp.prepare(request)
-                await resp.write(_chunk(rid, request[PROVIDER], {"role": "assistant", "content": ""}))
+                await resp.write(_chunk(rid, model_id, {"role": "assistant", "content": ""}, **nulls))
             if isinstance(ev, StreamDelta):
-                await resp.write(_chunk(rid, ev.provider, {"content": ev.text}))
+                await resp.write(_chunk(rid, model_id, {"content": ev.text}, **nulls))
             elif isinstance(ev, StreamDone):
                 r = ev.result
-                await resp.write(_chunk(rid, r.provider, {}, r.finish_reason,
+                await resp.write(_chunk(rid, model_id, {}, r.finish_reason, **nulls,
                                         hearth={"kind": kind, "provider": r.provider,
                                                 "envelope": r.envelope.model_dump(mode="json"),
                                                 "attempts": [list(a) for a in r.attempts]}))
+                if include_usage and r.usage is not None:  # none reported: no usage chunk (never made up)
+                    await resp.write(_chunk(rid, model_id, None, usage=dict(r.usage)))
                 await resp.write(b"data: [DONE]\n\n")
     except AllProvidersFailed as exc:
         return _failure(exc, rid, chain.settings.max_retry_after_s)
