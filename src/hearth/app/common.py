@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth.app.crypto import UserCipher
@@ -30,6 +30,23 @@ async def check_owned(db: AsyncSession, model: Any, user_id: str, record_id: str
     owned = select(model.id).where(model.id == record_id, model.user_id == user_id)
     if (await db.execute(owned)).scalar_one_or_none() is None:
         raise NotFound(what)
+
+
+async def page_before(db: AsyncSession, model: Any, scope: tuple, *, limit: int, before: str | None,
+                      what: str) -> tuple[list, str | None]:
+    """Inside an open transaction: the ``model`` rows matching ``scope`` (where-clauses: the user's, the chat's...),
+    newest first by (created_at, id), up to ``limit`` of them just older than row ``before`` (or the newest of all),
+    and the id to pass as ``before`` for the page of older ones (None at the end). NotFound(what) when ``before``
+    is not a row within ``scope``. Rows sharing a timestamp are ordered by id, so no page skips or repeats one."""
+    query = select(model).where(*scope)
+    if before is not None:
+        pivot = (await db.execute(select(model.created_at).where(model.id == before, *scope))).scalar_one_or_none()
+        if pivot is None:
+            raise NotFound(what)
+        query = query.where(or_(model.created_at < pivot, and_(model.created_at == pivot, model.id < before)))
+    rows = (await db.execute(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1))
+            ).scalars().all()
+    return list(rows[:limit]), (rows[limit - 1].id if len(rows) > limit else None)
 
 
 async def delete_owned(db: AsyncSession, model: Any, user_id: str, record_id: str, what: str) -> None:

@@ -20,8 +20,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, seal, seal_json, unseal,
-                               unseal_json)
+from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, page_before, seal,
+                               seal_json, unseal, unseal_json)
 from hearth.app.crypto import UserCipher
 from hearth.app.relationship import Standing, standing
 from hearth.app.storage.db import scrub_deleted
@@ -184,17 +184,10 @@ async def history_page(db: AsyncSession, cipher: UserCipher, companion_id: str, 
     NotFound for another user's companion or a ``before`` that is not a message of this chat."""
     async with db.begin():
         await _row(db, cipher.user_id, companion_id)
-        query = select(Message).where(Message.companion_id == companion_id, Message.user_id == cipher.user_id)
-        if before is not None:
-            pivot = (await db.execute(select(Message.created_at).where(
-                Message.id == before, Message.companion_id == companion_id,
-                Message.user_id == cipher.user_id))).scalar_one_or_none()
-            if pivot is None:
-                raise NotFound("message")
-            query = query.where(Message.created_at < pivot)
-        rows = (await db.execute(query.order_by(Message.created_at.desc()).limit(limit + 1))).scalars().all()
-        earlier = rows[limit - 1].id if len(rows) > limit else None
-        return [_message_view(cipher, r) for r in reversed(rows[:limit])], earlier
+        rows, earlier = await page_before(db, Message, (Message.companion_id == companion_id,
+                                                        Message.user_id == cipher.user_id),
+                                          limit=limit, before=before, what="message")
+        return [_message_view(cipher, r) for r in reversed(rows)], earlier
 
 
 async def memories(db: AsyncSession, cipher: UserCipher, companion_id: str) -> list[str]:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import NotFound, clean_text, delete_owned, seal, seal_json, unseal, unseal_json
+from hearth.app.common import clean_text, delete_owned, page_before, seal, seal_json, unseal, unseal_json
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
@@ -116,17 +116,8 @@ async def posts_page(db: AsyncSession, cipher: UserCipher, *, limit: int = 50,
     of all; the id to pass as ``before`` for the page of older posts, None at the end).
     NotFound for a ``before`` that is not one of the user's posts."""
     async with db.begin():
-        query = select(Post).where(Post.user_id == cipher.user_id)
-        if before is not None:
-            pivot = (await db.execute(select(Post.created_at).where(Post.id == before, Post.user_id == cipher.user_id))
-                     ).scalar_one_or_none()
-            if pivot is None:
-                raise NotFound("post")
-            query = query.where(or_(Post.created_at < pivot, and_(Post.created_at == pivot, Post.id < before)))
-        rows = (await db.execute(query.order_by(Post.created_at.desc(), Post.id.desc()).limit(limit + 1))
-                ).scalars().all()
-        older = rows[limit - 1].id if len(rows) > limit else None
-        posts = rows[:limit]
+        posts, older = await page_before(db, Post, (Post.user_id == cipher.user_id,), limit=limit, before=before,
+                                         what="post")
         ids = [p.id for p in posts]
         comments = (await db.execute(select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
                                      .where(Comment.post_id.in_(ids), Comment.user_id == cipher.user_id)

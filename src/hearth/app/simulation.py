@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, AsyncIterator
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, seal, seal_json, unseal,
-                               unseal_json)
+from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, page_before, seal,
+                               seal_json, unseal, unseal_json)
 from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
 from hearth.app.model import describe_failure, failure_for_log
@@ -164,19 +164,9 @@ async def situations_page(db: AsyncSession, cipher: UserCipher, companion_id: st
     newest of all; the id to pass as ``before`` for the page of older ones, None at the end).
     NotFound for a ``before`` that is not one of this companion's situations (of this user)."""
     async with db.begin():
-        mine = (Situation.companion_id == companion_id, Situation.user_id == cipher.user_id)
-        query = select(Situation).where(*mine)
-        if before is not None:
-            pivot = (await db.execute(select(Situation.created_at).where(Situation.id == before, *mine))
-                     ).scalar_one_or_none()
-            if pivot is None:
-                raise NotFound("situation")
-            query = query.where(or_(Situation.created_at < pivot,
-                                    and_(Situation.created_at == pivot, Situation.id < before)))
-        rows = (await db.execute(query.order_by(Situation.created_at.desc(), Situation.id.desc())
-                                 .limit(limit + 1))).scalars().all()
-        older = rows[limit - 1].id if len(rows) > limit else None
-        rows = rows[:limit]
+        rows, older = await page_before(db, Situation, (Situation.companion_id == companion_id,
+                                                         Situation.user_id == cipher.user_id),
+                                        limit=limit, before=before, what="situation")
         ids = [r.id for r in rows]
         readings = (await db.execute(select(Reading).where(Reading.situation_id.in_(ids),
                                                            Reading.user_id == cipher.user_id))).scalars().all() if ids else []
