@@ -80,9 +80,14 @@ class Policy:
         return case(*whens, else_=self.max_s)
 
 
+def _derived_key(master_key: bytes, label: bytes) -> bytes:
+    """A key for one purpose (``label``), derived from the master key and never stored."""
+    return hmac.new(master_key, label, hashlib.sha256).digest()
+
+
 def throttle_secret(master_key: bytes) -> bytes:
-    """The key of the bucket names' HMAC (derived from the master key; never stored)."""
-    return hmac.new(master_key, b"hearth/throttle-key/v1", hashlib.sha256).digest()
+    """The key of the bucket names' HMAC."""
+    return _derived_key(master_key, b"hearth/throttle-key/v1")
 
 
 def bucket_hash(bucket: str, secret: bytes = b"") -> str:
@@ -203,8 +208,8 @@ def _device_mac(secret: bytes, username: str, nonce: str) -> str:
 
 
 def device_secret(master_key: bytes) -> bytes:
-    """The key that signs device cookies (derived from the master key; never stored)."""
-    return hmac.new(master_key, b"hearth/device-cookie-key/v1", hashlib.sha256).digest()
+    """The key that signs device cookies."""
+    return _derived_key(master_key, b"hearth/device-cookie-key/v1")
 
 
 def new_device_cookie(secret: bytes, username: str) -> str:
