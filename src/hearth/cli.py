@@ -72,7 +72,7 @@ def eval_(
     base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")],
     model: Annotated[str, typer.Option("--model")],
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="environment variable holding the API key")] = None,
-    extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON merged into each request body")] = None,
+    extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON merged into each request body (not a key an option here sets: temperature, seed, max_tokens, ...)")] = None,
     json_schema: Annotated[bool, typer.Option("--json-schema/--no-json-schema", help="send response_format json_schema")] = False,
     threshold: Annotated[float, typer.Option("--threshold", help="minimum pass fraction; exit 1 below it")] = 1.0,
     report: Annotated[Optional[Path], typer.Option("--report", help="JSON report path")] = None,

@@ -26,6 +26,9 @@ class ChatResult:
     latency_s:     wall-clock seconds from sending to the full response (or to the failure).
     ttft_s:        streaming only: seconds from sending to the first content token (None: none came, or not streamed).
     usage:         the server's token usage ({"prompt_tokens", "completion_tokens", ...}) when it sent one.
+    provider:      hearth's gateway only: the provider that answered (its X-Hearth-Provider header).
+    attempts:      hearth's gateway only: [provider, outcome] per provider tried or skipped, "ok" last (its
+                   "hearth" block): more than one means the reply came after a fallback.
     """
 
     content: str
@@ -35,6 +38,8 @@ class ChatResult:
     latency_s: float
     ttft_s: float | None = None
     usage: dict | None = None
+    provider: str | None = None
+    attempts: list | None = None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -49,15 +54,17 @@ def _error_message(response: httpx.Response) -> str:
 
 
 async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, *, timeout_s: float,
-                          api_key: str | None = None) -> ChatResult:
-    """One chat completion, streamed when body["stream"] is true. Never raises for server or network trouble: the failure is
-    in ``ChatResult.error`` (with ``status`` when the server answered)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+                          api_key: str | None = None, headers: dict[str, str] | None = None) -> ChatResult:
+    """One chat completion, streamed when body["stream"] is true, with ``headers`` added to the request. Never raises
+    for server or network trouble: the failure is in ``ChatResult.error`` (with ``status`` when the server answered)."""
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     url = base_url.rstrip("/") + "/chat/completions"
     start = time.perf_counter()
 
-    def done(content="", finish=None, status=None, error=None, ttft=None, usage=None) -> ChatResult:
-        return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage)
+    def done(content="", finish=None, status=None, error=None, ttft=None, usage=None, response=None,
+             attempts=None) -> ChatResult:
+        provider = response.headers.get("x-hearth-provider") if response is not None else None
+        return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage, provider, attempts)
 
     if body.get("stream"):
         return await _stream(client, url, body, headers, timeout_s, start, done)
@@ -71,7 +78,7 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
     if response.status_code != 200:
-        return done(status=response.status_code, error=_error_message(response))
+        return done(status=response.status_code, error=_error_message(response), response=response)
     return _completion(response, done)
 
 
@@ -83,26 +90,35 @@ def _completion(response: httpx.Response, done) -> ChatResult:
         content = choice["message"].get("content")
         finish = choice.get("finish_reason")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return done(status=200, error=f"malformed completion: {response.text[:200]!r}")
+        return done(status=200, error=f"malformed completion: {response.text[:200]!r}", response=response)
+    attempts = _attempts(payload)
     if content is not None and not isinstance(content, str):  # refused by the gateway too: not a reply the app gets
-        return done(status=200, finish=finish, error=f"message.content is {type(content).__name__}, not a string")
+        return done(status=200, finish=finish, error=f"message.content is {type(content).__name__}, not a string",
+                    response=response, attempts=attempts)
     content = content or ""
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
-    return done(content=content, finish=finish, status=200, usage=usage)
+    return done(content=content, finish=finish, status=200, usage=usage, response=response, attempts=attempts)
+
+
+def _attempts(payload) -> list | None:
+    """The attempts hearth's gateway lists in a reply's (or the last stream chunk's) "hearth" block, or None."""
+    hearth = payload.get("hearth") if isinstance(payload, dict) else None
+    attempts = hearth.get("attempts") if isinstance(hearth, dict) else None
+    return attempts if isinstance(attempts, list) else None
 
 
 async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatResult:
     """A streamed completion (SSE): content deltas joined, the time of the first one, the usage chunk
     (asked for with stream_options.include_usage) and the last finish_reason."""
     parts: list[str] = []
-    finish = usage = ttft = None
+    finish = usage = ttft = attempts = response = None
     ended = False  # [DONE] seen
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response:
                 if response.status_code != 200:
                     await response.aread()
-                    return done(status=response.status_code, error=_error_message(response))
+                    return done(status=response.status_code, error=_error_message(response), response=response)
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     await response.aread()  # a server that answered in one piece after all
                     return _completion(response, done)
@@ -119,12 +135,13 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
                         if error is not None:  # the server's way to fail mid-stream
                             message = error.get("message") if isinstance(error, dict) else error
                             return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
-                                        error=f"error in stream: {str(message)[:200]}")
+                                        error=f"error in stream: {str(message)[:200]}", response=response)
                         choices = _chunk_choices(chunk)
                     except (ValueError, RecursionError):
-                        return done(status=200, error=f"malformed stream chunk: {data[:200]!r}")
+                        return done(status=200, error=f"malformed stream chunk: {data[:200]!r}", response=response)
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
+                    attempts = _attempts(chunk) or attempts
                     for choice, piece in choices:
                         if piece:
                             if ttft is None:
@@ -136,9 +153,10 @@ async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatRes
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
     if not ended and finish is None:  # the body ended with neither end marker: the gateway refuses this too
-        return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
+        return done(content="".join(parts), status=200, ttft=ttft, usage=usage, response=response, attempts=attempts,
                     error="stream ended without a finish_reason or [DONE] (cut short)")
-    return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage)
+    return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage, response=response,
+                attempts=attempts)
 
 
 def _chunk_error(chunk):

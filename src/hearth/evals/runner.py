@@ -5,10 +5,14 @@
 Each case is one production-size prompt (hearth.prompts) sent ``samples`` times as a chat completion
 (streamed by default, so the time to the first token is measured; usage asked for with
 stream_options.include_usage), with the temperature and a per-sample seed when given, at most
-``concurrency`` calls in flight and a wall-clock timeout per call. The overall pass rate comes with a 95%
-interval: Wilson over replies, and with several samples per case one that resamples cases (case_interval). Scores per case are
-in hearth.evals.scoring; this module prints "k/n" per suite and the failures, writes the JSON
-report, and returns exit code 1 when the pass fraction is below the threshold (2 on bad arguments).
+``concurrency`` calls in flight and a wall-clock timeout per call; --extra-body adds keys to every request but
+none that the eval sets (extra_body_error), and each reply records the parameters it was sent with. Each request
+names its envelope kind in an X-Hearth-Kind header (hearth's gateway checks the reply as that kind; other servers
+ignore it); through the gateway, each reply also records the provider that answered and the attempts before it.
+The pass rate (overall and per suite) comes with a 95% interval: Wilson over replies, and with several samples
+per case one that resamples cases (case_interval). Scores per case are in hearth.evals.scoring; this module
+prints "k/n" per suite and the failures, writes the JSON report, and returns exit code 1 when the pass fraction
+is below the threshold (2 on bad arguments).
 """
 
 from __future__ import annotations
@@ -33,9 +37,45 @@ from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
 
 
-# request keys --extra-body may not override: the messages are what the eval measures, and model / stream are
-# options of their own that the report records
-_OWNED_KEYS = frozenset({"model", "messages", "stream", "stream_options"})
+# request keys --extra-body may not set: the messages are what the eval measures, model / stream are options of
+# their own that the report records, and hearth_kind (hearth's gateway) is each case's own kind
+_OWNED_KEYS = frozenset({"model", "messages", "stream", "stream_options", "hearth_kind"})
+# request keys an option of the eval's sets: refused in --extra-body whether or not that option was given, so each
+# parameter has one way in and the report's option fields are what the requests carried (an extra_body seed would
+# also give every sample the same seed; n > 1 asks for several replies to one request, scored as one)
+_OPTION_KEYS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "seed": "--seed", "n": "--samples"}
+# other names servers read for the reply limit, in preference to max_tokens (vLLM and SGLang:
+# max_completion_tokens; llama.cpp: n_predict): refused while --max-tokens sends max_tokens
+_LIMIT_ALIASES = ("max_completion_tokens", "n_predict")
+
+
+def extra_body_error(extra: dict, *, max_tokens: int | None, json_schema: bool) -> str | None:
+    """Why ``extra`` (--extra-body) cannot go into the eval's requests, naming the option and the key; None when
+    it can. Refused: the eval's own keys (model, messages, stream, stream_options, hearth_kind); a key one of its
+    options sets (max_tokens, temperature, seed, n), given or not; a second reply limit while --max-tokens sends
+    one; response_format with --json-schema; NaN or Infinity (no server reads them, httpx refuses to send them)."""
+    owned = sorted(set(extra) & _OWNED_KEYS)
+    if owned:
+        return (f"--extra-body must not set {', '.join(owned)}: the eval sends each case's production messages and "
+                "envelope kind, and sets model and streaming from --model and --stream/--no-stream")
+    flagged = [key for key in _OPTION_KEYS if key in extra]
+    if flagged:
+        return ("--extra-body must not set " + ", ".join(f"{key} (use {_OPTION_KEYS[key]})" for key in flagged)
+                + ": the eval sets it from that option, and the report records the option")
+    aliases = [key for key in _LIMIT_ALIASES if key in extra]
+    if aliases and max_tokens is not None:
+        return (f"--extra-body sets {', '.join(aliases)} while --max-tokens {max_tokens} sends max_tokens: the server "
+                "would use one of the two limits; drop it, or pass --max-tokens 0 to send only yours")
+    if json_schema and "response_format" in extra:
+        return ("--extra-body must not set response_format with --json-schema, which sends the envelope's JSON "
+                "schema as response_format: drop one of the two")
+    try:
+        json.dumps(extra, allow_nan=False)
+    except ValueError:
+        return "--extra-body holds NaN or Infinity, which is not JSON: every request would be refused"
+    except TypeError as exc:  # run_cases(extra_body=...) from Python: a value json cannot write
+        return f"--extra-body holds a value that is not JSON ({exc})"
+    return None
 
 
 def _redacted(base_url: str) -> str:
@@ -54,9 +94,10 @@ def _temporary_beside(report: Path) -> str:
 def request_body(case: Case, *, model: str, json_schema: bool, max_tokens: int | None,
                  extra_body: dict | None, temperature: float | None = None, seed: int | None = None,
                  stream: bool = False) -> dict:
-    """The chat-completions body for one case; extra_body is merged last (it may override anything but the keys
-    main() refuses in it: model, messages, stream, stream_options)."""
-    body: dict[str, Any] = {"model": model, "messages": case.messages(), "stream": stream}
+    """The chat-completions body for one case: extra_body, then the eval's own keys over it (extra_body_error
+    refuses an extra_body that sets one of them; this order makes sure none is sent over an option's value)."""
+    body: dict[str, Any] = dict(extra_body or {})
+    body.update({"model": model, "messages": case.messages(), "stream": stream})
     if stream:
         body["stream_options"] = {"include_usage": True}
     if max_tokens is not None:
@@ -67,9 +108,18 @@ def request_body(case: Case, *, model: str, json_schema: bool, max_tokens: int |
         body["seed"] = seed
     if json_schema:
         body["response_format"] = response_format(case.kind)
-    if extra_body:
-        body.update(extra_body)
     return body
+
+
+def sent_parameters(body: dict, *, json_schema: bool) -> dict:
+    """A request body as a report row records it: everything but the messages (the case's production prompt), the
+    eval's own response_format (--json-schema) by its type and schema name (the schema is
+    hearth.envelope.response_format(kind))."""
+    out = {k: v for k, v in body.items() if k != "messages"}
+    if json_schema:
+        fmt = out["response_format"]
+        out["response_format"] = {"type": fmt["type"], "name": fmt["json_schema"]["name"]}
+    return out
 
 
 async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: str | None = None,
@@ -95,6 +145,8 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
         raise ValueError(f"samples must be >= 1, got {samples}")
     if temperature is not None and not 0 <= temperature <= 2:
         raise ValueError(f"temperature must be in [0, 2], got {temperature}")
+    if extra_body and (error := extra_body_error(extra_body, max_tokens=max_tokens, json_schema=json_schema)):
+        raise ValueError(error)
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -106,12 +158,16 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
             async with gate:
                 start = time.perf_counter()
                 try:
-                    result = await chat_completion(client, base_url, body, timeout_s=timeout_s, api_key=api_key)
+                    # the kind as a header: hearth's gateway checks the reply as that kind (its default, chat,
+                    # otherwise); any other server ignores it, where a body key could be refused (OpenAI)
+                    result = await chat_completion(client, base_url, body, timeout_s=timeout_s, api_key=api_key,
+                                                   headers={"X-Hearth-Kind": case.kind})
                 except Exception as exc:  # noqa: BLE001 - one call's surprise is its failure, not the end of the run
                     result = ChatResult("", None, None, f"{type(exc).__name__}: {str(exc)[:200]}",
                                         time.perf_counter() - start)
             scored = score(case, result)
             scored.sample, scored.seed = sample, body.get("seed")
+            scored.request = sent_parameters(body, json_schema=json_schema)
             if on_done is not None:
                 on_done(scored)
             return scored
@@ -161,7 +217,8 @@ def case_interval(scores: list[CaseScore]) -> list[float]:
 
 
 def summarize(scores: list[CaseScore]) -> dict:
-    """Per-suite and overall pass counts and latency (seconds)."""
+    """Per-suite and overall pass counts, intervals (``ci95_by_case`` too when a case was sent more than once)
+    and latency (seconds)."""
     def dist(values: list[float]) -> dict:
         values = sorted(values)
         rank95 = math.ceil(0.95 * len(values))  # nearest rank: with 20 values the 19th, not the slowest
@@ -175,12 +232,22 @@ def summarize(scores: list[CaseScore]) -> dict:
             value = int(value)
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
+    def gateway(items: list[CaseScore]) -> dict:
+        """hearth's gateway only: replies per answering provider, and how many came after a fallback."""
+        if not any(s.provider is not None or s.attempts is not None for s in items):
+            return {}
+        providers: dict[str, int] = {}
+        for s in items:
+            if s.provider is not None:
+                providers[s.provider] = providers.get(s.provider, 0) + 1
+        return {"providers": providers, "fallbacks": sum(s.attempts is not None and len(s.attempts) > 1 for s in items)}
+
     def block(items: list[CaseScore]) -> dict:
         passed = sum(s.passed for s in items)
         usage = [s.usage for s in items if s.usage]
         counts = {k: [c for u in usage if (c := count(u, k)) is not None] for k in ("prompt_tokens", "completion_tokens")}
         tokens = {k: sum(v) for k, v in counts.items()}
-        return {
+        return {**gateway(items),
             "passed": passed, "total": len(items), "fraction": passed / len(items) if items else 0.0,
             "ci95": wilson(passed, len(items)),
             "cases": len({s.id for s in items}),
@@ -196,10 +263,14 @@ def summarize(scores: list[CaseScore]) -> dict:
     suites = {}
     for s in scores:
         suites.setdefault(s.suite, []).append(s)
-    overall = block(scores)
-    if len(scores) > overall["cases"]:  # several samples per case: the interval that respects that
-        overall["ci95_by_case"] = case_interval(scores)
-    return {"suites": {name: block(items) for name, items in suites.items()}, "overall": overall}
+
+    def with_cases(items: list[CaseScore]) -> dict:
+        out = block(items)
+        if len(items) > out["cases"]:  # several samples per case: the interval that respects that
+            out["ci95_by_case"] = case_interval(items)
+        return out
+
+    return {"suites": {name: with_cases(items) for name, items in suites.items()}, "overall": with_cases(scores)}
 
 
 def _shown(value: object) -> str:
@@ -228,6 +299,11 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
     for name, s in summary["suites"].items():
         checks.add_row(_shown(name), *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
     console.print(checks)
+    o = summary["overall"]
+    if o.get("providers") or o.get("fallbacks"):  # hearth's gateway: who answered, and after how many fallbacks
+        answered = ", ".join(f"{_shown(name)} {n}" for name, n in o["providers"].items())
+        console.print(f"answered by (gateway): {answered or 'not named'}; {o['fallbacks']} of {o['total']} replies "
+                      "came after another provider had failed or was skipped")
     failures = [s for s in scores if not s.passed]
     if failures:
         table = Table(title="failures")
@@ -290,10 +366,9 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             return bad(f"--extra-body is not JSON: {exc.msg}")
         if not isinstance(extra, dict):
             return bad("--extra-body must be a JSON object")
-        owned = sorted(set(extra) & _OWNED_KEYS)
-        if owned:  # the eval's subject (the production messages) and what its own options set
-            return bad(f"--extra-body must not set {', '.join(owned)}: the eval sends the production messages and "
-                       "sets model and streaming from its own options")
+        error = extra_body_error(extra, max_tokens=max_tokens, json_schema=json_schema)
+        if error:  # the eval's subject (the production messages) and what its own options set
+            return bad(error)
     if report is not None:  # found out now, not after the run: a report that cannot be written loses the run
         report = Path(report)
         try:

@@ -42,6 +42,9 @@ class CaseScore:
     seed: int | None = None  # the seed sent with it
     ttft_s: float | None = None
     usage: dict | None = None
+    request: dict | None = None  # the parameters its request was sent with (runner.sent_parameters)
+    provider: str | None = None  # hearth's gateway: the provider that answered
+    attempts: list | None = None  # hearth's gateway: [provider, outcome] per provider tried or skipped
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -103,4 +106,5 @@ def score(case: Case, result: ChatResult) -> CaseScore:
     return CaseScore(suite=case.suite, id=case.id, kind=case.kind, passed=passed, checks=checks,
                      reason=None if passed else (reasons[0] if reasons else "failed"), latency_s=result.latency_s,
                      status=result.status, finish_reason=result.finish_reason, repaired=repaired,
-                     content=result.content, ttft_s=result.ttft_s, usage=result.usage)
+                     content=result.content, ttft_s=result.ttft_s, usage=result.usage, provider=result.provider,
+                     attempts=result.attempts)
