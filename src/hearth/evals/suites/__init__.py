@@ -1,5 +1,7 @@
-"""Eval suites as data: companion.jsonl, feed.jsonl, analysts.jsonl (docs/eval.md), plus contexts.json,
-the shared contexts the cases point at, so every case runs at production prompt size.
+"""Eval suites as data: companion.jsonl, feed.jsonl, analysts.jsonl (docs/eval.md), plus what the cases point at
+by name: contexts.json (the users' shared contexts), histories.json (earlier turns of a conversation) and
+memories.json (what a companion remembers), so every case runs at production prompt size, up to the largest
+prompt the app sends (a chat at its history, memory and shared-context limits).
 
 A case line:
 
@@ -7,8 +9,11 @@ A case line:
      "memories": [...], "context": "tama", "history": [{"role": "user", "content": "..."},
      {"role": "assistant", "envelope": {...}}], "user": "the message to answer"}
 
-Any key hearth.prompts.system_prompt_for reads may appear (prompt, analyst, rehearsal, ...);
-``context`` names an entry of contexts.json and becomes ``shared_context``.
+Any key hearth.prompts.system_prompt_for reads may appear (prompt, analyst, rehearsal, companion, ...);
+``context`` names an entry of contexts.json and becomes ``shared_context``; ``history`` and ``memories`` are
+either inline lists or the name of an entry of histories.json / memories.json (one long conversation or memory
+list can serve several cases, e.g. a chat, a rehearsal and the panel of the same companion). Assistant turns
+are envelopes, sent back as the app sends them (hearth.prompts.history_turn: a chat reply's message).
 """
 
 from __future__ import annotations
@@ -52,15 +57,36 @@ def contexts() -> dict[str, str]:
     return json.loads((HERE / "contexts.json").read_text(encoding="utf-8"))
 
 
+@lru_cache(maxsize=1)
+def histories() -> dict[str, list[dict]]:
+    """Named conversations (earlier turns, oldest first) that cases point at with ``"history": "name"``."""
+    return json.loads((HERE / "histories.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def memory_lists() -> dict[str, list[str]]:
+    """Named memory lists (oldest first) that cases point at with ``"memories": "name"``."""
+    return json.loads((HERE / "memories.json").read_text(encoding="utf-8"))
+
+
+def _named(table: dict, name: str, what: str, file: str):
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"unknown {what} {name!r} (not in {file})")
+    return table[name]
+
+
 def _case(suite: str, raw: dict) -> Case:
     spec = {k: v for k, v in raw.items() if k not in {"id", "context", "history", "user"}}
     if "context" in raw:
-        if raw["context"] not in contexts():
-            raise ValueError(f"unknown context {raw['context']!r}")
-        spec["shared_context"] = contexts()[raw["context"]]
+        spec["shared_context"] = _named(contexts(), raw["context"], "context", "contexts.json")
+    if isinstance(raw.get("memories"), str):
+        spec["memories"] = list(_named(memory_lists(), raw["memories"], "memories", "memories.json"))
     kind, _ = system_prompt_for(spec)  # fails loudly on a malformed case
+    turns = raw.get("history", [])
+    if isinstance(turns, str):
+        turns = _named(histories(), turns, "history", "histories.json")
     history = []
-    for i, turn in enumerate(raw.get("history", [])):
+    for i, turn in enumerate(turns):
         if turn.get("role") == "assistant":
             content = history_turn(MODELS[kind].model_validate(turn["envelope"]))  # as the app sends it
         else:
