@@ -70,12 +70,14 @@ def test_client_address_believes_only_trusted_proxies():
 
 def test_device_cookies_belong_to_one_account_and_cannot_be_forged():
     secret = throttle.device_secret(b"k" * 16 + b"0123456789abcdef")
-    cookie = throttle.new_device_cookie(secret, "alice")
-    assert throttle.known_device(secret, "alice", cookie)
-    assert throttle.known_device(secret, "bob", cookie) is None
+    alice, bob = "a" * 32, "b" * 32  # user ids
+    cookie = throttle.new_device_cookie(secret, alice, 0)
+    assert throttle.known_device(secret, alice, 0, cookie)
+    assert throttle.known_device(secret, bob, 0, cookie) is None
+    assert throttle.known_device(secret, alice, 1, cookie) is None  # issued before alice's password change
     nonce = cookie.split(".")[0]
-    assert throttle.known_device(secret, "alice", nonce + "." + "0" * 32) is None
-    assert throttle.known_device(secret, "alice", None) is None
+    assert throttle.known_device(secret, alice, 0, nonce + "." + "0" * 32) is None
+    assert throttle.known_device(secret, alice, 0, None) is None
 
 
 # ------------------------------------------------------------------------------ over HTTP

@@ -20,7 +20,7 @@ from datetime import timezone
 from typing import Any
 
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
-from sqlalchemy import delete, select
+from sqlalchemy import delete, update
 
 from hearth.app import accounts
 from hearth.app.companions import history, list_companions, memories, get_shared_context
@@ -42,7 +42,8 @@ async def _password_ok(user: User, password: str) -> bool:
 
 async def change_password(db, user: User, *, current: str, new: str, ttl_s: int) -> accounts.NewSession:
     """Set a new password after checking the current one. Every session of the user ends and one new
-    session (for the browser that asked) is returned. AccountError naming the field otherwise."""
+    session (for the browser that asked) is returned; the device epoch moves on, so every device cookie issued
+    before stops counting as the account's browser (hearth.app.throttle). AccountError naming the field otherwise."""
     if not await _password_ok(user, current):
         raise accounts.AccountError("current_password", "is not your current password")
     try:
@@ -52,11 +53,12 @@ async def change_password(db, user: User, *, current: str, new: str, ttl_s: int)
     if new == current:
         raise accounts.AccountError("new_password", "is the same as the current one")
     pw_hash = await asyncio.to_thread(accounts._hasher.hash, new)
-    row, fresh = accounts._session_row(user.id, ttl_s)
     async with db.begin():
-        stored = (await db.execute(select(User).where(User.id == user.id))).scalar_one()
-        stored.password_hash = pw_hash
+        epoch = (await db.execute(update(User).where(User.id == user.id)
+                                  .values(password_hash=pw_hash, device_epoch=User.device_epoch + 1)
+                                  .returning(User.device_epoch))).scalar_one()
         await db.execute(delete(Session).where(Session.user_id == user.id))
+        row, fresh = accounts._session_row(user.id, ttl_s, epoch)
         db.add(row)
     return fresh
 

@@ -48,6 +48,7 @@ class NewSession:
     user_id: str
     csrf_token: str
     expires_at: datetime
+    device_epoch: int = 0  # the account's device epoch when the session began (its device cookie is signed over it)
 
 
 def token_hash(token: str) -> str:
@@ -67,10 +68,10 @@ def _check_password(password: str) -> str:
     return password
 
 
-def _session_row(user_id: str, ttl_s: int) -> tuple[Session, NewSession]:
+def _session_row(user_id: str, ttl_s: int, device_epoch: int = 0) -> tuple[Session, NewSession]:
     token = secrets.token_urlsafe(32)
     new = NewSession(token=token, user_id=user_id, csrf_token=secrets.token_urlsafe(32),
-                     expires_at=utcnow() + timedelta(seconds=ttl_s))
+                     expires_at=utcnow() + timedelta(seconds=ttl_s), device_epoch=device_epoch)
     return Session(id=token_hash(token), user_id=user_id, csrf_token=new.csrf_token, expires_at=new.expires_at), new
 
 
@@ -109,7 +110,6 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -
         return None
     checked = user.password_hash
     rehashed = await asyncio.to_thread(_hasher.hash, password) if _hasher.check_needs_rehash(checked) else None
-    row, new = _session_row(user.id, ttl_s)
     async with db.begin():
         # a write first: on SQLite it takes the write lock, so nothing commits between the look below and the insert
         await db.execute(delete(Session).where(Session.user_id == user.id, Session.expires_at <= utcnow()))
@@ -117,14 +117,26 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -
         # meanwhile. A session for a password that is no longer the account's would outlive "every other session
         # is logged out", and a rehash would put the old password back. FOR SHARE (PostgreSQL) holds a password
         # change off until this commits; it then deletes this session with the rest.
-        current = (await db.execute(select(User.password_hash).where(User.id == user.id)
-                                    .with_for_update(read=True))).scalar_one_or_none()
-        if current != checked:
+        current = (await db.execute(select(User.password_hash, User.device_epoch).where(User.id == user.id)
+                                    .with_for_update(read=True))).first()
+        if current is None or current.password_hash != checked:
             return None
+        row, new = _session_row(user.id, ttl_s, current.device_epoch)  # the epoch of the password just checked
         db.add(row)
         if rehashed is not None:
             await db.execute(update(User).where(User.id == user.id).values(password_hash=rehashed))
     return new
+
+
+async def device_owner(db: AsyncSession, username: str) -> tuple[str, int] | None:
+    """(user id, device epoch) of the account a login names, to check its device cookie by; None when there is
+    no such account."""
+    name = (username or "").strip().lower()
+    if not USERNAME_RE.match(name):
+        return None
+    async with db.begin():
+        row = (await db.execute(select(User.id, User.device_epoch).where(User.username == name))).first()
+    return None if row is None else (row.id, row.device_epoch)
 
 
 async def logout(db: AsyncSession, token: str) -> None:

@@ -1,6 +1,6 @@
 """FastAPI dependencies (``Annotated`` aliases used by every route).
 
-    State     the app's long-lived objects (settings, database, model chain, templates, trusted proxies)
+    State     the app's long-lived objects (settings, database, model chain, templates, throttle, trusted proxies)
     DB        one AsyncSession per request (services open their own transactions on it)
     Viewer    the logged-in user: session row, user row and the user's cipher; LoginRequired otherwise
     CsrfViewer  Viewer + the per-session CSRF token checked (form field ``csrf`` or ``X-CSRF-Token``)
@@ -21,6 +21,7 @@ from hearth.app.crypto import UserCipher
 from hearth.app.settings import AppSettings
 from hearth.app.storage.db import Database
 from hearth.app.storage.models import Session, User
+from hearth.app.throttle import Throttle
 
 SESSION_COOKIE = "hearth_session"
 ANON_CSRF_COOKIE = "hearth_csrf"  # double-submit token for the login and signup forms
@@ -37,9 +38,8 @@ class AppState:
     model: Any
     model_configured: bool
     templates: Jinja2Templates
+    throttle: Throttle  # the login/signup throttle with the app's keys bound (hearth.app.throttle)
     trusted_proxies: list = field(default_factory=list)  # networks whose X-Forwarded-For is believed
-    device_secret: bytes = field(default=b"", repr=False)  # signs device cookies (hearth.app.throttle)
-    throttle_secret: bytes = field(default=b"", repr=False)  # keys the throttle's bucket names (hearth.app.throttle)
     turns: set[asyncio.Task] = field(default_factory=set)  # streamed turns still running (routes._util.to_the_end)
 
 

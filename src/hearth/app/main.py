@@ -6,7 +6,8 @@
 
 Start-up (lifespan): open the database and run hearth.app.startup.prepare (migrations, key rotation, the
 master-key check that refuses to start when users' keys do not open), start the chain. Shutdown closes the
-chain and the engine.
+chain and the engine. ``hearth serve`` runs prepare ONCE itself, before it binds the port and before any
+worker starts, and builds its apps with ``prepared`` so that their lifespans do not repeat it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import make_url
 
 from hearth.app.common import InputError, NotFound
+from hearth.app.crypto import master_key_id
 from hearth.app.companions import ChatCleared
 from hearth.app.deps import AppState, LoginRequired
 from hearth.app.limits import BodyLimit, SecurityHeaders
@@ -39,7 +41,7 @@ from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_ba
 from hearth.app.settings import AppSettings, SettingsError, load_settings
 from hearth.app.startup import StartupError, prepare
 from hearth.app.storage import create_database
-from hearth.app.throttle import device_secret, parse_networks, throttle_secret
+from hearth.app.throttle import Throttle, parse_networks
 
 log = logging.getLogger("hearth.app")
 HERE = Path(__file__).parent
@@ -119,8 +121,11 @@ async def _finish_turns(turns: set[asyncio.Task]) -> None:
     await asyncio.gather(*late, return_exceptions=True)
 
 
-def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
-    """The ASGI app. ``model`` defaults to the chain built from ``settings.config_path``."""
+def create_app(settings: AppSettings, *, model: Any = None, prepared: bool = False) -> FastAPI:
+    """The ASGI app. ``model`` defaults to the chain built from ``settings.config_path``.
+
+    ``prepared``: the caller has already run hearth.app.startup.prepare on these settings (``hearth serve``
+    does, once, before it serves); the lifespan then does not run it again."""
     backend = model if model is not None else build_backend(settings.config_path)
     quiet_upstream_text()  # the chain's own failure logs: class names and labels, not upstream text
     templates = _templates()
@@ -130,14 +135,14 @@ def create_app(settings: AppSettings, *, model: Any = None) -> FastAPI:
         db = create_database(settings.database_url)
         turns: set[asyncio.Task] = set()  # streamed turns whose page may have left (routes._util.to_the_end)
         try:
-            await prepare(settings, db)  # StartupError: the app does not start
+            if not prepared:
+                await prepare(settings, db)  # StartupError: the app does not start
             if hasattr(backend, "start"):
                 await backend.start()
             app.state.hearth = AppState(
                 settings=settings, db=db, model=backend, model_configured=not isinstance(backend, NoModel),
                 templates=templates, trusted_proxies=parse_networks(settings.forwarded_allow_ips),
-                device_secret=device_secret(settings.master_key.get_secret_value()),
-                throttle_secret=throttle_secret(settings.master_key.get_secret_value()), turns=turns)
+                throttle=Throttle.for_master_key(settings.master_key.get_secret_value()), turns=turns)
             yield
         finally:
             await _finish_turns(turns)
@@ -171,16 +176,37 @@ def _exit_with_parent(supervisor: int) -> None:
     threading.Thread(target=watch, name="hearth-parent-watch", daemon=True).start()
 
 
+def _checked(settings: AppSettings) -> str:
+    """What the start-up check depends on, with the keys as fingerprints (no secret): a worker whose settings give
+    the same string may skip the check that ``hearth serve`` ran on them."""
+    previous = settings.previous_master_key
+    return json.dumps([settings.database_url, master_key_id(settings.master_key.get_secret_value()),
+                       master_key_id(previous.get_secret_value()) if previous is not None else None])
+
+
+def worker_args(settings: AppSettings, *, config: Path | None, database_url: str | None, host: str,
+                port: int) -> dict:
+    """What ``hearth serve --workers N`` hands each worker (through SERVE_ARGS_ENV): its arguments, its pid, and
+    the fingerprint of the settings it ran the start-up check on."""
+    return {"config": str(config) if config else None, "database_url": database_url, "host": host, "port": port,
+            "supervisor": os.getpid(), "checked": _checked(settings)}
+
+
 def worker_app() -> FastAPI:
-    """The app of one worker process of ``hearth serve --workers N`` (a uvicorn factory)."""
+    """The app of one worker process of ``hearth serve --workers N`` (a uvicorn factory). The start-up check ran
+    once in ``hearth serve`` before the workers started; a worker whose settings are not the ones checked (the
+    key or the database changed before uvicorn started or restarted it) runs the check itself."""
     args = json.loads(os.environ[SERVE_ARGS_ENV])
     _exit_with_parent(args["supervisor"])  # (it may have died before this worker got here)
     config = Path(args["config"]) if args.get("config") else None
     settings = load_settings(config, database_url=args.get("database_url"), host=args["host"], port=args["port"])
-    return create_app(settings)
+    return create_app(settings, prepared=args.get("checked") == _checked(settings))
 
 
 async def _preflight(settings: AppSettings) -> None:
+    """``hearth serve``'s one start-up check, before it serves: prepare (migrations, key rotation, the master-key
+    check, a new development key written), then a probe of the chain's state store (connect + PING, nothing
+    written) so that an unreachable state_url is one line here rather than a lifespan traceback from uvicorn."""
     db = create_database(settings.database_url)
     try:
         await prepare(settings, db)
@@ -197,27 +223,80 @@ async def _preflight(settings: AppSettings) -> None:
             await store.aclose()
 
 
+def _run_one(server: Any) -> int:
+    """Run one uvicorn server in this process. SIGTERM is a graceful stop (in-flight requests answered, the
+    lifespan's shutdown run) and exits 0: uvicorn re-raises the signal it stopped on once it is done, which with
+    the default handler killed the process (status 143) after the clean shutdown."""
+
+    def on_sigterm(signum, frame) -> None:  # uvicorn's own handler is installed for the run, then this one again
+        server.should_exit = True
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0 if server.started else 1
+
+
+def _run_workers(config: Any) -> int:
+    """uvicorn's process manager (what ``uvicorn.run(workers=N)`` runs), telling apart a stop it was asked for
+    (SIGTERM, SIGINT: exit 0) from one it made because a worker failed to start (exit 1; uvicorn.run returned
+    normally then, and serve exited 0)."""
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        asked_to_stop = False
+
+        def handle_term(self) -> None:
+            self.asked_to_stop = True
+            super().handle_term()
+
+        def handle_int(self) -> None:
+            self.asked_to_stop = True
+            super().handle_int()
+
+    sock = config.bind_socket()
+    try:
+        supervisor = Supervisor(config, sockets=[sock])
+        supervisor.run()
+    finally:
+        sock.close()
+    if supervisor.asked_to_stop:
+        return 0
+    print("hearth serve: a worker failed to start (its error is above); the others were stopped", file=sys.stderr)
+    return 1
+
+
 def serve(config: Path | None = None, database_url: str | None = None, host: str = "127.0.0.1",
           port: int = 8000, workers: int = 1) -> int:
-    """`hearth serve`: validate settings, the database and the chain's state store, then run uvicorn until
-    interrupted. Returns the exit code (2 for a configuration or start-up error, which is printed naming the
-    field and the fix).
+    """`hearth serve`: validate settings, check that the port can be bound, run the start-up check once
+    (hearth.app.startup.prepare: migrations, key rotation, the master-key check) and probe the chain's state
+    store, then run uvicorn until stopped. Returns the exit code: 2 for a configuration or start-up error (printed
+    naming the field and the fix), 1 when the port cannot be bound or a worker failed to start, 0 after a stop
+    by SIGTERM (or, with workers, SIGINT; a single process stopped by Ctrl-C exits 130).
 
     ``workers`` > 1 runs that many worker processes on the same port (uvicorn's process manager). They
     share everything through the database (login/signup throttling included); the gateway chain's breaker
     and warm state are shared when the TOML sets ``[gateway] state_url``."""
     import uvicorn
 
+    from hearth.gateway.server import port_in_use
     from hearth.gateway.state import StateStoreError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if workers < 1:
         print(f"hearth serve: configuration error: workers: must be >= 1, got {workers}", file=sys.stderr)
         return 2
+    shown_host = f"[{host}]" if ":" in host else host
     try:
         settings = load_settings(config, database_url=database_url, host=host, port=port)
-        app = create_app(settings)  # builds the chain: provider errors show now, not in a worker
-        asyncio.run(_preflight(settings))
+        # builds the chain: provider errors show now, not in a worker. prepared: the check below is the only one
+        app = create_app(settings, prepared=True)
+        # before the check: a start that cannot listen migrates nothing and writes no development key
+        taken = port_in_use(host, port)
+        if taken is None:
+            asyncio.run(_preflight(settings))
     except (SettingsError, ValueError) as exc:  # the gateway's ConfigError is a ValueError too
         print(f"hearth serve: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -227,7 +306,9 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
     except StateStoreError as exc:  # before: a traceback from the lifespan after "serving on ..."
         print(f"hearth serve: configuration error: gateway.state_url: {exc}", file=sys.stderr)
         return 2
-    shown_host = f"[{host}]" if ":" in host else host
+    if taken is not None:  # before: "serving on ...", then uvicorn's bind error and exit 3
+        print(f"hearth serve: cannot listen on {shown_host}:{port}: {taken.strerror or taken}", file=sys.stderr)
+        return 1
     model = "model: configured" if has_providers(settings.config_path) else "no model configured yet"
     database = make_url(settings.database_url).render_as_string(hide_password=True)
     print(f"hearth: serving on http://{shown_host}:{port}/  ({settings.environment} mode, {model}, "
@@ -236,11 +317,7 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
     common = dict(host=host, port=port, log_level="info", lifespan="on", proxy_headers=False, server_header=False,
                   timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     if workers > 1:
-        os.environ[SERVE_ARGS_ENV] = json.dumps({"config": str(config) if config else None,
-                                                 "database_url": database_url, "host": host, "port": port,
-                                                 "supervisor": os.getpid()})
-        uvicorn.run("hearth.app.main:worker_app", factory=True, workers=workers, **common)
-        return 0
-    server = uvicorn.Server(uvicorn.Config(app, **common))
-    server.run()
-    return 0 if server.started else 1
+        os.environ[SERVE_ARGS_ENV] = json.dumps(worker_args(settings, config=config, database_url=database_url,
+                                                            host=host, port=port))
+        return _run_workers(uvicorn.Config("hearth.app.main:worker_app", factory=True, workers=workers, **common))
+    return _run_one(uvicorn.Server(uvicorn.Config(app, **common)))

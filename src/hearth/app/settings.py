@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError,
 from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
-from hearth.app.throttle import Policy, parse_networks
+from hearth.app.throttle import Budget, Policy, parse_networks
 
 log = logging.getLogger("hearth.app")
 
@@ -83,6 +83,11 @@ class AppSettings(BaseModel):
     signup_backoff_base_s: float = Field(30.0, gt=0)
     signup_backoff_max_s: float = Field(3600.0, gt=0)
     signup_window_s: float = Field(3600.0, gt=0)
+    # failed logins from one client address across all accounts (password spraying): a burst of this many, refilled
+    # at this many per window (one every 36 s by default); 0 turns it off. Logins with the account's device cookie
+    # are not counted.
+    login_address_failures: int = Field(100, ge=0)
+    login_address_window_s: float = Field(3600.0, gt=0)
     # reverse proxies whose X-Forwarded-For is believed (IPs or CIDR networks); default: none
     forwarded_allow_ips: list[str] = Field(default_factory=list)
     master_key_source: str = "HEARTH_MASTER_KEY"  # where the key came from, for start-up messages
@@ -121,6 +126,12 @@ class AppSettings(BaseModel):
     def policy(self, kind: str) -> Policy:
         return Policy(free=getattr(self, f"{kind}_free_attempts"), base_s=getattr(self, f"{kind}_backoff_base_s"),
                       max_s=getattr(self, f"{kind}_backoff_max_s"), window_s=getattr(self, f"{kind}_window_s"))
+
+    def address_budget(self) -> Budget | None:
+        """The budget of failed logins per client address, or None when it is off."""
+        if self.login_address_failures == 0:
+            return None
+        return Budget(failures=self.login_address_failures, window_s=self.login_address_window_s)
 
     @model_validator(mode="after")
     def _body_holds_the_longest_text(self) -> "AppSettings":

@@ -4,6 +4,8 @@ What is limited (the "bucket"):
 
     login   (account, client): the client is the request's device cookie when it carries a valid one
             for that account (a browser that logged in as that account before), else the client address
+    login   (client address), failed logins across all accounts: a budget (``Budget``), not a backoff;
+            skipped when the request carries a valid device cookie for the account it logs in to
     signup  (client address)
 
 The client address is the TCP peer, or, when the peer is in ``forwarded_allow_ips`` (a trusted reverse
@@ -17,11 +19,25 @@ one (k = attempts past ``free``), capped at ``max_s``. Attempts older than ``win
 Someone guessing one account's password from one address therefore slows only that pair: the account's
 owner on another address, or on a browser holding its device cookie, logs in as usual.
 
+The per-address budget (``spend`` / ``refund``) stops password spraying: one address trying a common password
+against thousands of accounts gets each account's free attempts, but every try costs an argon2 hash. An
+address may fail ``failures`` logins in a burst; the budget refills at ``failures`` per ``window_s`` (GCRA: the
+row's ``blocked_until`` is when the next failure may come; each one moves it on by ``window_s / failures``, from
+no earlier than ``now - window_s + window_s / failures``). A login spends one unit BEFORE its password is checked
+(the same atomic update, so a parallel burst cannot overdraw it and a refused try costs no hash) and a login that
+turns out to be right, or that the (account, client) backoff refuses unchecked, gives it back (``refund``: the
+exact inverse, whatever ran in between), so only failed logins use it up.
+
 An attempt is counted BEFORE the password is checked, in one atomic ``UPDATE ... RETURNING``, so a burst
 of parallel guesses cannot all pass the check; a successful login deletes its bucket. Bucket names are
 stored as HMAC-SHA256 under ``throttle_secret`` (derived from the master key, never stored): the table holds
 no usernames or addresses, and a copy of it cannot be read back into them by hashing the users table's names
 against the 2**32 IPv4 addresses, as an unkeyed hash could. (A master-key rotation starts every bucket afresh.)
+The app holds that key in one place, a :class:`Throttle`, whose methods are these functions with it bound.
+
+Device cookies are signed (``device_secret``) over the account's user id and its ``device_epoch``: a password
+change moves the epoch on, so every device cookie issued before it stops counting as that account's browser (a
+stolen one included), and an account deleted and signed up again under the same name is a new id.
 """
 
 from __future__ import annotations
@@ -32,7 +48,7 @@ import ipaddress
 import math
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from sqlalchemy import Double, bindparam, case, delete, select, update
@@ -78,6 +94,24 @@ class Policy:
         """``delay_after`` as a SQL expression of the column expression ``attempts``."""
         whens = [(attempts < self.free, 0.0)] + [(attempts == n, d) for n, d in self._tiers()]
         return case(*whens, else_=self.max_s)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``failures`` failed logins in a burst, refilled at ``failures`` per ``window_s``."""
+    failures: int
+    window_s: float
+
+    def __post_init__(self) -> None:
+        if self.failures < 1:
+            raise ValueError(f"failures: must be >= 1, got {self.failures}")
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise ValueError(f"window_s: must be a positive finite number of seconds, got {self.window_s}")
+
+    @property
+    def interval_s(self) -> float:
+        """What one failure costs: the budget gains one back every ``interval_s`` seconds."""
+        return self.window_s / self.failures
 
 
 def _derived_key(master_key: bytes, label: bytes) -> bytes:
@@ -133,14 +167,52 @@ async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float |
     return max(blocked - now, 0.001)
 
 
+async def spend(db: AsyncSession, bucket: str, budget: Budget, *, now: float | None = None,
+                secret: bytes = b"") -> float:
+    """Take one unit of ``bucket``'s budget. Returns 0.0 when it may go ahead (it is then taken), else the seconds
+    until one is there (and nothing is taken)."""
+    now = time.time() if now is None else now
+    key = bucket_hash(bucket, secret)
+    insert = _insert_missing(db.get_bind().dialect.name)
+    t = AuthThrottle
+    now_p = bindparam("now", now, type_=Double())
+    # the bucket's clock never runs back: a spend that read the clock a moment before a parallel one that got in
+    # first counts as at that one's time (else, with the budget half spent, it would refuse itself for a moment)
+    at = case((t.last_at > now_p, t.last_at), else_=now_p)
+    full = at - (budget.window_s - budget.interval_s)  # the earliest blocked_until that matters: a full budget
+    async with db.begin():
+        await db.execute(insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
+                         .on_conflict_do_nothing(index_elements=[t.key]))
+        row = (await db.execute(
+            update(t).where(t.key == key, t.blocked_until <= at)
+            .values(attempts=case((t.last_at < now_p - budget.window_s, 1), else_=t.attempts + 1), last_at=at,
+                    blocked_until=case((t.blocked_until > full, t.blocked_until), else_=full) + budget.interval_s)
+            .returning(t.attempts))).first()
+        if row is not None:
+            return 0.0
+        blocked = (await db.execute(select(t.blocked_until).where(t.key == key))).scalar_one()
+    return max(blocked - now, 0.001)
+
+
+async def refund(db: AsyncSession, bucket: str, budget: Budget, *, secret: bytes = b"") -> None:
+    """Give back the unit a ``spend`` took (the login was right, or was refused before its password was checked).
+    Exact whatever was spent or refunded in between: both only move ``blocked_until`` by ``interval_s``."""
+    t = AuthThrottle
+    async with db.begin():
+        await db.execute(update(t).where(t.key == bucket_hash(bucket, secret))
+                         .values(attempts=case((t.attempts > 0, t.attempts - 1), else_=0),
+                                 blocked_until=t.blocked_until - budget.interval_s))
+
+
 async def forget(db: AsyncSession, bucket: str, *, secret: bytes = b"") -> None:
     """A successful login: the bucket starts from zero."""
     async with db.begin():
         await db.execute(delete(AuthThrottle).where(AuthThrottle.key == bucket_hash(bucket, secret)))
 
 
-async def sweep(db: AsyncSession, *policies: Policy, now: float | None = None) -> int:
-    """Delete buckets idle for longer than the longest window (they would start from zero anyway)."""
+async def sweep(db: AsyncSession, *policies: Policy | Budget, now: float | None = None) -> int:
+    """Delete buckets idle for longer than the longest window (they would start from zero anyway; a budget idle
+    for its window is full)."""
     now = time.time() if now is None else now
     window = max(p.window_s for p in policies)
     async with db.begin():
@@ -203,8 +275,8 @@ def client_address(peer: str, forwarded_for: str | None, trusted: list[Network])
 
 
 # ------------------------------------------------------------------------------ device cookie
-def _device_mac(secret: bytes, username: str, nonce: str) -> str:
-    return hmac.new(secret, f"hearth/device/v1|{username}|{nonce}".encode(), hashlib.sha256).hexdigest()[:32]
+def _device_mac(secret: bytes, user_id: str, epoch: int, nonce: str) -> str:
+    return hmac.new(secret, f"hearth/device/v2|{user_id}|{epoch}|{nonce}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def device_secret(master_key: bytes) -> bytes:
@@ -212,16 +284,49 @@ def device_secret(master_key: bytes) -> bytes:
     return _derived_key(master_key, b"hearth/device-cookie-key/v1")
 
 
-def new_device_cookie(secret: bytes, username: str) -> str:
+def new_device_cookie(secret: bytes, user_id: str, epoch: int) -> str:
+    """A device cookie for a browser that logged in as the account ``user_id`` while its device epoch was ``epoch``."""
     nonce = secrets.token_urlsafe(16)
-    return f"{nonce}.{_device_mac(secret, username, nonce)}"
+    return f"{nonce}.{_device_mac(secret, user_id, epoch, nonce)}"
 
 
-def known_device(secret: bytes, username: str, cookie: str | None) -> str | None:
-    """The device id when ``cookie`` was issued to a browser that logged in as ``username``, else None."""
+def known_device(secret: bytes, user_id: str, epoch: int, cookie: str | None) -> str | None:
+    """The device id when ``cookie`` was issued to a browser that logged in as the account ``user_id`` since its
+    device epoch became ``epoch`` (its last password change), else None."""
     if not cookie or len(cookie) > 100 or "." not in cookie:
         return None
     nonce, mac = cookie.rsplit(".", 1)
-    if hmac.compare_digest(mac.encode(), _device_mac(secret, username, nonce).encode()):
+    if hmac.compare_digest(mac.encode(), _device_mac(secret, user_id, epoch, nonce).encode()):
         return nonce
     return None
+
+
+# ------------------------------------------------------------------------------ the app's keys, in one place
+@dataclass(frozen=True)
+class Throttle:
+    """The functions above with the app's two keys bound (both derived from the master key): the routes call
+    these, so no call site passes a key, and none can forget one."""
+    secret: bytes = field(repr=False)  # keys the bucket names (throttle_secret)
+    device_key: bytes = field(repr=False)  # signs device cookies (device_secret)
+
+    @classmethod
+    def for_master_key(cls, master_key: bytes) -> "Throttle":
+        return cls(secret=throttle_secret(master_key), device_key=device_secret(master_key))
+
+    async def attempt(self, db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None) -> float:
+        return await attempt(db, bucket, policy, now=now, secret=self.secret)
+
+    async def forget(self, db: AsyncSession, bucket: str) -> None:
+        await forget(db, bucket, secret=self.secret)
+
+    async def spend(self, db: AsyncSession, bucket: str, budget: Budget, *, now: float | None = None) -> float:
+        return await spend(db, bucket, budget, now=now, secret=self.secret)
+
+    async def refund(self, db: AsyncSession, bucket: str, budget: Budget) -> None:
+        await refund(db, bucket, budget, secret=self.secret)
+
+    def new_device_cookie(self, user_id: str, epoch: int) -> str:
+        return new_device_cookie(self.device_key, user_id, epoch)
+
+    def known_device(self, user_id: str, epoch: int, cookie: str | None) -> str | None:
+        return known_device(self.device_key, user_id, epoch, cookie)

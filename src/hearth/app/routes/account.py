@@ -13,8 +13,9 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
 from hearth.app import account as svc
-from hearth.app import accounts, throttle
+from hearth.app import accounts
 from hearth.app.deps import DB, SESSION_COOKIE, CsrfViewer, State, Viewer
+from hearth.app.routes.accounts import set_device_cookie
 
 router = APIRouter(prefix="/account")
 Secret = Annotated[str, Form(max_length=1000)]
@@ -31,8 +32,7 @@ def _password_bucket(viewer) -> str:
 
 async def _too_many(request: Request, state: State, db, viewer) -> Response | None:
     """Count one current-password check; the page with a 429 when it must wait (then nothing is checked)."""
-    wait = await throttle.attempt(db, _password_bucket(viewer), state.settings.policy("login"),
-                                  secret=state.throttle_secret)
+    wait = await state.throttle.attempt(db, _password_bucket(viewer), state.settings.policy("login"))
     if wait <= 0:
         return None
     seconds = int(wait) + 1
@@ -59,10 +59,13 @@ async def change_password(request: Request, state: State, db: DB, viewer: CsrfVi
                                         ttl_s=state.settings.session_ttl_s)
     except accounts.AccountError as exc:
         return _page(request, state, viewer, error=str(exc), status=400)
-    await throttle.forget(db, _password_bucket(viewer), secret=state.throttle_secret)
+    await state.throttle.forget(db, _password_bucket(viewer))
     response = RedirectResponse("/account?changed=1", status_code=303)
     response.set_cookie(SESSION_COOKIE, new.token, max_age=state.settings.session_ttl_s, httponly=True,
                         samesite="lax", secure=state.settings.cookie_secure, path="/")
+    # the device epoch moved on: every device cookie of the account (a stolen one too) stopped counting, except
+    # this browser's new one
+    set_device_cookie(state, response, new.user_id, new.device_epoch)
     return response
 
 
@@ -82,7 +85,7 @@ async def delete_account(request: Request, state: State, db: DB, viewer: CsrfVie
     except accounts.AccountError as exc:
         return _page(request, state, viewer, error=str(exc), status=400)
     # nothing of the account is left behind
-    await throttle.forget(db, _password_bucket(viewer), secret=state.throttle_secret)
+    await state.throttle.forget(db, _password_bucket(viewer))
     response = RedirectResponse("/signup", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

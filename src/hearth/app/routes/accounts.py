@@ -1,6 +1,8 @@
 """Signup, login, logout. Cookies: HttpOnly, SameSite=Lax, Secure unless development on loopback.
 
-Login and signup are throttled in the database (hearth.app.throttle), so every worker shares the limits."""
+Login and signup are throttled in the database (hearth.app.throttle), so every worker shares the limits: a login
+counts against its (account, client) pair and, unless it carries the account's device cookie, against its client
+address's budget of failed logins; both before the password is checked."""
 
 from __future__ import annotations
 
@@ -62,8 +64,7 @@ async def signup(request: Request, state: State, db: DB, username: Annotated[str
                  password: Annotated[str, Form(max_length=1000)], csrf: Annotated[str, Form(max_length=200)] = "") -> Response:
     _check_anon_csrf(request, csrf)
     # every signup attempt from an address counts (each costs an argon2 hash); success does not reset it
-    wait = await throttle.attempt(db, "signup|ip:" + _client(request, state), state.settings.policy("signup"),
-                                  secret=state.throttle_secret)
+    wait = await state.throttle.attempt(db, "signup|ip:" + _client(request, state), state.settings.policy("signup"))
     if wait > 0:
         return _too_many(request, state, "signup.html", wait, username)
     try:
@@ -72,7 +73,7 @@ async def signup(request: Request, state: State, db: DB, username: Annotated[str
                                     ttl_s=state.settings.session_ttl_s)
     except accounts.AccountError as exc:
         return _form_page(request, state, "signup.html", error=str(exc), status=400, username=username)
-    return _with_device(request, state, _logged_in(state, new), accounts.normalise_username(username))
+    return _with_device(request, state, _logged_in(state, new), new)
 
 
 @router.get("/login")
@@ -80,14 +81,29 @@ async def login_page(request: Request, state: State) -> Response:
     return _form_page(request, state, "login.html")
 
 
-def _with_device(request: Request, state: State, response: Response, name: str) -> Response:
-    """Give the browser a device cookie for this account (kept if it already has one): its later logins
-    as this account are throttled apart from everyone else's guesses."""
-    if throttle.known_device(state.device_secret, name, request.cookies.get(throttle.DEVICE_COOKIE)) is None:
-        response.set_cookie(throttle.DEVICE_COOKIE, throttle.new_device_cookie(state.device_secret, name),
-                            max_age=365 * 24 * 3600, httponly=True, samesite="lax",
-                            secure=state.settings.cookie_secure, path="/login")
+def set_device_cookie(state: State, response: Response, user_id: str, epoch: int) -> None:
+    """Give the browser a new device cookie for the account ``user_id`` at its device epoch ``epoch``."""
+    response.set_cookie(throttle.DEVICE_COOKIE, state.throttle.new_device_cookie(user_id, epoch),
+                        max_age=365 * 24 * 3600, httponly=True, samesite="lax", secure=state.settings.cookie_secure,
+                        path="/login")
+
+
+def _with_device(request: Request, state: State, response: Response, new: accounts.NewSession) -> Response:
+    """Give the browser a device cookie for this account (kept if it already has a valid one): its later logins
+    as this account are throttled apart from everyone else's guesses, and are not charged to its address."""
+    if state.throttle.known_device(new.user_id, new.device_epoch, request.cookies.get(throttle.DEVICE_COOKIE)) is None:
+        set_device_cookie(state, response, new.user_id, new.device_epoch)
     return response
+
+
+async def _device(request: Request, db: DB, state: State, name: str) -> str | None:
+    """The device id when the request carries a device cookie that the account ``name`` gave it since its last
+    password change, else None."""
+    cookie = request.cookies.get(throttle.DEVICE_COOKIE)
+    if not cookie:
+        return None
+    owner = await accounts.device_owner(db, name)
+    return state.throttle.known_device(*owner, cookie) if owner else None
 
 
 @router.post("/login")
@@ -95,20 +111,33 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
                 password: Annotated[str, Form(max_length=1000)], csrf: Annotated[str, Form(max_length=200)] = "") -> Response:
     _check_anon_csrf(request, csrf)
     name = username.strip().lower()
-    device = throttle.known_device(state.device_secret, name, request.cookies.get(throttle.DEVICE_COOKIE))
-    bucket = f"login|{name}|" + (f"device:{device}" if device else "ip:" + _client(request, state))
-    # counted before the slow password check, so a burst of parallel guesses cannot all pass
-    wait = await throttle.attempt(db, bucket, state.settings.policy("login"), secret=state.throttle_secret)
+    device = await _device(request, db, state, name)
+    client = _client(request, state)
+    # Both limits count BEFORE the slow password check, so a burst of parallel guesses cannot all pass and a
+    # refused login costs no argon2 hash. First the address's budget of failed logins across all accounts
+    # (password spraying), which a browser holding this account's device cookie does not touch; it is given back
+    # below unless the password turns out wrong.
+    budget = None if device else state.settings.address_budget()
+    address = "login-failures|ip:" + client
+    if budget is not None and (wait := await state.throttle.spend(db, address, budget)) > 0:
+        return _too_many(request, state, "login.html", wait, username)
+    bucket = f"login|{name}|" + (f"device:{device}" if device else "ip:" + client)
+    wait = await state.throttle.attempt(db, bucket, state.settings.policy("login"))
     if wait > 0:
+        if budget is not None:  # no password was checked: not a failed login
+            await state.throttle.refund(db, address, budget)
         return _too_many(request, state, "login.html", wait, username)
     new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s)
     if new is None:
         if secrets.randbelow(50) == 0:  # now and then: drop buckets idle past the window
-            await throttle.sweep(db, state.settings.policy("login"), state.settings.policy("signup"))
+            kinds = [state.settings.policy("login"), state.settings.policy("signup"), state.settings.address_budget()]
+            await throttle.sweep(db, *(kind for kind in kinds if kind is not None))
         return _form_page(request, state, "login.html", error="Wrong username or password.", status=401,
                           username=username)
-    await throttle.forget(db, bucket, secret=state.throttle_secret)
-    return _with_device(request, state, _logged_in(state, new), name)
+    if budget is not None:
+        await state.throttle.refund(db, address, budget)
+    await state.throttle.forget(db, bucket)
+    return _with_device(request, state, _logged_in(state, new), new)
 
 
 @router.post("/logout")

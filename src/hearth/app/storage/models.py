@@ -56,6 +56,8 @@ class User(Base):
     master_key_id: Mapped[str] = mapped_column(String(16))
     shared_context_ct: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = _created()
+    # device cookies are signed over it (hearth.app.throttle); a password change bumps it, so they stop counting
+    device_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Session(Base):

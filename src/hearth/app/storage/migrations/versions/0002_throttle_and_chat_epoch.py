@@ -28,7 +28,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('companions', schema=None) as batch_op:
+    # recreate="never": SQLite (3.35+) drops the column in place. Batch mode's copy-and-drop of `companions`
+    # would, with foreign_keys=ON, cascade the drop of the old table to every message, memory, ... of it
+    with op.batch_alter_table('companions', schema=None, recreate='never') as batch_op:
         batch_op.drop_column('chat_epoch')
     with op.batch_alter_table('auth_throttle', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_auth_throttle_last_at'))
