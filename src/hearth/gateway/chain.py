@@ -7,9 +7,11 @@
 Order of one request: scale-to-zero providers that the warm gate calls warm go first, cold ones are
 skipped (the gate starts their warm-up), then the rest in config order. A provider whose breaker is
 open is skipped without a request; when its cooldown has ended, ONE request at a time (across
-workers, with a shared store) gets to try it, the others skip it while that trial runs. Each attempt
-gets min(its total_s, what is left of the deadline), so a hang costs at most its own timeout and
-never the whole request past deadline_s.
+workers, with a shared store) gets to try it, the others skip it while that trial runs. The breakers
+are read when the request starts and again before each attempt that follows one which went upstream
+(it may have taken its whole timeout: a breaker that opened meanwhile is honoured by requests already
+in flight). Each attempt gets min(its total_s, what is left of the deadline), so a hang costs at most
+its own timeout and never the whole request past deadline_s.
 
 `model` picks the providers: None or "hearth" (MODEL_ALIAS) means all of them; any other value the
 providers whose name or model id it is (a provider group, in chain order); no match: UnknownModel.
@@ -34,6 +36,11 @@ attempt's usage is never the result's).
 
 Cancellation (the client hung up): the upstream request is closed at once, nothing is counted
 against the provider, and a half-open trial it held is given back.
+
+Metrics: every complete() / stream() that gets past its argument checks records exactly ONE request
+outcome with its duration (GatewayMetrics.request_done; outcomes in hearth.gateway.metrics.OUTCOMES):
+ok, failed (AllProvidersFailed), interrupted (StreamInterrupted), client_cancelled (cancelled, or a
+stream closed by its consumer before its end) or error (anything else, e.g. StateStoreError).
 """
 
 from __future__ import annotations
@@ -124,6 +131,8 @@ class _Walk:
     errors: list[ProviderError]
     attempts: list
     client_deadline: bool = False  # the request shortened the gateway's deadline (hearth_deadline_s)
+    recorded: bool = False         # its one request outcome is in the metrics (Chain._finish)
+    sent: bool = False             # an attempt of it went to a provider (later ones re-read their breaker)
 
     def turns(self) -> Iterator[tuple[int, _Attempt, float]]:
         """(index, attempt, seconds left) while time is left; when it runs out, each attempt not made becomes a
@@ -252,14 +261,18 @@ class Chain:
         rest = [a for a in open_ok if a.provider.name not in self.gates]
         return first + rest, skipped
 
-    async def _walk(self, messages: list[dict], kind: str, deadline_s: float | None, model: str | None) -> _Walk:
-        """Check the arguments, pick the providers for `model`, start the clock and plan the attempts."""
+    def _walk(self, messages: list[dict], kind: str, deadline_s: float | None, model: str | None
+              ) -> tuple[_Walk, list[Provider]]:
+        """Check the arguments (ValueError, TypeError, UnknownModel: refused, not a request), pick the providers
+        for `model` and start the request's clock; _plan_walk() plans the attempts."""
         deadline_s = self._check(messages, kind, deadline_s)
         providers = self.providers_for(model)
-        start = time.monotonic()
-        plan, errors = await self._plan(providers, start + deadline_s)
-        return _Walk(kind, deadline_s, start, plan, errors, [(e.provider, label(e)) for e in errors],
-                     client_deadline=deadline_s < self.settings.deadline_s)
+        return _Walk(kind, deadline_s, time.monotonic(), [], [], [],
+                     client_deadline=deadline_s < self.settings.deadline_s), providers
+
+    async def _plan_walk(self, w: _Walk, providers: list[Provider]) -> None:
+        w.plan, w.errors = await self._plan(providers, w.start + w.deadline_s)
+        w.attempts = [(e.provider, label(e)) for e in w.errors]
 
     def _check(self, messages: list[dict], kind: str, deadline_s: float | None) -> float:
         if kind not in REPLY_KINDS:
@@ -273,15 +286,28 @@ class Chain:
         return float(deadline_s)
 
     # ------------------------------------------------------------------ outcomes
-    async def _begin(self, a: _Attempt, errors: list[ProviderError], attempts: list) -> bool:
-        """Claim the half-open trial when the provider needs one; False (and a Cooldown) when another has it."""
-        ok, a.trial = await self.breakers[a.provider.name].claim_trial(a.snap)
+    async def _begin(self, a: _Attempt, w: _Walk) -> bool:
+        """Claim the half-open trial when the provider needs one; False (and a Cooldown) when another has it, or
+        when its breaker opened since the plan read it."""
+        breaker = self.breakers[a.provider.name]
+        if w.sent:
+            # An earlier attempt of this request ran (up to its timeout): the plan's view of this breaker is that
+            # old. Read it again, or a breaker that opened meanwhile sheds none of the requests in flight, and a
+            # half-open one gets a second "single" trial (a stale CLOSED snapshot claims no trial).
+            a.snap = (await self.store.breakers([a.provider.name]))[0]
+            cooling = breaker.skip(a.snap)
+            if cooling is not None:
+                w.errors.append(cooling)
+                w.attempts.append((a.provider.name, label(cooling)))
+                return False
+        ok, a.trial = await breaker.claim_trial(a.snap)
         if not ok:
-            skipped = self.breakers[a.provider.name].skip(BreakerSnapshot(tripped=True, trial=True))
+            skipped = breaker.skip(BreakerSnapshot(tripped=True, trial=True))
             self.metrics.child(self.metrics.errors, a.provider.name, label(skipped)).inc()
-            errors.append(skipped)
-            attempts.append((a.provider.name, label(skipped)))
+            w.errors.append(skipped)
+            w.attempts.append((a.provider.name, label(skipped)))
             return False
+        w.sent = True
         a.t0 = time.monotonic()
         return True
 
@@ -320,11 +346,9 @@ class Chain:
         if fell_back:
             self.metrics.child(self.metrics.fallbacks, error.provider).inc()
 
-    async def _succeeded(self, a: _Attempt, kind: str, request_s: float) -> None:
+    async def _succeeded(self, a: _Attempt) -> None:
         a.settled = True
         name = a.provider.name
-        self.metrics.child(self.metrics.requests, kind, "ok").inc()
-        self.metrics.child(self.metrics.request_seconds, kind).observe(request_s)
         self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(time.monotonic() - a.t0)
         if a.snap is not CLOSED or a.trial is not None:
             await self.breakers[name].success()
@@ -332,15 +356,35 @@ class Chain:
 
     async def _result(self, w: _Walk, a: _Attempt, envelope, text: str, finish_reason, usage) -> ChainResult:
         """Record `a`'s success and return the request's result (with `a`'s usage only)."""
+        await self._succeeded(a)
         now = time.monotonic()
-        await self._succeeded(a, w.kind, now - w.start)
+        self._finish(w, "ok", now)
         w.attempts.append((a.provider.name, "ok"))
         return ChainResult(envelope, text, a.provider.name, now - w.start, w.attempts, finish_reason,
                            a.provider.config.model, usage)
 
-    def _all_failed(self, errors: list[ProviderError], kind: str, start: float, outcome: str = "failed") -> AllProvidersFailed:
-        self.metrics.child(self.metrics.requests, kind, outcome).inc()
-        self.metrics.child(self.metrics.request_seconds, kind).observe(time.monotonic() - start)
+    def _finish(self, w: _Walk, outcome: str, now: float | None = None) -> None:
+        """The request's one outcome (hearth.gateway.metrics.OUTCOMES) and its duration; later calls do nothing."""
+        if not w.recorded:
+            w.recorded = True
+            self.metrics.request_done(w.kind, outcome, (time.monotonic() if now is None else now) - w.start)
+
+    def _ended(self, w: _Walk, exc: BaseException) -> None:
+        """Record how a request that raised `exc` ended (unless its outcome is recorded already)."""
+        if isinstance(exc, AllProvidersFailed):
+            outcome = "failed"
+        elif isinstance(exc, StreamInterrupted):
+            outcome = "interrupted"
+        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            # cancelled (the client hung up: aiohttp cancels its handler), or a stream closed before its end
+            # (its consumer stopped reading: the client went away)
+            outcome = "client_cancelled"
+        else:
+            outcome = "error"  # the gateway's own failure: the state store, a bug
+        self._finish(w, outcome)
+
+    @staticmethod
+    def _all_failed(errors: list[ProviderError]) -> AllProvidersFailed:
         return AllProvidersFailed(f"all {len(errors)} providers failed", errors)
 
     # ------------------------------------------------------------------ JSON
@@ -348,20 +392,25 @@ class Chain:
                        max_tokens: int | None = None, request_id: str | None = None,
                        model: str | None = None) -> ChainResult:
         """One envelope of `kind`. Raises AllProvidersFailed, UnknownModel, or ValueError/TypeError for bad arguments."""
-        w = await self._walk(messages, kind, deadline_s, model)
-        for i, a, left in w.turns():
-            if not await self._begin(a, w.errors, w.attempts):
-                continue
-            try:
-                done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
-                                                 request_id=request_id)
-            except ProviderError as exc:
-                await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
-                continue
-            finally:
-                await self._abandon(a)
-            return await self._result(w, a, done.envelope, done.text, done.finish_reason, done.usage)
-        raise self._all_failed(w.errors, kind, w.start)
+        w, providers = self._walk(messages, kind, deadline_s, model)
+        try:
+            await self._plan_walk(w, providers)
+            for i, a, left in w.turns():
+                if not await self._begin(a, w):
+                    continue
+                try:
+                    done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                     request_id=request_id)
+                except ProviderError as exc:
+                    await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
+                    continue
+                finally:
+                    await self._abandon(a)
+                return await self._result(w, a, done.envelope, done.text, done.finish_reason, done.usage)
+            raise self._all_failed(w.errors)
+        except BaseException as exc:  # every way out records the request's one outcome (ok did in _result)
+            self._ended(w, exc)
+            raise
 
     # ------------------------------------------------------------------ SSE
     async def stream(self, messages: list[dict], *, kind: str, deadline_s: float | None = None,
@@ -371,48 +420,52 @@ class Chain:
 
         Raises AllProvidersFailed (or UnknownModel) before the first delta, StreamInterrupted after it.
         """
-        w = await self._walk(messages, kind, deadline_s, model)
-        for i, a, left in w.turns():
-            if not await self._begin(a, w.errors, w.attempts):
-                continue
-            p = a.provider
-            upstream = None
-            cut = EnvelopeFilter()
-            raw: list[str] = []
-            try:
-                try:
-                    upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
-                                                          request_id=request_id)
-                    delta: str | None = first
-                    size = 0
-                    while delta is not None:
-                        raw.append(delta)
-                        size += len(delta)
-                        if size > env.MAX_REPLY_CHARS:  # refused at the end anyway: stop reading (and showing) it now
-                            upstream.envelope("".join(raw), kind)  # raises InvalidEnvelope: over the limit
-                        shown = cut.feed(delta)
-                        if shown:
-                            yield StreamDelta(shown, p.name, p.config.model)
-                        delta = await upstream.next_delta()
-                    text = "".join(raw)
-                    envelope = upstream.envelope(text, kind)
-                    if cut.text != env.repair(text):
-                        raise InvalidResponse(p.name, "the streamed JSON object is not the reply's envelope "
-                                                      "(more than one object-like span in the reply)")
-                except ProviderError as exc:
-                    if cut.emitted:  # the client shows this provider's text: no fallback
-                        await self._failed(a, exc, request_id, w)
-                        self.metrics.child(self.metrics.requests, kind, "interrupted").inc()
-                        raise StreamInterrupted(p.name, exc) from exc
-                    await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
+        w, providers = self._walk(messages, kind, deadline_s, model)
+        try:
+            await self._plan_walk(w, providers)
+            for i, a, left in w.turns():
+                if not await self._begin(a, w):
                     continue
-            finally:
-                if upstream is not None:
-                    upstream.close()
-                await self._abandon(a)
-            yield StreamDone(await self._result(w, a, envelope, text, upstream.finish_reason, upstream.usage))
-            return
-        raise self._all_failed(w.errors, kind, w.start)
+                p = a.provider
+                upstream = None
+                cut = EnvelopeFilter()
+                raw: list[str] = []
+                try:
+                    try:
+                        upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                              request_id=request_id)
+                        delta: str | None = first
+                        size = 0
+                        while delta is not None:
+                            raw.append(delta)
+                            size += len(delta)
+                            if size > env.MAX_REPLY_CHARS:  # refused at the end anyway: stop reading (showing) it now
+                                upstream.envelope("".join(raw), kind)  # raises InvalidEnvelope: over the limit
+                            shown = cut.feed(delta)
+                            if shown:
+                                yield StreamDelta(shown, p.name, p.config.model)
+                            delta = await upstream.next_delta()
+                        text = "".join(raw)
+                        envelope = upstream.envelope(text, kind)
+                        if cut.text != env.repair(text):
+                            raise InvalidResponse(p.name, "the streamed JSON object is not the reply's envelope "
+                                                          "(more than one object-like span in the reply)")
+                    except ProviderError as exc:
+                        if cut.emitted:  # the client shows this provider's text: no fallback
+                            await self._failed(a, exc, request_id, w)
+                            raise StreamInterrupted(p.name, exc) from exc
+                        await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
+                        continue
+                finally:
+                    if upstream is not None:
+                        upstream.close()
+                    await self._abandon(a)
+                yield StreamDone(await self._result(w, a, envelope, text, upstream.finish_reason, upstream.usage))
+                return
+            raise self._all_failed(w.errors)
+        except BaseException as exc:  # every way out records the request's one outcome (ok did in _result), also
+            self._ended(w, exc)      # GeneratorExit: the consumer closed the stream before its end
+            raise
 
 
 # GatewayError is re-exported for callers that catch everything the chain raises on purpose.

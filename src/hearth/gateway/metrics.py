@@ -1,7 +1,7 @@
 """Prometheus metrics of one gateway (its own registry, so two chains in one process never collide).
 
-    hearth_gateway_requests_total{kind, outcome}                    outcome: ok | failed | interrupted
-    hearth_gateway_request_seconds{kind}                            histogram, whole request
+    hearth_gateway_requests_total{kind, outcome}                    one per chat request; outcome: a key of OUTCOMES
+    hearth_gateway_request_seconds{kind, outcome}                   histogram, whole request (one per request)
     hearth_gateway_attempt_seconds{provider, outcome}               histogram, one attempt (ok or failed)
     hearth_gateway_errors_total{provider, error}                    error: timeout_first_token, status_429, ...
     hearth_gateway_fallbacks_total{provider}                        fell through from `provider` to the next
@@ -14,6 +14,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# How a chat request ended: every request gets exactly ONE of these, with its duration (request_done). A request
+# that is not counted is invisible to the dashboards: failures and tail latency would be under-counted.
+OUTCOMES = {
+    "ok": "answered (JSON reply, or the stream's last chunk produced)",
+    "failed": "every provider failed before the first byte (the client got 4xx/429/502/503/504)",
+    "interrupted": "a stream failed after its first byte (upstream gone, stall or total timeout, bad envelope)",
+    "client_cancelled": "the client went away first (hung up, or stopped reading a stream); also a shutdown",
+    "error": "the gateway itself failed (state store unavailable, internal error)",
+    "rejected": "the gateway refused the request before any provider (400, 404, 408, 413, 415)",
+}
+UNKNOWN_KIND = "unknown"   # kind label of a request refused before its envelope kind was read
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Loopback answers take ~1 ms, hosted ones seconds, cold starts minutes: buckets span all three.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -24,8 +36,8 @@ class GatewayMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("hearth_gateway_requests", "Requests by reply kind and outcome", ["kind", "outcome"], registry=r)
-        self.request_seconds = Histogram("hearth_gateway_request_seconds", "Whole-request latency", ["kind"],
-                                         buckets=_BUCKETS, registry=r)
+        self.request_seconds = Histogram("hearth_gateway_request_seconds", "Whole-request latency by outcome",
+                                         ["kind", "outcome"], buckets=_BUCKETS, registry=r)
         self.attempt_seconds = Histogram("hearth_gateway_attempt_seconds", "Latency of one provider attempt",
                                          ["provider", "outcome"], buckets=_BUCKETS, registry=r)
         self.errors = Counter("hearth_gateway_errors", "Provider failures by kind", ["provider", "error"], registry=r)
@@ -48,6 +60,11 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def request_done(self, kind: str, outcome: str, seconds: float) -> None:
+        """Record how one chat request ended (one of OUTCOMES) and how long it took. Called once per request."""
+        self.child(self.requests, kind, outcome).inc()
+        self.child(self.request_seconds, kind, outcome).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

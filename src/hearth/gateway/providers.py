@@ -37,10 +37,16 @@ from hearth.gateway.config import ProviderConfig
 from hearth.gateway.errors import (
     ConnectionFailed, DeadlineExceeded, InvalidEnvelope, InvalidResponse, ProviderError, Timeout, UpstreamStatus,
 )
-from hearth.gateway.transport.client import ConnectFailed, ConnectTimeout, Transport, UpstreamResponse
+from hearth.gateway.transport.client import BodyTooLarge, ConnectFailed, ConnectTimeout, Transport, UpstreamResponse
 
 T = TypeVar("T")
 _MAX_ERROR_BODY = 2000
+# The most of a JSON reply body read: the envelope is at most MAX_REPLY_CHARS (64,000) characters, which JSON
+# escaping (\uXXXX, surrogate pairs) can make ~12 times as many bytes; the rest of a chat completion is small. A
+# larger body is no usable reply: it fails as an InvalidResponse when it gets there, not buffered whole until
+# total_s (a broken upstream sending without end filled memory at loopback/LAN speed).
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+_ERROR_BODY_BYTES = 64 * 1024  # of an error reply, only the first _MAX_ERROR_BODY characters are kept
 # One compact encoder for request bodies (json.dumps with separators builds a new one per call).
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
@@ -182,7 +188,9 @@ class Provider:
             raise ConnectionFailed(self.name, str(exc)) from exc
         if not 200 <= resp.status < 300:
             try:
-                raw = await clock.within(resp.read(), min(clock.left(), 1.0), "total")
+                raw = await clock.within(resp.read(_ERROR_BODY_BYTES), min(clock.left(), 1.0), "total")
+            except BodyTooLarge as exc:
+                raw = exc.head
             except (ProviderError, ConnectFailed):
                 raw = b""
             finally:
@@ -198,7 +206,9 @@ class Provider:
         clock = _Clock(self.config, budget_s)
         resp = await self._open(clock, self.body(messages, kind, max_tokens=max_tokens, stream=False), False, request_id)
         try:
-            raw = await clock.within(resp.read(), clock.left(), "total")
+            raw = await clock.within(resp.read(MAX_REPLY_BYTES), clock.left(), "total")
+        except BodyTooLarge:
+            raise InvalidResponse(self.name, f"the reply is larger than {MAX_REPLY_BYTES} bytes") from None
         except ConnectFailed as exc:
             raise ConnectionFailed(self.name, str(exc)) from exc
         finally:

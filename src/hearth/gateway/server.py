@@ -37,7 +37,13 @@ Every error body is OpenAI-shaped JSON, {"error": {"message", "type", "param", "
 chat request logs one JSON line with it.
 
 A client that hangs up cancels its request (aiohttp's handler_cancellation): the upstream connection
-is closed at once and nothing counts against the provider.
+is closed at once and nothing counts against the provider. A request body that has not arrived within
+[gateway].deadline_s is a 408 (aiohttp itself never times a body out).
+
+Metrics: every chat request ends in exactly one outcome of hearth_gateway_requests_total /
+hearth_gateway_request_seconds (hearth.gateway.metrics.OUTCOMES): the chain records it for a request
+it was given (ok, failed, interrupted, client_cancelled, error), the middleware for one that never got
+there (rejected: 400/404/408/413/415; client_cancelled; error).
 
 `hearth gateway --workers N` runs N processes on one port (SO_REUSEPORT); they share breaker,
 cooldown and warm state through [gateway].state_url (Redis), which N > 1 requires.
@@ -78,12 +84,15 @@ from hearth.gateway.errors import (
     AllProvidersFailed, Cold, Cooldown, DeadlineExceeded, ProviderError, StreamInterrupted, Timeout, UpstreamStatus,
     label,
 )
+from hearth.gateway.metrics import UNKNOWN_KIND
 from hearth.gateway.state import StateStoreError, make_store
 
 log = logging.getLogger("hearth.gateway.server")
 CHAIN: web.AppKey[Chain] = web.AppKey("chain", Chain)
 REQUEST_ID = web.RequestKey("request_id", str)
 PROVIDER = web.RequestKey("provider", str)
+KIND = web.RequestKey("kind", str)             # the chat request's envelope kind, once read
+CHAIN_OWNS = web.RequestKey("chain_owns", bool)  # the chain records this request's outcome (metrics)
 _MAX_BODY = 4 * 1024 * 1024
 # Generated request ids: 16 random hex digits per process + a 16-digit counter (32 hex, like a uuid4
 # hex). Unique across processes like uuid4, without an os.urandom syscall on every request. A forked
@@ -136,7 +145,8 @@ def setup_logging(level: int = logging.INFO) -> None:
 RUNNER_OPTIONS = {"access_log": None, "handler_cancellation": True}
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error"}
+          408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          429: "rate_limit_error"}
 
 
 def _error(status: int, message: str, request_id: str, *, param: str | None = None, code: str | None = None,
@@ -284,6 +294,12 @@ async def request_context(request: web.Request, handler):
             resp.headers["X-Request-ID"] = rid
         return resp
     finally:
+        if request.match_info.handler is chat and not request.get(CHAIN_OWNS):
+            # a chat request that never reached the chain (refused, the client gone while it sent the body, a
+            # bug): its one outcome is recorded here; the chain records every other (Chain._finish)
+            outcome = "client_cancelled" if status == 499 else ("rejected" if status < 500 else "error")
+            request.app[CHAIN].metrics.request_done(request.get(KIND, UNKNOWN_KIND), outcome,
+                                                    time.perf_counter() - start)
         # one line per chat request; probes and scrapes stay quiet (and no extra dict when INFO is off)
         if request.path.startswith("/v1/chat") and log.isEnabledFor(logging.INFO):
             log.info("request", extra={"request_id": rid, "method": request.method, "path": request.path,
@@ -320,7 +336,16 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if request.content_type != "application/json":
         return _error(415, f"Content-Type must be application/json, got {request.content_type!r}", rid,
                       code="unsupported_media_type")
-    raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge, made JSON by the middleware
+    try:
+        # over client_max_size: HTTPRequestEntityTooLarge, made JSON by the middleware. A body that stops arriving
+        # held the handler and its connection for good (aiohttp has no timeout on reading it): it gets deadline_s.
+        async with asyncio.timeout(chain.settings.deadline_s):
+            raw = await request.read()
+    except TimeoutError:
+        resp = _error(408, f"the request body did not arrive within {chain.settings.deadline_s:g} s", rid,
+                      code="request_timeout")
+        resp.force_close()  # the rest of the body may still come: not a connection to read the next request from
+        return resp
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -336,6 +361,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     kind = body.get("hearth_kind") or request.headers.get("X-Hearth-Kind") or chain.settings.default_kind
     if kind not in env.REPLY_KINDS:
         return _error(400, f"hearth_kind must be one of {list(env.REPLY_KINDS)}, got {kind!r}", rid, param="hearth_kind")
+    request[KIND] = kind
     max_tokens = None
     # max_completion_tokens is OpenAI's current name for the cap (the SDKs and LangChain send it instead of
     # max_tokens): either caps the reply, the stricter when both are given; it goes upstream as max_tokens
@@ -367,6 +393,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         chain.providers_for(model)
     except UnknownModel as exc:
         return _error(404, str(exc), rid, param="model", code="model_not_found")
+    request[CHAIN_OWNS] = True  # from here on the chain records the request's outcome
     if stream:
         return await _chat_stream(request, chain, messages, kind, max_tokens, deadline, model, include_usage)
     try:
@@ -483,6 +510,7 @@ def create_app(config: GatewayConfig, *, chain: Chain | None = None) -> web.Appl
         await app[CHAIN].start()
         yield
         await app[CHAIN].aclose()
+        log.info("gateway stopped: chain closed")
 
     app.cleanup_ctx.append(lifespan)
     app.router.add_post("/v1/chat/completions", chat)
@@ -509,9 +537,14 @@ async def _check_store(cfg: GatewayConfig) -> None:
         await store.aclose()
 
 
-def _port_in_use(host: str, port: int) -> OSError | None:
-    """The error a plain bind (no SO_REUSEPORT) to host:port gets now, or None when it is free."""
-    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+def port_in_use(host: str, port: int) -> OSError | None:
+    """The error a plain bind (no SO_REUSEPORT) to host:port gets now (in use, not an address of this machine, a
+    host name that does not resolve), or None when it is free. `hearth serve` checks its port with it too."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:  # socket.gaierror: before, a traceback
+        return exc
+    for family, kind, proto, _, addr in addresses:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does: TIME_WAIT is not "in use"
             try:
@@ -529,8 +562,8 @@ def _serve(cfg: GatewayConfig, host: str, port: int, reuse_port: bool) -> int:
         if exc.errno == errno.EADDRINUSE:
             return _fail(f"cannot listen on {host}:{port}: the port is in use", 1)
         raise
-    except StateStoreError as exc:
-        return _fail(f"state store: {exc}", 2)
+    except StateStoreError as exc:  # the chain's start, before the port is bound: the start-up check of one process
+        return _fail(f"configuration error: gateway.state_url: {exc}", 2)
     return 0
 
 
@@ -622,15 +655,15 @@ def main(config: Path, host: str = "127.0.0.1", port: int = 8400, workers: int =
                      "must be shared by the workers", 2)
     if workers > 1 and port == 0:
         return _fail("--workers > 1 needs a fixed --port (port 0 would give each worker its own)", 2)
-    try:
-        asyncio.run(_check_store(cfg))
-    except StateStoreError as exc:
-        return _fail(f"configuration error: gateway.state_url: {exc}", 2)
-    taken = _port_in_use(host, port)
+    taken = port_in_use(host, port)
     if taken is not None:
         return _fail(f"cannot listen on {host}:{port}: {taken.strerror or taken}", 1)
     log.info("gateway starting on %s:%d with providers %s (%d worker%s)", host, port, [p.name for p in cfg.providers],
              workers, "s" if workers > 1 else "")
-    if workers == 1:
+    if workers == 1:  # the chain's start checks the state store, before the port is bound (_serve)
         return _serve(cfg, host, port, reuse_port=False)
+    try:  # once here, rather than N workers failing one by one
+        asyncio.run(_check_store(cfg))
+    except StateStoreError as exc:
+        return _fail(f"configuration error: gateway.state_url: {exc}", 2)
     return _supervise(config, host, port, workers)

@@ -31,9 +31,10 @@ import time
 from hearth.gateway.config import ProviderConfig
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.state import MemoryStore, StateStore
-from hearth.gateway.transport.client import Transport, TransportError
+from hearth.gateway.transport.client import BodyTooLarge, Transport, TransportError
 
 log = logging.getLogger("hearth.gateway.warm")
+_HEALTH_BODY_BYTES = 64 * 1024
 
 
 class WarmupFailed(RuntimeError):
@@ -127,7 +128,9 @@ class WarmGate:
                 resp = await self.transport.open("GET", self.provider.health_url, headers={}, body=None,
                                                  connect_timeout_s=timeout_s)
                 try:
-                    await resp.read()
+                    await resp.read(_HEALTH_BODY_BYTES)
+                except BodyTooLarge:
+                    pass  # the status is the answer; the body is not kept (nor buffered whole)
                 finally:
                     resp.close()
         except TimeoutError:

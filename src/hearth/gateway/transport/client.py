@@ -2,13 +2,23 @@
 
     Transport.open(method, url, headers=..., body=..., connect_timeout_s=...) -> UpstreamResponse
         returns once the status line and headers arrived; raises ConnectTimeout or ConnectFailed.
-    UpstreamResponse: .status, .headers, await .read() -> bytes, async for line in .lines(), .close()
-        read()/lines() raise ConnectFailed when the connection breaks mid-body.
+    UpstreamResponse: .status, .headers, await .read(limit) -> bytes, async for line in .lines(), .close()
+        read()/lines() raise ConnectFailed when the connection breaks mid-body; read(limit) raises BodyTooLarge
+        (with the first `limit` bytes) as soon as the body passes `limit` bytes, instead of buffering it all.
 
 The transport enforces only the connect timeout (it alone can tell connecting from waiting): getting a
 connection, i.e. name resolution, a free slot in the pool, TCP and TLS, all within connect_timeout_s;
 first-token and total budgets are enforced by the caller (providers.py) around these awaits, and the
 caller closes the response on any early exit, which drops (never re-pools) the connection.
+
+A request goes to its URL and nowhere else, and carries only the headers its caller gave:
+    * redirects are not followed for anything but a GET (the health probe, which carries no headers and no
+      body): a chat POST answered 3xx is that status (a provider failure, falls through). Following it
+      re-sent the user's messages and the provider's key headers (`api-key`, `x-api-key`, ...: aiohttp
+      strips only Authorization and Cookie) to whatever origin the Location named, took that server's
+      reply as the provider's, and a 301/302 turned the POST into a GET;
+    * no cookie jar: a cookie one upstream sets (a load balancer's, a session) was kept for the life of
+      the process and sent with every user's requests to that host, whichever provider they went to.
 
 Why aiohttp (AiohttpTransport) and not httpx.AsyncClient: measured on the 2-core CI-like machine
 (benchmarks/gateway/results.md, rows "httpx direct" vs "aiohttp direct"), httpx's pool collapses at
@@ -39,12 +49,21 @@ class ConnectFailed(TransportError):
     """Refused, reset, DNS failure, or the connection broke before the body was complete."""
 
 
+class BodyTooLarge(TransportError):
+    """The body passed the caller's limit; .head holds its first `limit` bytes. The connection is dropped."""
+
+    def __init__(self, limit: int, head: bytes) -> None:
+        self.limit = limit
+        self.head = head
+        super().__init__(f"the body is larger than {limit} bytes")
+
+
 class UpstreamResponse(abc.ABC):
     status: int
     headers: Mapping[str, str]
 
     @abc.abstractmethod
-    async def read(self) -> bytes: ...
+    async def read(self, limit: int | None = None) -> bytes: ...
 
     @abc.abstractmethod
     def lines(self) -> AsyncIterator[bytes]: ...
@@ -74,14 +93,29 @@ class _AiohttpResponse(UpstreamResponse):
         self.status = resp.status
         self.headers = resp.headers
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         try:
-            data = await self._resp.read()
+            if limit is None:
+                data = await self._resp.read()
+            else:
+                data = await self._read_at_most(limit)
         except (aiohttp.ClientError, OSError) as exc:
             self._resp.close()
             raise ConnectFailed(f"connection broke while reading the body: {exc!r}") from exc
         self._resp.release()  # body complete: the connection goes back to the pool
         return data
+
+    async def _read_at_most(self, limit: int) -> bytes:
+        buf = bytearray()
+        content = self._resp.content
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                return bytes(buf)
+            buf += chunk
+            if len(buf) > limit:
+                self._resp.close()
+                raise BodyTooLarge(limit, bytes(buf[:limit]))
 
     async def lines(self) -> AsyncIterator[bytes]:
         content = self._resp.content
@@ -116,7 +150,7 @@ class AiohttpTransport(Transport):
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
             # No session-wide timeout: every call passes its own (a hang must never outlive its budget).
             self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                                  raise_for_status=False)
+                                                  raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
 
     async def open(self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None,
                    connect_timeout_s: float) -> UpstreamResponse:
@@ -126,7 +160,8 @@ class AiohttpTransport(Transport):
         # answer to the caller's first-token budget); sock_connect: each address tried
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
         try:
-            resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout)
+            resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout,
+                                               allow_redirects=method == "GET" and body is None)
         except aiohttp.ConnectionTimeoutError as exc:
             raise ConnectTimeout(f"connect to {url} timed out after {connect_timeout_s:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, DNS, server closed the socket
