@@ -13,7 +13,6 @@ hearth_gateway_request_seconds exactly one observation of that outcome.
 import asyncio
 import json
 
-import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
