@@ -108,6 +108,31 @@ def decoder_layers(model) -> list:
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
+def fsdp_gathered_bytes(model, *, bytes_per_el: int) -> dict:
+    """What FSDP2 holds UNSHARDED on every rank on top of its 1/N shards, for the memory plan (before wrap()):
+    ``root``: the bytes of every parameter outside the decoder layers (embeddings, final norm, lm_head; a tied
+    lm_head once), and ``layer``: the largest decoder layer's bytes (base and LoRA), both at ``bytes_per_el`` (the
+    all-gather dtype: MixedPrecisionPolicy's bf16 param_dtype on CUDA, the fp32 parameters themselves on the CPU).
+
+    How wrap()'s fully_shard (torch 2.13, defaults: reshard_after_forward=None, implicit forward prefetch, backward
+    prefetch of one group) gathers, read from torch/distributed/fsdp/_fully_shard:
+      - the root group (fully_shard(model): the parameters no decoder layer took) gets reshard_after_forward=False
+        at lazy init, so it is all-gathered at the forward's start and stays whole until its post-backward: the
+        full embeddings / lm_head exist on every rank for the whole step;
+      - a decoder layer (reshard_after_forward=True) is whole while it runs, and one more layer-sized buffer is
+        alive beside it: in the forward its all-gather output, kept until the next layer's copy-in, or the next
+        layer's all-gather issued ahead; in the backward the previous layer's all-gather, prefetched by its
+        pre-backward. So two layers at a layer's backward; at the loss's backward (the start of the backward) one:
+        the last layer's all-gather, which the root's pre-backward prefetches.
+    finetune.estimate_peak_gib adds root once and layer x 2 (a layer's backward) or x 1 (the loss's); the gradients'
+    reduce-scatter buffers (LoRA only, fp32) are left out like the one-process plan leaves LoRA gradients out."""
+    layers = decoder_layers(model)
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_layers)  # parameters() dedups a tied head
+    layer = max((sum(p.numel() for p in layer.parameters()) for layer in layers), default=0)
+    return {"root": root * bytes_per_el, "layer": layer * bytes_per_el}
+
+
 def wrap(model, d: Dist, *, dtype):
     """The training module for d.mode: the model itself, DDP around it, or the model fully_shard'ed in place."""
     import torch

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hearth.train.durable import fsync, fsync_tree
+
 DTYPES = ("bfloat16", "float16")
 
 
@@ -41,7 +43,10 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     ``out`` is written whole or not at all: the folder is built beside it (``.OUT.export-tmp``) and moved into place,
     replacing a previous export (a folder holding export.json) only once the new one is complete, so a failure (a full
     disk, a killed process) leaves the previous export as it was and no stale file of it (an old tokenizer, a shard
-    index) survives into the new one. Any other non-empty folder is refused."""
+    index) survives into the new one. The new folder's files and the folder itself are fsynced before the rename
+    and OUT's parent after it (hearth.train.durable), so a power cut cannot leave OUT with empty files; a process
+    killed between moving the previous export aside and renaming the new one in leaves the previous one under
+    ``.OUT.export-old``, which the next export puts back before it starts. Any other non-empty folder is refused."""
     import shutil
 
     import torch
@@ -88,6 +93,12 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
             "adapter_config": json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = out.with_name(f".{out.name}.export-tmp"), out.with_name(f".{out.name}.export-old")
+    if old.is_dir() and not out.exists():
+        # an earlier re-export was killed between its two renames: OUT is missing and the previous export, whole
+        # (it was on the disk before it took its name), is only under the hidden name. Put it back first, so that
+        # this export failing too does not leave nothing.
+        old.rename(out)
+        fsync(out.parent)
     for leftover in (tmp, old):  # an earlier export that was killed half-way
         if leftover.exists():
             shutil.rmtree(leftover)
@@ -96,12 +107,22 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
         if tok is not None:
             tok.save_pretrained(str(tmp))
         (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        # on the disk before it takes its name: a rename is not a flush, and after a power cut OUT could otherwise
+        # hold empty or partial files (a zero-length model.safetensors) under a complete-looking export.json
+        fsync_tree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if out.exists():
         out.rename(old)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if old.exists() and not out.exists():  # the previous export back under its name
+            old.rename(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync(out.parent)  # the renames themselves on the disk
     if old.exists():
         shutil.rmtree(old)
     return info

@@ -46,6 +46,8 @@ from pathlib import Path
 from hearth.train import distributed as D
 from hearth.train.batches import Example, collate, load_examples, plan_epoch, split_eval
 from hearth.train.distributed import PARALLEL
+from hearth.train.durable import fsync as _fsync
+from hearth.train.durable import fsync_tree as _fsync_tree
 
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -206,7 +208,8 @@ class FinetuneConfig:
         else:
             # a fresh run into an OUT that holds an earlier run's checkpoints would overwrite only the steps it
             # reaches: after a crash, `--resume OUT` would take the earlier run's later step and continue IT
-            earlier = sorted(p.parent.name for p in (Path(self.out) / "checkpoints").glob("step-*/state.json"))
+            # (the checkpoints --resume OUT would take: not an interrupted save's step-N.tmp / step-N.old)
+            earlier = [p.name for p in run_checkpoints(Path(self.out))]
             if earlier:
                 raise ValueError(f"out: {self.out} already holds checkpoints of an earlier run ({earlier[-1]}, "
                                  f"{len(earlier)} in all); continue that run with --resume {self.out}, or give this "
@@ -388,7 +391,8 @@ PLAN_MARGIN = 0.01
 
 def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: int, trainable_bytes: int,
                       bytes_per_el: int, patched: bool, liger: bool = False, fused_lora: bool = False,
-                      qlora: bool = False, fused_mlp: bool = False, mask_rows: int = 0) -> float:
+                      qlora: bool = False, fused_mlp: bool = False, mask_rows: int = 0, fsdp_root_bytes: int = 0,
+                      fsdp_layer_bytes: int = 0) -> float:
     """Estimated peak GiB (torch.cuda.max_memory_allocated) of one LoRA step with `checkpointed` of the decoder
     layers (the LAST ones, as apply_checkpointing picks them) recomputed in the backward.
 
@@ -398,13 +402,19 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
     the largest, H x I, alive in a layer's backward), mask_rows (the micro-batch's `tokens` are that many rows that
     reach SDPA with a [T, T] mask each: sdpa_mask_bytes_per_token, added to A; 0: no mask).
 
+    FSDP (parallel = "fsdp"): weights_bytes and trainable_bytes are the rank's 1/N shards, and what FSDP2 holds
+    unsharded beside them is added (hearth.train.distributed.fsdp_gathered_bytes says how it gathers):
+    fsdp_root_bytes (embeddings, final norm, lm_head: whole for the whole step) to the fixed part, and
+    fsdp_layer_bytes (the largest decoder layer, in the all-gather dtype) twice at a layer's backward (its own
+    parameters and the previous layer's prefetched all-gather), once at the loss's backward.
+
     peak = weights + 3 x trainable (the fp32 LoRA parameters and AdamW's m and v: their gradients appear
-           only as the backward goes, after the peak) + FIXED_BYTES (+ H x I x b with qlora)
+           only as the backward goes, after the peak) + FIXED_BYTES (+ H x I x b with qlora) (+ fsdp_root_bytes)
            + tokens x [ c x H x b                            (a checkpointed layer keeps only its input)
-                        + (L - c) x A                        (A = layer_activation_bytes_per_token)
-                        + max(loss,                          (the loss's backward, loss_bytes_per_token)
-                              (A if c else 0) + B) ]         (the first layer's backward: recomputed if
-                                                              checkpointed, B = backward_bytes_per_token)
+                        + (L - c) x A ]                      (A = layer_activation_bytes_per_token)
+           + max(tokens x loss (+ fsdp_layer_bytes),         (the loss's backward, loss_bytes_per_token)
+                 tokens x ((A if c else 0) + B)              (the first layer's backward: recomputed if
+                 (+ 2 x fsdp_layer_bytes))                    checkpointed, B = backward_bytes_per_token)
     Within -0.4..+1.1% of all 25 measured peaks of the current stack (HF, Liger, hearth; none, selective,
     full; 4096 and 16384 tokens; QLoRA at 2048): tests/train/test_planner_h200.py.
     """
@@ -419,12 +429,14 @@ def estimate_peak_gib(config, tokens: int, checkpointed: int, *, weights_bytes: 
     loss = loss_bytes_per_token(config, patched=patched, bytes_per_el=bytes_per_el, liger=liger)
     backward = backward_bytes_per_token(config, bytes_per_el=bytes_per_el)
     act += sdpa_mask_bytes_per_token(config, tokens, mask_rows, bytes_per_el=bytes_per_el)
-    fixed = weights_bytes + 3 * trainable_bytes + FIXED_BYTES + (h * i * bytes_per_el if qlora else 0)
+    fixed = weights_bytes + 3 * trainable_bytes + FIXED_BYTES + (h * i * bytes_per_el if qlora else 0) + fsdp_root_bytes
     if mask_rows:  # transformers' boolean mask, [rows, 1, T, T], shared by the layers
         fixed += tokens * -(-tokens // mask_rows)
     c = checkpointed
-    per_token = c * h * bytes_per_el + (layers - c) * act + max(loss, (act if c else 0) + backward)
-    return (fixed + tokens * per_token) / GIB
+    kept = tokens * (c * h * bytes_per_el + (layers - c) * act)
+    at_loss = tokens * loss + min(1, layers) * fsdp_layer_bytes
+    at_layer = tokens * ((act if c else 0) + backward) + min(2, layers) * fsdp_layer_bytes
+    return (fixed + kept + max(at_loss, at_layer)) / GIB
 
 
 def patch_knobs(report, lora_dropout: float = 0.0) -> dict:
@@ -459,7 +471,8 @@ def packed_mask_note(pack: bool, report, device_type: str) -> str | None:
 def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_bytes: int, bytes_per_el: int,
                        budget_gib: float | None, patched: bool, liger: bool = False, fused_lora: bool = False,
                        qlora: bool = False, fused_mlp: bool = False, mask_rows: int = 0,
-                       batches: list[tuple[int, int]] | None = None) -> CheckpointPlan:
+                       batches: list[tuple[int, int]] | None = None, fsdp_root_bytes: int = 0,
+                       fsdp_layer_bytes: int = 0) -> CheckpointPlan:
     """The fewest checkpointed layers whose estimated peak (estimate_peak_gib, same knobs) fits the budget
     (fewer = less recompute = faster).
 
@@ -471,30 +484,39 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
     batches: (tokens, mask_rows) of every micro-batch shape the run takes (micro_batch_shapes); the estimate is the
     largest over them (a masked micro-batch of fewer tokens can need more than the longest unmasked one). Default:
     the one micro-batch (tokens, mask_rows).
+
+    fsdp_root_bytes, fsdp_layer_bytes: what FSDP holds unsharded on each rank (estimate_peak_gib); the reason then
+    says what was counted.
     """
     layers = config.num_hidden_layers
     shapes = batches or [(tokens, mask_rows)]
+    counted = (f"; FSDP per rank: 1/N of the weights and LoRA state, plus the unsharded root "
+               f"(embeddings, final norm, lm_head: {fsdp_root_bytes / GIB:.2f} GiB, whole for the step) and up to "
+               f"{min(2, layers)} decoder layers in flight ({fsdp_layer_bytes / GIB:.2f} GiB each: the running layer "
+               "and the prefetched next / previous one)") if (fsdp_root_bytes or fsdp_layer_bytes) else ""
 
     def peak(c: int) -> float:
         return max(estimate_peak_gib(config, t, c, weights_bytes=weights_bytes, trainable_bytes=trainable_bytes,
                                      bytes_per_el=bytes_per_el, patched=patched, liger=liger, fused_lora=fused_lora,
-                                     qlora=qlora, fused_mlp=fused_mlp, mask_rows=r) for t, r in shapes)
+                                     qlora=qlora, fused_mlp=fused_mlp, mask_rows=r, fsdp_root_bytes=fsdp_root_bytes,
+                                     fsdp_layer_bytes=fsdp_layer_bytes) for t, r in shapes)
 
     table = [{"checkpointed": c, "estimate_gib": round(peak(c), 2)} for c in sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers})]
     if budget_gib is None:
-        return CheckpointPlan(0, layers, peak(0), None, "no memory budget (CPU, none given): no checkpointing", table)
+        return CheckpointPlan(0, layers, peak(0), None,
+                              "no memory budget (CPU, none given): no checkpointing" + counted, table)
     limit = budget_gib * (1 - PLAN_MARGIN)
     for c in range(layers + 1):
         if peak(c) <= limit:
             mode = "none" if c == 0 else "full" if c == layers else f"selective ({c} of {layers} layers)"
             why = (f"{mode}: estimated peak {peak(c):.1f} GiB fits the {budget_gib:.1f} GiB budget (less "
                    f"{PLAN_MARGIN:.0%}: {limit:.1f})"
-                   + (f"; one layer fewer would need {peak(c - 1):.1f} GiB" if c else "; fastest setup"))
+                   + (f"; one layer fewer would need {peak(c - 1):.1f} GiB" if c else "; fastest setup") + counted)
             return CheckpointPlan(c, layers, peak(c), budget_gib, why, table)
     return CheckpointPlan(layers, layers, peak(layers), budget_gib,
                           f"full: even full checkpointing is estimated at {peak(layers):.1f} GiB, over the "
                           f"{budget_gib:.1f} GiB budget (lower --seq-len / --batch-tokens, use --qlora, or a GPU "
-                          "with more memory)", table, fits=False)
+                          "with more memory)" + counted, table, fits=False)
 
 
 def micro_batch_shapes(examples: list[Example], mbs, *, pack: bool, varlen: bool) -> list[tuple[int, int]]:
@@ -709,17 +731,25 @@ RESUME_KEYS = ("corpus", "model", "seed", "shuffle", "seq_len", "batch_tokens", 
                "dropout", "max_grad_norm", "lora_compute")
 
 
+def run_checkpoints(out: Path) -> list[Path]:
+    """The complete checkpoints under OUT/checkpoints, the highest step last: step-NNNNNN folders holding state.json
+    (a step-NNNNNN.tmp is a save a crash interrupted, a step-NNNNNN.old one being replaced: neither is a checkpoint)."""
+    folder = Path(out) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return [p for _, p in sorted((int(p.parent.name[5:]), p.parent) for p in folder.glob("step-*/state.json")
+                                 if p.parent.name[5:].isdigit())]
+
+
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder (holding state.json), or the latest under PATH/checkpoints. ValueError naming resume."""
     path = Path(path)
     if (path / "state.json").is_file():
         return path
-    # complete checkpoints only (step-NNNNNN; a step-NNNNNN.tmp is one a crash interrupted), the highest step last
-    found = sorted((int(p.parent.name[5:]), p.parent) for p in (path / "checkpoints").glob("step-*/state.json")
-                   if p.parent.name[5:].isdigit()) if (path / "checkpoints").is_dir() else []
+    found = run_checkpoints(path)
     if not found:
         raise ValueError(f"resume: {path} is not a checkpoint folder (with state.json) nor a run folder with checkpoints/")
-    return found[-1][1]
+    return found[-1]
 
 
 def data_fingerprint(cfg) -> dict:
@@ -737,29 +767,6 @@ def data_fingerprint(cfg) -> dict:
                     digest.update(chunk)
             out[f"{key}_sha256"] = digest.hexdigest()
     return out
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's data, or a folder's entries, to the disk (OSError from a folder on a file system that cannot
-    sync one is ignored; a file's is not)."""
-    folder = path.is_dir()
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        if not folder:
-            raise
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Everything under ``folder`` and the folder itself on the disk, before it is renamed into place: a rename is
-    not a flush, and after a host crash or power cut a renamed folder could otherwise hold empty files."""
-    for entry in sorted(folder.rglob("*"), key=lambda p: (-len(p.parts), p)):  # the files, then their folders
-        _fsync(entry)
-    _fsync(folder)
 
 
 def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
@@ -787,15 +794,17 @@ def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
                     dist: D.Dist | None = None, data: dict | None = None) -> Path:
     """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
+    import shutil
+
     import torch
 
     d = dist or D.Dist()
     final = out / "checkpoints" / f"step-{step:06d}"
-    tmp = final.with_name(final.name + ".tmp")
-    if d.main and tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
+    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
+    if d.main:
+        for leftover in (tmp, old):  # a save a crash interrupted
+            if leftover.exists():
+                shutil.rmtree(leftover)
     D.barrier(d)
     D.save_adapter(model, d, tmp)
     D.barrier(d)
@@ -803,7 +812,9 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
         torch.save(optimizer.state_dict(), tmp / f"optimizer-rank-{d.rank}.pt")
     elif d.main:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    # CUDA: the generator of the GPU this rank trains on (its dropout's), not every visible GPU's (load_checkpoint)
+    rng = {"cpu": torch.get_rng_state(),
+           "cuda": [torch.cuda.get_rng_state(_cuda_index(d))] if torch.cuda.is_available() else []}
     if d.active:  # each rank's own stream (dropout): the ranks' micro-batches differ, so their states part
         torch.save(rng, tmp / f"rng-rank-{d.rank}.pt")
     if d.main:
@@ -815,12 +826,15 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
                  "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         _fsync_tree(tmp)  # on the disk before it takes its name (every rank's files are closed: the barrier above)
-        if final.exists():  # a resume from an earlier checkpoint replays this step: its new state replaces the old
-            import shutil
-
-            shutil.rmtree(final)
+        if final.exists():
+            # a resume from an earlier checkpoint replays this step: its new state replaces the old. Out of the way
+            # in one rename, deleted only once the new one has the name: a crash part-way through deleting it in
+            # place left step-N with its state.json and without its adapter, which --resume OUT took as the latest
+            final.rename(old)
         tmp.rename(final)  # a checkpoint folder exists only once it is complete
         _fsync(final.parent)
+        if old.exists():
+            shutil.rmtree(old)
     D.barrier(d)
     return final
 
@@ -897,8 +911,23 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
     rng = torch.load(own if d.active and saved_world == d.world and own.is_file() else path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
     if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        # the stream of the GPU the saving rank trained on, onto this rank's GPU. (Earlier checkpoints hold every
+        # VISIBLE GPU's state, and set_rng_state_all put them all back: IndexError where fewer GPUs are visible
+        # than at the save. Of those, the entry for this rank's GPU, which the same layout saved, is taken.)
+        index = _cuda_index(d)
+        states = rng["cuda"]
+        torch.cuda.set_rng_state(states[0] if len(states) == 1 else states[min(index, len(states) - 1)], index)
     return state
+
+
+def _cuda_index(d: D.Dist) -> int:
+    """The CUDA device this rank trains on (its dropout draws from that device's generator)."""
+    import torch
+
+    device = d.device
+    if device is not None and getattr(device, "type", None) == "cuda" and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -1031,10 +1060,14 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     # the masked micro-batches (padded ones with padding; packed rows off hearth's varlen attention) cost more per token
     batches = micro_batch_shapes(train, [mb for _, _, mbs in steps for mb in mbs], pack=cfg.pack,
                                  varlen=bool(report and report.count("attention")))
+    # FSDP: each rank keeps 1/N of the weights and LoRA state, and gathers the root (embeddings, lm_head) and the
+    # decoder layers in flight whole in the compute dtype (D.fsdp_gathered_bytes says how fully_shard gathers)
+    gathered = D.fsdp_gathered_bytes(model, bytes_per_el=el) if dist.mode == "fsdp" else {"root": 0, "layer": 0}
     plan = plan_checkpointing(
         model.config, widest, weights_bytes=weights_total // shards,
         trainable_bytes=sum(p.numel() * 4 for p in trainable) // shards, bytes_per_el=el, budget_gib=budget,
-        qlora=cfg.qlora, batches=batches, **patch_knobs(report, cfg.dropout))
+        qlora=cfg.qlora, batches=batches, fsdp_root_bytes=gathered["root"], fsdp_layer_bytes=gathered["layer"],
+        **patch_knobs(report, cfg.dropout))
     if not plan.fits:
         raise RunError(f"memory_budget_gib: {plan.reason}")
     apply_checkpointing(model, plan)
@@ -1140,7 +1173,9 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         "patch": report.as_dict() if report else None,
         "checkpointing": {"mode": plan.mode, "checkpointed_layers": plan.checkpointed, "layers": plan.layers,
                           "estimate_gib": round(plan.estimate_gib, 2), "budget_gib": plan.budget_gib,
-                          "reason": plan.reason, "estimates": plan.table},
+                          "reason": plan.reason, "estimates": plan.table,
+                          **({"fsdp_gathered_gib": {k: round(v / GIB, 4) for k, v in gathered.items()}}
+                             if dist.mode == "fsdp" else {})},
         "weights_gib": round(sum(_stored_bytes(p) for p in model.parameters() if not p.requires_grad) / GIB, 4),
         "trainable_params": sum(p.numel() for p in trainable),
         "resumed_from": str(resume_from) if resume_from else None,
