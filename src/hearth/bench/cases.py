@@ -25,6 +25,13 @@ from typing import Callable
 
 MODES = ("fwd", "bwd", "full")
 
+# OpSpec.layout values: what a row's "layout" says about its inputs
+LAYOUTS = {
+    "contiguous": "every input a contiguous tensor",
+    "hf": "q, k (v) and dy as a Hugging Face attention module holds them: [B, H, T, D] views of [B, T, H, D] memory "
+          "(q_proj(x).view(B, T, H, D).transpose(1, 2))",
+}
+
 
 @dataclass
 class OpSpec:
@@ -58,8 +65,12 @@ class OpSpec:
     # (input elements, largest intermediate's elements) of a size, for the memory estimate
     elems: Callable[[dict], tuple[int, int]] = lambda s: (0, 0)
     # per output, the input whose memory layout its dy takes (empty: contiguous dy). rope: ("q", "k"), as the
-    # attention backward hands a model's rope its gradient in the layout rope handed it q and k
+    # attention backward hands a model's rope its gradient in the layout rope handed it q and k; attention: ("q",),
+    # as o_proj's backward hands the attention output's gradient back through o.transpose(1, 2)
     grad_like: tuple[str, ...] = ()
+    # the inputs' memory layout, written into every row ("layout"; LAYOUTS): rows of different layouts are never
+    # ranked against each other (report.row_layout)
+    layout: str = "contiguous"
 
     def case_label(self, size: dict) -> str:
         """The case's name in rows and tables: a model case's own name, else the shape."""
@@ -268,11 +279,15 @@ def _mlp_work(s, b, mode):
 
 # ----------------------------------------------------------------------------- attention
 def _attn_make(s, dtype, device, rg):
+    """q, k, v as a Hugging Face attention module hands them to its attention function (since review 50; contiguous
+    [B, H, T, D] before): x_proj(x).view(B, T, H, D).transpose(1, 2), [B, H, T, D] views of [B, T, H, D] memory (rope
+    keeps q's and k's memory order). Each is a leaf, so its .grad is checked and reset; autograd lays a gradient out
+    like its leaf, as a model's transpose / view backward does."""
     B, Hq, Hk, T, D = s["B"], s["Hq"], s["Hk"], s["T"], s["D"]
     return {
-        "q": _randn((B, Hq, T, D), dtype, device, _gen(), rg),
-        "k": _randn((B, Hk, T, D), dtype, device, _gen(10), rg),
-        "v": _randn((B, Hk, T, D), dtype, device, _gen(11), rg),
+        "q": _randn((B, T, Hq, D), dtype, device, _gen()).transpose(1, 2).requires_grad_(rg),
+        "k": _randn((B, T, Hk, D), dtype, device, _gen(10)).transpose(1, 2).requires_grad_(rg),
+        "v": _randn((B, T, Hk, D), dtype, device, _gen(11)).transpose(1, 2).requires_grad_(rg),
     }
 
 
@@ -461,7 +476,7 @@ SPECS: dict[str, OpSpec] = {
         "rope", "GB/s", "bytes: fwd and bwd 2*(Nq+Nk)*b; full 4*(Nq+Nk)*b, Nq = B*Hq*T*D, Nk = B*Hk*T*D; + 2*T*D*b for cos/sin",
         _rope_work, _rope_make, _rope_ref, lambda s: ["q", "k"], _rope_label,
         notes="q, k and dy in the Hugging Face layout: [B, H, T, D] views of [B, T, H, D] memory",
-        grad_like=("q", "k"),
+        grad_like=("q", "k"), layout="hf",
         sizes={"sweep": [dict(B=1, Hq=32, Hk=8, T=t, D=128) for t in (1024, 2048, 4096, 8192, 16384)],
                "small": [dict(B=1, Hq=32, Hk=8, T=1024, D=128)]},
         headline=[(dict(B=4, Hq=32, Hk=8, T=4096, D=128), FULL)],
@@ -493,6 +508,9 @@ SPECS: dict[str, OpSpec] = {
                         for t in (1024, 2048, 4096, 8192, 16384, 32768)]},
         headline=[(_attn(4, 32, 32, 4096), BOTH), (_attn(4, 40, 8, 4096), BOTH), (_attn(4, 32, 32, 4096, causal=0), BOTH)],
         knob="T", explicit=lambda v: _attn(max(1, 16384 // v), 32, 32, v),
+        notes="q, k, v and dy in the Hugging Face layout: [B, H, T, D] views of [B, T, H, D] memory (contiguous "
+              "[B, H, T, D] in rows without a layout field)",
+        grad_like=("q",), layout="hf",
         check_sizes=[_attn(1, 4, 2, 16, D=16, causal=1), _attn(1, 2, 2, 16, D=16, causal=0)]),
     "attention_varlen": OpSpec(
         "attention_varlen", "TFLOP/s",
@@ -503,7 +521,8 @@ SPECS: dict[str, OpSpec] = {
         headline=[(_varlen(8, 16384, 40, 8), BOTH), (_varlen(8, 16384, 40, 8, causal=0), BOTH),
                   (_varlen(64, 16384, 32, 8), BOTH)],
         knob="S", explicit=lambda v: _varlen(v, 16384, 32, 8),
-        notes="packed sequences (cu_seqlens), no attention across them; eager = SDPA with a block-diagonal mask "
+        notes="packed sequences (cu_seqlens), no attention across them; q, k, v contiguous [total_tokens, H, D], as a "
+              "model's packed batch reaches its varlen attention; eager = SDPA with a block-diagonal mask "
               "(built once per case, K/V heads repeated for GQA); flash_attn = its varlen function where it imports",
         check_sizes=[_varlen(3, 21, 2, 1, D=16, causal=1), _varlen(2, 16, 2, 2, D=16, causal=0)]),
     "matmul": OpSpec(

@@ -9,6 +9,22 @@ from pathlib import Path
 from hearth.bench.providers import PROVIDERS
 
 
+def plot_series(rows: list[dict]) -> dict[str, list[dict]]:
+    """The lines of one plot: {label: rows}, one per provider in PROVIDERS order; where the rows hold more than one
+    input layout (report.row_layout: a merge of rows from before and after attention's inputs changed), one line per
+    provider and layout, labelled "provider [layout]", so rows of different layouts never share a line."""
+    from hearth.bench.report import row_layout
+
+    layouts = sorted({row_layout(r) for r in rows})
+    series: dict[str, list[dict]] = {}
+    for prov in [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]:
+        for layout in layouts:
+            mine = [r for r in rows if r["provider"] == prov and row_layout(r) == layout]
+            if mine:
+                series[prov if len(layouts) == 1 else f"{prov} [{layout}]"] = mine
+    return series
+
+
 def write_plots(out: Path, rows: list[dict]) -> list[Path]:
     """One PNG per (op, dtype, mode) with at least one ok row; returns the paths written."""
     import matplotlib
@@ -26,9 +42,9 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
         xs = {lab: i for i, lab in enumerate(labels)}
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
         have_mem = False
-        for prov in [p for p in PROVIDERS if any(r["provider"] == p for r in rs)]:
-            pr = sorted((r for r in rs if r["provider"] == prov), key=lambda r: xs[r["size_label"]])
-            style = dict(marker="o", linewidth=2.5 if prov == "hearth" else 1.2, label=prov)
+        for name, mine in plot_series(rs).items():
+            pr = sorted(mine, key=lambda r: xs[r["size_label"]])
+            style = dict(marker="o", linewidth=2.5 if pr[0]["provider"] == "hearth" else 1.2, label=name)
             ax1.plot([xs[r["size_label"]] for r in pr], [r["value"] for r in pr], **style)
             mem = [r for r in pr if r.get("extra_mib") is not None]
             if mem:

@@ -95,14 +95,28 @@ def timing_method(r: dict) -> str | None:
     return next((method for until, method in TIMING_BEFORE if date < until), TIMING_METHOD)
 
 
+def row_layout(r: dict) -> str:
+    """The memory layout of a row's inputs (cases.LAYOUTS): its "layout" field, written since review 50; before it,
+    rope's rows said the Hugging Face layout in their notes (review 49b) and every other row, attention's included,
+    was measured on contiguous inputs."""
+    if r.get("layout"):
+        return r["layout"]
+    return "hf" if "Hugging Face layout" in (r.get("notes") or "") else "contiguous"
+
+
 def _setup(r: dict) -> tuple:
     env = r.get("env") or {}
-    return tuple(env.get(k) for k in SETUP_KEYS) + (timing_method(r),)
+    return tuple(env.get(k) for k in SETUP_KEYS) + (timing_method(r), row_layout(r))
 
 
 def _rankable(r: dict, h: dict) -> bool:
-    """An ok fused-peer row measured on hearth's setup (GPU, software and timing procedure)."""
+    """An ok fused-peer row measured on hearth's setup (GPU, software and timing procedure) and inputs' layout."""
     return r["provider"] in FUSED_PEERS and r["status"] == "ok" and _setup(r) == _setup(h)
+
+
+def _why_unranked(r: dict, h: dict) -> str:
+    """How an ok peer row that is not rankable against hearth's differs: its inputs' layout, else its setup."""
+    return "in another input layout" if row_layout(r) != row_layout(h) else "on another setup"
 
 
 def verdict(case_rows: list[dict]) -> dict:
@@ -113,15 +127,16 @@ def verdict(case_rows: list[dict]) -> dict:
     rows' p20-p80 ranges overlap (then the text says so)}. ratio > 1 means hearth is
     faster. Wrong or failed rows are never ranked, and never silently: every fused peer whose row is not ok
     is named in "unranked" and in the text (the ratio is then against the peers that did run), and so is
-    a peer row measured on another GPU or software setup than hearth's, or by another timing procedure
-    (SETUP_KEYS, timing_method: merged from another run). With no fused peer, eager is the comparison and the text says so."""
+    a peer row measured on another GPU or software setup than hearth's, by another timing procedure
+    (SETUP_KEYS, timing_method: merged from another run), or on inputs of another memory layout (row_layout:
+    attention's rows before and after review 50). With no fused peer, eager is the comparison and the text says so."""
     by = {r["provider"]: r for r in case_rows}
     h = by.get("hearth")
     unranked = [f"{r['provider']} {r['status']}" for r in case_rows if r["provider"] in FUSED_PEERS and r["status"] != "ok"]
     if h is None or h["status"] != "ok":
         status = h["status"] if h else "not run"
         return {"verdict": "none", "ratio": None, "peer": None, "text": f"hearth {status}", "unranked": unranked}
-    unranked += [f"{r['provider']} on another setup" for r in case_rows
+    unranked += [f"{r['provider']} {_why_unranked(r, h)}" for r in case_rows
                  if r["provider"] in FUSED_PEERS and r["status"] == "ok" and not _rankable(r, h)]
     peers = [r for r in case_rows if _rankable(r, h)]
     suffix = f" (not ranked: {', '.join(unranked)})" if unranked else ""
@@ -250,7 +265,7 @@ def summary_markdown(rows: list[dict]) -> str:
               "allocated during one call minus allocated before it (inputs and earlier .grad excluded; grads reset to None); "
               "act = extra minus the gradients the call produced. Verdict: hearth against the fastest correct fused peer "
               "(torch.compile, Liger, quack, vendor) measured on the same GPU and software by the same timing procedure; ratio = "
-              "peer ms / hearth ms; a peer not ranked (not ok, or merged from another setup) is named beside the verdict. wall = ms per call back to back "
+              "peer ms / hearth ms; a peer not ranked (not ok, or merged from another setup or input layout) is named beside the verdict. wall = ms per call back to back "
               "(no device sleep, no L2 flush; the median of 5 blocks of calls since 2026-12-04, one block before): the host "
               "overhead a training loop sees.", ""]
     groups = group_cases(rows)

@@ -1,9 +1,11 @@
 """`hearth bench` entry point: build the cases, check then time every provider, write the reports.
 
-Per case (op x size x dtype x mode): make the inputs once, compute the fp32 reference once, then
+Per case (op x size x dtype x mode): make the inputs once, compute the fp32 reference once (and, in bf16 / fp16,
+the reference run in that dtype: PyTorch's own error, which scales the gate's per-slice bounds, check.py), then
 for each provider: bind, run once and compare with the reference (outputs, and gradients in
 bwd / full); only a correct provider is timed and its memory measured. Rows are written to
-results.jsonl after every case, so a run cut short keeps what it measured.
+results.jsonl after every case, so a run cut short keeps what it measured. A provider that leaves a sticky CUDA
+error ends its case and the run: every later provider's row is skipped, naming it.
 
 Time budget: the run gets `total_budget_s`; each op gets a share of what is left when it starts,
 in proportion to its number of cases times CASE_COST (or `budget_s` if smaller). Cases left when an op's share is spent are written as
@@ -13,6 +15,7 @@ in proportion to its number of cases times CASE_COST (or `budget_s` if smaller).
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 import time
@@ -37,6 +40,7 @@ def env_info(device) -> dict:
     import torch
     import triton
 
+    from hearth.bench.check import CHECK_METHOD
     from hearth.bench.timing import TIMING_METHOD
 
     def version(dist):
@@ -69,6 +73,8 @@ def env_info(device) -> dict:
         "command": "hearth bench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("hearth") else " ".join(sys.argv),
         # the harness's timing procedure (a peer row timed by another is not ranked against hearth's: report._setup)
         "timing": TIMING_METHOD,
+        # the correctness gate's procedure (check.py): whole-tensor and per row / column / block errors
+        "check": CHECK_METHOD,
         # hearth's own switches (HEARTH_ATTN_GLUON, HEARTH_ATTN_AUTOTUNE, ...): a row says which were set
         "hearth_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HEARTH_")},
     }
@@ -135,6 +141,49 @@ def _reference(spec, inputs, size, mode, dtype):
     return out, grads, gouts
 
 
+def _baseline(spec, inputs, size, mode, dtype_name, ref_out, ref_grads, gouts) -> tuple[dict | None, str]:
+    """PyTorch's own error in the case's dtype, slice by slice (check.baseline_errors), and what it came from: the
+    reference run on the case's inputs in their own dtype, forward and (bwd / full) backward with the same dy. The
+    correctness gate scales each provider's slice bounds by it. In fp32 that run is the reference itself (no error:
+    None); if it fails, the gate falls back to the reference's rounding to the dtype and the row says so."""
+    import torch
+
+    from hearth.bench.check import as_tuple, baseline_errors
+
+    if dtype_name == "float32":
+        return None, "float32: the reference itself (no rounding)"
+    try:
+        grad_names = spec.grad_names(size) if mode != "fwd" else []
+        mine = {k: (v.detach().requires_grad_(k in grad_names) if v.is_floating_point() else v) for k, v in inputs.items()}
+        with torch.set_grad_enabled(mode != "fwd"):
+            out = spec.reference(**mine, **spec.call_kwargs(size))
+        grads = []
+        if mode != "fwd":
+            torch.autograd.backward(list(as_tuple(out)), [g.clone() for g in gouts])
+            grads = [mine[n].grad for n in grad_names]
+        errs = baseline_errors(out, grads, ref_out, ref_grads, dtype_name)
+        return errs, f"torch {dtype_name}: the reference run in {dtype_name}"
+    except Exception as e:  # the gate still runs, on the reference's rounding alone
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        return None, f"the reference rounded to {dtype_name} (its run in {dtype_name} failed: {why})"
+
+
+def _finite(x):
+    """JSON-safe: inf / NaN -> None (the row's reason says what failed)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _check_fields(c, baseline_text: str) -> dict:
+    """The gate's record on a row: every failed check (tensor, kind, worst slice, its error, bound and err / bound),
+    the slice check nearest its bound, and what the bounds were scaled by."""
+    def clean(d):
+        return None if d is None else {k: _finite(v) for k, v in d.items()}
+
+    return {"check_failed": [clean(f) for f in c.failed], "check_worst": clean(c.worst), "check_baseline": baseline_text}
+
+
 def _timed_fn(bound, mode, gouts):
     """(fn, setup) timed for `mode`: fwd times the forward; full forward + backward; bwd runs the
     forward in the untimed setup and times the backward alone."""
@@ -155,10 +204,12 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
     import torch
 
     from hearth.bench import providers as P
-    from hearth.bench.check import TOLERANCE, compare
+    from hearth.bench.check import TOLERANCE, check as check_outputs
     from hearth.bench.timing import measure_memory, sol_percent, throughput, time_call, time_wall
 
-    ref_out, ref_grads, gouts, limits = ref
+    # ref: (outputs, gradients, dy, limits[, (baseline slice errors, what they came from)])
+    ref_out, ref_grads, gouts, limits = ref[:4]
+    baseline, baseline_text = ref[4] if len(ref) > 4 else (None, "the reference rounded to the dtype")
     row = {"status": "ok", "reason": "", "tolerance": TOLERANCE[dtype_name]}
     bound = None
     try:
@@ -172,12 +223,15 @@ def run_provider(spec, provider, inputs, size, dtype_name, mode, ref, device, ch
             # clones: some providers (Liger rms_norm) write the input gradient into dy in place
             torch.autograd.backward(_outputs_needing_grad(out), [g.clone() for g in gouts])
             grads = [getattr(t, "grad", None) for t in bound.leaves]
-        ok, err, why = compare(out, grads, ref_out, ref_grads, dtype_name)
-        row["setup_s"] = time.perf_counter() - t0  # first call: includes torch.compile / Triton JIT
-        row["rel_err"] = None if err == float("inf") else err
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        row["setup_s"] = time.perf_counter() - t0  # first call: includes torch.compile / Triton JIT (not the check)
+        c = check_outputs(out, grads, ref_out, ref_grads, dtype_name, baseline)
+        row["rel_err"] = _finite(c.rel_err)
+        row.update(_check_fields(c, baseline_text))
         del out, grads
-        if not ok:
-            row.update(status="wrong", reason=why)
+        if not c.ok:
+            row.update(status="wrong", reason=c.why)
             return row
         fn, setup = _timed_fn(bound, mode, gouts)
         t = time_call(fn, bound.leaves, device, setup=setup)
@@ -230,6 +284,8 @@ def _base_row(spec, size, dtype_name, mode, limits, env, headline) -> dict:
     return {"op": spec.name, "size": size, "size_label": spec.case_label(size), "shape": spec.label(size),
             "dtype": dtype_name, "mode": mode, "metric": spec.metric, "formula": spec.formula, "notes": spec.notes,
             "headline": headline, "preset": "models" if "name" in size else None,
+            # the inputs' memory layout (cases.LAYOUTS): rows of different layouts are never ranked together
+            "layout": getattr(spec, "layout", "contiguous"),
             "work": spec.work(size, _itemsize(dtype_name), mode), "limits": limits, "env": env}
 
 
@@ -268,19 +324,26 @@ def run_case(spec, size, dtype_name, mode, providers, device, limits, env, headl
     try:
         inputs = spec.make(size, dtype, device, mode != "fwd")
         ref_out, ref_grads, gouts = _reference(spec, inputs, size, mode, dtype)
+        baseline = _baseline(spec, inputs, size, mode, dtype_name, ref_out, ref_grads, gouts)
     except Exception as e:  # the harness's own reference failed: every provider row says so
         reason = f"reference failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         status = "oom" if isinstance(e, torch.OutOfMemoryError) else "error"
         return [{**base, "provider": p, "status": status, "reason": reason} for p in providers if applies(spec.name, p)]
+    poisoned = ""
     for p in providers:
         if registry is None and not applies(spec.name, p):
+            continue
+        if poisoned and _sticky(device):  # every CUDA call fails now: the row says who left the error
+            rows.append({**base, "provider": p, "status": "skipped", "reason": poisoned})
             continue
         # fresh copies per provider: some write into their inputs or dy in place (Liger's cross
         # entropy stores the gradient in the logits), which must not leak into the next provider
         mine = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
         my_gouts = [g.clone() for g in gouts]
-        r = run_provider(spec, p, mine, size, dtype_name, mode, (ref_out, ref_grads, my_gouts, limits), device, check, registry)
+        r = run_provider(spec, p, mine, size, dtype_name, mode, (ref_out, ref_grads, my_gouts, limits, baseline), device, check,
+                         registry)
         rows.append({**base, "provider": p, **r})
+        poisoned = _poisoned(rows[-1:])
         del mine, my_gouts
     del inputs, ref_out, ref_grads, gouts
     _free(device)
@@ -320,6 +383,13 @@ def _poisoned(rows) -> str:
             return (f"not run: {r['provider']} on {r['op']} {r['size_label']} {r['mode']} left a sticky CUDA error "
                     f"({r['reason'][:120]}); rerun this op in its own process")
     return ""
+
+
+def _sticky(device) -> bool:
+    """Whether an error _poisoned names leaves `device` unusable for the rest of the process: on CUDA it does (the
+    case's later providers are then skipped, not run into the same error and recorded as failing); under --check on
+    the CPU nothing is sticky, and the case's other providers run (the run still stops after the case)."""
+    return device.type == "cuda"
 
 
 def _line(rows) -> str:
