@@ -28,7 +28,10 @@ class ChatResult:
     usage:         the server's token usage ({"prompt_tokens", "completion_tokens", ...}) when it sent one.
     provider:      hearth's gateway only: the provider that answered (its X-Hearth-Provider header).
     attempts:      hearth's gateway only: [provider, outcome] per provider tried or skipped, "ok" last (its
-                   "hearth" block): more than one means the reply came after a fallback.
+                   "hearth" block): more than one means the reply came after a fallback. On an error the gateway
+                   sends when every provider failed, the providers' failures (no "ok").
+    reasoning:     the reasoning the server sent apart from the content (message or delta reasoning_content /
+                   reasoning: vLLM's reasoning parser), joined; None when it sent none.
     """
 
     content: str
@@ -40,64 +43,169 @@ class ChatResult:
     usage: dict | None = None
     provider: str | None = None
     attempts: list | None = None
+    reasoning: str | None = None
 
 
-def _error_message(response: httpx.Response) -> str:
+# What the client reads of a body, at most: an error body (HTTP status other than 200) up to ERROR_BODY_CAP, a
+# one-piece JSON reply up to REPLY_BODY_CAP (the gateway's own caps on what it reads from a provider). A body that
+# does not end is not read into memory until the timeout.
+ERROR_BODY_CAP = 64 * 1024
+REPLY_BODY_CAP = 8 * 1024 * 1024
+
+
+class _TooLarge(Exception):
+    """A body over its cap (its size in words is the message)."""
+
+
+async def _read_capped(response: httpx.Response, cap: int, words: str) -> bytes:
+    """The (decoded) body, at most ``cap`` bytes; _TooLarge when there is more. The caller bounds it in time."""
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap and not response.headers.get("content-encoding"):
+        raise _TooLarge(words)  # said up front: nothing to read
+    data = bytearray()
+    async for piece in response.aiter_bytes():
+        data += piece
+        if len(data) > cap:
+            raise _TooLarge(words)
+    return bytes(data)
+
+
+def _json(raw: bytes):
+    """The JSON document of a body, or None when it is not one."""
     try:
-        payload = response.json()
-    except ValueError:
-        payload = None
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _error_message(status: int, payload) -> str:
     # OpenAI sends {"error": {"message": ...}}; proxies also send {"error": "text"} or {"error": null}
     error = payload.get("error") if isinstance(payload, dict) else None
     message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
-    return f"HTTP {response.status_code}" + (f": {str(message)[:200]}" if message else "")
+    failed = _failed_attempts(payload)
+    tried = f" ({', '.join(f'{name}: {outcome}' for name, outcome in failed)})" if failed else ""
+    return f"HTTP {status}" + (f": {str(message)[:200]}" if message else "") + tried
+
+
+def _failed_attempts(payload) -> list | None:
+    """hearth's gateway only: [provider, outcome] of each provider that failed, from the error.failures list of its
+    error body when every provider failed (gateway/server.py _failure: 502, 504, 503, 429, or a refused request's
+    4xx); None for any other body. The outcome is the failure's label ("invalid_envelope", "status_500",
+    "timeout_first_token", "cooldown", ...) as in a reply's attempts, else its error class."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    failures = error.get("failures") if isinstance(error, dict) else None
+    if not isinstance(failures, list) or not failures:
+        return None
+    attempts = []
+    for f in failures:
+        if not isinstance(f, dict) or not isinstance(f.get("provider"), str):
+            return None  # not the gateway's shape: read as any other error body
+        outcome = f.get("label") if isinstance(f.get("label"), str) else f.get("error")
+        attempts.append([f["provider"], str(outcome) if outcome is not None else "failed"])
+    return attempts
+
+
+async def _error_result(response: httpx.Response, deadline: float, timeout_s: float, done) -> ChatResult:
+    """A non-200 answer: its status, and what its body says, read until the call's deadline and up to
+    ERROR_BODY_CAP. A body that drips or never ends still gives the status (it is not a timeout: the server
+    answered)."""
+    status = response.status_code
+    try:
+        async with asyncio.timeout_at(deadline):
+            raw = await _read_capped(response, ERROR_BODY_CAP, f"{ERROR_BODY_CAP // 1024} KiB")
+    except (TimeoutError, httpx.TimeoutException):
+        return done(status=status, error=f"HTTP {status} (error body not complete after {timeout_s:g}s)",
+                    response=response)
+    except _TooLarge as exc:
+        return done(status=status, error=f"HTTP {status} (error body over {exc}, not read)", response=response)
+    except httpx.HTTPError as exc:
+        return done(status=status, error=f"HTTP {status} (error body cut short: {type(exc).__name__})",
+                    response=response)
+    payload = _json(raw)
+    return done(status=status, error=_error_message(status, payload), response=response,
+                attempts=_failed_attempts(payload))
 
 
 async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, *, timeout_s: float,
                           api_key: str | None = None, headers: dict[str, str] | None = None) -> ChatResult:
     """One chat completion, streamed when body["stream"] is true, with ``headers`` added to the request. Never raises
-    for server or network trouble: the failure is in ``ChatResult.error`` (with ``status`` when the server answered)."""
+    for server or network trouble: the failure is in ``ChatResult.error`` (with ``status`` when the server answered).
+
+    Everything, the body included, within ``timeout_s`` of wall clock (a server that drips bytes too); bodies are
+    read up to a cap (ERROR_BODY_CAP, REPLY_BODY_CAP; a stream as it comes)."""
     headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     url = base_url.rstrip("/") + "/chat/completions"
     start = time.perf_counter()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    timed_out = f"timeout after {timeout_s:g}s"
 
     def done(content="", finish=None, status=None, error=None, ttft=None, usage=None, response=None,
-             attempts=None) -> ChatResult:
+             attempts=None, reasoning=None) -> ChatResult:
         provider = response.headers.get("x-hearth-provider") if response is not None else None
-        return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage, provider, attempts)
+        return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage, provider, attempts,
+                          reasoning)
 
-    if body.get("stream"):
-        return await _stream(client, url, body, headers, timeout_s, start, done)
     try:
-        async with asyncio.timeout(timeout_s):  # wall clock: also bounds a server that drips bytes
-            response = await client.post(url, json=body, headers=headers, timeout=timeout_s)
-    except TimeoutError:
-        return done(error=f"timeout after {timeout_s:g}s")
-    except httpx.TimeoutException:
-        return done(error=f"timeout after {timeout_s:g}s")
+        async with asyncio.timeout_at(deadline):  # wall clock, to the response's headers
+            request = client.build_request("POST", url, json=body, headers=headers, timeout=timeout_s)
+            response = await client.send(request, stream=True)
+    except (TimeoutError, httpx.TimeoutException):
+        return done(error=timed_out)
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
-    if response.status_code != 200:
-        return done(status=response.status_code, error=_error_message(response), response=response)
-    return _completion(response, done)
+    try:
+        if response.status_code != 200:
+            return await _error_result(response, deadline, timeout_s, done)
+        if body.get("stream") and "text/event-stream" in response.headers.get("content-type", ""):
+            return await _stream(response, deadline, timed_out, start, done)
+        # not streamed, or a server that answered in one piece after all
+        try:
+            async with asyncio.timeout_at(deadline):
+                raw = await _read_capped(response, REPLY_BODY_CAP, f"{REPLY_BODY_CAP >> 20} MiB")
+        except (TimeoutError, httpx.TimeoutException):
+            return done(error=timed_out)
+        except _TooLarge as exc:
+            return done(status=200, error=f"reply body over {exc}, not read", response=response)
+        except httpx.HTTPError as exc:
+            return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
+        return _completion(raw, response, done)
+    finally:
+        try:
+            await response.aclose()  # a body left unread closes its connection; nothing is drained
+        except httpx.HTTPError:
+            pass
 
 
-def _completion(response: httpx.Response, done) -> ChatResult:
+def _completion(raw: bytes, response: httpx.Response, done) -> ChatResult:
     """A 200 JSON chat completion -> ChatResult (malformed ones are an error, not a crash)."""
     try:
-        payload = response.json()
+        payload = json.loads(raw)
         choice = payload["choices"][0]
         content = choice["message"].get("content")
         finish = choice.get("finish_reason")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return done(status=200, error=f"malformed completion: {response.text[:200]!r}", response=response)
+    except (ValueError, RecursionError, KeyError, IndexError, TypeError, AttributeError):
+        text = raw.decode("utf-8", "replace")
+        return done(status=200, error=f"malformed completion: {text[:200]!r}", response=response)
     attempts = _attempts(payload)
+    reasoning = _reasoning(choice["message"])
     if content is not None and not isinstance(content, str):  # refused by the gateway too: not a reply the app gets
         return done(status=200, finish=finish, error=f"message.content is {type(content).__name__}, not a string",
-                    response=response, attempts=attempts)
+                    response=response, attempts=attempts, reasoning=reasoning)
     content = content or ""
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
-    return done(content=content, finish=finish, status=200, usage=usage, response=response, attempts=attempts)
+    return done(content=content, finish=finish, status=200, usage=usage, response=response, attempts=attempts,
+                reasoning=reasoning)
+
+
+def _reasoning(message) -> str | None:
+    """The reasoning a server sent apart from the content (vLLM's reasoning parser, DeepSeek: reasoning_content;
+    newer vLLM, OpenRouter: reasoning) in a message or a stream delta, or None."""
+    if not isinstance(message, dict):
+        return None
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(message.get(key), str):
+            return message[key]
+    return None
 
 
 def _attempts(payload) -> list | None:
@@ -107,56 +215,55 @@ def _attempts(payload) -> list | None:
     return attempts if isinstance(attempts, list) else None
 
 
-async def _stream(client, url, body, headers, timeout_s, start, done) -> ChatResult:
+async def _stream(response: httpx.Response, deadline: float, timed_out: str, start, done) -> ChatResult:
     """A streamed completion (SSE): content deltas joined, the time of the first one, the usage chunk
     (asked for with stream_options.include_usage) and the last finish_reason."""
     parts: list[str] = []
-    finish = usage = ttft = attempts = response = None
+    thoughts: list[str] = []
+    finish = usage = ttft = attempts = None
     ended = False  # [DONE] seen
     try:
-        async with asyncio.timeout(timeout_s):
-            async with client.stream("POST", url, json=body, headers=headers, timeout=timeout_s) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    return done(status=response.status_code, error=_error_message(response), response=response)
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    await response.aread()  # a server that answered in one piece after all
-                    return _completion(response, done)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        ended = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                        error = _chunk_error(chunk)
-                        if error is not None:  # the server's way to fail mid-stream
-                            message = error.get("message") if isinstance(error, dict) else error
-                            return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
-                                        error=f"error in stream: {str(message)[:200]}", response=response)
-                        choices = _chunk_choices(chunk)
-                    except (ValueError, RecursionError):
-                        return done(status=200, error=f"malformed stream chunk: {data[:200]!r}", response=response)
-                    if isinstance(chunk.get("usage"), dict):
-                        usage = chunk["usage"]
-                    attempts = _attempts(chunk) or attempts
-                    for choice, piece in choices:
-                        if piece:
-                            if ttft is None:
-                                ttft = time.perf_counter() - start
-                            parts.append(piece)
-                        finish = choice.get("finish_reason") or finish
+        async with asyncio.timeout_at(deadline):
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    ended = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                    error = _chunk_error(chunk)
+                    if error is not None:  # the server's way to fail mid-stream
+                        message = error.get("message") if isinstance(error, dict) else error
+                        return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
+                                    error=f"error in stream: {str(message)[:200]}", response=response,
+                                    reasoning="".join(thoughts) if thoughts else None)
+                    choices = _chunk_choices(chunk)
+                except (ValueError, RecursionError):
+                    return done(status=200, error=f"malformed stream chunk: {data[:200]!r}", response=response)
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                attempts = _attempts(chunk) or attempts
+                for choice, piece in choices:
+                    if piece:
+                        if ttft is None:
+                            ttft = time.perf_counter() - start
+                        parts.append(piece)
+                    thought = _reasoning(choice.get("delta"))
+                    if thought:
+                        thoughts.append(thought)
+                    finish = choice.get("finish_reason") or finish
     except (TimeoutError, httpx.TimeoutException):
-        return done(error=f"timeout after {timeout_s:g}s", ttft=ttft)
+        return done(error=timed_out, ttft=ttft)
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
+    reasoning = "".join(thoughts) if thoughts else None
     if not ended and finish is None:  # the body ended with neither end marker: the gateway refuses this too
         return done(content="".join(parts), status=200, ttft=ttft, usage=usage, response=response, attempts=attempts,
-                    error="stream ended without a finish_reason or [DONE] (cut short)")
+                    error="stream ended without a finish_reason or [DONE] (cut short)", reasoning=reasoning)
     return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage, response=response,
-                attempts=attempts)
+                attempts=attempts, reasoning=reasoning)
 
 
 def _chunk_error(chunk):

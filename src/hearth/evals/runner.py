@@ -8,7 +8,9 @@ stream_options.include_usage), with the temperature and a per-sample seed when g
 ``concurrency`` calls in flight and a wall-clock timeout per call; --extra-body adds keys to every request but
 none that the eval sets (extra_body_error), and each reply records the parameters it was sent with. Each request
 names its envelope kind in an X-Hearth-Kind header (hearth's gateway checks the reply as that kind; other servers
-ignore it); through the gateway, each reply also records the provider that answered and the attempts before it.
+ignore it); through the gateway, each reply also records the provider that answered and the attempts before it
+(and a reply no provider got right, the providers' failures from the gateway's error body). Replies that carried a
+non-empty think block (thinking left on) are counted, and the console ends with a warning naming the fix.
 The pass rate (overall and per suite) comes with a 95% interval: Wilson over replies, and with several samples
 per case one that resamples cases (case_interval). Scores per case are in hearth.evals.scoring; this module
 prints "k/n" per suite and the failures, writes the JSON report, and returns exit code 1 when the pass fraction
@@ -233,14 +235,26 @@ def summarize(scores: list[CaseScore]) -> dict:
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
     def gateway(items: list[CaseScore]) -> dict:
-        """hearth's gateway only: replies per answering provider, and how many came after a fallback."""
+        """hearth's gateway only: replies per answering provider, how many came after a fallback (answered, "ok"
+        last, after another attempt), how many no provider got right (its error listed only failures), and the
+        failed attempts per provider and outcome."""
         if not any(s.provider is not None or s.attempts is not None for s in items):
             return {}
         providers: dict[str, int] = {}
+        failed: dict[str, dict[str, int]] = {}
         for s in items:
             if s.provider is not None:
                 providers[s.provider] = providers.get(s.provider, 0) + 1
-        return {"providers": providers, "fallbacks": sum(s.attempts is not None and len(s.attempts) > 1 for s in items)}
+            for attempt in s.attempts or []:
+                if isinstance(attempt, (list, tuple)) and len(attempt) == 2 and attempt[1] != "ok":
+                    per = failed.setdefault(str(attempt[0]), {})
+                    per[str(attempt[1])] = per.get(str(attempt[1]), 0) + 1
+
+        def answered(s: CaseScore) -> bool:
+            return bool(s.attempts) and isinstance(s.attempts[-1], (list, tuple)) and list(s.attempts[-1][-1:]) == ["ok"]
+
+        return {"providers": providers, "fallbacks": sum(answered(s) and len(s.attempts) > 1 for s in items),
+                "unanswered": sum(bool(s.attempts) and not answered(s) for s in items), "failed_attempts": failed}
 
     def block(items: list[CaseScore]) -> dict:
         passed = sum(s.passed for s in items)
@@ -252,6 +266,8 @@ def summarize(scores: list[CaseScore]) -> dict:
             "ci95": wilson(passed, len(items)),
             "cases": len({s.id for s in items}),
             "repaired": sum(s.repaired for s in items),
+            "thinking": sum(s.thinking for s in items),
+            "thinking_truncated": sum(s.thinking and s.finish_reason == "length" for s in items),
             "checks": {c: sum(s.checks.get(c) is True for s in items) for c in CHECKS},
             "latency_s": dist([s.latency_s for s in items]),
             "ttft_s": dist([s.ttft_s for s in items if s.ttft_s is not None]),
@@ -282,13 +298,15 @@ def _shown(value: object) -> str:
 
 
 def _print(console, summary: dict, scores: list[CaseScore], threshold: float) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     for name, s in summary["suites"].items():
         lat = s["latency_s"]
         ttft = s["ttft_s"]
         console.print(f"[bold]{_shown(name)}[/bold] {s['passed']}/{s['total']}  "
-                      f"(repaired {s['repaired']}, latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s"
+                      f"(repaired {s['repaired']}, " + (f"thinking {s['thinking']}, " if s["thinking"] else "")
+                      + f"latency p50 {lat.get('p50', 0):.2f}s p95 {lat.get('p95', 0):.2f}s"
                       + (f", first token p50 {ttft['p50']:.2f}s" if ttft else "")
                       + (f", {s['usage']['completion_tokens_mean']} completion tokens/reply" if s["usage"]["completion_tokens_mean"] is not None else "")
                       + ")")
@@ -300,10 +318,15 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
         checks.add_row(_shown(name), *(f"{s['checks'][c]}/{s['total']}" for c in CHECKS))
     console.print(checks)
     o = summary["overall"]
-    if o.get("providers") or o.get("fallbacks"):  # hearth's gateway: who answered, and after how many fallbacks
+    if o.get("providers") or o.get("fallbacks") or o.get("unanswered"):  # hearth's gateway: who answered, how
         answered = ", ".join(f"{_shown(name)} {n}" for name, n in o["providers"].items())
         console.print(f"answered by (gateway): {answered or 'not named'}; {o['fallbacks']} of {o['total']} replies "
-                      "came after another provider had failed or was skipped")
+                      "came after another provider had failed or was skipped"
+                      + (f"; {o['unanswered']} of {o['total']} replies no provider got right" if o["unanswered"] else ""))
+        if o["failed_attempts"]:
+            console.print("failed attempts (gateway): " + "; ".join(
+                f"{_shown(name)}: " + ", ".join(f"{_shown(outcome)} {n}" for outcome, n in outcomes.items())
+                for name, outcomes in o["failed_attempts"].items()))
     failures = [s for s in scores if not s.passed]
     if failures:
         table = Table(title="failures")
@@ -317,6 +340,13 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
     interval = o.get("ci95_by_case", o["ci95"])
     console.print(f"overall {o['passed']}/{o['total']} = {o['fraction']:.3f} (95% CI {interval[0]:.3f}-{interval[1]:.3f}"
                   f"{', resampling cases' if 'ci95_by_case' in o else ''}; threshold {threshold:g}) {verdict}")
+    if o["thinking"]:  # last, where it is seen: the likeliest cause of the truncations above, and the fix
+        cut = o["thinking_truncated"]
+        console.print(f"[bold yellow]warning:[/bold yellow] {o['thinking']} of {o['total']} replies carried a non-empty "
+                      f"<think> block: the model is thinking before it answers"
+                      + (f", and {cut} of them were cut off by the token limit (--max-tokens)" if cut else "")
+                      + ". Turn thinking off: for Qwen3 on vLLM (or SGLang) pass "
+                      + escape("""--extra-body '{"chat_template_kwargs": {"enable_thinking": false}}'""") + ".")
 
 
 def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = None, extra_body: str | None = None,

@@ -10,7 +10,9 @@ Checks, each True/False (None when an earlier failure made it meaningless):
     expected       case-specific facts hold (the analyst answers as the analyst it was asked to be)
 
 A case passes when every check is True. ``repaired`` records whether repair had to strip wrapping
-(fences, think block, chatter): the envelope still counts, but the report shows how often.
+(fences, think block, chatter): the envelope still counts, but the report shows how often. ``thinking`` records
+whether the reply carried a non-empty think block (thinking left on: Qwen3's default, which spends the token
+budget before the envelope); a reply cut by max_tokens after or inside one says so in its reason.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class CaseScore:
     request: dict | None = None  # the parameters its request was sent with (runner.sent_parameters)
     provider: str | None = None  # hearth's gateway: the provider that answered
     attempts: list | None = None  # hearth's gateway: [provider, outcome] per provider tried or skipped
+    thinking: bool = False  # the reply carried a non-empty think block (think_block)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -52,6 +55,28 @@ class CaseScore:
         out["latency_s"] = round(self.latency_s, 4)
         out["ttft_s"] = round(self.ttft_s, 4) if self.ttft_s is not None else None
         return out
+
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+def think_block(content: str, reasoning: str | None = None) -> tuple[int, bool] | None:
+    """(characters of reasoning, whether the block was closed) when a reply carried a non-empty think block, else
+    None. The block is a leading ``<think>...</think>`` (unterminated: cut off while thinking), reasoning ended by
+    ``</think>`` with no opening tag (a chat template that opens the block in the prompt), or ``reasoning``: what
+    the server sent apart from the content (vLLM's reasoning parser); closed there when content followed it.
+    The empty block Qwen3 emits with thinking off is not one."""
+    text = content.strip()
+    inner, closed = "", True
+    if text.startswith(_THINK_OPEN):
+        end = text.find(_THINK_CLOSE)
+        inner, closed = (text[len(_THINK_OPEN):end], True) if end >= 0 else (text[len(_THINK_OPEN):], False)
+    elif (end := text.find(_THINK_CLOSE)) >= 0 and _THINK_OPEN not in text[:end]:
+        inner = text[:end]
+    inner = inner.strip()
+    if not inner and reasoning is not None and reasoning.strip():
+        inner, closed = reasoning.strip(), bool(text)
+    return (len(inner), closed) if inner else None
 
 
 def score(case: Case, result: ChatResult) -> CaseScore:
@@ -65,8 +90,14 @@ def score(case: Case, result: ChatResult) -> CaseScore:
     elif not result.content.strip():
         reasons.append("empty reply")
     checks["not_truncated"] = result.finish_reason != "length" if result.error is None else None
+    thought = think_block(result.content, result.reasoning) if result.error is None else None
     if checks["not_truncated"] is False:
-        reasons.append("truncated (finish_reason=length)")
+        if thought is None:
+            reasons.append("truncated (finish_reason=length)")
+        else:  # the cause, ahead of what it caused ("empty reply", "unterminated <think> block")
+            chars, closed = thought
+            reasons.insert(0, f"truncated (finish_reason=length) {'after' if closed else 'inside'} a <think> block "
+                              f"of {chars} characters: thinking is on and spent the token budget")
 
     if checks["response"]:
         try:
@@ -107,4 +138,4 @@ def score(case: Case, result: ChatResult) -> CaseScore:
                      reason=None if passed else (reasons[0] if reasons else "failed"), latency_s=result.latency_s,
                      status=result.status, finish_reason=result.finish_reason, repaired=repaired,
                      content=result.content, ttft_s=result.ttft_s, usage=result.usage, provider=result.provider,
-                     attempts=result.attempts)
+                     attempts=result.attempts, thinking=thought is not None)
