@@ -40,7 +40,8 @@ against the provider, and a half-open trial it held is given back.
 Metrics: every complete() / stream() that gets past its argument checks records exactly ONE request
 outcome with its duration (GatewayMetrics.request_done; outcomes in hearth.gateway.metrics.OUTCOMES):
 ok, failed (AllProvidersFailed), interrupted (StreamInterrupted), client_cancelled (cancelled, or a
-stream closed by its consumer before its end) or error (anything else, e.g. StateStoreError).
+stream closed by its consumer before its end), client_stalled (the consumer threw ClientStalled into the stream
+with athrow: its client took no bytes for stream_write_timeout_s) or error (anything else, e.g. StateStoreError).
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ from hearth.envelope import REPLY_KINDS
 from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
-    AllProvidersFailed, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, InvalidResponse, ProviderError,
-    StreamInterrupted, Timeout, for_log, label,
+    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, InvalidResponse,
+    ProviderError, StreamInterrupted, Timeout, for_log, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
@@ -167,7 +168,7 @@ class Chain:
                                          trial_lease_s=p.timeouts.total_s + 5.0) for p in config.providers}
         # one gate per endpoint (health_url), not per provider: two providers on one scale-to-zero server (two
         # LoRA adapters a vLLM serves, one model at two settings) share its warm state, its probe and ONE warm-up;
-        # the first of them in the TOML gives the gate its name and warm settings
+        # the first of them in the TOML gives the gate its name, warm settings and probe headers (health_headers)
         by_endpoint: dict[str, WarmGate] = {}
         self.gates = {}
         for p in config.providers:
@@ -375,6 +376,10 @@ class Chain:
             outcome = "failed"
         elif isinstance(exc, StreamInterrupted):
             outcome = "interrupted"
+        elif isinstance(exc, ClientStalled):
+            # the server's write to a client that takes no bytes timed out (stream_write_timeout_s): the client's
+            # doing, not the provider's, and not a hang-up either
+            outcome = "client_stalled"
         elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
             # cancelled (the client hung up: aiohttp cancels its handler), or a stream closed before its end
             # (its consumer stopped reading: the client went away)

@@ -12,6 +12,7 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     cooldown_s = 30.0          # how long an open breaker skips the provider
     max_retry_after_s = 300.0  # a Retry-After longer than this is capped
     max_connections = 1024     # shared HTTP client pool size
+    stream_write_timeout_s = 10.0  # a streaming client that takes no bytes this long is disconnected
     default_kind = "chat"
     state_url = "redis://127.0.0.1:6379/0"   # optional: breaker, cooldown and warm state shared through
                                              # Redis by every worker/process that loads this file
@@ -25,9 +26,11 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     api_key_env = "VLLM_API_KEY"              # optional; missing variable = ConfigError
     json_schema = true                        # send envelope.response_format(kind)
     extra_body = { chat_template_kwargs = { enable_thinking = false } }
-    headers = {}                              # extra request headers
+    headers = {}                              # extra request headers (one per name, any case; not an
+                                              # Authorization header when api_key_env is set)
     scale_to_zero = true                      # warm-gated (needs health_url)
-    health_url = "http://10.0.0.5:8000/health"
+    health_url = "http://10.0.0.5:8000/health"   # the probe sends the key and headers only when this is the
+                                                 # same origin (scheme, host, port) as base_url
     [providers.timeouts]                      # seconds
     connect_s = 2.0                           # <= total_s
     first_token_s = 10.0                      # headers (JSON) / first content delta (SSE); also the idle gap while streaming
@@ -64,6 +67,7 @@ __all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "Wa
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+_FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding"})  # how the body is sent
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters other than the tab: never valid in a header
 
 
@@ -84,6 +88,23 @@ class Timeouts(_Strict):
         if self.connect_s > self.total_s:
             raise ValueError("connect_s must be <= total_s")
         return self
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, lower-cased, the scheme's default port filled in; user:password@ is no part
+    of it."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+def same_origin(a: str, b: str) -> bool:
+    """Whether two URLs are one origin: same scheme, host name (as written: 127.0.0.1 and localhost are two) and
+    port. A provider's key goes only where its chat requests go anyway."""
+    return origin(a) == origin(b)
 
 
 def _check_url(v: str, schemes: tuple[str, ...]) -> None:
@@ -162,11 +183,21 @@ class ProviderConfig(_Strict):
     @classmethod
     def _headers(cls, v: dict[str, str]) -> dict[str, str]:
         # checked here: the HTTP client refuses them on every request (a ValueError, not a provider failure)
+        seen: dict[str, str] = {}
         for name, value in v.items():
             if not _HEADER_NAME.match(name):
                 raise ValueError(f"{name!r} is not a valid header name")
             if _CONTROL.search(value):
                 raise ValueError(f"the value of {name!r} holds a control character (a line break?)")
+            if name.lower() in _FRAMING:
+                # the HTTP client frames the JSON body itself: a second framing (a stale length, "chunked" beside a
+                # Content-Length, an encoding the body does not have) garbled every request, counted as the provider's
+                raise ValueError(f"{name!r} is set by the gateway's HTTP client from the request body; remove it")
+            # header names are case-insensitive: one of the two silently replaced the other
+            if name.lower() in seen:
+                raise ValueError(f"{seen[name.lower()]!r} and {name!r} are one header (names are case-insensitive); "
+                                 "keep one")
+            seen[name.lower()] = name
         return v
 
     @field_validator("health_url", mode="after")
@@ -181,6 +212,22 @@ class ProviderConfig(_Strict):
     def chat_url(self) -> str:
         return self.base_url + "/chat/completions"
 
+    @property
+    def own_headers(self) -> dict[str, str]:
+        """The headers that are this provider's: Authorization from api_key_env, then `headers` (its key headers
+        such as api-key, x-api-key, its organisation...)."""
+        out = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        out.update(self.headers)
+        return out
+
+    @property
+    def health_headers(self) -> dict[str, str]:
+        """What the health probe sends: own_headers when health_url is the same origin as base_url (an endpoint
+        behind a key answers its health route only with it), else nothing: the key never goes to another origin."""
+        if self.health_url is None or not same_origin(self.health_url, self.base_url):
+            return {}
+        return self.own_headers
+
 
 class GatewaySettings(_Strict):
     deadline_s: float = Field(30.0, gt=0)
@@ -188,6 +235,9 @@ class GatewaySettings(_Strict):
     cooldown_s: float = Field(30.0, ge=0)
     max_retry_after_s: float = Field(300.0, ge=0)
     max_connections: int = Field(1024, ge=1)
+    # the longest one write of a streamed reply may wait for the client to take bytes (its receive window full):
+    # past it the client is disconnected and the upstream closed (outcome client_stalled)
+    stream_write_timeout_s: float = Field(10.0, gt=0)
     default_kind: str = "chat"
     state_url: str | None = None
     state_prefix: str = Field("hearth:gateway", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
@@ -287,6 +337,21 @@ def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.enviro
             raise ConfigError(f"providers[{i}].base_url", "holds credentials (user:password@) and the provider also "
                                                           "sends an Authorization header (api_key_env or headers); "
                                                           "keep one of them")
+        auth = [h for h in p.headers if h.lower() == "authorization"]
+        if p.api_key_env is not None and auth:
+            # both are the Authorization header: the `headers` one silently replaced the key (aiohttp keeps the last)
+            raise ConfigError(f"providers[{i}].headers", f"provider {p.name!r} sets both api_key_env and "
+                                                         f"headers.{auth[0]}: both are its Authorization header; "
+                                                         "keep one")
+        if p.health_url is not None and p.scale_to_zero:
+            health = urlsplit(p.health_url)
+            if (health.username or health.password) and same_origin(p.health_url, p.base_url) and (
+                    p.api_key_env is not None or auth):
+                # the probe sends the provider's Authorization to its own origin, and the HTTP client refuses that
+                # next to URL credentials: a ValueError on every probe (every request a 500), not a cold provider
+                raise ConfigError(f"providers[{i}].health_url", "holds credentials (user:password@) and the health "
+                                                                "probe also sends the provider's Authorization header "
+                                                                "(same origin as base_url); keep one of them")
         if p.api_key is not None:
             raise ConfigError(f"providers[{i}].api_key", "put the key in an environment variable and name it in api_key_env")
         if p.api_key_env is not None:

@@ -17,6 +17,8 @@
     │   └── DeadlineExceeded                 the request's own deadline ran out (before or during it)
     ├── StreamInterrupted                    upstream failed after bytes were sent to the client;
     │                                        .provider, __cause__ is the ProviderError; no fallback
+    ├── ClientStalled                        a streaming client took no bytes for stream_write_timeout_s:
+    │                                        the gateway disconnects it (thrown into Chain.stream)
     └── AllProvidersFailed (ExceptionGroup)  every provider failed; .exceptions holds one
                                              ProviderError per provider, in chain order
 
@@ -150,6 +152,16 @@ class StreamInterrupted(GatewayError):
         self.provider = provider
         super().__init__(f"{provider}: stream interrupted after first byte: {cause}")
         self.__cause__ = cause
+
+
+class ClientStalled(GatewayError):
+    """A streaming client stopped taking bytes (its socket open, its receive window full) for longer than
+    [gateway].stream_write_timeout_s. The server throws it into the chain's stream (athrow), which closes the
+    upstream, counts nothing against the provider and records the outcome client_stalled; then it drops the client."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        super().__init__(f"the client took no bytes of the stream for {timeout_s:g} s")
 
 
 class AllProvidersFailed(ExceptionGroup, GatewayError):

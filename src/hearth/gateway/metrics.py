@@ -20,7 +20,8 @@ OUTCOMES = {
     "ok": "answered (JSON reply, or the stream's last chunk produced)",
     "failed": "every provider failed before the first byte (the client got 4xx/429/502/503/504)",
     "interrupted": "a stream failed after its first byte (upstream gone, stall or total timeout, bad envelope)",
-    "client_cancelled": "the client went away first (hung up, or stopped reading a stream); also a shutdown",
+    "client_cancelled": "the client went away first (hung up, or closed a stream mid-way); also a shutdown",
+    "client_stalled": "a streaming client took no bytes for stream_write_timeout_s: the gateway disconnected it",
     "error": "the gateway itself failed (state store unavailable, internal error)",
     "rejected": "the gateway refused the request before any provider (400, 404, 408, 413, 415)",
 }

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, Awaitable, TypeVar
 
+from multidict import CIMultiDict
 from pydantic import BaseModel
 
 from hearth import envelope as env
@@ -144,10 +145,10 @@ class Provider:
         self.config = config
         self.name = config.name
         self.transport = transport
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if config.api_key:
-            headers["Authorization"] = f"Bearer {config.api_key}"
-        headers.update(config.headers)
+        # case-insensitive, as header names are: a provider header named like one of ours ("content-type") replaces
+        # it instead of going out beside it or losing to it by dict order
+        headers = CIMultiDict({"Content-Type": "application/json", "Accept": "application/json"})
+        headers.update(config.own_headers)
         self._headers = headers
         # Building a JSON Schema costs far more than the rest of a request: do it once per kind.
         self._response_formats = {k: env.response_format(k) for k in env.REPLY_KINDS} if config.json_schema else {}
@@ -175,8 +176,11 @@ class Provider:
     async def _open(self, clock: _Clock, body: bytes, stream: bool, request_id: str | None) -> UpstreamResponse:
         headers = self._headers
         if stream or request_id:
-            headers = {**headers, **({"Accept": "text/event-stream"} if stream else {}),
-                       **({"X-Request-ID": request_id} if request_id else {})}
+            headers = headers.copy()  # the request's own (an SSE Accept, its id) win over the provider's
+            if stream:
+                headers["Accept"] = "text/event-stream"
+            if request_id:
+                headers["X-Request-ID"] = request_id
         connect_s = min(self.config.timeouts.connect_s, max(clock.left(), 1e-3))
         try:
             resp = await clock.within(

@@ -38,12 +38,19 @@ chat request logs one JSON line with it.
 
 A client that hangs up cancels its request (aiohttp's handler_cancellation): the upstream connection
 is closed at once and nothing counts against the provider. A request body that has not arrived within
-[gateway].deadline_s is a 408 (aiohttp itself never times a body out).
+[gateway].deadline_s is a 408 (aiohttp itself never times a body out). A streaming client that takes no
+bytes (connection open, receive window full) for [gateway].stream_write_timeout_s is disconnected: every
+write of a stream is timed (aiohttp's never is), the upstream is closed, nothing counts against the
+provider, and the outcome is client_stalled.
+
+What aiohttp's parser refuses before any handler runs (a malformed request line or header, a header line
+over 8190 bytes, a broken chunked encoding that came with the headers) gets aiohttp's text/plain 400: no
+middleware sees it and aiohttp has no supported hook for that reply (docs/gateway.md, Errors).
 
 Metrics: every chat request ends in exactly one outcome of hearth_gateway_requests_total /
 hearth_gateway_request_seconds (hearth.gateway.metrics.OUTCOMES): the chain records it for a request
-it was given (ok, failed, interrupted, client_cancelled, error), the middleware for one that never got
-there (rejected: 400/404/408/413/415; client_cancelled; error).
+it was given (ok, failed, interrupted, client_cancelled, client_stalled, error), the middleware for one
+that never got there (rejected: 400/404/408/413/415; client_cancelled; error).
 
 `hearth gateway --workers N` runs N processes on one port (SO_REUSEPORT); they share breaker,
 cooldown and warm state through [gateway].state_url (Redis), which N > 1 requires.
@@ -71,6 +78,7 @@ import multiprocessing.connection
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 from pathlib import Path
@@ -81,8 +89,8 @@ from hearth import envelope as env
 from hearth.gateway.chain import Chain, StreamDelta, StreamDone, UnknownModel
 from hearth.gateway.config import ConfigError, GatewayConfig, load_config
 from hearth.gateway.errors import (
-    AllProvidersFailed, Cold, Cooldown, DeadlineExceeded, ProviderError, StreamInterrupted, Timeout, UpstreamStatus,
-    label,
+    AllProvidersFailed, ClientStalled, Cold, Cooldown, DeadlineExceeded, ProviderError, StreamInterrupted, Timeout,
+    UpstreamStatus, label,
 )
 from hearth.gateway.metrics import UNKNOWN_KIND
 from hearth.gateway.state import StateStoreError, make_store
@@ -93,6 +101,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 PROVIDER = web.RequestKey("provider", str)
 KIND = web.RequestKey("kind", str)             # the chat request's envelope kind, once read
 CHAIN_OWNS = web.RequestKey("chain_owns", bool)  # the chain records this request's outcome (metrics)
+STALLED = web.RequestKey("stalled", bool)        # a streaming client that took no bytes was disconnected
 _MAX_BODY = 4 * 1024 * 1024
 # Generated request ids: 16 random hex digits per process + a 16-digit counter (32 hex, like a uuid4
 # hex). Unique across processes like uuid4, without an os.urandom syscall on every request. A forked
@@ -289,7 +298,7 @@ async def request_context(request: web.Request, handler):
         except Exception:
             log.exception("unhandled error", extra={"request_id": rid, "error": "internal"})
             resp = _error(500, "internal gateway error", rid, code="internal_error", type="server_error")
-        status = resp.status
+        status = 499 if request.get(STALLED) else resp.status  # a stalled client was cut: nginx's 499 too
         if not resp.prepared:
             resp.headers["X-Request-ID"] = rid
         return resp
@@ -302,9 +311,11 @@ async def request_context(request: web.Request, handler):
                                                     time.perf_counter() - start)
         # one line per chat request; probes and scrapes stay quiet (and no extra dict when INFO is off)
         if request.path.startswith("/v1/chat") and log.isEnabledFor(logging.INFO):
-            log.info("request", extra={"request_id": rid, "method": request.method, "path": request.path,
-                                       "status": status, "latency_ms": round((time.perf_counter() - start) * 1e3, 3),
-                                       "provider": request.get(PROVIDER)})
+            extra = {"request_id": rid, "method": request.method, "path": request.path, "status": status,
+                     "latency_ms": round((time.perf_counter() - start) * 1e3, 3), "provider": request.get(PROVIDER)}
+            if request.get(STALLED):
+                extra["error"] = "client_stalled"
+            log.info("request", extra=extra)
 
 
 # ---------------------------------------------------------------------------------------- routes
@@ -406,59 +417,111 @@ async def chat(request: web.Request) -> web.StreamResponse:
                              headers={"X-Request-ID": rid, "X-Hearth-Provider": result.provider})
 
 
+async def _timed(aw, timeout_s: float):
+    """Await a write to the client, at most timeout_s: a client that takes no bytes (socket open, receive window
+    full) made `await resp.write()` wait for good, holding the upstream stream, its pool slot and the buffers."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await aw
+    except TimeoutError:
+        raise ClientStalled(timeout_s) from None
+
+
+def _drop(request: web.Request) -> None:
+    """Close the client's connection at once with a reset (no FIN after data it will not read: the kernel would keep
+    the unsent bytes and probe a zero window for minutes)."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()
+
+
 async def _chat_stream(request, chain: Chain, messages, kind, max_tokens, deadline, model,
                        include_usage: bool = False) -> web.StreamResponse:
     rid = request[REQUEST_ID]
     events = chain.stream(messages, kind=kind, deadline_s=deadline, max_tokens=max_tokens, request_id=rid, model=model)
     resp: web.StreamResponse | None = None
+    write_s = chain.settings.stream_write_timeout_s
+
+    async def send(data: bytes) -> None:
+        await _timed(resp.write(data), write_s)
+
     # asked for usage: as OpenAI, "usage": null on every chunk but the last, which carries it (and no choices)
     nulls = {"usage": None} if include_usage else {}
+    stalled: ClientStalled | None = None
     try:
-        async for ev in events:
-            if resp is None:  # headers go out with the first delta: before it, failures are still a clean error
-                if isinstance(ev, StreamDelta):
-                    request[PROVIDER], model_id = ev.provider, ev.model if ev.model is not None else ev.provider
+        try:
+            try:
+                async for ev in events:
+                    if resp is None:  # headers go out with the first delta: before it, a failure is still a clean error
+                        if isinstance(ev, StreamDelta):
+                            request[PROVIDER], model_id = ev.provider, ev.model if ev.model is not None else ev.provider
+                        else:
+                            request[PROVIDER], model_id = ev.result.provider, _model(ev.result)
+                        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                           "Cache-Control": "no-cache", "X-Request-ID": rid,
+                                                           "X-Hearth-Provider": request[PROVIDER]})
+                        await _timed(resp.prepare(request), write_s)
+                        await send(_chunk(rid, model_id, {"role": "assistant", "content": ""}, **nulls))
+                    if isinstance(ev, StreamDelta):
+                        await send(_chunk(rid, model_id, {"content": ev.text}, **nulls))
+                    elif isinstance(ev, StreamDone):
+                        r = ev.result
+                        await send(_chunk(rid, model_id, {}, r.finish_reason, **nulls,
+                                          hearth={"kind": kind, "provider": r.provider,
+                                                  "envelope": r.envelope.model_dump(mode="json"),
+                                                  "attempts": [list(a) for a in r.attempts]}))
+                        if include_usage and r.usage is not None:  # none reported: no usage chunk (never made up)
+                            await send(_chunk(rid, model_id, None, usage=dict(r.usage)))
+                        await send(b"data: [DONE]\n\n")
+            except AllProvidersFailed as exc:
+                return _failure(exc, rid, chain.settings.max_retry_after_s)
+            except ClientStalled:
+                raise
+            except StreamInterrupted as exc:
+                assert resp is not None
+                err = {"error": {"message": str(exc), "type": "hearth_gateway", "param": None,
+                                 "code": "stream_interrupted", "provider": exc.provider,
+                                 "cause": _describe(exc.__cause__) if exc.__cause__ else None}}
+                await send(b"data: " + json.dumps(err).encode() + b"\n\n")
+            except Exception as exc:
+                if resp is None or isinstance(exc, ConnectionResetError):
+                    raise  # nothing sent yet: the middleware's JSON error (503 state store, 500); or the client is gone
+                # The SSE headers are out: the middleware cannot send its error any more (the stream would never
+                # end), so the stream ends here with an error event and no [DONE], as an interruption does.
+                if isinstance(exc, StateStoreError):
+                    log.error("state store failed mid-stream: %s", exc,
+                              extra={"request_id": rid, "error": "state_store"})
+                    err = {"message": "the gateway's state store is unavailable", "type": "service_unavailable",
+                           "code": "state_store_unavailable"}
                 else:
-                    request[PROVIDER], model_id = ev.result.provider, _model(ev.result)
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                   "X-Request-ID": rid, "X-Hearth-Provider": request[PROVIDER]})
-                await resp.prepare(request)
-                await resp.write(_chunk(rid, model_id, {"role": "assistant", "content": ""}, **nulls))
-            if isinstance(ev, StreamDelta):
-                await resp.write(_chunk(rid, model_id, {"content": ev.text}, **nulls))
-            elif isinstance(ev, StreamDone):
-                r = ev.result
-                await resp.write(_chunk(rid, model_id, {}, r.finish_reason, **nulls,
-                                        hearth={"kind": kind, "provider": r.provider,
-                                                "envelope": r.envelope.model_dump(mode="json"),
-                                                "attempts": [list(a) for a in r.attempts]}))
-                if include_usage and r.usage is not None:  # none reported: no usage chunk (never made up)
-                    await resp.write(_chunk(rid, model_id, None, usage=dict(r.usage)))
-                await resp.write(b"data: [DONE]\n\n")
-    except AllProvidersFailed as exc:
-        return _failure(exc, rid, chain.settings.max_retry_after_s)
-    except StreamInterrupted as exc:
-        assert resp is not None
-        err = {"error": {"message": str(exc), "type": "hearth_gateway", "param": None, "code": "stream_interrupted",
-                         "provider": exc.provider, "cause": _describe(exc.__cause__) if exc.__cause__ else None}}
-        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
-    except Exception as exc:
-        if resp is None or isinstance(exc, ConnectionResetError):
-            raise  # nothing sent yet: the middleware's JSON error (503 state store, 500); or the client is gone
-        # The SSE headers are out: the middleware cannot send its error any more (the stream would never end),
-        # so the stream ends here with an error event and no [DONE], as an interruption does.
-        if isinstance(exc, StateStoreError):
-            log.error("state store failed mid-stream: %s", exc, extra={"request_id": rid, "error": "state_store"})
-            err = {"message": "the gateway's state store is unavailable", "type": "service_unavailable",
-                   "code": "state_store_unavailable"}
-        else:
-            log.exception("unhandled error mid-stream", extra={"request_id": rid, "error": "internal"})
-            err = {"message": "internal gateway error", "type": "server_error", "code": "internal_error"}
-        await resp.write(b"data: " + json.dumps({"error": {**err, "param": None}}).encode() + b"\n\n")
+                    log.exception("unhandled error mid-stream", extra={"request_id": rid, "error": "internal"})
+                    err = {"message": "internal gateway error", "type": "server_error", "code": "internal_error"}
+                await send(b"data: " + json.dumps({"error": {**err, "param": None}}).encode() + b"\n\n")
+            assert resp is not None
+            await _timed(resp.write_eof(), write_s)
+        except ClientStalled as exc:
+            # Tell the chain first (it closes the upstream, gives back a trial, counts nothing against the provider
+            # and records client_stalled; a stream that already ended keeps the outcome it had), then drop the client.
+            stalled = exc
+            try:
+                await events.athrow(exc)
+            except ClientStalled:
+                pass
     finally:
         await events.aclose()
     assert resp is not None
-    await resp.write_eof()
+    if stalled is not None:
+        log.warning("the client took no bytes for %g s: disconnected", stalled.timeout_s,
+                    extra={"request_id": rid, "error": "client_stalled"})
+        request[STALLED] = True
+        _drop(request)  # last: the connection's loss cancels this handler (handler_cancellation)
     return resp
 
 

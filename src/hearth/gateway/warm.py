@@ -13,6 +13,11 @@ waits minutes for a chat reply. So before each request the chain asks `await gat
       probe doubles as the warm-up. While it runs, callers get "cold" without another probe; when it
       succeeds the gate is warm and later requests go to the provider first.
 
+The probe carries the provider's own headers (Authorization from api_key_env, its `headers`) when health_url is
+the same origin (scheme, host, port) as base_url, so a health route behind the endpoint's key reads warm; to any
+other origin it carries none. A probe with headers follows redirects only within its origin (the transport's
+rule): a 3xx to anywhere else is "not warm".
+
 Background tasks are tracked (aclose() cancels and awaits them) and their failures are logged at
 ERROR and counted in hearth_gateway_warmups_total{outcome="failed"}, never swallowed.
 
@@ -52,6 +57,8 @@ class WarmGate:
         self.transport = transport
         self.metrics = metrics
         self.store = store if store is not None else MemoryStore()
+        # the provider's key and headers when health_url is its own origin (a health route behind the key), else none
+        self._headers = provider.health_headers
         self._probe: asyncio.Task[bool] | None = None
         self._warmup: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -125,7 +132,7 @@ class WarmGate:
         within timeout_s). last_error says why when it is not True."""
         try:
             async with asyncio.timeout(timeout_s):
-                resp = await self.transport.open("GET", self.provider.health_url, headers={}, body=None,
+                resp = await self.transport.open("GET", self.provider.health_url, headers=self._headers, body=None,
                                                  connect_timeout_s=timeout_s)
                 try:
                     await resp.read(_HEALTH_BODY_BYTES)

@@ -12,11 +12,12 @@ first-token and total budgets are enforced by the caller (providers.py) around t
 caller closes the response on any early exit, which drops (never re-pools) the connection.
 
 A request goes to its URL and nowhere else, and carries only the headers its caller gave:
-    * redirects are not followed for anything but a GET (the health probe, which carries no headers and no
-      body): a chat POST answered 3xx is that status (a provider failure, falls through). Following it
-      re-sent the user's messages and the provider's key headers (`api-key`, `x-api-key`, ...: aiohttp
-      strips only Authorization and Cookie) to whatever origin the Location named, took that server's
-      reply as the provider's, and a 301/302 turned the POST into a GET;
+    * redirects are followed only for a GET with no body (the health probe), and one that carries headers (the
+      provider's key, sent to the provider's own origin only) only within its origin: a 3xx to another origin
+      is that probe's answer. A chat POST answered 3xx is that status (a provider failure, falls through).
+      Following it re-sent the user's messages and the provider's key headers (`api-key`, `x-api-key`, ...:
+      aiohttp strips only Authorization and Cookie) to whatever origin the Location named, took that
+      server's reply as the provider's, and a 301/302 turned the POST into a GET;
     * no cookie jar: a cookie one upstream sets (a load balancer's, a session) was kept for the life of
       the process and sent with every user's requests to that host, whichever provider they went to.
 
@@ -35,6 +36,12 @@ from typing import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
+from yarl import URL
+
+from hearth.gateway.config import same_origin
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_MAX_REDIRECTS = 10  # aiohttp's own default
 
 
 class TransportError(Exception):
@@ -160,8 +167,23 @@ class AiohttpTransport(Transport):
         # answer to the caller's first-token budget); sock_connect: each address tried
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
         try:
+            follow = method == "GET" and body is None
+            # aiohttp's own following would take headers such as api-key to whatever origin Location names
             resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout,
-                                               allow_redirects=method == "GET" and body is None)
+                                               allow_redirects=follow and not headers)
+            if follow and headers:
+                hops = 0
+                while resp.status in _REDIRECTS and hops < _MAX_REDIRECTS:
+                    try:
+                        target = resp.url.join(URL(resp.headers["Location"]))
+                    except (KeyError, ValueError):  # no Location, or one that is no URL: the 3xx is the answer
+                        break
+                    if not same_origin(str(target), url):
+                        break  # elsewhere: the 3xx is the answer, the headers stay home
+                    resp.close()
+                    hops += 1
+                    resp = await self._session.request(method, target, headers=headers, timeout=timeout,
+                                                       allow_redirects=False)
         except aiohttp.ConnectionTimeoutError as exc:
             raise ConnectTimeout(f"connect to {url} timed out after {connect_timeout_s:g} s") from exc
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, DNS, server closed the socket
