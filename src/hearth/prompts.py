@@ -8,6 +8,8 @@ predicts production if it sends them too, so nothing else in hearth writes a sys
     feed_system_prompt(persona=, world_view=, shared_context=)                           -> feed_comment
     analyst_system_prompt(analyst, shared_context=)                                      -> analyst
     history_turn(envelope)        an earlier reply as production puts it back into the conversation
+    rehearsal_exchange(name=, personality=, relationship=, earlier=, text=, reply=)
+                                  the panel's user message after a rehearsal turn (the analysts read it)
 
 ``persona`` and ``world_view`` accept either a key of PERSONAS / WORLD_VIEWS (the built-in
 companions and views) or the full text of a custom one. ``stage`` accepts a key of STAGES (expanded
@@ -30,7 +32,8 @@ from hearth.envelope import ChatReply, dumps, json_schema
 __all__ = [
     "ANALYSTS", "ANALYST_LENSES", "PERSONAS", "WORLD_VIEWS", "STAGES", "PROMPT_KINDS", "Persona",
     "companion_system_prompt", "feed_system_prompt", "analyst_system_prompt", "rehearsal_system_prompt",
-    "envelope_instruction", "system_prompt_for", "DEFAULT_PROMPT",
+    "envelope_instruction", "system_prompt_for", "DEFAULT_PROMPT", "history_turn", "panel_context",
+    "PANEL_EXCHANGE_TURNS", "rehearsal_exchange", "rehearsal_exchange_for",
 ]
 
 # Which envelope kind each prompt asks for (the eval and corpus look the kind up here).
@@ -301,7 +304,7 @@ def companion_system_prompt(*, persona: str, world_view: str, shared_context: st
 def feed_system_prompt(*, persona: str, world_view: str, shared_context: str) -> str:
     """System prompt for a companion's comment on a user's feed post (reply kind "feed_comment").
 
-    The user message carries the post itself.
+    The user message is the post itself, as the user typed it (the app sends it unlabelled).
     """
     return "\n\n".join([
         _HOUSE_RULES,
@@ -387,6 +390,67 @@ def panel_context(shared_context: str, *, companion: str = "", memories: Sequenc
     who = f"{companion}, the user's companion," if companion else "the user's companion"
     block = f"What {who} remembers from their conversations:\n" + "\n".join(f"- {m}" for m in remembered)
     return f"{shared_context}\n\n{block}" if shared_context else block
+
+
+# Earlier rehearsal turns the panel reads after a rehearsal turn, before the new exchange (rehearsal_exchange).
+PANEL_EXCHANGE_TURNS = 6
+
+
+def rehearsal_exchange(*, name: str, personality: str, relationship: str, earlier: Sequence[Mapping[str, str]],
+                       text: str, reply: str) -> str:
+    """What the Simulation Mode panel reads after a rehearsal turn: the user message of each analyst's request
+    (analyst_system_prompt is its system message, with the rehearsal's panel_context), in the user's voice.
+
+    name/personality/relationship: the person rehearsed with (as rehearsal_system_prompt gets them); earlier: the
+    rehearsal before this turn, oldest first, as {"role": "user" | "assistant", "content": text} (the person's
+    turns as their message text, history_turn), of which the last PANEL_EXCHANGE_TURNS are read; text: the user's
+    new line; reply: the person's reply to it (its message). The app, the eval's after-rehearsal case and the
+    corpus (rehearsal_exchange_for) all build it here. TypeError/ValueError naming the argument.
+    """
+    for value, what in ((name, "name"), (personality, "personality"), (relationship, "relationship"),
+                        (text, "text"), (reply, "reply")):
+        _require_text(value, what)  # checked, not rewritten: the app's stored fields are already clean
+    if not isinstance(earlier, (list, tuple)):
+        raise TypeError(f"earlier must be a list of turns, got {type(earlier).__name__}")
+    for i, turn in enumerate(earlier):
+        if not isinstance(turn, Mapping) or turn.get("role") not in ("user", "assistant"):
+            raise ValueError(f"earlier[{i}] must be a turn with role 'user' or 'assistant'")
+        if not isinstance(turn.get("content"), str):
+            raise TypeError(f"earlier[{i}].content must be str, got {type(turn.get('content')).__name__}")
+    lines = [f"I am rehearsing a hard conversation with {name} ({relationship}). {name}: {personality}", "",
+             "The conversation so far:"]
+    for turn in earlier[-PANEL_EXCHANGE_TURNS:]:
+        lines.append(f"{'Me' if turn['role'] == 'user' else name}: {turn['content']}")
+    lines += [f"Me: {text}", f"{name}: {reply}", "", "How is it going, and what should I say next?"]
+    return "\n".join(lines)
+
+
+def rehearsal_exchange_for(spec: Mapping[str, Any]) -> str:
+    """rehearsal_exchange from a spec, as the eval's after-rehearsal analyst cases and the corpus's analyst user
+    turns write it: {"rehearsal": {"name", "personality", "backstory", "relationship"} (the person, as a
+    rehearsal spec gives it), "history": the rehearsal's earlier turns ({"role": "user", "content"} or
+    {"role": "assistant", "envelope": a chat envelope}, sent back as history_turn does), "text": the user's new
+    line, "reply": the person's reply (its message)}. ValueError/TypeError naming the key."""
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"after_rehearsal must be a mapping, got {type(spec).__name__}")
+    person = _spec_field(spec, "rehearsal", dict)
+    history = _spec_field(spec, "history", list, required=False) or []
+    earlier = []
+    for i, turn in enumerate(history):
+        role = turn.get("role") if isinstance(turn, Mapping) else None
+        if role == "assistant":
+            envelope = turn.get("envelope")
+            if not isinstance(envelope, Mapping):
+                raise ValueError(f"history[{i}]: an assistant turn needs an 'envelope' object")
+            earlier.append({"role": role, "content": history_turn(ChatReply.model_validate(envelope))})
+        elif role == "user":
+            _require_text(turn.get("content"), f"history[{i}].content")
+            earlier.append({"role": role, "content": turn["content"]})  # as the eval's and corpus's histories send it
+        else:
+            raise ValueError(f"history[{i}] must be a turn with role 'user' or 'assistant'")
+    return rehearsal_exchange(name=_spec_field(person, "name"), personality=_spec_field(person, "personality"),
+                              relationship=_spec_field(person, "relationship"), earlier=earlier,
+                              text=_spec_field(spec, "text"), reply=_spec_field(spec, "reply"))
 
 
 def _spec_field(spec: Mapping[str, Any], name: str, kind: type = str, required: bool = True) -> Any:

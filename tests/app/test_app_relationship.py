@@ -24,7 +24,7 @@ def test_stages_exist_in_the_production_prompts_and_are_monotone():
         idx = order.index(standing(a, a).key)
         assert idx >= last
         last = idx
-    assert standing(0, 0).next_at == 6 and standing(40, 40).next_at is None
+    assert standing(0, 0).next_at == 6 and standing(40, 40).next_at == 90 and standing(60, 40).next_at is None
 
 
 def test_bad_types_are_refused():

@@ -9,9 +9,15 @@ totals (nothing else is stored), so it can never disagree with them:
     acquaintance   >= 6                        -
     friend         >= 20                       >= 6
     close_friend   >= 45                       >= 18
+    confidant      >= 90                       >= 40
 
-The stage key is one of hearth.prompts.STAGES, so the companion prompt describes the same stage the
-UI shows. Trust gates the higher stages: warmth alone does not make someone a close friend.
+The stage keys are hearth.prompts.STAGES, all of them and in the same order (a test holds the two together), so
+the companion prompt describes the same stage the UI shows, and every stage the corpus trains and the eval scores
+is one production reaches. Trust gates the higher stages: warmth alone does not make someone a close friend, or a
+confidant. The thresholds roughly double up the ladder: a reply moves the totals by 0 on an ordinary turn
+(the prompt reserves 2 and -2 for turns that really change things), so a warm relationship gains well under a
+point a turn, and confidant (about twice close_friend's score, trust near half of it) takes a few hundred
+replies: weeks of daily talk, not an evening (docs/app.md).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ STAGES: tuple[tuple[str, str, int, int], ...] = (
     ("acquaintance", "acquaintance", 6, -10**9),
     ("friend", "friend", 20, 6),
     ("close_friend", "close", 45, 18),
+    ("confidant", "confidant", 90, 40),
 )
 
 

@@ -293,14 +293,14 @@ def rehearsal_messages(view: RehearsalView, shared_context: str, text: str, turn
 
 
 def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
-    """What the analysts read after a rehearsal turn: who it is, and the latest exchange in context."""
+    """What the analysts read after a rehearsal turn: who it is, and the latest exchange in context. Written by
+    hearth.prompts.rehearsal_exchange (its last PANEL_EXCHANGE_TURNS earlier turns), which the eval's
+    after-rehearsal case and the corpus use too."""
     a = view.agent
-    lines = [f"I am rehearsing a hard conversation with {a.name} ({a.relationship}). "
-             f"{a.name}: {a.personality}", "", "The conversation so far:"]
-    for t in view.turns[-6:]:
-        lines.append(f"{'Me' if t.role == 'user' else a.name}: {t.text}")
-    lines += [f"Me: {text}", f"{a.name}: {reply}", "", "How is it going, and what should I say next?"]
-    return "\n".join(lines)
+    earlier = [{"role": "user" if t.role == "user" else "assistant", "content": t.text}
+               for t in view.turns[-prompts.PANEL_EXCHANGE_TURNS:]]
+    return prompts.rehearsal_exchange(name=a.name, personality=a.personality, relationship=a.relationship,
+                                      earlier=earlier, text=text, reply=reply)
 
 
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,

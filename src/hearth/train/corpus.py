@@ -7,10 +7,14 @@ Input: JSONL, one conversation per line:
      "turns": [{"role": "user", "content": "..."}, {"role": "assistant", "envelope": {...}}, ...]}
 
 ``kind`` picks the prompt (chat -> companion, feed_comment -> feed, analyst -> analyst; ``"prompt":
-"rehearsal"`` with a ``rehearsal`` object for rehearsal chats). Every assistant turn is an envelope
+"rehearsal"`` with a ``rehearsal`` object for rehearsal chats). A user turn may give ``after_rehearsal`` (an
+object: the rehearsal, its earlier turns, the new line and the reply) instead of ``content``: the message the
+app's analyst panel reads after a rehearsal turn, written by hearth.prompts.rehearsal_exchange_for. Every assistant turn is an envelope
 object; it is validated with hearth.envelope and serialised with ``envelope.dumps``, so the model
 trains on exactly the text the app parses. The system prompt comes from hearth.prompts, i.e. at
-production size.
+production size, and each example is the request the app sends at that turn (conversation_examples: its last
+CHAT_CONTEXT_TURNS earlier turns, its latest PROMPT_MEMORIES memories, growing with what the replies list, the
+user's texts as the app stores them; a feed or analyst conversation is one exchange).
 
 Output (OUT_DIR): train.jsonl (one example per assistant turn: input_ids + labels with -100 outside
 the reply + turns, the token where each message starts, when a tokenizer is given, else text + trained character spans), rejected.jsonl (line,
@@ -29,11 +33,41 @@ from typing import Any, Iterable
 from pydantic import ValidationError
 
 from hearth.envelope import MODELS, EnvelopeError, dumps
-from hearth.prompts import history_turn, system_prompt_for
+from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, STAGES, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
+                            system_prompt_for)
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
 
 IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
+
+# What one app request carries, so that each example's prompt is the one the app sends at that turn: the app's
+# defaults (hearth.app.settings.AppSettings: chat_context_turns, prompt_memories) and limits (hearth.app.companions:
+# MAX_CONTEXT, MAX_PERSONA, MAX_MEMORIES_KEPT; its stages, hearth.app.relationship). Not imported: the corpus
+# builder does not load the app (its database and crypto); tests/train/test_train_review50b_corpus.py keeps them equal.
+CHAT_CONTEXT_TURNS = 20  # earlier turns (a user message and the reply) a chat or a rehearsal sends back
+PROMPT_MEMORIES = 30  # the companion's latest memories in its prompt (and in a rehearsal's / the panel's context)
+MAX_MEMORIES_KEPT = 200  # the app keeps a companion's latest 200 memories
+MAX_CONTEXT = 8000  # characters of shared context the app stores
+MAX_PERSONA = 4000  # characters of a custom persona
+APP_STAGES = tuple(STAGES)  # the app's ladder has these keys (tests/app/test_app_review50b_stages.py)
+HISTORY_PROMPTS = ("companion", "rehearsal")  # the app sends earlier turns with these; feed and analyst go alone
+
+
+def clean(text: str) -> str:
+    """A user-written text as the app stores and sends it (hearth.app.common.clean_text): stripped, CRLF as LF."""
+    return text.strip().replace("\r\n", "\n")
+
+
+def remember(memories: list[str], proposed: list[str]) -> list[str]:
+    """The companion's memories after a chat reply that lists ``proposed``, as the app's save_turn stores them: the
+    new ones (not already kept, case-insensitively; each once) appended, the latest MAX_MEMORIES_KEPT kept."""
+    seen = {m.casefold() for m in memories}
+    fresh = []
+    for m in proposed:
+        if m.casefold() not in seen:
+            seen.add(m.casefold())
+            fresh.append(m)
+    return (list(memories) + fresh)[-MAX_MEMORIES_KEPT:]
 
 
 class CorpusError(ValueError):
@@ -78,9 +112,9 @@ def system_prompt(conv: dict) -> tuple[str, str]:
         raise CorpusError(str(exc)) from None
 
 
-def _target(turn: dict, kind: str, index: int, conv: dict) -> tuple[str, str]:
+def _target(turn: dict, kind: str, index: int, conv: dict) -> tuple[str, str, Any]:
     """(the trained text: the canonical envelope, the same reply as a later example's history turn: what the app
-    sends back, hearth.prompts.history_turn)."""
+    sends back, hearth.prompts.history_turn; the validated envelope)."""
     envelope = turn.get("envelope")
     if not isinstance(envelope, dict):
         raise CorpusError(f"turns[{index}]: an assistant turn needs an 'envelope' object")
@@ -95,20 +129,61 @@ def _target(turn: dict, kind: str, index: int, conv: dict) -> tuple[str, str]:
         raise CorpusError(f"turns[{index}].envelope.analyst: {model.analyst!r} but the prompt is for "
                           f"{conv.get('analyst')!r}")
     try:
-        return dumps(model), history_turn(model)
+        return dumps(model), history_turn(model), model
     except EnvelopeError as exc:  # pragma: no cover - model_validate above already passed
         raise CorpusError(f"turns[{index}].envelope.{exc.field}: {exc.reason}") from None
 
 
-def conversation_examples(conv: Any, *, line: int = 0) -> list[Example]:
-    """All examples (one per assistant turn) of one conversation object; CorpusError if any is invalid."""
+def _app_spec(conv: dict) -> dict:
+    """The conversation's prompt fields as the app holds them (clean), or CorpusError for what the app cannot send:
+    a shared context or custom persona over its limits, a world view or stage it does not have."""
+    spec = dict(conv)
+    shared = conv.get("shared_context")
+    if isinstance(shared, str):
+        spec["shared_context"] = clean(shared)
+        if len(spec["shared_context"]) > MAX_CONTEXT:
+            raise CorpusError(f"shared_context: {len(spec['shared_context'])} characters, over the app's "
+                              f"{MAX_CONTEXT} (the app stores no longer one)")
+    persona = conv.get("persona")
+    if isinstance(persona, str) and persona not in PERSONAS and len(clean(persona)) > MAX_PERSONA:
+        raise CorpusError(f"persona: {len(clean(persona))} characters, over the app's {MAX_PERSONA} for a custom persona")
+    prompt = conv.get("prompt") or DEFAULT_PROMPT.get(conv.get("kind"))
+    if prompt in ("companion", "feed") and isinstance(conv.get("world_view"), str) \
+            and conv["world_view"] not in WORLD_VIEWS:
+        raise CorpusError(f"world_view: the app offers {', '.join(WORLD_VIEWS)}, got {conv['world_view'][:60]!r}")
+    if prompt == "companion" and isinstance(conv.get("stage"), str) and conv["stage"] not in APP_STAGES:
+        raise CorpusError(f"stage: the app sends one of its stages ({', '.join(APP_STAGES)}), got {conv['stage'][:60]!r}")
+    return spec
+
+
+def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT_CONTEXT_TURNS,
+                          prompt_memories: int = PROMPT_MEMORIES) -> list[Example]:
+    """All examples (one per assistant turn) of one conversation object; CorpusError if any is invalid.
+
+    Each example's prompt is the app's request at that turn: its last ``context_turns`` earlier turns (companion
+    chats and rehearsals; feed comments and analyst readings go with none, so such a conversation is one exchange),
+    the latest ``prompt_memories`` memories (a companion chat's grow as the app stores what its replies list:
+    ``memories`` is what the companion remembers when the conversation starts), and the user's texts as the app
+    stores them (clean)."""
     if not isinstance(conv, dict):
         raise CorpusError(f"a conversation must be a JSON object, got {type(conv).__name__}")
     conv_id = _field(conv, "id")
-    kind, system = system_prompt(conv)
+    spec = _app_spec(conv)
+    memories = spec.get("memories")
+
+    def prompt_for(known) -> tuple[str, str]:
+        if isinstance(known, list):  # anything else: system_prompt_for names it
+            return system_prompt({**spec, "memories": known[-prompt_memories:] if prompt_memories else []})
+        return system_prompt(spec)
+
+    kind, system = prompt_for(memories)
+    prompt = spec.get("prompt") or DEFAULT_PROMPT[kind]
     turns = _field(conv, "turns", list)
     if not turns:
         raise CorpusError("turns is empty")
+    if prompt not in HISTORY_PROMPTS and len(turns) > 2:
+        raise CorpusError(f"turns: the app sends a {prompt} request with one user message and no history; a {kind} "
+                          f"conversation is one user turn and one reply (got {len(turns)} turns)")
     messages: list[dict[str, str]] = []
     examples: list[Example] = []
     for i, turn in enumerate(turns):
@@ -117,26 +192,42 @@ def conversation_examples(conv: Any, *, line: int = 0) -> list[Example]:
             got = turn.get("role") if isinstance(turn, dict) else type(turn).__name__
             raise CorpusError(f"turns[{i}] must be a {expected} turn (turns alternate, user first), got {got!r}")
         if expected == "user":
-            content = turn.get("content")
+            if "after_rehearsal" in turn:  # the panel after a rehearsal turn: its message as the app writes it
+                if "content" in turn:
+                    raise CorpusError(f"turns[{i}] gives content or after_rehearsal, not both")
+                try:
+                    content = rehearsal_exchange_for(turn["after_rehearsal"])
+                except (TypeError, ValueError) as exc:
+                    raise CorpusError(f"turns[{i}].after_rehearsal: {exc}") from None
+            else:
+                content = turn.get("content")
             if not isinstance(content, str) or not content.strip():
                 raise CorpusError(f"turns[{i}].content must be a non-empty string")
-            messages.append({"role": "user", "content": content})
+            messages.append({"role": "user", "content": clean(content)})
             continue
-        target, as_history = _target(turn, kind, i, conv)
+        target, as_history, envelope = _target(turn, kind, i, conv)
+        # the earlier turns the app sends back (load_chat_context / rehearsal_messages: the last 2 x turns messages)
+        sent = messages[:-1][-2 * context_turns:] if context_turns else []
         try:
-            rendered = render(system, messages + [{"role": "assistant", "content": target}])
+            rendered = render(system, sent + [messages[-1], {"role": "assistant", "content": target}])
         except (TypeError, ValueError) as exc:
             raise CorpusError(str(exc)) from None
         # later examples see this reply as the app sends it back: its message text, not the envelope
         messages.append({"role": "assistant", "content": as_history})
+        if prompt == "companion" and isinstance(memories, list):
+            # the app stores the memories a chat reply lists with the turn: the next turn's prompt carries them
+            memories = remember(memories, list(envelope.memories))
+            kind, system = prompt_for(memories)
         examples.append(Example(id=f"{conv_id}#{i}", line=line, kind=kind, rendered=rendered))
     if turns[-1].get("role") != "assistant":
         raise CorpusError("the last turn must be an assistant turn (a trailing user turn has no target)")
     return examples
 
 
-def read_corpus(lines: Iterable[str]) -> BuildResult:
-    """Parse JSONL lines (1-based line numbers); every bad line is collected, none stops the build."""
+def read_corpus(lines: Iterable[str], *, context_turns: int = CHAT_CONTEXT_TURNS,
+                prompt_memories: int = PROMPT_MEMORIES) -> BuildResult:
+    """Parse JSONL lines (1-based line numbers); every bad line is collected, none stops the build. context_turns /
+    prompt_memories: the app's chat_context_turns / prompt_memories (its defaults; a deployment that changed them)."""
     result = BuildResult()
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -146,7 +237,8 @@ def read_corpus(lines: Iterable[str]) -> BuildResult:
         try:
             conv = json.loads(raw)
             conv_id = conv.get("id") if isinstance(conv, dict) else None
-            result.examples.extend(conversation_examples(conv, line=number))
+            result.examples.extend(conversation_examples(conv, line=number, context_turns=context_turns,
+                                                         prompt_memories=prompt_memories))
         except json.JSONDecodeError as exc:
             result.rejected.append({"line": number, "id": None, "reason": f"not JSON: {exc.msg} (column {exc.colno})"})
         except CorpusError as exc:
@@ -246,7 +338,8 @@ def _length_stats(lengths: list[int]) -> dict:
             "max": ordered[-1], "total": sum(ordered)}
 
 
-def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None) -> dict:
+def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None,
+          context_turns: int = CHAT_CONTEXT_TURNS, prompt_memories: int = PROMPT_MEMORIES) -> dict:
     """Build the corpus; returns the stats dict (also written to OUT_DIR/stats.json).
 
     Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name and
@@ -258,7 +351,7 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         raise ValueError(f"input: {input} is not a file")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     with input.open(encoding="utf-8") as fh:
-        result = read_corpus(fh)
+        result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     rows, lengths, trained = [], [], []
@@ -281,6 +374,7 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         by_kind[example.kind] = by_kind.get(example.kind, 0) + 1
     stats = {
         "input": str(input), "tokenizer": str(tokenizer) if tokenizer else None, "unit": unit,
+        "context_turns": context_turns, "prompt_memories": prompt_memories,
         "conversations": result.conversations, "accepted": result.conversations - len(result.rejected),
         "rejected": len(result.rejected), "examples": len(rows), "examples_by_kind": by_kind,
         "length": _length_stats(lengths), "trained": _length_stats(trained),

@@ -9,7 +9,11 @@ A case line:
      "memories": [...], "context": "tama", "history": [{"role": "user", "content": "..."},
      {"role": "assistant", "envelope": {...}}], "user": "the message to answer"}
 
-Any key hearth.prompts.system_prompt_for reads may appear (prompt, analyst, rehearsal, companion, ...);
+An analyst case may give ``after_rehearsal`` instead of ``user``: the panel's message after a rehearsal turn,
+written by hearth.prompts.rehearsal_exchange_for as the app writes it ({"rehearsal": the person, "history": the
+rehearsal's earlier turns, inline or a histories.json name, "text": the user's new line, "reply": the person's
+reply}); it stays in the case's spec. Any key hearth.prompts.system_prompt_for reads may appear (prompt, analyst,
+rehearsal, companion, ...);
 ``context`` names an entry of contexts.json and becomes ``shared_context``; ``history`` and ``memories`` are
 either inline lists or the name of an entry of histories.json / memories.json (one long conversation or memory
 list can serve several cases, e.g. a chat, a rehearsal and the panel of the same companion). Assistant turns
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hearth.envelope import MODELS
-from hearth.prompts import history_turn, system_prompt_for
+from hearth.prompts import history_turn, rehearsal_exchange_for, system_prompt_for
 
 HERE = Path(__file__).parent
 SUITES: dict[str, str] = {"companion": "companion.jsonl", "feed": "feed.jsonl", "analysts": "analysts.jsonl"}
@@ -75,8 +79,17 @@ def _named(table: dict, name: str, what: str, file: str):
     return table[name]
 
 
+def _after_rehearsal(raw: Any) -> dict:
+    """An after-rehearsal spec with its named history (histories.json) resolved."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"after_rehearsal must be an object, got {type(raw).__name__}")
+    if isinstance(raw.get("history"), str):
+        return {**raw, "history": list(_named(histories(), raw["history"], "history", "histories.json"))}
+    return dict(raw)
+
+
 def _case(suite: str, raw: dict) -> Case:
-    spec = {k: v for k, v in raw.items() if k not in {"id", "context", "history", "user"}}
+    spec = {k: v for k, v in raw.items() if k not in {"id", "context", "history", "user", "after_rehearsal"}}
     if "context" in raw:
         spec["shared_context"] = _named(contexts(), raw["context"], "context", "contexts.json")
     if isinstance(raw.get("memories"), str):
@@ -92,11 +105,18 @@ def _case(suite: str, raw: dict) -> Case:
         else:
             content = turn["content"]
         history.append({"role": turn["role"], "content": content})
-    if not isinstance(raw.get("user"), str) or not raw["user"].strip():
+    user = raw.get("user")
+    if "after_rehearsal" in raw:  # the panel after a rehearsal turn: its message as the app writes it
+        if kind != "analyst" or "user" in raw or history:
+            raise ValueError("after_rehearsal is an analyst case's user message: give it instead of 'user' and "
+                             "'history'")
+        after = _after_rehearsal(raw["after_rehearsal"])
+        user = rehearsal_exchange_for(after)
+        spec["after_rehearsal"] = after
+    if not isinstance(user, str) or not user.strip():
         raise ValueError("'user' must be a non-empty string")
     expect = {"analyst": spec["analyst"]} if kind == "analyst" else {}
-    return Case(suite=suite, id=raw["id"], kind=kind, spec=spec, history=tuple(history), user=raw["user"],
-                expect=expect)
+    return Case(suite=suite, id=raw["id"], kind=kind, spec=spec, history=tuple(history), user=user, expect=expect)
 
 
 def load_suite(name: str, path: Path | None = None) -> list[Case]:
