@@ -96,8 +96,13 @@ def _bad_row(ids: list, labels: list, turns) -> str | None:
 
 def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[list[Example], dict]:
     """Examples that fit seq_len (history dropped where needed), plus counts and the rejected lines.
-    ValueError naming ``name`` for a malformed row, or when nothing is trainable."""
-    examples, rejected, truncated, dropped, skipped = [], [], 0, 0, 0
+    ValueError naming ``name`` for a malformed row, or when nothing is trainable.
+
+    Counts: examples, truncated (examples that lost history to fit), history_turns_dropped (history message blocks
+    dropped in all: a user turn and its reply are two), skipped_no_target, longest_tokens (the longest row as the
+    corpus holds it, rejected ones included: the seq_len that would keep every example whole) and
+    longest_fitted_tokens (the longest example trained on)."""
+    examples, rejected, truncated, dropped, skipped, longest = [], [], 0, 0, 0, 0
     with Path(path).open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -114,6 +119,7 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
             bad = _bad_row(ids, labels, turns)
             if bad:
                 raise ValueError(f"{name}: line {lineno}: {bad} (rebuild the corpus with `hearth corpus build --tokenizer`)")
+            longest = max(longest, len(ids))
             try:
                 ids, labels, n = fit_example(ids, labels, turns, seq_len)
             except TooLong as why:
@@ -130,7 +136,8 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
         why = f"; rejected: line {rejected[0]['line']}: {rejected[0]['reason']}" if rejected else ""
         raise ValueError(f"{name}: {path} has no example with a trained token within seq_len={seq_len}{why}")
     return examples, {"examples": len(examples), "truncated": truncated, "history_turns_dropped": dropped,
-                      "skipped_no_target": skipped, "rejected": rejected}
+                      "skipped_no_target": skipped, "longest_tokens": longest,
+                      "longest_fitted_tokens": max(len(e) for e in examples), "rejected": rejected}
 
 
 def split_eval(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:

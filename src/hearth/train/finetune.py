@@ -4,8 +4,10 @@
     run(FinetuneConfig(corpus=Path("out/train.jsonl"), model=Path("models/qwen3-14b"), out=Path("adapter")))
 
 Steps: resolve the config (defaults < RUN.toml < flags; written to OUT/run.toml, which `hearth train` takes
-back) -> read the corpus (hearth.train.batches: history turns dropped to fit seq_len, a validation split) ->
-refuse a memory budget the weights alone exceed (exit 1; names --qlora and a larger GPU) -> load the model
+back) -> read the corpus (hearth.train.batches: history turns dropped to fit seq_len, a validation split; the
+start-up log and metrics.json say how many training examples lost history and the longest example) -> check the
+step settings against the run's length (exit 2) -> refuse a memory budget the weights alone exceed (exit 1; names
+--qlora, more FSDP ranks or a larger GPU, whichever can apply) -> load the model
 from a LOCAL path (never the hub; --random-init builds it from a config JSON, for benchmarking), 4-bit NF4
 with --qlora -> peft LoRA (rank, alpha, dropout, target modules) -> hearth.patch.apply, after probing the loss
 kernel on this device (unless --no-patch; after peft, so that the LoRA projections get hearth's fused nodes) -> activation checkpointing for the budget
@@ -53,6 +55,7 @@ IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GIB = 1 << 30
 SCHEDULES = ("cosine", "linear", "constant")
+SEED_MAX = 2**32 - 1
 # hearth.kernels.lora.LORA_COMPUTE, the run file's default first (not imported: the CLI validates a run file without
 # loading torch or Triton; tests/train/test_finetune.py keeps the two equal)
 LORA_COMPUTE = ("base", "adapter")
@@ -141,16 +144,26 @@ class FinetuneConfig:
         positive_int("batch_tokens", allow_none=True)
         for name in ("warmup_steps", "eval_every", "save_every", "seed"):
             positive_int(name, allow_zero=True)
-        for name in ("lr", "alpha", "max_grad_norm"):
+
+        def number(name) -> bool:  # a bool is an int to Python: weight_decay = true was read as 1.0
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
-            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction!r}")
+            return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+        if self.seed > SEED_MAX:  # the shuffle seeds torch.Generator with seed x 100003 + epoch (batches.epoch_order)
+            raise ValueError(f"seed must be at most {SEED_MAX} (2**32 - 1), got {self.seed!r}")
+        if self.max_steps is not None and self.epochs != 1:
+            raise ValueError(f"epochs and max_steps: give one of them (max_steps = {self.max_steps} runs exactly that "
+                             f"many optimizer steps, passes repeating; epochs = {self.epochs} would be ignored)")
+        for name in ("lr", "alpha", "max_grad_norm"):
+            # TOML has inf: lr = inf made every step's update non-finite, alpha = inf every LoRA output
+            if not (number(name) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
+        if not (number("weight_decay") and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if not (number("dropout") and 0 <= self.dropout < 1):
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not (number("eval_fraction") and 0 <= self.eval_fraction < 1):
+            raise ValueError(f"eval_fraction must be a number in [0, 1), got {self.eval_fraction!r}")
         if self.eval_corpus is not None and self.eval_fraction > 0:
             raise ValueError("eval_corpus and eval_fraction: give one of them, not both")
         if self.eval_every and self.eval_corpus is None and not self.eval_fraction:
@@ -184,9 +197,10 @@ class FinetuneConfig:
         if self.batch_tokens is not None and self.batch_tokens < self.seq_len:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must be >= seq_len ({self.seq_len}): "
                              "every example must fit one micro-batch")
-        if self.memory_budget_gib is not None and (isinstance(self.memory_budget_gib, bool) or not isinstance(
-                self.memory_budget_gib, (int, float)) or not self.memory_budget_gib > 0):
-            raise ValueError(f"memory_budget_gib must be a number of GiB > 0, got {self.memory_budget_gib!r}")
+        if self.memory_budget_gib is not None and not (number("memory_budget_gib") and self.memory_budget_gib > 0):
+            raise ValueError(f"memory_budget_gib must be a finite number of GiB > 0, got {self.memory_budget_gib!r}")
+        if self.max_steps is not None:  # the run's length is known before the corpus is read
+            self.check_steps(self.max_steps)
         if not Path(self.corpus).is_file():
             raise ValueError(f"corpus: {self.corpus} is not a file (expected OUT_DIR/train.jsonl from `hearth corpus build`)")
         if self.eval_corpus is not None and not Path(self.eval_corpus).is_file():
@@ -194,6 +208,9 @@ class FinetuneConfig:
         if not Path(self.model).exists():
             raise ValueError(f"model: {self.model} does not exist (a local model directory"
                              + (" or config JSON" if self.random_init else "") + "; nothing is downloaded)")
+        if Path(self.out).resolve() == Path(self.model).resolve():
+            raise ValueError(f"out: {self.out} is the model folder (the adapter, run.toml and metrics would be written "
+                             "among the model's files); give the run its own out")
         # OUT is first written once the model is loaded: a file in its place (or on the way to it) fails here
         for folder in (Path(self.out), *Path(self.out).parents):
             if folder.exists():
@@ -214,6 +231,31 @@ class FinetuneConfig:
                 raise ValueError(f"out: {self.out} already holds checkpoints of an earlier run ({earlier[-1]}, "
                                  f"{len(earlier)} in all); continue that run with --resume {self.out}, or give this "
                                  f"run another out (or delete {Path(self.out) / 'checkpoints'})")
+
+    def check_positions(self, positions: int, longest: int, where: str) -> None:
+        """ValueError naming seq_len when it lets through an example (``longest``: the longest fitted one) longer than
+        the model has positions for (max_position_embeddings: positions it was never trained at, and a prompt a
+        server of this model refuses). A seq_len above it over a corpus of shorter examples trains nothing wrong and
+        is left alone. Packed rows restart their positions at each example: an example's length is what counts."""
+        if longest > positions:
+            raise ValueError(f"seq_len: {self.seq_len} lets examples of up to {longest} tokens through, longer than the "
+                             f"model's max_position_embeddings = {positions} ({where}); lower --seq-len to at most "
+                             f"{positions}")
+
+    def check_steps(self, total: int) -> None:
+        """ValueError naming warmup_steps, eval_every or save_every when it does not fit a run of ``total`` optimizer
+        steps (check() with max_steps; the runner once the corpus has given the step plan, before the model loads)."""
+        unit = f"the run's {total} optimizer steps"
+        if self.warmup_steps and self.warmup_steps >= total:
+            raise ValueError(f"warmup_steps: {self.warmup_steps} is not shorter than {unit}: the lr would reach its "
+                             f"peak at the last step at best and never decay ({self.lr_schedule}); use fewer warm-up "
+                             f"steps (e.g. {max(1, total // 10)}), or a longer run")
+        if self.eval_every and self.eval_every > total:
+            raise ValueError(f"eval_every: {self.eval_every} is longer than {unit}: no evaluation but the last step's "
+                             f"(as eval_every = 0); use at most {total}")
+        if self.save_every and self.save_every >= total:
+            raise ValueError(f"save_every: {self.save_every} is not shorter than {unit}: no checkpoint would be written "
+                             f"(the last step writes the adapter, not a checkpoint); use less than {total}, or 0")
 
     def as_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
@@ -566,20 +608,33 @@ def apply_checkpointing(model, plan: CheckpointPlan) -> int:
 
 
 def refuse_over_budget(weights_bytes: int, trainable_bytes: int, budget_gib: float | None, *,
-                       qlora: bool, qlora_weights_bytes: int | None = None) -> None:
+                       qlora: bool, qlora_weights_bytes: int | None = None, parallel: str = "none",
+                       world: int = 1) -> None:
     """RunError when the weights (+ the LoRA parameters, their gradients and AdamW state) alone exceed the
-    budget: no checkpointing or sequence length can fix that. The message names --qlora (with the 4-bit
-    size) and a larger GPU."""
+    budget: no checkpointing or sequence length can fix that. ``weights_bytes`` / ``trainable_bytes`` are one
+    rank's (under fsdp: 1/world of the model's). The message says what can: in one process --qlora (with the 4-bit
+    size) or a larger GPU; under parallel = "fsdp" more ranks (how many the weights alone need) or larger GPUs; under
+    "ddp" (every rank holds the whole model) parallel = "fsdp". --qlora is refused with either (check())."""
     if budget_gib is None:
         return
     need = (weights_bytes + 4 * trainable_bytes) / GIB
     if need <= budget_gib:
         return
     what = "4-bit" if qlora else "16-bit" if weights_bytes else ""
-    fix = ("a GPU with more memory" if qlora else
-           f"--qlora (a 4-bit NF4 base: about {(qlora_weights_bytes or 0) / GIB:.1f} GiB of weights) or a GPU with more memory")
-    raise RunError(f"memory_budget_gib: the {what} model weights and LoRA state alone need {need:.1f} GiB, over the "
-                   f"{budget_gib:.1f} GiB budget; no activation checkpointing or shorter --seq-len can fix that: use {fix}")
+    if parallel == "fsdp":
+        ranks = math.ceil(need * world / budget_gib)  # the whole model's, spread 1/N a rank
+        fix = (f"more ranks (FSDP keeps 1/N of them on each rank: at least {ranks} for the weights and LoRA state "
+               f"alone, more for the activations) or GPUs with more memory (--qlora cannot be combined with parallel)")
+    elif parallel == "ddp":
+        fix = ("parallel = \"fsdp\" (DDP keeps the whole model on every rank; FSDP keeps 1/N of it) or GPUs with more "
+               "memory (--qlora cannot be combined with parallel)")
+    elif qlora:
+        fix = "a GPU with more memory"
+    else:
+        fix = (f"--qlora (a 4-bit NF4 base: about {(qlora_weights_bytes or 0) / GIB:.1f} GiB of weights) or a GPU with "
+               "more memory")
+    raise RunError(f"memory_budget_gib: the {what} model weights and LoRA state alone need {need:.1f} GiB"
+                   f"{' per rank' if parallel != 'none' else ''}, over the {budget_gib:.1f} GiB budget; no activation checkpointing or shorter --seq-len can fix that: use {fix}")
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -1009,8 +1064,13 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         data_stats["eval"] = eval_stats
     else:
         train, held = split_eval(examples, cfg.eval_fraction, cfg.seed)
-    data_stats.update(train_examples=len(train), eval_examples=len(held))
+    data_stats.update(train_examples=len(train), eval_examples=len(held),
+                      train_truncated=sum(1 for e in train if e.dropped_turns),
+                      train_history_dropped=sum(e.dropped_turns for e in train),
+                      eval_truncated=sum(1 for e in held if e.dropped_turns))
+    console.print(fit_summary(data_stats, cfg.seq_len))
     steps = step_plan(train, cfg)
+    cfg.check_steps(len(steps))  # warm-up, eval and checkpoint intervals against the run's length: before the model
     resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
     fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
     if resume_from is not None:
@@ -1021,6 +1081,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     config = model_config(cfg.model, random_init=cfg.random_init)
+    if isinstance(getattr(config, "max_position_embeddings", None), int):  # with transformers' default for the type
+        cfg.check_positions(config.max_position_embeddings, max(len(e) for e in examples + held), str(cfg.model))
     if max(max(e.ids) for e in examples + held) >= config.vocab_size:
         raise ValueError(f"corpus: token ids reach beyond the model's vocab_size={config.vocab_size} (another tokenizer?)")
     budget = cfg.memory_budget_gib
@@ -1032,7 +1094,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                          f"(its Linear layers: {', '.join(sizes['linear_names'])})")
     shards = dist.world if dist.mode == "fsdp" else 1  # FSDP keeps 1/world of the weights and LoRA state per rank
     refuse_over_budget(sizes["weights_4bit" if cfg.qlora else "weights"] // shards, sizes["lora_fp32"] // shards, budget,
-                       qlora=cfg.qlora, qlora_weights_bytes=sizes["weights_4bit"])
+                       qlora=cfg.qlora, qlora_weights_bytes=sizes["weights_4bit"], parallel=dist.mode, world=dist.world)
 
     model = load_model(cfg.model, random_init=cfg.random_init, dtype=dtype, device=device, qlora=cfg.qlora,
                        config=config, seed=cfg.seed)
@@ -1204,6 +1266,24 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                   + (f"; peak {metrics['peak_gib']} GiB" if metrics["peak_gib"] is not None else "")
                   + f"; adapter, run.toml, metrics.jsonl and loss.png in {cfg.out}")
     return model, metrics
+
+
+def fit_summary(data: dict, seq_len: int) -> str:
+    """The start-up line on fitting the corpus into seq_len: how many training examples lost their oldest history
+    turns (batches.fit_example) and the longest example as built (docs/training.md, "Sequence length and the
+    app's prompts": the app's largest prompt is longer than the default seq_len)."""
+    longest = data.get("longest_tokens", 0)
+    if "eval" in data:
+        longest = max(longest, data["eval"].get("longest_tokens", 0))
+    held = f", {data['eval_examples']} held out" if data.get("eval_examples") else ""
+    if not data.get("train_truncated") and not data.get("eval_truncated"):
+        return (f"[bold]data[/bold]: {data['train_examples']} training examples{held}; every example fits "
+                f"seq_len={seq_len} whole (longest example {longest} tokens)")
+    return (f"[bold]data[/bold]: [yellow]{data['train_truncated']} of {data['train_examples']} training examples had "
+            f"history dropped to fit seq_len={seq_len}[/yellow] ({data['train_history_dropped']} history messages, "
+            f"the oldest first){held}"
+            + (f", {data['eval_truncated']} of the held-out ones" if data.get("eval_truncated") else "")
+            + f"; longest example {longest} tokens: seq_len={longest} would train every example whole")
 
 
 def _stored_bytes(p) -> int:
