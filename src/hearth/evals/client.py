@@ -8,8 +8,11 @@ status code and finish_reason instead of flattening them into a string.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
+import re
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import httpx
@@ -26,10 +29,12 @@ class ChatResult:
     latency_s:     wall-clock seconds from sending to the full response (or to the failure).
     ttft_s:        streaming only: seconds from sending to the first content token (None: none came, or not streamed).
     usage:         the server's token usage ({"prompt_tokens", "completion_tokens", ...}) when it sent one.
-    provider:      hearth's gateway only: the provider that answered (its X-Hearth-Provider header).
+    provider:      hearth's gateway only: the provider that answered (its X-Hearth-Provider header; for a stream
+                   it ended with a stream_interrupted error event, the provider that event names).
     attempts:      hearth's gateway only: [provider, outcome] per provider tried or skipped, "ok" last (its
                    "hearth" block): more than one means the reply came after a fallback. On an error the gateway
-                   sends when every provider failed, the providers' failures (no "ok").
+                   sends when every provider failed, the providers' failures (no "ok"); on its stream_interrupted
+                   event, that event's attempts, else [[provider, "stream_interrupted"]].
     reasoning:     the reasoning the server sent apart from the content (message or delta reasoning_content /
                    reasoning: vLLM's reasoning parser), joined; None when it sent none.
     """
@@ -51,6 +56,14 @@ class ChatResult:
 # does not end is not read into memory until the timeout.
 ERROR_BODY_CAP = 64 * 1024
 REPLY_BODY_CAP = 8 * 1024 * 1024
+# A stream is read as it comes, and bounded the same way: the content and reasoning it keeps up to REPLY_BODY_CAP
+# (UTF-8 bytes), one SSE line up to REPLY_BODY_CAP, and the bytes read (after any content-encoding) up to
+# STREAM_BYTES_CAP. That last one only bounds the work (nothing but the line being read is held), and is larger:
+# streamed a token a chunk, a reply costs ~200 bytes of SSE per token (a 32k-token reply, ~7 MB), where the same
+# reply in one piece is ~4 bytes a token. Over a cap the reply fails with its status and the first ERROR_BODY_CAP
+# characters of what came.
+STREAM_BYTES_CAP = 4 * REPLY_BODY_CAP
+_LINE_END = re.compile(r"\r\n|\r|\n")  # SSE's line ends (not str.splitlines': U+2028 in a JSON string is no end)
 
 
 class _TooLarge(Exception):
@@ -132,7 +145,8 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
     for server or network trouble: the failure is in ``ChatResult.error`` (with ``status`` when the server answered).
 
     Everything, the body included, within ``timeout_s`` of wall clock (a server that drips bytes too); bodies are
-    read up to a cap (ERROR_BODY_CAP, REPLY_BODY_CAP; a stream as it comes)."""
+    read up to a cap (ERROR_BODY_CAP, REPLY_BODY_CAP; a stream as it comes, its content and each line up to
+    REPLY_BODY_CAP, its bytes up to STREAM_BYTES_CAP)."""
     headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     url = base_url.rstrip("/") + "/chat/completions"
     start = time.perf_counter()
@@ -140,8 +154,9 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
     timed_out = f"timeout after {timeout_s:g}s"
 
     def done(content="", finish=None, status=None, error=None, ttft=None, usage=None, response=None,
-             attempts=None, reasoning=None) -> ChatResult:
-        provider = response.headers.get("x-hearth-provider") if response is not None else None
+             attempts=None, reasoning=None, provider=None) -> ChatResult:
+        if provider is None and response is not None:  # given: named by the body (a gateway's error event)
+            provider = response.headers.get("x-hearth-provider")
         return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage, provider, attempts,
                           reasoning)
 
@@ -215,16 +230,56 @@ def _attempts(payload) -> list | None:
     return attempts if isinstance(attempts, list) else None
 
 
+async def _sse_lines(response: httpx.Response):
+    """The lines of an SSE body (line ends: CRLF, CR or LF, as SSE defines them), decoded as they come; _TooLarge
+    once more than STREAM_BYTES_CAP bytes were read, or one line runs past REPLY_BODY_CAP characters."""
+    try:
+        decoder = codecs.getincrementaldecoder(response.encoding or "utf-8")(errors="replace")
+    except LookupError:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    read = 0
+    pending: list[str] = []  # the line being read, in pieces (joined only once it ends)
+    pending_len = 0
+    async for piece in response.aiter_bytes():
+        read += len(piece)
+        if read > STREAM_BYTES_CAP:
+            raise _TooLarge(f"stream over {STREAM_BYTES_CAP >> 20} MiB")
+        text = decoder.decode(piece)
+        if "\n" not in text and "\r" not in text:
+            pending.append(text)
+            pending_len += len(text)
+            if pending_len > REPLY_BODY_CAP:
+                raise _TooLarge(f"stream line over {REPLY_BODY_CAP >> 20} MiB")
+            continue
+        *lines, last = _LINE_END.split("".join(pending) + text)
+        # a CRLF split between two pieces reads as a line end and an empty line: empty lines only end events
+        pending, pending_len = [last], len(last)
+        if pending_len > REPLY_BODY_CAP:
+            raise _TooLarge(f"stream line over {REPLY_BODY_CAP >> 20} MiB")
+        for line in lines:
+            yield line
+    for line in _LINE_END.split("".join(pending) + decoder.decode(b"", final=True)):
+        if line:
+            yield line
+
+
 async def _stream(response: httpx.Response, deadline: float, timed_out: str, start, done) -> ChatResult:
     """A streamed completion (SSE): content deltas joined, the time of the first one, the usage chunk
-    (asked for with stream_options.include_usage) and the last finish_reason."""
+    (asked for with stream_options.include_usage) and the last finish_reason. Bounded in size as well as time
+    (REPLY_BODY_CAP, STREAM_BYTES_CAP)."""
     parts: list[str] = []
     thoughts: list[str] = []
+    kept = 0  # UTF-8 bytes of content and reasoning kept
     finish = usage = ttft = attempts = None
     ended = False  # [DONE] seen
+
+    def joined(pieces: list[str], cut: bool = False) -> str:
+        text = "".join(pieces)
+        return text[:ERROR_BODY_CAP] if cut else text
+
     try:
-        async with asyncio.timeout_at(deadline):
-            async for line in response.aiter_lines():
+        async with asyncio.timeout_at(deadline), aclosing(_sse_lines(response)) as lines:
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -236,9 +291,11 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                     error = _chunk_error(chunk)
                     if error is not None:  # the server's way to fail mid-stream
                         message = error.get("message") if isinstance(error, dict) else error
+                        provider, failed = _interrupted(error)
                         return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
                                     error=f"error in stream: {str(message)[:200]}", response=response,
-                                    reasoning="".join(thoughts) if thoughts else None)
+                                    reasoning="".join(thoughts) if thoughts else None,
+                                    provider=provider, attempts=failed)
                     choices = _chunk_choices(chunk)
                 except (ValueError, RecursionError):
                     return done(status=200, error=f"malformed stream chunk: {data[:200]!r}", response=response)
@@ -250,12 +307,20 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                         if ttft is None:
                             ttft = time.perf_counter() - start
                         parts.append(piece)
+                        kept += _utf8_len(piece)
                     thought = _reasoning(choice.get("delta"))
                     if thought:
                         thoughts.append(thought)
+                        kept += _utf8_len(thought)
                     finish = choice.get("finish_reason") or finish
+                if kept > REPLY_BODY_CAP:
+                    raise _TooLarge(f"streamed reply over {REPLY_BODY_CAP >> 20} MiB (content and reasoning)")
     except (TimeoutError, httpx.TimeoutException):
         return done(error=timed_out, ttft=ttft)
+    except _TooLarge as exc:
+        return done(content=joined(parts, cut=True), status=200, ttft=ttft, usage=usage, response=response,
+                    attempts=attempts, error=f"{exc}, not read further",
+                    reasoning=joined(thoughts, cut=True) if thoughts else None)
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
     reasoning = "".join(thoughts) if thoughts else None
@@ -264,6 +329,28 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                     error="stream ended without a finish_reason or [DONE] (cut short)", reasoning=reasoning)
     return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage, response=response,
                 attempts=attempts, reasoning=reasoning)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _interrupted(error) -> tuple[str | None, list | None]:
+    """hearth's gateway only: (provider, attempts) of the error event it ends a stream with when the provider
+    streaming it fails after the first delta (gateway/server.py: code "stream_interrupted", its provider named; no
+    fallback there, the client already shows that provider's text). attempts: the event's own attempts list when
+    it sends one ([provider, outcome] pairs), else [[provider, "stream_interrupted"]]. (None, None) for any other
+    error event (other servers', the gateway's own state_store_unavailable / internal_error)."""
+    if not isinstance(error, dict) or error.get("code") != "stream_interrupted":
+        return None, None
+    provider = error.get("provider")
+    if not isinstance(provider, str):
+        return None, None
+    sent = error.get("attempts")
+    if (isinstance(sent, list) and sent
+            and all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, str) for x in a) for a in sent)):
+        return provider, [list(a) for a in sent]
+    return provider, [[provider, "stream_interrupted"]]
 
 
 def _chunk_error(chunk):
