@@ -397,16 +397,54 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     _write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None) -> int:
+# `hearth corpus build`'s flags for the two app settings a deployment may change: flag -> (the app's setting, the
+# builder's own default, used only where the app is not installed)
+APP_SETTING_FLAGS = {"--context-turns": ("chat_context_turns", CHAT_CONTEXT_TURNS),
+                     "--prompt-memories": ("prompt_memories", PROMPT_MEMORIES)}
+
+
+def app_setting(flag: str, value: int | None) -> int:
+    """The value `hearth corpus build` uses for ``flag``: the app's default for its setting when ``value`` is None,
+    else ``value`` validated as the app's settings validate it (hearth.app.settings.AppSettings: its default and
+    bounds are read from there, so a corpus is built for a configuration the app can run). ValueError naming the
+    flag. Without the app installed (no hearth[app] extras) the builder's own defaults, kept equal to the app's by
+    tests/train/test_train_review50b_corpus.py, and only a negative value is refused."""
+    setting, fallback = APP_SETTING_FLAGS[flag]
+    try:
+        from hearth.app.settings import AppSettings
+    except ImportError:
+        if value is not None and value < 0:
+            raise ValueError(f"{flag}: must be >= 0, got {value}") from None
+        return fallback if value is None else value
+    from typing import Annotated
+
+    from pydantic import TypeAdapter
+
+    field_info = AppSettings.model_fields[setting]
+    if value is None:
+        return field_info.default
+    bounds = " and ".join(f"{op} {getattr(m, attr)}" for m in field_info.metadata
+                          for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if hasattr(m, attr))
+    try:
+        return TypeAdapter(Annotated[field_info.annotation, *field_info.metadata]).validate_python(value)
+    except ValidationError:
+        raise ValueError(f"{flag}: the app's {setting} must be {bounds}, got {value!r}") from None
+
+
+def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, context_turns: int | None = None,
+                  prompt_memories: int | None = None) -> int:
     """`hearth corpus build`: build, print counts, rejections and length stats; exit code 0, or 2 on bad
-    arguments. Rejected lines do not fail the command (they are reported and written out)."""
+    arguments. Rejected lines do not fail the command (they are reported and written out). context_turns /
+    prompt_memories: the deployment's chat_context_turns / prompt_memories (None: the app's defaults; app_setting)."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
 
     console = Console()
     try:
-        stats = build(input, out_dir, tokenizer,
+        context_turns = app_setting("--context-turns", context_turns)
+        prompt_memories = app_setting("--prompt-memories", prompt_memories)
+        stats = build(input, out_dir, tokenizer, context_turns=context_turns, prompt_memories=prompt_memories,
                       progress=lambda xs: track(xs, description="tokenizing", console=console, transient=True))
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -551,13 +551,14 @@ def plan_checkpointing(config, tokens: int, *, weights_bytes: int, trainable_byt
     for c in range(layers + 1):
         if peak(c) <= limit:
             mode = "none" if c == 0 else "full" if c == layers else f"selective ({c} of {layers} layers)"
-            why = (f"{mode}: estimated peak {peak(c):.1f} GiB fits the {budget_gib:.1f} GiB budget (less "
-                   f"{PLAN_MARGIN:.0%}: {limit:.1f})"
-                   + (f"; one layer fewer would need {peak(c - 1):.1f} GiB" if c else "; fastest setup") + counted)
+            why = (f"{mode}: estimated peak {format_gib(peak(c))} GiB fits the {format_gib(budget_gib)} GiB budget (less "
+                   f"{PLAN_MARGIN:.0%}: {format_gib(limit)})"
+                   + (f"; one layer fewer would need {format_gib(peak(c - 1), limit)} GiB" if c else "; fastest setup")
+                   + counted)
             return CheckpointPlan(c, layers, peak(c), budget_gib, why, table)
     return CheckpointPlan(layers, layers, peak(layers), budget_gib,
-                          f"full: even full checkpointing is estimated at {peak(layers):.1f} GiB, over the "
-                          f"{budget_gib:.1f} GiB budget (lower --seq-len / --batch-tokens, use --qlora, or a GPU "
+                          f"full: even full checkpointing is estimated at {format_gib(peak(layers), budget_gib)} GiB, "
+                          f"over the {format_gib(budget_gib)} GiB budget (lower --seq-len / --batch-tokens, use --qlora, or a GPU "
                           "with more memory)" + counted, table, fits=False)
 
 
@@ -607,6 +608,23 @@ def apply_checkpointing(model, plan: CheckpointPlan) -> int:
     return sum(layer.gradient_checkpointing for layer in layers)
 
 
+def format_gib(value: float, other: float | None = None) -> str:
+    """A GiB figure for a message: one decimal from 1 GiB up (80.0, 21.6), two significant digits below it (0.2,
+    0.05, 0.00001: a small --memory-budget-gib printed as given, not as "0.0"), and more decimals while ``other`` would
+    print the same (a need just over its budget: "need 24.04 GiB, over the 24.0 GiB budget")."""
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:.1f}"
+    decimals = 1 if value >= 1 else max(1, 1 - math.floor(math.log10(value)))
+    if other is not None and math.isfinite(other):
+        while decimals < 9 and f"{value:.{decimals}f}" == f"{other:.{decimals}f}":
+            decimals += 1
+    text = f"{value:.{decimals}f}"
+    if decimals > 1:  # 0.20 -> 0.2, 24.00 -> 24.0: the digits that were needed, no padding
+        text = text.rstrip("0")
+        text += "0" if text.endswith(".") else ""
+    return text
+
+
 def refuse_over_budget(weights_bytes: int, trainable_bytes: int, budget_gib: float | None, *,
                        qlora: bool, qlora_weights_bytes: int | None = None, parallel: str = "none",
                        world: int = 1) -> None:
@@ -631,10 +649,10 @@ def refuse_over_budget(weights_bytes: int, trainable_bytes: int, budget_gib: flo
     elif qlora:
         fix = "a GPU with more memory"
     else:
-        fix = (f"--qlora (a 4-bit NF4 base: about {(qlora_weights_bytes or 0) / GIB:.1f} GiB of weights) or a GPU with "
+        fix = (f"--qlora (a 4-bit NF4 base: about {format_gib((qlora_weights_bytes or 0) / GIB)} GiB of weights) or a GPU with "
                "more memory")
-    raise RunError(f"memory_budget_gib: the {what} model weights and LoRA state alone need {need:.1f} GiB"
-                   f"{' per rank' if parallel != 'none' else ''}, over the {budget_gib:.1f} GiB budget; no activation checkpointing or shorter --seq-len can fix that: use {fix}")
+    raise RunError(f"memory_budget_gib: the {what} model weights and LoRA state alone need {format_gib(need, budget_gib)} GiB"
+                   f"{' per rank' if parallel != 'none' else ''}, over the {format_gib(budget_gib)} GiB budget; no activation checkpointing or shorter --seq-len can fix that: use {fix}")
 
 
 # ------------------------------------------------------------------------------------------- model
