@@ -1,10 +1,12 @@
 """A fake OpenAI-compatible endpoint with a realistic mix of replies, for demonstrating `hearth eval`.
 
-    python -m tests.evals.fake_eval_server [--port 8123] [--seconds 120]
+    python -m tests.evals.fake_eval_server [--port PORT] [--seconds 120]
 
-Prints its base URL, then answers every eval case from the case's own kind: mostly clean envelopes,
-some wrapped (code fence, empty think block) which repair strips, and a few failures chosen by a
-hash of the prompt (a truncated reply, a 500, prose instead of JSON), so a run is repeatable.
+--port: where it listens on 127.0.0.1; the default is a free port picked at start (docs/eval.md and
+README.md pass `--port 8123` explicitly, for a fixed URL). Prints its base URL as JSON ({"base_url": ...}),
+then answers every eval case from the case's own kind: mostly clean envelopes, some wrapped (code fence,
+empty think block) which repair strips, and a few failures chosen by a hash of the prompt (a truncated
+reply, a 500, prose instead of JSON), so a run is repeatable.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def _reply_for(body: dict) -> Behavior:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free port)")
     parser.add_argument("--seconds", type=float, default=120.0, help="stop after this long")
     args = parser.parse_args()
     server = FakeOpenAI(_reply_for, port=args.port).start_in_thread()

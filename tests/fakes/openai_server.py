@@ -137,8 +137,10 @@ AUTO = "auto"  # Behavior usage: the default counts
 
 
 def usage_json(content: str) -> dict:
-    """The default usage object of a reply carrying `content` (made-up counts: it is a fake)."""
-    return {"prompt_tokens": 1, "completion_tokens": max(1, len(content) // 4), "total_tokens": 2}
+    """The default usage object of a reply carrying `content` (made-up counts: it is a fake, but a consistent
+    one: total_tokens = prompt_tokens + completion_tokens, as a real server reports them)."""
+    prompt, completion = 1, max(1, len(content) // 4)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _usage_of(usage: Any, content: str) -> dict | None:

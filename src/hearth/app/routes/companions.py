@@ -39,10 +39,17 @@ async def companion_page(request: Request, state: State, db: DB, viewer: Viewer,
     return await _companion_page(request, state, db, viewer, companion_id, before=before)
 
 
-def _turn_json(turn: svc.TurnResult) -> dict:
-    return {"user_message_id": turn.user_message.id, "reply_id": turn.reply.id, "message": turn.reply.text,
-            "mood": turn.reply.mood, "suggested_actions": turn.reply.suggestions, "memories": turn.new_memories,
-            "stage": turn.standing.label, "provider": turn.provider}
+def _turn_json(turn: svc.TurnResult, companion: svc.CompanionView | None = None) -> dict:
+    """The ``done`` event: the saved turn, and the companion's standing after it for the page's stage pill
+    (label, key, and the affection/trust totals its tooltip shows). ``companion``: the companion as read back
+    after the turn committed; without it (gone meanwhile) only the turn's own stage is sent."""
+    doc = {"user_message_id": turn.user_message.id, "reply_id": turn.reply.id, "message": turn.reply.text,
+           "mood": turn.reply.mood, "suggested_actions": turn.reply.suggestions, "memories": turn.new_memories,
+           "stage": turn.standing.label, "stage_key": turn.standing.key, "provider": turn.provider}
+    if companion is not None:  # the totals and the stage from one read, so the pill never mixes two moments
+        doc.update(stage=companion.standing.label, stage_key=companion.standing.key,
+                   affection=companion.affection, trust=companion.trust)
+    return doc
 
 
 async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str):
@@ -60,7 +67,12 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
                 else:
                     result = value
             turn = await svc.save_turn(db, viewer.cipher, ctx, text, result.envelope, getattr(result, "provider", None))
-        yield sse("done", _turn_json(turn))
+            try:  # the totals as saved (a reload shows the same); the turn is saved whatever happens here
+                companion = await svc.get_companion(db, viewer.cipher, companion_id)
+            except Exception as exc:  # noqa: BLE001 - e.g. deleted meanwhile: "done" without the totals
+                log.info("companion not read back after a turn: %s", failure_for_log(exc))
+                companion = None
+        yield sse("done", _turn_json(turn, companion))
     except ModelUnavailable:
         yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
     except svc.ChatCleared as exc:

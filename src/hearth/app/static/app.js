@@ -84,6 +84,17 @@ function addMemories(memories) {
   }
 }
 
+function updateStage(data) {
+  // the stage pill follows each reply: its label, and the totals its tooltip shows (as the page renders it)
+  const stage = document.getElementById("stage");
+  if (!stage) return;
+  if (data.stage) stage.textContent = data.stage;
+  if (data.stage_key) stage.dataset.stage = data.stage_key;
+  if (Number.isInteger(data.affection) && Number.isInteger(data.trust)) {
+    stage.title = "affection " + data.affection + ", trust " + data.trust;
+  }
+}
+
 function streamTurns(form, list, error, lost, start) {
   // a message form whose reply streams in (chat, rehearsal): the user's and the reply's bubbles stay pending
   // until "done"; "delta" text is appended to the reply; `start(mine, reply)` gives the handler of every other
@@ -152,8 +163,7 @@ function setupChat(form) {
       const mood = document.createElement("span");
       mood.className = "mood"; mood.textContent = data.mood; reply.appendChild(mood);
     }
-    const stage = document.getElementById("stage");
-    if (stage && data.stage) stage.textContent = data.stage;
+    updateStage(data);
     addMemories(data.memories || []);
     document.querySelectorAll("#messages .suggestions").forEach((n) => n.remove());
     if ((data.suggested_actions || []).length) {
