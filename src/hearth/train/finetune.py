@@ -55,7 +55,9 @@ IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GIB = 1 << 30
 SCHEDULES = ("cosine", "linear", "constant")
-SEED_MAX = 2**32 - 1
+# the shuffle seeds torch.Generator with seed x 100003 + epoch (batches.epoch_order), which takes up to 2**64 - 1; the
+# 2**32 epochs of headroom are more than any run reaches
+SEED_MAX = (2**64 - 1 - 2**32) // 100_003
 # hearth.kernels.lora.LORA_COMPUTE, the run file's default first (not imported: the CLI validates a run file without
 # loading torch or Triton; tests/train/test_finetune.py keeps the two equal)
 LORA_COMPUTE = ("base", "adapter")
@@ -150,7 +152,8 @@ class FinetuneConfig:
             return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
         if self.seed > SEED_MAX:  # the shuffle seeds torch.Generator with seed x 100003 + epoch (batches.epoch_order)
-            raise ValueError(f"seed must be at most {SEED_MAX} (2**32 - 1), got {self.seed!r}")
+            raise ValueError(f"seed must be at most {SEED_MAX} (the shuffle seeds a generator with seed x 100003 + "
+                             f"epoch, at most 2**64 - 1), got {self.seed!r}")
         if self.max_steps is not None and self.epochs != 1:
             raise ValueError(f"epochs and max_steps: give one of them (max_steps = {self.max_steps} runs exactly that "
                              f"many optimizer steps, passes repeating; epochs = {self.epochs} would be ignored)")
@@ -287,7 +290,13 @@ def read_toml(path: Path) -> dict:
 def resolve(config_file: Path | None, flags: dict) -> FinetuneConfig:
     """defaults < RUN.toml < flags (a flag left at None does not override). ValueError naming what is missing."""
     values = read_toml(config_file) if config_file is not None else {}
-    values.update({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    # the run's length is one setting given two ways: a flag for it replaces the file's (RUN.toml's epochs = 2 with
+    # --max-steps 10, a quick trial of a real run, runs 10 steps), where both in one place stay an error (check())
+    for flag, other in (("max_steps", "epochs"), ("epochs", "max_steps")):
+        if flag in given and other not in given:
+            values.pop(other, None)
+    values.update(given)
     missing = [k for k in ("corpus", "model", "out") if values.get(k) in (None, "")]
     if missing:
         raise ValueError(f"{missing[0]}: required (as --{missing[0]} or in the config file)")
@@ -937,7 +946,14 @@ def check_resume(path: Path, cfg, data: dict | None = None) -> dict:
     except (OSError, ValueError) as exc:
         raise ValueError(f"resume: {path / 'state.json'} is not a checkpoint state ({exc})") from None
     mine = cfg.as_dict()
-    changed = [k for k in RESUME_KEYS if state["config"].get(k) != mine.get(k)]
+    saved = state["config"]
+
+    def ignored(k: str) -> bool:
+        # under max_steps epochs does nothing (step_plan): checkpoints written before check() refused the pair may
+        # hold epochs != 1, which the resumed run, refused with both, cannot repeat
+        return k == "epochs" and mine.get("max_steps") is not None and saved.get("max_steps") == mine.get("max_steps")
+
+    changed = [k for k in RESUME_KEYS if saved.get(k) != mine.get(k) and not ignored(k)]
     if changed:
         k = changed[0]
         raise ValueError(f"resume: {path} was made with {k}={state['config'].get(k)!r}, this run has {k}={mine.get(k)!r} "
