@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 from typing import AsyncIterator, Mapping
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
@@ -42,6 +43,25 @@ from hearth.gateway.config import same_origin
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10  # aiohttp's own default
+
+
+def _redacted(message: str, url: str) -> str:
+    """`message` without the user:password@ of `url`. A provider's base_url or health_url may carry credentials
+    (its auth); these messages become the provider error's text, which the gateway sends to clients (the 502's
+    failures) and shows in /v1/providers (a warm gate's last_error)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return message
+    if "@" not in parts.netloc:
+        return message
+    userinfo = parts.netloc.rsplit("@", 1)[0]
+    for shown in (userinfo, unquote(userinfo)):
+        message = message.replace(shown + "@", "***@")
+    password = unquote(parts.password or "")
+    if len(password) >= 6:  # wherever else it shows (a short one would mangle the message, and guesses easily)
+        message = message.replace(password, "***")
+    return message
 
 
 class TransportError(Exception):
@@ -185,9 +205,9 @@ class AiohttpTransport(Transport):
                     resp = await self._session.request(method, target, headers=headers, timeout=timeout,
                                                        allow_redirects=False)
         except aiohttp.ConnectionTimeoutError as exc:
-            raise ConnectTimeout(f"connect to {url} timed out after {connect_timeout_s:g} s") from exc
+            raise ConnectTimeout(_redacted(f"connect to {url} timed out after {connect_timeout_s:g} s", url)) from exc
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, DNS, server closed the socket
-            raise ConnectFailed(f"{method} {url}: {exc!r}") from exc
+            raise ConnectFailed(_redacted(f"{method} {url}: {exc!r}", url)) from exc
         return _AiohttpResponse(resp)
 
     async def aclose(self) -> None:
