@@ -139,6 +139,29 @@ def _insert_missing(dialect: str):
     return insert
 
 
+_TRIES = 3
+
+
+async def _take(db: AsyncSession, create, take, key: str) -> float | None:
+    """Run ``create`` (insert the bucket's row unless there is one) then ``take`` (the conditional
+    ``UPDATE ... RETURNING``) in the open transaction. None when ``take`` matched (the attempt may go ahead),
+    else the row's ``blocked_until``.
+
+    Another worker may delete the row between the statements (``sweep`` dropping an idle bucket, ``forget``
+    after a right password): the update then matches nothing although nothing blocks. A vanished row is a
+    fresh bucket, so the insert and the update run again; a row that keeps vanishing is still a fresh bucket,
+    and a fresh bucket lets its first attempt through (``free`` and ``failures`` are at least 1)."""
+    t = AuthThrottle
+    for _ in range(_TRIES):
+        await db.execute(create)
+        if (await db.execute(take)).first() is not None:
+            return None
+        blocked = (await db.execute(select(t.blocked_until).where(t.key == key))).scalar_one_or_none()
+        if blocked is not None:
+            return blocked
+    return None
+
+
 async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None,
                   secret: bytes = b"") -> float:
     """Count one attempt in ``bucket``. Returns 0.0 when it may go ahead (it is then counted), else the
@@ -148,23 +171,19 @@ async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float |
     insert = _insert_missing(db.get_bind().dialect.name)
     t = AuthThrottle
     now_p = bindparam("now", now, type_=Double())
-    async with db.begin():
-        await db.execute(insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
-                         .on_conflict_do_nothing(index_elements=[t.key]))
-        # SET expressions read the row's old values: a bucket idle for window_s starts again at 1
-        counted = case((t.last_at < now - policy.window_s, 1), else_=t.attempts + 1)
-        row = (await db.execute(
-            update(t).where(t.key == key, t.blocked_until <= now_p)
+    # SET expressions read the row's old values: a bucket idle for window_s starts again at 1
+    counted = case((t.last_at < now - policy.window_s, 1), else_=t.attempts + 1)
+    take = (update(t).where(t.key == key, t.blocked_until <= now_p)
             # (a free attempt leaves blocked_until alone: a parallel one that read the clock a moment
             # later must not make it refuse itself)
             .values(attempts=counted, last_at=now_p,
                     blocked_until=case((counted < policy.free, t.blocked_until),
                                        else_=now_p + policy.delay_sql(counted)))
-            .returning(t.attempts))).first()
-        if row is not None:
-            return 0.0
-        blocked = (await db.execute(select(t.blocked_until).where(t.key == key))).scalar_one()
-    return max(blocked - now, 0.001)
+            .returning(t.attempts))
+    async with db.begin():
+        blocked = await _take(db, insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
+                              .on_conflict_do_nothing(index_elements=[t.key]), take, key)
+    return 0.0 if blocked is None else max(blocked - now, 0.001)
 
 
 async def spend(db: AsyncSession, bucket: str, budget: Budget, *, now: float | None = None,
@@ -180,23 +199,20 @@ async def spend(db: AsyncSession, bucket: str, budget: Budget, *, now: float | N
     # first counts as at that one's time (else, with the budget half spent, it would refuse itself for a moment)
     at = case((t.last_at > now_p, t.last_at), else_=now_p)
     full = at - (budget.window_s - budget.interval_s)  # the earliest blocked_until that matters: a full budget
-    async with db.begin():
-        await db.execute(insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
-                         .on_conflict_do_nothing(index_elements=[t.key]))
-        row = (await db.execute(
-            update(t).where(t.key == key, t.blocked_until <= at)
+    take = (update(t).where(t.key == key, t.blocked_until <= at)
             .values(attempts=case((t.last_at < now_p - budget.window_s, 1), else_=t.attempts + 1), last_at=at,
                     blocked_until=case((t.blocked_until > full, t.blocked_until), else_=full) + budget.interval_s)
-            .returning(t.attempts))).first()
-        if row is not None:
-            return 0.0
-        blocked = (await db.execute(select(t.blocked_until).where(t.key == key))).scalar_one()
-    return max(blocked - now, 0.001)
+            .returning(t.attempts))
+    async with db.begin():
+        blocked = await _take(db, insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
+                              .on_conflict_do_nothing(index_elements=[t.key]), take, key)
+    return 0.0 if blocked is None else max(blocked - now, 0.001)
 
 
 async def refund(db: AsyncSession, bucket: str, budget: Budget, *, secret: bytes = b"") -> None:
     """Give back the unit a ``spend`` took (the login was right, or was refused before its password was checked).
-    Exact whatever was spent or refunded in between: both only move ``blocked_until`` by ``interval_s``."""
+    Exact whatever was spent or refunded in between: both only move ``blocked_until`` by ``interval_s``. A row
+    another worker deleted meanwhile (a sweep) is a full budget: nothing to give back, the update matches nothing."""
     t = AuthThrottle
     async with db.begin():
         await db.execute(update(t).where(t.key == bucket_hash(bucket, secret))
