@@ -348,12 +348,15 @@ class Chain:
             self.metrics.child(self.metrics.fallbacks, error.provider).inc()
 
     async def _succeeded(self, a: _Attempt) -> None:
-        a.settled = True
+        # Settled only once the success is recorded: the caller's finally (_abandon) gives a half-open trial back
+        # only when recording it failed. Giving it back first let another request/worker claim a second
+        # "single" trial in the gap before the breaker closed.
         name = a.provider.name
         self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(time.monotonic() - a.t0)
         if a.snap is not CLOSED or a.trial is not None:
             await self.breakers[name].success()
             self.metrics.breaker_open.labels(name).set(0)
+        a.settled = True
 
     async def _result(self, w: _Walk, a: _Attempt, envelope, text: str, finish_reason, usage) -> ChainResult:
         """Record `a`'s success and return the request's result (with `a`'s usage only)."""
@@ -404,14 +407,16 @@ class Chain:
                 if not await self._begin(a, w):
                     continue
                 try:
-                    done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
-                                                     request_id=request_id)
-                except ProviderError as exc:
-                    await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
-                    continue
+                    try:
+                        done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                         request_id=request_id)
+                    except ProviderError as exc:
+                        await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
+                        continue
+                    # the success (closing the breaker) is recorded while the trial is still held
+                    return await self._result(w, a, done.envelope, done.text, done.finish_reason, done.usage)
                 finally:
-                    await self._abandon(a)
-                return await self._result(w, a, done.envelope, done.text, done.finish_reason, done.usage)
+                    await self._abandon(a)  # gives back a trial only if no verdict was recorded
             raise self._all_failed(w.errors)
         except BaseException as exc:  # every way out records the request's one outcome (ok did in _result)
             self._ended(w, exc)
@@ -461,11 +466,13 @@ class Chain:
                             raise StreamInterrupted(p.name, exc) from exc
                         await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
                         continue
+                    # the success (closing the breaker) is recorded while the trial is still held
+                    result = await self._result(w, a, envelope, text, upstream.finish_reason, upstream.usage)
                 finally:
                     if upstream is not None:
                         upstream.close()
-                    await self._abandon(a)
-                yield StreamDone(await self._result(w, a, envelope, text, upstream.finish_reason, upstream.usage))
+                    await self._abandon(a)  # gives back a trial only if no verdict was recorded
+                yield StreamDone(result)
                 return
             raise self._all_failed(w.errors)
         except BaseException as exc:  # every way out records the request's one outcome (ok did in _result), also

@@ -813,12 +813,44 @@ RESUME_KEYS = ("corpus", "model", "seed", "shuffle", "seq_len", "batch_tokens", 
                "dropout", "max_grad_norm", "lora_compute")
 
 
+# what save_checkpoint has written into a checkpoint folder before it takes its name (load_checkpoint reads them),
+# besides its optimizer state: optimizer.pt, or optimizer-rank-R.pt under fsdp
+_CHECKPOINT_FILES = ("state.json", "adapter_config.json", "adapter_model.safetensors", "scheduler.pt", "rng.pt")
+
+
+def _whole_checkpoint(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in _CHECKPOINT_FILES) and (
+        (folder / "optimizer.pt").is_file() or any(folder.glob("optimizer-rank-*.pt")))
+
+
+def _restore_replaced(final: Path) -> None:
+    """A re-save of step-N renames the old folder to step-N.old, the new one to step-N, then deletes the .old. Killed
+    between the two renames, the previous step-N (whole: it was on the disk before it first took its name) is left
+    only as step-N.old, and --resume would take step N-1. Put it back under its name (as export.py does for an
+    export). An .old that is not whole (its delete was cut short, after the new step-N had the name) stays ignored."""
+    final = Path(final)
+    old = final.with_name(final.name + ".old")
+    if final.exists() or not old.is_dir() or not _whole_checkpoint(old):
+        return
+    try:
+        old.rename(final)
+    except OSError:
+        if not (final / "state.json").is_file():  # not another rank (or process) that put it back first
+            raise
+        return
+    _fsync(final.parent)  # the rename itself on the disk
+
+
 def run_checkpoints(out: Path) -> list[Path]:
     """The complete checkpoints under OUT/checkpoints, the highest step last: step-NNNNNN folders holding state.json
-    (a step-NNNNNN.tmp is a save a crash interrupted, a step-NNNNNN.old one being replaced: neither is a checkpoint)."""
+    (a step-NNNNNN.tmp is a save a crash interrupted, a step-NNNNNN.old one being replaced: neither is a checkpoint;
+    a whole step-NNNNNN.old with no step-NNNNNN, a replacement killed between its renames, is renamed back first)."""
     folder = Path(out) / "checkpoints"
     if not folder.is_dir():
         return []
+    for old in sorted(folder.glob("step-*.old")):
+        if old.name[5:-4].isdigit():
+            _restore_replaced(old.with_name(old.name[:-4]))
     return [p for _, p in sorted((int(p.parent.name[5:]), p.parent) for p in folder.glob("step-*/state.json")
                                  if p.parent.name[5:].isdigit())]
 
@@ -826,6 +858,8 @@ def run_checkpoints(out: Path) -> list[Path]:
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder (holding state.json), or the latest under PATH/checkpoints. ValueError naming resume."""
     path = Path(path)
+    if path.name.startswith("step-") and path.name[5:].isdigit():
+        _restore_replaced(path)  # a step folder a killed re-save left only as step-N.old
     if (path / "state.json").is_file():
         return path
     found = run_checkpoints(path)
@@ -884,6 +918,7 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     final = out / "checkpoints" / f"step-{step:06d}"
     tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
     if d.main:
+        _restore_replaced(final)  # a re-save killed between its renames: the previous step-N back, not deleted
         for leftover in (tmp, old):  # a save a crash interrupted
             if leftover.exists():
                 shutil.rmtree(leftover)
