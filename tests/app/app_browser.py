@@ -38,3 +38,22 @@ def chromium_page(width: int, height: int) -> Iterator:
             yield page
         finally:
             browser.close()
+
+
+def companion_with_totals(page, base_url: str, db_file, affection: int, trust: int) -> str:
+    """Sign up (robin), make a companion, set its affection / trust in the served SQLite file `db_file` and
+    reload its page; returns the companion page's URL."""
+    import sqlite3
+
+    page.goto(base_url + "/signup")
+    page.fill("input[name=username]", "robin")
+    page.fill("input[name=password]", "correct horse battery")
+    page.click("button:has-text('Sign up')")
+    page.wait_for_selector("text=Your companions")
+    page.click("#new-companion button[type=submit]")
+    page.wait_for_selector("#chat-form")
+    companion_url = page.url.split("#")[0]
+    with sqlite3.connect(db_file) as conn:
+        assert conn.execute("UPDATE companions SET affection = ?, trust = ?", (affection, trust)).rowcount == 1
+    page.reload()
+    return companion_url

@@ -7,11 +7,9 @@ and CI is not set."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
-from tests.app.app_browser import chromium_page
+from tests.app.app_browser import chromium_page, companion_with_totals
 from tests.app.app_fakes import openai_handler
 from tests.app.app_server import hearth_serve, write_config
 from tests.fakes.openai_server import FakeOpenAI
@@ -25,17 +23,7 @@ def test_the_stage_pill_turns_confidant_on_the_turn_that_crosses_the_threshold(t
         try:
             cfg = write_config(tmp_path / "hearth.toml", fake.base_url)
             with hearth_serve(tmp_path, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
-                page.goto(server.url + "/signup")
-                page.fill("input[name=username]", "robin")
-                page.fill("input[name=password]", "correct horse battery")
-                page.click("button:has-text('Sign up')")
-                page.wait_for_selector("text=Your companions")
-                page.click("#new-companion button[type=submit]")
-                page.wait_for_selector("#chat-form")
-                companion_url = page.url.split("#")[0]
-                with sqlite3.connect(tmp_path / "var" / "hearth.sqlite3") as conn:
-                    assert conn.execute("UPDATE companions SET affection = 49, trust = 39").rowcount == 1
-                page.reload()
+                companion_url = companion_with_totals(page, server.url, tmp_path / "var" / "hearth.sqlite3", 49, 39)
                 assert page.inner_text("#stage") == "close"
 
                 page.fill("#chat-form textarea", "There's something I haven't told anyone.")

@@ -8,11 +8,9 @@ is absent and CI is not set."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
-from tests.app.app_browser import chromium_page
+from tests.app.app_browser import chromium_page, companion_with_totals
 from tests.app.app_fakes import openai_handler
 from tests.app.app_server import hearth_serve, write_config
 from tests.fakes.openai_server import FakeOpenAI
@@ -32,17 +30,7 @@ def test_the_pill_follows_each_streamed_reply_across_a_stage_change(tmp_path):
         try:
             cfg = write_config(tmp_path / "hearth.toml", fake.base_url)
             with hearth_serve(tmp_path, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
-                page.goto(server.url + "/signup")
-                page.fill("input[name=username]", "robin")
-                page.fill("input[name=password]", "correct horse battery")
-                page.click("button:has-text('Sign up')")
-                page.wait_for_selector("text=Your companions")
-                page.click("#new-companion button[type=submit]")
-                page.wait_for_selector("#chat-form")
-                companion_url = page.url.split("#")[0]
-                with sqlite3.connect(tmp_path / "var" / "hearth.sqlite3") as conn:
-                    assert conn.execute("UPDATE companions SET affection = 27, trust = 17").rowcount == 1
-                page.reload()
+                companion_url = companion_with_totals(page, server.url, tmp_path / "var" / "hearth.sqlite3", 27, 17)
                 stage = page.locator("#stage")
                 assert stage.inner_text() == "friend"
                 assert stage.get_attribute("title") == "affection 27, trust 17"
