@@ -9,11 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from hearth.cli import app
-from tests.train.tiny import save_tiny_model, tiny_tokenizer
+from tests.train.tiny import tiny_adapter
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -21,16 +20,7 @@ peft = pytest.importorskip("peft")
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
-    tok_dir = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-    vocab = len(transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True))
-    bare = save_tiny_model(tmp_path_factory.mktemp("bare"), vocab)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(bare), local_files_only=True)
-    torch.manual_seed(1)
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                      init_lora_weights=False, task_type="CAUSAL_LM"))
-    adapter = tmp_path_factory.mktemp("adapter")
-    lora.save_pretrained(str(adapter))
-    return tok_dir, bare, adapter
+    return tiny_adapter(tmp_path_factory)[:3]
 
 
 def export(*args):

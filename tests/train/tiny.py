@@ -61,6 +61,26 @@ def save_tiny_model(path: Path, vocab: int, seed: int = 0) -> Path:
     return path
 
 
+def tiny_adapter(tmp_path_factory, targets=("q_proj", "v_proj")) -> tuple[Path, Path, Path, int]:
+    """(tokenizer folder, base model folder (weights and config only, no tokenizer files), LoRA adapter folder,
+    vocab) for export tests: an adapter on `targets` whose B is not zero (as after training: random init of both
+    LoRA matrices, seed 1)."""
+    import peft
+    import torch
+    import transformers
+
+    tok_dir = tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+    vocab = len(transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True))
+    base = save_tiny_model(tmp_path_factory.mktemp("base"), vocab)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True)
+    torch.manual_seed(1)
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
+                                                      init_lora_weights=False, task_type="CAUSAL_LM"))
+    adapter = tmp_path_factory.mktemp("adapter")
+    lora.save_pretrained(str(adapter))
+    return tok_dir, base, adapter, vocab
+
+
 def run_config(corpus: Path, base: Path, out: Path, **kw):
     """A FinetuneConfig for the tiny run: rank 4, seq_len 512, plain transformers (no patch); kw override."""
     from hearth.train import finetune
