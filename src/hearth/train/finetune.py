@@ -48,8 +48,7 @@ from pathlib import Path
 from hearth.train import distributed as D
 from hearth.train.batches import Example, collate, load_examples, plan_epoch, split_eval
 from hearth.train.distributed import PARALLEL
-from hearth.train.durable import fsync as _fsync
-from hearth.train.durable import fsync_tree as _fsync_tree
+from hearth.train.durable import fsync, fsync_tree
 
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -838,7 +837,7 @@ def _restore_replaced(final: Path) -> None:
         if not (final / "state.json").is_file():  # not another rank (or process) that put it back first
             raise
         return
-    _fsync(final.parent)  # the rename itself on the disk
+    fsync(final.parent)  # the rename itself on the disk
 
 
 def run_checkpoints(out: Path) -> list[Path]:
@@ -897,14 +896,14 @@ def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
     D.barrier(d)
     D.save_adapter(model, d, tmp)
     if d.main:
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         for entry in sorted(tmp.iterdir()):
             target = out / entry.name
             if entry.is_dir() and target.is_dir():
                 shutil.rmtree(target)
             os.replace(entry, target)
         tmp.rmdir()
-        _fsync(out)
+        fsync(out)
 
 
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
@@ -942,14 +941,14 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
                  "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-        _fsync_tree(tmp)  # on the disk before it takes its name (every rank's files are closed: the barrier above)
+        fsync_tree(tmp)  # on the disk before it takes its name (every rank's files are closed: the barrier above)
         if final.exists():
             # a resume from an earlier checkpoint replays this step: its new state replaces the old. Out of the way
             # in one rename, deleted only once the new one has the name: a crash part-way through deleting it in
             # place left step-N with its state.json and without its adapter, which --resume OUT took as the latest
             final.rename(old)
         tmp.rename(final)  # a checkpoint folder exists only once it is complete
-        _fsync(final.parent)
+        fsync(final.parent)
         if old.exists():
             shutil.rmtree(old)
     D.barrier(d)
