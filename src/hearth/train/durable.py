@@ -35,3 +35,35 @@ def fsync_tree(folder: Path) -> None:
     for entry in sorted(folder.rglob("*"), key=lambda p: (-len(p.parts), p)):  # the files, then their folders
         fsync(entry)
     fsync(folder)
+
+
+def replace_dir(tmp: Path, final: Path, aside: Path) -> None:
+    """``tmp`` (complete and fsync_tree'd) takes ``final``'s name. A previous ``final`` is renamed to ``aside`` first
+    and deleted only once ``tmp`` has the name, so no moment leaves a half-deleted ``final`` under its name; if that
+    rename fails, the previous one is put back under its name (and the error raised). The folder holding them is
+    synced after the renames. A process killed between the two renames leaves the previous folder only under
+    ``aside``: ``restore_aside`` puts it back."""
+    import shutil
+
+    if final.exists():
+        final.rename(aside)
+    try:
+        tmp.rename(final)
+    except BaseException:
+        if aside.exists() and not final.exists():
+            aside.rename(final)
+        raise
+    fsync(final.parent)  # the renames themselves on the disk
+    if aside.exists():
+        shutil.rmtree(aside)
+
+
+def restore_aside(final: Path, aside: Path) -> bool:
+    """After a ``replace_dir`` killed between its renames (``final`` missing, the previous folder, whole since it was on
+    the disk before it first took its name, only under ``aside``): rename it back and sync the parent. Whether it
+    did."""
+    if final.exists() or not aside.is_dir():
+        return False
+    aside.rename(final)
+    fsync(final.parent)
+    return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hearth.train.durable import fsync, fsync_tree
+from hearth.train.durable import fsync_tree, replace_dir, restore_aside
 
 DTYPES = ("bfloat16", "float16")
 
@@ -93,12 +93,9 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
             "adapter_config": json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = out.with_name(f".{out.name}.export-tmp"), out.with_name(f".{out.name}.export-old")
-    if old.is_dir() and not out.exists():
-        # an earlier re-export was killed between its two renames: OUT is missing and the previous export, whole
-        # (it was on the disk before it took its name), is only under the hidden name. Put it back first, so that
-        # this export failing too does not leave nothing.
-        old.rename(out)
-        fsync(out.parent)
+    # an earlier re-export was killed between its two renames: OUT is missing and the previous export is only under
+    # the hidden name. Put it back first, so that this export failing too does not leave nothing.
+    restore_aside(out, old)
     for leftover in (tmp, old):  # an earlier export that was killed half-way
         if leftover.exists():
             shutil.rmtree(leftover)
@@ -113,18 +110,11 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        out.rename(old)
     try:
-        tmp.rename(out)
+        replace_dir(tmp, out, old)  # a failed rename puts the previous export back under its name
     except BaseException:
-        if old.exists() and not out.exists():  # the previous export back under its name
-            old.rename(out)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync(out.parent)  # the renames themselves on the disk
-    if old.exists():
-        shutil.rmtree(old)
     return info
 
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from hearth.train import distributed as D
 from hearth.train.batches import Example, collate, load_examples, plan_epoch, split_eval
 from hearth.train.distributed import PARALLEL
-from hearth.train.durable import fsync, fsync_tree
+from hearth.train.durable import fsync, fsync_tree, replace_dir, restore_aside
 
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -829,15 +829,13 @@ def _restore_replaced(final: Path) -> None:
     export). An .old that is not whole (its delete was cut short, after the new step-N had the name) stays ignored."""
     final = Path(final)
     old = final.with_name(final.name + ".old")
-    if final.exists() or not old.is_dir() or not _whole_checkpoint(old):
+    if not old.is_dir() or not _whole_checkpoint(old):
         return
     try:
-        old.rename(final)
+        restore_aside(final, old)
     except OSError:
         if not (final / "state.json").is_file():  # not another rank (or process) that put it back first
             raise
-        return
-    fsync(final.parent)  # the rename itself on the disk
 
 
 def run_checkpoints(out: Path) -> list[Path]:
@@ -942,15 +940,11 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
                  "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         fsync_tree(tmp)  # on the disk before it takes its name (every rank's files are closed: the barrier above)
-        if final.exists():
-            # a resume from an earlier checkpoint replays this step: its new state replaces the old. Out of the way
-            # in one rename, deleted only once the new one has the name: a crash part-way through deleting it in
-            # place left step-N with its state.json and without its adapter, which --resume OUT took as the latest
-            final.rename(old)
-        tmp.rename(final)  # a checkpoint folder exists only once it is complete
-        fsync(final.parent)
-        if old.exists():
-            shutil.rmtree(old)
+        # a checkpoint folder exists only once it is complete. A resume from an earlier checkpoint replays this step:
+        # its new state replaces the old, which replace_dir moves out of the way in one rename and deletes only once
+        # the new one has the name (a crash part-way through deleting it in place left step-N with its state.json
+        # and without its adapter, which --resume OUT took as the latest)
+        replace_dir(tmp, final, old)
     D.barrier(d)
     return final
 
