@@ -36,13 +36,15 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_tensor, pick_config
+from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_tensor, interpret_mode, pick_config
 from hearth.kernels.rms_norm import (
+    _X_NDIM,
     MAX_N,
     _bwd_candidates,
     _config,
     _fwd_candidates,
     _row_args,
+    _usual_vector,
     bwd_grid,
     sum_partials,
 )
@@ -68,8 +70,6 @@ _BWD_WIDE_CANDIDATES = ((1, 16, 3), (1, 16, 4), (1, 16, 2), (1, 8, 3), (1, 8, 4)
 # tests/kernels/test_layer_norm.py (test_tile_candidates_*: sm_90 builds, no spills, they fit).
 _BWD_TILE_CANDIDATES = ((4096, 2, 4, 3), (4096, 2, 8, 2), (2048, 4, 4, 2), (2048, 3, 4, 3), (8192, 1, 8, 3),
                         (8192, 1, 16, 2))
-# x's allowed ranks (check_tensor's ndim), built once, not on every call
-_X_NDIM = tuple(range(1, 9))
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def _backward(dy, x, weight, mean, rstd, separate: bool = False, need_dw: bool =
     x2, stride_x = _row_args(x, n, m)
     dy2, stride_dy = _row_args(dy, n, m)
     block = _config(n)[0]
-    interp = not dx.is_cuda  # the interpreter's tensors are on the CPU (an attribute read; _mul_rn)
+    interp = interpret_mode()  # _mul_rn: the interpreter cannot run libdevice, whatever device the tensors are on
 
     def launch(cfg):
         kind, block_m, _, warps, stages = cfg
@@ -465,10 +465,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     # implies every check below, which then runs only to raise its message naming the argument (or to pass an
     # unusual but valid call, e.g. an int eps). With x's check: 4.4 us of host time a call for the checks one by
     # one against 1.9 us (CPU, interpreter).
-    if not (isinstance(weight, torch.Tensor) and weight.dtype in FLOAT_DTYPES and weight.dim() == 1
-            and weight.shape[0] == n and weight.device == device
-            and (bias is None or (isinstance(bias, torch.Tensor) and bias.dtype in FLOAT_DTYPES and bias.dim() == 1
-                                  and bias.shape[0] == n and bias.device == device))
+    if not (_usual_vector(weight, n, device) and (bias is None or _usual_vector(bias, n, device))
             and type(eps) is float and eps > 0):
         check_tensor(weight, "weight", ndim=1)
         if bias is not None:

@@ -272,6 +272,14 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t2
 
 
+def _usual_vector(t, n: int, device: torch.device) -> bool:
+    """True for the usual weight (or bias): a 1-D float tensor of length n on `device`. The public functions' fast
+    check (one test that implies each argument check, which then runs only to raise its message); layer_norm's
+    too."""
+    return (isinstance(t, torch.Tensor) and t.dtype in FLOAT_DTYPES and t.dim() == 1 and t.shape[0] == n
+            and t.device == device)
+
+
 def _row_args(t: torch.Tensor, n: int, m: int) -> tuple[torch.Tensor, int]:
     """(the tensor a kernel reads t's [m, n] rows from, its row stride). A contiguous t of 2+ rows is passed whole
     with row stride n (what t.reshape(-1, n).stride(0) is then; one row goes to _rows, as in layer_norm: its
@@ -395,7 +403,7 @@ def _backward(dy, x, weight, rstd, need_dw: bool = True) -> tuple[torch.Tensor, 
                 dy2, x2, weight, rstd, dx, partial, m, n,
                 stride_dy, stride_x, n, BLOCK_N=block, num_warps=warps,
                 ROWS_PER_PROGRAM=per_program, NUM_STAGES=stages, num_stages=stages, COMPUTE_DW=need_dw,
-                PAIR_DW=kind == "rowpair" and need_dw,
+                PAIR_DW=kind == "rowpair",  # offered only with dw (_rms_bwd_candidates)
             )
         else:
             _rms_norm_bwd_rows_kernel[(grid,)](
@@ -536,8 +544,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     # every check below, which then runs only to raise its message naming the argument (or to pass an unusual but
     # valid call, e.g. an int eps). With x's check: 3.1 us of host time a call for the checks one by one against
     # 1.6 us (CPU, interpreter, x [64, 256]).
-    if not (isinstance(weight, torch.Tensor) and weight.dtype in FLOAT_DTYPES and weight.dim() == 1
-            and weight.shape[0] == n and weight.device == x.device and type(eps) is float and eps > 0):
+    if not (_usual_vector(weight, n, x.device) and type(eps) is float and eps > 0):
         check_tensor(weight, "weight", ndim=1)
         check_same_device(x=x, weight=weight)
         if weight.shape[0] != n:

@@ -361,6 +361,15 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def _row_args(t: torch.Tensor, numel: int, n_cols: int) -> tuple[torch.Tensor, int]:
+    """(what a kernel reads t's rows from, its row stride): a contiguous t of 2+ elements itself with row stride
+    n_cols (a launch reads only its pointer; no view is built), anything else _as_rows(t) and its stride(0)."""
+    if numel > 1 and t.is_contiguous():
+        return t, n_cols
+    rows = _as_rows(t)
+    return rows, rows.stride(0)
+
+
 def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
     """Launch the forward over the last dim of x. Returns a contiguous tensor shaped like x.
 
@@ -378,8 +387,7 @@ def _softmax_fwd(x: torch.Tensor) -> torch.Tensor:
     n_cols = x.shape[-1]
     n_rows = numel // n_cols
     dtype = x.dtype
-    xr = x if numel > 1 and x.is_contiguous() else _as_rows(x)
-    stride_x = n_cols if xr is x else xr.stride(0)
+    xr, stride_x = _row_args(x, numel, n_cols)
     chunked, block, warps = _config(n_cols)
     key = ("softmax_fwd", n_cols, dtype)
     # both kernels only write y, so candidates are timed on the real arguments
@@ -423,12 +431,10 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     n_cols = y.shape[-1]
     n_rows = numel // n_cols
     dtype = y.dtype
-    yr = y if numel > 1 and y.is_contiguous() else _as_rows(y)
+    yr, stride_y = _row_args(y, numel, n_cols)
     if dy.dtype != dtype:
         dy = dy.to(dtype)
-    dyr = dy if numel > 1 and dy.is_contiguous() else _as_rows(dy)
-    stride_y = n_cols if yr is y else yr.stride(0)
-    stride_dy = n_cols if dyr is dy else dyr.stride(0)
+    dyr, stride_dy = _row_args(dy, numel, n_cols)
     chunked, block, warps = _config(n_cols)
     key = ("softmax_bwd", n_cols, dtype)
     # both kernels only write dx, so candidates are timed on the real arguments
