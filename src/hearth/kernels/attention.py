@@ -1051,16 +1051,23 @@ def offline_source(fn, consts: dict, dtype: str = "bf16"):
 
 def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     """`hearth inspect attention --arch sm_90` (no GPU): the Gluon kernels built offline for `arch`
-    (attention_gluon.offline_kernels): every forward variant, the split backward kernels and the fused backward
-    (Hopper's default backward). The Triton kernels above are inspected on a GPU (`hearth inspect attention`) or
+    (attention_gluon.offline_kernels): every forward variant (with and without the logsumexp store), the split
+    backward kernels and the fused backward (Hopper's default backward), and attention_varlen's packed forms. The Triton kernels above are inspected on a GPU (`hearth inspect attention`) or
     with `scripts/gpu/attention_probe.py --ptxas`."""
     from hearth.kernels import attention_gluon
 
     if arch // 10 != 9 or dtype not in attention_gluon.DTYPES:
         raise ValueError(f"the offline build is the Gluon kernels: sm_90 and bf16/fp16, got sm_{arch} / {dtype}")
     # every variant, the persistent forward included (forward_kernel's pick up to PERSIST_MAX_T[causal] query rows)
-    return attention_gluon.offline_kernels(arch, dtype,
-                                           variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq", "bwd_fused"))
+    built = attention_gluon.offline_kernels(arch, dtype,
+                                            variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq", "bwd_fused"))
+    # and the other builds hearth routes to: the inference forwards (attention without grad: no logsumexp store)
+    # and attention_varlen's packed forms (the fused backward with and without the ragged-offset dQ placement)
+    built += attention_gluon.offline_kernels(arch, dtype, variants=("pp", "pps"), store_lse=False)
+    built += attention_gluon.offline_kernels(arch, dtype, variants=("pp", "bwd_fused"), varlen=True)
+    pad = attention_gluon.FB_CONFIGS[max(attention_gluon.HEAD_DIMS)][0]  # the query step: backward_fused_varlen's pad
+    built += attention_gluon.offline_kernels(arch, dtype, variants=("bwd_fused",), varlen=True, fb_dq_pad=pad)
+    return built
 
 
 def _checked_scale(scale, head_dim: int) -> float:
