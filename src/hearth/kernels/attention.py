@@ -335,14 +335,18 @@ def _bwd_preprocess_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_CTX_Q
+    # int64 rows: with varlen the plane is the WHOLE packed axis ([1, H, total, D]), so row * token stride reaches
+    # total * H * D elements (2^31 at 262144 tokens of 64 x 128 heads), past what the public check bounds (one
+    # sequence's plane); the dense kernels' in-plane offsets stay int32
+    rows = offs_m.to(tl.int64)
     o = tl.load(
         Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-        + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+        + rows[:, None] * stride_ot + offs_d[None, :] * stride_od,
         mask=row_ok[:, None], other=0.0,
     ).to(tl.float32)
     do = tl.load(
         DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod,
+        + rows[:, None] * stride_dot + offs_d[None, :] * stride_dod,
         mask=row_ok[:, None], other=0.0,
     ).to(tl.float32)
     tl.store(Delta + bh.to(tl.int64) * N_CTX_Q + offs_m, tl.sum(o * do, 1), mask=row_ok)

@@ -73,6 +73,7 @@ except (ImportError, AttributeError):  # pragma: no cover - the pinned Triton ha
     cg = sg = None
 
 REDUCTIONS = ("mean", "sum", "none")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # ignore_index's range: the targets' dtype, an int64 kernel argument
 # fp16 only: the forward stores g * FP16_STORE_SCALE (a power of two, so exact) to lift small softmax
 # values out of fp16's subnormal range; the backward multiplies by grad_output / (n * scale) in fp32.
 # |g| <= 1 + 2*z_loss*lse, so 2^12 leaves 16x headroom below fp16's max (65504).
@@ -640,6 +641,8 @@ def check_loss_options(ignore_index, label_smoothing, reduction, z_loss, softcap
     linear_cross_entropy (same options, same meaning)."""
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not INT64_MIN <= ignore_index <= INT64_MAX:  # the kernels take it as an int64 scalar (Triton: OverflowError)
+        raise ValueError(f"ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
@@ -691,7 +694,7 @@ def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, redu
     # host time a call for the checks one by one against 1.7 us (CPU, interpreter).
     if not (isinstance(target, torch.Tensor) and target.dtype == torch.int64 and target.dim() == 1
             and target.shape[0] == input.shape[0] and target.device == input.device
-            and type(ignore_index) is int and reduction in REDUCTIONS
+            and type(ignore_index) is int and INT64_MIN <= ignore_index <= INT64_MAX and reduction in REDUCTIONS
             and type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0 and type(z_loss) is float
             and z_loss >= 0.0 and (softcap is None or (type(softcap) is float and softcap > 0))):
         check_tensor(target, "target", dtypes=(torch.int64,), ndim=1, allow_empty=True)

@@ -52,8 +52,11 @@ def _ce_rows_cluster_kernel(
     valid = t != ignore_index
     # the target's logit, read by every thread before the exchange (its barrier orders this read before the
     # owner CTA's gradient store over it): no reduction over the row for it, which held the CTA at 94-106
-    # registers a thread (1 CTA an SM) against softmax's 64 (2 an SM)
-    x_t = ttgl.load(Logits + row * stride + ttgl.where(valid, t, 0)).to(ttgl.float32)
+    # registers a thread (1 CTA an SM) against softmax's 64 (2 an SM). A target outside [0, n_cols) (the caller's
+    # check skipped) reads nothing and gives a nan loss, as the shared-memory form and the Triton kernel do
+    in_range = (t >= 0) & (t < n_cols)
+    x_t = ttgl.load(Logits + row * stride + ttgl.where(in_range, t, 0), mask=in_range,
+                    other=float("nan")).to(ttgl.float32)
     mx = ttgl.max(x, 1)  # [CTAS]: this CTA's element is its part's max
     m_part = ttgl.where(mx == float("-inf"), sg.LOWEST, mx)
     s_part = ttgl.sum(ttgl.exp2((x - m_part[:, None]) * 1.4426950408889634), 1)
@@ -88,8 +91,8 @@ def ce_rows_(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = 
     """Per-row cross-entropy of `logits` [n, V] (unit column stride, Hopper, V within `supported`) against
     `target` [n] int64; returns fp32 [n] (0 for ignored rows) and writes grad_scale * d loss_i / d logits_i
     over `logits` in place (0 for ignored rows). Targets other than ignore_index must lie in [0, V) (the
-    caller validates them, as cross_entropy does). ctas: the cluster size (softmax_gluon.config's pick when
-    None)."""
+    caller validates them, as cross_entropy does; one outside reads nothing and gives a nan loss). ctas: the
+    cluster size (softmax_gluon.config's pick when None)."""
     _check(logits, target)
     n, v = logits.shape
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)

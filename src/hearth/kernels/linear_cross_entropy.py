@@ -358,6 +358,8 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
     check_same_dtype(input=input, linear_weight=linear_weight)
     check_same_device(input=input, linear_weight=linear_weight, target=target)
     hidden = linear_weight.shape[1]
+    if input.dim() == 0:  # [..., H] of any rank but 0 (shape[-1] below would raise a bare IndexError)
+        raise ValueError(f"input must have at least 1 dimension [..., {hidden}], got a 0-D tensor")
     if input.shape[-1] != hidden:
         raise ValueError(f"input has hidden size {input.shape[-1]} but linear_weight is {tuple(linear_weight.shape)}; input's last dimension must equal linear_weight.shape[1]")
     x = input if input.dim() == 2 else input.reshape(-1, hidden)  # 2-D: no view node in the graph

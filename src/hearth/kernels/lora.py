@@ -620,7 +620,9 @@ def lora_swiglu_mlp(
     _check_lora(x, lora)
     scales = [_check_scale(s, n) for s, n in ((scale_gate, "scale_gate"), (scale_up, "scale_up"), (scale_down, "scale_down"))]
     cast = _check_compute(compute, x, a_gate)
-    hidden, inter = x.shape[-1] if x.dim() else -1, _shape(w_gate)[0]
+    if x.dim() == 0:  # [..., H] of any rank but 0
+        raise ValueError("x must have at least 1 dimension [..., H], got a 0-D tensor")
+    hidden, inter = x.shape[-1], _shape(w_gate)[0]
     want = {"w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
     for name, shape in want.items():
         if _shape(base[name]) != shape:

@@ -322,12 +322,14 @@ def _tma_desc_mode() -> str:
 
 def _tma_strides(t: torch.Tensor):
     """(transposed, leading stride) if TMA can describe `t` (2-D) from its shape and strides, else
-    None. TMA needs a unit stride on one dimension, a 16-byte multiple leading stride and rows of at
+    None. TMA needs a unit stride on one dimension, a non-zero 16-byte multiple leading stride and rows of at
     least 16 bytes; the base's 16-byte alignment is the caller's check (it changes every call)."""
     esize = t.element_size()
-    if t.stride(1) == 1 and (t.stride(0) * esize) % 16 == 0 and (t.size(1) * esize) >= 16:
+    # a leading stride of 0 (a broadcast row: the gradient of (y * w).sum() is w.expand(M, N)) is no TMA layout
+    # (attention's tma_addressable refuses it too); the plan is cached per (shape, stride): no per-call cost
+    if t.stride(1) == 1 and t.stride(0) > 0 and (t.stride(0) * esize) % 16 == 0 and (t.size(1) * esize) >= 16:
         return False, t.stride(0)
-    if t.stride(0) == 1 and (t.stride(1) * esize) % 16 == 0 and (t.size(0) * esize) >= 16:
+    if t.stride(0) == 1 and t.stride(1) > 0 and (t.stride(1) * esize) % 16 == 0 and (t.size(0) * esize) >= 16:
         return True, t.stride(1)
     return None
 

@@ -587,6 +587,8 @@ def swiglu_mlp(
             check_tensor(t, name, ndim=2 if name.startswith("w") else 1)
     check_same_dtype(x=x, **names)
     check_same_device(x=x, **names)
+    if x.dim() == 0:  # [..., H] of any rank but 0 (shape[-1] below would raise a bare IndexError)
+        raise ValueError("x must have at least 1 dimension [..., H], got a 0-D tensor")
     hidden = x.shape[-1]
     inter = w_gate.shape[0]
     if tuple(w_gate.shape) != (inter, hidden):
