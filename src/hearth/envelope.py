@@ -317,6 +317,11 @@ def _loc(loc: tuple) -> str | None:
 def _reason(error: dict) -> str:
     if error["type"] == "string_too_short":
         return "must not be empty (or only whitespace)"
+    if error["type"] == "string_unicode":
+        # "\ud800" is valid JSON (a model cut inside an emoji writes it), but no UTF-8 column or page can hold it;
+        # pydantic's words ("unable to parse raw data") hide that, and in a key it comes with no field (loc ())
+        key = "" if error["loc"] else "a key "
+        return f"{key}must be valid Unicode text, not a lone surrogate escape such as \\ud800 (half a character)"
     return error["msg"]
 
 

@@ -14,7 +14,7 @@ non-empty think block (thinking left on) are counted, and the console ends with 
 The pass rate (overall and per suite) comes with a 95% interval: Wilson over replies, and with several samples
 per case one that resamples cases (case_interval). Scores per case are in hearth.evals.scoring; this module
 prints "k/n" per suite and the failures, writes the JSON report, and returns exit code 1 when the pass fraction
-is below the threshold (2 on bad arguments).
+is below the threshold (2 on bad arguments; 130 on Ctrl-C, after printing and writing what was measured).
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def _shown(value: object) -> str:
     return escape(str(value).encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
-def _print(console, summary: dict, scores: list[CaseScore], threshold: float) -> None:
+def _print(console, summary: dict, scores: list[CaseScore], threshold: float, interrupted: bool = False) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -336,7 +336,8 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float) ->
             table.add_row(*(_shown(str(v)) for v in (s.suite, s.id, s.status, s.finish_reason, s.reason or "")))
         console.print(table)
     o = summary["overall"]
-    verdict = "[green]PASS[/green]" if o["fraction"] >= threshold else "[red]FAIL[/red]"
+    verdict = ("[yellow]INTERRUPTED[/yellow]" if interrupted  # what a part of the cases scored is no verdict
+               else "[green]PASS[/green]" if o["fraction"] >= threshold else "[red]FAIL[/red]")
     interval = o.get("ci95_by_case", o["ci95"])
     console.print(f"overall {o['passed']}/{o['total']} = {o['fraction']:.3f} (95% CI {interval[0]:.3f}-{interval[1]:.3f}"
                   f"{', resampling cases' if 'ci95_by_case' in o else ''}; threshold {threshold:g}) {verdict}")
@@ -353,7 +354,8 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
          json_schema: bool = False, threshold: float = 1.0, report: Path | None = None, max_tokens: int | None = 1024,
          timeout_s: float = 120.0, concurrency: int = 4, samples: int = 1, temperature: float | None = None,
          seed: int | None = None, stream: bool = True) -> int:
-    """CLI entry: 0 when the overall pass fraction >= threshold, 1 below it, 2 on bad arguments."""
+    """CLI entry: 0 when the overall pass fraction >= threshold, 1 below it, 2 on bad arguments, 130 when stopped
+    with Ctrl-C (the replies scored by then are printed and written to the report, marked interrupted)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import Progress
@@ -409,26 +411,41 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         except OSError as exc:
             return bad(f"--report: cannot write {str(report)!r} ({exc})")
     cases = [c for n in names for c in load_suite(n)]
+    planned = len(cases) * max(samples, 1)
+    finished: list[CaseScore] = []  # as each reply is scored: what a run stopped half-way has measured
+    interrupted = False
 
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(escape(f"eval {suite} on {model}"), total=len(cases) * max(samples, 1))
+        task = progress.add_task(escape(f"eval {suite} on {model}"), total=planned)
+
+        def on_done(scored: CaseScore) -> None:
+            finished.append(scored)
+            progress.advance(task)
+
         try:
             scores = asyncio.run(run_cases(
                 cases, base_url=base_url, model=model, api_key=api_key, extra_body=extra, json_schema=json_schema,
                 max_tokens=max_tokens, timeout_s=timeout_s, concurrency=concurrency, samples=samples,
-                temperature=temperature, seed=seed, stream=stream, on_done=lambda _: progress.advance(task)))
+                temperature=temperature, seed=seed, stream=stream, on_done=on_done))
         except ValueError as exc:
             return bad(str(exc))
+        except KeyboardInterrupt:  # Ctrl-C: asyncio.run cancelled the calls in flight; keep what was scored
+            interrupted = True
+            order = {(c.suite, c.id): i for i, c in enumerate(cases)}
+            scores = sorted(finished, key=lambda s: (order[(s.suite, s.id)], s.sample))
 
     summary = summarize(scores)
-    _print(console, summary, scores, threshold)
-    ok = summary["overall"]["fraction"] >= threshold
+    _print(console, summary, scores, threshold, interrupted)
+    ok = summary["overall"]["fraction"] >= threshold and not interrupted  # part of a run is no verdict
+    if interrupted:
+        console.print(f"[bold yellow]interrupted:[/bold yellow] {len(scores)} of {planned} replies measured; "
+                      "the figures above are theirs alone")
     if report is not None:
         doc = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "base_url": _redacted(base_url), "model": model,
             "suite": suite, "json_schema": json_schema, "extra_body": extra, "max_tokens": max_tokens,
             "threshold": threshold, "samples": samples, "temperature": temperature, "seed": seed, "stream": stream,
-            "ok": ok, "python": platform.python_version(), **summary,
+            "ok": ok, "interrupted": interrupted, "planned": planned, "python": platform.python_version(), **summary,
             "cases": [s.to_json() for s in scores],
         }
         report.parent.mkdir(parents=True, exist_ok=True)  # checked at start-up; recreated if removed since
@@ -443,4 +460,6 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             Path(name).unlink(missing_ok=True)
             raise
         console.print(f"report: {escape(str(report))}")
+    if interrupted:
+        return 130  # the shell's code for a run stopped by SIGINT
     return 0 if ok else 1

@@ -3,7 +3,9 @@
 Checks, each True/False (None when an earlier failure made it meaningless):
 
     response       the server answered 200 with a message
-    json           after hearth.envelope.repair (wrapping only), the reply is one JSON object
+    json           after hearth.envelope.repair (wrapping only), the reply is one JSON object (parse_envelope's
+                   reading and its reason); for a kind the app streams (chat), also the one the gateway's stream
+                   cuts out (the first object-like span)
     schema         it validates against the kind's model, ignoring emptiness errors
     non_empty      no required string is empty or whitespace
     not_truncated  finish_reason != "length" (a reply cut by max_tokens fails even if it parses)
@@ -17,12 +19,12 @@ budget before the envelope); a reply cut by max_tokens after or inside one says 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from hearth.envelope import EnvelopeError, parse_envelope, repair
 from hearth.evals.client import ChatResult
 from hearth.evals.suites import Case
+from hearth.gateway.streamfilter import EnvelopeFilter
 
 CHECKS = ("response", "json", "schema", "non_empty", "not_truncated", "expected")
 
@@ -79,6 +81,20 @@ def think_block(content: str, reasoning: str | None = None) -> tuple[int, bool] 
     return (len(inner), closed) if inner else None
 
 
+# The kinds the app asks for streamed (app/routes/_util.reply_events: chat turns and rehearsals). The gateway cuts
+# their envelope out of the stream as it comes, from the first '{"' (gateway/streamfilter.py), and fails the reply
+# when that is not the object repair finds in the whole text (a broken object-like span before it, which repair
+# skips as chatter). Feed comments and analyst readings come in one piece: repair's reading alone.
+STREAMED_KINDS = frozenset({"chat"})
+
+
+def _streamed(content: str) -> str:
+    """The text the gateway streams to the app for this reply: its envelope as the stream filter cuts it out."""
+    cut = EnvelopeFilter()
+    cut.feed(content)
+    return cut.text
+
+
 def score(case: Case, result: ChatResult) -> CaseScore:
     """Score ``result`` as the reply to ``case``. Pure: no I/O."""
     checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
@@ -100,39 +116,36 @@ def score(case: Case, result: ChatResult) -> CaseScore:
                               f"of {chars} characters: thinking is on and spent the token budget")
 
     if checks["response"]:
+        # parse_envelope's own verdict, so the eval reads a reply by the rules the app acts on it by: a failure with
+        # no field errors is the reply as a whole (not one JSON object), with them the object's fields
         try:
-            body = repair(result.content)
-            repaired = body != result.content.strip()  # whitespace around the object is not wrapping
-            checks["json"] = isinstance(json.loads(body), dict)
-            if not checks["json"]:
-                reasons.append("reply is JSON but not an object")
+            envelope, failure = parse_envelope(result.content, case.kind), None
         except EnvelopeError as exc:
-            checks["json"] = False
-            reasons.append(exc.reason)
-        except json.JSONDecodeError as exc:
-            checks["json"] = False
-            reasons.append(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
-        except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting deeper than the stack
-            checks["json"] = False
-            reasons.append(f"not valid JSON: {type(exc).__name__}")
+            envelope, failure = None, exc
+        checks["json"] = failure is None or bool(failure.errors)
+        if checks["json"]:
+            body = repair(result.content)  # cannot fail: parse_envelope got past it
+            repaired = body != result.content.strip()  # whitespace around the object is not wrapping
+            if envelope is not None and case.kind in STREAMED_KINDS and (cut := _streamed(result.content)) != body:
+                checks["json"], envelope, failure = False, None, None
+                reasons.append(f"the first object-like span ({cut[:80]!r}) is not the envelope: the app streams "
+                               f"{case.kind} replies and would show that span, then fail the turn")
+        else:
+            reasons.append(failure.reason)
 
     if checks["json"]:
-        try:
-            envelope = parse_envelope(result.content, case.kind)
-            checks["schema"] = checks["non_empty"] = True
-        except EnvelopeError as exc:
-            envelope = None
-            kinds = {e["type"] for e in exc.errors}
+        if failure is not None:
+            kinds = {e["type"] for e in failure.errors}
             checks["non_empty"] = "string_too_short" not in kinds
-            checks["schema"] = bool(kinds) and kinds <= {"string_too_short"}
-            reasons.append(str(exc))
-        if envelope is not None:
+            checks["schema"] = kinds <= {"string_too_short"}
+            reasons.append(str(failure))
+            checks["expected"] = None
+        else:
+            checks["schema"] = checks["non_empty"] = True
             wrong = {k: v for k, v in case.expect.items() if getattr(envelope, k, None) != v}
             checks["expected"] = not wrong
             if wrong:
                 reasons.append("; ".join(f"{k}: expected {v!r}, got {getattr(envelope, k)!r}" for k, v in wrong.items()))
-        else:
-            checks["expected"] = None
     passed = all(v is True for v in checks.values())
     return CaseScore(suite=case.suite, id=case.id, kind=case.kind, passed=passed, checks=checks,
                      reason=None if passed else (reasons[0] if reasons else "failed"), latency_s=result.latency_s,
