@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator
 
@@ -109,9 +110,9 @@ class StreamDone:
 
 
 class _Attempt:
-    """One provider's turn in one request: the trial it may hold, and whether its outcome was recorded."""
+    """One provider's turn in one request (Chain._turn): its trial, whether its outcome was recorded, what it got."""
 
-    __slots__ = ("provider", "snap", "trial", "settled", "t0")
+    __slots__ = ("provider", "snap", "trial", "settled", "t0", "upstream", "shown", "reply", "result")
 
     def __init__(self, provider: Provider, snap: BreakerSnapshot) -> None:
         self.provider = provider
@@ -119,6 +120,10 @@ class _Attempt:
         self.trial: str | None = None
         self.settled = False
         self.t0 = time.monotonic()
+        self.upstream = None                    # an open stream, closed when the turn ends
+        self.shown = False                      # the client shows its text: a failure interrupts, no fallback
+        self.reply: tuple | None = None         # (envelope, text, finish_reason, usage): it answered
+        self.result: ChainResult | None = None  # the request's result: its success is recorded
 
 
 @dataclass
@@ -338,17 +343,9 @@ class Chain:
                         extra={"request_id": request_id, "provider": name})
         log.info("attempt failed: %s", for_log(error), extra={"request_id": request_id, "provider": name, "error": lab})
 
-    async def _attempt_failed(self, a: _Attempt, error: ProviderError, request_id: str | None, w: _Walk, *,
-                              fell_back: bool) -> None:
-        """Record one failed attempt (metrics, breaker, the request's error list) before falling back."""
-        await self._failed(a, error, request_id, w)
-        w.errors.append(error)
-        w.attempts.append((error.provider, label(error)))
-        if fell_back:
-            self.metrics.child(self.metrics.fallbacks, error.provider).inc()
-
-    async def _succeeded(self, a: _Attempt) -> None:
-        # Settled only once the success is recorded: the caller's finally (_abandon) gives a half-open trial back
+    async def _succeeded(self, w: _Walk, a: _Attempt) -> None:
+        """Record `a`'s success and the request's result from its reply (a.result, with `a`'s usage only)."""
+        # Settled only once the success is recorded: _turn's finally (_abandon) gives a half-open trial back
         # only when recording it failed. Giving it back first let another request/worker claim a second
         # "single" trial in the gap before the breaker closed.
         name = a.provider.name
@@ -357,15 +354,12 @@ class Chain:
             await self.breakers[name].success()
             self.metrics.breaker_open.labels(name).set(0)
         a.settled = True
-
-    async def _result(self, w: _Walk, a: _Attempt, envelope, text: str, finish_reason, usage) -> ChainResult:
-        """Record `a`'s success and return the request's result (with `a`'s usage only)."""
-        await self._succeeded(a)
         now = time.monotonic()
         self._finish(w, "ok", now)
-        w.attempts.append((a.provider.name, "ok"))
-        return ChainResult(envelope, text, a.provider.name, now - w.start, w.attempts, finish_reason,
-                           a.provider.config.model, usage)
+        w.attempts.append((name, "ok"))
+        envelope, text, finish_reason, usage = a.reply
+        a.result = ChainResult(envelope, text, name, now - w.start, w.attempts, finish_reason, a.provider.config.model,
+                               usage)
 
     def _finish(self, w: _Walk, outcome: str, now: float | None = None) -> None:
         """The request's one outcome (hearth.gateway.metrics.OUTCOMES) and its duration; later calls do nothing."""
@@ -395,6 +389,29 @@ class Chain:
     def _all_failed(errors: list[ProviderError]) -> AllProvidersFailed:
         return AllProvidersFailed(f"all {len(errors)} providers failed", errors)
 
+    @asynccontextmanager
+    async def _turn(self, w: _Walk, i: int, a: _Attempt, request_id: str | None) -> AsyncIterator[None]:
+        """One attempt's body (complete's, stream's) and its verdict, in the order both need: a ProviderError is
+        recorded and falls through (once a.shown: StreamInterrupted); a.reply is recorded as the success while the
+        trial is still held; then the upstream is closed and a trial left without a verdict given back."""
+        try:
+            try:
+                yield
+            except ProviderError as exc:
+                await self._failed(a, exc, request_id, w)
+                if a.shown:  # the client shows this provider's text: no fallback
+                    raise StreamInterrupted(a.provider.name, exc) from exc
+                w.errors.append(exc)
+                w.attempts.append((exc.provider, label(exc)))
+                if i + 1 < len(w.plan):
+                    self.metrics.child(self.metrics.fallbacks, exc.provider).inc()
+                return
+            await self._succeeded(w, a)
+        finally:
+            if a.upstream is not None:
+                a.upstream.close()
+            await self._abandon(a)  # gives back a trial only if no verdict was recorded
+
     # ------------------------------------------------------------------ JSON
     async def complete(self, messages: list[dict], *, kind: str, deadline_s: float | None = None,
                        max_tokens: int | None = None, request_id: str | None = None,
@@ -406,19 +423,14 @@ class Chain:
             for i, a, left in w.turns():
                 if not await self._begin(a, w):
                     continue
-                try:
-                    try:
-                        done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
-                                                         request_id=request_id)
-                    except ProviderError as exc:
-                        await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
-                        continue
-                    # the success (closing the breaker) is recorded while the trial is still held
-                    return await self._result(w, a, done.envelope, done.text, done.finish_reason, done.usage)
-                finally:
-                    await self._abandon(a)  # gives back a trial only if no verdict was recorded
+                async with self._turn(w, i, a, request_id):
+                    done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                     request_id=request_id)
+                    a.reply = (done.envelope, done.text, done.finish_reason, done.usage)
+                if a.result is not None:
+                    return a.result
             raise self._all_failed(w.errors)
-        except BaseException as exc:  # every way out records the request's one outcome (ok did in _result)
+        except BaseException as exc:  # every way out records the request's one outcome (ok did in _succeeded)
             self._ended(w, exc)
             raise
 
@@ -437,45 +449,33 @@ class Chain:
                 if not await self._begin(a, w):
                     continue
                 p = a.provider
-                upstream = None
                 cut = EnvelopeFilter()
                 raw: list[str] = []
-                try:
-                    try:
-                        upstream, first = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
-                                                              request_id=request_id)
-                        delta: str | None = first
-                        size = 0
-                        while delta is not None:
-                            raw.append(delta)
-                            size += len(delta)
-                            if size > env.MAX_REPLY_CHARS:  # refused at the end anyway: stop reading (showing) it now
-                                upstream.envelope("".join(raw), kind)  # raises InvalidEnvelope: over the limit
-                            shown = cut.feed(delta)
-                            if shown:
-                                yield StreamDelta(shown, p.name, p.config.model)
-                            delta = await upstream.next_delta()
-                        text = "".join(raw)
-                        envelope = upstream.envelope(text, kind)
-                        if cut.text != env.repair(text):
-                            raise InvalidResponse(p.name, "the streamed JSON object is not the reply's envelope "
-                                                          "(more than one object-like span in the reply)")
-                    except ProviderError as exc:
-                        if cut.emitted:  # the client shows this provider's text: no fallback
-                            await self._failed(a, exc, request_id, w)
-                            raise StreamInterrupted(p.name, exc) from exc
-                        await self._attempt_failed(a, exc, request_id, w, fell_back=i + 1 < len(w.plan))
-                        continue
-                    # the success (closing the breaker) is recorded while the trial is still held
-                    result = await self._result(w, a, envelope, text, upstream.finish_reason, upstream.usage)
-                finally:
-                    if upstream is not None:
-                        upstream.close()
-                    await self._abandon(a)  # gives back a trial only if no verdict was recorded
-                yield StreamDone(result)
-                return
+                async with self._turn(w, i, a, request_id):
+                    a.upstream, delta = await p.open_stream(messages, kind, budget_s=left, max_tokens=max_tokens,
+                                                            request_id=request_id)
+                    size = 0
+                    while delta is not None:
+                        raw.append(delta)
+                        size += len(delta)
+                        if size > env.MAX_REPLY_CHARS:  # refused at the end anyway: stop reading (showing) it now
+                            a.upstream.envelope("".join(raw), kind)  # raises InvalidEnvelope: over the limit
+                        shown = cut.feed(delta)
+                        if shown:
+                            a.shown = True
+                            yield StreamDelta(shown, p.name, p.config.model)
+                        delta = await a.upstream.next_delta()
+                    text = "".join(raw)
+                    envelope = a.upstream.envelope(text, kind)
+                    if cut.text != env.repair(text):
+                        raise InvalidResponse(p.name, "the streamed JSON object is not the reply's envelope "
+                                                      "(more than one object-like span in the reply)")
+                    a.reply = (envelope, text, a.upstream.finish_reason, a.upstream.usage)
+                if a.result is not None:  # the turn is over (upstream closed) before the consumer gets the end
+                    yield StreamDone(a.result)
+                    return
             raise self._all_failed(w.errors)
-        except BaseException as exc:  # every way out records the request's one outcome (ok did in _result), also
+        except BaseException as exc:  # every way out records the request's one outcome (ok did in _succeeded), also
             self._ended(w, exc)      # GeneratorExit: the consumer closed the stream before its end
             raise
 

@@ -12,7 +12,7 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     cooldown_s = 30.0          # how long an open breaker skips the provider
     max_retry_after_s = 300.0  # a Retry-After longer than this is capped
     max_connections = 1024     # shared HTTP client pool size
-    stream_write_timeout_s = 10.0  # a streaming client that takes no bytes this long is disconnected
+    stream_write_timeout_s = 10.0  # a client that takes no bytes of a reply this long is disconnected
     default_kind = "chat"
     state_url = "redis://127.0.0.1:6379/0"   # optional: breaker, cooldown and warm state shared through
                                              # Redis by every worker/process that loads this file
@@ -236,7 +236,8 @@ class GatewaySettings(_Strict):
     max_retry_after_s: float = Field(300.0, ge=0)
     max_connections: int = Field(1024, ge=1)
     # the longest one write of a streamed reply may wait for the client to take bytes (its receive window full):
-    # past it the client is disconnected and the upstream closed (outcome client_stalled)
+    # past it the client is disconnected and the upstream closed (outcome client_stalled); a JSON reply (errors
+    # too) must be taken within it as a whole, or the client is disconnected the same way
     stream_write_timeout_s: float = Field(10.0, gt=0)
     default_kind: str = "chat"
     state_url: str | None = None

@@ -41,11 +41,14 @@ is closed at once and nothing counts against the provider. A request body that h
 [gateway].deadline_s is a 408 (aiohttp itself never times a body out). A streaming client that takes no
 bytes (connection open, receive window full) for [gateway].stream_write_timeout_s is disconnected: every
 write of a stream is timed (aiohttp's never is), the upstream is closed, nothing counts against the
-provider, and the outcome is client_stalled.
+provider, and the outcome is client_stalled. Every other reply (JSON, errors) is written by the middleware
+under the same limit (aiohttp would write it untimed after the handler): a client that leaves replies unread
+is disconnected the same way, and the request keeps the outcome it had.
 
 What aiohttp's parser refuses before any handler runs (a malformed request line or header, a header line
-over 8190 bytes, a broken chunked encoding that came with the headers) gets aiohttp's text/plain 400: no
-middleware sees it and aiohttp has no supported hook for that reply (docs/gateway.md, Errors).
+over 8190 bytes, a broken chunked encoding that came with the headers), and an Expect other than
+100-continue (417), get aiohttp's text/plain reply: no middleware sees them and aiohttp has no supported
+hook for that reply (docs/gateway.md, Errors).
 
 Metrics: every chat request ends in exactly one outcome of hearth_gateway_requests_total /
 hearth_gateway_request_seconds (hearth.gateway.metrics.OUTCOMES): the chain records it for a request
@@ -277,6 +280,7 @@ async def request_context(request: web.Request, handler):
     request[REQUEST_ID] = rid
     start = time.perf_counter()
     status = 500
+    answered = None  # the status of the reply made (a refused chat request's outcome), however its write goes
     try:
         try:
             resp = await handler(request)
@@ -301,12 +305,17 @@ async def request_context(request: web.Request, handler):
         status = 499 if request.get(STALLED) else resp.status  # a stalled client was cut: nginx's 499 too
         if not resp.prepared:
             resp.headers["X-Request-ID"] = rid
+            answered, status = status, 499  # 499 in the log until it is written: the client may go, or stall, first
+            if await _write_reply(request, resp, request.app[CHAIN].settings.stream_write_timeout_s):
+                status = resp.status
         return resp
     finally:
         if request.match_info.handler is chat and not request.get(CHAIN_OWNS):
             # a chat request that never reached the chain (refused, the client gone while it sent the body, a
-            # bug): its one outcome is recorded here; the chain records every other (Chain._finish)
-            outcome = "client_cancelled" if status == 499 else ("rejected" if status < 500 else "error")
+            # bug): its one outcome is recorded here, from the reply made (as the chain's is); the chain records
+            # every other (Chain._finish)
+            code = status if answered is None else answered
+            outcome = "client_cancelled" if code == 499 else ("rejected" if code < 500 else "error")
             request.app[CHAIN].metrics.request_done(request.get(KIND, UNKNOWN_KIND), outcome,
                                                     time.perf_counter() - start)
         # one line per chat request; probes and scrapes stay quiet (and no extra dict when INFO is off)
@@ -425,6 +434,25 @@ async def _timed(aw, timeout_s: float):
             return await aw
     except TimeoutError:
         raise ClientStalled(timeout_s) from None
+
+
+async def _write_reply(request: web.Request, resp: web.StreamResponse, timeout_s: float) -> bool:
+    """Write a reply the handler returned unsent (every JSON reply and error), each write timed as a stream's are;
+    False when the client did not take it. aiohttp would write it after the middleware with no time limit: once the
+    replies a client leaves unread (pipelined requests, a big reply) filled the buffers, that write waited for good,
+    holding the connection and its handler task."""
+    try:
+        await _timed(resp.prepare(request), timeout_s)
+        await _timed(resp.write_eof(), timeout_s)
+    except ClientStalled as exc:
+        log.warning("the client did not take its reply within %g s: disconnected", exc.timeout_s,
+                    extra={"request_id": request[REQUEST_ID], "error": "client_stalled"})
+        request[STALLED] = True
+        _drop(request)  # the connection's loss cancels this handler (handler_cancellation) at its next wait
+        return False
+    except ConnectionResetError:  # the client is gone; aiohttp's own write_eof after ours ends the connection
+        return False
+    return True
 
 
 def _drop(request: web.Request) -> None:
