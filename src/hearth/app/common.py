@@ -13,6 +13,11 @@ from hearth.app.crypto import UserCipher
 from hearth.app.storage.db import scrub_deleted
 
 
+# what a form's free-text field (a message, a post, a situation) may carry before FastAPI refuses it, whatever
+# max_text_chars says; settings refuse a max_text_chars above it at start-up (texts over it met a 422 only when sent)
+FORM_TEXT_MAX = 50000
+
+
 class NotFound(LookupError):
     """The record does not exist or belongs to another user (routes answer 404 either way)."""
 

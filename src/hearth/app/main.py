@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -129,6 +130,8 @@ def create_app(settings: AppSettings, *, model: Any = None, prepared: bool = Fal
     backend = model if model is not None else build_backend(settings.config_path)
     quiet_upstream_text()  # the chain's own failure logs: class names and labels, not upstream text
     templates = _templates()
+    # the text boxes' maxlength: a browser cuts a longer paste silently, so it must be the server's own limit
+    templates.env.globals["max_text_chars"] = settings.max_text_chars
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -223,6 +226,35 @@ async def _preflight(settings: AppSettings) -> None:
             await store.aclose()
 
 
+async def _bind_one_process(host: str, port: int) -> None:
+    """Bind what one uvicorn process binds, then let go: uvicorn hands host and port to asyncio's create_server,
+    which binds every address the host resolves to ("" is all of them), the IPv6 ones IPv6-only."""
+    server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host=host, port=port,
+                                                            start_serving=False)
+    server.close()
+    await server.wait_closed()
+
+
+def listen_error(host: str, port: int, workers: int) -> OSError | None:
+    """The error uvicorn will get binding host:port (in use, not an address of this machine, a host name that does
+    not resolve), or None when it can listen. With workers > 1 uvicorn binds ONE socket itself (Config.bind_socket):
+    IPv6 when the host holds a ":" (on Linux it then takes IPv4 too), else IPv4 only, the name resolved for IPv4
+    alone. Binding every address of the host, IPv6 ones dual-stack, whatever the workers, refused starts that work
+    (--host :: next to an IPv4 listener on the port, --host "", with workers a localhost whose IPv6 address is
+    taken or down) and let through one that fails (with workers, a host name with IPv6 addresses only)."""
+    try:
+        if workers == 1:
+            asyncio.run(_bind_one_process(host, port))
+            return None
+        family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:  # socket.gaierror included
+        return exc
+    return None
+
+
 def _run_one(server: Any) -> int:
     """Run one uvicorn server in this process. SIGTERM is a graceful stop (in-flight requests answered, the
     lifespan's shutdown run) and exits 0: uvicorn re-raises the signal it stopped on once it is done, which with
@@ -281,7 +313,6 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
     and warm state are shared when the TOML sets ``[gateway] state_url``."""
     import uvicorn
 
-    from hearth.gateway.server import port_in_use
     from hearth.gateway.state import StateStoreError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -294,7 +325,7 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
         # builds the chain: provider errors show now, not in a worker. prepared: the check below is the only one
         app = create_app(settings, prepared=True)
         # before the check: a start that cannot listen migrates nothing and writes no development key
-        taken = port_in_use(host, port)
+        taken = listen_error(host, port, workers)
         if taken is None:
             asyncio.run(_preflight(settings))
     except (SettingsError, ValueError) as exc:  # the gateway's ConfigError is a ValueError too

@@ -27,6 +27,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, field_validator, model_validator
 
+from hearth.app.common import FORM_TEXT_MAX
 from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
@@ -37,6 +38,9 @@ log = logging.getLogger("hearth.app")
 DEV_KEY_MARKER = "# hearth development master key: generated on first run; never use it in production"
 DEFAULT_DB = "sqlite+aiosqlite:///./var/hearth.sqlite3"
 FORM_BYTES_PER_CHAR = 12  # one character form-encoded, at most: 4 UTF-8 bytes, each written %XX
+# a session's expiry (now + session_ttl_s) must be a date Python can hold (year 9999): a TTL past it failed every
+# signup and login with an OverflowError, not start-up. A century is more than any session needs.
+MAX_SESSION_TTL_S = 100 * 366 * 24 * 3600
 
 
 class SettingsError(ValueError):
@@ -71,9 +75,9 @@ class AppSettings(BaseModel):
     previous_master_key: SecretBytes | None = None  # set while rotating: data keys re-wrapped at start-up
     config_path: Path | None = None
     cookie_secure: bool = True
-    session_ttl_s: int = Field(14 * 24 * 3600, ge=60)
+    session_ttl_s: int = Field(14 * 24 * 3600, ge=60, le=MAX_SESSION_TTL_S)
     max_body_bytes: int = Field(128 * 1024, ge=1024)  # at least what the longest text needs (below)
-    max_text_chars: int = Field(4000, ge=10)
+    max_text_chars: int = Field(4000, ge=10, le=FORM_TEXT_MAX)  # the forms' own cap (common.FORM_TEXT_MAX)
     # login / signup throttling (hearth.app.throttle): free attempts, then a doubling delay up to the cap
     login_free_attempts: int = Field(5, ge=1)
     login_backoff_base_s: float = Field(1.0, gt=0)

@@ -5,7 +5,9 @@ before it starts its workers):
     2. rotate: re-wrap data keys under the new master key when HEARTH_PREVIOUS_MASTER_KEY is set;
     3. the master key must open every user's data key. When users exist and their keys are wrapped
        under another master key, start-up is REFUSED with a message naming both keys (by fingerprint,
-       never the key) and how to fix it; a development key is never created while users exist.
+       never the key) and how to fix it; a development key is never created while users exist;
+    4. seal what an older version left in the clear: the tone of feed comments written before it was sealed with
+       the comment (the ``tone`` column, e.g. "grieving": how the user's post came across).
 
     await prepare(settings, db)     # StartupError (a RuntimeError) with the message for the operator
 """
@@ -17,10 +19,12 @@ import logging
 from sqlalchemy import func, select
 
 from hearth.app import crypto
+from hearth.app.common import seal_json, unseal
 from hearth.app.keys import rotate_master_key
 from hearth.app.settings import AppSettings, write_new_dev_key
 from hearth.app.storage import Database, upgrade
-from hearth.app.storage.models import User
+from hearth.app.storage.db import scrub_deleted
+from hearth.app.storage.models import Comment, User
 
 log = logging.getLogger("hearth.app")
 
@@ -56,6 +60,27 @@ async def _check_one_unwraps(db: Database, master: bytes) -> None:
                            f"elsewhere. Nothing was changed.") from None
 
 
+async def _seal_plain_tones(db: Database, master: bytes) -> int:
+    """Move the tone of comments written before it was sealed into their sealed body ({"comment", "tone"}, as new
+    comments are written) and empty the plain column; returns how many. Runs after the key check: every user's
+    data key opens."""
+    async with db.sessions() as s:
+        async with s.begin():
+            rows = (await s.execute(select(Comment, User.wrapped_key).join(User, User.id == Comment.user_id)
+                                    .where(Comment.tone != ""))).all()
+            ciphers: dict[str, crypto.UserCipher] = {}
+            for comment, wrapped in rows:
+                cipher = ciphers.get(comment.user_id)
+                if cipher is None:
+                    cipher = ciphers[comment.user_id] = crypto.UserCipher.from_wrapped(master, wrapped, comment.user_id)
+                comment.body_ct = seal_json(cipher, comment, "body_ct",
+                                            {"comment": unseal(cipher, comment, "body_ct"), "tone": comment.tone})
+                comment.tone = ""
+        if rows:  # the old page copies in SQLite's WAL held the plain tones
+            await scrub_deleted(s)
+    return len(rows)
+
+
 async def prepare(settings: AppSettings, db: Database) -> None:
     """Migrate, rotate, and check the master key against the users (see the module docstring)."""
     await upgrade(db.engine)
@@ -82,4 +107,6 @@ async def prepare(settings: AppSettings, db: Database) -> None:
             f"keys of {sum(stranded.values())} user(s) ({found}); they could not log in, so the app will not start. "
             + FIX)
     await _check_one_unwraps(db, master)
+    if sealed := await _seal_plain_tones(db, master):
+        log.warning("sealed the plain tone of %d comments written by an older version", sealed)
     write_new_dev_key(settings)

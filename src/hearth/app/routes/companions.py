@@ -11,6 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
+from hearth.app.common import FORM_TEXT_MAX
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse, to_the_end
@@ -84,7 +85,7 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
 
 @router.post("/{companion_id}/messages")
 async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewer, companion_id: IdParam,
-                       message: Annotated[str, Form(max_length=50000)]) -> Response:
+                       message: Annotated[str, Form(max_length=FORM_TEXT_MAX)]) -> Response:
     s = state.settings
     if wants_stream(request):
         text = svc.clean_text(message, "message", s.max_text_chars)
@@ -99,6 +100,15 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
         log.warning("chat turn failed: %s", failure_for_log(exc))
         return await _companion_page(request, state, db, viewer, companion_id, status=502, draft=message,
                                      error=f"The reply failed: {describe_failure(exc)} Nothing was saved.")
+    except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
+        return await _companion_page(request, state, db, viewer, companion_id, status=503, draft=message,
+                                     error="No model is configured: see the top of the page. Nothing was saved.")
+    except svc.ChatCleared as exc:  # cleared while the reply was written (the bare 409 page lost the message)
+        async with db.begin():  # the turn's rollback expired the viewer's rows, which the page reads
+            await db.refresh(viewer.session)
+            await db.refresh(viewer.user)
+        return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
+                                     error=str(exc))
     return RedirectResponse(f"/companions/{companion_id}#bottom", status_code=303)
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
-from hearth.app.common import clean_text
+from hearth.app.common import FORM_TEXT_MAX, clean_text
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
@@ -19,7 +19,7 @@ from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_even
 
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
-Text = Annotated[str, Form(max_length=50000)]
+Text = Annotated[str, Form(max_length=FORM_TEXT_MAX)]
 
 
 async def _simulate_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
@@ -71,7 +71,11 @@ async def run_situation(request: Request, state: State, db: DB, viewer: CsrfView
                         situation: Text) -> Response:
     text = clean_text(situation, "situation", state.settings.max_text_chars)
     if not state.model_configured:
-        raise ModelUnavailable("no model endpoint is configured")
+        if wants_stream(request):  # the page's script keeps the text and shows the error
+            raise ModelUnavailable("no model endpoint is configured")
+        # the page with the text kept in the box (the bare 503 page lost it)
+        return await _simulate_page(request, state, db, viewer, companion_id, draft=text, status=503,
+                                    error="No model is configured: see the top of the page. Nothing was saved.")
     shared = await svc.panel_context(db, viewer.cipher, companion_id,  # 404 for another user's companion
                                      prompt_memories=state.settings.prompt_memories)
     if wants_stream(request):
@@ -177,6 +181,9 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
         log.warning("rehearsal turn failed: %s", failure_for_log(exc))
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=502, draft=message,
                                      error=f"The reply failed: {describe_failure(exc)} Nothing was saved.")
+    except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
+        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=503, draft=message,
+                                     error="No model is configured: see the top of the page. Nothing was saved.")
     return RedirectResponse(f"/rehearsals/{rehearsal_id}#bottom", status_code=303)
 
 
