@@ -78,6 +78,23 @@ def clean_text(value: Any, field: str, max_chars: int, *, required: bool = True)
     return text
 
 
+def check_submission_id(value: Any) -> str | None:
+    """The page's id for one submission of a turn (32 lower-case hex digits; None or "" from a client that sends
+    none): a resend with the id of a turn already saved gets that turn back instead of saving it twice."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) != 32 or value.strip("0123456789abcdef"):
+        raise InputError("submission_id", "must be 32 lower-case hex digits")
+    return value
+
+
+def same_submission(saved_text: str, text: str) -> None:
+    """A submission id found saved with another text: the client reused it for a new message, which would be lost
+    if the saved turn were answered for it."""
+    if saved_text != text:
+        raise InputError("submission_id", "was already used for another message; reload the page and send it again")
+
+
 def seal(cipher: UserCipher, row: Any, field: str, text: str) -> bytes:
     """Encrypt ``text`` for column ``field`` of ``row`` (the row's id must already be set)."""
     return cipher.encrypt(row.__tablename__, row.id, field, text)

@@ -5,6 +5,10 @@ a ``chat`` envelope -> ONE transaction that saves the user's message, the reply,
 the affection/trust change. If the model fails, nothing is written; if the write fails, the turn was
 not acknowledged. Either the whole turn exists or none of it does.
 
+A turn sent with a submission id (the page's, one per message it sends) is saved with it, once per chat: a resend
+of a turn already saved (the connection dropped after the commit) gets the saved turn back, without asking the
+model again or saving it twice (a unique index decides when two resends race).
+
 Clearing a chat deletes its messages and memories (rows gone, not flagged) and moves the chat's epoch on,
 so a turn whose reply was still being written is not saved after the clear (ChatCleared).
 """
@@ -17,12 +21,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, page_before, seal,
-                               seal_json, unseal, unseal_json)
+from hearth.app.common import (InputError, NotFound, check_owned, check_submission_id, clean_text, delete_owned,
+                               page_before, same_submission, seal, seal_json, unseal, unseal_json)
 from hearth.app.crypto import UserCipher
+from hearth.app.model import check_as_streamed
 from hearth.app.relationship import Standing, standing
 from hearth.app.storage.db import scrub_deleted
 from hearth.app.storage.models import Companion, Memory, Message, User, new_id, utcnow
@@ -75,6 +81,7 @@ class TurnResult:
     new_memories: list[str]
     standing: Standing
     provider: str | None
+    replayed: bool = False  # the turn an earlier submission with the same id saved (new_memories is then [])
 
 
 def _view(cipher: UserCipher, row: Companion) -> CompanionView:
@@ -240,19 +247,56 @@ def _new_memories(existing: list[str], proposed: list[str]) -> list[str]:
     return fresh
 
 
+async def saved_turn(db: AsyncSession, cipher: UserCipher, companion_id: str, submission_id: str | None,
+                     user_text: str) -> TurnResult | None:
+    """The turn saved in this chat with ``submission_id`` (``replayed``), or None (no id, or none saved with it).
+    InputError when it was saved for another text."""
+    if submission_id is None:
+        return None
+    async with db.begin():
+        rows = {r.role: r for r in (await db.execute(
+            select(Message).where(Message.companion_id == companion_id, Message.user_id == cipher.user_id,
+                                  Message.submission_id == submission_id))).scalars()}
+        if not rows:
+            return None
+        comp = await _row(db, cipher.user_id, companion_id)
+        mine, reply = _message_view(cipher, rows["user"]), _message_view(cipher, rows["companion"])
+        provider = unseal_json(cipher, rows["companion"], "meta_ct").get("provider")
+    same_submission(mine.text, user_text)
+    return TurnResult(user_message=mine, reply=reply, new_memories=[], standing=standing(comp.affection, comp.trust),
+                      provider=provider, replayed=True)
+
+
 async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,
-                    provider: str | None) -> TurnResult:
-    """Write the whole turn in one transaction: user message, reply, memories, affection/trust."""
+                    provider: str | None, submission_id: str | None = None) -> TurnResult:
+    """Write the whole turn in one transaction: user message, reply, memories, affection/trust. With a
+    ``submission_id`` already saved in this chat (a resend that raced the first), nothing is written and the
+    saved turn comes back (``replayed``)."""
+    submission_id = check_submission_id(submission_id)
     uid, cid = cipher.user_id, ctx.companion.id
     now = utcnow()
-    user_row = Message(id=new_id(), user_id=uid, companion_id=cid, role="user", created_at=now)
+    user_row = Message(id=new_id(), user_id=uid, companion_id=cid, role="user", created_at=now,
+                       submission_id=submission_id)
     user_row.body_ct = seal(cipher, user_row, "body_ct", user_text)
     # the reply sorts after the message it answers even when both share a clock tick
     reply_row = Message(id=new_id(), user_id=uid, companion_id=cid, role="companion",
-                        created_at=now + timedelta(microseconds=1))
+                        created_at=now + timedelta(microseconds=1), submission_id=submission_id)
     reply_row.body_ct = seal(cipher, reply_row, "body_ct", reply.message)
     reply_row.meta_ct = seal_json(cipher, reply_row, "meta_ct", {
         "mood": reply.mood, "suggested_actions": list(reply.suggested_actions), "provider": provider})
+    try:
+        return await _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now)
+    except IntegrityError:
+        # the unique index refused the pair: another submission with this id committed first (the whole
+        # transaction, affection/trust included, rolled back); anything else is not ours to answer
+        if (saved := await saved_turn(db, cipher, cid, submission_id, user_text)) is None:
+            raise
+        return saved
+
+
+async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,
+                      provider: str | None, user_row: Message, reply_row: Message, now: datetime) -> TurnResult:
+    uid, cid = cipher.user_id, ctx.companion.id
     async with db.begin():
         # the UPDATE doubles as the ownership/existence check (a companion deleted meanwhile aborts the turn)
         # and as the clear check: a chat cleared since the context was read has another epoch
@@ -290,13 +334,20 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
 
 
 async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_id: str, text: str, *,
-                    max_chars: int, turns: int, prompt_memories: int, deadline_s: float) -> TurnResult:
-    """One complete turn (non-streaming). InputError / NotFound / the gateway's errors propagate."""
+                    max_chars: int, turns: int, prompt_memories: int, deadline_s: float,
+                    submission_id: str | None = None) -> TurnResult:
+    """One complete turn (non-streaming). InputError / NotFound / the gateway's errors propagate. A
+    ``submission_id`` already saved in this chat returns that turn (``replayed``) without asking the model.
+    A reply the streamed path would fail (model.check_as_streamed) fails here too."""
     text = clean_text(text, "message", max_chars)
+    submission_id = check_submission_id(submission_id)
+    if (saved := await saved_turn(db, cipher, companion_id, submission_id, text)) is not None:
+        return saved
     ctx = await load_chat_context(db, cipher, companion_id, turns)
     result = await model.complete(chat_messages(ctx, text, prompt_memories=prompt_memories), kind="chat",
                                   deadline_s=deadline_s, request_id=uuid.uuid4().hex)
-    return await save_turn(db, cipher, ctx, text, result.envelope, getattr(result, "provider", None))
+    check_as_streamed(result)
+    return await save_turn(db, cipher, ctx, text, result.envelope, getattr(result, "provider", None), submission_id)
 
 
 async def clear_chat(db: AsyncSession, user_id: str, companion_id: str) -> int:

@@ -8,7 +8,8 @@ reading (ok or failed) are written in one transaction once the panel has finishe
 
 Rehearsal: the model plays a custom agent (rehearsal_system_prompt, a ``chat`` envelope) and the
 panel reads each exchange. A rehearsal is its own thread, separate from the companion chat, so the
-user can leave it for the companion and come back to the same place.
+user can leave it for the companion and come back to the same place. A rehearsal turn sent with a submission id is
+saved once per rehearsal, as a chat turn is (hearth.app.companions): a resend gets the saved turn back.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from datetime import datetime, timedelta
 from typing import Any, AsyncIterator
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (InputError, NotFound, check_owned, clean_text, delete_owned, page_before, seal,
-                               seal_json, unseal, unseal_json)
+from hearth.app.common import (InputError, NotFound, check_owned, check_submission_id, clean_text, delete_owned,
+                               page_before, same_submission, seal, seal_json, unseal, unseal_json)
 from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
-from hearth.app.model import describe_failure, failure_for_log
+from hearth.app.model import check_as_streamed, describe_failure, failure_for_log
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
                                        utcnow)
 
@@ -231,6 +233,7 @@ class TurnView:
     text: str
     created_at: datetime
     results: list[PanelResult] = field(default_factory=list)
+    replayed: bool = False  # saved by an earlier submission with the same id (saved_rehearsal_turn)
 
 
 @dataclass
@@ -312,34 +315,71 @@ async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: 
     return view, shared, rehearsal_messages(view, shared, text, turns)
 
 
+async def saved_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, submission_id: str | None,
+                               text: str) -> TurnView | None:
+    """The agent's turn (with its readings) saved in this rehearsal with ``submission_id``, or None (no id, or none
+    saved with it). InputError when it was saved for another text."""
+    if submission_id is None:
+        return None
+    async with db.begin():
+        rows = {r.role: r for r in (await db.execute(
+            select(RehearsalTurn).where(RehearsalTurn.rehearsal_id == rehearsal_id,
+                                        RehearsalTurn.user_id == cipher.user_id,
+                                        RehearsalTurn.submission_id == submission_id))).scalars()}
+        if not rows:
+            return None
+        agent = rows["agent"]
+        readings = (await db.execute(select(Reading).where(Reading.turn_id == agent.id))).scalars().all()
+        saved_text = unseal(cipher, rows["user"], "body_ct")
+        view = TurnView(id=agent.id, role="agent", text=unseal(cipher, agent, "body_ct"), created_at=agent.created_at,
+                        results=_read_results(cipher, readings), replayed=True)
+    same_submission(saved_text, text)
+    return view
+
+
 async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
-                              results: list[PanelResult]) -> TurnView:
-    """Both turns and the panel's readings, in one transaction (nothing if the rehearsal is gone)."""
+                              results: list[PanelResult], submission_id: str | None = None) -> TurnView:
+    """Both turns and the panel's readings, in one transaction (nothing if the rehearsal is gone). With a
+    ``submission_id`` already saved in this rehearsal (a resend that raced the first), nothing is written and the
+    saved turn comes back."""
+    submission_id = check_submission_id(submission_id)
     now = utcnow()
-    user_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="user", created_at=now)
+    user_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="user", created_at=now,
+                             submission_id=submission_id)
     user_row.body_ct = seal(cipher, user_row, "body_ct", text)
     agent_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="agent",
-                              created_at=now + timedelta(microseconds=1))
+                              created_at=now + timedelta(microseconds=1), submission_id=submission_id)
     agent_row.body_ct = seal(cipher, agent_row, "body_ct", reply)
-    async with db.begin():
-        await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
-        db.add_all([user_row, agent_row])
-        await db.flush()
-        db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
+    try:
+        async with db.begin():
+            await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
+            db.add_all([user_row, agent_row])
+            await db.flush()
+            db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
+    except IntegrityError:  # the unique index: another submission with this id committed first
+        if (saved := await saved_rehearsal_turn(db, cipher, rehearsal_id, submission_id, text)) is None:
+            raise
+        return saved
     return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
 
 
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
                          max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float,
-                         prompt_memories: int = 30) -> TurnView:
-    """The agent replies, the panel reads the exchange, and both turns + readings are saved together."""
+                         prompt_memories: int = 30, submission_id: str | None = None) -> TurnView:
+    """The agent replies, the panel reads the exchange, and both turns + readings are saved together. A
+    ``submission_id`` already saved in this rehearsal returns that turn without asking the model; a reply the
+    streamed path would fail (model.check_as_streamed) fails here too."""
     text = clean_text(text, "message", max_chars)
+    submission_id = check_submission_id(submission_id)
+    if (saved := await saved_rehearsal_turn(db, cipher, rehearsal_id, submission_id, text)) is not None:
+        return saved
     view, shared, messages = await rehearsal_context(db, cipher, rehearsal_id, text, turns=turns,
                                                      prompt_memories=prompt_memories)
     result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
+    check_as_streamed(result)
     reply = result.envelope.message
     results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
-    return await save_rehearsal_turn(db, cipher, rehearsal_id, text, reply, results)
+    return await save_rehearsal_turn(db, cipher, rehearsal_id, text, reply, results, submission_id)
 
 
 async def delete_rehearsal(db: AsyncSession, user_id: str, rehearsal_id: str) -> None:

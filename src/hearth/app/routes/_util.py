@@ -8,7 +8,7 @@ import logging
 import uuid
 from typing import Annotated, Any, AsyncIterator
 
-from fastapi import Path
+from fastapi import Form, Path
 
 from hearth.app.model import failure_for_log
 from hearth.app.streamtext import MessageStream
@@ -17,6 +17,8 @@ log = logging.getLogger("hearth.app")
 
 ID_PATTERN = r"^[0-9a-f]{32}$"
 IdParam = Annotated[str, Path(pattern=ID_PATTERN)]
+# a turn's submission id (optional: clients from before it send none); common.check_submission_id checks it
+SubmissionParam = Annotated[str | None, Form(max_length=200)]
 
 
 def sse(event: str, data: dict) -> bytes:

@@ -11,10 +11,12 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
-from hearth.app.common import FORM_TEXT_MAX
+from hearth.app.common import FORM_TEXT_MAX, InputError, check_submission_id
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse, to_the_end
+from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, reply_events, sse,
+                                     to_the_end)
+from hearth.app.storage.models import new_id
 from hearth.gateway.errors import GatewayError
 
 router = APIRouter(prefix="/companions")
@@ -30,7 +32,8 @@ async def _companion_page(request: Request, state: State, db, viewer, companion_
         "memories": await svc.memories(db, viewer.cipher, companion_id),
         "rehearsals": await simulation.list_rehearsals(db, viewer.cipher, companion_id),
         "world_views": prompts.WORLD_VIEWS, "model_configured": state.model_configured,
-        "error": error, "draft": draft}, status_code=status)
+        # the no-script form's id for the next message (the page's script makes one per message it sends)
+        "error": error, "draft": draft, "submission_id": new_id()}, status_code=status)
 
 
 @router.get("/{companion_id}")
@@ -46,28 +49,33 @@ def _turn_json(turn: svc.TurnResult, companion: svc.CompanionView | None = None)
     after the turn committed; without it (gone meanwhile) only the turn's own stage is sent."""
     doc = {"user_message_id": turn.user_message.id, "reply_id": turn.reply.id, "message": turn.reply.text,
            "mood": turn.reply.mood, "suggested_actions": turn.reply.suggestions, "memories": turn.new_memories,
-           "stage": turn.standing.label, "stage_key": turn.standing.key, "provider": turn.provider}
+           "stage": turn.standing.label, "stage_key": turn.standing.key, "provider": turn.provider,
+           "replayed": turn.replayed}
     if companion is not None:  # the totals and the stage from one read, so the pill never mixes two moments
         doc.update(stage=companion.standing.label, stage_key=companion.standing.key,
                    affection=companion.affection, trust=companion.trust)
     return doc
 
 
-async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str):
+async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str, submission_id: str | None):
     """SSE: ``delta`` events with the message as it streams, then ``done`` once the turn is committed
     (that is the acknowledgement), or ``error`` (nothing saved). A page that leaves does not stop it
-    (routes._util.to_the_end): the turn is saved as it would be after a plain form POST."""
+    (routes._util.to_the_end): the turn is saved as it would be after a plain form POST. A resend of a
+    ``submission_id`` already saved gets that turn's ``done`` (``replayed``), with no deltas and nothing saved."""
     s = state.settings
     try:
         async with state.db.sessions() as db:
-            ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns)
-            messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories)
-            async for what, value in reply_events(state.model, messages, deadline_s=s.reply_deadline_s):
-                if what == "delta":
-                    yield sse("delta", {"text": value})
-                else:
-                    result = value
-            turn = await svc.save_turn(db, viewer.cipher, ctx, text, result.envelope, getattr(result, "provider", None))
+            turn = await svc.saved_turn(db, viewer.cipher, companion_id, submission_id, text)
+            if turn is None:
+                ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns)
+                messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories)
+                async for what, value in reply_events(state.model, messages, deadline_s=s.reply_deadline_s):
+                    if what == "delta":
+                        yield sse("delta", {"text": value})
+                    else:
+                        result = value
+                turn = await svc.save_turn(db, viewer.cipher, ctx, text, result.envelope,
+                                           getattr(result, "provider", None), submission_id)
             try:  # the totals as saved (a reload shows the same); the turn is saved whatever happens here
                 companion = await svc.get_companion(db, viewer.cipher, companion_id)
             except Exception as exc:  # noqa: BLE001 - e.g. deleted meanwhile: "done" without the totals
@@ -76,7 +84,7 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
         yield sse("done", _turn_json(turn, companion))
     except ModelUnavailable:
         yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
-    except svc.ChatCleared as exc:
+    except (svc.ChatCleared, InputError) as exc:  # InputError: the submission id was used for another message
         yield sse("error", {"message": str(exc)})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         log.warning("chat turn failed: %s", failure_for_log(exc))
@@ -85,17 +93,22 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
 
 @router.post("/{companion_id}/messages")
 async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewer, companion_id: IdParam,
-                       message: Annotated[str, Form(max_length=FORM_TEXT_MAX)]) -> Response:
+                       message: Annotated[str, Form(max_length=FORM_TEXT_MAX)],
+                       submission_id: SubmissionParam = None) -> Response:
+    """One turn. ``submission_id`` (optional): the page's id for this message; a resend of one already saved
+    (the connection dropped after the commit) shows the saved turn instead of saving it again."""
     s = state.settings
+    submission_id = check_submission_id(submission_id)
     if wants_stream(request):
         text = svc.clean_text(message, "message", s.max_text_chars)
         await svc.get_companion(db, viewer.cipher, companion_id)  # 404 before the stream starts
-        return StreamingResponse(to_the_end(_stream_turn(state, viewer, companion_id, text), state.turns),
+        return StreamingResponse(to_the_end(_stream_turn(state, viewer, companion_id, text, submission_id),
+                                            state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
                             turns=s.chat_context_turns, prompt_memories=s.prompt_memories,
-                            deadline_s=s.reply_deadline_s)
+                            deadline_s=s.reply_deadline_s, submission_id=submission_id)
     except GatewayError as exc:  # the chat page with the message kept in the box, not a bare error page
         log.warning("chat turn failed: %s", failure_for_log(exc))
         return await _companion_page(request, state, db, viewer, companion_id, status=502, draft=message,
@@ -107,6 +120,12 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
         async with db.begin():  # the turn's rollback expired the viewer's rows, which the page reads
             await db.refresh(viewer.session)
             await db.refresh(viewer.user)
+        return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
+                                     error=str(exc))
+    except InputError as exc:
+        if exc.field != "submission_id":
+            raise
+        # the id came with another message before: this one is kept in the box, under the page's new id
         return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
                                      error=str(exc))
     return RedirectResponse(f"/companions/{companion_id}#bottom", status_code=303)

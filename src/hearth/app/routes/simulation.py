@@ -11,11 +11,13 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
-from hearth.app.common import FORM_TEXT_MAX, clean_text
+from hearth.app.common import FORM_TEXT_MAX, InputError, check_submission_id, clean_text
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.routes._util import ID_PATTERN, SSE_HEADERS, IdParam, reply_events, sse, to_the_end
+from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, reply_events, sse,
+                                     to_the_end)
+from hearth.app.storage.models import new_id
 
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
@@ -125,7 +127,7 @@ async def _rehearsal_page(request: Request, state: State, db, viewer, rehearsal_
     companion = await companions_svc.get_companion(db, viewer.cipher, view.companion_id)
     return state.templates.TemplateResponse(request, "rehearsal.html", {
         "viewer": viewer, "rehearsal": view, "companion": companion, "model_configured": state.model_configured,
-        "error": error, "draft": draft}, status_code=status)
+        "error": error, "draft": draft, "submission_id": new_id()}, status_code=status)  # the no-script form's
 
 
 @router.get("/rehearsals/{rehearsal_id}")
@@ -133,12 +135,29 @@ async def rehearsal_page(request: Request, state: State, db: DB, viewer: Viewer,
     return await _rehearsal_page(request, state, db, viewer, rehearsal_id)
 
 
-async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: str, text: str):
+def _rehearsal_done(turn: svc.TurnView) -> bytes:
+    """The ``done`` event. For a turn an earlier submission with the same id saved (``replayed``), it carries that
+    turn's reply and readings, which the page shows instead of any it streamed for this submission."""
+    doc = {"turn_id": turn.id, "ok": sum(r.ok for r in turn.results), "total": len(turn.results),
+           "message": turn.text, "replayed": turn.replayed}
+    if turn.replayed:
+        doc["readings"] = [r.as_json() for r in turn.results]
+    return sse("done", doc)
+
+
+async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: str, text: str,
+                            submission_id: str | None):
     """SSE: ``delta`` (the agent's reply as it streams), ``reply`` (its final text), one ``reading`` per
     analyst, then ``done`` once both turns and the readings are committed; or ``error`` (nothing saved).
-    Leaving for the companion while the panel reads does not stop it (routes._util.to_the_end)."""
+    Leaving for the companion while the panel reads does not stop it (routes._util.to_the_end). A resend of a
+    ``submission_id`` already saved gets that turn in one ``done`` (``replayed``), nothing saved again."""
     s, model = state.settings, state.model
     try:
+        async with state.db.sessions() as db:
+            saved = await svc.saved_rehearsal_turn(db, viewer.cipher, rehearsal_id, submission_id, text)
+        if saved is not None:
+            yield _rehearsal_done(saved)
+            return
         async with state.db.sessions() as db:
             view, shared, messages = await svc.rehearsal_context(db, viewer.cipher, rehearsal_id, text,
                                                                  turns=s.chat_context_turns,
@@ -155,10 +174,12 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
             results.append(reading)
             yield sse("reading", reading.as_json())
         async with state.db.sessions() as db:
-            turn = await svc.save_rehearsal_turn(db, viewer.cipher, rehearsal_id, text, reply, results)
-        yield sse("done", {"turn_id": turn.id, "ok": sum(r.ok for r in results), "total": len(results)})
+            turn = await svc.save_rehearsal_turn(db, viewer.cipher, rehearsal_id, text, reply, results, submission_id)
+        yield _rehearsal_done(turn)
     except ModelUnavailable:
         yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
+    except InputError as exc:  # the submission id was used for another message
+        yield sse("error", {"message": str(exc)})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         log.warning("rehearsal turn failed: %s", failure_for_log(exc))
         yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})
@@ -166,17 +187,21 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
 
 @router.post("/rehearsals/{rehearsal_id}/turns")
 async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfViewer, rehearsal_id: IdParam,
-                         message: Text) -> Response:
+                         message: Text, submission_id: SubmissionParam = None) -> Response:
+    """One rehearsal turn; ``submission_id`` as for a chat message (routes.companions.send_message)."""
     s = state.settings
+    submission_id = check_submission_id(submission_id)
     if wants_stream(request):
         text = clean_text(message, "message", s.max_text_chars)
         await svc.get_rehearsal(db, viewer.cipher, rehearsal_id)  # 404 before the stream starts
-        return StreamingResponse(to_the_end(_stream_rehearsal(state, viewer, rehearsal_id, text), state.turns),
+        return StreamingResponse(to_the_end(_stream_rehearsal(state, viewer, rehearsal_id, text, submission_id),
+                                            state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
                                  turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
-                                 analyst_timeout_s=s.analyst_timeout_s, prompt_memories=s.prompt_memories)
+                                 analyst_timeout_s=s.analyst_timeout_s, prompt_memories=s.prompt_memories,
+                                 submission_id=submission_id)
     except GatewayError as exc:  # shown on the rehearsal page with the text kept, not a bare error page
         log.warning("rehearsal turn failed: %s", failure_for_log(exc))
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=502, draft=message,
@@ -184,6 +209,12 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
     except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=503, draft=message,
                                      error="No model is configured: see the top of the page. Nothing was saved.")
+    except InputError as exc:
+        if exc.field != "submission_id":
+            raise
+        # the id came with another message before: this one is kept in the box, under the page's new id
+        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=409, draft=message,
+                                     error=str(exc))
     return RedirectResponse(f"/rehearsals/{rehearsal_id}#bottom", status_code=303)
 
 

@@ -95,18 +95,31 @@ function updateStage(data) {
   }
 }
 
+function submissionId() {
+  // 32 hex digits from the browser's CSPRNG (crypto.randomUUID exists only on HTTPS and localhost pages)
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 function streamTurns(form, list, error, lost, start) {
   // a message form whose reply streams in (chat, rehearsal): the user's and the reply's bubbles stay pending
   // until "done"; "delta" text is appended to the reply; `start(mine, reply)` gives the handler of every other
   // event for this turn. An "error" event (nothing was saved), or a stream that ends before "done" (`lost`: the
   // server still finishes the turn, so it may be saved), removes both bubbles, shows the error, and gives the
   // text back to the box.
+  // Each message goes with an id of its own; sending the same text again after a failure reuses that send's id,
+  // so a turn the server saved although the page never heard back comes back (a "done" that is `replayed`)
+  // instead of being saved twice.
+  let unanswered = null;  // {text, id} of the last send whose turn the page did not see saved
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const box = form.elements.message;
     const text = box.value.trim();
     if (!text) return;
     const body = new URLSearchParams(new FormData(form));  // before the box is emptied
+    const id = unanswered && unanswered.text === text ? unanswered.id : submissionId();
+    body.set("submission_id", id);
+    unanswered = { text, id };
     const button = form.querySelector("button");
     button.disabled = true;
     error.hidden = true;
@@ -125,7 +138,7 @@ function streamTurns(form, list, error, lost, start) {
           throw new Error(data.message);
         } else {
           if (event === "done") {
-            finished = true;
+            finished = true; unanswered = null;
             mine.classList.remove("pending"); reply.classList.remove("pending");
           }
           onEvent(event, data);
@@ -153,7 +166,7 @@ function setupChat(form) {
       form.elements.message.focus();
     }
   });
-  const lost = "The connection closed before the reply arrived. It may still be saved: reload the page before sending it again.";
+  const lost = "The connection closed before the reply arrived. It may still be saved: sending it again shows it, without saving it twice.";
   streamTurns(form, list, error, lost, (mine, reply) => (event, data) => {
     if (event !== "done") return;
     reply.querySelector("p").textContent = data.message;
@@ -257,26 +270,35 @@ function setupRehearsal(form) {
   // and the text goes back into the box (nothing was saved)
   const list = document.getElementById("turns");
   const error = document.getElementById("rehearsal-error");
-  const lost = "The connection closed before the turn arrived. It may still be saved: reload the page before saying it again.";
+  const lost = "The connection closed before the turn arrived. It may still be saved: saying it again shows it, without saving it twice.";
   streamTurns(form, list, error, lost, (mine, reply) => {
     let details = null, ul = null, got = 0, ok = 0;
+    const addReading = (data) => {
+      if (!details) {
+        details = document.createElement("details");
+        details.className = "panel-details"; details.open = true;
+        details.appendChild(document.createElement("summary"));
+        ul = document.createElement("ul"); ul.className = "panel";
+        details.appendChild(ul);
+        reply.appendChild(details);
+      }
+      got += 1; if (data.ok) ok += 1;
+      details.querySelector("summary").textContent = "Panel (" + ok + "/" + got + ")";
+      ul.appendChild(readingItem(data));
+    };
     return (event, data) => {
       if (event === "reply") {
         reply.querySelector("p").textContent = data.message;
       } else if (event === "reading") {
-        if (!details) {
-          details = document.createElement("details");
-          details.className = "panel-details"; details.open = true;
-          details.appendChild(document.createElement("summary"));
-          ul = document.createElement("ul"); ul.className = "panel";
-          details.appendChild(ul);
-          reply.appendChild(details);
-        }
-        got += 1; if (data.ok) ok += 1;
-        details.querySelector("summary").textContent = "Panel (" + ok + "/" + got + ")";
-        ul.appendChild(readingItem(data));
+        addReading(data);
       } else if (event === "done") {
         reply.dataset.id = data.turn_id;
+        if (data.replayed) {  // an earlier send of this text saved the turn: show that one, not this one's
+          reply.querySelector("p").textContent = data.message;
+          if (details) details.remove();
+          details = null; got = 0; ok = 0;
+          for (const r of data.readings || []) addReading(r);
+        }
       }
     };
   });

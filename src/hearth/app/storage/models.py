@@ -86,7 +86,10 @@ class Companion(Base):
 
 class Message(Base):
     __tablename__ = "messages"
-    __table_args__ = (Index("ix_messages_companion_created", "companion_id", "created_at"),)
+    __table_args__ = (Index("ix_messages_companion_created", "companion_id", "created_at"),
+                      # a resend of a turn already saved (its page lost the connection) cannot save it twice, even
+                      # when two resends race: the database refuses the second pair, not a check before the insert
+                      Index("ix_messages_submission", "companion_id", "submission_id", "role", unique=True))
     id: Mapped[str] = _id()
     user_id: Mapped[str] = _owner()
     companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"))
@@ -94,6 +97,8 @@ class Message(Base):
     body_ct: Mapped[bytes] = mapped_column(LargeBinary)
     meta_ct: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # mood, suggestions, provider
     created_at: Mapped[datetime] = _created()
+    # the page's id for the submission that saved this turn, on both of its messages (None: sent without one)
+    submission_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Memory(Base):
@@ -157,13 +162,15 @@ class Rehearsal(Base):
 
 class RehearsalTurn(Base):
     __tablename__ = "rehearsal_turns"
-    __table_args__ = (Index("ix_rehearsal_turns_rehearsal_created", "rehearsal_id", "created_at"),)
+    __table_args__ = (Index("ix_rehearsal_turns_rehearsal_created", "rehearsal_id", "created_at"),
+                      Index("ix_rehearsal_turns_submission", "rehearsal_id", "submission_id", "role", unique=True))
     id: Mapped[str] = _id()
     user_id: Mapped[str] = _owner()
     rehearsal_id: Mapped[str] = mapped_column(String(32), ForeignKey("rehearsals.id", ondelete="CASCADE"))
     role: Mapped[str] = mapped_column(String(16))  # "user" | "agent"
     body_ct: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = _created()
+    submission_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # as Message.submission_id
 
 
 class Reading(Base):
