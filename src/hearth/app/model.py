@@ -87,25 +87,17 @@ def build_backend(config: Path | None) -> Any:
 def check_as_streamed(result: Any) -> None:
     """Refuse a ``complete`` chat reply that the streamed path would have failed, so both paths keep the same turns.
 
-    A stream shows the reply's first object-like span as it arrives (hearth.gateway.streamfilter.EnvelopeFilter),
-    and the chain fails the stream when that span is not what hearth.envelope.repair makes of the whole reply
-    (Chain.stream): a broken draft before the real envelope. ``complete`` parses the reply through repair alone,
-    which takes the envelope after the draft. The same comparison, made here on the reply's text, raises the
-    gateway's InvalidResponse (the routes show it and save nothing). A backend whose result carries no ``text``
-    (a test double) has nothing to compare."""
+    The chain applies this rule itself (hearth.gateway.streamfilter.check_streamed, for STREAMED_KINDS): such a
+    reply is an InvalidResponse there, and the next provider answers. This call holds a backend other than the
+    chain (any object with its interface, as create_app accepts) to the same rule; it raises the gateway's
+    InvalidResponse (the routes show it and save nothing). A result without the reply's ``text`` (a test double)
+    has nothing to compare."""
     text = getattr(result, "text", None)
     if not isinstance(text, str):
         return
-    from hearth.envelope import repair
-    from hearth.gateway.errors import InvalidResponse
-    from hearth.gateway.streamfilter import EnvelopeFilter
+    from hearth.gateway.streamfilter import check_streamed
 
-    cut = EnvelopeFilter()
-    cut.feed(text)
-    if cut.text != repair(text):
-        raise InvalidResponse(getattr(result, "provider", None) or "model",
-                              "the reply's first JSON object is not its envelope (a broken draft before it), "
-                              "which a stream would have shown and failed")
+    check_streamed(text, getattr(result, "provider", None) or "model")
 
 
 _PHRASES = [  # (gateway class name, what the user is told); first match wins

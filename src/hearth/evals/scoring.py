@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from hearth.envelope import EnvelopeError, parse_envelope, repair
 from hearth.evals.client import ChatResult
 from hearth.evals.suites import Case
-from hearth.gateway.streamfilter import EnvelopeFilter
+from hearth.gateway.errors import InvalidResponse
+from hearth.gateway.streamfilter import STREAMED_KINDS, check_streamed, streamed_cut
 
 CHECKS = ("response", "json", "schema", "non_empty", "not_truncated", "expected")
 
@@ -81,20 +82,6 @@ def think_block(content: str, reasoning: str | None = None) -> tuple[int, bool] 
     return (len(inner), closed) if inner else None
 
 
-# The kinds the app asks for streamed (app/routes/_util.reply_events: chat turns and rehearsals). The gateway cuts
-# their envelope out of the stream as it comes, from the first '{"' (gateway/streamfilter.py), and fails the reply
-# when that is not the object repair finds in the whole text (a broken object-like span before it, which repair
-# skips as chatter). Feed comments and analyst readings come in one piece: repair's reading alone.
-STREAMED_KINDS = frozenset({"chat"})
-
-
-def _streamed(content: str) -> str:
-    """The text the gateway streams to the app for this reply: its envelope as the stream filter cuts it out."""
-    cut = EnvelopeFilter()
-    cut.feed(content)
-    return cut.text
-
-
 def score(case: Case, result: ChatResult) -> CaseScore:
     """Score ``result`` as the reply to ``case``. Pure: no I/O."""
     checks: dict[str, bool | None] = dict.fromkeys(CHECKS)
@@ -126,10 +113,16 @@ def score(case: Case, result: ChatResult) -> CaseScore:
         if checks["json"]:
             body = repair(result.content)  # cannot fail: parse_envelope got past it
             repaired = body != result.content.strip()  # whitespace around the object is not wrapping
-            if envelope is not None and case.kind in STREAMED_KINDS and (cut := _streamed(result.content)) != body:
-                checks["json"], envelope, failure = False, None, None
-                reasons.append(f"the first object-like span ({cut[:80]!r}) is not the envelope: the app streams "
-                               f"{case.kind} replies and would show that span, then fail the turn")
+            if envelope is not None and case.kind in STREAMED_KINDS:
+                # the gateway's rule for the kinds the app streams (streamfilter.check_streamed): the stream shows
+                # the first object-like span and fails when it is not this envelope (a broken draft before it)
+                try:
+                    check_streamed(result.content, result.provider or "model")
+                except InvalidResponse:
+                    checks["json"], envelope, failure = False, None, None
+                    reasons.append(f"the first object-like span ({streamed_cut(result.content)[:80]!r}) is not the "
+                                   f"envelope: the app streams {case.kind} replies and would show that span, then "
+                                   f"fail the turn")
         else:
             reasons.append(failure.reason)
 

@@ -17,8 +17,10 @@ its own timeout and never the whole request past deadline_s.
 providers whose name or model id it is (a provider group, in chain order); no match: UnknownModel.
 
 Falls through on every ProviderError (timeouts, any non-2xx status incl. 429 whose Retry-After
-becomes that provider's cooldown, connection failures, a reply that is not a chat completion, and a
-reply that fails hearth.envelope.parse_envelope). A client error (upstream 4xx other than
+becomes that provider's cooldown, connection failures, a reply that is not a chat completion, a
+reply that fails hearth.envelope.parse_envelope, and, for a kind the app streams
+(streamfilter.STREAMED_KINDS), a reply that a stream would fail: streamfilter.check_streamed, so
+complete() and stream() accept the same replies). A client error (upstream 4xx other than
 401/402/403/404/407/408/429, e.g. 400 context_length_exceeded) falls through too, since providers
 differ in what they accept, but never counts toward the breaker (hearth.gateway.breaker); nor does a
 deadline the request shortened itself (hearth_deadline_s) running out. When every
@@ -60,13 +62,13 @@ from hearth.envelope import REPLY_KINDS
 from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
-    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, InvalidResponse,
+    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError,
     ProviderError, StreamInterrupted, Timeout, for_log, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
 from hearth.gateway.state import CLOSED, BreakerSnapshot, StateStore, make_store
-from hearth.gateway.streamfilter import EnvelopeFilter
+from hearth.gateway.streamfilter import STREAMED_KINDS, EnvelopeFilter, check_streamed
 from hearth.gateway.transport.client import AiohttpTransport, Transport
 from hearth.gateway.warm import WarmGate
 
@@ -426,6 +428,10 @@ class Chain:
                 async with self._turn(w, i, a, request_id):
                     done = await a.provider.complete(messages, kind, budget_s=left, max_tokens=max_tokens,
                                                      request_id=request_id)
+                    if kind in STREAMED_KINDS:
+                        # the app streams this kind: a reply its stream would fail (a draft shown, then refused)
+                        # is no answer here either, so the next provider gets the turn and the breaker counts it
+                        check_streamed(done.text, a.provider.name)
                     a.reply = (done.envelope, done.text, done.finish_reason, done.usage)
                 if a.result is not None:
                     return a.result
@@ -467,9 +473,7 @@ class Chain:
                         delta = await a.upstream.next_delta()
                     text = "".join(raw)
                     envelope = a.upstream.envelope(text, kind)
-                    if cut.text != env.repair(text):
-                        raise InvalidResponse(p.name, "the streamed JSON object is not the reply's envelope "
-                                                      "(more than one object-like span in the reply)")
+                    check_streamed(text, p.name, shown=cut.text)
                     a.reply = (envelope, text, a.upstream.finish_reason, a.upstream.usage)
                 if a.result is not None:  # the turn is over (upstream closed) before the consumer gets the end
                     yield StreamDone(a.result)

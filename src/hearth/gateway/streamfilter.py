@@ -17,11 +17,23 @@ delta by delta, so the client never sees the wrapping:
 So the concatenated deltas are the envelope's JSON text exactly as the model wrote it. The chain
 checks at the end that this text is what repair() makes of the whole reply, and that it validates
 (the final chunk carries the validated envelope); when not, the stream ends with an error event.
+
+That comparison is the streamed envelope rule, made in one place (check_streamed): by Chain.stream on
+what it showed, by Chain.complete for STREAMED_KINDS (a reply the stream would fail is invalid there
+too, so the chain falls back and counts it against the provider), by the app for a backend other than
+the chain, and by the eval's scoring.
 """
 
 from __future__ import annotations
 
-from hearth.envelope import scan_object
+from hearth.envelope import repair, scan_object
+from hearth.gateway.errors import InvalidResponse
+
+__all__ = ["EnvelopeFilter", "STREAMED_KINDS", "check_streamed", "streamed_cut"]
+
+# The kinds the app asks for streamed (app/routes/_util.reply_events: chat turns and rehearsals). Feed comments
+# and analyst readings come in one piece: repair's reading alone, a broken draft before their envelope is chatter.
+STREAMED_KINDS = frozenset({"chat"})
 
 _OPEN, _CLOSE = "<think>", "</think>"
 _JSON_SPACE = " \t\n\r"
@@ -98,3 +110,26 @@ class EnvelopeFilter:
             return text
         self._state = "after"
         return text[:end]
+
+
+def streamed_cut(text: str) -> str:
+    """What a stream of the reply `text` shows: its envelope's text as EnvelopeFilter cuts it out ("" when none).
+    TypeError when `text` is not a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    cut = EnvelopeFilter()
+    cut.feed(text)
+    return cut.text
+
+
+def check_streamed(text: str, provider: str, *, shown: str | None = None) -> None:
+    """Raise InvalidResponse(provider) when the reply `text` is one a stream fails: what the stream shows of it
+    (`shown`, as a stream showed it; None: streamed_cut(text)) is not what repair() makes of the whole reply, i.e.
+    a broken object-like span (a draft, an echoed format) before the envelope, which repair skips as chatter.
+
+    For a reply whose envelope parsed (repair raises EnvelopeError on one it would have to guess at). TypeError
+    when `text` is not a str."""
+    cut = streamed_cut(text) if shown is None else shown
+    if cut != repair(text):
+        raise InvalidResponse(provider, "the reply's first object-like span is not its envelope (a broken draft "
+                                        "before it): a stream shows that span, then fails")
