@@ -36,6 +36,7 @@ This module does not import pydantic (scripts/gpu/lora_e2e.py shares it on machi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -62,6 +63,11 @@ SEED_MAX = (2**64 - 1 - 2**32) // 100_003
 LORA_COMPUTE = ("base", "adapter")
 CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON_INTERPRET=1 in the environment "
             "(the Triton interpreter: slow, for checking) or pass --no-patch (plain transformers)")
+
+
+# the files a run writes into OUT (the adapter's as peft writes them, its model card too; metrics.json through its .tmp)
+OUT_FILES = ("run.toml", "metrics.jsonl", "metrics.json", "metrics.json.tmp", "loss.png", "adapter_config.json",
+             "adapter_model.safetensors", "README.md")
 
 
 class RunError(RuntimeError):
@@ -202,7 +208,7 @@ class FinetuneConfig:
         if self.memory_budget_gib is not None and not (number("memory_budget_gib") and self.memory_budget_gib > 0):
             raise ValueError(f"memory_budget_gib must be a finite number of GiB > 0, got {self.memory_budget_gib!r}")
         if self.max_steps is not None:  # the run's length is known before the corpus is read
-            self.check_steps(self.max_steps)
+            self.check_steps(self.max_steps, saved=resumed_config(self.resume))
         if not Path(self.corpus).is_file():
             raise ValueError(f"corpus: {self.corpus} is not a file (expected OUT_DIR/train.jsonl from `hearth corpus build`)")
         if self.eval_corpus is not None and not Path(self.eval_corpus).is_file():
@@ -222,6 +228,19 @@ class FinetuneConfig:
                 if not os.access(folder, os.W_OK | os.X_OK):
                     raise ValueError(f"out: cannot write in {folder} (permission denied)")
                 break
+        # what the run writes into OUT only once it has trained: a folder in the place of one of its files, or a
+        # checkpoints/ that is no writable folder, failed the run there, the steps before lost (metrics.json with them)
+        for name in OUT_FILES:
+            if (Path(self.out) / name).is_dir():
+                raise ValueError(f"out: {Path(self.out) / name} is a folder, where the run writes its {name} file; "
+                                 "move it away or give the run another out")
+        checkpoints = Path(self.out) / "checkpoints"
+        if self.save_every and checkpoints.exists() and not checkpoints.is_dir():
+            raise ValueError(f"out: {checkpoints} is a file, where save_every = {self.save_every} writes its "
+                             "checkpoints (the first after that many steps); move it away or give the run another out")
+        if self.save_every and checkpoints.is_dir() and not os.access(checkpoints, os.W_OK | os.X_OK):
+            raise ValueError(f"out: cannot write in {checkpoints} (permission denied), where save_every = "
+                             f"{self.save_every} writes its checkpoints")
         if self.resume is not None:
             find_checkpoint(self.resume)
         else:
@@ -244,18 +263,28 @@ class FinetuneConfig:
                              f"model's max_position_embeddings = {positions} ({where}); lower --seq-len to at most "
                              f"{positions}")
 
-    def check_steps(self, total: int) -> None:
+    def check_steps(self, total: int, *, saved: dict | None = None) -> None:
         """ValueError naming warmup_steps, eval_every or save_every when it does not fit a run of ``total`` optimizer
-        steps (check() with max_steps; the runner once the corpus has given the step plan, before the model loads)."""
+        steps (check() with max_steps; the runner once the corpus has given the step plan, before the model loads).
+
+        ``saved``: the config of the checkpoint this run resumes (resumed_config). A value the checkpoint's run was
+        started with is not refused: checkpoints written before these checks hold such runs, and warmup_steps is a
+        resume key (check_resume), so refusing it left the run no way to continue. The run's length is a resume key
+        too: the resume repeats the schedule it was saved with. A value changed for the resume is checked."""
+        saved = saved or {}
+
+        def kept(name: str) -> bool:
+            return name in saved and saved[name] == getattr(self, name)
+
         unit = f"the run's {total} optimizer steps"
-        if self.warmup_steps and self.warmup_steps >= total:
+        if self.warmup_steps and self.warmup_steps >= total and not kept("warmup_steps"):
             raise ValueError(f"warmup_steps: {self.warmup_steps} is not shorter than {unit}: the lr would reach its "
                              f"peak at the last step at best and never decay ({self.lr_schedule}); use fewer warm-up "
                              f"steps (e.g. {max(1, total // 10)}), or a longer run")
-        if self.eval_every and self.eval_every > total:
+        if self.eval_every and self.eval_every > total and not kept("eval_every"):
             raise ValueError(f"eval_every: {self.eval_every} is longer than {unit}: no evaluation but the last step's "
                              f"(as eval_every = 0); use at most {total}")
-        if self.save_every and self.save_every >= total:
+        if self.save_every and self.save_every >= total and not kept("save_every"):
             raise ValueError(f"save_every: {self.save_every} is not shorter than {unit}: no checkpoint would be written "
                              f"(the last step writes the adapter, not a checkpoint); use less than {total}, or 0")
 
@@ -865,6 +894,19 @@ def find_checkpoint(path: Path) -> Path:
     return found[-1]
 
 
+def resumed_config(resume: Path | None) -> dict:
+    """The config in state.json of the checkpoint ``resume`` names ({} without one, or when it cannot be read:
+    check() and check_resume refuse those, naming resume)."""
+    if resume is None:
+        return {}
+    try:
+        state = json.loads((find_checkpoint(resume) / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    config = state.get("config") if isinstance(state, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
 def data_fingerprint(cfg) -> dict:
     """sha256 of the corpus (and eval corpus) files: a checkpoint's step plan indexes THESE examples, so a resume
     over a corpus rebuilt in place must be refused (the paths alone would match)."""
@@ -1016,6 +1058,15 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
     if usable:
         optimizer.load_state_dict(torch.load(shard, weights_only=False if d.mode == "fsdp" else True,
                                              map_location=device))
+        # torch's load_state_dict leaves each 'step' count where map_location put it, on the GPU. The run that was
+        # not interrupted keeps AdamW's count as a CPU scalar (neither fused nor capturable): on the GPU it is read
+        # back with .item() for every parameter's bias correction, a host sync per LoRA tensor in every step
+        for group in optimizer.param_groups:
+            if not (group.get("fused") or group.get("capturable")):
+                for p in group["params"]:
+                    saved_step = optimizer.state.get(p, {}).get("step")
+                    if torch.is_tensor(saved_step) and saved_step.device.type != "cpu":
+                        optimizer.state[p]["step"] = saved_step.cpu()
     state["optimizer"] = "restored" if usable else (
         f"restarted (saved by {saved_mode} on {saved_world} rank(s); this run is {d.mode} on {d.world})")
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
@@ -1131,12 +1182,22 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                       train_history_dropped=sum(e.dropped_turns for e in train),
                       eval_truncated=sum(1 for e in held if e.dropped_turns))
     console.print(fit_summary(data_stats, cfg.seq_len))
+    # loss.png is drawn from metrics.jsonl's rows (matplotlib comes with hearth[train] and hearth[kernels]). Without
+    # it the run goes on with no plot, said now (it used to stop at the plot with ImportError, after the last step
+    # and before metrics.json)
+    plot = importlib.util.find_spec("matplotlib") is not None
+    if not plot:
+        console.print("[yellow]note:[/yellow] matplotlib is not installed: no loss.png for this run (metrics.jsonl "
+                      "holds the losses; pip install 'hearth[train]' for the plot)")
     steps = step_plan(train, cfg)
-    cfg.check_steps(len(steps))  # warm-up, eval and checkpoint intervals against the run's length: before the model
     resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
     fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
-    if resume_from is not None:
-        check_resume(resume_from, cfg, fingerprint)  # a config error: before the model is loaded
+    saved = None
+    if resume_from is not None:  # a config error: before the model is loaded
+        saved = check_resume(resume_from, cfg, fingerprint)["config"]
+    # warm-up, eval and checkpoint intervals against the run's length, before the model; a resume (the same data
+    # and schedule: check_resume) keeps the values its checkpoint was saved with
+    cfg.check_steps(len(steps), saved=saved)
 
     device = dist.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -1286,7 +1347,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         D.barrier(dist)
     if not dist.main:
         return model, {"loss": [r["loss"] for r in rows], "rank": dist.rank}
-    plot_losses(rows, cfg.out / "loss.png")
+    if plot:
+        plot_losses(rows, cfg.out / "loss.png")
     timed = [r for r in rows if r["step"] > start_step + 1] or rows[-1:]  # the first step warms up kernels / allocator
     metrics = {
         "config": cfg.as_dict(),
