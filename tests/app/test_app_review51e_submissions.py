@@ -240,7 +240,7 @@ async def test_schema_0004_matches_the_models_and_upgrades_and_downgrades_keepin
             assert (await conn.execute(text("select count(*) from messages where submission_id is null"))
                     ).scalar_one() == 2
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0004"
+        assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0005"
 
         async with database.sessions() as s:  # a rehearsal turn with readings, saved with an id
             comp = await companions.create_companion(s, cipher, persona="wren")

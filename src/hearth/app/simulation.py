@@ -4,7 +4,9 @@ Panel: one situation goes to the five analysts (hearth.prompts.ANALYSTS) CONCURR
 with its own timeout; each analyst sees the context the user shares with the companion and what the
 companion remembers from their chat (nothing of either when the user does not share with it). An analyst
 that fails or times out is reported as failed; the others still arrive. The situation and every
-reading (ok or failed) are written in one transaction once the panel has finished.
+reading (ok or failed) are written in one transaction once the panel has finished. A situation sent with a
+submission id is saved once per companion, as a chat turn is (hearth.app.companions): a resend gets the saved
+situation back, without asking the analysts again.
 
 Rehearsal: the model plays a custom agent (rehearsal_system_prompt, a ``chat`` envelope) and the
 panel reads each exchange. A rehearsal is its own thread, separate from the companion chat, so the
@@ -130,6 +132,7 @@ class SituationView:
     text: str
     created_at: datetime
     results: list[PanelResult]
+    replayed: bool = False  # saved by an earlier submission with the same id (saved_situation)
 
 
 async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str, *, prompt_memories: int = 30) -> str:
@@ -144,16 +147,51 @@ async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str,
     return prompts.panel_context(shared, companion=companion.name, memories=kept)
 
 
-async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
-                         results: list[PanelResult]) -> str:
-    row = Situation(id=new_id(), user_id=cipher.user_id, companion_id=companion_id)
-    row.text_ct = seal(cipher, row, "text_ct", text)
+async def saved_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, submission_id: str | None,
+                          text: str) -> SituationView | None:
+    """The situation (with its readings) saved for this companion with ``submission_id``, or None (no id, or none
+    saved with it). InputError when it was saved for another text."""
+    if submission_id is None:
+        return None
     async with db.begin():
-        await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
-        db.add(row)
-        await db.flush()
-        db.add_all(_reading_rows(cipher, results, situation_id=row.id))
-    return row.id
+        row = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
+                                                        Situation.user_id == cipher.user_id,
+                                                        Situation.submission_id == submission_id))).scalar_one_or_none()
+        if row is None:
+            return None
+        readings = (await db.execute(select(Reading).where(Reading.situation_id == row.id))).scalars().all()
+        view = SituationView(id=row.id, text=unseal(cipher, row, "text_ct"), created_at=row.created_at,
+                             results=_read_results(cipher, readings), replayed=True)
+    same_submission(view.text, text)
+    return view
+
+
+async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
+                          results: list[PanelResult], submission_id: str | None = None) -> SituationView:
+    """The situation and its readings, in one transaction (NotFound for another user's companion). With a
+    ``submission_id`` already saved for this companion (a resend that raced the first), nothing is written and
+    the saved situation comes back (``replayed``)."""
+    submission_id = check_submission_id(submission_id)
+    row = Situation(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, created_at=utcnow(),
+                    submission_id=submission_id)
+    row.text_ct = seal(cipher, row, "text_ct", text)
+    try:
+        async with db.begin():
+            await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
+            db.add(row)
+            await db.flush()
+            db.add_all(_reading_rows(cipher, results, situation_id=row.id))
+    except IntegrityError:  # the unique index: another submission with this id committed first
+        if (saved := await saved_situation(db, cipher, companion_id, submission_id, text)) is None:
+            raise
+        return saved
+    return SituationView(id=row.id, text=text, created_at=row.created_at, results=results)
+
+
+async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
+                         results: list[PanelResult], submission_id: str | None = None) -> str:
+    """The id of the situation store_situation saved (or found saved with ``submission_id``)."""
+    return (await store_situation(db, cipher, companion_id, text, results, submission_id)).id
 
 
 async def list_situations(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 20) -> list[SituationView]:

@@ -21,6 +21,15 @@ IdParam = Annotated[str, Path(pattern=ID_PATTERN)]
 SubmissionParam = Annotated[str | None, Form(max_length=200)]
 
 
+async def refresh_viewer(db, viewer) -> None:
+    """Re-read the viewer's rows after a turn's transaction rolled back (a chat cleared meanwhile, a racing submission
+    with the same id refused by the index): the rollback expired them, and the page about to be shown reads them
+    lazily, which the async session cannot (MissingGreenlet: a 500, the text in the box lost)."""
+    async with db.begin():
+        await db.refresh(viewer.session)
+        await db.refresh(viewer.user)
+
+
 def sse(event: str, data: dict) -> bytes:
     """One server-sent event (JSON data on one line)."""
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()

@@ -14,8 +14,8 @@ from hearth.app import simulation
 from hearth.app.common import FORM_TEXT_MAX, InputError, check_submission_id
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, reply_events, sse,
-                                     to_the_end)
+from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
+                                     reply_events, sse, to_the_end)
 from hearth.app.storage.models import new_id
 from hearth.gateway.errors import GatewayError
 
@@ -117,15 +117,14 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
         return await _companion_page(request, state, db, viewer, companion_id, status=503, draft=message,
                                      error="No model is configured: see the top of the page. Nothing was saved.")
     except svc.ChatCleared as exc:  # cleared while the reply was written (the bare 409 page lost the message)
-        async with db.begin():  # the turn's rollback expired the viewer's rows, which the page reads
-            await db.refresh(viewer.session)
-            await db.refresh(viewer.user)
+        await refresh_viewer(db, viewer)
         return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
                                      error=str(exc))
     except InputError as exc:
         if exc.field != "submission_id":
             raise
         # the id came with another message before: this one is kept in the box, under the page's new id
+        await refresh_viewer(db, viewer)
         return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
                                      error=str(exc))
     return RedirectResponse(f"/companions/{companion_id}#bottom", status_code=303)

@@ -15,8 +15,8 @@ from hearth.app.common import FORM_TEXT_MAX, InputError, check_submission_id, cl
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, reply_events, sse,
-                                     to_the_end)
+from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
+                                     reply_events, sse, to_the_end)
 from hearth.app.storage.models import new_id
 
 router = APIRouter()
@@ -33,7 +33,9 @@ async def _simulate_page(request: Request, state: State, db, viewer, companion_i
         "situations": situations, "older": older, "before": before,
         "agents": await svc.list_agents(db, viewer.cipher),
         "rehearsals": await svc.list_rehearsals(db, viewer.cipher, companion_id),
-        "model_configured": state.model_configured, "error": error, "draft": draft}, status_code=status)
+        "model_configured": state.model_configured, "error": error, "draft": draft,
+        # the no-script forms' ids: the box's next situation, and each "Ask the panel again" (a new situation)
+        "submission_id": new_id(), "retry_ids": {s.id: new_id() for s in situations}}, status_code=status)
 
 
 @router.get("/companions/{companion_id}/simulate")
@@ -49,9 +51,25 @@ def _all_failed(results: list) -> str:
             "so you can try again.").replace("  ", " ")
 
 
-async def _stream_panel(state: State, viewer: CurrentViewer, companion_id: str, text: str, shared: str):
+def _panel_done(situation: svc.SituationView) -> bytes:
+    """The ``done`` event. For a situation an earlier submission with the same id saved, it is marked ``replayed``
+    and carries that situation's readings, which the page shows instead of any it streamed for this submission
+    (a first save's event keeps the shape it had before submission ids)."""
+    doc = {"situation_id": situation.id, "failed": sum(not r.ok for r in situation.results)}
+    if situation.replayed:
+        doc.update(replayed=True, readings=[r.as_json() for r in situation.results])
+    return sse("done", doc)
+
+
+def _one_event(event: bytes) -> StreamingResponse:
+    return StreamingResponse(iter([event]), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _stream_panel(state: State, viewer: CurrentViewer, companion_id: str, text: str, shared: str,
+                        submission_id: str | None):
     """SSE: one ``reading`` event per analyst as it arrives, then ``done`` after the commit. A panel where
-    every analyst failed is not saved (``error``): there is nothing to keep but the text, which the page keeps."""
+    every analyst failed is not saved (``error``): there is nothing to keep but the text, which the page keeps.
+    A resend of ``submission_id`` that raced the first gets the first's situation in ``done`` (``replayed``)."""
     results = []
     async for result in svc.panel(state.model, shared, text, state.settings.analyst_timeout_s):
         results.append(result)
@@ -61,17 +79,33 @@ async def _stream_panel(state: State, viewer: CurrentViewer, companion_id: str, 
         return
     try:
         async with state.db.sessions() as db:
-            situation_id = await svc.save_situation(db, viewer.cipher, companion_id, text, results)
+            situation = await svc.store_situation(db, viewer.cipher, companion_id, text, results, submission_id)
+    except InputError as exc:  # the racing submission with this id came with another text: this one is not saved
+        yield sse("error", {"message": str(exc)})
+        return
     except Exception:  # noqa: BLE001 - the page must learn that the panel was not saved
         yield sse("error", {"message": "The panel could not be saved."})
         raise
-    yield sse("done", {"situation_id": situation_id, "failed": sum(not r.ok for r in results)})
+    yield _panel_done(situation)
 
 
 @router.post("/companions/{companion_id}/situations")
 async def run_situation(request: Request, state: State, db: DB, viewer: CsrfViewer, companion_id: IdParam,
-                        situation: Text) -> Response:
+                        situation: Text, submission_id: SubmissionParam = None) -> Response:
+    """Ask the panel. ``submission_id`` as for a chat message (routes.companions.send_message): a resend of one
+    already saved (the connection dropped after the commit) shows the saved situation, the analysts not asked."""
     text = clean_text(situation, "situation", state.settings.max_text_chars)
+    submission_id = check_submission_id(submission_id)
+    try:
+        saved = await svc.saved_situation(db, viewer.cipher, companion_id, submission_id, text)
+    except InputError as exc:  # the id came with another situation before: this one is kept in the box
+        if wants_stream(request):
+            return _one_event(sse("error", {"message": str(exc)}))
+        return await _simulate_page(request, state, db, viewer, companion_id, draft=text, status=409, error=str(exc))
+    if saved is not None:
+        if wants_stream(request):
+            return _one_event(_panel_done(saved))
+        return RedirectResponse(f"/companions/{companion_id}/simulate#s-{saved.id}", status_code=303)
     if not state.model_configured:
         if wants_stream(request):  # the page's script keeps the text and shows the error
             raise ModelUnavailable("no model endpoint is configured")
@@ -81,14 +115,22 @@ async def run_situation(request: Request, state: State, db: DB, viewer: CsrfView
     shared = await svc.panel_context(db, viewer.cipher, companion_id,  # 404 for another user's companion
                                      prompt_memories=state.settings.prompt_memories)
     if wants_stream(request):
-        return StreamingResponse(to_the_end(_stream_panel(state, viewer, companion_id, text, shared), state.turns),
+        return StreamingResponse(to_the_end(_stream_panel(state, viewer, companion_id, text, shared, submission_id),
+                                            state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     results = await svc.run_panel(state.model, shared, text, state.settings.analyst_timeout_s)
     if not any(r.ok for r in results):
         return await _simulate_page(request, state, db, viewer, companion_id, error=_all_failed(results),
                                     draft=text, status=502)
-    situation_id = await svc.save_situation(db, viewer.cipher, companion_id, text, results)
-    return RedirectResponse(f"/companions/{companion_id}/simulate#s-{situation_id}", status_code=303)
+    try:
+        stored = await svc.store_situation(db, viewer.cipher, companion_id, text, results, submission_id)
+    except InputError as exc:
+        if exc.field != "submission_id":
+            raise
+        # a racing submission with this id and another text won: this text comes back in the box
+        await refresh_viewer(db, viewer)
+        return await _simulate_page(request, state, db, viewer, companion_id, draft=text, status=409, error=str(exc))
+    return RedirectResponse(f"/companions/{companion_id}/simulate#s-{stored.id}", status_code=303)
 
 
 @router.post("/situations/{situation_id}/delete")
@@ -212,7 +254,9 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
     except InputError as exc:
         if exc.field != "submission_id":
             raise
-        # the id came with another message before: this one is kept in the box, under the page's new id
+        # the id came with another message before: this one is kept in the box, under the page's new id (when a
+        # racing submission won, after the rollback of this one's save)
+        await refresh_viewer(db, viewer)
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=409, draft=message,
                                      error=str(exc))
     return RedirectResponse(f"/rehearsals/{rehearsal_id}#bottom", status_code=303)

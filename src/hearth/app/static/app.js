@@ -192,44 +192,63 @@ function setupChat(form) {
 }
 
 function setupPanel(form) {
+  // Each situation goes with an id of its own; asking again with the same text after a failure reuses that ask's
+  // id, so a panel the server saved although the page never heard back comes back (a "done" that is `replayed`,
+  // with the saved readings) instead of the analysts being asked again and the situation saved twice.
   const panel = document.getElementById("live-panel");
+  let unanswered = null;  // {text, id} of the last ask whose panel the page did not see saved
+  const reset = () => {
+    for (const li of panel.querySelectorAll("li")) {
+      li.className = "reading pending";
+      li.querySelector("p").textContent = "thinking…";
+      li.querySelectorAll(".advice, .risk").forEach((n) => n.remove());
+    }
+  };
+  const show = (data) => {
+    const li = panel.querySelector(`[data-analyst="${data.analyst}"]`);
+    li.className = "reading " + (data.ok ? "ok" : "failed");
+    const risk = document.createElement("span");
+    risk.className = "risk " + (data.ok ? data.risk : "high");
+    risk.textContent = data.ok ? "risk: " + data.risk : "failed";
+    li.querySelector("h4").appendChild(risk);
+    li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer. " + data.error;
+    if (data.ok) {
+      const advice = document.createElement("p");
+      advice.className = "advice"; advice.textContent = data.advice; li.appendChild(advice);
+    }
+  };
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
+    const text = form.elements.situation.value.trim();
+    const body = new URLSearchParams(new FormData(form));
+    const id = unanswered && unanswered.text === text ? unanswered.id : submissionId();
+    body.set("submission_id", id);
+    unanswered = { text, id };
     const button = form.querySelector("button");
     button.disabled = true;
     panel.hidden = false;
     document.getElementById("panel-error").hidden = true;
     delete panel.dataset.saved; delete panel.dataset.error;
     let saved = false;
-    for (const li of panel.querySelectorAll("li")) {
-      li.className = "reading pending";
-      li.querySelector("p").textContent = "thinking…";
-      li.querySelectorAll(".advice, .risk").forEach((n) => n.remove());
-    }
+    reset();
     try {
-      const response = await postStream(form, new URLSearchParams(new FormData(form)));
+      const response = await postStream(form, body);
       await readEvents(response, (event, data) => {
         if (event === "reading") {
-          const li = panel.querySelector(`[data-analyst="${data.analyst}"]`);
-          li.className = "reading " + (data.ok ? "ok" : "failed");
-          const risk = document.createElement("span");
-          risk.className = "risk " + (data.ok ? data.risk : "high");
-          risk.textContent = data.ok ? "risk: " + data.risk : "failed";
-          li.querySelector("h4").appendChild(risk);
-          li.querySelector("p").textContent = data.ok ? data.reading : "This analyst did not answer. " + data.error;
-          if (data.ok) {
-            const advice = document.createElement("p");
-            advice.className = "advice"; advice.textContent = data.advice; li.appendChild(advice);
-          }
+          show(data);
         } else if (event === "done") {
-          saved = true;
+          saved = true; unanswered = null;
+          if (data.replayed) {  // an earlier ask of this text saved the panel: show that one, not this one's
+            reset();
+            for (const r of data.readings || []) show(r);
+          }
           panel.dataset.saved = data.situation_id;
           form.elements.situation.value = "";
         } else if (event === "error") {
           throw new Error(data.message);
         }
       });
-      if (!saved) throw new Error("The connection closed before the panel arrived. It may still be saved: reload the page before asking again.");
+      if (!saved) throw new Error("The connection closed before the panel arrived. It may still be saved: asking again shows it, without saving it twice.");
     } catch (e) {
       panel.dataset.error = e.message;
       const error = document.getElementById("panel-error");

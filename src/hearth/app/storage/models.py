@@ -131,11 +131,14 @@ class Comment(Base):
 
 class Situation(Base):
     __tablename__ = "situations"
+    # a situation asked of the panel again (its page lost the connection) is saved once, as a chat turn is
+    __table_args__ = (Index("ix_situations_submission", "companion_id", "submission_id", unique=True),)
     id: Mapped[str] = _id()
     user_id: Mapped[str] = _owner()
     companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"), index=True)
     text_ct: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = _created()
+    submission_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # as Message.submission_id
 
 
 class Agent(Base):
