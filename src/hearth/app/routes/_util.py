@@ -10,7 +10,7 @@ from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Form, Path
 
-from hearth.app.model import failure_for_log
+from hearth.app.model import check_as_streamed, failure_for_log
 from hearth.app.streamtext import MessageStream
 
 log = logging.getLogger("hearth.app")
@@ -75,7 +75,8 @@ async def reply_events(model, messages: list[dict], *, deadline_s: float) -> Asy
     """The model's chat reply as ("delta", text piece) events while it streams, then ("result", the result).
 
     A model without ``stream`` answers through ``complete`` (one "result", no deltas). Raises RuntimeError when
-    a stream ends without a result."""
+    a stream ends without a result. The result is held to the streamed envelope rule (model.check_as_streamed), as
+    the form's path holds it: the chain applies it itself, a backend other than the chain may not."""
     request_id = uuid.uuid4().hex
     if hasattr(model, "stream"):
         preview, result = MessageStream(), None
@@ -86,6 +87,7 @@ async def reply_events(model, messages: list[dict], *, deadline_s: float) -> Asy
                 yield "delta", piece
         if result is None:
             raise RuntimeError("stream ended without a result")
-        yield "result", result
     else:
-        yield "result", await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=request_id)
+        result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=request_id)
+    check_as_streamed(result)
+    yield "result", result

@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
-from hearth.app.common import FORM_TEXT_MAX, InputError, check_submission_id
+from hearth.app.common import FORM_FIELD_MAX, InputError, check_submission_id
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
@@ -93,7 +93,7 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
 
 @router.post("/{companion_id}/messages")
 async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewer, companion_id: IdParam,
-                       message: Annotated[str, Form(max_length=FORM_TEXT_MAX)],
+                       message: Annotated[str, Form(max_length=FORM_FIELD_MAX)],
                        submission_id: SubmissionParam = None) -> Response:
     """One turn. ``submission_id`` (optional): the page's id for this message; a resend of one already saved
     (the connection dropped after the commit) shows the saved turn instead of saving it again."""

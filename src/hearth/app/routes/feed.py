@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from hearth.app import feed as svc
-from hearth.app.common import FORM_TEXT_MAX
+from hearth.app.common import FORM_FIELD_MAX
 from hearth.app.deps import DB, CsrfViewer, State, Viewer
 from hearth.app.routes._util import ID_PATTERN, IdParam
 
@@ -34,7 +34,7 @@ def _failed_count(request: Request, state: State) -> int:
 
 
 @router.post("/feed/posts")
-async def create_post(state: State, db: DB, viewer: CsrfViewer, post: Annotated[str, Form(max_length=FORM_TEXT_MAX)]) -> Response:
+async def create_post(state: State, db: DB, viewer: CsrfViewer, post: Annotated[str, Form(max_length=FORM_FIELD_MAX)]) -> Response:
     s = state.settings
     result = await svc.create_post(db, state.model, viewer.cipher, post, max_chars=s.max_text_chars,
                                    max_commenters=s.max_commenters, timeout_s=s.comment_timeout_s)

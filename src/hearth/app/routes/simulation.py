@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
-from hearth.app.common import FORM_TEXT_MAX, InputError, check_submission_id, clean_text
+from hearth.app.common import FORM_FIELD_MAX, InputError, check_submission_id, clean_text
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
@@ -21,7 +21,7 @@ from hearth.app.storage.models import new_id
 
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
-Text = Annotated[str, Form(max_length=FORM_TEXT_MAX)]
+Text = Annotated[str, Form(max_length=FORM_FIELD_MAX)]
 
 
 async def _simulate_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
