@@ -60,25 +60,38 @@ async def _check_one_unwraps(db: Database, master: bytes) -> None:
                            f"elsewhere. Nothing was changed.") from None
 
 
-async def _seal_plain_tones(db: Database, master: bytes) -> int:
+# comments sealed a transaction at a time: the first start after an upgrade may find a whole table of them, and one
+# SELECT of every row held them all in memory (and the write lock for the whole table's time)
+SEAL_BATCH = 500
+
+
+async def _seal_plain_tones(db: Database, master: bytes, *, batch: int = SEAL_BATCH) -> int:
     """Move the tone of comments written before it was sealed into their sealed body ({"comment", "tone"}, as new
-    comments are written) and empty the plain column; returns how many. Runs after the key check: every user's
-    data key opens."""
+    comments are written) and empty the plain column, ``batch`` comments a transaction; returns how many. Runs after
+    the key check: every user's data key opens. A start stopped part-way leaves each comment either sealed or as it
+    was (the readers take both), and the next start goes on."""
+    done = 0
+    ciphers: dict[str, crypto.UserCipher] = {}
     async with db.sessions() as s:
-        async with s.begin():
-            rows = (await s.execute(select(Comment, User.wrapped_key).join(User, User.id == Comment.user_id)
-                                    .where(Comment.tone != ""))).all()
-            ciphers: dict[str, crypto.UserCipher] = {}
-            for comment, wrapped in rows:
-                cipher = ciphers.get(comment.user_id)
-                if cipher is None:
-                    cipher = ciphers[comment.user_id] = crypto.UserCipher.from_wrapped(master, wrapped, comment.user_id)
-                comment.body_ct = seal_json(cipher, comment, "body_ct",
-                                            {"comment": unseal(cipher, comment, "body_ct"), "tone": comment.tone})
-                comment.tone = ""
-        if rows:  # the old page copies in SQLite's WAL held the plain tones
+        while True:
+            async with s.begin():
+                rows = (await s.execute(select(Comment, User.wrapped_key).join(User, User.id == Comment.user_id)
+                                        .where(Comment.tone != "").order_by(Comment.id).limit(batch))).all()
+                for comment, wrapped in rows:
+                    cipher = ciphers.get(comment.user_id)
+                    if cipher is None:
+                        cipher = ciphers[comment.user_id] = crypto.UserCipher.from_wrapped(master, wrapped,
+                                                                                          comment.user_id)
+                    comment.body_ct = seal_json(cipher, comment, "body_ct",
+                                                {"comment": unseal(cipher, comment, "body_ct"), "tone": comment.tone})
+                    comment.tone = ""
+            s.expunge_all()  # the sealed rows are not needed again: memory stays one batch
+            done += len(rows)
+            if len(rows) < batch:
+                break
+        if done:  # the old page copies in SQLite's WAL held the plain tones
             await scrub_deleted(s)
-    return len(rows)
+    return done
 
 
 async def prepare(settings: AppSettings, db: Database) -> None:
