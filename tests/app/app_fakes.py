@@ -111,3 +111,20 @@ def openai_handler(body: dict):
     from tests.fakes.openai_server import Behavior
 
     return Behavior.reply(envelope_for(body["messages"], kind_from_request(body)))
+
+
+class GatedModel(FakeModel):
+    """Answers no call of ``kind`` until ``n`` of them are in flight: concurrent requests all pass any check made
+    before the model (a look-up for a turn or situation already saved) and race at the save."""
+
+    def __init__(self, n: int, kind: str = "chat"):
+        super().__init__()
+        self.n, self.kind, self.arrived, self.all_in = n, kind, 0, asyncio.Event()
+
+    async def complete(self, messages, *, kind, **kw):
+        if kind == self.kind:
+            self.arrived += 1
+            if self.arrived >= self.n:
+                self.all_in.set()
+            await self.all_in.wait()
+        return await super().complete(messages, kind=kind, **kw)

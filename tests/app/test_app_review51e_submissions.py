@@ -28,7 +28,7 @@ from hearth.app.storage import create_database, upgrade
 from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Base, Companion, Message, Reading, RehearsalTurn, User
 from tests.app.app_client import create_companion, signup
-from tests.app.app_fakes import FakeModel
+from tests.app.app_fakes import FakeModel, GatedModel
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -61,22 +61,6 @@ async def _rehearsal(client, csrf, cid) -> str:
     agent_id = re.search(r'<select name="agent_id"><option value="([0-9a-f]{32})"', page).group(1)
     r = await client.post(f"/companions/{cid}/rehearsals", data={"agent_id": agent_id, "csrf": csrf})
     return r.headers["location"].rsplit("/", 1)[-1]
-
-
-class GatedModel(FakeModel):
-    """Answers only once ``n`` calls are in flight: concurrent turns all pass any check made before the model."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n, self.arrived, self.all_in = n, 0, asyncio.Event()
-
-    async def complete(self, messages, *, kind, **kw):
-        if kind == "chat":
-            self.arrived += 1
-            if self.arrived >= self.n:
-                self.all_in.set()
-            await self.all_in.wait()
-        return await super().complete(messages, kind=kind, **kw)
 
 
 # ------------------------------------------------------------------------------ the chat

@@ -29,7 +29,7 @@ from hearth.app.storage import create_database, upgrade
 from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Base, Reading, Situation, User
 from tests.app.app_client import create_companion, signup
-from tests.app.app_fakes import FakeModel
+from tests.app.app_fakes import FakeModel, GatedModel
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -52,23 +52,6 @@ async def _count(app, model, *where) -> int:
 
 def _analyst_calls(model) -> int:
     return len([c for c in model.calls if c[0] != "chat"])
-
-
-class GatedPanel(FakeModel):
-    """Answers no analyst until ``n`` analyst calls are in flight: concurrent sends all pass any check made
-    before the panel."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n, self.arrived, self.all_in = n, 0, asyncio.Event()
-
-    async def complete(self, messages, *, kind, **kw):
-        if kind == "analyst":
-            self.arrived += 1
-            if self.arrived >= self.n:
-                self.all_in.set()
-            await self.all_in.wait()
-        return await super().complete(messages, kind=kind, **kw)
 
 
 async def test_a_resent_streamed_situation_is_saved_once_and_gets_the_saved_panel(make_settings, database_url):
@@ -188,7 +171,7 @@ async def test_another_users_companion_is_not_found_whatever_the_id(make_setting
 
 
 async def test_two_resends_racing_store_one_situation(make_settings, database_url):
-    model = GatedPanel(10)  # both panels are past the look-up for a saved situation when the analysts answer
+    model = GatedModel(10, kind="analyst")  # both panels are past the look-up for a saved situation when the analysts answer
     async with running_app(make_settings(database_url), model=model) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
@@ -205,7 +188,7 @@ async def test_two_resends_racing_store_one_situation(make_settings, database_ur
 
 
 async def test_two_form_resends_racing_store_one_situation(make_settings, database_url):
-    model = GatedPanel(10)
+    model = GatedModel(10, kind="analyst")
     async with running_app(make_settings(database_url), model=model) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
@@ -263,7 +246,7 @@ async def test_schema_0005_matches_the_models_and_upgrades_and_downgrades_keepin
 
 
 async def test_two_forms_racing_with_one_id_and_two_texts_keep_the_second_text(make_settings, database_url):
-    model = GatedPanel(10)  # both are past the look-up when they save: the index refuses the second, read back
+    model = GatedModel(10, kind="analyst")  # both are past the look-up when they save: the index refuses the second, read back
     async with running_app(make_settings(database_url), model=model) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
@@ -278,25 +261,9 @@ async def test_two_forms_racing_with_one_id_and_two_texts_keep_the_second_text(m
         assert await _count(app, Situation) == 1 and await _count(app, Reading) == 5
 
 
-class GatedReplies(FakeModel):
-    """Answers no chat reply until ``n`` are asked for (as tests/app/test_app_review51e_submissions.GatedModel)."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n, self.arrived, self.all_in = n, 0, asyncio.Event()
-
-    async def complete(self, messages, *, kind, **kw):
-        if kind == "chat":
-            self.arrived += 1
-            if self.arrived >= self.n:
-                self.all_in.set()
-            await self.all_in.wait()
-        return await super().complete(messages, kind=kind, **kw)
-
-
 async def test_two_rehearsal_forms_racing_with_one_id_and_two_texts_keep_the_second_text(make_settings, database_url):
     # was: the refused one's page read the viewer's rows its rollback had expired (MissingGreenlet, a 500)
-    async with running_app(make_settings(database_url), model=GatedReplies(2)) as (app, client):
+    async with running_app(make_settings(database_url), model=GatedModel(2)) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
         r = await client.post("/agents", data={"name": "Sam", "personality": "blunt", "backstory": "a colleague",

@@ -17,13 +17,13 @@ from sqlalchemy import func, select
 from hearth.app.storage.models import Message
 from tests.app.app_client import create_companion, signup
 from tests.app.conftest import running_app
-from tests.app.test_app_review51g_situations import GatedReplies
+from tests.app.app_fakes import GatedModel
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_two_chat_forms_racing_with_one_id_and_two_texts_keep_the_second_text(make_settings, database_url):
-    async with running_app(make_settings(database_url), model=GatedReplies(2)) as (app, client):
+    async with running_app(make_settings(database_url), model=GatedModel(2)) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
         sid = uuid.uuid4().hex
