@@ -6,6 +6,8 @@ Replies are deterministic functions of the request, so tests can assert on them:
                   affection +1, trust +1
     feed_comment  comment "Proud of you for: <post>"
     analyst       the analyst named in the system prompt; reading "<analyst> reads: <situation head>"
+
+and the rows an older version left behind (add_old_format_comments).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from hearth.app import companions as companions_svc
+from hearth.app.common import seal
+from hearth.app.crypto import UserCipher
+from hearth.app.storage.models import Comment, Post, new_id, utcnow
 from hearth.envelope import dumps, parse_envelope
 
 _ANALYST = re.compile(r'The "analyst" field must be exactly "([a-z_]+)"')
@@ -128,3 +134,21 @@ class GatedModel(FakeModel):
                 self.all_in.set()
             await self.all_in.wait()
         return await super().complete(messages, kind=kind, **kw)
+
+
+async def add_old_format_comments(session, cipher: UserCipher, comments: list[tuple[str, str]], *,
+                                  ids: list[str] | None = None) -> None:
+    """A post of ``cipher``'s user and a companion's ``comments`` ((text, tone) each) on it, as the version before
+    7da8d0d wrote them: the bare comment text sealed, the tone in the plain ``tone`` column. ``ids``: the comments'
+    ids (new ones by default), for tests of the order start-up reads them in. ``session`` is not in a transaction."""
+    companion = await companions_svc.create_companion(session, cipher, persona="wren")
+    post = Post(id=new_id(), user_id=cipher.user_id, created_at=utcnow())
+    post.body_ct = seal(cipher, post, "body_ct", "my cat died")
+    async with session.begin():
+        session.add(post)
+        await session.flush()
+        for (text, tone), comment_id in zip(comments, ids or [new_id() for _ in comments], strict=True):
+            comment = Comment(id=comment_id, user_id=cipher.user_id, post_id=post.id, companion_id=companion.id,
+                              tone=tone, created_at=utcnow())
+            comment.body_ct = seal(cipher, comment, "body_ct", text)
+            session.add(comment)

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from hearth.app import companions as companions_svc
-from hearth.app.common import seal, unseal_json
+from hearth.app.common import unseal_json
 from hearth.app.crypto import UserCipher
 from hearth.app.feed import list_posts
 from hearth.app.startup import prepare
 from hearth.app.storage import create_database
-from hearth.app.storage.models import Comment, Post, User, new_id, utcnow
+from hearth.app.storage.models import Comment, User
 from tests.app.app_client import create_companion, signup
-from tests.app.app_fakes import FakeModel
+from tests.app.app_fakes import FakeModel, add_old_format_comments
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -130,17 +129,7 @@ async def test_plain_comment_tones_left_by_an_older_version_are_sealed_at_start_
             async with s.begin():
                 user = (await s.execute(User.__table__.select())).first()
             cipher = UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
-            companion = await companions_svc.create_companion(s, cipher, persona="wren")
-            # a post and its comment as the version before 7da8d0d wrote them: bare comment text, tone in the clear
-            post = Post(id=new_id(), user_id=user.id, created_at=utcnow())
-            post.body_ct = seal(cipher, post, "body_ct", "my cat died")
-            comment = Comment(id=new_id(), user_id=user.id, post_id=post.id, companion_id=companion.id,
-                              tone="grieving", created_at=utcnow())
-            comment.body_ct = seal(cipher, comment, "body_ct", "I am so sorry")
-            async with s.begin():
-                s.add(post)
-                await s.flush()
-                s.add(comment)
+            await add_old_format_comments(s, cipher, [("I am so sorry", "grieving")])
 
         await prepare(settings, db)
         await prepare(settings, db)  # a second start finds nothing to do

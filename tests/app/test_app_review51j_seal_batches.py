@@ -9,14 +9,13 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from hearth.app import companions as companions_svc
 from hearth.app import startup
-from hearth.app.common import seal
 from hearth.app.crypto import UserCipher
 from hearth.app.feed import list_posts
 from hearth.app.storage import create_database
-from hearth.app.storage.models import Comment, Post, User, new_id, utcnow
+from hearth.app.storage.models import Comment, User
 from tests.app.app_client import signup
+from tests.app.app_fakes import add_old_format_comments
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -32,17 +31,7 @@ async def test_plain_tones_are_sealed_a_batch_at_a_time(make_settings, sqlite_ur
             async with s.begin():
                 user = (await s.execute(User.__table__.select())).first()
             cipher = UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
-            companion = await companions_svc.create_companion(s, cipher, persona="wren")
-            post = Post(id=new_id(), user_id=user.id, created_at=utcnow())
-            post.body_ct = seal(cipher, post, "body_ct", "my cat died")
-            async with s.begin():
-                s.add(post)
-                await s.flush()
-                for i in range(5):  # as the version before the sealed tone wrote them
-                    comment = Comment(id=new_id(), user_id=user.id, post_id=post.id, companion_id=companion.id,
-                                      tone=f"tone{i}", created_at=utcnow())
-                    comment.body_ct = seal(cipher, comment, "body_ct", f"comment {i}")
-                    s.add(comment)
+            await add_old_format_comments(s, cipher, [(f"comment {i}", f"tone{i}") for i in range(5)])
 
         seen: list[int] = []
         execute = type(s).execute
