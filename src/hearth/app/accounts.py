@@ -42,6 +42,20 @@ class AccountError(ValueError):
         super().__init__(f"{field}: {reason}")
 
 
+# what the user is told when their wrapped data key does not open (the login and every page of a session)
+DATA_KEY_DAMAGED = ("Your account's data cannot be opened on this server: its stored key does not match the "
+                    "server's key. Nothing was changed. Please contact the operator of this server.")
+
+
+class DataKeyDamaged(RuntimeError):
+    """The password matched, but the account's wrapped data key does not open under the master key (a damaged or
+    altered users row): nothing of the account can be read, so no session is given. ``.user_id`` names it."""
+
+    def __init__(self, user_id: str):
+        self.user_id = user_id
+        super().__init__(f"the data key of user {user_id} does not open under the master key")
+
+
 @dataclass(frozen=True)
 class NewSession:
     token: str  # goes into the cookie, never stored
@@ -94,8 +108,10 @@ async def signup(db: AsyncSession, *, username: str, password: str, master_key: 
     return new
 
 
-async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -> NewSession | None:
-    """A new session when the password matches, else None (same cost either way)."""
+async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int,
+                master_key: bytes | None = None) -> NewSession | None:
+    """A new session when the password matches, else None (same cost either way). With ``master_key``: the
+    account's data key must open under it, else DataKeyDamaged and nothing is written (no session, no rehash)."""
     name = (username or "").strip().lower()
     user = None
     if USERNAME_RE.match(name):  # no such account can exist otherwise (and NUL bytes never reach PostgreSQL)
@@ -108,6 +124,11 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int) -
         return None
     if user is None:  # pragma: no cover - the dummy hash's password is random
         return None
+    if master_key is not None:  # only once the password matched: a guesser learns nothing about the row
+        try:
+            crypto.unwrap_data_key(master_key, user.wrapped_key, user.id)
+        except crypto.DecryptError:
+            raise DataKeyDamaged(user.id) from None
     checked = user.password_hash
     rehashed = await asyncio.to_thread(_hasher.hash, password) if _hasher.check_needs_rehash(checked) else None
     async with db.begin():

@@ -4,6 +4,9 @@ Comments are asked for concurrently (one call per companion, each with its own t
 anything is written; the post and the comments that arrived are then saved in ONE transaction. A
 companion whose call failed simply has no comment; the post is saved either way.
 
+A post or comment whose sealed text does not open (a damaged row) does not take the page down with it: its text
+comes back as None ("could not be read"), every other one as usual, and the row is left as it is.
+
 Which companions comment: at most ``max_commenters``, those who commented least recently first (never first of
 all, then by their last comment; ties by age), so every companion takes its turn across posts, in rotation.
 """
@@ -11,10 +14,11 @@ all, then by their last comment; ties by age), so every companion takes its turn
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -22,22 +26,24 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from hearth import prompts
 from hearth.app.common import clean_text, delete_owned, page_before, seal, seal_json, unseal, unseal_json
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
-from hearth.app.crypto import UserCipher
+from hearth.app.crypto import DecryptError, UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
+
+log = logging.getLogger("hearth.app")
 
 
 @dataclass
-class CommentView:
+class CommentView:  # None: stored, but its sealed text does not open (a damaged row)
     companion_id: str
-    companion_name: str
-    text: str
-    tone: str
+    companion_name: str | None
+    text: str | None
+    tone: str | None
 
 
 @dataclass
 class PostView:
     id: str
-    text: str
+    text: str | None  # None: stored, but its sealed text does not open (a damaged row)
     created_at: datetime
     comments: list[CommentView] = field(default_factory=list)
 
@@ -106,6 +112,16 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
     return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
 
 
+def _readable(unread: list[int], read: Callable[..., Any], *args: Any) -> Any:
+    """``read(*args)``, or None (counted in ``unread``) when the sealed text does not open: one damaged row must
+    not hide every other post of the page behind a 500."""
+    try:
+        return read(*args)
+    except DecryptError:
+        unread[0] += 1
+        return None
+
+
 async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> list[PostView]:
     return (await posts_page(db, cipher, limit=limit))[0]
 
@@ -123,15 +139,21 @@ async def posts_page(db: AsyncSession, cipher: UserCipher, *, limit: int = 50,
                                      .where(Comment.post_id.in_(ids), Comment.user_id == cipher.user_id)
                                      .order_by(Comment.created_at))).all() if ids else []
         by_post: dict[str, list[CommentView]] = {}
+        unread = [0]
         for c, comp in comments:
             if c.tone:  # written before the tone was sealed: the body is the bare comment text
-                text, tone = unseal(cipher, c, "body_ct"), c.tone
+                text, tone = _readable(unread, unseal, cipher, c, "body_ct"), c.tone
             else:
-                sealed = unseal_json(cipher, c, "body_ct")
+                sealed = _readable(unread, unseal_json, cipher, c, "body_ct") or {"comment": None, "tone": None}
                 text, tone = sealed["comment"], sealed["tone"]
-            by_post.setdefault(c.post_id, []).append(CommentView(comp.id, unseal(cipher, comp, "name_ct"), text, tone))
-        return [PostView(id=p.id, text=unseal(cipher, p, "body_ct"), created_at=p.created_at,
-                         comments=by_post.get(p.id, [])) for p in posts], older
+            by_post.setdefault(c.post_id, []).append(
+                CommentView(comp.id, _readable(unread, unseal, cipher, comp, "name_ct"), text, tone))
+        views = [PostView(id=p.id, text=_readable(unread, unseal, cipher, p, "body_ct"), created_at=p.created_at,
+                          comments=by_post.get(p.id, [])) for p in posts]
+    if unread[0]:
+        log.warning("feed: %d sealed texts of user %s do not open (damaged rows); shown as unreadable, left as "
+                    "they were", unread[0], cipher.user_id)
+    return views, older
 
 
 async def delete_post(db: AsyncSession, user_id: str, post_id: str) -> None:

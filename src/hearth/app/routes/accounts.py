@@ -6,6 +6,7 @@ address's budget of failed logins; both before the password is checked."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import Annotated
 
@@ -13,8 +14,9 @@ from fastapi import APIRouter, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
 from hearth.app import accounts, throttle
-from hearth.app.deps import ANON_CSRF_COOKIE, DB, SESSION_COOKIE, CsrfViewer, State
+from hearth.app.deps import ANON_CSRF_COOKIE, DB, SESSION_COOKIE, CsrfSession, State
 
+log = logging.getLogger("hearth.app")
 router = APIRouter()
 
 
@@ -127,7 +129,18 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
         if budget is not None:  # no password was checked: not a failed login
             await state.throttle.refund(db, address, budget)
         return _too_many(request, state, "login.html", wait, username)
-    new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s)
+    try:
+        new = await accounts.login(db, username=username, password=password, ttl_s=state.settings.session_ttl_s,
+                                   master_key=state.settings.master_key.get_secret_value())
+    except accounts.DataKeyDamaged as exc:
+        # the password was right: not a failed login. A session would only meet the same answer on every page
+        log.warning("login refused: the data key of user %s does not open under the master key (a damaged users "
+                    "row); nothing was changed", exc.user_id)
+        if budget is not None:
+            await state.throttle.refund(db, address, budget)
+        await state.throttle.forget(db, bucket)
+        return _form_page(request, state, "login.html", error=accounts.DATA_KEY_DAMAGED, status=503,
+                          username=username)
     if new is None:
         if secrets.randbelow(50) == 0:  # now and then: drop buckets idle past the window
             kinds = [state.settings.policy("login"), state.settings.policy("signup"), state.settings.address_budget()]
@@ -141,7 +154,7 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
 
 
 @router.post("/logout")
-async def logout(request: Request, db: DB, viewer: CsrfViewer) -> Response:
+async def logout(request: Request, db: DB, viewer: CsrfSession) -> Response:
     await accounts.logout(db, request.cookies.get(SESSION_COOKIE, ""))
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
