@@ -1,12 +1,13 @@
-"""Small helpers shared by the app's services: the not-found error, input text checks, and
-encrypt/decrypt of one model field (table + record id + field bound as associated data)."""
+"""Small helpers shared by the app's services: the not-found error, input text checks, saving a resent turn
+once, and encrypt/decrypt of one model field (table + record id + field bound as associated data)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from sqlalchemy import and_, delete, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth.app.crypto import UserCipher
@@ -97,6 +98,38 @@ def same_submission(saved_text: str, text: str) -> None:
     if the saved turn were answered for it."""
     if saved_text != text:
         raise InputError("submission_id", "was already used for another message; reload the page and send it again")
+
+
+async def once_per_submission(db: AsyncSession, submission_id: str | None, text: str,
+                              find: Callable[[str], Awaitable[tuple[str, Any] | None]],
+                              write: Callable[[], Awaitable[Any]] | None = None) -> Any:
+    """A turn (a situation) sent with a submission id is saved once. ``find(submission_id)``, run inside a
+    transaction of its own, reads what was saved with the id: (the text sent, what to answer, marked replayed),
+    or None.
+
+    Without ``write``: the saved answer, or None (no id, or none saved with it). With ``write``: its result, run
+    inside one transaction; when that fails on an IntegrityError, the answer saved with the id, read back in a new
+    transaction (the unique index refused the rows: another submission with this id committed first; the failed
+    transaction rolled back whole, and on PostgreSQL nothing more could run in it). The IntegrityError propagates
+    when nothing is saved with the id (no id, or another constraint): it is not a resend's to answer. Either way
+    InputError (same_submission) when the id was saved with another text."""
+    if write is not None:
+        try:
+            async with db.begin():
+                return await write()
+        except IntegrityError:
+            if (saved := await once_per_submission(db, submission_id, text, find)) is None:
+                raise
+            return saved
+    if submission_id is None:
+        return None
+    async with db.begin():
+        found = await find(submission_id)
+    if found is None:
+        return None
+    saved_text, saved = found
+    same_submission(saved_text, text)
+    return saved
 
 
 def seal(cipher: UserCipher, row: Any, field: str, text: str) -> bytes:

@@ -21,12 +21,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
 from hearth.app.common import (InputError, NotFound, check_owned, check_submission_id, clean_text, delete_owned,
-                               page_before, same_submission, seal, seal_json, unseal, unseal_json)
+                               once_per_submission, page_before, seal, seal_json, unseal, unseal_json)
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed
 from hearth.app.relationship import Standing, standing
@@ -247,24 +246,28 @@ def _new_memories(existing: list[str], proposed: list[str]) -> list[str]:
     return fresh
 
 
+async def _turn_with_id(db: AsyncSession, cipher: UserCipher, companion_id: str,
+                        submission_id: str) -> tuple[str, TurnResult] | None:
+    """Inside an open transaction: the user's text and the turn (``replayed``) saved in this chat with
+    ``submission_id``, or None."""
+    rows = {r.role: r for r in (await db.execute(
+        select(Message).where(Message.companion_id == companion_id, Message.user_id == cipher.user_id,
+                              Message.submission_id == submission_id))).scalars()}
+    if not rows:
+        return None
+    comp = await _row(db, cipher.user_id, companion_id)
+    mine, reply = _message_view(cipher, rows["user"]), _message_view(cipher, rows["companion"])
+    provider = unseal_json(cipher, rows["companion"], "meta_ct").get("provider")
+    return mine.text, TurnResult(user_message=mine, reply=reply, new_memories=[],
+                                 standing=standing(comp.affection, comp.trust), provider=provider, replayed=True)
+
+
 async def saved_turn(db: AsyncSession, cipher: UserCipher, companion_id: str, submission_id: str | None,
                      user_text: str) -> TurnResult | None:
     """The turn saved in this chat with ``submission_id`` (``replayed``), or None (no id, or none saved with it).
     InputError when it was saved for another text."""
-    if submission_id is None:
-        return None
-    async with db.begin():
-        rows = {r.role: r for r in (await db.execute(
-            select(Message).where(Message.companion_id == companion_id, Message.user_id == cipher.user_id,
-                                  Message.submission_id == submission_id))).scalars()}
-        if not rows:
-            return None
-        comp = await _row(db, cipher.user_id, companion_id)
-        mine, reply = _message_view(cipher, rows["user"]), _message_view(cipher, rows["companion"])
-        provider = unseal_json(cipher, rows["companion"], "meta_ct").get("provider")
-    same_submission(mine.text, user_text)
-    return TurnResult(user_message=mine, reply=reply, new_memories=[], standing=standing(comp.affection, comp.trust),
-                      provider=provider, replayed=True)
+    return await once_per_submission(db, submission_id, user_text,
+                                     lambda sid: _turn_with_id(db, cipher, companion_id, sid))
 
 
 async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,
@@ -284,53 +287,48 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
     reply_row.body_ct = seal(cipher, reply_row, "body_ct", reply.message)
     reply_row.meta_ct = seal_json(cipher, reply_row, "meta_ct", {
         "mood": reply.mood, "suggested_actions": list(reply.suggested_actions), "provider": provider})
-    try:
-        return await _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now)
-    except IntegrityError:
-        # the unique index refused the pair: another submission with this id committed first (the whole
-        # transaction, affection/trust included, rolled back); anything else is not ours to answer
-        if (saved := await saved_turn(db, cipher, cid, submission_id, user_text)) is None:
-            raise
-        return saved
+    # a pair the unique index refuses rolls back the whole turn, affection/trust included
+    return await once_per_submission(
+        db, submission_id, user_text, lambda sid: _turn_with_id(db, cipher, cid, sid),
+        lambda: _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now))
 
 
 async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,
                       provider: str | None, user_row: Message, reply_row: Message, now: datetime) -> TurnResult:
+    """Inside an open transaction: save_turn's writes."""
     uid, cid = cipher.user_id, ctx.companion.id
-    async with db.begin():
-        # the UPDATE doubles as the ownership/existence check (a companion deleted meanwhile aborts the turn)
-        # and as the clear check: a chat cleared since the context was read has another epoch
-        result = await db.execute(
-            update(Companion).where(Companion.id == cid, Companion.user_id == uid,
-                                    Companion.chat_epoch == ctx.companion.chat_epoch)
-            .values(affection=Companion.affection + reply.affection, trust=Companion.trust + reply.trust))
-        if result.rowcount != 1:
-            await check_owned(db, Companion, uid, cid, "companion")  # NotFound when it is gone
-            raise ChatCleared()
-        # the memories as they are now, not as the context read them before the model call: the UPDATE holds the
-        # companion's row, so a turn sent at the same time has committed its memories (or waits for this one), and
-        # two turns that both learn "likes tea" keep it once
-        kept = (await db.execute(select(Memory).where(Memory.companion_id == cid, Memory.user_id == uid))).scalars()
-        fresh = _new_memories([unseal(cipher, r, "text_ct") for r in kept], list(reply.memories))
-        memory_rows = []
-        for i, text in enumerate(fresh):
-            row = Memory(id=new_id(), user_id=uid, companion_id=cid, created_at=now + timedelta(microseconds=i))
-            row.text_ct = seal(cipher, row, "text_ct", text)
-            memory_rows.append(row)
-        db.add_all([user_row, reply_row, *memory_rows])
-        await db.flush()
-        total = (await db.execute(select(func.count()).select_from(Memory).where(Memory.companion_id == cid))).scalar_one()
-        if total > MAX_MEMORIES_KEPT:
-            oldest = select(Memory.id).where(Memory.companion_id == cid).order_by(Memory.created_at).limit(
-                total - MAX_MEMORIES_KEPT).scalar_subquery()
-            await db.execute(delete(Memory).where(Memory.id.in_(oldest)))
-        comp = await _row(db, uid, cid)
-        new_standing = standing(comp.affection, comp.trust)
+    # the UPDATE doubles as the ownership/existence check (a companion deleted meanwhile aborts the turn)
+    # and as the clear check: a chat cleared since the context was read has another epoch
+    result = await db.execute(
+        update(Companion).where(Companion.id == cid, Companion.user_id == uid,
+                                Companion.chat_epoch == ctx.companion.chat_epoch)
+        .values(affection=Companion.affection + reply.affection, trust=Companion.trust + reply.trust))
+    if result.rowcount != 1:
+        await check_owned(db, Companion, uid, cid, "companion")  # NotFound when it is gone
+        raise ChatCleared()
+    # the memories as they are now, not as the context read them before the model call: the UPDATE holds the
+    # companion's row, so a turn sent at the same time has committed its memories (or waits for this one), and
+    # two turns that both learn "likes tea" keep it once
+    kept = (await db.execute(select(Memory).where(Memory.companion_id == cid, Memory.user_id == uid))).scalars()
+    fresh = _new_memories([unseal(cipher, r, "text_ct") for r in kept], list(reply.memories))
+    memory_rows = []
+    for i, text in enumerate(fresh):
+        row = Memory(id=new_id(), user_id=uid, companion_id=cid, created_at=now + timedelta(microseconds=i))
+        row.text_ct = seal(cipher, row, "text_ct", text)
+        memory_rows.append(row)
+    db.add_all([user_row, reply_row, *memory_rows])
+    await db.flush()
+    total = (await db.execute(select(func.count()).select_from(Memory).where(Memory.companion_id == cid))).scalar_one()
+    if total > MAX_MEMORIES_KEPT:
+        oldest = select(Memory.id).where(Memory.companion_id == cid).order_by(Memory.created_at).limit(
+            total - MAX_MEMORIES_KEPT).scalar_subquery()
+        await db.execute(delete(Memory).where(Memory.id.in_(oldest)))
+    comp = await _row(db, uid, cid)
     return TurnResult(
         user_message=MessageView(user_row.id, "user", user_text, user_row.created_at),
         reply=MessageView(reply_row.id, "companion", reply.message, reply_row.created_at, reply.mood,
                           list(reply.suggested_actions)),
-        new_memories=fresh, standing=new_standing, provider=provider)
+        new_memories=fresh, standing=standing(comp.affection, comp.trust), provider=provider)
 
 
 async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_id: str, text: str, *,

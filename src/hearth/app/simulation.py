@@ -24,12 +24,11 @@ from datetime import datetime, timedelta
 from typing import Any, AsyncIterator
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
 from hearth.app.common import (InputError, NotFound, check_owned, check_submission_id, clean_text, delete_owned,
-                               page_before, same_submission, seal, seal_json, unseal, unseal_json)
+                               once_per_submission, page_before, seal, seal_json, unseal, unseal_json)
 from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed, describe_failure, failure_for_log
@@ -147,23 +146,27 @@ async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str,
     return prompts.panel_context(shared, companion=companion.name, memories=kept)
 
 
+async def _situation_with_id(db: AsyncSession, cipher: UserCipher, companion_id: str,
+                             submission_id: str) -> tuple[str, SituationView] | None:
+    """Inside an open transaction: the text and the situation (with its readings, ``replayed``) saved for this
+    companion with ``submission_id``, or None."""
+    row = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
+                                                    Situation.user_id == cipher.user_id,
+                                                    Situation.submission_id == submission_id))).scalar_one_or_none()
+    if row is None:
+        return None
+    readings = (await db.execute(select(Reading).where(Reading.situation_id == row.id))).scalars().all()
+    view = SituationView(id=row.id, text=unseal(cipher, row, "text_ct"), created_at=row.created_at,
+                         results=_read_results(cipher, readings), replayed=True)
+    return view.text, view
+
+
 async def saved_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, submission_id: str | None,
                           text: str) -> SituationView | None:
     """The situation (with its readings) saved for this companion with ``submission_id``, or None (no id, or none
     saved with it). InputError when it was saved for another text."""
-    if submission_id is None:
-        return None
-    async with db.begin():
-        row = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
-                                                        Situation.user_id == cipher.user_id,
-                                                        Situation.submission_id == submission_id))).scalar_one_or_none()
-        if row is None:
-            return None
-        readings = (await db.execute(select(Reading).where(Reading.situation_id == row.id))).scalars().all()
-        view = SituationView(id=row.id, text=unseal(cipher, row, "text_ct"), created_at=row.created_at,
-                             results=_read_results(cipher, readings), replayed=True)
-    same_submission(view.text, text)
-    return view
+    return await once_per_submission(db, submission_id, text,
+                                     lambda sid: _situation_with_id(db, cipher, companion_id, sid))
 
 
 async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
@@ -175,17 +178,16 @@ async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: st
     row = Situation(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, created_at=utcnow(),
                     submission_id=submission_id)
     row.text_ct = seal(cipher, row, "text_ct", text)
-    try:
-        async with db.begin():
-            await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
-            db.add(row)
-            await db.flush()
-            db.add_all(_reading_rows(cipher, results, situation_id=row.id))
-    except IntegrityError:  # the unique index: another submission with this id committed first
-        if (saved := await saved_situation(db, cipher, companion_id, submission_id, text)) is None:
-            raise
-        return saved
-    return SituationView(id=row.id, text=text, created_at=row.created_at, results=results)
+
+    async def write() -> SituationView:
+        await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
+        db.add(row)
+        await db.flush()
+        db.add_all(_reading_rows(cipher, results, situation_id=row.id))
+        return SituationView(id=row.id, text=text, created_at=row.created_at, results=results)
+
+    return await once_per_submission(db, submission_id, text,
+                                     lambda sid: _situation_with_id(db, cipher, companion_id, sid), write)
 
 
 async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
@@ -353,26 +355,29 @@ async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: 
     return view, shared, rehearsal_messages(view, shared, text, turns)
 
 
+async def _rehearsal_turn_with_id(db: AsyncSession, cipher: UserCipher, rehearsal_id: str,
+                                  submission_id: str) -> tuple[str, TurnView] | None:
+    """Inside an open transaction: the user's text and the agent's turn (with its readings, ``replayed``) saved in
+    this rehearsal with ``submission_id``, or None."""
+    rows = {r.role: r for r in (await db.execute(
+        select(RehearsalTurn).where(RehearsalTurn.rehearsal_id == rehearsal_id,
+                                    RehearsalTurn.user_id == cipher.user_id,
+                                    RehearsalTurn.submission_id == submission_id))).scalars()}
+    if not rows:
+        return None
+    agent = rows["agent"]
+    readings = (await db.execute(select(Reading).where(Reading.turn_id == agent.id))).scalars().all()
+    saved_text = unseal(cipher, rows["user"], "body_ct")
+    return saved_text, TurnView(id=agent.id, role="agent", text=unseal(cipher, agent, "body_ct"),
+                                created_at=agent.created_at, results=_read_results(cipher, readings), replayed=True)
+
+
 async def saved_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, submission_id: str | None,
                                text: str) -> TurnView | None:
     """The agent's turn (with its readings) saved in this rehearsal with ``submission_id``, or None (no id, or none
     saved with it). InputError when it was saved for another text."""
-    if submission_id is None:
-        return None
-    async with db.begin():
-        rows = {r.role: r for r in (await db.execute(
-            select(RehearsalTurn).where(RehearsalTurn.rehearsal_id == rehearsal_id,
-                                        RehearsalTurn.user_id == cipher.user_id,
-                                        RehearsalTurn.submission_id == submission_id))).scalars()}
-        if not rows:
-            return None
-        agent = rows["agent"]
-        readings = (await db.execute(select(Reading).where(Reading.turn_id == agent.id))).scalars().all()
-        saved_text = unseal(cipher, rows["user"], "body_ct")
-        view = TurnView(id=agent.id, role="agent", text=unseal(cipher, agent, "body_ct"), created_at=agent.created_at,
-                        results=_read_results(cipher, readings), replayed=True)
-    same_submission(saved_text, text)
-    return view
+    return await once_per_submission(db, submission_id, text,
+                                     lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid))
 
 
 async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
@@ -388,17 +393,16 @@ async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id
     agent_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="agent",
                               created_at=now + timedelta(microseconds=1), submission_id=submission_id)
     agent_row.body_ct = seal(cipher, agent_row, "body_ct", reply)
-    try:
-        async with db.begin():
-            await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
-            db.add_all([user_row, agent_row])
-            await db.flush()
-            db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
-    except IntegrityError:  # the unique index: another submission with this id committed first
-        if (saved := await saved_rehearsal_turn(db, cipher, rehearsal_id, submission_id, text)) is None:
-            raise
-        return saved
-    return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
+
+    async def write() -> TurnView:
+        await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
+        db.add_all([user_row, agent_row])
+        await db.flush()
+        db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
+        return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
+
+    return await once_per_submission(db, submission_id, text,
+                                     lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid), write)
 
 
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
