@@ -22,9 +22,8 @@ from sqlalchemy import select, update
 
 from hearth.app.crypto import UserCipher
 from hearth.app.feed import list_posts
-from hearth.app.storage import create_database
 from hearth.app.storage.models import Comment, Post, Session, User
-from tests.app.app_client import create_companion, csrf_of, login, signup
+from tests.app.app_client import create_companion, login, signup
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
