@@ -19,13 +19,16 @@ step. Each micro-batch's loss is weighted by its share of the step's trained tok
 averages gradients over the ranks), so the summed gradient is the one process's gradient: N ranks compute the
 same optimizer step as 1 process with grad_accum micro-batches. A rank with fewer micro-batches in a step (the
 step's count not a multiple of world) runs a zero-weight pass so that every rank joins the same collectives.
+(grad_accum below world is refused, but for a resume: it keeps its checkpoint's grad_accum, and its ranks beyond
+it only run such passes.)
 
 Checkpoints: the adapter is gathered (FSDP: DTensor.full_tensor) and written by rank 0 in peft's format, so a
 checkpoint resumes on any rank count and mode. The optimizer state: DDP and one process keep the same full
 AdamW state (rank 0 writes optimizer.pt, any world size reads it); FSDP keeps each rank's shard
-(optimizer-rank-R.pt), read back only at the same world size under fsdp -- otherwise the resume restarts AdamW's
-moments (said on the console and in metrics.json). Every rank saves its RNG state (rng-rank-R.pt, the dropout
-masks); a resume at the same world size gives each rank its own back, at another size rank 0's (rng.pt).
+(optimizer-rank-R.pt), read back only at the same world size under fsdp and with every rank's shard there --
+otherwise every rank restarts AdamW's moments (said on the console and in metrics.json). Every rank saves its RNG
+state (rng-rank-R.pt, the dropout masks); a resume at the same world size gives each rank its own back, at another
+size rank 0's (rng.pt).
 """
 
 from __future__ import annotations

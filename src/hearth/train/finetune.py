@@ -181,9 +181,12 @@ class FinetuneConfig:
         if self.parallel != "none" and self.qlora:
             raise ValueError("parallel: ddp / fsdp with qlora is not supported yet (a 4-bit base cannot be sharded here)")
         world = D.launched_world()
-        if self.parallel != "none" and world > 1 and self.grad_accum < world:
+        if (self.parallel != "none" and world > 1 and self.grad_accum < world
+                and resumed_config(self.resume).get("grad_accum") != self.grad_accum):
             # the step's micro-batches are dealt to the ranks: with fewer than the ranks, some ranks only ever run
-            # zero-weight passes, and N GPUs train at the speed of grad_accum of them
+            # zero-weight passes, and N GPUs train at the speed of grad_accum of them. A resume keeps its
+            # checkpoint's grad_accum (RESUME_KEYS): refused here, it could never continue on more ranks (_train
+            # says what it costs)
             raise ValueError(f"grad_accum: {self.grad_accum} micro-batch(es) per step on {world} ranks leaves "
                              f"{world - self.grad_accum} rank(s) with no data in every step; set grad_accum to a "
                              f"multiple of {world} (e.g. {world})")
@@ -1049,12 +1052,13 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
     device = next(p.device for p in model.parameters() if p.requires_grad)
     D.load_adapter(model, d, load_file(str(path / "adapter_model.safetensors"), device=str(device)))
     saved_mode, saved_world = state.get("parallel", "none"), state.get("world_size", 1)
-    if d.mode == "fsdp":
-        shard = path / f"optimizer-rank-{d.rank}.pt"
-        usable = saved_mode == "fsdp" and saved_world == d.world and shard.is_file()
-    else:
-        shard = path / "optimizer.pt"
-        usable = saved_mode != "fsdp" and shard.is_file()
+    # FSDP: every rank's shard or none (each rank looking at its own only, one restored its moments while another
+    # restarted them, and rank 0's "restored" was reported)
+    names = [f"optimizer-rank-{r}.pt" for r in range(d.world)] if d.mode == "fsdp" else ["optimizer.pt"]
+    layout = (saved_mode == "fsdp" and saved_world == d.world) if d.mode == "fsdp" else saved_mode != "fsdp"
+    missing = next((name for name in names if not (path / name).is_file()), None)
+    usable = layout and missing is None
+    shard = path / names[d.rank if d.mode == "fsdp" else 0]
     if usable:
         optimizer.load_state_dict(torch.load(shard, weights_only=False if d.mode == "fsdp" else True,
                                              map_location=device))
@@ -1068,6 +1072,7 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, cfg, dist: D.Dis
                     if torch.is_tensor(saved_step) and saved_step.device.type != "cpu":
                         optimizer.state[p]["step"] = saved_step.cpu()
     state["optimizer"] = "restored" if usable else (
+        f"restarted ({missing} is missing from the checkpoint)" if layout else
         f"restarted (saved by {saved_mode} on {saved_world} rank(s); this run is {d.mode} on {d.world})")
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     # LambdaLR's load_state_dict restores its step count but leaves the optimizer's lr alone: a restarted AdamW
@@ -1266,6 +1271,10 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     if dist.active:
         console.print(f"[bold]parallel[/bold]: {dist.mode} on {dist.world} rank(s), {device.type} "
                       f"({'nccl' if device.type == 'cuda' else 'gloo'})")
+        if cfg.grad_accum < dist.world:  # only a resume gets here (check())
+            console.print(f"[yellow]note:[/yellow] grad_accum = {cfg.grad_accum} (the checkpoint's) on {dist.world} "
+                          f"ranks: {dist.world - cfg.grad_accum} rank(s) run zero-weight passes only; the steps are "
+                          f"the same, at the speed of {cfg.grad_accum} rank(s)")
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = len(steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
