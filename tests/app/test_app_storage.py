@@ -219,8 +219,11 @@ async def test_ciphertexts_are_bound_to_their_row_and_user(db, master_key):
         await s.execute(update(Message).where(Message.id == a_msgs[0].id).values(body_ct=raw[1]))
         await s.execute(update(Message).where(Message.id == a_msgs[1].id).values(body_ct=bytes(b_msg.body_ct)))
     async with db.sessions() as s:
-        with pytest.raises(crypto.DecryptError):
-            await companions.history(s, alice, a.id)
+        # moved ciphertexts do not open under their new rows: the history shows them unreadable, never as the text
+        # of the row (or the user) they came from
+        assert [m.text for m in await companions.history(s, alice, a.id)][:2] == [None, None]
+    with pytest.raises(crypto.DecryptError):
+        alice.decrypt("messages", a_msgs[0].id, "body_ct", raw[1])
     # bob's key cannot read alice's (original) ciphertext under alice's row id either
     with pytest.raises(crypto.DecryptError):
         bob.decrypt("messages", a_msgs[0].id, "body_ct", raw[0])

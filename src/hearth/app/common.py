@@ -1,18 +1,22 @@
 """Small helpers shared by the app's services: the not-found error, input text checks, saving a resent turn
-once, and encrypt/decrypt of one model field (table + record id + field bound as associated data)."""
+once, encrypt/decrypt of one model field (table + record id + field bound as associated data), and reading the
+sealed texts of a page so that one damaged row does not take the page down (Readable)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Awaitable, Callable
 
 from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from hearth.app.crypto import UserCipher
+from hearth.app.crypto import DecryptError, UserCipher
 from hearth.app.storage.db import scrub_deleted
 
+
+log = logging.getLogger("hearth.app")
 
 # what a form's free-text field (a message, a post, a situation) may hold once cleaned, whatever max_text_chars
 # says; settings refuse a max_text_chars above it at start-up (texts over it met a 422 only when sent)
@@ -25,6 +29,11 @@ FORM_FIELD_MAX = 2 * FORM_TEXT_MAX
 
 class NotFound(LookupError):
     """The record does not exist or belongs to another user (routes answer 404 either way)."""
+
+
+class UnreadableText(RuntimeError):
+    """A turn cannot go on without a text that does not open (a damaged row): a companion's persona, the person a
+    rehearsal plays. Nothing is asked or saved; the message is safe to show to the user."""
 
 
 class InputError(ValueError):
@@ -147,3 +156,51 @@ def seal_json(cipher: UserCipher, row: Any, field: str, data: Any) -> bytes:
 
 def unseal_json(cipher: UserCipher, row: Any, field: str) -> Any:
     return json.loads(unseal(cipher, row, field))
+
+
+UNREADABLE_NAME = "(name could not be read)"  # shown for a companion's or agent's name that does not open
+SHOWN = "shown as unreadable"
+LEFT_OUT = "left out of what the model is told"
+
+
+class Readable:
+    """The sealed texts of one read (a page's list, the export's, a turn's context) opened so that one damaged row
+    does not hide every other behind a 500: ``readable(unseal, cipher, row, field)`` is what ``unseal`` returns, or
+    None (counted) when the sealed text does not open. The row is left as it is: a read never rewrites or deletes.
+
+    Used as ``with Readable(user_id, "chat history") as readable:``; the outermost block logs one warning naming the
+    user id, how many texts did not open and what became of them (``outcome``). A read passed a Readable of its
+    caller's (``readable=``) counts into it, so a turn's context reports once, as left out of the prompt."""
+
+    def __init__(self, user_id: str, what: str, outcome: str = SHOWN):
+        self.user_id, self.what, self.outcome = user_id, what, outcome
+        self.count, self._depth = 0, 0
+
+    def __call__(self, read: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return read(*args)
+        except DecryptError:
+            self.count += 1
+            return None
+
+    def __enter__(self) -> Readable:
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self.count:
+            log.warning("%s: %d sealed text%s of user %s do%s not open (damaged rows); %s, left as they were",
+                        self.what, self.count, "s" if self.count > 1 else "", self.user_id,
+                        "" if self.count > 1 else "es", self.outcome)
+            self.count = 0
+
+
+def strict(read: Callable[..., Any], *args: Any) -> Any:
+    """The reader where a text must open (a resend compared with the turn saved for it): DecryptError goes up."""
+    return read(*args)
+
+
+def reading(readable: Readable | None, user_id: str, what: str, outcome: str = SHOWN) -> Readable:
+    """The caller's Readable (its block reports), or a new one for this read."""
+    return readable if readable is not None else Readable(user_id, what, outcome)

@@ -9,6 +9,10 @@ A turn sent with a submission id (the page's, one per message it sends) is saved
 of a turn already saved (the connection dropped after the commit) gets the saved turn back, without asking the
 model again or saving it twice (a unique index decides when two resends race).
 
+A message, memory, name or persona whose sealed text does not open (a damaged row) reads as None: the pages show it
+as "could not be read" and every other row as usual; a turn leaves it out of what the model is told (a turn whose
+companion's persona does not open is refused: UnreadableText). Nothing read is rewritten (common.Readable).
+
 Clearing a chat deletes its messages and memories (rows gone, not flagged) and moves the chat's epoch on,
 so a turn whose reply was still being written is not saved after the clear (ChatCleared).
 """
@@ -24,8 +28,9 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (InputError, NotFound, check_owned, check_submission_id, clean_text, delete_owned,
-                               once_per_submission, page_before, seal, seal_json, unseal, unseal_json)
+from hearth.app.common import (LEFT_OUT, UNREADABLE_NAME, InputError, NotFound, Readable, UnreadableText,
+                               check_owned, check_submission_id, clean_text, delete_owned, once_per_submission,
+                               page_before, reading, seal, seal_json, strict, unseal, unseal_json)
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed
 from hearth.app.relationship import Standing, standing
@@ -40,10 +45,10 @@ MAX_MEMORIES_KEPT = 200  # per companion; the oldest go first
 
 
 @dataclass
-class CompanionView:
+class CompanionView:  # name, persona: None when the sealed text does not open (a damaged row)
     id: str
-    name: str
-    persona: str  # a hearth.prompts.PERSONAS key or custom persona text
+    name: str | None
+    persona: str | None  # a hearth.prompts.PERSONAS key or custom persona text
     world_view: str
     share_context: bool
     affection: int
@@ -54,6 +59,10 @@ class CompanionView:
     @property
     def builtin(self) -> bool:
         return self.persona in prompts.PERSONAS
+
+    @property
+    def shown_name(self) -> str:
+        return self.name if self.name is not None else UNREADABLE_NAME
 
 
 class ChatCleared(RuntimeError):
@@ -67,7 +76,7 @@ class ChatCleared(RuntimeError):
 class MessageView:
     id: str
     role: str  # "user" | "companion"
-    text: str
+    text: str | None  # None: stored, but its sealed text does not open (a damaged row)
     created_at: datetime
     mood: str | None = None
     suggestions: list[str] = field(default_factory=list)
@@ -83,8 +92,9 @@ class TurnResult:
     replayed: bool = False  # the turn an earlier submission with the same id saved (new_memories is then [])
 
 
-def _view(cipher: UserCipher, row: Companion) -> CompanionView:
-    return CompanionView(id=row.id, name=unseal(cipher, row, "name_ct"), persona=unseal(cipher, row, "persona_ct"),
+def _view(cipher: UserCipher, row: Companion, readable: Any = strict) -> CompanionView:
+    return CompanionView(id=row.id, name=readable(unseal, cipher, row, "name_ct"),
+                         persona=readable(unseal, cipher, row, "persona_ct"),
                          world_view=row.world_view, share_context=row.share_context, affection=row.affection,
                          trust=row.trust, standing=standing(row.affection, row.trust), chat_epoch=row.chat_epoch)
 
@@ -96,10 +106,14 @@ def _check_world_view(world_view: str) -> str:
 
 
 # ------------------------------------------------------------------------------ shared context
-async def get_shared_context(db: AsyncSession, cipher: UserCipher) -> str:
+async def get_shared_context(db: AsyncSession, cipher: UserCipher, *, readable: Readable | None = None) -> str | None:
+    """What the user shares ("" when nothing); None when its sealed text does not open."""
     async with db.begin():
         user = (await db.execute(select(User).where(User.id == cipher.user_id))).scalar_one()
-        return unseal(cipher, user, "shared_context_ct") if user.shared_context_ct else ""
+        if not user.shared_context_ct:
+            return ""
+        with reading(readable, cipher.user_id, "shared context") as read:
+            return read(unseal, cipher, user, "shared_context_ct")
 
 
 async def set_shared_context(db: AsyncSession, cipher: UserCipher, text: str) -> None:
@@ -142,16 +156,21 @@ async def _row(db: AsyncSession, user_id: str, companion_id: str) -> Companion:
     return row
 
 
-async def get_companion(db: AsyncSession, cipher: UserCipher, companion_id: str) -> CompanionView:
+async def get_companion(db: AsyncSession, cipher: UserCipher, companion_id: str, *,
+                        readable: Readable | None = None) -> CompanionView:
     async with db.begin():
-        return _view(cipher, await _row(db, cipher.user_id, companion_id))
+        row = await _row(db, cipher.user_id, companion_id)
+        with reading(readable, cipher.user_id, "companion") as read:
+            return _view(cipher, row, read)
 
 
-async def list_companions(db: AsyncSession, cipher: UserCipher) -> list[CompanionView]:
+async def list_companions(db: AsyncSession, cipher: UserCipher, *,
+                          readable: Readable | None = None) -> list[CompanionView]:
     async with db.begin():
         rows = (await db.execute(select(Companion).where(Companion.user_id == cipher.user_id)
                                  .order_by(Companion.created_at))).scalars().all()
-        return [_view(cipher, r) for r in rows]
+        with reading(readable, cipher.user_id, "companions") as read:
+            return [_view(cipher, r, read) for r in rows]
 
 
 async def update_companion(db: AsyncSession, cipher: UserCipher, companion_id: str, *, world_view: str,
@@ -172,19 +191,22 @@ async def delete_companion(db: AsyncSession, user_id: str, companion_id: str) ->
 
 
 # ------------------------------------------------------------------------------ chat
-def _message_view(cipher: UserCipher, row: Message) -> MessageView:
-    meta = unseal_json(cipher, row, "meta_ct") if row.meta_ct else {}
-    return MessageView(id=row.id, role=row.role, text=unseal(cipher, row, "body_ct"), created_at=row.created_at,
-                       mood=meta.get("mood"), suggestions=meta.get("suggested_actions", []))
+def _message_view(cipher: UserCipher, row: Message, readable: Any = strict) -> MessageView:
+    meta = (readable(unseal_json, cipher, row, "meta_ct") if row.meta_ct else None) or {}
+    return MessageView(id=row.id, role=row.role, text=readable(unseal, cipher, row, "body_ct"),
+                       created_at=row.created_at, mood=meta.get("mood"),
+                       suggestions=meta.get("suggested_actions", []))
 
 
-async def history(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 200) -> list[MessageView]:
+async def history(db: AsyncSession, cipher: UserCipher, companion_id: str, limit: int = 200, *,
+                  readable: Readable | None = None) -> list[MessageView]:
     """The last ``limit`` messages of this chat, oldest first. NotFound for another user's companion."""
-    return (await history_page(db, cipher, companion_id, limit=limit))[0]
+    return (await history_page(db, cipher, companion_id, limit=limit, readable=readable))[0]
 
 
 async def history_page(db: AsyncSession, cipher: UserCipher, companion_id: str, *, limit: int = 200,
-                       before: str | None = None) -> tuple[list[MessageView], str | None]:
+                       before: str | None = None,
+                       readable: Readable | None = None) -> tuple[list[MessageView], str | None]:
     """(up to ``limit`` messages, oldest first, the newest of them just before message ``before`` or the
     chat's last ones; the id to pass as ``before`` for the page of earlier messages, None at the start).
     NotFound for another user's companion or a ``before`` that is not a message of this chat."""
@@ -193,22 +215,25 @@ async def history_page(db: AsyncSession, cipher: UserCipher, companion_id: str, 
         rows, earlier = await page_before(db, Message, (Message.companion_id == companion_id,
                                                         Message.user_id == cipher.user_id),
                                           limit=limit, before=before, what="message")
-        return [_message_view(cipher, r) for r in reversed(rows)], earlier
+        with reading(readable, cipher.user_id, "chat history") as read:
+            return [_message_view(cipher, r, read) for r in reversed(rows)], earlier
 
 
-async def memories(db: AsyncSession, cipher: UserCipher, companion_id: str) -> list[str]:
-    """Everything remembered in this chat, oldest first."""
+async def memories(db: AsyncSession, cipher: UserCipher, companion_id: str, *,
+                   readable: Readable | None = None) -> list[str | None]:
+    """Everything remembered in this chat, oldest first (None for one whose sealed text does not open)."""
     async with db.begin():
         await _row(db, cipher.user_id, companion_id)
         rows = (await db.execute(select(Memory).where(Memory.companion_id == companion_id,
                                                       Memory.user_id == cipher.user_id)
                                  .order_by(Memory.created_at))).scalars().all()
-        return [unseal(cipher, r, "text_ct") for r in rows]
+        with reading(readable, cipher.user_id, "memories") as read:
+            return [read(unseal, cipher, r, "text_ct") for r in rows]
 
 
 @dataclass
 class ChatContext:
-    """Everything one chat turn needs, read before the model is called."""
+    """Everything one chat turn needs, read before the model is called (only what opens: load_chat_context)."""
 
     companion: CompanionView
     shared_context: str
@@ -216,11 +241,27 @@ class ChatContext:
     recent: list[MessageView]
 
 
+def persona_needed(companion: CompanionView) -> None:
+    """UnreadableText when the companion's persona does not open: the model cannot be told who to be."""
+    if companion.persona is None:
+        raise UnreadableText(f"{companion.shown_name}'s persona could not be read: its stored text does not open, "
+                             "so they cannot answer. Nothing was saved. Writing a new persona in the settings "
+                             "replaces it; the operator of this server can look into it.")
+
+
 async def load_chat_context(db: AsyncSession, cipher: UserCipher, companion_id: str, turns: int) -> ChatContext:
-    companion = await get_companion(db, cipher, companion_id)
-    return ChatContext(companion=companion, shared_context=await get_shared_context(db, cipher),
-                       memories=await memories(db, cipher, companion_id),
-                       recent=await history(db, cipher, companion_id, limit=2 * turns))
+    """What the model is told for one turn. A memory, message or shared context whose sealed text does not open is
+    left out of it (a warning counts them), never sent as a placeholder; UnreadableText when the persona does not
+    open."""
+    with Readable(cipher.user_id, "chat context", LEFT_OUT) as readable:
+        async with db.begin():
+            companion = _view(cipher, await _row(db, cipher.user_id, companion_id), readable)
+        persona_needed(companion)
+        shared = await get_shared_context(db, cipher, readable=readable)
+        kept = await memories(db, cipher, companion_id, readable=readable)
+        recent = await history(db, cipher, companion_id, limit=2 * turns, readable=readable)
+    return ChatContext(companion=companion, shared_context=shared or "", memories=[m for m in kept if m is not None],
+                       recent=[m for m in recent if m.text is not None])
 
 
 def chat_messages(ctx: ChatContext, user_text: str, *, prompt_memories: int) -> list[dict]:
@@ -310,7 +351,9 @@ async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, us
     # companion's row, so a turn sent at the same time has committed its memories (or waits for this one), and
     # two turns that both learn "likes tea" keep it once
     kept = (await db.execute(select(Memory).where(Memory.companion_id == cid, Memory.user_id == uid))).scalars()
-    fresh = _new_memories([unseal(cipher, r, "text_ct") for r in kept], list(reply.memories))
+    with Readable(uid, "memories", "not compared with the new ones") as readable:
+        known = [readable(unseal, cipher, r, "text_ct") for r in kept]
+    fresh = _new_memories([m for m in known if m is not None], list(reply.memories))
     memory_rows = []
     for i, text in enumerate(fresh):
         row = Memory(id=new_id(), user_id=uid, companion_id=cid, created_at=now + timedelta(microseconds=i))

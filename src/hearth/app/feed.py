@@ -5,7 +5,8 @@ anything is written; the post and the comments that arrived are then saved in ON
 companion whose call failed simply has no comment; the post is saved either way.
 
 A post or comment whose sealed text does not open (a damaged row) does not take the page down with it: its text
-comes back as None ("could not be read"), every other one as usual, and the row is left as it is.
+comes back as None ("could not be read"), every other one as usual, and the row is left as it is
+(common.Readable). A companion whose persona does not open does not comment: it cannot be played.
 
 Which companions comment: at most ``max_commenters``, those who commented least recently first (never first of
 all, then by their last comment; ties by age), so every companion takes its turn across posts, in rotation.
@@ -14,23 +15,20 @@ all, then by their last comment; ties by age), so every companion takes its turn
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import clean_text, delete_owned, page_before, seal, seal_json, unseal, unseal_json
+from hearth.app.common import (LEFT_OUT, Readable, clean_text, delete_owned, page_before, seal, seal_json, unseal,
+                               unseal_json)
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
-from hearth.app.crypto import DecryptError, UserCipher
+from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
-
-log = logging.getLogger("hearth.app")
-
 
 @dataclass
 class CommentView:  # None: stored, but its sealed text does not open (a damaged row)
@@ -64,10 +62,11 @@ async def _comment(model: Any, companion: CompanionView, shared: str, text: str,
     return result.envelope
 
 
-async def _commenters(db: AsyncSession, cipher: UserCipher, limit: int) -> list[CompanionView]:
+async def _commenters(db: AsyncSession, cipher: UserCipher, limit: int, readable: Readable) -> list[CompanionView]:
     """Up to ``limit`` companions, those who commented least recently first (never, then the oldest last
-    comment; ties in creation order). Their comments are timed in this order, so the turns go round."""
-    companions = await list_companions(db, cipher)
+    comment; ties in creation order). Their comments are timed in this order, so the turns go round. One whose
+    persona does not open is left out (it cannot be played)."""
+    companions = [c for c in await list_companions(db, cipher, readable=readable) if c.persona is not None]
     async with db.begin():
         last = dict((await db.execute(select(Comment.companion_id, func.max(Comment.created_at))
                                       .where(Comment.user_id == cipher.user_id)
@@ -79,8 +78,9 @@ async def _commenters(db: AsyncSession, cipher: UserCipher, limit: int) -> list[
 async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: str, *, max_chars: int,
                       max_commenters: int, timeout_s: float) -> PostResult:
     text = clean_text(text, "post", max_chars)
-    companions = await _commenters(db, cipher, max_commenters)
-    shared = await get_shared_context(db, cipher)
+    with Readable(cipher.user_id, "feed comments", LEFT_OUT) as readable:
+        companions = await _commenters(db, cipher, max_commenters, readable)
+        shared = await get_shared_context(db, cipher, readable=readable) or ""
     outcomes = await asyncio.gather(*(_comment(model, c, shared, text, timeout_s) for c in companions),
                                     return_exceptions=True)
     now = utcnow()
@@ -112,16 +112,6 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
     return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
 
 
-def _readable(unread: list[int], read: Callable[..., Any], *args: Any) -> Any:
-    """``read(*args)``, or None (counted in ``unread``) when the sealed text does not open: one damaged row must
-    not hide every other post of the page behind a 500."""
-    try:
-        return read(*args)
-    except DecryptError:
-        unread[0] += 1
-        return None
-
-
 async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> list[PostView]:
     return (await posts_page(db, cipher, limit=limit))[0]
 
@@ -139,20 +129,17 @@ async def posts_page(db: AsyncSession, cipher: UserCipher, *, limit: int = 50,
                                      .where(Comment.post_id.in_(ids), Comment.user_id == cipher.user_id)
                                      .order_by(Comment.created_at))).all() if ids else []
         by_post: dict[str, list[CommentView]] = {}
-        unread = [0]
-        for c, comp in comments:
-            if c.tone:  # written before the tone was sealed: the body is the bare comment text
-                text, tone = _readable(unread, unseal, cipher, c, "body_ct"), c.tone
-            else:
-                sealed = _readable(unread, unseal_json, cipher, c, "body_ct") or {"comment": None, "tone": None}
-                text, tone = sealed["comment"], sealed["tone"]
-            by_post.setdefault(c.post_id, []).append(
-                CommentView(comp.id, _readable(unread, unseal, cipher, comp, "name_ct"), text, tone))
-        views = [PostView(id=p.id, text=_readable(unread, unseal, cipher, p, "body_ct"), created_at=p.created_at,
-                          comments=by_post.get(p.id, [])) for p in posts]
-    if unread[0]:
-        log.warning("feed: %d sealed texts of user %s do not open (damaged rows); shown as unreadable, left as "
-                    "they were", unread[0], cipher.user_id)
+        with Readable(cipher.user_id, "feed") as readable:
+            for c, comp in comments:
+                if c.tone:  # written before the tone was sealed: the body is the bare comment text
+                    text, tone = readable(unseal, cipher, c, "body_ct"), c.tone
+                else:
+                    sealed = readable(unseal_json, cipher, c, "body_ct") or {"comment": None, "tone": None}
+                    text, tone = sealed["comment"], sealed["tone"]
+                by_post.setdefault(c.post_id, []).append(
+                    CommentView(comp.id, readable(unseal, cipher, comp, "name_ct"), text, tone))
+            views = [PostView(id=p.id, text=readable(unseal, cipher, p, "body_ct"), created_at=p.created_at,
+                              comments=by_post.get(p.id, [])) for p in posts]
     return views, older
 
 

@@ -12,6 +12,10 @@ Rehearsal: the model plays a custom agent (rehearsal_system_prompt, a ``chat`` e
 panel reads each exchange. A rehearsal is its own thread, separate from the companion chat, so the
 user can leave it for the companion and come back to the same place. A rehearsal turn sent with a submission id is
 saved once per rehearsal, as a chat turn is (hearth.app.companions): a resend gets the saved turn back.
+
+A situation, reading, agent field or rehearsal turn whose sealed text does not open (a damaged row) reads as None:
+the pages show it as "could not be read" and every other row as usual; a rehearsal turn leaves it out of what the
+agent and the panel are told (one whose agent does not open is refused: UnreadableText). Nothing read is rewritten.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (InputError, NotFound, check_owned, check_submission_id, clean_text, delete_owned,
-                               once_per_submission, page_before, seal, seal_json, unseal, unseal_json)
+from hearth.app.common import (LEFT_OUT, UNREADABLE_NAME, InputError, NotFound, Readable, UnreadableText,
+                               check_owned, check_submission_id, clean_text, delete_owned, once_per_submission,
+                               page_before, reading, seal, seal_json, strict, unseal, unseal_json)
 from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed, describe_failure, failure_for_log
@@ -42,7 +47,8 @@ ANALYST_TITLES = {a: prompts.ANALYST_LENSES[a][0] for a in prompts.ANALYSTS}
 
 @dataclass
 class PanelResult:
-    """One analyst's outcome: ``ok`` with reading/advice/risk, or failed with ``error``."""
+    """One analyst's outcome: ``ok`` with reading/advice/risk, or failed with ``error``; a stored one whose sealed
+    text does not open has all four None (``unreadable``)."""
 
     analyst: str
     ok: bool
@@ -50,6 +56,10 @@ class PanelResult:
     advice: str = ""
     risk: str = ""
     error: str = ""
+
+    @property
+    def unreadable(self) -> bool:
+        return self.reading is None
 
     @property
     def title(self) -> str:
@@ -115,10 +125,14 @@ def _reading_rows(cipher: UserCipher, results: list[PanelResult], *, situation_i
     return rows
 
 
-def _read_results(cipher: UserCipher, rows: list[Reading]) -> list[PanelResult]:
+def _read_results(cipher: UserCipher, rows: list[Reading], readable: Any = strict) -> list[PanelResult]:
     out = []
     for row in sorted(rows, key=lambda r: r.created_at):
-        d = unseal_json(cipher, row, "body_ct")
+        d = readable(unseal_json, cipher, row, "body_ct")
+        if d is None:  # the analyst and the outcome are stored in the clear; the words do not open
+            out.append(PanelResult(analyst=row.analyst, ok=row.status == "ok", reading=None, advice=None, risk=None,
+                                   error=None))
+            continue
         out.append(PanelResult(analyst=row.analyst, ok=row.status == "ok", reading=d.get("reading", ""),
                                advice=d.get("advice", ""), risk=d.get("risk", ""), error=d.get("error", "")))
     return out
@@ -128,22 +142,26 @@ def _read_results(cipher: UserCipher, rows: list[Reading]) -> list[PanelResult]:
 @dataclass
 class SituationView:
     id: str
-    text: str
+    text: str | None  # None: stored, but its sealed text does not open (a damaged row)
     created_at: datetime
     results: list[PanelResult]
     replayed: bool = False  # saved by an earlier submission with the same id (saved_situation)
 
 
-async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str, *, prompt_memories: int = 30) -> str:
+async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str, *, prompt_memories: int = 30,
+                        readable: Readable | None = None) -> str:
     """The context the panel (and a rehearsal's agent) sees: what the user shares with this companion, then
     what the companion remembers from their chat (its latest ``prompt_memories``, as its own prompt carries
-    them). Nothing when the user does not share their context with this companion."""
-    companion = await get_companion(db, cipher, companion_id)
-    if not companion.share_context:
-        return ""
-    shared = await get_shared_context(db, cipher)
-    kept = (await memories(db, cipher, companion_id))[-prompt_memories:] if prompt_memories else []
-    return prompts.panel_context(shared, companion=companion.name, memories=kept)
+    them). Nothing when the user does not share their context with this companion. What does not open (the
+    shared context, a memory, the companion's name) is left out, counted as such."""
+    with reading(readable, cipher.user_id, "panel context", LEFT_OUT) as read:
+        companion = await get_companion(db, cipher, companion_id, readable=read)
+        if not companion.share_context:
+            return ""
+        shared = await get_shared_context(db, cipher, readable=read) or ""
+        kept = [m for m in await memories(db, cipher, companion_id, readable=read) if m is not None]
+    kept = kept[-prompt_memories:] if prompt_memories else []
+    return prompts.panel_context(shared, companion=companion.name or "", memories=kept)
 
 
 async def _situation_with_id(db: AsyncSession, cipher: UserCipher, companion_id: str,
@@ -215,8 +233,9 @@ async def situations_page(db: AsyncSession, cipher: UserCipher, companion_id: st
         by_sit: dict[str, list[Reading]] = {}
         for rd in readings:
             by_sit.setdefault(rd.situation_id, []).append(rd)
-        return [SituationView(id=r.id, text=unseal(cipher, r, "text_ct"), created_at=r.created_at,
-                              results=_read_results(cipher, by_sit.get(r.id, []))) for r in rows], older
+        with Readable(cipher.user_id, "situations") as read:
+            return [SituationView(id=r.id, text=read(unseal, cipher, r, "text_ct"), created_at=r.created_at,
+                                  results=_read_results(cipher, by_sit.get(r.id, []), read)) for r in rows], older
 
 
 async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) -> None:
@@ -225,19 +244,23 @@ async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) ->
 
 # ------------------------------------------------------------------------------ agents
 @dataclass
-class AgentView:
+class AgentView:  # a field is None when its sealed text does not open (a damaged row)
     id: str
-    name: str
-    personality: str
-    backstory: str
-    relationship: str
+    name: str | None
+    personality: str | None
+    backstory: str | None
+    relationship: str | None
+
+    @property
+    def shown_name(self) -> str:
+        return self.name if self.name is not None else UNREADABLE_NAME
 
 
 _AGENT_FIELDS = ("name", "personality", "backstory", "relationship")
 
 
-def _agent_view(cipher: UserCipher, row: Agent) -> AgentView:
-    return AgentView(id=row.id, **{f: unseal(cipher, row, f"{f}_ct") for f in _AGENT_FIELDS})
+def _agent_view(cipher: UserCipher, row: Agent, readable: Any = strict) -> AgentView:
+    return AgentView(id=row.id, **{f: readable(unseal, cipher, row, f"{f}_ct") for f in _AGENT_FIELDS})
 
 
 async def create_agent(db: AsyncSession, cipher: UserCipher, **fields: str) -> AgentView:
@@ -258,7 +281,8 @@ async def list_agents(db: AsyncSession, cipher: UserCipher) -> list[AgentView]:
     async with db.begin():
         rows = (await db.execute(select(Agent).where(Agent.user_id == cipher.user_id)
                                  .order_by(Agent.created_at))).scalars().all()
-        return [_agent_view(cipher, r) for r in rows]
+        with Readable(cipher.user_id, "agents") as read:
+            return [_agent_view(cipher, r, read) for r in rows]
 
 
 async def delete_agent(db: AsyncSession, user_id: str, agent_id: str) -> None:
@@ -270,7 +294,7 @@ async def delete_agent(db: AsyncSession, user_id: str, agent_id: str) -> None:
 class TurnView:
     id: str
     role: str  # "user" | "agent"
-    text: str
+    text: str | None  # None: stored, but its sealed text does not open (a damaged row)
     created_at: datetime
     results: list[PanelResult] = field(default_factory=list)
     replayed: bool = False  # saved by an earlier submission with the same id (saved_rehearsal_turn)
@@ -297,15 +321,18 @@ async def start_rehearsal(db: AsyncSession, cipher: UserCipher, companion_id: st
 
 
 async def list_rehearsals(db: AsyncSession, cipher: UserCipher, companion_id: str) -> list[tuple[str, str]]:
-    """(rehearsal id, agent name) pairs for this companion, newest first."""
+    """(rehearsal id, agent name) pairs for this companion, newest first (UNREADABLE_NAME for a name that does not
+    open)."""
     async with db.begin():
         rows = (await db.execute(select(Rehearsal, Agent).join(Agent, Agent.id == Rehearsal.agent_id)
                                  .where(Rehearsal.companion_id == companion_id, Rehearsal.user_id == cipher.user_id)
                                  .order_by(Rehearsal.created_at.desc()))).all()
-        return [(r.id, unseal(cipher, a, "name_ct")) for r, a in rows]
+        with Readable(cipher.user_id, "rehearsals") as read:
+            return [(r.id, _agent_view(cipher, a, read).shown_name) for r, a in rows]
 
 
-async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str) -> RehearsalView:
+async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, *,
+                        readable: Readable | None = None) -> RehearsalView:
     async with db.begin():
         row = (await db.execute(select(Rehearsal, Agent).join(Agent, Agent.id == Rehearsal.agent_id)
                                 .where(Rehearsal.id == rehearsal_id, Rehearsal.user_id == cipher.user_id))).first()
@@ -319,17 +346,30 @@ async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str)
         by_turn: dict[str, list[Reading]] = {}
         for rd in readings:
             by_turn.setdefault(rd.turn_id, []).append(rd)
-        views = [TurnView(id=t.id, role=t.role, text=unseal(cipher, t, "body_ct"), created_at=t.created_at,
-                          results=_read_results(cipher, by_turn.get(t.id, []))) for t in turns]
-        return RehearsalView(id=reh.id, companion_id=reh.companion_id, agent=_agent_view(cipher, agent), turns=views)
+        with reading(readable, cipher.user_id, "rehearsal") as read:
+            views = [TurnView(id=t.id, role=t.role, text=read(unseal, cipher, t, "body_ct"), created_at=t.created_at,
+                              results=_read_results(cipher, by_turn.get(t.id, []), read)) for t in turns]
+            return RehearsalView(id=reh.id, companion_id=reh.companion_id, agent=_agent_view(cipher, agent, read),
+                                 turns=views)
+
+
+def agent_needed(view: RehearsalView) -> None:
+    """UnreadableText when a field of the rehearsed person does not open: the model cannot be told who to play."""
+    if any(getattr(view.agent, f) is None for f in _AGENT_FIELDS):
+        raise UnreadableText(f"What you wrote about {view.agent.shown_name} could not be read: its stored text does "
+                             "not open, so this rehearsal cannot go on. Nothing was saved. The operator of this "
+                             "server can look into it.")
 
 
 def rehearsal_messages(view: RehearsalView, shared_context: str, text: str, turns: int) -> list[dict]:
+    """The agent's messages; a turn whose text does not open is not among them (get_rehearsal gives it as None)."""
     a = view.agent
     system = prompts.rehearsal_system_prompt(name=a.name, personality=a.personality, backstory=a.backstory,
                                              relationship=a.relationship, shared_context=shared_context)
     out = [{"role": "system", "content": system}]
     for t in view.turns[-2 * turns:]:
+        if t.text is None:
+            continue
         out.append({"role": "user" if t.role == "user" else "assistant", "content": t.text})
     out.append({"role": "user", "content": text})
     return out
@@ -341,7 +381,7 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
     after-rehearsal case and the corpus use too."""
     a = view.agent
     earlier = [{"role": "user" if t.role == "user" else "assistant", "content": t.text}
-               for t in view.turns[-prompts.PANEL_EXCHANGE_TURNS:]]
+               for t in view.turns[-prompts.PANEL_EXCHANGE_TURNS:] if t.text is not None]
     return prompts.rehearsal_exchange(name=a.name, personality=a.personality, relationship=a.relationship,
                                       earlier=earlier, text=text, reply=reply)
 
@@ -349,9 +389,13 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
                             turns: int, prompt_memories: int = 30) -> tuple[RehearsalView, str, list[dict]]:
     """What one rehearsal turn needs before the model is asked: the rehearsal, the context the panel may
-    see (panel_context), and the messages for the agent's reply. NotFound for another user's rehearsal."""
-    view = await get_rehearsal(db, cipher, rehearsal_id)
-    shared = await panel_context(db, cipher, view.companion_id, prompt_memories=prompt_memories)
+    see (panel_context), and the messages for the agent's reply. NotFound for another user's rehearsal. What does
+    not open is left out of them (counted in one warning); UnreadableText when the rehearsed person does not open."""
+    with Readable(cipher.user_id, "rehearsal context", LEFT_OUT) as readable:
+        view = await get_rehearsal(db, cipher, rehearsal_id, readable=readable)
+        agent_needed(view)
+        shared = await panel_context(db, cipher, view.companion_id, prompt_memories=prompt_memories,
+                                     readable=readable)
     return view, shared, rehearsal_messages(view, shared, text, turns)
 
 

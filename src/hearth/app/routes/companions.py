@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
-from hearth.app.common import FORM_FIELD_MAX, InputError, check_submission_id
+from hearth.app.common import FORM_FIELD_MAX, InputError, UnreadableText, check_submission_id
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
@@ -84,7 +84,8 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
         yield sse("done", _turn_json(turn, companion))
     except ModelUnavailable:
         yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
-    except (svc.ChatCleared, InputError) as exc:  # InputError: the submission id was used for another message
+    # InputError: the submission id was used for another message; UnreadableText: the persona does not open
+    except (svc.ChatCleared, InputError, UnreadableText) as exc:
         yield sse("error", {"message": str(exc)})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         log.warning("chat turn failed: %s", failure_for_log(exc))
@@ -116,6 +117,9 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
     except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
         return await _companion_page(request, state, db, viewer, companion_id, status=503, draft=message,
                                      error="No model is configured: see the top of the page. Nothing was saved.")
+    except UnreadableText as exc:  # the persona does not open (a damaged row): the page says so, the text kept
+        return await _companion_page(request, state, db, viewer, companion_id, status=503, draft=message,
+                                     error=str(exc))
     except svc.ChatCleared as exc:  # cleared while the reply was written (the bare 409 page lost the message)
         await refresh_viewer(db, viewer)
         return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,

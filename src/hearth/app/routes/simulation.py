@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
-from hearth.app.common import FORM_FIELD_MAX, InputError, check_submission_id, clean_text
+from hearth.app.common import FORM_FIELD_MAX, InputError, UnreadableText, check_submission_id, clean_text
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
@@ -220,7 +220,8 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
         yield _rehearsal_done(turn)
     except ModelUnavailable:
         yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
-    except InputError as exc:  # the submission id was used for another message
+    # InputError: the submission id was used for another message; UnreadableText: the rehearsed person does not open
+    except (InputError, UnreadableText) as exc:
         yield sse("error", {"message": str(exc)})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         log.warning("rehearsal turn failed: %s", failure_for_log(exc))
@@ -251,6 +252,9 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
     except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=503, draft=message,
                                      error="No model is configured: see the top of the page. Nothing was saved.")
+    except UnreadableText as exc:  # the rehearsed person does not open (a damaged row): said, the text kept
+        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=503, draft=message,
+                                     error=str(exc))
     except InputError as exc:
         if exc.field != "submission_id":
             raise
