@@ -96,7 +96,7 @@ def _provider(up: RawUpstream, **extra) -> dict:
 
 
 KEY = {"A_KEY": "sk-a"}
-WARM = {"probe_timeout_s": 5.0, "ttl_s": 60.0, "warmup_budget_s": 0.05, "warmup_request_timeout_s": 1.0}
+WARM = {"probe_timeout_s": 2.0, "ttl_s": 60.0, "warmup_budget_s": 0.05, "warmup_request_timeout_s": 1.0}
 
 
 # ------------------------------------------------------------------ item 2: the health probe's headers

@@ -336,8 +336,10 @@ class Chain:
         lab = label(error)
         self.metrics.child(self.metrics.errors, name, lab).inc()
         self.metrics.child(self.metrics.attempt_seconds, name, "error").observe(time.monotonic() - a.t0)
-        if name in self.gates and isinstance(error, (ConnectionFailed, Timeout)):
-            # a "warm" answer is stale once the endpoint stops answering (scaled back to zero): re-probe
+        if name in self.gates and isinstance(error, (ConnectionFailed, Timeout, DeadlineExceeded)):
+            # a "warm" answer is stale once the endpoint stops answering (scaled back to zero): re-probe. Also when
+            # the request's deadline cut the wait (a short deadline: the app's, below first_token_s): "warm" stayed
+            # trusted for the rest of ttl_s and every request spent its wait on the cold endpoint first
             await self.gates[name].invalidate()
         if await self.breakers[name].failure(error, a.trial):
             self.metrics.breaker_open.labels(name).set(1)

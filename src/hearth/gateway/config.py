@@ -35,11 +35,11 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     connect_s = 2.0                           # <= total_s
     first_token_s = 10.0                      # headers (JSON) / first content delta (SSE); also the idle gap while streaming
     total_s = 30.0
-    [providers.warm]                          # only for scale_to_zero
+    [providers.warm]                          # only for scale_to_zero (else, like health_url, an error)
     probe_timeout_s = 0.5                     # per-request probe (the request waits at most this)
     ttl_s = 5.0                               # how long a probe answer is trusted
     warmup_budget_s = 180.0                   # background warm-up keeps knocking for this long
-    warmup_poll_s = 2.0                       # pause between warm-up knocks that were refused
+    warmup_poll_s = 2.0                       # pause between warm-up knocks that were refused (> 0)
     warmup_request_timeout_s = 120.0          # one warm-up knock may wait this long (cold start)
 
 Other top-level tables (e.g. [app]) are ignored. Unknown keys inside [gateway] or a provider are
@@ -124,7 +124,8 @@ class WarmSettings(_Strict):
     probe_timeout_s: float = Field(0.5, gt=0)
     ttl_s: float = Field(5.0, ge=0)
     warmup_budget_s: float = Field(180.0, gt=0)
-    warmup_poll_s: float = Field(2.0, ge=0)
+    # > 0: a health route that fails fast (404, 500, refused) was knocked on in a tight loop for the whole budget
+    warmup_poll_s: float = Field(2.0, gt=0)
     warmup_request_timeout_s: float = Field(120.0, gt=0)
 
 
@@ -156,6 +157,12 @@ class ProviderConfig(_Strict):
             if not re.match(r"^https?://[^/\s]+", v):
                 raise ValueError(f"must be an http(s) URL, got {v!r}")
             _check_url(v, ("http", "https"))
+            path = urlsplit(v).path
+            if "//" in path:
+                # "${HEARTH_VLLM_URL}/v1" with the variable ending in "/": servers route "//health" nowhere (404),
+                # so the endpoint read cold for good and every chat request failed
+                raise ValueError(f"has an empty path segment ('//') in its path {path!r}: does a ${{VAR}} in it end "
+                                 "with '/'?")
         return v.rstrip("/") if v else v
 
     @field_validator("base_url")
@@ -353,6 +360,20 @@ def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.enviro
                 raise ConfigError(f"providers[{i}].health_url", "holds credentials (user:password@) and the health "
                                                                 "probe also sends the provider's Authorization header "
                                                                 "(same origin as base_url); keep one of them")
+        if p.scale_to_zero and p.warm.probe_timeout_s >= config.gateway.deadline_s:
+            # the request waits for the probe: a hanging health route (mid cold start) spent the whole deadline
+            # there and no provider, the hosted fallback included, was tried
+            raise ConfigError(f"providers[{i}].warm.probe_timeout_s",
+                              f"{p.warm.probe_timeout_s} s must be less than gateway.deadline_s "
+                              f"({config.gateway.deadline_s} s): a request waits for the probe before any provider "
+                              "is tried")
+        if not p.scale_to_zero:
+            # only a scale_to_zero provider is warm-gated: without it these were ignored without a word, and a
+            # fine-tune meant to be gated went first on every request, cold or not, and waited out its timeout
+            for key in ("health_url", "warm"):
+                if key in p.model_fields_set and getattr(p, key) is not None:
+                    raise ConfigError(f"providers[{i}].{key}", f"is only used by a scale-to-zero provider: set "
+                                                               f"scale_to_zero = true for {p.name!r}, or remove it")
         if p.api_key is not None:
             raise ConfigError(f"providers[{i}].api_key", "put the key in an environment variable and name it in api_key_env")
         if p.api_key_env is not None:
