@@ -8,8 +8,10 @@ the tensor cores are used is read in the compiled code, not guessed. Per kernel 
     one). When there is SASS, it decides whether tensor cores are used (it is what runs);
   * TMA bulk copies and reduces (PTX cp.async.bulk.tensor / cp.reduce.async.bulk.tensor, SASS
     UTMALDG / UTMASTG / UTMAREDG), fp32 FMAs (FFMA);
-  * registers per thread, spills (stack frame / local memory bytes), shared memory per program (the
-    dynamic shared memory Triton launches with; the 1 KiB the system reserves per block is apart);
+  * registers per thread, spills (stack frame / local memory bytes; the frame also holds local arrays,
+    so when it is not empty `ptxas -v` on the PTX tells whether any register was spilled), shared memory
+    per program (the dynamic shared memory Triton launches with; the 1 KiB the system reserves per block
+    is apart);
   * a one-line verdict. A kernel whose Triton IR holds a `tt.dot` (matmul-like) but whose code has
     no tensor-core instruction gets "No tensor-core instructions were emitted", in red. Gluon kernels
     have no TTIR: their TTGIR is read (ttng.warp_group_dot / ttng.tc_gen5_mma).
@@ -23,15 +25,18 @@ Offline (`--arch sm_90`): a module may also expose `offline_kernels(arch, dtype)
 kernels with triton.compile for GPUTarget("cuda", arch, 32) and Triton's bundled ptxas -- no GPU
 needed, so CI can check that the matmul still emits wgmma (matmul implements it).
 
-The parsing functions (count_ptx, count_sass, parse_res_usage, uses_dot, verdict) are pure and are
-tested on stored compiler output (tests/data/inspect/). `main` returns an exit code: 0 fine,
-1 a matmul-like kernel without tensor-core instructions, 2 bad arguments / no CUDA (without --arch)
-/ TRITON_INTERPRET=1 (the interpreter compiles nothing).
+The parsing functions (count_ptx, count_sass, parse_res_usage, parse_ptxas_spills, uses_dot, verdict) are
+pure and are tested on stored compiler output (tests/data/inspect/). `main` returns an exit code: 0 fine,
+1 a matmul-like kernel without tensor-core instructions, 2 bad arguments (op, --shape, --dtype, an --arch
+the installed Triton's ptxas cannot build for, a --json folder that does not exist) / no CUDA (without
+--arch) / TRITON_INTERPRET=1 (the interpreter compiles nothing), 3 the build itself failed (ptxas, a compiler
+pass: the message names the error). Arguments are checked before anything is compiled.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -103,6 +108,15 @@ def parse_res_usage(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def parse_ptxas_spills(text: str) -> tuple[int, int] | None:
+    """`ptxas -v` output -> (bytes of spill stores, bytes of spill loads), summed over its functions; None when
+    the output has no such line."""
+    found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if not found:
+        return None
+    return sum(int(st) for st, _ in found), sum(int(ld) for _, ld in found)
+
+
 def uses_dot(ir: str) -> bool:
     """True when the kernel's Triton IR (TTIR, or TTGIR: Gluon kernels have no TTIR) holds a dot (it is
     matmul-like: tensor cores expected): tt.dot / tt.dot_scaled, or Gluon's ttng.warp_group_dot (Hopper) /
@@ -119,13 +133,14 @@ class KernelReport:
     ptx: dict[str, int]
     sass: dict[str, int] | None
     registers: int | None
-    spill_bytes: int | None  # stack frame + local memory (ptxas spills land there)
+    spill_bytes: int | None  # stack frame + local memory when ptxas spilled registers there, else 0
     shared_bytes: int | None
     num_warps: int | None
     num_stages: int | None
     level: str = ""
     verdict: str = ""
     notes: list[str] = field(default_factory=list)
+    stack_bytes: int | None = None  # stack frame + local memory, spills or not (local arrays live there too)
 
 
 def _tensor_core_kinds(report: KernelReport) -> dict[str, int]:
@@ -179,15 +194,52 @@ def _tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def _cuobjdump(cubin: bytes, flag: str) -> str | None:
+def _run_cuobjdump(cubin: bytes, flag: str) -> tuple[str | None, str]:
+    """(cuobjdump's output or None, why there is none)."""
     tool = _tool("cuobjdump")
-    if not tool or not cubin:
-        return None
+    if not tool:
+        return None, "no cuobjdump"
+    if not cubin:
+        return None, "no cubin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         res = subprocess.run([tool, flag, f.name], capture_output=True, text=True, timeout=120)
-    return res.stdout if res.returncode == 0 else None
+    if res.returncode == 0:
+        return res.stdout, ""
+    # e.g. a cuobjdump older than the arch: "nvdisasm fatal : Cannot decode architecture 'SM103a'"
+    why = " ".join((res.stderr or res.stdout).split())[:200] or f"exit {res.returncode}"
+    return None, f"cuobjdump could not read the cubin: {why}"
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str | None:
+    return _run_cuobjdump(cubin, flag)[0]
+
+
+def _ptxas_for(cc: int) -> str | None:
+    # the ptxas Triton builds with for this arch (triton/backends/nvidia/compiler.py: get_ptxas)
+    return _tool("ptxas_blackwell" if cc >= 100 else "ptxas")
+
+
+def _ptxas_spills(ptx: str, metadata) -> tuple[int, int] | None:
+    """Re-assemble the kernel's PTX with `ptxas -v`, as Triton did (whose log it throws away), and read the spill
+    stores / loads; None when that cannot be done."""
+    target = ptx_target(ptx)
+    m = re.fullmatch(r"sm_(\d+)a?", target or "")
+    tool = _ptxas_for(int(m.group(1))) if m else None
+    if not tool:
+        return None
+    fmad = [] if getattr(metadata, "enable_fp_fusion", True) else ["--fmad=false"]
+    extra = (getattr(metadata, "ptx_options", None) or "").split()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        try:
+            res = subprocess.run([tool, "-v", *fmad, *extra, f"--gpu-name={target}", str(src), "-o", str(src) + ".o"],
+                                 capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return parse_ptxas_spills(res.stderr + res.stdout) if res.returncode == 0 else None
 
 
 def report_compiled(label: str, kernel) -> KernelReport:
@@ -195,7 +247,7 @@ def report_compiled(label: str, kernel) -> KernelReport:
     asm = kernel.asm
     ptx = asm.get("ptx", "")
     cubin = asm.get("cubin", b"")
-    sass_text = _cuobjdump(cubin, "-sass")
+    sass_text, sass_why = _run_cuobjdump(cubin, "-sass")
     usage = parse_res_usage(_cuobjdump(cubin, "-res-usage") or "")
     name = kernel.metadata.name
     res = usage.get(name) or (next(iter(usage.values())) if usage else {})
@@ -204,19 +256,28 @@ def report_compiled(label: str, kernel) -> KernelReport:
     # driver.c): cuobjdump's bytes are taken when there, else n_spills x 4, so both modes report bytes.
     registers = vars(kernel).get("n_regs") or res.get("REG")
     if res:
-        spills = res.get("STACK", 0) + res.get("LOCAL", 0)
+        stack = res.get("STACK", 0) + res.get("LOCAL", 0)
     else:
         words = vars(kernel).get("n_spills")
-        spills = None if words is None else 4 * words
+        stack = None if words is None else 4 * words
+    spills, spill_note = stack, None
+    if stack:
+        # the frame also holds local arrays (the sm_120 TMA matmul: an 8-byte frame, 0 bytes spill stores)
+        counted = _ptxas_spills(ptx, kernel.metadata)
+        if counted == (0, 0):
+            spills, spill_note = 0, f"{stack} bytes of stack frame / local memory, no register spills (ptxas -v)"
     rep = KernelReport(
         label=label, name=name, target=ptx_target(ptx),
         matmul_like=uses_dot(asm.get("ttir", "") + "\n" + asm.get("ttgir", "")),  # Gluon: TTGIR only
         ptx=count_ptx(ptx), sass=count_sass(sass_text) if sass_text else None, registers=registers,
         spill_bytes=spills, shared_bytes=getattr(kernel.metadata, "shared", None),
         num_warps=getattr(kernel.metadata, "num_warps", None), num_stages=getattr(kernel.metadata, "num_stages", None),
+        stack_bytes=stack,
     )
+    if spill_note:
+        rep.notes.append(spill_note)
     if sass_text is None:
-        rep.notes.append("SASS unavailable (no cuobjdump); PTX counts only")
+        rep.notes.append(f"SASS unavailable ({sass_why}); PTX counts only")
     else:
         in_ptx = sum(rep.ptx[k] for k in ("wgmma", "tcgen05.mma", "mma.sync", "wmma"))
         in_sass = tensor_core_count(rep)
@@ -362,6 +423,51 @@ def _parse_arch(arch: str) -> int:
     return int(m.group(1))
 
 
+def _ptxas_archs(tool: str) -> set[int]:
+    try:
+        text = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {int(v) for v in re.findall(r"'sm_(\d+)[a-z]?'", text)}
+
+
+def _check_arch(cc: int) -> None:
+    """Refuse an arch the installed Triton cannot build for before compiling: sm_91 aborted the process inside LLVM
+    (exit 134, no Python error), sm_999 ended in a PassManager traceback. Triton hands sm_NN(a) to its ptxas, so
+    the archs that ptxas lists are the ones it can build."""
+    below, above = _tool("ptxas"), _tool("ptxas_blackwell")
+    archs = _ptxas_archs(above if cc >= 100 else below) if (above if cc >= 100 else below) else set()
+    if archs and cc not in archs:  # no ptxas, or no list read from it: Triton has the last word
+        known = ({k for k in _ptxas_archs(below) if k < 100} if below else set()) | \
+                ({k for k in _ptxas_archs(above) if k >= 100} if above else set())
+        raise ValueError(f"--arch sm_{cc}: the installed Triton cannot build for it (its ptxas knows "
+                         f"{', '.join(f'sm_{k}' for k in sorted(known))})")
+
+
+def _check_op(op: str) -> None:
+    import hearth.kernels as K
+
+    if op not in K.__all__:
+        raise ValueError(f"unknown op {op!r}; known: {', '.join(K.__all__)}")
+
+
+def _check_json_out(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a folder; give a file path")
+    if not path.parent.is_dir():
+        raise ValueError(f"--json {path}: folder {path.parent} does not exist")
+
+
+def _write_json(path: Path, reports: list[KernelReport]) -> None:
+    # whole or not at all: a script comparing runs never reads half a report
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps([asdict(r) for r in reports], indent=2))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def collect_offline(op: str, arch: int, dtype) -> list[KernelReport]:
     """Compile the op's kernels for `arch` without a GPU (ops exposing offline_kernels)."""
     import importlib
@@ -388,6 +494,11 @@ def main(op: str, shape: str | None = None, dtype: str = "bfloat16", json_out: P
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype must be one of {sorted(set(DTYPE_NAMES.values()))}, got {dtype!r}")
         cc = _parse_arch(arch) if arch is not None else None
+        if cc is not None:
+            _check_arch(cc)
+        if json_out is not None:
+            _check_json_out(json_out)
+        _check_op(op)
     except ValueError as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return 2
@@ -414,11 +525,15 @@ def main(op: str, shape: str | None = None, dtype: str = "bfloat16", json_out: P
     except (ValueError, TypeError) as exc:  # unknown op, or the op refused the shape/dtype/arch
         console.print(f"[bold red]error:[/] {op} at {where} / {dtype}: {exc}")
         return 2
+    except Exception as exc:  # the compile itself failed (ptxas, an MLIR pass): not exit 1, "no tensor cores"
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        console.print(f"[bold red]error:[/] {op} at {where} / {dtype}: the build failed: {type(exc).__name__}: {first}")
+        return 3
     if not reports:
         console.print(f"[yellow]{op}: no Triton kernel was launched at this shape/dtype.[/]")
-        return 0
-    render(reports, console)
-    if json_out is not None:
-        json_out.write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    else:
+        render(reports, console)
+    if json_out is not None:  # an empty list too: the file never holds an earlier run's kernels
+        _write_json(json_out, reports)
         console.print(f"wrote {json_out}")
     return 1 if any(r.level == "error" for r in reports) else 0
