@@ -5,7 +5,8 @@
         async for ev in chain.stream(messages, kind="chat"): ...      # StreamDelta..., StreamDone
 
 Order of one request: scale-to-zero providers that the warm gate calls warm go first, cold ones are
-skipped (the gate starts their warm-up), then the rest in config order. A provider whose breaker is
+skipped (the gate starts their warm-up, unless their endpoint is held cold after failed warm-ups: then
+the skip's message says for how long), then the rest in config order. A provider whose breaker is
 open is skipped without a request; when its cooldown has ended, ONE request at a time (across
 workers, with a shared store) gets to try it, the others skip it while that trial runs. The breakers
 are read when the request starts and again before each attempt that follows one which went upstream
@@ -72,9 +73,19 @@ from hearth.gateway.streamfilter import STREAMED_KINDS, EnvelopeFilter, check_st
 from hearth.gateway.transport.client import AiohttpTransport, Transport
 from hearth.gateway.warm import WarmGate
 
-__all__ = ["Chain", "ChainResult", "StreamDelta", "StreamDone", "UnknownModel", "MODEL_ALIAS"]
+__all__ = ["Chain", "ChainResult", "StreamDelta", "StreamDone", "UnknownModel", "HeldCold", "MODEL_ALIAS"]
 log = logging.getLogger("hearth.gateway.chain")
 MODEL_ALIAS = "hearth"
+
+
+class HeldCold(Cold):
+    """Cold and not probed: the endpoint is held cold after failed warm-ups (hearth.gateway.warm). Its label is
+    still "cold"; the message says the back-off, not a warm-up that is not running."""
+
+    def __init__(self, provider: str, held_s: float) -> None:
+        self.held_s = held_s
+        ProviderError.__init__(self, provider, f"scale-to-zero endpoint held cold for {held_s:.0f} s more after "
+                                               "failed warm-ups; skipped (no probe)")
 
 
 class UnknownModel(GatewayError, ValueError):
@@ -219,12 +230,15 @@ class Chain:
         return out
 
     async def sync_breaker_gauge(self) -> None:
-        """Set hearth_gateway_breaker_open from the (shared) store, for a scrape. The failure and success paths
-        set it too, but only in the worker where they happen: a breaker another worker's trial closed, or a
-        cooldown that simply ran out, left this worker's gauge at 1 for good. StateStoreError when it is down."""
+        """Set hearth_gateway_breaker_open (and each endpoint's hearth_gateway_warm_backoff_seconds) from the
+        (shared) store, for a scrape. The failure and success paths set them too, but only in the worker where they
+        happen: a breaker another worker's trial closed, or a cooldown that simply ran out, left this worker's gauge
+        at 1 for good. StateStoreError when it is down."""
         snaps = await self.store.breakers(self.names)
         for name, snap in zip(self.names, snaps):
             self.metrics.breaker_open.labels(name).set(1 if snap.open_left_s > 0 else 0)
+        for gate in {id(g): g for g in self.gates.values()}.values():  # a shared gate once
+            await gate.sync_backoff_gauge()
 
     def models(self) -> list[str]:
         """Model names a request may use: the alias for the whole chain, then each distinct model id."""
@@ -260,12 +274,15 @@ class Chain:
             return open_ok, skipped
         try:
             async with asyncio.timeout(max(deadline_at - time.monotonic(), 0.0)):
-                warm = await asyncio.gather(*(self.gates[a.provider.name].is_warm(a.provider.name) for a in gated))
+                warm = await asyncio.gather(*(self.gates[a.provider.name].verdict(a.provider.name) for a in gated))
         except TimeoutError:  # the request deadline is shorter than a probe: treat them as cold
-            warm = [False] * len(gated)
+            warm = [(False, 0.0)] * len(gated)
         warm_by_name = {a.provider.name: w for a, w in zip(gated, warm)}
-        first = [a for a in gated if warm_by_name[a.provider.name]]
-        skipped += [Cold(a.provider.name) for a in gated if not warm_by_name[a.provider.name]]
+        first = [a for a in gated if warm_by_name[a.provider.name][0]]
+        for a in gated:
+            is_warm, held_s = warm_by_name[a.provider.name]
+            if not is_warm:
+                skipped.append(HeldCold(a.provider.name, held_s) if held_s > 0 else Cold(a.provider.name))
         rest = [a for a in open_ok if a.provider.name not in self.gates]
         return first + rest, skipped
 

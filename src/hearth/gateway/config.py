@@ -41,6 +41,8 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     warmup_budget_s = 180.0                   # background warm-up keeps knocking for this long
     warmup_poll_s = 2.0                       # pause between warm-up knocks that were refused (> 0)
     warmup_request_timeout_s = 120.0          # one warm-up knock may wait this long (cold start)
+    warmup_backoff_s = 60.0                   # after a failed warm-up: held cold (no probe, no warm-up) this long,
+    warmup_backoff_max_s = 900.0              # doubled per failed warm-up in a row up to this (>= warmup_backoff_s)
 
 Other top-level tables (e.g. [app]) are ignored. Unknown keys inside [gateway] or a provider are
 errors (a typo would otherwise silently keep a default).
@@ -127,6 +129,21 @@ class WarmSettings(_Strict):
     # > 0: a health route that fails fast (404, 500, refused) was knocked on in a tight loop for the whole budget
     warmup_poll_s: float = Field(2.0, gt=0)
     warmup_request_timeout_s: float = Field(120.0, gt=0)
+    # After a failed warm-up the endpoint is held cold (no probe, no warm-up) this long, doubled after each failed
+    # warm-up in a row up to warmup_backoff_max_s: a broken endpoint (bad deploy, quota) was knocked on every
+    # warmup_poll_s for as long as traffic came, each knock maybe starting (and billing) a container
+    warmup_backoff_s: float = Field(60.0, gt=0)
+    warmup_backoff_max_s: float = Field(900.0, gt=0, validate_default=True)  # checked against a warmup_backoff_s
+                                                                              # above the default too
+
+    @field_validator("warmup_backoff_max_s")
+    @classmethod
+    def _backoff_max(cls, v: float, info: ValidationInfo) -> float:
+        # a field validator (not a model one) so the error names warm.warmup_backoff_max_s
+        start = info.data.get("warmup_backoff_s")
+        if start is not None and v < start:
+            raise ValueError(f"must be >= warmup_backoff_s ({start:g} s), got {v:g} s")
+        return v
 
 
 class ProviderConfig(_Strict):

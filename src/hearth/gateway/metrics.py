@@ -7,6 +7,8 @@
     hearth_gateway_fallbacks_total{provider}                        fell through from `provider` to the next
     hearth_gateway_warm_decisions_total{provider, decision}         decision: warm | cold
     hearth_gateway_warmups_total{provider, outcome}                 outcome: ok | failed
+    hearth_gateway_warm_backoff_skips_total{provider}               "cold" decisions made by the back-off (no probe)
+    hearth_gateway_warm_backoff_seconds{provider}                   time left of the endpoint's back-off (0: none)
     hearth_gateway_breaker_open{provider}                           1 while the provider is cooling down
 """
 
@@ -48,6 +50,12 @@ class GatewayMetrics:
                                       registry=r)
         self.warmups = Counter("hearth_gateway_warmups", "Background warm-ups by outcome", ["provider", "outcome"],
                                registry=r)
+        self.warm_backoff_skips = Counter(
+            "hearth_gateway_warm_backoff_skips", "Cold decisions made without a probe: the endpoint is held cold "
+            "after failed warm-ups", ["provider"], registry=r)
+        self.warm_backoff_seconds = Gauge(
+            "hearth_gateway_warm_backoff_seconds", "Seconds left of the back-off after failed warm-ups (0: none)",
+            ["provider"], registry=r)
         self.breaker_open = Gauge("hearth_gateway_breaker_open", "1 while a provider is cooling down", ["provider"],
                                   registry=r)
 

@@ -16,6 +16,9 @@ What is stored, per provider (Redis keys under "<state_prefix>:<provider>:"):
     trial    a token with a TTL (the lease): the one half-open trial request in flight
     warm     "1" / "0" with TTL warm.ttl_s: the last health answer, trusted that long
     warmup   a token with a TTL (the lease): the one background warm-up running, across workers
+    backoff  the back-off window (ms) with that TTL: present while the endpoint is held cold after failed
+             warm-ups (no probe, no warm-up: the warm-up's lease cannot be claimed)
+    warmfails  failed warm-ups in a row: each doubles the next window; a warm answer deletes it and backoff
 
 Time left is the key's TTL, so workers on different hosts need no synchronised clocks. Every lease
 expires (a worker that dies holding a trial or a warm-up does not block the others for longer than
@@ -31,7 +34,8 @@ from dataclasses import dataclass
 
 from hearth.gateway.errors import GatewayError
 
-__all__ = ["StateStore", "MemoryStore", "RedisStore", "BreakerSnapshot", "StateStoreError", "make_store"]
+__all__ = ["StateStore", "MemoryStore", "RedisStore", "BreakerSnapshot", "WarmSnapshot", "StateStoreError",
+           "make_store"]
 
 
 class StateStoreError(GatewayError):
@@ -49,6 +53,20 @@ class BreakerSnapshot:
 
 
 CLOSED = BreakerSnapshot()
+
+
+@dataclass(frozen=True, slots=True)
+class WarmSnapshot:
+    warm: bool | None = None     # the last health answer while it is trusted (warm.ttl_s), else None
+    warming: bool = False        # a warm-up is running, in any worker
+    held_cold_s: float = 0.0     # > 0 while the endpoint is held cold after failed warm-ups (time left)
+    failed_warmups: int = 0      # failed warm-ups in a row (since the last warm answer)
+
+
+def backoff_window(failures: int, start_s: float, max_s: float) -> float:
+    """How long the endpoint is held cold after its `failures`-th failed warm-up in a row: start_s, doubled for
+    each earlier one, at most max_s."""
+    return min(start_s * 2.0 ** min(failures - 1, 64), max_s)
 
 
 def _token() -> str:
@@ -92,21 +110,28 @@ class StateStore(abc.ABC):
 
     # warm state
     @abc.abstractmethod
-    async def warm(self, name: str) -> tuple[bool | None, bool]:
-        """(last health answer still trusted, or None; whether a warm-up is running anywhere)."""
+    async def warm(self, name: str) -> WarmSnapshot:
+        """The endpoint's trusted answer, whether a warm-up runs anywhere, and its back-off."""
 
     @abc.abstractmethod
-    async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None: ...
+    async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
+        """Trust `warm` for ttl_s. A warm answer also ends the back-off: no window, no failed warm-ups."""
 
     @abc.abstractmethod
     async def forget_warm(self, name: str) -> None: ...
 
     @abc.abstractmethod
     async def claim_warmup(self, name: str, lease_s: float) -> str | None:
-        """The right to run the one warm-up of `name`: a token, or None when one runs already."""
+        """The right to run the one warm-up of `name`: a token, or None when one runs already or the endpoint is
+        held cold (a probe that was in flight when the window began starts no warm-up)."""
 
     @abc.abstractmethod
     async def release_warmup(self, name: str, token: str) -> None: ...
+
+    @abc.abstractmethod
+    async def warmup_failed(self, name: str, backoff_s: float, backoff_max_s: float) -> tuple[int, float]:
+        """Count a failed warm-up and hold the endpoint cold for backoff_window(): (failed warm-ups in a row,
+        seconds held). Call it while the warm-up's lease is still held, so no worker claims it in between."""
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -130,6 +155,7 @@ class MemoryStore(StateStore):
         self._b: dict[str, _MemBreaker] = {}
         self._warm: dict[str, tuple[bool, float]] = {}       # name -> (warm, trusted until)
         self._warmup: dict[str, tuple[str, float]] = {}      # name -> (token, lease until)
+        self._backoff: dict[str, tuple[int, float]] = {}     # name -> (failed warm-ups in a row, held cold until)
 
     def _get(self, name: str) -> _MemBreaker:
         b = self._b.get(name)
@@ -183,14 +209,18 @@ class MemoryStore(StateStore):
         if b is not None and b.trial == token:
             b.trial = None
 
-    async def warm(self, name: str) -> tuple[bool | None, bool]:
+    async def warm(self, name: str) -> WarmSnapshot:
         now = time.monotonic()
         w = self._warm.get(name)
         u = self._warmup.get(name)
-        return (w[0] if w is not None and w[1] > now else None), (u is not None and u[1] > now)
+        failures, until = self._backoff.get(name, (0, 0.0))
+        return WarmSnapshot(w[0] if w is not None and w[1] > now else None, u is not None and u[1] > now,
+                            max(until - now, 0.0), failures)
 
     async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
         self._warm[name] = (warm, time.monotonic() + ttl_s)
+        if warm:
+            self._backoff.pop(name, None)
 
     async def forget_warm(self, name: str) -> None:
         self._warm.pop(name, None)
@@ -198,7 +228,7 @@ class MemoryStore(StateStore):
     async def claim_warmup(self, name: str, lease_s: float) -> str | None:
         now = time.monotonic()
         u = self._warmup.get(name)
-        if u is not None and u[1] > now:
+        if (u is not None and u[1] > now) or self._backoff.get(name, (0, 0.0))[1] > now:
             return None
         token = _token()
         self._warmup[name] = (token, now + lease_s)
@@ -208,6 +238,12 @@ class MemoryStore(StateStore):
         u = self._warmup.get(name)
         if u is not None and u[0] == token:
             del self._warmup[name]
+
+    async def warmup_failed(self, name: str, backoff_s: float, backoff_max_s: float) -> tuple[int, float]:
+        failures = self._backoff.get(name, (0, 0.0))[0] + 1
+        window = backoff_window(failures, backoff_s, backoff_max_s)
+        self._backoff[name] = (failures, time.monotonic() + window)
+        return failures, window
 
 
 # ------------------------------------------------------------------------------------------ Redis
@@ -232,6 +268,23 @@ redis.call('HSET', KEYS[1], 'tripped', 1)
 return 1
 """
 
+# KEYS: warmup (the lease), backoff. ARGV: token, lease ms. No lease while the endpoint is held cold.
+_CLAIM_WARMUP = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
+# KEYS: backoff, warmfails. ARGV: first window ms, longest window ms. The window doubles per failure in a row
+# (backoff_window; the exponent is bounded, so it never overflows). Returns {failures, window ms}.
+_WARMUP_FAILED = """
+local failures = redis.call('INCR', KEYS[2])
+local ms = math.min(tonumber(ARGV[1]) * 2 ^ math.min(failures - 1, 64), tonumber(ARGV[2]))
+ms = math.max(1, math.floor(ms))
+redis.call('SET', KEYS[1], ms, 'PX', ms)
+return {failures, ms}
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -245,7 +298,7 @@ class RedisStore(StateStore):
         self.url = url
         self.prefix = prefix
         self._r = None
-        self._failure = self._release = None
+        self._failure = self._release = self._claim_warmup = self._warmup_failed = None
 
     def _k(self, name: str, what: str) -> str:
         return f"{self.prefix}:{name}:{what}"
@@ -262,6 +315,8 @@ class RedisStore(StateStore):
             self._r = aioredis.Redis.from_pool(pool)
             self._failure = self._r.register_script(_FAILURE)
             self._release = self._r.register_script(_RELEASE)
+            self._claim_warmup = self._r.register_script(_CLAIM_WARMUP)
+            self._warmup_failed = self._r.register_script(_WARMUP_FAILED)
         try:
             await self.ping()
         except StateStoreError:
@@ -328,7 +383,7 @@ class RedisStore(StateStore):
         await self._call(self._r.delete(self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")))
 
     async def _claim(self, key: str, lease_s: float) -> str | None:
-        """A lease on `key` for lease_s (trial, warmup): its new token, or None while another holds it."""
+        """A lease on `key` for lease_s (the trial): its new token, or None while another holds it."""
         token = _token()
         ok = await self._call(self._r.set(key, token, nx=True, px=max(1, int(lease_s * 1000))))
         return token if ok else None
@@ -343,31 +398,52 @@ class RedisStore(StateStore):
     async def release_trial(self, name: str, token: str) -> None:
         await self._give_back(self._k(name, "trial"), token)
 
-    async def warm(self, name: str) -> tuple[bool | None, bool]:
+    async def warm(self, name: str) -> WarmSnapshot:
         async def run():
             pipe = self._r.pipeline(transaction=False)
             pipe.get(self._k(name, "warm"))
             pipe.exists(self._k(name, "warmup"))
+            pipe.pttl(self._k(name, "backoff"))
+            pipe.get(self._k(name, "warmfails"))
             return await pipe.execute()
 
-        w, u = await self._call(run())
-        return (None if w is None else w == "1"), bool(u)
+        w, u, held_ms, failures = await self._call(run())
+        return WarmSnapshot(None if w is None else w == "1", bool(u), held_ms / 1000 if held_ms > 0 else 0.0,
+                            int(failures or 0))
 
     async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
         key = self._k(name, "warm")
-        if ttl_s <= 0:
-            await self._call(self._r.delete(key))
-        else:
-            await self._call(self._r.set(key, "1" if warm else "0", px=max(1, int(ttl_s * 1000))))
+
+        async def run():
+            # one transaction: a worker never reads "warm" beside a back-off that the same answer ended
+            pipe = self._r.pipeline(transaction=True)
+            if ttl_s <= 0:
+                pipe.delete(key)
+            else:
+                pipe.set(key, "1" if warm else "0", px=max(1, int(ttl_s * 1000)))
+            if warm:
+                pipe.delete(self._k(name, "backoff"), self._k(name, "warmfails"))
+            return await pipe.execute()
+
+        await self._call(run())
 
     async def forget_warm(self, name: str) -> None:
         await self._call(self._r.delete(self._k(name, "warm")))
 
     async def claim_warmup(self, name: str, lease_s: float) -> str | None:
-        return await self._claim(self._k(name, "warmup"), lease_s)
+        token = _token()
+        keys = [self._k(name, "warmup"), self._k(name, "backoff")]
+        ok = await self._call(self._claim_warmup(keys=keys, args=[token, max(1, int(lease_s * 1000))]))
+        return token if ok else None
 
     async def release_warmup(self, name: str, token: str) -> None:
         await self._give_back(self._k(name, "warmup"), token)
+
+    async def warmup_failed(self, name: str, backoff_s: float, backoff_max_s: float) -> tuple[int, float]:
+        keys = [self._k(name, "backoff"), self._k(name, "warmfails")]
+        failures, ms = await self._call(self._warmup_failed(
+            keys=keys, args=[max(1, int(backoff_s * 1000)), max(1, int(backoff_max_s * 1000))]))
+        return int(failures), int(ms) / 1000
 
 
 async def _nothing() -> None:

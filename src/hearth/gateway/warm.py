@@ -12,6 +12,11 @@ waits minutes for a chat reply. So before each request the chain asks `await gat
       warm.warmup_budget_s has passed. Knocking is what wakes a scale-to-zero platform up, so the
       probe doubles as the warm-up. While it runs, callers get "cold" without another probe; when it
       succeeds the gate is warm and later requests go to the provider first.
+    * a warm-up that fails (no 2xx within warm.warmup_budget_s) holds the endpoint cold for a back-off:
+      warm.warmup_backoff_s, doubled after each failed warm-up in a row, at most warm.warmup_backoff_max_s.
+      Meanwhile callers get "cold" at once, without a probe, and no warm-up starts; a broken endpoint (a bad
+      deploy, a quota) is no longer knocked on every warmup_poll_s for as long as traffic comes. The first
+      warm answer (a probe's or a warm-up's) ends the back-off and its count.
 
 The probe carries the provider's own headers (Authorization from api_key_env, its `headers`) when health_url is
 the same origin (scheme, host, port) as base_url, so a health route behind the endpoint's key reads warm; to any
@@ -19,11 +24,14 @@ other origin it carries none. A probe with headers follows redirects only within
 rule): a 3xx to anywhere else is "not warm".
 
 Background tasks are tracked (aclose() cancels and awaits them) and their failures are logged at
-ERROR and counted in hearth_gateway_warmups_total{outcome="failed"}, never swallowed.
+ERROR (with the back-off it started) and counted in hearth_gateway_warmups_total{outcome="failed"}, never
+swallowed. Decisions the back-off made are counted in hearth_gateway_warm_backoff_skips_total; the time left of
+a back-off is hearth_gateway_warm_backoff_seconds (set from the shared store on every scrape).
 
 The answer and the warm-up live in the chain's StateStore (hearth.gateway.state): with Redis every
 worker trusts the same answer, and only the worker that claims the warm-up's lease knocks (one
-warm-up per endpoint across workers); the others answer "cold" without a probe until it ends.
+warm-up per endpoint across workers); the others answer "cold" without a probe until it ends. The back-off
+lives there too: a window one worker starts holds the endpoint cold for all of them.
 Concurrent callers inside one process still share one probe.
 """
 
@@ -71,16 +79,30 @@ class WarmGate:
         return self._warmup is not None and not self._warmup.done()
 
     async def state(self) -> dict:
-        warm, warming = await self.store.warm(self.name)
-        return {"warm": warm, "warming": warming, "warming_here": self.warming, "last_error": self.last_error}
+        snap = await self.store.warm(self.name)
+        return {"warm": snap.warm, "warming": snap.warming, "warming_here": self.warming, "last_error": self.last_error,
+                "held_cold_s": round(snap.held_cold_s, 3), "failed_warmups": snap.failed_warmups}
 
     async def is_warm(self, provider: str | None = None) -> bool:
         """True when the provider may be tried now. Waits at most probe_timeout_s (shared probe). provider: whose
         decision it is, for the metric (a gate shared by the providers of one endpoint); default the gate's."""
-        decision = await self._decide()
-        self.metrics.child(self.metrics.warm_decisions, provider or self.provider.name,
-                           "warm" if decision else "cold").inc()
-        return decision
+        return (await self.verdict(provider))[0]
+
+    async def verdict(self, provider: str | None = None) -> tuple[bool, float]:
+        """(is_warm(), seconds the endpoint is still held cold after failed warm-ups: > 0 only when that is why it
+        is cold)."""
+        name = provider or self.provider.name
+        decision, held_s = await self._decide()
+        self.metrics.child(self.metrics.warm_decisions, name, "warm" if decision else "cold").inc()
+        if held_s > 0:
+            self.metrics.child(self.metrics.warm_backoff_skips, name).inc()
+        return decision, held_s
+
+    async def sync_backoff_gauge(self) -> None:
+        """Set hearth_gateway_warm_backoff_seconds from the (shared) store: another worker may have started or ended
+        the back-off, and a window simply runs out."""
+        held_s = (await self.store.warm(self.name)).held_cold_s
+        self.metrics.warm_backoff_seconds.labels(self.name).set(round(held_s, 3))
 
     async def invalidate(self) -> None:
         """Forget the trusted answer (the chain calls this when a warm-gated provider stops answering)."""
@@ -99,16 +121,18 @@ class WarmGate:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ internals
-    async def _decide(self) -> bool:
-        warm, warming = await self.store.warm(self.name)
-        if warm is not None:
-            return warm
-        if warming or self.warming:
-            return False
+    async def _decide(self) -> tuple[bool, float]:
+        snap = await self.store.warm(self.name)
+        if snap.warm:  # a warm answer ended any back-off (set_warm)
+            return True, 0.0
+        if snap.held_cold_s > 0:  # failed warm-ups: no probe, no warm-up until the window ends
+            return False, snap.held_cold_s
+        if snap.warm is not None or snap.warming or self.warming:
+            return False, 0.0
         if self._probe is None or self._probe.done():
             self._probe = self._track(self._run_probe(), "probe")
         # shield: one caller giving up (its own deadline) must not cancel the probe the others share
-        return await asyncio.shield(self._probe)
+        return await asyncio.shield(self._probe), 0.0
 
     def _track(self, coro, what: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=f"warm-{what}-{self.provider.name}")
@@ -126,6 +150,8 @@ class WarmGate:
 
     async def _set(self, warm: bool) -> None:
         await self.store.set_warm(self.name, warm, self.settings.ttl_s)
+        if warm:  # the store ended the back-off with it
+            self.metrics.warm_backoff_seconds.labels(self.name).set(0)
 
     async def _knock(self, timeout_s: float) -> bool | None:
         """One GET of the health URL: True (2xx), False (answered otherwise, or refused), None (no answer
@@ -157,7 +183,8 @@ class WarmGate:
         await self._set(warm)
         if not warm and not self.warming:
             s = self.settings
-            # the lease outlives the warm-up's own budget, so a worker that dies holding it blocks no one for long
+            # the lease outlives the warm-up's own budget, so a worker that dies holding it blocks no one for long;
+            # refused while the endpoint is held cold (this probe may have started before the back-off did)
             token = await self.store.claim_warmup(self.name, s.warmup_budget_s + s.warmup_request_timeout_s + 5.0)
             if token is not None:
                 log.info("provider %s is cold (%s); starting warm-up", self.provider.name, self.last_error)
@@ -166,12 +193,29 @@ class WarmGate:
 
     async def _run_warmup(self, token: str) -> None:
         try:
-            await self._warm_up()
+            try:
+                await self._warm_up()
+            except WarmupFailed as exc:
+                # before the lease is given back: no worker may start the next warm-up in between
+                raise WarmupFailed(f"{exc}; {await self._back_off()}") from None
         finally:
             try:
                 await asyncio.shield(self.store.release_warmup(self.name, token))
             except Exception as exc:  # the lease expires by itself; say so rather than hide it
                 log.warning("could not release the warm-up lease of %s: %r", self.provider.name, exc)
+
+    async def _back_off(self) -> str:
+        """Hold the endpoint cold after a failed warm-up; what the failure's log line says about it."""
+        s = self.settings
+        try:
+            failures, held_s = await asyncio.shield(
+                self.store.warmup_failed(self.name, s.warmup_backoff_s, s.warmup_backoff_max_s))
+        except Exception as exc:  # the failure is still reported; without the window the next request re-probes
+            log.warning("could not start the warm-up back-off of %s: %r", self.provider.name, exc)
+            return "no back-off (the state store failed)"
+        self.metrics.warm_backoff_seconds.labels(self.name).set(held_s)
+        return (f"held cold for {held_s:g} s ({failures} failed warm-up{'' if failures == 1 else 's'} in a row; "
+                "no probe or warm-up until then)")
 
     async def _warm_up(self) -> None:
         s = self.settings
