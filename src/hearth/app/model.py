@@ -111,6 +111,8 @@ _PHRASES = [  # (gateway class name, what the user is told); first match wins
     ("InvalidResponse", "The model's answer could not be understood."),
     ("InvalidEnvelope", "The model's answer could not be understood."),
     ("Cooldown", "The model service is resting after recent errors."),
+    # a Cold held after failed warm-ups: nothing is starting, so not "starting up"
+    ("HeldCold", "The model is unavailable for now: it did not start after several tries."),
     ("Cold", "The model is starting up."),
 ]
 _GENERIC = "Something went wrong while asking the model."

@@ -63,7 +63,7 @@ from hearth.envelope import REPLY_KINDS
 from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
-    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError,
+    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, HeldCold,
     ProviderError, StreamInterrupted, Timeout, for_log, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
@@ -73,19 +73,9 @@ from hearth.gateway.streamfilter import STREAMED_KINDS, EnvelopeFilter, check_st
 from hearth.gateway.transport.client import AiohttpTransport, Transport
 from hearth.gateway.warm import WarmGate
 
-__all__ = ["Chain", "ChainResult", "StreamDelta", "StreamDone", "UnknownModel", "HeldCold", "MODEL_ALIAS"]
+__all__ = ["Chain", "ChainResult", "StreamDelta", "StreamDone", "UnknownModel", "MODEL_ALIAS"]
 log = logging.getLogger("hearth.gateway.chain")
 MODEL_ALIAS = "hearth"
-
-
-class HeldCold(Cold):
-    """Cold and not probed: the endpoint is held cold after failed warm-ups (hearth.gateway.warm). Its label is
-    still "cold"; the message says the back-off, not a warm-up that is not running."""
-
-    def __init__(self, provider: str, held_s: float) -> None:
-        self.held_s = held_s
-        ProviderError.__init__(self, provider, f"scale-to-zero endpoint held cold for {held_s:.0f} s more after "
-                                               "failed warm-ups; skipped (no probe)")
 
 
 class UnknownModel(GatewayError, ValueError):

@@ -14,6 +14,7 @@
     │   ├── Cooldown                         not tried: breaker open, Retry-After pending, or its half-open
     │   │                                    trial taken; .remaining_s, .status (429/503 for a Retry-After)
     │   ├── Cold                             not tried: scale-to-zero provider is not warm
+    │   │   └── HeldCold                     ... and held cold after failed warm-ups (no probe); .held_s
     │   └── DeadlineExceeded                 the request's own deadline ran out (before or during it)
     ├── StreamInterrupted                    upstream failed after bytes were sent to the client;
     │                                        .provider, __cause__ is the ProviderError; no fallback
@@ -130,6 +131,16 @@ class Cold(ProviderError):
 
     def __init__(self, provider: str) -> None:
         super().__init__(provider, "scale-to-zero endpoint is not warm; skipped (warm-up running)")
+
+
+class HeldCold(Cold):
+    """Cold and not probed: the endpoint is held cold after failed warm-ups (hearth.gateway.warm). Its label is
+    still "cold"; the message says the back-off, not a warm-up that is not running. held_s: the window left."""
+
+    def __init__(self, provider: str, held_s: float) -> None:
+        self.held_s = held_s
+        ProviderError.__init__(self, provider, f"scale-to-zero endpoint held cold for {held_s:.0f} s more after "
+                                               "failed warm-ups; skipped (no probe)")
 
 
 class DeadlineExceeded(ProviderError):

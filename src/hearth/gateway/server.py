@@ -29,7 +29,11 @@ When every provider failed, the status says whose problem it is:
     every provider that was tried refused the request itself (4xx other than 401/402/403/404/407/408/429,
         e.g. 400 context_length_exceeded)          -> that 4xx, with the provider's error message
     every provider is rate-limited / cooling down  -> 429 (all rate limits) or 503, with Retry-After =
-                                                      the shortest wait left (whole seconds, >= 1)
+    or cold (skipped)                                 the shortest wait known (a breaker's cooldown, a
+                                                      held-cold window, an upstream's Retry-After: whole
+                                                      seconds rounded up, >= 1, <= max_retry_after_s) and
+                                                      "next_available" {provider, available_in_s}; none
+                                                      when no wait is known (a warm-up running)
     only timeouts                                  -> 504
     anything else                                  -> 502
 Every error body is OpenAI-shaped JSON, {"error": {"message", "type", "param", "code", ...}}, also for
@@ -92,8 +96,8 @@ from hearth import envelope as env
 from hearth.gateway.chain import Chain, StreamDelta, StreamDone, UnknownModel
 from hearth.gateway.config import ConfigError, GatewayConfig, load_config
 from hearth.gateway.errors import (
-    AllProvidersFailed, ClientStalled, Cold, Cooldown, DeadlineExceeded, ProviderError, StreamInterrupted, Timeout,
-    UpstreamStatus, label,
+    AllProvidersFailed, ClientStalled, Cold, Cooldown, DeadlineExceeded, HeldCold, ProviderError, StreamInterrupted,
+    Timeout, UpstreamStatus, label,
 )
 from hearth.gateway.metrics import UNKNOWN_KIND
 from hearth.gateway.state import StateStoreError, make_store
@@ -177,6 +181,8 @@ def _describe(e: BaseException) -> dict:
         d["retry_after"] = e.retry_after
     if isinstance(e, Cooldown):
         d["cooldown_left_s"] = round(e.remaining_s, 3)
+    if isinstance(e, HeldCold):
+        d["held_cold_s"] = round(e.held_s, 3)
     if isinstance(e, Timeout):
         d["timeout"] = e.kind
     return d
@@ -202,11 +208,28 @@ def _rate_limited(e: ProviderError) -> bool:
     return (isinstance(e, UpstreamStatus) and e.status == 429) or (isinstance(e, Cooldown) and e.status == 429)
 
 
+def _available_in_s(e: ProviderError, max_retry_after_s: float) -> float | None:
+    """Seconds until the provider may be tried again, when `e` says: its breaker's cooldown left, its endpoint's
+    held-cold window left, its Retry-After (capped as the breaker caps the cooldown it opens for it). None when
+    not known: a warm-up running, a half-open trial in flight, a failure that opened nothing."""
+    if isinstance(e, Cooldown):
+        return e.remaining_s if e.remaining_s > 0 else None
+    if isinstance(e, HeldCold):
+        return e.held_s
+    if isinstance(e, UpstreamStatus) and e.retry_after is not None:
+        return min(e.retry_after, max_retry_after_s)
+    return None
+
+
 def _failure(exc: AllProvidersFailed, request_id: str, max_retry_after_s: float) -> web.Response:
-    """The response for a request every provider failed (see the module docstring for the statuses). An upstream
-    Retry-After is passed on capped at max_retry_after_s, as the breaker caps the cooldown it opens for it."""
+    """The response for a request every provider failed (see the module docstring for the statuses). When none
+    could be tried, Retry-After is the soonest wait known, capped at max_retry_after_s like every Retry-After the
+    gateway passes on; the body names that provider (next_available) and each failure's own wait."""
     errors = exc.exceptions
     failures = [_describe(e) for e in errors]
+    waits = [_available_in_s(e, max_retry_after_s) for e in errors]
+    for d, wait in zip(failures, waits):
+        d["available_in_s"] = None if wait is None else round(wait, 3)
     tried = [e for e in errors if not isinstance(e, (Cooldown, Cold))]
     refused = [e for e in tried if isinstance(e, UpstreamStatus) and e.client_error]
     if tried and len(refused) == len(tried):
@@ -216,17 +239,22 @@ def _failure(exc: AllProvidersFailed, request_id: str, max_retry_after_s: float)
         return _error(first.status, str(message), request_id, param=up.get("param"), code=up.get("code"),
                       type=up.get("type") or "invalid_request_error", failures=failures)
     if all(_unavailable(e) for e in errors):
-        waits = [e.remaining_s for e in errors if isinstance(e, Cooldown) and e.remaining_s > 0]
-        waits += [min(e.retry_after, max_retry_after_s) for e in errors
-                  if isinstance(e, UpstreamStatus) and e.retry_after is not None]
         limits = [e for e in errors if not isinstance(e, Cold)]
         rate = bool(limits) and all(_rate_limited(e) for e in limits)
-        headers = {"Retry-After": str(max(1, math.ceil(min(waits))))} if waits else None
+        message = "every provider is rate-limited" if rate else "every provider is cooling down or cold"
+        headers, extra = None, {}
+        known = [(wait, e.provider) for e, wait in zip(errors, waits) if wait is not None]
+        if known:  # the first in chain order on a tie
+            wait, name = min(known, key=lambda k: k[0])
+            wait = round(min(wait, max_retry_after_s), 3)
+            seconds = max(1, math.ceil(wait))
+            headers = {"Retry-After": str(seconds)}
+            extra["next_available"] = {"provider": name, "available_in_s": wait}
+            message += f"; {name!r} may be tried again in {seconds} s"
         if rate:
-            return _error(429, "every provider is rate-limited", request_id, code="rate_limited",
-                          headers=headers, failures=failures)
-        return _error(503, "every provider is cooling down or warming up", request_id, code="providers_unavailable",
-                      type="service_unavailable", headers=headers, failures=failures)
+            return _error(429, message, request_id, code="rate_limited", headers=headers, failures=failures, **extra)
+        return _error(503, message, request_id, code="providers_unavailable", type="service_unavailable",
+                      headers=headers, failures=failures, **extra)
     if tried and all(isinstance(e, (Timeout, DeadlineExceeded)) for e in tried):
         return _error(504, exc.message, request_id, code="upstream_timeout", failures=failures)
     return _error(502, exc.message, request_id, code="upstream_failed", failures=failures)
