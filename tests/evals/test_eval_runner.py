@@ -132,8 +132,12 @@ def test_cli_all_suites_with_schema_key_and_extra_body(tmp_path, monkeypatch):
             case = case_of(body, cases.values())
             assert body["response_format"] == response_format(case.kind)
             assert body["chat_template_kwargs"] == {"enable_thinking": False}
-            assert body["model"] == "hearth-test" and body["stream"] is True  # streamed by default (first token)
-            assert body["stream_options"] == {"include_usage": True} and "temperature" not in body and "seed" not in body
+            # chat streamed by default (first token), as the app streams it; a feed comment or a reading in one piece,
+            # as the app asks for them
+            streamed = case.kind == "chat"
+            assert body["model"] == "hearth-test" and body["stream"] is streamed
+            assert body.get("stream_options") == ({"include_usage": True} if streamed else None)
+            assert "temperature" not in body and "seed" not in body
             assert headers["Authorization"] == "Bearer sk-test-123"
     doc = json.loads(report.read_text())
     assert doc["overall"] == {**doc["overall"], "passed": 45, "total": 45, "fraction": 1.0}
@@ -229,15 +233,16 @@ def test_suites_are_fifteen_production_size_cases_each():
 
 
 def test_samples_temperature_seed_ttft_usage_and_interval(tmp_path):
-    """3 samples of each feed case at temperature 0.7 with seed 11: seeds 11, 12, 13 sent and recorded; the
-    reply to seed 12 is prose (fails), so each case passes 2 of 3; streamed replies report their first token
-    time, non-streamed ones the server's usage; the overall rate has a Wilson and a by-case interval."""
-    cases = load_suite("feed")[:4]
+    """3 samples of each chat case (streamed, as the app streams chat) at temperature 0.7 with seed 11: seeds 11,
+    12, 13 sent and recorded; the reply to seed 12 is prose (fails), so each case passes 2 of 3; streamed replies
+    report their first token time, non-streamed ones (feed, asked for in one piece) the server's usage; the overall
+    rate has a Wilson and a by-case interval."""
+    cases = load_suite("companion")[:4]
 
     def handler(body):
         if body["seed"] == 12:
             return Behavior.reply("Nice bread!")
-        return Behavior.stream(_chunks(valid_reply("feed_comment")), first_token_delay_s=0.15)
+        return Behavior.stream(_chunks(valid_reply("chat")), first_token_delay_s=0.15)
 
     with FakeOpenAI(handler) as server:
         scores = asyncio.run(run_cases(cases, base_url=server.base_url, model="m", samples=3, temperature=0.7,

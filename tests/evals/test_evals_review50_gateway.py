@@ -98,7 +98,10 @@ def test_a_server_that_is_not_the_gateway_gets_the_kind_as_a_header_only():
     scores, bodies, headers = asyncio.run(go())
     assert all(s.passed and s.provider is None and s.attempts is None for s in scores)
     assert sorted(h["X-Hearth-Kind"] for h in headers) == sorted(c.kind for c in CASES)
-    assert all(set(b) == {"model", "messages", "stream", "stream_options", "max_tokens"} for b in bodies)
+    # stream_options only where the request streams (chat; the others are asked for in one piece)
+    assert all(set(b) == {"model", "messages", "stream", "max_tokens"} | ({"stream_options"} if b["stream"] else set())
+               for b in bodies)
+    assert any(b["stream"] for b in bodies) and not all(b["stream"] for b in bodies)
     overall = summarize(scores)["overall"]
     assert "providers" not in overall and "fallbacks" not in overall
 

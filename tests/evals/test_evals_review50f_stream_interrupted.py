@@ -22,7 +22,10 @@ TIMEOUTS = {"connect_s": 1.0, "first_token_s": 5.0, "total_s": 5.0}
 
 
 def test_a_stream_the_gateway_could_not_finish_names_the_provider_that_broke():
-    broken = CASES[3]  # provider a streams half of it, then the body ends (no finish_reason, no [DONE])
+    # a chat case (the kind the app streams, so the eval streams it): provider a streams half of it, then the body
+    # ends (no finish_reason, no [DONE])
+    broken = CASES[1]
+    assert broken.kind == "chat"
 
     def answer_a(body):
         case = case_of(body)

@@ -3,7 +3,8 @@
     hearth eval companion --base-url http://127.0.0.1:8000/v1 --model hearth-14b --json-schema --report r.json
 
 Each case is one production-size prompt (hearth.prompts) sent ``samples`` times as a chat completion
-(streamed by default, so the time to the first token is measured; usage asked for with
+(a chat case streamed by default, as the app streams it, so the time to the first token is measured; a feed
+comment or an analyst's reading in one piece, as the app asks for them; usage asked for with
 stream_options.include_usage), with the temperature and a per-sample seed when given, at most
 ``concurrency`` calls in flight and a wall-clock timeout per call; --extra-body adds keys to every request but
 none that the eval sets (extra_body_error), and each reply records the parameters it was sent with. Each request
@@ -33,10 +34,11 @@ from typing import Any
 
 import httpx
 
-from hearth.envelope import response_format
+from hearth.envelope import REPLY_KINDS, response_format
 from hearth.evals.client import ChatResult, chat_completion
 from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
+from hearth.gateway.streamfilter import STREAMED_KINDS
 
 
 # request keys --extra-body may not set: the messages are what the eval measures, model / stream are options of
@@ -132,7 +134,9 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
                     stream: bool = False) -> list[CaseScore]:
     """Send every case ``samples`` times (at most ``concurrency`` calls at once) and score the replies, in
     case order then sample order. Sample i of every case is sent with seed + i (when a seed is given), so
-    the samples differ under temperature > 0 and a run is repeatable on servers that honour the seed.
+    the samples differ under temperature > 0 and a run is repeatable on servers that honour the seed. ``stream``
+    streams the kinds the app streams (STREAMED_KINDS: chat); the others are asked for in one piece, as the app
+    asks for them.
 
     ``transport`` replaces the network (tests use a real loopback server instead, but the seam exists).
     ``on_done(score)`` is called as each case finishes (progress display).
@@ -149,14 +153,20 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
         raise ValueError(f"temperature must be in [0, 2], got {temperature}")
     if extra_body and (error := extra_body_error(extra_body, max_tokens=max_tokens, json_schema=json_schema)):
         raise ValueError(error)
+    for i, case in enumerate(cases):  # now, not from the scorer once the calls were made
+        if case.kind not in REPLY_KINDS:
+            raise ValueError(f"cases[{i}].kind must be one of {REPLY_KINDS}, got {case.kind!r} (case {case.id!r})")
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(limits=limits, transport=transport, trust_env=False) as client:
         async def one(case: Case, sample: int) -> CaseScore:
             sample_seed = None if seed is None else seed + sample
+            # streamed only where the app streams (chat): the app asks for a feed comment or a reading in one piece,
+            # and hearth's gateway holds a stream to the streamed rule (and no fallback after the first delta)
             body = request_body(case, model=model, json_schema=json_schema, max_tokens=max_tokens,
-                                extra_body=extra_body, temperature=temperature, seed=sample_seed, stream=stream)
+                                extra_body=extra_body, temperature=temperature, seed=sample_seed,
+                                stream=stream and case.kind in STREAMED_KINDS)
             async with gate:
                 start = time.perf_counter()
                 try:
@@ -169,6 +179,7 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
                                         time.perf_counter() - start)
             scored = score(case, result)
             scored.sample, scored.seed = sample, body.get("seed")
+            scored.prompt_chars = sum(len(m["content"]) for m in body["messages"])
             scored.request = sent_parameters(body, json_schema=json_schema)
             if on_done is not None:
                 on_done(scored)
@@ -219,8 +230,8 @@ def case_interval(scores: list[CaseScore]) -> list[float]:
 
 
 def summarize(scores: list[CaseScore]) -> dict:
-    """Per-suite and overall pass counts, intervals (``ci95_by_case`` too when a case was sent more than once)
-    and latency (seconds)."""
+    """Per-suite and overall pass counts, intervals (``ci95_by_case`` too when a case was sent more than once),
+    latency (seconds) and prompt sizes (characters sent; the server's token counts, smallest and largest)."""
     def dist(values: list[float]) -> dict:
         values = sorted(values)
         rank95 = math.ceil(0.95 * len(values))  # nearest rank: with 20 values the 19th, not the slowest
@@ -261,6 +272,8 @@ def summarize(scores: list[CaseScore]) -> dict:
         usage = [s.usage for s in items if s.usage]
         counts = {k: [c for u in usage if (c := count(u, k)) is not None] for k in ("prompt_tokens", "completion_tokens")}
         tokens = {k: sum(v) for k, v in counts.items()}
+        prompts = counts["prompt_tokens"]  # the server's count of each prompt, by its model's tokenizer
+        chars = [s.prompt_chars for s in items]
         return {**gateway(items),
             "passed": passed, "total": len(items), "fraction": passed / len(items) if items else 0.0,
             "ci95": wilson(passed, len(items)),
@@ -271,7 +284,10 @@ def summarize(scores: list[CaseScore]) -> dict:
             "checks": {c: sum(s.checks.get(c) is True for s in items) for c in CHECKS},
             "latency_s": dist([s.latency_s for s in items]),
             "ttft_s": dist([s.ttft_s for s in items if s.ttft_s is not None]),
+            "prompt_chars": {"min": min(chars), "max": max(chars)} if chars else {},
             "usage": {**tokens, "replies_with_usage": len(usage),
+                      "prompt_tokens_min": min(prompts) if prompts else None,
+                      "prompt_tokens_max": max(prompts) if prompts else None,
                       "completion_tokens_mean": (round(tokens["completion_tokens"] / len(counts["completion_tokens"]), 1)
                                                  if counts["completion_tokens"] else None)},
         }
@@ -373,6 +389,18 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         return bad("--model must not be empty")
     if not 0.0 <= threshold <= 1.0:
         return bad(f"--threshold must be in [0, 1], got {threshold}")
+    # the options' own names (run_cases checks the same, naming its parameters); 0 tokens: none sent, as the CLI's
+    max_tokens = max_tokens or None
+    if samples < 1:
+        return bad(f"--samples must be >= 1, got {samples}")
+    if concurrency < 1:
+        return bad(f"--concurrency must be >= 1, got {concurrency}")
+    if not 0 < timeout_s < math.inf:
+        return bad(f"--timeout must be a finite number of seconds > 0, got {timeout_s:g}")
+    if max_tokens is not None and max_tokens < 1:
+        return bad(f"--max-tokens must be >= 1 (0: no max_tokens sent), got {max_tokens}")
+    if temperature is not None and not 0 <= temperature <= 2:
+        return bad(f"--temperature must be in [0, 2], got {temperature:g}")
     if not base_url.startswith(("http://", "https://")):
         return bad(f"--base-url must be an http(s) URL, got {base_url!r}")
     try:  # here, not at the first request: a URL httpx cannot use fails every call (or crashes the run)

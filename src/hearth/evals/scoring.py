@@ -51,6 +51,7 @@ class CaseScore:
     provider: str | None = None  # hearth's gateway: the provider that answered
     attempts: list | None = None  # hearth's gateway: [provider, outcome] per provider tried or skipped
     thinking: bool = False  # the reply carried a non-empty think block (think_block)
+    prompt_chars: int = 0  # characters of every message its request carried (system prompt, history, user turn)
 
     def to_json(self) -> dict:
         out = asdict(self)
