@@ -15,7 +15,7 @@ non-empty think block (thinking left on) are counted, and the console ends with 
 The pass rate (overall and per suite) comes with a 95% interval: Wilson over replies, and with several samples
 per case one that resamples cases (case_interval). Scores per case are in hearth.evals.scoring; this module
 prints "k/n" per suite and the failures, writes the JSON report, and returns exit code 1 when the pass fraction
-is below the threshold (2 on bad arguments; 130 on Ctrl-C, after printing and writing what was measured).
+is below the threshold (2 on bad arguments; 130 on Ctrl-C, 143 on SIGTERM, after printing and writing what was measured).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -366,12 +368,33 @@ def _print(console, summary: dict, scores: list[CaseScore], threshold: float, in
                       + escape("""--extra-body '{"chat_template_kwargs": {"enable_thinking": false}}'""") + ".")
 
 
+class _SigtermStop:
+    """SIGTERM (a CI job's time limit, `timeout`, a container stop) handled as Ctrl-C is: the run stops, and what it
+    measured is printed and written to the report. The default handler killed the process with nothing written."""
+
+    def __init__(self) -> None:
+        self.terminated = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.terminated = True
+        raise KeyboardInterrupt  # asyncio.run cancels the calls in flight, as it does for Ctrl-C
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
+
+
 def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = None, extra_body: str | None = None,
          json_schema: bool = False, threshold: float = 1.0, report: Path | None = None, max_tokens: int | None = 1024,
          timeout_s: float = 120.0, concurrency: int = 4, samples: int = 1, temperature: float | None = None,
          seed: int | None = None, stream: bool = True) -> int:
     """CLI entry: 0 when the overall pass fraction >= threshold, 1 below it, 2 on bad arguments, 130 when stopped
-    with Ctrl-C (the replies scored by then are printed and written to the report, marked interrupted)."""
+    with Ctrl-C, 143 with SIGTERM (the replies scored by then are printed and written to the report, marked
+    interrupted)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import Progress
@@ -450,6 +473,7 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             finished.append(scored)
             progress.advance(task)
 
+        stopped_by = _SigtermStop()
         try:
             scores = asyncio.run(run_cases(
                 cases, base_url=base_url, model=model, api_key=api_key, extra_body=extra, json_schema=json_schema,
@@ -457,10 +481,12 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
                 temperature=temperature, seed=seed, stream=stream, on_done=on_done))
         except ValueError as exc:
             return bad(str(exc))
-        except KeyboardInterrupt:  # Ctrl-C: asyncio.run cancelled the calls in flight; keep what was scored
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: asyncio.run cancelled the calls in flight; keep what was scored
             interrupted = True
             order = {(c.suite, c.id): i for i, c in enumerate(cases)}
             scores = sorted(finished, key=lambda s: (order[(s.suite, s.id)], s.sample))
+        finally:
+            stopped_by.restore()
 
     summary = summarize(scores)
     _print(console, summary, scores, threshold, interrupted)
@@ -489,5 +515,5 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             raise
         console.print(f"report: {escape(str(report))}")
     if interrupted:
-        return 130  # the shell's code for a run stopped by SIGINT
+        return 143 if stopped_by.terminated else 130  # the shell's codes for SIGTERM / SIGINT
     return 0 if ok else 1
