@@ -292,9 +292,16 @@ def test_eval_docs_option_defaults_are_the_cli_defaults():
     eval_cmd = CLI.get_command(CLI.context_class(CLI), "eval")
     by_flag = {o: p for p in eval_cmd.params for o in p.opts}
     found = re.findall(r"`(--[a-z-]+)(?: [A-Z]+)?`[^`]*?default (\d+(?:\.\d+)?)", text)
-    assert {f for f, _ in found} >= {"--samples", "--threshold", "--max-tokens", "--timeout", "--concurrency"}, found
+    assert {f for f, _ in found} >= {"--samples", "--threshold", "--max-tokens", "--concurrency"}, found
     for flag, value in found:
         assert float(by_flag[flag].default) == float(value), (flag, value, by_flag[flag].default)
+    # --timeout has no one default: each kind waits as long as the app does (hearth.envelope.REPLY_DEADLINE_S)
+    from hearth.envelope import REPLY_DEADLINE_S
+
+    assert by_flag["--timeout"].default is None
+    m = re.search(r"reply_deadline_s` (\d+) for chat, `analyst_timeout_s` (\d+), `comment_timeout_s` (\d+)", text)
+    assert m and tuple(map(float, m.groups())) == (REPLY_DEADLINE_S["chat"], REPLY_DEADLINE_S["analyst"],
+                                                   REPLY_DEADLINE_S["feed_comment"]), m
 
 
 def test_training_run_file_has_only_finetune_keys():

@@ -82,7 +82,9 @@ def eval_(
     threshold: Annotated[float, typer.Option("--threshold", help="minimum pass fraction; exit 1 below it")] = 1.0,
     report: Annotated[Optional[Path], typer.Option("--report", help="JSON report path")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="max_tokens per reply (0: do not send)")] = 1024,
-    timeout: Annotated[float, typer.Option("--timeout", help="wall-clock seconds per call")] = 120.0,
+    timeout: Annotated[Optional[float], typer.Option(
+        "--timeout", help="wall-clock seconds per call (default: as long as the app waits for the kind: chat 60, "
+                          "analyst 45, feed comment 30)")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", help="calls in flight at once")] = 4,
     samples: Annotated[int, typer.Option("--samples", help="replies per case (the rate gets a tighter interval)")] = 1,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="sent with every request (default: the server's)")] = None,

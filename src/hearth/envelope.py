@@ -32,13 +32,16 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 __all__ = [
-    "ReplyKind", "REPLY_KINDS", "ChatReply", "FeedComment", "AnalystReading", "MODELS", "EnvelopeError",
+    "ReplyKind", "REPLY_KINDS", "REPLY_DEADLINE_S", "ChatReply", "FeedComment", "AnalystReading", "MODELS", "EnvelopeError",
     "parse_envelope", "repair", "json_schema", "response_format", "dumps", "kind_of", "MAX_REPLY_CHARS",
     "schema_text", "export_schemas", "dumps_parsed",
 ]
 
 ReplyKind = Literal["chat", "feed_comment", "analyst"]
 REPLY_KINDS: tuple[str, ...] = get_args(ReplyKind)
+# how long the app waits for a reply of each kind by default ([app] reply_deadline_s, comment_timeout_s,
+# analyst_timeout_s): a reply later than that is lost in production, so the eval's calls default to the same
+REPLY_DEADLINE_S: dict[str, float] = {"chat": 60.0, "feed_comment": 30.0, "analyst": 45.0}
 
 AnalystId = Literal["optimist", "cynic", "mentor", "status_observer", "gossiper"]
 Risk = Literal["low", "medium", "high"]

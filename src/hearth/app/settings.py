@@ -32,6 +32,7 @@ from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
 from hearth.app.throttle import Budget, Policy, parse_networks
+from hearth.envelope import REPLY_DEADLINE_S
 
 log = logging.getLogger("hearth.app")
 
@@ -98,9 +99,10 @@ class AppSettings(BaseModel):
     new_dev_key_file: Path | None = None  # development key generated in memory, written at start-up
     chat_context_turns: int = Field(20, ge=1, le=200)
     prompt_memories: int = Field(30, ge=0, le=500)
-    reply_deadline_s: float = Field(60.0, gt=0)
-    analyst_timeout_s: float = Field(45.0, gt=0)
-    comment_timeout_s: float = Field(30.0, gt=0)
+    # defaults shared with the eval (hearth.envelope.REPLY_DEADLINE_S), which waits as long for each kind
+    reply_deadline_s: float = Field(REPLY_DEADLINE_S["chat"], gt=0)
+    analyst_timeout_s: float = Field(REPLY_DEADLINE_S["analyst"], gt=0)
+    comment_timeout_s: float = Field(REPLY_DEADLINE_S["feed_comment"], gt=0)
     max_commenters: int = Field(3, ge=0, le=20)
 
     @field_validator("database_url")

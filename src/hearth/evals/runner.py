@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from hearth.envelope import REPLY_KINDS, response_format
+from hearth.envelope import REPLY_DEADLINE_S, REPLY_KINDS, response_format
 from hearth.evals.client import ChatResult, chat_completion
 from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
@@ -130,7 +130,7 @@ def sent_parameters(body: dict, *, json_schema: bool) -> dict:
 
 async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: str | None = None,
                     extra_body: dict | None = None, json_schema: bool = False, max_tokens: int | None = 1024,
-                    timeout_s: float = 120.0, concurrency: int = 4, on_done=None,
+                    timeout_s: float | None = None, concurrency: int = 4, on_done=None,
                     transport: httpx.AsyncBaseTransport | None = None, samples: int = 1,
                     temperature: float | None = None, seed: int | None = None,
                     stream: bool = False) -> list[CaseScore]:
@@ -145,7 +145,7 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if not 0 < timeout_s < math.inf:  # NaN fails too: an infinite timeout is none, and every call must have one
+    if timeout_s is not None and not 0 < timeout_s < math.inf:  # NaN fails too: every call must have a timeout
         raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 (or None: not sent), got {max_tokens}")
@@ -159,6 +159,10 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
         if case.kind not in REPLY_KINDS:
             raise ValueError(f"cases[{i}].kind must be one of {REPLY_KINDS}, got {case.kind!r} (case {case.id!r})")
     gate = asyncio.Semaphore(concurrency)
+
+    def call_timeout(case: Case) -> float:
+        # by default as long as the app waits for a reply of this kind: a later one is lost in production
+        return timeout_s if timeout_s is not None else REPLY_DEADLINE_S[case.kind]
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(limits=limits, transport=transport, trust_env=False) as client:
@@ -174,7 +178,7 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
                 try:
                     # the kind as a header: hearth's gateway checks the reply as that kind (its default, chat,
                     # otherwise); any other server ignores it, where a body key could be refused (OpenAI)
-                    result = await chat_completion(client, base_url, body, timeout_s=timeout_s, api_key=api_key,
+                    result = await chat_completion(client, base_url, body, timeout_s=call_timeout(case), api_key=api_key,
                                                    headers={"X-Hearth-Kind": case.kind})
                 except Exception as exc:  # noqa: BLE001 - one call's surprise is its failure, not the end of the run
                     result = ChatResult("", None, None, f"{type(exc).__name__}: {str(exc)[:200]}",
@@ -390,7 +394,7 @@ class _SigtermStop:
 
 def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = None, extra_body: str | None = None,
          json_schema: bool = False, threshold: float = 1.0, report: Path | None = None, max_tokens: int | None = 1024,
-         timeout_s: float = 120.0, concurrency: int = 4, samples: int = 1, temperature: float | None = None,
+         timeout_s: float | None = None, concurrency: int = 4, samples: int = 1, temperature: float | None = None,
          seed: int | None = None, stream: bool = True) -> int:
     """CLI entry: 0 when the overall pass fraction >= threshold, 1 below it, 2 on bad arguments, 130 when stopped
     with Ctrl-C, 143 with SIGTERM (the replies scored by then are printed and written to the report, marked
@@ -418,7 +422,7 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         return bad(f"--samples must be >= 1, got {samples}")
     if concurrency < 1:
         return bad(f"--concurrency must be >= 1, got {concurrency}")
-    if not 0 < timeout_s < math.inf:
+    if timeout_s is not None and not 0 < timeout_s < math.inf:
         return bad(f"--timeout must be a finite number of seconds > 0, got {timeout_s:g}")
     if max_tokens is not None and max_tokens < 1:
         return bad(f"--max-tokens must be >= 1 (0: no max_tokens sent), got {max_tokens}")
@@ -499,6 +503,8 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "base_url": _redacted(base_url), "model": model,
             "suite": suite, "json_schema": json_schema, "extra_body": extra, "max_tokens": max_tokens,
             "threshold": threshold, "samples": samples, "temperature": temperature, "seed": seed, "stream": stream,
+            "timeout_s": timeout_s, "timeouts_s": {kind: timeout_s if timeout_s is not None else REPLY_DEADLINE_S[kind]
+                                                   for kind in dict.fromkeys(c.kind for c in cases)},
             "ok": ok, "interrupted": interrupted, "planned": planned, "python": platform.python_version(), **summary,
             "cases": [s.to_json() for s in scores],
         }
