@@ -111,7 +111,8 @@ def same_submission(saved_text: str, text: str) -> None:
 
 async def once_per_submission(db: AsyncSession, submission_id: str | None, text: str,
                               find: Callable[[str], Awaitable[tuple[str, Any] | None]],
-                              write: Callable[[], Awaitable[Any]] | None = None) -> Any:
+                              write: Callable[[], Awaitable[Any]] | None = None,
+                              gone: Callable[[], Awaitable[None]] | None = None) -> Any:
     """A turn (a situation) sent with a submission id is saved once. ``find(submission_id)``, run inside a
     transaction of its own, reads what was saved with the id: (the text sent, what to answer, marked replayed),
     or None.
@@ -121,13 +122,22 @@ async def once_per_submission(db: AsyncSession, submission_id: str | None, text:
     transaction (the unique index refused the rows: another submission with this id committed first; the failed
     transaction rolled back whole, and on PostgreSQL nothing more could run in it). The IntegrityError propagates
     when nothing is saved with the id (no id, or another constraint): it is not a resend's to answer. Either way
-    InputError (same_submission) when the id was saved with another text."""
+    InputError (same_submission) when the id was saved with another text, or with one that does not open (``find``
+    gives the text as None; the rest of its answer may hold None for what does not open, shown as unreadable).
+
+    ``gone()``, run in a transaction of its own when the read-back finds nothing saved with the id, raises the
+    caller's error when what the turn is saved into went meanwhile (a chat cleared, a companion deleted between the
+    rollback and the read-back take the first submission's rows with them): the resend answers that, not the
+    IntegrityError, which still propagates when ``gone()`` returns."""
     if write is not None:
         try:
             async with db.begin():
                 return await write()
         except IntegrityError:
             if (saved := await once_per_submission(db, submission_id, text, find)) is None:
+                if gone is not None and submission_id is not None:
+                    async with db.begin():
+                        await gone()
                 raise
             return saved
     if submission_id is None:
@@ -137,6 +147,10 @@ async def once_per_submission(db: AsyncSession, submission_id: str | None, text:
     if found is None:
         return None
     saved_text, saved = found
+    if saved_text is None:  # a damaged row: it cannot be told from an id reused for another text, so nothing is kept
+        raise InputError("submission_id", "was used for a text saved before that can no longer be read (its stored "
+                                          "text does not open), so this one cannot be compared with it and was not "
+                                          "saved; reload the page and send it again")
     same_submission(saved_text, text)
     return saved
 

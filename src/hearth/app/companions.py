@@ -290,15 +290,16 @@ def _new_memories(existing: list[str], proposed: list[str]) -> list[str]:
 async def _turn_with_id(db: AsyncSession, cipher: UserCipher, companion_id: str,
                         submission_id: str) -> tuple[str, TurnResult] | None:
     """Inside an open transaction: the user's text and the turn (``replayed``) saved in this chat with
-    ``submission_id``, or None."""
+    ``submission_id``, or None. What does not open (a row damaged since) is None."""
     rows = {r.role: r for r in (await db.execute(
         select(Message).where(Message.companion_id == companion_id, Message.user_id == cipher.user_id,
                               Message.submission_id == submission_id))).scalars()}
     if not rows:
         return None
     comp = await _row(db, cipher.user_id, companion_id)
-    mine, reply = _message_view(cipher, rows["user"]), _message_view(cipher, rows["companion"])
-    provider = unseal_json(cipher, rows["companion"], "meta_ct").get("provider")
+    with Readable(cipher.user_id, "resent chat turn") as read:
+        mine, reply = _message_view(cipher, rows["user"], read), _message_view(cipher, rows["companion"], read)
+        provider = (read(unseal_json, cipher, rows["companion"], "meta_ct") or {}).get("provider")
     return mine.text, TurnResult(user_message=mine, reply=reply, new_memories=[],
                                  standing=standing(comp.affection, comp.trust), provider=provider, replayed=True)
 
@@ -331,7 +332,19 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
     # a pair the unique index refuses rolls back the whole turn, affection/trust included
     return await once_per_submission(
         db, submission_id, user_text, lambda sid: _turn_with_id(db, cipher, cid, sid),
-        lambda: _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now))
+        lambda: _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now),
+        lambda: _chat_gone(db, uid, ctx))
+
+
+async def _chat_gone(db: AsyncSession, user_id: str, ctx: ChatContext) -> None:
+    """Inside an open transaction: NotFound when the companion is gone, ChatCleared when its chat was cleared since
+    ``ctx`` was read (either took the turn an earlier submission with the same id saved)."""
+    epoch = (await db.execute(select(Companion.chat_epoch).where(Companion.id == ctx.companion.id,
+                                                                 Companion.user_id == user_id))).scalar_one_or_none()
+    if epoch is None:
+        raise NotFound("companion")
+    if epoch != ctx.companion.chat_epoch:
+        raise ChatCleared()
 
 
 async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,

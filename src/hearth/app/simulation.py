@@ -167,15 +167,16 @@ async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str,
 async def _situation_with_id(db: AsyncSession, cipher: UserCipher, companion_id: str,
                              submission_id: str) -> tuple[str, SituationView] | None:
     """Inside an open transaction: the text and the situation (with its readings, ``replayed``) saved for this
-    companion with ``submission_id``, or None."""
+    companion with ``submission_id``, or None. What does not open (a row damaged since) is None."""
     row = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
                                                     Situation.user_id == cipher.user_id,
                                                     Situation.submission_id == submission_id))).scalar_one_or_none()
     if row is None:
         return None
     readings = (await db.execute(select(Reading).where(Reading.situation_id == row.id))).scalars().all()
-    view = SituationView(id=row.id, text=unseal(cipher, row, "text_ct"), created_at=row.created_at,
-                         results=_read_results(cipher, readings), replayed=True)
+    with Readable(cipher.user_id, "resent situation") as read:
+        view = SituationView(id=row.id, text=read(unseal, cipher, row, "text_ct"), created_at=row.created_at,
+                             results=_read_results(cipher, readings, read), replayed=True)
     return view.text, view
 
 
@@ -204,8 +205,13 @@ async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: st
         db.add_all(_reading_rows(cipher, results, situation_id=row.id))
         return SituationView(id=row.id, text=text, created_at=row.created_at, results=results)
 
+    async def gone() -> None:  # what the first submission saved went between the rollback and the read-back
+        await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
+        raise InputError("submission_id", "was used for a situation that was deleted while the panel read this one, "
+                                          "so it was not saved again; send it again to ask the panel anew")
+
     return await once_per_submission(db, submission_id, text,
-                                     lambda sid: _situation_with_id(db, cipher, companion_id, sid), write)
+                                     lambda sid: _situation_with_id(db, cipher, companion_id, sid), write, gone)
 
 
 async def save_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, text: str,
@@ -402,7 +408,7 @@ async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: 
 async def _rehearsal_turn_with_id(db: AsyncSession, cipher: UserCipher, rehearsal_id: str,
                                   submission_id: str) -> tuple[str, TurnView] | None:
     """Inside an open transaction: the user's text and the agent's turn (with its readings, ``replayed``) saved in
-    this rehearsal with ``submission_id``, or None."""
+    this rehearsal with ``submission_id``, or None. What does not open (a row damaged since) is None."""
     rows = {r.role: r for r in (await db.execute(
         select(RehearsalTurn).where(RehearsalTurn.rehearsal_id == rehearsal_id,
                                     RehearsalTurn.user_id == cipher.user_id,
@@ -411,9 +417,10 @@ async def _rehearsal_turn_with_id(db: AsyncSession, cipher: UserCipher, rehearsa
         return None
     agent = rows["agent"]
     readings = (await db.execute(select(Reading).where(Reading.turn_id == agent.id))).scalars().all()
-    saved_text = unseal(cipher, rows["user"], "body_ct")
-    return saved_text, TurnView(id=agent.id, role="agent", text=unseal(cipher, agent, "body_ct"),
-                                created_at=agent.created_at, results=_read_results(cipher, readings), replayed=True)
+    with Readable(cipher.user_id, "resent rehearsal turn") as read:
+        return read(unseal, cipher, rows["user"], "body_ct"), TurnView(
+            id=agent.id, role="agent", text=read(unseal, cipher, agent, "body_ct"), created_at=agent.created_at,
+            results=_read_results(cipher, readings, read), replayed=True)
 
 
 async def saved_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, submission_id: str | None,
@@ -446,7 +453,8 @@ async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id
         return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
 
     return await once_per_submission(db, submission_id, text,
-                                     lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid), write)
+                                     lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid), write,
+                                     lambda: check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal"))
 
 
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,

@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
-from hearth.app.common import FORM_FIELD_MAX, InputError, UnreadableText, check_submission_id
+from hearth.app.common import FORM_FIELD_MAX, InputError, NotFound, UnreadableText, check_submission_id
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
@@ -21,6 +21,7 @@ from hearth.gateway.errors import GatewayError
 
 router = APIRouter(prefix="/companions")
 log = logging.getLogger("hearth.app.chat")
+GONE_WHILE_WRITING = "This companion was deleted while the reply was being written, so it was not saved."
 
 
 async def _companion_page(request: Request, state: State, db, viewer, companion_id: str, *, error: str = "",
@@ -87,6 +88,8 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
     # InputError: the submission id was used for another message; UnreadableText: the persona does not open
     except (svc.ChatCleared, InputError, UnreadableText) as exc:
         yield sse("error", {"message": str(exc)})
+    except NotFound:  # the page checked the companion before the stream began: it was deleted meanwhile
+        yield sse("error", {"message": GONE_WHILE_WRITING})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         log.warning("chat turn failed: %s", failure_for_log(exc))
         yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})

@@ -11,7 +11,8 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
-from hearth.app.common import FORM_FIELD_MAX, InputError, UnreadableText, check_submission_id, clean_text
+from hearth.app.common import (FORM_FIELD_MAX, InputError, NotFound, UnreadableText, check_submission_id,
+                               clean_text)
 from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
@@ -82,6 +83,10 @@ async def _stream_panel(state: State, viewer: CurrentViewer, companion_id: str, 
             situation = await svc.store_situation(db, viewer.cipher, companion_id, text, results, submission_id)
     except InputError as exc:  # the racing submission with this id came with another text: this one is not saved
         yield sse("error", {"message": str(exc)})
+        return
+    except NotFound:  # the page checked the companion before the stream began: it was deleted meanwhile
+        yield sse("error", {"message": "This companion was deleted while the panel was reading, so it was not "
+                                       "saved."})
         return
     except Exception:  # noqa: BLE001 - the page must learn that the panel was not saved
         yield sse("error", {"message": "The panel could not be saved."})
@@ -223,6 +228,9 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
     # InputError: the submission id was used for another message; UnreadableText: the rehearsed person does not open
     except (InputError, UnreadableText) as exc:
         yield sse("error", {"message": str(exc)})
+    except NotFound:  # the page checked the rehearsal before the stream began: it was deleted meanwhile
+        yield sse("error", {"message": "This rehearsal was deleted while the reply was being written, so it was not "
+                                       "saved."})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         log.warning("rehearsal turn failed: %s", failure_for_log(exc))
         yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})

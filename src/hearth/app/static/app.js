@@ -53,6 +53,16 @@ function bubble(list, role, text) {
   return li;
 }
 
+function setText(p, text, what) {
+  // a saved text the server could not open (a damaged row, sent as null in a replayed answer) is said so, as the
+  // page itself says it
+  if (text === null || text === undefined) {
+    p.className = "error"; p.textContent = "This " + what + " could not be read: its stored text does not open.";
+  } else {
+    p.textContent = text;
+  }
+}
+
 function reveal(el) {
   // bring a message that is new or grew (streamed text, the panel's readings) into view: all of it when it
   // fits the window, else its start. Scrolled to only once, when it was empty, a reply grew out of sight.
@@ -169,7 +179,7 @@ function setupChat(form) {
   const lost = "The connection closed before the reply arrived. It may still be saved: sending it again shows it, without saving it twice.";
   streamTurns(form, list, error, lost, (mine, reply) => (event, data) => {
     if (event !== "done") return;
-    reply.querySelector("p").textContent = data.message;
+    setText(reply.querySelector("p"), data.message, "message");
     reply.dataset.id = data.reply_id;
     mine.dataset.id = data.user_message_id;
     if (data.mood) {
@@ -200,6 +210,7 @@ function setupPanel(form) {
   const reset = () => {
     for (const li of panel.querySelectorAll("li")) {
       li.className = "reading pending";
+      li.querySelector("p").className = "muted";  // an unreadable reading shown before made it "error"
       li.querySelector("p").textContent = "thinking…";
       li.querySelectorAll(".advice, .risk").forEach((n) => n.remove());
     }
@@ -207,6 +218,10 @@ function setupPanel(form) {
   const show = (data) => {
     const li = panel.querySelector(`[data-analyst="${data.analyst}"]`);
     li.className = "reading " + (data.ok ? "ok" : "failed");
+    if (data.reading === null) {  // a saved reading that does not open (replayed)
+      setText(li.querySelector("p"), null, "reading");
+      return;
+    }
     const risk = document.createElement("span");
     risk.className = "risk " + (data.ok ? data.risk : "high");
     risk.textContent = data.ok ? "risk: " + data.risk : "failed";
@@ -266,11 +281,17 @@ function readingItem(data) {
   li.dataset.analyst = data.analyst;
   const h4 = document.createElement("h4");
   h4.textContent = data.title + " ";
+  li.appendChild(h4);
+  if (data.reading === null) {  // a saved reading that does not open (replayed)
+    const p = document.createElement("p");
+    setText(p, null, "reading");
+    li.appendChild(p);
+    return li;
+  }
   const risk = document.createElement("span");
   risk.className = "risk " + (data.ok ? data.risk : "high");
   risk.textContent = data.ok ? "risk: " + data.risk : "failed";
   h4.appendChild(risk);
-  li.appendChild(h4);
   const p = document.createElement("p");
   if (data.ok) {
     p.textContent = data.reading;
@@ -313,7 +334,7 @@ function setupRehearsal(form) {
       } else if (event === "done") {
         reply.dataset.id = data.turn_id;
         if (data.replayed) {  // an earlier send of this text saved the turn: show that one, not this one's
-          reply.querySelector("p").textContent = data.message;
+          setText(reply.querySelector("p"), data.message, "turn");
           if (details) details.remove();
           details = null; got = 0; ok = 0;
           for (const r of data.readings || []) addReading(r);
