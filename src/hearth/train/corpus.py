@@ -104,6 +104,42 @@ def _field(obj: dict, name: str, kind: type = str) -> Any:
     return obj[name]
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    # json.loads keeps the last of two equal keys, so a line that gives a field twice would train one of the two
+    # values without a word (the app's parser refuses such a reply: hearth.envelope)
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise CorpusError(f"key {key!r} written twice in one object; refusing to choose one of its values")
+            seen.add(key)
+    return data
+
+
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path of the first text in ``value`` (a decoded line) holding a lone surrogate (JSON allows the escape
+    "\\udc00"; UTF-8, the tokenizer and train.jsonl cannot hold it), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the line"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = _lone_surrogate(key, f"{path}.{key!r}" if path else repr(key)) or \
+                _lone_surrogate(item, f"{path}.{key}" if path else key)
+            if where:
+                return where
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            where = _lone_surrogate(item, f"{path}[{i}]")
+            if where:
+                return where
+    return None
+
+
 def system_prompt(conv: dict) -> tuple[str, str]:
     """(kind, system prompt) for a conversation object, from hearth.prompts; CorpusError if it cannot."""
     try:
@@ -167,6 +203,10 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
     stores them (clean)."""
     if not isinstance(conv, dict):
         raise CorpusError(f"a conversation must be a JSON object, got {type(conv).__name__}")
+    broken = _lone_surrogate(conv)
+    if broken:
+        raise CorpusError(f"{broken}: holds a lone surrogate escape such as \\udc00 (half a character), not valid "
+                          "Unicode text")
     conv_id = _field(conv, "id")
     spec = _app_spec(conv)
     memories = spec.get("memories")
@@ -195,6 +235,9 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
             if "after_rehearsal" in turn:  # the panel after a rehearsal turn: its message as the app writes it
                 if "content" in turn:
                     raise CorpusError(f"turns[{i}] gives content or after_rehearsal, not both")
+                if prompt != "analyst":  # the app writes this message for the panel's analysts only
+                    raise CorpusError(f"turns[{i}].after_rehearsal: only an analyst conversation reads a rehearsal "
+                                      f"exchange (the app sends it to the panel), not a {prompt} one")
                 try:
                     content = rehearsal_exchange_for(turn["after_rehearsal"])
                 except (TypeError, ValueError) as exc:
@@ -224,9 +267,10 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
     return examples
 
 
-def read_corpus(lines: Iterable[str], *, context_turns: int = CHAT_CONTEXT_TURNS,
+def read_corpus(lines: Iterable[str | bytes], *, context_turns: int = CHAT_CONTEXT_TURNS,
                 prompt_memories: int = PROMPT_MEMORIES) -> BuildResult:
-    """Parse JSONL lines (1-based line numbers); every bad line is collected, none stops the build. context_turns /
+    """Parse JSONL lines (1-based line numbers; bytes lines are decoded as UTF-8 one by one, so a line that is not
+    UTF-8 is rejected on its own); every bad line is collected, none stops the build. context_turns /
     prompt_memories: the app's chat_context_turns / prompt_memories (its defaults; a deployment that changed them)."""
     result = BuildResult()
     for number, raw in enumerate(lines, start=1):
@@ -234,9 +278,18 @@ def read_corpus(lines: Iterable[str], *, context_turns: int = CHAT_CONTEXT_TURNS
             continue
         result.conversations += 1
         conv_id = None
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                result.rejected.append({"line": number, "id": None, "reason": f"not UTF-8 text: byte "
+                                        f"0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line ({exc.reason})"})
+                continue
         try:
-            conv = json.loads(raw)
+            conv = json.loads(raw, object_pairs_hook=_unique_keys)
             conv_id = conv.get("id") if isinstance(conv, dict) else None
+            if _lone_surrogate(conv_id):  # rejected.jsonl could not hold it: the reason names the field
+                conv_id = None
             result.examples.extend(conversation_examples(conv, line=number, context_turns=context_turns,
                                                          prompt_memories=prompt_memories))
         except json.JSONDecodeError as exc:
@@ -344,14 +397,22 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
 
     Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name and
     renamed, so an interrupted build never leaves a half-written train.jsonl behind.
-    ValueError naming ``input``/``tokenizer`` when they cannot be read.
+    ValueError naming ``input``/``tokenizer`` when they cannot be read, or when the input holds no conversation or
+    none of its lines builds an example (the first reasons in the message; nothing written).
     """
     input, out_dir = Path(input), Path(out_dir)
     if not input.is_file():
         raise ValueError(f"input: {input} is not a file")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    with input.open(encoding="utf-8") as fh:
+    with input.open("rb") as fh:  # decoded line by line: a line that is not UTF-8 is a rejected line, named
         result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories)
+    if not result.conversations:  # an empty train.jsonl would replace the last good build and only fail at training
+        raise ValueError(f"input: {input} holds no conversation (it is empty or only blank lines)")
+    if not result.examples:  # every line rejected: the same, and the reasons are what the author needs
+        first = "; ".join(f"line {r['line']}: {r['reason']}" for r in result.rejected[:3])
+        more = f" (and {len(result.rejected) - 3} more)" if len(result.rejected) > 3 else ""
+        raise ValueError(f"input: {input}: none of its {result.conversations} lines built an example; "
+                         f"nothing was written. {first}{more}")
     out_dir.mkdir(parents=True, exist_ok=True)
 
     rows, lengths, trained = [], [], []
