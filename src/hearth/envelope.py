@@ -32,9 +32,9 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 __all__ = [
-    "ReplyKind", "REPLY_KINDS", "REPLY_DEADLINE_S", "ChatReply", "FeedComment", "AnalystReading", "MODELS", "EnvelopeError",
-    "parse_envelope", "repair", "json_schema", "response_format", "dumps", "kind_of", "MAX_REPLY_CHARS",
-    "schema_text", "export_schemas", "dumps_parsed",
+    "ReplyKind", "REPLY_KINDS", "REPLY_DEADLINE_S", "ChatReply", "FeedComment", "AnalystReading", "MODELS",
+    "EnvelopeError", "parse_envelope", "repair", "unique_keys", "DuplicateKey", "json_schema", "response_format",
+    "dumps", "kind_of", "MAX_REPLY_CHARS", "schema_text", "export_schemas", "dumps_parsed",
 ]
 
 ReplyKind = Literal["chat", "feed_comment", "analyst"]
@@ -221,21 +221,25 @@ def repair(text: str) -> str:
     return _repair(text)[0]
 
 
-class _DuplicateKey(ValueError):
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice (``.key``), from :func:`unique_keys`."""
+
     def __init__(self, key: str):
         super().__init__(key)
         self.key = key
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    # json.loads keeps the last of two equal keys: {"message": "A", ..., "message": "B"} would silently be B
-    # (while a stream preview showed A); two values for one field are two replies, refused like two objects
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads(..., object_pairs_hook=unique_keys)``: DuplicateKey for an object that gives a key twice.
+    json.loads keeps the last of two equal keys: {"message": "A", ..., "message": "B"} would silently be B (while a
+    stream preview showed A); two values for one field are two replies, refused like two objects. The corpus
+    builder refuses such a line by the same rule (hearth.train.corpus)."""
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise _DuplicateKey(key)
+                raise DuplicateKey(key)
             seen.add(key)
     return data
 
@@ -244,8 +248,8 @@ def _loads_dict(candidate: str, raw: str) -> dict | None:
     """``json.loads(candidate)`` when that is a dict, else None; EnvelopeError (for ``raw``) when it is a
     valid JSON object with a duplicate key at any depth."""
     try:
-        data = json.loads(candidate, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as exc:
+        data = json.loads(candidate, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
         if not _is_json(candidate):
             return None  # not JSON anyway (the duplicate was seen before the syntax error): chatter
         raise EnvelopeError(f"duplicate key {exc.key!r} in the JSON object; refusing to choose one of its values",

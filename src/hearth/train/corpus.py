@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from hearth.envelope import MODELS, EnvelopeError, dumps
+from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, STAGES, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
@@ -102,19 +102,6 @@ def _field(obj: dict, name: str, kind: type = str) -> Any:
     if not isinstance(obj[name], kind):
         raise CorpusError(f"field {name!r} must be {kind.__name__}, got {type(obj[name]).__name__}")
     return obj[name]
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    # json.loads keeps the last of two equal keys, so a line that gives a field twice would train one of the two
-    # values without a word (the app's parser refuses such a reply: hearth.envelope)
-    data = dict(pairs)
-    if len(data) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise CorpusError(f"key {key!r} written twice in one object; refusing to choose one of its values")
-            seen.add(key)
-    return data
 
 
 def _lone_surrogate(value: Any, path: str = "") -> str | None:
@@ -286,7 +273,13 @@ def read_corpus(lines: Iterable[str | bytes], *, context_turns: int = CHAT_CONTE
                                         f"0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line ({exc.reason})"})
                 continue
         try:
-            conv = json.loads(raw, object_pairs_hook=_unique_keys)
+            # a line that gives a field twice would train one of its two values without a word: refused, as the
+            # app's parser refuses such a reply (the same rule: hearth.envelope.unique_keys)
+            try:
+                conv = json.loads(raw, object_pairs_hook=unique_keys)
+            except DuplicateKey as exc:
+                raise CorpusError(f"key {exc.key!r} written twice in one object; refusing to choose one of its "
+                                  "values") from None
             conv_id = conv.get("id") if isinstance(conv, dict) else None
             if _lone_surrogate(conv_id):  # rejected.jsonl could not hold it: the reason names the field
                 conv_id = None
