@@ -178,8 +178,8 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
                 try:
                     # the kind as a header: hearth's gateway checks the reply as that kind (its default, chat,
                     # otherwise); any other server ignores it, where a body key could be refused (OpenAI)
-                    result = await chat_completion(client, base_url, body, timeout_s=call_timeout(case), api_key=api_key,
-                                                   headers={"X-Hearth-Kind": case.kind})
+                    result = await chat_completion(client, base_url, body, timeout_s=call_timeout(case),
+                                                   api_key=api_key, headers={"X-Hearth-Kind": case.kind})
                 except Exception as exc:  # noqa: BLE001 - one call's surprise is its failure, not the end of the run
                     result = ChatResult("", None, None, f"{type(exc).__name__}: {str(exc)[:200]}",
                                         time.perf_counter() - start)
