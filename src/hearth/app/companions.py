@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
 from hearth.app.common import (LEFT_OUT, UNREADABLE_NAME, InputError, NotFound, Readable, UnreadableText,
-                               check_owned, check_submission_id, clean_text, delete_owned, once_per_submission,
+                               check_submission_id, clean_text, delete_owned, once_per_submission,
                                page_before, reading, seal, seal_json, strict, unseal, unseal_json)
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed
@@ -358,8 +358,8 @@ async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, us
                                 Companion.chat_epoch == ctx.companion.chat_epoch)
         .values(affection=Companion.affection + reply.affection, trust=Companion.trust + reply.trust))
     if result.rowcount != 1:
-        await check_owned(db, Companion, uid, cid, "companion")  # NotFound when it is gone
-        raise ChatCleared()
+        await _chat_gone(db, uid, ctx)  # NotFound when it is gone, ChatCleared when cleared since ctx was read
+        raise ChatCleared()  # (the UPDATE matched no row: one of the two)
     # the memories as they are now, not as the context read them before the model call: the UPDATE holds the
     # companion's row, so a turn sent at the same time has committed its memories (or waits for this one), and
     # two turns that both learn "likes tea" keep it once

@@ -30,6 +30,7 @@ from hearth.app.companions import CompanionView, context_for, get_shared_context
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
 
+
 @dataclass
 class CommentView:  # None: stored, but its sealed text does not open (a damaged row)
     companion_id: str

@@ -333,8 +333,9 @@ async def list_rehearsals(db: AsyncSession, cipher: UserCipher, companion_id: st
         rows = (await db.execute(select(Rehearsal, Agent).join(Agent, Agent.id == Rehearsal.agent_id)
                                  .where(Rehearsal.companion_id == companion_id, Rehearsal.user_id == cipher.user_id)
                                  .order_by(Rehearsal.created_at.desc()))).all()
-        with Readable(cipher.user_id, "rehearsals") as read:
-            return [(r.id, _agent_view(cipher, a, read).shown_name) for r, a in rows]
+        with Readable(cipher.user_id, "rehearsals") as read:  # the name alone: the list shows nothing else
+            names = [(r.id, read(unseal, cipher, a, "name_ct")) for r, a in rows]
+    return [(rid, UNREADABLE_NAME if name is None else name) for rid, name in names]
 
 
 async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, *,

@@ -1,7 +1,8 @@
 """Warm gate for a scale-to-zero provider: is a container warm right now?
 
 A scale-to-zero endpoint (vLLM on Modal and the like) can take minutes to cold-start, and nobody
-waits minutes for a chat reply. So before each request the chain asks `await gate.is_warm()`:
+waits minutes for a chat reply. So before each request the chain asks `await gate.verdict()` (is_warm(), and
+how long the endpoint is still held cold):
 
     * a cached answer younger than warm.ttl_s is returned at once;
     * otherwise ONE probe (GET health_url, warm.probe_timeout_s) runs and every concurrent caller
