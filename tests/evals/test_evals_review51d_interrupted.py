@@ -37,7 +37,9 @@ sys.exit(main(suite="companion", base_url=sys.argv[1], model="m", report=Path(sy
 """
 
 
-def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path):
+def stop_a_run(tmp_path, sig) -> tuple[int, str, Path]:
+    """Run CHILD against a fake model that answers ANSWERED calls and holds the next one open; send `sig` once that
+    call is in flight. (exit code, output, report path)"""
     held = threading.Event()
     calls = []
 
@@ -56,7 +58,7 @@ def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path):
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             assert held.wait(30), "the eval never reached the held call"
-            child.send_signal(signal.SIGINT)
+            child.send_signal(sig)
             out, _ = child.communicate(timeout=30)
         finally:
             if child.poll() is None:
@@ -64,8 +66,12 @@ def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path):
                 child.wait()
     finally:
         server.stop()
+    return child.returncode, out, report
 
-    assert child.returncode == 130, out
+
+def test_ctrl_c_writes_the_report_of_what_was_measured(tmp_path):
+    code, out, report = stop_a_run(tmp_path, signal.SIGINT)
+    assert code == 130, out
     assert report.exists(), out
     doc = json.loads(report.read_text())
     assert doc["interrupted"] is True and doc["planned"] == 2 * len(load_suite("companion"))
