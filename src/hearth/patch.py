@@ -24,7 +24,8 @@ refuse with a reason, which the report lists):
     loss  r"ForCausalLM$"   the model instance's forward is wrapped: when labels are given, the decoder runs,
                             and the causal LM loss is hearth.kernels.linear_cross_entropy(final hidden states,
                             lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
-                            and the output has logits=None. Without labels the original forward runs.
+                            and the output has logits=None. Without labels (or with a MoE router loss asked
+                            for: output_router_logits; on in the config, the loss is left) the original runs.
     lora  r"^Linear(4bit|8bitLt)?$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain
                             nn.Linear base or a bitsandbytes 4-bit one (Linear4bit, NF4 / FP4, double-quantised
                             or not: QLoRA; dequantised per use, never kept for the backward), and no DoRA; an
@@ -47,7 +48,8 @@ refuse with a reason, which the report lists):
                             in, the module's config takes the "hearth" attention
                             implementation, registered with transformers' AttentionInterface: causal/full
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
-                            mask, sliding window, dropout, softcap) to transformers' own SDPA function.
+                            mask, sliding window, dropout, a position_bias) to transformers' own SDPA function; a
+                            family that does not support SDPA (Gemma2's softcap, gpt-oss's sinks) is left on eager.
                             Packed rows (several sequences in one row, hearth.train.batches.collate(pack=True)):
                             a call with transformers' varlen kwargs (cu_seq_lens_q/k, max_length_q/k) and no
                             mask goes to hearth.kernels.attention_varlen on [B*T, H, D] views (no copy at B=1);
@@ -408,7 +410,7 @@ def hearth_attention_forward(module, query, key, value, attention_mask, dropout=
 
     No mask: hearth.kernels.attention. No mask and the varlen kwargs (cu_seq_lens_q/k, max_length_q/k: a packed
     row): hearth.kernels.attention_varlen on [B * T, H, D] views (no copy at B = 1). Anything else (a mask,
-    dropout, sliding window, softcap, an unsupported head dim): transformers' SDPA function -- for a packed call
+    dropout, sliding window, a position_bias, an unsupported head dim): transformers' SDPA function -- for a packed call
     with the block-diagonal mask built from the offsets, so no token ever attends across a sequence boundary."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -417,6 +419,7 @@ def hearth_attention_forward(module, query, key, value, attention_mask, dropout=
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal and query.shape[2] > 1)
     plain = (not dropout and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
+             and kwargs.get("position_bias") is None  # an additive score bias (Inkling): SDPA adds it, the kernels not
              and padded_head_dim(query.shape[-1]) is not None and query.shape[1] % key.shape[1] == 0)
     packed = _varlen_kwargs(kwargs) if attention_mask is None else None
     if packed is not None:
@@ -562,11 +565,18 @@ def _attention(module: nn.Module, state: dict) -> None:
                 or not fused_backward_serves(p.device, p.dtype, head_dim)):
             raise Leave("attention=None keeps SDPA off Hopper / bf16-fp16 / head_dim 64-128", quiet=True)
     config = getattr(module, "config", None)
+    if config is None:  # e.g. torch's nn.MultiheadAttention: no attention implementation to switch
+        raise Leave("no config whose attention implementation could be switched")
     current = getattr(config, "_attn_implementation", None)
     if current == HEARTH_ATTENTION:
         return None
     if current not in ("sdpa", "eager", None):
         raise Leave(f"attention implementation {current!r} is kept (only sdpa / eager are switched)")
+    if current == "eager" and state["sdpa"].get(id(config), True) is False:
+        # a family on eager because SDPA cannot do its math (Gemma2's attention softcap, gpt-oss's sinks): hearth's
+        # kernels cannot either, and SDPA, the "hearth" function's fallback, would raise or silently drop it
+        raise Leave("this family does not support SDPA (e.g. attention softcap or sinks), which hearth's attention "
+                    "falls back to; kept on eager")
     from hearth.kernels.attention import padded_head_dim
 
     if padded_head_dim(getattr(module, "head_dim", None)) is None:
@@ -626,39 +636,57 @@ def _loss(model: nn.Module, state: dict) -> None:
     for name in _LOGIT_SCALES:
         if getattr(config, name, None) not in (None, 1, 1.0):
             raise Leave(f"config.{name} scales the logits")
+    if getattr(config, "output_router_logits", False):  # MoE (Qwen3-MoE, Mixtral...): the loss has an aux term
+        raise Leave("config.output_router_logits: the loss adds the router's load-balancing loss")
     softcap = getattr(config, "final_logit_softcapping", None)
     _wrap_forward(model, decoder, head, softcap)
     return None
 
 
 def _wrap_forward(model: nn.Module, decoder: nn.Module, head: nn.Linear, softcap: float | None) -> None:
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    model.forward = _HearthLossForward(model, decoder, head, softcap)
+    model._hearth_loss = True
 
-    from hearth.kernels.linear_cross_entropy import linear_cross_entropy
 
-    original = model.forward
-    signature = inspect.signature(original)
-    var_kw = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+class _HearthLossForward:
+    """The instance forward that the "loss" kind installs: with labels, the decoder and the fused linear cross
+    entropy (no logits); without, the model's own forward. A plain object holding its model (not a closure), so
+    that a patched model deep-copies and pickles with its copy (as _HearthLoraForward)."""
 
-    @functools.wraps(original)
-    def forward(*args, **kwargs):
+    def __init__(self, model: nn.Module, decoder: nn.Module, head: nn.Linear, softcap: float | None):
+        self.model, self.decoder, self.head, self.softcap = model, decoder, head, softcap
+        self.original = model.__dict__.get("forward")  # an instance forward installed before ours, else None
+
+    @property
+    def __wrapped__(self):  # inspect.signature(model.forward) (transformers' Trainer reads it) sees the original's
+        return self.original if self.original is not None else type(self.model).forward.__get__(self.model)
+
+    def __call__(self, *args, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        from hearth.kernels.linear_cross_entropy import linear_cross_entropy
+
+        original = self.__wrapped__
+        signature = inspect.signature(original)
+        var_kw = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
         bound = signature.bind_partial(*args, **kwargs).arguments
         call = {k: v for k, v in bound.items() if k != var_kw}
         call.update(bound.get(var_kw, {}) if var_kw else {})
         labels, shift_labels = call.pop("labels", None), call.pop("shift_labels", None)
-        if labels is None and shift_labels is None:
-            return original(*args, **kwargs)
+        if (labels is None and shift_labels is None) or call.get("output_router_logits"):
+            return original(*args, **kwargs)  # no labels, or a MoE router loss to add: the model's own forward
         num_items = call.pop("num_items_in_batch", None)
         return_dict = call.pop("return_dict", None)
         call.pop("logits_to_keep", None)
-        out = decoder(**call)
+        head = self.head
+        out = self.decoder(**call)
         hidden = out[0]  # last_hidden_state [B, T, H]
         if shift_labels is None:
             # position t predicts token t + 1; the last position has no target
             shift_labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
         loss = linear_cross_entropy(
             hidden.reshape(-1, hidden.shape[-1]), head.weight, shift_labels.reshape(-1).to(hidden.device),
-            linear_bias=head.bias, ignore_index=IGNORE_INDEX, softcap=softcap,
+            linear_bias=head.bias, ignore_index=IGNORE_INDEX, softcap=self.softcap,
             reduction="mean" if num_items is None else "sum",
         )
         if num_items is not None:  # the HF trainer's token-count normalisation across accumulation steps
@@ -666,9 +694,6 @@ def _wrap_forward(model: nn.Module, decoder: nn.Module, head: nn.Linear, softcap
         result = CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=getattr(out, "hidden_states", None),
                                         attentions=getattr(out, "attentions", None))
         return result.to_tuple() if return_dict is False else result
-
-    model.forward = forward
-    model._hearth_loss = True
 
 
 def _is_peft_lora_linear(module: nn.Module) -> bool:
@@ -815,9 +840,13 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
         raise TypeError(f"attention must be True, False or None (by device), got {attention!r}")
     enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention is not False}
     report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {},
-                                    "lora_compute": lora_compute, "attention": attention}
+                                    "lora_compute": lora_compute, "attention": attention, "sdpa": {}}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
+    for module in named.values():  # config id -> whether the transformers model(s) holding it support SDPA
+        flag, config = getattr(module, "_supports_sdpa", None), getattr(module, "config", None)
+        if isinstance(flag, bool) and config is not None:
+            state["sdpa"][id(config)] = state["sdpa"].get(id(config), True) and flag
     for name, module in named.items():
         cls = type(module).__name__
         if type(module).__module__.startswith("hearth."):

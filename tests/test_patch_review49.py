@@ -1,0 +1,132 @@
+"""hearth.patch, review 49: defects found by reading patch.py against transformers' own forwards (tiny random
+models built from configs, fp32 on the CPU under TRITON_INTERPRET=1; each test failed before its fix)."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from hearth import patch
+
+transformers = pytest.importorskip("transformers")
+
+from tests.test_patch import DEVICE, batch, original_rope, tiny_qwen3  # noqa: E402
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=96, vocab_size=101)
+
+
+def _from_config(config_cls, **kw):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config_cls(**SMALL, **kw)).float().to(DEVICE)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_attention_is_left_on_eager_for_a_family_without_sdpa(family):
+    """Gemma2 (attention softcap) and gpt-oss (attention sinks) run on eager because SDPA cannot do their math;
+    switched to "hearth", Gemma2's calls reached SDPA and raised on softcap, and gpt-oss's reached hearth's kernel
+    with its sinks silently dropped (logits off by ~0.16). They are left on eager, reported."""
+    if family == "gemma2":
+        model = _from_config(transformers.Gemma2Config)
+    else:
+        model = _from_config(transformers.GptOssConfig, num_local_experts=4, num_experts_per_tok=2)
+    assert model.config._attn_implementation == "eager"
+    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False, attention=True)
+    assert report.count("attention") == 0
+    assert any(k == "attention" and "does not support SDPA" in r for (k, _, r) in report.left)
+    assert model.config._attn_implementation == "eager"
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, want)
+
+
+def test_attention_module_without_a_config_is_left():
+    """A *Attention module with no transformers config (torch's nn.MultiheadAttention, say in a projector) matched
+    the attention rule and apply(attention=True) died on `None._attn_implementation`, the model half patched."""
+    model = tiny_qwen3()
+    model.model.pooler = nn.MultiheadAttention(64, 4, batch_first=True, device=DEVICE)
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False, attention=True)
+    assert report.replaced["attention"] == {"Qwen3Attention": 2}
+    assert ("attention", "MultiheadAttention", "no config whose attention implementation could be switched") in report.left
+
+
+def _tiny_moe(output_router_logits: bool):
+    return _from_config(transformers.Qwen3MoeConfig, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                        output_router_logits=output_router_logits, router_aux_loss_coef=0.5)
+
+
+def test_moe_router_aux_loss_is_not_dropped():
+    """Qwen3-MoE (Mixtral, ...) adds router_aux_loss_coef x the load-balancing loss when output_router_logits is
+    on; the fused loss replaced the whole forward and dropped it (5.61 -> 4.60 here) while the report, which the
+    memory plan reads, said the loss was fused. On in the config: the loss is left (reported); asked for in a
+    call: that call runs the model's own forward."""
+    ids, labels = batch()
+    ids, labels = ids % 101, torch.where(labels < 0, labels, labels % 101)
+    ref, model = _tiny_moe(True), _tiny_moe(True)
+    report = patch.apply(model, norm=False, rope=False, mlp=False)
+    assert report.count("loss") == 0
+    assert any(k == "loss" and "output_router_logits" in r for (k, _, r) in report.left)
+    with torch.no_grad(), original_rope():
+        want = ref(input_ids=ids, labels=labels)
+    with torch.no_grad():
+        got = model(input_ids=ids, labels=labels)
+    assert want.aux_loss is not None
+    torch.testing.assert_close(got.loss, want.loss)
+
+    ref, model = _tiny_moe(False), _tiny_moe(False)
+    assert patch.apply(model, norm=False, rope=False, mlp=False).count("loss") == 1
+    with torch.no_grad(), original_rope():
+        want = ref(input_ids=ids, labels=labels, output_router_logits=True)
+    with torch.no_grad():
+        got = model(input_ids=ids, labels=labels, output_router_logits=True)
+    torch.testing.assert_close(got.loss, want.loss)
+    torch.testing.assert_close(got.aux_loss, want.aux_loss)
+
+
+def test_loss_patched_model_deep_copies_and_pickles_with_its_copy():
+    """The loss wrapper was a closure over the model it patched: a deepcopy (an EMA / reference model) computed its
+    loss with the ORIGINAL's decoder and lm_head and sent the gradients there, and torch.save(model) failed to
+    pickle. Now the copy's forward is bound to the copy."""
+    ids, labels = batch()
+    model = tiny_qwen3()
+    patch.apply(model)
+    with torch.no_grad():
+        base = model(input_ids=ids, labels=labels).loss
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    for twin in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        assert twin.forward.model is twin and twin.forward.decoder is twin.model and twin.forward.head is twin.lm_head
+        with torch.no_grad():
+            torch.testing.assert_close(twin(input_ids=ids, labels=labels).loss, base)
+            twin.lm_head.weight.mul_(0.5)
+            assert not torch.allclose(twin(input_ids=ids, labels=labels).loss, base)
+            torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, base)  # the original untouched
+        model.zero_grad(set_to_none=True)
+        twin(input_ids=ids, labels=labels).loss.backward()
+        assert twin.lm_head.weight.grad is not None
+        assert all(p.grad is None for p in model.parameters())
+    # transformers' Trainer reads the forward's signature (columns to keep, loss kwargs)
+    names = list(__import__("inspect").signature(model.forward).parameters)
+    assert names[:2] == ["input_ids", "attention_mask"] and "labels" in names and "kwargs" in names
+
+
+def test_attention_position_bias_goes_to_sdpa():
+    """An additive score bias passed to the attention function (Inkling's relative position_bias, which transformers'
+    SDPA function adds) was dropped by the "hearth" function's kernel path: silently different attention."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=gen).to(DEVICE) for s in ((1, 4, 7, 16), (1, 2, 7, 16), (1, 2, 7, 16)))
+    bias = torch.randn(1, 4, 7, 7, generator=gen).to(DEVICE)
+    want = sdpa_attention_forward(module, q, k, v, None, scaling=0.25, position_bias=bias)[0]
+    got = patch.hearth_attention_forward(module, q, k, v, None, scaling=0.25, position_bias=bias)[0]
+    torch.testing.assert_close(got, want)
