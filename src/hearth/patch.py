@@ -48,8 +48,8 @@ refuse with a reason, which the report lists):
                             in, the module's config takes the "hearth" attention
                             implementation, registered with transformers' AttentionInterface: causal/full
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
-                            mask, sliding window, dropout, a position_bias) to transformers' own SDPA function; a
-                            family that does not support SDPA (Gemma2's softcap, gpt-oss's sinks) is left on eager.
+                            mask, sliding window, dropout, a position_bias) to transformers' own SDPA function; an
+                            attention whose math SDPA lacks (Gemma2's softcap, gpt-oss's sinks) is left as loaded.
                             Packed rows (several sequences in one row, hearth.train.batches.collate(pack=True)):
                             a call with transformers' varlen kwargs (cu_seq_lens_q/k, max_length_q/k) and no
                             mask goes to hearth.kernels.attention_varlen on [B*T, H, D] views (no copy at B=1);
@@ -553,6 +553,15 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(HEARTH_ATTENTION, hearth_attention_mask)
 
 
+def _attention_math_beyond_sdpa(module: nn.Module, config) -> str | None:
+    """What this attention module computes that scaled-dot-product attention does not, or None."""
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return f"attention softcap (config.attn_logit_softcapping={config.attn_logit_softcapping})"
+    if isinstance(getattr(module, "sinks", None), torch.Tensor):
+        return "attention sinks (module.sinks)"
+    return None
+
+
 def _attention(module: nn.Module, state: dict) -> None:
     # the compute dtype / device, looked up only where it is used: the by-device choice, and the first module's probe
     p = (_compute_like(module) if state["attention"] is None or "attention" not in state["attention_checked"]
@@ -572,11 +581,13 @@ def _attention(module: nn.Module, state: dict) -> None:
         return None
     if current not in ("sdpa", "eager", None):
         raise Leave(f"attention implementation {current!r} is kept (only sdpa / eager are switched)")
-    if current == "eager" and state["sdpa"].get(id(config), True) is False:
-        # a family on eager because SDPA cannot do its math (Gemma2's attention softcap, gpt-oss's sinks): hearth's
-        # kernels cannot either, and SDPA, the "hearth" function's fallback, would raise or silently drop it
-        raise Leave("this family does not support SDPA (e.g. attention softcap or sinks), which hearth's attention "
-                    "falls back to; kept on eager")
+    beyond = _attention_math_beyond_sdpa(module, config)
+    if beyond is not None:
+        # Gemma2's attention softcap, gpt-oss's sinks: hearth's kernels cannot do that math, and SDPA, the "hearth"
+        # function's fallback, raises on it or silently drops it. Decided by the config and the module, not by the
+        # implementation the model was loaded with: transformers versions differ on whether such a family loads on
+        # eager or on SDPA (where it is already wrong, and stays the user's choice)
+        raise Leave(f"{beyond}, which neither hearth's attention nor SDPA computes; kept on {current or 'eager'}")
     from hearth.kernels.attention import padded_head_dim
 
     if padded_head_dim(getattr(module, "head_dim", None)) is None:
@@ -840,13 +851,9 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
         raise TypeError(f"attention must be True, False or None (by device), got {attention!r}")
     enabled = {"norm": norm, "rope": rope, "mlp": mlp, "loss": loss, "lora": lora, "attention": attention is not False}
     report, state = PatchReport(), {"probed": {}, "rope_checked": {}, "attention_checked": {},
-                                    "lora_compute": lora_compute, "attention": attention, "sdpa": {}}
+                                    "lora_compute": lora_compute, "attention": attention}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
-    for module in named.values():  # config id -> whether the transformers model(s) holding it support SDPA
-        flag, config = getattr(module, "_supports_sdpa", None), getattr(module, "config", None)
-        if isinstance(flag, bool) and config is not None:
-            state["sdpa"][id(config)] = state["sdpa"].get(id(config), True) and flag
     for name, module in named.items():
         cls = type(module).__name__
         if type(module).__module__.startswith("hearth."):
