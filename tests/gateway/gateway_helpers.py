@@ -1,4 +1,5 @@
-"""Shared helpers for the gateway tests: configs pointing at loopback fakes, valid envelopes."""
+"""Shared helpers for the gateway tests: configs pointing at loopback fakes, valid envelopes, the gateway on a
+loopback socket, the state module's clock moved by hand (the `clock` fixture in conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from hearth.gateway import state as state_module
 from hearth.gateway.config import GatewayConfig, config_from_dict
+from hearth.gateway.state import MemoryStore, RedisStore
 
 CHAT = {"message": "Hello there.", "mood": "warm", "memories": [], "affection": 1, "trust": 0, "suggested_actions": []}
 CHAT_JSON = json.dumps(CHAT)
@@ -36,6 +39,17 @@ def provider(name: str, server, **overrides) -> dict:
         else:
             p[key] = value
     return p
+
+
+# A scale-to-zero endpoint whose probe and warm-up end within a test's blink: a 0.1 s warm-up budget against a
+# loopback fake (a health route answering 503 fails it at once and starts the back-off).
+FAST_WARMUP = {"probe_timeout_s": 0.1, "ttl_s": 5.0, "warmup_budget_s": 0.1, "warmup_poll_s": 0.02,
+               "warmup_request_timeout_s": 0.5}
+
+
+def scale_to_zero(name: str, server, **warm) -> dict:
+    """A warm-gated provider on a FakeOpenAI `server` (its /health is the probe), FAST_WARMUP unless `warm` says."""
+    return provider(name, server, scale_to_zero=True, health_url=server.health_url, warm={**FAST_WARMUP, **warm})
 
 
 def make_config(*providers: dict, env: dict | None = None, **gateway) -> GatewayConfig:
@@ -69,6 +83,46 @@ BACKENDS = [pytest.param("memory", id="memory"), pytest.param("redis", id="redis
 
 def backend_settings(backend: str) -> dict:
     return shared_state() if backend == "redis" else {}
+
+
+@asynccontextmanager
+async def started_store(backend: str):
+    """A started state store of `backend` (Redis under a prefix of its own), closed afterwards."""
+    store = RedisStore(REDIS_URL, shared_state()["state_prefix"]) if backend == "redis" else MemoryStore()
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+class StateClock:
+    """The state module's clock, moved forward by hand (a cooldown or a back-off window of a minute ends without
+    waiting for it). Only the in-process store reads it: Redis keeps its own time (key TTLs)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def move_state_clock(monkeypatch) -> StateClock:
+    clock = StateClock()
+    monkeypatch.setattr(state_module, "time", clock)
+    return clock
+
+
+async def post_chat(client, stream: bool = False, **body) -> tuple[int, str | None, dict]:
+    """POST one chat request (JSON, or SSE that fails before its first byte): (status, Retry-After, JSON body)."""
+    r = await client.post("/v1/chat/completions", json={"messages": MESSAGES, **({"stream": True} if stream else {}),
+                                                        **body})
+    return r.status, r.headers.get("Retry-After"), await r.json()
+
+
+def failure_waits(body: dict) -> dict:
+    """{provider: available_in_s} of an all-failed error body."""
+    return {f["provider"]: f.get("available_in_s") for f in body["error"]["failures"]}
 
 
 @asynccontextmanager

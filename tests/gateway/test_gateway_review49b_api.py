@@ -3,12 +3,10 @@ failing before its fix. Real HTTP on loopback; the OpenAI SDK itself where the c
 
 import asyncio
 import json
-import time
 
 import openai
 import pytest
 
-from hearth.gateway import state as state_module
 from hearth.gateway.chain import Chain
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
@@ -142,20 +140,8 @@ def test_a_brace_in_chatter_before_the_object_is_dropped_like_repair_does(chunks
 
 
 # ------------------------------------------------------------------ 6. the breaker gauge stayed at 1
-class _Clock:
-    """The state module's clock, moved forward by hand (a cooldown ends without waiting for it)."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
-
-
-def test_breaker_open_gauge_follows_the_shared_state_not_what_this_worker_last_did(monkeypatch):
-    clock = _Clock()
-    monkeypatch.setattr(state_module, "time", clock)
-
+def test_breaker_open_gauge_follows_the_shared_state_not_what_this_worker_last_did(clock):
+    # clock: the state module's clock, moved forward by hand (a cooldown ends without waiting for it)
     async def main():
         store = MemoryStore()   # shared by two chains, as two workers share Redis
         async with FakeOpenAI([Behavior.status(500), Behavior.reply(CHAT_JSON)]) as up:

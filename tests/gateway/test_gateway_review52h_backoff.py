@@ -12,44 +12,19 @@ real time with a 0.1 s budget against a loopback fake whose health route answers
 
 import asyncio
 import logging
-import time
 
 import pytest
 
-from hearth.gateway import state as state_module
 from hearth.gateway.chain import Chain
 from hearth.gateway.errors import AllProvidersFailed, Cold, label
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, scale_to_zero
 
 GOOD = Behavior.reply(CHAT_JSON)
 BROKEN = Behavior.status(503)
 HEALTHY = Behavior.status(200, body={"status": "ok"})
-WARM = {"probe_timeout_s": 0.1, "ttl_s": 5.0, "warmup_budget_s": 0.1, "warmup_poll_s": 0.02,
-        "warmup_request_timeout_s": 0.5}
 COLD = [("ft", "cold"), ("hosted", "ok")]
-
-
-class _Clock:
-    """The state module's clock, moved forward by hand (a back-off window ends without waiting for it)."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    c = _Clock()
-    monkeypatch.setattr(state_module, "time", c)
-    return c
-
-
-def _ft(server, **warm) -> dict:
-    return provider("ft", server, scale_to_zero=True, health_url=server.health_url, warm={**WARM, **warm})
 
 
 async def _fail_a_warmup(chain) -> object:
@@ -62,7 +37,8 @@ async def _fail_a_warmup(chain) -> object:
 def test_a_broken_endpoint_is_knocked_at_most_once_per_backoff_window(clock, caplog):
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(_ft(ft), provider("hosted", hosted))) as chain:   # default back-off: 60 s
+            # the default back-off: 60 s
+            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
                 first = await _fail_a_warmup(chain)
                 knocks = ft.health_calls
                 held = []
@@ -99,7 +75,7 @@ def test_the_backoff_doubles_after_each_failed_warmup_and_stops_at_its_cap(clock
     async def main():
         seen = []
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(_ft(ft, **warm), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft, **warm), provider("hosted", hosted))) as chain:
                 gate = chain.gates["ft"]
                 for window in windows:
                     await _fail_a_warmup(chain)
@@ -125,7 +101,7 @@ def test_the_backoff_doubles_after_each_failed_warmup_and_stops_at_its_cap(clock
 def test_a_healthy_probe_or_warmup_ends_the_backoff(clock):
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(_ft(ft), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
                 gate = chain.gates["ft"]
                 await _fail_a_warmup(chain)                     # held 60 s
                 clock.offset += 61.0
@@ -164,7 +140,7 @@ def test_the_backoff_holds_for_every_worker_that_shares_the_state(clock):
     async def main():
         store = MemoryStore()
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            cfg = make_config(_ft(ft), provider("hosted", hosted))
+            cfg = make_config(scale_to_zero("ft", ft), provider("hosted", hosted))
             async with Chain(cfg, store=store) as one, Chain(cfg, store=store) as two:
                 await _fail_a_warmup(one)                      # worker one's warm-up fails: held 60 s
                 knocks = ft.health_calls
@@ -183,7 +159,7 @@ def test_the_backoff_holds_for_every_worker_that_shares_the_state(clock):
 def test_a_request_for_the_held_endpoint_alone_is_told_it_is_held_cold_not_warming(clock):
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(_ft(ft), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
                 await _fail_a_warmup(chain)
                 clock.offset += 20.0
                 with pytest.raises(AllProvidersFailed) as info:

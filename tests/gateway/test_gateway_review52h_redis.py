@@ -11,25 +11,18 @@ import asyncio
 import pytest
 
 from hearth.gateway.chain import Chain
-from hearth.gateway.state import MemoryStore, RedisStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
-    BACKENDS, CHAT_JSON, MESSAGES, REDIS_URL, make_config, needs_redis, provider, shared_state,
+    BACKENDS, CHAT_JSON, MESSAGES, make_config, needs_redis, provider, scale_to_zero, shared_state, started_store,
 )
 
 GOOD = Behavior.reply(CHAT_JSON)
 
 
-def _store(backend: str):
-    return RedisStore(REDIS_URL, shared_state()["state_prefix"]) if backend == "redis" else MemoryStore()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_store_backoff_doubles_caps_blocks_the_warmup_and_a_warm_answer_ends_it(backend):
     async def main():
-        s = _store(backend)
-        await s.start()
-        try:
+        async with started_store(backend) as s:
             fresh = await s.warm("ft")
             windows = [await s.warmup_failed("ft", 10.0, 35.0) for _ in range(4)]
             held = await s.warm("ft")
@@ -42,8 +35,6 @@ def test_store_backoff_doubles_caps_blocks_the_warmup_and_a_warm_answer_ends_it(
             claimed = await s.claim_warmup("ft", 5.0)
             restarted = await s.warmup_failed("ft", 10.0, 35.0)
             return fresh, windows, held, blocked, other, still, ended, claimed, restarted
-        finally:
-            await s.aclose()
 
     fresh, windows, held, blocked, other, still, ended, claimed, restarted = asyncio.run(main())
     assert (fresh.held_cold_s, fresh.failed_warmups, fresh.warm, fresh.warming) == (0.0, 0, None, False)
@@ -58,17 +49,13 @@ def test_store_backoff_doubles_caps_blocks_the_warmup_and_a_warm_answer_ends_it(
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_store_window_runs_out_by_itself_and_the_count_stays(backend):
     async def main():
-        s = _store(backend)
-        await s.start()
-        try:
+        async with started_store(backend) as s:
             await s.warmup_failed("ft", 0.1, 1.0)
             held = await s.warm("ft")
             await asyncio.sleep(0.15)      # a TTL runs out: nothing to wait on but the time
             over = await s.warm("ft")
             claimed = await s.claim_warmup("ft", 5.0)
             return held, over, claimed, await s.warmup_failed("ft", 0.1, 1.0)
-        finally:
-            await s.aclose()
 
     held, over, claimed, second = asyncio.run(main())
     assert 0 < held.held_cold_s <= 0.1
@@ -80,10 +67,7 @@ def test_store_window_runs_out_by_itself_and_the_count_stays(backend):
 def test_two_chains_on_one_redis_hold_a_broken_endpoint_cold_for_both():
     async def main():
         async with FakeOpenAI(GOOD, health=Behavior.status(503)) as ft, FakeOpenAI(GOOD) as hosted:
-            gated = provider("ft", ft, scale_to_zero=True, health_url=ft.health_url,
-                             warm={"probe_timeout_s": 0.1, "ttl_s": 0, "warmup_budget_s": 0.1, "warmup_poll_s": 0.02,
-                                   "warmup_request_timeout_s": 0.5, "warmup_backoff_s": 0.6,
-                                   "warmup_backoff_max_s": 5.0})
+            gated = scale_to_zero("ft", ft, ttl_s=0, warmup_backoff_s=0.6, warmup_backoff_max_s=5.0)
             cfg = make_config(gated, provider("hosted", hosted), **shared_state())
             async with Chain(cfg) as one, Chain(cfg) as two:
                 await one.complete(MESSAGES, kind="chat")      # cold: one's warm-up starts and fails

@@ -7,7 +7,8 @@
 Order of one request: scale-to-zero providers that the warm gate calls warm go first, cold ones are
 skipped (the gate starts their warm-up, unless their endpoint is held cold after failed warm-ups: then
 the skip's message says for how long), then the rest in config order. A provider whose breaker is
-open is skipped without a request; when its cooldown has ended, ONE request at a time (across
+open is skipped without a request (a scale-to-zero one's gate is still woken, WarmGate.wake: a cold
+endpoint warms up during the cooldown); when its cooldown has ended, ONE request at a time (across
 workers, with a shared store) gets to try it, the others skip it while that trial runs. The breakers
 are read when the request starts and again before each attempt that follows one which went upstream
 (it may have taken its whole timeout: a breaker that opened meanwhile is honoured by requests already
@@ -25,7 +26,9 @@ complete() and stream() accept the same replies). A client error (upstream 4xx o
 401/402/403/404/407/408/429, e.g. 400 context_length_exceeded) falls through too, since providers
 differ in what they accept, but never counts toward the breaker (hearth.gateway.breaker); nor does a
 deadline the request shortened itself (hearth_deadline_s) running out. When every
-provider failed: AllProvidersFailed, one ProviderError per provider in chain order.
+provider failed: AllProvidersFailed, one ProviderError per provider in chain order, and its available_in_s:
+per provider, when it may be tried again as the state says once the request gave up (Chain._available_in_s),
+so the reply can tell the client when to come back also after attempts that opened a breaker.
 
 Streaming: deltas carry only the text of the reply's JSON object (hearth.gateway.streamfilter: no
 think block, no fences, no chatter). The chain falls back until the first such byte is yielded;
@@ -68,7 +71,7 @@ from hearth.gateway.errors import (
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
-from hearth.gateway.state import CLOSED, BreakerSnapshot, StateStore, make_store
+from hearth.gateway.state import CLOSED, BreakerSnapshot, StateStore, StateStoreError, make_store
 from hearth.gateway.streamfilter import STREAMED_KINDS, EnvelopeFilter, check_streamed
 from hearth.gateway.transport.client import AiohttpTransport, Transport
 from hearth.gateway.warm import WarmGate
@@ -257,6 +260,8 @@ class Chain:
             cooling = self.breakers[p.name].skip(snap)
             if cooling is not None:
                 skipped.append(cooling)
+                if p.name in self.gates:  # not tried now, but wanted: a cold endpoint warms up meanwhile
+                    self.gates[p.name].wake()
             else:
                 open_ok.append(_Attempt(p, snap))
         gated = [a for a in open_ok if a.provider.name in self.gates]
@@ -396,9 +401,34 @@ class Chain:
             outcome = "error"  # the gateway's own failure: the state store, a bug
         self._finish(w, outcome)
 
-    @staticmethod
-    def _all_failed(errors: list[ProviderError]) -> AllProvidersFailed:
-        return AllProvidersFailed(f"all {len(errors)} providers failed", errors)
+    async def _all_failed(self, errors: list[ProviderError]) -> AllProvidersFailed:
+        exc = AllProvidersFailed(f"all {len(errors)} providers failed", errors)
+        try:
+            exc.available_in_s = await self._available_in_s([e.provider for e in errors])
+        except StateStoreError as err:  # the failure is still the answer; the reply falls back to what errors say
+            log.warning("could not read when the providers may be tried again: %s", err, extra={"error": "state_store"})
+        return exc
+
+    async def _available_in_s(self, names: list[str]) -> list[float | None]:
+        """Per provider, read now (after its attempt, which may have opened its breaker): seconds until a request
+        may try it again. 0.0: at once. None: not known (its half-open trial is in flight; a gate with nothing to
+        wait for). A provider that both cools down and is cold gets the longer wait; an unknown part with a known
+        one gives the known one (a lower bound)."""
+        snaps = await self.store.breakers(names)
+        gated = {id(self.gates[n]): self.gates[n] for n in names if n in self.gates}  # a shared gate once
+        gate_waits = dict(zip(gated, await asyncio.gather(*(g.available_in_s() for g in gated.values()))))
+        out: list[float | None] = []
+        for name, snap in zip(names, snaps):
+            parts: list[float | None] = []
+            if snap.open_left_s > 0:
+                parts.append(snap.open_left_s)
+            elif snap.tripped and snap.trial:
+                parts.append(None)
+            if name in self.gates:
+                parts.append(gate_waits[id(self.gates[name])])
+            known = [w for w in parts if w]
+            out.append(max(known) if known else (None if None in parts else 0.0))
+        return out
 
     @asynccontextmanager
     async def _turn(self, w: _Walk, i: int, a: _Attempt, request_id: str | None) -> AsyncIterator[None]:
@@ -444,7 +474,7 @@ class Chain:
                     a.reply = (done.envelope, done.text, done.finish_reason, done.usage)
                 if a.result is not None:
                     return a.result
-            raise self._all_failed(w.errors)
+            raise await self._all_failed(w.errors)
         except BaseException as exc:  # every way out records the request's one outcome (ok did in _succeeded)
             self._ended(w, exc)
             raise
@@ -487,7 +517,7 @@ class Chain:
                 if a.result is not None:  # the turn is over (upstream closed) before the consumer gets the end
                     yield StreamDone(a.result)
                     return
-            raise self._all_failed(w.errors)
+            raise await self._all_failed(w.errors)
         except BaseException as exc:  # every way out records the request's one outcome (ok did in _succeeded), also
             self._ended(w, exc)      # GeneratorExit: the consumer closed the stream before its end
             raise

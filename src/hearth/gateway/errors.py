@@ -21,7 +21,8 @@
     ├── ClientStalled                        a streaming client took no bytes for stream_write_timeout_s:
     │                                        the gateway disconnects it (thrown into Chain.stream)
     └── AllProvidersFailed (ExceptionGroup)  every provider failed; .exceptions holds one
-                                             ProviderError per provider, in chain order
+                                             ProviderError per provider, in chain order;
+                                             .available_in_s when each may be tried again
 
 Every ProviderError keeps what a fallback or a log needs (status, Retry-After, timeout kind);
 nothing is flattened into a message string.
@@ -176,7 +177,13 @@ class ClientStalled(GatewayError):
 
 
 class AllProvidersFailed(ExceptionGroup, GatewayError):
-    """Every provider in the chain failed; ``exceptions`` lists each one's ProviderError in order."""
+    """Every provider in the chain failed; ``exceptions`` lists each one's ProviderError in order.
+
+    ``available_in_s``: per exception, seconds until its provider may be tried again, read from the breaker and
+    warm state when the chain gave up (0.0 at once, None not known); None when not read (the state store failed,
+    or the group was built elsewhere): then only the errors themselves say it (hearth.gateway.server)."""
+
+    available_in_s: list[float | None] | None = None
 
     def __new__(cls, message: str, exceptions):
         return super().__new__(cls, message, exceptions)

@@ -28,14 +28,15 @@ Routes:
 When every provider failed, the status says whose problem it is:
     every provider that was tried refused the request itself (4xx other than 401/402/403/404/407/408/429,
         e.g. 400 context_length_exceeded)          -> that 4xx, with the provider's error message
-    every provider is rate-limited / cooling down  -> 429 (all rate limits) or 503, with Retry-After =
-    or cold (skipped)                                 the shortest wait known (a breaker's cooldown, a
-                                                      held-cold window, an upstream's Retry-After: whole
-                                                      seconds rounded up, >= 1, <= max_retry_after_s) and
-                                                      "next_available" {provider, available_in_s}; none
-                                                      when no wait is known (a warm-up running)
+    every provider is rate-limited / cooling down  -> 429 (all rate limits) or 503
+    or cold (skipped)
     only timeouts                                  -> 504
     anything else                                  -> 502
+A 429/502/503/504 carries Retry-After and "next_available" {provider, available_in_s} when no provider may be
+tried again at once, as the breakers and warm gates stand once the chain gave up (an attempt may just have opened
+its provider's breaker): Retry-After = the soonest wait known (a breaker's cooldown, a held-cold window, a warm-up's
+end at the latest, an upstream's Retry-After), whole seconds rounded up, >= 1, <= max_retry_after_s. None when some
+provider may be tried at once (a failure that opened nothing) or no wait is known (a half-open trial in flight).
 Every error body is OpenAI-shaped JSON, {"error": {"message", "type", "param", "code", ...}}, also for
 404/405/413/415/500, and carries X-Request-ID (the client's, when it sent one, else a new one); each
 chat request logs one JSON line with it.
@@ -209,25 +210,61 @@ def _rate_limited(e: ProviderError) -> bool:
 
 
 def _available_in_s(e: ProviderError, max_retry_after_s: float) -> float | None:
-    """Seconds until the provider may be tried again, when `e` says: its breaker's cooldown left, its endpoint's
-    held-cold window left, its Retry-After (capped as the breaker caps the cooldown it opens for it). None when
-    not known: a warm-up running, a half-open trial in flight, a failure that opened nothing."""
+    """Seconds until the provider may be tried again, as far as `e` itself says: its breaker's cooldown left, its
+    endpoint's held-cold window left, its Retry-After (capped as the breaker caps the cooldown it opens for it);
+    0.0 for an attempt that failed without saying (it opened nothing it knows of). None when not known: a warm-up
+    running, a half-open trial in flight."""
     if isinstance(e, Cooldown):
         return e.remaining_s if e.remaining_s > 0 else None
     if isinstance(e, HeldCold):
         return e.held_s
     if isinstance(e, UpstreamStatus) and e.retry_after is not None:
         return min(e.retry_after, max_retry_after_s)
-    return None
+    return None if isinstance(e, Cold) else 0.0
+
+
+def _waits(exc: AllProvidersFailed, max_retry_after_s: float) -> list[float | None]:
+    """Per failure: seconds until its provider may be tried again (0.0 at once, None not known). What the chain read
+    from the breaker and warm state when it gave up (exc.available_in_s: a breaker this request's attempt opened, a
+    skipped cooldown that ran out meanwhile, a warm-up's end); an upstream's own Retry-After as it said it, unless
+    the breaker holds the provider longer (another worker lengthened it). Without that reading: what each error
+    says (_available_in_s)."""
+    own = [_available_in_s(e, max_retry_after_s) for e in exc.exceptions]
+    if exc.available_in_s is None:
+        return own
+    out = []
+    for e, said, now in zip(exc.exceptions, own, exc.available_in_s):
+        if now is not None and now > 0 and isinstance(e, UpstreamStatus) and said is not None:
+            now = max(said, now)
+        out.append(now)
+    return out
+
+
+def _come_back(errors, waits: list[float | None], max_retry_after_s: float) -> tuple[dict | None, dict, str]:
+    """(headers, body extras, message ending) telling the client when to come back: Retry-After = the soonest wait
+    known, whole seconds rounded up, capped at max_retry_after_s like every Retry-After the gateway passes on, and
+    next_available naming that provider. Nothing when a provider may be tried again at once (a retry now may get
+    through) or when no wait is known (a client backs off on its own)."""
+    if any(w == 0.0 for w in waits):
+        return None, {}, ""
+    known = [(w, e.provider) for e, w in zip(errors, waits) if w is not None]
+    if not known:
+        return None, {}, ""
+    wait, name = min(known, key=lambda k: k[0])  # the first in chain order on a tie
+    wait = round(min(wait, max_retry_after_s), 3)
+    seconds = max(1, math.ceil(wait))
+    return ({"Retry-After": str(seconds)}, {"next_available": {"provider": name, "available_in_s": wait}},
+            f"; {name!r} may be tried again in {seconds} s")
 
 
 def _failure(exc: AllProvidersFailed, request_id: str, max_retry_after_s: float) -> web.Response:
-    """The response for a request every provider failed (see the module docstring for the statuses). When none
-    could be tried, Retry-After is the soonest wait known, capped at max_retry_after_s like every Retry-After the
-    gateway passes on; the body names that provider (next_available) and each failure's own wait."""
+    """The response for a request every provider failed (see the module docstring for the statuses). When no
+    provider may be tried again at once (all skipped or rate-limited, or every attempt left its provider
+    unavailable for a while: a breaker it opened), a 429/502/503/504 carries Retry-After and next_available
+    (_come_back); the body says each failure's own wait."""
     errors = exc.exceptions
     failures = [_describe(e) for e in errors]
-    waits = [_available_in_s(e, max_retry_after_s) for e in errors]
+    waits = _waits(exc, max_retry_after_s)
     for d, wait in zip(failures, waits):
         d["available_in_s"] = None if wait is None else round(wait, 3)
     tried = [e for e in errors if not isinstance(e, (Cooldown, Cold))]
@@ -238,26 +275,20 @@ def _failure(exc: AllProvidersFailed, request_id: str, max_retry_after_s: float)
         message = up.get("message") or f"the provider refused the request (HTTP {first.status})"
         return _error(first.status, str(message), request_id, param=up.get("param"), code=up.get("code"),
                       type=up.get("type") or "invalid_request_error", failures=failures)
+    headers, extra, when = _come_back(errors, waits, max_retry_after_s)
     if all(_unavailable(e) for e in errors):
         limits = [e for e in errors if not isinstance(e, Cold)]
         rate = bool(limits) and all(_rate_limited(e) for e in limits)
-        message = "every provider is rate-limited" if rate else "every provider is cooling down or cold"
-        headers, extra = None, {}
-        known = [(wait, e.provider) for e, wait in zip(errors, waits) if wait is not None]
-        if known:  # the first in chain order on a tie
-            wait, name = min(known, key=lambda k: k[0])
-            wait = round(min(wait, max_retry_after_s), 3)
-            seconds = max(1, math.ceil(wait))
-            headers = {"Retry-After": str(seconds)}
-            extra["next_available"] = {"provider": name, "available_in_s": wait}
-            message += f"; {name!r} may be tried again in {seconds} s"
+        message = ("every provider is rate-limited" if rate else "every provider is cooling down or cold") + when
         if rate:
             return _error(429, message, request_id, code="rate_limited", headers=headers, failures=failures, **extra)
         return _error(503, message, request_id, code="providers_unavailable", type="service_unavailable",
                       headers=headers, failures=failures, **extra)
     if tried and all(isinstance(e, (Timeout, DeadlineExceeded)) for e in tried):
-        return _error(504, exc.message, request_id, code="upstream_timeout", failures=failures)
-    return _error(502, exc.message, request_id, code="upstream_failed", failures=failures)
+        return _error(504, exc.message + when, request_id, code="upstream_timeout", headers=headers,
+                      failures=failures, **extra)
+    return _error(502, exc.message + when, request_id, code="upstream_failed", headers=headers, failures=failures,
+                  **extra)
 
 
 def _model(result) -> str:

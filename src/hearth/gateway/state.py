@@ -15,7 +15,8 @@ What is stored, per provider (Redis keys under "<state_prefix>:<provider>:"):
     open     "<status>\\x1f<why>" with a TTL: present while the provider cools down (TTL = time left)
     trial    a token with a TTL (the lease): the one half-open trial request in flight
     warm     "1" / "0" with TTL warm.ttl_s: the last health answer, trusted that long
-    warmup   a token with a TTL (the lease): the one background warm-up running, across workers
+    warmup   a token with a TTL (the lease): the one background warm-up running, across workers (the TTL
+             left says when it ends at the latest: hearth.gateway.warm.WarmGate.available_in_s)
     backoff  the back-off window (ms) with that TTL: present while the endpoint is held cold after failed
              warm-ups (no probe, no warm-up: the warm-up's lease cannot be claimed)
     warmfails  failed warm-ups in a row: each doubles the next window; a warm answer deletes it and backoff
@@ -61,6 +62,7 @@ class WarmSnapshot:
     warming: bool = False        # a warm-up is running, in any worker
     held_cold_s: float = 0.0     # > 0 while the endpoint is held cold after failed warm-ups (time left)
     failed_warmups: int = 0      # failed warm-ups in a row (since the last warm answer)
+    warmup_left_s: float = 0.0   # while it runs: the time left of its lease (the warm gate's estimate of its end)
 
 
 def backoff_window(failures: int, start_s: float, max_s: float) -> float:
@@ -214,8 +216,9 @@ class MemoryStore(StateStore):
         w = self._warm.get(name)
         u = self._warmup.get(name)
         failures, until = self._backoff.get(name, (0, 0.0))
-        return WarmSnapshot(w[0] if w is not None and w[1] > now else None, u is not None and u[1] > now,
-                            max(until - now, 0.0), failures)
+        lease_left = u[1] - now if u is not None and u[1] > now else 0.0
+        return WarmSnapshot(w[0] if w is not None and w[1] > now else None, lease_left > 0, max(until - now, 0.0),
+                            failures, lease_left)
 
     async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
         self._warm[name] = (warm, time.monotonic() + ttl_s)
@@ -402,14 +405,15 @@ class RedisStore(StateStore):
         async def run():
             pipe = self._r.pipeline(transaction=False)
             pipe.get(self._k(name, "warm"))
-            pipe.exists(self._k(name, "warmup"))
+            pipe.pttl(self._k(name, "warmup"))
             pipe.pttl(self._k(name, "backoff"))
             pipe.get(self._k(name, "warmfails"))
             return await pipe.execute()
 
-        w, u, held_ms, failures = await self._call(run())
-        return WarmSnapshot(None if w is None else w == "1", bool(u), held_ms / 1000 if held_ms > 0 else 0.0,
-                            int(failures or 0))
+        w, lease_ms, held_ms, failures = await self._call(run())
+        # PTTL: -2 no key, -1 no TTL (never set so: every lease has one); either way no warm-up to wait for
+        return WarmSnapshot(None if w is None else w == "1", lease_ms > 0, held_ms / 1000 if held_ms > 0 else 0.0,
+                            int(failures or 0), lease_ms / 1000 if lease_ms > 0 else 0.0)
 
     async def set_warm(self, name: str, warm: bool, ttl_s: float) -> None:
         key = self._k(name, "warm")

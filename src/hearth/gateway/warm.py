@@ -18,6 +18,14 @@ how long the endpoint is still held cold):
       Meanwhile callers get "cold" at once, without a probe, and no warm-up starts; a broken endpoint (a bad
       deploy, a quota) is no longer knocked on every warmup_poll_s for as long as traffic comes. The first
       warm answer (a probe's or a warm-up's) ends the back-off and its count.
+    * a provider whose breaker is open is not tried, but the chain still wakes its gate (wake(): the same decision,
+      in the background, without holding the request): a cold endpoint's warm-up runs during the cooldown instead
+      of after it. See wake() for why.
+
+When a request could not use the endpoint, available_in_s() says when it may be tried again: 0 when warm (or
+unknown: the next request probes), the back-off's window left, or while a warm-up runs the time left of its
+budget (the latest it ends: warm, or failed and held cold). No cold-start figure is configured or assumed: the
+budget is the one the operator sets for a cold start (docs/gateway.md, Errors: When to come back).
 
 The probe carries the provider's own headers (Authorization from api_key_env, its `headers`) when health_url is
 the same origin (scheme, host, port) as base_url, so a health route behind the endpoint's key reads warm; to any
@@ -70,6 +78,7 @@ class WarmGate:
         self._headers = provider.health_headers
         self._probe: asyncio.Task[bool] | None = None
         self._warmup: asyncio.Task[None] | None = None
+        self._waking: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self.last_error: str | None = None
 
@@ -109,10 +118,45 @@ class WarmGate:
         """Forget the trusted answer (the chain calls this when a warm-gated provider stops answering)."""
         await self.store.forget_warm(self.name)
 
+    async def available_in_s(self) -> float | None:
+        """Seconds until a request may try the endpoint, from the (shared) store: 0.0 when warm, or when no answer is
+        trusted (the next request probes); the back-off's window left; while a warm-up runs, the time left of its
+        budget, or of its lease once the budget is spent (a warm-up whose worker died holds the lease until it runs
+        out). None when cold with nothing running to wait for (a cold answer still trusted for ttl_s).
+
+        The warm-up's end is the one time the gateway knows: by then the endpoint is warm (earlier, when it wakes
+        sooner) or held cold for a window that the next reply names. A shorter guess (a typical cold start) would
+        send clients back to the same 503 whenever the endpoint is slower than the guess."""
+        snap = await self.store.warm(self.name)
+        if snap.warm:
+            return 0.0
+        if snap.held_cold_s > 0:
+            return snap.held_cold_s
+        if snap.warming:
+            budget_left = snap.warmup_left_s - (self._lease_s - self.settings.warmup_budget_s)
+            return budget_left if budget_left > 0 else snap.warmup_left_s
+        return 0.0 if snap.warm is None else None
+
+    def wake(self) -> None:
+        """Make the decision a request would make (probe when no answer is trusted; cold: start the warm-up), in the
+        background, for a provider the request skips anyway (its breaker is open). Nothing new is knocked on: a
+        trusted answer, a running warm-up or a back-off window decide without a probe, as for any request.
+
+        Why wake it during the cooldown: the request wanted this endpoint, and the first request after the cooldown
+        would probe it and start this same warm-up (the same GPU start) anyway, only later; overlapping the cold
+        start with the cooldown lets that half-open trial find it warm. A breaker that opened while the endpoint is
+        warm (it answers 5xx) finds the health route warm: no warm-up starts, and the probe (one GET per ttl_s) is
+        all it costs. A broken health route fails one warm-up and the back-off holds it cold as before."""
+        if self._waking is None or self._waking.done():
+            self._waking = self._track(self._decide(), "wake")
+
     async def wait_warmup(self) -> None:
-        """Wait until the running warm-up (if any) ends. Its failure is logged, not raised here."""
-        if self._warmup is not None and not self._warmup.done():
-            await asyncio.wait([self._warmup])
+        """Wait until the decision in flight (a wake, a probe) and the warm-up it started (if any) end. A failure is
+        logged, not raised here."""
+        for attr in ("_waking", "_probe", "_warmup"):  # each may start the next
+            task = getattr(self, attr)
+            if task is not None and not task.done():
+                await asyncio.wait([task])
 
     async def aclose(self) -> None:
         tasks = list(self._tasks)
@@ -122,6 +166,13 @@ class WarmGate:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ internals
+    @property
+    def _lease_s(self) -> float:
+        """The warm-up's lease: it outlives the warm-up's own budget (its last knock may start just before the budget
+        ends), so a worker that dies holding it blocks no one for long."""
+        s = self.settings
+        return s.warmup_budget_s + s.warmup_request_timeout_s + 5.0
+
     async def _decide(self) -> tuple[bool, float]:
         snap = await self.store.warm(self.name)
         if snap.warm:  # a warm answer ended any back-off (set_warm)
@@ -183,10 +234,8 @@ class WarmGate:
         warm = await self._knock(self.settings.probe_timeout_s) is True
         await self._set(warm)
         if not warm and not self.warming:
-            s = self.settings
-            # the lease outlives the warm-up's own budget, so a worker that dies holding it blocks no one for long;
             # refused while the endpoint is held cold (this probe may have started before the back-off did)
-            token = await self.store.claim_warmup(self.name, s.warmup_budget_s + s.warmup_request_timeout_s + 5.0)
+            token = await self.store.claim_warmup(self.name, self._lease_s)
             if token is not None:
                 log.info("provider %s is cold (%s); starting warm-up", self.provider.name, self.last_error)
                 self._warmup = self._track(self._run_warmup(token), "warmup")
