@@ -154,7 +154,8 @@ def train(
     grad_accum: Annotated[Optional[int], typer.Option("--grad-accum", help="micro-batches per optimizer step [1]")] = None,
     pack: Annotated[Optional[bool], typer.Option("--pack/--no-pack", help="pack short examples into one row (no attention across them) \\[off]")] = None,
     eval_corpus: Annotated[Optional[Path], typer.Option("--eval-corpus", help="validation train.jsonl (instead of --eval-fraction)")] = None,
-    eval_fraction: Annotated[Optional[float], typer.Option("--eval-fraction", help="hold out this fraction of the corpus for eval loss [0]")] = None,
+    eval_fraction: Annotated[Optional[float], typer.Option("--eval-fraction", help=(
+        "hold out about this fraction of the examples, as whole conversations, for eval loss [0]"))] = None,
     eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="eval loss every N steps (and at the end) \\[end only]")] = None,
     save_every: Annotated[Optional[int], typer.Option("--save-every", help="checkpoint every N steps under OUT/checkpoints \\[never]")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="a checkpoint folder, or a run folder (its latest checkpoint)")] = None,

@@ -11,10 +11,6 @@ sum is due, a missing x world) moves the losses by 1e-3 or more from the first o
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,29 +18,19 @@ import torch
 
 from hearth.train import distributed as D
 from hearth.train import finetune
-from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+from tests.train import launch
+from tests.train.launch import failure, free_port, tiny_run, torchrun
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
-ROOT = Path(__file__).resolve().parents[2]
 # grad_accum 3: two ranks take 2 and 1 micro-batches of each step (the second also runs a zero-weight pass)
-RUN = dict(rank=4, alpha=8.0, lr=1e-2, seq_len=512, patch=False, max_steps=3, batch_tokens=512, grad_accum=3,
-           eval_fraction=0.25, eval_every=2, save_every=2, warmup_steps=1)
+RUN = {**launch.RUN, "grad_accum": 3}
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from transformers import AutoTokenizer
-
     d = tmp_path_factory.mktemp("dist")
-    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer(d / "tok")), local_files_only=True)
-    corpus = write_corpus(d / "train.jsonl", tok, range(12))
-    base = save_tiny_model(d / "model", len(tok))
-    run_toml = d / "run.toml"
-    run_toml.write_text(f'corpus = "{corpus}"\nmodel = "{base}"\n'
-                        + "".join(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
-                                  for k, v in RUN.items()))
-    return d, corpus, base, run_toml
+    return (d, *tiny_run(d, RUN))
 
 
 @pytest.fixture(scope="module")
@@ -52,30 +38,6 @@ def single(files):
     d, corpus, base, _ = files
     _, metrics = finetune.train_model(finetune.FinetuneConfig(corpus=corpus, model=base, out=d / "one", **RUN))
     return metrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def failure(proc: subprocess.CompletedProcess) -> str:
-    """A failed torchrun's story: the tails of stdout and stderr, and, from anywhere in stderr, the lines a rank's
-    own crash leaves (a C++ `what():` or `terminate called` above torchrun's summary can fall outside the tail)."""
-    marks = ("terminate called", "what():", "Error", "Signal", "Traceback")
-    crash = [line for line in proc.stderr.splitlines() if any(m in line for m in marks)]
-    return proc.stdout[-3000:] + proc.stderr[-3000:] + "\n--- crash lines ---\n" + "\n".join(crash[:60])
-
-
-def torchrun(run_toml: Path, out: Path, parallel: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "hearth.cli", "train", str(run_toml), "--out", str(out),
-           "--parallel", parallel, *extra]
-    # generous: two ranks share 2 cores with whatever else runs; a hang still ends here, not at CI's limit
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=out.parent)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])

@@ -15,29 +15,20 @@ import json
 import pytest
 
 from hearth.train import finetune
-from tests.train.test_distributed import failure, torchrun
-from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+from tests.train import launch
+from tests.train.launch import failure, tiny_run, torchrun
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 # grad_accum 1: the default; two ranks resume it, rank 1 runs only zero-weight passes
-RUN = dict(rank=4, alpha=8.0, lr=1e-2, seq_len=512, patch=False, max_steps=3, batch_tokens=512, grad_accum=1,
-           eval_fraction=0.25, eval_every=2, save_every=2, warmup_steps=1)
+RUN = {**launch.RUN, "grad_accum": 1}
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """One process, 3 steps, a checkpoint at step 2: (folder, corpus, base, run.toml, the run's metrics)."""
-    from transformers import AutoTokenizer
-
     d = tmp_path_factory.mktemp("more-ranks")
-    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer(d / "tok")), local_files_only=True)
-    corpus = write_corpus(d / "train.jsonl", tok, range(12))
-    base = save_tiny_model(d / "model", len(tok))
-    run_toml = d / "run.toml"
-    run_toml.write_text(f'corpus = "{corpus}"\nmodel = "{base}"\n'
-                        + "".join(f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
-                                  for k, v in RUN.items()))
+    corpus, base, run_toml = tiny_run(d, RUN)
     _, metrics = finetune.train_model(finetune.FinetuneConfig(corpus=corpus, model=base, out=d / "one", **RUN))
     return d, corpus, base, run_toml, metrics
 

@@ -1,5 +1,6 @@
 """Training data for hearth.train.finetune: fitting examples into the sequence length, the validation
-split, per-epoch shuffling, token-budget micro-batches (padded or packed) and their tensors.
+split (whole conversations held out: split_eval), per-epoch shuffling, token-budget micro-batches (padded or
+packed) and their tensors.
 
 Fitting (fit_example): an example longer than seq_len keeps its system prompt (the first message block)
 and its last user turn + trained reply (the last two blocks), and drops the OLDEST history turns, two
@@ -23,6 +24,7 @@ No pydantic, no transformers import here: plain Python plus torch for the tensor
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,17 +142,54 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
                       "longest_fitted_tokens": max(len(e) for e in examples), "rejected": rejected}
 
 
-def split_eval(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """(train, eval): a seeded random ``fraction`` of the examples held out (at least one, never all)."""
+_TURN = re.compile(r"(.+)#\d+")
+
+
+def conversation_of(example: Example) -> str | int:
+    """The conversation an example was built from, what split_eval groups by: the corpus builder names the example
+    of each assistant turn ID#TURN (``wren-exam#3`` -> ``wren-exam``). An id without #TURN (a hand-written row)
+    names its group whole, so rows sharing it go together; a row without an id (an older or hand-written
+    train.jsonl) is its own group, keyed by its line (an int: never equal to an id)."""
+    if example.id is None:
+        return example.line
+    name = example.id if isinstance(example.id, str) else json.dumps(example.id, sort_keys=True)
+    turn = _TURN.fullmatch(name)
+    return turn.group(1) if turn else name
+
+
+def split_eval(examples: list[Example], fraction: float, seed: int, *,
+               whole_conversations: bool = True) -> tuple[list[Example], list[Example]]:
+    """(train, eval), each in corpus order: about ``fraction`` of the examples held out as whole conversations
+    (conversation_of), at least one, never all. Holding out single examples put the turns of one conversation on
+    both sides, so the eval loss was measured on turns whose earlier turns, persona and memories were trained on.
+
+    The conversations are taken in a random order drawn from the seed (torch's generator over their order of first
+    appearance: the same split in every process, as a resume and every rank need), each while it brings the count
+    nearer ``fraction`` of the examples; so the count is off by at most half a conversation, or more only where
+    the first one drawn is longer than the target. ``whole_conversations=False`` holds out single examples, the
+    split hearth drew before, which a checkpoint saved then resumes with (its step plan indexes that training set).
+    Where every conversation is one example, both are that earlier split: the same seeded order, as long a prefix."""
     import torch
 
     if fraction <= 0:
         return examples, []
-    n_eval = max(1, round(len(examples) * fraction))
-    if n_eval >= len(examples):
+    target = max(1, round(len(examples) * fraction))
+    if target >= len(examples):
         raise ValueError(f"eval_fraction: {fraction} of {len(examples)} examples leaves none to train on")
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed + 7919)).tolist()
-    held = set(order[:n_eval])
+    groups: dict[str | int, list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(conversation_of(e) if whole_conversations else i, []).append(i)
+    members = list(groups.values())  # in order of first appearance, never of a (process-salted) hash
+    if len(members) == 1:
+        raise ValueError(f"eval_fraction: {fraction} of {len(examples)} examples leaves none to train on: they are all "
+                         f"one conversation ({next(iter(groups))}), and the eval split holds out whole conversations "
+                         "(give an eval_corpus instead)")
+    order = torch.randperm(len(members), generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    held: set[int] = set()
+    for g in order[:-1]:  # never the last one: something is left to train on
+        if held and abs(len(held) + len(members[g]) - target) >= abs(len(held) - target):
+            break
+        held.update(members[g])
     return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
 
 

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from hearth.train import distributed as D
-from hearth.train.batches import Example, collate, load_examples, plan_epoch, split_eval
+from hearth.train.batches import Example, collate, conversation_of, load_examples, plan_epoch, split_eval
 from hearth.train.distributed import PARALLEL
 from hearth.train.durable import fsync, fsync_tree, replace_dir, restore_aside
 
@@ -927,6 +927,20 @@ def data_fingerprint(cfg) -> dict:
     return out
 
 
+def eval_split_of(state: dict | None, path: Path | None) -> str:
+    """How a run with eval_fraction splits off its eval examples: "conversations" (batches.split_eval), or, resuming a
+    checkpoint saved before that split (its data holds no eval_split), "examples" -- its step plan indexes the
+    training set of that split, so another split would train some examples twice and others never, and score
+    examples it trained on. ValueError naming resume for a split this version does not know."""
+    if state is None:
+        return "conversations"
+    split = (state.get("data") or {}).get("eval_split", "examples")
+    if split not in ("conversations", "examples"):
+        raise ValueError(f"resume: {path} held its eval examples out by {split!r}, which this hearth cannot repeat "
+                         "(a resumed run must see the same data)")
+    return split
+
+
 def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
     """The run's adapter into OUT, whole or not at all: written to OUT/.adapter.tmp, then each file moved over its
     old version with one rename. A crash while writing (out of disk, killed) used to leave a half-written
@@ -1033,7 +1047,7 @@ def check_resume(path: Path, cfg, data: dict | None = None) -> dict:
                          "(a resumed run must see the same data, model and schedule)")
     saved_data, data = state.get("data") or {}, data if data is not None else data_fingerprint(cfg)
     for key, digest in saved_data.items():  # checkpoints written before the fingerprint have none to compare
-        if data.get(key) != digest:
+        if key.endswith("_sha256") and data.get(key) != digest:  # eval_split: the runner follows the checkpoint's
             name = key.removesuffix("_sha256")
             raise ValueError(f"resume: {path} was trained on another {name}: {getattr(cfg, name)} changed since "
                              "(its sha256 differs; a resumed run must see the same data)")
@@ -1176,13 +1190,27 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
 
     examples, data_stats = load_examples(cfg.corpus, cfg.seq_len)
     say_rejected(cfg.corpus, data_stats)
+    resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
+    fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
+    # a config error: before the model is loaded; before the split too, which a resume takes from its checkpoint
+    resume_state = check_resume(resume_from, cfg, fingerprint) if resume_from is not None else None
     if cfg.eval_corpus is not None:
         train, (held, eval_stats) = examples, load_examples(cfg.eval_corpus, cfg.seq_len, name="eval_corpus")
         say_rejected(cfg.eval_corpus, eval_stats)
         data_stats["eval"] = eval_stats
     else:
-        train, held = split_eval(examples, cfg.eval_fraction, cfg.seed)
+        split = eval_split_of(resume_state, resume_from) if cfg.eval_fraction > 0 else None
+        train, held = split_eval(examples, cfg.eval_fraction, cfg.seed, whole_conversations=split != "examples")
+        if split is not None:  # the checkpoints this run writes resume with the same split
+            data_stats["eval_split"] = split
+            if fingerprint is not None:
+                fingerprint["eval_split"] = split
+        if split == "examples":
+            console.print(f"[yellow]note:[/yellow] {resume_from} was saved before hearth held out whole "
+                          "conversations: this run keeps its per-example eval split (the steps it has left index "
+                          "that training set); its eval loss may score turns of conversations it trains on")
     data_stats.update(train_examples=len(train), eval_examples=len(held),
+                      eval_conversations=len({conversation_of(e) for e in held}),
                       train_truncated=sum(1 for e in train if e.dropped_turns),
                       train_history_dropped=sum(e.dropped_turns for e in train),
                       eval_truncated=sum(1 for e in held if e.dropped_turns))
@@ -1195,11 +1223,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         console.print("[yellow]note:[/yellow] matplotlib is not installed: no loss.png for this run (metrics.jsonl "
                       "holds the losses; pip install 'hearth[train]' for the plot)")
     steps = step_plan(train, cfg)
-    resume_from = find_checkpoint(cfg.resume) if cfg.resume is not None else None
-    fingerprint = data_fingerprint(cfg) if (cfg.save_every or resume_from is not None) else None
-    saved = None
-    if resume_from is not None:  # a config error: before the model is loaded
-        saved = check_resume(resume_from, cfg, fingerprint)["config"]
+    saved = resume_state["config"] if resume_state is not None else None
     # warm-up, eval and checkpoint intervals against the run's length, before the model; a resume (the same data
     # and schedule: check_resume) keeps the values its checkpoint was saved with
     cfg.check_steps(len(steps), saved=saved)
@@ -1408,7 +1432,10 @@ def fit_summary(data: dict, seq_len: int) -> str:
     longest = data.get("longest_tokens", 0)
     if "eval" in data:
         longest = max(longest, data["eval"].get("longest_tokens", 0))
-    held = f", {data['eval_examples']} held out" if data.get("eval_examples") else ""
+    held = ""
+    if data.get("eval_examples"):
+        n = data.get("eval_conversations")
+        held = f", {data['eval_examples']} held out" + (f" ({n} conversation{'s' * (n != 1)})" if n else "")
     if not data.get("train_truncated") and not data.get("eval_truncated"):
         return (f"[bold]data[/bold]: {data['train_examples']} training examples{held}; every example fits "
                 f"seq_len={seq_len} whole (longest example {longest} tokens)")
