@@ -138,3 +138,68 @@ def test_attention_position_bias_goes_to_sdpa():
     want = sdpa_attention_forward(module, q, k, v, None, scaling=0.25, position_bias=bias)[0]
     got = patch.hearth_attention_forward(module, q, k, v, None, scaling=0.25, position_bias=bias)[0]
     torch.testing.assert_close(got, want)
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_attention_is_left_on_every_layer_that_shares_a_config_with_a_layer_with_sinks():
+    """MiMo-V2-Flash: its sliding-window layers have sinks, its full-attention layers none, and all of them read
+    one config's _attn_implementation. The rule was decided per module: the sink layers were reported left, the
+    full layers switched the shared config to "hearth" (report: switched AND left), and the sink layers then ran
+    on SDPA with their sinks dropped (logits off by ~0.15). The decision is now per config."""
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model("mimo_v2_flash", **SMALL, v_head_dim=16, sliding_window=4,
+                                               layer_types=["sliding_attention", "full_attention"])
+    model = transformers.AutoModelForCausalLM.from_config(config).float().to(DEVICE)
+    assert model.config._attn_implementation == "eager"
+    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    want = _logits(model, ids)
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False, attention=True)
+    assert report.count("attention") == 0, report.replaced
+    left = {r: n for (k, _, r), n in report.left.items() if k == "attention"}
+    assert left == {"attention sinks (MiMoV2FlashAttention.sinks), which neither hearth's attention nor SDPA "
+                    "computes; kept on eager": 2}, left
+    assert model.config._attn_implementation == "eager"
+    torch.testing.assert_close(_logits(model, ids), want)
+
+
+def test_attention_with_per_token_sinks_is_left():
+    """Inkling-2 computes its sinks per token (sink_proj, passed as `sinks=`): the module has no `sinks` tensor,
+    so the rule switched it, and the calls (with a position_bias) went to SDPA, which ignores sinks: logits off by
+    ~0.07, nothing reported. Before the rule read the config and module, the model's _supports_sdpa=False left
+    it."""
+    from transformers.models.inkling2 import configuration_inkling2, modeling_inkling2
+
+    config = configuration_inkling2.Inkling2TextConfig(
+        vocab_size=101, unpadded_vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16,
+        sliding_window_size=4, d_rel=4, rel_extent=16, moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_layers_per_attn_res_block=1, eos_token_id=None,
+        layer_types=["hybrid_sliding", "hybrid"])
+    torch.manual_seed(0)
+    model = modeling_inkling2.Inkling2ForCausalLM(config).float().to(DEVICE)
+    ids = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    want = _logits(model, ids)
+    report = patch.apply(model, norm=False, rope=False, mlp=False, loss=False, attention=True)
+    assert report.count("attention") == 0, report.replaced
+    assert any(k == "attention" and "attention sinks" in r and "sink_proj" in r for (k, _, r) in report.left), \
+        report.left
+    torch.testing.assert_close(_logits(model, ids), want)
+
+
+@pytest.mark.parametrize("key", ["s_aux", "sinks"])
+def test_sinks_reaching_the_hearth_function_raise_instead_of_being_dropped(key):
+    """The "hearth" function's kernels and its SDPA fallback both ignore attention sinks (gpt-oss's s_aux,
+    Inkling's sinks): a family the rule above misses would train on silently different attention. They raise,
+    naming the argument; None (a layer without sinks) is served as before."""
+    module = nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=gen).to(DEVICE) for s in ((1, 4, 7, 16), (1, 2, 7, 16), (1, 2, 7, 16)))
+    with pytest.raises(ValueError, match=rf"^{key}: attention sinks reached hearth's attention function"):
+        patch.hearth_attention_forward(module, q, k, v, None, scaling=0.25, **{key: torch.zeros(4)})
+    out, _ = patch.hearth_attention_forward(module, q, k, v, None, scaling=0.25, **{key: None})
+    assert out.shape == (1, 7, 4, 16)

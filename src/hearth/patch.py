@@ -49,7 +49,9 @@ refuse with a reason, which the report lists):
                             implementation, registered with transformers' AttentionInterface: causal/full
                             attention without a mask goes to hearth.kernels.attention, anything else (a padding
                             mask, sliding window, dropout, a position_bias) to transformers' own SDPA function; an
-                            attention whose math SDPA lacks (Gemma2's softcap, gpt-oss's sinks) is left as loaded.
+                            attention whose math SDPA lacks (Gemma2's softcap, gpt-oss's sinks, Inkling's per-token
+                            sink_proj) is left as loaded, with every attention sharing its config (MiMo's full layers
+                            with its sliding ones); sinks that reach the function anyway raise (never dropped).
                             Packed rows (several sequences in one row, hearth.train.batches.collate(pack=True)):
                             a call with transformers' varlen kwargs (cu_seq_lens_q/k, max_length_q/k) and no
                             mask goes to hearth.kernels.attention_varlen on [B*T, H, D] views (no copy at B=1);
@@ -404,6 +406,10 @@ def _block_diagonal_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, batch: int, tq:
     return mask.unsqueeze(1)
 
 
+# the attention-interface kwargs transformers' families pass their sinks in (gpt-oss & co: s_aux; Inkling: sinks)
+SINK_KWARGS = ("s_aux", "sinks")
+
+
 def hearth_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                              **kwargs):
     """transformers attention-interface function: q [B, Hq, T, D], k/v [B, Hk, T, D] -> ([B, T, Hq, D], None).
@@ -416,6 +422,10 @@ def hearth_attention_forward(module, query, key, value, attention_mask, dropout=
 
     from hearth.kernels.attention import attention, padded_head_dim
 
+    for arg in SINK_KWARGS:  # neither the kernels nor SDPA (which ignores them) compute these: never drop them
+        if kwargs.get(arg) is not None:
+            raise ValueError(f"{arg}: attention sinks reached hearth's attention function, which cannot compute them "
+                             f"({type(module).__name__}); patch this model with attention=False")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal and query.shape[2] > 1)
     plain = (not dropout and kwargs.get("sliding_window") is None and kwargs.get("softcap") is None
@@ -554,12 +564,31 @@ def _register_attention() -> None:
 
 
 def _attention_math_beyond_sdpa(module: nn.Module, config) -> str | None:
-    """What this attention module computes that scaled-dot-product attention does not, or None."""
+    """What this attention module computes that scaled-dot-product attention does not, or None: a softcap
+    (config.attn_logit_softcapping: Gemma2, T5Gemma, VaultGemma), sinks held as a tensor (module.sinks: gpt-oss,
+    MiMo's sliding layers, DeepSeek-V4, ...) or computed per token by a child module (Inkling's sink_proj)."""
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return f"attention softcap (config.attn_logit_softcapping={config.attn_logit_softcapping})"
     if isinstance(getattr(module, "sinks", None), torch.Tensor):
-        return "attention sinks (module.sinks)"
+        return f"attention sinks ({type(module).__name__}.sinks)"
+    for name, _ in module.named_children():
+        if name.startswith("sink"):
+            return f"attention sinks ({type(module).__name__}.{name})"
     return None
+
+
+def _attention_left_by_config(named: dict[str, nn.Module]) -> dict[int, str]:
+    """config id -> why every attention module reading that config is left: the implementation is the config's, so
+    one layer whose math SDPA lacks (MiMo's sliding layers have sinks, its full layers none) decides for all of
+    them; switching the others would switch it too."""
+    out: dict[int, str] = {}
+    for module in named.values():
+        config = getattr(module, "config", None)
+        if config is not None and id(config) not in out and _ATTENTION_CLASS.search(type(module).__name__):
+            why = _attention_math_beyond_sdpa(module, config)
+            if why is not None:
+                out[id(config)] = why
+    return out
 
 
 def _attention(module: nn.Module, state: dict) -> None:
@@ -581,12 +610,13 @@ def _attention(module: nn.Module, state: dict) -> None:
         return None
     if current not in ("sdpa", "eager", None):
         raise Leave(f"attention implementation {current!r} is kept (only sdpa / eager are switched)")
-    beyond = _attention_math_beyond_sdpa(module, config)
+    beyond = state["beyond_sdpa"].get(id(config))
     if beyond is not None:
         # Gemma2's attention softcap, gpt-oss's sinks: hearth's kernels cannot do that math, and SDPA, the "hearth"
-        # function's fallback, raises on it or silently drops it. Decided by the config and the module, not by the
-        # implementation the model was loaded with: transformers versions differ on whether such a family loads on
-        # eager or on SDPA (where it is already wrong, and stays the user's choice)
+        # function's fallback, raises on it or silently drops it. Decided by the config and the modules reading it
+        # (_attention_left_by_config), not by the implementation the model was loaded with: transformers versions
+        # differ on whether such a family loads on eager or on SDPA (where it is already wrong, and stays the user's
+        # choice)
         raise Leave(f"{beyond}, which neither hearth's attention nor SDPA computes; kept on {current or 'eager'}")
     from hearth.kernels.attention import padded_head_dim
 
@@ -812,6 +842,7 @@ class Rule:
     applies: Callable[[nn.Module], bool] | None = None  # narrows a class-name match (e.g. peft's "Linear")
 
 
+_ATTENTION_CLASS = re.compile(r"Attention$")
 RULES: tuple[Rule, ...] = (
     Rule("norm", re.compile(r"RMSNorm$"), _rms_norm),
     Rule("mlp", re.compile(r"(MLP|FeedForward)$"), _swiglu_mlp),
@@ -819,7 +850,7 @@ RULES: tuple[Rule, ...] = (
     Rule("loss", re.compile(r"ForCausalLM$"), _loss),
     # peft's LoRA Linear ("Linear"; "Linear4bit" / "Linear8bitLt" around bitsandbytes bases of a quantised model)
     Rule("lora", re.compile(r"^Linear(4bit|8bitLt)?$"), _lora, applies=_is_peft_lora_linear),
-    Rule("attention", re.compile(r"Attention$"), _attention),
+    Rule("attention", _ATTENTION_CLASS, _attention),
 )
 # Class names that look like a candidate but match no rule are reported as left (nothing is guessed).
 _LOOKS_LIKE = {"norm": re.compile(r"Norm"), "mlp": re.compile(r"MLP|FeedForward"),
@@ -854,6 +885,7 @@ def apply(model: nn.Module, *, norm: bool = True, rope: bool = True, mlp: bool =
                                     "lora_compute": lora_compute, "attention": attention}
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     named = dict(model.named_modules())
+    state["beyond_sdpa"] = _attention_left_by_config(named) if enabled["attention"] else {}
     for name, module in named.items():
         cls = type(module).__name__
         if type(module).__module__.startswith("hearth."):

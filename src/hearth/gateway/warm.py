@@ -80,6 +80,7 @@ class WarmGate:
         self._warmup: asyncio.Task[None] | None = None
         self._waking: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._closed = False  # aclose() ran: a request still in flight wakes nothing (no task outlives the gate)
         self.last_error: str | None = None
 
     # ------------------------------------------------------------------ public
@@ -146,8 +147,9 @@ class WarmGate:
         would probe it and start this same warm-up (the same GPU start) anyway, only later; overlapping the cold
         start with the cooldown lets that half-open trial find it warm. A breaker that opened while the endpoint is
         warm (it answers 5xx) finds the health route warm: no warm-up starts, and the probe (one GET per ttl_s) is
-        all it costs. A broken health route fails one warm-up and the back-off holds it cold as before."""
-        if self._waking is None or self._waking.done():
+        all it costs. A broken health route fails one warm-up and the back-off holds it cold as before. Once the gate
+        is closed (aclose), a request still in flight wakes nothing: no task outlives it."""
+        if not self._closed and (self._waking is None or self._waking.done()):
             self._waking = self._track(self._decide(), "wake")
 
     async def wait_warmup(self) -> None:
@@ -159,6 +161,7 @@ class WarmGate:
                 await asyncio.wait([task])
 
     async def aclose(self) -> None:
+        self._closed = True
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()

@@ -157,20 +157,33 @@ def conversation_of(example: Example) -> str | int:
     return turn.group(1) if turn else name
 
 
+# How split_eval may hold eval examples out; a checkpoint records the one it was trained with (its step plan indexes
+# that training set), and a resume repeats it. The first is what a fresh run uses.
+EVAL_SPLITS = ("conversations-fill", "conversations", "examples")
+EVAL_SPLIT = EVAL_SPLITS[0]
+
+
 def split_eval(examples: list[Example], fraction: float, seed: int, *,
-               whole_conversations: bool = True) -> tuple[list[Example], list[Example]]:
+               split: str = EVAL_SPLIT) -> tuple[list[Example], list[Example]]:
     """(train, eval), each in corpus order: about ``fraction`` of the examples held out as whole conversations
     (conversation_of), at least one, never all. Holding out single examples put the turns of one conversation on
     both sides, so the eval loss was measured on turns whose earlier turns, persona and memories were trained on.
 
-    The conversations are taken in a random order drawn from the seed (torch's generator over their order of first
-    appearance: the same split in every process, as a resume and every rank need), each while it brings the count
-    nearer ``fraction`` of the examples; so the count is off by at most half a conversation, or more only where
-    the first one drawn is longer than the target. ``whole_conversations=False`` holds out single examples, the
-    split hearth drew before, which a checkpoint saved then resumes with (its step plan indexes that training set).
-    Where every conversation is one example, both are that earlier split: the same seeded order, as long a prefix."""
+    The conversations are drawn in a random order from the seed (torch's generator over their order of first
+    appearance: the same split in every process, as a resume and every rank need); each one drawn is held out when
+    it brings the count nearer round(fraction x examples) and passed over when it would not (the draw goes on, so a
+    long conversation drawn early neither swells the eval set nor ends it short). The count is then off by at most
+    half a conversation: short, by at most half the smallest one trained on; long, by less than half the longest
+    one held out. Where every conversation is longer than twice that target, the one nearest it is held out.
+
+    ``split``, one of EVAL_SPLITS, for the resume of a checkpoint saved by an earlier hearth: "conversations" stopped
+    at the first conversation that would overshoot and always took the first one drawn (off by up to a long
+    conversation, either way); "examples" holds out single examples. Where every conversation is one example, all
+    three are the same split: the same seeded order, as long a prefix."""
     import torch
 
+    if split not in EVAL_SPLITS:
+        raise ValueError(f"split must be one of {EVAL_SPLITS}, got {split!r}")
     if fraction <= 0:
         return examples, []
     target = max(1, round(len(examples) * fraction))
@@ -178,7 +191,7 @@ def split_eval(examples: list[Example], fraction: float, seed: int, *,
         raise ValueError(f"eval_fraction: {fraction} of {len(examples)} examples leaves none to train on")
     groups: dict[str | int, list[int]] = {}
     for i, e in enumerate(examples):
-        groups.setdefault(conversation_of(e) if whole_conversations else i, []).append(i)
+        groups.setdefault(i if split == "examples" else conversation_of(e), []).append(i)
     members = list(groups.values())  # in order of first appearance, never of a (process-salted) hash
     if len(members) == 1:
         raise ValueError(f"eval_fraction: {fraction} of {len(examples)} examples leaves none to train on: they are all "
@@ -186,10 +199,18 @@ def split_eval(examples: list[Example], fraction: float, seed: int, *,
                          "(give an eval_corpus instead)")
     order = torch.randperm(len(members), generator=torch.Generator().manual_seed(seed + 7919)).tolist()
     held: set[int] = set()
-    for g in order[:-1]:  # never the last one: something is left to train on
-        if held and abs(len(held) + len(members[g]) - target) >= abs(len(held) - target):
-            break
-        held.update(members[g])
+    if split == "conversations":  # review 53c's: kept for the checkpoints it wrote
+        for g in order[:-1]:
+            if held and abs(len(held) + len(members[g]) - target) >= abs(len(held) - target):
+                break
+            held.update(members[g])
+    else:
+        for g in order:  # "< len(examples)": never all (something is left to train on)
+            n = len(held) + len(members[g])
+            if n < len(examples) and abs(n - target) < abs(len(held) - target):
+                held.update(members[g])
+        if not held:  # each is over twice the target: the nearest (the first drawn on a tie); there are >= 2
+            held.update(min((members[g] for g in order), key=lambda m: abs(len(m) - target)))
     return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
 
 

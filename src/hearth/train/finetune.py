@@ -47,7 +47,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from hearth.train import distributed as D
-from hearth.train.batches import Example, collate, conversation_of, load_examples, plan_epoch, split_eval
+from hearth.train.batches import (
+    EVAL_SPLIT, EVAL_SPLITS, Example, collate, conversation_of, load_examples, plan_epoch, split_eval,
+)
 from hearth.train.distributed import PARALLEL
 from hearth.train.durable import fsync, fsync_tree, replace_dir, restore_aside
 
@@ -928,14 +930,15 @@ def data_fingerprint(cfg) -> dict:
 
 
 def eval_split_of(state: dict | None, path: Path | None) -> str:
-    """How a run with eval_fraction splits off its eval examples: "conversations" (batches.split_eval), or, resuming a
-    checkpoint saved before that split (its data holds no eval_split), "examples" -- its step plan indexes the
-    training set of that split, so another split would train some examples twice and others never, and score
-    examples it trained on. ValueError naming resume for a split this version does not know."""
+    """How a run with eval_fraction splits off its eval examples (batches.EVAL_SPLITS): a fresh run by
+    batches.EVAL_SPLIT; a resume by the split its checkpoint recorded, or "examples" for one saved before splits were
+    recorded (its data holds no eval_split) -- its step plan indexes the training set of that split, so another
+    split would train some examples twice and others never, and score examples it trained on. ValueError naming
+    resume for a split this version does not know."""
     if state is None:
-        return "conversations"
+        return EVAL_SPLIT
     split = (state.get("data") or {}).get("eval_split", "examples")
-    if split not in ("conversations", "examples"):
+    if split not in EVAL_SPLITS:
         raise ValueError(f"resume: {path} held its eval examples out by {split!r}, which this hearth cannot repeat "
                          "(a resumed run must see the same data)")
     return split
@@ -1200,7 +1203,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         data_stats["eval"] = eval_stats
     else:
         split = eval_split_of(resume_state, resume_from) if cfg.eval_fraction > 0 else None
-        train, held = split_eval(examples, cfg.eval_fraction, cfg.seed, whole_conversations=split != "examples")
+        train, held = split_eval(examples, cfg.eval_fraction, cfg.seed, split=split or EVAL_SPLIT)
         if split is not None:  # the checkpoints this run writes resume with the same split
             data_stats["eval_split"] = split
             if fingerprint is not None:
