@@ -171,6 +171,7 @@ def test_attention_with_per_token_sinks_is_left():
     so the rule switched it, and the calls (with a position_bias) went to SDPA, which ignores sinks: logits off by
     ~0.07, nothing reported. Before the rule read the config and module, the model's _supports_sdpa=False left
     it."""
+    pytest.importorskip("transformers.models.inkling2", reason="a transformers without Inkling-2 (5.17 has none)")
     from transformers.models.inkling2 import configuration_inkling2, modeling_inkling2
 
     config = configuration_inkling2.Inkling2TextConfig(
