@@ -38,27 +38,30 @@ its provider's breaker): Retry-After = the soonest wait known (a breaker's coold
 end at the latest, an upstream's Retry-After), whole seconds rounded up, >= 1, <= max_retry_after_s. None when some
 provider may be tried at once (a failure that opened nothing) or no wait is known (a half-open trial in flight).
 Every error body is OpenAI-shaped JSON, {"error": {"message", "type", "param", "code", ...}}, also for
-404/405/413/415/500, and carries X-Request-ID (the client's, when it sent one, else a new one); each
+404/405/413/415/417/500, and carries X-Request-ID (the client's, when it sent one, else a new one); each
 chat request logs one JSON line with it.
 
 A client that hangs up cancels its request (aiohttp's handler_cancellation): the upstream connection
 is closed at once and nothing counts against the provider. A request body that has not arrived within
-[gateway].deadline_s is a 408 (aiohttp itself never times a body out). A streaming client that takes no
+[gateway].deadline_s is a 408 (aiohttp itself never times a body out); one aiohttp cannot decode while it is read
+(a Content-Encoding it is not) is a 400 invalid_body, not a 500. A streaming client that takes no
 bytes (connection open, receive window full) for [gateway].stream_write_timeout_s is disconnected: every
 write of a stream is timed (aiohttp's never is), the upstream is closed, nothing counts against the
 provider, and the outcome is client_stalled. Every other reply (JSON, errors) is written by the middleware
 under the same limit (aiohttp would write it untimed after the handler): a client that leaves replies unread
 is disconnected the same way, and the request keeps the outcome it had.
 
-What aiohttp's parser refuses before any handler runs (a malformed request line or header, a header line
-over 8190 bytes, a broken chunked encoding that came with the headers), and an Expect other than
-100-continue (417), get aiohttp's text/plain reply: no middleware sees them and aiohttp has no supported
-hook for that reply (docs/gateway.md, Errors).
+What aiohttp's parser refuses before any handler runs (a malformed request line or header, a line over 8190
+bytes, more than 128 headers, a bad Content-Length or Transfer-Encoding, a broken chunked encoding that came with
+the headers, TLS or HTTP/2 sent to the port) gets aiohttp's text/plain 400: no middleware sees it and aiohttp 3.14
+has no supported hook for that reply (docs/gateway.md, Errors). An Expect other than 100-continue is a JSON 417 on
+the gateway's routes (their expect handler, _expect, leaves it to the middleware); on a path or method no route
+serves, aiohttp's own check answers it first (text/plain 417).
 
 Metrics: every chat request ends in exactly one outcome of hearth_gateway_requests_total /
 hearth_gateway_request_seconds (hearth.gateway.metrics.OUTCOMES): the chain records it for a request
 it was given (ok, failed, interrupted, client_cancelled, client_stalled, error), the middleware for one
-that never got there (rejected: 400/404/408/413/415; client_cancelled; error).
+that never got there (rejected: 400/404/408/413/415/417; client_cancelled; error).
 
 `hearth gateway --workers N` runs N processes on one port (SO_REUSEPORT); they share breaker,
 cooldown and warm state through [gateway].state_url (Redis), which N > 1 requires.
@@ -91,7 +94,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from hearth import envelope as env
 from hearth.gateway.chain import Chain, StreamDelta, StreamDone, UnknownModel
@@ -110,6 +113,7 @@ PROVIDER = web.RequestKey("provider", str)
 KIND = web.RequestKey("kind", str)             # the chat request's envelope kind, once read
 CHAIN_OWNS = web.RequestKey("chain_owns", bool)  # the chain records this request's outcome (metrics)
 STALLED = web.RequestKey("stalled", bool)        # a streaming client that took no bytes was disconnected
+EXPECT_FAILED = web.RequestKey("expect_failed", str)  # an Expect header other than 100-continue (_expect)
 _MAX_BODY = 4 * 1024 * 1024
 # Generated request ids: 16 random hex digits per process + a 16-digit counter (32 hex, like a uuid4
 # hex). Unique across processes like uuid4, without an os.urandom syscall on every request. A forked
@@ -163,7 +167,7 @@ RUNNER_OPTIONS = {"access_log": None, "handler_cancellation": True}
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
           408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-          429: "rate_limit_error"}
+          417: "invalid_request_error", 429: "rate_limit_error"}
 
 
 def _error(status: int, message: str, request_id: str, *, param: str | None = None, code: str | None = None,
@@ -342,7 +346,13 @@ async def request_context(request: web.Request, handler):
     answered = None  # the status of the reply made (a refused chat request's outcome), however its write goes
     try:
         try:
-            resp = await handler(request)
+            expect = request.get(EXPECT_FAILED)
+            if expect is not None:
+                resp = _error(417, f"Expect {expect!r} is not supported (only 100-continue)", rid,
+                              code="expectation_failed")
+                resp.force_close()  # the client may still send the body it announced: no request to read after it
+            else:
+                resp = await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 exc.headers["X-Request-ID"] = rid
@@ -425,6 +435,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
                       code="request_timeout")
         resp.force_close()  # the rest of the body may still come: not a connection to read the next request from
         return resp
+    except web.RequestPayloadError as exc:
+        # aiohttp could not decode the body it was reading (a Content-Encoding it is not, a chunk framing its parser
+        # fails): the client's error, not the gateway's 500; the rest of the connection's bytes mean nothing
+        resp = _error(400, f"the request body could not be read: {_last_line(exc)}", rid, code="invalid_body")
+        resp.force_close()
+        return resp
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -483,6 +499,30 @@ async def chat(request: web.Request) -> web.StreamResponse:
     request[PROVIDER] = result.provider
     return web.json_response(_completion(result, kind, rid),
                              headers={"X-Request-ID": rid, "X-Hearth-Provider": result.provider})
+
+
+def _last_line(exc: BaseException) -> str:
+    """The reason aiohttp gives for a payload error ("400, message:\n  Can not decode content-encoding: gzip" -> the
+    last line), at most 200 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:200]
+
+
+async def _expect(request: web.Request) -> None:
+    """The routes' Expect handler, which aiohttp calls before the middleware. Its default raised an Expect other than
+    100-continue as aiohttp's text/plain 417 there, which no middleware saw; here it is left to the middleware
+    (EXPECT_FAILED), which refuses it as JSON with X-Request-ID, the log line and a chat request's outcome.
+    100-continue gets its interim reply, which a client waits for before it sends a big body (curl does);
+    HTTP/1.0 has no Expect (ignored, as aiohttp ignores it)."""
+    if request.version != HttpVersion11:
+        return
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        request[EXPECT_FAILED] = expect
+        return
+    transport = request.transport
+    if transport is not None and not transport.is_closing():
+        transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 async def _timed(aw, timeout_s: float):
@@ -663,12 +703,10 @@ def create_app(config: GatewayConfig, *, chain: Chain | None = None) -> web.Appl
         log.info("gateway stopped: chain closed")
 
     app.cleanup_ctx.append(lifespan)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/providers", providers)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat/completions", chat, expect_handler=_expect)
+    for path, handler in (("/v1/models", models), ("/v1/providers", providers), ("/healthz", healthz),
+                          ("/readyz", readyz), ("/metrics", metrics)):
+        app.router.add_get(path, handler, expect_handler=_expect)
     return app
 
 

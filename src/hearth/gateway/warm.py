@@ -101,7 +101,9 @@ class WarmGate:
 
     async def verdict(self, provider: str | None = None) -> tuple[bool, float]:
         """(is_warm(), seconds the endpoint is still held cold after failed warm-ups: > 0 only when that is why it
-        is cold)."""
+        is cold). Once the gate is closed (aclose), a request still in flight gets what the store already says and
+        otherwise "cold": no probe starts (as wake() starts nothing), and one that aclose() cancelled under a waiting
+        caller answers it "cold"."""
         name = provider or self.provider.name
         decision, held_s = await self._decide()
         self.metrics.child(self.metrics.warm_decisions, name, "warm" if decision else "cold").inc()
@@ -184,10 +186,22 @@ class WarmGate:
             return False, snap.held_cold_s
         if snap.warm is not None or snap.warming or self.warming:
             return False, 0.0
+        if self._closed:
+            # aclose() ran (a request still in flight during shutdown): no probe, which nothing would cancel any
+            # more; with no trusted answer the endpoint counts as cold, as wake() starts nothing either
+            return False, 0.0
         if self._probe is None or self._probe.done():
             self._probe = self._track(self._run_probe(), "probe")
-        # shield: one caller giving up (its own deadline) must not cancel the probe the others share
-        return await asyncio.shield(self._probe), 0.0
+        probe = self._probe
+        try:
+            # shield: one caller giving up (its own deadline) must not cancel the probe the others share
+            return await asyncio.shield(probe), 0.0
+        except asyncio.CancelledError:
+            # aclose() cancelled the probe this caller shared: it gets "cold", not a CancelledError its own task
+            # never asked for
+            if self._closed and probe.cancelled() and not asyncio.current_task().cancelling():
+                return False, 0.0
+            raise
 
     def _track(self, coro, what: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=f"warm-{what}-{self.provider.name}")
