@@ -40,19 +40,62 @@ def chromium_page(width: int, height: int) -> Iterator:
             browser.close()
 
 
-def companion_with_totals(page, base_url: str, db_file, affection: int, trust: int) -> str:
-    """Sign up (robin), make a companion, set its affection / trust in the served SQLite file `db_file` and
-    reload its page; returns the companion page's URL."""
-    import sqlite3
-
+def sign_up_with_a_companion(page, base_url: str, username: str) -> str:
+    """Sign ``username`` up on the served app and make a companion with the form's defaults; returns the companion
+    page's URL (the page is left on it)."""
     page.goto(base_url + "/signup")
-    page.fill("input[name=username]", "robin")
+    page.fill("input[name=username]", username)
     page.fill("input[name=password]", "correct horse battery")
     page.click("button:has-text('Sign up')")
     page.wait_for_selector("text=Your companions")
     page.click("#new-companion button[type=submit]")
     page.wait_for_selector("#chat-form")
-    companion_url = page.url.split("#")[0]
+    return page.url.split("#")[0]
+
+
+def add_agent_and_rehearse(page, companion_url: str) -> None:
+    """Add an agent (Rui, a reserved coworker) on the companion's Simulation Mode page and start a rehearsal with it;
+    the page is left on the rehearsal."""
+    page.goto(companion_url + "/simulate")
+    if page.locator("#agents details[open]").count() == 0:
+        page.click("#agents summary")
+    page.fill("#new-agent input[name=name]", "Rui")
+    page.fill("#new-agent textarea[name=personality]", "reserved, kind")
+    page.fill("#new-agent textarea[name=backstory]", "joined the team a month before me")
+    page.fill("#new-agent input[name=relationship]", "coworker")
+    page.click("#new-agent button")
+    page.click("#start-rehearsal button")
+    page.wait_for_selector("#rehearsal-form")
+
+
+def lose_the_first_answer(page, pattern: str, then=None) -> list[str]:
+    """Route POSTs to ``pattern``: the first reaches the server (which saves what it was sent and answers), its answer
+    never reaches the page (the connection is reset); later ones pass. ``then()``, if given, runs between the answer
+    and the reset (e.g. to damage what was saved). Returns the list the submission id of every POST is appended to."""
+    from urllib.parse import parse_qs
+
+    ids: list[str] = []
+
+    def handle(route):
+        ids.append(parse_qs(route.request.post_data).get("submission_id", [""])[0])
+        if len(ids) == 1:
+            route.fetch()  # the server saves the submission and answers...
+            if then is not None:
+                then()
+            route.abort("connectionreset")  # ...and the connection drops
+        else:
+            route.continue_()
+
+    page.route(pattern, handle)
+    return ids
+
+
+def companion_with_totals(page, base_url: str, db_file, affection: int, trust: int) -> str:
+    """Sign up (robin), make a companion, set its affection / trust in the served SQLite file `db_file` and
+    reload its page; returns the companion page's URL."""
+    import sqlite3
+
+    companion_url = sign_up_with_a_companion(page, base_url, "robin")
     with sqlite3.connect(db_file) as conn:
         assert conn.execute("UPDATE companions SET affection = ?, trust = ?", (affection, trust)).rowcount == 1
     page.reload()

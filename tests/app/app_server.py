@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.fakes.http_wait import wait_http_ok
-from tests.fakes.openai_server import free_port
+from tests.fakes.openai_server import FakeOpenAI, free_port
 
 
 def write_config(path: Path, base_url: str, *, total_s: float = 60.0, gateway: str = "") -> Path:
@@ -73,3 +73,19 @@ def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | Non
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@contextmanager
+def hearth_serve_on_fake_openai(cwd: Path, *, gateway: str = "", handler=None):
+    """The browser tests' server: a FakeOpenAI answering with ``handler`` (app_fakes.openai_handler, the app's fake
+    replies, by default) and `hearth serve` in ``cwd`` pointed at it (write_config's TOML with ``gateway``; no master
+    key, so the SQLite file is cwd/var/hearth.sqlite3). Yields the ServeProcess; both are stopped on exit."""
+    from tests.app.app_fakes import openai_handler  # here: tests/train/test_stack.py serves with this module too
+
+    fake = FakeOpenAI(handler or openai_handler).start_in_thread()
+    try:
+        cfg = write_config(cwd / "hearth.toml", fake.base_url, gateway=gateway)
+        with hearth_serve(cwd, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
+            yield server
+    finally:
+        fake.stop()

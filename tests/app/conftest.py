@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from hearth.app.crypto import new_master_key_text, parse_master_key
@@ -112,3 +113,9 @@ async def running_app(settings, model="fake", base_url: str = "http://testserver
         async with httpx.AsyncClient(transport=transport, base_url=base_url,
                                      follow_redirects=False) as client:
             yield app, client
+
+
+async def count_rows(app, model, *where) -> int:
+    """How many rows of ``model`` (matching ``where``) the running app's database holds."""
+    async with app.state.hearth.db.sessions() as s:
+        return (await s.execute(select(func.count()).select_from(model).where(*where))).scalar_one()

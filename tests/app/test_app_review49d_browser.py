@@ -20,7 +20,7 @@ import itertools
 
 import pytest
 
-from tests.app.app_browser import chromium_page
+from tests.app.app_browser import add_agent_and_rehearse, chromium_page
 from tests.app.app_fakes import openai_handler
 from tests.app.app_server import hearth_serve, write_config
 from tests.fakes.openai_server import Behavior, FakeOpenAI
@@ -79,19 +79,6 @@ def _chat(page, text: str, nth: int) -> None:
     page.locator("#messages li.companion:not(.pending)").nth(nth).wait_for()
 
 
-def _add_agent_and_rehearse(page, companion_url: str) -> None:
-    page.goto(companion_url + "/simulate")
-    if page.locator("#agents details[open]").count() == 0:
-        page.click("#agents summary")
-    page.fill("#new-agent input[name=name]", "Rui")
-    page.fill("#new-agent textarea[name=personality]", "reserved, kind")
-    page.fill("#new-agent textarea[name=backstory]", "joined the team a month before me")
-    page.fill("#new-agent input[name=relationship]", "coworker")
-    page.click("#new-agent button")
-    page.click("#start-rehearsal button")
-    page.wait_for_selector("#rehearsal-form")
-
-
 def _page_width(page) -> int:
     return page.evaluate("document.documentElement.scrollWidth")
 
@@ -139,7 +126,7 @@ def test_a_streamed_reply_is_in_view_once_it_has_grown(phone):
         box = page.locator("#messages li.companion").nth(i).bounding_box()
         assert box["y"] >= -1 and box["y"] + box["height"] <= HEIGHT + 1, f"reply {i} out of view: {box}"
 
-    _add_agent_and_rehearse(page, companion_url)
+    add_agent_and_rehearse(page, companion_url)
     for i in range(2):
         page.fill("#rehearsal-form textarea", f"turn {i}: could we keep our Tuesday slot?")
         page.click("#rehearsal-form button")
@@ -208,7 +195,7 @@ def test_every_form_field_has_a_label(phone):
         assert page.evaluate(LABELLESS) == [], name
     page.goto(companion_url)
     page.get_by_label("Your message to Wren").fill("hi")
-    _add_agent_and_rehearse(page, companion_url)
+    add_agent_and_rehearse(page, companion_url)
     assert page.evaluate(LABELLESS) == [], "rehearsal"
     page.get_by_label("What you say to Rui").fill("hi")
 
@@ -275,7 +262,7 @@ def test_a_walk_through_every_page_logs_no_errors(phone):
     page.fill("#situation-form textarea", "My new coworker keeps skipping our 1:1s")
     page.click("#situation-form button")
     page.locator("#live-panel[data-saved]").wait_for()
-    _add_agent_and_rehearse(page, companion_url)
+    add_agent_and_rehearse(page, companion_url)
     page.fill("#rehearsal-form textarea", "Could we keep our Tuesday slot?")
     page.click("#rehearsal-form button")
     page.locator("#turns li.companion:not(.pending)").wait_for()

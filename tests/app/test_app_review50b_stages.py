@@ -7,7 +7,6 @@ scored on a companion prompt production never sent, and a long relationship neve
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from sqlalchemy import update
@@ -15,7 +14,7 @@ from sqlalchemy import update
 from hearth import prompts
 from hearth.app.relationship import STAGES, standing
 from hearth.app.storage.models import Companion
-from tests.app.app_client import create_companion, signup
+from tests.app.app_client import create_companion, signup, sse_events
 from tests.app.conftest import running_app
 
 
@@ -48,14 +47,6 @@ def test_the_ladder_is_ordered_and_every_label_is_distinct():
     assert len({label for _, label, *_ in STAGES}) == len(STAGES)
 
 
-def _events(body: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in body.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
 @pytest.mark.anyio
 async def test_a_turn_that_crosses_the_threshold_shows_confidant_and_the_next_prompt_says_so(
         make_settings, database_url):
@@ -71,7 +62,7 @@ async def test_a_turn_that_crosses_the_threshold_shows_confidant_and_the_next_pr
         model = app.state.hearth.model
         r = await client.post(f"/companions/{cid}/messages", data={"message": "I have told you everything."},
                               headers={"accept": "text/event-stream", "x-csrf-token": csrf})
-        events = _events(r.text)
+        events = sse_events(r.text)
         assert events[-1][0] == "done" and events[-1][1]["stage"] == "confidant"
         assert prompts.STAGES["close_friend"] in model.calls[-1][1][0]["content"]  # the turn that crossed it
 

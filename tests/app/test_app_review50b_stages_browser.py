@@ -10,30 +10,23 @@ from __future__ import annotations
 import pytest
 
 from tests.app.app_browser import chromium_page, companion_with_totals
-from tests.app.app_fakes import openai_handler
-from tests.app.app_server import hearth_serve, write_config
-from tests.fakes.openai_server import FakeOpenAI
+from tests.app.app_server import hearth_serve_on_fake_openai
 
 pytestmark = pytest.mark.browser
 
 
 def test_the_stage_pill_turns_confidant_on_the_turn_that_crosses_the_threshold(tmp_path):
-    with chromium_page(1024, 800) as page:  # skips before anything starts when chromium is absent
-        fake = FakeOpenAI(openai_handler).start_in_thread()
-        try:
-            cfg = write_config(tmp_path / "hearth.toml", fake.base_url)
-            with hearth_serve(tmp_path, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
-                companion_url = companion_with_totals(page, server.url, tmp_path / "var" / "hearth.sqlite3", 49, 39)
-                assert page.inner_text("#stage") == "close"
+    # chromium_page first: it skips before anything starts when chromium is absent
+    with chromium_page(1024, 800) as page, hearth_serve_on_fake_openai(tmp_path) as server:
+        companion_url = companion_with_totals(page, server.url, tmp_path / "var" / "hearth.sqlite3", 49, 39)
+        assert page.inner_text("#stage") == "close"
 
-                page.fill("#chat-form textarea", "There's something I haven't told anyone.")
-                page.click("#chat-form button")
-                page.locator("#messages li.companion:not(.pending)").first.wait_for()
-                page.locator("#stage", has_text="confidant").wait_for()  # the live update (the CSP forbids eval)
+        page.fill("#chat-form textarea", "There's something I haven't told anyone.")
+        page.click("#chat-form button")
+        page.locator("#messages li.companion:not(.pending)").first.wait_for()
+        page.locator("#stage", has_text="confidant").wait_for()  # the live update (the CSP forbids eval)
 
-                page.goto(companion_url)
-                assert page.inner_text("#stage") == "confidant"
-                page.goto(server.url + "/")
-                assert page.inner_text("#companions .pill") == "confidant"
-        finally:
-            fake.stop()
+        page.goto(companion_url)
+        assert page.inner_text("#stage") == "confidant"
+        page.goto(server.url + "/")
+        assert page.inner_text("#companions .pill") == "confidant"

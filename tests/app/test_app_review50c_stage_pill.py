@@ -7,22 +7,13 @@ The fake model's replies carry affection +1 and trust +1 (tests/app/app_fakes.py
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from sqlalchemy import update
 
 from hearth.app.storage.models import Companion
-from tests.app.app_client import create_companion, signup
+from tests.app.app_client import create_companion, signup, sse_events
 from tests.app.conftest import running_app
-
-
-def _events(body: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in body.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
 
 
 @pytest.mark.anyio
@@ -37,12 +28,12 @@ async def test_the_done_event_carries_the_new_totals_and_stage(make_settings, da
 
         headers = {"accept": "text/event-stream", "x-csrf-token": csrf}
         r = await client.post(f"/companions/{cid}/messages", data={"message": "You can count on me."}, headers=headers)
-        event, done = _events(r.text)[-1]
+        event, done = sse_events(r.text)[-1]
         assert event == "done"
         assert (done["affection"], done["trust"], done["stage"], done["stage_key"]) == (28, 18, "close", "close_friend")
 
         r = await client.post(f"/companions/{cid}/messages", data={"message": "Always."}, headers=headers)
-        event, done = _events(r.text)[-1]
+        event, done = sse_events(r.text)[-1]
         assert event == "done"
         assert (done["affection"], done["trust"], done["stage"], done["stage_key"]) == (29, 19, "close", "close_friend")
         page = (await client.get(f"/companions/{cid}")).text  # what a reload shows: the same
@@ -74,7 +65,7 @@ async def test_a_failed_read_back_still_acknowledges_the_saved_turn(make_setting
         monkeypatch.setattr(svc, "get_companion", get_companion)
         r = await client.post(f"/companions/{cid}/messages", data={"message": "Hello."},
                               headers={"accept": "text/event-stream", "x-csrf-token": csrf})
-        event, done = _events(r.text)[-1]
+        event, done = sse_events(r.text)[-1]
         assert len(saved) == 1 and event == "done", r.text
         assert done["stage"] == "stranger" and done["stage_key"] == "stranger" and "affection" not in done
         monkeypatch.undo()

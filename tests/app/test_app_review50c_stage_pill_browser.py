@@ -11,9 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.app.app_browser import chromium_page, companion_with_totals
-from tests.app.app_fakes import openai_handler
-from tests.app.app_server import hearth_serve, write_config
-from tests.fakes.openai_server import FakeOpenAI
+from tests.app.app_server import hearth_serve_on_fake_openai
 
 pytestmark = pytest.mark.browser
 
@@ -25,28 +23,23 @@ def _send(page, text: str, replies: int) -> None:
 
 
 def test_the_pill_follows_each_streamed_reply_across_a_stage_change(tmp_path):
-    with chromium_page(1024, 800) as page:  # skips before anything starts when chromium is absent
-        fake = FakeOpenAI(openai_handler).start_in_thread()
-        try:
-            cfg = write_config(tmp_path / "hearth.toml", fake.base_url)
-            with hearth_serve(tmp_path, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
-                companion_url = companion_with_totals(page, server.url, tmp_path / "var" / "hearth.sqlite3", 27, 17)
-                stage = page.locator("#stage")
-                assert stage.inner_text() == "friend"
-                assert stage.get_attribute("title") == "affection 27, trust 17"
-                loads = []
-                page.on("load", lambda _: loads.append(page.url))  # no reload may do the work below
+    # chromium_page first: it skips before anything starts when chromium is absent
+    with chromium_page(1024, 800) as page, hearth_serve_on_fake_openai(tmp_path) as server:
+        companion_url = companion_with_totals(page, server.url, tmp_path / "var" / "hearth.sqlite3", 27, 17)
+        stage = page.locator("#stage")
+        assert stage.inner_text() == "friend"
+        assert stage.get_attribute("title") == "affection 27, trust 17"
+        loads = []
+        page.on("load", lambda _: loads.append(page.url))  # no reload may do the work below
 
-                _send(page, "You can count on me.", 1)  # 28/18: score 46, trust 18 -> close_friend
-                page.locator('#stage[title="affection 28, trust 18"]', has_text="close").wait_for()
-                assert stage.inner_text() == "close"
+        _send(page, "You can count on me.", 1)  # 28/18: score 46, trust 18 -> close_friend
+        page.locator('#stage[title="affection 28, trust 18"]', has_text="close").wait_for()
+        assert stage.inner_text() == "close"
 
-                _send(page, "Always.", 2)  # the totals move on within a stage too
-                page.locator('#stage[title="affection 29, trust 19"]').wait_for()
-                assert stage.inner_text() == "close" and loads == []
+        _send(page, "Always.", 2)  # the totals move on within a stage too
+        page.locator('#stage[title="affection 29, trust 19"]').wait_for()
+        assert stage.inner_text() == "close" and loads == []
 
-                page.goto(companion_url)  # a reload agrees with what the live page showed
-                assert stage.inner_text() == "close"
-                assert stage.get_attribute("title") == "affection 29, trust 19"
-        finally:
-            fake.stop()
+        page.goto(companion_url)  # a reload agrees with what the live page showed
+        assert stage.inner_text() == "close"
+        assert stage.get_attribute("title") == "affection 29, trust 19"

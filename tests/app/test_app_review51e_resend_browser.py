@@ -8,14 +8,11 @@ chromium is absent and CI is not set."""
 from __future__ import annotations
 
 import itertools
-from urllib.parse import parse_qs
 
 import pytest
 
-from tests.app.app_browser import chromium_page
-from tests.app.app_fakes import openai_handler
-from tests.app.app_server import hearth_serve, write_config
-from tests.fakes.openai_server import FakeOpenAI
+from tests.app.app_browser import add_agent_and_rehearse, chromium_page, lose_the_first_answer, sign_up_with_a_companion
+from tests.app.app_server import hearth_serve_on_fake_openai
 
 pytestmark = pytest.mark.browser
 _users = itertools.count()
@@ -23,44 +20,15 @@ _users = itertools.count()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("review51e")
-    fake = FakeOpenAI(openai_handler).start_in_thread()
-    try:
-        cfg = write_config(tmp / "hearth.toml", fake.base_url, gateway="breaker_failures = 1000")
-        with hearth_serve(tmp, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as served:
-            yield served
-    finally:
-        fake.stop()
+    with hearth_serve_on_fake_openai(tmp_path_factory.mktemp("review51e"), gateway="breaker_failures = 1000") as served:
+        yield served
 
 
 @pytest.fixture
 def page(server):
     with chromium_page(900, 900) as page:
-        page.goto(server.url + "/signup")
-        page.fill("input[name=username]", f"user{next(_users)}")
-        page.fill("input[name=password]", "correct horse battery")
-        page.click("button:has-text('Sign up')")
-        page.wait_for_selector("text=Your companions")
-        page.click("#new-companion button[type=submit]")
-        page.wait_for_selector("#chat-form")
+        sign_up_with_a_companion(page, server.url, f"user{next(_users)}")
         yield page
-
-
-def _lose_the_first_answer(page, pattern: str) -> list[str]:
-    """Route ``pattern``: the first POST reaches the server, its answer never reaches the page. Returns the list
-    the submission ids of every POST are appended to."""
-    ids: list[str] = []
-
-    def handle(route):
-        ids.append(parse_qs(route.request.post_data).get("submission_id", [""])[0])
-        if len(ids) == 1:
-            route.fetch()  # the server saves the turn and answers...
-            route.abort("connectionreset")  # ...and the connection drops
-        else:
-            route.continue_()
-
-    page.route(pattern, handle)
-    return ids
 
 
 def _send_lose_resend(page, form: str, error: str, text: str) -> None:
@@ -73,7 +41,7 @@ def _send_lose_resend(page, form: str, error: str, text: str) -> None:
 
 
 def test_a_chat_message_resent_after_a_lost_answer_is_saved_once(page):
-    ids = _lose_the_first_answer(page, "**/messages")
+    ids = lose_the_first_answer(page, "**/messages")
     _send_lose_resend(page, "#chat-form", "#chat-error", "Are you there?")
     reply = page.locator("#messages li.companion:not(.pending)")
     reply.wait_for()
@@ -88,18 +56,8 @@ def test_a_chat_message_resent_after_a_lost_answer_is_saved_once(page):
 
 
 def test_a_rehearsal_turn_resent_after_a_lost_answer_is_saved_once(page):
-    companion_url = page.url.split("#")[0]
-    page.goto(companion_url + "/simulate")
-    if page.locator("#agents details[open]").count() == 0:
-        page.click("#agents summary")
-    page.fill("#new-agent input[name=name]", "Rui")
-    page.fill("#new-agent textarea[name=personality]", "reserved, kind")
-    page.fill("#new-agent textarea[name=backstory]", "joined the team a month before me")
-    page.fill("#new-agent input[name=relationship]", "coworker")
-    page.click("#new-agent button")
-    page.click("#start-rehearsal button")
-    page.wait_for_selector("#rehearsal-form")
-    ids = _lose_the_first_answer(page, "**/turns")
+    add_agent_and_rehearse(page, page.url.split("#")[0])
+    ids = lose_the_first_answer(page, "**/turns")
     _send_lose_resend(page, "#rehearsal-form", "#rehearsal-error", "Could we keep Tuesday?")
     reply = page.locator("#turns li.companion:not(.pending)")
     reply.wait_for()

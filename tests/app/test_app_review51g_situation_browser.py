@@ -9,14 +9,11 @@ saved the situation and its readings twice. Skips only when chromium is absent a
 from __future__ import annotations
 
 import itertools
-from urllib.parse import parse_qs
 
 import pytest
 
-from tests.app.app_browser import chromium_page
-from tests.app.app_fakes import openai_handler
-from tests.app.app_server import hearth_serve, write_config
-from tests.fakes.openai_server import FakeOpenAI
+from tests.app.app_browser import chromium_page, lose_the_first_answer, sign_up_with_a_companion
+from tests.app.app_server import hearth_serve_on_fake_openai
 
 pytestmark = pytest.mark.browser
 _users = itertools.count()
@@ -24,46 +21,16 @@ _users = itertools.count()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("review51g")
-    fake = FakeOpenAI(openai_handler).start_in_thread()
-    try:
-        cfg = write_config(tmp / "hearth.toml", fake.base_url, gateway="breaker_failures = 1000")
-        with hearth_serve(tmp, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as served:
-            yield served
-    finally:
-        fake.stop()
+    with hearth_serve_on_fake_openai(tmp_path_factory.mktemp("review51g"), gateway="breaker_failures = 1000") as served:
+        yield served
 
 
 @pytest.fixture
 def page(server):
     with chromium_page(900, 900) as page:
-        page.goto(server.url + "/signup")
-        page.fill("input[name=username]", f"user{next(_users)}")
-        page.fill("input[name=password]", "correct horse battery")
-        page.click("button:has-text('Sign up')")
-        page.wait_for_selector("text=Your companions")
-        page.click("#new-companion button[type=submit]")
-        page.wait_for_selector("#chat-form")
-        page.goto(page.url.split("#")[0] + "/simulate")
+        page.goto(sign_up_with_a_companion(page, server.url, f"user{next(_users)}") + "/simulate")
         page.wait_for_selector("#situation-form")
         yield page
-
-
-def _lose_the_first_answer(page) -> list[str]:
-    """The first POST of a situation reaches the server, its answer never reaches the page. Returns the list the
-    submission ids of every POST are appended to."""
-    ids: list[str] = []
-
-    def handle(route):
-        ids.append(parse_qs(route.request.post_data).get("submission_id", [""])[0])
-        if len(ids) == 1:
-            route.fetch()  # the server runs the panel, saves the situation and answers...
-            route.abort("connectionreset")  # ...and the connection drops
-        else:
-            route.continue_()
-
-    page.route("**/situations", handle)
-    return ids
 
 
 def _ask(page, text: str) -> None:
@@ -72,7 +39,7 @@ def _ask(page, text: str) -> None:
 
 
 def test_a_situation_asked_again_after_a_lost_answer_is_saved_once(page):
-    ids = _lose_the_first_answer(page)
+    ids = lose_the_first_answer(page, "**/situations")
     _ask(page, "Priya ignored my email.")
     page.locator("#panel-error:not([hidden])").wait_for()
     assert page.input_value("#situation-form textarea") == "Priya ignored my email."  # kept, to ask again

@@ -12,42 +12,25 @@ resends racing store one situation (the index decides). Clients without an id wo
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import uuid
 from datetime import datetime, timezone
 
 import pytest
-from alembic import command
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 
 from hearth import prompts
-from hearth.app import accounts, crypto, simulation
-from hearth.app.storage import create_database, upgrade
-from hearth.app.storage.migrate import alembic_config
-from hearth.app.storage.models import Base, Reading, Situation, User
-from tests.app.app_client import create_companion, signup
+from hearth.app import simulation
+from hearth.app.storage import upgrade
+from hearth.app.storage.models import Reading, Situation
+from tests.app.app_client import create_companion, forms_racing, signup, sse_events, start_rehearsal, streams_racing
 from tests.app.app_fakes import FakeModel, GatedModel
-from tests.app.conftest import running_app
+from tests.app.app_schema import database_at, downgrade, insert_companion, scalars, upgrade_and_compare
+from tests.app.conftest import count_rows, running_app
 
 pytestmark = pytest.mark.anyio
 _SID = re.compile(r'name="submission_id" value="([0-9a-f]{32})"')
 _STREAM = {"accept": "text/event-stream"}
-
-
-def _events(body: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in body.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
-async def _count(app, model, *where) -> int:
-    async with app.state.hearth.db.sessions() as s:
-        return (await s.execute(select(func.count()).select_from(model).where(*where))).scalar_one()
 
 
 def _analyst_calls(model) -> int:
@@ -61,18 +44,18 @@ async def test_a_resent_streamed_situation_is_saved_once_and_gets_the_saved_pane
         cid = await create_companion(client, csrf)
         headers = {**_STREAM, "x-csrf-token": csrf}
         data = {"situation": "Priya ignored my email.", "submission_id": uuid.uuid4().hex}
-        first = _events((await client.post(f"/companions/{cid}/situations", data=data, headers=headers)).text)
+        first = sse_events((await client.post(f"/companions/{cid}/situations", data=data, headers=headers)).text)
         assert first[-1][0] == "done" and "replayed" not in first[-1][1]
         # the page never got that "done" (the connection dropped) and asks the panel again with the same text
-        again = _events((await client.post(f"/companions/{cid}/situations", data=data, headers=headers)).text)
+        again = sse_events((await client.post(f"/companions/{cid}/situations", data=data, headers=headers)).text)
         assert [e for e, _ in again] == ["done"]  # no readings streamed: no analyst asked again
         done = again[0][1]
         assert done["replayed"] is True and done["situation_id"] == first[-1][1]["situation_id"]
         assert done["failed"] == 0
         assert done["readings"] == sorted((d for e, d in first if e == "reading"),
                                           key=lambda r: prompts.ANALYSTS.index(r["analyst"]))
-        assert await _count(app, Situation) == 1  # before: 2, and 10 readings
-        assert await _count(app, Reading) == 5
+        assert await count_rows(app, Situation) == 1  # before: 2, and 10 readings
+        assert await count_rows(app, Reading) == 5
         assert _analyst_calls(model) == 5
 
 
@@ -89,7 +72,7 @@ async def test_the_no_script_form_carries_an_id_and_a_resubmission_is_saved_once
             r = await client.post(f"/companions/{cid}/situations", data=form)
             assert r.status_code == 303, r.text
             locations.add(r.headers["location"])
-        assert await _count(app, Situation) == 1 and await _count(app, Reading) == 5
+        assert await count_rows(app, Situation) == 1 and await count_rows(app, Reading) == 5
         assert _analyst_calls(model) == 5
         (saved_id,) = [row for row in (await _situation_ids(app))]
         assert locations == {f"/companions/{cid}/simulate#s-{saved_id}"}
@@ -118,7 +101,7 @@ async def test_ask_the_panel_again_is_a_new_situation_with_its_own_id(make_setti
         form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', forms[0]))
         for _ in range(2):  # posted twice: one new situation, and the first is kept
             assert (await client.post(f"/companions/{cid}/situations", data=form)).status_code == 303
-        assert await _count(app, Situation) == 3
+        assert await count_rows(app, Situation) == 3
 
 
 async def test_clients_without_an_id_work_as_before(make_settings, sqlite_url):
@@ -129,12 +112,12 @@ async def test_clients_without_an_id_work_as_before(make_settings, sqlite_url):
             assert (await client.post(f"/companions/{cid}/situations", data=data)).status_code == 303
         r = await client.post(f"/companions/{cid}/situations", data={"situation": "hi"},
                               headers={**_STREAM, "x-csrf-token": csrf})
-        assert _events(r.text)[-1][0] == "done"
-        assert await _count(app, Situation) == 3  # the same text sent without an id is a new situation
+        assert sse_events(r.text)[-1][0] == "done"
+        assert await count_rows(app, Situation) == 3  # the same text sent without an id is a new situation
         r = await client.post(f"/companions/{cid}/situations", data={"situation": "hi", "csrf": csrf,
                                                                      "submission_id": "not-an-id"})
         assert r.status_code == 400 and "submission_id" in r.text
-        assert await _count(app, Situation) == 3
+        assert await count_rows(app, Situation) == 3
 
 
 async def test_an_id_reused_for_another_situation_keeps_that_situation(make_settings, sqlite_url):
@@ -151,8 +134,8 @@ async def test_an_id_reused_for_another_situation_keeps_that_situation(make_sett
         assert _SID.search(r.text).group(1) != sid  # sent again from that page, it goes under a new id
         r = await client.post(f"/companions/{cid}/situations", data={"situation": "second", "submission_id": sid},
                               headers={**_STREAM, "x-csrf-token": csrf})
-        assert [e for e, _ in _events(r.text)] == ["error"] and "submission_id" in r.text
-        assert await _count(app, Situation) == 1 and _analyst_calls(model) == 5
+        assert [e for e, _ in sse_events(r.text)] == ["error"] and "submission_id" in r.text
+        assert await count_rows(app, Situation) == 1 and _analyst_calls(model) == 5
 
 
 async def test_another_users_companion_is_not_found_whatever_the_id(make_settings, sqlite_url):
@@ -167,7 +150,7 @@ async def test_another_users_companion_is_not_found_whatever_the_id(make_setting
         r = await client.post(f"/companions/{cid}/situations", data={"situation": "mine", "csrf": csrf,
                                                                      "submission_id": sid})
         assert r.status_code == 404  # not alice's situation, replayed
-        assert await _count(app, Situation) == 1
+        assert await count_rows(app, Situation) == 1
 
 
 async def test_two_resends_racing_store_one_situation(make_settings, database_url):
@@ -175,16 +158,12 @@ async def test_two_resends_racing_store_one_situation(make_settings, database_ur
     async with running_app(make_settings(database_url), model=model) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
-        data = {"situation": "Priya ignored my email.", "submission_id": uuid.uuid4().hex}
-        headers = {**_STREAM, "x-csrf-token": csrf}
-        answers = await asyncio.gather(*(client.post(f"/companions/{cid}/situations", data=data, headers=headers)
-                                         for _ in range(2)))
-        dones = [_events(r.text)[-1] for r in answers]
-        assert [e for e, _ in dones] == ["done", "done"], [r.text for r in answers]
-        assert sorted(d.get("replayed", False) for _, d in dones) == [False, True]
-        assert dones[0][1]["situation_id"] == dones[1][1]["situation_id"]
-        assert len(next(d for _, d in dones if d.get("replayed"))["readings"]) == 5
-        assert await _count(app, Situation) == 1 and await _count(app, Reading) == 5
+        dones = await streams_racing(client, f"/companions/{cid}/situations", {"situation": "Priya ignored my email."},
+                                     csrf)
+        assert sorted(d.get("replayed", False) for d in dones) == [False, True]
+        assert dones[0]["situation_id"] == dones[1]["situation_id"]
+        assert len(next(d for d in dones if d.get("replayed"))["readings"]) == 5
+        assert await count_rows(app, Situation) == 1 and await count_rows(app, Reading) == 5
 
 
 async def test_two_form_resends_racing_store_one_situation(make_settings, database_url):
@@ -197,36 +176,22 @@ async def test_two_form_resends_racing_store_one_situation(make_settings, databa
                                          for _ in range(2)))
         assert [r.status_code for r in answers] == [303, 303], [r.text for r in answers]
         assert answers[0].headers["location"] == answers[1].headers["location"]
-        assert await _count(app, Situation) == 1 and await _count(app, Reading) == 5
+        assert await count_rows(app, Situation) == 1 and await count_rows(app, Reading) == 5
 
 
 async def test_schema_0005_matches_the_models_and_upgrades_and_downgrades_keeping_rows(database_url, master_key):
-    database = create_database(database_url)
-    try:
-        await upgrade(database.engine, "0004")
-        async with database.sessions() as s:
-            new = await accounts.signup(s, username="alice", password="correct horse battery",
-                                        master_key=master_key, ttl_s=60)
-        async with database.sessions() as s:
-            user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-        cipher = crypto.UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
+    async with database_at(database_url, "0004", master_key) as (database, user_id, cipher):
         now = datetime.now(timezone.utc)
         async with database.engine.begin() as conn:  # a situation saved before 0005 (raw SQL: the model has the column)
-            await conn.execute(text("INSERT INTO companions (id, user_id, name_ct, persona_ct, world_view, share_context,"
-                                    " affection, trust, chat_epoch, created_at) VALUES (:c, :u, :b, :b, 'grounded',"
-                                    " true, 0, 0, 0, :now)"), dict(c="c" * 32, u=user.id, b=b"x", now=now))
+            await insert_companion(conn, user_id, "c" * 32, now)
             await conn.execute(text("INSERT INTO situations (id, user_id, companion_id, text_ct, created_at) "
-                                    "VALUES (:id, :u, :c, :b, :now)"), dict(id="5" * 32, u=user.id, c="c" * 32,
+                                    "VALUES (:id, :u, :c, :b, :now)"), dict(id="5" * 32, u=user_id, c="c" * 32,
                                                                             b=b"x", now=now))
             await conn.execute(text("INSERT INTO readings (id, user_id, situation_id, analyst, status, body_ct, "
                                     "created_at) VALUES (:id, :u, :s, 'cynic', 'ok', :b, :now)"),
-                               dict(id="6" * 32, u=user.id, s="5" * 32, b=b"x", now=now))
-        await upgrade(database.engine)
-        async with database.engine.connect() as conn:
-            diff = await conn.run_sync(lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata))
-            version = (await conn.execute(text("select version_num from alembic_version"))).scalar_one()
-            assert (await conn.execute(text("select count(*) from situations where submission_id is null"))
-                    ).scalar_one() == 1
+                               dict(id="6" * 32, u=user_id, s="5" * 32, b=b"x", now=now))
+        diff, version = await upgrade_and_compare(database)
+        assert await scalars(database, "select count(*) from situations where submission_id is null") == [1]
         assert diff == [], f"migrations and models disagree: {diff}"
         assert version == "0005"
 
@@ -234,15 +199,10 @@ async def test_schema_0005_matches_the_models_and_upgrades_and_downgrades_keepin
             results = await simulation.run_panel(FakeModel(), "", "x", 5.0)
             for sid in (uuid.uuid4().hex, uuid.uuid4().hex, None):
                 await simulation.store_situation(s, cipher, "c" * 32, "x", results, sid)
-        async with database.engine.begin() as conn:
-            await conn.run_sync(lambda c: command.downgrade(alembic_config(c), "0004"))
-        async with database.engine.connect() as conn:  # no copy-and-drop cascaded to the readings
-            counts = [(await conn.execute(text(f"select count(*) from {t}"))).scalar_one()
-                      for t in ("situations", "readings")]
-        assert counts == [4, 16]
+        await downgrade(database, "0004")
+        counts = await scalars(database, *(f"select count(*) from {t}" for t in ("situations", "readings")))
+        assert counts == [4, 16]  # no copy-and-drop cascaded to the readings
         await upgrade(database.engine)
-    finally:
-        await database.dispose()
 
 
 async def test_two_forms_racing_with_one_id_and_two_texts_keep_the_second_text(make_settings, database_url):
@@ -250,15 +210,10 @@ async def test_two_forms_racing_with_one_id_and_two_texts_keep_the_second_text(m
     async with running_app(make_settings(database_url), model=model) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
-        sid = uuid.uuid4().hex
-        answers = await asyncio.gather(*(client.post(f"/companions/{cid}/situations",
-                                                     data={"situation": t, "csrf": csrf, "submission_id": sid})
-                                         for t in ("first", "second")))
-        assert sorted(r.status_code for r in answers) == [303, 409], [r.text for r in answers]
-        refused = next(r for r in answers if r.status_code == 409)
+        refused = await forms_racing(client, f"/companions/{cid}/situations", "situation", ("first", "second"), csrf)
         kept = "second" if "second</textarea>" in refused.text else "first"
         assert f"{kept}</textarea>" in refused.text and "submission_id" in refused.text
-        assert await _count(app, Situation) == 1 and await _count(app, Reading) == 5
+        assert await count_rows(app, Situation) == 1 and await count_rows(app, Reading) == 5
 
 
 async def test_two_rehearsal_forms_racing_with_one_id_and_two_texts_keep_the_second_text(make_settings, database_url):
@@ -266,17 +221,8 @@ async def test_two_rehearsal_forms_racing_with_one_id_and_two_texts_keep_the_sec
     async with running_app(make_settings(database_url), model=GatedModel(2)) as (app, client):
         csrf = await signup(client, "alice")
         cid = await create_companion(client, csrf)
-        r = await client.post("/agents", data={"name": "Sam", "personality": "blunt", "backstory": "a colleague",
-                                               "relationship": "coworker", "companion_id": cid, "csrf": csrf})
-        page = (await client.get(f"/companions/{cid}/simulate")).text
-        agent_id = re.search(r'<select name="agent_id"><option value="([0-9a-f]{32})"', page).group(1)
-        r = await client.post(f"/companions/{cid}/rehearsals", data={"agent_id": agent_id, "csrf": csrf})
-        rid = r.headers["location"].rsplit("/", 1)[-1]
-        sid = uuid.uuid4().hex
-        answers = await asyncio.gather(*(client.post(f"/rehearsals/{rid}/turns",
-                                                     data={"message": t, "csrf": csrf, "submission_id": sid})
-                                         for t in ("about Friday", "about Monday")))
-        assert sorted(r.status_code for r in answers) == [303, 409], [r.text[-400:] for r in answers]
-        refused = next(r for r in answers if r.status_code == 409)
+        rid = await start_rehearsal(client, csrf, cid)
+        refused = await forms_racing(client, f"/rehearsals/{rid}/turns", "message", ("about Friday", "about Monday"),
+                                     csrf)
         assert re.search(r"about (Friday|Monday)</textarea>", refused.text) and "submission_id" in refused.text
-        assert await _count(app, Reading) == 5
+        assert await count_rows(app, Reading) == 5

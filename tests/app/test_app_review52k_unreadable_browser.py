@@ -12,10 +12,8 @@ import sqlite3
 
 import pytest
 
-from tests.app.app_browser import chromium_page
-from tests.app.app_fakes import openai_handler
-from tests.app.app_server import hearth_serve, write_config
-from tests.fakes.openai_server import FakeOpenAI
+from tests.app.app_browser import chromium_page, lose_the_first_answer, sign_up_with_a_companion
+from tests.app.app_server import hearth_serve_on_fake_openai
 
 pytestmark = pytest.mark.browser
 
@@ -44,14 +42,7 @@ def _damage(db_file) -> None:
 def _fill_the_pages(page, base: str) -> dict[str, str]:
     """A chat of two turns (one memory), a feed post with its comment, a situation, an agent and a rehearsal turn;
     the pages' URLs."""
-    page.goto(base + "/signup")
-    page.fill("input[name=username]", "robin")
-    page.fill("input[name=password]", "correct horse battery")
-    page.click("button:has-text('Sign up')")
-    page.wait_for_selector("text=Your companions")
-    page.click("#new-companion button[type=submit]")
-    page.wait_for_selector("#chat-form")
-    chat = page.url.split("#")[0]
+    chat = sign_up_with_a_companion(page, base, "robin")
     for n, text in enumerate(["My name is Robin", "tell me about rivers"]):
         page.fill("#chat-form textarea", text)
         page.click("#chat-form button")
@@ -101,29 +92,24 @@ def _check_layout(page, name: str, width: int) -> list[str]:
 
 
 def test_the_unreadable_placeholders_render_on_every_page(tmp_path):
-    with chromium_page(1024, 800) as page:  # skips before anything starts when chromium is absent
-        fake = FakeOpenAI(openai_handler).start_in_thread()
-        try:
-            cfg = write_config(tmp_path / "hearth.toml", fake.base_url)
-            with hearth_serve(tmp_path, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
-                urls = _fill_the_pages(page, server.url)
-                _damage(tmp_path / "var" / "hearth.sqlite3")
-                errors: list[str] = []
-                page.on("console", lambda m: errors.append(f"console {m.type} on {page.url}: {m.text}")
-                        if m.type in ("error", "warning") else None)
-                page.on("pageerror", lambda exc: errors.append(f"pageerror on {page.url}: {exc}"))
-                problems = []
-                for width, height in ((390, 844), (1024, 800)):
-                    page.set_viewport_size({"width": width, "height": height})
-                    for name, url in urls.items():
-                        response = page.goto(url)
-                        assert response.status == 200, (name, response.status)
-                        page.locator("details.panel-details").evaluate_all("(ds) => ds.forEach((d) => d.open = true)")
-                        problems += _check_layout(page, name, width)
-                assert problems == [] and errors == []
-                assert "DecryptError" not in server.output() and "Traceback" not in server.output()
-        finally:
-            fake.stop()
+    # chromium_page first: it skips before anything starts when chromium is absent
+    with chromium_page(1024, 800) as page, hearth_serve_on_fake_openai(tmp_path) as server:
+        urls = _fill_the_pages(page, server.url)
+        _damage(tmp_path / "var" / "hearth.sqlite3")
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(f"console {m.type} on {page.url}: {m.text}")
+                if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda exc: errors.append(f"pageerror on {page.url}: {exc}"))
+        problems = []
+        for width, height in ((390, 844), (1024, 800)):
+            page.set_viewport_size({"width": width, "height": height})
+            for name, url in urls.items():
+                response = page.goto(url)
+                assert response.status == 200, (name, response.status)
+                page.locator("details.panel-details").evaluate_all("(ds) => ds.forEach((d) => d.open = true)")
+                problems += _check_layout(page, name, width)
+        assert problems == [] and errors == []
+        assert "DecryptError" not in server.output() and "Traceback" not in server.output()
 
 
 def test_a_resent_turn_whose_saved_reply_does_not_open_shows_the_placeholder(tmp_path):
@@ -131,62 +117,48 @@ def test_a_resent_turn_whose_saved_reply_does_not_open_shows_the_placeholder(tmp
     The first send's answer is lost after the server saved the turn (Playwright's route fetches, then aborts, as
     review 51e does); its reply (a reading, for the panel) is damaged before the page sends it again under the same
     id. Before, the reply's bubble was left empty and the reading card showed nothing."""
-    with chromium_page(390, 844) as page:
-        fake = FakeOpenAI(openai_handler).start_in_thread()
-        try:
-            cfg = write_config(tmp_path / "hearth.toml", fake.base_url)
-            with hearth_serve(tmp_path, "--config", str(cfg), env={"HEARTH_MASTER_KEY": ""}) as server:
-                db_file = tmp_path / "var" / "hearth.sqlite3"
-                errors: list[str] = []
-                page.on("console", lambda m: errors.append(f"console {m.type} on {page.url}: {m.text}")
-                        if m.type in ("error", "warning") and "Failed to load resource" not in m.text else None)
-                page.on("pageerror", lambda exc: errors.append(f"pageerror on {page.url}: {exc}"))
-                urls = _fill_the_pages(page, server.url)
+    with chromium_page(390, 844) as page, hearth_serve_on_fake_openai(tmp_path) as server:
+        db_file = tmp_path / "var" / "hearth.sqlite3"
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(f"console {m.type} on {page.url}: {m.text}")
+                if m.type in ("error", "warning") and "Failed to load resource" not in m.text else None)
+        page.on("pageerror", lambda exc: errors.append(f"pageerror on {page.url}: {exc}"))
+        urls = _fill_the_pages(page, server.url)
 
-                def lose_then_damage(pattern: str, table: str, where: str):
-                    sent = []
+        def lose_then_damage(pattern: str, table: str, where: str):
+            def damage():  # saved, damaged since, and the page never heard back
+                with sqlite3.connect(db_file) as conn:
+                    row_id, blob = conn.execute(f"SELECT id, body_ct FROM {table} WHERE {where} "
+                                                "ORDER BY created_at DESC LIMIT 1").fetchone()
+                    conn.execute(f"UPDATE {table} SET body_ct = ? WHERE id = ?",
+                                 (blob[:-1] + bytes([blob[-1] ^ 1]), row_id))
 
-                    def handle(route):
-                        sent.append(route.request.post_data)
-                        if len(sent) == 1:
-                            route.fetch()  # saved...
-                            with sqlite3.connect(db_file) as conn:  # ...damaged since...
-                                row_id, blob = conn.execute(f"SELECT id, body_ct FROM {table} WHERE {where} "
-                                                            "ORDER BY created_at DESC LIMIT 1").fetchone()
-                                conn.execute(f"UPDATE {table} SET body_ct = ? WHERE id = ?",
-                                             (blob[:-1] + bytes([blob[-1] ^ 1]), row_id))
-                            route.abort("connectionreset")  # ...and the page never heard back
-                        else:
-                            route.continue_()
-                    page.route(pattern, handle)
-                    return sent
+            return lose_the_first_answer(page, pattern, then=damage)
 
-                page.goto(urls["chat"])
-                sent = lose_then_damage("**/messages", "messages", "role = 'companion'")
-                page.fill("#chat-form textarea", "Are you there?")
-                page.click("#chat-form button")
-                page.locator("#chat-error:not([hidden])").wait_for()
-                page.click("#chat-form button")  # the same text: sent again under the same id
-                reply = page.locator("#messages li.companion:not(.pending)").nth(2)
-                reply.wait_for()
-                assert len(sent) == 2
-                shown = reply.locator("p").first
-                assert shown.inner_text() == "This message could not be read: its stored text does not open."
-                assert shown.get_attribute("class") == "error" and shown.is_visible()
+        page.goto(urls["chat"])
+        sent = lose_then_damage("**/messages", "messages", "role = 'companion'")
+        page.fill("#chat-form textarea", "Are you there?")
+        page.click("#chat-form button")
+        page.locator("#chat-error:not([hidden])").wait_for()
+        page.click("#chat-form button")  # the same text: sent again under the same id
+        reply = page.locator("#messages li.companion:not(.pending)").nth(2)
+        reply.wait_for()
+        assert len(sent) == 2
+        shown = reply.locator("p").first
+        assert shown.inner_text() == "This message could not be read: its stored text does not open."
+        assert shown.get_attribute("class") == "error" and shown.is_visible()
 
-                page.goto(urls["simulate"])
-                sent = lose_then_damage("**/situations", "readings", "analyst = 'cynic'")
-                page.fill("#situation-form textarea", "My boss moved the deadline.")
-                page.click("#situation-form button")
-                page.locator("#panel-error:not([hidden])").wait_for()
-                page.click("#situation-form button")
-                page.wait_for_selector("#live-panel[data-saved]")
-                assert len(sent) == 2
-                cynic = page.locator('#live-panel li[data-analyst="cynic"]')
-                assert cynic.inner_text().endswith("This reading could not be read: its stored text does not open.")
-                others = page.locator('#live-panel li.ok:not([data-analyst="cynic"]) p.advice')
-                assert others.count() == 4
-                assert page.evaluate("document.documentElement.scrollWidth") <= 390
-                assert errors == []
-        finally:
-            fake.stop()
+        page.goto(urls["simulate"])
+        sent = lose_then_damage("**/situations", "readings", "analyst = 'cynic'")
+        page.fill("#situation-form textarea", "My boss moved the deadline.")
+        page.click("#situation-form button")
+        page.locator("#panel-error:not([hidden])").wait_for()
+        page.click("#situation-form button")
+        page.wait_for_selector("#live-panel[data-saved]")
+        assert len(sent) == 2
+        cynic = page.locator('#live-panel li[data-analyst="cynic"]')
+        assert cynic.inner_text().endswith("This reading could not be read: its stored text does not open.")
+        others = page.locator('#live-panel li.ok:not([data-analyst="cynic"]) p.advice')
+        assert others.count() == 4
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        assert errors == []

@@ -3,7 +3,6 @@ Mode, rehearsal, feed, clearing, and the no-model page."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -11,19 +10,11 @@ from sqlalchemy import func, select
 
 from hearth.app.model import NoModel
 from hearth.app.storage.models import Message
-from tests.app.app_client import PASSWORD, create_companion, csrf_of, login, signup
+from tests.app.app_client import PASSWORD, create_companion, csrf_of, login, signup, sse_events
 from tests.app.app_fakes import FakeModel
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
-
-
-def _events(body: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in body.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
 
 
 async def _messages(app) -> int:
@@ -116,7 +107,7 @@ async def test_chat_plain_and_streamed(make_settings, sqlite_url):
 
         r = await client.post(f"/companions/{cid}/messages", data={"message": 'quote " and \\ and ünïcode'},
                               headers={"accept": "text/event-stream", "x-csrf-token": csrf})
-        events = _events(r.text)
+        events = sse_events(r.text)
         assert r.headers["content-type"].startswith("text/event-stream")
         deltas = "".join(d["text"] for e, d in events if e == "delta")
         assert deltas == 'Echo: quote " and \\ and ünïcode'  # the preview decodes escapes across deltas
@@ -131,7 +122,7 @@ async def test_failed_model_call_shows_an_error_and_stores_nothing(make_settings
         cid = await create_companion(client, csrf)
         r = await client.post(f"/companions/{cid}/messages", data={"message": "hello", "csrf": csrf},
                               headers={"accept": "text/event-stream", "x-csrf-token": csrf})
-        assert _events(r.text)[-1][0] == "error"
+        assert sse_events(r.text)[-1][0] == "error"
         assert await _messages(app) == 0
 
 
@@ -155,7 +146,7 @@ async def test_simulation_rehearsal_feed_and_clear_over_http(make_settings, sqli
         cid = await create_companion(client, csrf)
         r = await client.post(f"/companions/{cid}/situations", data={"situation": "My friend cancelled again"},
                               headers={"accept": "text/event-stream", "x-csrf-token": csrf})
-        events = _events(r.text)
+        events = sse_events(r.text)
         readings = [d for e, d in events if e == "reading"]
         assert sorted(d["analyst"] for d in readings) == sorted(
             ["optimist", "cynic", "mentor", "status_observer", "gossiper"])

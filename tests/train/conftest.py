@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
+from tests.train.tiny import save_tiny_model, tiny_adapter, tiny_tokenizer, write_corpus
 
 
 def _swap_in_original():
@@ -55,3 +55,10 @@ def corpus(tmp_path_factory, tok):
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, tok):
     return save_tiny_model(tmp_path_factory.mktemp("model"), len(tok))
+
+
+# the export tests' parts (tokenizer folder, base model folder without tokenizer files, LoRA adapter folder): one
+# tiny adapter on q_proj / v_proj per module, as tests/train/tiny.py's tiny_adapter makes it
+@pytest.fixture(scope="module")
+def export_parts(tmp_path_factory):
+    return tiny_adapter(tmp_path_factory)[:3]

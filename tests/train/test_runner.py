@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from hearth.cli import app
 from hearth.train import batches, finetune
+from tests.train.finetune_spies import cut_after_checkpoint
 from tests.train.tiny import run_config as cfg
 
 transformers = pytest.importorskip("transformers")
@@ -188,7 +189,7 @@ def test_examples_that_cannot_fit_are_rejected_with_their_line(tmp_path, corpus,
 
 
 # ------------------------------------------------------------------------------------------- 4 + 5
-def test_eval_split_metrics_plot_checkpoints_and_an_exact_resume(tmp_path, corpus, base, monkeypatch):
+def test_eval_split_metrics_plot_checkpoints_and_an_exact_resume(tmp_path, corpus, base):
     kw = dict(max_steps=6, eval_fraction=0.25, eval_every=2, save_every=2, dropout=0.1, batch_tokens=1024,
               warmup_steps=2)
     _, full = finetune.train_model(cfg(corpus, base, tmp_path / "full", **kw))
@@ -214,16 +215,7 @@ def test_eval_split_metrics_plot_checkpoints_and_an_exact_resume(tmp_path, corpu
         rows[-1]["eval_loss"], rel=1e-5)
 
     # a run that dies right after its step-2 checkpoint, then resumed from its folder
-    real_save = finetune.save_checkpoint
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(finetune, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.train_model(cfg(corpus, base, tmp_path / "cut", **kw))
-    monkeypatch.setattr(finetune, "save_checkpoint", real_save)
+    cut_after_checkpoint(cfg(corpus, base, tmp_path / "cut", **kw))
     assert len((tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()) == 2
     _, resumed = finetune.train_model(cfg(corpus, base, tmp_path / "cut", resume=tmp_path / "cut", **kw))
     assert resumed["resumed_from"].endswith("step-000002")

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from hearth.cli import app
 from hearth.train import finetune
+from tests.train.finetune_spies import cut_after_checkpoint
 from tests.train.tiny import run_config
 
 transformers = pytest.importorskip("transformers")
@@ -123,22 +124,13 @@ def test_checkpoints_and_the_adapter_are_on_disk_before_they_are_named(tmp_path,
 
 
 # ------------------------------------------------------------------------------------------- resume
-def test_a_torn_last_row_of_metrics_jsonl_does_not_block_the_resume(tmp_path, corpus, base, monkeypatch):
+def test_a_torn_last_row_of_metrics_jsonl_does_not_block_the_resume(tmp_path, corpus, base):
     # a run that died while writing a metrics row (a full disk, a power cut) left half a JSON line; the resume
     # json-decoded every row after loading the model and stopped with "Expecting ',' delimiter" (exit 2, naming
     # nothing): the run could not be resumed until the file was mended by hand
     kw = dict(max_steps=4, save_every=2)
     _, full = finetune.train_model(cfg(corpus, base, tmp_path / "full", **kw))
-    real_save = finetune.save_checkpoint
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(finetune, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.train_model(cfg(corpus, base, tmp_path / "cut", **kw))
-    monkeypatch.setattr(finetune, "save_checkpoint", real_save)
+    cut_after_checkpoint(cfg(corpus, base, tmp_path / "cut", **kw))
     log = tmp_path / "cut" / "metrics.jsonl"
     row3 = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[2]
     log.write_text(log.read_text() + row3[: len(row3) // 2])  # step 3's row, cut mid-write

@@ -6,29 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from hearth.cli import app
-from tests.train.tiny import tiny_adapter
+from tests.train.exporting import export, snapshot
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    return tiny_adapter(tmp_path_factory)[:3]
-
-
-def export(*args):
-    return CliRunner().invoke(app, ["export", *map(str, args)])
-
-
-def test_a_base_folder_without_a_tokenizer_exports_no_tokenizer(tmp_path, parts):
+def test_a_base_folder_without_a_tokenizer_exports_no_tokenizer(tmp_path, export_parts):
     """transformers 5 loads a model folder with no tokenizer files as an EMPTY tokenizer (every text -> no tokens): it
     was saved into the merged folder, export.json named the base as its source and the command said "with the
     tokenizer", so `vllm serve` / `transformers serve` of that folder tokenized every prompt to nothing."""
-    _, bare, adapter = parts
+    _, bare, adapter = export_parts
     out = tmp_path / "merged"
     result = export("--adapter", adapter, "--model", bare, "--out", out)
     assert result.exit_code == 0, result.output
@@ -37,8 +26,8 @@ def test_a_base_folder_without_a_tokenizer_exports_no_tokenizer(tmp_path, parts)
     assert json.loads((out / "export.json").read_text())["tokenizer"] is None
 
 
-def test_a_tokenizer_folder_without_a_tokenizer_exits_2_before_the_merge(tmp_path, parts, monkeypatch):
-    _, bare, adapter = parts
+def test_a_tokenizer_folder_without_a_tokenizer_exits_2_before_the_merge(tmp_path, export_parts, monkeypatch):
+    _, bare, adapter = export_parts
 
     def no_load(*a, **k):
         raise AssertionError("the base model was loaded before the argument error")
@@ -50,17 +39,13 @@ def test_a_tokenizer_folder_without_a_tokenizer_exits_2_before_the_merge(tmp_pat
     assert not out.exists()
 
 
-def _snapshot(folder):
-    return {p.name: p.read_bytes() for p in folder.iterdir()}
-
-
-def test_a_failed_re_export_leaves_the_previous_export_whole(tmp_path, parts, monkeypatch):
+def test_a_failed_re_export_leaves_the_previous_export_whole(tmp_path, export_parts, monkeypatch):
     """A re-export into the same --out wrote file by file over the previous export: a failure while saving (a full
     disk) left new config, half-written weights and the OLD export.json describing something else."""
-    tok_dir, bare, adapter = parts
+    tok_dir, bare, adapter = export_parts
     out = tmp_path / "merged"
     assert export("--adapter", adapter, "--model", bare, "--out", out, "--tokenizer", tok_dir).exit_code == 0
-    before = _snapshot(out)
+    before = snapshot(out)
     real = transformers.PreTrainedModel.save_pretrained
 
     def full_disk(self, path, *a, **k):
@@ -72,14 +57,14 @@ def test_a_failed_re_export_leaves_the_previous_export_whole(tmp_path, parts, mo
     monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full_disk)
     result = export("--adapter", adapter, "--model", bare, "--out", out, "--dtype", "float16", "--tokenizer", tok_dir)
     assert result.exit_code == 1 and "No space left" in result.output, result.output
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]  # nothing half-written left beside it
 
 
-def test_a_re_export_keeps_no_file_of_the_previous_one(tmp_path, parts):
+def test_a_re_export_keeps_no_file_of_the_previous_one(tmp_path, export_parts):
     """The previous export's tokenizer (and e.g. a shard index of a larger earlier export, which loaders follow) stayed
     in --out under an export.json that said there was no tokenizer."""
-    tok_dir, bare, adapter = parts
+    tok_dir, bare, adapter = export_parts
     out = tmp_path / "merged"
     assert export("--adapter", adapter, "--model", bare, "--out", out, "--tokenizer", tok_dir).exit_code == 0
     (out / "model.safetensors.index.json").write_text('{"weight_map": {}}')
@@ -89,10 +74,10 @@ def test_a_re_export_keeps_no_file_of_the_previous_one(tmp_path, parts):
     assert json.loads((out / "export.json").read_text())["tokenizer"] is None
 
 
-def test_a_folder_that_is_not_an_export_is_not_written_into(tmp_path, parts):
+def test_a_folder_that_is_not_an_export_is_not_written_into(tmp_path, export_parts):
     """--out models/ (the parent of the model folders, by mistake) used to get config.json, model.safetensors and a
     tokenizer written among what it held."""
-    _, bare, adapter = parts
+    _, bare, adapter = export_parts
     out = tmp_path / "models"
     out.mkdir()
     (out / "notes.txt").write_text("mine")

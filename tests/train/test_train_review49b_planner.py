@@ -15,6 +15,7 @@ import torch
 
 from hearth.train import finetune
 from hearth.train.batches import Example, collate
+from tests.train.finetune_spies import spy_on_planner
 from tests.train.tiny import run_config
 
 transformers = pytest.importorskip("transformers")
@@ -114,14 +115,7 @@ def test_transformers_hands_sdpa_the_mask_and_repeated_kv_exactly_where_the_plan
 
 def test_hearth_train_plans_for_its_masked_micro_batches(tmp_path, corpus, base, monkeypatch):
     """The run's padded micro-batches (examples of different lengths share one) reach the planner as masked rows."""
-    calls = []
-    real = finetune.plan_checkpointing
-
-    def spy(*args, **kw):
-        calls.append(kw)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(finetune, "plan_checkpointing", spy)
+    calls = spy_on_planner(monkeypatch)
     c = run_config(corpus, base, tmp_path / "o", batch_tokens=1024, max_steps=1, memory_budget_gib=50.0)
     metrics = finetune.run(c)
     (kw,) = calls

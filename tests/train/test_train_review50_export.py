@@ -6,36 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from hearth.cli import app
-from tests.train.tiny import tiny_adapter
+from tests.train.exporting import export, snapshot
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    return tiny_adapter(tmp_path_factory)[:3]
-
-
-def export(*args):
-    return CliRunner().invoke(app, ["export", *map(str, args)])
-
-
-def _snapshot(folder: Path) -> dict:
-    return {p.name: p.read_bytes() for p in folder.iterdir()}
-
-
-def test_the_export_is_on_the_disk_before_it_takes_its_name(tmp_path, parts, monkeypatch):
+def test_the_export_is_on_the_disk_before_it_takes_its_name(tmp_path, export_parts, monkeypatch):
     """export() renamed .OUT.export-tmp to OUT with no fsync: a rename is not a flush, so after a power cut OUT could
     exist with empty or partial files (a zero-length model.safetensors), which a server then fails to load or, worse,
     the next re-export takes as a complete earlier export."""
-    tok_dir, bare, adapter = parts
+    tok_dir, bare, adapter = export_parts
     out = tmp_path / "merged"
     events: list[tuple] = []
     real_fsync, real_rename = os.fsync, os.rename
@@ -62,13 +46,13 @@ def test_the_export_is_on_the_disk_before_it_takes_its_name(tmp_path, parts, mon
     assert ("fsync", str(tmp_path)) in events[named + 1:]
 
 
-def test_a_failed_final_rename_puts_the_previous_export_back(tmp_path, parts, monkeypatch):
+def test_a_failed_final_rename_puts_the_previous_export_back(tmp_path, export_parts, monkeypatch):
     """A re-export moved OUT aside (.OUT.export-old) and then renamed the new folder into place; when that second rename
     failed, OUT was left missing and the previous export only under the hidden name (which the next export deletes)."""
-    tok_dir, bare, adapter = parts
+    tok_dir, bare, adapter = export_parts
     out = tmp_path / "merged"
     assert export("--adapter", adapter, "--model", bare, "--out", out, "--tokenizer", tok_dir).exit_code == 0
-    before = _snapshot(out)
+    before = snapshot(out)
     real_rename = os.rename
 
     def failing_rename(src, dst, *a, **k):
@@ -79,18 +63,18 @@ def test_a_failed_final_rename_puts_the_previous_export_back(tmp_path, parts, mo
     monkeypatch.setattr(os, "rename", failing_rename)
     result = export("--adapter", adapter, "--model", bare, "--out", out, "--dtype", "float16")
     assert result.exit_code == 1 and "Input/output error" in result.output, result.output
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]
 
 
-def test_a_crash_between_the_renames_does_not_lose_the_previous_export(tmp_path, parts, monkeypatch):
+def test_a_crash_between_the_renames_does_not_lose_the_previous_export(tmp_path, export_parts, monkeypatch):
     """A process killed between `OUT -> .OUT.export-old` and `.OUT.export-tmp -> OUT` leaves the previous export only
     under the hidden name. The next export deleted it as a leftover before writing: if that export failed too (a full
     disk), nothing was left of either."""
-    tok_dir, bare, adapter = parts
+    tok_dir, bare, adapter = export_parts
     out = tmp_path / "merged"
     assert export("--adapter", adapter, "--model", bare, "--out", out, "--tokenizer", tok_dir).exit_code == 0
-    before = _snapshot(out)
+    before = snapshot(out)
     out.rename(tmp_path / ".merged.export-old")  # the state a kill between the two renames leaves
     real = transformers.PreTrainedModel.save_pretrained
 
@@ -101,6 +85,6 @@ def test_a_crash_between_the_renames_does_not_lose_the_previous_export(tmp_path,
     monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full_disk)
     result = export("--adapter", adapter, "--model", bare, "--out", out)
     assert result.exit_code == 1 and "No space left" in result.output, result.output
-    assert out.is_dir() and _snapshot(out) == before
+    assert out.is_dir() and snapshot(out) == before
     assert json.loads((out / "export.json").read_text())["tokenizer"] == str(tok_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]

@@ -19,6 +19,7 @@ import torch
 
 from hearth.train import distributed as D
 from hearth.train import finetune
+from tests.train.finetune_spies import spy_on_planner
 from tests.train.tiny import run_config, tiny_config
 
 transformers = pytest.importorskip("transformers")
@@ -105,21 +106,15 @@ def test_the_plan_says_what_fsdp_costs():
 def test_hearth_train_under_fsdp_plans_with_the_gathered_parameters(tmp_path, corpus, base, tok, monkeypatch):
     """What `hearth train --parallel fsdp` hands the planner on each of 2 ranks (the launch faked: the run stops
     after planning, before anything is sharded)."""
-    calls = []
-    real = finetune.plan_checkpointing
+    calls = spy_on_planner(monkeypatch)
 
     class Planned(Exception):
         pass
-
-    def spy(*args, **kw):
-        calls.append(kw)
-        return real(*args, **kw)
 
     def stop(model, plan):
         calls.append(plan)
         raise Planned
 
-    monkeypatch.setattr(finetune, "plan_checkpointing", spy)
     monkeypatch.setattr(finetune, "apply_checkpointing", stop)
     monkeypatch.setattr(D, "setup", lambda mode: D.Dist(mode, 0, 2, 0, torch.device("cpu"), False))
     c = run_config(corpus, base, tmp_path / "o", max_steps=1, memory_budget_gib=50.0, parallel="fsdp", grad_accum=2)
@@ -136,14 +131,7 @@ def test_hearth_train_under_fsdp_plans_with_the_gathered_parameters(tmp_path, co
 
 
 def test_one_process_and_ddp_plan_without_gathered_parameters(tmp_path, corpus, base, monkeypatch):
-    calls = []
-    real = finetune.plan_checkpointing
-
-    def spy(*args, **kw):
-        calls.append(kw)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(finetune, "plan_checkpointing", spy)
+    calls = spy_on_planner(monkeypatch)
     finetune.run(run_config(corpus, base, tmp_path / "o", max_steps=1, memory_budget_gib=50.0))
     (kw,) = calls
     assert not kw.get("fsdp_root_bytes") and not kw.get("fsdp_layer_bytes")

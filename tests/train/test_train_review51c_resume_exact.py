@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hearth.train import finetune
+from tests.train.finetune_spies import cut_after_checkpoint
 from tests.train.tiny import run_config
 
 pytest.importorskip("transformers")
@@ -54,30 +55,14 @@ def _state(folder):
     return out
 
 
-def _cut_at(monkeypatch, cfg, step: int) -> None:
-    """Run cfg and kill it right after its step-``step`` checkpoint (as a crash or a pre-empted job would)."""
-    real_save = finetune.save_checkpoint
-
-    def save_then_die(*args, **kwargs):
-        path = real_save(*args, **kwargs)
-        if kwargs["step"] == step:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(finetune, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.train_model(cfg)
-    monkeypatch.setattr(finetune, "save_checkpoint", real_save)
-
-
 @pytest.mark.parametrize(("kw", "cut"), [(ACCUMULATED, 2), (ACCUMULATED, 3), (PACKED, 2)],
                          ids=["accumulated-mid-epoch", "accumulated-epoch-boundary", "packed-eval"])
-def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(tmp_path, corpus, base, monkeypatch, kw, cut):
+def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(tmp_path, corpus, base, kw, cut):
     _, straight = finetune.train_model(run_config(corpus, base, tmp_path / "straight", **kw))
     total = len(straight["loss"])
     assert total == 4
 
-    _cut_at(monkeypatch, run_config(corpus, base, tmp_path / "cut", **kw), cut)
+    cut_after_checkpoint(run_config(corpus, base, tmp_path / "cut", **kw), cut)
     _, resumed = finetune.train_model(run_config(corpus, base, tmp_path / "cut", resume=tmp_path / "cut", **kw))
     assert resumed["resumed_from"].endswith(f"step-{cut:06d}") and resumed["optimizer_resume"] == "restored"
     assert resumed["loss"] == straight["loss"] and resumed["eval_loss"] == straight["eval_loss"]
@@ -113,7 +98,7 @@ def test_a_resume_on_the_gpu_keeps_adamws_step_counts_where_the_uninterrupted_ru
     _, straight = finetune.train_model(run_config(corpus, base, tmp_path / "straight", **kw))
     want = _layout(_KeptAdamW.last)
     assert ("step", "cpu", torch.float32) in want and ("exp_avg", "cuda", torch.float32) in want
-    _cut_at(monkeypatch, run_config(corpus, base, tmp_path / "cut", **kw), 2)
+    cut_after_checkpoint(run_config(corpus, base, tmp_path / "cut", **kw), 2)
     _, resumed = finetune.train_model(run_config(corpus, base, tmp_path / "cut", resume=tmp_path / "cut", **kw))
     assert resumed["optimizer_resume"] == "restored"
     assert _layout(_KeptAdamW.last) == want

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hearth.train import finetune
+from tests.train.finetune_spies import cut_after_checkpoint
 from tests.train.tiny import run_config
 
 pytest.importorskip("transformers")
@@ -25,19 +26,6 @@ def _unchecked(monkeypatch):
     real = finetune.FinetuneConfig.check_steps
     monkeypatch.setattr(finetune.FinetuneConfig, "check_steps", lambda self, total, **kw: None)
     return lambda: monkeypatch.setattr(finetune.FinetuneConfig, "check_steps", real)
-
-
-def _cut_after_first_checkpoint(monkeypatch, cfg) -> None:
-    real_save = finetune.save_checkpoint
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(finetune, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.train_model(cfg)
-    monkeypatch.setattr(finetune, "save_checkpoint", real_save)
 
 
 def _adapter(out):
@@ -55,7 +43,7 @@ def test_a_checkpoint_saved_with_warmup_as_long_as_the_run_resumes_exactly(tmp_p
     checked = _unchecked(monkeypatch)
     _, straight = finetune.train_model(run_config(corpus, base, tmp_path / "straight", **kw))
     assert len(straight["loss"]) == kw["warmup_steps"]
-    _cut_after_first_checkpoint(monkeypatch, run_config(corpus, base, tmp_path / "cut", **kw))
+    cut_after_checkpoint(run_config(corpus, base, tmp_path / "cut", **kw))
     checked()
 
     ckpt = tmp_path / "cut" / "checkpoints" / "step-000002"
