@@ -10,17 +10,14 @@ failed (an invalid envelope, a 500) counted as a pass with nothing in the report
 from __future__ import annotations
 
 import asyncio
-import socket
-from contextlib import asynccontextmanager
 
 import pytest
-from aiohttp import web
 
 from hearth.envelope import AnalystReading, ChatReply, FeedComment, dumps
 from hearth.evals.runner import run_cases, summarize
 from hearth.evals.suites import load_suite
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import make_config, provider
+from tests.gateway.gateway_helpers import gateway_url, make_config, provider
 
 CASES = load_suite("companion")[:2] + load_suite("feed")[:3] + load_suite("analysts")[:3]
 
@@ -38,21 +35,6 @@ def good(case) -> str:
 def case_of(body: dict):
     return next(c for c in CASES if c.user == body["messages"][-1]["content"]
                 and c.system_prompt() == body["messages"][0]["content"])
-
-
-@asynccontextmanager
-async def gateway_url(cfg):
-    from hearth.gateway.server import RUNNER_OPTIONS, create_app
-
-    runner = web.AppRunner(create_app(cfg), **RUNNER_OPTIONS)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -10,17 +10,13 @@ fallback), so a feed comment or reading that the app takes was failed by the eva
 from __future__ import annotations
 
 import asyncio
-import socket
-from contextlib import asynccontextmanager
-
-from aiohttp import web
 
 from hearth.envelope import AnalystReading, FeedComment, dumps
 from hearth.evals.runner import run_cases
 from hearth.evals.suites import load_suite
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import make_config, provider
+from tests.gateway.gateway_helpers import gateway_url, make_config, provider
 
 FEED = load_suite("feed")[0]
 ANALYST = load_suite("analysts")[0]
@@ -35,21 +31,6 @@ def drafted(case) -> str:
         good = dumps(AnalystReading(analyst=case.expect["analyst"], reading="Through my lens.", advice="One step.",
                                     risk="low"))
     return '{"draft": oops}\n' + good
-
-
-@asynccontextmanager
-async def gateway_url(cfg):
-    from hearth.gateway.server import RUNNER_OPTIONS, create_app
-
-    runner = web.AppRunner(create_app(cfg), **RUNNER_OPTIONS)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        await runner.cleanup()
 
 
 def test_a_feed_comment_or_reading_the_app_takes_passes_the_eval_through_the_gateway():

@@ -126,18 +126,31 @@ def failure_waits(body: dict) -> dict:
 
 
 @asynccontextmanager
-async def gateway(cfg, *, chain=None):
-    """The gateway app on a real loopback socket, run as main() runs it; yields an aiohttp client for it."""
+async def served(cfg, *, chain=None):
+    """The gateway app on a real loopback socket, run as main() runs it; yields its port."""
     from hearth.gateway.server import RUNNER_OPTIONS, create_app
 
-    app = create_app(cfg, chain=chain)
-    runner = web.AppRunner(app, **RUNNER_OPTIONS)
+    runner = web.AppRunner(create_app(cfg, chain=chain), **RUNNER_OPTIONS)
     await runner.setup()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()
     try:
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
-            yield client
+        yield sock.getsockname()[1]
     finally:
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def gateway(cfg, *, chain=None):
+    """served(), with an aiohttp client for it."""
+    async with served(cfg, chain=chain) as port:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as client:
+            yield client
+
+
+@asynccontextmanager
+async def gateway_url(cfg):
+    """served(), as the base URL an OpenAI client is given."""
+    async with served(cfg) as port:
+        yield f"http://127.0.0.1:{port}/v1"

@@ -20,30 +20,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
-from contextlib import asynccontextmanager
 
 import pytest
-from aiohttp import web
 
-from hearth.gateway.server import RUNNER_OPTIONS, create_app
-from tests.gateway.gateway_helpers import make_config
+from tests.gateway.gateway_helpers import make_config, served
 
 CFG = {"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
 
-@asynccontextmanager
-async def _gateway(**gateway):
-    runner = web.AppRunner(create_app(make_config(CFG, **gateway)), **RUNNER_OPTIONS)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        await runner.cleanup()
+def _gateway(**gateway):
+    return served(make_config(CFG, **gateway))
 
 
 def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
