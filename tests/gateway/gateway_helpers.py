@@ -126,13 +126,18 @@ def failure_waits(body: dict) -> dict:
 
 
 @asynccontextmanager
-async def served(cfg, *, chain=None):
-    """The gateway app on a real loopback socket, run as main() runs it; yields its port."""
+async def served(cfg, *, chain=None, send_buffer: int | None = None, shutdown_timeout: float | None = None):
+    """The gateway app on a real loopback socket, run as main() runs it; yields its port. send_buffer: SO_SNDBUF of
+    the listening socket (accepted sockets inherit it: a client that stops reading fills it at once);
+    shutdown_timeout: the runner's wait for open connections at cleanup (aiohttp's default otherwise)."""
     from hearth.gateway.server import RUNNER_OPTIONS, create_app
 
-    runner = web.AppRunner(create_app(cfg, chain=chain), **RUNNER_OPTIONS)
+    options = RUNNER_OPTIONS if shutdown_timeout is None else {**RUNNER_OPTIONS, "shutdown_timeout": shutdown_timeout}
+    runner = web.AppRunner(create_app(cfg, chain=chain), **options)
     await runner.setup()
     sock = socket.socket()
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     sock.bind(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()
     try:

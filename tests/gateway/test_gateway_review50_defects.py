@@ -1,17 +1,15 @@
 """Defects found by review 50 of the gateway (one test per defect; each failed before its fix)."""
 
 import asyncio
-import socket
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from hearth.gateway.chain import Chain
 from hearth.gateway.errors import ConnectionFailed
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
-    BACKENDS, CHAT_JSON, MARGIN_S, MESSAGES, backend_settings, make_config, provider, stopwatch,
+    BACKENDS, CHAT_JSON, MARGIN_S, MESSAGES, backend_settings, make_config, provider, served, stopwatch,
 )
 
 
@@ -86,18 +84,11 @@ def test_a_breaker_that_opens_while_a_request_is_on_an_earlier_provider_is_skipp
 
 # ------------------------------------------------------------------ 4. a client that never finishes its body
 def test_a_request_body_that_never_arrives_is_a_408_within_the_deadline():
-    from hearth.gateway.server import RUNNER_OPTIONS, create_app
-
     async def main():
         async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as a:
             cfg = make_config(provider("a", a), deadline_s=0.5)
-            runner = web.AppRunner(create_app(cfg), **RUNNER_OPTIONS)
-            await runner.setup()
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            await web.SockSite(runner, sock).start()
-            try:
-                reader, writer = await asyncio.open_connection(*sock.getsockname())
+            async with served(cfg) as port:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 body = b'{"messages": [{"role": "user", "content": "hi"}]}'
                 writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])   # ... and nothing more
@@ -110,11 +101,9 @@ def test_a_request_body_that_never_arrives_is_a_408_within_the_deadline():
                     rest = await reader.read(4096) if head != b"(no answer)" else b""
                 writer.close()
                 async with aiohttp.ClientSession() as client:
-                    async with client.get("http://%s:%d/metrics" % sock.getsockname()) as r:
+                    async with client.get(f"http://127.0.0.1:{port}/metrics") as r:
                         metrics = await r.text()
                 return head, rest, t(), len(a.requests), metrics
-            finally:
-                await runner.cleanup()
 
     head, rest, elapsed, upstream_calls, metrics = asyncio.run(main())
     assert head.startswith(b"HTTP/1.1 408"), head

@@ -15,14 +15,12 @@ import json
 import socket
 
 import pytest
-from aiohttp import web
 
 from hearth.gateway.chain import Chain, StreamDone
 from hearth.gateway.config import ConfigError
 from hearth.gateway.errors import ClientStalled
-from hearth.gateway.server import RUNNER_OPTIONS, create_app
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, served
 
 WRITE_TIMEOUT_S = 0.5
 PATIENT = {"connect_s": 2.0, "first_token_s": 30.0, "total_s": 60.0}  # the upstream side never ends it first
@@ -71,17 +69,6 @@ class EndlessUpstream:
             writer.close()
 
 
-async def _gateway(cfg, chain):
-    app = create_app(cfg, chain=chain)
-    runner = web.AppRunner(app, shutdown_timeout=1.0, **RUNNER_OPTIONS)
-    await runner.setup()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)  # accepted sockets inherit it
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
-
-
 async def _stalled_client(port: int, body: dict) -> socket.socket:
     """A client that sends its request and never reads (its receive buffer is small, so it fills at once)."""
     loop = asyncio.get_running_loop()
@@ -120,8 +107,7 @@ def test_a_stream_client_that_stops_reading_is_disconnected_and_the_upstream_clo
             p = {"name": "a", "base_url": f"http://127.0.0.1:{up.port}/v1", "model": "m", "timeouts": PATIENT}
             cfg = make_config(p, breaker_failures=1, deadline_s=60.0, stream_write_timeout_s=WRITE_TIMEOUT_S)
             chain = Chain(cfg)
-            runner, port = await _gateway(cfg, chain)
-            try:
+            async with served(cfg, chain=chain, send_buffer=16384, shutdown_timeout=1.0) as port:
                 body = {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
                 client = await _stalled_client(port, body)
                 try:
@@ -133,8 +119,6 @@ def test_a_stream_client_that_stops_reading_is_disconnected_and_the_upstream_clo
                     client.close()
                 status = {s["name"]: s["state"] for s in await chain.status()}
                 return head, status, chain, up.sent_deltas
-            finally:
-                await runner.cleanup()
 
     head, status, chain, sent = asyncio.run(main())
     assert head.startswith(b"HTTP/1.1 200"), head[:200]   # it was streaming to that client

@@ -17,12 +17,10 @@ import logging
 import socket
 
 import pytest
-from aiohttp import web
 
 from hearth.gateway.chain import Chain
-from hearth.gateway.server import RUNNER_OPTIONS, create_app
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import MESSAGES, make_config, provider, served
 
 WRITE_TIMEOUT_S = 0.3
 WAIT_S = 6.0  # far above WRITE_TIMEOUT_S (a loaded box); before the fix nothing ended the wait
@@ -30,17 +28,6 @@ WAIT_S = 6.0  # far above WRITE_TIMEOUT_S (a loaded box); before the fix nothing
 # the largest chat envelope: each JSON reply is a few KiB, so a few dozen unread ones fill the buffers
 BIG = json.dumps({"message": "x" * 2000, "mood": "warm", "memories": ["m" * 300] * 5, "affection": 0, "trust": 0,
                   "suggested_actions": ["a" * 120] * 3})
-
-
-async def _gateway(cfg, chain):
-    app = create_app(cfg, chain=chain)
-    runner = web.AppRunner(app, shutdown_timeout=1.0, **RUNNER_OPTIONS)
-    await runner.setup()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)  # accepted sockets inherit it
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
 
 
 def _request(route: str) -> bytes:
@@ -85,8 +72,7 @@ def test_a_client_that_stops_reading_json_replies_is_disconnected(route):
         async with FakeOpenAI(Behavior.reply(BIG)) as up:
             cfg = make_config(provider("a", up), stream_write_timeout_s=WRITE_TIMEOUT_S)
             chain = Chain(cfg)
-            runner, port = await _gateway(cfg, chain)
-            try:
+            async with served(cfg, chain=chain, send_buffer=16384, shutdown_timeout=1.0) as port:
                 # before: the gateway's write of an unread reply waited for good, so these sends blocked for good
                 sent = await asyncio.wait_for(_pipeline_until_cut(port, _request(route)), WAIT_S)
                 # the gateway still answers everyone else
@@ -95,8 +81,6 @@ def test_a_client_that_stops_reading_json_replies_is_disconnected(route):
                 answer = await asyncio.wait_for(reader.read(), WAIT_S)
                 writer.close()
                 return sent, answer, chain
-            finally:
-                await runner.cleanup()
 
     handler = _Records()
     server_log = logging.getLogger("hearth.gateway.server")

@@ -13,13 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-import socket
-
 import pytest
-from aiohttp import web
 
-from hearth.gateway.server import RUNNER_OPTIONS, create_app
-from tests.gateway.gateway_helpers import make_config
+from tests.gateway.gateway_helpers import make_config, served
 
 CFG = {"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
 
@@ -40,15 +36,8 @@ async def _raw(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
 
 def _ask(data: bytes) -> tuple[int, dict[str, str], bytes]:
     async def main():
-        runner = web.AppRunner(create_app(make_config(CFG)), **RUNNER_OPTIONS)
-        await runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(runner, sock).start()
-        try:
-            return await _raw(sock.getsockname()[1], data)
-        finally:
-            await runner.cleanup()
+        async with served(make_config(CFG)) as port:
+            return await _raw(port, data)
     return asyncio.run(main())
 
 
