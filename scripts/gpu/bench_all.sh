@@ -17,12 +17,12 @@ BUDGET_S=${BUDGET_S:-390}
 # the carried wheels and, where a part of them was carried, the CuTe-DSL peers (quack, FlashAttention-4)
 . scripts/gpu/carried_env.sh
 ops=("$@")
-[ ${#ops[@]} -gt 0 ] || ops=(softmax cross_entropy linear_cross_entropy rms_norm layer_norm rope swiglu swiglu_mlp attention matmul)
+[ ${#ops[@]} -gt 0 ] || ops=(softmax cross_entropy linear_cross_entropy rms_norm layer_norm rope rope_inplace swiglu swiglu_mlp attention matmul)
 dest="$OUT/bench"
 mkdir -p "$dest"
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv; } > "$dest/nvidia-smi.txt" 2>&1 || true
 # relative cost of each op's headline cases (cases x torch.compile graphs), to split the budget
-declare -A weight=([softmax]=3 [cross_entropy]=2 [linear_cross_entropy]=3 [rms_norm]=1 [layer_norm]=1 [rope]=1
+declare -A weight=([softmax]=3 [cross_entropy]=2 [linear_cross_entropy]=3 [rms_norm]=1 [layer_norm]=1 [rope]=1 [rope_inplace]=1
                    [swiglu]=1 [swiglu_mlp]=1 [attention]=3 [matmul]=1)
 start=$SECONDS
 rc=0

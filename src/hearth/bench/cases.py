@@ -20,7 +20,7 @@ generator so every provider of a case sees the same tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 MODES = ("fwd", "bwd", "full")
@@ -533,6 +533,13 @@ SPECS: dict[str, OpSpec] = {
         headline=[(dict(M=4096, N=4096, K=4096), FWD), (dict(M=8192, N=8192, K=8192), FWD)],
         knob="M", explicit=lambda v: dict(M=v, N=v, K=v), check_sizes=[dict(M=33, N=40, K=48)]),
 }
+# rope_inplace: the in-place ropes side by side, hearth's rope(inplace=True) against Liger's (which always rotates in
+# place): the same cases as rope, whose rows stay the comparison with torch.compile's out-of-place rope. Both write
+# over q and k, so neither may be a leaf (PyTorch's rule, which hearth keeps): each provider gets non-leaf copies
+# made once outside the timed call, as a model's q_proj(x) is (providers._inplace_rope_bound).
+SPECS["rope_inplace"] = replace(
+    SPECS["rope"], name="rope_inplace",
+    notes="in place, hearth vs Liger like for like: q, k (non-leaf, Hugging Face layout) and dy are overwritten")
 SPECS["attention"].reference = attention_reference
 SPECS["attention"].call_kwargs = lambda s: {"causal": bool(s["causal"])}
 SPECS["attention_varlen"].call_kwargs = _varlen_kwargs
@@ -607,6 +614,8 @@ MODEL_CASES: dict[str, list[tuple[str, dict, tuple[str, ...]]]] = {
         ("Qwen3-4B", "q_proj", 12289, 2560, 4096), ("Qwen3-0.6B", "lm_head", 16384, 1024, 151936))],
 }
 
+MODEL_CASES["rope_inplace"] = MODEL_CASES["rope"]
+
 _ELEMS = {
     "softmax": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
     "cross_entropy": lambda s: (s["N"] * s["V"], s["N"] * s["V"]),
@@ -614,6 +623,7 @@ _ELEMS = {
     "rms_norm": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
     "layer_norm": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
     "rope": lambda s: (s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"],) * 2,
+    "rope_inplace": lambda s: (s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"],) * 2,
     "swiglu": lambda s: (2 * s["M"] * s["I"], s["M"] * s["I"]),
     "swiglu_mlp": lambda s: (s["N"] * s["H"] + 3 * s["H"] * s["I"], 2 * s["N"] * s["I"]),
     # the fp32 reference holds one query head's [T, T] scores (and its softmax) at a time

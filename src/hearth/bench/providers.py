@@ -122,7 +122,28 @@ def _mlp_module_bound(module, inputs, rg):
     return Bound(lambda: module(x), [x] + picked)
 
 
+INPLACE_ROPE = ("hearth", "liger")  # the providers of rope_inplace (cases.py)
+
+
+def _inplace_rope_bound(rope, inputs, rg) -> Bound:
+    """rope_inplace: `rope(q, k, cos, sin)` writes over q and k, which PyTorch (and hearth) refuse for a leaf that
+    requires grad or a view of one; a model's q and k are a projection's outputs. So the call gets non-leaf copies
+    of the case's q and k, made once here (outside the timed call and its memory), whose backward hands the
+    gradient on to the leaves unchanged (a clone's). Each timed call rotates the same copies again: rotations keep
+    norms, so the values stay in range; the check runs on the first call."""
+    import torch
+
+    q, k = inputs["q"], inputs["k"]
+    with torch.set_grad_enabled(rg):
+        qn, kn = q.clone(), k.clone()  # same strides: clone keeps a dense layout (the HF transpose)
+    cos, sin = inputs["cos"], inputs["sin"]
+    return Bound(lambda: rope(qn, kn, cos, sin), [q, k])
+
+
 def _hearth(op, inputs, spec, size, rg, check):
+    if op == "rope_inplace":
+        rope = _hearth_fn("rope")
+        return _inplace_rope_bound(lambda q, k, cos, sin: rope(q, k, cos, sin, inplace=True), inputs, rg)
     if op == "swiglu_mlp":
         try:
             from hearth.nn import SwiGLUMLP
@@ -165,7 +186,14 @@ def _varlen_sdpa(inputs, spec, size):
     return _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
 
 
+def _no_inplace_rope(op, who):
+    if op == "rope_inplace":
+        raise Skipped(f"rope_inplace compares the in-place ropes ({', '.join(INPLACE_ROPE)}); {who}'s rope is in the "
+                      "rope rows")
+
+
 def _eager(op, inputs, spec, size, rg, check):
+    _no_inplace_rope(op, "eager")
     table = _eager_table()
     if op == "matmul":
         raise Skipped("torch.matmul is the cuBLAS (vendor) row")
@@ -175,6 +203,7 @@ def _eager(op, inputs, spec, size, rg, check):
 
 
 def _compile(op, inputs, spec, size, rg, check):
+    _no_inplace_rope(op, "torch.compile")
     if check:
         raise Skipped("torch.compile on the CPU takes tens of seconds per graph: not run under --check")
     if op in ("matmul", "attention", "attention_varlen"):
@@ -216,6 +245,9 @@ def _liger(op, inputs, spec, size, rg, check):
         if check:
             bound.fn = _interpreter_guard(bound.fn, "Liger")
         return bound
+    if op == "rope_inplace":
+        fn = lf.liger_rope
+        return _inplace_rope_bound(_interpreter_guard(fn, "Liger") if check else fn, inputs, rg)
     table = {
         "softmax": lambda x: lf.liger_softmax(x),
         "cross_entropy": lambda input, target: lf.liger_cross_entropy(input, target),
@@ -413,6 +445,8 @@ def applies(op: str, provider: str) -> bool:
         return op in only[provider] if isinstance(only[provider], tuple) else only[provider] == op
     if provider == "quack":
         return op in QUACK_OPS
+    if op == "rope_inplace":
+        return provider in INPLACE_ROPE
     if provider == "compile" and op in ("matmul", "attention", "attention_varlen"):
         return False
     if provider == "liger" and op in ("matmul", "attention", "attention_varlen"):

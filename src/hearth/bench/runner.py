@@ -22,8 +22,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu",
-            "swiglu_mlp", "attention", "attention_varlen", "matmul")
+OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "rope_inplace",
+            "swiglu", "swiglu_mlp", "attention", "attention_varlen", "matmul")
 
 
 # relative time of one case (checks, torch.compile, timing) on the H200, from the headline run's
