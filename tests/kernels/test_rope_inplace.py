@@ -124,34 +124,90 @@ def test_outputs_are_new_objects_on_q_and_k_storage_when_a_graph_is_recorded():
     assert type(qo.grad_fn).__name__ == "_RopeInPlaceFunctionBackward"
 
 
+class _Hand(torch.autograd.Function):
+    """Identity whose backward hands on the gradient popped from `box` (ignoring its own): a gradient object that
+    only autograd holds, as a following op's backward (the attention's dq) makes."""
+
+    @staticmethod
+    def forward(ctx, x, box):
+        ctx.box = box
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.box.pop(), None
+
+
+def _handed(outputs, grads):
+    """outputs passed through _Hand, each to receive a fresh copy of its grads entry; (outputs, their ptrs)."""
+    boxes = [[g.clone()] for g in grads]
+    ptrs = [b[0].data_ptr() for b in boxes]
+    return [_Hand.apply(o, b) for o, b in zip(outputs, boxes)], ptrs
+
+
 def test_backward_writes_over_the_incoming_gradients():
-    """The gradient autograd hands rope's backward becomes dq (same memory), with the out-of-place op's values."""
+    """A gradient only autograd holds (what the next op's backward made) becomes dq (same memory), with the
+    out-of-place op's values."""
     q0, k0 = _leaves(torch.float32, True)
     cos, sin = _tables()
-    gq = torch.randn(2, 5, 4, 16, device=DEVICE).transpose(1, 2)  # the layout an attention backward returns
+    gq = torch.randn(2, 5, 4, 16, device=DEVICE).transpose(1, 2).clone()  # HF-layout strides, not a view
     gk = torch.randn(2, 2, 5, 16, device=DEVICE)
     q, k, qb = _graph_inputs(q0, k0, True, base=True)
-    want = torch.autograd.grad(rope(q, k, cos, sin), (qb, k), (gq.clone(), gk.clone()))
+    want = torch.autograd.grad(rope(q, k, cos, sin), (qb, k), (gq, gk))
     q, k, qb = _graph_inputs(q0, k0, True, base=True)
-    got = torch.autograd.grad(rope(q, k, cos, sin, inplace=True), (qb, k), (gq, gk))
-    assert got[0].data_ptr() == gq.data_ptr() and got[1].data_ptr() == gk.data_ptr()
+    outs, ptrs = _handed(rope(q, k, cos, sin, inplace=True), (gq, gk))
+    got = torch.autograd.grad(outs, (qb, k), (torch.zeros_like(gq), torch.zeros_like(gk)))
+    assert got[1].data_ptr() == ptrs[1]  # k: no view on the way to the leaf
+    assert got[0].untyped_storage().data_ptr() == ptrs[0]  # q: through the transpose view of its base
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_a_leafs_gradient_is_the_rotated_incoming_one_without_a_copy():
-    """q and k one clone away from leaves (as the bench's rope_inplace rows), dy held by the caller across calls:
-    the leaves' AccumulateGrad takes the rotated gradient as it is. The backward returned the incoming tensor
-    objects themselves, which the caller also holds, so AccumulateGrad copied them whole (on the H200: +576 MiB and
-    ~1.5x the time of Liger's in-place rope at Qwen3-32B T 32768)."""
+def test_a_gradient_someone_else_holds_is_not_written_over():
+    """Autograd hands ONE gradient object to every input of an add: q_rot + y gave y the rotated values when the
+    backward wrote over it (a wrong gradient, silently). A dy the caller passes to backward() and keeps is left as
+    it was too. Both go to new gradients."""
+    q0, k0 = _leaves(torch.float32, False)
+    cos, sin = _tables()
+    q, k = q0 * 1, k0 * 1
+    y = torch.randn_like(q).requires_grad_()
+    qo, ko = rope(q, k, cos, sin, inplace=True)
+    dy = torch.randn_like(qo)
+    keep = dy.clone()
+    torch.autograd.backward([qo + y, ko], [dy, torch.randn_like(ko)])  # (ko.sum()'s gradient: expanded, see below)
+    assert torch.equal(y.grad, keep) and torch.equal(dy, keep)
+    want = torch.autograd.grad(rope(q0 * 1, k0 * 1, cos, sin)[0], q0, keep)[0]
+    torch.testing.assert_close(q0.grad, want)
+
+
+def test_a_leafs_gradient_is_taken_without_a_second_copy():
+    """q and k one clone away from leaves (the bench's rope_inplace rows), dy held by the caller across calls: the
+    caller's dy is left alone, so the backward rotates into new gradients, and the leaves' AccumulateGrad takes
+    those as they are. Returning a gradient object that someone else also held made AccumulateGrad copy it whole
+    (on the H200: +576 MiB and ~1.5x the time of Liger's in-place rope at Qwen3-32B T 32768)."""
     qb, k0 = _leaves(torch.float32, True)
     q0 = qb.detach().transpose(1, 2).requires_grad_()  # the HF layout as the leaf (the bench's make)
     cos, sin = _tables()
     qn, kn = q0.clone(), k0.clone()  # clone keeps the dense transposed strides
     dy = [torch.randn_like(q0), torch.randn_like(k0)]
-    for _ in range(2):  # a second call: the same copies and dy again
-        q0.grad = k0.grad = None
-        torch.autograd.backward(rope(qn, kn, cos, sin, inplace=True), dy)
-        assert q0.grad.data_ptr() == dy[0].data_ptr() and k0.grad.data_ptr() == dy[1].data_ptr()
+    keep = [g.clone() for g in dy]
+    seen = []
+    real = rope_mod._new_outputs
+
+    def spy(*args):
+        out = real(*args)
+        seen.append([t.data_ptr() for t in out])
+        return out
+
+    rope_mod._new_outputs = spy
+    try:
+        for _ in range(2):  # a second call: the same copies and dy again
+            q0.grad = k0.grad = None
+            seen.clear()
+            torch.autograd.backward(rope(qn, kn, cos, sin, inplace=True), dy)
+            assert seen == [[q0.grad.data_ptr(), k0.grad.data_ptr()]]  # the backward's own outputs, not copies
+            assert torch.equal(dy[0], keep[0]) and torch.equal(dy[1], keep[1])
+    finally:
+        rope_mod._new_outputs = real
 
 
 @pytest.mark.parametrize("case", ["q_sum", "both_sums"])
@@ -191,17 +247,20 @@ def test_gradients_sharing_memory_get_new_gradients(case):
     assert torch.equal(gq, keep[0]) and torch.equal(gk, keep[1])  # not written over
 
 
-def test_gradients_from_one_fused_buffer_are_rotated_in_place():
-    """dq_out / dk_out as disjoint head slices of one [B, T, H, D] buffer (a packed attention backward): apart."""
+def test_gradients_that_are_views_of_one_buffer_get_new_gradients():
+    """dq_out / dk_out as head slices of one [B, T, H, D] buffer (a packed attention backward): views, whose memory
+    their base (or another view of it) may show to someone else, so they are not written over (_sole); the values
+    are the out-of-place op's and the buffer is left as it was."""
     q0, k0 = _leaves(torch.float32, True)
     cos, sin = _tables()
     buf = torch.randn(2, 5, 6, 16, device=DEVICE)
+    keep = buf.clone()
     gq, gk = buf[:, :, :4].transpose(1, 2), buf[:, :, 4:].transpose(1, 2)
     q, k, qb = _graph_inputs(q0, k0, True, base=True)
     want = torch.autograd.grad(rope(q, k, cos, sin), (qb, k), (gq.clone(), gk.clone()))
     q, k, qb = _graph_inputs(q0, k0, True, base=True)
     got = torch.autograd.grad(rope(q, k, cos, sin, inplace=True), (qb, k), (gq, gk))
-    assert got[0].data_ptr() == gq.data_ptr() and got[1].data_ptr() == gk.data_ptr()
+    assert torch.equal(buf, keep)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -431,13 +490,15 @@ def test_no_q_or_k_sized_allocation_forward_or_backward():
         qn = q0.detach().clone().requires_grad_()
         kn = k0.detach().clone().requires_grad_()
         q, k = qn.transpose(1, 2) * 1, kn * 1  # non-leaves (in place refuses leaves), made before the measurement
-        gq = torch.randn(b, t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        gk = torch.randn_like(k)
+        # the gradients an attention backward would hand on: fresh tensors in q's and k's layouts that only
+        # autograd holds (a caller-held dy is never written over: test_a_gradient_someone_else_holds_...)
+        boxes = [[torch.empty_like(q).normal_()], [torch.empty_like(k).normal_()]]
+        ignored = [torch.empty_like(q), torch.empty_like(k)]  # _Hand's own incoming gradients, made up front
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
-        qo, ko = rope(q, k, cos, sin, inplace=inplace)
-        torch.autograd.grad((qo, ko), (q, k), (gq, gk))
+        outs = [_Hand.apply(o, box) for o, box in zip(rope(q, k, cos, sin, inplace=inplace), boxes)]
+        torch.autograd.grad(outs, (q, k), ignored)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
 

@@ -378,12 +378,22 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
     return _new_outputs(plan, plan.fwd, q, k, cos, sin, backward)
 
 
+def _sole(t: torch.Tensor) -> bool:
+    """Whether nothing but this backward refers to gradient t or its memory: one reference to its tensor (autograd
+    hands the SAME gradient object to every input of an add, and a caller's dy passed to backward() is held by the
+    caller too: 2 or more) and, not being a view, one tensor on its storage (the count read here includes the
+    temporary storage object: 2)."""
+    return (t._use_count() == 1 and t._base is None
+            and torch._C._storage_Use_Count(t.untyped_storage()._cdata) == 2)
+
+
 def _grads_in_place(plan: _Plan, dq, dk, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backward of rope(inplace=True): R^T written over the incoming gradients, unless one has overlapping
-    elements (an expanded gradient, e.g. of a .sum()) or the two share memory (e.g. one tensor passed for both):
-    then into new gradients, as the out-of-place op does."""
+    """The backward of rope(inplace=True): R^T written over the incoming gradients where nothing else can see them
+    (_sole: written over a gradient object an add also hands another input, the other input got the rotated
+    values, a wrong gradient), unless one has overlapping elements (an expanded gradient, e.g. of a .sum()) or the
+    two share memory (e.g. one tensor passed for both): otherwise into new gradients, as the out-of-place op does."""
     lay = _layout(plan, dq, dk)
-    if lay.distinct_q and lay.distinct_k and _apart(dq, dk, lay, plan):
+    if _sole(dq) and _sole(dk) and lay.distinct_q and lay.distinct_k and _apart(dq, dk, lay, plan):
         _in_place(plan, lay, dq, dk, cos, sin, True)
         # new tensor objects on the same memory: the incoming gradient is also held elsewhere (the engine's buffer; a
         # caller's dy), and a leaf's AccumulateGrad takes a gradient only if nothing else refers to the object: it
@@ -548,10 +558,11 @@ def rope(
             storage (autograd needs an output carrying this op as its history, while q and k keep theirs).
             q's and k's version counters are bumped, so a graph that saved their old values (an op before
             rope that needs q for its backward) raises "modified by an inplace operation" instead of computing
-            a wrong gradient. The backward then writes dq / dk over the gradients flowing into q_rot / k_rot
-            (unless one is an expanded tensor or they share memory: then into new ones): do not keep a
-            gradient tensor you pass to backward() for q_rot / k_rot, or one a hook stashes, and expect it
-            unchanged. Under torch.compile the call is out of place (q and k keep their values): the graph
+            a wrong gradient. The backward writes dq / dk over the gradients flowing into q_rot / k_rot when only
+            autograd refers to them (what the next op's backward, e.g. the attention's, made); a gradient that
+            is a view, that a caller passed to backward() and holds, or that an add hands to another input as
+            well, is never written over: dq / dk then go to new tensors, as out of place (also for an expanded
+            gradient, or two that share memory). Under torch.compile the call is out of place (q and k keep their values): the graph
             holds the out-of-place op, a mutating custom op having no autograd formula in torch.library.
 
     Returns:
