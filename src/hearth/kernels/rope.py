@@ -378,13 +378,64 @@ def _launch(q, k, cos, sin, backward: bool) -> tuple[torch.Tensor, torch.Tensor]
     return _new_outputs(plan, plan.fwd, q, k, cos, sin, backward)
 
 
-def _sole(t: torch.Tensor) -> bool:
-    """Whether nothing but this backward refers to gradient t or its memory: one reference to its tensor (autograd
-    hands the SAME gradient object to every input of an add, and a caller's dy passed to backward() is held by the
-    caller too: 2 or more) and, not being a view, one tensor on its storage (the count read here includes the
-    temporary storage object: 2)."""
-    return (t._use_count() == 1 and t._base is None
-            and torch._C._storage_Use_Count(t.untyped_storage()._cdata) == 2)
+# The reference counts a gradient shows inside a Function's backward when nothing but autograd refers to it, per
+# device type: (tensor use count, storage use count). They differ between PyTorch builds and devices (torch 2.13 on
+# the CPU: 1; torch 2.11 on an H100: 2, the engine holding one more reference), so they are measured, not assumed
+# (_sole_counts). The storage count includes the temporary storage object the check itself makes.
+_SOLE_COUNTS: dict[str, tuple[int, int]] = {}
+
+
+def _counts(t: torch.Tensor) -> tuple[int, int]:
+    return t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Fresh(torch.autograd.Function):
+    """Identity whose backward hands on a new gradient (as an attention's or a matmul's backward makes one)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.clone()
+
+
+class _Seen(torch.autograd.Function):
+    """Identity whose backward records the counts of the gradient it receives (_Fresh's, nothing else holds it)."""
+
+    @staticmethod
+    def forward(ctx, x, out):
+        ctx.out = out
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.out.append(_counts(g))
+        return g, None
+
+
+def _sole_counts(device: torch.device) -> tuple[int, int] | None:
+    """_SOLE_COUNTS for device's type, measured on the first call: a one-element backward through _Seen <- _Fresh,
+    on the device (the engine's device thread, as rope's own backward runs). None while a CUDA graph is being
+    captured (nothing measured then: the gradients go to new tensors)."""
+    key = device.type
+    if key not in _SOLE_COUNTS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        out: list = []
+        with torch.enable_grad():
+            x = torch.zeros(1, device=device, requires_grad=True)
+            torch.autograd.grad(_Fresh.apply(_Seen.apply(x, out)), x, torch.ones(1, device=device))
+        _SOLE_COUNTS[key] = out[0]
+    return _SOLE_COUNTS[key]
+
+
+def _sole(t: torch.Tensor, counts: tuple[int, int] | None) -> bool:
+    """Whether nothing but this backward refers to gradient t or its memory: the reference counts of a gradient only
+    autograd holds (_sole_counts; autograd hands the SAME gradient object to every input of an add, and a caller's
+    dy passed to backward() is held by the caller too: one reference more or two), and not a view."""
+    return counts is not None and t._base is None and _counts(t) == counts
 
 
 def _grads_in_place(plan: _Plan, dq, dk, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,7 +444,8 @@ def _grads_in_place(plan: _Plan, dq, dk, cos, sin) -> tuple[torch.Tensor, torch.
     values, a wrong gradient), unless one has overlapping elements (an expanded gradient, e.g. of a .sum()) or the
     two share memory (e.g. one tensor passed for both): otherwise into new gradients, as the out-of-place op does."""
     lay = _layout(plan, dq, dk)
-    if _sole(dq) and _sole(dk) and lay.distinct_q and lay.distinct_k and _apart(dq, dk, lay, plan):
+    counts = _SOLE_COUNTS.get(dq.device.type)
+    if _sole(dq, counts) and _sole(dk, counts) and lay.distinct_q and lay.distinct_k and _apart(dq, dk, lay, plan):
         _in_place(plan, lay, dq, dk, cos, sin, True)
         # new tensor objects on the same memory: the incoming gradient is also held elsewhere (the engine's buffer; a
         # caller's dy), and a leaf's AccumulateGrad takes a gradient only if nothing else refers to the object: it
@@ -602,6 +654,7 @@ def rope(
     if graph:
         _check_writable(q, "q")
         _check_writable(k, "k")
+        _sole_counts(q.device)  # measured before the graph exists: its backward only reads _SOLE_COUNTS
         return _RopeInPlaceFunction.apply(q, k, cos, sin, plan)
     _in_place(plan, plan.fwd, q, k, cos, sin, False)
     return q, k
