@@ -73,25 +73,37 @@ def test_a_pick_on_few_rows_is_not_reused_for_many(monkeypatch):
 
 
 class _FakeClock:
-    """A GPU clock for _time_candidates on the CPU: each launch advances it by the candidate's time, times a
-    slowdown while the 'GPU' is still ramping up its clocks (the first `ramp` launches after the compiles)."""
+    """A GPU and its host for _time_candidates on the CPU. The host queues each launch in host_ms[cfg] (0 unless
+    given); a kernel starts once queued and once the GPU is free, and runs its candidate's time, times a slowdown
+    while the 'GPU' is still ramping up its clocks (the first `ramp` launches after the compiles). A mark is the
+    GPU's time when it reaches it; hold(ms) keeps the GPU busy for ms from when it is queued."""
 
-    def __init__(self, true_ms, ramp=0, slow=1.0):
-        self.now, self.true_ms, self.ramp, self.slow, self.launches = 0.0, true_ms, ramp, slow, []
+    def __init__(self, true_ms, ramp=0, slow=1.0, host_ms=None):
+        self.true_ms, self.ramp, self.slow, self.launches = true_ms, ramp, slow, []
+        self.host, self.gpu, self.host_cost, self.holds = 0.0, 0.0, host_ms or {}, []
 
     def launch(self, cfg):
         self.launches.append(cfg)
+        self.host += self.host_cost.get(cfg, 0.0)
+        ms = self.true_ms[cfg]
         if len(self.launches) > 2 * len(self.true_ms) and self.ramp > 0:  # past the compile + estimate launches
             self.ramp -= 1
-            self.now += self.true_ms[cfg] * self.slow
-        else:
-            self.now += self.true_ms[cfg]
+            ms *= self.slow
+        self.gpu = max(self.gpu, self.host) + ms
 
     def mark(self):
-        return self.now
+        self.gpu = max(self.gpu, self.host)
+        return self.gpu
+
+    def hold(self, ms):
+        self.holds.append(ms)
+        self.gpu = max(self.gpu, self.host) + ms
+
+    def host_ms(self):
+        return self.host
 
     def sync(self):
-        pass
+        self.host = max(self.host, self.gpu)
 
     @staticmethod
     def ms(start, end):
@@ -121,6 +133,35 @@ def test_a_block_is_capped_and_a_slow_candidate_runs_once_a_round():
     assert [round(t, 9) for t in timed] == [0.001, 2.0]
     assert clock.launches.count("tiny") == 2 + common.PICK_ROUNDS * common.PICK_MAX_REPS
     assert clock.launches.count("slow") == 2 + common.PICK_ROUNDS
+
+
+def test_a_block_is_held_so_the_host_s_launch_overhead_does_not_rank_the_candidates():
+    """"pair" is the faster kernel (0.050 ms against 0.060) but costs its host 0.09 ms a launch (a zeroed buffer, two
+    launches) against 0.07. Timed back to back from an idle GPU, the blocks measure the host (0.09 and 0.07 ms a
+    launch) and "row" wins: rms_norm's rowpair backward on the H200 at 2048 x 16384, which the whole op ranked fastest.
+    Each block behind a hold longer than its queueing measures the kernels: pair comes out at its own 0.050."""
+    clock = _FakeClock({"row": 0.060, "pair": 0.050}, host_ms={"row": 0.07, "pair": 0.09})
+    timed = common._time_candidates(["row", "pair"], clock.launch, clock)
+    assert [round(t, 9) for t in timed] == [0.060, 0.050]
+    assert common.pick_among(["row", "pair"], timed) == "pair"
+    # every block (and each estimate) was held; each hold outlasts its block's queueing
+    assert len(clock.holds) == 2 + 2 * common.PICK_ROUNDS
+    # (5 launches a block each: ceil(0.25 / 0.06) and ceil(0.25 / 0.05))
+    assert sorted(set(clock.holds[2:])) == [common._hold_ms(5, 0.07), common._hold_ms(5, 0.09)]
+    assert common._hold_ms(5, 0.09) > 5 * 0.09
+
+    class NoHold(_FakeClock):  # the same GPU and host, timed without holds: what the picker did before
+        def hold(self, ms):
+            pass
+
+    unheld = NoHold({"row": 0.060, "pair": 0.050}, host_ms={"row": 0.07, "pair": 0.09})
+    timed = common._time_candidates(["row", "pair"], unheld.launch, unheld)
+    assert timed[1] > 0.08 and common.pick_among(["row", "pair"], timed) == "row"  # about its host time
+
+
+def test_a_hold_is_twice_the_queueing_and_capped():
+    assert common._hold_ms(4, 0.02) == 2 * 4 * 0.02 + 0.05
+    assert common._hold_ms(64, 1.0) == common.PICK_HOLD_MAX_MS
 
 
 def test_a_candidate_that_does_not_launch_is_named_and_skipped():

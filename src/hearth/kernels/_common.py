@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -254,7 +255,11 @@ def backward_route(ctx, op, differentiable, launcher):
 
 
 class _CudaClock:
-    """Marks on the current CUDA stream (timing events: no device memory) and the ms between two of them."""
+    """Marks on the current CUDA stream (timing events: no device memory) and the ms between two of them; the host's
+    clock; and hold(ms), a kernel that keeps the GPU busy for about ms, so the launches queued behind it run back to
+    back whatever the host's launch overhead (torch.cuda._sleep: a spin on the SM's cycle counter, no memory)."""
+
+    cycles_per_ms: float | None = None  # measured on the first hold (_sleep counts SM cycles, not time)
 
     @staticmethod
     def mark():
@@ -270,52 +275,85 @@ class _CudaClock:
     def ms(start, end) -> float:
         return start.elapsed_time(end)
 
+    @staticmethod
+    def host_ms() -> float:
+        return time.perf_counter() * 1e3
+
+    @classmethod
+    def hold(cls, ms: float) -> None:
+        if cls.cycles_per_ms is None:
+            cycles = 1_000_000
+            start = cls.mark()
+            torch.cuda._sleep(cycles)
+            end = cls.mark()
+            cls.sync()
+            # measured at whatever clock the GPU runs now; if it later runs faster a hold is shorter than asked:
+            # hence the margin in _hold_ms
+            cls.cycles_per_ms = cycles / max(cls.ms(start, end), 1e-3)
+        torch.cuda._sleep(max(1, int(ms * cls.cycles_per_ms)))
+
 
 # How pick_config times its candidates: PICK_ROUNDS interleaved rounds; in each, every candidate runs a block of
 # back-to-back launches lasting about PICK_BLOCK_MS (at most PICK_MAX_REPS launches); a candidate's time is the
-# median over the rounds of its block's ms per launch.
+# median over the rounds of its block's ms per launch. Before each block the GPU is held busy (clock.hold) for
+# longer than the host takes to queue the block, so the block measures the GPU's time, not the host's.
 PICK_ROUNDS = 5
 PICK_BLOCK_MS = 0.25
 PICK_MAX_REPS = 64
+PICK_HOLD_MAX_MS = 5.0  # a block's hold at most (a host slower than this per block is measured as it is)
+
+
+def _hold_ms(reps: int, host_ms: float) -> float:
+    """The hold before a block of `reps` launches whose host side took host_ms each: twice the queueing time, plus
+    0.05 ms (the marks), capped at PICK_HOLD_MAX_MS."""
+    return min(PICK_HOLD_MAX_MS, 2.0 * reps * host_ms + 0.05)
 
 
 def _time_candidates(candidates, launch, clock=_CudaClock) -> list:
     """ms per launch of each candidate (the exception's type name for one that does not launch), in order.
 
-    One launch each first (compile, warm-up), then one timed launch each to size its block, then PICK_ROUNDS
-    rounds over all candidates, the order rotated by one every round. Interleaving gives every candidate the
-    same share of the GPU's clock ramp after the compiles and of any drift, which timing the candidates one
-    after the other did not (the first ones timed ran at lower clocks); a block of launches instead of one
-    keeps a 50 us kernel's time well above the events' resolution and launch jitter (seven single launches
-    let the same six rms_norm candidates measure 0.056-0.083 ms in one run and 0.080-0.096 ms in another, with
-    different winners). No allocation (the timing buffers of triton.testing.do_bench showed up as the op's
-    first-call memory)."""
+    One launch each first (compile, warm-up), then one timed launch each to size its block (and the host's time
+    to queue one launch), then PICK_ROUNDS rounds over all candidates, the order rotated by one every round, each
+    block behind a hold (clock.hold) that outlasts its queueing. Interleaving gives every candidate the same share
+    of the GPU's clock ramp after the compiles and of any drift, which timing the candidates one after the other
+    did not (the first ones timed ran at lower clocks); a block of launches instead of one keeps a 50 us kernel's
+    time well above the events' resolution and launch jitter (seven single launches let the same six rms_norm
+    candidates measure 0.056-0.083 ms in one run and 0.080-0.096 ms in another, with different winners). The hold:
+    without it a block whose launches cost the host more than the GPU (rms_norm's "rowpair" backward: a zeroed
+    buffer, two launches) measured the host, and differently in each process: at Qwen3-1.7B's 2048 x 16384 on the
+    H200 rowpair timed 0.056 ms in one process and 0.080-0.134 in another, where the whole op ranked it fastest, so
+    one process ran the op 13% slower. No allocation (the timing buffers of triton.testing.do_bench showed up as
+    the op's first-call memory)."""
     out: list = [None] * len(candidates)
     live = []
     for i, cfg in enumerate(candidates):
         try:
             launch(cfg)
+            clock.hold(0.25)  # the estimate below times the GPU, not the host's queueing of the launch
+            host0 = clock.host_ms()
             start = clock.mark()
             launch(cfg)
             end = clock.mark()
+            host = clock.host_ms() - host0
         except Exception as e:  # a config that does not fit this GPU (registers / shared memory): skip it
             out[i] = type(e).__name__
             continue
-        live.append((i, cfg, start, end))
+        live.append((i, cfg, start, end, host))
     clock.sync()
     # launches per block: enough for about PICK_BLOCK_MS at the estimated time of one
-    live = [(i, cfg, min(PICK_MAX_REPS, max(1, math.ceil(PICK_BLOCK_MS / max(clock.ms(start, end), 1e-4)))))
-            for i, cfg, start, end in live]
+    live = [(i, cfg, min(PICK_MAX_REPS, max(1, math.ceil(PICK_BLOCK_MS / max(clock.ms(start, end), 1e-4)))), host)
+            for i, cfg, start, end, host in live]
     marks = []
     for r in range(PICK_ROUNDS):
         for j in range(len(live)):
-            i, cfg, reps = live[(j + r) % len(live)]
+            i, cfg, reps, host = live[(j + r) % len(live)]
+            clock.hold(_hold_ms(reps, host))
             start = clock.mark()
             for _ in range(reps):
                 launch(cfg)
             marks.append((i, reps, start, clock.mark()))
     clock.sync()
-    samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
+    samples: dict[int, list[float]] = {i: [] for i, _, _, _ in live}
     for i, reps, start, end in marks:
         samples[i].append(clock.ms(start, end) / reps)
     for i, times in samples.items():
