@@ -163,7 +163,7 @@ def test_non_contiguous_inputs():
 
 # contiguous tensors of every kind (N-D, size-1 dims with odd strides, one element, one column), then
 # non-contiguous ones (copied or read in place through their row stride)
-_LAYOUTS = [((64, 256), None), ((4, 3, 33), None), ((33,), None), ((1, 256), (999, 1)), ((3, 1, 33), (33, 7, 1)),
+_LAYOUTS = [((24, 48), None), ((4, 3, 33), None), ((33,), None), ((1, 256), (999, 1)), ((3, 1, 33), (33, 7, 1)),
             ((1, 1), (5, 7)), ((5, 1), None), ((6, 1, 1), (1, 9, 3)), ((7, 40), (50, 1)), ((3, 40), (1, 3)),
             ((2, 3, 20), (100, 20, 1))]
 
