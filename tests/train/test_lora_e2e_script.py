@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,31 +69,42 @@ def test_profile_lora_step_smoke_writes_a_row_per_setup_with_categories(tmp_path
     assert table[0].split() == ["us", "total", "calls", "kernel"] and len(table) > 5
 
 
-def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(tmp_path):
+def _rows(tmp_path_factory, *args) -> list[dict]:
+    out = tmp_path_factory.mktemp("rows") / "rows.jsonl"
+    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",
+                *args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def unpacked_rows(tmp_path_factory):
+    """hearth_fast and hearth_fast_attn on one 24-token row: one run serves the two tests below (each child pays
+    the imports and the interpreter's step)."""
+    return _rows(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def packed_rows(tmp_path_factory):
+    """The same two setups, the same 24 tokens packed as 3 sequences (--pack 3)."""
+    return _rows(tmp_path_factory, "--pack", "3")
+
+
+def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(unpacked_rows):
     """The hearth_fast_attn setup is hearth_fast (LoRA products on the base path) with hearth's attention
     in place of SDPA: the row's patch report says attention was replaced, hearth_fast's says it was not."""
-    out = tmp_path / "rows.jsonl"
-    proc = _run("--seqs", "16", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",
-                "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {r["setup"]: r for r in map(json.loads, out.read_text().splitlines())}
+    rows = {r["setup"]: r for r in unpacked_rows}
     assert rows["hearth_fast_attn"]["status"] == rows["hearth_fast"]["status"] == "ok", rows
     assert rows["hearth_fast_attn"]["patch"]["replaced"]["attention"] == {"Qwen3Attention": 1}
     assert rows["hearth_fast"]["patch"]["replaced"]["attention"] == {}
     assert rows["hearth_fast_attn"]["lora_compute"] == rows["hearth_fast"]["lora_compute"] == "base"
 
 
-def test_pack_trains_one_packed_row_and_hearths_varlen_matches_sdpas_mask(tmp_path):
+def test_pack_trains_one_packed_row_and_hearths_varlen_matches_sdpas_mask(packed_rows, unpacked_rows):
     """--pack N: the row is N packed sequences. SDPA (hearth_fast: transformers' block-diagonal mask from the
     position ids) and hearth's attention (hearth_fast_attn: the varlen kernel on the offsets) give the same first
     loss on the same weights and batch, and it differs from the unpacked row's (attention across the sequences)."""
-    out = tmp_path / "rows.jsonl"
-    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",
-                "--pack", "3", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", "hearth_fast", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = packed_rows + unpacked_rows[:1]
     assert [(r["setup"], r.get("pack"), r["status"]) for r in rows] == [
         ("hearth_fast", 3, "ok"), ("hearth_fast_attn", 3, "ok"), ("hearth_fast", None, "ok")], rows
     sdpa, varlen, unpacked = (r["loss"][0] for r in rows)
