@@ -623,7 +623,6 @@ _ELEMS = {
     "rms_norm": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
     "layer_norm": lambda s: (s["M"] * s["N"], s["M"] * s["N"]),
     "rope": lambda s: (s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"],) * 2,
-    "rope_inplace": lambda s: (s["B"] * (s["Hq"] + s["Hk"]) * s["T"] * s["D"],) * 2,
     "swiglu": lambda s: (2 * s["M"] * s["I"], s["M"] * s["I"]),
     "swiglu_mlp": lambda s: (s["N"] * s["H"] + 3 * s["H"] * s["I"], 2 * s["N"] * s["I"]),
     # the fp32 reference holds one query head's [T, T] scores (and its softmax) at a time
@@ -632,6 +631,7 @@ _ELEMS = {
     "attention_varlen": lambda s: ((s["Hq"] + 2 * s["Hk"]) * s["T"] * s["D"], s["T"] * s["T"]),
     "matmul": lambda s: (s["M"] * s["K"] + s["K"] * s["N"], s["M"] * s["N"]),
 }
+_ELEMS["rope_inplace"] = _ELEMS["rope"]  # the same tensors, rotated in place
 for _op, _spec in SPECS.items():
     _spec.models = MODEL_CASES[_op]
     _spec.elems = _ELEMS[_op]
