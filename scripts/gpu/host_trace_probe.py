@@ -111,8 +111,7 @@ def _case(op: str, shape: list[int], provider: str = "hearth", device: str = "cu
                 return out[0] if isinstance(out, tuple) else out  # FlashAttention-3 / 4 also return the lse
             return [q, k, v], fa, dy
         raise SystemExit(f"--provider {provider}: attention_varlen takes hearth or flash_attn")
-    if provider != "hearth":
-        raise SystemExit(f"--provider {provider}: only layer_norm, rms_norm and attention(_varlen) have peers here")
+    peer = _peer_fn(op, provider)  # torch / compile for swiglu_mlp and linear_cross_entropy, else None
     if op == "swiglu_mlp":
         from hearth.kernels.swiglu import swiglu_mlp
 
@@ -121,7 +120,8 @@ def _case(op: str, shape: list[int], provider: str = "hearth", device: str = "cu
         ws = [rnd(i, h, scale=0.02).requires_grad_(), rnd(i, h, scale=0.02).requires_grad_(),
               rnd(h, i, scale=0.02).requires_grad_()]
         leaves = [x, *ws]
-        return leaves, lambda: swiglu_mlp(x, *ws).sum(), None
+        fn = peer or swiglu_mlp
+        return leaves, lambda: fn(x, *ws), rnd(n, h)  # y.backward(dy): the harness's full mode
     if op == "matmul":
         m, k, n = shape
         a, b = rnd(m, k).requires_grad_(), rnd(k, n, scale=0.02).requires_grad_()
@@ -130,11 +130,26 @@ def _case(op: str, shape: list[int], provider: str = "hearth", device: str = "cu
         n, h, v = shape
         x, w = rnd(n, h).requires_grad_(), rnd(v, h, scale=0.02).requires_grad_()
         t = torch.randint(0, v, (n,), device=dev, generator=g)
-        return [x, w], lambda: hk.linear_cross_entropy(x, w, t), None
+        fn = peer or hk.linear_cross_entropy
+        return [x, w], lambda: fn(x, w, t), None
     raise SystemExit(f"--op: unknown op {op!r}")
 
 
-def _kernel_times(avgs, iters: int, top: int = 12) -> list[str]:
+def _peer_fn(op: str, provider: str):
+    """The bench's eager PyTorch function for swiglu_mlp / linear_cross_entropy, or that function under
+    torch.compile (dynamic=False, as the bench's compile row), for --provider torch / compile; None for hearth."""
+    if provider == "hearth":
+        return None
+    if op not in ("swiglu_mlp", "linear_cross_entropy") or provider not in ("torch", "compile"):
+        raise SystemExit(f"--provider {provider}: only layer_norm, rms_norm, attention(_varlen), and torch / compile "
+                         "for swiglu_mlp and linear_cross_entropy have peers here")
+    from hearth.bench.providers import _eager_table
+
+    fn = _eager_table()[op]
+    return torch.compile(fn, dynamic=False) if provider == "compile" else fn
+
+
+def _kernel_times(avgs, iters: int, top: int = 20) -> list[str]:
     """The profile's device-side entries (kernels, memsets, copies) by self device time per call: which part of a
     fwd+bwd takes the GPU time (e.g. a forward against a peer's, the backward's preprocess, its main kernel)."""
     rows = []
@@ -144,7 +159,8 @@ def _kernel_times(avgs, iters: int, top: int = 12) -> list[str]:
         if us > 0 and e.self_cpu_time_total == 0:  # device-only entries (a launch's CPU side is its own entry)
             rows.append((us / iters, e.count / iters, e.key))
     rows.sort(reverse=True)
-    return [f"  {us:9.1f}  x{n:4.1f}  {name[:110]}" for us, n, name in rows[:top]] or ["  none"]
+    total = f"  {sum(r[0] for r in rows):9.1f}  all {len(rows)} kinds, {sum(r[1] for r in rows):.1f} launches a call"
+    return [f"  {us:9.1f}  x{n:4.1f}  {name[:110]}" for us, n, name in rows[:top]] + [total] if rows else ["  none"]
 
 
 def _back_to_back(fn, iters: int) -> tuple[float, float]:
@@ -467,7 +483,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--provider", default="hearth",
                    help="hearth, liger or torch (layer_norm and rms_norm); sdpa_cudnn or sdpa_flash (attention); "
-                        "flash_attn (attention_varlen)")
+                        "flash_attn (attention_varlen); torch or compile (swiglu_mlp, linear_cross_entropy)")
     p.add_argument("--pyprof", action="store_true",
                    help="--op attention: also cProfile hearth's forward and backward launchers (Python time by function)")
     args = p.parse_args()
