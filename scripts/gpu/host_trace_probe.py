@@ -484,6 +484,8 @@ def main() -> None:
     p.add_argument("--provider", default="hearth",
                    help="hearth, liger or torch (layer_norm and rms_norm); sdpa_cudnn or sdpa_flash (attention); "
                         "flash_attn (attention_varlen); torch or compile (swiglu_mlp, linear_cross_entropy)")
+    p.add_argument("--shapes", action="store_true",
+                   help="also list GPU time by aten op and input shapes (which GEMM of a fused node takes the time)")
     p.add_argument("--pyprof", action="store_true",
                    help="--op attention: also cProfile hearth's forward and backward launchers (Python time by function)")
     args = p.parse_args()
@@ -511,7 +513,7 @@ def main() -> None:
              f" (torch {torch.__version__}): wall {wall * 1e3:.3f} ms/call, host inside the calls {host * 1e3:.3f} ms/call"]
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=args.shapes) as prof:
         for _ in range(args.iters):
             call()
         torch.cuda.synchronize()
@@ -526,6 +528,16 @@ def main() -> None:
         lines.append("  none")
     lines.append("GPU time per call by kernel (us), longest first:")
     lines += _kernel_times(avgs, args.iters)
+    if args.shapes:  # which GEMM (by its operands' shapes) takes the GPU time
+        lines.append("GPU time per call by op and input shapes (us, count per call), longest first:")
+        by_shape = []
+        for e in prof.key_averages(group_by_input_shape=True):
+            us = getattr(e, "device_time_total", None)
+            us = getattr(e, "cuda_time_total", 0) if us is None else us
+            if e.key.startswith("aten::") and us > 0 and e.input_shapes:
+                by_shape.append((us / args.iters, e.count / args.iters, e.key, e.input_shapes))
+        by_shape.sort(key=lambda r: -r[0])
+        lines += [f"  {us:9.1f}  x{n:4.1f}  {key} {shapes}" for us, n, key, shapes in by_shape[:30]]
     lines.append(avgs.table(sort_by="self_cpu_time_total", row_limit=25))
     text = "\n".join(lines)
     print(text)
