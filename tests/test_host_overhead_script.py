@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -137,5 +139,32 @@ def test_host_trace_probe_packed_attention_case_and_kernel_times(monkeypatch):
         key=key, self_device_time_total=dev_us, self_cpu_time_total=cpu_us, count=count)
     lines = mod["_kernel_times"]([ev("bwd_kernel", 400.0, 0, 2), ev("cudaLaunchKernel", 0, 90.0, 8),
                                    ev("fwd_kernel", 200.0, 0, 2), ev("aten::empty", 0, 10.0, 4)], 2)
-    assert len(lines) == 2 and "bwd_kernel" in lines[0] and "fwd_kernel" in lines[1]
+    assert len(lines) == 3 and "bwd_kernel" in lines[0] and "fwd_kernel" in lines[1]
     assert lines[0].split()[0] == "200.0"  # per call: 400 us over 2 calls
+    assert lines[2].split()[:3] == ["300.0", "all", "2"] and "2.0 launches a call" in lines[2]  # the device total
+
+
+def test_host_trace_probe_torch_and_compile_peers_for_mlp_and_lce():
+    """--provider torch / compile for swiglu_mlp and linear_cross_entropy: the bench's eager function (compiled for
+    compile, not called here: the CPU takes tens of seconds a graph) on the case's own leaves; a peer name the op
+    has not got stops with a message naming the provider."""
+    import runpy
+
+    import torch
+    import torch.nn.functional as F
+
+    mod = runpy.run_path(str(ROOT / "scripts" / "gpu" / "host_trace_probe.py"), run_name="host_trace_probe")
+    (x, wg, wu, wd), step, dy = mod["_case"]("swiglu_mlp", [6, 8, 12], "torch", device="cpu")
+    out = step()
+    ref = F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+    assert out.shape == dy.shape == (6, 8) and torch.equal(out, ref)
+    out.backward(dy)
+    assert all(t.grad is not None for t in (x, wg, wu, wd))
+    (x, w), step, grad = mod["_case"]("linear_cross_entropy", [6, 8, 20], "torch", device="cpu")
+    loss = step()
+    assert loss.dim() == 0 and grad is None and torch.isfinite(loss)
+    assert callable(mod["_peer_fn"]("swiglu_mlp", "compile")) and mod["_peer_fn"]("swiglu_mlp", "hearth") is None
+    with pytest.raises(SystemExit, match="--provider liger"):
+        mod["_peer_fn"]("swiglu_mlp", "liger")
+    with pytest.raises(SystemExit, match="--provider compile"):
+        mod["_case"]("matmul", [4, 4, 4], "compile", device="cpu")
