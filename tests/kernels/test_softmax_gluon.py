@@ -24,106 +24,131 @@ from hearth import inspect as hi
 from hearth.kernels import softmax_gluon as sg
 from hearth.kernels import cross_entropy_gluon as cg
 
-op, n, dt, ctas = sys.argv[1], int(sys.argv[2]), sys.argv[3], (int(sys.argv[4]) or None)
-gated = op != "ce_smem_ungated"  # cross_entropy's launch is gated by its target check; direct callers' are not
-op = "ce_smem" if op == "ce_smem_ungated" else op
-eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
-if op in ("smem", "ce_smem", "bwd_smem"):
-    ctas, chunk, chunks = sg.smem_config(n, eb, ctas, inputs=2 if op == "bwd_smem" else 1)
-    p, warps = chunk * chunks, sg.SMEM_WARPS
-    const = dict(sg.smem_constexprs(ctas, chunk, chunks, eb, warps))
-else:
-    ctas, p, warps = sg.config(n, ctas)
-    const = sg.constexprs(ctas, p, warps, eb)
-if op == "bwd_smem":
-    fn, args = sg._softmax_bwd_cluster_smem_kernel, {"Y": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}",
-                                                     "stride_y": "i32", "stride_dy": "i32", "stride_dx": "i32",
-                                                     "n_cols": "i32"}
-elif op == "smem":
-    fn, args = sg._softmax_fwd_cluster_smem_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
-                                                     "stride_y": "i32", "n_cols": "i32"}
-elif op == "ce_smem":
-    # as cross_entropy routes a mean loss: the gradient in place, its scale (1 / n_valid) read from the device
-    fn, args = cg._ce_rows_cluster_smem_kernel, {"Logits": f"*{dt}", "Grad": f"*{dt}", "Target": "*i64",
-                                                 "Loss": "*fp32", "Scale": "*fp32", "Gate": "*i32", "stride": "i32",
-                                                 "stride_g": "i32", "n_cols": "i32", "ignore_index": "i32",
-                                                 "scale_value": "fp32"}
-    # ... with the target check's gate (cross_entropy's default), or without (ce_rows_smem_ called directly)
-    const.update(WRITE_GRAD=True, SCALE_MODE=1, GATED=gated)
-elif op == "softmax":
-    fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
-    args["n_cols"] = "i32"
-else:
-    fn, args = cg._ce_rows_cluster_kernel, {"Logits": f"*{dt}", "Target": "*i64", "Loss": "*fp32", "stride": "i32"}
-    args.update(n_cols="i32", ignore_index="i32", grad_scale="fp32")
-sig = {**args, **{k: "constexpr" for k in const}}
-# as a launch specializes them on 16-byte aligned rows: the pointers and these ints divisible by 16
-aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-           if name in ("X", "Y", "DY", "DX", "Logits", "Grad", "Target", "Loss", "Scale", "Gate", "stride_x", "stride_y",
-                       "stride_dy", "stride_dx", "stride", "stride_g", "n_cols")}
-k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})
-ptx, llir = k.asm["ptx"], k.asm["llir"]
-# the compiler's own shared memory: every @global_smem address in the LLVM IR (the inline PTX's are in strings)
-offsets = [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", llir)]
-bare = [line for line in llir.splitlines() if "@global_smem" in line and "@global_smem," not in line
-        and "external addrspace(3)" not in line and "asm" not in line]
-# an address formed from global_smem + a run-time offset alone starts at byte 0 (where the slots are)
-bare += [line.strip() for line in llir.splitlines() if re.search(r"@global_smem, i(32|64) %", line)]
-# a layout the compiler thinks is replicated over the CTAs makes it predicate the row's stores on rank == 0:
-# `and.b32 rX, <rank>, CTAS - 1`, `setp.eq pY, rX, 0`, then pY and-ed into the st.global.v4 predicates
-rank_regs = set(re.findall(r"mov\.u32\s+(%r\d+), %cluster_ctarank;", ptx))
-masked = {m.group(1) for m in re.finditer(r"and\.b32\s+(%r\d+), (%r\d+|%cluster_ctarank), \d+;", ptx)
-          if m.group(2) in rank_regs or m.group(2) == "%cluster_ctarank"}
-tainted = {m.group(1) for m in re.finditer(r"setp\.(?:eq|ne)\.[bsu]32\s+(%p\d+), (%r\d+), 0;", ptx)
-           if m.group(2) in masked}
-for _ in range(4):  # predicates built from them (either polarity)
-    for m in re.finditer(r"(?:and|or|xor)\.pred\s+(%p\d+), (%p\d+), (%p\d+);", ptx):
-        if m.group(2) in tainted or m.group(3) in tainted:
-            tainted.add(m.group(1))
-    for m in re.finditer(r"not\.pred\s+(%p\d+), (%p\d+);", ptx):
-        if m.group(2) in tainted:
-            tainted.add(m.group(1))
-rank0 = [line.strip() for line in ptx.splitlines()
-         if re.match(r"\s*@!?(%p\d+) st\.global\.v", line)
-         and re.match(r"\s*@!?(%p\d+)", line).group(1) in tainted]
-# the shared-memory forms: chunk c (bytes [c * CHUNK_BYTES, (c + 1) * CHUNK_BYTES) of the CTA's buffer) may be
-# read only after a cp.async.wait_group leaving at most CHUNKS - 1 - c groups in flight, then a CTA barrier
-early = []
-if op in ("smem", "ce_smem", "bwd_smem"):
-    chunks, last_wait, synced, seen = p // const["CHUNK"], None, False, set()
-    # buffer chunk k holds the row's chunk k; the backward's dy chunk c sits at buffer chunk chunks - 1 + c
-    held = 2 * chunks - 1 if op == "bwd_smem" else chunks
-    for line in ptx.splitlines():
-        w = re.match(r"\s*cp\.async\.wait_group\s+(\d+);", line)
-        if w:
-            last_wait, synced = int(w.group(1)), False
-        elif re.match(r"\s*bar\.sync\s", line):
-            synced = True
-        ld = re.match(r"\s*ld\.shared\.v4\.b32\s+\{[^}]*\}, \[%r\d+\+(\d+)\];", line)
-        if ld and sg.CHUNK_BYTES <= int(ld.group(1)) < held * sg.CHUNK_BYTES:
-            slot = int(ld.group(1)) // sg.CHUNK_BYTES
-            c = slot if slot < chunks else slot - (chunks - 1)
-            if c not in seen and (last_wait is None or last_wait > chunks - 1 - c or not synced):
-                early.append((c, last_wait, synced))
-            seen.add(c)
-    early += [("unread", c) for c in range(1, chunks) if c not in seen]
-rep = hi.report_compiled("cluster", k)
-print(json.dumps(dict(
-    ctas=ctas, p=p, warps=warps, shared=k.metadata.shared, spills=rep.spill_bytes, regs=rep.registers,
-    cluster=f".reqnctapercluster {ctas}" in ptx, mapa=ptx.count("mapa.shared::cluster"),
-    st_cluster=ptx.count("st.shared::cluster"), barriers=ptx.count("barrier.cluster"),
-    offsets=offsets, bare=bare, rank0=rank0, cp_async=ptx.count("cp.async.cg.shared.global"),
-    cp_async_small=ptx.count("cp.async.ca"), early=early)))
+
+def build(op, n, dt, ctas):
+    # one kernel built for sm_90 and what its PTX / LLVM IR show (argv: op, n, dtype, ctas, repeated)
+    n, ctas = int(n), (int(ctas) or None)
+    gated = op != "ce_smem_ungated"  # cross_entropy's launch is gated by its target check; direct callers' are not
+    op = "ce_smem" if op == "ce_smem_ungated" else op
+    eb = {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
+    if op in ("smem", "ce_smem", "bwd_smem"):
+        ctas, chunk, chunks = sg.smem_config(n, eb, ctas, inputs=2 if op == "bwd_smem" else 1)
+        p, warps = chunk * chunks, sg.SMEM_WARPS
+        const = dict(sg.smem_constexprs(ctas, chunk, chunks, eb, warps))
+    else:
+        ctas, p, warps = sg.config(n, ctas)
+        const = sg.constexprs(ctas, p, warps, eb)
+    if op == "bwd_smem":
+        fn, args = sg._softmax_bwd_cluster_smem_kernel, {"Y": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}",
+                                                         "stride_y": "i32", "stride_dy": "i32", "stride_dx": "i32",
+                                                         "n_cols": "i32"}
+    elif op == "smem":
+        fn, args = sg._softmax_fwd_cluster_smem_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32",
+                                                         "stride_y": "i32", "n_cols": "i32"}
+    elif op == "ce_smem":
+        # as cross_entropy routes a mean loss: the gradient in place, its scale (1 / n_valid) read from the device
+        fn, args = cg._ce_rows_cluster_smem_kernel, {"Logits": f"*{dt}", "Grad": f"*{dt}", "Target": "*i64",
+                                                     "Loss": "*fp32", "Scale": "*fp32", "Gate": "*i32", "stride": "i32",
+                                                     "stride_g": "i32", "n_cols": "i32", "ignore_index": "i32",
+                                                     "scale_value": "fp32"}
+        # ... with the target check's gate (cross_entropy's default), or without (ce_rows_smem_ called directly)
+        const.update(WRITE_GRAD=True, SCALE_MODE=1, GATED=gated)
+    elif op == "softmax":
+        fn, args = sg._softmax_fwd_cluster_kernel, {"X": f"*{dt}", "Y": f"*{dt}", "stride_x": "i32", "stride_y": "i32"}
+        args["n_cols"] = "i32"
+    else:
+        fn, args = cg._ce_rows_cluster_kernel, {"Logits": f"*{dt}", "Target": "*i64", "Loss": "*fp32", "stride": "i32"}
+        args.update(n_cols="i32", ignore_index="i32", grad_scale="fp32")
+    sig = {**args, **{k: "constexpr" for k in const}}
+    # as a launch specializes them on 16-byte aligned rows: the pointers and these ints divisible by 16
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+               if name in ("X", "Y", "DY", "DX", "Logits", "Grad", "Target", "Loss", "Scale", "Gate", "stride_x", "stride_y",
+                           "stride_dy", "stride_dx", "stride", "stride_g", "n_cols")}
+    k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_ctas": ctas})
+    ptx, llir = k.asm["ptx"], k.asm["llir"]
+    # the compiler's own shared memory: every @global_smem address in the LLVM IR (the inline PTX's are in strings)
+    offsets = [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", llir)]
+    bare = [line for line in llir.splitlines() if "@global_smem" in line and "@global_smem," not in line
+            and "external addrspace(3)" not in line and "asm" not in line]
+    # an address formed from global_smem + a run-time offset alone starts at byte 0 (where the slots are)
+    bare += [line.strip() for line in llir.splitlines() if re.search(r"@global_smem, i(32|64) %", line)]
+    # a layout the compiler thinks is replicated over the CTAs makes it predicate the row's stores on rank == 0:
+    # `and.b32 rX, <rank>, CTAS - 1`, `setp.eq pY, rX, 0`, then pY and-ed into the st.global.v4 predicates
+    rank_regs = set(re.findall(r"mov\.u32\s+(%r\d+), %cluster_ctarank;", ptx))
+    masked = {m.group(1) for m in re.finditer(r"and\.b32\s+(%r\d+), (%r\d+|%cluster_ctarank), \d+;", ptx)
+              if m.group(2) in rank_regs or m.group(2) == "%cluster_ctarank"}
+    tainted = {m.group(1) for m in re.finditer(r"setp\.(?:eq|ne)\.[bsu]32\s+(%p\d+), (%r\d+), 0;", ptx)
+               if m.group(2) in masked}
+    for _ in range(4):  # predicates built from them (either polarity)
+        for m in re.finditer(r"(?:and|or|xor)\.pred\s+(%p\d+), (%p\d+), (%p\d+);", ptx):
+            if m.group(2) in tainted or m.group(3) in tainted:
+                tainted.add(m.group(1))
+        for m in re.finditer(r"not\.pred\s+(%p\d+), (%p\d+);", ptx):
+            if m.group(2) in tainted:
+                tainted.add(m.group(1))
+    rank0 = [line.strip() for line in ptx.splitlines()
+             if re.match(r"\s*@!?(%p\d+) st\.global\.v", line)
+             and re.match(r"\s*@!?(%p\d+)", line).group(1) in tainted]
+    # the shared-memory forms: chunk c (bytes [c * CHUNK_BYTES, (c + 1) * CHUNK_BYTES) of the CTA's buffer) may be
+    # read only after a cp.async.wait_group leaving at most CHUNKS - 1 - c groups in flight, then a CTA barrier
+    early = []
+    if op in ("smem", "ce_smem", "bwd_smem"):
+        chunks, last_wait, synced, seen = p // const["CHUNK"], None, False, set()
+        # buffer chunk k holds the row's chunk k; the backward's dy chunk c sits at buffer chunk chunks - 1 + c
+        held = 2 * chunks - 1 if op == "bwd_smem" else chunks
+        for line in ptx.splitlines():
+            w = re.match(r"\s*cp\.async\.wait_group\s+(\d+);", line)
+            if w:
+                last_wait, synced = int(w.group(1)), False
+            elif re.match(r"\s*bar\.sync\s", line):
+                synced = True
+            ld = re.match(r"\s*ld\.shared\.v4\.b32\s+\{[^}]*\}, \[%r\d+\+(\d+)\];", line)
+            if ld and sg.CHUNK_BYTES <= int(ld.group(1)) < held * sg.CHUNK_BYTES:
+                slot = int(ld.group(1)) // sg.CHUNK_BYTES
+                c = slot if slot < chunks else slot - (chunks - 1)
+                if c not in seen and (last_wait is None or last_wait > chunks - 1 - c or not synced):
+                    early.append((c, last_wait, synced))
+                seen.add(c)
+        early += [("unread", c) for c in range(1, chunks) if c not in seen]
+    rep = hi.report_compiled("cluster", k)
+    return dict(
+        ctas=ctas, p=p, warps=warps, shared=k.metadata.shared, spills=rep.spill_bytes, regs=rep.registers,
+        cluster=f".reqnctapercluster {ctas}" in ptx, mapa=ptx.count("mapa.shared::cluster"),
+        st_cluster=ptx.count("st.shared::cluster"), barriers=ptx.count("barrier.cluster"),
+        offsets=offsets, bare=bare, rank0=rank0, cp_async=ptx.count("cp.async.cg.shared.global"),
+        cp_async_small=ptx.count("cp.async.ca"), early=early)
+
+
+args = sys.argv[1:]
+print(json.dumps([build(*args[i:i + 4]) for i in range(0, len(args), 4)]))
 """
 
 
-@pytest.mark.parametrize("op, n, dtype, ctas", [
+_REGISTER_BUILDS = [
     ("softmax", 262144, "bf16", 0), ("softmax", 151936, "fp32", 0), ("softmax", 65536, "fp16", 0),
-    ("softmax", 262144, "bf16", 8), ("cross_entropy", 131072, "bf16", 0), ("cross_entropy", 151936, "fp32", 0)],
+    ("softmax", 262144, "bf16", 8), ("cross_entropy", 131072, "bf16", 0), ("cross_entropy", 151936, "fp32", 0)]
+_SMEM_BUILDS = [
+    ("smem", 262144, "bf16", 0), ("smem", 151936, "bf16", 0), ("smem", 65536, "fp16", 0), ("smem", 262144, "fp32", 0),
+    ("smem", 131072, "bf16", 16), ("ce_smem", 131072, "bf16", 0), ("ce_smem", 151936, "fp32", 0),
+    ("ce_smem_ungated", 131072, "bf16", 0),
+    ("bwd_smem", 262144, "bf16", 0), ("bwd_smem", 151936, "bf16", 0), ("bwd_smem", 65536, "fp32", 0)]
+
+
+@pytest.fixture(scope="module")
+def sm90_builds() -> dict:
+    """Every build the two tests below check, made once: two processes (CI's two cores) that each build half of
+    them, so the tests pay Triton's import twice and not once a build. {(op, n, dtype, ctas): report}."""
+    cases = _REGISTER_BUILDS + _SMEM_BUILDS
+    halves = [cases[0::2], cases[1::2]]
+    reports = run_offline(_BUILD_SCRIPT, *(tuple(str(v) for case in half for v in case) for half in halves))
+    return {case: r for half, rs in zip(halves, reports) for case, r in zip(half, rs)}
+
+
+@pytest.mark.parametrize("op, n, dtype, ctas", _REGISTER_BUILDS,
     ids=["softmax-262144-bf16", "softmax-151936-fp32", "softmax-65536-fp16", "softmax-262144-bf16-8ctas",
          "ce-131072-bf16", "ce-151936-fp32"])
-def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n, dtype, ctas):
+def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(sm90_builds, op, n, dtype, ctas):
     """The kernels build for sm_90 as a cluster (.reqnctapercluster); each stores its pair into every CTA's
     slots (one mapa + st.shared::cluster per CTA) between cluster barriers (arrive at start, wait,
     arrive.release, wait.acquire); every shared-memory address the compiler forms (its reduction scratch)
@@ -132,7 +157,7 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
     produces: review found every store but CTA 0's dropped that way; cross-entropy's one-writer loss store
     is meant to be). At config's pick nothing spills; 8 CTAs at 262144
     columns (64 values a thread) may spill, which is what the pick avoids."""
-    r = run_offline(_BUILD_SCRIPT, (op, str(n), dtype, str(ctas)))[0]
+    r = sm90_builds[(op, n, dtype, ctas)]
     assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"], r
     assert r["barriers"] == 4, r
     slot_bytes = sg.SLOT_FLOATS * 4
@@ -143,21 +168,17 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(op, n
         assert r["spills"] == 0, r
 
 
-@pytest.mark.parametrize("op, n, dtype, ctas", [
-    ("smem", 262144, "bf16", 0), ("smem", 151936, "bf16", 0), ("smem", 65536, "fp16", 0), ("smem", 262144, "fp32", 0),
-    ("smem", 131072, "bf16", 16), ("ce_smem", 131072, "bf16", 0), ("ce_smem", 151936, "fp32", 0),
-    ("ce_smem_ungated", 131072, "bf16", 0),
-    ("bwd_smem", 262144, "bf16", 0), ("bwd_smem", 151936, "bf16", 0), ("bwd_smem", 65536, "fp32", 0)],
+@pytest.mark.parametrize("op, n, dtype, ctas", _SMEM_BUILDS,
     ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas", "ce-131072-bf16",
          "ce-151936-fp32", "ce-131072-bf16-ungated", "bwd-262144-bf16", "bwd-151936-bf16", "bwd-65536-fp32"])
-def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(op, n, dtype, ctas):
+def test_sm90_smem_build_leaves_chunk_zero_to_the_slots(sm90_builds, op, n, dtype, ctas):
     """The shared-memory forms (softmax forward and backward; cross-entropy) build as a cluster with the same
     exchange; they copy chunks 1.. by cp.async (16 bytes a lane); every shared address the compiler forms is at or past
     CHUNK_BYTES (chunk 0's bytes, at global_smem + 0 where the buffer sits, are the exchange's slots: the
     compiler never touches them, and a bare @global_smem use would mean it does); each chunk is first read
     after a cp.async.wait_group that has let it land and a CTA barrier; no row store predicated on rank 0;
     no spills."""
-    r = run_offline(_BUILD_SCRIPT, (op, str(n), dtype, str(ctas)))[0]
+    r = sm90_builds[(op, n, dtype, ctas)]
     assert r["cluster"] and r["mapa"] == r["ctas"] and r["st_cluster"] == r["ctas"] and r["barriers"] == 4, r
     assert r["cp_async"] > 0 and r["cp_async_small"] == 0 and not r["early"], r
     assert r["offsets"] and min(r["offsets"]) >= sg.CHUNK_BYTES and not r["bare"], r

@@ -69,32 +69,34 @@ def test_profile_lora_step_smoke_writes_a_row_per_setup_with_categories(tmp_path
     assert table[0].split() == ["us", "total", "calls", "kernel"] and len(table) > 5
 
 
-def _rows(tmp_path_factory, *args) -> list[dict]:
+def _rows(tmp_path_factory, setups: str, *args) -> list[dict]:
     out = tmp_path_factory.mktemp("rows") / "rows.jsonl"
-    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", "hearth_fast,hearth_fast_attn",
-                *args, "--out", str(out))
+    proc = _run("--seqs", "24", "--layers", "1", "--steps", "1", "--setups", setups, *args, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def unpacked_rows(tmp_path_factory):
-    """hearth_fast and hearth_fast_attn on one 24-token row: one run serves the two tests below (each child pays
-    the imports and the interpreter's step)."""
-    return _rows(tmp_path_factory)
+    """hearth_fast on one 24-token row (each setup is a child that pays the imports and the interpreter's step, so
+    the two tests below share the runs; an unpacked hearth_fast_attn row is tests/train/test_e2e_review49_scripts.py's
+    test_a_complete_hearth_patch_is_still_ok)."""
+    return _rows(tmp_path_factory, "hearth_fast")
 
 
 @pytest.fixture(scope="module")
 def packed_rows(tmp_path_factory):
-    """The same two setups, the same 24 tokens packed as 3 sequences (--pack 3)."""
-    return _rows(tmp_path_factory, "--pack", "3")
+    """hearth_fast and hearth_fast_attn, the same 24 tokens packed as 3 sequences (--pack 3)."""
+    return _rows(tmp_path_factory, "hearth_fast,hearth_fast_attn", "--pack", "3")
 
 
-def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(unpacked_rows):
+def test_hearth_fast_attn_setup_patches_attention_and_the_base_lora_path(packed_rows, unpacked_rows):
     """The hearth_fast_attn setup is hearth_fast (LoRA products on the base path) with hearth's attention
-    in place of SDPA: the row's patch report says attention was replaced, hearth_fast's says it was not."""
-    rows = {r["setup"]: r for r in unpacked_rows}
+    in place of SDPA: the row's patch report says attention was replaced, hearth_fast's says it was not (packed or
+    not: the patch does not depend on the batch)."""
+    rows = {r["setup"]: r for r in packed_rows}
     assert rows["hearth_fast_attn"]["status"] == rows["hearth_fast"]["status"] == "ok", rows
+    assert unpacked_rows[0]["setup"] == "hearth_fast" and unpacked_rows[0]["patch"]["replaced"]["attention"] == {}
     assert rows["hearth_fast_attn"]["patch"]["replaced"]["attention"] == {"Qwen3Attention": 1}
     assert rows["hearth_fast"]["patch"]["replaced"]["attention"] == {}
     assert rows["hearth_fast_attn"]["lora_compute"] == rows["hearth_fast"]["lora_compute"] == "base"
