@@ -1,6 +1,6 @@
 """How the fused MLPs' chunk size sets their speed and memory (swiglu_mlp and lora_swiglu_mlp, fwd+bwd).
 
-    python3 scripts/gpu/mlp_chunk_probe.py --out DIR [--chunks 8,16,32,64,0] [--rules floor,balanced] [--reps 10]
+    python3 scripts/gpu/mlp_chunk_probe.py --out DIR [--chunks 8,16,32,64,0] [--rules floor,balanced,waves2,waves4] [--reps 10]
     python3 scripts/gpu/mlp_chunk_probe.py --smoke --out /tmp/chunks       # toy dims (CPU: TRITON_INTERPRET=1)
 
 Both nodes never hold h = silu(g) * u whole: the forward forms it one row chunk at a time (then down_proj's GEMM
@@ -9,7 +9,8 @@ chunk about MLP_CHUNK_ELEMS elements of [rows, I]. Smaller chunks hold less and 
 ones. Per case this times the forward + backward at each chunk size (--chunks, in Mi elements; 0 = one chunk, h
 whole) under each rule for cutting the rows or columns (--rules): floor = the chunk rounded down to a multiple of
 256 and the rest in a last, ragged chunk (hearth's shipped rule, _chunk itself); balanced = the same number of chunks,
-cut evenly (each rounded up to a multiple of 256). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
+cut evenly (each rounded up to a multiple of 256); waves2 / waves4 = chunks large enough that each chunk's projection
+GEMM fills at least 2 / 4 waves of 128x256 tiles on the GPU's SMs, cut evenly (rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
 the reference for the same GEMMs unchunked. Median of --reps CUDA-event timings after two warm-up calls; extra
 peak memory = peak allocated during the call minus allocated before it (weight / LoRA gradients pre-allocated, so
 what is left is activations and temporaries). Cases: the issue's headline MLP (8192 x 4096 x 14336, weights
@@ -44,11 +45,18 @@ CASES = (  # name, tokens, hidden, intermediate, kind
 SMOKE_CASES = (("smoke full", 37, 16, 40, "full"), ("smoke lora", 37, 16, 40, "lora"))
 
 
-def rule_fn(rule: str, budget: int):
+WAVE_TILE = 128 * 256  # output elements of one cuBLAS tile as the H200 profiles name them (128x256, 256x128)
+
+
+def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     """A stand-in for hearth.kernels.swiglu._chunk: (total, other) -> rows (or columns) per chunk, for a budget of
     `budget` elements a chunk (0: everything in one chunk). "floor" is the shipped _chunk itself, run with
-    MLP_CHUNK_ELEMS set to the budget; "balanced" cuts the same number of chunks evenly. Call it while the shipped
-    _chunk is in place (main swaps the stand-in in afterwards)."""
+    MLP_CHUNK_ELEMS set to the budget; "balanced" cuts the same number of chunks evenly. "waves2" / "waves4": the
+    floor's chunk, raised until each chunk's projection GEMM (the forward's down_proj [rows, H], the backward's
+    weight gradients [H, cols]) has at least 2 / 4 waves of WAVE_TILE-element tiles on `sms` SMs, then cut evenly
+    (the H200 profile of Qwen3-4B's MLP ran its 1536-row down_proj chunks, 120 tiles of 128x256 on 132 SMs, at
+    about half the rate of the whole GEMM); needs `hidden`, the model's H. Call it while the shipped _chunk is in
+    place (main swaps the stand-in in afterwards)."""
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
     shipped = sw._chunk
 
@@ -67,9 +75,20 @@ def rule_fn(rule: str, budget: int):
             even = math.ceil(even / 256) * 256
         return max(1, min(total, even))
 
+    def waves(total: int, other: int, count: int) -> int:
+        if hidden is None:
+            raise ValueError(f"rule {rule!r} needs hidden (the model's H)")
+        size = max(floor(total, other), -(-count * sms * WAVE_TILE // hidden))
+        if size >= total:
+            return max(1, total)
+        n = math.ceil(total / size)
+        even = math.ceil(math.ceil(total / n) / 256) * 256
+        return max(1, min(total, even))
+
     if budget == 0:
         return lambda total, other: max(1, total)
-    return {"floor": floor, "balanced": balanced}[rule]
+    return {"floor": floor, "balanced": balanced, "waves2": lambda t, o: waves(t, o, 2),
+            "waves4": lambda t, o: waves(t, o, 4)}[rule]
 
 
 def build(case, device, dtype):
@@ -198,9 +217,10 @@ def main(argv=None) -> int:
             res = measure(eager, params, args.reps, cuda)
             rows.append({**meta, "case": case[0], "kind": case[4], "provider": "eager", "chunk_mi": None, "rule": None, **res})
             print(f"{case[0]:36s} eager                 {res['ms']:8.3f} ms  {res['extra_mib']:8.1f} MiB", flush=True)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 132
             for c in chunks:
                 for rule in rules if c else ["one"]:
-                    sw._chunk = rule_fn(rule if c else "floor", c * unit)
+                    sw._chunk = rule_fn(rule if c else "floor", c * unit, hidden=case[2], sms=sms)
                     res = measure(run, params, args.reps, cuda)
                     rows.append({**meta, "case": case[0], "kind": case[4], "provider": "hearth", "chunk_mi": c,
                                  "rule": rule, **res})

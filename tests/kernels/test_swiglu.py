@@ -527,3 +527,15 @@ def test_mlp_chunk_probe_smoke(tmp_path):
     assert rule("floor", 600 * 10)(1000, 10) == 512 and rule("balanced", 600 * 10)(1000, 10) == 512
     assert rule("floor", 700 * 10)(1100, 10) == 512 and rule("balanced", 700 * 10)(1100, 10) == 512
     assert rule("balanced", 5376 * 3072)(16384, 3072) == 4096  # Qwen3-0.6B: 5376 + 5376 + 5376 + 256 -> 4 x 4096
+    # waves: Qwen3-4B (12289 rows, H 2560, I 9728) at 16 Mi: the forward's 1536-row down_proj chunks have 120 tiles
+    # of 128x256 on 132 SMs; 2 waves need 3380 rows -> 4 chunks of 3328 (the last 2305), 4 waves 6759 rows -> 2
+    # chunks of 6400 (the last 5889)
+    w2, w4 = rule("waves2", 16 << 20, hidden=2560), rule("waves4", 16 << 20, hidden=2560)
+    assert rule("floor", 16 << 20)(12289, 9728) == 1536
+    assert w2(12289, 9728) == 3328 and w4(12289, 9728) == 6400
+    assert w2(9728, 12289) == 3328 and w4(9728, 12289) == 4864  # the backward's column chunks of I = 9728
+    # Qwen3-14B (4096 rows, H 5120, I 17408): 16 Mi gives 768-row chunks; 2 waves need 1690 rows -> 3 chunks of 1536
+    assert rule("waves2", 16 << 20, hidden=5120)(4096, 17408) == 1536
+    assert rule("waves4", 16 << 20, hidden=1024)(16384, 3072) == 16384  # Qwen3-0.6B: one chunk
+    with pytest.raises(ValueError, match="hidden"):
+        rule("waves2", 16 << 20)(100, 10)
