@@ -54,8 +54,9 @@ def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     MLP_CHUNK_ELEMS set to the budget; "balanced" cuts the same number of chunks evenly. "waves2" / "waves4": the
     floor's chunk, raised until each chunk's projection GEMM (the forward's down_proj [rows, H], the backward's
     weight gradients [H, cols]) has at least 2 / 4 waves of WAVE_TILE-element tiles on `sms` SMs, then cut evenly
-    (the H200 profile of Qwen3-4B's MLP ran its 1536-row down_proj chunks, 120 tiles of 128x256 on 132 SMs, at
-    about half the rate of the whole GEMM); needs `hidden`, the model's H. Call it while the shipped _chunk is in
+    (in the H200 profile of Qwen3-4B's MLP, 8 launches of one GEMM kernel took 182 us each: if they are the 8 full
+    1536-row down_proj chunks, as their count suggests, 120 tiles of 128x256 on 132 SMs ran at ~440 TFLOP/s against
+    ~800 for the whole GEMM; host_trace_probe.py --shapes tells); needs `hidden`, the model's H. Call it while the shipped _chunk is in
     place (main swaps the stand-in in afterwards)."""
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
     shipped = sw._chunk
