@@ -145,6 +145,7 @@ def sm90_builds() -> dict:
     return {case: r for half, rs in zip(halves, reports) for case, r in zip(half, rs)}
 
 
+@pytest.mark.xdist_group("softmax_gluon_builds")  # one worker makes the module fixture's builds (scripts/gpu/test.sh)
 @pytest.mark.parametrize("op, n, dtype, ctas", _REGISTER_BUILDS,
     ids=["softmax-262144-bf16", "softmax-151936-fp32", "softmax-65536-fp16", "softmax-262144-bf16-8ctas",
          "ce-131072-bf16", "ce-151936-fp32"])
@@ -168,6 +169,7 @@ def test_sm90_build_exchanges_through_slots_ahead_of_the_compilers_scratch(sm90_
         assert r["spills"] == 0, r
 
 
+@pytest.mark.xdist_group("softmax_gluon_builds")  # one worker makes the module fixture's builds (scripts/gpu/test.sh)
 @pytest.mark.parametrize("op, n, dtype, ctas", _SMEM_BUILDS,
     ids=["262144-bf16", "151936-bf16", "65536-fp16", "262144-fp32", "131072-bf16-16ctas", "ce-131072-bf16",
          "ce-151936-fp32", "ce-131072-bf16-ungated", "bwd-262144-bf16", "bwd-151936-bf16", "bwd-65536-fp32"])
