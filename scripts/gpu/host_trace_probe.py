@@ -529,11 +529,12 @@ def main() -> None:
     lines.append("GPU time per call by kernel (us), longest first:")
     lines += _kernel_times(avgs, args.iters)
     if args.shapes:  # which GEMM (by its operands' shapes) takes the GPU time
-        lines.append("GPU time per call by op and input shapes (us, count per call), longest first:")
+        lines.append("GPU time per call by op and input shapes (self device us, count per call), longest first:")
         by_shape = []
         for e in prof.key_averages(group_by_input_shape=True):
-            us = getattr(e, "device_time_total", None)
-            us = getattr(e, "cuda_time_total", 0) if us is None else us
+            # self time: the kernels an op launched itself (aten::linear's GEMM is its aten::mm's, counted once)
+            us = getattr(e, "self_device_time_total", None)
+            us = getattr(e, "self_cuda_time_total", 0) if us is None else us
             if e.key.startswith("aten::") and us > 0 and e.input_shapes:
                 by_shape.append((us / args.iters, e.count / args.iters, e.key, e.input_shapes))
         by_shape.sort(key=lambda r: -r[0])
