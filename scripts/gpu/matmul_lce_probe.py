@@ -3,6 +3,7 @@
     python scripts/gpu/matmul_lce_probe.py [--out benchmarks/probe] [--skip-lce] [--skip-inspect]
     python scripts/gpu/matmul_lce_probe.py --lce-budgets 120,160,200,240 --out DIR   # the chunk-budget sweep only
     python scripts/gpu/matmul_lce_probe.py --tma-desc --out DIR   # TMA host vs device descriptors only
+    python scripts/gpu/matmul_lce_probe.py --chunk-gemms --out DIR   # the LCE chunk GEMMs against unchunked ones
 
 1. matmul: correctness against fp32 (every size, and the backward's transposed-view launches), then
    TFLOP/s = 2*M*N*K / time against cuBLAS (torch.mm) at 4096^3, 8192^3 and odd sizes; which kernel
@@ -30,6 +31,9 @@
    kernel (HEARTH_MATMUL_TMA_DESC=device) in the forward's and the backward's operand layouts: median ms, host
    time per call, and the extra peak memory of one call next to the output's size (host: exactly the output;
    device: the output plus the descriptors' per-launch scratch). Writes OUT/tma_desc.json.
+--chunk-gemms: instead of 1-3, each GEMM of one linear_cross_entropy chunk alone (times the chunks) against the same
+   GEMM unchunked (torch.compile's), at the model-shape cases, with split-K by hand for grad_x and a 2x chunk for
+   grad_W (probe_chunk_gemms). Writes OUT/chunk_gemms.json.
 Writes OUT/matmul_lce_probe.json and OUT/matmul_lce_probe.png (GPU name, versions, date inside).
 """
 
@@ -296,6 +300,64 @@ def probe_lce_chunks(rows: list, sizes: list[int], by: str) -> None:
     console.print(table)
 
 
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def probe_chunk_gemms(rows: list, splits: tuple[int, ...] = (2, 4, 8), cases=None, device: str = "cuda") -> None:
+    """--chunk-gemms: each GEMM of one linear_cross_entropy chunk (hearth's chunk_rows_for rows, C) timed alone, times
+    the number of chunks, against the same GEMM unchunked over all N rows (what torch.compile runs): the logits
+    x_c @ W^T, grad_x g_c @ W (a [C, H] output over K = V: few tiles), grad_W += g_c^T @ x_c (K = C: short, and a
+    read of grad_W). For grad_x also split-K by hand: the vocabulary cut into s slices, one batched GEMM into s
+    [C, H] partials, summed (torch.sum, fp32 inside) into the bf16 output; its relative error (Frobenius, against
+    fp32) beside the plain GEMM's. For grad_W also a chunk of 2C rows (the memory a larger chunk would cost). What
+    it asks: which chunk GEMM is the gap to torch.compile's 0.88-0.99x in the model-shape suite. cases / device:
+    LCE_MODEL_CASES on the GPU unless given (the CPU test runs toy cases)."""
+    from hearth.kernels.linear_cross_entropy import chunk_rows_for
+
+    table = Table(title="linear_cross_entropy's chunk GEMMs, bf16: ms per chunk x chunks against the unchunked GEMM")
+    for col in ("case", "C x chunks", "GEMM", "chunked ms (total)", "unchunked ms", "ratio", "rel err"):
+        table.add_column(col)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, n, h, v, _frozen in cases or LCE_MODEL_CASES:
+        c = chunk_rows_for(n, v, 2)
+        x = torch.randn(n, h, device=device, dtype=torch.bfloat16, generator=gen)
+        w = (torch.randn(v, h, device=device, generator=gen) * h ** -0.5).to(torch.bfloat16)
+        big = (torch.randn(n, v, device=device, generator=gen) * 1e-3).to(torch.bfloat16)  # all rows' d/dlogits
+        g, xc = big[:c], x[:c]
+        logits, gx, gw = torch.empty(c, v, device=device, dtype=torch.bfloat16), torch.empty_like(xc), torch.zeros_like(w)
+        ref_gx = g.float() @ w.float()
+
+        def add(gemm, chunk_ms, full_ms, err=None, rows_c=c):
+            total = chunk_ms * -(-n // rows_c)
+            table.add_row(name, f"{rows_c} x {-(-n // rows_c)}", gemm, f"{chunk_ms:.3f} ({total:.2f})",
+                          f"{full_ms:.2f}" if full_ms else "", f"{full_ms / total:.3f}" if full_ms else "",
+                          "" if err is None else f"{err:.2e}")
+            rows.append(dict(case=f"chunk_gemms {name}", n=n, h=h, v=v, chunk_rows=rows_c, gemm=gemm, chunk_ms=chunk_ms,
+                             chunked_total_ms=total, unchunked_ms=full_ms, rel_err=err))
+
+        add("logits x_c @ W^T", bench(lambda: torch.mm(xc, w.t(), out=logits)), bench(lambda: torch.mm(x, w.t())))
+        gx_full = bench(lambda: torch.mm(big, w))
+        torch.mm(g, w, out=gx)
+        add("grad_x g_c @ W", bench(lambda: torch.mm(g, w, out=gx)), gx_full, _rel_err(gx, ref_gx))
+        for split in splits:
+            if v % split:
+                continue
+            gs, ws = g.view(c, split, v // split).transpose(0, 1), w.view(split, v // split, h)
+
+            def split_k(gs=gs, ws=ws):
+                torch.sum(torch.bmm(gs, ws), 0, out=gx)
+
+            split_k()
+            add(f"grad_x split-K {split} (bmm + sum)", bench(split_k), gx_full, _rel_err(gx, ref_gx))
+        gw_full = bench(lambda: torch.mm(big.t(), x))
+        add("grad_W += g_c^T @ x_c", bench(lambda: gw.addmm_(g.t(), xc)), gw_full)
+        if 2 * c <= n:
+            g2, x2 = big[:2 * c], x[:2 * c]
+            add("grad_W += g_c^T @ x_c", bench(lambda: gw.addmm_(g2.t(), x2)), gw_full, rows_c=2 * c)
+    console.print(table)
+
+
 def _positive_ints(parser, flag: str, text: str | None, what: str, unit: str) -> list[int] | None:
     """`text` as a comma list of positive ints, or None when the flag was not given; parser.error otherwise."""
     if not text:
@@ -340,6 +402,8 @@ def main() -> int:
                         help="run only the TMA host- vs device-descriptor comparison (module docstring)")
     parser.add_argument("--lce-rows", default=None,
                         help="comma list of rows per chunk: run only the chunk-rows sweep (module docstring)")
+    parser.add_argument("--chunk-gemms", action="store_true",
+                        help="run only the timing of linear_cross_entropy's chunk GEMMs against unchunked ones (module docstring)")
     parser.add_argument("--lce-budgets", default=None,
                         help="comma list of chunk budgets in MiB: run only the chunk-budget sweep (module docstring)")
     args = parser.parse_args()
@@ -360,6 +424,10 @@ def main() -> int:
         (args.out / name).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
         console.print(f"wrote {args.out}/{name} ({time.time() - start:.0f} s)")
 
+    if args.chunk_gemms:
+        probe_chunk_gemms(rows)
+        save("chunk_gemms.json")
+        return 0
     if args.tma_desc:
         probe_tma_desc(rows)
         save("tma_desc.json")
