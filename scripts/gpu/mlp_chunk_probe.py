@@ -8,9 +8,10 @@ on that chunk), the backward one column chunk of I at a time (dh, then the chunk
 chunk about MLP_CHUNK_ELEMS elements of [rows, I]. Smaller chunks hold less and split the GEMMs into more, smaller
 ones. Per case this times the forward + backward at each chunk size (--chunks, in Mi elements; 0 = one chunk, h
 whole) under each rule for cutting the rows or columns (--rules): floor = the chunk rounded down to a multiple of
-256 and the rest in a last, ragged chunk (hearth's shipped rule, _chunk itself); balanced = the same number of chunks,
+256 and the rest in a last, ragged chunk (_chunk's budget rule alone, what shipped before its wave floor); balanced = the same number of chunks,
 cut evenly (each rounded up to a multiple of 256); waves2 / waves4 = chunks large enough that each chunk's projection
-GEMM fills at least 2 / 4 waves of 128x256 tiles on the GPU's SMs, cut evenly (rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
+GEMM fills at least 2 / 4 waves of 128x256 tiles on the GPU's SMs, cut evenly; shipped = _chunk as it ships, with
+its GPU wave floor (rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
 the reference for the same GEMMs unchunked. Median of --reps CUDA-event timings after two warm-up calls; extra
 peak memory = peak allocated during the call minus allocated before it (weight / LoRA gradients pre-allocated, so
 what is left is activations and temporaries). Cases: the issue's headline MLP (8192 x 4096 x 14336, weights
@@ -49,26 +50,29 @@ WAVE_TILE = 128 * 256  # output elements of one cuBLAS tile as the H200 profiles
 
 
 def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
-    """A stand-in for hearth.kernels.swiglu._chunk: (total, other) -> rows (or columns) per chunk, for a budget of
-    `budget` elements a chunk (0: everything in one chunk). "floor" is the shipped _chunk itself, run with
-    MLP_CHUNK_ELEMS set to the budget; "balanced" cuts the same number of chunks evenly. "waves2" / "waves4": the
-    floor's chunk, raised until each chunk's projection GEMM (the forward's down_proj [rows, H], the backward's
-    weight gradients [H, cols]) has at least 2 / 4 waves of WAVE_TILE-element tiles on `sms` SMs, then cut evenly
-    (in the H200 profile of Qwen3-4B's MLP, 8 launches of one GEMM kernel took 182 us each: if they are the 8 full
-    1536-row down_proj chunks, as their count suggests, 120 tiles of 128x256 on 132 SMs ran at ~440 TFLOP/s against
-    ~800 for the whole GEMM; host_trace_probe.py --shapes tells); needs `hidden`, the model's H. Call it while the shipped _chunk is in
-    place (main swaps the stand-in in afterwards)."""
+    """A stand-in for hearth.kernels.swiglu._chunk: (total, other[, hidden, sms]) -> rows (or columns) per chunk, for a
+    budget of `budget` elements a chunk (0: everything in one chunk). "floor" is the budget rule alone (the shipped
+    _chunk without its GPU wave floor, run with MLP_CHUNK_ELEMS set to the budget: the rule before 2026-12-05);
+    "balanced" cuts the same number of chunks evenly. "waves2" / "waves4": the floor's chunk, raised until each
+    chunk's projection GEMM (the forward's down_proj [rows, H], the backward's weight gradients [H, cols]) has at
+    least 2 / 4 waves of WAVE_TILE-element tiles on `sms` SMs, then cut evenly, needs `hidden`, the model's H (the
+    probe's form: it also cuts evenly where the floor is already large enough). "shipped": _chunk itself, wave floor
+    included (MLP_MIN_WAVES on a GPU), with MLP_CHUNK_ELEMS set to the budget. Call it while the shipped _chunk is
+    in place (main swaps the stand-in in afterwards)."""
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
     shipped = sw._chunk
 
-    def floor(total: int, other: int) -> int:
+    def with_budget(*args) -> int:
         saved, sw.MLP_CHUNK_ELEMS = sw.MLP_CHUNK_ELEMS, budget
         try:
-            return shipped(total, other)
+            return shipped(*args)
         finally:
             sw.MLP_CHUNK_ELEMS = saved
 
-    def balanced(total: int, other: int) -> int:
+    def floor(total: int, other: int, *_gpu) -> int:
+        return with_budget(total, other)
+
+    def balanced(total: int, other: int, *_gpu) -> int:
         size = floor(total, other)
         n = math.ceil(total / size)
         even = math.ceil(total / n)
@@ -87,9 +91,9 @@ def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
         return max(1, min(total, even))
 
     if budget == 0:
-        return lambda total, other: max(1, total)
-    return {"floor": floor, "balanced": balanced, "waves2": lambda t, o: waves(t, o, 2),
-            "waves4": lambda t, o: waves(t, o, 4)}[rule]
+        return lambda total, other, *_gpu: max(1, total)
+    return {"floor": floor, "balanced": balanced, "waves2": lambda t, o, *_gpu: waves(t, o, 2),
+            "waves4": lambda t, o, *_gpu: waves(t, o, 4), "shipped": with_budget}[rule]
 
 
 def build(case, device, dtype):

@@ -539,3 +539,28 @@ def test_mlp_chunk_probe_smoke(tmp_path):
     assert rule("waves4", 16 << 20, hidden=1024)(16384, 3072) == 16384  # Qwen3-0.6B: one chunk
     with pytest.raises(ValueError, match="hidden"):
         rule("waves2", 16 << 20)(100, 10)
+    # shipped: _chunk itself (its wave floor where sms > 0), at the probe's budget
+    assert rule("shipped", 16 << 20)(12289, 9728, 2560, 132) == 3328 and rule("shipped", 16 << 20)(12289, 9728) == 1536
+
+
+def test_mlp_chunk_wave_floor():
+    """_chunk on a GPU (sms > 0): the budget's chunk, raised (and then cut evenly, multiples of 256) until its
+    projection GEMM has MLP_MIN_WAVES waves of 128x256 tiles; where the budget's chunk is large enough, or on the CPU
+    (sms 0), the budget rule alone. The shapes are the model-shape suite's MLPs on 132 SMs."""
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    c = sw._chunk
+    assert sw.MLP_MIN_WAVES == 2 and sw.MLP_CHUNK_ELEMS == 16 << 20
+    # Qwen3-4B, 12289 tokens, H 2560, I 9728: the budget's 1536 rows / 1280 columns (100 tiles) -> 3328 (4 and 3 chunks)
+    assert (c(12289, 9728), c(9728, 12289)) == (1536, 1280)
+    assert (c(12289, 9728, 2560, 132), c(9728, 12289, 2560, 132)) == (3328, 3328)
+    # Qwen3-0.6B, 16384 tokens, H 1024, I 3072: two row chunks of 8192, the columns in one chunk
+    assert (c(16384, 3072, 1024, 132), c(3072, 16384, 1024, 132)) == (8192, 3072)
+    # Qwen3-14B, 4096 tokens, H 5120, I 17408: the columns' 4096 (640 tiles) stay; 768 rows -> 1536
+    assert (c(4096, 17408, 5120, 132), c(17408, 4096, 5120, 132)) == (1536, 4096)
+    assert c(5, 40, 16, 132) == 5 and c(37, 40, 16, 0) == 37  # small: one chunk either way
+
+
+def test_mlp_chunk_wave_floor_can_be_turned_off(monkeypatch):
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    monkeypatch.setattr(sw, "MLP_MIN_WAVES", 0)
+    assert sw._chunk(12289, 9728, 2560, 132) == 1536
