@@ -296,14 +296,13 @@ def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0) -> int:
     """Rows (or columns) per chunk so that chunk x other ~ MLP_CHUNK_ELEMS; a multiple of 256 when
     that large, so every chunk's matmul tiles evenly.
 
-    On a GPU (sms > 0, hidden = the model's H) a chunk is also at least large enough that its projection GEMM
-    (the forward's down_proj [rows, H]; the backward's weight gradients [H, cols] and [cols, H], over K = all rows)
-    has MLP_MIN_WAVES waves of WAVE_TILE-element output tiles on the SMs; when that floor raises the chunk, the
-    chunks are cut evenly (multiples of 256). Why: on an H100 (2026-12-05, host_trace_probe --shapes) the
-    backward's seven 1280-column weight-gradient GEMMs at Qwen3-4B's MLP (12289 x 2560 x 9728; [2560, 1280]
-    outputs, 100 tiles of 128x256 on 132 SMs) took 1362 + 1349 us against 808 + 843 us unchunked, and the rule
-    took the fwd+bwd from 9.62 to 8.50 ms (eager PyTorch 8.22; Qwen3-0.6B 1.83 -> 1.73 ms, Qwen3-14B unchanged),
-    BENCHMARKS.md."""
+    With sms > 0 and hidden = the model's H (the full MLP's backward column chunks, on a GPU) a chunk is also at
+    least large enough that its weight-gradient GEMMs ([H, cols] and [cols, H], over K = all rows) have
+    MLP_MIN_WAVES waves of WAVE_TILE-element output tiles on the SMs; when that floor raises the chunk, the chunks
+    are cut evenly (multiples of 256). Why: on an H100 (2026-12-05, host_trace_probe --shapes) the backward's
+    seven 1280-column weight-gradient GEMMs at Qwen3-4B's MLP (12289 x 2560 x 9728; [2560, 1280] outputs, 100
+    tiles of 128x256 on 132 SMs) took 1362 + 1349 us against 808 + 843 us unchunked, while the forward's row
+    chunks ran at the unchunked GEMM's speed (BENCHMARKS.md)."""
     size = MLP_CHUNK_ELEMS // max(1, other)
     if size >= 256:
         size -= size % 256
@@ -350,14 +349,16 @@ def _mlp_forward(
 
 
 def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx, *, want_h=True, fix_dh=None,
-                               fix_u=None):
+                               fix_u=None, weight_grads=False):
     """The MLP backward's loop over column chunks of I (chunk buffers freed when it ends). Per chunk: dh = dout
     W_down[:, chunk] (then fix_dh(dh, c0, c1) may add to it in place), u's chunk (recomputed from x when
     recompute_up, then fix_u(u, c0, c1)), and the swiglu backward IN PLACE: g's chunk becomes dg, u's du, and
     the dh buffer h (when want_h). Yields (c0, c1, h or spent dh, dg, du) chunks; after the caller's turn, with
     recompute_up, the du chunk is folded into dx (dx += du W_up[chunk]) before its buffer is reused."""
     m, inter = g.shape
-    cols = _chunk(inter, m, dout.shape[-1], _gpu_sms(g))
+    # the wave floor where each chunk's weight-gradient GEMMs run (full MLP, trainable weights): not for the LoRA
+    # node, whose frozen base has none (there the floor measured 4-7% slower on an H100)
+    cols = _chunk(inter, m, dout.shape[-1], _gpu_sms(g) if weight_grads else 0)
     dh_buf = g.new_empty(m * min(cols, inter))
     u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
     for c0 in range(0, inter, cols):
@@ -390,7 +391,7 @@ def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_u
     m, inter = g.shape
     if out is None:
         out = x.new_empty((m, w_down.shape[0]))
-    rows = _chunk(m, inter, w_down.shape[0], _gpu_sms(g))
+    rows = _chunk(m, inter)  # the forward's down_proj chunks ran at the unchunked GEMM's speed: no wave floor
     h_buf = g.new_empty((min(rows, m), inter))
     u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
     for r0 in range(0, m, rows):
@@ -444,7 +445,7 @@ def _mlp_backward_body(
     dx = torch.zeros_like(x) if recompute_up else None
     # Column chunks of I: each chunk of dW_down (and dW_up) is produced whole by one matmul.
     for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
-                                                          want_h=need_w):
+                                                          want_h=need_w, weight_grads=need_w):
         if need_w:
             # The GEMM writes its columns of dW_down in place: the [H, chunk] view has row stride I, which
             # cuBLAS takes as the output's leading dimension (no temporary and no copy launch per chunk; the
