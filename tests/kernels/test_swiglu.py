@@ -579,9 +579,9 @@ def test_mlp_wave_floor_only_for_the_weight_gradient_chunks(monkeypatch):
     real = sw._chunk
     monkeypatch.setattr(sw, "_gpu_sms", lambda t: 132)  # as on a GPU
     monkeypatch.setattr(sw, "_chunk", lambda total, other, hidden=0, sms=0: calls.append(sms) or real(total, other))
-    x = torch.randn(6, 8, requires_grad=True)
-    ws = [(torch.randn(16, 8) * 0.3).requires_grad_(), (torch.randn(16, 8) * 0.3).requires_grad_(),
-          (torch.randn(8, 16) * 0.3).requires_grad_()]
+    x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    ws = [(torch.randn(16, 8, device=DEVICE) * 0.3).requires_grad_(), (torch.randn(16, 8, device=DEVICE) * 0.3).requires_grad_(),
+          (torch.randn(8, 16, device=DEVICE) * 0.3).requires_grad_()]
     sw.swiglu_mlp(x, *ws).sum().backward()
     assert calls == [0, 132], calls  # forward rows, backward columns
     calls.clear()
@@ -591,6 +591,6 @@ def test_mlp_wave_floor_only_for_the_weight_gradient_chunks(monkeypatch):
     calls.clear()
     from hearth.kernels.lora import lora_swiglu_mlp
 
-    lora = [(torch.randn(*s) * 0.1).requires_grad_() for s in ((4, 8), (16, 4), (4, 8), (16, 4), (4, 16), (8, 4))]
+    lora = [(torch.randn(*s, device=DEVICE) * 0.1).requires_grad_() for s in ((4, 8), (16, 4), (4, 8), (16, 4), (4, 16), (8, 4))]
     lora_swiglu_mlp(x, *frozen, *lora, 2.0, 2.0, 2.0, compute="base").sum().backward()
     assert calls and set(calls) == {0}, calls
