@@ -329,8 +329,9 @@ def probe_chunk_gemms(rows: list, splits: tuple[int, ...] = (2, 4, 8), cases=Non
         ref_gx = g.float() @ w.float()
 
         def add(gemm, chunk_ms, full_ms, err=None, rows_c=c):
-            total = chunk_ms * -(-n // rows_c)
-            table.add_row(name, f"{rows_c} x {-(-n // rows_c)}", gemm, f"{chunk_ms:.3f} ({total:.2f})",
+            chunks = -(-n // rows_c)
+            total = chunk_ms * chunks
+            table.add_row(name, f"{rows_c} x {chunks}", gemm, f"{chunk_ms:.3f} ({total:.2f})",
                           f"{full_ms:.2f}" if full_ms else "", f"{full_ms / total:.3f}" if full_ms else "",
                           "" if err is None else f"{err:.2e}")
             rows.append(dict(case=f"chunk_gemms {name}", n=n, h=h, v=v, chunk_rows=rows_c, gemm=gemm, chunk_ms=chunk_ms,
@@ -338,7 +339,7 @@ def probe_chunk_gemms(rows: list, splits: tuple[int, ...] = (2, 4, 8), cases=Non
 
         add("logits x_c @ W^T", bench(lambda: torch.mm(xc, w.t(), out=logits)), bench(lambda: torch.mm(x, w.t())))
         gx_full = bench(lambda: torch.mm(big, w))
-        torch.mm(g, w, out=gx)
+        # gx holds the last timed call's result when its error is read (bench runs the call many times)
         add("grad_x g_c @ W", bench(lambda: torch.mm(g, w, out=gx)), gx_full, _rel_err(gx, ref_gx))
         for split in splits:
             if v % split:
@@ -348,7 +349,6 @@ def probe_chunk_gemms(rows: list, splits: tuple[int, ...] = (2, 4, 8), cases=Non
             def split_k(gs=gs, ws=ws):
                 torch.sum(torch.bmm(gs, ws), 0, out=gx)
 
-            split_k()
             add(f"grad_x split-K {split} (bmm + sum)", bench(split_k), gx_full, _rel_err(gx, ref_gx))
         gw_full = bench(lambda: torch.mm(big.t(), x))
         add("grad_W += g_c^T @ x_c", bench(lambda: gw.addmm_(g.t(), xc)), gw_full)

@@ -8,10 +8,11 @@ on that chunk), the backward one column chunk of I at a time (dh, then the chunk
 chunk about MLP_CHUNK_ELEMS elements of [rows, I]. Smaller chunks hold less and split the GEMMs into more, smaller
 ones. Per case this times the forward + backward at each chunk size (--chunks, in Mi elements; 0 = one chunk, h
 whole) under each rule for cutting the rows or columns (--rules): floor = the chunk rounded down to a multiple of
-256 and the rest in a last, ragged chunk (_chunk's budget rule alone, what shipped before its wave floor); balanced = the same number of chunks,
-cut evenly (each rounded up to a multiple of 256); waves2 / waves4 = chunks large enough that each chunk's projection
-GEMM fills at least 2 / 4 waves of 128x256 tiles on the GPU's SMs, cut evenly; shipped = _chunk as it ships, with
-its GPU wave floor (rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
+256 and the rest in a last, ragged chunk (_chunk's budget rule alone); balanced = the same number of chunks, cut
+evenly (each rounded up to a multiple of 256); waves2 / waves4 = chunks large enough that each chunk's projection
+GEMM fills at least 2 / 4 waves of 128x256 tiles on the GPU's SMs, cut evenly; shipped = _chunk as it is in the
+tree, called with what the kernel passes it (the same as floor on main; with the staged wave-floor patch applied,
+its GPU wave floor too) (rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
 the reference for the same GEMMs unchunked. Median of --reps CUDA-event timings after two warm-up calls; extra
 peak memory = peak allocated during the call minus allocated before it (weight / LoRA gradients pre-allocated, so
 what is left is activations and temporaries). Cases: the issue's headline MLP (8192 x 4096 x 14336, weights
@@ -51,13 +52,14 @@ WAVE_TILE = 128 * 256  # output elements of one cuBLAS tile as the H200 profiles
 
 def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     """A stand-in for hearth.kernels.swiglu._chunk: (total, other[, hidden, sms]) -> rows (or columns) per chunk, for a
-    budget of `budget` elements a chunk (0: everything in one chunk). "floor" is the budget rule alone (the shipped
-    _chunk without its GPU wave floor, run with MLP_CHUNK_ELEMS set to the budget: the rule before 2026-12-05);
-    "balanced" cuts the same number of chunks evenly. "waves2" / "waves4": the floor's chunk, raised until each
+    budget of `budget` elements a chunk (0: everything in one chunk). "floor" is the budget rule alone (_chunk called
+    with (total, other) only, run with MLP_CHUNK_ELEMS set to the budget); "balanced" cuts the same number of chunks
+    evenly. "waves2" / "waves4": the floor's chunk, raised until each
     chunk's projection GEMM (the forward's down_proj [rows, H], the backward's weight gradients [H, cols]) has at
     least 2 / 4 waves of WAVE_TILE-element tiles on `sms` SMs, then cut evenly, needs `hidden`, the model's H (the
-    probe's form: it also cuts evenly where the floor is already large enough). "shipped": _chunk itself, wave floor
-    included (MLP_MIN_WAVES on a GPU), with MLP_CHUNK_ELEMS set to the budget. Call it while the shipped _chunk is
+    probe's form: it also cuts evenly where the floor is already large enough). "shipped": _chunk itself with every
+    argument the kernel passes (the staged patch scripts/gpu/staged/0001-* adds hidden and sms, its wave floor), with
+    MLP_CHUNK_ELEMS set to the budget. Call it while the shipped _chunk is
     in place (main swaps the stand-in in afterwards)."""
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
     shipped = sw._chunk
@@ -72,23 +74,22 @@ def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     def floor(total: int, other: int, *_gpu) -> int:
         return with_budget(total, other)
 
-    def balanced(total: int, other: int, *_gpu) -> int:
-        size = floor(total, other)
-        n = math.ceil(total / size)
-        even = math.ceil(total / n)
-        if size >= 256:
+    def cut_evenly(total: int, size: int, to_256: bool) -> int:
+        """As many chunks as `size` makes, of equal size (rounded up to a multiple of 256 when to_256)."""
+        even = math.ceil(total / math.ceil(total / size))
+        if to_256:
             even = math.ceil(even / 256) * 256
         return max(1, min(total, even))
+
+    def balanced(total: int, other: int, *_gpu) -> int:
+        size = floor(total, other)
+        return cut_evenly(total, size, size >= 256)
 
     def waves(total: int, other: int, count: int) -> int:
         if hidden is None:
             raise ValueError(f"rule {rule!r} needs hidden (the model's H)")
         size = max(floor(total, other), -(-count * sms * WAVE_TILE // hidden))
-        if size >= total:
-            return max(1, total)
-        n = math.ceil(total / size)
-        even = math.ceil(math.ceil(total / n) / 256) * 256
-        return max(1, min(total, even))
+        return max(1, total) if size >= total else cut_evenly(total, size, True)
 
     if budget == 0:
         return lambda total, other, *_gpu: max(1, total)
