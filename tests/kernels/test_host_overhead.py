@@ -393,8 +393,9 @@ def test_linear_cross_entropy_one_chunk_forward_copies_no_losses(launches):
     assert chunked.work()["copy_"] == 3  # the probe can fail: 3 chunks are copied into the buffer
 
 
-def test_swiglu_mlp_one_chunk_backward_writes_dw_down_in_place(launches, monkeypatch):
-    """With one column chunk, the dW_down GEMM writes the gradient itself (no temporary + copy launch)."""
+def test_swiglu_mlp_backward_writes_dw_down_in_place(launches, monkeypatch):
+    """The dW_down GEMM writes the gradient itself (no temporary + copy launch), with one column chunk and with
+    several (each chunk's GEMM writes its columns through a row-strided view)."""
     swiglu_mod = importlib.import_module("hearth.kernels.swiglu")
     x = _leaf(4, 8)
     ws = [_leaf(16, 8, scale=0.3), _leaf(16, 8, scale=0.3), _leaf(8, 16, scale=0.3)]
@@ -402,15 +403,15 @@ def test_swiglu_mlp_one_chunk_backward_writes_dw_down_in_place(launches, monkeyp
     assert "copy_" not in mode.work(), mode.seen
     monkeypatch.setattr(swiglu_mod, "MLP_CHUNK_ELEMS", 4 * 8)  # 8 of the 16 columns a chunk: two chunks
     mode = _backward_ops(swiglu_mod.swiglu_mlp(x, *ws))
-    assert mode.work()["copy_"] == 2
+    assert "copy_" not in mode.work() and mode.work()["mm"] >= 2, mode.seen
 
 
-def test_lora_mlp_one_chunk_backward_writes_da_down_in_place(launches, monkeypatch):
-    """The LoRA MLP's dA_down chunk GEMM writes the gradient itself when one column chunk covers I."""
+def test_lora_mlp_backward_writes_da_down_in_place(launches, monkeypatch):
+    """The LoRA MLP's dA_down chunk GEMMs write the gradient themselves, with one column chunk and with two."""
     swiglu_mod = importlib.import_module("hearth.kernels.swiglu")
     x = _leaf(4, 8)
     mode = _backward_ops(_lora_mlp_call(x))
     assert "copy_" not in mode.work(), mode.seen
     monkeypatch.setattr(swiglu_mod, "MLP_CHUNK_ELEMS", 4 * 8)  # two column chunks of the 16
     mode = _backward_ops(_lora_mlp_call(x))
-    assert mode.work()["copy_"] == 2
+    assert "copy_" not in mode.work(), mode.seen

@@ -473,6 +473,8 @@ def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch, n, hidden, inter, saved):
     # suite's Qwen3-14B case with 4096 tokens (N=4096 H=5120 I=17408), where the weights' gradients are larger
     # than [N, I]. saved: how many [N, I] below the ideal the backward's peak must be.
     monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", swiglu_module.MLP_CHUNK_ELEMS // 128**2)
+    # the GPU's wave floor is not scaled with the dims (it would make one chunk of these): the budget rule alone
+    monkeypatch.setattr(swiglu_module, "MLP_MIN_WAVES", 0)
     # The Triton interpreter leaves each launch's arguments in a reference cycle (a compiled GPU
     # launch holds nothing): collect right after every launch so freed chunk buffers really go.
     for name in ("_launch_fwd", "_launch_bwd"):
@@ -539,3 +541,56 @@ def test_mlp_chunk_probe_smoke(tmp_path):
     assert rule("waves4", 16 << 20, hidden=1024)(16384, 3072) == 16384  # Qwen3-0.6B: one chunk
     with pytest.raises(ValueError, match="hidden"):
         rule("waves2", 16 << 20)(100, 10)
+    # shipped: _chunk itself (its wave floor where sms > 0), at the probe's budget
+    assert rule("shipped", 16 << 20)(12289, 9728, 2560, 132) == 3328 and rule("shipped", 16 << 20)(12289, 9728) == 1536
+
+
+def test_mlp_chunk_wave_floor():
+    """_chunk with sms > 0 (the full MLP's backward column chunks on a GPU): the budget's chunk, raised (and then cut
+    evenly, multiples of 256) until its weight-gradient GEMMs have MLP_MIN_WAVES waves of 128x256 tiles; where the
+    budget's chunk is large enough, or with sms 0 (the CPU, the forward, the LoRA node), the budget rule alone. The
+    shapes are the model-shape suite's MLPs on 132 SMs (the row cases show the rule itself, which the forward does
+    not ask for)."""
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    c = sw._chunk
+    assert sw.MLP_MIN_WAVES == 2 and sw.MLP_CHUNK_ELEMS == 16 << 20
+    # Qwen3-4B, 12289 tokens, H 2560, I 9728: the budget's 1536 rows / 1280 columns (100 tiles) -> 3328 (4 and 3 chunks)
+    assert (c(12289, 9728), c(9728, 12289)) == (1536, 1280)
+    assert (c(12289, 9728, 2560, 132), c(9728, 12289, 2560, 132)) == (3328, 3328)
+    # Qwen3-0.6B, 16384 tokens, H 1024, I 3072: two row chunks of 8192, the columns in one chunk
+    assert (c(16384, 3072, 1024, 132), c(3072, 16384, 1024, 132)) == (8192, 3072)
+    # Qwen3-14B, 4096 tokens, H 5120, I 17408: the columns' 4096 (640 tiles) stay; 768 rows -> 1536
+    assert (c(4096, 17408, 5120, 132), c(17408, 4096, 5120, 132)) == (1536, 4096)
+    assert c(5, 40, 16, 132) == 5 and c(37, 40, 16, 0) == 37  # small: one chunk either way
+
+
+def test_mlp_chunk_wave_floor_can_be_turned_off(monkeypatch):
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    monkeypatch.setattr(sw, "MLP_MIN_WAVES", 0)
+    assert sw._chunk(12289, 9728, 2560, 132) == 1536
+
+
+def test_mlp_wave_floor_only_for_the_weight_gradient_chunks(monkeypatch):
+    """The SMs reach _chunk only from the full MLP's backward column chunks when weight gradients are computed: not
+    from its forward row chunks, not from a backward without weight gradients, and not from the LoRA node (its
+    frozen base has no weight-gradient GEMMs; the floor measured 4-7% slower there on an H100)."""
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    calls = []
+    real = sw._chunk
+    monkeypatch.setattr(sw, "_gpu_sms", lambda t: 132)  # as on a GPU
+    monkeypatch.setattr(sw, "_chunk", lambda total, other, hidden=0, sms=0: calls.append(sms) or real(total, other))
+    x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    ws = [(torch.randn(16, 8, device=DEVICE) * 0.3).requires_grad_(), (torch.randn(16, 8, device=DEVICE) * 0.3).requires_grad_(),
+          (torch.randn(8, 16, device=DEVICE) * 0.3).requires_grad_()]
+    sw.swiglu_mlp(x, *ws).sum().backward()
+    assert calls == [0, 132], calls  # forward rows, backward columns
+    calls.clear()
+    frozen = [w.detach() for w in ws]
+    sw.swiglu_mlp(x, *frozen).sum().backward()
+    assert calls == [0, 0], calls
+    calls.clear()
+    from hearth.kernels.lora import lora_swiglu_mlp
+
+    lora = [(torch.randn(*s, device=DEVICE) * 0.1).requires_grad_() for s in ((4, 8), (16, 4), (4, 8), (16, 4), (4, 16), (8, 4))]
+    lora_swiglu_mlp(x, *frozen, *lora, 2.0, 2.0, 2.0, compute="base").sum().backward()
+    assert calls and set(calls) == {0}, calls

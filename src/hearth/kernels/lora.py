@@ -366,10 +366,7 @@ def _mlp_backward_with(weight, dout, x, g, u, xa, xa_down, bias_up, a_gate, b_ga
         fix_dh=lambda dhc, c0, c1: _fold(dhc, dxa_down_dt, a_down_dt[:, c0:c1], 1.0),  # the LoRA path into h
         fix_u=lambda uc, c0, c1: _fold(uc, xa_u, b_up_dt[c0:c1].t(), s_up))
     for c0, c1, hc, gc, uc in chunks:
-        if c1 - c0 == inter:  # one chunk: the GEMM writes dA_down itself (no temporary + copy launch)
-            torch.mm(dxa_down.t(), hc.to(ldt), out=da_down)
-        else:
-            da_down[:, c0:c1] = torch.mm(dxa_down.t(), hc.to(ldt))
+        torch.mm(dxa_down.t(), hc.to(ldt), out=da_down[:, c0:c1])  # in place, as swiglu_mlp's dW_down chunks
         dgl = gc.to(ldt)
         torch.mm(dgl.t(), xa_g, out=db_gate[c0:c1])
         dxa_g.addmm_(dgl, b_gate[c0:c1])

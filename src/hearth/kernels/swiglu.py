@@ -33,13 +33,17 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, next_power_of_2, pick_config
+from hearth.kernels._common import (autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, next_power_of_2,
+                                    num_sms, pick_config)
 
 BLOCK_COLS = 1024  # columns per program; a [rows, cols] grid keeps row-strided views usable
 NUM_WARPS = 4  # 8 elements (16 bytes of bf16) per thread per tensor at BLOCK_COLS = 1024
 # swiglu_mlp works on chunks of about this many elements of [rows, I] at a time (h in the forward,
 # dh in the backward): 16 Mi elements = 32 MiB in bf16, still big enough for full-speed matmuls.
 MLP_CHUNK_ELEMS = 16 * 1024 * 1024
+# ... and on a GPU at least this many waves of WAVE_TILE-element output tiles in each chunk's projection GEMM (_chunk)
+MLP_MIN_WAVES = 2
+WAVE_TILE = 128 * 256  # output elements of one of cuBLAS's usual Hopper tiles (128x256 / 256x128)
 # The out-of-place elementwise ops (swiglu) time these (BLOCK_COLS, num_warps) once per (n, dtype) on
 # the GPU and keep the fastest (_common.pick_config); the first is the default. Bigger programs cut
 # the per-program cost of a 114,688-program grid (8192 x 14336 at 1024 columns). The in-place MLP
@@ -288,13 +292,34 @@ _swiglu = autograd_op(_swiglu_fwd_op, _swiglu_forward, _swiglu_setup, _swiglu_ba
 # --------------------------------------------------------------------------------------------
 # torch.library ops + autograd: the SwiGLU MLP as one node (LESSON 9)
 # --------------------------------------------------------------------------------------------
-def _chunk(total: int, other: int) -> int:
+def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0) -> int:
     """Rows (or columns) per chunk so that chunk x other ~ MLP_CHUNK_ELEMS; a multiple of 256 when
-    that large, so every chunk's matmul tiles evenly."""
+    that large, so every chunk's matmul tiles evenly.
+
+    With sms > 0 and hidden = the model's H (the full MLP's backward column chunks, on a GPU) a chunk is also at
+    least large enough that its weight-gradient GEMMs ([H, cols] and [cols, H], over K = all rows) have
+    MLP_MIN_WAVES waves of WAVE_TILE-element output tiles on the SMs; when that floor raises the chunk, the chunks
+    are cut evenly (multiples of 256). Why: on an H100 (2026-12-05, host_trace_probe --shapes) the backward's
+    seven 1280-column weight-gradient GEMMs at Qwen3-4B's MLP (12289 x 2560 x 9728; [2560, 1280] outputs, 100
+    tiles of 128x256 on 132 SMs) took 1362 + 1349 us against 808 + 843 us unchunked, while the forward's row
+    chunks ran at the unchunked GEMM's speed (BENCHMARKS.md)."""
     size = MLP_CHUNK_ELEMS // max(1, other)
     if size >= 256:
         size -= size % 256
-    return max(1, min(total, size))
+    size = max(1, min(total, size))
+    if hidden > 0 and sms > 0 and MLP_MIN_WAVES > 0:
+        need = -(-MLP_MIN_WAVES * sms * WAVE_TILE // hidden)
+        if need > size:
+            if need >= total:
+                return total
+            even = -(-total // -(-total // need))  # the same number of chunks, cut evenly
+            size = min(total, -(-even // 256) * 256)
+    return size
+
+
+def _gpu_sms(t: torch.Tensor) -> int:
+    """The SMs _chunk's wave floor counts: the device's on a GPU, 0 elsewhere (no floor: the chunk budget alone)."""
+    return num_sms(t.device) if t.is_cuda else 0
 
 
 def _linear_into(out, a, w, b) -> None:
@@ -324,14 +349,16 @@ def _mlp_forward(
 
 
 def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx, *, want_h=True, fix_dh=None,
-                               fix_u=None):
+                               fix_u=None, weight_grads=False):
     """The MLP backward's loop over column chunks of I (chunk buffers freed when it ends). Per chunk: dh = dout
     W_down[:, chunk] (then fix_dh(dh, c0, c1) may add to it in place), u's chunk (recomputed from x when
     recompute_up, then fix_u(u, c0, c1)), and the swiglu backward IN PLACE: g's chunk becomes dg, u's du, and
     the dh buffer h (when want_h). Yields (c0, c1, h or spent dh, dg, du) chunks; after the caller's turn, with
     recompute_up, the du chunk is folded into dx (dx += du W_up[chunk]) before its buffer is reused."""
     m, inter = g.shape
-    cols = _chunk(inter, m)
+    # the wave floor where each chunk's weight-gradient GEMMs run (full MLP, trainable weights): not for the LoRA
+    # node, whose frozen base has none (there the floor measured 4-7% slower on an H100)
+    cols = _chunk(inter, m, dout.shape[-1], _gpu_sms(g) if weight_grads else 0)
     dh_buf = g.new_empty(m * min(cols, inter))
     u_buf = g.new_empty(m * min(cols, inter)) if recompute_up else None
     for c0 in range(0, inter, cols):
@@ -364,7 +391,7 @@ def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_u
     m, inter = g.shape
     if out is None:
         out = x.new_empty((m, w_down.shape[0]))
-    rows = _chunk(m, inter)
+    rows = _chunk(m, inter)  # the forward's down_proj chunks ran at the unchunked GEMM's speed: no wave floor
     h_buf = g.new_empty((min(rows, m), inter))
     u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
     for r0 in range(0, m, rows):
@@ -418,12 +445,12 @@ def _mlp_backward_body(
     dx = torch.zeros_like(x) if recompute_up else None
     # Column chunks of I: each chunk of dW_down (and dW_up) is produced whole by one matmul.
     for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
-                                                          want_h=need_w):
+                                                          want_h=need_w, weight_grads=need_w):
         if need_w:
-            if c1 - c0 == inter:  # one chunk: the GEMM writes dW_down itself (no temporary + copy launch)
-                torch.mm(dout.t(), hc, out=dw_down)
-            else:
-                dw_down[:, c0:c1].copy_(dout.t() @ hc)
+            # The GEMM writes its columns of dW_down in place: the [H, chunk] view has row stride I, which
+            # cuBLAS takes as the output's leading dimension (no temporary and no copy launch per chunk; the
+            # copies cost 0.23 ms of a 9.4 ms fwd+bwd at Qwen3-14B's shape on the H200).
+            torch.mm(dout.t(), hc, out=dw_down[:, c0:c1])
             torch.mm(uc.t(), x, out=dw_up[c0:c1])
             if need_b:
                 db_up[c0:c1] = uc.sum(0)
