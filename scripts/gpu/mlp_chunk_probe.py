@@ -11,8 +11,8 @@ whole) under each rule for cutting the rows or columns (--rules): floor = the ch
 256 and the rest in a last, ragged chunk (_chunk's budget rule alone); balanced = the same number of chunks, cut
 evenly (each rounded up to a multiple of 256); waves2 / waves4 = chunks large enough that each chunk's projection
 GEMM fills at least 2 / 4 waves of 128x256 tiles on the GPU's SMs, cut evenly; shipped = _chunk as it is in the
-tree, called with what the kernel passes it (the same as floor on main; with the staged wave-floor patch applied,
-its GPU wave floor too) (rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
+tree, called with what the kernel passes it (on a GPU, its wave floor on the backward's weight-gradient columns)
+(rule_fn). Eager PyTorch (F.linear, silu * u, F.linear, holding h) runs as
 the reference for the same GEMMs unchunked. Median of --reps CUDA-event timings after two warm-up calls; extra
 peak memory = peak allocated during the call minus allocated before it (weight / LoRA gradients pre-allocated, so
 what is left is activations and temporaries). Cases: the issue's headline MLP (8192 x 4096 x 14336, weights
@@ -47,9 +47,6 @@ CASES = (  # name, tokens, hidden, intermediate, kind
 SMOKE_CASES = (("smoke full", 37, 16, 40, "full"), ("smoke lora", 37, 16, 40, "lora"))
 
 
-WAVE_TILE = 128 * 256  # output elements of one cuBLAS tile as the H200 profiles name them (128x256, 256x128)
-
-
 def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     """A stand-in for hearth.kernels.swiglu._chunk: (total, other[, hidden, sms]) -> rows (or columns) per chunk, for a
     budget of `budget` elements a chunk (0: everything in one chunk). "floor" is the budget rule alone (_chunk called
@@ -57,8 +54,8 @@ def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     evenly. "waves2" / "waves4": the floor's chunk, raised until each
     chunk's projection GEMM (the forward's down_proj [rows, H], the backward's weight gradients [H, cols]) has at
     least 2 / 4 waves of WAVE_TILE-element tiles on `sms` SMs, then cut evenly, needs `hidden`, the model's H (the
-    probe's form: it also cuts evenly where the floor is already large enough). "shipped": _chunk itself with every
-    argument the kernel passes (the staged patch scripts/gpu/staged/0001-* adds hidden and sms, its wave floor), with
+    probe's form: it also cuts evenly where the floor is already large enough; the tile is the kernel's WAVE_TILE).
+    "shipped": _chunk itself with every argument the kernel passes (hidden and sms: its wave floor), with
     MLP_CHUNK_ELEMS set to the budget. Call it while the shipped _chunk is
     in place (main swaps the stand-in in afterwards)."""
     sw = importlib.import_module("hearth.kernels.swiglu")  # the package attribute `swiglu` is the function
@@ -88,7 +85,7 @@ def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     def waves(total: int, other: int, count: int) -> int:
         if hidden is None:
             raise ValueError(f"rule {rule!r} needs hidden (the model's H)")
-        size = max(floor(total, other), -(-count * sms * WAVE_TILE // hidden))
+        size = max(floor(total, other), -(-count * sms * sw.WAVE_TILE // hidden))
         return max(1, total) if size >= total else cut_evenly(total, size, True)
 
     if budget == 0:
