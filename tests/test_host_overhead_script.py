@@ -168,3 +168,13 @@ def test_host_trace_probe_torch_and_compile_peers_for_mlp_and_lce():
         mod["_peer_fn"]("swiglu_mlp", "liger")
     with pytest.raises(SystemExit, match="--provider compile"):
         mod["_case"]("matmul", [4, 4, 4], "compile", device="cpu")
+
+
+@pytest.mark.parametrize("args", [["--op", "rope", "--mlp-chunk-elems", "5"], ["--mlp-chunk-elems", "0"]])
+def test_host_trace_probe_refuses_a_bad_mlp_chunk_override(args):
+    """--mlp-chunk-elems (gemm_gap_probe.sh's one-chunk MLP trace) is checked before anything runs: a positive count,
+    and only with --op swiglu_mlp (the default op); the error names the argument."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "host_trace_probe.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "--mlp-chunk-elems" in proc.stderr, proc.stderr

@@ -6,8 +6,9 @@
 #   swiglu_mlp            N,H,I = 12289,2560,9728 (Qwen3-4B), 16384,1024,3072 (Qwen3-0.6B), 4096,5120,17408 (Qwen3-14B):
 #                         hearth, compile, and hearth with one chunk (MLP_CHUNK_ELEMS past any size: h and dh whole)
 #   linear_cross_entropy  N,H,V = 4096,4096,128256 (Llama-3.1-8B), 16384,1024,151936 (Qwen3-0.6B): hearth, compile
-# then, while the budget lasts, scripts/gpu/mlp_chunk_probe.py at the three MLP cases with the shipped chunk rule
-# against the waves2 / waves4 rules (chunks that fill 2 / 4 waves of tiles in each chunk's projection GEMM).
+# then, while the budget lasts, scripts/gpu/mlp_chunk_probe.py at the three MLP cases: the budget rule alone (floor),
+# the shipped rule (with its wave floor on the backward's weight-gradient columns) and waves4 (chunks that fill 4
+# waves of tiles in each chunk's projection GEMM, both directions).
 #
 #   run (device tool), from the repo root:  OUT=$OUT bash scripts/gpu/gemm_gap_probe.sh
 #
@@ -24,28 +25,22 @@ work=$(mktemp -d)
 mkdir -p "$work/one" "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$work/gpu.txt" 2>&1 || true
 start=$SECONDS
-trace() {  # op shape provider iters [out dir]
+trace() {  # op shape provider iters [out dir [extra arguments]]
   local dir=${5:-$work}
   timeout 170 python3 scripts/gpu/host_trace_probe.py --op "$1" --shape "$2" --provider "$3" --iters "$4" --shapes \
-    --out "$dir" > "$dir/log_$1_$3_$2.txt" 2>&1 || echo "FAILED: $1 $2 $3 (rc $?)" | tee -a "$work/failed.txt"
-}
-one_chunk() {  # shape: hearth's MLP with one chunk (the probe run with swiglu.MLP_CHUNK_ELEMS raised past any size)
-  timeout 120 python3 -c "import importlib, runpy, sys
-sw = importlib.import_module('hearth.kernels.swiglu'); sw.MLP_CHUNK_ELEMS = 1 << 40
-sys.argv = ['host_trace_probe.py', '--op', 'swiglu_mlp', '--shape', '$1', '--iters', '$ITERS', '--shapes', '--out', '$work/one']
-runpy.run_path('scripts/gpu/host_trace_probe.py', run_name='__main__')" > "$work/one/log_$1.txt" 2>&1 \
-    || echo "FAILED: one chunk $1 (rc $?)" | tee -a "$work/failed.txt"
+    --out "$dir" "${@:6}" > "$dir/log_$1_$3_$2.txt" 2>&1 || echo "FAILED: $1 $2 $3 ${*:6} (rc $?)" | tee -a "$work/failed.txt"
 }
 for shape in 12289,2560,9728 16384,1024,3072 4096,5120,17408; do
   for p in hearth compile; do trace swiglu_mlp "$shape" "$p" "$ITERS"; done
-  one_chunk "$shape"
+  # hearth's MLP in one chunk (MLP_CHUNK_ELEMS past any size): what the chunking itself costs
+  trace swiglu_mlp "$shape" hearth "$ITERS" "$work/one" --mlp-chunk-elems $((1 << 40))
 done
 for shape in 4096,4096,128256 16384,1024,151936; do
   for p in hearth compile; do trace linear_cross_entropy "$shape" "$p" $(( (ITERS + 1) / 2 )); done
 done
 left=$(( BUDGET_S - (SECONDS - start) ))
 if [ "$left" -ge 150 ]; then
-  timeout $(( left - 30 )) python3 scripts/gpu/mlp_chunk_probe.py --out "$work" --chunks 16 --rules floor,waves2,waves4 \
+  timeout $(( left - 30 )) python3 scripts/gpu/mlp_chunk_probe.py --out "$work" --chunks 16 --rules floor,shipped,waves4 \
     --cases 1,2,3 --reps 10 > "$work/mlp_chunks.log" 2>&1 || echo "mlp_chunk_probe stopped (rc $?)" >> "$work/mlp_chunks.log"
 else
   echo "no time left for mlp_chunk_probe ($left s)" > "$work/mlp_chunks.log"

@@ -31,6 +31,7 @@ us per call, back to back, and the largest difference between the two results.
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from pathlib import Path
 
@@ -488,7 +489,14 @@ def main() -> None:
                    help="also list GPU time by aten op and input shapes (which GEMM of a fused node takes the time)")
     p.add_argument("--pyprof", action="store_true",
                    help="--op attention: also cProfile hearth's forward and backward launchers (Python time by function)")
+    p.add_argument("--mlp-chunk-elems", type=int, default=None,
+                   help="--op swiglu_mlp: set hearth.kernels.swiglu.MLP_CHUNK_ELEMS first (e.g. 1099511627776: one chunk)")
     args = p.parse_args()
+    if args.mlp_chunk_elems is not None:
+        if args.op != "swiglu_mlp" or args.mlp_chunk_elems < 1:
+            p.error(f"--mlp-chunk-elems takes a positive count and --op swiglu_mlp, got {args.mlp_chunk_elems} "
+                    f"with --op {args.op}")
+        importlib.import_module("hearth.kernels.swiglu").MLP_CHUNK_ELEMS = args.mlp_chunk_elems
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     ab = {"softmax_ab": _softmax_ab, "sum_partials": _sum_partials_ab}.get(args.op)
