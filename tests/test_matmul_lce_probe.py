@@ -22,8 +22,8 @@ def test_chunk_gemms_rows_and_split_k_errors():
     probe.__globals__["bench"] = fake_bench
     rows: list = []
     # 300 rows, V 6000: chunk_rows_for gives 300 rows (one chunk: 3.6 MB of logits); V 6001 has no 2-, 4- or 8-way split
-    # 1200 rows, V 600: 3 chunks of 448 (chunk_rows_for's 512-row cap, spread evenly), so the 2C grad_W row is there
-    probe(rows, cases=[("toy", 300, 64, 6000, False), ("odd V", 40, 16, 6001, False), ("chunked", 1200, 16, 600, False)],
+    # 2000 rows, V 600: 3 chunks of 768 (chunk_rows_for's 768-row cap; 667 rounded up to 256), so the 2C grad_W row is there
+    probe(rows, cases=[("toy", 300, 64, 6000, False), ("odd V", 40, 16, 6001, False), ("chunked", 2000, 16, 600, False)],
           device="cpu")
     toy = [r for r in rows if r["case"] == "chunk_gemms toy"]
     assert [r["gemm"] for r in toy] == ["logits x_c @ W^T", "grad_x g_c @ W", "grad_x split-K 2 (bmm + sum)",
@@ -35,5 +35,5 @@ def test_chunk_gemms_rows_and_split_k_errors():
     odd = [r["gemm"] for r in rows if r["case"] == "chunk_gemms odd V"]
     assert not any("split-K" in g for g in odd) and len(odd) == 3
     chunked = [(r["gemm"], r["chunk_rows"]) for r in rows if r["case"] == "chunk_gemms chunked"]
-    assert chunked[-2:] == [("grad_W += g_c^T @ x_c", 448), ("grad_W += g_c^T @ x_c", 896)], chunked
+    assert chunked[-2:] == [("grad_W += g_c^T @ x_c", 768), ("grad_W += g_c^T @ x_c", 1536)], chunked
     assert len(calls) == len(rows) + 3 * 3  # each row's chunked call, and three unchunked GEMMs in each case

@@ -194,28 +194,32 @@ def test_second_backward_refused():
 
 
 def test_chunk_rows_from_budget():
-    assert lce_mod.EXTRA_MEMORY_BUDGET == 160 << 20 and lce_mod.CHUNK_ROWS_MAX == 512
-    assert chunk_rows_for(8192, 131072, 2) == 512  # the row cap: 16 chunks, 128 MiB
-    assert chunk_rows_for(8192, 151936, 2) == 512  # 16 chunks, 148.4 MiB
-    assert chunk_rows_for(12289, 151936, 2) == 512  # 25 chunks: ceil(12289/25) = 492 -> 512
-    assert chunk_rows_for(8000, 131072, 2) == 512  # 16 chunks: ceil(8000/16) = 500 -> 512
-    assert chunk_rows_for(8192, 262144, 2) == 320  # the memory cap: 160 MiB / 512 KiB
-    assert chunk_rows_for(8192, 131072, 4) == 320  # fp32 logits: 512 KiB a row
-    assert chunk_rows_for(600, 32000, 2) == 320  # 2 chunks: 300 -> 320
-    assert chunk_rows_for(8192, 131072, 2, budget=64 << 20) == 256
+    assert lce_mod.EXTRA_MEMORY_BUDGET == 224 << 20 and lce_mod.CHUNK_ROWS_MAX == 768
+    assert chunk_rows_for(8192, 131072, 2) == 768  # the row cap: 11 chunks (the last 512 rows), 192 MiB
+    assert chunk_rows_for(8192, 151936, 2) == 768  # 11 chunks, 222.6 MiB
+    assert chunk_rows_for(12289, 151936, 2) == 768  # 17 chunks: ceil(12289/17) = 723 -> 768
+    assert chunk_rows_for(4096, 128256, 2) == 768  # 6 chunks: ceil(4096/6) = 683 -> 768 (the last 256)
+    assert chunk_rows_for(8192, 262144, 2) == 384  # the memory cap: 224 MiB / 512 KiB = 448 -> 384 (x128)
+    assert chunk_rows_for(8192, 131072, 4) == 384  # fp32 logits: 512 KiB a row
+    assert chunk_rows_for(600, 32000, 2) == 600  # under the cap: one chunk
+    assert chunk_rows_for(1600, 32000, 2) == 768  # 3 chunks: ceil(1600/3) = 534 -> 768 (x256), the last 64
+    assert chunk_rows_for(8192, 131072, 2, budget=64 << 20) == 256  # cap 256 -> x128
     assert chunk_rows_for(8192, 151936, 2, budget=64 << 20) == 192  # 220 -> 192 (x64)
-    assert chunk_rows_for(8192, 131072, 2, max_rows=400) == 384  # 400 -> 384 (x64), 22 chunks
+    assert chunk_rows_for(8192, 131072, 2, max_rows=400) == 384  # 400 -> 384 (x128), 22 chunks
     assert chunk_rows_for(10, 131072, 2) == 10
     assert chunk_rows_for(100, 1 << 30, 4) == 1
-    assert chunk_rows_for(100, 1 << 20, 4, budget=40 << 20) == 8  # cap 10 -> 8 (x8 below 64 rows)
+    assert chunk_rows_for(100, 1 << 20, 4, budget=40 << 20) == 10  # cap 10: x1 (16 > 10)
+    assert chunk_rows_for(100, 1 << 20, 4, budget=80 << 20) == 16  # cap 20 -> 16 (x8)
     for n, v, budget in ((8192, 151936, None), (777, 50000, 16 << 20), (5000, 4099, 1 << 20), (12345, 32000, None),
-                         (8192, 262144, None), (20000, 128256, 200 << 20)):
+                         (8192, 262144, None), (20000, 128256, 200 << 20), (3000, 9000, 5 << 20)):
         rows = chunk_rows_for(n, v, 2, budget=budget)
         max_rows = min(lce_mod.CHUNK_ROWS_MAX, (budget or lce_mod.EXTRA_MEMORY_BUDGET) // (v * 2))
-        cap = max_rows - max_rows % 64
+        step = next(m for m in lce_mod.CHUNK_ROW_STEPS if 2 * m <= max_rows or m == 1)
+        cap = max_rows - max_rows % step
         assert rows <= lce_mod.CHUNK_ROWS_MAX
         assert rows * v * 2 <= (budget or lce_mod.EXTRA_MEMORY_BUDGET)  # the logits chunk fits the budget
-        assert rows % 64 == 0 and -(-n // rows) == -(-n // cap)  # full row tiles, fewest chunks at that cap
+        assert 2 * step <= max_rows  # the step is at most half the cap (so at most half of it is rounded away)
+        assert rows % step == 0 and -(-n // rows) == -(-n // cap)  # full row tiles, fewest chunks at that cap
 
 
 def test_backward_allocates_no_zero_gradient_buffers():

@@ -1,8 +1,8 @@
 """linear_cross_entropy: cross_entropy(input @ W^T + b, target) without ever holding the [N, V] logits.
 
 Memory plan (the fusion is here, not in a new GEMM): tokens are processed in chunks of C rows, C
-chosen by `chunk_rows_for`: at most CHUNK_ROWS_MAX (512) rows, and one chunk's logits within
-EXTRA_MEMORY_BUDGET (160 MiB). Per chunk, in the forward:
+chosen by `chunk_rows_for`: at most CHUNK_ROWS_MAX (768) rows, and one chunk's logits within
+EXTRA_MEMORY_BUDGET (224 MiB). Per chunk, in the forward:
     logits_c = x_c @ W^T (+ b)                      cuBLAS (torch.mm / addmm) into ONE reused buffer
     loss_c   = ce_rows_(logits_c, ...)               hearth's row kernel; it also writes
                g_c = grad_scale * dloss/dlogits_c    IN PLACE over logits_c (same pass)
@@ -24,17 +24,17 @@ Memory arithmetic (bf16, N=8192; "extra" = peak during the call minus inputs, LE
     activation extra = one logits chunk C*V*2 B + O(N + V) bookkeeping (< 2 MiB: losses, target
         checks, fp32 grad_b; 37 KiB at N=8192 without a bias)
     C (chunk_rows_for: min(CHUNK_ROWS_MAX, the rows whose logits fit EXTRA_MEMORY_BUDGET), rounded down
-    to a multiple of 64, rows spread evenly):
-        V=131072: 512 rows (128 MiB), 16 chunks;  V=151936: 512 rows (148.4 MiB), 16 chunks
-        V=262144: 160 MiB / 512 KiB per row = 320 rows (160 MiB)
-    Why 512 rows: on the H200 (two sweeps of fixed rows per chunk, 256-640, at five cases with N 4096-16384,
-    H 1024-5120, V 128256-151936, trainable and frozen weight; BENCHMARKS.md, the losses) 512 was the fastest
-    or within the run-to-run spread of the fastest at every case, and 576 / 640 were no faster: each chunk
-    costs a read+write of grad_W, but the GEMMs' speed does not rise in step with the rows. Rows that are
-    not multiples of 128 (448, 480, 544) were often slower than either neighbour (cuBLAS's tile choice).
-    Multiples of 64 keep the GEMMs' row tiles full (216 rows filled 2 tiles of 128 to 84%).
-    The activation memory stays far below torch.compile's, which materialises the logits: 1/16 of its
-    2048 MiB at N=8192 V=131072 and 1/16 of its 2374 MiB at H=5120 V=151936.
+    to a multiple of 256 (128, 64, ... where the cap is small), the rows spread over that many chunks):
+        N=8192 V=131072: 768 rows (192 MiB), 11 chunks;  V=151936: 768 rows (222.6 MiB), 11 chunks
+        V=262144: 224 MiB / 512 KiB per row = 448 -> 384 rows (192 MiB)
+    Why 768 rows: the weight-gradient GEMM of a chunk has K = C (short) and reads+writes grad_W; at K = 512 it
+    ran at 0.60-0.73x of the unchunked GEMM's speed (BENCHMARKS.md, thirty-third run). A sweep of 384-1536
+    rows (thirty-fourth run, an H100) had multiples of 256 fastest (640, 896 and 1280 slower than the
+    multiple of 256 below them) and, trainable, 768 rows 4-12% faster than 512, 1024 rows a little faster
+    again; the frozen weight (no grad_W) was flat. 768 is the most rows whose logits stay within 1/10 of
+    the logits torch.compile materialises at N=8192 (2048 MiB at V=131072, 2374 MiB at V=151936): 1024
+    rows would hold 256 / 297 MiB. (Earlier H200 sweeps of 256-640 rows had 512 fastest there; 768 was
+    not in them.) At fewer tokens the ratio is larger: 188 MiB against 1002 MiB at N=4096 V=128256.
 
 Time model (H200, cuBLAS ~750 TFLOP/s, copy ~4.3 TB/s): 2 GEMMs of 2*N*H*V flops (3 when grad_W
 is needed) + ce_rows_ over the N*V logits (read, write g in place; ~1.9 TB/s in the first H200
@@ -45,7 +45,7 @@ beta=1 does not hide it: 2 GiB = ~0.5 ms at V=131072, 2.97 GiB = ~0.75 ms at V=1
     H=5120 V=151936 frozen:    34.0 + ~3.5 + tile waste ~0 = ~38 ms (probe-1: 44.7 at 216 rows)
 The trainable targets (38 / 55 ms) are out of reach for this design within the memory target: the
 grad_W passes alone cost 9-16 ms (later measured smaller: cuBLAS hides most of the read; what remains is
-the short K of each chunk's GEMMs, BENCHMARKS.md). Larger chunks trade memory for time, up to 512 rows.
+the short K of each chunk's GEMMs, BENCHMARKS.md). Larger chunks trade memory for time, up to 768 rows.
 
 Numerics
 - grad_W accumulates in linear_weight's dtype: the first chunk writes it (beta = 0), later chunks
@@ -54,7 +54,7 @@ Numerics
   rounded to bf16, then the sum; BENCHMARKS.md, the grad_W accumulate probe). Each chunk thus adds up to
   two bf16 roundings (relative 2^-9 each) to the running sum, so after k chunks the relative error is
   <= 2k * 2^-9 in the worst case and ~sqrt(2k) * 2^-9 typically. The chunk budget keeps k
-  small (k = N / chunk_rows: 16 at N=8192). tests/kernels/test_linear_cross_entropy.py
+  small (k = N / chunk_rows: 11 at N=8192). tests/kernels/test_linear_cross_entropy.py
   measures it at V=4099 with k=32 chunks against an fp32 accumulator of the same chunk gradients:
   5.8e-3 relative (Frobenius), vs 1.7e-3 for a single final bf16 rounding; the bound asserted is
   2 * sqrt(k) * 2^-9 (2.2e-2 at k=32). An fp32 [V, H] accumulator would cost 2.5 GiB at Qwen3-14B
@@ -79,9 +79,9 @@ import triton.language as tl
 from hearth.kernels._common import FLOAT_DTYPES, autograd_op, cdiv, check_same_device, check_same_dtype, check_tensor, num_sms
 from hearth.kernels.cross_entropy import _check_targets, check_loss_options
 
-EXTRA_MEMORY_BUDGET = 160 << 20  # cap on one chunk of logits: the memory the fusion trades against grad_W passes
-CHUNK_ROWS_MAX = 512  # rows per chunk beyond which the H200 sweeps found no gain (module docstring)
-CHUNK_ROW_MULTIPLE = 64  # GEMM row-tile granularity (cuBLAS / hearth tiles are 64 or 128 rows)
+EXTRA_MEMORY_BUDGET = 224 << 20  # cap on one chunk of logits: the memory the fusion trades against grad_W passes
+CHUNK_ROWS_MAX = 768  # rows per chunk: the most whose logits stay within 1/10 of the whole [N, V] at N = 8192 (docstring)
+CHUNK_ROW_STEPS = (256, 128, 64, 8, 1)  # row multiples, the largest at most half the cap (chunk_rows_for)
 SCALE_BLOCK = 4096
 
 
@@ -123,15 +123,17 @@ def chunk_rows_for(n_rows: int, vocab: int, elem_bytes: int, budget: int | None 
 
     At most `max_rows` rows (CHUNK_ROWS_MAX), and the chunk's logits must fit `budget` bytes (default
     EXTRA_MEMORY_BUDGET): cap = min(max_rows, budget // (vocab * elem_bytes)). Every chunk beyond the
-    first costs one read+write pass over grad_W, so the fewest chunks under the cap win; the cap is
-    rounded down to a multiple of CHUNK_ROW_MULTIPLE (full GEMM row tiles; 8 or 1 when the cap is
-    smaller), and the rows are spread evenly over that many chunks (rounded up to the same multiple,
-    never above the cap). E.g. 12289 x 151936 bf16: cap 512, 25 chunks of 512 rows (the last 1);
-    8192 x 262144 bf16: 160 MiB / 512 KiB = 320 rows. Raises nothing; returns >= 1."""
+    first costs one read+write pass over grad_W, so the fewest chunks under the cap win. The cap is
+    rounded down to a multiple of a row step: the largest of CHUNK_ROW_STEPS (256, 128, 64, 8, 1) that is
+    at most half the cap (whole 128x256 GEMM tiles where the cap allows: 640- and 896-row chunks ran
+    slower than 512 and 768 on the GPU); the rows are then spread over that many chunks, rounded up to the
+    step (never above the cap), so only the last chunk is short. E.g. 8192 x 131072 bf16: cap 768, 11
+    chunks (10 of 768, one of 512); 12289 x 151936 bf16: 17 chunks of 768 (the last 1); 8192 x 262144 bf16:
+    224 MiB / 512 KiB = 448 -> 384 rows. Raises nothing; returns >= 1."""
     max_rows = max(1, min(max_rows, (budget or EXTRA_MEMORY_BUDGET) // (vocab * elem_bytes)))
     if max_rows >= n_rows:
         return n_rows
-    step = next(m for m in (CHUNK_ROW_MULTIPLE, 8, 1) if max_rows >= m)
+    step = next(m for m in CHUNK_ROW_STEPS if 2 * m <= max_rows or m == 1)
     cap = max_rows - max_rows % step
     n_chunks = -(-n_rows // cap)
     rows = -(-n_rows // n_chunks)
@@ -342,7 +344,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
         ignore_index, label_smoothing, reduction ("mean" over non-ignored rows, 0 when all are
             ignored; "sum"; "none" -> [N]), z_loss (adds z_loss * logsumexp**2 per row), softcap
             (logits -> softcap * tanh(logits / softcap)): as hearth.kernels.cross_entropy.
-        chunk_rows: rows per chunk (default: chunk_rows_for: <= 512 rows, logits chunk <= 160 MiB).
+        chunk_rows: rows per chunk (default: chunk_rows_for: <= 768 rows, logits chunk <= 224 MiB).
 
     Returns: a 0-D loss ("mean", "sum") or [N] ("none"), always float32 (whatever input's dtype), as
     Hugging Face's loss path returns it.
