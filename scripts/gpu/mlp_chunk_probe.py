@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import time
 from pathlib import Path
 
@@ -71,22 +70,15 @@ def rule_fn(rule: str, budget: int, hidden: int | None = None, sms: int = 132):
     def floor(total: int, other: int, *_gpu) -> int:
         return with_budget(total, other)
 
-    def cut_evenly(total: int, size: int, to_256: bool) -> int:
-        """As many chunks as `size` makes, of equal size (rounded up to a multiple of 256 when to_256)."""
-        even = math.ceil(total / math.ceil(total / size))
-        if to_256:
-            even = math.ceil(even / 256) * 256
-        return max(1, min(total, even))
-
     def balanced(total: int, other: int, *_gpu) -> int:
         size = floor(total, other)
-        return cut_evenly(total, size, size >= 256)
+        return sw.cut_evenly(total, size, size >= 256)
 
     def waves(total: int, other: int, count: int) -> int:
         if hidden is None:
             raise ValueError(f"rule {rule!r} needs hidden (the model's H)")
         size = max(floor(total, other), -(-count * sms * sw.WAVE_TILE // hidden))
-        return max(1, total) if size >= total else cut_evenly(total, size, True)
+        return max(1, total) if size >= total else sw.cut_evenly(total, size)
 
     if budget == 0:
         return lambda total, other, *_gpu: max(1, total)

@@ -564,6 +564,18 @@ def test_mlp_chunk_wave_floor():
     assert c(5, 40, 16, 132) == 5 and c(37, 40, 16, 0) == 37  # small: one chunk either way
 
 
+def test_cut_evenly():
+    """One helper for the even cut (the wave floor's and the chunk probe's): as many chunks as `size` makes, equal,
+    rounded up to a multiple of 256 when asked and never above total; a bad size is refused by name."""
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    assert sw.cut_evenly(12289, 2458) == 2560  # 5 chunks: 2458 each, up to 2560
+    assert sw.cut_evenly(12289, 3100) == 3328  # 4 chunks: 3073 each, up to 3328 (the wave floor at Qwen3-4B's MLP)
+    assert sw.cut_evenly(100, 30, to_256=False) == 25 and sw.cut_evenly(300, 256) == 256 and sw.cut_evenly(5, 9) == 5
+    for bad in ((0, 4), (10, 0)):
+        with pytest.raises(ValueError, match="size"):
+            sw.cut_evenly(*bad)
+
+
 def test_mlp_chunk_wave_floor_can_be_turned_off(monkeypatch):
     sw = importlib.import_module("hearth.kernels.swiglu")
     monkeypatch.setattr(sw, "MLP_MIN_WAVES", 0)

@@ -312,9 +312,19 @@ def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0) -> int:
         if need > size:
             if need >= total:
                 return total
-            even = -(-total // -(-total // need))  # the same number of chunks, cut evenly
-            size = min(total, -(-even // 256) * 256)
+            size = cut_evenly(total, need)
     return size
+
+
+def cut_evenly(total: int, size: int, to_256: bool = True) -> int:
+    """The chunk size that cuts `total` into as many chunks as `size` makes, all of one size (rounded up to a
+    multiple of 256 when to_256, never above total): _chunk's wave floor, and the chunk probe's even rules."""
+    if total < 1 or size < 1:
+        raise ValueError(f"cut_evenly: total and size must be >= 1, got total={total}, size={size}")
+    even = -(-total // -(-total // size))
+    if to_256:
+        even = -(-even // 256) * 256
+    return min(total, even)
 
 
 def _gpu_sms(t: torch.Tensor) -> int:
