@@ -10,8 +10,11 @@ from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Form, Path
 
-from hearth.app.model import check_as_streamed, failure_for_log
+from hearth.app.common import InputError, NotFound, UnreadableText
+from hearth.app.companions import ChatCleared
+from hearth.app.model import ModelUnavailable, check_as_streamed, describe_failure, failure_for_log
 from hearth.app.streamtext import MessageStream
+from hearth.gateway.errors import GatewayError
 
 log = logging.getLogger("hearth.app")
 
@@ -28,6 +31,52 @@ async def refresh_viewer(db, viewer) -> None:
     async with db.begin():
         await db.refresh(viewer.session)
         await db.refresh(viewer.user)
+
+
+# A turn that failed (a chat message, a rehearsal line) is shown on its own page with the user's text kept in the
+# box, never as a bare error page: the two helpers below say what the page shows, for a form POST and for a stream.
+# Nothing of the turn is saved in any of these cases.
+_NO_MODEL = "No model is configured: see the {where}. Nothing was saved."
+
+
+def _reply_failed(exc: Exception, what: str, logger: logging.Logger) -> str:
+    logger.warning("%s failed: %s", what, failure_for_log(exc))
+    return f"The reply failed: {describe_failure(exc)} Nothing was saved."
+
+
+def _rolled_back(exc: Exception) -> bool:
+    """The turn's transaction rolled back: the chat was cleared meanwhile, or its submission id came with another
+    message before (a racing submission won). Either message is safe to show as it is."""
+    return isinstance(exc, ChatCleared) or (isinstance(exc, InputError) and exc.field == "submission_id")
+
+
+async def form_turn_failure(db, viewer, exc: Exception, what: str, logger: logging.Logger) -> tuple[int, str]:
+    """(status, message) for the page a form-posted turn that raised ``exc`` shows again, the text kept in the box: a
+    provider error 502, no model 503, a text that does not open (a damaged persona or rehearsed person) 503, a
+    rolled-back turn 409 (the viewer's rows re-read first: refresh_viewer). Anything else (an InputError about
+    another field, which the app's handler shows) is raised again. ``what`` names the turn in the log."""
+    if isinstance(exc, GatewayError):
+        return 502, _reply_failed(exc, what, logger)
+    if isinstance(exc, ModelUnavailable):
+        return 503, _NO_MODEL.format(where="top of the page")
+    if isinstance(exc, UnreadableText):
+        return 503, str(exc)
+    if _rolled_back(exc):
+        await refresh_viewer(db, viewer)
+        return 409, str(exc)
+    raise exc
+
+
+def stream_turn_failure(exc: Exception, what: str, logger: logging.Logger, gone: str) -> str:
+    """The ``error`` event's message for a streamed turn that raised ``exc`` (any exception: the stream has begun,
+    so it is reported to the page, not raised): ``gone`` where the companion or rehearsal was deleted meanwhile."""
+    if isinstance(exc, ModelUnavailable):
+        return _NO_MODEL.format(where="home page")
+    if isinstance(exc, (ChatCleared, InputError, UnreadableText)):
+        return str(exc)
+    if isinstance(exc, NotFound):  # the page checked it before the stream began
+        return gone
+    return _reply_failed(exc, what, logger)
 
 
 def sse(event: str, data: dict) -> bytes:

@@ -11,11 +11,11 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from hearth import prompts
 from hearth.app import companions as svc
 from hearth.app import simulation
-from hearth.app.common import FORM_FIELD_MAX, InputError, NotFound, UnreadableText, check_submission_id
+from hearth.app.common import FORM_FIELD_MAX, InputError, UnreadableText, check_submission_id
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
-from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
-                                     reply_events, sse, to_the_end)
+from hearth.app.model import ModelUnavailable, failure_for_log
+from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, form_turn_failure,
+                                     reply_events, sse, stream_turn_failure, to_the_end)
 from hearth.app.storage.models import new_id
 from hearth.gateway.errors import GatewayError
 
@@ -83,16 +83,8 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
                 log.info("companion not read back after a turn: %s", failure_for_log(exc))
                 companion = None
         yield sse("done", _turn_json(turn, companion))
-    except ModelUnavailable:
-        yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
-    # InputError: the submission id was used for another message; UnreadableText: the persona does not open
-    except (svc.ChatCleared, InputError, UnreadableText) as exc:
-        yield sse("error", {"message": str(exc)})
-    except NotFound:  # the page checked the companion before the stream began: it was deleted meanwhile
-        yield sse("error", {"message": GONE_WHILE_WRITING})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
-        log.warning("chat turn failed: %s", failure_for_log(exc))
-        yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})
+        yield sse("error", {"message": stream_turn_failure(exc, "chat turn", log, GONE_WHILE_WRITING)})
 
 
 @router.post("/{companion_id}/messages")
@@ -113,27 +105,11 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
         await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
                             turns=s.chat_context_turns, prompt_memories=s.prompt_memories,
                             deadline_s=s.reply_deadline_s, submission_id=submission_id)
-    except GatewayError as exc:  # the chat page with the message kept in the box, not a bare error page
-        log.warning("chat turn failed: %s", failure_for_log(exc))
-        return await _companion_page(request, state, db, viewer, companion_id, status=502, draft=message,
-                                     error=f"The reply failed: {describe_failure(exc)} Nothing was saved.")
-    except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
-        return await _companion_page(request, state, db, viewer, companion_id, status=503, draft=message,
-                                     error="No model is configured: see the top of the page. Nothing was saved.")
-    except UnreadableText as exc:  # the persona does not open (a damaged row): the page says so, the text kept
-        return await _companion_page(request, state, db, viewer, companion_id, status=503, draft=message,
-                                     error=str(exc))
-    except svc.ChatCleared as exc:  # cleared while the reply was written (the bare 409 page lost the message)
-        await refresh_viewer(db, viewer)
-        return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
-                                     error=str(exc))
-    except InputError as exc:
-        if exc.field != "submission_id":
-            raise
-        # the id came with another message before: this one is kept in the box, under the page's new id
-        await refresh_viewer(db, viewer)
-        return await _companion_page(request, state, db, viewer, companion_id, status=409, draft=message,
-                                     error=str(exc))
+    except (GatewayError, ModelUnavailable, UnreadableText, svc.ChatCleared, InputError) as exc:
+        # the chat page again with the message kept in the box (a bare error page lost what the user had typed)
+        status, error = await form_turn_failure(db, viewer, exc, "chat turn", log)
+        return await _companion_page(request, state, db, viewer, companion_id, status=status, draft=message,
+                                     error=error)
     return RedirectResponse(f"/companions/{companion_id}#bottom", status_code=303)
 
 

@@ -13,15 +13,16 @@ from hearth.app import companions as companions_svc
 from hearth.app import simulation as svc
 from hearth.app.common import (FORM_FIELD_MAX, InputError, NotFound, UnreadableText, check_submission_id,
                                clean_text)
-from hearth.app.model import ModelUnavailable, describe_failure, failure_for_log
+from hearth.app.model import ModelUnavailable
 from hearth.gateway.errors import GatewayError
 from hearth.app.deps import DB, CsrfViewer, CurrentViewer, State, Viewer, wants_stream
-from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, refresh_viewer,
-                                     reply_events, sse, to_the_end)
+from hearth.app.routes._util import (ID_PATTERN, SSE_HEADERS, IdParam, SubmissionParam, form_turn_failure,
+                                     refresh_viewer, reply_events, sse, stream_turn_failure, to_the_end)
 from hearth.app.storage.models import new_id
 
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
+REHEARSAL_GONE = "This rehearsal was deleted while the reply was being written, so it was not saved."
 Text = Annotated[str, Form(max_length=FORM_FIELD_MAX)]
 
 
@@ -223,17 +224,8 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
         async with state.db.sessions() as db:
             turn = await svc.save_rehearsal_turn(db, viewer.cipher, rehearsal_id, text, reply, results, submission_id)
         yield _rehearsal_done(turn)
-    except ModelUnavailable:
-        yield sse("error", {"message": "No model is configured: see the home page. Nothing was saved."})
-    # InputError: the submission id was used for another message; UnreadableText: the rehearsed person does not open
-    except (InputError, UnreadableText) as exc:
-        yield sse("error", {"message": str(exc)})
-    except NotFound:  # the page checked the rehearsal before the stream began: it was deleted meanwhile
-        yield sse("error", {"message": "This rehearsal was deleted while the reply was being written, so it was not "
-                                       "saved."})
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
-        log.warning("rehearsal turn failed: %s", failure_for_log(exc))
-        yield sse("error", {"message": f"The reply failed: {describe_failure(exc)} Nothing was saved."})
+        yield sse("error", {"message": stream_turn_failure(exc, "rehearsal turn", log, REHEARSAL_GONE)})
 
 
 @router.post("/rehearsals/{rehearsal_id}/turns")
@@ -253,24 +245,11 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
                                  turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
                                  analyst_timeout_s=s.analyst_timeout_s, prompt_memories=s.prompt_memories,
                                  submission_id=submission_id)
-    except GatewayError as exc:  # shown on the rehearsal page with the text kept, not a bare error page
-        log.warning("rehearsal turn failed: %s", failure_for_log(exc))
-        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=502, draft=message,
-                                     error=f"The reply failed: {describe_failure(exc)} Nothing was saved.")
-    except ModelUnavailable:  # the same: the bare 503 page lost what the user had typed
-        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=503, draft=message,
-                                     error="No model is configured: see the top of the page. Nothing was saved.")
-    except UnreadableText as exc:  # the rehearsed person does not open (a damaged row): said, the text kept
-        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=503, draft=message,
-                                     error=str(exc))
-    except InputError as exc:
-        if exc.field != "submission_id":
-            raise
-        # the id came with another message before: this one is kept in the box, under the page's new id (when a
-        # racing submission won, after the rollback of this one's save)
-        await refresh_viewer(db, viewer)
-        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=409, draft=message,
-                                     error=str(exc))
+    except (GatewayError, ModelUnavailable, UnreadableText, InputError) as exc:
+        # the rehearsal page again with the text kept in the box (routes._util.form_turn_failure)
+        status, error = await form_turn_failure(db, viewer, exc, "rehearsal turn", log)
+        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=status, draft=message,
+                                     error=error)
     return RedirectResponse(f"/rehearsals/{rehearsal_id}#bottom", status_code=303)
 
 
