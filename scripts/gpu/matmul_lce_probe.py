@@ -20,13 +20,14 @@
    suite's three cases (`hearth bench linear_cross_entropy --sizes models`) with chunk_rows_for(budget) rows per
    chunk for each budget: a larger logits chunk means fewer read+write passes over the [V, H] weight gradient
    (trainable) and fewer, fuller row-kernel launches (frozen), against more activation memory. What decides
-   the default budget (EXTRA_MEMORY_BUDGET, 160 MiB, beside the 512-row cap), which must stay well under
+   the default budget (EXTRA_MEMORY_BUDGET, 224 MiB since f589c9c, beside the 768-row cap), which must stay well under
    torch.compile's (it materialises the logits: 2-2.4 GiB of activations at these shapes).
 --lce-rows R1,R2,...: as --lce-budgets, but with these exact rows per chunk, at the model-shape cases and the two
    headline trainable cases (N 8192: H 4096 V 131072, H 5120 V 151936). What it asks: the budget sweep had 512-row
    chunks fastest everywhere and 448- and 640-row chunks slower than 384 in the frozen case (69.4 and 69.5 ms
-   against 66.6 at Qwen3-14B), which points at the GEMMs' row tiles. Two sweeps (256-640 rows) are what set
-   CHUNK_ROWS_MAX to 512. Writes OUT/lce_rows.json.
+   against 66.6 at Qwen3-14B), which points at the GEMMs' row tiles. Two H200 sweeps (256-640 rows) set
+   CHUNK_ROWS_MAX to 512; H100 sweeps of 384-2048 rows (multiples of 256 fastest, trainable time falling with
+   rows) moved it to 768, the most whose logits stay within 1/10 of torch.compile's. Writes OUT/lce_rows.json.
 --tma-desc: instead of 1-3, the TMA matmul with host descriptors (the default) against the device-descriptor
    kernel (HEARTH_MATMUL_TMA_DESC=device) in the forward's and the backward's operand layouts: median ms, host
    time per call, and the extra peak memory of one call next to the output's size (host: exactly the output;
@@ -230,7 +231,7 @@ def probe_lce(rows: list) -> None:
     for col in ("N x H x V", "weight", "check (rel err)", "chunk rows", "median ms", "target ms", "extra MiB total", "activation MiB", "target MiB"):
         table.add_column(col)
     # (N, H, V, frozen, target ms, target MiB, chunk_rows): None = the default (chunk_rows_for:
-    # <= 512 rows, logits chunk <= 160 MiB); the fixed 384-row cases show the time/memory trade of smaller chunks
+    # <= 768 rows, logits chunk <= 224 MiB); the fixed 384-row cases show the time/memory trade of smaller chunks
     # (more passes over grad_W, a smaller logits chunk; the older 120 MiB rule took 448 rows at V=131072, 384 at
     # V=151936).
     cases = [(8192, 4096, 131072, False, 38.0, 128, None), (8192, 4096, 131072, False, 38.0, 128, 384),
