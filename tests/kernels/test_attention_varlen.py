@@ -563,3 +563,100 @@ def test_gpu_gluon_queries_without_keys_keys_without_queries_and_boundaries(D):
         tol = dict(atol=1e-5, rtol=2 ** -6) if name == "dq" else dict(atol=0, rtol=0)  # dq: two bf16 ulps
         torch.testing.assert_close(a[others].float(), b[others].float(), **tol, msg=lambda m: f"{name} outside: {m}")
         assert not torch.equal(a[s:e], b[s:e]), f"{name} of sequence 3 did not change"
+
+
+# ---------------------------------------------------------------- the forward without a backward (no logsumexp)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_without_grad_skips_the_logsumexp(causal, monkeypatch):
+    """Under no_grad, or with inputs that need no gradient, attention_varlen asks its forward for no [Hq, total_q]
+    fp32 logsumexp (lse None: neither allocated nor written; the kernel's STORE_LSE False runs here in the
+    interpreter) and returns the training forward's output exactly; with a gradient wanted, the node keeps one."""
+    mod = importlib.import_module("hearth.kernels.attention_varlen")
+    lens_q, lens_k = LENS_EQUAL if causal else LENS_RAGGED
+    q, k, v, _, _, _ = _make(lens_q, lens_k, 4, 2, 16, torch.float32, seed=21)
+    fn = _varlen(lens_q, lens_k, causal)
+    with torch.enable_grad():
+        want = fn(*(x.clone().requires_grad_() for x in (q, k, v))).detach()
+    seen = []
+    real = mod._varlen_forward
+
+    def spy(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        seen.append(lse)
+        return out, lse
+
+    monkeypatch.setattr(mod, "_varlen_forward", spy)
+    got_plain = fn(q, k, v)  # plain tensors, grad mode on
+    with torch.no_grad():
+        got_nograd = fn(q.clone().requires_grad_(), k, v)
+    assert seen == [None, None]
+    assert not got_plain.requires_grad and not got_nograd.requires_grad
+    assert torch.equal(got_plain, want) and torch.equal(got_nograd, want)
+    with torch.enable_grad():  # a gradient wanted: the node keeps the logsumexp for its backward
+        out = fn(q.clone().requires_grad_(), k, v)
+    assert any(t.dtype == torch.float32 and t.shape == (4, sum(lens_q)) for t in out.grad_fn.saved_tensors)
+
+
+def test_inference_op_opcheck():
+    """The no-logsumexp packed forward is its own custom op (what torch.compile traces without grad): its fake
+    impl and schema agree with the real one, and it gives attention_varlen's output."""
+    lens = [5, 3, 9]
+    q, k, v, _, cu, _ = _make(lens, lens, 2, 1, 16, torch.float32, seed=22)
+    args = (q, k, v, cu, cu, max(lens), max(lens), True, 0.25)
+    torch.library.opcheck(torch.ops.hearth.attention_varlen_infer, args)
+    out = torch.ops.hearth.attention_varlen_infer(*args)
+    assert torch.equal(out, attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, scale=0.25))
+
+
+_VARLEN_NO_LSE_BUILD = r"""
+import json, re, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for store in (True, False):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp",), varlen=True, store_lse=store):
+        r = hi.report_compiled(label, k)
+        out.append(dict(label=label, store_lse=store, spill=r.spill_bytes, wgmma=r.ptx["wgmma"],
+                        st_global=len(re.findall(r"\bst\.global", k.asm["ptx"]))))
+print(json.dumps(out))
+"""
+
+
+def test_gluon_varlen_inference_forward_builds_for_sm90():
+    """The packed ping-pong forward without the logsumexp store (what attention_varlen runs on Hopper when no
+    backward will run) builds for sm_90 at every head_dim and causal setting, with wgmma, no spills, and fewer
+    global stores than the training build (only the ragged last tile's O rows go out through pointers)."""
+    reports = run_offline(_VARLEN_NO_LSE_BUILD)
+    train = {r["label"]: r for r in reports if r["store_lse"]}
+    infer = [r for r in reports if not r["store_lse"]]
+    assert len(infer) == len(train) > 0, [r["label"] for r in reports]
+    for r in infer:
+        assert "varlen" in r["label"] and "no-lse" in r["label"] and r["wgmma"] > 0 and r["spill"] == 0, r
+        twin = train[r["label"].replace(" no-lse", "")]
+        assert r["st_global"] < twin["st_global"], (r, twin)
+
+
+@gpu_only
+@pytest.mark.parametrize("gluon", ["1", "0"], ids=["gluon", "triton"])
+def test_gpu_forward_without_grad_holds_only_its_output(gluon, monkeypatch):
+    """On the GPU (the Gluon packed forward on Hopper at D 128, and the Triton one with HEARTH_ATTN_GLUON=0): a
+    no-grad call adds its output and less than the [Hq, total_q] fp32 logsumexp the training forward keeps, and
+    its output equals the training forward's bit for bit."""
+    monkeypatch.setenv("HEARTH_ATTN_GLUON", gluon)
+    lens = [300, 1000, 129, 2000]
+    q, k, v, _, cu, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, device="cuda")
+    call = lambda: attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)  # noqa: E731
+    with torch.no_grad():
+        call()  # autotune and compile outside the measurement
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = call()
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+    out_bytes = out.numel() * out.element_size()
+    lse_bytes = 8 * sum(lens) * 4
+    assert out_bytes <= extra < out_bytes + lse_bytes, (extra, out_bytes)
+    with torch.enable_grad():
+        want = attention_varlen(q.clone().requires_grad_(), k, v, cu, cu, max(lens), max(lens), causal=True).detach()
+    assert torch.equal(out, want)

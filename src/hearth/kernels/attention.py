@@ -1066,9 +1066,11 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     built = attention_gluon.offline_kernels(arch, dtype,
                                             variants=("1part", "ws", "pp", "pps", "bwd", "bwd_dq", "bwd_fused"))
     # and the other builds hearth routes to: the inference forwards (attention without grad: no logsumexp store)
-    # and attention_varlen's packed forms (the fused backward with and without the ragged-offset dQ placement)
+    # and attention_varlen's packed forms (the fused backward with and without the ragged-offset dQ placement; the
+    # packed forward with and without the logsumexp store)
     built += attention_gluon.offline_kernels(arch, dtype, variants=("pp", "pps"), store_lse=False)
     built += attention_gluon.offline_kernels(arch, dtype, variants=("pp", "bwd_fused"), varlen=True)
+    built += attention_gluon.offline_kernels(arch, dtype, variants=("pp",), varlen=True, store_lse=False)
     pad = attention_gluon.FB_CONFIGS[max(attention_gluon.HEAD_DIMS)][0]  # the query step: backward_fused_varlen's pad
     built += attention_gluon.offline_kernels(arch, dtype, variants=("bwd_fused",), varlen=True, fb_dq_pad=pad)
     return built

@@ -2108,21 +2108,22 @@ def varlen_serves(*tensors: torch.Tensor) -> bool:
     return tma_addressable(*packed_planes(*tensors))
 
 
-def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float):
+def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, store_lse: bool = True):
     """The ping-pong forward over packed sequences (attention_varlen's contract): q [total_q, Hq, D], k / v
     [total_k, Hk, D], cu_q / cu_k int32 [n + 1] offsets the caller checked (and ``supported``,
     ``varlen_serves``) -> (out [total_q, Hq, D] contiguous, lse [Hq, total_q] fp32; a query whose sequence has no
     keys gets out 0 and lse -inf, as the Triton varlen forward). One program per 2 * BLOCK_M query rows of one
-    (sequence, head): the grid covers max_q's query blocks, and a program past its sequence's end exits."""
+    (sequence, head): the grid covers max_q's query blocks, and a program past its sequence's end exits.
+    store_lse=False (no backward will run): lse is None, neither allocated nor written (STORE_LSE), as forward."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     n_seqs = cu_q.shape[0] - 1
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if store_lse else None
     block_m, descs, meta = _pp_launch(*packed_planes(q, k, v, out), causal)
     with on_device(q.device):
         _attn_fwd_gluon_pp_kernel[(cdiv(max_q, 2 * block_m), n_seqs * Hq)](
-            *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k,
+            *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k, STORE_LSE=store_lse,
             CuSeqQ=cu_q, CuSeqK=cu_k, Out=out, stride_ot=out.stride(0), stride_oh=out.stride(1), VARLEN=True, **meta,
         )
     return out, lse

@@ -172,9 +172,10 @@ def _meta(q: torch.Tensor, causal: bool, cu_q: torch.Tensor, cu_k: torch.Tensor)
                 INTERP=interpret_mode(), CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True)
 
 
-def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float):
+def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float, store_lse: bool = True):
     """q [total_q, Hq, D], k/v [total_k, Hk, D] (any strides), cu_* int32 [n + 1] ->
-    out [total_q, Hq, D] contiguous, lse [Hq, total_q] fp32."""
+    out [total_q, Hq, D] contiguous, lse [Hq, total_q] fp32.
+    store_lse=False (no backward will run): lse is None, neither allocated nor written."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     _check_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
@@ -182,9 +183,9 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
     cap = _attn.device_capability(q.device)
     gluon = _gluon(_attn.forward_kernel(cap, q.dtype, D, causal), ("gluon_pp", "gluon_pps"), q, k, v)
     if gluon is not None:
-        return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale)
+        return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale, store_lse)
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if store_lse else None
     q4, k4, v4, o4 = packed_planes(q, k, v, out)
     args = (
         q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
@@ -193,7 +194,7 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
     fixed = _attn.forward_config(cap, q.dtype, D, causal, varlen=True)
     with _attn._on_device(q.device):
         _attn._launch(_attn._attn_fwd_kernel, _attn._fwd_tuned, "fwd", _attn._FWD_CANDIDATES, max_q, n_seqs * Hq,
-                      args, _meta(q, causal, cu_q, cu_k), fixed=fixed)
+                      args, dict(_meta(q, causal, cu_q, cu_k), STORE_LSE=store_lse), fixed=fixed)
     return out, lse
 
 
@@ -255,6 +256,28 @@ def _varlen_fwd_op(
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
     total_q, Hq, D = q.shape
     return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("hearth::attention_varlen_infer", mutates_args=())
+def _varlen_infer_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
+) -> torch.Tensor:
+    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                           store_lse=False)[0]
+
+
+@_varlen_infer_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    return q.new_empty(q.shape)
+
+
+def _varlen_infer(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float) -> torch.Tensor:
+    """The forward when no backward will run: no [Hq, total_q] fp32 logsumexp is allocated or written (the op then
+    holds only its output). The custom op while torch.compile traces, the launcher directly otherwise."""
+    if torch.compiler.is_compiling():
+        return _varlen_infer_op(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+    return _varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, store_lse=False)[0]
 
 
 @torch.library.custom_op("hearth::attention_varlen_bwd", mutates_args=())
@@ -346,7 +369,9 @@ def attention_varlen(
         sequence has no keys (k length 0, non-causal) gets 0.
 
     dtypes and head dims as `attention`: float16 / bfloat16 / float32; D 1..256 (a power of two in
-    16..256 natively, any other zero-padded to the next). Cost: attention's per sequence, summed.
+    16..256 natively, any other zero-padded to the next). Cost: attention's per sequence, summed. With no gradient
+    to compute (torch.no_grad, or no input that requires grad) the forward writes no [Hq, total_q] fp32 logsumexp:
+    the call holds only its output, as `attention` does.
 
     Host cost: ONE device->host copy of cu_seqlens_q and cu_seqlens_k per forward (it synchronises the
     stream), to check their values before any kernel reads through them. That copy also keeps a call out
@@ -403,6 +428,10 @@ def attention_varlen(
     if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
         tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
     # the kernels read the offsets as a dense int32 array: a strided view is copied (a no-op when dense)
-    out, _ = _attention_varlen(tensors["q"], tensors["k"], tensors["v"], cu_seqlens_q.contiguous(),
-                               cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k, causal, scale)
+    args = (tensors["q"], tensors["k"], tensors["v"], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+            max_seqlen_q, max_seqlen_k, causal, scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, _ = _attention_varlen(*args)
+    else:  # no graph to record: skip the logsumexp the backward would need
+        out = _varlen_infer(*args)
     return out if padded == D else out[..., :D]

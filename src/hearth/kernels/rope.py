@@ -457,6 +457,22 @@ def _grads_in_place(plan: _Plan, dq, dk, cos, sin) -> tuple[torch.Tensor, torch.
 # --------------------------------------------------------------------------------------------
 # Autograd. Eager: two Functions over a checked plan (no torch.library dispatch). torch.compile: the custom op.
 # --------------------------------------------------------------------------------------------
+def _grads_new(plan: _Plan, dq, dk, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of rope(inplace=False): R^T into new gradients."""
+    return _new_outputs(plan, _layout(plan, dq, dk), dq, dk, cos, sin, True)
+
+
+def _function_backward(ctx, dq_out, dk_out, grads):
+    """The two Functions' backward: `grads` (new gradients, or written over the incoming ones) when no graph is
+    recorded; with create_graph=True the backward is recorded (differentiable, for a double backward), out of place."""
+    cos, sin = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        dq, dk = _rope(dq_out, dk_out, cos, sin, True)
+    else:
+        dq, dk = grads(ctx.plan, dq_out, dk_out, cos, sin)
+    return dq, dk, None, None, None
+
+
 class _RopeEagerFunction(torch.autograd.Function):
     """rope(inplace=False): new outputs; the backward into new gradients."""
 
@@ -468,12 +484,7 @@ class _RopeEagerFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dq_out, dk_out):
-        cos, sin = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: the backward is recorded (differentiable), for a double one
-            dq, dk = _rope(dq_out, dk_out, cos, sin, True)
-        else:
-            dq, dk = _new_outputs(ctx.plan, _layout(ctx.plan, dq_out, dk_out), dq_out, dk_out, cos, sin, True)
-        return dq, dk, None, None, None
+        return _function_backward(ctx, dq_out, dk_out, _grads_new)
 
 
 class _RopeInPlaceFunction(torch.autograd.Function):
@@ -496,12 +507,7 @@ class _RopeInPlaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dq_out, dk_out):
-        cos, sin = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: out of place and recorded, as _RopeEagerFunction
-            dq, dk = _rope(dq_out, dk_out, cos, sin, True)
-        else:
-            dq, dk = _grads_in_place(ctx.plan, dq_out, dk_out, cos, sin)
-        return dq, dk, None, None, None
+        return _function_backward(ctx, dq_out, dk_out, _grads_in_place)
 
 
 @torch.library.custom_op("hearth::rope", mutates_args=())
