@@ -444,23 +444,34 @@ def test_gluon_route_follows_the_dense_pick_and_tma():
 
 
 _VARLEN_GLUON_BUILDS = r"""
-import json, torch
+import json, re, torch
 from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
+def add(label, k, tma, store_lse):
+    r = hi.report_compiled(label, k)
+    out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
+                    dq_tma=tma, store_lse=store_lse, st_global=len(re.findall(r"\bst\.global", k.asm["ptx"]))))
 for order in (1, 0):
     for tma, pad in ((True, 0), (True, 64), (False, 0)):
         variants = ("pp", "bwd_fused") if order == 1 and tma and not pad else ("bwd_fused",)
         for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order,
                                            fb_dq_tma=tma, fb_dq_pad=pad):
-            r = hi.report_compiled(label, k)
-            out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"],
-                            tma=r.ptx["tma"], dq_tma=tma))
+            add(label, k, tma, True)
+# the packed forward without the logsumexp store (attention_varlen with no gradient to compute)
+for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp",), varlen=True, store_lse=False):
+    add(label, k, True, False)
 print(json.dumps(out))
 """
 
 
-def test_gluon_varlen_kernels_build_for_sm90():
+@pytest.fixture(scope="module")
+def varlen_builds():
+    """The sm_90 builds of the packed Gluon kernels, compiled once for the tests below (one subprocess)."""
+    return run_offline(_VARLEN_GLUON_BUILDS)
+
+
+def test_gluon_varlen_kernels_build_for_sm90(varlen_builds):
     """The packed forms of the ping-pong forward and the fused backward (both grid orders; dQ^T added by TMA
     reduce-adds at the packed rows' columns or at columns placed apart per sequence, backward_fused_varlen's
     aligned and DQ_PAD, or by fp32 atomics) build for the H200: wgmma, TMA, within 227 KiB
@@ -468,12 +479,25 @@ def test_gluon_varlen_kernels_build_for_sm90():
     bytes in the TMA form (its sequence's first row and lengths are live registers where the dense kernel reads
     kernel arguments; the dense build, tests/kernels/test_attention_gluon.py, spills none) and at most 96 in the
     atomics form (per-element addresses)."""
-    reports = run_offline(_VARLEN_GLUON_BUILDS)
+    reports = [r for r in varlen_builds if r["store_lse"]]
     assert len(reports) == 4 + 3 * 4 + 3 * 4, [r["label"] for r in reports]
     for r in reports:
         assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r
         limit = (16 if r["dq_tma"] else 96) if ("bwd[fused]" in r["label"] and " d128 " in r["label"]) else 0
         assert r["spill"] <= limit, r
+
+
+def test_gluon_varlen_inference_forward_builds_for_sm90(varlen_builds):
+    """The packed ping-pong forward without the logsumexp store (what attention_varlen runs on Hopper when no
+    backward will run) builds for sm_90 at every head_dim and causal setting, with wgmma and TMA, no spills, and
+    fewer global stores than the training build (only the ragged last tile's O rows go out through pointers)."""
+    train = {r["label"]: r for r in varlen_builds if r["store_lse"] and r["label"].startswith("attention_gluon fwd")}
+    infer = [r for r in varlen_builds if not r["store_lse"]]
+    assert len(infer) == len(train) == 4, [r["label"] for r in varlen_builds]
+    for r in infer:
+        assert "no-lse" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0, r
+        twin = train[r["label"].replace(" no-lse", "")]
+        assert r["st_global"] < twin["st_global"], (r, twin)
 
 
 @gpu_only
@@ -606,34 +630,6 @@ def test_inference_op_opcheck():
     torch.library.opcheck(torch.ops.hearth.attention_varlen_infer, args)
     out = torch.ops.hearth.attention_varlen_infer(*args)
     assert torch.equal(out, attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, scale=0.25))
-
-
-_VARLEN_NO_LSE_BUILD = r"""
-import json, re, torch
-from hearth.kernels import attention_gluon as ag
-from hearth import inspect as hi
-out = []
-for store in (True, False):
-    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp",), varlen=True, store_lse=store):
-        r = hi.report_compiled(label, k)
-        out.append(dict(label=label, store_lse=store, spill=r.spill_bytes, wgmma=r.ptx["wgmma"],
-                        st_global=len(re.findall(r"\bst\.global", k.asm["ptx"]))))
-print(json.dumps(out))
-"""
-
-
-def test_gluon_varlen_inference_forward_builds_for_sm90():
-    """The packed ping-pong forward without the logsumexp store (what attention_varlen runs on Hopper when no
-    backward will run) builds for sm_90 at every head_dim and causal setting, with wgmma, no spills, and fewer
-    global stores than the training build (only the ragged last tile's O rows go out through pointers)."""
-    reports = run_offline(_VARLEN_NO_LSE_BUILD)
-    train = {r["label"]: r for r in reports if r["store_lse"]}
-    infer = [r for r in reports if not r["store_lse"]]
-    assert len(infer) == len(train) > 0, [r["label"] for r in reports]
-    for r in infer:
-        assert "varlen" in r["label"] and "no-lse" in r["label"] and r["wgmma"] > 0 and r["spill"] == 0, r
-        twin = train[r["label"].replace(" no-lse", "")]
-        assert r["st_global"] < twin["st_global"], (r, twin)
 
 
 @gpu_only
