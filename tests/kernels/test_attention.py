@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from hearth.kernels.attention import _attention_fwd_op, attention
+from tests.kernels.no_lse import check_forward_skips_logsumexp
 from tests.kernels.tolerance import DEVICE, DTYPES, HAS_CUDA, assert_close, gpu_only
 
 
@@ -220,25 +221,9 @@ def test_preprocess_can_clear_the_fused_backward_dq_buffer():
 def test_forward_without_grad_skips_the_logsumexp(monkeypatch, causal, D):
     """No input needs a gradient (or grad mode is off): the kernel runs with STORE_LSE=False, no logsumexp
     is allocated, and the output is bitwise the training forward's (the same kernel and config)."""
-    mod = importlib.import_module("hearth.kernels.attention")
     q, k, v, _ = _make(1, 4, 2, 19, D, torch.float32, seed=9)
-    with torch.enable_grad():
-        want = attention(*(x.clone().requires_grad_() for x in (q, k, v)), causal=causal).detach()
-    seen = []
-    real = mod._attention_forward
-
-    def spy(*args, **kwargs):
-        out, lse = real(*args, **kwargs)
-        seen.append(lse)
-        return out, lse
-
-    monkeypatch.setattr(mod, "_attention_forward", spy)
-    got_plain = attention(q, k, v, causal=causal)  # plain tensors, grad mode on
-    with torch.no_grad():
-        got_nograd = attention(q.clone().requires_grad_(), k, v, causal=causal)
-    assert seen == [None, None]
-    assert not got_nograd.requires_grad
-    assert torch.equal(got_plain, want) and torch.equal(got_nograd, want)
+    check_forward_skips_logsumexp(monkeypatch, importlib.import_module("hearth.kernels.attention"),
+                                  "_attention_forward", lambda q, k, v: attention(q, k, v, causal=causal), q, k, v)
 
 
 def test_inference_op_opcheck():

@@ -22,6 +22,7 @@ import torch
 
 from hearth.kernels import attention, attention_varlen
 from hearth.kernels.attention_varlen import _varlen_fwd_op
+from tests.kernels.no_lse import check_forward_skips_logsumexp
 from tests.kernels.offline import run_offline
 from tests.kernels.tolerance import DEVICE, HAS_CUDA, assert_close, gpu_only
 
@@ -595,27 +596,11 @@ def test_forward_without_grad_skips_the_logsumexp(causal, monkeypatch):
     """Under no_grad, or with inputs that need no gradient, attention_varlen asks its forward for no [Hq, total_q]
     fp32 logsumexp (lse None: neither allocated nor written; the kernel's STORE_LSE False runs here in the
     interpreter) and returns the training forward's output exactly; with a gradient wanted, the node keeps one."""
-    mod = importlib.import_module("hearth.kernels.attention_varlen")
     lens_q, lens_k = LENS_EQUAL if causal else LENS_RAGGED
     q, k, v, _, _, _ = _make(lens_q, lens_k, 4, 2, 16, torch.float32, seed=21)
     fn = _varlen(lens_q, lens_k, causal)
-    with torch.enable_grad():
-        want = fn(*(x.clone().requires_grad_() for x in (q, k, v))).detach()
-    seen = []
-    real = mod._varlen_forward
-
-    def spy(*args, **kwargs):
-        out, lse = real(*args, **kwargs)
-        seen.append(lse)
-        return out, lse
-
-    monkeypatch.setattr(mod, "_varlen_forward", spy)
-    got_plain = fn(q, k, v)  # plain tensors, grad mode on
-    with torch.no_grad():
-        got_nograd = fn(q.clone().requires_grad_(), k, v)
-    assert seen == [None, None]
-    assert not got_plain.requires_grad and not got_nograd.requires_grad
-    assert torch.equal(got_plain, want) and torch.equal(got_nograd, want)
+    check_forward_skips_logsumexp(monkeypatch, importlib.import_module("hearth.kernels.attention_varlen"),
+                                  "_varlen_forward", fn, q, k, v)
     with torch.enable_grad():  # a gradient wanted: the node keeps the logsumexp for its backward
         out = fn(q.clone().requires_grad_(), k, v)
     assert any(t.dtype == torch.float32 and t.shape == (4, sum(lens_q)) for t in out.grad_fn.saved_tensors)
