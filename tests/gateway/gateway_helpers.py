@@ -41,6 +41,17 @@ def provider(name: str, server, **overrides) -> dict:
     return p
 
 
+# For a fallback whose timing is not under test: a burst of concurrent requests on a loaded 2-core CI box once
+# took over 0.5 s to connect to it (a loopback fake sharing the event loop with the chain and a Redis client).
+STEADY_TIMEOUTS = {"connect_s": 2.0, "first_token_s": 2.0, "total_s": 2.5}
+
+
+def steady(name: str, server, **overrides) -> dict:
+    """A provider on `server` with generous timeouts: the fallback a burst test relies on, not the one it times."""
+    timeouts = {**STEADY_TIMEOUTS, **overrides.pop("timeouts", {})}
+    return provider(name, server, timeouts=timeouts, **overrides)
+
+
 # A scale-to-zero endpoint whose probe and warm-up end within a test's blink: a 0.1 s warm-up budget against a
 # loopback fake (a health route answering 503 fails it at once and starts the back-off).
 FAST_WARMUP = {"probe_timeout_s": 0.1, "ttl_s": 5.0, "warmup_budget_s": 0.1, "warmup_poll_s": 0.02,

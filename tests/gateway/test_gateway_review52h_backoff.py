@@ -19,7 +19,7 @@ from hearth.gateway.chain import Chain
 from hearth.gateway.errors import AllProvidersFailed, Cold, label
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, scale_to_zero
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, scale_to_zero, steady
 
 GOOD = Behavior.reply(CHAT_JSON)
 BROKEN = Behavior.status(503)
@@ -140,7 +140,7 @@ def test_the_backoff_holds_for_every_worker_that_shares_the_state(clock):
     async def main():
         store = MemoryStore()
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            cfg = make_config(scale_to_zero("ft", ft), provider("hosted", hosted))
+            cfg = make_config(scale_to_zero("ft", ft), steady("hosted", hosted))
             async with Chain(cfg, store=store) as one, Chain(cfg, store=store) as two:
                 await _fail_a_warmup(one)                      # worker one's warm-up fails: held 60 s
                 knocks = ft.health_calls

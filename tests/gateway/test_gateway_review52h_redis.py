@@ -13,7 +13,7 @@ import pytest
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
-    BACKENDS, CHAT_JSON, MESSAGES, make_config, needs_redis, provider, scale_to_zero, shared_state, started_store,
+    BACKENDS, CHAT_JSON, MESSAGES, make_config, needs_redis, provider, scale_to_zero, shared_state, started_store, steady,
 )
 
 GOOD = Behavior.reply(CHAT_JSON)
@@ -68,7 +68,7 @@ def test_two_chains_on_one_redis_hold_a_broken_endpoint_cold_for_both():
     async def main():
         async with FakeOpenAI(GOOD, health=Behavior.status(503)) as ft, FakeOpenAI(GOOD) as hosted:
             gated = scale_to_zero("ft", ft, ttl_s=0, warmup_backoff_s=0.6, warmup_backoff_max_s=5.0)
-            cfg = make_config(gated, provider("hosted", hosted), **shared_state())
+            cfg = make_config(gated, steady("hosted", hosted), **shared_state())
             async with Chain(cfg) as one, Chain(cfg) as two:
                 await one.complete(MESSAGES, kind="chat")      # cold: one's warm-up starts and fails
                 await one.gates["ft"].wait_warmup()

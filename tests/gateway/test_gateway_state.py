@@ -17,7 +17,7 @@ from hearth.gateway.state import MemoryStore, RedisStore, StateStoreError
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
 from tests.gateway.gateway_helpers import (
     BACKENDS, CHAT_JSON, MESSAGES, REDIS_URL, backend_settings, gateway, make_config, needs_redis, provider,
-    shared_state, stopwatch,
+    shared_state, steady, stopwatch,
 )
 
 GOOD = Behavior.reply(CHAT_JSON)
@@ -30,9 +30,8 @@ def test_half_open_lets_one_trial_through_the_rest_keep_going(backend):
         script = [Behavior.status(500), Behavior.hang(), GOOD, GOOD]   # fail, then the trial hangs, then well again
         async with FakeOpenAI(script) as a, FakeOpenAI(GOOD) as b:
             # b's timing is not under test: generous limits, so that 50 concurrent replies on a loaded 2-core box
-            # cannot miss a 0.3 s first token (they did once, under a load average above 3)
-            steady_b = provider("b", b, timeouts={"first_token_s": 2.0, "total_s": 2.5})
-            cfg = make_config(provider("a", a), steady_b, breaker_failures=1, cooldown_s=COOLDOWN_S,
+            # cannot miss a 0.3 s first token or a 0.5 s connect (each happened once, under a load average above 3)
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=1, cooldown_s=COOLDOWN_S,
                               **backend_settings(backend))
             async with Chain(cfg) as chain:
                 first = await chain.complete(MESSAGES, kind="chat")             # a fails: open
@@ -161,7 +160,7 @@ def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend)
 def test_one_trial_across_two_chains_on_one_redis():
     async def main():
         async with FakeOpenAI([Behavior.status(500), Behavior.hang()]) as a, FakeOpenAI(GOOD) as b:
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=1, cooldown_s=COOLDOWN_S,
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=1, cooldown_s=COOLDOWN_S,
                               **shared_state())
             async with Chain(cfg) as one, Chain(cfg) as two:
                 await one.complete(MESSAGES, kind="chat")                        # opened by `one`

@@ -5,7 +5,7 @@ import logging
 
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
-from tests.gateway.gateway_helpers import CHAT_JSON, MARGIN_S, MESSAGES, make_config, provider, stopwatch
+from tests.gateway.gateway_helpers import CHAT_JSON, MARGIN_S, MESSAGES, make_config, provider, steady, stopwatch
 
 GOOD = Behavior.reply(CHAT_JSON)
 PROBE_S = 0.1
@@ -51,7 +51,7 @@ def test_hanging_cold_endpoint_shares_one_probe_and_serves_after_warmup():
         health = [Behavior.hang(), Behavior.raw(b'{"status": "ok"}', delay_s=0.4)]
         async with FakeOpenAI(GOOD, health=health) as ft, FakeOpenAI(GOOD) as hosted:
             ft_cfg = _finetune(ft.port)
-            async with Chain(make_config(ft_cfg, provider("hosted", hosted))) as chain:
+            async with Chain(make_config(ft_cfg, steady("hosted", hosted))) as chain:
                 with stopwatch() as t:
                     burst = await asyncio.gather(*(chain.complete(MESSAGES, kind="chat") for _ in range(20)))
                 burst_cost = t()
