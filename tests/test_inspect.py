@@ -56,6 +56,22 @@ def test_count_sass(name, expected):
         assert counts[key] == value, (key, counts)
 
 
+def test_count_sass_by_words_is_the_search_per_pattern():
+    """count_sass counts whole words (each pattern is one); a search of the comment-free text per pattern gives the
+    same counts, on the fixtures and on look-alikes: a pattern inside a longer word, after a dot, in a comment."""
+    import re
+
+    tricky = ("HGMMA.64x128x16.F32.BF16 R0 ; XHGMMA R1 ; HGMMAX ; @P0 HMMA.16816.F32 ; HFMA2.MMA R2 ;\n"
+              "UTMALDG.2D [UR4] ; UTMALDGX ; UTCHMMA ; UTCMMA ; LDL.64 R4 ; STL [R1] ; /* HGMMA */ // FFMA\n")
+    for text in [read(n) for n in ("wgmma_sm90.sass", "mma_sm80.sass", "flat_fma_sm90.sass")] + [tricky]:
+        body = re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", text))
+        assert hi.count_sass(text) == {k: len(re.findall(p, body)) for k, p in hi.SASS_PATTERNS.items()}
+    assert hi.count_sass(tricky) == dict(HGMMA=1, QGMMA=0, IGMMA=0, UTCMMA=2, HMMA=1, IMMA=0, UTMA=1, FFMA=0,
+                                         **{"LDL/STL": 2})
+    for pattern in hi.SASS_PATTERNS.values():  # what counting by words relies on
+        assert pattern.startswith(r"\b") and pattern.endswith(r"\b"), pattern
+
+
 def test_hfma2_mma_is_not_a_tensor_core_instruction():
     text = read("flat_fma_sm90.sass")
     assert "HFMA2.MMA" in text  # the fixture holds the look-alike

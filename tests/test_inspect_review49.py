@@ -158,3 +158,22 @@ def test_offline_gluon_and_sm100_builds(tmp_path):
     assert all(r["ptx"]["tcgen05.mma"] > 0 and r["level"] == "ok" for r in reports), reports
     if all(r["sass"] is not None for r in reports):
         assert all(r["sass"]["UTCMMA"] > 0 for r in reports)
+
+
+def test_report_without_sass_reads_the_resources_and_never_disassembles(monkeypatch):
+    """report_compiled(sass=False): cuobjdump runs for the resource usage only (registers, stack), never -sass; the
+    report counts the PTX and says the SASS was not read."""
+    flags = []
+
+    def cuobjdump(cubin, flag):
+        flags.append(flag)
+        usage = " Function k:\n  REG:90 STACK:0 SHARED:1024 LOCAL:0\n"
+        return (usage, "") if flag == "-res-usage" else ("HGMMA ;\n", "")
+
+    monkeypatch.setattr(hi, "_run_cuobjdump", cuobjdump)
+    kernel = _kernel(".target sm_90a\n\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2;")
+    rep = hi.report_compiled("k", kernel, sass=False)
+    assert flags == ["-res-usage"] and rep.sass is None and rep.registers == 90 and rep.spill_bytes == 0
+    assert rep.ptx["wgmma"] == 1 and any("not read: sass=False" in n for n in rep.notes), rep.notes
+    flags.clear()
+    assert hi.report_compiled("k", kernel).sass["HGMMA"] == 1 and flags == ["-sass", "-res-usage"]

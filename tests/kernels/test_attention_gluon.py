@@ -121,7 +121,7 @@ for store in (True, False):
     for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(64,), store_lse=store,
                                        variants=("1part", "ws", "pp")):
         out.append(dict(label=label, store_lse=store, st_global=len(re.findall(r"\bst\.global", k.asm["ptx"])),
-                        spill=hi.report_compiled(label, k).spill_bytes))
+                        spill=hi.report_compiled(label, k, sass=False).spill_bytes))
 print(json.dumps(out))
 """
 
@@ -168,7 +168,7 @@ for variant, table, key in (("bwd", ag.BWD_CANDIDATES, "bwd_configs"), ("bwd_dq"
     for d, cands in table.items():
         for cfg in cands:
             for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=(variant,), **{key: {d: cfg}}):
-                r = hi.report_compiled(label, k)
+                r = hi.report_compiled(label, k, sass=False)
                 out.append(dict(label=label, spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
                                 shared=r.shared_bytes))
 print(json.dumps(out))
@@ -183,7 +183,7 @@ out = []
 for d, cands in ag.PP_CANDIDATES.items():
     for cfg in cands:
         for label, k in ag.offline_kernels(90, torch.bfloat16, head_dims=(d,), variants=("pp",), pp_configs={d: cfg}):
-            r = hi.report_compiled(label, k)
+            r = hi.report_compiled(label, k, sass=False)
             ptx = k.asm["ptx"]
             out.append(dict(label=label, cfg=list(cfg), spill=r.spill_bytes, warps=r.num_warps, wgmma=r.ptx["wgmma"],
                             tma=r.ptx["tma"], scratch=getattr(k.metadata, "global_scratch_size", None),
@@ -231,7 +231,7 @@ out = []
 
 def build(tma, **forms):
     for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,), **forms):
-        r = hi.report_compiled(label, k)
+        r = hi.report_compiled(label, k, sass=False)
         ptx = k.asm["ptx"]
         out.append(dict(label=label, tma=tma, spill=r.spill_bytes, shared=r.shared_bytes,
                         reduces=ptx.count("cp.reduce.async.bulk.tensor"),
@@ -1152,7 +1152,7 @@ from hearth import inspect as hi
 out = []
 for store in (True, False):
     for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pps",), store_lse=store):
-        r = hi.report_compiled(label, k)
+        r = hi.report_compiled(label, k, sass=False)
         out.append(dict(label=label, d=int(label.split(" d")[1].split()[0]), causal="causal" in label,
                         spill=r.spill_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
                         scratch=getattr(k.metadata, "global_scratch_size", None), shared=r.shared_bytes))

@@ -450,7 +450,7 @@ from hearth.kernels import attention_gluon as ag
 from hearth import inspect as hi
 out = []
 def add(label, k, tma, store_lse):
-    r = hi.report_compiled(label, k)
+    r = hi.report_compiled(label, k, sass=False)
     out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, wgmma=r.ptx["wgmma"], tma=r.ptx["tma"],
                     dq_tma=tma, store_lse=store_lse, st_global=len(re.findall(r"\bst\.global", k.asm["ptx"]))))
 for order in (1, 0):

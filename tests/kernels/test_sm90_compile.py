@@ -72,7 +72,7 @@ for fn, n_inputs, block in ((sm._softmax_fwd_rows_kernel, 1, 32768), (sm._softma
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={"BLOCK": block, "NUM_STAGES": stages},
                                          attrs=attrs), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": warps, "num_stages": stages})
-            r = hi.report_compiled("softmax rows", k)
+            r = hi.report_compiled("softmax rows", k, sass=False)
             out.append(dict(label=f"{fn.__name__} {dt} {block} {cand}", per_sm=per_sm, warps=warps, regs=r.registers,
                             spill=r.spill_bytes, smem=r.shared_bytes, cp_async=len(re.findall(r"cp\.async", k.asm["ptx"]))))
 print(json.dumps(out))
@@ -104,7 +104,7 @@ for desc, cfg, (a_t, b_t) in itertools.chain(
         itertools.product(["host"], (mm._TMA_CONFIGS[0], mm._TMA_CONFIGS[4]), itertools.product((False, True), repeat=2)),
         [("device", mm._TMA_CONFIGS[0], (True, True))]):  # HEARTH_MATMUL_TMA_DESC=device still builds
     k = mm.compile_tma_offline(90, torch.bfloat16, cfg, a_t=a_t, b_t=b_t, desc=desc)
-    r = hi.report_compiled("matmul tma", k)
+    r = hi.report_compiled("matmul tma", k, sass=False)
     ptx = k.asm["ptx"]
     out.append(dict(desc=desc, a_t=a_t, b_t=b_t, tile=[cfg.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K")],
                     wgmma=r.ptx["wgmma"], tma_copies=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),

@@ -111,7 +111,7 @@ def build(op, n, dt, ctas):
                     early.append((c, last_wait, synced))
                 seen.add(c)
         early += [("unread", c) for c in range(1, chunks) if c not in seen]
-    rep = hi.report_compiled("cluster", k)
+    rep = hi.report_compiled("cluster", k, sass=False)
     return dict(
         ctas=ctas, p=p, warps=warps, shared=k.metadata.shared, spills=rep.spill_bytes, regs=rep.registers,
         cluster=f".reqnctapercluster {ctas}" in ptx, mapa=ptx.count("mapa.shared::cluster"),
