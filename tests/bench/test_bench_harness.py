@@ -614,6 +614,7 @@ def test_rows_carry_wall_time_beside_gpu_time(mode):
         assert "wall_ms" not in r
     else:
         assert r["wall_ms"] > 0 and 0 < r["host_ms"] <= r["wall_ms"] and r["wall_calls"] >= 1
+        assert r["wall_blocks"] == 1  # the CPU self-test: one block (five on a GPU, where the median block counts)
         assert "wall" in report.cell(r)
 
 
