@@ -94,7 +94,9 @@ def test_429_retry_after_cools_the_provider_down():
     assert first.attempts == [("a", "status_429"), ("b", "ok")]
     assert second.attempts == [("a", "cooldown"), ("b", "ok")]
     assert a_calls == 1                      # the cooled provider was not contacted again
-    assert elapsed < 0.05                    # a cooled provider costs nothing but a lookup
+    # a cooled provider costs nothing but a lookup (a_calls above is the proof; this bounds the request to b, one
+    # loopback round trip, by the suite's margin: 50 ms was within reach of a stall on the loaded 2-core CI box)
+    assert elapsed < MARGIN_S
     assert state["a"]["state"] == "open" and 29 < state["a"]["cooldown_left_s"] <= 30
     assert "Retry-After 30" in state["a"]["why"]
     assert 'hearth_gateway_breaker_open{provider="a"} 1.0' in metrics
