@@ -158,3 +158,22 @@ def test_host_int_helpers_match_triton():
         assert _common.next_power_of_2(n) == triton.next_power_of_2(n), n
         for b in (1, 3, 16, 128, 1000):
             assert _common.cdiv(n, b) == triton.cdiv(n, b), (n, b)
+
+
+def test_records_graph_is_grad_mode_and_any_input_needing_a_gradient():
+    plain, leaf = torch.zeros(2), torch.zeros(2, requires_grad=True)
+    assert _common.records_graph(plain, leaf) and _common.records_graph(leaf)
+    assert not _common.records_graph(plain, plain) and not _common.records_graph()
+    with torch.no_grad():
+        assert not _common.records_graph(plain, leaf)
+    with torch.inference_mode():
+        assert not _common.records_graph(leaf)
+
+
+def test_compiled_or_eager_runs_the_launcher_eagerly_and_the_op_while_compiling(monkeypatch):
+    calls = []
+    call = _common.compiled_or_eager(lambda *a: calls.append(("op", a)) or "op",
+                                     lambda *a: calls.append(("fn", a)) or "fn")
+    assert call(1, 2) == "fn" and calls == [("fn", (1, 2))]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert call(3) == "op" and calls[-1] == ("op", (3,))

@@ -201,6 +201,30 @@ def capability(device: torch.device) -> tuple[int, int] | None:
 # --------------------------------------------------------------------------------------------
 # Eager calls skip the dispatcher; torch.compile sees the custom op
 # --------------------------------------------------------------------------------------------
+def records_graph(*tensors: torch.Tensor) -> bool:
+    """True when autograd will record a call on `tensors`: grad mode is on and one of them needs a gradient.
+    Without a graph no backward runs, so an op may skip what only its backward reads (attention's logsumexp)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # a plain loop: any() over a generator costs host time on every call
+        if t.requires_grad:
+            return True
+    return False
+
+
+def compiled_or_eager(op, forward):
+    """`call(*args)`: the custom op `op` (whose body is `forward`) while torch.compile traces, an opaque node
+    in its graph; `forward` itself otherwise, skipping the torch.library dispatch's host time."""
+
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return op(*args)
+        return forward(*args)
+
+    call.op, call.forward = op, forward
+    return call
+
+
 def autograd_op(op, forward, setup_context, backward):
     """One differentiable hearth op, two routes to the same launchers. Returns `call(*args)`.
 
@@ -232,14 +256,8 @@ def autograd_op(op, forward, setup_context, backward):
         "forward": staticmethod(eager_forward),
         "backward": staticmethod(backward),
     })
-    apply = function.apply
-
-    def call(*args):
-        if torch.compiler.is_compiling():
-            return op(*args)
-        return apply(*args)
-
-    call.op, call.function, call.forward = op, function, forward
+    call = compiled_or_eager(op, function.apply)
+    call.function, call.forward = function, forward
     return call
 
 

@@ -76,9 +76,11 @@ from hearth.kernels._common import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    compiled_or_eager,
     empty_heads_like,
     interpret_mode,
     on_device,
+    records_graph,
     tma_addressable,
     tma_scratch,
 )
@@ -1186,9 +1188,15 @@ def _(q, k, v, causal, scale):
     return empty_heads_like(q, (B, Hq, Tq, D)), q.new_empty((B, Hq, Tq), dtype=torch.float32)
 
 
+def _attention_infer_forward(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """The forward when no backward will run: no [B, Hq, Tq] fp32 logsumexp is allocated or written (the
+    op then holds only its output, as SDPA's kernels do without grad)."""
+    return _attention_forward(q, k, v, causal, scale, store_lse=False)[0]
+
+
 @torch.library.custom_op("hearth::attention_infer", mutates_args=())
 def _attention_infer_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    return _attention_forward(q, k, v, causal, scale, store_lse=False)[0]
+    return _attention_infer_forward(q, k, v, causal, scale)
 
 
 @_attention_infer_op.register_fake
@@ -1196,13 +1204,7 @@ def _(q, k, v, causal, scale):
     return empty_heads_like(q, q.shape)
 
 
-def _attention_infer(q, k, v, causal: bool, scale: float) -> torch.Tensor:
-    """The forward when no backward will run: no [B, Hq, Tq] fp32 logsumexp is allocated or written (the
-    op then holds only its output, as SDPA's kernels do without grad). The custom op while torch.compile
-    traces, the launcher directly otherwise."""
-    if torch.compiler.is_compiling():
-        return _attention_infer_op(q, k, v, causal, scale)
-    return _attention_forward(q, k, v, causal, scale, store_lse=False)[0]
+_attention_infer = compiled_or_eager(_attention_infer_op, _attention_infer_forward)
 
 
 @torch.library.custom_op("hearth::attention_bwd", mutates_args=())
@@ -1326,7 +1328,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     padded = padded_head_dim(D)
     if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
         tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if records_graph(q, k, v):
         out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
     else:  # no graph to record: skip the logsumexp the backward would need
         out = _attention_infer(tensors["q"], tensors["k"], tensors["v"], causal, scale)

@@ -57,9 +57,11 @@ from hearth.kernels._common import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    compiled_or_eager,
     interpret_mode,
     next_power_of_2,
     packed_planes,
+    records_graph,
 )
 
 # the module, not the package's `attention` function of the same name; read at call time, so that its
@@ -258,13 +260,18 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return q.new_empty((total_q, Hq, D)), q.new_empty((Hq, total_q), dtype=torch.float32)
 
 
+def _varlen_infer_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float) -> torch.Tensor:
+    """The forward when no backward will run: no [Hq, total_q] fp32 logsumexp is allocated or written (the op then
+    holds only its output)."""
+    return _varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, store_lse=False)[0]
+
+
 @torch.library.custom_op("hearth::attention_varlen_infer", mutates_args=())
 def _varlen_infer_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
 ) -> torch.Tensor:
-    return _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                           store_lse=False)[0]
+    return _varlen_infer_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
 
 
 @_varlen_infer_op.register_fake
@@ -272,12 +279,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return q.new_empty(q.shape)
 
 
-def _varlen_infer(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float) -> torch.Tensor:
-    """The forward when no backward will run: no [Hq, total_q] fp32 logsumexp is allocated or written (the op then
-    holds only its output). The custom op while torch.compile traces, the launcher directly otherwise."""
-    if torch.compiler.is_compiling():
-        return _varlen_infer_op(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
-    return _varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, store_lse=False)[0]
+_varlen_infer = compiled_or_eager(_varlen_infer_op, _varlen_infer_forward)
 
 
 @torch.library.custom_op("hearth::attention_varlen_bwd", mutates_args=())
@@ -430,7 +432,7 @@ def attention_varlen(
     # the kernels read the offsets as a dense int32 array: a strided view is copied (a no-op when dense)
     args = (tensors["q"], tensors["k"], tensors["v"], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
             max_seqlen_q, max_seqlen_k, causal, scale)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if records_graph(q, k, v):
         out, _ = _attention_varlen(*args)
     else:  # no graph to record: skip the logsumexp the backward would need
         out = _varlen_infer(*args)

@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, on_device
+from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, on_device, records_graph
 
 try:  # Gluon ships with Triton 3.6; without it every row stays on the Triton row kernel below
     from hearth.kernels import cross_entropy_gluon as cg
@@ -705,7 +705,7 @@ def cross_entropy(input, target, *, ignore_index=-100, label_smoothing=0.0, redu
         check_loss_options(ignore_index, label_smoothing, reduction, z_loss, softcap)
     target = target.contiguous()
     # no gradient wanted (eval, no_grad): the logits are only read, never overwritten
-    want_grad = input.requires_grad and torch.is_grad_enabled()
+    want_grad = records_graph(input)
     if torch.compiler.is_compiling():
         loss, _, _ = _ce_fwd_op(
             input, target, ignore_index, float(label_smoothing), reduction, float(z_loss),

@@ -56,7 +56,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from hearth.kernels._common import (
     autograd_op, backward_route, capability, cdiv, check_same_device, check_same_dtype, check_tensor, interpret_mode,
-    num_sms, tma_scratch,
+    num_sms, records_graph, tma_scratch,
 )
 
 
@@ -553,7 +553,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"b has {b.shape[0]} rows but a has {a.shape[-1]} columns (K must match): a {tuple(a.shape)}, b {tuple(b.shape)}")
     flat = a.dim() == 2  # no reshape views (autograd nodes of host time each way) around a 2-D call
     a2 = a if flat else a.reshape(-1, a.shape[-1])
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+    if torch.compiler.is_compiling() or records_graph(a, b):
         out = _matmul_diff(a2, b)
     else:  # no graph to record: skip the autograd.Function too
         out = _matmul(a2, b)

@@ -40,7 +40,7 @@ import triton.language as tl
 from hearth.kernels import _common
 from hearth.kernels._common import (
     FLOAT_DTYPES, autograd_op, backward_route, check_same_device, check_same_dtype, check_tensor, next_power_of_2,
-    pick_config,
+    pick_config, records_graph,
 )
 
 # Cap on the [BLOCK_H, BLOCK_HALF] register tile per tensor; heads beyond it are looped over.
@@ -651,7 +651,7 @@ def rope(
         _check(q, k, cos, sin)
         plan = _plan(q, k, cos, sin, sig)
         plan.checked = True
-    graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    graph = records_graph(q, k)
     if not inplace:
         if graph:
             return _RopeEagerFunction.apply(q, k, cos, sin, plan)

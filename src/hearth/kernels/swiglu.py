@@ -309,9 +309,7 @@ def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0) -> int:
     size = max(1, min(total, size))
     if hidden > 0 and sms > 0 and MLP_MIN_WAVES > 0:
         need = -(-MLP_MIN_WAVES * sms * WAVE_TILE // hidden)
-        if need > size:
-            if need >= total:
-                return total
+        if need > size:  # cut_evenly never returns more than total
             size = cut_evenly(total, need)
     return size
 
