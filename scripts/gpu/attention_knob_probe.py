@@ -20,6 +20,12 @@ differ by a few percent on the GPU). Each timed row also carries extra_mib and a
 allocates beyond what was allocated before it (gradients reset to None), and that minus the gradients it returns
 (the harness's "act"). One JSON object per line; settings past the
 budget are skipped and say so. A probe of knobs, not a benchmark: the suite's figures come from hearth bench.
+
+--varlen: each case "LABEL:S,Hq,Hk,L,D,causal" is S sequences of L tokens packed into one row and run through
+hearth.kernels.attention_varlen (cu_seqlens 0, L, 2L, ...), the same work as a dense batch of S: the cuDNN row is
+SDPA over that dense [S, H, L, D] batch, and the pseudo-knob DENSE=1 runs hearth's dense attention on it (its
+gradients compared in the packed layout). Which kernels serve packed rows of a given length, and what packing
+costs against the dense path, without the harness.
 """
 
 from __future__ import annotations
@@ -109,6 +115,13 @@ def _extra_mib(q, k, v, do, fn, fwd_only: bool = False) -> tuple[float, float]:
     return extra, extra - grads
 
 
+def _packed(t: torch.Tensor) -> torch.Tensor:
+    """A dense [B, H, T, D] tensor (or its gradient) as packed rows [B * T, H, D], detached: sequence b's tokens at
+    rows b * T ... (b + 1) * T - 1."""
+    B, H, T, D = t.shape
+    return t.detach().transpose(1, 2).reshape(B * T, H, D).contiguous()
+
+
 def _apply_pp_config(ag, head_dim: int, value: str | None, saved: tuple) -> None:
     """The PP_CONFIG pseudo-knob: attention_gluon.PP_CONFIGS[head_dim] = BMxBNxSTAGES, or the saved entry."""
     ag.PP_CONFIGS[head_dim] = tuple(int(x) for x in value.split("x")) if value else saved
@@ -131,11 +144,14 @@ def main() -> None:
     ap.add_argument("--settings", default=None,
                     help='"NAME=VAR=VALUE,VAR=VALUE;..." (NAME= alone: no knob set; the first is the reference)')
     ap.add_argument("--pass", dest="which", choices=("fwd", "full"), default="full")
+    ap.add_argument("--varlen", action="store_true",
+                    help="cases are S sequences of L tokens packed (attention_varlen); DENSE=1 runs the dense batch")
     args = ap.parse_args()
     fwd_only = args.which == "fwd"
     cases = _parse_cases(args.cases) if args.cases else CASES
     settings = _parse_settings(args.settings) if args.settings else SETTINGS
-    knobs = sorted({k for _, env in settings for k in env if k != "PP_CONFIG"})
+    pseudo = ("PP_CONFIG", "DENSE")  # applied by this probe, not environment variables
+    knobs = sorted({k for _, env in settings for k in env if k not in pseudo})
     attention = importlib.import_module("hearth.kernels.attention")  # the module (the package's name is a function)
 
     start = time.monotonic()
@@ -155,6 +171,12 @@ def main() -> None:
             emit(dict(case=label, setting="cudnn", which=args.which, ms=ms, tflops=flops / ms / 1e9,
                       extra_mib=round(extra, 1), act_mib=round(act, 1)))
             ours = (lambda a, b, c: attention.attention(a, b, c, causal=causal))
+            dense = (q, k, v, do)
+            if args.varlen:  # the same batch packed: S = B sequences of L = T tokens, [S * L, H, D] leaves
+                varlen = importlib.import_module("hearth.kernels.attention_varlen")
+                cu = torch.arange(0, (B + 1) * T, T, device="cuda", dtype=torch.int32)
+                q, k, v, do = (_packed(t).requires_grad_(t.requires_grad) for t in (q, k, v, do))
+                ours = (lambda a, b, c: varlen.attention_varlen(a, b, c, cu, cu, T, T, causal=causal))
             ref = None
             for name, env in settings:
                 if time.monotonic() - start > args.budget_s:
@@ -162,19 +184,21 @@ def main() -> None:
                     continue
                 for key in knobs:
                     os.environ.pop(key, None)
-                os.environ.update({k: val for k, val in env.items() if k != "PP_CONFIG"})
+                os.environ.update({k: val for k, val in env.items() if k not in pseudo})
                 if saved_pp is not None:
                     _apply_pp_config(ag, D, env.get("PP_CONFIG"), saved_pp)
+                run = (*dense, (lambda a, b, c: attention.attention(a, b, c, causal=causal))) \
+                    if args.varlen and env.get("DENSE") == "1" else (q, k, v, do, ours)
                 try:
-                    grads = [x.float() for x in _step(q, k, v, do, ours, fwd_only)]
+                    grads = [(_packed(x) if run[0] is not q else x).float() for x in _step(*run, fwd_only)]
                     if ref is None:
                         ref = grads
                     err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref))
                     if err > 2e-2:
                         emit(dict(case=label, setting=name, status="mismatch", rel_err=err))
                         continue
-                    ms = _gpu_ms(q, k, v, do, ours, fwd_only)
-                    extra, act = _extra_mib(q, k, v, do, ours, fwd_only)
+                    ms = _gpu_ms(*run, fwd_only)
+                    extra, act = _extra_mib(*run, fwd_only)
                     emit(dict(case=label, setting=name, which=args.which, env=env, ms=ms, tflops=flops / ms / 1e9, rel_err=err,
                               extra_mib=round(extra, 1), act_mib=round(act, 1), status="ok"))
                 except Exception as e:  # a knob outside the kernel's forms: report it, go on
@@ -183,7 +207,7 @@ def main() -> None:
                 os.environ.pop(key, None)
             if saved_pp is not None:
                 _apply_pp_config(ag, D, None, saved_pp)
-            q = k = v = do = ref = None  # free this case's tensors before the next one's
+            q = k = v = do = ref = dense = run = None  # free this case's tensors before the next one's
             torch.cuda.empty_cache()
 
 
