@@ -187,10 +187,11 @@ def main() -> None:
                 os.environ.update({k: val for k, val in env.items() if k not in pseudo})
                 if saved_pp is not None:
                     _apply_pp_config(ag, D, env.get("PP_CONFIG"), saved_pp)
-                run = (*dense, (lambda a, b, c: attention.attention(a, b, c, causal=causal))) \
-                    if args.varlen and env.get("DENSE") == "1" else (q, k, v, do, ours)
+                on_dense = args.varlen and env.get("DENSE") == "1"  # the packed case's batch, unpacked
+                run = (*dense, (lambda a, b, c: attention.attention(a, b, c, causal=causal))) if on_dense \
+                    else (q, k, v, do, ours)
                 try:
-                    grads = [(_packed(x) if run[0] is not q else x).float() for x in _step(*run, fwd_only)]
+                    grads = [(_packed(x) if on_dense else x).float() for x in _step(*run, fwd_only)]
                     if ref is None:
                         ref = grads
                     err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref))
