@@ -128,6 +128,7 @@ def test_the_whole_app_in_a_browser(tmp_path, browser_page):
 
             # the account page: the export downloads the user's data, decrypted
             page.click("#account-link")
+            page.wait_for_selector("#export")  # the account page has loaded (measured mid-navigation, no document)
             _no_sideways_scroll(page)
             with page.expect_download() as download:
                 page.click("#export")
