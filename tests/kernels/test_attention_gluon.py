@@ -17,6 +17,7 @@ timeout: a wrong barrier schedule hangs the GPU, and a hang must fail that test,
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import math
@@ -632,6 +633,24 @@ def test_gpu_default_runs_ping_pong_for_d128(monkeypatch):
 
 _BWD_PARTS = {"dkdv": ("HEARTH_ATTN_GLUON_BWD", "backward_dkdv"), "dq": ("HEARTH_ATTN_GLUON_BWD_DQ", "backward_dq"),
               "fused": ("HEARTH_ATTN_GLUON_BWD_FUSED", "backward_fused")}
+
+
+def test_short_packed_gqa_rows_take_the_triton_backward():
+    """backward_kernel's packed rule: causal grouped-query packed rows at head_dim 128 whose longest sequence is at
+    most FUSED_VARLEN_SHORT_MAX tokens take the Triton backward (measured faster there); longer ones, MHA,
+    non-causal, head_dim 64 and dense calls keep the fused kernel, and HEARTH_ATTN_GLUON_BWD_FUSED=1 keeps it for
+    all."""
+    short = attn.FUSED_VARLEN_SHORT_MAX
+    pick = functools.partial(attn.backward_kernel, (9, 0), torch.bfloat16, part="fused")
+    assert pick(128, True, env={}, packed_max_len=short, group=4) == "triton"
+    assert pick(128, True, env={}, packed_max_len=1, group=5) == "triton"
+    assert pick(128, True, env={}, packed_max_len=short + 1, group=4) == "gluon"
+    assert pick(128, True, env={}, packed_max_len=short, group=1) == "gluon"  # MHA
+    assert pick(128, False, env={}, packed_max_len=short, group=4) == "gluon"  # non-causal
+    assert pick(64, True, env={}, packed_max_len=short, group=4) == "gluon"
+    assert pick(128, True, env={}, group=4) == "gluon"  # dense: no packed length
+    assert pick(128, True, env={"HEARTH_ATTN_GLUON_BWD_FUSED": "1"}, packed_max_len=256, group=4) == "gluon"
+    assert pick(128, True, env={"HEARTH_ATTN_GLUON_BWD_FUSED": "0"}, packed_max_len=4096, group=4) == "triton"
 
 
 @pytest.mark.parametrize("d", [64, 128])

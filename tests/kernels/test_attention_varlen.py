@@ -425,6 +425,29 @@ def test_triton_forward_takes_the_packed_rule_on_hopper_at_head_dim_64(monkeypat
         assert seen == [want], (cap, D, causal)
 
 
+def test_packed_backward_asks_the_kernel_pick_with_its_longest_sequence_and_group(monkeypatch):
+    """_varlen_backward hands attention.backward_kernel the packed rows' max_seqlen_k and the GQA group, so its
+    short-packed-rows rule (Triton backward for causal GQA head_dim 128 up to FUSED_VARLEN_SHORT_MAX tokens)
+    applies; the pick is recorded and the Triton backward's launches stubbed (no GPU here)."""
+    at = importlib.import_module("hearth.kernels.attention")
+    av = importlib.import_module("hearth.kernels.attention_varlen")
+    asked = []
+
+    def pick(*args, **kw):
+        asked.append((args, kw))
+        return "triton"
+
+    monkeypatch.setattr(at, "backward_kernel", pick)
+    monkeypatch.setattr(at, "_launch", lambda *a, **kw: None)
+    monkeypatch.setattr(at, "_bwd_preprocess", lambda *a, **kw: None)
+    q, k, v, do, cu_q, cu_k = _make([5, 3], [5, 3], 8, 2, 64, torch.bfloat16, device="cpu")
+    av._varlen_backward(do, q, k, v, q, torch.zeros(8, 8), cu_q, cu_k, 5, 7, True, 1.0)
+    assert len(asked) == 1
+    args, kw = asked[0]
+    assert args[1:] == (torch.bfloat16, 64, True)
+    assert kw == {"part": "fused", "packed_max_len": 7, "group": 4}
+
+
 # ---------------------------------------------------------------- the Gluon kernels on packed rows (Hopper)
 def test_gluon_route_follows_the_dense_pick_and_tma():
     """attention_varlen takes the Gluon forward / fused backward only where attention.forward_kernel /

@@ -990,8 +990,19 @@ def _gluon_serving(choice: str, *tensors: torch.Tensor):
 _BWD_ENV = {"dkdv": "HEARTH_ATTN_GLUON_BWD", "dq": "HEARTH_ATTN_GLUON_BWD_DQ", "fused": "HEARTH_ATTN_GLUON_BWD_FUSED"}
 
 
+# Packed (varlen) causal grouped-query attention at head_dim 128 whose longest sequence is at most this many tokens
+# takes the Triton backward, not the fused one: on an H100 (2026-12-06, BENCHMARKS.md's thirty-seventh run, fwd+bwd
+# through attention_varlen, sequences of equal length) the Triton backward was 6.5-8% faster at 256 and 512 tokens
+# (32/8 and 40/8 heads), 2.6-4% at 683 and 768 (40/8), level at 1024 (32/8: 0.6%), and the fused one 18% faster at
+# 2048. Short sequences give the fused kernel's two extra passes (the dQ buffer's clearing and its conversion) a
+# larger share. MHA (5% the Triton way at 256, 7% the fused way at 512) and non-causal (14% the fused way at 512)
+# keep the fused kernel.
+FUSED_VARLEN_SHORT_MAX = 768
+
+
 def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, causal: bool,
-                    *, part: str = "dkdv", env: dict | None = None) -> str:
+                    *, part: str = "dkdv", env: dict | None = None, packed_max_len: int | None = None,
+                    group: int = 1) -> str:
     """THE place that picks a backward kernel, per part ("dkdv", "dq" or "fused"): "gluon" (attention_gluon.py's
     wgmma + TMA kernels, Hopper, bf16/fp16, head_dim 64/128) or "triton" (the kernels above, which serve
     everything). "fused": dK, dV and dQ in one warp-specialised kernel (attention_gluon.backward_fused), which
@@ -1000,14 +1011,21 @@ def backward_kernel(capability: tuple[int, int] | None, dtype: torch.dtype, head
     does torch.use_deterministic_algorithms(True): its dQ is summed by fp32 adds in whatever order the programs
     reach them, so two runs may differ in the last bits (the Triton kernels give the same bits every run). The
     split Gluon kernels are opt-in, each by its env var (HEARTH_ATTN_GLUON_BWD=1 for dK / dV,
-    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way."""
+    HEARTH_ATTN_GLUON_BWD_DQ=1 for dQ): the H200 measured them within 3% of the Triton kernels, either way.
+    packed_max_len (attention_varlen: its max_seqlen_k) and group (query heads a K/V head): causal packed rows under
+    grouped-query attention at head_dim 128 whose sequences are at most FUSED_VARLEN_SHORT_MAX tokens take the
+    Triton backward (faster there); HEARTH_ATTN_GLUON_BWD_FUSED=1 keeps the fused one for them too."""
     if part not in _BWD_ENV:
         raise ValueError(f"part must be 'dkdv', 'dq' or 'fused', got {part!r}")
     env = os.environ if env is None else env
     if capability is None or capability[0] != 9:
         return "triton"
     if part == "fused":
-        if env.get(_BWD_ENV[part]) == "0" or torch.are_deterministic_algorithms_enabled():
+        flag = env.get(_BWD_ENV[part])
+        if flag == "0" or torch.are_deterministic_algorithms_enabled():
+            return "triton"
+        if (flag != "1" and packed_max_len is not None and causal and group > 1 and head_dim == 128
+                and packed_max_len <= FUSED_VARLEN_SHORT_MAX):
             return "triton"
     elif env.get(_BWD_ENV[part], "0") != "1":
         return "triton"

@@ -208,7 +208,8 @@ def _varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, 
     delta = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
     dk = torch.empty((total_k, Hk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((total_k, Hk, D), dtype=v.dtype, device=v.device)
-    choice = _attn.backward_kernel(_attn.device_capability(q.device), q.dtype, D, causal, part="fused")
+    choice = _attn.backward_kernel(_attn.device_capability(q.device), q.dtype, D, causal, part="fused",
+                                   packed_max_len=max_k, group=Hq // Hk)
     gluon = _gluon(choice, ("gluon",), q, k, v, do)
     with _attn._on_device(q.device):
         if gluon is not None:  # delta there, in the launch that clears its dQ buffer
