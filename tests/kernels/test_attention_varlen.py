@@ -448,6 +448,126 @@ def test_packed_backward_asks_the_kernel_pick_with_its_longest_sequence_and_grou
     assert kw == {"part": "fused", "packed_max_len": 7, "group": 4}
 
 
+# ---------------------------------------------------------------- the persistent packed forward's schedule
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_pps_schedule_lists_every_tile_once_balanced(causal):
+    """varlen_pps_schedule: every query block that starts inside its sequence, for every head, exactly once (a
+    sequence without keys too, none for one without queries), codes that decode to (sequence, block, head), and
+    longest-processing-time balance: no program's cost exceeds the lightest program's by more than one tile."""
+    from hearth.kernels import attention_gluon as ag
+
+    lens_q = [300, 0, 65, 1300, 5, 129, 1]
+    lens_k = [300, 90, 0, 1301, 64, 200, 1] if not causal else [300, 0, 65, 1300, 5, 129, 1]
+    bm, bn, h_q, programs = 64, 128, 3, 7
+    per, n_m = ag.varlen_pps_schedule(lens_q, lens_k, h_q, causal, programs, bm, bn)
+    assert n_m == -(-max(lens_q) // (2 * bm)) and len(per) == programs
+    codes = [c for tiles in per for c in tiles]
+    want = {(sq, m, h) for sq, n in enumerate(lens_q) for m in range(-(-n // (2 * bm))) for h in range(h_q)}
+    got = [(c // h_q // n_m, c // h_q % n_m, c % h_q) for c in codes]
+    assert len(got) == len(set(got)) and set(got) == want
+
+    def cost(c):
+        sq, m = c // h_q // n_m, c // h_q % n_m
+        return ag.pps_tile_turns(m, lens_q[sq], lens_k[sq], causal, bm, bn) + ag.PPS_TILE_COST
+
+    loads = [sum(cost(c) for c in tiles) for tiles in per]
+    assert max(loads) - min(loads) <= max(cost(c) for c in codes), loads
+    for tiles in per:  # each program runs its tiles heaviest first
+        assert [cost(c) for c in tiles] == sorted((cost(c) for c in tiles), reverse=True)
+
+
+def test_varlen_pps_schedule_edges():
+    """Fewer tiles than programs: one program a tile; no query anywhere: no program; a code past int32 and
+    mismatched lengths are refused, naming what is wrong."""
+    from hearth.kernels import attention_gluon as ag
+
+    per, n_m = ag.varlen_pps_schedule([10, 3], [10, 3], 2, True, 132, 64, 128)
+    assert sorted(len(t) for t in per) == [1, 1, 1, 1] and n_m == 1
+    assert ag.varlen_pps_schedule([0, 0], [4, 4], 2, False, 8, 64, 128)[0] == []
+    with pytest.raises(ValueError, match="int32"):
+        ag.varlen_pps_schedule([2**24] + [1] * 1000, [2**24] + [1] * 1000, 32, True, 132, 64, 128)  # checked first
+    with pytest.raises(ValueError, match="lens_q and lens_k"):
+        ag.varlen_pps_schedule([1, 2], [1], 2, True, 8, 64, 128)
+    with pytest.raises(ValueError, match="programs"):
+        ag.varlen_pps_schedule([1], [1], 2, True, 0, 64, 128)
+
+
+def test_offsets_check_keeps_the_lengths_on_the_host():
+    """The forward's offsets check keeps each sequence's query and key counts as host ints beside its entry
+    (_host_lengths), for the persistent schedule; an in-place change of the offsets makes them unknown again."""
+    av = importlib.import_module("hearth.kernels.attention_varlen")
+    cu_q = torch.tensor([0, 5, 5, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 6, 9], dtype=torch.int32)
+    av._check_offsets(cu_q, cu_k, 8, 9, 5, 4, False)
+    assert av._host_lengths(cu_q, cu_k) == ((5, 0, 3), (4, 2, 3))
+    assert av._host_lengths(cu_q, cu_q) is None  # another key tensor
+    cu_q[1] = 4
+    assert av._host_lengths(cu_q, cu_k) is None
+
+
+def test_packed_forward_goes_persistent_by_the_dense_rule(monkeypatch):
+    """_varlen_forward asks attention.forward_kernel with the longest sequence as seq_len (THE rule: persistent up to
+    PERSIST_MAX_T) and hands the Gluon forward the host lengths only when the pick is the persistent one
+    (HEARTH_ATTN_GLUON_PERSIST=0: per tile). The Gluon call is recorded, not run (no GPU here)."""
+    at = importlib.import_module("hearth.kernels.attention")
+    av = importlib.import_module("hearth.kernels.attention_varlen")
+    seen = []
+
+    class Fake:
+        @staticmethod
+        def forward_varlen(*a, lengths=None, **kw):
+            seen.append(lengths)
+            return None, None
+
+    monkeypatch.setattr(at, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(av, "_gluon", lambda choice, serving, *t: Fake if choice in serving else None)
+    q, k, v, _, cu_q, cu_k = _make([5, 3], [5, 3], 4, 2, 128, torch.bfloat16, device="cpu")
+    av._varlen_forward(q, k, v, cu_q, cu_k, 5, 5, True, 1.0)
+    assert seen == [((5, 3), (5, 3))]
+    monkeypatch.setenv("HEARTH_ATTN_GLUON_PERSIST", "0")
+    av._varlen_forward(q, k, v, cu_q, cu_k, 5, 5, True, 1.0)
+    assert seen == [((5, 3), (5, 3)), None]
+    monkeypatch.delenv("HEARTH_ATTN_GLUON_PERSIST")
+    longest = at.PERSIST_MAX_T[False] + 1  # past the non-causal bound: per tile
+    q, k, v, _, cu_q, cu_k = _make([longest], [longest], 4, 2, 128, torch.bfloat16, device="cpu")
+    av._varlen_forward(q, k, v, cu_q, cu_k, longest, longest, False, 1.0)
+    assert seen[-1] is None
+
+
+@gpu_only
+@pytest.mark.parametrize("sms", [None, 3], ids=["all-sms", "3-programs"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_persistent_packed_forward_same_as_per_tile(D, causal, sms, monkeypatch):
+    """The persistent packed forward computes each tile as the per-tile one does (same blocks in the same order,
+    the same block functions), so out and lse match it to the last bit or so (held to one bf16 ulp and 1e-6 for
+    lse, in case the two builds schedule an fp32 operation differently), with and without the logsumexp, on the
+    whole GPU and on 3 programs (each walks dozens of tiles): ragged sequences, non-causal ones without queries and
+    without keys (zeros and lse -inf), tiles that end past their sequence, 1-token sequences. Then the whole
+    call against the fp64 reference under THE rule, persistent by default."""
+    from hearth.kernels import attention_gluon as ag
+
+    if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
+        pytest.skip("the Gluon kernels serve Hopper only")
+    if sms:
+        monkeypatch.setattr(ag, "num_sms", lambda device: sms)
+    lens_q = [700, 0, 65, 1300, 5, 129, 1, 256] if not causal else [700, 65, 1300, 5, 129, 1, 256]
+    lens_k = [300, 90, 0, 1301, 64, 200, 1, 256] if not causal else lens_q
+    q, k, v, do, cu_q, cu_k = _make(lens_q, lens_k, 8, 2, D, torch.bfloat16, seed=5, device="cuda")
+    for store_lse in (True, False):
+        tile = ag.forward_varlen(q, k, v, cu_q, cu_k, max(lens_q), causal, D ** -0.5, store_lse)
+        pers = ag.forward_varlen(q, k, v, cu_q, cu_k, max(lens_q), causal, D ** -0.5, store_lse,
+                                 lengths=(tuple(lens_q), tuple(lens_k)))
+        torch.testing.assert_close(pers[0].float(), tile[0].float(), atol=1e-6, rtol=2 ** -7)
+        if store_lse:
+            finite = torch.isfinite(tile[1])
+            assert torch.equal(finite, torch.isfinite(pers[1])) and torch.equal(tile[1][~finite], pers[1][~finite])
+            torch.testing.assert_close(pers[1][finite], tile[1][finite], atol=1e-6, rtol=1e-6)
+        else:
+            assert pers[1] is None
+    _rule_per_sequence(q, k, v, do, lens_q, lens_k, causal)
+
+
 # ---------------------------------------------------------------- the Gluon kernels on packed rows (Hopper)
 def test_gluon_route_follows_the_dense_pick_and_tma():
     """attention_varlen takes the Gluon forward / fused backward only where attention.forward_kernel /
@@ -478,12 +598,12 @@ def add(label, k, tma, store_lse):
                     dq_tma=tma, store_lse=store_lse, st_global=len(re.findall(r"\bst\.global", k.asm["ptx"]))))
 for order in (1, 0):
     for tma, pad in ((True, 0), (True, 64), (False, 0)):
-        variants = ("pp", "bwd_fused") if order == 1 and tma and not pad else ("bwd_fused",)
+        variants = ("pp", "pps", "bwd_fused") if order == 1 and tma and not pad else ("bwd_fused",)
         for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order,
                                            fb_dq_tma=tma, fb_dq_pad=pad):
             add(label, k, tma, True)
 # the packed forward without the logsumexp store (attention_varlen with no gradient to compute)
-for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp",), varlen=True, store_lse=False):
+for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp", "pps"), varlen=True, store_lse=False):
     add(label, k, True, False)
 print(json.dumps(out))
 """
@@ -496,7 +616,7 @@ def varlen_builds():
 
 
 def test_gluon_varlen_kernels_build_for_sm90(varlen_builds):
-    """The packed forms of the ping-pong forward and the fused backward (both grid orders; dQ^T added by TMA
+    """The packed forms of the ping-pong forward (per tile and persistent) and the fused backward (both grid orders; dQ^T added by TMA
     reduce-adds at the packed rows' columns or at columns placed apart per sequence, backward_fused_varlen's
     aligned and DQ_PAD, or by fp32 atomics) build for the H200: wgmma, TMA, within 227 KiB
     of shared memory. Spills: none at head_dim 64 or in the forward; at D 128 the fused backward spills at most 16
@@ -504,7 +624,8 @@ def test_gluon_varlen_kernels_build_for_sm90(varlen_builds):
     kernel arguments; the dense build, tests/kernels/test_attention_gluon.py, spills none) and at most 96 in the
     atomics form (per-element addresses)."""
     reports = [r for r in varlen_builds if r["store_lse"]]
-    assert len(reports) == 4 + 3 * 4 + 3 * 4, [r["label"] for r in reports]
+    assert len(reports) == 2 * 4 + 3 * 4 + 3 * 4, [r["label"] for r in reports]
+    assert sum("fwd[pps]" in r["label"] for r in reports) == 4, [r["label"] for r in reports]
     for r in reports:
         assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r
         limit = (16 if r["dq_tma"] else 96) if ("bwd[fused]" in r["label"] and " d128 " in r["label"]) else 0
@@ -512,12 +633,13 @@ def test_gluon_varlen_kernels_build_for_sm90(varlen_builds):
 
 
 def test_gluon_varlen_inference_forward_builds_for_sm90(varlen_builds):
-    """The packed ping-pong forward without the logsumexp store (what attention_varlen runs on Hopper when no
-    backward will run) builds for sm_90 at every head_dim and causal setting, with wgmma and TMA, no spills, and
-    fewer global stores than the training build (only the ragged last tile's O rows go out through pointers)."""
+    """The packed ping-pong forward (per tile and persistent) without the logsumexp store (what attention_varlen
+    runs on Hopper when no backward will run) builds for sm_90 at every head_dim and causal setting, with wgmma and
+    TMA, no spills, and fewer global stores than the training build (only the ragged last tile's O rows, and a
+    sequence without keys, go out through pointers)."""
     train = {r["label"]: r for r in varlen_builds if r["store_lse"] and r["label"].startswith("attention_gluon fwd")}
     infer = [r for r in varlen_builds if not r["store_lse"]]
-    assert len(infer) == len(train) == 4, [r["label"] for r in varlen_builds]
+    assert len(infer) == len(train) == 8, [r["label"] for r in varlen_builds]
     for r in infer:
         assert "no-lse" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["spill"] == 0, r
         twin = train[r["label"].replace(" no-lse", "")]

@@ -235,6 +235,56 @@ def _pps_schedule_tensor(bh: int, n_m: int, section: int, causal: bool, programs
     return table.t().contiguous().to(device)
 
 
+def varlen_pps_schedule(lens_q, lens_k, h_q: int, causal: bool, programs: int, block_m: int, block_n: int,
+                        tile_cost: float = PPS_TILE_COST) -> tuple[list[list[int]], int]:
+    """The persistent forward's schedule over packed sequences (lens_q / lens_k: each sequence's query / key count,
+    host ints): (each program's tile codes in run order, N_M). A tile is query block start_m (2 * block_m rows)
+    of sequence s and query head h, code (s * N_M + start_m) * h_q + h with N_M = cdiv(max(lens_q), 2 * block_m);
+    only the blocks that start inside their sequence are listed (a sequence without keys still lists its query
+    blocks: the kernel stores their zeros). Longest-processing-time first: tiles by cost (the key blocks they stream
+    plus tile_cost, as pps_schedule counts) from the heaviest, each to the program whose tiles so far cost least
+    (ties to the lowest program; equal costs keep sequence, block, head order). programs: at most this many
+    (fewer when there are fewer tiles); ValueError when a code would not fit int32."""
+    import heapq
+
+    if len(lens_q) != len(lens_k):
+        raise ValueError(f"lens_q and lens_k must have one length per sequence, got {len(lens_q)} and {len(lens_k)}")
+    if programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    rows = 2 * block_m
+    n_m = max(1, cdiv(max(lens_q, default=0), rows))
+    if len(lens_q) * n_m * h_q >= 2**31:
+        raise ValueError(f"{len(lens_q)} sequences x {n_m} query blocks x {h_q} heads do not fit int32 tile codes")
+    blocks = []  # (cost, first code) per (sequence, query block); its h_q heads follow
+    for s, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        for m in range(cdiv(nq, rows)):
+            blocks.append((pps_tile_turns(m, nq, nk, causal, block_m, block_n) + tile_cost, (s * n_m + m) * h_q))
+    blocks.sort(key=lambda b: -b[0])  # stable: equal costs keep their order
+    n_tiles = len(blocks) * h_q
+    per = [[] for _ in range(min(programs, n_tiles))]
+    heap = [(0.0, p) for p in range(len(per))]
+    for cost, first in blocks:
+        for h in range(h_q):
+            load, p = heapq.heappop(heap)
+            per[p].append(first + h)
+            heapq.heappush(heap, (load + cost, p))
+    return per, n_m
+
+
+@functools.lru_cache(maxsize=64)
+def _varlen_pps_schedule_tensor(lens_q: tuple, lens_k: tuple, h_q: int, causal: bool, programs: int, block_m: int,
+                                block_n: int, tile_cost: float, device: torch.device):
+    """varlen_pps_schedule as the kernel reads it, (int32 [1 + most tiles a program runs, programs] with -1 past
+    each program's tiles, N_M, programs), or None where there is no tile (no query in the pack). Built once per
+    pack (the layers of one packed forward share it)."""
+    per, n_m = varlen_pps_schedule(lens_q, lens_k, h_q, causal, programs, block_m, block_n, tile_cost)
+    if not per:
+        return None
+    rows = 1 + max(len(tiles) for tiles in per)
+    table = torch.tensor([tiles + [-1] * (rows - len(tiles)) for tiles in per], dtype=torch.int32)
+    return table.t().contiguous().to(device), n_m, len(per)
+
+
 CONSUMER_REGS = 240
 
 
@@ -762,6 +812,19 @@ def _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL: ttgl.constexpr):
 
 
 @gluon.jit
+def _pps_tile_varlen(code, N_M, H_Q, CuSeqQ, CuSeqK):
+    """(start_m, h, q0, k0, n_q, n_k) of a packed-rows persistent tile: code = (s * N_M + start_m) * H_Q + h
+    (varlen_pps_schedule's), sequence s's first query / key row and its lengths from the offsets."""
+    h = code % H_Q
+    rest = code // H_Q
+    start_m = rest % N_M
+    s = rest // N_M
+    q0 = ttgl.load(CuSeqQ + s)
+    k0 = ttgl.load(CuSeqK + s)
+    return start_m, h, q0, k0, ttgl.load(CuSeqQ + s + 1) - q0, ttgl.load(CuSeqK + s + 1) - k0
+
+
+@gluon.jit
 def _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                     BLOCK_N: ttgl.constexpr):
     """Turns (= ring positions) of persistent tile start_m: the larger key-block count of its two query tiles
@@ -800,7 +863,8 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
                   qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
                   WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
-                  s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr):
+                  s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr,
+                  CuSeqQ, CuSeqK, Out, stride_ot, stride_oh, VARLEN: ttgl.constexpr):
     """Consumer warpgroup WG of the persistent ping-pong forward: for each of this program's tiles, query tile
     2 * start_m + WG of head (b, h), as _pp_consumer does for one tile, with three differences that keep every
     mbarrier's phase exact across tiles:
@@ -816,7 +880,12 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
       - the empty turns come before the epilogue, so one warpgroup's O store overlaps the other's last block,
         and its next tile's Q load and first QK^T overlap the other's epilogue;
       - Q is loaded every tile, also for a query tile wholly past the end (zero-filled, unused), so q_bar's
-        phase is the tile count."""
+        phase is the tile count.
+    VARLEN (packed sequences, forward_varlen's persistent form): each schedule entry is a tile code
+    (_pps_tile_varlen), N_CTX_Q the packed query count (lse's row length), and each tile works in its sequence's
+    own positions as _pp_consumer's VARLEN does: the Q box at the sequence's first row q0 + the tile's first
+    query, O through pointers (Out, stride_ot, stride_oh) where the tile runs past the sequence's end, and a tile
+    of a sequence without keys stores zeros and lse -inf. CuSeqQ / CuSeqK / Out are placeholders otherwise."""
     dtype: ttgl.constexpr = q_desc.dtype
     Q_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     my_turn = turn_bars.index(WG)
@@ -827,13 +896,23 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
     n = 0
     tile_id = _pps_tile_id(Sched, 0)
     while tile_id >= 0:  # the schedule ends each program's column with -1
-        start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
+        if VARLEN:  # the sequence's own lengths; the descriptors' batch index is 0
+            start_m, h, q0, k0, n_q, n_k = _pps_tile_varlen(tile_id, N_M, H_Q, CuSeqQ, CuSeqK)
+            b = start_m * 0
+            o_rows = Out + h.to(ttgl.int64) * stride_oh + q0.to(ttgl.int64) * stride_ot
+            lse_row = h.to(ttgl.int64) * N_CTX_Q + q0
+        else:
+            start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
+            q0 = 0
+            n_q = N_CTX_Q
+            n_k = N_CTX_K
+            lse_row = bh.to(ttgl.int64) * N_CTX_Q
         tile = 2 * start_m + WG
-        n_free, n_blocks = _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
-        n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
+        n_free, n_blocks = _pp_tile_blocks(tile, n_q, n_k, CAUSAL, BLOCK_M, BLOCK_N)
+        n_max = _pps_tile_turns(start_m, n_q, n_k, CAUSAL, BLOCK_M, BLOCK_N)
         # Q is loaded every tile, also one past the end (zero-filled, not used), so q_bar's phase is the tile count
         mbarrier.expect(q_bar, Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [b, h, tile * BLOCK_M, 0], q_bar, q_box)
+        tma.async_copy_global_to_shared(q_desc, [b, h, q0 + tile * BLOCK_M, 0], q_bar, q_box)
         mbarrier.wait(q_bar, n & 1)
         if n_blocks > 0:
             offs_m = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
@@ -845,7 +924,7 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
             s_tok = warpgroup_mma(q_smem, k_smem.index(r0 % NUM_STAGES).permute((1, 0)), zero_s, use_acc=False,
                                   is_async=True)
             mbarrier.arrive(their_turn, count=1)
-            m_i, l_i, p16 = _pp_first_block(s_tok, n_free, offs_m, qk_scale, N_CTX_K, dtype, BLOCK_N, CAUSAL,
+            m_i, l_i, p16 = _pp_first_block(s_tok, n_free, offs_m, qk_scale, n_k, dtype, BLOCK_N, CAUSAL,
                                             s_layout, p_layout)
 
             for j in range(1, n_blocks):
@@ -860,7 +939,7 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
                 o_tok = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
                 mbarrier.arrive(their_turn, count=1)
                 acc, p16, m_i, l_i = _pp_next_block(s_tok, o_tok, p16, m_i, l_i, j, n_free, offs_m, qk_scale,
-                                                    N_CTX_K, empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N,
+                                                    n_k, empty_bars.index(WG * NUM_STAGES + prev), dtype, BLOCK_N,
                                                     CAUSAL, s_layout, o_layout, p_layout)
 
             r = r0 + n_blocks - 1
@@ -870,11 +949,24 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, n_blocks, n_max, WG, NUM_STAGES)
             lse_base = Lse
             if STORE_LSE:
-                lse_base = Lse + bh.to(ttgl.int64) * N_CTX_Q
-            _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
-                         dtype, STORE_LSE, o_layout)
+                lse_base = Lse + lse_row
+            if VARLEN:
+                _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, n_q, q_smem, q_box, o_desc, b, h, q0 + tile * BLOCK_M,
+                             dtype, STORE_LSE, o_layout, q0, o_rows, stride_ot, VARLEN)
+            else:
+                _pp_epilogue(acc, m_i, l_i, lse_base, offs_m, N_CTX_Q, q_smem, q_box, o_desc, b, h, tile * BLOCK_M,
+                             dtype, STORE_LSE, o_layout)
         else:  # this warpgroup's query tile lies past the end: empty turns only
             _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, 0, n_max, WG, NUM_STAGES)
+            if VARLEN:
+                if tile * BLOCK_M < n_q:  # queries of a sequence without keys: out 0, lse -inf
+                    if STORE_LSE:
+                        offs_z = tile * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=ttgl.SliceLayout(1, s_layout))
+                        ttgl.store(Lse + lse_row + offs_z, ttgl.full([BLOCK_M], float("-inf"), ttgl.float32,
+                                                                     ttgl.SliceLayout(1, s_layout)),
+                                   mask=offs_z < n_q)
+                    _store_rows(ttgl.zeros([BLOCK_M, HEAD_DIM], dtype, o_layout), o_rows, tile * BLOCK_M, n_q,
+                                stride_ot, o_layout)
         r0 += n_max
         n += 1
         tile_id = _pps_tile_id(Sched, n)
@@ -883,23 +975,33 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
 @gluon.jit
 def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP, N_M,
                   Sched, SECTION, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
-                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr):
+                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr,
+                  CuSeqQ, CuSeqK, VARLEN: ttgl.constexpr):
     """The load warp of the persistent ping-pong forward: the n_max key blocks of each of the program's tiles,
     ring position r (counted across tiles) into slot r % NUM_STAGES once BOTH consumers released position
-    r - NUM_STAGES (each releases every position, read or not: _pps_consumer's empty turns)."""
+    r - NUM_STAGES (each releases every position, read or not: _pps_consumer's empty turns). VARLEN: tile codes,
+    key block j of a tile at its sequence's first key row k0 + j * BLOCK_N."""
     r = 0
     n = 0
     tile_id = _pps_tile_id(Sched, 0)
     while tile_id >= 0:  # the schedule ends each program's column with -1
-        start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
-        n_max = _pps_tile_turns(start_m, N_CTX_Q, N_CTX_K, CAUSAL, BLOCK_M, BLOCK_N)
+        if VARLEN:
+            start_m, h, q0, k0, n_q, n_k = _pps_tile_varlen(tile_id, N_M, H_Q, CuSeqQ, CuSeqK)
+            b = start_m * 0
+            hk = h // GROUP
+        else:
+            start_m, bh, b, h, hk = _pps_tile(tile_id, N_M, H_Q, GROUP, SECTION, CAUSAL)
+            k0 = 0
+            n_q = N_CTX_Q
+            n_k = N_CTX_K
+        n_max = _pps_tile_turns(start_m, n_q, n_k, CAUSAL, BLOCK_M, BLOCK_N)
         for j in range(n_max):
             slot = r % NUM_STAGES
             phase = ((r // NUM_STAGES) & 1) ^ 1
             mbarrier.wait(empty_bars.index(slot), phase, pred=r >= NUM_STAGES)
             mbarrier.wait(empty_bars.index(NUM_STAGES + slot), phase, pred=r >= NUM_STAGES)
             _load_kv_block(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, b, hk, j, slot, True, BLOCK_N, HEAD_DIM,
-                           TILE_BYTES)
+                           TILE_BYTES, k0)
             r += 1
         n += 1
         tile_id = _pps_tile_id(Sched, n)
@@ -946,12 +1048,19 @@ def _attn_fwd_gluon_pps_kernel(
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
     STORE_LSE: ttgl.constexpr = True,
+    CuSeqQ=None, CuSeqK=None, Out=None, stride_ot=0, stride_oh=0, VARLEN: ttgl.constexpr = False,
 ):
     """The persistent ping-pong forward: min(tiles, SMs) programs, each walking its tiles of the N_M * B * H_Q
     (N_M = cdiv(T_q, 2 * BLOCK_M) query blocks of two consumer tiles each) as the schedule Sched lists them
     (int32 [rows, grid], a column per program, -1 past its tiles; pps_schedule, _pps_schedule_tensor); barriers
     are set up once per program and their phases carried across tiles (_pps_consumer, _pps_producer). Descriptors
-    as _attn_fwd_gluon_pp_kernel's."""
+    as _attn_fwd_gluon_pp_kernel's.
+
+    VARLEN (forward_varlen's persistent form): packed sequences, the descriptors over [1, H, total, D] views of
+    [total, H, D], N_CTX_Q the packed query count, N_M the longest sequence's query blocks (cdiv(max_q, 2 *
+    BLOCK_M)), and Sched's entries tile codes (s * N_M + start_m) * H_Q + h (varlen_pps_schedule: only the tiles
+    that start inside their sequence), the offsets in CuSeqQ / CuSeqK and O also addressed through Out /
+    stride_ot / stride_oh, as _attn_fwd_gluon_pp_kernel's VARLEN."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
     s_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_N, HEAD_DIM)[0]
@@ -969,18 +1078,27 @@ def _attn_fwd_gluon_pps_kernel(
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [2 * NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn_bars = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
     _pp_init_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
+    if VARLEN:
+        cu_q = CuSeqQ
+        cu_k = CuSeqK
+        o_ptr = Out
+    else:  # unused placeholders (warp_specialize takes no None)
+        cu_q = Sched
+        cu_k = Sched
+        o_ptr = Sched
 
     ttgl.warp_specialize(
         [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
                           empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
                           0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                          p_layout)),
+                          p_layout, cu_q, cu_k, o_ptr, stride_ot, stride_oh, VARLEN)),
          (_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars, v_bars,
                           empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
                           1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
-                          p_layout)),
+                          p_layout, cu_q, cu_k, o_ptr, stride_ot, stride_oh, VARLEN)),
          (_pps_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP,
-                          N_M, Sched, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES))],
+                          N_M, Sched, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES,
+                          cu_q, cu_k, VARLEN))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_STAGES)
@@ -2108,19 +2226,35 @@ def varlen_serves(*tensors: torch.Tensor) -> bool:
     return tma_addressable(*packed_planes(*tensors))
 
 
-def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, store_lse: bool = True):
+def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, store_lse: bool = True,
+                   lengths: tuple | None = None):
     """The ping-pong forward over packed sequences (attention_varlen's contract): q [total_q, Hq, D], k / v
     [total_k, Hk, D], cu_q / cu_k int32 [n + 1] offsets the caller checked (and ``supported``,
     ``varlen_serves``) -> (out [total_q, Hq, D] contiguous, lse [Hq, total_q] fp32; a query whose sequence has no
     keys gets out 0 and lse -inf, as the Triton varlen forward). One program per 2 * BLOCK_M query rows of one
     (sequence, head): the grid covers max_q's query blocks, and a program past its sequence's end exits.
-    store_lse=False (no backward will run): lse is None, neither allocated nor written (STORE_LSE), as forward."""
+    store_lse=False (no backward will run): lse is None, neither allocated nor written (STORE_LSE), as forward.
+    lengths: (each sequence's query counts, key counts) as host ints (the offsets' differences, known to the caller
+    after its check): the persistent form instead, one program per SM walking varlen_pps_schedule's tiles."""
     total_q, Hq, D = q.shape
     total_k, Hk = k.shape[0], k.shape[1]
     n_seqs = cu_q.shape[0] - 1
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if store_lse else None
     block_m, descs, meta = _pp_launch(*packed_planes(q, k, v, out), causal)
+    if lengths is not None:
+        cost = float(os.environ.get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST))
+        plan = _varlen_pps_schedule_tensor(tuple(lengths[0]), tuple(lengths[1]), Hq, bool(causal), num_sms(q.device),
+                                           block_m, meta["BLOCK_N"], cost, q.device)
+        if plan is not None:  # else no query anywhere: nothing to write
+            sched, n_m, programs = plan
+            with on_device(q.device):
+                _attn_fwd_gluon_pps_kernel[(programs,)](
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k, n_m, sched, 1,
+                    STORE_LSE=store_lse, CuSeqQ=cu_q, CuSeqK=cu_k, Out=out, stride_ot=out.stride(0),
+                    stride_oh=out.stride(1), VARLEN=True, **meta,
+                )
+        return out, lse
     with on_device(q.device):
         _attn_fwd_gluon_pp_kernel[(cdiv(max_q, 2 * block_m), n_seqs * Hq)](
             *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k, STORE_LSE=store_lse,
@@ -2186,7 +2320,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     PP_CONFIGS / BWD_CONFIGS / BWD_DQ_CONFIGS; store_lse=False builds the inference forward (Lse a None constexpr, no
     LSE store). ones: integer arguments (e.g. "N_CTX_Q") built as a launch with the value 1 builds them: Triton makes
     such an int the constant 1 unless the kernel names it in do_not_specialize. varlen=True builds the packed-sequence
-    (VARLEN) forms of "pp" and "bwd_fused" (forward_varlen, backward_fused_varlen); fb_dq_pad, the fused backward's
+    (VARLEN) forms of "pp", "pps" and "bwd_fused" (forward_varlen per tile and persistent, backward_fused_varlen); fb_dq_pad, the fused backward's
     DQ_PAD (its ragged-offset placement of dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2289,7 +2423,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             if variant == "pps":
                 sig.update(N_M="i32", Sched="*i32", SECTION="i32")
-            elif varlen:
+            if varlen:
                 const["VARLEN"] = True
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32", Out=ptr, stride_ot="i32", stride_oh="i32")
                 name += " varlen"

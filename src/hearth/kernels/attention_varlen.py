@@ -89,13 +89,13 @@ def _check_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k
     """Validate both offset arrays after one device->host copy; ValueError naming the argument. A pair of
     offset tensors already validated against the same lengths, and not changed in place since (their version
     counters), is not copied again (_VALIDATED). The entry also keeps whether every query offset is a multiple of
-    DQ_TMA_ALIGN (_q_aligned)."""
+    DQ_TMA_ALIGN (_q_aligned) and the sequences' lengths as host ints (_host_lengths)."""
     state = _offsets_state(cu_q, cu_k, (total_q, total_k, max_q, max_k, causal))
     seen = _VALIDATED.get(id(cu_q))
     if seen is not None and seen[0]() is cu_q and seen[1]() is cu_k and seen[2] == state:
         return
-    aligned = _check_offsets_on_host(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
-    _VALIDATED[id(cu_q)] = (weakref.ref(cu_q), weakref.ref(cu_k), state, aligned)
+    aligned, lengths = _check_offsets_on_host(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
+    _VALIDATED[id(cu_q)] = (weakref.ref(cu_q), weakref.ref(cu_k), state, aligned, lengths)
     _VALIDATED.move_to_end(id(cu_q))
     while len(_VALIDATED) > _VALIDATED_MAX:
         _VALIDATED.popitem(last=False)
@@ -115,9 +115,19 @@ def _q_aligned(cu_q: torch.Tensor) -> bool:
     return seen is not None and seen[0]() is cu_q and seen[2][0] == cu_q._version and seen[3]
 
 
+def _host_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> tuple | None:
+    """(query lengths, key lengths) of the packed sequences as host ints, from the entry the forward's check left
+    for this pair of offset tensors (unchanged since); None when not known."""
+    seen = _VALIDATED.get(id(cu_q))
+    if seen is None or seen[0]() is not cu_q or seen[1]() is not cu_k or seen[2][:2] != (cu_q._version, cu_k._version):
+        return None
+    return seen[4]
+
+
 def _check_offsets_on_host(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
-                           max_q: int, max_k: int, causal: bool) -> bool:
-    """The checks of _check_offsets; returns whether every query offset is a multiple of DQ_TMA_ALIGN."""
+                           max_q: int, max_k: int, causal: bool) -> tuple[bool, tuple]:
+    """The checks of _check_offsets; returns (whether every query offset is a multiple of DQ_TMA_ALIGN, the
+    sequences' (query lengths, key lengths) as tuples of host ints)."""
     host = torch.cat((cu_q, cu_k)).cpu()  # the one device->host copy (a stream sync) of the call
     n1 = cu_q.shape[0]
     lengths = {}
@@ -144,7 +154,7 @@ def _check_offsets_on_host(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int,
             f"causal attention needs equal q and k lengths in every sequence (cu_seqlens_q and cu_seqlens_k; the mask "
             f"is aligned at each sequence's start), got sequence {i} with q {int(lengths['q'][i])} and k {int(lengths['k'][i])}"
         )
-    return bool((host[:n1] % DQ_TMA_ALIGN == 0).all())
+    return bool((host[:n1] % DQ_TMA_ALIGN == 0).all()), (tuple(lengths["q"].tolist()), tuple(lengths["k"].tolist()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,9 +193,11 @@ def _varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, s
     _check_offsets(cu_q, cu_k, total_q, total_k, max_q, max_k, causal)
     n_seqs = cu_q.shape[0] - 1
     cap = _attn.device_capability(q.device)
-    gluon = _gluon(_attn.forward_kernel(cap, q.dtype, D, causal), ("gluon_pp", "gluon_pps"), q, k, v)
+    choice = _attn.forward_kernel(cap, q.dtype, D, causal, seq_len=max_q)  # persistent up to PERSIST_MAX_T, as dense
+    gluon = _gluon(choice, ("gluon_pp", "gluon_pps"), q, k, v)
     if gluon is not None:
-        return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale, store_lse)
+        lengths = _host_lengths(cu_q, cu_k) if choice == "gluon_pps" else None
+        return gluon.forward_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale, store_lse, lengths=lengths)
     out = torch.empty((total_q, Hq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if store_lse else None
     q4, k4, v4, o4 = packed_planes(q, k, v, out)
