@@ -53,8 +53,30 @@ def test_fp32_weight_with_bf16_input():
     check_fwd_bwd(x, w, torch.bfloat16)
 
 
+def test_rows_step_and_the_persistent_grid_balance(monkeypatch):
+    rn = importlib.import_module("hearth.kernels.rms_norm")  # the package attribute is the function
+    # rows_step: 2^j or 3 * 2^j, the smallest at least k
+    allowed = sorted({2**j for j in range(20)} | {3 * 2**j for j in range(19)})
+    for k in range(1, 5000):
+        want = next(a for a in allowed if a >= k)
+        assert rn.rows_step(k) == want, k
+        assert want < 1.5 * k or k <= 2, k
+    # 132 SMs (an H100 / H200): the grid never exceeds programs_per_sm x SMs, the rows per program are
+    # within half again of the even share, and every row is covered once
+    monkeypatch.setattr(rn, "num_sms", lambda device: 132)
+    for m in (1, 131, 133, 4096, 12289, 16384, 65536, 131072, 100003):
+        for pps in (1, 2, 4):
+            grid, rows = rn.persistent_grid(m, "cpu", pps)
+            target = min(m, pps * 132)
+            assert grid <= target and (grid - 1) * rows < m <= grid * rows, (m, pps, grid, rows)
+            assert rows < 1.5 * rn.cdiv(m, target) or rows <= 2, (m, pps, rows)
+    # the case that moved it: 12289 rows at 2 programs an SM were 193 programs of 64 rows
+    assert rn.persistent_grid(12289, "cpu", 2) == (257, 48)
+    assert rn.persistent_grid(12289, "cpu", 1) == (129, 96)
+
+
 def test_many_rows_exercise_the_persistent_grid_tail():
-    # 37 rows over 4 x 4 interpreter "SMs": rows_per_program 4, last program has a masked tail.
+    # 37 rows over the interpreter's 4 "SMs": the last program has a masked tail.
     torch.manual_seed(2)
     x = torch.randn(37, 24, device=DEVICE)
     check_fwd_bwd(x, torch.randn(24, device=DEVICE), torch.float32)

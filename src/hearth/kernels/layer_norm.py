@@ -160,7 +160,7 @@ def _layer_norm_bwd_kernel(
     stride_dy, stride_x, stride_dx,
     # meta-parameters
     BLOCK_N: tl.constexpr,
-    ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see rms_norm.persistent_grid)
+    ROWS_PER_PROGRAM: tl.constexpr,  # one of a few values (see rms_norm.persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
     COMPUTE_DW: tl.constexpr,  # False when weight and bias need no gradient: partial_ptr is unused
     INTERP: tl.constexpr = False,  # under TRITON_INTERPRET=1 (_mul_rn)

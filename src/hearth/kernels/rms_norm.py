@@ -135,7 +135,7 @@ def _rms_norm_bwd_kernel(
     stride_dy, stride_x, stride_dx,
     # meta-parameters
     BLOCK_N: tl.constexpr,
-    ROWS_PER_PROGRAM: tl.constexpr,  # a power of two (see persistent_grid)
+    ROWS_PER_PROGRAM: tl.constexpr,  # one of a few values (see persistent_grid)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
     COMPUTE_DW: tl.constexpr,  # False when weight needs no gradient: no dw work, dw_partial_ptr unused
     PAIR_DW: tl.constexpr = False,  # programs 2i and 2i+1 add into partial row i (zeroed): half the buffer
@@ -219,14 +219,25 @@ def _rms_norm_bwd_rows_kernel(
 def persistent_grid(m: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
     """(programs, rows_per_program) for a persistent pass over m rows.
 
-    rows_per_program is rounded up to a power of two and passed as a constexpr: the loop has a
-    compile-time trip count, and only ~log2(M) variants are ever compiled. (The narrow-row tile
-    backward takes a runtime trip count instead, see _backward; the interpreter runs such loops
-    through _common's scalar-index fix.)
+    rows_per_program is passed as a constexpr (the loop has a compile-time trip count), so it is rounded up
+    to a few values only: a power of two or three quarters of one (1, 2, 3, 4, 6, 8, 12, ..., 48, 64, 96,
+    ...: about 2 log2(M) variants ever compiled, see rows_step). Powers of two alone left SMs idle at row
+    counts just past a power of two times the SM count: 12289 rows at 2 programs an SM of 132 gave 193
+    programs of 64 rows (61 SMs running two, 71 one); rounded to 48 they are 257 programs, at most two
+    an SM. (The narrow-row tile backward takes a runtime trip count instead, see _backward; the
+    interpreter runs such loops through _common's scalar-index fix.)
     """
     target = max(1, min(m, programs_per_sm * num_sms(device)))
-    rows = next_power_of_2(cdiv(m, target))
+    rows = rows_step(cdiv(m, target))
     return cdiv(m, rows), rows
+
+
+def rows_step(k: int) -> int:
+    """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^j and 3 * 2^j) that is at least k >= 1: at most
+    less than half again k, where the next power of two can be nearly double it."""
+    p = next_power_of_2(k)
+    three_quarters = 3 * p // 4
+    return three_quarters if p >= 4 and three_quarters >= k else p
 
 
 def persistent_tile_grid(m: int, block_m: int, device: torch.device, programs_per_sm: int) -> tuple[int, int]:
