@@ -190,6 +190,11 @@ def test_memory_tie_break_keeps_the_leanest_of_the_level_candidates():
     # equal bytes within the tie: the faster
     assert common.pick_among(["a", "b"], [1.001, 1.0], lambda c: 5) == "b"
     assert common.pick_among(["a", "b"], ["X", "Y"], mem) == "a"  # none launched: the default
+    # the pick that set the tie (H100, 2026-12-06, rms_norm backward at 5120 x 12289, HEARTH_PICK_LOG): the plain
+    # 2-an-SM form at 0.1339 ms with 257 fp32 partial rows, its rowpair form at 0.1368 with 129: the rowpair is kept
+    pick = [("row", 1, 2, 8, 4), ("row", 1, 1, 16, 4), ("rowpair", 1, 2, 8, 4)]
+    rows = {pick[0]: 257, pick[1]: 129, pick[2]: 129}
+    assert common.pick_among(pick, [0.1339, 0.1392, 0.1368], lambda c: rows[c] * 5120 * 4) == pick[2]
 
 
 def test_rms_and_layer_norm_backward_picks_weigh_the_partial_buffer(monkeypatch):
