@@ -8,8 +8,12 @@
 #   then copy that file to benchmarks/h200/tests/ and commit it.
 #
 # Env: OUT (required), COMMIT (the commit under test; the copy on the device has no .git), PYTEST_ARGS
-# (default: the kernel, nn and patch tests), TEST_S (wall limit for pytest, default 480 s: on 2026-12-06 one H100 ran
-# the suite in 325 s of pytest and another had not finished at 400), OFFLINE=1 (also run
+# (default: the kernel, nn and patch tests), TEST_S (wall limit for the first pass, default 400 s: on 2026-12-06 H100s
+# ran the whole suite in 215-325 s of pytest), GPU_BIG (split, the default: the workers run every test but those
+# marked xdist_group("gpu_big"), then those run alone in one process, limit BIG_S, default 150 s: beside 13
+# workers on an 80 GB H100 five of them ran out of memory on 2026-12-06, one holding 54 GiB itself; "with": one
+# pass, those in one worker beside the rest, as before; "only" / "skip": one pass of just them / without them;
+# the log is rewritten after each pass, so a cut second pass leaves the first's result), OFFLINE=1 (also run
 # the offline sm_90 builds, the tests named *sm90*: they compile with Triton's bundled ptxas on the CPU, need no
 # GPU and run in CI with the same pinned Triton, so by default the device does not spend its time on them; in the
 # 2026-12-03 suite of 70082d4 they were 10 of the 20 slowest test phases, 35-62 s each, beside 14 workers).
@@ -26,23 +30,25 @@ log="$OUT/${day}-${commit}.log"
 raw="$OUT/pytest-raw.txt"
 start=$SECONDS
 # several pytest workers share the GPU: the suite is dominated by Triton compiles (CPU) and fp32
-# references, not by GPU time; the tests with the largest references (xdist_group "gpu_big") run one
-# at a time in one worker, the rest beside them
+# references, not by GPU time; the tests with the largest references (xdist_group "gpu_big") run in a
+# pass of their own after the rest, one at a time (GPU_BIG=split; "with": in one worker beside the rest)
 workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-3}" --dist loadgroup)
 select=(-k "not sm90")
 [ "${OFFLINE:-0}" = 1 ] && select=()
-timeout "${TEST_S:-480}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${workers[@]}" "${select[@]}" \
-  ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py tests/test_patch_varlen.py} > "$raw" 2>&1
-rc=$?
-last=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error).* =+$" "$raw" | tail -n 1)
-[ -n "$last" ] || last="(no pytest summary line: rc=$rc, killed at the time limit?)"
-{
-  echo "# hearth GPU test suite"
-  echo "commit:   $commit"
-  echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "command:  COMMIT=$commit OFFLINE=${OFFLINE:-0} bash scripts/gpu/test.sh   (pytest ${select[*]} ${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py tests/test_patch_varlen.py})"
-  python3 - <<'PY'
+args=(${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py tests/test_patch_varlen.py})
+summary() {  # pytest's last summary line in $1
+  local l
+  l=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|errors?)\b.* in [0-9.]+s|^=+ .*(passed|failed|skipped|errors?|deselected).* =+$|^=* ?no tests ran" "$1" | tail -n 1)
+  echo "${l:-(no pytest summary line: killed at the time limit?)}"
+}
+write_log() {  # the log as it stands: header, the result of each pass so far, then pytest's output
+  {
+    echo "# hearth GPU test suite"
+    echo "commit:   $commit"
+    echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "command:  COMMIT=$commit OFFLINE=${OFFLINE:-0} GPU_BIG=$big bash scripts/gpu/test.sh   (pytest ${select[*]} ${args[*]})"
+    python3 - <<'PY'
 import torch, triton
 try:
     import transformers, peft
@@ -59,11 +65,41 @@ except Exception:  # noqa: BLE001
 print(f"gpu:      {gpu} (driver {driver})")
 print(f"versions: torch {torch.__version__}, triton {triton.__version__}, {extra}")
 PY
-  echo "wall:     $(( SECONDS - start )) s, pytest rc=$rc, workers: ${workers[*]:-1}"
-  echo "result:   $last"
-  echo
-  cat "$raw"
-} > "$log"
+    echo "wall:     $(( SECONDS - start )) s, workers: ${workers[*]:-1}"
+    echo "result:   $last"
+    echo
+    cat "$raw"
+  } > "$log"
+}
+big=${GPU_BIG:-split}
+case "$big" in with|split|only|skip) ;; *) echo "GPU_BIG must be with, split, only or skip (got '$big')"; exit 2 ;; esac
+first=with
+[ "$big" = split ] && first=skip
+[ "$big" = only ] || [ "$big" = skip ] && first=$big
+: > "$raw"
+rc=0
+last=""
+if [ "$first" = only ]; then pass_workers=(); else pass_workers=("${workers[@]}"); fi
+echo "== pass 1: pytest --gpu-big=$first ${pass_workers[*]} (limit ${TEST_S:-400} s)" >> "$raw"
+timeout "${TEST_S:-400}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${pass_workers[@]}" "${select[@]}" \
+  --gpu-big="$first" "${args[@]}" > "$raw.1" 2>&1
+rc=$?
+cat "$raw.1" >> "$raw"
+last="$(summary "$raw.1") (pytest rc=$rc)"
+[ $rc = 5 ] && rc=0  # no test selected in this pass
+write_log
+if [ "$big" = split ]; then
+  echo "== pass 2: pytest --gpu-big=only, one process (limit ${BIG_S:-150} s)" >> "$raw"
+  timeout "${BIG_S:-150}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=10 "${select[@]}" \
+    --gpu-big=only "${args[@]}" > "$raw.2" 2>&1
+  rc2=$?
+  cat "$raw.2" >> "$raw"
+  last="$last; gpu_big alone: $(summary "$raw.2") (pytest rc=$rc2)"
+  [ $rc2 = 5 ] && rc2=0
+  [ $rc = 0 ] && rc=$rc2
+  write_log
+fi
+rm -f "$raw.1" "$raw.2"
 rm -f "$raw"
 grep -E "^(FAILED|ERROR)" "$log" | head -n 60
 echo "result: $last  ($(( SECONDS - start )) s)  -> $(basename "$log")"

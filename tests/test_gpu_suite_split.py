@@ -1,0 +1,37 @@
+"""scripts/gpu/test.sh's two passes: `--gpu-big` (tests/conftest.py) splits the collected tests by the
+xdist_group("gpu_big") mark, so the workers' pass and the one-process pass together run each test once."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ["tests/test_nn.py", "tests/kernels/test_rope.py"]
+
+
+def _collect(choice: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", f"--gpu-big={choice}", *FILES],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {line for line in out.stdout.splitlines() if "::" in line}
+
+
+def test_gpu_big_split_partitions_the_suite():
+    every, without, only = _collect("with"), _collect("skip"), _collect("only")
+    assert only and without  # both files hold marked and unmarked tests
+    assert only | without == every and not only & without
+    # the marked ones are the big-reference GPU tests, by their source
+    for node in only:
+        path, name = node.split("::", 1)
+        src = (ROOT / path).read_text()
+        func = name.split("[", 1)[0]
+        before = src[: src.index(f"def {func}(")]
+        assert 'xdist_group("gpu_big")' in before.rsplit("\n\n\n", 1)[-1], node
+
+
+def test_gpu_big_refuses_an_unknown_choice():
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "--gpu-big=some", FILES[0]],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "--gpu-big" in out.stderr
