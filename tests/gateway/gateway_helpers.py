@@ -43,6 +43,8 @@ def provider(name: str, server, **overrides) -> dict:
 
 # For a fallback whose timing is not under test: a burst of concurrent requests on a loaded 2-core CI box once
 # took over 0.5 s to connect to it (a loopback fake sharing the event loop with the chain and a Redis client).
+# Every second provider "b" takes these unless its test times it (2026-12-06); provider()'s short ones stay
+# where the test times that provider (a hanging "b" whose first-token timeout it measures).
 STEADY_TIMEOUTS = {"connect_s": 2.0, "first_token_s": 2.0, "total_s": 2.5}
 
 

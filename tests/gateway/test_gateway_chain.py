@@ -16,7 +16,7 @@ from hearth.gateway.errors import (
     UpstreamStatus,
 )
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
-from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, FIRST_TOKEN_S, MARGIN_S, MESSAGES, make_config, provider, stopwatch
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, FIRST_TOKEN_S, MARGIN_S, MESSAGES, make_config, provider, stopwatch, steady
 
 GOOD = Behavior.reply(CHAT_JSON)
 
@@ -24,7 +24,7 @@ GOOD = Behavior.reply(CHAT_JSON)
 async def _two(primary: Behavior, *, secondary=GOOD, **gateway):
     """Run one request through [a: primary, b: secondary]; return (result or error, elapsed, a, b)."""
     async with FakeOpenAI(primary) as a, FakeOpenAI(secondary) as b:
-        async with Chain(make_config(provider("a", a), provider("b", b), **gateway)) as chain:
+        async with Chain(make_config(provider("a", a), steady("b", b), **gateway)) as chain:
             with stopwatch() as t:
                 try:
                     out = await chain.complete(MESSAGES, kind="chat")
@@ -69,7 +69,7 @@ def test_refused_connection_falls_through_fast():
     async def main():
         async with FakeOpenAI(GOOD) as b:
             dead = {"name": "a", "base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "m"}
-            async with Chain(make_config(dead, provider("b", b))) as chain:
+            async with Chain(make_config(dead, steady("b", b))) as chain:
                 with stopwatch() as t:
                     result = await chain.complete(MESSAGES, kind="chat")
         return result, t()
@@ -82,7 +82,7 @@ def test_refused_connection_falls_through_fast():
 def test_429_retry_after_cools_the_provider_down():
     async def main():
         async with FakeOpenAI([Behavior.status(429, headers={"Retry-After": "30"})]) as a, FakeOpenAI(GOOD) as b:
-            async with Chain(make_config(provider("a", a), provider("b", b))) as chain:
+            async with Chain(make_config(provider("a", a), steady("b", b))) as chain:
                 first = await chain.complete(MESSAGES, kind="chat")
                 with stopwatch() as t:
                     second = await chain.complete(MESSAGES, kind="chat")
@@ -106,7 +106,7 @@ def test_breaker_opens_after_consecutive_failures_and_half_opens():
     async def main():
         script = [Behavior.status(500), Behavior.status(502), GOOD]
         async with FakeOpenAI(script) as a, FakeOpenAI(GOOD) as b:
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=2, cooldown_s=0.3)
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=2, cooldown_s=0.3)
             async with Chain(cfg) as chain:
                 r1 = await chain.complete(MESSAGES, kind="chat")
                 r2 = await chain.complete(MESSAGES, kind="chat")
@@ -151,7 +151,7 @@ def test_request_deadline_caps_every_attempt():
     async def main():
         async with FakeOpenAI(Behavior.hang()) as a, FakeOpenAI(GOOD) as b:
             slow = provider("a", a, timeouts={"first_token_s": 5.0, "total_s": 5.0})
-            async with Chain(make_config(slow, provider("b", b))) as chain:
+            async with Chain(make_config(slow, steady("b", b))) as chain:
                 with stopwatch() as t:
                     with pytest.raises(AllProvidersFailed) as info:
                         await chain.complete(MESSAGES, kind="chat", deadline_s=0.25)
@@ -291,7 +291,7 @@ def test_logs_and_breaker_reason_never_carry_upstream_text(caplog):
     async def main():
         script = [Behavior.status(500, body=f"boom {secret}"), Behavior.reply(f"Sure! {secret}")]
         async with FakeOpenAI(script) as a, FakeOpenAI(GOOD) as b:
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=2, cooldown_s=30)
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=2, cooldown_s=30)
             async with Chain(cfg) as chain:
                 for _ in range(2):
                     await chain.complete(MESSAGES, kind="chat")

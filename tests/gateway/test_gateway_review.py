@@ -4,7 +4,7 @@ import asyncio
 import json
 
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, gateway, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, gateway, make_config, provider, steady
 
 
 def test_a_nan_deadline_is_a_400_naming_hearth_deadline_s_not_a_500():
@@ -71,7 +71,7 @@ def test_a_control_character_in_an_api_key_or_header_is_a_config_error_not_a_500
     async def main():
         async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
             cfg = config_from_dict({"providers": [{**base, "api_key_env": "KEY", "headers": {"X-Team": "core\tone"}},
-                                                  provider("b", b)]}, {"KEY": "sk-secret"})
+                                                  steady("b", b)]}, {"KEY": "sk-secret"})
             async with Chain(cfg) as chain:
                 return await chain.complete(MESSAGES, kind="chat")
 

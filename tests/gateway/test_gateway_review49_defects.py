@@ -10,7 +10,7 @@ from hearth.gateway.config import ConfigError, config_from_dict
 from hearth.gateway.errors import AllProvidersFailed, InvalidResponse, StreamInterrupted, Timeout
 from hearth.gateway.state import MemoryStore, StateStoreError
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MARGIN_S, MESSAGES, gateway, make_config, provider, stopwatch
+from tests.gateway.gateway_helpers import CHAT_JSON, MARGIN_S, MESSAGES, gateway, make_config, provider, stopwatch, steady
 
 
 def _event(delta: dict, finish: str | None = None) -> bytes:
@@ -42,7 +42,7 @@ def test_a_malformed_provider_reply_falls_through_instead_of_escaping_the_chain(
     async def main():
         async with FakeOpenAI(Behavior.raw(body, content_type=content_type)) as a, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
-            async with Chain(make_config(provider("a", a), provider("b", b))) as chain:
+            async with Chain(make_config(provider("a", a), steady("b", b))) as chain:
                 if stream:
                     events = await _stream(chain)
                     assert isinstance(events[-1], StreamDone), events[-1]
@@ -145,7 +145,7 @@ def test_keep_alives_before_the_first_byte_still_fall_back_after_first_token_s()
         async with TricklingUpstream(_event({"content": "<think>"}), FILLERS[0]) as up, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
             p = {"name": "a", "base_url": up.base_url, "model": "m", "timeouts": SLOW_TOTAL}
-            async with Chain(make_config(p, provider("b", b), deadline_s=5.0)) as chain:
+            async with Chain(make_config(p, steady("b", b), deadline_s=5.0)) as chain:
                 with stopwatch() as t:
                     events = await _stream(chain)
                 return events, t()
@@ -220,7 +220,7 @@ def test_connect_s_bounds_name_resolution_too():
             async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
                 a = {"name": "a", "base_url": "http://localhost:9/v1", "model": "m",
                      "timeouts": {"connect_s": 0.1, "first_token_s": 1.0, "total_s": 2.0}}
-                async with Chain(make_config(a, provider("b", b))) as chain:
+                async with Chain(make_config(a, steady("b", b))) as chain:
                     with stopwatch() as t:
                         result = await chain.complete(MESSAGES, kind="chat")
                     return result, t()
@@ -246,7 +246,7 @@ def test_a_stream_past_max_reply_chars_fails_at_once_not_at_its_end():
         async with FakeOpenAI([Behavior.stream(runaway_think, stall_after=len(runaway_think)),
                                Behavior.stream(runaway_object, stall_after=len(runaway_object))]) as a, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
-            cfg = make_config(provider("a", a, timeouts={"total_s": 3.0}), provider("b", b), deadline_s=5.0)
+            cfg = make_config(provider("a", a, timeouts={"total_s": 3.0}), steady("b", b), deadline_s=5.0)
             async with Chain(cfg) as chain:
                 before = await _stream(chain)      # nothing shown yet: falls back
                 async with Chain(make_config(provider("a", a, timeouts={"total_s": 3.0}))) as alone:

@@ -84,7 +84,7 @@ def test_upstream_chunks_without_choices_are_skipped_not_a_provider_failure():
     async def main():
         async with FakeOpenAI(Behavior.raw(body, content_type="text/event-stream")) as a, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b))) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
                 r = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})
                 return r.status, r.headers.get("X-Hearth-Provider"), await r.read()
 

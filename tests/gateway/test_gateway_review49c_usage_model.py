@@ -12,7 +12,7 @@ import pytest
 
 from hearth.gateway.chain import Chain, StreamDone
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, gateway, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, gateway, make_config, provider, steady
 
 ROOT = Path(__file__).resolve().parents[2]
 A_USAGE = {"prompt_tokens": 11, "completion_tokens": 22, "total_tokens": 33}
@@ -54,7 +54,7 @@ def test_json_usage_is_the_answering_attempts_never_a_failed_ones(b_usage):
     async def main():
         async with FakeOpenAI(Behavior.reply(NOT_JSON, usage=A_USAGE)) as a, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON, usage=b_usage)) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b))) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
                 r = await client.post(URL, json={"messages": MESSAGES})
                 return r.status, await r.json()
 
@@ -144,7 +144,7 @@ def test_stream_usage_is_the_answering_attempts_never_a_failed_ones(b_usage):
     async def main():
         async with FakeOpenAI(Behavior.reply(NOT_JSON, usage=A_USAGE)) as a, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON, usage=b_usage)) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b))) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
                 r = await client.post(URL, json={"messages": MESSAGES, "stream": True,
                                                  "stream_options": {"include_usage": True}})
                 return r.status, r.headers["X-Hearth-Provider"], _events(await r.read())

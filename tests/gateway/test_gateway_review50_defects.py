@@ -9,8 +9,7 @@ from hearth.gateway.chain import Chain
 from hearth.gateway.errors import ConnectionFailed
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
-    BACKENDS, CHAT_JSON, MARGIN_S, MESSAGES, backend_settings, make_config, provider, served, stopwatch,
-)
+    BACKENDS, CHAT_JSON, MARGIN_S, MESSAGES, backend_settings, make_config, provider, served, stopwatch, steady)
 
 
 # ------------------------------------------------------------------ 1. an upstream redirect was followed
@@ -21,7 +20,7 @@ def test_a_provider_redirect_is_a_failure_not_followed_with_its_key_and_the_prom
             moved = Behavior.status(code, headers={"Location": elsewhere.base_url + "/chat/completions"}, body=b"")
             async with FakeOpenAI(moved) as a:
                 cfg = make_config(provider("a", a, api_key_env="A_KEY", headers={"api-key": "a-secret"}),
-                                  provider("b", b), env={"A_KEY": "sk-a"})
+                                  steady("b", b), env={"A_KEY": "sk-a"})
                 async with Chain(cfg) as chain:
                     result = await chain.complete(MESSAGES, kind="chat")
                 return result, elsewhere.requests, elsewhere.headers
@@ -41,7 +40,7 @@ def test_cookies_one_provider_sets_are_never_sent_upstream():
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
             # one host name (a cookie is per host, not per port): two deployments behind one domain
             pa = provider("a", a, base_url=f"http://localhost:{a.port}/v1")
-            pb = provider("b", b, base_url=f"http://localhost:{b.port}/v1")
+            pb = steady("b", b, base_url=f"http://localhost:{b.port}/v1")
             async with Chain(make_config(pa, pb, breaker_failures=5)) as chain:
                 first = await chain.complete(MESSAGES, kind="chat")
                 second = await chain.complete(MESSAGES, kind="chat")
@@ -66,7 +65,7 @@ def test_a_breaker_that_opens_while_a_request_is_on_an_earlier_provider_is_skipp
 
         async with FakeOpenAI(a_fails_while_b_opens) as a, FakeOpenAI(Behavior.reply(CHAT_JSON)) as b, \
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as c:
-            cfg = make_config(provider("a", a), provider("b", b), provider("c", c), breaker_failures=1,
+            cfg = make_config(provider("a", a), steady("b", b), provider("c", c), breaker_failures=1,
                               **backend_settings(backend))
             async with Chain(cfg) as chain:
                 chain_of.append(chain)
@@ -150,7 +149,7 @@ def test_an_endless_reply_body_is_cut_at_a_size_limit_not_read_until_the_timeout
         async with EndlessBody(status) as a, FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
             pa = {"name": "a", "base_url": a.base_url, "model": "m",
                   "timeouts": {"connect_s": 1.0, "first_token_s": 2.0, "total_s": 4.0}}
-            async with Chain(make_config(pa, provider("b", b), deadline_s=10.0)) as chain:
+            async with Chain(make_config(pa, steady("b", b), deadline_s=10.0)) as chain:
                 with stopwatch() as t:
                     result = await chain.complete(MESSAGES, kind="chat")
                 return result, t()

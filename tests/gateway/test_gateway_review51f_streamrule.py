@@ -20,7 +20,7 @@ from hearth.gateway.chain import Chain
 from hearth.gateway.errors import InvalidResponse
 from hearth.gateway.streamfilter import STREAMED_KINDS, EnvelopeFilter, check_streamed, streamed_cut
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, make_config, provider, steady
 
 DRAFT = '{"message": oops} '   # object-like ('{"'), balanced, not JSON: a broken draft before the envelope
 FROM_B = json.dumps({**CHAT, "message": "From b."})
@@ -33,7 +33,7 @@ def _sample(chain: Chain, name: str, **labels: str) -> float:
 
 async def _ask(kind: str, first: str, second: str, **gateway):
     async with FakeOpenAI(Behavior.reply(first)) as a, FakeOpenAI(Behavior.reply(second)) as b:
-        async with Chain(make_config(provider("a", a), provider("b", b), **gateway)) as chain:
+        async with Chain(make_config(provider("a", a), steady("b", b), **gateway)) as chain:
             result = await chain.complete(MESSAGES, kind=kind)
             status = {s["name"]: s for s in await chain.status()}
             counts = {"invalid": _sample(chain, "hearth_gateway_errors_total", provider="a", error="invalid_response"),

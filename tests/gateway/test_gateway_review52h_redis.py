@@ -13,7 +13,7 @@ import pytest
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
-    BACKENDS, CHAT_JSON, MESSAGES, make_config, needs_redis, provider, scale_to_zero, shared_state, started_store, steady,
+    BACKENDS, CHAT_JSON, MESSAGES, make_config, needs_redis, scale_to_zero, shared_state, started_store, steady,
 )
 
 GOOD = Behavior.reply(CHAT_JSON)

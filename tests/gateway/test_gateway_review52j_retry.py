@@ -19,8 +19,7 @@ import pytest
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
-    CHAT_JSON, failure_waits, gateway, make_config, post_chat, provider, scale_to_zero,
-)
+    CHAT_JSON, failure_waits, gateway, make_config, post_chat, provider, scale_to_zero, steady)
 
 GOOD = Behavior.reply(CHAT_JSON)
 BROKEN = Behavior.status(503)
@@ -95,7 +94,7 @@ def test_an_upstream_retry_after_names_its_provider(clock):
     async def main():
         async with FakeOpenAI(Behavior.status(429, headers={"Retry-After": "7"})) as a, \
                 FakeOpenAI(Behavior.status(429, headers={"Retry-After": "3"})) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b))) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
                 return await post_chat(client, False)
 
     status, ra, body = asyncio.run(main())

@@ -25,8 +25,7 @@ from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import (
     BACKENDS, CHAT_JSON, MESSAGES, backend_settings, failure_waits, gateway, make_config, post_chat, provider,
-    scale_to_zero,
-)
+    scale_to_zero, steady)
 
 GOOD = Behavior.reply(CHAT_JSON)
 BROKEN = Behavior.status(503)
@@ -43,7 +42,7 @@ def test_a_502_whose_attempts_opened_every_breaker_has_retry_after_the_soonest(b
     async def main():
         async with FakeOpenAI(Behavior.status(500)) as a, \
                 FakeOpenAI(Behavior.status(503, headers={"Retry-After": "10"})) as b:
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=1, cooldown_s=30.0,
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=1, cooldown_s=30.0,
                               **backend_settings(backend))
             async with gateway(cfg) as client:
                 return await post_chat(client, stream)
@@ -64,7 +63,7 @@ def test_a_502_with_a_provider_that_may_be_tried_at_once_has_no_retry_after(stre
         async with FakeOpenAI(Behavior.status(500)) as a, \
                 FakeOpenAI(Behavior.status(503, headers={"Retry-After": "10"})) as b:
             # a's one 500 does not open its breaker (2 needed): the next request tries a again at once
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=2)
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=2)
             async with gateway(cfg) as client:
                 return await post_chat(client, stream)
 

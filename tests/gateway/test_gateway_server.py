@@ -12,7 +12,7 @@ import httpx
 
 from hearth.gateway.server import main
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
-from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, gateway, make_config, provider
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, gateway, make_config, provider, steady
 
 GOOD = Behavior.reply(CHAT_JSON)
 
@@ -24,7 +24,7 @@ def _sse(text: str) -> list[dict]:
 def test_chat_json_kind_request_id_and_provider():
     async def main():
         async with FakeOpenAI(Behavior.status(500)) as a, FakeOpenAI([GOOD, Behavior.reply('{"comment": "ok", "tone": "calm"}')]) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b), breaker_failures=10)) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b), breaker_failures=10)) as client:
                 r1 = await client.post("/v1/chat/completions", json={"messages": MESSAGES}, headers={"X-Request-ID": "req-42"})
                 d1 = await r1.json()
                 r2 = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 32},
@@ -44,7 +44,7 @@ def test_chat_json_kind_request_id_and_provider():
 def test_all_failed_is_502_listing_each_provider_and_bad_requests_400():
     async def main():
         async with FakeOpenAI(Behavior.status(429, headers={"Retry-After": "3"})) as a, FakeOpenAI(Behavior.reply("nope")) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b))) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
                 r = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
                 failed = (r.status, await r.json())
                 bad = []
@@ -81,7 +81,7 @@ def test_sse_stream_fallback_and_interruption():
     async def main():
         async with FakeOpenAI([Behavior.status(500), Behavior.stream(pieces, stall_after=1)]) as a, \
                 FakeOpenAI(Behavior.stream(pieces)) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b), breaker_failures=10)) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b), breaker_failures=10)) as client:
                 r1 = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})
                 t1 = await r1.text()
                 r2 = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})

@@ -60,7 +60,7 @@ def test_half_open_lets_one_trial_through_the_rest_keep_going(backend):
 def test_cancelled_trial_is_given_back(backend):
     async def main():
         async with FakeOpenAI([Behavior.status(500), Behavior.hang(), GOOD]) as a, FakeOpenAI(GOOD) as b:
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=1, cooldown_s=COOLDOWN_S,
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=1, cooldown_s=COOLDOWN_S,
                               **backend_settings(backend))
             async with Chain(cfg) as chain:
                 await chain.complete(MESSAGES, kind="chat")
@@ -88,7 +88,7 @@ def test_two_chains_on_one_redis_share_cooldowns_and_one_warmup(caplog):
             ft = {"name": "ft", "base_url": f"http://127.0.0.1:{ft_port}/v1", "model": "lora", "scale_to_zero": True,
                   "health_url": f"http://127.0.0.1:{ft_port}/health",
                   "warm": {"probe_timeout_s": 0.1, "ttl_s": 30.0, "warmup_budget_s": 5.0, "warmup_poll_s": 0.05}}
-            cfg = make_config(ft, provider("a", a), provider("b", b), **shared_state())
+            cfg = make_config(ft, provider("a", a), steady("b", b), **shared_state())
             async with Chain(cfg) as one, Chain(cfg) as two:
                 r1 = await one.complete(MESSAGES, kind="chat")    # ft cold (warm-up starts), a 503 Retry-After, b
                 r2 = await two.complete(MESSAGES, kind="chat")    # sees both: ft cold, a cooling down

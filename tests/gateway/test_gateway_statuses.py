@@ -9,7 +9,7 @@ import json
 
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, gateway, make_config, provider
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, gateway, make_config, provider, steady
 
 GOOD = Behavior.reply(CHAT_JSON)
 TOO_LONG = Behavior.status(400, body={"error": {"message": "This model's maximum context length is 8192 tokens",
@@ -31,7 +31,7 @@ def _shape(body: dict) -> None:
 def test_client_400_from_every_provider_is_returned_and_never_opens_a_breaker():
     async def main():
         async with FakeOpenAI(_too_long_or_good) as a, FakeOpenAI(_too_long_or_good) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b), breaker_failures=3)) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b), breaker_failures=3)) as client:
                 bad = []
                 for _ in range(3):
                     r = await client.post("/v1/chat/completions", json={"messages": LONG})
@@ -58,7 +58,7 @@ def test_client_400_from_every_provider_is_returned_and_never_opens_a_breaker():
 def test_a_4xx_one_provider_gives_falls_through_without_a_breaker_count():
     async def main():
         async with FakeOpenAI(TOO_LONG) as a, FakeOpenAI(GOOD) as b:
-            chain = Chain(make_config(provider("a", a), provider("b", b), breaker_failures=2))
+            chain = Chain(make_config(provider("a", a), steady("b", b), breaker_failures=2))
             async with chain:
                 results = [await chain.complete(MESSAGES, kind="chat") for _ in range(5)]
                 return results, len(a.requests), await chain.status()
@@ -72,7 +72,7 @@ def test_provider_side_4xx_still_counts():
     # 401 is our key, not the client's request: it cools the provider down like a 5xx
     async def main():
         async with FakeOpenAI(Behavior.status(401)) as a, FakeOpenAI(GOOD) as b:
-            chain = Chain(make_config(provider("a", a), provider("b", b), breaker_failures=2))
+            chain = Chain(make_config(provider("a", a), steady("b", b), breaker_failures=2))
             async with chain:
                 results = [await chain.complete(MESSAGES, kind="chat") for _ in range(3)]
                 return results, len(a.requests)
@@ -86,7 +86,7 @@ def test_every_provider_rate_limited_is_429_with_the_shortest_retry_after():
     async def main():
         async with FakeOpenAI(Behavior.status(429, headers={"Retry-After": "7"})) as a, \
                 FakeOpenAI(Behavior.status(429, headers={"Retry-After": "3"})) as b:
-            async with gateway(make_config(provider("a", a), provider("b", b))) as client:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
                 out = []
                 for _ in range(2):  # upstream 429s, then both cooling down
                     r = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
@@ -106,7 +106,7 @@ def test_every_provider_rate_limited_is_429_with_the_shortest_retry_after():
 def test_cooling_down_after_failures_and_rate_limit_mixed_is_503_with_retry_after():
     async def main():
         async with FakeOpenAI(Behavior.status(500)) as a, FakeOpenAI(Behavior.status(429, headers={"Retry-After": "5"})) as b:
-            cfg = make_config(provider("a", a), provider("b", b), breaker_failures=1, cooldown_s=30.0)
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=1, cooldown_s=30.0)
             async with gateway(cfg) as client:
                 r1 = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
                 r2 = await client.post("/v1/chat/completions", json={"messages": MESSAGES})
@@ -177,7 +177,7 @@ def test_bad_input_gets_openai_shaped_json_errors_and_never_goes_upstream():
 def test_model_names_a_provider_group_or_the_whole_chain():
     async def main():
         async with FakeOpenAI(GOOD) as a, FakeOpenAI(GOOD) as b, FakeOpenAI(GOOD) as c:
-            cfg = make_config(provider("a", a), provider("b", b, model="shared"), provider("c", c, model="shared"))
+            cfg = make_config(provider("a", a), steady("b", b, model="shared"), provider("c", c, model="shared"))
             async with gateway(cfg) as client:
                 got = {}
                 for model in ("shared", "c", "hearth", None):

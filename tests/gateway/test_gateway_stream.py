@@ -8,7 +8,7 @@ from hearth.envelope import ChatReply
 from hearth.gateway.chain import Chain, StreamDelta, StreamDone
 from hearth.gateway.errors import AllProvidersFailed, InvalidEnvelope, StreamInterrupted, Timeout
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, FIRST_TOKEN_S, MARGIN_S, MESSAGES, make_config, provider, stopwatch
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, FIRST_TOKEN_S, MARGIN_S, MESSAGES, make_config, provider, stopwatch, steady
 
 PIECES = [CHAT_JSON[:10], CHAT_JSON[10:40], CHAT_JSON[40:]]
 
@@ -26,7 +26,7 @@ async def _collect(chain, **kw):
 
 async def _two(primary, secondary=Behavior.stream(PIECES), **timeouts):
     async with FakeOpenAI(primary) as a, FakeOpenAI(secondary) as b:
-        cfg = make_config(provider("a", a, timeouts=timeouts), provider("b", b))
+        cfg = make_config(provider("a", a, timeouts=timeouts), steady("b", b))
         async with Chain(cfg) as chain:
             events, elapsed = await _collect(chain)
         return events, elapsed, a, b
