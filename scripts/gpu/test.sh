@@ -8,12 +8,14 @@
 #   then copy that file to benchmarks/h200/tests/ and commit it.
 #
 # Env: OUT (required), COMMIT (the commit under test; the copy on the device has no .git), PYTEST_ARGS
-# (default: the kernel, nn and patch tests), TEST_S (wall limit for the first pass, default 400 s: on 2026-12-06 H100s
-# ran the whole suite in 215-325 s of pytest), GPU_BIG (split, the default: the workers run every test but those
-# marked xdist_group("gpu_big"), then those run alone in one process, limit BIG_S, default 150 s: beside 13
-# workers on an 80 GB H100 five of them ran out of memory on 2026-12-06, one holding 54 GiB itself; "with": one
-# pass, those in one worker beside the rest, as before; "only" / "skip": one pass of just them / without them;
-# the log is rewritten after each pass, so a cut second pass leaves the first's result), OFFLINE=1 (also run
+# (default: the kernel, nn and patch tests), TEST_S (wall limit for the first pass, default 380 s: on 2026-12-06
+# H100s ran the whole suite in 215-325 s of pytest), GPU_BIG ("split", the default: the workers run every test
+# but those marked xdist_group("gpu_big"), then those run alone in one process, limit BIG_S, default 180 s;
+# beside 13 workers on an 80 GB H100 five of them ran out of memory on 2026-12-06, one holding 54 GiB itself.
+# "with": one pass, those in one worker beside the rest, as before; "only" / "skip": one pass of just them /
+# without them). The two limits and start-up fit one 600 s device call; the log is rewritten after each pass,
+# so a second pass cut by the call's limit leaves the first's result, and GPU_BIG=only runs it in a call of its
+# own. OFFLINE=1 (also run
 # the offline sm_90 builds, the tests named *sm90*: they compile with Triton's bundled ptxas on the CPU, need no
 # GPU and run in CI with the same pinned Triton, so by default the device does not spend its time on them; in the
 # 2026-12-03 suite of 70082d4 they were 10 of the 20 slowest test phases, 35-62 s each, beside 14 workers).
@@ -80,8 +82,8 @@ first=with
 rc=0
 last=""
 if [ "$first" = only ]; then pass_workers=(); else pass_workers=("${workers[@]}"); fi
-echo "== pass 1: pytest --gpu-big=$first ${pass_workers[*]} (limit ${TEST_S:-400} s)" >> "$raw"
-timeout "${TEST_S:-400}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${pass_workers[@]}" "${select[@]}" \
+echo "== pass 1: pytest --gpu-big=$first ${pass_workers[*]} (limit ${TEST_S:-380} s)" >> "$raw"
+timeout "${TEST_S:-380}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${pass_workers[@]}" "${select[@]}" \
   --gpu-big="$first" "${args[@]}" > "$raw.1" 2>&1
 rc=$?
 cat "$raw.1" >> "$raw"
@@ -89,8 +91,8 @@ last="$(summary "$raw.1") (pytest rc=$rc)"
 [ $rc = 5 ] && rc=0  # no test selected in this pass
 write_log
 if [ "$big" = split ]; then
-  echo "== pass 2: pytest --gpu-big=only, one process (limit ${BIG_S:-150} s)" >> "$raw"
-  timeout "${BIG_S:-150}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=10 "${select[@]}" \
+  echo "== pass 2: pytest --gpu-big=only, one process (limit ${BIG_S:-180} s)" >> "$raw"
+  timeout "${BIG_S:-180}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=10 "${select[@]}" \
     --gpu-big=only "${args[@]}" > "$raw.2" 2>&1
   rc2=$?
   cat "$raw.2" >> "$raw"
