@@ -46,8 +46,9 @@ def pytest_collection_modifyitems(config, items):
     choice = config.getoption("--gpu-big")
     if choice == "with":
         return
-    keep = [it for it in items if _is_gpu_big(it) == (choice == "only")]
-    dropped = [it for it in items if _is_gpu_big(it) != (choice == "only")]
+    keep, dropped = [], []
+    for it in items:
+        (keep if _is_gpu_big(it) == (choice == "only") else dropped).append(it)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = keep

@@ -39,6 +39,7 @@ python3 -c "import xdist" 2>/dev/null && workers=(-n "${PYTEST_WORKERS:-3}" --di
 select=(-k "not sm90")
 [ "${OFFLINE:-0}" = 1 ] && select=()
 args=(${PYTEST_ARGS:-tests/kernels tests/test_nn.py tests/test_patch.py tests/test_patch_lora.py tests/test_patch_varlen.py})
+pytest=(python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 "${select[@]}")
 summary() {  # pytest's last summary line in $1
   local l
   l=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|errors?)\b.* in [0-9.]+s|^=+ .*(passed|failed|skipped|errors?|deselected).* =+$|^=* ?no tests ran" "$1" | tail -n 1)
@@ -75,16 +76,12 @@ PY
 }
 big=${GPU_BIG:-split}
 case "$big" in with|split|only|skip) ;; *) echo "GPU_BIG must be with, split, only or skip (got '$big')"; exit 2 ;; esac
-first=with
+first=$big  # the first pass's --gpu-big: split runs the gpu_big tests in a second pass
 [ "$big" = split ] && first=skip
-[ "$big" = only ] || [ "$big" = skip ] && first=$big
 : > "$raw"
-rc=0
-last=""
 if [ "$first" = only ]; then pass_workers=(); else pass_workers=("${workers[@]}"); fi
 echo "== pass 1: pytest --gpu-big=$first ${pass_workers[*]} (limit ${TEST_S:-380} s)" >> "$raw"
-timeout "${TEST_S:-380}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=20 "${pass_workers[@]}" "${select[@]}" \
-  --gpu-big="$first" "${args[@]}" > "$raw.1" 2>&1
+timeout "${TEST_S:-380}" "${pytest[@]}" --durations=20 "${pass_workers[@]}" --gpu-big="$first" "${args[@]}" > "$raw.1" 2>&1
 rc=$?
 cat "$raw.1" >> "$raw"
 last="$(summary "$raw.1") (pytest rc=$rc)"
@@ -92,8 +89,7 @@ last="$(summary "$raw.1") (pytest rc=$rc)"
 write_log
 if [ "$big" = split ]; then
   echo "== pass 2: pytest --gpu-big=only, one process (limit ${BIG_S:-180} s)" >> "$raw"
-  timeout "${BIG_S:-180}" python3 -m pytest -q -rfE -p no:cacheprovider --timeout 200 --durations=10 "${select[@]}" \
-    --gpu-big=only "${args[@]}" > "$raw.2" 2>&1
+  timeout "${BIG_S:-180}" "${pytest[@]}" --durations=10 --gpu-big=only "${args[@]}" > "$raw.2" 2>&1
   rc2=$?
   cat "$raw.2" >> "$raw"
   last="$last; gpu_big alone: $(summary "$raw.2") (pytest rc=$rc2)"
@@ -101,8 +97,7 @@ if [ "$big" = split ]; then
   [ $rc = 0 ] && rc=$rc2
   write_log
 fi
-rm -f "$raw.1" "$raw.2"
-rm -f "$raw"
+rm -f "$raw" "$raw.1" "$raw.2"
 grep -E "^(FAILED|ERROR)" "$log" | head -n 60
 echo "result: $last  ($(( SECONDS - start )) s)  -> $(basename "$log")"
 exit $rc
