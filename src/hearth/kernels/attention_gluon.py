@@ -207,32 +207,51 @@ def pps_schedule(bh: int, n_m: int, section: int, causal: bool, programs: int, t
     """The tile ids each of `programs` programs runs, in that order (ascending: the tile order of pps_tile_order, so
     the programs running at once stay within a section). balance: each tile, in tile order, to the least-loaded
     program (turns + tile_cost a tile; ties to the lowest program); else round robin."""
-    import heapq
-
     total = bh * n_m
     if programs < 1 or programs > total:
         raise ValueError(f"programs must be in [1, {total}] (the tiles), got {programs}")
     if not balance:
         return [list(range(p, total, programs)) for p in range(programs)]
+    return _least_loaded(((tile_id, pps_tile_turns(start_m, tq, tk, causal, block_m, block_n))
+                          for tile_id, (start_m, _) in enumerate(pps_tile_order(bh, n_m, section, causal))),
+                         programs, tile_cost)
+
+
+def _least_loaded(items, programs: int, tile_cost: float) -> list[list[int]]:
+    """The persistent schedules' placement: each (tile, turns) of `items`, in order, to the program whose tiles so far
+    cost least (a tile costs its turns + tile_cost; ties to the lowest program) -> each program's tiles in run
+    order. pps_schedule's and varlen_pps_schedule's."""
+    import heapq
+
     per = [[] for _ in range(programs)]
     heap = [(0.0, p) for p in range(programs)]
-    for tile_id, (start_m, _) in enumerate(pps_tile_order(bh, n_m, section, causal)):
+    for tile, turns in items:
         load, p = heapq.heappop(heap)
-        per[p].append(tile_id)
-        heapq.heappush(heap, (load + pps_tile_turns(start_m, tq, tk, causal, block_m, block_n) + tile_cost, p))
+        per[p].append(tile)
+        heapq.heappush(heap, (load + turns + tile_cost, p))
     return per
+
+
+def _schedule_table(per: list[list[int]], device: torch.device) -> torch.Tensor:
+    """A schedule as the persistent kernel reads it: int32 [1 + most tiles a program runs, programs], row n program
+    p's n-th tile, -1 past its tiles (every column ends in one)."""
+    rows = 1 + max(len(tiles) for tiles in per)
+    # column p: program p's tiles, then -1; built as rows of columns and transposed
+    table = torch.tensor([tiles + [-1] * (rows - len(tiles)) for tiles in per], dtype=torch.int32)
+    return table.t().contiguous().to(device)
+
+
+def _pps_tile_cost(env=None) -> float:
+    """PPS_TILE_COST, or HEARTH_ATTN_PPS_TILE_COST where set (a probe's override)."""
+    return float((os.environ if env is None else env).get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST))
 
 
 @functools.lru_cache(maxsize=256)
 def _pps_schedule_tensor(bh: int, n_m: int, section: int, causal: bool, programs: int, tq: int, tk: int, block_m: int,
                          block_n: int, balance: bool, tile_cost: float, device: torch.device) -> torch.Tensor:
-    """pps_schedule as the kernel reads it: int32 [1 + most tiles a program runs, programs], row n program p's n-th
-    tile id, -1 past its tiles (every column ends in one). Built and copied once per shape."""
-    per = pps_schedule(bh, n_m, section, causal, programs, tq, tk, block_m, block_n, balance, tile_cost)
-    rows = 1 + max(len(tiles) for tiles in per)
-    # column p: program p's tiles, then -1; built as rows of columns and transposed
-    table = torch.tensor([tiles + [-1] * (rows - len(tiles)) for tiles in per], dtype=torch.int32)
-    return table.t().contiguous().to(device)
+    """pps_schedule as the kernel reads it (_schedule_table: tile ids). Built and copied once per shape."""
+    return _schedule_table(pps_schedule(bh, n_m, section, causal, programs, tq, tk, block_m, block_n, balance,
+                                        tile_cost), device)
 
 
 def varlen_pps_schedule(lens_q, lens_k, h_q: int, causal: bool, programs: int, block_m: int, block_n: int,
@@ -245,8 +264,6 @@ def varlen_pps_schedule(lens_q, lens_k, h_q: int, causal: bool, programs: int, b
     plus tile_cost, as pps_schedule counts) from the heaviest, each to the program whose tiles so far cost least
     (ties to the lowest program; equal costs keep sequence, block, head order). programs: at most this many
     (fewer when there are fewer tiles); ValueError when a code would not fit int32."""
-    import heapq
-
     if len(lens_q) != len(lens_k):
         raise ValueError(f"lens_q and lens_k must have one length per sequence, got {len(lens_q)} and {len(lens_k)}")
     if programs < 1:
@@ -255,20 +272,13 @@ def varlen_pps_schedule(lens_q, lens_k, h_q: int, causal: bool, programs: int, b
     n_m = max(1, cdiv(max(lens_q, default=0), rows))
     if len(lens_q) * n_m * h_q >= 2**31:
         raise ValueError(f"{len(lens_q)} sequences x {n_m} query blocks x {h_q} heads do not fit int32 tile codes")
-    blocks = []  # (cost, first code) per (sequence, query block); its h_q heads follow
+    blocks = []  # (turns, first code) per (sequence, query block); its h_q heads follow
     for s, (nq, nk) in enumerate(zip(lens_q, lens_k)):
         for m in range(cdiv(nq, rows)):
-            blocks.append((pps_tile_turns(m, nq, nk, causal, block_m, block_n) + tile_cost, (s * n_m + m) * h_q))
+            blocks.append((pps_tile_turns(m, nq, nk, causal, block_m, block_n), (s * n_m + m) * h_q))
     blocks.sort(key=lambda b: -b[0])  # stable: equal costs keep their order
-    n_tiles = len(blocks) * h_q
-    per = [[] for _ in range(min(programs, n_tiles))]
-    heap = [(0.0, p) for p in range(len(per))]
-    for cost, first in blocks:
-        for h in range(h_q):
-            load, p = heapq.heappop(heap)
-            per[p].append(first + h)
-            heapq.heappush(heap, (load + cost, p))
-    return per, n_m
+    tiles = ((first + h, turns) for turns, first in blocks for h in range(h_q))
+    return _least_loaded(tiles, min(programs, len(blocks) * h_q), tile_cost), n_m
 
 
 @functools.lru_cache(maxsize=64)
@@ -280,9 +290,7 @@ def _varlen_pps_schedule_tensor(lens_q: tuple, lens_k: tuple, h_q: int, causal: 
     per, n_m = varlen_pps_schedule(lens_q, lens_k, h_q, causal, programs, block_m, block_n, tile_cost)
     if not per:
         return None
-    rows = 1 + max(len(tiles) for tiles in per)
-    table = torch.tensor([tiles + [-1] * (rows - len(tiles)) for tiles in per], dtype=torch.int32)
-    return table.t().contiguous().to(device), n_m, len(per)
+    return _schedule_table(per, device), n_m, len(per)
 
 
 CONSUMER_REGS = 240
@@ -1891,7 +1899,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             env = os.environ
             sched = _pps_schedule_tensor(B * Hq, n_m, section, bool(causal), programs, Tq, Tk, block_m,
                                          meta["BLOCK_N"], _env_flag(env, "HEARTH_ATTN_PPS_BALANCE", True),
-                                         float(env.get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST)), q.device)
+                                         _pps_tile_cost(env), q.device)
             with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(programs,)](
                     *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, STORE_LSE=store_lse,
@@ -2243,9 +2251,8 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, 
     lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device) if store_lse else None
     block_m, descs, meta = _pp_launch(*packed_planes(q, k, v, out), causal)
     if lengths is not None:
-        cost = float(os.environ.get("HEARTH_ATTN_PPS_TILE_COST", PPS_TILE_COST))
         plan = _varlen_pps_schedule_tensor(tuple(lengths[0]), tuple(lengths[1]), Hq, bool(causal), num_sms(q.device),
-                                           block_m, meta["BLOCK_N"], cost, q.device)
+                                           block_m, meta["BLOCK_N"], _pps_tile_cost(), q.device)
         if plan is not None:  # else no query anywhere: nothing to write
             sched, n_m, programs = plan
             with on_device(q.device):

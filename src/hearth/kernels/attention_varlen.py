@@ -108,20 +108,29 @@ def _check_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k
 DQ_TMA_ALIGN = 64
 
 
+def _validated(cu_q: torch.Tensor, cu_k: torch.Tensor | None = None):
+    """The entry _check_offsets left for cu_q (and cu_k, when given), if those tensors are unchanged since (their
+    version counters); None when not known (never checked, evicted, or changed in place)."""
+    seen = _VALIDATED.get(id(cu_q))
+    if seen is None or seen[0]() is not cu_q or seen[2][0] != cu_q._version:
+        return None
+    if cu_k is not None and (seen[1]() is not cu_k or seen[2][1] != cu_k._version):
+        return None
+    return seen
+
+
 def _q_aligned(cu_q: torch.Tensor) -> bool:
     """Whether the forward validated cu_q (and it is unchanged) with every query offset a multiple of
     DQ_TMA_ALIGN; False when not known (an evicted entry): the padded placement serves every pack."""
-    seen = _VALIDATED.get(id(cu_q))
-    return seen is not None and seen[0]() is cu_q and seen[2][0] == cu_q._version and seen[3]
+    seen = _validated(cu_q)
+    return seen is not None and seen[3]
 
 
 def _host_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> tuple | None:
     """(query lengths, key lengths) of the packed sequences as host ints, from the entry the forward's check left
     for this pair of offset tensors (unchanged since); None when not known."""
-    seen = _VALIDATED.get(id(cu_q))
-    if seen is None or seen[0]() is not cu_q or seen[1]() is not cu_k or seen[2][:2] != (cu_q._version, cu_k._version):
-        return None
-    return seen[4]
+    seen = _validated(cu_q, cu_k)
+    return None if seen is None else seen[4]
 
 
 def _check_offsets_on_host(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
