@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-OPS = ("softmax", "rms_norm", "layer_norm", "swiglu", "rope", "cross_entropy")
+OPS = ("softmax", "rms_norm", "layer_norm", "swiglu", "rope", "cross_entropy", "swiglu_mlp", "linear_cross_entropy")
 PROVIDERS = ("hearth", "liger", "torch")
 
 
@@ -116,6 +116,26 @@ def _cases(op: str) -> dict:
         if lf is not None:
             out["liger"] = ([q, k], lambda: backward(lf.liger_rope(q, k, cos, sin)))
         out["torch"] = ([q, k], lambda: backward((torch_rope(q), torch_rope(k))))
+        return out
+    if op == "swiglu_mlp":  # x [32, 64], nn.Linear weights gate / up [128, 64], down [64, 128]; Liger's MLP module
+        # is three F.linear around its liger_swiglu (LigerSwiGLUMLP.forward), written out here without the module
+        x, dy = rnd(32, 64, grad=True), rnd(32, 64)
+        wg, wu, wd = (0.1 * rnd(128, 64)).requires_grad_(), (0.1 * rnd(128, 64)).requires_grad_(), \
+            (0.1 * rnd(64, 128)).requires_grad_()
+        leaves = [x, wg, wu, wd]
+        from hearth.kernels.swiglu import swiglu_mlp
+        out["hearth"] = (leaves, lambda: swiglu_mlp(x, wg, wu, wd).backward(dy))
+        if lf is not None:
+            out["liger"] = (leaves, lambda: F.linear(lf.liger_swiglu(F.linear(x, wg), F.linear(x, wu)), wd).backward(dy))
+        out["torch"] = (leaves, lambda: F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd).backward(dy))
+        return out
+    if op == "linear_cross_entropy":  # hidden [64, 64], lm_head [256, 64] (trainable), mean loss
+        x, w = rnd(64, 64, grad=True), (0.1 * rnd(256, 64)).requires_grad_()
+        target = torch.randint(0, 256, (64,), generator=g)
+        out["hearth"] = ([x, w], lambda: hk.linear_cross_entropy(x, w, target).backward())
+        if lf is not None:
+            out["liger"] = ([x, w], lambda: lf.liger_fused_linear_cross_entropy(x, w, target).backward())
+        out["torch"] = ([x, w], lambda: F.cross_entropy(F.linear(x, w), target).backward())
         return out
     # cross_entropy: hearth writes the gradient over its logits, so every provider gets a fresh copy (the same cost)
     logits, target = rnd(64, 512, grad=True), torch.randint(0, 512, (64,), generator=g)

@@ -83,6 +83,22 @@ def test_host_vs_peers_script_times_every_provider(tmp_path):
     assert "hearth / liger" in proc.stdout
 
 
+def test_host_vs_peers_script_times_the_mlp_and_linear_cross_entropy(tmp_path):
+    """The two ops whose Liger peers are an MLP around liger_swiglu and Liger's fused linear cross-entropy: a row
+    per provider each, positive times."""
+    out = tmp_path / "peers.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "host_vs_peers.py"), "--ops", "swiglu_mlp,linear_cross_entropy",
+         "--reps", "3", "--rounds", "1", "--warmup", "1", "--jsonl", str(out)],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["op"], r["provider"]) for r in rows] == [
+        (op, p) for op in ("swiglu_mlp", "linear_cross_entropy") for p in ("hearth", "liger", "torch")]
+    assert all(0 < r["min_us"] <= r["median_us"] and r["samples"] == 3 for r in rows), rows
+
+
 def test_host_vs_peers_script_rejects_an_unknown_op():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_vs_peers.py"), "--ops", "nope"],
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, timeout=120)
