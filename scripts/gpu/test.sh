@@ -11,7 +11,8 @@
 # (default: the kernel, nn and patch tests), TEST_S (wall limit for the first pass, default 380 s: on 2026-12-06
 # H100s ran the whole suite in 215-325 s of pytest), GPU_BIG ("split", the default: the workers run every test
 # but those marked xdist_group("gpu_big"), then those run alone in one process, limit BIG_S, default what is left
-# of CALL_S (585 s) after the first pass (at least 60 s);
+# of CALL_S (575 s) after the first pass (at least 60 s); cold, it needs over 3 minutes, so after a long first pass
+# run GPU_BIG=only in a second call;
 # beside 13 workers on an 80 GB H100 five of them ran out of memory on 2026-12-06, one holding 54 GiB itself.
 # "with": one pass, those in one worker beside the rest, as before; "only" / "skip": one pass of just them /
 # without them). The two limits and start-up fit one 600 s device call; the log is rewritten after each pass,
@@ -46,13 +47,8 @@ summary() {  # pytest's last summary line in $1
   l=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|errors?)\b.* in [0-9.]+s|^=+ .*(passed|failed|skipped|errors?|deselected).* =+$|^=* ?no tests ran" "$1" | tail -n 1)
   echo "${l:-(no pytest summary line: killed at the time limit?)}"
 }
-write_log() {  # the log as it stands: header, the result of each pass so far, then pytest's output
-  {
-    echo "# hearth GPU test suite"
-    echo "commit:   $commit"
-    echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "command:  COMMIT=$commit OFFLINE=${OFFLINE:-0} GPU_BIG=$big bash scripts/gpu/test.sh   (pytest ${select[*]} ${args[*]})"
-    python3 - <<'PY'
+# the machine's lines, asked once (importing torch takes seconds: a log rewritten at the end of the call must not)
+machine=$(python3 - <<'PY'
 import torch, triton
 try:
     import transformers, peft
@@ -69,11 +65,19 @@ except Exception:  # noqa: BLE001
 print(f"gpu:      {gpu} (driver {driver})")
 print(f"versions: torch {torch.__version__}, triton {triton.__version__}, {extra}")
 PY
+)
+write_log() {  # the log as it stands: header, the result of each pass so far, then pytest's output
+  {
+    echo "# hearth GPU test suite"
+    echo "commit:   $commit"
+    echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "command:  COMMIT=$commit OFFLINE=${OFFLINE:-0} GPU_BIG=$big bash scripts/gpu/test.sh   (pytest ${select[*]} ${args[*]})"
+    echo "$machine"
     echo "wall:     $(( SECONDS - start )) s, workers (last pass): ${pass_workers[*]:-1}"
     echo "result:   $last"
     echo
     cat "$raw"
-  } > "$log"
+  } > "$log.tmp" && mv "$log.tmp" "$log"  # whole or not at all: a call cut mid-write keeps the last log
 }
 big=${GPU_BIG:-split}
 case "$big" in with|split|only|skip) ;; *) echo "GPU_BIG must be with, split, only or skip (got '$big')"; exit 2 ;; esac
@@ -89,10 +93,11 @@ last="$(summary "$raw.1") (pytest rc=$rc)"
 [ $rc = 5 ] && rc=0  # no test selected in this pass
 write_log
 if [ "$big" = split ]; then
-    # the rest of the call's CALL_S (default 585 s of a 600 s device call) unless BIG_S is set: on 2026-12-06 a
-  # fixed 180 s cut this pass two tests short after a 269 s first pass (its kernels compiling cold); warm, it ran
-  # in 75 s
-  big_s=${BIG_S:-$(( ${CALL_S:-585} - (SECONDS - start) ))}
+    # the rest of the call's CALL_S (default 575 s of a 600 s device call: what runs before this script and the
+  # log's last rewrite need the margin) unless BIG_S is set: on 2026-12-06 a fixed 180 s cut this pass two tests
+  # short after a 269 s first pass (its kernels compiling cold); warm, it ran in 75 s; after a 317 s first pass it
+  # had 175 s and ran 69 of its 84 tests
+  big_s=${BIG_S:-$(( ${CALL_S:-575} - (SECONDS - start) ))}
   [ "$big_s" -lt 60 ] && big_s=60
   echo "== pass 2: pytest --gpu-big=only, one process (limit $big_s s)" >> "$raw"
   pass_workers=()
