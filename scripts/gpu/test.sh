@@ -11,8 +11,9 @@
 # (default: the kernel, nn and patch tests), TEST_S (wall limit for the first pass, default 380 s: on 2026-12-06
 # H100s ran the whole suite in 215-325 s of pytest), GPU_BIG ("split", the default: the workers run every test
 # but those marked xdist_group("gpu_big"), then those run alone in one process, limit BIG_S, default what is left
-# of CALL_S (575 s) after the first pass (at least 60 s); cold, it needs over 3 minutes, so after a long first pass
-# run GPU_BIG=only in a second call;
+# of CALL_S (575 s) after the first pass (at least 60 s); cold, it needs over 3 minutes, so where the first pass
+# takes 5 minutes (it did, 317 s, on 2026-12-06) run the suite in two calls on the same warm machine instead:
+# GPU_BIG=skip, then GPU_BIG=only (logs <date>-<commit>-workers.log and -gpu_big.log);
 # beside 13 workers on an 80 GB H100 five of them ran out of memory on 2026-12-06, one holding 54 GiB itself.
 # "with": one pass, those in one worker beside the rest, as before; "only" / "skip": one pass of just them /
 # without them). The two limits and start-up fit one 600 s device call; the log is rewritten after each pass,
@@ -30,7 +31,6 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} HEARTH_ATTN_
 unset TRITON_INTERPRET
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 day=$(date -u +%Y-%m-%d)
-log="$OUT/${day}-${commit}.log"
 raw="$OUT/pytest-raw.txt"
 start=$SECONDS
 # several pytest workers share the GPU: the suite is dominated by Triton compiles (CPU) and fp32
@@ -81,6 +81,11 @@ write_log() {  # the log as it stands: header, the result of each pass so far, t
 }
 big=${GPU_BIG:-split}
 case "$big" in with|split|only|skip) ;; *) echo "GPU_BIG must be with, split, only or skip (got '$big')"; exit 2 ;; esac
+# one pass of a two-call run is named by its half: <date>-<commit>-workers.log (skip), -gpu_big.log (only)
+suffix=""
+[ "$big" = skip ] && suffix="-workers"
+[ "$big" = only ] && suffix="-gpu_big"
+log="$OUT/${day}-${commit}${suffix}.log"
 first=$big  # the first pass's --gpu-big: split runs the gpu_big tests in a second pass
 [ "$big" = split ] && first=skip
 : > "$raw"
