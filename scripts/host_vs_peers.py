@@ -70,6 +70,7 @@ def _cases(op: str) -> dict:
     import torch.nn.functional as F
 
     import hearth.kernels as hk
+    from hearth.kernels.swiglu import swiglu_mlp  # not exported by the package
 
     g = torch.Generator().manual_seed(0)
 
@@ -123,7 +124,6 @@ def _cases(op: str) -> dict:
         wg, wu, wd = (0.1 * rnd(128, 64)).requires_grad_(), (0.1 * rnd(128, 64)).requires_grad_(), \
             (0.1 * rnd(64, 128)).requires_grad_()
         leaves = [x, wg, wu, wd]
-        from hearth.kernels.swiglu import swiglu_mlp
         out["hearth"] = (leaves, lambda: swiglu_mlp(x, wg, wu, wd).backward(dy))
         if lf is not None:
             out["liger"] = (leaves, lambda: F.linear(lf.liger_swiglu(F.linear(x, wg), F.linear(x, wu)), wd).backward(dy))

@@ -1,6 +1,7 @@
 """scripts/gpu/test.sh's two passes: `--gpu-big` (tests/conftest.py) splits the collected tests by the
 xdist_group("gpu_big") mark, so the workers' pass and the one-process pass together run each test once."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,6 @@ def test_gpu_big_refuses_an_unknown_choice():
 def test_suite_script_names_a_half_run_and_writes_its_header(tmp_path):
     """scripts/gpu/test.sh end to end on the CPU (its GPU tests skip): GPU_BIG=only names the log -gpu_big.log and
     writes the header (commit, the machine lines asked once, wall, result) above pytest's output."""
-    import os
-
     env = dict(os.environ, OUT=str(tmp_path), COMMIT="abc1234", GPU_BIG="only", PYTEST_ARGS="tests/kernels/test_rope.py",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "test.sh")], cwd=ROOT, env=env, capture_output=True,

@@ -98,7 +98,7 @@ last="$(summary "$raw.1") (pytest rc=$rc)"
 [ $rc = 5 ] && rc=0  # no test selected in this pass
 write_log
 if [ "$big" = split ]; then
-    # the rest of the call's CALL_S (default 575 s of a 600 s device call: what runs before this script and the
+  # the rest of the call's CALL_S (default 575 s of a 600 s device call: what runs before this script and the
   # log's last rewrite need the margin) unless BIG_S is set: on 2026-12-06 a fixed 180 s cut this pass two tests
   # short after a 269 s first pass (its kernels compiling cold); warm, it ran in 75 s; after a 317 s first pass it
   # had 175 s and ran 69 of its 84 tests
