@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import weakref
@@ -435,6 +436,28 @@ class _IdealMLP(torch.autograd.Function):
         return dx, g.t() @ x, u.t() @ x, dw_down
 
 
+@contextlib.contextmanager
+def launches_collected(monkeypatch):
+    """The peak-memory tests' setting: the Triton interpreter leaves each launch's arguments in a reference cycle (a
+    compiled GPU launch holds nothing), so the swiglu launches collect generation 0 right after they run and freed
+    chunk buffers really go; the collector is off otherwise (nothing promoted out of generation 0 behind them)."""
+    for name in ("_launch_fwd", "_launch_bwd"):
+        launch = getattr(swiglu_module, name)
+
+        def collected(*a, _launch=launch, **k):
+            _launch(*a, **k)
+            gc.collect(0)
+
+        monkeypatch.setattr(swiglu_module, name, collected)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def peak_live_bytes(kind, n, hidden, inter, dtype):
     """(peak, at_peak) of LiveBytes over out = MLP(x); out.backward(dout), as the bench's
     swiglu_mlp case runs it: no bias, x and the three weights require grad, grads None before,
@@ -475,23 +498,8 @@ def test_mlp_peak_memory_fwd_bwd_is_ideal(monkeypatch, n, hidden, inter, saved):
     monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", swiglu_module.MLP_CHUNK_ELEMS // 128**2)
     # the GPU's wave floor is not scaled with the dims (it would make one chunk of these): the budget rule alone
     monkeypatch.setattr(swiglu_module, "MLP_MIN_WAVES", 0)
-    # The Triton interpreter leaves each launch's arguments in a reference cycle (a compiled GPU
-    # launch holds nothing): collect right after every launch so freed chunk buffers really go.
-    for name in ("_launch_fwd", "_launch_bwd"):
-        launch = getattr(swiglu_module, name)
-
-        def collected(*a, _launch=launch, **k):
-            _launch(*a, **k)
-            gc.collect(0)
-
-        monkeypatch.setattr(swiglu_module, name, collected)
-    was_enabled = gc.isenabled()
-    gc.disable()  # nothing promoted out of generation 0 behind the collections above
-    try:
+    with launches_collected(monkeypatch):
         peaks = {k: peak_live_bytes(k, n, hidden, inter, torch.bfloat16) for k in ("hearth", "ideal", "eager")}
-    finally:
-        if was_enabled:
-            gc.enable()
     ni = n * inter * 2  # one [N, I] bf16 tensor
     hearth, ideal, eager = (peaks[k][0] for k in ("hearth", "ideal", "eager"))
     alive = "\n".join(f"  {b / ni:5.2f} x [N,I]  {d}" for b, d in peaks["hearth"][1] if b >= ni // 8)
@@ -583,19 +591,21 @@ def test_mlp_chunk_wave_floor_can_be_turned_off(monkeypatch):
 
 
 def test_mlp_wave_floor_only_for_the_weight_gradient_chunks(monkeypatch):
-    """The SMs reach _chunk only from the full MLP's backward column chunks when weight gradients are computed: not
-    from its forward row chunks, not from a backward without weight gradients, and not from the LoRA node (its
-    frozen base has no weight-gradient GEMMs; the floor measured 4-7% slower there on an H100)."""
+    """The SMs reach _chunk only for the full MLP's backward column chunks when weight gradients are computed (the
+    forward asks for that chunk too, to size its own: _fwd_rows): not from a backward without weight gradients, and
+    not from the LoRA node (its frozen base has no weight-gradient GEMMs; the floor measured 4-7% slower there on an
+    H100)."""
     sw = importlib.import_module("hearth.kernels.swiglu")
     calls = []
     real = sw._chunk
     monkeypatch.setattr(sw, "_gpu_sms", lambda t: 132)  # as on a GPU
-    monkeypatch.setattr(sw, "_chunk", lambda total, other, hidden=0, sms=0: calls.append(sms) or real(total, other))
+    monkeypatch.setattr(sw, "_chunk", lambda total, other, hidden=0, sms=0, budget=0:
+                        calls.append(sms) or real(total, other, budget=budget))
     x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
     ws = [(torch.randn(16, 8, device=DEVICE) * 0.3).requires_grad_(), (torch.randn(16, 8, device=DEVICE) * 0.3).requires_grad_(),
           (torch.randn(8, 16, device=DEVICE) * 0.3).requires_grad_()]
     sw.swiglu_mlp(x, *ws).sum().backward()
-    assert calls == [0, 132], calls  # forward rows, backward columns
+    assert calls == [0, 132, 132], calls  # forward rows, the backward's columns (the forward's budget), backward columns
     calls.clear()
     frozen = [w.detach() for w in ws]
     sw.swiglu_mlp(x, *frozen).sum().backward()
@@ -606,3 +616,52 @@ def test_mlp_wave_floor_only_for_the_weight_gradient_chunks(monkeypatch):
     lora = [(torch.randn(*s, device=DEVICE) * 0.1).requires_grad_() for s in ((4, 8), (16, 4), (4, 8), (16, 4), (4, 16), (8, 4))]
     lora_swiglu_mlp(x, *frozen, *lora, 2.0, 2.0, 2.0, compute="base").sum().backward()
     assert calls and set(calls) == {0}, calls
+
+
+def test_mlp_forward_rows_follow_the_backward_chunk():
+    """_fwd_rows: with weight gradients on a GPU the forward's row chunks may hold as many elements as the backward's
+    column chunk (its wave floor), cut evenly; otherwise (sms 0: the CPU, frozen weights, no graph) _chunk's budget
+    rule. The model-shape suite's MLPs on 132 SMs."""
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    f = sw._fwd_rows
+    assert f(16384, 3072, 1024, 132) == 16384  # Qwen3-0.6B: one chunk (was 5376 x 3 + 256)
+    assert f(12289, 9728, 2560, 132) == 3328  # Qwen3-4B: four (3 x 3328 + 2305; was 8 x 1536 + 1)
+    assert f(4096, 17408, 5120, 132) == sw._chunk(4096, 17408) == 768  # Qwen3-14B: the budget's chunk already
+    assert f(8192, 14336, 4096, 132) == sw._chunk(8192, 14336) == 1024  # the headline MLP: likewise
+    assert f(12289, 9728, 2560, 0) == 1536  # no weight gradients / CPU: the budget rule
+    for m, inter, hidden in ((16384, 3072, 1024), (12289, 9728, 2560), (4096, 17408, 5120), (65536, 3072, 1024)):
+        rows, cols = f(m, inter, hidden, 132), sw._chunk(inter, m, hidden, 132)
+        assert rows * inter <= max(sw.MLP_CHUNK_ELEMS, m * cols)  # h's chunk never above dh's
+
+
+def test_mlp_forward_rows_asked_with_sms_only_for_trainable_weights(monkeypatch):
+    """The public function passes weight_grads (grad mode on and a weight or bias that requires grad) so that the
+    forward's larger chunks come only where the backward's chunks are as large: frozen weights, torch.no_grad and
+    the CPU keep the budget rule (no extra memory for inference)."""
+    sw = importlib.import_module("hearth.kernels.swiglu")
+    seen = []
+    real = sw._fwd_rows
+    monkeypatch.setattr(sw, "_gpu_sms", lambda t: 132)
+    monkeypatch.setattr(sw, "_fwd_rows", lambda m, inter, hidden, sms: seen.append(sms) or real(m, inter, hidden, sms))
+    x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    ws = [(torch.randn(*s, device=DEVICE) * 0.3).requires_grad_() for s in ((16, 8), (16, 8), (8, 16))]
+    sw.swiglu_mlp(x, *ws)
+    with torch.no_grad():
+        sw.swiglu_mlp(x, *ws)
+    sw.swiglu_mlp(x, *[w.detach() for w in ws])
+    assert seen == [132, 0, 0], seen
+
+
+def test_mlp_forward_rows_raised_keep_the_fwd_bwd_peak(monkeypatch):
+    """The raised forward chunk (_fwd_rows) leaves fwd+bwd's peak live bytes where the budget rule's chunks put it:
+    the backward's dh chunk is as large and lives beside dx and the weight gradients. Qwen3-0.6B's MLP scaled by
+    1/128 per dim (16384 x 1024 x 3072 -> 128 x 8 x 24), chunks by 1/16384, one SM so that the wave floor makes the
+    backward one column chunk (as on the H200): the forward then runs one row chunk, not three."""
+    monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", swiglu_module.MLP_CHUNK_ELEMS // 128**2)
+    monkeypatch.setattr(swiglu_module, "_gpu_sms", lambda t: 1)
+    assert swiglu_module._fwd_rows(128, 24, 8, 1) == 128 and swiglu_module._chunk(128, 24) < 128
+    with launches_collected(monkeypatch):
+        raised = peak_live_bytes("hearth", 128, 8, 24, torch.bfloat16)[0]
+        monkeypatch.setattr(swiglu_module, "_fwd_rows", lambda m, inter, hidden, sms: swiglu_module._chunk(m, inter))
+        budget = peak_live_bytes("hearth", 128, 8, 24, torch.bfloat16)[0]
+    assert raised <= budget, (raised, budget)

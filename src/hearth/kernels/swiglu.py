@@ -292,7 +292,7 @@ _swiglu = autograd_op(_swiglu_fwd_op, _swiglu_forward, _swiglu_setup, _swiglu_ba
 # --------------------------------------------------------------------------------------------
 # torch.library ops + autograd: the SwiGLU MLP as one node (LESSON 9)
 # --------------------------------------------------------------------------------------------
-def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0) -> int:
+def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0, budget: int = 0) -> int:
     """Rows (or columns) per chunk so that chunk x other ~ MLP_CHUNK_ELEMS; a multiple of 256 when
     that large, so every chunk's matmul tiles evenly.
 
@@ -302,8 +302,9 @@ def _chunk(total: int, other: int, hidden: int = 0, sms: int = 0) -> int:
     are cut evenly (multiples of 256). Why: on an H100 (2026-12-05, host_trace_probe --shapes) the backward's
     seven 1280-column weight-gradient GEMMs at Qwen3-4B's MLP (12289 x 2560 x 9728; [2560, 1280] outputs, 100
     tiles of 128x256 on 132 SMs) took 1362 + 1349 us against 808 + 843 us unchunked, while the forward's row
-    chunks ran at the unchunked GEMM's speed (BENCHMARKS.md)."""
-    size = MLP_CHUNK_ELEMS // max(1, other)
+    chunks ran at the unchunked GEMM's speed (BENCHMARKS.md). budget: elements a chunk in place of MLP_CHUNK_ELEMS
+    (_fwd_rows)."""
+    size = (budget or MLP_CHUNK_ELEMS) // max(1, other)
     if size >= 256:
         size -= size % 256
     size = max(1, min(total, size))
@@ -341,19 +342,39 @@ def _linear_into(out, a, w, b) -> None:
 def _mlp_forward(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
     b_gate: Optional[torch.Tensor], b_up: Optional[torch.Tensor], b_down: Optional[torch.Tensor],
-    recompute_up: bool,
+    recompute_up: bool, weight_grads: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [..., H] -> (out [..., H], g [M, I], u [M, I] or an empty [0] tensor when recompute_up; M = x's rows).
 
     h (and, when recompute_up, u) is formed one row chunk at a time and never held whole. The leading dims
     are flattened in here, not around the autograd node (no view nodes in the graph: host time forward
-    and backward); out is allocated in its final shape (a Function may not return a view)."""
+    and backward); out is allocated in its final shape (a Function may not return a view).
+    weight_grads: the backward will compute weight gradients (the caller records a graph for trainable
+    weights): the row chunks may then hold as many elements as the backward's column chunks (_fwd_rows)."""
     x2 = x.reshape(-1, x.shape[-1])
     g = F.linear(x2, w_gate, b_gate)
     u = x.new_empty(0) if recompute_up else F.linear(x2, w_up, b_up)
     out = x.new_empty((*x.shape[:-1], w_down.shape[0]))
-    _down_by_row_chunks(x2, g, u, w_up, b_up, w_down, b_down, recompute_up, out=out.view(-1, w_down.shape[0]))
+    rows = _fwd_rows(*g.shape, x.shape[-1], _gpu_sms(g) if weight_grads else 0)
+    _down_by_row_chunks(x2, g, u, w_up, b_up, w_down, b_down, recompute_up, out=out.view(-1, w_down.shape[0]),
+                        rows=rows)
     return out, g, u
+
+
+def _fwd_rows(m: int, inter: int, hidden: int, sms: int) -> int:
+    """Rows per forward chunk of the full MLP: _chunk's budget rule, and with sms > 0 (weight gradients on a GPU)
+    a budget raised to the elements of the backward's column chunk ([m, _chunk(inter, m, hidden, sms)]: its
+    wave floor), cut evenly. The h chunk then never holds more than the backward's dh chunk, which is alive
+    beside as large tensors (dx, the weight gradients) as the forward's out, so fwd+bwd's peak does not move,
+    and small MLPs run fewer launches: Qwen3-0.6B's 16384 x 1024 x 3072 one chunk, not four (three of 5376
+    rows and one of 256); Qwen3-4B's 12289 x 2560 x 9728 four, not nine (the last of one row)."""
+    rows = _chunk(m, inter)
+    if sms <= 0:
+        return rows
+    budget = m * _chunk(inter, m, hidden, sms)
+    if budget <= rows * inter:
+        return rows
+    return cut_evenly(m, _chunk(m, inter, budget=budget))
 
 
 def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx, *, want_h=True, fix_dh=None,
@@ -391,15 +412,17 @@ def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, 
 
 
 def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_up=None, on_h=None,
-                        out=None) -> torch.Tensor:
+                        out=None, rows=0) -> torch.Tensor:
     """out = down(silu(g) * u) [M, H], h formed one row chunk at a time (never held whole); with recompute_up
     each chunk's u is recomputed from x (then fix_up(u_chunk, r0, r1) may add to it in place, e.g. a LoRA
     term). on_h(h_chunk, r0, r1), if given, sees each h chunk before it is reused (e.g. for a LoRA A product).
-    out: a contiguous [M, H] buffer to write (default: a new one)."""
+    out: a contiguous [M, H] buffer to write (default: a new one). rows: rows per chunk (default _chunk's
+    budget rule; the full MLP passes _fwd_rows)."""
     m, inter = g.shape
     if out is None:
         out = x.new_empty((m, w_down.shape[0]))
-    rows = _chunk(m, inter)  # the forward's down_proj chunks ran at the unchunked GEMM's speed: no wave floor
+    # the forward's down_proj chunks ran at the unchunked GEMM's speed: no wave floor of their own
+    rows = rows or _chunk(m, inter)
     h_buf = g.new_empty((min(rows, m), inter))
     u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
     for r0 in range(0, m, rows):
@@ -423,7 +446,7 @@ _mlp_fwd_op = torch.library.custom_op("hearth::swiglu_mlp_fwd", mutates_args=())
 
 
 @_mlp_fwd_op.register_fake
-def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up):
+def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up, weight_grads=False):
     m = math.prod(x.shape[:-1])
     inter = w_gate.shape[0]
     u = x.new_empty(0) if recompute_up else x.new_empty((m, inter))
@@ -526,7 +549,7 @@ def _(dout, x, g, u, w_gate, w_up, w_down, b_up, need_weight_grads, recompute_up
 
 
 def _mlp_setup(ctx, inputs, output):
-    x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up = inputs
+    x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up, *_ = inputs  # (then weight_grads, if passed)
     _out, g, u = output
     # g and u are op outputs only so that they can be saved; nothing differentiates through them.
     # Without set_materialize_grads(False) autograd hands the backward a zero tensor for each of them:
@@ -540,16 +563,16 @@ def _mlp_setup(ctx, inputs, output):
 
 def _mlp_backward(ctx, dout, _dg, _du):
     if dout is None:  # the output did not reach the loss (grads are not materialised): nothing flows back
-        return (None,) * 8
+        return (None,) * 9
     x, g, u, w_gate, w_up, w_down, b_up = ctx.saved_tensors
     need_w = any(ctx.needs_input_grad[1:7])
     dx, dwg, dwu, dwd, dbg, dbu, dbd = (_mlp_backward_eager if ctx.eager else torch.ops.hearth.swiglu_mlp_bwd)(
         dout, x, g, u, w_gate, w_up, w_down, b_up, need_w, ctx.recompute_up, any(ctx.has_bias)
     )
     if not need_w:
-        return dx, None, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None, None
     bg, bu, bd = ctx.has_bias
-    return dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None, None
+    return dx, dwg, dwu, dwd, dbg if bg else None, dbu if bu else None, dbd if bd else None, None, None
 
 
 # eager: a torch.autograd.Function over _mlp_forward / _mlp_backward_impl; under torch.compile: the custom ops
@@ -635,5 +658,7 @@ def swiglu_mlp(
     for name, t, size in (("b_gate", b_gate, inter), ("b_up", b_up, inter), ("b_down", b_down, hidden)):
         if t is not None and t.shape[0] != size:
             raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
-    out, _g, _u = _mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up))  # [..., H]
+    # a graph is recorded for trainable weights: the forward's row chunks may match the backward's column chunks
+    weight_grads = torch.is_grad_enabled() and any(t.requires_grad for t in names.values() if t is not None)
+    out, _g, _u = _mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up), weight_grads)  # [..., H]
     return out
