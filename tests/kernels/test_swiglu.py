@@ -209,10 +209,12 @@ def check_mlp(x, ws, bs, dtype, frozen=False, recompute_up=False):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias,recompute_up", [(False, False), (True, False), (True, True)],
                          ids=["nobias", "bias", "bias_recompute_up"])
-def test_mlp_matches_fp32_reference(dtype, bias, recompute_up, monkeypatch):
-    # Tiny chunks so the forward's row chunks (5, 5, 3 of 13 rows) and the backward's column
-    # chunks (15, 15, 10 of I = 40) both iterate, with ragged last chunks.
-    monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", 200)
+@pytest.mark.parametrize("budget", [200, 1 << 20], ids=["chunked", "one-chunk"])
+def test_mlp_matches_fp32_reference(dtype, bias, recompute_up, budget, monkeypatch):
+    # Tiny chunks (budget 200) so the forward's row chunks (5, 5, 3 of 13 rows) and the backward's column
+    # chunks (15, 15, 10 of I = 40) both iterate, with ragged last chunks; or one chunk each (the paths
+    # without the loops).
+    monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", budget)
     ws, bs = mlp_params(16, 40, dtype, bias)
     x = torch.randn(13, 16, device=DEVICE).to(dtype)
     check_mlp(x, ws, bs, dtype, recompute_up=recompute_up)
@@ -665,3 +667,17 @@ def test_mlp_forward_rows_raised_keep_the_fwd_bwd_peak(monkeypatch):
         monkeypatch.setattr(swiglu_module, "_fwd_rows", lambda m, inter, hidden, sms: swiglu_module._chunk(m, inter))
         budget = peak_live_bytes("hearth", 128, 8, 24, torch.bfloat16)[0]
     assert raised <= budget, (raised, budget)
+
+
+@pytest.mark.parametrize("n,hidden,inter", [(32, 8, 24), (16, 40, 136)], ids=["0.6b-like", "wide-hidden"])
+def test_mlp_one_column_chunk_backward_holds_no_more_than_the_loop(monkeypatch, n, hidden, inter):
+    """The backward's one-chunk path (no column loop, for host time) computes what the loop computes and holds no more
+    at the fwd+bwd peak: dh is formed, spent on dW_down and freed before dW_up is allocated, where the loop allocated
+    both weight gradients first."""
+    monkeypatch.setattr(swiglu_module, "MLP_CHUNK_ELEMS", 4096)  # n x inter fits one chunk
+    assert swiglu_module._one_column_chunk(n, inter, hidden, 0)
+    with launches_collected(monkeypatch):
+        direct = peak_live_bytes("hearth", n, hidden, inter, torch.bfloat16)[0]
+        monkeypatch.setattr(swiglu_module, "_one_column_chunk", lambda *a: False)
+        loop = peak_live_bytes("hearth", n, hidden, inter, torch.bfloat16)[0]
+    assert direct <= loop, (direct, loop)

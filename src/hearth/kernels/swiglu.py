@@ -411,6 +411,12 @@ def _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, 
             dx.addmm_(uc, w_up[c0:c1])
 
 
+def _one_column_chunk(m: int, inter: int, hidden: int, sms: int) -> bool:
+    """Whether the MLP backward's column loop (_backward_by_column_chunks) would run one chunk: the body then does
+    its work directly (_mlp_backward_body)."""
+    return _chunk(inter, m, hidden, sms) >= inter
+
+
 def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_up=None, on_h=None,
                         out=None, rows=0) -> torch.Tensor:
     """out = down(silu(g) * u) [M, H], h formed one row chunk at a time (never held whole); with recompute_up
@@ -423,6 +429,13 @@ def _down_by_row_chunks(x, g, u, w_up, b_up, w_down, b_down, recompute_up, fix_u
         out = x.new_empty((m, w_down.shape[0]))
     # the forward's down_proj chunks ran at the unchunked GEMM's speed: no wave floor of their own
     rows = rows or _chunk(m, inter)
+    if rows >= m and not recompute_up:  # one chunk: the loop's work without its row views (host time a call)
+        h = g.new_empty((m, inter))
+        _launch_fwd(g, u, h)
+        _linear_into(out, h, w_down, b_down)
+        if on_h is not None:
+            on_h(h, 0, m)
+        return out
     h_buf = g.new_empty((min(rows, m), inter))
     u_buf = g.new_empty((min(rows, m), inter)) if recompute_up else None
     for r0 in range(0, m, rows):
@@ -456,52 +469,64 @@ def _(x, w_gate, w_up, w_down, b_gate, b_up, b_down, recompute_up, weight_grads=
 def _mlp_backward_body(
     dout: torch.Tensor, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
     w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, b_up: Optional[torch.Tensor],
-    need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True, *, release_u: bool = False,
+    need_weight_grads: bool, recompute_up: bool, need_bias_grads: bool = True, *, eager: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dx, dW_gate, dW_up, dW_down, db_gate, db_up, db_down (weight grads are empty [0]
     tensors when need_weight_grads is False, bias grads when either flag is False: an MLP without
     biases skips the three column sums, whose bf16 reductions allocated a 133 MiB fp32 temporary at the
     backward's peak on the H200). Overwrites g with dg and u with du; when
     recompute_up, u is an empty placeholder and each column chunk of u is recomputed from x. x and dout may have
-    leading dims ([..., H]); dx has x's shape."""
+    leading dims ([..., H]); dx has x's shape. eager (the Function's route, _mlp_backward_eager): u is freed after
+    its last use, and the gradients not computed are None instead of the op's distinct empty placeholders."""
     x_shape = x.shape
+    none = (lambda t: None) if eager else (lambda t: t.new_empty(0))  # custom op outputs may not alias each other
     x = x.reshape(-1, x.shape[-1])
     dout = dout.reshape(-1, dout.shape[-1]).contiguous()
     m, inter = g.shape
     need_w = need_weight_grads
-    dw_down = w_down.new_empty(w_down.shape) if need_w else w_down.new_empty(0)
-    dw_up = w_up.new_empty(w_up.shape) if need_w else w_up.new_empty(0)
     need_b = need_w and need_bias_grads
-    db_up = x.new_empty((inter,)) if need_b else x.new_empty(0)
-    dx = torch.zeros_like(x) if recompute_up else None
-    # Column chunks of I: each chunk of dW_down (and dW_up) is produced whole by one matmul.
-    for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
-                                                          want_h=need_w, weight_grads=need_w):
-        if need_w:
-            # The GEMM writes its columns of dW_down in place: the [H, chunk] view has row stride I, which
-            # cuBLAS takes as the output's leading dimension (no temporary and no copy launch per chunk; the
-            # copies cost 0.23 ms of a 9.4 ms fwd+bwd at Qwen3-14B's shape on the H200).
-            torch.mm(dout.t(), hc, out=dw_down[:, c0:c1])
-            torch.mm(uc.t(), x, out=dw_up[c0:c1])
-            if need_b:
-                db_up[c0:c1] = uc.sum(0)
-    # The chunk buffers are dead: free them before the [I, H] / [rows, H] results below are allocated.
-    hc = uc = None
+    if not recompute_up and _one_column_chunk(m, inter, dout.shape[-1], _gpu_sms(g) if need_w else 0):
+        # one column chunk (small MLPs, and Qwen3-0.6B's on a GPU through the wave floor): the loop's work without
+        # its buffers, views and generator (host time a call), in the same order, so the same peak
+        dh = torch.mm(dout, w_down)
+        _launch_bwd(dh, g, u, g, u, dh if need_w else None)  # dg -> g, du -> u, h -> dh, in place
+        dw_down = torch.mm(dout.t(), dh) if need_w else none(w_down)
+        dh = None
+        dw_up = torch.mm(u.t(), x) if need_w else none(w_up)
+        db_up = u.sum(0) if need_b else none(x)
+        dx = None
+    else:
+        dw_down = w_down.new_empty(w_down.shape) if need_w else none(w_down)
+        dw_up = w_up.new_empty(w_up.shape) if need_w else none(w_up)
+        db_up = x.new_empty((inter,)) if need_b else none(x)
+        dx = torch.zeros_like(x) if recompute_up else None
+        # Column chunks of I: each chunk of dW_down (and dW_up) is produced whole by one matmul.
+        for c0, c1, hc, _, uc in _backward_by_column_chunks(dout, x, g, u, w_up, b_up, w_down, recompute_up, dx,
+                                                              want_h=need_w, weight_grads=need_w):
+            if need_w:
+                # The GEMM writes its columns of dW_down in place: the [H, chunk] view has row stride I, which
+                # cuBLAS takes as the output's leading dimension (no temporary and no copy launch per chunk; the
+                # copies cost 0.23 ms of a 9.4 ms fwd+bwd at Qwen3-14B's shape on the H200).
+                torch.mm(dout.t(), hc, out=dw_down[:, c0:c1])
+                torch.mm(uc.t(), x, out=dw_up[c0:c1])
+                if need_b:
+                    db_up[c0:c1] = uc.sum(0)
+        # The chunk buffers are dead: free them before the [I, H] / [rows, H] results below are allocated.
+        hc = uc = None
     dg = g
     if recompute_up:
         dx.addmm_(dg, w_gate)
     else:
         dx = torch.mm(dg, w_gate)
         dx.addmm_(u, w_up)
-        if release_u:  # du's last use: give its [rows, I] back before dW_gate's [I, H] is allocated
+        if eager:  # du's last use: give its [rows, I] back before dW_gate's [I, H] is allocated
             _release_storage(u)
-    # Distinct placeholders: custom op outputs may not alias each other.
-    dw_gate = dg.t() @ x if need_w else x.new_empty(0)
+    dw_gate = dg.t() @ x if need_w else none(x)
     if need_b:
         db_gate, db_down = dg.sum(0), dout.sum(0)
     else:
-        db_gate, db_down = x.new_empty(0), x.new_empty(0)
-    return dx.view(x_shape), dw_gate, dw_up, dw_down, db_gate, db_up, db_down
+        db_gate, db_down = none(x), none(x)
+    return dx.view(x_shape) if len(x_shape) != 2 else dx, dw_gate, dw_up, dw_down, db_gate, db_up, db_down
 
 
 def _mlp_backward_impl(
@@ -527,7 +552,7 @@ def _mlp_backward_eager(dout, x, g, u, *args):
     a second backward through the same graph then fails autograd's saved-tensor check. u (du by then) is
     freed after its last use, before dW_gate is allocated: the backward's peak then holds one [rows, I]
     tensor less (the full backward's peak was out + g + u + the three weight gradients + dx)."""
-    grads = _mlp_backward_body(dout, x, g, u, *args, release_u=True)
+    grads = _mlp_backward_body(dout, x, g, u, *args, eager=True)
     torch.autograd.graph.increment_version([g, u])
     return grads
 
@@ -659,6 +684,7 @@ def swiglu_mlp(
         if t is not None and t.shape[0] != size:
             raise ValueError(f"{name} must have length {size}, got {tuple(t.shape)}")
     # a graph is recorded for trainable weights: the forward's row chunks may match the backward's column chunks
-    weight_grads = torch.is_grad_enabled() and any(t.requires_grad for t in names.values() if t is not None)
+    weight_grads = torch.is_grad_enabled() and (w_gate.requires_grad or w_up.requires_grad or w_down.requires_grad or any(
+        b is not None and b.requires_grad for b in (b_gate, b_up, b_down)))
     out, _g, _u = _mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, bool(recompute_up), weight_grads)  # [..., H]
     return out
