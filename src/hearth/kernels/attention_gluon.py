@@ -328,9 +328,10 @@ def _softmax_pv(s, acc, l_i, m_i, v_tile, offs_m, j, qk_scale, N_CTX_K,
     """Fold one key block's scores s (fp32, unscaled, accumulator layout) into (acc, l_i, m_i)."""
     if MASKED:
         offs_n = j * BLOCK_N + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, s_layout))
-        keep = (offs_n < N_CTX_K)[None, :]
         if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            keep = offs_m[:, None] >= offs_n[None, :]
+        else:
+            keep = (offs_n < N_CTX_K)[None, :]
         s = ttgl.where(keep, s, float("-inf"))
     # Every row has an unmasked key in its first block, so m_new is finite (see attention.py).
     m_new = ttgl.maximum(m_i, ttgl.max(s, 1) * qk_scale)
@@ -569,12 +570,16 @@ def _pp_tile_blocks(tile, N_CTX_Q, N_CTX_K,
 def _pp_scores(s, j, n_free, offs_m, qk_scale, N_CTX_K,
                BLOCK_N: ttgl.constexpr, CAUSAL: ttgl.constexpr, s_layout: ttgl.constexpr):
     """Block j's scores, scaled into log2 units, with the causal / ragged-tail mask where j needs one
-    (a runtime branch: the unmasked blocks skip the index arithmetic)."""
+    (a runtime branch: the unmasked blocks skip the index arithmetic). Causal takes T_q == T_k (attention and
+    attention_varlen refuse anything else), so a stored row i < T_q sees keys j <= i < T_k only: the causal
+    mask alone bounds the keys (rows past T_q, which may meet keys past T_k, are not stored). The bound's
+    per-column predicates, kept across the persistent forward's tile loop, cost it 4 bytes of stack."""
     if j >= n_free:
         offs_n = j * BLOCK_N + ttgl.arange(0, BLOCK_N, layout=ttgl.SliceLayout(0, s_layout))
-        keep = (offs_n < N_CTX_K)[None, :]
         if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            keep = offs_m[:, None] >= offs_n[None, :]
+        else:
+            keep = (offs_n < N_CTX_K)[None, :]
         s = ttgl.where(keep, s, float("-inf"))
     return s * qk_scale
 
@@ -794,12 +799,13 @@ def _pp_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bar
 
 
 @gluon.jit
-def _pps_tile_id(Sched, n):
+def _pps_tile_id(Sched, n, N_PROG):
     """This program's n-th tile id in the persistent schedule (_pps_schedule_tensor: row n of [rows, grid], -1 past
     the program's tiles): addressed from the argument and the program's ids, so the tile loop keeps only n and
     the tile id live, as the round-robin loop did (a per-program start, end and pointer in registers added spills
-    at head_dim 128 causal)."""
-    return ttgl.load(Sched + n * ttgl.num_programs(0) + ttgl.program_id(0))
+    at head_dim 128 causal). N_PROG: the grid, passed as an argument: read as num_programs(0), the compiler
+    loaded it once at the kernel's start and kept it on the stack across the partitions' register changes."""
+    return ttgl.load(Sched + n * N_PROG + ttgl.program_id(0))
 
 
 @gluon.jit
@@ -868,7 +874,7 @@ def _pps_empty_turns(my_turn, their_turn, k_bars, v_bars, empty_bars, r0, j0, n_
 
 @gluon.jit
 def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_bars, empty_bars, turn_bars,
-                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
+                  qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, N_PROG,
                   WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, STORE_LSE: ttgl.constexpr,
                   s_layout: ttgl.constexpr, o_layout: ttgl.constexpr, p_layout: ttgl.constexpr,
@@ -902,7 +908,7 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
     q_box = q_smem._reinterpret(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)  # the same bytes, as the box
     r0 = 0  # ring position of this tile's block 0 (= turns taken so far, by either warpgroup)
     n = 0
-    tile_id = _pps_tile_id(Sched, 0)
+    tile_id = _pps_tile_id(Sched, 0, N_PROG)
     while tile_id >= 0:  # the schedule ends each program's column with -1
         if VARLEN:  # the sequence's own lengths; the descriptors' batch index is 0
             start_m, h, q0, k0, n_q, n_k = _pps_tile_varlen(tile_id, N_M, H_Q, CuSeqQ, CuSeqK)
@@ -914,7 +920,10 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
             q0 = 0
             n_q = N_CTX_Q
             n_k = N_CTX_K
-            lse_row = bh.to(ttgl.int64) * N_CTX_Q
+            # int32 (forward() launches this kernel only where B * H_Q * T_q < 2^31, always so where q fits a GPU:
+            # it holds head_dim >= 64 times as many elements): an int64 product kept N_CTX_Q's sign word live
+            # across the partitions, 8 bytes of stack
+            lse_row = bh * N_CTX_Q
         tile = 2 * start_m + WG
         n_free, n_blocks = _pp_tile_blocks(tile, n_q, n_k, CAUSAL, BLOCK_M, BLOCK_N)
         n_max = _pps_tile_turns(start_m, n_q, n_k, CAUSAL, BLOCK_M, BLOCK_N)
@@ -977,12 +986,12 @@ def _pps_consumer(q_desc, o_desc, Lse, q_smem, q_bar, k_smem, v_smem, k_bars, v_
                                 stride_ot, o_layout)
         r0 += n_max
         n += 1
-        tile_id = _pps_tile_id(Sched, n)
+        tile_id = _pps_tile_id(Sched, n, N_PROG)
 
 
 @gluon.jit
 def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP, N_M,
-                  Sched, SECTION, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
+                  Sched, SECTION, N_PROG, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                   BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, TILE_BYTES: ttgl.constexpr,
                   CuSeqQ, CuSeqK, VARLEN: ttgl.constexpr):
     """The load warp of the persistent ping-pong forward: the n_max key blocks of each of the program's tiles,
@@ -991,7 +1000,7 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
     key block j of a tile at its sequence's first key row k0 + j * BLOCK_N."""
     r = 0
     n = 0
-    tile_id = _pps_tile_id(Sched, 0)
+    tile_id = _pps_tile_id(Sched, 0, N_PROG)
     while tile_id >= 0:  # the schedule ends each program's column with -1
         if VARLEN:
             start_m, h, q0, k0, n_q, n_k = _pps_tile_varlen(tile_id, N_M, H_Q, CuSeqQ, CuSeqK)
@@ -1012,7 +1021,7 @@ def _pps_producer(k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_ba
                            TILE_BYTES, k0)
             r += 1
         n += 1
-        tile_id = _pps_tile_id(Sched, n)
+        tile_id = _pps_tile_id(Sched, n, N_PROG)
 
 
 @gluon.jit
@@ -1047,11 +1056,12 @@ def _pp_invalidate_barriers(q_bars, turn_bars, empty_bars, k_bars, v_bars, NUM_S
 # N_M is never specialized: a launch with N_M == 1 (one query block: T_q <= 2 * BLOCK_M) would make start_m the
 # constant 0, and with T_q == T_k == 1 as well (constants too) Triton 3.6's lowering to LLVM fails an internal
 # assertion (SmallVector index out of range; the H200 suite hit it at T = 1). offline_kernels(ones=...) builds
-# such launches without a GPU.
-@gluon.jit(do_not_specialize=["N_M"])
+# such launches without a GPU. N_PROG (the grid) neither: one compiled kernel whatever the program count (a
+# specialized 1 or multiple of 16 would each build another).
+@gluon.jit(do_not_specialize=["N_M", "N_PROG"])
 def _attn_fwd_gluon_pps_kernel(
     q_desc, k_desc, v_desc, o_desc, Lse,
-    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
+    qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION, N_PROG,
     HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr,
     BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
     CONSUMER_REGS: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr, PRODUCER_REGS: ttgl.constexpr,
@@ -1098,14 +1108,14 @@ def _attn_fwd_gluon_pps_kernel(
     ttgl.warp_specialize(
         [(_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_bars, v_bars,
                           empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
-                          0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                          N_PROG, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
                           p_layout, cu_q, cu_k, o_ptr, stride_ot, stride_oh, VARLEN)),
          (_pps_consumer, (q_desc, o_desc, Lse, q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_bars, v_bars,
                           empty_bars, turn_bars, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_M, Sched, SECTION,
-                          1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
+                          N_PROG, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, STORE_LSE, s_layout, o_layout,
                           p_layout, cu_q, cu_k, o_ptr, stride_ot, stride_oh, VARLEN)),
          (_pps_producer, (k_desc, v_desc, N_CTX_Q, N_CTX_K, k_smem, v_smem, k_bars, v_bars, empty_bars, H_Q, GROUP,
-                          N_M, Sched, SECTION, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES,
+                          N_M, Sched, SECTION, N_PROG, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, TILE_BYTES,
                           cu_q, cu_k, VARLEN))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -1892,7 +1902,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     if PING_PONG if ping_pong is None else ping_pong:
         block_m, descs, meta = _pp_launch(q, k, v, out, causal)
-        if PERSISTENT if persistent is None else persistent:
+        # the persistent kernel's lse row offset is int32 (_pps_consumer): B * Hq * Tq < 2^31 wherever q fits
+        if (PERSISTENT if persistent is None else persistent) and B * Hq * Tq < 2**31:
             n_m = cdiv(Tq, 2 * block_m)
             programs = min(n_m * B * Hq, num_sms(q.device))
             section = pps_section(B * Hq, Hq // Hk, Tk, D, q.element_size())
@@ -1902,7 +1913,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                                          _pps_tile_cost(env), q.device)
             with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(programs,)](
-                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, STORE_LSE=store_lse,
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, Tq, Tk, n_m, sched, section, programs, STORE_LSE=store_lse,
                     **meta,
                 )
             return out, lse
@@ -2257,7 +2268,7 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, 
             sched, n_m, programs = plan
             with on_device(q.device):
                 _attn_fwd_gluon_pps_kernel[(programs,)](
-                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k, n_m, sched, 1,
+                    *descs, lse, scale * LOG2E, Hq, Hq // Hk, total_q, total_k, n_m, sched, 1, programs,
                     STORE_LSE=store_lse, CuSeqQ=cu_q, CuSeqK=cu_k, Out=out, stride_ot=out.stride(0),
                     stride_oh=out.stride(1), VARLEN=True, **meta,
                 )
@@ -2429,7 +2440,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                 const["Lse"] = None
             sig.update(qk_scale="fp32", H_Q="i32", GROUP="i32", N_CTX_Q="i32", N_CTX_K="i32")
             if variant == "pps":
-                sig.update(N_M="i32", Sched="*i32", SECTION="i32")
+                sig.update(N_M="i32", Sched="*i32", SECTION="i32", N_PROG="i32")
             if varlen:
                 const["VARLEN"] = True
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32", Out=ptr, stride_ot="i32", stride_oh="i32")
