@@ -1551,6 +1551,21 @@ def _fb_reduce_dq(dq_desc, dq_stage, dqt, head, row0, start_m):
 
 
 @gluon.jit
+def _fb_pair(PAIR_GROUP: ttgl.constexpr):
+    """(key block, pair) of this program in the fused backward's grid order (_attn_bwd_fused_gluon_kernel)."""
+    if PAIR_GROUP == 0:
+        kb = ttgl.program_id(1)
+        pair = ttgl.program_id(0)
+    elif PAIR_GROUP == 1:
+        kb = ttgl.program_id(0)
+        pair = ttgl.program_id(1)
+    else:
+        kb = ttgl.program_id(0) // PAIR_GROUP
+        pair = ttgl.program_id(1) * PAIR_GROUP + ttgl.program_id(0) % PAIR_GROUP
+    return kb, pair
+
+
+@gluon.jit
 def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                  ds_empty, dq_smem, dq_desc,
                  Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt, sm_scale, qk_scale,
@@ -1558,7 +1573,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
-                 stat_h0, stat_t, q0, dq0):
+                 stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1671,6 +1686,11 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                     _fb_add_dq(DQacc, dqt, head, offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce has read its staging tile before the program's shared memory goes
+    if VARLEN:  # the sequence's first key row and the K/V head from the program's ids again: not live across the steps
+        _, pair = _fb_pair(PAIR_GROUP)
+        h_in = acc_h0 // GROUP  # pair % H_K, from a value live anyway (pair // H_K would be the prologue's, kept)
+        b = ttgl.load(CuSeqK + (pair - h_in) // H_K)
+        hk = BHK0 + h_in
     _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, start_n + WG * HALF, stride_dkb, stride_dkh, stride_dkt, N_CTX_K,
                 HALF, HEAD_DIM, acc_layout)
 
@@ -1746,15 +1766,7 @@ def _attn_bwd_fused_gluon_kernel(
     DQ_ROWS: ttgl.constexpr = HEAD_DIM // 2 if DQ_SPLIT else HEAD_DIM
     STAGED: ttgl.constexpr = STATS_SMEM and not PREFETCH  # PREFETCH loads lse / delta itself: nothing to stage
 
-    if PAIR_GROUP == 0:
-        kb = ttgl.program_id(1)
-        pair = ttgl.program_id(0)
-    elif PAIR_GROUP == 1:
-        kb = ttgl.program_id(0)
-        pair = ttgl.program_id(1)
-    else:
-        kb = ttgl.program_id(0) // PAIR_GROUP
-        pair = ttgl.program_id(1) * PAIR_GROUP + ttgl.program_id(0) % PAIR_GROUP
+    kb, pair = _fb_pair(PAIR_GROUP)
     start_n = kb * BLOCK_N
     if VARLEN:
         b = pair // H_K  # the sequence
@@ -1822,17 +1834,18 @@ def _attn_bwd_fused_gluon_kernel(
         mbarrier.init(ds_empty.index(i), count=2 if DQ_SPLIT else 1)  # the dQ warpgroup(s) read them
     fence_async_shared()
 
+    cu_k = CuSeqK if VARLEN else Lse  # a stand-in when dense (warp_specialize takes no None)
     ttgl.warp_specialize(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED, stat_h0, stat_t, q0, dq0)),
+                         STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED, stat_h0, stat_t, q0, dq0)),
+                         STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
