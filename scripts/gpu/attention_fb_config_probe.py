@@ -3,6 +3,7 @@ FB_CONFIGS', through attention() and attention_varlen() as a model calls them (t
 HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES" applies to every head_dim, so pick cases of one head_dim).
 
     python3 scripts/gpu/attention_fb_config_probe.py --configs default,128,2 --out $OUT/fb_config.jsonl
+    python3 scripts/gpu/attention_fb_config_probe.py --head-dim 128 --configs default,64,3 --out $OUT/fb_d128.jsonl
 
 Each config runs in its own child process (a wrong barrier schedule would hang the GPU: the child is killed after
 --timeout-s and its row says so). In the child, first a correctness gate at a small causal GQA case: dQ / dK / dV
@@ -19,18 +20,25 @@ import os
 import subprocess
 import sys
 
-HEAD_DIM = 64
-# (name, kind, B, Hq, Hk, T or (n_seqs, seq_len), causal): Llama-3.2-1B's heads (32 / 8, head_dim 64) as the
-# model-shape suite has them, and issue 15's D-64 case
-CASES = [
-    ("Llama-3.2-1B 32/8 d64 T8192 B1 causal", "dense", 1, 32, 8, 8192, True),
-    ("B4 H32 T4096 D64 causal", "dense", 4, 32, 32, 4096, True),
-    ("B4 H32 T4096 D64 full", "dense", 4, 32, 32, 4096, False),
-    ("Llama-3.2-1B 32/8 d64 32 x 1024 packed causal", "varlen", 1, 32, 8, (32, 1024), True),
-]
+# per head_dim, (name, kind, B, Hq, Hk, T or (n_seqs, seq_len), causal): the model-shape suite's cases of that
+# head_dim (Llama-3.2-1B's 32 / 8 heads at 64; Qwen3-14B's 40 / 8 and Llama-2-7B's 32 / 32 at 128) and issue 15's
+CASES = {
+    64: [
+        ("Llama-3.2-1B 32/8 d64 T8192 B1 causal", "dense", 1, 32, 8, 8192, True),
+        ("B4 H32 T4096 D64 causal", "dense", 4, 32, 32, 4096, True),
+        ("B4 H32 T4096 D64 full", "dense", 4, 32, 32, 4096, False),
+        ("Llama-3.2-1B 32/8 d64 32 x 1024 packed causal", "varlen", 1, 32, 8, (32, 1024), True),
+    ],
+    128: [
+        ("Qwen3-14B 40/8 d128 T4096 B2 causal", "dense", 2, 40, 8, 4096, True),
+        ("B4 H32 T4096 D128 causal", "dense", 4, 32, 32, 4096, True),
+        ("B4 H32 T4096 D128 full", "dense", 4, 32, 32, 4096, False),
+        ("Qwen3-14B 40/8 d128 8 x 2048 packed causal", "varlen", 1, 40, 8, (8, 2048), True),
+    ],
+}
 
 
-def _child(config: str) -> None:
+def _child(config: str, head_dim: int) -> None:
     import torch
     import triton.testing
 
@@ -47,10 +55,10 @@ def _child(config: str) -> None:
 
     # gate: B2 Hq8 Hk2 T1024 causal, against fp32 math
     B, Hq, Hk, T = 2, 8, 2, 1024
-    q = torch.randn(B, Hq, T, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(B, Hk, T, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(B, Hk, T, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(B, Hq, T, HEAD_DIM, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(B, Hq, T, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, Hk, T, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, Hk, T, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(B, Hq, T, head_dim, device=dev, dtype=torch.bfloat16)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
     sdpa(*ref, is_causal=True, enable_gqa=True).backward(dy.float())
@@ -61,28 +69,28 @@ def _child(config: str) -> None:
     for name, h, t, r in zip(("dq", "dk", "dv"), (q, k, v), tb, ref):
         gate[name] = dict(hearth=rel(h.grad, r.grad), torch_bf16=rel(t.grad, r.grad))
     ok = all(g["hearth"] <= 2 * g["torch_bf16"] + 1e-6 for g in gate.values())
-    print(json.dumps(dict(config=config, case="gate B2 Hq8 Hk2 T1024 causal", ok=ok, gate=gate)), flush=True)
+    print(json.dumps(dict(config=config, head_dim=head_dim, case="gate B2 Hq8 Hk2 T1024 causal", ok=ok, gate=gate)), flush=True)
     if not ok:
         return
-    for name, kind, B, Hq, Hk, T, causal in CASES:
+    for name, kind, B, Hq, Hk, T, causal in CASES[head_dim]:
         if kind == "dense":
-            q = torch.randn(B, Hq, T, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(B, Hk, T, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            v = torch.randn(B, Hk, T, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            q = torch.randn(B, Hq, T, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(B, Hk, T, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(B, Hk, T, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn_like(q)
-            flops = 4 * B * Hq * T * T * HEAD_DIM * (0.5 if causal else 1.0) * 3.5
+            flops = 4 * B * Hq * T * T * head_dim * (0.5 if causal else 1.0) * 3.5
 
             def fn():
                 attention(q, k, v, causal=causal).backward(dy)
         else:
             n, L = T
             total = n * L
-            q = torch.randn(total, Hq, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(total, Hk, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            v = torch.randn(total, Hk, HEAD_DIM, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            q = torch.randn(total, Hq, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(total, Hk, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(total, Hk, head_dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn_like(q)
             cu = torch.arange(0, total + 1, L, device=dev, dtype=torch.int32)
-            flops = 4 * n * Hq * L * L * HEAD_DIM * (0.5 if causal else 1.0) * 3.5
+            flops = 4 * n * Hq * L * L * head_dim * (0.5 if causal else 1.0) * 3.5
 
             def fn():
                 attention_varlen(q, k, v, cu, cu, L, L, causal=causal).backward(dy)
@@ -104,10 +112,12 @@ def main() -> None:
                     help="comma list; 'default' or BLOCK_M,NUM_STAGES pairs (e.g. default,128,2,64,3)")
     ap.add_argument("--out", required=True, help="JSONL file to write")
     ap.add_argument("--timeout-s", type=float, default=150)
+    ap.add_argument("--head-dim", type=int, default=64, choices=sorted(CASES),
+                    help="the cases' head_dim (the knob applies to every head_dim, so one at a time)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args.child)
+        _child(args.child, args.head_dim)
         return
     parts = args.configs.split(",")
     configs, i = [], 0
@@ -121,7 +131,8 @@ def main() -> None:
     with open(args.out, "w") as out:
         for cfg in configs:
             try:
-                res = subprocess.run([sys.executable, __file__, "--out", os.devnull, "--child", cfg],
+                res = subprocess.run([sys.executable, __file__, "--out", os.devnull, "--child", cfg,
+                                      "--head-dim", str(args.head_dim)],
                                      capture_output=True, text=True, timeout=args.timeout_s)
                 lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
                 if res.returncode != 0:
