@@ -1636,9 +1636,13 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
         # keys past T_k (zero rows of K) would give P = e^-lse, and dS = -P delta could overflow 16 bits: masked.
         # Causal (T_q == T_k): a valid query and a key past T_k only meet in a step that crosses the diagonal,
-        # whose mask (query >= key) drops that key; other steps need no mask.
+        # whose mask (query >= key) drops that key; other steps need no mask. Packed rows (VARLEN) take the mask at
+        # every step (true below the diagonal): behind the diagonal test their D-128 build kept a word of the
+        # branch on the stack (8 bytes), without it none.
         if CAUSAL:
-            if start_m < start_n + (WG + 1) * HALF:
+            if VARLEN:
+                pt = ttgl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+            elif start_m < start_n + (WG + 1) * HALF:
                 pt = ttgl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
         else:
             if ragged:
