@@ -212,7 +212,9 @@ def test_sm90_every_ping_pong_candidate_builds_without_spills():
 
 def test_sm90_every_backward_candidate_builds_without_spills():
     """Every dK / dV, dQ and fused config (BWD_CANDIDATES / BWD_DQ_CANDIDATES / FB_CANDIDATES, the first of each is the shipped one;
-    the fused one in its shipped forms) builds for sm_90, causal or not, with wgmma and TMA and no spills."""
+    the fused one in its shipped forms) builds for sm_90, causal or not, with wgmma and TMA and no spills, but the
+    fused backward's 128-query steps at head_dim 64 (FB_CONFIGS[64] since 2026-12-06: 6-9% faster on an
+    H100 than 64-query steps, which spill none): at most 8 bytes without the causal mask, 16 with it."""
     for table, shipped in ((ag.BWD_CANDIDATES, ag.BWD_CONFIGS), (ag.BWD_DQ_CANDIDATES, ag.BWD_DQ_CONFIGS),
                           (ag.FB_CANDIDATES, ag.FB_CONFIGS)):
         for d, cands in table.items():
@@ -221,7 +223,8 @@ def test_sm90_every_backward_candidate_builds_without_spills():
     n = sum(len(c) for t in (ag.BWD_CANDIDATES, ag.BWD_DQ_CANDIDATES, ag.FB_CANDIDATES) for c in t.values())
     assert len(reports) == 2 * n, [r["label"] for r in reports]
     for r in reports:
-        assert r["spill"] == 0 and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
+        limit = (16 if " causal " in r["label"] else 8) if "bwd[fused] d64" in r["label"] and " 128x128 " in r["label"] else 0
+        assert r["spill"] <= limit and r["wgmma"] > 0 and r["tma"] >= 4 and r["shared"] <= 227 * 1024, r
 
 
 _FB_FORMS_SCRIPT = r"""

@@ -1091,7 +1091,7 @@ def offline_kernels(arch: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     built += attention_gluon.offline_kernels(arch, dtype, variants=("pp", "pps"), store_lse=False)
     built += attention_gluon.offline_kernels(arch, dtype, variants=("pp", "bwd_fused"), varlen=True)
     built += attention_gluon.offline_kernels(arch, dtype, variants=("pp",), varlen=True, store_lse=False)
-    pad = attention_gluon.FB_CONFIGS[max(attention_gluon.HEAD_DIMS)][0]  # the query step: backward_fused_varlen's pad
+    pad = attention_gluon.FB_CONFIGS_VARLEN[max(attention_gluon.HEAD_DIMS)][0]  # the query step: backward_fused_varlen's pad
     built += attention_gluon.offline_kernels(arch, dtype, variants=("bwd_fused",), varlen=True, fb_dq_pad=pad)
     return built
 

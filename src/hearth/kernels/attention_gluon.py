@@ -1481,12 +1481,20 @@ def _attn_bwd_dq_gluon_kernel(
 # bytes with the fp32 atomics, which is why D 128 used to take 32; 80 with the TMA forms until each consumer read
 # lse and delta from the ring slot just before its use).
 FB_BLOCK_N = 128
+# D 64 takes 128-query steps (FlashAttention-3's tile there): 6-9% less fwd+bwd time than 64 on an H100 (BENCHMARKS.md,
+# forty-first run) for 8 / 16 bytes of stack (full / causal; 64-query steps spill none)
 FB_CONFIGS = {
+    64: (128, 2),
+    128: (64, 2),
+}
+# packed rows (backward_fused_varlen) keep 64-query steps at every head dim: the query step is the unit of its dQ^T
+# placement (attention_varlen.DQ_TMA_ALIGN), and at D 64 the 128-query build spills 16 / 56 bytes
+FB_CONFIGS_VARLEN = {
     64: (64, 2),
     128: (64, 2),
 }
 FB_CANDIDATES = {
-    64: [(64, 2), (32, 2), (64, 3)],
+    64: [(128, 2), (64, 2), (32, 2), (64, 3)],
     128: [(64, 2), (32, 2)],
 }
 FB_DQ_SPLIT = {64: False, 128: True}  # both warpgroups compute half of dQ^T's rows every step
@@ -2137,11 +2145,13 @@ def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescript
     return _desc(acc, list(box), _layout(box, ttgl.float32))
 
 
-def _fb_meta(head_dim: int, config, env) -> dict:
+def _fb_meta(head_dim: int, config, env, table=None) -> dict:
     """The fused backward's launch constexprs but CAUSAL / PAIR_GROUP (and num_warps): config (BLOCK_M, NUM_STAGES)
-    or the probe knob HEARTH_ATTN_FB_CONFIG or FB_CONFIGS', and the forms the env switches pick (backward_fused)."""
+    or the probe knob HEARTH_ATTN_FB_CONFIG or table's (FB_CONFIGS; FB_CONFIGS_VARLEN for packed rows), and the
+    forms the env switches pick (backward_fused)."""
     env_cfg = env.get("HEARTH_ATTN_FB_CONFIG")  # probe only: "BLOCK_M,NUM_STAGES"
-    block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg else FB_CONFIGS[head_dim])
+    block_m, stages = config or (tuple(int(x) for x in env_cfg.split(",")) if env_cfg
+                                 else (table or FB_CONFIGS)[head_dim])
     return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                 PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False),
@@ -2319,7 +2329,7 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     group = Hq // Hk
     n_seqs = cu_q.shape[0] - 1
     env = os.environ
-    meta = _fb_meta(D, None, env)
+    meta = _fb_meta(D, None, env, FB_CONFIGS_VARLEN)
     step = max(64, meta["BLOCK_M"])
     pad = step if meta["DQ_TMA"] and not aligned else 0
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
@@ -2403,7 +2413,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
         if variant == "bwd_fused":
-            bm, stages = (fb_configs or FB_CONFIGS)[d]
+            bm, stages = (fb_configs or (FB_CONFIGS_VARLEN if varlen else FB_CONFIGS))[d]
             split = _fb_split(d, fb_dq_split)
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
