@@ -5,7 +5,7 @@
 
 For each case (bf16; by default the causal cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
 and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
-HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_GLUON_PERSIST, and the persistent forward's
+HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_FB_SEQ_ORDER (packed rows), HEARTH_ATTN_GLUON_PERSIST, and the persistent forward's
 HEARTH_ATTN_PPS_BALANCE / HEARTH_ATTN_PPS_TILE_COST, HEARTH_ATTN_FB_ACC_MIB; and the pseudo-knob PP_CONFIG=BMxBNxSTAGES, which
 this probe applies by setting attention_gluon.PP_CONFIGS[D] for the setting and restores after: the ping-pong forward's
 launch config, e.g. at head_dim 64; run the probe with HEARTH_ATTN_GLUON_PP=1 exported for a setting
@@ -24,7 +24,10 @@ budget are skipped and say so. A probe of knobs, not a benchmark: the suite's fi
 --varlen: each case "LABEL:S,Hq,Hk,L,D,causal" is S sequences of L tokens packed into one row and run through
 hearth.kernels.attention_varlen (cu_seqlens 0, L, 2L, ...), the same work as a dense batch of S: the cuDNN row is
 SDPA over that dense [S, H, L, D] batch, and the pseudo-knob DENSE=1 runs hearth's dense attention on it (its
-gradients compared in the packed layout). Which kernels serve packed rows of a given length, and what packing
+gradients compared in the packed layout). "LABEL:S,Hq,Hk,L,D,causal,1" packs the same S * L tokens raggedly, as the
+model-shape suite's attention_varlen cases do (hearth.bench.cases.varlen_lengths: alternately L / 2 and 3L / 2, the
+last taking the rest): no cuDNN row and no DENSE setting then (no dense batch does that work), TFLOP/s by the
+sequences' own lengths. Which kernels serve packed rows of a given length, and what packing
 costs against the dense path, without the harness.
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import importlib
 import json
 import os
@@ -39,6 +43,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from hearth.bench.cases import varlen_lengths
 
 CASES = [  # (label, B, Hq, Hk, T, D, causal)
     ("Llama-2-7B 32/32 d128 T2048 B4", 4, 32, 32, 2048, 128, True),
@@ -61,8 +67,11 @@ def _parse_cases(text: str) -> list:
     cases = []
     for item in filter(None, (x.strip() for x in text.split(";"))):
         label, _, nums = item.rpartition(":")
-        B, Hq, Hk, T, D, causal = (int(x) for x in nums.split(","))
-        cases.append((label, B, Hq, Hk, T, D, bool(causal)))
+        vals = [int(x) for x in nums.split(",")]
+        if len(vals) not in (6, 7):
+            raise SystemExit(f"--cases: {item!r} needs B,Hq,Hk,T,D,causal[,ragged]")
+        B, Hq, Hk, T, D, causal = vals[:6]
+        cases.append((label, B, Hq, Hk, T, D, bool(causal), bool(vals[6]) if len(vals) == 7 else False))
     return cases
 
 
@@ -157,26 +166,30 @@ def main() -> None:
     start = time.monotonic()
     with jsonl_out(args.out) as emit:
         ag = importlib.import_module("hearth.kernels.attention_gluon")
-        for label, B, Hq, Hk, T, D, causal in cases:
+        for label, B, Hq, Hk, T, D, causal, *rest in cases:
+            ragged = args.varlen and bool(rest and rest[0])
             saved_pp = ag.PP_CONFIGS[D] if D in ag.PP_CONFIGS else None
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(B, h, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                        for h in (Hq, Hk, Hk))
             do = torch.randn(B, Hq, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-            flops = (1 if fwd_only else 3.5) * 4 * B * Hq * T * T * D / (2 if causal else 1)  # fwd+bwd: 3.5x
+            lens = varlen_lengths(B, B * T) if ragged else [T] * B
+            flops = (1 if fwd_only else 3.5) * 4 * Hq * sum(n * n for n in lens) * D / (2 if causal else 1)  # fwd+bwd: 3.5x
             sdpa = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=Hq != Hk))
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                ms = _gpu_ms(q, k, v, do, sdpa, fwd_only)
-                extra, act = _extra_mib(q, k, v, do, sdpa, fwd_only)
-            emit(dict(case=label, setting="cudnn", which=args.which, ms=ms, tflops=flops / ms / 1e9,
-                      extra_mib=round(extra, 1), act_mib=round(act, 1)))
+            if not ragged:
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                    ms = _gpu_ms(q, k, v, do, sdpa, fwd_only)
+                    extra, act = _extra_mib(q, k, v, do, sdpa, fwd_only)
+                emit(dict(case=label, setting="cudnn", which=args.which, ms=ms, tflops=flops / ms / 1e9,
+                          extra_mib=round(extra, 1), act_mib=round(act, 1)))
             ours = (lambda a, b, c: attention.attention(a, b, c, causal=causal))
             dense = (q, k, v, do)
             if args.varlen:  # the same batch packed: S = B sequences of L = T tokens, [S * L, H, D] leaves
                 varlen = importlib.import_module("hearth.kernels.attention_varlen")
-                cu = torch.arange(0, (B + 1) * T, T, device="cuda", dtype=torch.int32)
+                cu = torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
                 q, k, v, do = (_packed(t).requires_grad_(t.requires_grad) for t in (q, k, v, do))
-                ours = (lambda a, b, c: varlen.attention_varlen(a, b, c, cu, cu, T, T, causal=causal))
+                longest = max(lens)
+                ours = (lambda a, b, c: varlen.attention_varlen(a, b, c, cu, cu, longest, longest, causal=causal))
             ref = None
             for name, env in settings:
                 if time.monotonic() - start > args.budget_s:
@@ -188,6 +201,9 @@ def main() -> None:
                 if saved_pp is not None:
                     _apply_pp_config(ag, D, env.get("PP_CONFIG"), saved_pp)
                 on_dense = args.varlen and env.get("DENSE") == "1"  # the packed case's batch, unpacked
+                if on_dense and ragged:
+                    emit(dict(case=label, setting=name, status="skipped (DENSE with a ragged packing)"))
+                    continue
                 run = (*dense, (lambda a, b, c: attention.attention(a, b, c, causal=causal))) if on_dense \
                     else (q, k, v, do, ours)
                 try:
