@@ -81,14 +81,12 @@ def main(argv=None) -> None:
     n_pairs = len(lens) * args.kv_heads
     print(f"{len(lens)} sequences ({min(lens)}-{max(lens)} tokens) x {args.kv_heads} K/V heads = {n_pairs} pairs, "
           f"GROUP {args.group}, {args.sms} SMs")
+    orders = {"packed order": False, "longest first": True} if args.longest_first else {"packed order": False}
     for g in (x.strip() for x in args.groups.split(",")):
         n = n_pairs if g == "all" else int(g)
-        row = f"pairs a group {g:>4}: packed order {efficiency(programs(lens, args.kv_heads, args.group, n, block_m=args.block_m), args.sms, args.overhead):.2f}"
-        if args.longest_first:
-            e = efficiency(programs(lens, args.kv_heads, args.group, n, block_m=args.block_m, longest_first=True),
-                           args.sms, args.overhead)
-            row += f", longest first {e:.2f}"
-        print(row)
+        effs = (efficiency(programs(lens, args.kv_heads, args.group, n, block_m=args.block_m, longest_first=first),
+                           args.sms, args.overhead) for first in orders.values())
+        print(f"pairs a group {g:>4}: " + ", ".join(f"{name} {e:.2f}" for name, e in zip(orders, effs)))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,10 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _model():
-    spec = importlib.util.spec_from_file_location("attention_launch_model", ROOT / "scripts/attention_launch_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "attention_launch_model.py"), run_name="launch_model"))
 
 
 def test_programs_follow_the_grid_order():

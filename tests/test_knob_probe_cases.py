@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
 
 import pytest
@@ -10,19 +10,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _probe():
-    spec = importlib.util.spec_from_file_location("attention_knob_probe", ROOT / "scripts/gpu/attention_knob_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _parse_cases(text: str) -> list:
+    return runpy.run_path(str(ROOT / "scripts" / "gpu" / "attention_knob_probe.py"), run_name="knob_probe")["_parse_cases"](text)
 
 
 def test_cases_parse_uniform_and_ragged():
     """Six fields: a uniform case (ragged False); a seventh, 1, packs the suite's 1:3 lengths; a label may hold ':'."""
-    cases = _probe()._parse_cases("Qwen3-14B 1:3:8,40,8,2048,128,1,1; dense:2,40,8,4096,128,0")
+    cases = _parse_cases("Qwen3-14B 1:3:8,40,8,2048,128,1,1; dense:2,40,8,4096,128,0")
     assert cases == [("Qwen3-14B 1:3", 8, 40, 8, 2048, 128, True, True), ("dense", 2, 40, 8, 4096, 128, False, False)]
 
 
 def test_cases_with_a_wrong_field_count_name_the_format():
     with pytest.raises(SystemExit, match="B,Hq,Hk,T,D,causal"):
-        _probe()._parse_cases("x:8,40,8,2048")
+        _parse_cases("x:8,40,8,2048")

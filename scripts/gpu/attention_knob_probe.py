@@ -158,6 +158,8 @@ def main() -> None:
     args = ap.parse_args()
     fwd_only = args.which == "fwd"
     cases = _parse_cases(args.cases) if args.cases else CASES
+    if not args.varlen and any(c[7:] and c[7] for c in cases):
+        ap.error("--cases: a ragged case (7th field 1) needs --varlen")
     settings = _parse_settings(args.settings) if args.settings else SETTINGS
     pseudo = ("PP_CONFIG", "DENSE")  # applied by this probe, not environment variables
     knobs = sorted({k for _, env in settings for k in env if k not in pseudo})
