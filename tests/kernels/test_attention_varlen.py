@@ -602,6 +602,11 @@ for order in (1, 0):
         for label, k in ag.offline_kernels(90, torch.bfloat16, variants=variants, varlen=True, fb_pair_group=order,
                                            fb_dq_tma=tma, fb_dq_pad=pad):
             add(label, k, tma, True)
+# the groups of pairs fb_pair_group gives causal GQA at up to FB_GQA_GROUP_MAX_KB key blocks (the shipped forms, DQ_PAD)
+for order in (4, 8, 16):
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), varlen=True, causal=(True,),
+                                       fb_pair_group=order, fb_dq_pad=64):
+        add(label, k, True, True)
 # the packed forward without the logsumexp store (attention_varlen with no gradient to compute)
 for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp", "pps"), varlen=True, store_lse=False):
     add(label, k, True, False)
@@ -623,9 +628,11 @@ def test_gluon_varlen_kernels_build_for_sm90(varlen_builds):
     sequence's first key row and K/V head are read again at the end, not kept live across the steps (they were 8
     bytes, 16 causal), and the causal mask is applied at every step, not behind a diagonal test (whose branch kept
     a transient word on the stack: 8 bytes); at most 16 in the atomics form at D 128 (per-element addresses; 96
-    before these two changes)."""
+    before these two changes). The causal builds in groups of 4, 8 and 16 pairs (fb_pair_group's causal GQA orders
+    for short sequences) spill none either."""
     reports = [r for r in varlen_builds if r["store_lse"]]
-    assert len(reports) == 2 * 4 + 3 * 4 + 3 * 4, [r["label"] for r in reports]
+    assert len(reports) == 2 * 4 + 3 * 4 + 3 * 4 + 3 * 2, [r["label"] for r in reports]
+    assert sum(f" pairs{n} " in r["label"] for r in reports for n in (4, 8, 16)) == 3 * 2, [r["label"] for r in reports]
     assert sum("fwd[pps]" in r["label"] for r in reports) == 4, [r["label"] for r in reports]
     for r in reports:
         assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r

@@ -1500,6 +1500,10 @@ FB_CANDIDATES = {
 FB_DQ_SPLIT = {64: False, 128: True}  # both warpgroups compute half of dQ^T's rows every step
 # causal MHA's grid order (fb_pair_group): (b, head) pairs whose key blocks interleave, per head dim
 FB_MHA_CAUSAL_PAIRS = {64: 1, 128: 2}
+# causal GQA's grid order (fb_pair_group): up to FB_GQA_GROUP_MAX_KB key blocks a pair, groups of the fewest pairs
+# (a power of two) whose key blocks make FB_GQA_GROUP_PROGRAMS programs or more; longer sequences, every pair
+FB_GQA_GROUP_PROGRAMS = 128
+FB_GQA_GROUP_MAX_KB = 32
 FB_DQ_TMA = True  # dQ^T added by a TMA reduce-add (False: fp32 atomics)
 FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (False: each consumer loads them)
 # the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
@@ -2109,21 +2113,36 @@ def _fb_split(head_dim: int, forced: bool | None = None) -> bool:
     return head_dim == 128 and (FB_DQ_SPLIT[head_dim] if forced is None else forced)
 
 
-def fb_pair_group(causal: bool, group: int, pairs: int, head_dim: int, env=None) -> int:
+def fb_pair_group(causal: bool, group: int, pairs: int, head_dim: int, env=None, *, n_kb: int = 0) -> int:
     """The fused backward's grid order, as the number of (b, K/V head) pairs whose key blocks interleave (1 ..
-    `pairs`, the launch's pairs): all of them (every pair's key block 0 first) for causal grouped-query attention,
-    FB_MHA_CAUSAL_PAIRS[head_dim] for causal MHA, 1 (a pair's key blocks together, FlashAttention-3's order) for
-    non-causal. With causal masking key block 0 is a pair's longest program, GROUP times longer under GQA, and in
-    the order of 1 the last pairs' ones start late. On the H200 (BENCHMARKS.md) every-pair order took causal GQA
-    40/8 from 479 to 507 TFLOP/s fwd+bwd, but MHA from 462 to 362 and non-causal from 525 to 388 (MHA's short
-    programs leave little tail, and the order of 1 keeps the programs that read one head's Q / dO together in L2);
-    for causal MHA at head_dim 128 two pairs were 2-3% faster than one at T 2048-16384 and 8 or more up to 13%
-    slower at T >= 4096. Env HEARTH_ATTN_FB_PAIR_GROUP = n forces groups of n pairs, or of the largest power of two
-    <= n that divides `pairs` (0 or n >= pairs: all)."""
+    `pairs`, the launch's pairs). n_kb: the launch's key blocks a pair (0: not known).
+    Causal grouped-query attention: with n_kb <= FB_GQA_GROUP_MAX_KB, groups of the fewest pairs, a power of two,
+    whose key blocks make FB_GQA_GROUP_PROGRAMS programs or more (32 pairs at 5-7 key blocks a pair, 16 at 8-15, 8
+    at 16-31, 4 at 32); otherwise all of them (every pair's key block 0 first). Causal MHA: FB_MHA_CAUSAL_PAIRS[head_dim].
+    Non-causal: 1 (a pair's key blocks together, FlashAttention-3's order).
+    Why: with causal masking key block 0 is a pair's longest program, GROUP times longer under GQA, and in the order
+    of 1 the last pairs' ones start late. On the H200 (BENCHMARKS.md) every-pair order took causal GQA 40/8 at T8192
+    from 479 to 507 TFLOP/s fwd+bwd, but MHA from 462 to 362 and non-causal from 525 to 388 (MHA's short programs
+    leave little tail, and the order of 1 keeps the programs that read one head's Q / dO together in L2); for causal
+    MHA at head_dim 128 two pairs were 2-3% faster than one at T 2048-16384 and 8 or more up to 13% slower at
+    T >= 4096. Every pair is too many where a launch holds many short pairs: the programs running at once then read
+    the Q / dO of as many pairs, and L2 holds few of them. On an H100 (2026-12-06, BENCHMARKS.md's forty-second run)
+    groups of 4-16 pairs took causal GQA fwd+bwd 5-29% below every pair at T 1024-4096 (Llama-3.2-1B 32 x 1024 d64:
+    2.307 -> 1.635 ms dense, 2.378 -> 1.796 packed; Qwen3-14B B4 T4096: 5.569 -> 4.913; the model-shape suite's
+    packed Qwen3-14B rows, 8 sequences of 1024-3072: 4.598 -> 3.654), and moved T8192 by under 2% either way.
+    Env HEARTH_ATTN_FB_PAIR_GROUP = n forces groups of n pairs, or of the largest power of two <= n that divides
+    `pairs` (0 or n >= pairs: all)."""
     env = os.environ if env is None else env
     raw = env.get("HEARTH_ATTN_FB_PAIR_GROUP", "")
     if raw.strip() == "":
-        n = (pairs if group > 1 else FB_MHA_CAUSAL_PAIRS.get(head_dim, 1)) if causal else 1
+        if not causal:
+            n = 1
+        elif group == 1:
+            n = FB_MHA_CAUSAL_PAIRS.get(head_dim, 1)
+        elif 0 < n_kb <= FB_GQA_GROUP_MAX_KB:
+            n = 1 << (-(-FB_GQA_GROUP_PROGRAMS // n_kb) - 1).bit_length()  # the power of two at or above
+        else:
+            n = pairs
     else:
         try:
             n = int(raw)
@@ -2209,7 +2228,7 @@ def _fb_start(meta: dict, heads: int, n_pad: int, out4, do4, delta, device, env)
 
 def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, head_dim: int, env) -> tuple[tuple[int, int], int]:
     """(grid, PAIR_GROUP) of a fused-backward launch over `pairs` (b, K/V head) pairs of n_kb key blocks each."""
-    order = fb_pair_group(causal, group, pairs, head_dim, env)
+    order = fb_pair_group(causal, group, pairs, head_dim, env, n_kb=n_kb)
     order = 0 if order == pairs > 1 else order  # the kernel's PAIR_GROUP (0: all pairs, the grid's axes swapped)
     return ((pairs, n_kb) if order == 0 else (n_kb * order, pairs // order)), order
 
