@@ -607,6 +607,10 @@ for order in (4, 8, 16):
     for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), varlen=True, causal=(True,),
                                        fb_pair_group=order, fb_dq_pad=64):
         add(label, k, True, True)
+# the sequences longest first (SEQ_ORDER, the probe switch HEARTH_ATTN_FB_SEQ_ORDER), in a group of 8 pairs
+for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), varlen=True, causal=(True,),
+                                   fb_pair_group=8, fb_dq_pad=64, fb_seq_order=True):
+    add(label, k, True, True)
 # the packed forward without the logsumexp store (attention_varlen with no gradient to compute)
 for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("pp", "pps"), varlen=True, store_lse=False):
     add(label, k, True, False)
@@ -629,10 +633,11 @@ def test_gluon_varlen_kernels_build_for_sm90(varlen_builds):
     bytes, 16 causal), and the causal mask is applied at every step, not behind a diagonal test (whose branch kept
     a transient word on the stack: 8 bytes); at most 16 in the atomics form at D 128 (per-element addresses; 96
     before these two changes). The causal builds in groups of 4, 8 and 16 pairs (fb_pair_group's causal GQA orders
-    for short sequences) spill none either."""
+    for short sequences) spill none either, nor those that take the sequences longest first (SEQ_ORDER)."""
     reports = [r for r in varlen_builds if r["store_lse"]]
-    assert len(reports) == 2 * 4 + 3 * 4 + 3 * 4 + 3 * 2, [r["label"] for r in reports]
-    assert sum(f" pairs{n} " in r["label"] for r in reports for n in (4, 8, 16)) == 3 * 2, [r["label"] for r in reports]
+    assert len(reports) == 2 * 4 + 3 * 4 + 3 * 4 + 3 * 2 + 2, [r["label"] for r in reports]
+    assert sum(" seq-order " in r["label"] for r in reports) == 2, [r["label"] for r in reports]
+    assert sum(f" pairs{n} " in r["label"] for r in reports for n in (4, 8, 16)) == 3 * 2 + 2, [r["label"] for r in reports]
     assert sum("fwd[pps]" in r["label"] for r in reports) == 4, [r["label"] for r in reports]
     for r in reports:
         assert "varlen" in r["label"] and r["wgmma"] > 0 and r["tma"] > 0 and r["shared"] <= 227 * 1024, r
@@ -715,6 +720,49 @@ def test_gpu_gluon_backward_places_dq_by_alignment(monkeypatch, lens):
         q, k, v, do, _, _ = _make(lens, lens, 8, 2, D, torch.bfloat16, seed=D, device="cuda")
         _rule_per_sequence(q, k, v, do, lens, lens, True)
     assert seen == [want, want], seen
+
+
+@gpu_only
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_gluon_backward_longest_sequences_first(monkeypatch, D, causal):
+    """HEARTH_ATTN_FB_SEQ_ORDER=1: the packed fused backward takes its sequences longest first (a permutation its
+    programs read); every row, dQ^T column and dK / dV row stays its sequence's own: out, dK and dV bitwise those
+    of the packed order, dQ under THE rule (its fp32 adds may come in another order). GQA 8/2, lengths out of order
+    with a sequence of one token and ties."""
+    from hearth.kernels import attention_gluon
+
+    if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
+        pytest.skip("the Gluon kernels serve Hopper only")
+    lens = [300, 1000, 1, 2000, 1000, 129]
+    lens_k = lens if causal else [n + 37 for n in reversed(lens)]
+    q, k, v, do, _, _ = _make(lens, lens_k, 8, 2, D, torch.bfloat16, seed=D + causal, device="cuda")
+    seen = []
+    real = attention_gluon.fb_seq_order
+    monkeypatch.setattr(attention_gluon, "fb_seq_order", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    monkeypatch.delenv("HEARTH_ATTN_FB_SEQ_ORDER", raising=False)
+    packed = _rule_per_sequence(q, k, v, do, lens, lens_k, causal)
+    monkeypatch.setenv("HEARTH_ATTN_FB_SEQ_ORDER", "1")
+    longest = _rule_per_sequence(q, k, v, do, lens, lens_k, causal)
+    assert seen[0] is None and seen[-1] is not None
+    assert [lens_k[i] for i in seen[-1].tolist()] == sorted(lens_k, reverse=True)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), longest, packed):
+        if name != "dq":
+            torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_fb_seq_order_env():
+    """The packed fused backward's sequence order: None unless HEARTH_ATTN_FB_SEQ_ORDER=1, then the sequences by
+    key count, longest first, ties in packed order (int32, on cu_k's device); a bad value is an error naming it."""
+    from hearth.kernels import attention_gluon
+
+    cu = torch.tensor([0, 300, 1300, 1301, 3301, 4301, 4430], dtype=torch.int32)
+    assert attention_gluon.fb_seq_order(cu, env={}) is None
+    assert attention_gluon.fb_seq_order(cu, env={"HEARTH_ATTN_FB_SEQ_ORDER": "0"}) is None
+    order = attention_gluon.fb_seq_order(cu, env={"HEARTH_ATTN_FB_SEQ_ORDER": "1"})
+    assert order.dtype == torch.int32 and order.tolist() == [3, 1, 4, 0, 5, 2]
+    with pytest.raises(ValueError, match="HEARTH_ATTN_FB_SEQ_ORDER"):
+        attention_gluon.fb_seq_order(cu, env={"HEARTH_ATTN_FB_SEQ_ORDER": "yes"})
 
 
 @gpu_only

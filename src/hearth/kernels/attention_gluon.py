@@ -1585,7 +1585,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  WG: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, CAUSAL: ttgl.constexpr, BLOCK_M: ttgl.constexpr,
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
-                 stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr):
+                 stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
+                 SeqOrder, SEQ_ORDER: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1705,7 +1706,10 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     if VARLEN:  # the sequence's first key row and the K/V head from the program's ids again: not live across the steps
         _, pair = _fb_pair(PAIR_GROUP)
         h_in = acc_h0 // GROUP  # pair % H_K, from a value live anyway (pair // H_K would be the prologue's, kept)
-        b = ttgl.load(CuSeqK + (pair - h_in) // H_K)
+        seq = (pair - h_in) // H_K
+        if SEQ_ORDER:
+            seq = ttgl.load(SeqOrder + seq)
+        b = ttgl.load(CuSeqK + seq)
         hk = BHK0 + h_in
     _store_dkdv(DK, DV, dk, dv, sm_scale, b, hk, start_n + WG * HALF, stride_dkb, stride_dkh, stride_dkt, N_CTX_K,
                 HALF, HEAD_DIM, acc_layout)
@@ -1754,6 +1758,7 @@ def _attn_bwd_fused_gluon_kernel(
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
     DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
+    SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1774,7 +1779,9 @@ def _attn_bwd_fused_gluon_kernel(
     aligned, with room for the sequence's last query block before the next one's). Each program reads
     its sequence's first rows and lengths from CuSeqQ / CuSeqK and works in the sequence's own positions: Q / dO
     rows past the sequence's end (the next sequence's) get lse +inf, so P = dS = 0 for them, and keys past it are
-    masked as a ragged tail is."""
+    masked as a ragged tail is. SEQ_ORDER (VARLEN): the grid's n-th sequence is SeqOrder[n] (int32, a permutation
+    of the sequences: backward_fused_varlen's env HEARTH_ATTN_FB_SEQ_ORDER=1 puts the longest first); every placement
+    (rows, dQ^T columns, dK / dV) stays the sequence's own."""
     dtype: ttgl.constexpr = q_desc.dtype
     qd_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     kv_shared: ttgl.constexpr = ttgl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
@@ -1786,6 +1793,8 @@ def _attn_bwd_fused_gluon_kernel(
     start_n = kb * BLOCK_N
     if VARLEN:
         b = pair // H_K  # the sequence
+        if SEQ_ORDER:
+            b = ttgl.load(SeqOrder + b)
         hk = BHK0 + pair % H_K
         acc_h0 = (pair % H_K) * GROUP  # this launch's first query head in DQacc
         q0 = ttgl.load(CuSeqQ + b)
@@ -1851,17 +1860,20 @@ def _attn_bwd_fused_gluon_kernel(
     fence_async_shared()
 
     cu_k = CuSeqK if VARLEN else Lse  # a stand-in when dense (warp_specialize takes no None)
+    seq_order = SeqOrder if SEQ_ORDER else Lse  # likewise
     ttgl.warp_specialize(
         [(_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN)),
+                         STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
+                         SEQ_ORDER)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
-                         STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN)),
+                         STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
+                         SEQ_ORDER)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -2327,6 +2339,23 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q: int, causal: bool, scale: float, 
     return out, lse
 
 
+def fb_seq_order(cu_k: torch.Tensor, env=None) -> torch.Tensor | None:
+    """The packed fused backward's sequence order (its kernel's SeqOrder), or None for the packed order. A probe
+    switch, env HEARTH_ATTN_FB_SEQ_ORDER: "1" takes the sequences longest first (by keys; ties in packed order), so
+    that the launch's last programs are short sequences' (a greedy model of the launch put the tail of the model-shape
+    suite's 1:3 packing at 16% of the time in packed order and 8% longest first, with groups of 8 pairs:
+    scripts/attention_launch_model.py, BENCHMARKS.md's forty-second run; not yet timed); unset or "0", None. On the device, without a host sync (an argsort of cu_k's
+    differences)."""
+    env = os.environ if env is None else env
+    flag = env.get("HEARTH_ATTN_FB_SEQ_ORDER", "0").strip()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"HEARTH_ATTN_FB_SEQ_ORDER must be 0 or 1, got {flag!r}")
+    if flag != "1":
+        return None
+    lengths = cu_k[1:] - cu_k[:-1]
+    return torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
+
+
 def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q: int, max_k: int, causal: bool,
                           scale: float, acc_bytes: int | None = None, aligned: bool = False,
                           out: torch.Tensor | None = None) -> None:
@@ -2354,6 +2383,7 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
     chunk = fused_chunk(1, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group))  # divides Hk
     grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), D, env)
+    seq_order = fb_seq_order(cu_k, env)
     q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q4, block_m), _host_desc(k4, FB_BLOCK_N), _host_desc(v4, FB_BLOCK_N),
@@ -2366,7 +2396,8 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
             _attn_bwd_fused_gluon_kernel[grid](
                 *descs, lse, delta, dk4, dv4, dq_acc, dq_desc, dk4.stride(2), dk4.stride(1), dk4.stride(2),
                 scale, scale * LOG2E, Hq, chunk, group, total_q, total_k, n_pad, hk0, CAUSAL=causal,
-                PAIR_GROUP=order, CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True, DQ_PAD=pad, **meta,
+                PAIR_GROUP=order, CuSeqQ=cu_q, CuSeqK=cu_k, VARLEN=True, DQ_PAD=pad, SeqOrder=seq_order,
+                SEQ_ORDER=seq_order is not None, **meta,
             )
             dq_from_acc(dq_acc, dq4[:, hk0 * group:(hk0 + chunk) * group], chunk * group, total_q, scale,
                         zero=hk0 + chunk < Hk, cu_q=cu_q, max_q=max_q, pad=pad)
@@ -2376,7 +2407,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
-                    fb_dq_pad=0):
+                    fb_dq_pad=0, fb_seq_order=False):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2385,7 +2416,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     LSE store). ones: integer arguments (e.g. "N_CTX_Q") built as a launch with the value 1 builds them: Triton makes
     such an int the constant 1 unless the kernel names it in do_not_specialize. varlen=True builds the packed-sequence
     (VARLEN) forms of "pp", "pps" and "bwd_fused" (forward_varlen per tile and persistent, backward_fused_varlen); fb_dq_pad, the fused backward's
-    DQ_PAD (its ragged-offset placement of dQ^T, with varlen). Needs TRITON_INTERPRET unset."""
+    DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen). Needs
+    TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -2448,8 +2480,12 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                        stride_dkt="i32", sm_scale="fp32", qk_scale="fp32", H_Q="i32", H_K="i32", GROUP="i32",
                        N_CTX_Q="i32", N_CTX_K="i32", N_PAD_Q="i32", BHK0="i32")
             if varlen:
-                const.update(VARLEN=True, DQ_PAD=fb_dq_pad)
+                const.update(VARLEN=True, DQ_PAD=fb_dq_pad, SEQ_ORDER=fb_seq_order)
                 sig.update(CuSeqQ="*i32", CuSeqK="*i32")
+                if fb_seq_order:
+                    sig["SeqOrder"] = "*i32"
+                else:
+                    const["SeqOrder"] = None
             sig.update({n: "constexpr" for n in const})
             kernel = build(_attn_bwd_fused_gluon_kernel, sig, const, 4)
             staged = fb_stats_smem and not fb_prefetch  # the kernel's STAGED
@@ -2458,6 +2494,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += f" pairs{fb_pair_group}" if fb_pair_group != 1 else ""
             forms += " varlen" if varlen else ""
             forms += f" dq-pad{fb_dq_pad}" if varlen and fb_dq_pad else ""
+            forms += " seq-order" if varlen and fb_seq_order else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
