@@ -906,12 +906,19 @@ def test_acc_budget_halves_the_dq_buffer_under_gqa(monkeypatch):
     assert ag.fused_chunk(16, 8, 5, 64, 1024, *ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0"}, 5)) == 128
 
 
+DQ_CONVS = [None, "128,8", "32,2"]  # the shipped launch, and HEARTH_ATTN_DQ_CONV's blocks around it
+
+
+@pytest.mark.parametrize("conv", DQ_CONVS)
 @pytest.mark.parametrize("zero", [False, True])
-def test_dq_from_acc_transposes_scales_casts_and_clears(zero):
+def test_dq_from_acc_transposes_scales_casts_and_clears(monkeypatch, zero, conv):
     """The fused backward's epilogue (interpreter on the CPU): dq[b, h, t] = scale * acc[b * rows + h, :, t] into a
-    strided view ([B, T, H, D] memory, heads 1..2 of 4), queries past T not written, acc cleared only with zero."""
+    strided view ([B, T, H, D] memory, heads 1..2 of 4), queries past T not written, acc cleared only with zero;
+    at each launch config (n_pad 192: a 128-query block runs past it and is masked)."""
+    if conv:
+        monkeypatch.setenv("HEARTH_ATTN_DQ_CONV", conv)
     g = torch.Generator().manual_seed(3)
-    heads, rows, d, t, n_pad = 4, 2, 16, 70, 128
+    heads, rows, d, t, n_pad = 4, 2, 16, 70, 192
     acc = torch.randn(heads, d, n_pad, generator=g)
     acc0 = acc.clone()
     dev = "cuda" if HAS_CUDA else "cpu"
@@ -932,6 +939,15 @@ def test_dq_from_acc_transposes_scales_casts_and_clears(zero):
         ag.dq_from_acc(acc, full[:, 1:4], rows, t, 0.5, zero)
 
 
+def test_dq_conv_config_knob():
+    """dq_from_acc's launch: the shipped one unset, the knob's when well formed, a named error otherwise."""
+    assert ag.dq_conv_config({}) == (ag.DQ_CONV_BLOCK, ag.DQ_CONV_WARPS)
+    assert ag.dq_conv_config({"HEARTH_ATTN_DQ_CONV": "128,8"}) == (128, 8)
+    for bad in ("128", "96,4", "64,3", "a,b", "64,32"):
+        with pytest.raises(ValueError, match="HEARTH_ATTN_DQ_CONV"):
+            ag.dq_conv_config({"HEARTH_ATTN_DQ_CONV": bad})
+
+
 def test_dq_pad_starts_place_sequences_apart():
     """DQ_PAD's placement: every sequence starts at a multiple of pad, its roundup(len, pad) columns end at or
     before the next one's start, and the last one within dq_pad_columns; brute force over ragged lengths,
@@ -949,11 +965,15 @@ def test_dq_pad_starts_place_sequences_apart():
             assert n_pad % pad == 0 and int(ends[-1]) <= n_pad, (lens, n_pad)
 
 
+@pytest.mark.parametrize("conv", DQ_CONVS)
 @pytest.mark.parametrize("zero", [False, True])
-def test_dq_from_acc_reads_padded_sequences(zero):
+def test_dq_from_acc_reads_padded_sequences(monkeypatch, zero, conv):
     """The packed form (pad, the fused kernel's DQ_PAD; interpreter on the CPU): sequence s's dQ^T is read from
     columns dq_pad_starts(cu_q, pad)[s] onwards into dq's packed rows cu_q[s] .. cu_q[s + 1]; with zero every
-    column of each sequence's blocks is cleared (the padding too), columns between sequences are not touched."""
+    column of each sequence's 64-column blocks is cleared (the padding too), columns between sequences are not
+    touched, at each launch config (a 128-query block never clears past its sequence's 64-column boundary)."""
+    if conv:
+        monkeypatch.setenv("HEARTH_ATTN_DQ_CONV", conv)
     g = torch.Generator().manual_seed(4)
     lens = [70, 0, 1, 130, 64]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)

@@ -2021,7 +2021,8 @@ def _dq_from_acc_kernel(Acc, DQ, stride_b, stride_h, stride_t, ROWS, N_CTX_Q, N_
     launch. One program: BLOCK_T queries of one head. DQ_PAD (packed sequences placed apart in Acc, the fused
     kernel's DQ_PAD): program axis 0 is (sequence s, block i) = divmod(id, N_BLOCKS); its queries are
     CuSeq[s] + i * BLOCK_T + [0, BLOCK_T), read at the sequence's padded column; blocks past the sequence do
-    nothing (the padding past a sequence's end only ever receives zeros, and its last block clears it)."""
+    nothing (the padding past a sequence's end, to its 64-column boundary, only ever receives zeros, and its last
+    block clears it)."""
     j = tl.program_id(1)
     d = tl.arange(0, HEAD_DIM)
     if DQ_PAD:
@@ -2031,12 +2032,12 @@ def _dq_from_acc_kernel(Acc, DQ, stride_b, stride_h, stride_t, ROWS, N_CTX_Q, N_
         n = tl.load(CuSeq + s + 1) - q0
         col = (q0 + DQ_PAD - 1) // DQ_PAD * DQ_PAD + s * DQ_PAD + r
         t = q0 + r
-        live = (r < (n + BLOCK_T - 1) // BLOCK_T * BLOCK_T)[None, :]  # the block holds some of the sequence
+        live = (r < (n + 63) // 64 * 64)[None, :]  # the sequence's 64-column blocks (never the next one's)
         keep = r < n
     else:
         col = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         t = col
-        live = (col < N_PAD_Q)[None, :]  # always: BLOCK_T divides N_PAD_Q
+        live = (col < N_PAD_Q)[None, :]  # N_PAD_Q is a multiple of 64, not always of BLOCK_T
         keep = t < N_CTX_Q
     src = Acc + j.to(tl.int64) * HEAD_DIM * N_PAD_Q + d[:, None] * N_PAD_Q + col[None, :]
     a = tl.load(src, mask=live, other=0.0)  # DQ_PAD's live blocks stay within their sequence's span
@@ -2059,12 +2060,33 @@ def _pp_launch(q, k, v, out, causal: bool):
                                 PRODUCER_REGS=PRODUCER_REGS, num_warps=PP_WARPS)
 
 
+# dq_from_acc's launch: 64 queries a program, 4 warps (not yet swept: the probe knob HEARTH_ATTN_DQ_CONV)
+DQ_CONV_BLOCK = 64
+DQ_CONV_WARPS = 4
+
+
+def dq_conv_config(env=None) -> tuple[int, int]:
+    """(queries a program, warps) of dq_from_acc's launch: DQ_CONV_BLOCK / DQ_CONV_WARPS, or the probe knob
+    HEARTH_ATTN_DQ_CONV="BLOCK_T,WARPS" (BLOCK_T 32-256 and WARPS 1-16, each a power of two)."""
+    raw = (os.environ if env is None else env).get("HEARTH_ATTN_DQ_CONV")
+    if not raw:
+        return DQ_CONV_BLOCK, DQ_CONV_WARPS
+    try:
+        block, warps = (int(x) for x in raw.split(","))
+    except ValueError:
+        block = warps = 0
+    if block not in (32, 64, 128, 256) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"HEARTH_ATTN_DQ_CONV must be 'BLOCK_T,WARPS' with BLOCK_T in 32/64/128/256 and WARPS a "
+                         f"power of two up to 16, got {raw!r}")
+    return block, warps
+
+
 def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, scale: float, zero: bool,
                 cu_q: torch.Tensor | None = None, max_q: int = 0, pad: int = 0) -> None:
     """_dq_from_acc_kernel over every head of acc [heads, D, n_pad] (n_pad a multiple of 64) into dq, a [heads //
     rows, rows, T, D] view (last dim contiguous): dq = scale * acc^T per head, and acc cleared when `zero`. pad
     (a multiple of 64; with cu_q, the packed offsets, and max_q, the longest sequence): acc holds the packed
-    sequences at dq_pad_starts(cu_q, pad), as the fused kernel's DQ_PAD writes them."""
+    sequences at dq_pad_starts(cu_q, pad), as the fused kernel's DQ_PAD writes them. Launch: dq_conv_config()."""
     heads, d, n_pad = acc.shape
     if acc.dtype != torch.float32 or not acc.is_contiguous() or n_pad % 64 or heads % rows:
         raise ValueError(f"acc must be a contiguous fp32 [heads, D, n_pad] with n_pad % 64 == 0 and heads % rows == 0, "
@@ -2072,15 +2094,16 @@ def dq_from_acc(acc: torch.Tensor, dq: torch.Tensor, rows: int, n_ctx_q: int, sc
     if dq.dim() != 4 or tuple(dq.shape) != (heads // rows, rows, n_ctx_q, d) or dq.stride(-1) != 1:
         raise ValueError(f"dq must be a [{heads // rows}, {rows}, {n_ctx_q}, {d}] view with a unit last stride, got "
                          f"{tuple(dq.shape)} strides {tuple(dq.stride())}")
+    block, warps = dq_conv_config()
     if pad:
         if pad % 64 or cu_q is None or max_q < 1:
             raise ValueError(f"pad must be a multiple of 64 with cu_q and max_q >= 1, got pad={pad}, max_q={max_q}")
-        blocks = cdiv(max_q, 64)
+        blocks = cdiv(cdiv(max_q, 64) * 64, block)  # a sequence's 64-column blocks, the ones its last clears
         grid = ((cu_q.shape[0] - 1) * blocks, heads)
     else:
-        blocks, grid = 1, (n_pad // 64, heads)
+        blocks, grid = 1, (cdiv(n_pad, block), heads)
     _dq_from_acc_kernel[grid](acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), rows, n_ctx_q, n_pad, scale, cu_q,
-                              blocks, HEAD_DIM=d, BLOCK_T=64, ZERO=zero, DQ_PAD=pad, num_warps=4)
+                              blocks, HEAD_DIM=d, BLOCK_T=block, ZERO=zero, DQ_PAD=pad, num_warps=warps)
 
 
 def dq_pad_starts(cu_q: torch.Tensor, pad: int) -> torch.Tensor:
