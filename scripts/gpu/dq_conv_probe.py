@@ -3,6 +3,7 @@ scale, transpose [heads, D, T] -> [.., T, D], cast to bf16, and clear the buffer
 several launch configs (HEARTH_ATTN_DQ_CONV="BLOCK_T,WARPS"; shipped: DQ_CONV_BLOCK x DQ_CONV_WARPS).
 
     python scripts/gpu/dq_conv_probe.py --out $OUT/dq_conv.jsonl [--reps 100] [--configs "64,4;128,8"]
+    TRITON_INTERPRET=1 python scripts/gpu/dq_conv_probe.py --smoke --out x.jsonl   # CPU, toy cases: checks the script
 
 Per case, the form backward_fused / backward_fused_varlen gives it at a model-shape suite case (its heads a launch:
 half the query heads under GQA, FB_ACC_GQA_SPLIT; the packed form's sequences placed DQ_PAD = 64 apart), with and
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 
@@ -29,13 +31,22 @@ CASES = [
     ("Llama-3.2-1B 32/8 d64 packed 32 x 1024 (16 heads)", 16, 64, [1024] * 32),
 ]
 CONFIGS = "64,4;64,8;128,4;128,8;32,4;256,8"
+# --smoke (the CPU under TRITON_INTERPRET=1): the same forms at toy sizes, timed by the host clock
+SMOKE_CASES = [("dense toy", 3, 16, [200]), ("packed toy", 2, 16, [70, 0, 130])]
 
 
-def _time(fn, reps: int) -> float:
-    """Median over three rounds of the mean GPU microseconds a call of `reps` back-to-back calls."""
+def _time(fn, reps: int, device: str) -> float:
+    """Median over three rounds of the mean microseconds a call of `reps` back-to-back calls: GPU time by CUDA
+    events, or the host clock off the GPU (--smoke)."""
     fn()
     rounds = []
     for _ in range(3):
+        if device != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            rounds.append((time.perf_counter() - t0) * 1e6 / reps)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(reps):
@@ -46,27 +57,30 @@ def _time(fn, reps: int) -> float:
     return statistics.median(rounds)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     from hearth.kernels import attention_gluon as ag
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--configs", default=CONFIGS, help="'BLOCK_T,WARPS;...' (HEARTH_ATTN_DQ_CONV values)")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="CPU (TRITON_INTERPRET=1), toy cases: checks the script")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    cases = SMOKE_CASES if args.smoke else CASES
     configs = [c.strip() for c in args.configs.split(";") if c.strip()]
     for c in configs:
         ag.dq_conv_config({"HEARTH_ATTN_DQ_CONV": c})  # a malformed config fails here, before any GPU work
     with open(args.out, "w") as f:
-        for label, heads, d, lens in CASES:
+        for label, heads, d, lens in cases:
             total = sum(lens)
             packed = len(lens) > 1
-            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
             n_pad = ag.dq_pad_columns(total, len(lens), 64) if packed else -(-total // 64) * 64
-            g = torch.Generator(device="cuda").manual_seed(0)
-            acc0 = torch.randn((heads, d, n_pad), device="cuda", generator=g)
+            g = torch.Generator(device=device).manual_seed(0)
+            acc0 = torch.randn((heads, d, n_pad), device=device, generator=g)
             acc = acc0.clone()
-            dq = torch.empty((1, heads, total, d), dtype=torch.bfloat16, device="cuda")
+            dq = torch.empty((1, heads, total, d), dtype=torch.bfloat16, device=device)
             extra = dict(cu_q=cu, max_q=max(lens), pad=64) if packed else {}
             for zero in (False, True):
                 moved = heads * d * total * (4 + 2 + (4 if zero else 0))
@@ -83,14 +97,15 @@ def main() -> None:
                     ok = True if ref is None else bool(torch.equal(dq, ref))
                     if ref is None:
                         ref = dq.clone()
-                    us = _time(call, args.reps)
+                    us = _time(call, args.reps, device)
                     row = dict(case=label, config=conf, zero=zero, ok=ok, us=round(us, 2),
                                tb_s=round(moved / us / 1e6, 3))
                     print(json.dumps(row), flush=True)
                     f.write(json.dumps(row) + "\n")
             os.environ.pop("HEARTH_ATTN_DQ_CONV", None)
             acc = acc0 = dq = ref = None
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
