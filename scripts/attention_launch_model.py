@@ -9,12 +9,15 @@ diagonal; a key block past the sequence's keys costs a twentieth of a step), dis
 free of `--sms` slots (one program an SM: the kernel's shared memory allows no second). Grid order: groups of n
 (sequence, K/V head) pairs, key blocks interleaved within a group (attention_gluon.fb_pair_group: n = all pairs is
 the every-pair order, 1 FlashAttention-3's pair-major one); --longest-first takes the sequences longest first
-(the staged HEARTH_ATTN_FB_SEQ_ORDER switch). Efficiency = (the programs' summed cost / SMs) / the makespan.
+(the HEARTH_ATTN_FB_SEQ_ORDER probe switch). Efficiency = (the programs' summed cost / SMs) / the makespan.
 
 What it does not model, and why its figures guide rather than predict: L2. Programs that run at once read the Q and
 dO of as many pairs as they span; the every-pair order scores well here and measured 13-29% slower on an H100 at
 T 1024-4096 for that reason (BENCHMARKS.md, forty-second run). Nor the dispatch order of a real GPU, which is only
-roughly the block-id order, nor the steps' unequal cost (the diagonal step's mask).
+roughly the block-id order, nor the steps' unequal cost (the diagonal step's mask). Twice its tail figures did
+not show on an H100 (BENCHMARKS.md, forty-third run): longest first (16% -> 8% of tail here) measured +0.6% and
+-1.7%, and one launch of 8 K/V heads against two of 4 (0.84 -> 0.96 on the 1:3 packing, 0.97 both on a uniform
+one) gained 6.6% and 6.9% alike.
 """
 
 from __future__ import annotations
