@@ -7,8 +7,9 @@ several launch configs (HEARTH_ATTN_DQ_CONV="BLOCK_T,WARPS"; shipped: DQ_CONV_BL
 
 Per case, the form backward_fused / backward_fused_varlen gives it at a model-shape suite case (its heads a launch:
 half the query heads under GQA, FB_ACC_GQA_SPLIT; the packed form's sequences placed DQ_PAD = 64 apart), with and
-without the clearing: GPU microseconds a call by CUDA events around `reps` back-to-back calls (each moves more bytes
-than L2 holds, so no flush), three rounds, the median round; the bytes it moves (fp32 read, bf16 written, the fp32
+without the clearing: GPU microseconds a call by CUDA events around `reps` back-to-back calls, three rounds, the
+median round (no L2 flush: the packed cases move 4-5x an H100's 50 MB of L2, the dense ones about 1-1.3x, so L2 may
+flatter those); the bytes it moves (fp32 read, bf16 written, the fp32
 buffer written again when it clears) over that time. Every config's dq is checked against the shipped config's
 (bitwise: the same fp32 products cast the same way). One JSON object per line.
 """
@@ -36,14 +37,9 @@ CONFIGS = "64,4;64,8;128,4;128,8;32,4;256,8"
 SMOKE_CASES = [("dense toy", 3, 16, [200]), ("packed toy", 2, 16, [70, 0, 130])]
 
 
-def _time(fn, reps: int, device: str) -> float:
-    """Median over three rounds of the mean microseconds a call of `reps` back-to-back calls: GPU time by CUDA
-    events (attention_pre_probe's timer), or the host clock off the GPU (--smoke)."""
-    if device == "cuda":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder: its sibling probe
-        from attention_pre_probe import _time as gpu_time
-
-        return gpu_time(fn, reps)
+def _host_time(fn, reps: int) -> float:
+    """--smoke's timer, off the GPU: attention_pre_probe._time's rounds by the host clock (median over three rounds
+    of the mean microseconds a call of `reps` back-to-back calls)."""
     fn()
     rounds = []
     for _ in range(3):
@@ -65,6 +61,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     device = "cpu" if args.smoke else "cuda"
     cases = SMOKE_CASES if args.smoke else CASES
+    if args.smoke:
+        timer = _host_time
+    else:  # GPU time by CUDA events: the sibling probe's timer
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from attention_pre_probe import _time as timer
     configs = [c.strip() for c in args.configs.split(";") if c.strip()]
     for c in configs:
         ag.dq_conv_config({"HEARTH_ATTN_DQ_CONV": c})  # a malformed config fails here, before any GPU work
@@ -94,7 +95,7 @@ def main(argv=None) -> None:
                     ok = True if ref is None else bool(torch.equal(dq, ref))
                     if ref is None:
                         ref = dq.clone()
-                    us = _time(call, args.reps, device)
+                    us = timer(call, args.reps)
                     row = dict(case=label, config=conf, zero=zero, ok=ok, us=round(us, 2),
                                tb_s=round(moved / us / 1e6, 3))
                     print(json.dumps(row), flush=True)
