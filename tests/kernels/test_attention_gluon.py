@@ -906,6 +906,31 @@ def test_acc_budget_halves_the_dq_buffer_under_gqa(monkeypatch):
     assert ag.fused_chunk(16, 8, 5, 64, 1024, *ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "0"}, 5)) == 128
 
 
+def test_acc_budget_keeps_the_whole_buffer_at_short_causal_gqa():
+    """Causal GQA at 1..FB_GQA_GROUP_MAX_KB key blocks a pair (the grouped grid order's sequences) holds the whole
+    buffer up to FB_ACC_SHORT_MIB in one launch; longer sequences, non-causal and MHA keep the split / FB_ACC_MIB;
+    acc_bytes and the env knob still replace the rule."""
+    mib = 2**20
+    short = ag.FB_GQA_GROUP_MAX_KB
+    assert ag.acc_budget(None, {}, 5, causal=True, n_kb=short) == (ag.FB_ACC_SHORT_MIB * mib, 1)
+    assert ag.acc_budget(None, {}, 5, causal=True, n_kb=1) == (ag.FB_ACC_SHORT_MIB * mib, 1)
+    assert ag.acc_budget(None, {}, 5, causal=True, n_kb=short + 1) == (ag.FB_ACC_MIB * mib, ag.FB_ACC_GQA_SPLIT)
+    assert ag.acc_budget(None, {}, 5, causal=False, n_kb=short) == (ag.FB_ACC_MIB * mib, ag.FB_ACC_GQA_SPLIT)
+    assert ag.acc_budget(None, {}, 1, causal=True, n_kb=short) == (ag.FB_ACC_MIB * mib, 1)
+    assert ag.acc_budget(None, {}, 5, causal=True, n_kb=0) == (ag.FB_ACC_MIB * mib, ag.FB_ACC_GQA_SPLIT)
+    assert ag.acc_budget(7, {}, 5, causal=True, n_kb=short) == (7, 1)
+    assert ag.acc_budget(None, {"HEARTH_ATTN_FB_ACC_MIB": "1"}, 5, causal=True, n_kb=short) == (mib, 1)
+    # the suite's packed Qwen3-14B row: 40 query heads of 16384 tokens in 8 sequences, 330 MiB, one launch of all
+    # 8 K/V heads (the split ran two of 4)
+    n_pad = ag.dq_pad_columns(16384, 8, 64)
+    assert ag.fused_chunk(1, 8, 5, 128, n_pad, *ag.acc_budget(None, {}, 5, causal=True, n_kb=16)) == 8
+    assert ag.fused_chunk(1, 8, 5, 128, n_pad, *ag.acc_budget(None, {}, 5)) == 4
+    # Qwen3-14B B16 T4096 (1280 MiB whole) is still bounded: launches of at most FB_ACC_SHORT_MIB
+    per_pair = 5 * 128 * 4096 * 4
+    chunk = ag.fused_chunk(16, 8, 5, 128, 4096, *ag.acc_budget(None, {}, 5, causal=True, n_kb=32))
+    assert 1 <= chunk < 128 and chunk * per_pair <= ag.FB_ACC_SHORT_MIB * mib
+
+
 DQ_CONVS = [None, "128,8", "32,2"]  # the shipped launch, and HEARTH_ATTN_DQ_CONV's blocks around it
 
 

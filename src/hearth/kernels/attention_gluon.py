@@ -64,7 +64,9 @@ to a [heads, D, T] buffer by TMA reduce-adds and cast into dq by dq_from_acc. At
 FlashAttention-3's 64-query steps with dQ^T split over both warpgroups. On the H200 it ran 14-24% faster than the
 Triton backward at the issue's four cases (BENCHMARKS.md), so attention.backward_kernel routes Hopper's bf16 / fp16
 head_dim 64 / 128 backward to it (HEARTH_ATTN_GLUON_BWD_FUSED=0: the Triton kernels); its transient fp32 buffer is
-bounded to FB_ACC_MIB, and under grouped-query attention to half its whole size (FB_ACC_GQA_SPLIT).
+bounded to FB_ACC_MIB, and under grouped-query attention to half its whole size (FB_ACC_GQA_SPLIT), except at
+short causal sequences (up to FB_GQA_GROUP_MAX_KB key blocks, where the grouped grid order runs): there the whole
+buffer up to FB_ACC_SHORT_MIB, one launch.
 
 Not served here (``supported`` says no, and attention.py keeps the Triton kernel): fp32, head dims
 other than 64 / 128, GPUs other than compute capability 9.x, tensors TMA cannot address.
@@ -1515,6 +1517,13 @@ FB_ACC_MIB = 256
 # expands dK / dV to the query heads) to 2.45x; for MHA it cost 6.4% (Llama-2-7B T2048 B4), where cuDNN holds
 # no more than hearth either way, so MHA keeps the whole buffer up to FB_ACC_MIB.
 FB_ACC_GQA_SPLIT = 2
+# ... except for causal GQA at up to FB_GQA_GROUP_MAX_KB key blocks a pair (the grouped grid order's sequences, up to
+# 4096 keys): the whole buffer up to FB_ACC_SHORT_MIB, in one launch. There each launch of grouped pairs has its own
+# tail and the split makes dq_from_acc clear the buffer between launches (60 of its 146 us at the packed Qwen3-14B
+# row): one launch ran 3-7% less fwd+bwd on an H100 (2026-12-06, BENCHMARKS.md forty-third run; packed Qwen3-14B
+# 8 x 2048 3.136 -> 2.919 ms, +161 MiB, still under FlashAttention-4's extra memory in every case measured), while
+# at T8192 (64 key blocks) it ran 2.2% slower, so longer sequences keep the split
+FB_ACC_SHORT_MIB = 512
 
 
 @_builtin
@@ -2268,15 +2277,18 @@ def _fb_grid(causal: bool, group: int, pairs: int, n_kb: int, head_dim: int, env
     return ((pairs, n_kb) if order == 0 else (n_kb * order, pairs // order)), order
 
 
-def acc_budget(acc_bytes: int | None, env, group: int) -> tuple[int, int]:
+def acc_budget(acc_bytes: int | None, env, group: int, *, causal: bool = False, n_kb: int = 0) -> tuple[int, int]:
     """The fused backward's bound on its fp32 dQ buffer, as fused_chunk's (budget bytes, split): acc_bytes when
-    given, else env HEARTH_ATTN_FB_ACC_MIB (MiB) when set (0: none), each alone (split 1); else FB_ACC_MIB, and
-    under grouped-query attention (group > 1) also 1 / FB_ACC_GQA_SPLIT of the whole buffer."""
+    given, else env HEARTH_ATTN_FB_ACC_MIB (MiB) when set (0: none), each alone (split 1); else, for causal
+    grouped-query attention at 1..FB_GQA_GROUP_MAX_KB key blocks a pair (n_kb), FB_ACC_SHORT_MIB alone; else
+    FB_ACC_MIB, and under grouped-query attention (group > 1) also 1 / FB_ACC_GQA_SPLIT of the whole buffer."""
     if acc_bytes is not None:
         return acc_bytes, 1
     raw = env.get("HEARTH_ATTN_FB_ACC_MIB")
     if raw is not None:
         return int(float(raw) * 2**20), 1
+    if causal and group > 1 and 0 < n_kb <= FB_GQA_GROUP_MAX_KB:
+        return FB_ACC_SHORT_MIB * 2**20, 1
     return FB_ACC_MIB * 2**20, FB_ACC_GQA_SPLIT if group > 1 else 1
 
 
@@ -2285,7 +2297,7 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     """dQ, dK, dV of attention with the fused 5-matmul kernel above: dk / dv as backward_dkdv, dq [B, Hq, Tq, D]
     (last dim contiguous). dQ is summed in an fp32 buffer [heads, D, Tq rounded up to whole query blocks], then
     scaled and cast into dq. acc_bytes bounds that buffer (default: acc_budget's, FB_ACC_MIB and half the whole
-    buffer under GQA; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of
+    buffer under GQA, FB_ACC_SHORT_MIB at short causal GQA; 0: none, B * Hq * Tq * D * 4 bytes): the (b, K/V head) pairs then run in launches of
     fused_chunk pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1"
     on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
     HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so
@@ -2302,8 +2314,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     # whole query blocks (and 64-query ones, dq_from_acc's): the kernel's adds need no mask, a TMA box no clipping
     step = max(64, meta["BLOCK_M"])
     n_pad = cdiv(Tq, step) * step
-    chunk = fused_chunk(B, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group))
-    grid, order = _fb_grid(causal, group, chunk, cdiv(Tk, FB_BLOCK_N), D, env)
+    n_kb = cdiv(Tk, FB_BLOCK_N)
+    chunk = fused_chunk(B, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group, causal=causal, n_kb=n_kb))
+    grid, order = _fb_grid(causal, group, chunk, n_kb, D, env)
     block_m = meta["BLOCK_M"]
     descs = (_host_desc(q, block_m), _host_desc(k, FB_BLOCK_N), _host_desc(v, FB_BLOCK_N), _host_desc(do, block_m))
     with on_device(q.device):
@@ -2367,8 +2380,9 @@ def fb_seq_order(cu_k: torch.Tensor, env=None) -> torch.Tensor | None:
     switch, env HEARTH_ATTN_FB_SEQ_ORDER: "1" takes the sequences longest first (by keys; ties in packed order), so
     that the launch's last programs are short sequences' (a greedy model of the launch put the tail of the model-shape
     suite's 1:3 packing at 16% of the time in packed order and 8% longest first, with groups of 8 pairs:
-    scripts/attention_launch_model.py, BENCHMARKS.md's forty-second run; not yet timed); unset or "0", None. On the device, without a host sync (an argsort of cu_k's
-    differences)."""
+    scripts/attention_launch_model.py, BENCHMARKS.md's forty-second run; timed on an H100 in the forty-third: +0.6%
+    and -1.7% fwd+bwd at the suite's two 1:3 packings, so it stays off); unset or "0", None. On the device, without
+    a host sync (an argsort of cu_k's differences)."""
     env = os.environ if env is None else env
     flag = env.get("HEARTH_ATTN_FB_SEQ_ORDER", "0").strip()
     if flag not in ("", "0", "1"):
@@ -2404,8 +2418,10 @@ def backward_fused_varlen(q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, max_q
     step = max(64, meta["BLOCK_M"])
     pad = step if meta["DQ_TMA"] and not aligned else 0
     n_pad = dq_pad_columns(total_q, n_seqs, pad) if pad else cdiv(total_q, step) * step + step
-    chunk = fused_chunk(1, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group))  # divides Hk
-    grid, order = _fb_grid(causal, group, n_seqs * chunk, cdiv(max_k, FB_BLOCK_N), D, env)
+    n_kb = cdiv(max_k, FB_BLOCK_N)
+    # chunk divides Hk
+    chunk = fused_chunk(1, Hk, group, D, n_pad, *acc_budget(acc_bytes, env, group, causal=causal, n_kb=n_kb))
+    grid, order = _fb_grid(causal, group, n_seqs * chunk, n_kb, D, env)
     seq_order = fb_seq_order(cu_k, env)
     q4, k4, v4, do4, dq4, dk4, dv4 = packed_planes(q, k, v, do, dq, dk, dv)
     block_m = meta["BLOCK_M"]
