@@ -274,6 +274,35 @@ def test_sm90_fused_backward_forms_build_without_spills():
         assert (r["reduces"] > 0 and r["adds"] == 0) if r["tma"] else (r["reduces"] == 0 and r["adds"] > 0), r
 
 
+_FB_DQ_ASYNC_SCRIPT = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen, causal, pair_group in ((False, (True, False), 0), (False, (True,), 8), (True, (True,), 0),
+                                   (True, (True,), 8)):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,), causal=causal,
+                                       fb_pair_group=pair_group, fb_dq_async=True, **extra):
+        r = hi.report_compiled(label, k, sass=False)
+        out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes,
+                        reduces=k.asm["ptx"].count("cp.reduce.async.bulk.tensor")))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_dq_async_builds():
+    """The probe form DQ_ASYNC (HEARTH_ATTN_FB_DQ_ASYNC=1: dQ^T's matmul issued behind dK's) at head_dim 128 with the
+    dQ split, dense in every-pair order (causal or not) and in groups of 8 (causal), and packed: it builds for sm_90
+    within shared memory, adds dQ^T by TMA reduce, and its accumulator beside P^T and dS^T costs the dense builds
+    at most 40 bytes of stack (24 / 24 / 40 on 2026-12-06) and the packed ones none."""
+    reports = run_offline(_FB_DQ_ASYNC_SCRIPT)
+    assert len(reports) == 5 and all(" dq-async" in r["label"] for r in reports), [r["label"] for r in reports]
+    for r in reports:
+        assert r["shared"] <= 227 * 1024 and r["reduces"] > 0, r
+        assert r["spill"] <= (0 if " varlen" in r["label"] else 40), r
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_kernel_is_opt_in(d):
     """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
@@ -1070,7 +1099,7 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
 @pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (64, "all_pairs"),
                                      (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
-                                     (128, "four_pairs"), (128, "two_launch_pre")])
+                                     (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1080,11 +1109,13 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     picks by causal and GQA: fb_pair_group). dK, dV and dQ within the 2x rule at ragged T, causal or
     not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
     pair a launch. two_launch_pre: the dQ buffer zeroed by a fill and delta by the plain preprocess
-    (HEARTH_ATTN_FB_PRE_ZERO=0), not in one launch."""
+    (HEARTH_ATTN_FB_PRE_ZERO=0), not in one launch. dq_async: dQ^T's matmul issued behind dK's
+    (HEARTH_ATTN_FB_DQ_ASYNC=1, with the dQ split)."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
-           "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0")}[forms]
+           "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0"),
+           "dq_async": dict(DQ_ASYNC="1")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

@@ -751,6 +751,24 @@ def test_gpu_gluon_backward_longest_sequences_first(monkeypatch, D, causal):
             torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
 
 
+@gpu_only
+def test_gpu_gluon_backward_dq_async(monkeypatch):
+    """HEARTH_ATTN_FB_DQ_ASYNC=1 (the packed fused backward with dQ^T's matmul issued behind dK's, head_dim 128):
+    out, dK and dV bitwise the shipped form's (the same products, summed in the same order), dQ under THE rule;
+    GQA 8/2, causal, ragged lengths with a one-token sequence."""
+    if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
+        pytest.skip("the Gluon kernels serve Hopper only")
+    lens = [300, 1000, 1, 2000, 129]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, seed=11, device="cuda")
+    monkeypatch.delenv("HEARTH_ATTN_FB_DQ_ASYNC", raising=False)
+    shipped = _rule_per_sequence(q, k, v, do, lens, lens, True)
+    monkeypatch.setenv("HEARTH_ATTN_FB_DQ_ASYNC", "1")
+    issued = _rule_per_sequence(q, k, v, do, lens, lens, True)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), issued, shipped):
+        if name != "dq":
+            torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
 def test_fb_seq_order_env():
     """The packed fused backward's sequence order: None unless HEARTH_ATTN_FB_SEQ_ORDER=1, then the sequences by
     key count, longest first, ties in packed order (int32, on cu_k's device); a bad value is an error naming it."""

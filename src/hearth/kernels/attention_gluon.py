@@ -1595,7 +1595,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
                  stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
-                 SeqOrder, SEQ_ORDER: ttgl.constexpr):
+                 SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1609,7 +1609,11 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     dq_desc) instead of fp32 atomics (no per-element addresses in registers); STATS_SMEM reads lse / delta from
     the ring slot, where the producer put them (no global loads here); DQ_SPLIT (D 128) has both warpgroups
     compute half of dQ^T's rows every step; PREFETCH (probe only) loads the next step's lse / delta a step
-    ahead (the kernel then passes STATS_SMEM False here and to the producer: nothing is staged). (Two more forms
+    ahead (the kernel then passes STATS_SMEM False here and to the producer: nothing is staged); DQ_ASYNC (probe
+    only, with DQ_SPLIT) issues the step's dQ^T matmul right behind dK's, asynchronously, and waits for all three
+    together (otherwise dQ^T's starts once dK and dV have retired): the tensor cores get it without a gap, at the
+    price of its accumulator live beside P^T and dS^T (offline sm_90: 24-40 bytes of spill dense, none packed).
+    (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
     BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
     first packed query row (0 when dense) and dq0 its first column in DQacc (q0, or the kernel's DQ_PAD placement),
@@ -1686,11 +1690,24 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         mbarrier.arrive(ds_full.index(par), count=1)
         ds16 = ttgl.convert_layout(ds, a_layout)
         dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
-        dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
-        ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
-        mbarrier.arrive(empty_bars.index(slot), count=1)
         head = acc_h0 + i // n_m
-        if DQ_SPLIT:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
+        if DQ_SPLIT and DQ_ASYNC:  # dQ^T's matmul issued behind dK's, the three retired together
+            mbarrier.wait(ds_full.index(par), use & 1)
+            dq_tok = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par),
+                                   zero_dq, use_acc=False, is_async=True)
+            dv, dk, dqt, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, pt16, ds16])
+            ttgl.thread_barrier()  # every warp's wgmma on this slot and on dS^T is done
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+            mbarrier.arrive(ds_empty.index(par), count=1)
+            if DQ_TMA:
+                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
+            else:
+                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
+        else:
+            dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+            ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+        if DQ_SPLIT and not DQ_ASYNC:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
             mbarrier.wait(ds_full.index(par), use & 1)
             dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par), zero_dq,
                                 use_acc=False)
@@ -1700,7 +1717,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                 _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
             else:
                 _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
-        else:
+        elif not DQ_SPLIT:
             if par == WG:
                 mbarrier.wait(ds_full.index(par), use & 1)
                 dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
@@ -1767,7 +1784,7 @@ def _attn_bwd_fused_gluon_kernel(
     PRODUCER_REGS: ttgl.constexpr, PREFETCH: ttgl.constexpr = False, DQ_SPLIT: ttgl.constexpr = False,
     DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
-    SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False,
+    SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1876,13 +1893,13 @@ def _attn_bwd_fused_gluon_kernel(
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
-                         SEQ_ORDER)),
+                         SEQ_ORDER, DQ_ASYNC)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
-                         SEQ_ORDER)),
+                         SEQ_ORDER, DQ_ASYNC)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -2220,7 +2237,8 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 PREFETCH=_env_flag(env, "HEARTH_ATTN_FB_PREFETCH", False),
                 DQ_SPLIT=_fb_split(head_dim, _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", None)),
                 DQ_TMA=_env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA),
-                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM), num_warps=4)
+                STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM),
+                DQ_ASYNC=_env_flag(env, "HEARTH_ATTN_FB_DQ_ASYNC", False), num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2301,7 +2319,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     fused_chunk pairs, one buffer reused. config: (BLOCK_M, NUM_STAGES), else FB_CONFIGS'. Probe switches (env, "1"
     on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
     HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so
-    STATS_SMEM is moot with it); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    STATS_SMEM is moot with it), HEARTH_ATTN_FB_DQ_ASYNC (off by default; with the dQ split, dQ^T's matmul issued
+    behind dK's: the consumer's DQ_ASYNC); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
     (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
@@ -2446,7 +2465,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
-                    fb_dq_pad=0, fb_seq_order=False):
+                    fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2455,7 +2474,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     LSE store). ones: integer arguments (e.g. "N_CTX_Q") built as a launch with the value 1 builds them: Triton makes
     such an int the constant 1 unless the kernel names it in do_not_specialize. varlen=True builds the packed-sequence
     (VARLEN) forms of "pp", "pps" and "bwd_fused" (forward_varlen per tile and persistent, backward_fused_varlen); fb_dq_pad, the fused backward's
-    DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen). Needs
+    DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen); fb_dq_async,
+    its DQ_ASYNC (with the dQ split). Needs
     TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2508,7 +2528,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
-                         PAIR_GROUP=fb_pair_group)
+                         PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2534,6 +2554,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += " varlen" if varlen else ""
             forms += f" dq-pad{fb_dq_pad}" if varlen and fb_dq_pad else ""
             forms += " seq-order" if varlen and fb_seq_order else ""
+            forms += " dq-async" if fb_dq_async and split else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
