@@ -8,7 +8,7 @@
 #
 #   run (device tool), from the repo root, carrying .whl (Liger: `pip download liger_kernel==0.8.5
 #   --no-deps -d .whl` on the workstation; quack and FlashAttention-4 too if wanted: scripts/gpu/peer_wheels.sh, then
-#   carry .peers/peers-1.tar.xz in one call and .peers/peers-2.tar.xz in the next, on the same warm machine):
+#   carry .peers/peers.tar.xz.1of2 in one call and .peers/peers.tar.xz.2of2 in the next, on the same warm machine):
 #     OUT=out bash scripts/gpu/bench_models.sh                  # all ops, about 7 min (budget 360 s + start-up + reports)
 #     OUT=out bash scripts/gpu/bench_models.sh rms_norm swiglu  # a subset
 #   then on the workstation: bash scripts/merge_models_run.sh <the call's models folder> <commit>-<ops>
@@ -26,7 +26,7 @@ BUDGET_S=${BUDGET_S:-360}
 PROVIDERS=${PROVIDERS:-hearth,compile,liger,quack,vendor}
 export PYTHONUNBUFFERED=1
 # the carried wheels and, where a part of them was carried, the CuTe-DSL peers (scripts/gpu/peer_wheels.sh: two calls
-# back to back on one warm machine; the second finds the first's part already extracted in /tmp/site)
+# back to back on one warm machine; the first's part waits in /tmp/site until the second's comes)
 . scripts/gpu/carried_env.sh
 ops=("$@")
 [ ${#ops[@]} -gt 0 ] || ops=(all)

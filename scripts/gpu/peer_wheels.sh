@@ -3,15 +3,17 @@
 # torch 2.11+cu130, no registry there), packed into .peers/ (git-ignored) so that a device call can carry them. Run
 # here, where pip reaches PyPI.
 #
-# Their CUDA 13 library wheel (nvidia-cutlass-dsl-libs-cu13) is 92 MB zipped, 237 MB unpacked, over the 64 MiB a
-# device call carries, and xz (with the x86 filter) brings the whole set to about 68 MB only. So the unpacked
-# site is split in two archives, each extracted into /tmp/site on the device by scripts/gpu/peers_env.sh:
-#   .peers/peers-1.tar.xz   the CuTe DSL's MLIR library (one 193 MB .so)
-#   .peers/peers-2.tar.xz   everything else (the DSL's Python, its runtime library, quack, flash-attn-4, their deps)
-# Two calls back to back on the same (warm) machine: carry [".whl", ".peers/peers-1.tar.xz"], then the same with
-# part 2 (with .whl's small wheels only: bitsandbytes' 43 MB, which only the QLoRA runs need, set aside for
-# those calls). /tmp/site survives between calls only while the machine stays warm; if it was given back in
-# between, the peers do not import and their rows say unavailable.
+# Their CUDA 13 library wheel (nvidia-cutlass-dsl-libs-cu13) is 92 MB zipped, 237 MB unpacked, and xz (with the
+# x86 filter) brings the whole site to about 68 MB: over what one device call carries (64 MiB, the working tree's
+# own ~20 MiB included). So the one archive is cut, byte for byte, into parts of at most PART_MIB (default 34):
+#   .peers/peers.tar.xz.1of2, .peers/peers.tar.xz.2of2
+# each carried by one call, back to back on the same (warm) machine: carry [".whl", ".peers/peers.tar.xz.1of2"],
+# then [".whl", ".peers/peers.tar.xz.2of2"] (.whl's small wheels only: bitsandbytes' 43 MB, which only the QLoRA
+# runs need, set aside for those calls). scripts/gpu/peers_env.sh keeps each part in the site folder until the
+# last arrives, then extracts the whole. /tmp/site survives between calls only while the machine stays warm; if it
+# was given back in between, the peers do not import and their rows say unavailable.
+# (A fixed split of the site, the MLIR library in one part and the rest in the other, left a 46 MB part that
+# stopped fitting beside the tree once the tree passed 18 MiB; byte parts are all about the same size.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .peers
@@ -29,11 +31,7 @@ for w in "$tmp"/w/*.whl; do python3 -m zipfile -e "$w" "$tmp/site"; done
 rm -rf "$tmp"/site/nvidia_cutlass_dsl/cu13/lib/stubs
 big=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 [ -f "$tmp/site/$big" ] || { echo "missing $big (the wheel's layout changed)"; exit 1; }
-xzc() { xz --x86 --lzma2=preset=9e -T2; }
-tar -C "$tmp/site" -cf - "$big" | xzc > .peers/peers-1.tar.xz
-tar -C "$tmp/site" --exclude="./$big" -cf - . | xzc > .peers/peers-2.tar.xz
-ls -l .peers/peers-*.tar.xz
-limit=$(( 64 * 1024 * 1024 ))
-for f in .peers/peers-*.tar.xz; do
-  [ "$(stat -c %s "$f")" -lt "$limit" ] || echo "WARNING: $f is over the 64 MiB a device call carries"
-done
+rm -f .peers/peers-*.tar.xz .peers/peers.tar.xz.*
+tar -C "$tmp/site" -cf - . | xz --x86 --lzma2=preset=9e -T2 > "$tmp/peers.tar.xz"
+bash scripts/gpu/peers_split.sh "$tmp/peers.tar.xz" .peers "${PART_MIB:-34}"
+ls -l .peers/

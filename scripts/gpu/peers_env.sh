@@ -1,16 +1,44 @@
-# Source on the device (bash), from the repo root, after carrying .peers/peers-*.tar.xz (scripts/gpu/peer_wheels.sh):
+# Source on the device (bash), from the repo root, after carrying a part of the CuTe-DSL peers
+# (.peers/peers.tar.xz.<k>of<n>, scripts/gpu/peer_wheels.sh):
 #   . scripts/gpu/peers_env.sh
-# Extracts each part found into /tmp/site, or $HEARTH_SITE when set (once: a marker file per part, so a second call
-# on the same warm machine adds only the part it carried), leaves out the packages the image already imports (the image's copies stay in
-# charge: a PYTHONPATH entry would shadow them), and puts /tmp/site and the CuTe DSL's package folder (normally
-# added by a .pth file, which extracting does not run) on PYTHONPATH. Prints whether quack and flash_attn.cute import.
+# Keeps each carried part in the site folder (/tmp/site, or $HEARTH_SITE when set) until the last of the n has come
+# (one call each, on the same warm machine), then extracts the joined archive once (a marker file; later calls add
+# nothing), leaves out the packages the image already imports (the image's copies stay in charge: a PYTHONPATH entry
+# would shadow them), and puts the site and the CuTe DSL's package folder (normally added by a .pth file, which
+# extracting does not run) on PYTHONPATH. Prints how many parts it holds, and whether quack and flash_attn.cute import.
 _peers_site=${HEARTH_SITE:-/tmp/site}  # the site folder (HEARTH_SITE: elsewhere, e.g. a test's)
-mkdir -p "$_peers_site"
-for _f in .peers/peers-*.tar.xz; do
-  [ -f "$_f" ] || continue
-  _m="$_peers_site/.$(basename "$_f").done"
-  [ -f "$_m" ] || { tar -xJf "$_f" -C "$_peers_site" && touch "$_m" && echo "peers: extracted $_f"; }
-done
+_peers_parts="$_peers_site/.peers-parts"
+mkdir -p "$_peers_parts"
+if [ ! -f "$_peers_site/.peers.done" ]; then
+  for _f in .peers/peers.tar.xz.*of*; do
+    [ -f "$_f" ] && cp "$_f" "$_peers_parts/"
+  done
+  _n=
+  for _f in "$_peers_parts"/peers.tar.xz.*of*; do
+    [ -f "$_f" ] || continue
+    _k=${_f##*of}
+    if [ -n "$_n" ] && [ "$_k" != "$_n" ]; then
+      echo "peers: parts of two different cuts in $_peers_parts (of $_n and of $_k); carry one set" >&2; _n=bad; break
+    fi
+    _n=$_k
+  done
+  if [ -n "$_n" ] && [ "$_n" != bad ]; then
+    _have=0; _list=()
+    for _k in $(seq 1 "$_n"); do
+      [ -f "$_peers_parts/peers.tar.xz.${_k}of${_n}" ] && { _have=$(( _have + 1 )); _list+=("$_peers_parts/peers.tar.xz.${_k}of${_n}"); }
+    done
+    if [ "$_have" -eq "$_n" ]; then
+      # --ignore-zeros: an archive joined from several tars (scripts/gpu/peers_split.sh) extracts whole
+      if cat "${_list[@]}" | tar -xJ --ignore-zeros -C "$_peers_site"; then
+        touch "$_peers_site/.peers.done" && rm -rf "$_peers_parts" && echo "peers: extracted $_n part(s)"
+      else
+        echo "peers: the $_n parts did not extract (a part damaged, or parts of two cuts)" >&2
+      fi
+    else
+      echo "peers: $_have of $_n parts here; carry the others, one call each, on this warm machine"
+    fi
+  fi
+fi
 # module:folder pairs the image may have already
 for _p in cuda.bindings:cuda/bindings cuda.pathfinder:cuda/pathfinder google.protobuf:google/protobuf einops:einops \
           typing_extensions:typing_extensions.py; do
@@ -24,4 +52,4 @@ export PYTHONPATH
 for _mod in quack flash_attn.cute; do
   python3 -c "import $_mod" 2>/dev/null && echo "peers: $_mod imports" || echo "peers: $_mod does not import"
 done
-unset _peers_site _f _m _p _d _mod
+unset _peers_site _peers_parts _f _n _k _have _list _p _d _mod
