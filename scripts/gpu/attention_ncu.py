@@ -1,0 +1,206 @@
+"""Nsight Compute on one attention fwd+bwd: where hearth's backward spends its cycles, beside FlashAttention-4's.
+
+    ncu --profile-from-start off --clock-control none --section ... --csv --page raw \\
+        python3 scripts/gpu/attention_ncu.py run --provider hearth --case "Qwen3-32B T8192:1,64,8,8192,128,1"
+    python3 scripts/gpu/attention_ncu.py table RAW.csv [RAW.csv ...]        # the compact table, from ncu's raw CSV
+    bash scripts/gpu/attention_ncu.sh                                         # both providers, every case, on the device
+
+`run` builds one case (bf16, [B, H, T, D], random inputs), calls fwd+bwd three times unprofiled (compiles, autotune
+picks, allocator warm), then once between cudaProfilerStart / Stop, so that `ncu --profile-from-start off` profiles
+that call's kernels and nothing else. Providers: hearth (hearth.kernels.attention) and fa4 (flash_attn.cute's
+flash_attn_func, FlashAttention-4, where it imports: scripts/gpu/peer_wheels.sh). Kernel replay restores memory
+between passes, so the accumulating kernels (dQ in fp32) see the same inputs every pass.
+
+`table` reads ncu's `--csv --page raw` output (one row per kernel, one column per metric) and prints, per kernel:
+duration, SM / tensor-pipe / DRAM throughput, issue-slot use, registers, shared memory, achieved occupancy and the
+five largest warp-stall reasons (cycles per issued instruction): the few figures that say whether a backward is
+tensor-bound, latency-bound or stalled on a barrier, which CUDA-event timing cannot. `--json` adds one JSON object per
+kernel with every metric the table reads.
+
+Without CUDA, `run --smoke` runs the hearth path at a tiny shape (TRITON_INTERPRET=1) to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+
+# ncu raw-page metric names the table reads (Hopper, Nsight Compute 2025.x); a missing one prints as "-"
+METRICS = {
+    "dur_us": ("gpu__time_duration.sum", 1.0),  # in us, from the units row
+    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
+    "tensor_pct": ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", 1.0),
+    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
+    "issue_pct": ("sm__inst_issued.avg.pct_of_peak_sustained_active", 1.0),
+    "regs": ("launch__registers_per_thread", 1.0),
+    "smem_kib": ("launch__shared_mem_per_block", 1.0),  # in KiB, from the units row
+    "occ_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1.0),
+    "grid": ("launch__grid_size", 1.0),
+    "block": ("launch__block_size", 1.0),
+}
+# the units row's names -> the table's units (us, KiB); ncu scales values unless told `--print-units base`
+UNIT_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+              "byte": 1 / 1024, "Kbyte": 1000 / 1024, "Kibyte": 1.0, "KB": 1000 / 1024, "KiB": 1.0,
+              "Mbyte": 1e6 / 1024, "Mibyte": 1024.0}
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
+SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
+            "SchedulerStats", "Occupancy", "LaunchStats")
+
+
+def parse_case(text: str) -> tuple[str, tuple[int, int, int, int, int, bool]]:
+    """'LABEL:B,Hq,Hk,T,D,causal' -> (label, (B, Hq, Hk, T, D, causal)); errors name the case."""
+    label, sep, dims = text.rpartition(":")
+    if not sep or not label.strip():
+        raise ValueError(f"--case must be 'LABEL:B,Hq,Hk,T,D,causal', got {text!r}")
+    parts = dims.split(",")
+    if len(parts) != 6:
+        raise ValueError(f"--case {text!r}: expected 6 numbers B,Hq,Hk,T,D,causal, got {len(parts)}")
+    try:
+        b, hq, hk, t, d, causal = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--case {text!r}: B,Hq,Hk,T,D,causal must be whole numbers") from None
+    if min(b, hq, hk, t, d) < 1 or hq % hk or causal not in (0, 1):
+        raise ValueError(f"--case {text!r}: sizes must be positive, Hq a multiple of Hk, causal 0 or 1")
+    return label.strip(), (b, hq, hk, t, d, bool(causal))
+
+
+def _fa4():
+    from flash_attn.cute import flash_attn_func
+
+    def fn(q, k, v, causal):
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+    return fn
+
+
+def run(provider: str, case: str, smoke: bool) -> None:
+    import torch
+
+    from hearth.kernels.attention import attention
+
+    label, (b, hq, hk, t, d, causal) = parse_case(case)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and not smoke:
+        raise SystemExit("run needs CUDA (or --smoke, a tiny CPU check of this script)")
+    if provider == "hearth":
+        fn = attention
+    elif provider == "fa4":
+        fn = _fa4()
+    else:
+        raise SystemExit(f"--provider must be hearth or fa4, got {provider!r}")
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(b, hq, t, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    k = torch.randn(b, hk, t, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    v = torch.randn(b, hk, t, d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    dout = torch.randn(b, hq, t, d, device=dev, dtype=dtype, generator=g)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        out = fn(q, k, v, causal=causal)
+        out.backward(dout)
+
+    for _ in range(1 if smoke else 3):
+        step()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+    step()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v)), "non-finite gradients"
+    print(f"{provider} {label}: one profiled fwd+bwd, B={b} Hq={hq} Hk={hk} T={t} D={d} causal={causal}")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except (AttributeError, ValueError):
+        return None
+
+
+def read_raw(text: str) -> list[dict[str, str]]:
+    """The kernels of an ncu `--csv --page raw` dump: its header row names the metrics, a units row follows,
+    then one row per kernel. Lines before the header (the program's own output, ==PROF== notes) are skipped. Each
+    kernel's dict also holds the units row under the key "__units__"."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+    units = next((r for r in rows if _number(r.get("ID", "")) is None), {})
+    return [dict(r, __units__=units) for r in rows if _number(r.get("ID", "")) is not None]
+
+
+def summarize(row: dict) -> dict:
+    out = {"kernel": row.get("Kernel Name", "?")}
+    units = row.get("__units__", {})
+    for key, (metric, scale) in METRICS.items():
+        v = _number(row.get(metric, ""))
+        unit = units.get(metric, "")
+        if v is not None and key in ("dur_us", "smem_kib"):
+            if unit not in UNIT_SCALE:
+                raise ValueError(f"{metric}: unit {unit!r} not known to the table (UNIT_SCALE)")
+            scale = UNIT_SCALE[unit]
+        out[key] = None if v is None else v * scale
+    stalls = {}
+    for name, value in row.items():
+        if name and name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX):
+            v = _number(value)
+            if v is not None and not math.isnan(v):
+                stalls[name[len(STALL_PREFIX):-len(STALL_SUFFIX)]] = v
+    out["stalls"] = dict(sorted(stalls.items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def table(paths: list[str], as_json: bool) -> None:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    for path in paths:
+        with open(path) as f:
+            kernels = [summarize(r) for r in read_raw(f.read())]
+        print(f"== {path}: {len(kernels)} kernel(s)")
+        if not kernels:
+            print("   (no ncu raw CSV rows: did ncu profile anything? see the file's ==PROF== lines)")
+        for s in kernels:
+            top = ", ".join(f"{k} {v:.2f}" for k, v in list(s["stalls"].items())[:5]) or "-"
+            print(f"  {s['kernel'][:90]}")
+            print(f"    {fmt(s['dur_us'], '.1f')} us | SM {fmt(s['sm_pct'], '.1f')}% tensor {fmt(s['tensor_pct'], '.1f')}%"
+                  f" DRAM {fmt(s['dram_pct'], '.1f')}% issue {fmt(s['issue_pct'], '.1f')}% | regs {fmt(s['regs'], '.0f')}"
+                  f" smem {fmt(s['smem_kib'], '.1f')} KiB occ {fmt(s['occ_pct'], '.1f')}% grid {fmt(s['grid'], '.0f')}"
+                  f" x {fmt(s['block'], '.0f')}")
+            print(f"    stalls (warps per issue): {top}")
+            if as_json:
+                print(json.dumps(dict(s, file=path)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="one profiled fwd+bwd (under ncu --profile-from-start off)")
+    r.add_argument("--provider", default="hearth", help="hearth or fa4")
+    r.add_argument("--case", default="Qwen3-32B T8192:1,64,8,8192,128,1", help="LABEL:B,Hq,Hk,T,D,causal")
+    r.add_argument("--smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (checks the script)")
+    t = sub.add_parser("table", help="the compact table of ncu --csv --page raw dumps")
+    t.add_argument("paths", nargs="+")
+    t.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        try:
+            run(args.provider, args.case if not args.smoke else "smoke:1,4,2,32,16,1", args.smoke)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    else:
+        table(args.paths, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

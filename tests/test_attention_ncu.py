@@ -1,0 +1,71 @@
+"""scripts/gpu/attention_ncu.py: the case parser names bad input, the table reads ncu's raw CSV (header, units row,
+one row per kernel; lines before the header skipped) and ranks the stall reasons, and the run path works at a tiny
+shape on the CPU (TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "attention_ncu.py"
+spec = importlib.util.spec_from_file_location("attention_ncu", SCRIPT)
+ncu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ncu)
+
+RAW = '''==PROF== Connected to process 123
+hearth smoke: one profiled fwd+bwd
+"ID","Process ID","Kernel Name","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed",\
+"launch__registers_per_thread","launch__shared_mem_per_block",\
+"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
+"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+"","","","nsecond","%","register/thread","byte","ratio","ratio","ratio"
+"0","123","_attn_bwd_fused","1,234,567","71.5","168","197632","0.25","1.50","0.75"
+"1","123","_dq_from_acc","20,000","40","32","0","n/a","0.1","0.2"
+'''
+
+
+def test_case_parser_reads_and_names_bad_input():
+    assert ncu.parse_case("Qwen3-32B T8192:1,64,8,8192,128,1") == ("Qwen3-32B T8192", (1, 64, 8, 8192, 128, True))
+    for bad, word in [("1,2,3", "LABEL"), ("x:1,2,3", "6 numbers"), ("x:1,a,8,8,8,1", "whole numbers"),
+                      ("x:1,6,4,8,8,1", "multiple of Hk"), ("x:1,8,8,8,8,2", "causal 0 or 1")]:
+        with pytest.raises(ValueError, match=word):
+            ncu.parse_case(bad)
+
+
+def test_table_reads_raw_csv_and_ranks_stalls(tmp_path, capsys):
+    rows = ncu.read_raw(RAW)
+    assert [r["Kernel Name"] for r in rows] == ["_attn_bwd_fused", "_dq_from_acc"]  # units row dropped
+    s = ncu.summarize(rows[0])
+    assert s["dur_us"] == pytest.approx(1234.567) and s["regs"] == 168 and s["smem_kib"] == pytest.approx(193.0)
+    assert list(s["stalls"]) == ["long_scoreboard", "wait", "barrier"]
+    assert s["tensor_pct"] is None  # a metric the dump lacks reads as missing, not zero
+    assert ncu.summarize(rows[1])["stalls"] == {"wait": 0.2, "long_scoreboard": 0.1}  # "n/a" left out
+    path = tmp_path / "raw.csv"
+    path.write_text(RAW)
+    ncu.table([str(path)], as_json=False)
+    out = capsys.readouterr().out
+    assert "2 kernel(s)" in out and "1234.6 us" in out and "long_scoreboard 1.50, wait 0.75, barrier 0.25" in out
+    assert ncu.read_raw("==PROF== no kernels were profiled\n") == []
+    # ncu's scaled units (without --print-units base) are read from the units row
+    scaled = RAW.replace('"nsecond"', '"msecond"').replace('"byte"', '"Kbyte"')
+    s = ncu.summarize(ncu.read_raw(scaled)[0])
+    assert s["dur_us"] == pytest.approx(1234567e3) and s["smem_kib"] == pytest.approx(197632 * 1000 / 1024)
+    with pytest.raises(ValueError, match="furlong"):
+        ncu.summarize(ncu.read_raw(RAW.replace('"nsecond"', '"furlong"'))[0])
+
+
+def test_run_smoke_on_cpu():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(SCRIPT.parents[2] / "src"))
+    res = subprocess.run([sys.executable, str(SCRIPT), "run", "--smoke"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "hearth smoke: one profiled fwd+bwd" in res.stdout
+    res = subprocess.run([sys.executable, str(SCRIPT), "run", "--provider", "x", "--smoke"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "--provider must be hearth or fa4" in res.stderr
