@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Nsight Compute on attention fwd+bwd, hearth beside FlashAttention-4 (scripts/gpu/attention_ncu.py), on the device:
-#   OUT=out [CASES="LABEL:B,Hq,Hk,T,D,causal;..."] [PROVIDERS="hearth fa4"] bash scripts/gpu/attention_ncu.sh
+#   OUT=out [CASES="LABEL:B,Hq,Hk,T,D,causal;..."] [PROVIDERS="hearth fa4"] [BUDGET_S=300] bash scripts/gpu/attention_ncu.sh
 # One ncu process per provider and case (`--set full`, `--clock-control none`: the clocks left as they are, as the
 # timings are; kernel replay), its raw CSV in $OUT/ncu-<provider>-<n>.csv, then the compact table of all of them in
 # $OUT/ncu-table.txt (also printed). fa4 needs the peers carried (scripts/gpu/peer_wheels.sh); where it does not
 # import, its rows are left out and the table says so. Also writes the metric names this ncu knows for the chip
-# ($OUT/ncu-metrics.txt), for reading the raw CSVs later.
+# ($OUT/ncu-metrics.txt), for reading the raw CSVs later. A run that would start past BUDGET_S seconds is left out
+# (each is also cut at 240 s).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
 CASES=${CASES:-"Qwen3-32B T8192:1,64,8,8192,128,1;Llama-2-7B B4 T2048:4,32,32,2048,128,1"}
 PROVIDERS=${PROVIDERS:-"hearth fa4"}
+BUDGET_S=${BUDGET_S:-300}
 . scripts/gpu/carried_env.sh >/dev/null 2>&1 || true
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 command -v ncu >/dev/null || { echo "ncu is not on PATH"; exit 2; }
@@ -25,6 +27,7 @@ for c in "${cases[@]}"; do
     if [ "$p" = fa4 ] && ! python3 -c "import flash_attn.cute" >/dev/null 2>&1; then
       echo "fa4: flash_attn.cute does not import (peers not carried): left out"; continue
     fi
+    [ $SECONDS -lt "$BUDGET_S" ] || { echo "$p: $c left out (past BUDGET_S=$BUDGET_S s)"; continue; }
     f="$OUT/ncu-$p-$n.csv"
     echo "=== $p: $c -> $f"
     timeout 240 ncu --profile-from-start off --clock-control none --set full --csv --page raw --print-units base --log-file "$f" \
