@@ -24,7 +24,7 @@ hearth smoke: one profiled fwd+bwd
 "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",\
 "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",\
 "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
-"","","","nsecond","%","register/thread","byte","ratio","ratio","ratio"
+"","","","ns","%","register/thread","byte/block","ratio","ratio","ratio"
 "0","123","_attn_bwd_fused","1,234,567","71.5","168","197632","0.25","1.50","0.75"
 "1","123","_dq_from_acc","20,000","40","32","0","n/a","0.1","0.2"
 '''
@@ -53,11 +53,11 @@ def test_table_reads_raw_csv_and_ranks_stalls(tmp_path, capsys):
     assert "2 kernel(s)" in out and "1234.6 us" in out and "long_scoreboard 1.50, wait 0.75, barrier 0.25" in out
     assert ncu.read_raw("==PROF== no kernels were profiled\n") == []
     # ncu's scaled units (without --print-units base) are read from the units row
-    scaled = RAW.replace('"nsecond"', '"msecond"').replace('"byte"', '"Kbyte"')
+    scaled = RAW.replace('"ns"', '"msecond"').replace('"byte/block"', '"Kbyte"')
     s = ncu.summarize(ncu.read_raw(scaled)[0])
     assert s["dur_us"] == pytest.approx(1234567e3) and s["smem_kib"] == pytest.approx(197632 * 1000 / 1024)
     with pytest.raises(ValueError, match="furlong"):
-        ncu.summarize(ncu.read_raw(RAW.replace('"nsecond"', '"furlong"'))[0])
+        ncu.summarize(ncu.read_raw(RAW.replace('"ns"', '"furlong"'))[0])
 
 
 def test_run_smoke_on_cpu():

@@ -33,9 +33,11 @@ import sys
 METRICS = {
     "dur_us": ("gpu__time_duration.sum", 1.0),  # in us, from the units row
     "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
-    "tensor_pct": ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", 1.0),
+    # the tensor pipe's active cycles (every MMA kind, wgmma included) over the elapsed cycles
+    "tensor_pct": ("sm__pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active.avg"
+                   ".pct_of_peak_sustained_elapsed", 1.0),
     "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
-    "issue_pct": ("sm__inst_issued.avg.pct_of_peak_sustained_active", 1.0),
+    "issue_pct": ("sm__inst_issued.avg.pct_of_peak_sustained_elapsed", 1.0),
     "regs": ("launch__registers_per_thread", 1.0),
     "smem_kib": ("launch__shared_mem_per_block", 1.0),  # in KiB, from the units row
     "occ_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1.0),
@@ -43,8 +45,9 @@ METRICS = {
     "block": ("launch__block_size", 1.0),
 }
 # the units row's names -> the table's units (us, KiB); ncu scales values unless told `--print-units base`
-UNIT_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
-              "byte": 1 / 1024, "Kbyte": 1000 / 1024, "Kibyte": 1.0, "KB": 1000 / 1024, "KiB": 1.0,
+# (Nsight Compute 2025.3 with --print-units base writes "ns" and "byte/block"; older ones "nsecond", "byte")
+UNIT_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3,
+              "s": 1e6, "byte": 1 / 1024, "Kbyte": 1000 / 1024, "Kibyte": 1.0, "KB": 1000 / 1024, "KiB": 1.0,
               "Mbyte": 1e6 / 1024, "Mibyte": 1024.0}
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
@@ -146,6 +149,7 @@ def summarize(row: dict) -> dict:
         v = _number(row.get(metric, ""))
         unit = units.get(metric, "")
         if v is not None and key in ("dur_us", "smem_kib"):
+            unit = unit.removesuffix("/block")
             if unit not in UNIT_SCALE:
                 raise ValueError(f"{metric}: unit {unit!r} not known to the table (UNIT_SCALE)")
             scale = UNIT_SCALE[unit]
