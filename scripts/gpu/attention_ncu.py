@@ -29,21 +29,23 @@ import json
 import math
 import sys
 
-# ncu raw-page metric names the table reads (Hopper, Nsight Compute 2025.x); a missing one prints as "-"
+# ncu raw-page metric names the table reads (Hopper, Nsight Compute 2025.x); a missing one prints as "-". The
+# UNIT_KEYS ones are scaled by their units row into the table's units; the rest are read as they are.
 METRICS = {
-    "dur_us": ("gpu__time_duration.sum", 1.0),  # in us, from the units row
-    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
+    "dur_us": "gpu__time_duration.sum",
+    "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     # the tensor pipe's active cycles (every MMA kind, wgmma included) over the elapsed cycles
     "tensor_pct": ("sm__pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active.avg"
-                   ".pct_of_peak_sustained_elapsed", 1.0),
-    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", 1.0),
-    "issue_pct": ("sm__inst_issued.avg.pct_of_peak_sustained_elapsed", 1.0),
-    "regs": ("launch__registers_per_thread", 1.0),
-    "smem_kib": ("launch__shared_mem_per_block", 1.0),  # in KiB, from the units row
-    "occ_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", 1.0),
-    "grid": ("launch__grid_size", 1.0),
-    "block": ("launch__block_size", 1.0),
+                   ".pct_of_peak_sustained_elapsed"),
+    "dram_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "issue_pct": "sm__inst_issued.avg.pct_of_peak_sustained_elapsed",
+    "regs": "launch__registers_per_thread",
+    "smem_kib": "launch__shared_mem_per_block",
+    "occ_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "grid": "launch__grid_size",
+    "block": "launch__block_size",
 }
+UNIT_KEYS = ("dur_us", "smem_kib")  # us and KiB
 # the units row's names -> the table's units (us, KiB); ncu scales values unless told `--print-units base`
 # (Nsight Compute 2025.3 with --print-units base writes "ns" and "byte/block"; older ones "nsecond", "byte")
 UNIT_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3,
@@ -51,8 +53,6 @@ UNIT_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "n
               "Mbyte": 1e6 / 1024, "Mibyte": 1024.0}
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
-SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
-            "SchedulerStats", "Occupancy", "LaunchStats")
 
 
 def parse_case(text: str) -> tuple[str, tuple[int, int, int, int, int, bool]]:
@@ -145,15 +145,14 @@ def read_raw(text: str) -> list[dict[str, str]]:
 def summarize(row: dict) -> dict:
     out = {"kernel": row.get("Kernel Name", "?")}
     units = row.get("__units__", {})
-    for key, (metric, scale) in METRICS.items():
+    for key, metric in METRICS.items():
         v = _number(row.get(metric, ""))
-        unit = units.get(metric, "")
-        if v is not None and key in ("dur_us", "smem_kib"):
-            unit = unit.removesuffix("/block")
+        if v is not None and key in UNIT_KEYS:
+            unit = units.get(metric, "").removesuffix("/block")
             if unit not in UNIT_SCALE:
                 raise ValueError(f"{metric}: unit {unit!r} not known to the table (UNIT_SCALE)")
-            scale = UNIT_SCALE[unit]
-        out[key] = None if v is None else v * scale
+            v *= UNIT_SCALE[unit]
+        out[key] = v
     stalls = {}
     for name, value in row.items():
         if name and name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX):
