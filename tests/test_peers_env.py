@@ -92,6 +92,7 @@ def test_parts_wait_for_the_last_then_extract_once_and_the_dsl_folder_goes_on_th
     out, _ = _source(repo, site)
     assert "extracted" not in out and "parts here" not in out
     assert (site / "quack" / "__init__.py").read_text() == "VERSION = 'kept'\n"
+    assert not (site / ".peers-parts").exists()  # nothing left behind once extracted
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash script")

@@ -8,8 +8,8 @@
 # extracting does not run) on PYTHONPATH. Prints how many parts it holds, and whether quack and flash_attn.cute import.
 _peers_site=${HEARTH_SITE:-/tmp/site}  # the site folder (HEARTH_SITE: elsewhere, e.g. a test's)
 _peers_parts="$_peers_site/.peers-parts"
-mkdir -p "$_peers_parts"
 if [ ! -f "$_peers_site/.peers.done" ]; then
+  mkdir -p "$_peers_parts"
   for _f in .peers/peers.tar.xz.*of*; do
     [ -f "$_f" ] && cp "$_f" "$_peers_parts/"
   done
