@@ -4,7 +4,7 @@ One 4-warp kernel, two mbarriers a and b; MODE picks the sequence after their in
 1 arrive a, wait b; 2 arrive a alone; 3 wait a, arrive b; 4 wait a, wait b; 5 arrive a, math, arrive a.
 Prints the PTX lines that init, arrive, wait or bar.sync, in order. Run: env -u TRITON_INTERPRET PYTHONPATH=src
 python benchmarks/host/mbarrier_syncs-2026-12-06.py (BENCHMARKS.md, forty-fourth run)."""
-import torch, re
+import re
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, fence_async_shared
