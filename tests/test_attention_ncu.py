@@ -69,3 +69,27 @@ def test_run_smoke_on_cpu():
     res = subprocess.run([sys.executable, str(SCRIPT), "run", "--provider", "x", "--smoke"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "--provider must be hearth or fa4" in res.stderr
+
+
+def test_fa4_provider_calls_flash_attn_cute_in_its_layout(monkeypatch):
+    """The fa4 provider is flash_attn.cute's flash_attn_func (no older FlashAttention stands in) through the bench's
+    [B, H, T, D] wrapper: q / k / v reach it as [B, T, H, D] views and its (out, lse) comes back as out [B, H, T, D]."""
+    import types
+
+    import torch
+
+    seen = []
+
+    def fake(q, k, v, causal):
+        seen.append((tuple(q.shape), tuple(k.shape), causal))
+        return q * 2, None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = fake
+    pkg = types.ModuleType("flash_attn")
+    pkg.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    q, kv = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    out = ncu._fa4()(q, kv, kv, causal=True)
+    assert seen == [((1, 8, 4, 16), (1, 8, 2, 16), True)] and torch.equal(out, q * 2)

@@ -73,13 +73,12 @@ def parse_case(text: str) -> tuple[str, tuple[int, int, int, int, int, bool]]:
 
 
 def _fa4():
+    """FlashAttention-4 itself (flash_attn.cute, no fallback to an older FlashAttention) on [B, H, T, D] tensors."""
     from flash_attn.cute import flash_attn_func
 
-    def fn(q, k, v, causal):
-        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
-        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    from hearth.bench.providers import flash_attn_bhtd
 
-    return fn
+    return flash_attn_bhtd(flash_attn_func)
 
 
 def run(provider: str, case: str, smoke: bool) -> None:

@@ -360,18 +360,23 @@ def _flash_attn_function(inputs, attr: str):
     raise Unavailable(f"no flash-attn {attr} imports ({'; '.join(missing)})")
 
 
-def _flash_attn_dense(op, inputs, spec, size):
-    """FlashAttention's dense function on the bench's [B, H, T, D] tensors: its layout is [B, T, H, D], so q, k,
-    v go in as transposed views (last dim still contiguous: no copy) and the output comes back the same way;
-    GQA natively (k / v keep their Hk heads)."""
-    if op != "attention":
-        raise Skipped("the dense flash_attn row is for attention only")
-    module, dense = _flash_attn_function(inputs, "flash_attn_func")
-
+def flash_attn_bhtd(dense):
+    """FlashAttention's dense function `dense` as fn(q, k, v, causal) on [B, H, T, D] tensors: its layout is
+    [B, T, H, D], so q, k, v go in as transposed views (last dim still contiguous: no copy) and the output comes
+    back the same way; GQA natively (k / v keep their Hk heads)."""
     def fn(q, k, v, causal):
         out = dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
         return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)  # FlashAttention-3/4 also return lse
 
+    return fn
+
+
+def _flash_attn_dense(op, inputs, spec, size):
+    """FlashAttention's dense function on the bench's [B, H, T, D] tensors (flash_attn_bhtd)."""
+    if op != "attention":
+        raise Skipped("the dense flash_attn row is for attention only")
+    module, dense = _flash_attn_function(inputs, "flash_attn_func")
+    fn = flash_attn_bhtd(dense)
     bound = _tensor_bound(fn, inputs, spec.grad_names(size), spec.call_kwargs(size))
     bound.impl = module  # FlashAttention-4, -3 or -2: the row says which it timed
     return bound
