@@ -31,11 +31,14 @@ hearth smoke: one profiled fwd+bwd
 
 
 def test_case_parser_reads_and_names_bad_input():
-    assert ncu.parse_case("Qwen3-32B T8192:1,64,8,8192,128,1") == ("Qwen3-32B T8192", (1, 64, 8, 8192, 128, True))
+    """The script's --case parser (hearth.bench.cases.parse_attention_case, shared with the knob probe's --cases)."""
+    parse = ncu.parse_attention_case
+    assert parse("Qwen3-32B T8192:1,64,8,8192,128,1") == ("Qwen3-32B T8192", (1, 64, 8, 8192, 128, True))
     for bad, word in [("1,2,3", "LABEL"), ("x:1,2,3", "6 numbers"), ("x:1,a,8,8,8,1", "whole numbers"),
-                      ("x:1,6,4,8,8,1", "multiple of Hk"), ("x:1,8,8,8,8,2", "causal 0 or 1")]:
+                      ("x:1,6,4,8,8,1", "multiple of Hk"), ("x:1,8,8,8,8,2", "causal 0 or 1"),
+                      ("x:1,8,8,8,8,1,1", "6 numbers")]:
         with pytest.raises(ValueError, match=word):
-            ncu.parse_case(bad)
+            parse(bad)
 
 
 def test_table_reads_raw_csv_and_ranks_stalls(tmp_path, capsys):

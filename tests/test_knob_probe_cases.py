@@ -23,3 +23,11 @@ def test_cases_parse_uniform_and_ragged():
 def test_cases_with_a_wrong_field_count_name_the_format():
     with pytest.raises(SystemExit, match="B,Hq,Hk,T,D,causal"):
         _parse_cases("x:8,40,8,2048")
+
+
+def test_cases_with_bad_numbers_are_named():
+    """The shared parser's checks (hearth.bench.cases.parse_attention_case): numbers, sizes, the 0 / 1 flags."""
+    for bad, word in [("x:8,40,8,2048,128,one", "whole numbers"), ("x:8,40,6,2048,128,1", "multiple of Hk"),
+                      ("x:8,40,8,2048,128,1,2", "ragged 0 or 1"), ("8,40,8,2048,128,1", "LABEL")]:
+        with pytest.raises(SystemExit, match=word):
+            _parse_cases(bad)

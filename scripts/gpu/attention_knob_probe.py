@@ -44,7 +44,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hearth.bench.cases import varlen_lengths
+from hearth.bench.cases import parse_attention_case, varlen_lengths
 
 CASES = [  # (label, B, Hq, Hk, T, D, causal)
     ("Llama-2-7B 32/32 d128 T2048 B4", 4, 32, 32, 2048, 128, True),
@@ -64,14 +64,14 @@ SETTINGS = [  # (label, env); the first is the shipped setting (no knob set)
 
 
 def _parse_cases(text: str) -> list:
+    """--cases: 'LABEL:B,Hq,Hk,T,D,causal[,ragged];...' -> [(label, B, Hq, Hk, T, D, causal, ragged)]."""
     cases = []
     for item in filter(None, (x.strip() for x in text.split(";"))):
-        label, _, nums = item.rpartition(":")
-        vals = [int(x) for x in nums.split(",")]
-        if len(vals) not in (6, 7):
-            raise SystemExit(f"--cases: {item!r} needs B,Hq,Hk,T,D,causal[,ragged]")
-        B, Hq, Hk, T, D, causal = vals[:6]
-        cases.append((label, B, Hq, Hk, T, D, bool(causal), bool(vals[6]) if len(vals) == 7 else False))
+        try:
+            label, dims = parse_attention_case(item, "--cases", ragged=True)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        cases.append((label, *dims))
     return cases
 
 

@@ -29,6 +29,8 @@ import json
 import math
 import sys
 
+from hearth.bench.cases import parse_attention_case
+
 # ncu raw-page metric names the table reads (Hopper, Nsight Compute 2025.x); a missing one prints as "-". The
 # UNIT_KEYS ones are scaled by their units row into the table's units; the rest are read as they are.
 METRICS = {
@@ -55,23 +57,6 @@ STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 
 
-def parse_case(text: str) -> tuple[str, tuple[int, int, int, int, int, bool]]:
-    """'LABEL:B,Hq,Hk,T,D,causal' -> (label, (B, Hq, Hk, T, D, causal)); errors name the case."""
-    label, sep, dims = text.rpartition(":")
-    if not sep or not label.strip():
-        raise ValueError(f"--case must be 'LABEL:B,Hq,Hk,T,D,causal', got {text!r}")
-    parts = dims.split(",")
-    if len(parts) != 6:
-        raise ValueError(f"--case {text!r}: expected 6 numbers B,Hq,Hk,T,D,causal, got {len(parts)}")
-    try:
-        b, hq, hk, t, d, causal = (int(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"--case {text!r}: B,Hq,Hk,T,D,causal must be whole numbers") from None
-    if min(b, hq, hk, t, d) < 1 or hq % hk or causal not in (0, 1):
-        raise ValueError(f"--case {text!r}: sizes must be positive, Hq a multiple of Hk, causal 0 or 1")
-    return label.strip(), (b, hq, hk, t, d, bool(causal))
-
-
 def _fa4():
     """FlashAttention-4 itself (flash_attn.cute, no fallback to an older FlashAttention) on [B, H, T, D] tensors."""
     from flash_attn.cute import flash_attn_func
@@ -86,7 +71,7 @@ def run(provider: str, case: str, smoke: bool) -> None:
 
     from hearth.kernels.attention import attention
 
-    label, (b, hq, hk, t, d, causal) = parse_case(case)
+    label, (b, hq, hk, t, d, causal) = parse_attention_case(case)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu" and not smoke:
         raise SystemExit("run needs CUDA (or --smoke, a tiny CPU check of this script)")

@@ -339,6 +339,32 @@ def varlen_lengths(S: int, T: int) -> list[int]:
     return lens + [T - sum(lens)]
 
 
+def parse_attention_case(text: str, option: str = "--case", ragged: bool = False) -> tuple[str, tuple]:
+    """The attention probes' case text 'LABEL:B,Hq,Hk,T,D,causal' (the label may hold ':'), with ragged=True also
+    'LABEL:S,Hq,Hk,L,D,causal,1' (S sequences of L tokens packed raggedly: varlen_lengths) -> (label, (B, Hq, Hk, T,
+    D, causal)), with ragged=True (..., causal, ragged). Bad text is a ValueError naming `option` and the case."""
+    fields = "B,Hq,Hk,T,D,causal" + ("[,ragged]" if ragged else "")
+    label, sep, dims = text.rpartition(":")
+    if not sep or not label.strip():
+        raise ValueError(f"{option} must be 'LABEL:{fields}', got {text!r}")
+    parts = dims.split(",")
+    counts = (6, 7) if ragged else (6,)
+    if len(parts) not in counts:
+        raise ValueError(f"{option} {text!r}: expected {' or '.join(map(str, counts))} numbers {fields}, "
+                         f"got {len(parts)}")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: {fields} must be whole numbers") from None
+    b, hq, hk, t, d, causal = nums[:6]
+    flags = nums[5:]
+    if min(b, hq, hk, t, d) < 1 or hq % hk or any(f not in (0, 1) for f in flags):
+        raise ValueError(f"{option} {text!r}: sizes must be positive, Hq a multiple of Hk, causal"
+                         f"{' and ragged' if ragged else ''} 0 or 1")
+    out = (b, hq, hk, t, d, bool(causal))
+    return label.strip(), out + ((bool(nums[6]) if len(nums) == 7 else False,) if ragged else ())
+
+
 def _varlen_make(s, dtype, device, rg):
     import itertools
 
