@@ -96,3 +96,29 @@ def test_fa4_provider_calls_flash_attn_cute_in_its_layout(monkeypatch):
     q, kv = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
     out = ncu._fa4()(q, kv, kv, causal=True)
     assert seen == [((1, 8, 4, 16), (1, 8, 2, 16), True)] and torch.equal(out, q * 2)
+
+
+def test_shell_script_with_every_run_left_out_exits_zero(tmp_path):
+    """attention_ncu.sh where every provider / case is left out (here: past BUDGET_S=0) writes a table file that says
+    so and exits 0: an empty run is not a failure (it used to end on `[ no files ] && ...`, status 1). Run from a copy
+    of the scripts in a scratch tree, with a stand-in `ncu` on PATH, so no carried wheels are installed."""
+    import shutil
+
+    tree = tmp_path / "repo"
+    (tree / "scripts" / "gpu").mkdir(parents=True)
+    for name in ("attention_ncu.sh", "attention_ncu.py", "carried_env.sh"):
+        shutil.copy(SCRIPT.parent / name, tree / "scripts" / "gpu" / name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ncu"
+    fake.write_text("#!/bin/sh\necho fake ncu\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), PROVIDERS="hearth", BUDGET_S="0", HEARTH_SITE=str(tmp_path / "site"),
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(tree / "scripts" / "gpu" / "attention_ncu.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "left out (past BUDGET_S=0 s)" in done.stdout
+    assert "no ncu runs" in (out / "ncu-table.txt").read_text()
