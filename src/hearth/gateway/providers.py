@@ -171,6 +171,11 @@ class Provider:
                 body["stream_options"] = {"include_usage": True}
             elif isinstance(options, dict) and "include_usage" not in options:
                 body["stream_options"] = {**options, "include_usage": True}
+        else:
+            # stream_options belongs to streaming requests only: vLLM and OpenAI refuse it on any other (a 400), so
+            # an extra_body stream_options (the documented switch for a server that refuses include_usage) failed
+            # every JSON request to the provider
+            body.pop("stream_options", None)
         return _COMPACT.encode(body).encode()
 
     async def _open(self, clock: _Clock, body: bytes, stream: bool, request_id: str | None) -> UpstreamResponse:

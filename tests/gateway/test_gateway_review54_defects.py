@@ -1,0 +1,39 @@
+"""Defects found by review 54 of the gateway (one test per defect; each failed before its fix). Real loopback
+fake providers, no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hearth.gateway.chain import Chain, StreamDone
+from tests.fakes.openai_server import Behavior, FakeOpenAI
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider
+
+
+def _vllm_like(body: dict) -> Behavior:
+    """vLLM's (and OpenAI's) request check: stream_options without stream is a 400."""
+    if body.get("stream_options") and not body.get("stream"):
+        return Behavior.status(400, body={"error": {"message": "Stream options can only be defined when "
+                                                               "`stream=True`.", "type": "BadRequestError"}})
+    return Behavior.reply(CHAT_JSON)
+
+
+def test_extra_body_stream_options_is_sent_only_with_streaming_requests():
+    # docs/gateway.md: "a server that refuses the option takes extra_body = { stream_options = { include_usage =
+    # false } }". That table went out with every JSON (non-streaming) request too, which vLLM and OpenAI refuse
+    # with a 400: every feed comment / analyst reading (the app asks for those in one piece) failed on that
+    # provider, and being a client error it never even counted toward the breaker.
+    async def main():
+        async with FakeOpenAI(_vllm_like) as up:
+            cfg = make_config(provider("a", up, extra_body={"stream_options": {"include_usage": False}}))
+            async with Chain(cfg) as chain:
+                result = await chain.complete(MESSAGES, kind="chat")
+                events = [ev async for ev in chain.stream(MESSAGES, kind="chat")]
+            return result, events, up.requests
+
+    result, events, bodies = asyncio.run(main())
+    assert result.provider == "a" and result.attempts == [("a", "ok")]
+    assert isinstance(events[-1], StreamDone) and events[-1].result.provider == "a"
+    json_body, sse_body = bodies
+    assert "stream_options" not in json_body and "stream" not in json_body
+    assert sse_body["stream"] is True and sse_body["stream_options"] == {"include_usage": False}
