@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from hearth.gateway.chain import Chain, StreamDone
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import (
+    BACKENDS, CHAT_JSON, MESSAGES, backend_settings, make_config, provider, steady)
 
 
 def _vllm_like(body: dict) -> Behavior:
@@ -37,3 +40,28 @@ def test_extra_body_stream_options_is_sent_only_with_streaming_requests():
     json_body, sse_body = bodies
     assert "stream_options" not in json_body and "stream" not in json_body
     assert sse_body["stream"] is True and sse_body["stream_options"] == {"include_usage": False}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("retry_after, max_retry_after_s", [("0", 300.0), ("30", 0.0)],
+                         ids=["retry-after-0", "max_retry_after_s-0"])
+def test_failures_with_a_zero_retry_after_still_open_the_breaker(backend, retry_after, max_retry_after_s):
+    # A 503 whose Retry-After came to 0 s (the upstream's "0", an HTTP-date in the past, or any value under
+    # [gateway] max_retry_after_s = 0) skipped the consecutive-failure rule: the store returned "not opened" before
+    # counting toward breaker_failures, so a provider failing every request that way was never cooled down and
+    # every request paid its failed attempt first.
+    async def main():
+        async with FakeOpenAI(Behavior.status(503, headers={"Retry-After": retry_after})) as a, \
+                FakeOpenAI(Behavior.reply(CHAT_JSON)) as b:
+            cfg = make_config(provider("a", a), steady("b", b), breaker_failures=3,
+                              max_retry_after_s=max_retry_after_s, **backend_settings(backend))
+            async with Chain(cfg) as chain:
+                results = [await chain.complete(MESSAGES, kind="chat") for _ in range(4)]
+                state = {s["name"]: s for s in await chain.status()}
+            return results, len(a.requests), state
+
+    results, sent_to_a, state = asyncio.run(main())
+    assert all(r.provider == "b" for r in results)
+    assert sent_to_a == 3                                  # the 4th request skipped it
+    assert results[3].attempts[0] == ("a", "cooldown")
+    assert state["a"]["state"] == "open" and state["a"]["consecutive_failures"] == 3

@@ -66,7 +66,11 @@ class Breaker:
                 await self.store.release_trial(self.name, trial)
             return False
         open_s = status = None
-        if isinstance(error, UpstreamStatus) and error.retry_after is not None:
+        # a Retry-After that comes to 0 s (its "0", a date past, max_retry_after_s = 0) opens no window of its own:
+        # the failure still counts toward breaker_failures (returning "not opened" here skipped that rule, and a
+        # provider failing every request so was never cooled down)
+        if isinstance(error, UpstreamStatus) and error.retry_after is not None and \
+                min(error.retry_after, self.max_retry_after_s) > 0:
             open_s, status = min(error.retry_after, self.max_retry_after_s), error.status
             why = f"Retry-After {error.retry_after:g} s (HTTP {error.status})"
         else:

@@ -377,7 +377,7 @@ class RedisStore(StateStore):
         return out
 
     async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial) -> bool:
-        ms = -1 if open_s is None else int(open_s * 1000)
+        ms = -1 if open_s is None else max(1, int(open_s * 1000))  # a window under 1 ms is still one (not "none")
         keys = [self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")]
         args = [threshold, int(cooldown_s * 1000), ms, why[:500], "" if status is None else status, trial or ""]
         return bool(await self._call(self._failure(keys=keys, args=args)))
