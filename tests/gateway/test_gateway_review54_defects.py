@@ -65,3 +65,33 @@ def test_failures_with_a_zero_retry_after_still_open_the_breaker(backend, retry_
     assert sent_to_a == 3                                  # the 4th request skipped it
     assert results[3].attempts[0] == ("a", "cooldown")
     assert state["a"]["state"] == "open" and state["a"]["consecutive_failures"] == 3
+
+
+@pytest.mark.parametrize("mode", ["complete", "stream"])
+@pytest.mark.parametrize("arg, value, error", [
+    ("max_tokens", 0, ValueError), ("max_tokens", -5, ValueError), ("max_tokens", "64", TypeError),
+    ("max_tokens", True, TypeError), ("max_tokens", 64.0, TypeError),
+    ("deadline_s", "5", TypeError), ("deadline_s", True, TypeError),
+    ("request_id", 7, TypeError),
+])
+def test_bad_chain_arguments_are_refused_naming_the_argument(mode, arg, value, error):
+    # Chain.complete/stream promise ValueError/TypeError for bad arguments (the app calls the chain in process,
+    # without the HTTP layer's checks). max_tokens was not checked at all: 0, "64" or True went out to every
+    # provider, each answered 400, and the caller got AllProvidersFailed naming no argument; deadline_s="5" raised
+    # a bare "'>' not supported" TypeError, deadline_s=True was taken as 1 s, and a non-string request_id failed
+    # inside the HTTP client.
+    async def main():
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as up:
+            async with Chain(make_config(provider("a", up))) as chain:
+                with pytest.raises(error) as info:
+                    if mode == "complete":
+                        await chain.complete(MESSAGES, kind="chat", **{arg: value})
+                    else:
+                        [ev async for ev in chain.stream(MESSAGES, kind="chat", **{arg: value})]
+                metrics = chain.metrics.render().decode()
+            return info.value, len(up.requests), metrics
+
+    exc, sent, metrics = asyncio.run(main())
+    assert arg in str(exc), exc
+    assert sent == 0                                      # refused before any provider
+    assert "hearth_gateway_requests_total{" not in metrics  # not a request: no outcome

@@ -281,11 +281,20 @@ class Chain:
         rest = [a for a in open_ok if a.provider.name not in self.gates]
         return first + rest, skipped
 
-    def _walk(self, messages: list[dict], kind: str, deadline_s: float | None, model: str | None
-              ) -> tuple[_Walk, list[Provider]]:
+    def _walk(self, messages: list[dict], kind: str, deadline_s: float | None, model: str | None,
+              max_tokens: int | None = None, request_id: str | None = None) -> tuple[_Walk, list[Provider]]:
         """Check the arguments (ValueError, TypeError, UnknownModel: refused, not a request), pick the providers
         for `model` and start the request's clock; _plan_walk() plans the attempts."""
         deadline_s = self._check(messages, kind, deadline_s)
+        # checked here, not by every provider: a bad one went out to each, each refused it (400) and the caller got
+        # AllProvidersFailed naming no argument
+        if max_tokens is not None:
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+                raise TypeError(f"max_tokens must be a positive int or None, got {type(max_tokens).__name__}")
+            if max_tokens < 1:
+                raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens}")
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str or None, got {type(request_id).__name__}")
         providers = self.providers_for(model)
         return _Walk(kind, deadline_s, time.monotonic(), [], [], [],
                      client_deadline=deadline_s < self.settings.deadline_s), providers
@@ -301,6 +310,8 @@ class Chain:
             raise TypeError("messages must be a non-empty list of dicts ({'role': ..., 'content': ...})")
         if deadline_s is None:
             return self.settings.deadline_s
+        if not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool):
+            raise TypeError(f"deadline_s must be a number of seconds or None, got {type(deadline_s).__name__}")
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         return float(deadline_s)
@@ -458,7 +469,7 @@ class Chain:
                        max_tokens: int | None = None, request_id: str | None = None,
                        model: str | None = None) -> ChainResult:
         """One envelope of `kind`. Raises AllProvidersFailed, UnknownModel, or ValueError/TypeError for bad arguments."""
-        w, providers = self._walk(messages, kind, deadline_s, model)
+        w, providers = self._walk(messages, kind, deadline_s, model, max_tokens, request_id)
         try:
             await self._plan_walk(w, providers)
             for i, a, left in w.turns():
@@ -487,7 +498,7 @@ class Chain:
 
         Raises AllProvidersFailed (or UnknownModel) before the first delta, StreamInterrupted after it.
         """
-        w, providers = self._walk(messages, kind, deadline_s, model)
+        w, providers = self._walk(messages, kind, deadline_s, model, max_tokens, request_id)
         try:
             await self._plan_walk(w, providers)
             for i, a, left in w.turns():
