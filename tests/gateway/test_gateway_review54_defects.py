@@ -95,3 +95,41 @@ def test_bad_chain_arguments_are_refused_naming_the_argument(mode, arg, value, e
     assert arg in str(exc), exc
     assert sent == 0                                      # refused before any provider
     assert "hearth_gateway_requests_total{" not in metrics  # not a request: no outcome
+
+
+def test_a_warmup_that_dies_on_the_state_store_is_counted_failed(caplog):
+    # The module's promise: a background warm-up's failure is logged at ERROR and counted in
+    # hearth_gateway_warmups_total{outcome="failed"}. A warm-up whose state store failed under it (Redis gone while it
+    # knocked: set_warm raised) was logged but not counted, so the dashboard's failed warm-ups read 0.
+    import logging
+
+    from hearth.gateway.state import MemoryStore, StateStoreError
+
+    class StoreGoneDuringWarmup(MemoryStore):
+        calls = 0
+
+        async def set_warm(self, name, warm, ttl_s):
+            StoreGoneDuringWarmup.calls += 1
+            if StoreGoneDuringWarmup.calls > 1:  # the request's own probe wrote "cold"; the warm-up's write fails
+                raise StateStoreError("Redis at redis://127.0.0.1:1/0: Connection refused")
+            await super().set_warm(name, warm, ttl_s)
+
+    async def main():
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON), health=Behavior.status(503)) as ft, \
+                FakeOpenAI(Behavior.reply(CHAT_JSON)) as hosted:
+            ft_cfg = {"name": "ft", "base_url": f"http://127.0.0.1:{ft.port}/v1", "model": "lora",
+                      "scale_to_zero": True, "health_url": f"http://127.0.0.1:{ft.port}/health",
+                      "warm": {"probe_timeout_s": 0.5, "ttl_s": 30.0, "warmup_budget_s": 5.0, "warmup_poll_s": 0.02,
+                               "warmup_request_timeout_s": 1.0}}
+            cfg = make_config(ft_cfg, provider("hosted", hosted))
+            async with Chain(cfg, store=StoreGoneDuringWarmup()) as chain:
+                result = await chain.complete(MESSAGES, kind="chat")
+                await chain.gates["ft"].wait_warmup()
+                await asyncio.sleep(0)  # let the done-callback log
+                return result, chain.metrics.render().decode()
+
+    with caplog.at_level(logging.ERROR, logger="hearth.gateway.warm"):
+        result, metrics = asyncio.run(main())
+    assert result.provider == "hosted"
+    assert any("Connection refused" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert 'hearth_gateway_warmups_total{outcome="failed",provider="ft"} 1.0' in metrics, metrics

@@ -310,6 +310,7 @@ class WarmGate:
                 pause = s.warmup_poll_s - (time.monotonic() - knock_start)
                 if pause > 0:
                     await asyncio.sleep(min(pause, max(0.0, left)))
-        except WarmupFailed:
+        except Exception:  # not warm within the budget, or the state store failed under it: either is a failed
+            # warm-up (cancellation, a BaseException, is neither)
             self.metrics.warmups.labels(self.provider.name, "failed").inc()
             raise
