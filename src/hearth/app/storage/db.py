@@ -76,6 +76,16 @@ def make_private_sqlite_file(path: Path) -> None:
             pass
 
 
+def _in_memory(parsed) -> bool:
+    """An SQLite URL naming no file: no path, ``:memory:``, or a URI (``uri=true``) that opens memory."""
+    database = parsed.database or ""
+    if database in ("", ":memory:"):
+        return True
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1"):
+        return parsed.query.get("mode") == "memory" or database.removeprefix("file:").startswith(":memory:")
+    return False
+
+
 def normalise_url(url: str) -> str:
     """Accept ``sqlite:///x`` / ``postgresql://...`` too and pick the async driver.
 
@@ -87,6 +97,11 @@ def normalise_url(url: str) -> str:
         raise ValueError(f"database_url: cannot parse {url!r}: {exc}") from exc
     backend = parsed.get_backend_name()
     if backend == "sqlite":
+        if _in_memory(parsed):
+            # each connection (the start-up check's, each worker's) gets an empty database of its own, and all of it
+            # goes with the process: `hearth serve` migrated one, served another (every request a 500)
+            raise ValueError("database_url: an in-memory SQLite database keeps nothing past a restart and is not the "
+                             "one the start-up check prepares; give a file, e.g. sqlite:///var/hearth.sqlite3")
         parsed = parsed.set(drivername="sqlite+aiosqlite")
     elif backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+asyncpg")
