@@ -60,6 +60,9 @@ DEVICE_COOKIE = "hearth_device"
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+_DOUBLINGS = 60  # a backoff stops doubling after this many steps (no float overflow), capped or not
+
+
 @dataclass(frozen=True)
 class Policy:
     free: int
@@ -81,11 +84,18 @@ class Policy:
         """Seconds the next attempt must wait after ``attempts`` attempts in a row."""
         if attempts < self.free:
             return 0.0
-        return min(self.base_s * 2 ** min(attempts - self.free, 60), self.max_s)
+        return min(self.base_s * 2 ** min(attempts - self.free, _DOUBLINGS), self.max_s)
+
+    @property
+    def _last_delay(self) -> float:
+        """The delay every attempt past the tiers waits: the cap, or where the doubling stops short of it."""
+        return self.delay_after(self.free + _DOUBLINGS)
 
     def _tiers(self) -> list[tuple[int, float]]:
-        tiers, n = [], self.free
-        while (d := self.delay_after(n)) < self.max_s:
+        # up to the last delay, not the cap: a base so small that _DOUBLINGS doublings stay under the cap
+        # (login_backoff_base_s = 1e-16) never reaches it, and the loop hung the event loop at the first login
+        tiers, n, last = [], self.free, self._last_delay
+        while (d := self.delay_after(n)) < last:
             tiers.append((n, d))
             n += 1
         return tiers
@@ -93,7 +103,7 @@ class Policy:
     def delay_sql(self, attempts):
         """``delay_after`` as a SQL expression of the column expression ``attempts``."""
         whens = [(attempts < self.free, 0.0)] + [(attempts == n, d) for n, d in self._tiers()]
-        return case(*whens, else_=self.max_s)
+        return case(*whens, else_=self._last_delay)
 
 
 @dataclass(frozen=True)
