@@ -300,14 +300,15 @@ def _run_workers(config: Any) -> int:
     return 1
 
 
-def serve(config: Path | None = None, database_url: str | None = None, host: str = "127.0.0.1",
-          port: int = 8000, workers: int = 1) -> int:
+def serve(config: Path | None = None, database_url: str | None = None, host: str | None = None,
+          port: int | None = None, workers: int = 1) -> int:
     """`hearth serve`: validate settings, check that the port can be bound, run the start-up check once
     (hearth.app.startup.prepare: migrations, key rotation, the master-key check) and probe the chain's state
     store, then run uvicorn until stopped. Returns the exit code: 2 for a configuration or start-up error (printed
     naming the field and the fix), 1 when the port cannot be bound or a worker failed to start, 0 after a stop
     by SIGTERM (or, with workers, SIGINT; a single process stopped by Ctrl-C exits 130).
 
+    ``host`` / ``port``: None takes the settings' (the TOML's ``[app] host`` / ``port``, else 127.0.0.1:8000).
     ``workers`` > 1 runs that many worker processes on the same port (uvicorn's process manager). They
     share everything through the database (login/signup throttling included); the gateway chain's breaker
     and warm state are shared when the TOML sets ``[gateway] state_url``."""
@@ -319,9 +320,12 @@ def serve(config: Path | None = None, database_url: str | None = None, host: str
     if workers < 1:
         print(f"hearth serve: configuration error: workers: must be >= 1, got {workers}", file=sys.stderr)
         return 2
-    shown_host = f"[{host}]" if ":" in host else host
     try:
         settings = load_settings(config, database_url=database_url, host=host, port=port)
+        # the address the settings hold: the option where given, else the TOML's [app] host / port (before, the
+        # options' defaults always won, so the TOML's were validated and then ignored)
+        host, port = settings.host, settings.port
+        shown_host = f"[{host}]" if ":" in host else host
         # builds the chain: provider errors show now, not in a worker. prepared: the check below is the only one
         app = create_app(settings, prepared=True)
         # before the check: a start that cannot listen migrates nothing and writes no development key
