@@ -11,6 +11,7 @@ argon2 hash, a wrapped data key, a CSRF token or ciphertexts into the traceback 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,21 @@ def _in_memory(parsed) -> bool:
     return False
 
 
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)\S*@")  # scheme://user:PASSWORD@ (to the last @: a password may hold one)
+
+
+def _unparsable(url: str, exc: Exception) -> ValueError:
+    """The start-up error for a database URL that does not parse, which goes to the console and the logs: the URL
+    with its password shown as ***, and the parser's reason only where no password could be part of it (a
+    password with an unencoded @ or : is itself what breaks the parse, and the reason quotes that piece)."""
+    if _PASSWORD.search(url):
+        shown = _PASSWORD.sub(r"\1***@", url)
+        return ValueError(f"database_url: cannot parse {shown!r}: check its form, "
+                          "scheme://user:password@host:port/database, with special characters in the password "
+                          "percent-encoded (@ as %40, : as %3A, / as %2F)")
+    return ValueError(f"database_url: cannot parse {url!r}: {exc}")
+
+
 def normalise_url(url: str) -> str:
     """Accept ``sqlite:///x`` / ``postgresql://...`` too and pick the async driver.
 
@@ -94,7 +110,7 @@ def normalise_url(url: str) -> str:
     try:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError with the reason
-        raise ValueError(f"database_url: cannot parse {url!r}: {exc}") from exc
+        raise _unparsable(url, exc) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         if _in_memory(parsed):
