@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.app.app_client import login, signup
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
+SRC = Path(__file__).resolve().parents[2] / "src"  # `hearth serve` below runs this checkout's code, as the test does
 
 
 def _dev_settings(var_dir, url, **env):
@@ -76,7 +78,10 @@ async def test_a_plain_restart_after_rotating_away_from_the_dev_key_is_refused(t
 
 def test_hearth_serve_prints_the_reason_and_exits_2(tmp_path):
     url = f"sqlite:///{tmp_path / 'h.sqlite3'}"
-    env = {**os.environ, "HEARTH_MASTER_KEY": new_master_key_text(), "HEARTH_ENV": "", "HEARTH_DATABASE_URL": ""}
+    env = {**os.environ, "HEARTH_MASTER_KEY": new_master_key_text(), "HEARTH_ENV": "", "HEARTH_DATABASE_URL": "",
+           # not a relative PYTHONPATH (it runs in tmp_path) nor another checkout's install: its migrations must be
+           # those that made the database
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(SRC), os.environ.get("PYTHONPATH", ""))))}
     import asyncio
 
     async def make_user():

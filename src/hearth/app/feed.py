@@ -10,6 +10,10 @@ comes back as None ("could not be read"), every other one as usual, and the row 
 
 Which companions comment: at most ``max_commenters``, those who commented least recently first (never first of
 all, then by their last comment; ties by age), so every companion takes its turn across posts, in rotation.
+
+A post sent with a submission id (the feed form's, one per page) is saved once per user, as a chat turn is
+(hearth.app.companions): a resend gets the saved post and its comments back (``replayed``), the companions not
+asked again; two resends racing store one post (the unique index decides, common.once_per_submission).
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
-from hearth.app.common import (LEFT_OUT, Readable, clean_text, delete_owned, page_before, seal, seal_json, unseal,
-                               unseal_json)
+from hearth.app.common import (LEFT_OUT, InputError, Readable, check_submission_id, clean_text, delete_owned,
+                               once_per_submission, page_before, seal, seal_json, unseal, unseal_json)
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
@@ -51,7 +55,8 @@ class PostView:
 class PostResult:
     post_id: str
     comments: list[CommentView]
-    failed: list[str]  # names of companions whose comment did not arrive
+    failed: list[str]  # names of companions whose comment did not arrive ([] when replayed: they are not kept)
+    replayed: bool = False  # saved by an earlier submission with the same id (saved_post)
 
 
 async def _comment(model: Any, companion: CompanionView, shared: str, text: str, timeout_s: float):
@@ -76,16 +81,60 @@ async def _commenters(db: AsyncSession, cipher: UserCipher, limit: int, readable
     return [companions[i] for i in order[:limit]]
 
 
+async def _comment_views(db: AsyncSession, cipher: UserCipher, post_ids: list[str],
+                         readable: Readable) -> dict[str, list[CommentView]]:
+    """Inside an open transaction: the comments on these posts, oldest first, by post id."""
+    comments = (await db.execute(select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
+                                 .where(Comment.post_id.in_(post_ids), Comment.user_id == cipher.user_id)
+                                 .order_by(Comment.created_at))).all() if post_ids else []
+    by_post: dict[str, list[CommentView]] = {}
+    for c, comp in comments:
+        if c.tone:  # written before the tone was sealed: the body is the bare comment text
+            text, tone = readable(unseal, cipher, c, "body_ct"), c.tone
+        else:
+            sealed = readable(unseal_json, cipher, c, "body_ct") or {"comment": None, "tone": None}
+            text, tone = sealed["comment"], sealed["tone"]
+        by_post.setdefault(c.post_id, []).append(
+            CommentView(comp.id, readable(unseal, cipher, comp, "name_ct"), text, tone))
+    return by_post
+
+
+async def _post_with_id(db: AsyncSession, cipher: UserCipher, submission_id: str) -> tuple[str, PostResult] | None:
+    """Inside an open transaction: the text and the post (with its comments, ``replayed``) this user saved with
+    ``submission_id``, or None. What does not open (a row damaged since) is None."""
+    row = (await db.execute(select(Post).where(Post.user_id == cipher.user_id,
+                                               Post.submission_id == submission_id))).scalar_one_or_none()
+    if row is None:
+        return None
+    with Readable(cipher.user_id, "resent post") as read:
+        text = read(unseal, cipher, row, "body_ct")
+        comments = (await _comment_views(db, cipher, [row.id], read)).get(row.id, [])
+    return text, PostResult(post_id=row.id, comments=comments, failed=[], replayed=True)
+
+
+async def saved_post(db: AsyncSession, cipher: UserCipher, submission_id: str | None, text: str) -> PostResult | None:
+    """The post (with its comments) this user saved with ``submission_id``, or None (no id, or none saved with
+    it). InputError when it was saved for another text."""
+    return await once_per_submission(db, submission_id, text, lambda sid: _post_with_id(db, cipher, sid))
+
+
 async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: str, *, max_chars: int,
-                      max_commenters: int, timeout_s: float) -> PostResult:
+                      max_commenters: int, timeout_s: float, submission_id: str | None = None) -> PostResult:
+    """Ask the companions for their comments, then save the post and those that arrived in one transaction. With
+    a ``submission_id`` this user already saved a post with (a resend: the connection dropped after the commit),
+    nothing is asked or written and the saved post comes back (``replayed``); likewise when a resend racing this
+    one saved it first. InputError (field ``submission_id``) when the id was saved with another text."""
     text = clean_text(text, "post", max_chars)
+    submission_id = check_submission_id(submission_id)
+    if (saved := await saved_post(db, cipher, submission_id, text)) is not None:
+        return saved
     with Readable(cipher.user_id, "feed comments", LEFT_OUT) as readable:
         companions = await _commenters(db, cipher, max_commenters, readable)
         shared = await get_shared_context(db, cipher, readable=readable) or ""
     outcomes = await asyncio.gather(*(_comment(model, c, shared, text, timeout_s) for c in companions),
                                     return_exceptions=True)
     now = utcnow()
-    post = Post(id=new_id(), user_id=cipher.user_id, created_at=now)
+    post = Post(id=new_id(), user_id=cipher.user_id, created_at=now, submission_id=submission_id)
     post.body_ct = seal(cipher, post, "body_ct", text)
     rows, views, failed = [], [], []
     for i, (comp, out) in enumerate(zip(companions, outcomes)):
@@ -101,7 +150,8 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
         row.body_ct = seal_json(cipher, row, "body_ct", {"comment": out.comment, "tone": out.tone})
         rows.append(row)
         views.append(CommentView(comp.id, comp.name, out.comment, out.tone))
-    async with db.begin():
+
+    async def write() -> PostResult:
         db.add(post)
         await db.flush()
         # a companion deleted while the comments were generated must not get a dangling comment; the key-share
@@ -110,7 +160,14 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
         alive = set((await db.execute(select(Companion.id).where(Companion.user_id == cipher.user_id)
                                       .with_for_update(key_share=True))).scalars())
         db.add_all([r for r in rows if r.companion_id in alive])
-    return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
+        return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
+
+    async def gone() -> None:  # what the first submission saved went between the rollback and the read-back
+        raise InputError("submission_id", "was used for a post that was deleted while your companions read this "
+                                          "one, so it was not saved again; send it again to post it anew")
+
+    return await once_per_submission(db, submission_id, text, lambda sid: _post_with_id(db, cipher, sid), write,
+                                     gone)
 
 
 async def list_posts(db: AsyncSession, cipher: UserCipher, limit: int = 50) -> list[PostView]:
@@ -125,20 +182,8 @@ async def posts_page(db: AsyncSession, cipher: UserCipher, *, limit: int = 50,
     async with db.begin():
         posts, older = await page_before(db, Post, (Post.user_id == cipher.user_id,), limit=limit, before=before,
                                          what="post")
-        ids = [p.id for p in posts]
-        comments = (await db.execute(select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
-                                     .where(Comment.post_id.in_(ids), Comment.user_id == cipher.user_id)
-                                     .order_by(Comment.created_at))).all() if ids else []
-        by_post: dict[str, list[CommentView]] = {}
         with Readable(cipher.user_id, "feed") as readable:
-            for c, comp in comments:
-                if c.tone:  # written before the tone was sealed: the body is the bare comment text
-                    text, tone = readable(unseal, cipher, c, "body_ct"), c.tone
-                else:
-                    sealed = readable(unseal_json, cipher, c, "body_ct") or {"comment": None, "tone": None}
-                    text, tone = sealed["comment"], sealed["tone"]
-                by_post.setdefault(c.post_id, []).append(
-                    CommentView(comp.id, readable(unseal, cipher, comp, "name_ct"), text, tone))
+            by_post = await _comment_views(db, cipher, [p.id for p in posts], readable)
             views = [PostView(id=p.id, text=readable(unseal, cipher, p, "body_ct"), created_at=p.created_at,
                               comments=by_post.get(p.id, [])) for p in posts]
     return views, older

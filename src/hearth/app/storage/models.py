@@ -112,10 +112,13 @@ class Memory(Base):
 
 class Post(Base):
     __tablename__ = "posts"
+    # a post sent again (its page lost the connection) is saved once, as a chat turn is
+    __table_args__ = (Index("ix_posts_submission", "user_id", "submission_id", unique=True),)
     id: Mapped[str] = _id()
     user_id: Mapped[str] = _owner()
     body_ct: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = _created()
+    submission_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # as Message.submission_id
 
 
 class Comment(Base):
