@@ -390,12 +390,19 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
 
     Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name and
     renamed, so an interrupted build never leaves a half-written train.jsonl behind.
-    ValueError naming ``input``/``tokenizer`` when they cannot be read, or when the input holds no conversation or
+    ValueError naming ``input``/``tokenizer`` when they cannot be read, ``out_dir`` when it cannot be written, or when the input holds no conversation or
     none of its lines builds an example (the first reasons in the message; nothing written).
     """
     input, out_dir = Path(input), Path(out_dir)
     if not input.is_file():
         raise ValueError(f"input: {input} is not a file")
+    # found out now, not after the input was read (mkdir raised FileExistsError / NotADirectoryError there)
+    for folder in (out_dir, *out_dir.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"out_dir: {folder} is a file, not a folder"
+                                 + (f" (so {out_dir} cannot be created)" if folder != out_dir else ""))
+            break
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     with input.open("rb") as fh:  # decoded line by line: a line that is not UTF-8 is a rejected line, named
         result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories)
@@ -406,7 +413,10 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         more = f" (and {len(result.rejected) - 3} more)" if len(result.rejected) > 3 else ""
         raise ValueError(f"input: {input}: none of its {result.conversations} lines built an example; "
                          f"nothing was written. {first}{more}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"out_dir: cannot create {out_dir} ({exc.strerror or exc})") from None
 
     rows, lengths, trained = [], [], []
     for example in (progress(result.examples) if progress else result.examples):
@@ -434,9 +444,12 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         "length": _length_stats(lengths), "trained": _length_stats(trained),
     }
     stats.update(_template_check(tok, result.examples))
-    _write_jsonl(out_dir / "train.jsonl", rows)
-    _write_jsonl(out_dir / "rejected.jsonl", result.rejected)
-    _write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+    try:
+        _write_jsonl(out_dir / "train.jsonl", rows)
+        _write_jsonl(out_dir / "rejected.jsonl", result.rejected)
+        _write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+    except OSError as exc:
+        raise ValueError(f"out_dir: cannot write in {out_dir} ({exc.strerror or exc})") from None
     stats["rejected_lines"] = result.rejected
     return stats
 
