@@ -168,8 +168,15 @@ def _app_spec(conv: dict) -> dict:
             raise CorpusError(f"shared_context: {len(spec['shared_context'])} characters, over the app's "
                               f"{MAX_CONTEXT} (the app stores no longer one)")
     persona = conv.get("persona")
-    if isinstance(persona, str) and persona not in PERSONAS and len(clean(persona)) > MAX_PERSONA:
-        raise CorpusError(f"persona: {len(clean(persona))} characters, over the app's {MAX_PERSONA} for a custom persona")
+    if isinstance(persona, str):
+        spec["persona"] = clean(persona)  # the app stores a custom persona (and the companion's name) clean
+        if spec["persona"] not in PERSONAS and len(spec["persona"]) > MAX_PERSONA:
+            raise CorpusError(f"persona: {len(spec['persona'])} characters, over the app's {MAX_PERSONA} for a "
+                              "custom persona")
+    if isinstance(conv.get("companion"), str):
+        spec["companion"] = clean(conv["companion"])
+    if isinstance(conv.get("rehearsal"), dict):  # the rehearsed person's fields, as the app stores them (create_agent)
+        spec["rehearsal"] = _clean_fields(conv["rehearsal"])
     prompt = conv.get("prompt") or DEFAULT_PROMPT.get(conv.get("kind"))
     if prompt in ("companion", "feed") and isinstance(conv.get("world_view"), str) \
             and conv["world_view"] not in WORLD_VIEWS:
@@ -177,6 +184,30 @@ def _app_spec(conv: dict) -> dict:
     if prompt == "companion" and isinstance(conv.get("stage"), str) and conv["stage"] not in APP_STAGES:
         raise CorpusError(f"stage: the app sends one of its stages ({', '.join(APP_STAGES)}), got {conv['stage'][:60]!r}")
     return spec
+
+
+def _clean_fields(obj: dict) -> dict:
+    return {k: clean(v) if isinstance(v, str) else v for k, v in obj.items()}
+
+
+def _app_exchange(after: Any) -> Any:
+    """An after_rehearsal object with its texts as the app holds them when it writes the panel's message
+    (simulation.exchange_for_panel): the person's fields and the user's lines clean, the reply's message stripped
+    as the envelope strips it. Anything malformed is left for rehearsal_exchange_for to name."""
+    if not isinstance(after, dict):
+        return after
+    out = dict(after)
+    if isinstance(after.get("rehearsal"), dict):
+        out["rehearsal"] = _clean_fields(after["rehearsal"])
+    if isinstance(after.get("text"), str):
+        out["text"] = clean(after["text"])
+    if isinstance(after.get("reply"), str):
+        out["reply"] = after["reply"].strip()
+    if isinstance(after.get("history"), list):
+        out["history"] = [{**t, "content": clean(t["content"])}
+                          if isinstance(t, dict) and t.get("role") == "user" and isinstance(t.get("content"), str)
+                          else t for t in after["history"]]
+    return out
 
 
 def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT_CONTEXT_TURNS,
@@ -226,7 +257,7 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                     raise CorpusError(f"turns[{i}].after_rehearsal: only an analyst conversation reads a rehearsal "
                                       f"exchange (the app sends it to the panel), not a {prompt} one")
                 try:
-                    content = rehearsal_exchange_for(turn["after_rehearsal"])
+                    content = rehearsal_exchange_for(_app_exchange(turn["after_rehearsal"]))
                 except (TypeError, ValueError) as exc:
                     raise CorpusError(f"turns[{i}].after_rehearsal: {exc}") from None
             else:
