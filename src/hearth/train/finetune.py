@@ -67,9 +67,10 @@ CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON
             "(the Triton interpreter: slow, for checking) or pass --no-patch (plain transformers)")
 
 
-# the files a run writes into OUT (the adapter's as peft writes them, its model card too; metrics.json through its .tmp)
-OUT_FILES = ("run.toml", "metrics.jsonl", "metrics.json", "metrics.json.tmp", "loss.png", "adapter_config.json",
-             "adapter_model.safetensors", "README.md")
+# the files a run writes into OUT (the adapter's as peft writes them, its model card too; metrics.json and loss.png
+# through their .tmp)
+OUT_FILES = ("run.toml", "metrics.jsonl", "metrics.json", "metrics.json.tmp", "loss.png", "loss.png.tmp",
+             "adapter_config.json", "adapter_model.safetensors", "README.md")
 
 
 class RunError(RuntimeError):
@@ -1470,8 +1471,16 @@ def plot_losses(rows: list[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    # whole or not at all, as metrics.json: a run stopped while the plot is written keeps the last good loss.png
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
 
 
 def _versions() -> dict:
