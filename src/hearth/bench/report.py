@@ -46,16 +46,22 @@ def read_rows(path: Path) -> list[dict]:
 NOT_RUN = ("skipped", "unavailable")
 
 
+def _not_run(r: dict) -> bool:
+    """Whether a row says its run did not measure it (NOT_RUN). hearth's own 'unavailable' is not such a row: it says
+    hearth.kernels.<op> does not import, hearth's failure (op_geomeans counts it as a hearth case not ok)."""
+    return r.get("status") in NOT_RUN and not (r.get("status") == "unavailable" and r.get("provider") == "hearth")
+
+
 def merge_rows(*groups: list[dict]) -> list[dict]:
     """Union of row lists; for equal keys the later group wins, but a row that was not run (NOT_RUN: skipped, or
-    its provider unavailable in that run) never replaces one that was (a rerun that ran out of budget, or a device
+    a peer unavailable in that run) never replaces one that was (a rerun that ran out of budget, or a device
     call that did not carry a peer's wheel, would otherwise erase the measurement). Order: first appearance."""
     merged: dict[tuple, dict] = {}
     for rows in groups:
         for r in rows:
             key = row_key(r)
             old = merged.get(key)
-            if r.get("status") in NOT_RUN and old is not None and old.get("status") not in NOT_RUN:
+            if _not_run(r) and old is not None and not _not_run(old):
                 continue
             merged[key] = r
     return list(merged.values())
