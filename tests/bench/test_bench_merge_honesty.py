@@ -29,3 +29,26 @@ def test_hearth_unavailable_in_a_newer_run_replaces_its_old_measurement():
     liger = _row("liger", ms=0.4, date="2026-12-05T00:00:00Z")
     assert report.merge_rows([liger], [_row("liger", "unavailable", date="2026-12-06T00:00:00Z")]) == [liger]
     assert report.merge_rows([old], [_row("hearth", "skipped", date="2026-12-06T00:00:00Z")]) == [old]
+
+
+def test_a_row_from_an_earlier_run_never_replaces_a_later_runs_row():
+    """The later *group* won whatever its rows' dates: `--report-only --out DEST --merge OLD` (or
+    merge_models_run.sh given an older call's folder after a newer one) put the older measurements back over the
+    newer ones. Now the run date (env.date) decides between two measured rows (or two rows not run); rows of one run,
+    or without dates, keep the later-group rule, and a measured row still beats a row not run either way."""
+    old, new = "2026-12-04T10:00:00Z", "2026-12-06T10:00:00Z"
+    newer = _row("hearth", ms=0.4, date=new)
+    older = _row("hearth", ms=0.9, date=old)
+    assert report.merge_rows([newer], [older]) == [newer]
+    assert report.merge_rows([older], [newer]) == [newer]
+    older_wrong = _row("hearth", "wrong", date=old, reason="rel err")
+    assert report.merge_rows([newer], [older_wrong]) == [newer]
+    # same run, or no dates: the later group wins, as before
+    again = _row("hearth", ms=0.41, date=new)
+    assert report.merge_rows([newer], [again]) == [again]
+    assert report.merge_rows([_row("hearth", ms=1.0)], [_row("hearth", ms=2.0)])[0]["ms"] == 2.0
+    # a measurement beats a row not run, whichever run is later
+    skipped_new = _row("liger", "skipped", date=new, reason="time budget spent")
+    liger_old = _row("liger", ms=0.3, date=old)
+    assert report.merge_rows([skipped_new], [liger_old]) == [liger_old]
+    assert report.merge_rows([liger_old], [skipped_new]) == [liger_old]

@@ -38,7 +38,7 @@ def test_merge_keeps_measured_rows_rebuilds_reports_and_packs_them(tmp_path):
     hearth = next(r for r in old if r["provider"] == "hearth")
     dest, new = tmp_path / "models", tmp_path / "call"
     _write(dest / "results.jsonl", old)
-    newer = {**hearth, "ms": hearth["ms"] * 0.5, "env": {**hearth["env"], "date": "2026-12-05T01:02:03Z"}}
+    newer = {**hearth, "ms": hearth["ms"] * 0.5, "env": {**hearth["env"], "date": "2026-12-07T01:02:03Z"}}
     gone = {**liger, "status": "unavailable", "reason": "No module named 'liger_kernel'"}
     for k in ("ms", "p20_ms", "p80_ms", "extra_mib", "value"):
         gone.pop(k, None)
@@ -56,7 +56,7 @@ def test_merge_keeps_measured_rows_rebuilds_reports_and_packs_them(tmp_path):
     assert "rms_norm.md" in names and "summary.md" not in names and "ratios.png" not in names
     assert not list(dest.glob("rms_norm*.md")) and not list(dest.glob("rms_norm*.png"))
     assert "rms_norm" in (dest / "summary.md").read_text()
-    assert (dest / "bench-2026-12-05-abc1234-rms_norm.log").read_text() == "GEOMEAN rms_norm ...\n"
+    assert (dest / "bench-2026-12-07-abc1234-rms_norm.log").read_text() == "GEOMEAN rms_norm ...\n"
     assert (dest / "bench.log").read_text() == "GEOMEAN rms_norm ...\n"
 
 

@@ -1,7 +1,7 @@
 """Results on disk: results.jsonl (one row per case x provider), a Markdown table per op with a
 verdict per case, summary.md (headline table first, then every loss), and PNG plots (plots.py).
 
-Rows are merged by key (op, size, dtype, mode, provider): a later row replaces an earlier one,
+Rows are merged by key (op, size, dtype, mode, provider): the row of a later run replaces an earlier one,
 so ops run across several calls (or machines' folders, --merge) end up in one report -- except that a
 "skipped" row (not measured in its run: out of time budget, a sticky CUDA error) never replaces a measured
 row: the earlier measurement stands, with its own run's date, versions and command on it.
@@ -52,18 +52,29 @@ def _not_run(r: dict) -> bool:
     return r.get("status") in NOT_RUN and not (r.get("status") == "unavailable" and r.get("provider") == "hearth")
 
 
+def _replaces(new: dict, old: dict | None) -> bool:
+    """Whether `new` takes the place of `old` (same key) in a merge: a measured row beats one not run; else the row of
+    the later run (env.date) wins, and of one run (or without dates) the row merged later."""
+    if old is None:
+        return True
+    if _not_run(new) != _not_run(old):
+        return _not_run(old)
+    d_new, d_old = (new.get("env") or {}).get("date"), (old.get("env") or {}).get("date")
+    return not (d_new and d_old and d_new < d_old)
+
+
 def merge_rows(*groups: list[dict]) -> list[dict]:
-    """Union of row lists; for equal keys the later group wins, but a row that was not run (NOT_RUN: skipped, or
-    a peer unavailable in that run) never replaces one that was (a rerun that ran out of budget, or a device
-    call that did not carry a peer's wheel, would otherwise erase the measurement). Order: first appearance."""
+    """Union of row lists; for equal keys the row of the later run (env.date; of one run, or undated, the later
+    group) wins, but a row that was not run (NOT_RUN: skipped, or a peer unavailable in that run) never replaces one
+    that was (a rerun that ran out of budget, or a device call that did not carry a peer's wheel, would otherwise
+    erase the measurement), and an older folder merged last does not put its rows back over newer ones. Order:
+    first appearance."""
     merged: dict[tuple, dict] = {}
     for rows in groups:
         for r in rows:
             key = row_key(r)
-            old = merged.get(key)
-            if _not_run(r) and old is not None and not _not_run(old):
-                continue
-            merged[key] = r
+            if _replaces(r, merged.get(key)):
+                merged[key] = r
     return list(merged.values())
 
 
