@@ -52,3 +52,26 @@ def test_a_row_from_an_earlier_run_never_replaces_a_later_runs_row():
     liger_old = _row("liger", ms=0.3, date=old)
     assert report.merge_rows([skipped_new], [liger_old]) == [liger_old]
     assert report.merge_rows([liger_old], [skipped_new]) == [liger_old]
+
+
+def test_rows_of_a_provider_that_never_applies_to_the_op_are_dropped():
+    """A run of 2026-12-01 wrote time-budget 'skipped' rows for every provider, Liger and torch.compile on
+    attention, cuBLAS on rms_norm included (fixed since for new runs: test_budget_skipped_rows_only_for_providers_that_
+    apply). No later run writes such a row again, so the merge kept them for good, and the published summary read
+    'attention ... 1 ranked while a fused peer was not ok (compile skipped, liger skipped, quack skipped, cublas
+    skipped, torch_lce skipped)': peers that never run attention, named as if they had failed to."""
+    case = dict(op="attention", size_label="Qwen3-32B", dtype="bfloat16", mode="full")
+    env = {"gpu": "NVIDIA H200", "date": "2026-12-06T20:52:08Z"}
+    hearth = {**case, "provider": "hearth", "status": "ok", "ms": 7.0, "env": env}
+    fa = {**case, "provider": "flash_attn", "status": "ok", "ms": 6.0, "env": env}
+    stale = [{**case, "provider": p, "status": "skipped", "reason": "time budget spent",
+              "env": {"gpu": "NVIDIA H200", "date": "2026-12-01T11:23:47Z"}} for p in ("compile", "liger", "cublas")]
+    rows = report.merge_rows(stale + [hearth], [fa])
+    assert {r["provider"] for r in rows} == {"hearth", "flash_attn"}
+    v = report.verdict(rows)
+    assert v["text"] == "loss 0.857x vs flash_attn" and v["unranked"] == []
+    line = report.geomean_lines(rows)[0]
+    assert "not ok" not in line and "compile" not in line
+    # a provider that applies keeps its not-run row, named beside the verdict
+    sdpa = {**case, "provider": "sdpa_cudnn", "status": "skipped", "reason": "time budget spent", "env": env}
+    assert "sdpa_cudnn skipped" in report.verdict(report.merge_rows(rows, [sdpa]))["text"]

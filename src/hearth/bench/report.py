@@ -63,15 +63,26 @@ def _replaces(new: dict, old: dict | None) -> bool:
     return not (d_new and d_old and d_new < d_old)
 
 
+def _never_applies(r: dict) -> bool:
+    """A row of a provider that can never run its op (providers.applies: Liger on attention, cuBLAS on rms_norm),
+    written as 'skipped' by runs before the time-budget path left them out: no later run replaces it."""
+    from hearth.bench.cases import SPECS
+    from hearth.bench.providers import applies
+
+    return r.get("op") in SPECS and r.get("provider") in PROVIDERS and not applies(r["op"], r["provider"])
+
+
 def merge_rows(*groups: list[dict]) -> list[dict]:
     """Union of row lists; for equal keys the row of the later run (env.date; of one run, or undated, the later
     group) wins, but a row that was not run (NOT_RUN: skipped, or a peer unavailable in that run) never replaces one
     that was (a rerun that ran out of budget, or a device call that did not carry a peer's wheel, would otherwise
-    erase the measurement), and an older folder merged last does not put its rows back over newer ones. Order:
-    first appearance."""
+    erase the measurement), and an older folder merged last does not put its rows back over newer ones. Rows of a
+    provider that never applies to their op are dropped (_never_applies). Order: first appearance."""
     merged: dict[tuple, dict] = {}
     for rows in groups:
         for r in rows:
+            if _never_applies(r):
+                continue
             key = row_key(r)
             if _replaces(r, merged.get(key)):
                 merged[key] = r
