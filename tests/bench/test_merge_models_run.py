@@ -68,3 +68,24 @@ def test_merge_refuses_a_missing_folder_or_a_bad_label(tmp_path):
     out = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "call"), "a b", str(tmp_path)], cwd=REPO, text=True,
                          capture_output=True, timeout=60)
     assert out.returncode == 2 and "LABEL" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_merge_refuses_rows_of_another_gpu(tmp_path):
+    """A device call asked for without needs_h200 may run on an H100 (or a --check folder may be passed by mistake):
+    merged into benchmarks/h200/models, its rows replaced the H200 ones by key, and the op's GEOMEAN line, the
+    summary and the folder's name went on saying H200 with nothing but the env list to tell. The script refuses
+    such a folder, naming both GPUs, and leaves DEST as it was."""
+    old = _rows("rms_norm")
+    dest, new = tmp_path / "models", tmp_path / "call"
+    _write(dest / "results.jsonl", old)
+    before = (dest / "results.jsonl").read_text()
+    h100 = [{**r, "ms": (r.get("ms") or 1.0) * 2, "env": {**r["env"], "gpu": "NVIDIA H100 80GB HBM3",
+                                                              "date": "2026-12-07T01:02:03Z"}} for r in old]
+    _write(new / "results.jsonl", h100)
+    out = subprocess.run(["bash", str(SCRIPT), str(new), "abc1234-rms_norm", str(dest)], cwd=REPO, text=True,
+                         capture_output=True, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+                                                   "MPLBACKEND": "Agg", "HOME": str(tmp_path)}, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "NVIDIA H100 80GB HBM3" in out.stderr and "NVIDIA H200" in out.stderr
+    assert (dest / "results.jsonl").read_text() == before
