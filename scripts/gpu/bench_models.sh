@@ -66,6 +66,7 @@ cat "$dest/report.log" >> "$dest/bench.log"
   rm -f ./*_*.png report.log; for f in ./*.md; do [ "$f" = ./summary.md ] || rm -f "$f"; done )
 ls "$dest"
 echo "total $(( SECONDS - start )) s"
-# last: the per-op geometric means (report.log's GEOMEAN lines)
-grep -E "^GEOMEAN " "$dest/bench.log" | tail -n 10
+# last: the per-op geometric means and the attention goals (report.log's GEOMEAN and ATTENTION-GOAL lines: one per op
+# and per attention mode; the benchmark runs above print none, --no-report)
+grep -E "^(GEOMEAN|ATTENTION-GOAL) " "$dest/bench.log"
 exit $rc
