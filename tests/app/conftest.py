@@ -119,3 +119,18 @@ async def count_rows(app, model, *where) -> int:
     """How many rows of ``model`` (matching ``where``) the running app's database holds."""
     async with app.state.hearth.db.sessions() as s:
         return (await s.execute(select(func.count()).select_from(model).where(*where))).scalar_one()
+
+
+@pytest.fixture
+def serve_env(tmp_path, monkeypatch):
+    """`hearth serve` (hearth.app.main.serve) called in-process from a scratch folder: no HEARTH_* setting taken from
+    the environment but a fresh master key; returns the folder."""
+    from hearth.app import main
+    from hearth.app.crypto import new_master_key_text
+
+    for var in ("HEARTH_ENV", "HEARTH_DATABASE_URL", "HEARTH_VAR_DIR", "HEARTH_MASTER_KEY_FILE",
+                "HEARTH_PREVIOUS_MASTER_KEY", main.SERVE_ARGS_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HEARTH_MASTER_KEY", new_master_key_text())
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -19,7 +19,6 @@ import pytest
 import uvicorn
 
 from hearth.app import main
-from hearth.app.crypto import new_master_key_text
 
 
 async def _no_app(scope, receive, send):  # pragma: no cover - never served
@@ -83,14 +82,10 @@ def test_the_port_check_refuses_exactly_what_uvicorn_cannot_bind(host, workers, 
     assert (refused is None) == truth, f"check: {refused!r}; uvicorn binds: {truth}"
 
 
-def test_serve_starts_on_ipv6_any_next_to_an_ipv4_listener_and_refuses_it_with_workers(tmp_path, monkeypatch):
+def test_serve_starts_on_ipv6_any_next_to_an_ipv4_listener_and_refuses_it_with_workers(serve_env, monkeypatch):
     # one process on "::" takes only IPv6 (asyncio binds it IPv6-only), so an IPv4 listener on the port is no
     # obstacle; with workers uvicorn's one "::" socket is dual-stack and cannot bind. Before, both exited 1.
-    for var in ("HEARTH_ENV", "HEARTH_DATABASE_URL", "HEARTH_VAR_DIR", "HEARTH_MASTER_KEY_FILE",
-                "HEARTH_PREVIOUS_MASTER_KEY", main.SERVE_ARGS_ENV):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HEARTH_MASTER_KEY", new_master_key_text())
-    monkeypatch.chdir(tmp_path)
+    tmp_path = serve_env
     ran = []
     monkeypatch.setattr(main, "_run_one", lambda server: ran.append(("one", server.config.host)) or 0)
     monkeypatch.setattr(main, "_run_workers", lambda config: ran.append(("workers", config.host)) or 0)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import socket
 
-import pytest
-
 from hearth.app import main
-from hearth.app.crypto import new_master_key_text
 
 
 def _free_port() -> int:
@@ -17,20 +14,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def serve_env(tmp_path, monkeypatch):
-    for var in ("HEARTH_ENV", "HEARTH_DATABASE_URL", "HEARTH_VAR_DIR", "HEARTH_MASTER_KEY_FILE",
-                "HEARTH_PREVIOUS_MASTER_KEY", main.SERVE_ARGS_ENV):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HEARTH_MASTER_KEY", new_master_key_text())
-    monkeypatch.chdir(tmp_path)
-    ran = []
+def test_serve_listens_on_the_toml_port_and_the_options_override_it(serve_env, monkeypatch, capsys):
+    tmp_path, ran = serve_env, []
     monkeypatch.setattr(main, "_run_one", lambda server: ran.append((server.config.host, server.config.port)) or 0)
-    return tmp_path, ran
-
-
-def test_serve_listens_on_the_toml_port_and_the_options_override_it(serve_env, capsys):
-    tmp_path, ran = serve_env
     toml_port, option_port = _free_port(), _free_port()
     config = tmp_path / "hearth.toml"
     config.write_text(f'[app]\nhost = "127.0.0.1"\nport = {toml_port}\n')
