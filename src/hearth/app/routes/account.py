@@ -80,12 +80,17 @@ async def export(db: DB, viewer: Viewer) -> Response:
 async def delete_account(request: Request, state: State, db: DB, viewer: CsrfViewer, password: Secret) -> Response:
     if refused := await _too_many(request, state, db, viewer):
         return refused
+    bucket = _password_bucket(viewer)  # read now: a rolled-back deletion expires the viewer's rows
     try:
         await svc.delete_account(db, viewer.user, password=password)
     except accounts.AccountError as exc:
-        return _page(request, state, viewer, error=str(exc), status=400)
+        if exc.field != "account":
+            return _page(request, state, viewer, error=str(exc), status=400)
+        # "no longer exists": another request (a second tab, a double submit) deleted it after this one's login
+        # check; the account is gone as asked, so this one ends as that one did (its error page read the viewer's
+        # rows, expired by the rolled-back transaction: a 500)
     # nothing of the account is left behind
-    await state.throttle.forget(db, _password_bucket(viewer))
+    await state.throttle.forget(db, bucket)
     response = RedirectResponse("/signup", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
