@@ -156,7 +156,9 @@ async def test_two_rehearsal_resends_racing_store_one_turn(make_settings, databa
         dones = await streams_racing(client, f"/rehearsals/{rid}/turns", {"message": "about Friday"}, csrf)
         assert sorted(d["replayed"] for d in dones) == [False, True]
         assert dones[0]["turn_id"] == dones[1]["turn_id"]
-        assert len(next(d for d in dones if d["replayed"])["readings"]) == 5
+        # the loser raced the winner to the save of the exchange (phase 1), before the winner's panel had read it:
+        # it gets the readings saved so far, which one transaction commits (review 56), so none or all five
+        assert len(next(d for d in dones if d["replayed"])["readings"]) in (0, 5)
         assert await count_rows(app, RehearsalTurn) == 2 and await count_rows(app, Reading) == 5
 
 

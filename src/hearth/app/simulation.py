@@ -10,8 +10,12 @@ situation back, without asking the analysts again.
 
 Rehearsal: the model plays a custom agent (rehearsal_system_prompt, a ``chat`` envelope) and the
 panel reads each exchange. A rehearsal is its own thread, separate from the companion chat, so the
-user can leave it for the companion and come back to the same place. A rehearsal turn sent with a submission id is
-saved once per rehearsal, as a chat turn is (hearth.app.companions): a resend gets the saved turn back.
+user can leave it for the companion and come back to the same place. A turn is saved in two phases: the user's turn
+and the agent's turn in one transaction as soon as the reply is final (save_rehearsal_exchange), then the panel's
+readings of it in their own once the panel has finished (save_turn_readings); so an exchange the user saw is on the
+page while the panel still reads it (panel_note), and stays saved when the panel's readings cannot be. A rehearsal
+turn sent with a submission id is saved once per rehearsal, as a chat turn is (hearth.app.companions): a resend gets
+the saved turn back, with the readings saved so far.
 
 A situation, reading, agent field or rehearsal turn whose sealed text does not open (a damaged row) reads as None:
 the pages show it as "could not be read" and every other row as usual; a rehearsal turn leaves it out of what the
@@ -24,10 +28,11 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, AsyncIterator
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
@@ -41,6 +46,9 @@ from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, Reh
                                        utcnow)
 
 MAX_AGENT_FIELD = 2000
+# how long past analyst_timeout_s an agent turn without readings is shown as still being read (panel_note): the
+# panel's backstop (_ask_analyst) and the readings' commit
+PANEL_MARGIN_S = 15.0
 log = logging.getLogger("hearth.app.simulation")
 ANALYST_TITLES = {a: prompts.ANALYST_LENSES[a][0] for a in prompts.ANALYSTS}
 
@@ -432,11 +440,12 @@ async def saved_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_i
                                      lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid))
 
 
-async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
-                              results: list[PanelResult], submission_id: str | None = None) -> TurnView:
-    """Both turns and the panel's readings, in one transaction (nothing if the rehearsal is gone). With a
-    ``submission_id`` already saved in this rehearsal (a resend that raced the first), nothing is written and the
-    saved turn comes back."""
+async def save_rehearsal_exchange(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str,
+                                  reply: str, submission_id: str | None = None) -> TurnView:
+    """Phase 1 of a turn, as soon as the reply is final: the user's turn and the agent's (no readings yet), in one
+    transaction (NotFound, nothing written, if the rehearsal is gone). With a ``submission_id`` already saved in this
+    rehearsal (a resend that raced the first), nothing is written and the saved turn comes back (``replayed``, with
+    the readings saved so far): its panel is the first submission's to run."""
     submission_id = check_submission_id(submission_id)
     now = utcnow()
     user_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="user", created_at=now,
@@ -449,21 +458,68 @@ async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id
     async def write() -> TurnView:
         await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
         db.add_all([user_row, agent_row])
-        await db.flush()
-        db.add_all(_reading_rows(cipher, results, turn_id=agent_row.id))
-        return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, results=results)
+        return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at)
 
     return await once_per_submission(db, submission_id, text,
                                      lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid), write,
                                      lambda: check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal"))
 
 
+async def save_turn_readings(db: AsyncSession, cipher: UserCipher, turn: TurnView,
+                             results: list[PanelResult]) -> bool:
+    """Phase 2 of a turn, once the panel has finished: its readings of the agent's ``turn`` (saved by
+    save_rehearsal_exchange), in a transaction of their own; ``turn.results`` become ``results``. False, nothing
+    written and nothing raised, when the turn went meanwhile (the rehearsal deleted while the panel read): the user's
+    turn did not fail, what it was saved into is gone."""
+    turn.results = results
+
+    async def there() -> bool:
+        found = select(RehearsalTurn.id).where(RehearsalTurn.id == turn.id, RehearsalTurn.role == "agent",
+                                               RehearsalTurn.user_id == cipher.user_id)
+        return (await db.execute(found)).scalar_one_or_none() is not None
+
+    try:
+        async with db.begin():
+            if not await there():
+                return False
+            db.add_all(_reading_rows(cipher, results, turn_id=turn.id))
+            return True
+    except IntegrityError:  # the turn was deleted between the look-up and the insert (a foreign key refused them)
+        async with db.begin():
+            if await there():
+                raise
+        return False
+
+
+async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
+                              results: list[PanelResult], submission_id: str | None = None) -> TurnView:
+    """Both phases at once, for a caller that has the readings already: save_rehearsal_exchange, then (unless that
+    found the turn saved with ``submission_id``, which comes back as saved) save_turn_readings."""
+    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id)
+    if not turn.replayed:
+        await save_turn_readings(db, cipher, turn, results)
+    return turn
+
+
+def panel_note(turn: TurnView, analyst_timeout_s: float, now: datetime | None = None) -> str:
+    """What the rehearsal page says of an agent turn without readings: "pending" while the panel may still be
+    reading it (saved less than analyst_timeout_s + PANEL_MARGIN_S ago), "lost" after that (the process stopped
+    while the panel read: the readings will not come); "" for a turn with readings, or a user's."""
+    if turn.role != "agent" or turn.results:
+        return ""
+    created = turn.created_at if turn.created_at.tzinfo else turn.created_at.replace(tzinfo=timezone.utc)
+    age = (now or utcnow()) - created
+    return "pending" if age < timedelta(seconds=analyst_timeout_s + PANEL_MARGIN_S) else "lost"
+
+
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
                          max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float,
                          prompt_memories: int = 30, submission_id: str | None = None) -> TurnView:
-    """The agent replies, the panel reads the exchange, and both turns + readings are saved together. A
-    ``submission_id`` already saved in this rehearsal returns that turn without asking the model; a reply the
-    streamed path would fail (model.check_as_streamed) fails here too."""
+    """The agent replies, both turns are saved (save_rehearsal_exchange), the panel reads the exchange and its
+    readings are saved (save_turn_readings): if the panel's readings cannot be saved, the exchange stays saved. A
+    ``submission_id`` already saved in this rehearsal returns that turn without asking the model (nor the panel,
+    when the resend raced the first to the save); a reply the streamed path would fail (model.check_as_streamed)
+    fails here too, nothing saved."""
     text = clean_text(text, "message", max_chars)
     submission_id = check_submission_id(submission_id)
     if (saved := await saved_rehearsal_turn(db, cipher, rehearsal_id, submission_id, text)) is not None:
@@ -473,8 +529,12 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
     result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
     check_as_streamed(result)
     reply = result.envelope.message
+    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id)
+    if turn.replayed:
+        return turn
     results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
-    return await save_rehearsal_turn(db, cipher, rehearsal_id, text, reply, results, submission_id)
+    await save_turn_readings(db, cipher, turn, results)
+    return turn
 
 
 async def delete_rehearsal(db: AsyncSession, user_id: str, rehearsal_id: str) -> None:

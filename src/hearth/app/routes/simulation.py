@@ -23,6 +23,8 @@ from hearth.app.storage.models import new_id
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
 REHEARSAL_GONE = "This rehearsal was deleted while the reply was being written, so it was not saved."
+READINGS_NOT_SAVED = ("The panel's readings of this exchange could not be saved. The exchange itself is saved: "
+                      "reload the page to see it.")
 Text = Annotated[str, Form(max_length=FORM_FIELD_MAX)]
 
 
@@ -173,8 +175,11 @@ async def _rehearsal_page(request: Request, state: State, db, viewer, rehearsal_
                           draft: str = "", status: int = 200) -> Response:
     view = await svc.get_rehearsal(db, viewer.cipher, rehearsal_id)
     companion = await companions_svc.get_companion(db, viewer.cipher, view.companion_id)
+    # an agent turn saved before the panel's readings: "pending" while the panel may still read it, else "lost"
+    panel_notes = {t.id: svc.panel_note(t, state.settings.analyst_timeout_s) for t in view.turns}
     return state.templates.TemplateResponse(request, "rehearsal.html", {
         "viewer": viewer, "rehearsal": view, "companion": companion, "model_configured": state.model_configured,
+        "panel_notes": panel_notes,
         "error": error, "draft": draft, "submission_id": new_id()}, status_code=status)  # the no-script form's
 
 
@@ -195,10 +200,13 @@ def _rehearsal_done(turn: svc.TurnView) -> bytes:
 
 async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: str, text: str,
                             submission_id: str | None):
-    """SSE: ``delta`` (the agent's reply as it streams), ``reply`` (its final text), one ``reading`` per
-    analyst, then ``done`` once both turns and the readings are committed; or ``error`` (nothing saved).
-    Leaving for the companion while the panel reads does not stop it (routes._util.to_the_end). A resend of a
-    ``submission_id`` already saved gets that turn in one ``done`` (``replayed``), nothing saved again."""
+    """SSE: ``delta`` (the agent's reply as it streams), ``reply`` (its final text, once both turns are committed:
+    simulation.save_rehearsal_exchange), one ``reading`` per analyst, then ``done`` once the readings are committed
+    (simulation.save_turn_readings; or found not to be, the rehearsal deleted meanwhile). ``error`` before ``reply``:
+    nothing saved; after it: the exchange stays saved, only the readings were not. Leaving for the companion while
+    the panel reads does not stop it (routes._util.to_the_end), and the exchange is on the rehearsal page meanwhile.
+    A resend of a ``submission_id`` already saved gets that turn in one ``done`` (``replayed``, with the readings
+    saved so far), nothing saved again; one that raced the first to the save gets it after its ``reply``."""
     s, model = state.settings, state.model
     try:
         async with state.db.sessions() as db:
@@ -216,16 +224,27 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
             else:
                 result = value
         reply = result.envelope.message
-        yield sse("reply", {"message": reply})
+        async with state.db.sessions() as db:
+            turn = await svc.save_rehearsal_exchange(db, viewer.cipher, rehearsal_id, text, reply, submission_id)
+    except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
+        yield sse("error", {"message": stream_turn_failure(exc, "rehearsal turn", log, REHEARSAL_GONE)})
+        return
+    yield sse("reply", {"message": reply})
+    if turn.replayed:  # a resend that raced the first to the save: the first's panel reads it
+        yield _rehearsal_done(turn)
+        return
+    try:
         results = []
         async for reading in svc.panel(model, shared, svc.exchange_for_panel(view, text, reply), s.analyst_timeout_s):
             results.append(reading)
             yield sse("reading", reading.as_json())
         async with state.db.sessions() as db:
-            turn = await svc.save_rehearsal_turn(db, viewer.cipher, rehearsal_id, text, reply, results, submission_id)
-        yield _rehearsal_done(turn)
-    except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
-        yield sse("error", {"message": stream_turn_failure(exc, "rehearsal turn", log, REHEARSAL_GONE)})
+            await svc.save_turn_readings(db, viewer.cipher, turn, results)
+    except Exception:  # noqa: BLE001 - the exchange is saved; the page must learn that its readings are not
+        log.exception("rehearsal turn: the panel's readings could not be saved")
+        yield sse("error", {"message": READINGS_NOT_SAVED})
+        return
+    yield _rehearsal_done(turn)
 
 
 @router.post("/rehearsals/{rehearsal_id}/turns")

@@ -307,7 +307,8 @@ function readingItem(data) {
 
 function setupRehearsal(form) {
   // the agent's reply streams in, then the panel's readings arrive one by one; a failure is shown here
-  // and the text goes back into the box (nothing was saved)
+  // and the text goes back into the box (nothing was saved; or, after the reply, the exchange was saved and only
+  // the panel's readings were not: the error says so, and saying it again shows the saved exchange)
   const list = document.getElementById("turns");
   const error = document.getElementById("rehearsal-error");
   const lost = "The connection closed before the turn arrived. It may still be saved: saying it again shows it, without saving it twice.";
