@@ -10,8 +10,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import hearth
 from tests.fakes.http_wait import wait_http_ok
 from tests.fakes.openai_server import FakeOpenAI, free_port
+
+# where the imported hearth package lives (src/ under PYTHONPATH=src): `hearth serve` runs in another directory, where
+# a relative PYTHONPATH would find another checkout's installed hearth
+_HEARTH_ROOT = str(Path(hearth.__file__).resolve().parents[1])
 
 
 def write_config(path: Path, base_url: str, *, total_s: float = 60.0, gateway: str = "") -> Path:
@@ -58,6 +63,9 @@ def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | Non
     cmd = [sys.executable, "-m", "hearth.cli", "serve", *args] + (["--port", str(port)] if pass_port else [])
     log = cwd / f"serve-{port}-{time.monotonic_ns()}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if "PYTHONPATH" not in (env or {}):  # the server runs the hearth these tests import (_HEARTH_ROOT)
+        inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        full_env["PYTHONPATH"] = os.pathsep.join([_HEARTH_ROOT, *inherited])
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     server = ServeProcess(proc, f"http://127.0.0.1:{port}", log)

@@ -175,7 +175,7 @@ async def test_schema_0004_matches_the_models_and_upgrades_and_downgrades_keepin
         diff, version = await upgrade_and_compare(database)
         assert await scalars(database, "select count(*) from messages where submission_id is null") == [2]
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0006"
+        assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0007"
 
         async with database.sessions() as s:  # a rehearsal turn with readings, saved with an id
             comp = await companions.create_companion(s, cipher, persona="wren")

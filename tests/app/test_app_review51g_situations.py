@@ -193,7 +193,7 @@ async def test_schema_0005_matches_the_models_and_upgrades_and_downgrades_keepin
         diff, version = await upgrade_and_compare(database)
         assert await scalars(database, "select count(*) from situations where submission_id is null") == [1]
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == "0006"
+        assert version == "0007"
 
         async with database.sessions() as s:  # two situations with an id, one without, in the same chat
             results = await simulation.run_panel(FakeModel(), "", "x", 5.0)

@@ -168,7 +168,7 @@ async def test_schema_0006_matches_the_models_and_upgrades_and_downgrades_keepin
         assert await scalars(database, "select count(*) from posts where submission_id is null",
                              "select count(*) from comments") == [1, 1]
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == "0006"
+        assert version == "0007"
 
         model = FakeModel()
         async with database.sessions() as s:  # a companion that comments; posts with two ids and one without

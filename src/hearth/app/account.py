@@ -98,6 +98,7 @@ async def export(db, cipher: UserCipher, user: User) -> dict[str, Any]:
             view = await get_rehearsal(db, cipher, rid)
             rehearsals.append({"id": rid, "agent_id": view.agent.id, "turns": [
                 {"role": t.role, "text": t.text, "created_at": _when(t.created_at),
+                 **({"mood": t.mood, "suggested_actions": t.suggestions} if t.role == "agent" else {}),
                  "panel": [_reading(r) for r in t.results]} for t in view.turns]})
         out["companions"].append({
             "id": c.id, "name": c.name, "persona": c.persona, "world_view": c.world_view,

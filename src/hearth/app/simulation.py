@@ -29,7 +29,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -312,6 +312,24 @@ class TurnView:
     created_at: datetime
     results: list[PanelResult] = field(default_factory=list)
     replayed: bool = False  # saved by an earlier submission with the same id (saved_rehearsal_turn)
+    # an agent turn's: the person's mood and the suggested actions, which the page shows as coaching for the user's
+    # next line (None / [] for a user's turn, one saved before schema 0007, or one whose meta does not open)
+    mood: str | None = None
+    suggestions: list[str] = field(default_factory=list)
+
+
+def _turn_meta(cipher: UserCipher, row: RehearsalTurn, readable: Any) -> dict:
+    """An agent turn's sealed meta (mood, suggested_actions), or {} when it has none or it does not open."""
+    meta = readable(unseal_json, cipher, row, "meta_ct") if row.meta_ct else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _turn_view(cipher: UserCipher, row: RehearsalTurn, readable: Any, results: list[PanelResult],
+               replayed: bool = False) -> TurnView:
+    meta = _turn_meta(cipher, row, readable)
+    return TurnView(id=row.id, role=row.role, text=readable(unseal, cipher, row, "body_ct"), created_at=row.created_at,
+                    results=results, replayed=replayed, mood=meta.get("mood"),
+                    suggestions=list(meta.get("suggested_actions") or []))
 
 
 @dataclass
@@ -362,8 +380,7 @@ async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str,
         for rd in readings:
             by_turn.setdefault(rd.turn_id, []).append(rd)
         with reading(readable, cipher.user_id, "rehearsal") as read:
-            views = [TurnView(id=t.id, role=t.role, text=read(unseal, cipher, t, "body_ct"), created_at=t.created_at,
-                              results=_read_results(cipher, by_turn.get(t.id, []), read)) for t in turns]
+            views = [_turn_view(cipher, t, read, _read_results(cipher, by_turn.get(t.id, []), read)) for t in turns]
             return RehearsalView(id=reh.id, companion_id=reh.companion_id, agent=_agent_view(cipher, agent, read),
                                  turns=views)
 
@@ -427,9 +444,8 @@ async def _rehearsal_turn_with_id(db: AsyncSession, cipher: UserCipher, rehearsa
     agent = rows["agent"]
     readings = (await db.execute(select(Reading).where(Reading.turn_id == agent.id))).scalars().all()
     with Readable(cipher.user_id, "resent rehearsal turn") as read:
-        return read(unseal, cipher, rows["user"], "body_ct"), TurnView(
-            id=agent.id, role="agent", text=read(unseal, cipher, agent, "body_ct"), created_at=agent.created_at,
-            results=_read_results(cipher, readings, read), replayed=True)
+        return read(unseal, cipher, rows["user"], "body_ct"), _turn_view(
+            cipher, agent, read, _read_results(cipher, readings, read), replayed=True)
 
 
 async def saved_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, submission_id: str | None,
@@ -441,8 +457,10 @@ async def saved_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_i
 
 
 async def save_rehearsal_exchange(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str,
-                                  reply: str, submission_id: str | None = None) -> TurnView:
-    """Phase 1 of a turn, as soon as the reply is final: the user's turn and the agent's (no readings yet), in one
+                                  reply: str, submission_id: str | None = None, *, mood: str | None = None,
+                                  suggested_actions: Sequence[str] = ()) -> TurnView:
+    """Phase 1 of a turn, as soon as the reply is final: the user's turn and the agent's (no readings yet; its
+    ``mood`` and ``suggested_actions``, the reply envelope's, sealed in its meta_ct as a chat reply's), in one
     transaction (NotFound, nothing written, if the rehearsal is gone). With a ``submission_id`` already saved in this
     rehearsal (a resend that raced the first), nothing is written and the saved turn comes back (``replayed``, with
     the readings saved so far): its panel is the first submission's to run."""
@@ -454,11 +472,14 @@ async def save_rehearsal_exchange(db: AsyncSession, cipher: UserCipher, rehearsa
     agent_row = RehearsalTurn(id=new_id(), user_id=cipher.user_id, rehearsal_id=rehearsal_id, role="agent",
                               created_at=now + timedelta(microseconds=1), submission_id=submission_id)
     agent_row.body_ct = seal(cipher, agent_row, "body_ct", reply)
+    hints = list(suggested_actions)
+    agent_row.meta_ct = seal_json(cipher, agent_row, "meta_ct", {"mood": mood, "suggested_actions": hints})
 
     async def write() -> TurnView:
         await check_owned(db, Rehearsal, cipher.user_id, rehearsal_id, "rehearsal")
         db.add_all([user_row, agent_row])
-        return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at)
+        return TurnView(id=agent_row.id, role="agent", text=reply, created_at=agent_row.created_at, mood=mood,
+                        suggestions=hints)
 
     return await once_per_submission(db, submission_id, text,
                                      lambda sid: _rehearsal_turn_with_id(db, cipher, rehearsal_id, sid), write,
@@ -492,10 +513,12 @@ async def save_turn_readings(db: AsyncSession, cipher: UserCipher, turn: TurnVie
 
 
 async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
-                              results: list[PanelResult], submission_id: str | None = None) -> TurnView:
+                              results: list[PanelResult], submission_id: str | None = None, *,
+                              mood: str | None = None, suggested_actions: Sequence[str] = ()) -> TurnView:
     """Both phases at once, for a caller that has the readings already: save_rehearsal_exchange, then (unless that
     found the turn saved with ``submission_id``, which comes back as saved) save_turn_readings."""
-    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id)
+    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id, mood=mood,
+                                         suggested_actions=suggested_actions)
     if not turn.replayed:
         await save_turn_readings(db, cipher, turn, results)
     return turn
@@ -529,7 +552,8 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
     result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
     check_as_streamed(result)
     reply = result.envelope.message
-    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id)
+    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id,
+                                         mood=result.envelope.mood, suggested_actions=result.envelope.suggested_actions)
     if turn.replayed:
         return turn
     results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)

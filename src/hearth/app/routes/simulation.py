@@ -192,7 +192,7 @@ def _rehearsal_done(turn: svc.TurnView) -> bytes:
     """The ``done`` event. For a turn an earlier submission with the same id saved (``replayed``), it carries that
     turn's reply and readings, which the page shows instead of any it streamed for this submission."""
     doc = {"turn_id": turn.id, "ok": sum(r.ok for r in turn.results), "total": len(turn.results),
-           "message": turn.text, "replayed": turn.replayed}
+           "message": turn.text, "mood": turn.mood, "suggested_actions": turn.suggestions, "replayed": turn.replayed}
     if turn.replayed:
         doc["readings"] = [r.as_json() for r in turn.results]
     return sse("done", doc)
@@ -225,11 +225,15 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
                 result = value
         reply = result.envelope.message
         async with state.db.sessions() as db:
-            turn = await svc.save_rehearsal_exchange(db, viewer.cipher, rehearsal_id, text, reply, submission_id)
+            turn = await svc.save_rehearsal_exchange(db, viewer.cipher, rehearsal_id, text, reply, submission_id,
+                                                     mood=result.envelope.mood,
+                                                     suggested_actions=result.envelope.suggested_actions)
     except Exception as exc:  # noqa: BLE001 - reported to the page; the turn was not saved
         yield sse("error", {"message": stream_turn_failure(exc, "rehearsal turn", log, REHEARSAL_GONE)})
         return
-    yield sse("reply", {"message": reply})
+    # the reply as saved, with the person's mood and the coaching hints for the user's next line (a resend that
+    # raced the first gets the first's, in the ``done`` that follows)
+    yield sse("reply", {"message": reply, "mood": turn.mood, "suggested_actions": turn.suggestions})
     if turn.replayed:  # a resend that raced the first to the save: the first's panel reads it
         yield _rehearsal_done(turn)
         return

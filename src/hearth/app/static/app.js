@@ -305,6 +305,32 @@ function readingItem(data) {
   return li;
 }
 
+function showCoaching(reply, data) {
+  // a rehearsal reply's mood and the coaching hints for the user's next line, under the person's message as the
+  // page renders them (written outside the role, so set apart from it); shown again for a replayed turn
+  reply.querySelectorAll(":scope > .mood, :scope > .coaching").forEach((n) => n.remove());
+  const added = [];
+  if (data.mood) {
+    const mood = document.createElement("span");
+    mood.className = "mood"; mood.textContent = data.mood; added.push(mood);
+  }
+  if ((data.suggested_actions || []).length) {
+    const box = document.createElement("div");
+    box.className = "coaching";
+    const label = document.createElement("p");
+    label.className = "coaching-label"; label.textContent = "Coaching for your next line:";
+    const hints = document.createElement("ul");
+    hints.className = "hints";
+    for (const text of data.suggested_actions) {
+      const li = document.createElement("li");
+      li.textContent = text; hints.appendChild(li);
+    }
+    box.append(label, hints);
+    added.push(box);
+  }
+  reply.querySelector("p").after(...added);
+}
+
 function setupRehearsal(form) {
   // the agent's reply streams in, then the panel's readings arrive one by one; a failure is shown here
   // and the text goes back into the box (nothing was saved; or, after the reply, the exchange was saved and only
@@ -330,12 +356,14 @@ function setupRehearsal(form) {
     return (event, data) => {
       if (event === "reply") {
         reply.querySelector("p").textContent = data.message;
+        showCoaching(reply, data);
       } else if (event === "reading") {
         addReading(data);
       } else if (event === "done") {
         reply.dataset.id = data.turn_id;
         if (data.replayed) {  // an earlier send of this text saved the turn: show that one, not this one's
           setText(reply.querySelector("p"), data.message, "turn");
+          showCoaching(reply, data);
           if (details) details.remove();
           details = null; got = 0; ok = 0;
           for (const r of data.readings || []) addReading(r);

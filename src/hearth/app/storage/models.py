@@ -175,6 +175,9 @@ class RehearsalTurn(Base):
     rehearsal_id: Mapped[str] = mapped_column(String(32), ForeignKey("rehearsals.id", ondelete="CASCADE"))
     role: Mapped[str] = mapped_column(String(16))  # "user" | "agent"
     body_ct: Mapped[bytes] = mapped_column(LargeBinary)
+    # an agent turn's mood and suggested actions (the coaching hints), as Message.meta_ct; None: a user's turn, or
+    # one saved before schema 0007
+    meta_ct: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = _created()
     submission_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # as Message.submission_id
 
