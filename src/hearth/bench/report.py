@@ -14,7 +14,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from hearth.bench.providers import FUSED_PEERS, PROVIDERS
+from hearth.bench.cases import SPECS
+from hearth.bench.providers import FUSED_PEERS, PROVIDERS, applies
 from hearth.bench.timing import TIMING_METHOD
 
 STATUSES = ("ok", "wrong", "error", "oom", "refuses", "unavailable", "skipped")
@@ -66,9 +67,6 @@ def _replaces(new: dict, old: dict | None) -> bool:
 def _never_applies(r: dict) -> bool:
     """A row of a provider that can never run its op (providers.applies: Liger on attention, cuBLAS on rms_norm),
     written as 'skipped' by runs before the time-budget path left them out: no later run replaces it."""
-    from hearth.bench.cases import SPECS
-    from hearth.bench.providers import applies
-
     return r.get("op") in SPECS and r.get("provider") in PROVIDERS and not applies(r["op"], r["provider"])
 
 
