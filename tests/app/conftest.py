@@ -134,3 +134,15 @@ def serve_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HEARTH_MASTER_KEY", new_master_key_text())
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+async def save_rehearsal_turn(db, cipher, rehearsal_id: str, text: str, reply: str, results, submission_id=None):
+    """A rehearsal turn saved in both of its phases at once, for a test that has the panel's readings already:
+    simulation.save_rehearsal_exchange, then (unless that found the turn saved with ``submission_id``, which comes
+    back as saved) simulation.save_turn_readings."""
+    from hearth.app import simulation
+
+    turn = await simulation.save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id)
+    if not turn.replayed:
+        await simulation.save_turn_readings(db, cipher, turn, results)
+    return turn

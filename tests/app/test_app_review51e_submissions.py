@@ -25,7 +25,7 @@ from hearth.app.storage.models import Companion, Message, Reading, RehearsalTurn
 from tests.app.app_client import create_companion, signup, sse_events, start_rehearsal, streams_racing
 from tests.app.app_fakes import FakeModel, GatedModel
 from tests.app.app_schema import database_at, downgrade, insert_companion, scalars, upgrade_and_compare
-from tests.app.conftest import count_rows, running_app
+from tests.app.conftest import count_rows, running_app, save_rehearsal_turn
 
 pytestmark = pytest.mark.anyio
 _SID = re.compile(r'name="submission_id" value="([0-9a-f]{32})"')
@@ -183,7 +183,7 @@ async def test_schema_0004_matches_the_models_and_upgrades_and_downgrades_keepin
                                                   relationship="r")
             rid = await simulation.start_rehearsal(s, cipher, comp.id, agent.id)
             results = await simulation.run_panel(FakeModel(), "", "x", 5.0)
-            await simulation.save_rehearsal_turn(s, cipher, rid, "hi", "hello", results, uuid.uuid4().hex)
+            await save_rehearsal_turn(s, cipher, rid, "hi", "hello", results, uuid.uuid4().hex)
         await downgrade(database, "0003")
         counts = await scalars(database, *(f"select count(*) from {t}"
                                            for t in ("messages", "rehearsal_turns", "readings")))

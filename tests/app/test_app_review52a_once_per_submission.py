@@ -14,6 +14,7 @@ from hearth.app import accounts, companions, crypto, simulation
 from hearth.app.common import InputError, once_per_submission
 from hearth.app.storage.models import Companion, Message, Reading, RehearsalTurn, Situation, User, new_id, utcnow
 from tests.app.app_fakes import FakeModel
+from tests.app.conftest import save_rehearsal_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -85,13 +86,13 @@ async def test_a_rehearsal_turn_saved_again_with_its_id_comes_back_replayed(db, 
         comp = await companions.create_companion(s, cipher, persona="wren")
         agent = await simulation.create_agent(s, cipher, name="Sam", personality="p", backstory="b", relationship="r")
         rid = await simulation.start_rehearsal(s, cipher, comp.id, agent.id)
-        first = await simulation.save_rehearsal_turn(s, cipher, rid, "hi", "hello", results, sid)
+        first = await save_rehearsal_turn(s, cipher, rid, "hi", "hello", results, sid)
     async with db.sessions() as s:
-        again = await simulation.save_rehearsal_turn(s, cipher, rid, "hi", "another reply", [], sid)
+        again = await save_rehearsal_turn(s, cipher, rid, "hi", "another reply", [], sid)
         assert again.replayed and not first.replayed
         assert (again.id, again.role, again.text, len(again.results)) == (first.id, "agent", "hello", len(results))
         with pytest.raises(InputError, match="submission_id"):
-            await simulation.save_rehearsal_turn(s, cipher, rid, "hey", "hello", results, sid)
+            await save_rehearsal_turn(s, cipher, rid, "hey", "hello", results, sid)
         assert await simulation.saved_rehearsal_turn(s, cipher, rid, sid, "hi") == again
     assert (await _count(db, RehearsalTurn), await _count(db, Reading)) == (2, len(results))
 

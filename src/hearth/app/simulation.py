@@ -512,18 +512,6 @@ async def save_turn_readings(db: AsyncSession, cipher: UserCipher, turn: TurnVie
         return False
 
 
-async def save_rehearsal_turn(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, reply: str,
-                              results: list[PanelResult], submission_id: str | None = None, *,
-                              mood: str | None = None, suggested_actions: Sequence[str] = ()) -> TurnView:
-    """Both phases at once, for a caller that has the readings already: save_rehearsal_exchange, then (unless that
-    found the turn saved with ``submission_id``, which comes back as saved) save_turn_readings."""
-    turn = await save_rehearsal_exchange(db, cipher, rehearsal_id, text, reply, submission_id, mood=mood,
-                                         suggested_actions=suggested_actions)
-    if not turn.replayed:
-        await save_turn_readings(db, cipher, turn, results)
-    return turn
-
-
 def panel_note(turn: TurnView, analyst_timeout_s: float, now: datetime | None = None) -> str:
     """What the rehearsal page says of an agent turn without readings: "pending" while the panel may still be
     reading it (saved less than analyst_timeout_s + PANEL_MARGIN_S ago), "lost" after that (the process stopped
