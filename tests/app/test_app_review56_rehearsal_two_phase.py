@@ -12,6 +12,7 @@ analysts are held with events, never sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import uuid
 from datetime import timedelta
@@ -62,15 +63,25 @@ async def _wait(task: asyncio.Task, event: asyncio.Event) -> None:
     waiter.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _panel_reading(client, model: PanelHeld, rid: str, data: dict, headers: dict | None = None):
+    """A turn posted and held while the panel reads it (all five analysts asked): yields the turn's task; on the way
+    out, whatever happened inside, the analysts are released (the caller awaits the task)."""
+    turn = asyncio.create_task(client.post(f"/rehearsals/{rid}/turns", data=data, headers=headers or {}))
+    try:
+        await _wait(turn, model.reading)
+        yield turn
+    finally:
+        model.release.set()
+
+
 async def test_while_the_panel_reads_the_page_shows_the_exchange_pending_and_a_resend_saves_no_second_turn(
         make_settings, sqlite_url):
     model = PanelHeld()
     async with running_app(make_settings(sqlite_url), model=model) as (app, client):
         csrf, rid = await _setup(client)
         data = {"message": TEXT, "csrf": csrf, "submission_id": uuid.uuid4().hex}
-        turn = asyncio.create_task(client.post(f"/rehearsals/{rid}/turns", data=data, headers=STREAM))
-        try:
-            await _wait(turn, model.reading)
+        async with _panel_reading(client, model, rid, data, STREAM) as turn:
             # the user went to the companion and came back: the exchange is there, marked as still being read
             page = html.unescape((await client.get(f"/rehearsals/{rid}")).text)
             assert f"<p>{TEXT}</p>" in page and f"<p>Echo: {TEXT}</p>" in page, page[-1500:]
@@ -87,8 +98,6 @@ async def test_while_the_panel_reads_the_page_shows_the_exchange_pending_and_a_r
             assert sum(kind == "chat" for kind, _ in model.calls) == chats
             assert await count_rows(app, RehearsalTurn) == 2
             assert await count_rows(app, Reading) == 0
-        finally:
-            model.release.set()
         events = sse_events((await turn).text)
         assert [e for e, _ in events if e != "delta"] == ["reply"] + ["reading"] * 5 + ["done"]
         assert not events[-1][1]["replayed"] and events[-1][1]["total"] == 5
@@ -100,12 +109,8 @@ async def test_once_the_panel_has_read_the_page_shows_the_readings_and_no_pendin
     async with running_app(make_settings(sqlite_url), model=model) as (app, client):
         csrf, rid = await _setup(client)
         data = {"message": TEXT, "csrf": csrf, "submission_id": uuid.uuid4().hex}
-        turn = asyncio.create_task(client.post(f"/rehearsals/{rid}/turns", data=data, headers=STREAM))
-        try:
-            await _wait(turn, model.reading)
+        async with _panel_reading(client, model, rid, data, STREAM) as turn:
             assert PENDING in (await client.get(f"/rehearsals/{rid}")).text
-        finally:
-            model.release.set()
         done = sse_events((await turn).text)[-1]
         assert done[0] == "done" and done[1]["ok"] == 5
         page = html.unescape((await client.get(f"/rehearsals/{rid}")).text)
@@ -124,10 +129,7 @@ async def test_an_exchange_older_than_the_panel_can_take_without_readings_says_t
     settings = make_settings(sqlite_url)
     async with running_app(settings, model=model) as (app, client):
         csrf, rid = await _setup(client)
-        turn = asyncio.create_task(client.post(f"/rehearsals/{rid}/turns", data={"message": TEXT, "csrf": csrf},
-                                               headers=STREAM))
-        try:
-            await _wait(turn, model.reading)
+        async with _panel_reading(client, model, rid, {"message": TEXT, "csrf": csrf}, STREAM) as turn:
             async with app.state.hearth.db.sessions() as s, s.begin():  # as if it was said long ago
                 old = timedelta(seconds=settings.analyst_timeout_s + 120)
                 for row in (await s.execute(select(RehearsalTurn))).scalars():
@@ -135,8 +137,6 @@ async def test_an_exchange_older_than_the_panel_can_take_without_readings_says_t
                                     .values(created_at=row.created_at - old))
             page = html.unescape((await client.get(f"/rehearsals/{rid}")).text)
             assert f"<p>Echo: {TEXT}</p>" in page and NOT_SAVED in page and PENDING not in page
-        finally:
-            model.release.set()
         await turn
 
 
@@ -147,14 +147,9 @@ async def test_a_rehearsal_deleted_while_the_panel_reads_leaves_no_readings_and_
     async with running_app(make_settings(sqlite_url), model=model) as (app, client):
         csrf, rid = await _setup(client)
         data = {"message": TEXT, "csrf": csrf, "submission_id": uuid.uuid4().hex}
-        turn = asyncio.create_task(client.post(f"/rehearsals/{rid}/turns", data=data,
-                                               headers=STREAM if stream else {}))
-        try:
-            await _wait(turn, model.reading)
+        async with _panel_reading(client, model, rid, data, STREAM if stream else {}) as turn:
             assert await count_rows(app, RehearsalTurn) == 2
             assert (await client.post(f"/rehearsals/{rid}/delete", data={"csrf": csrf})).status_code == 303
-        finally:
-            model.release.set()
         answer = await turn
         if stream:  # the panel's readings still reach the page, then "done": nothing failed for the user
             events = sse_events(answer.text)
@@ -190,13 +185,9 @@ async def test_the_form_path_saves_the_exchange_before_the_panel_reads(make_sett
     model = PanelHeld()
     async with running_app(make_settings(sqlite_url), model=model) as (app, client):
         csrf, rid = await _setup(client)
-        turn = asyncio.create_task(client.post(f"/rehearsals/{rid}/turns", data={"message": TEXT, "csrf": csrf}))
-        try:
-            await _wait(turn, model.reading)
+        async with _panel_reading(client, model, rid, {"message": TEXT, "csrf": csrf}) as turn:
             page = html.unescape((await client.get(f"/rehearsals/{rid}")).text)
             assert f"<p>Echo: {TEXT}</p>" in page and PENDING in page
-        finally:
-            model.release.set()
         assert (await turn).status_code == 303
         assert (await count_rows(app, RehearsalTurn), await count_rows(app, Reading)) == (2, 5)
 
