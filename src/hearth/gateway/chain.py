@@ -285,16 +285,7 @@ class Chain:
               max_tokens: int | None = None, request_id: str | None = None) -> tuple[_Walk, list[Provider]]:
         """Check the arguments (ValueError, TypeError, UnknownModel: refused, not a request), pick the providers
         for `model` and start the request's clock; _plan_walk() plans the attempts."""
-        deadline_s = self._check(messages, kind, deadline_s)
-        # checked here, not by every provider: a bad one went out to each, each refused it (400) and the caller got
-        # AllProvidersFailed naming no argument
-        if max_tokens is not None:
-            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-                raise TypeError(f"max_tokens must be a positive int or None, got {type(max_tokens).__name__}")
-            if max_tokens < 1:
-                raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens}")
-        if request_id is not None and not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str or None, got {type(request_id).__name__}")
+        deadline_s = self._check(messages, kind, deadline_s, max_tokens, request_id)
         providers = self.providers_for(model)
         return _Walk(kind, deadline_s, time.monotonic(), [], [], [],
                      client_deadline=deadline_s < self.settings.deadline_s), providers
@@ -303,18 +294,28 @@ class Chain:
         w.plan, w.errors = await self._plan(providers, w.start + w.deadline_s)
         w.attempts = [(e.provider, label(e)) for e in w.errors]
 
-    def _check(self, messages: list[dict], kind: str, deadline_s: float | None) -> float:
+    def _check(self, messages: list[dict], kind: str, deadline_s: float | None, max_tokens: int | None = None,
+               request_id: str | None = None) -> float:
+        """The request's arguments checked (ValueError / TypeError naming the bad one) before any provider sees them
+        (a bad max_tokens went out to each, each refused it with a 400, and the caller got AllProvidersFailed naming
+        no argument); returns the deadline in seconds."""
         if kind not in REPLY_KINDS:
             raise ValueError(f"kind must be one of {REPLY_KINDS}, got {kind!r}")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise TypeError("messages must be a non-empty list of dicts ({'role': ..., 'content': ...})")
-        if deadline_s is None:
-            return self.settings.deadline_s
-        if not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool):
-            raise TypeError(f"deadline_s must be a number of seconds or None, got {type(deadline_s).__name__}")
-        if not deadline_s > 0:
-            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-        return float(deadline_s)
+        if deadline_s is not None:
+            if not isinstance(deadline_s, (int, float)) or isinstance(deadline_s, bool):
+                raise TypeError(f"deadline_s must be a number of seconds or None, got {type(deadline_s).__name__}")
+            if not deadline_s > 0:
+                raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        if max_tokens is not None:
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+                raise TypeError(f"max_tokens must be a positive int or None, got {type(max_tokens).__name__}")
+            if max_tokens < 1:
+                raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens}")
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str or None, got {type(request_id).__name__}")
+        return self.settings.deadline_s if deadline_s is None else float(deadline_s)
 
     # ------------------------------------------------------------------ outcomes
     async def _begin(self, a: _Attempt, w: _Walk) -> bool:
