@@ -167,6 +167,13 @@ function streamTurns(form, list, error, lost, start) {
   });
 }
 
+function moodTag(mood) {
+  // a reply's mood as the pages show it (the companion's in chat, the person's in a rehearsal)
+  const tag = document.createElement("span");
+  tag.className = "mood"; tag.textContent = mood;
+  return tag;
+}
+
 function setupChat(form) {
   const list = document.getElementById("messages");
   const error = document.getElementById("chat-error");
@@ -182,10 +189,7 @@ function setupChat(form) {
     setText(reply.querySelector("p"), data.message, "message");
     reply.dataset.id = data.reply_id;
     mine.dataset.id = data.user_message_id;
-    if (data.mood) {
-      const mood = document.createElement("span");
-      mood.className = "mood"; mood.textContent = data.mood; reply.appendChild(mood);
-    }
+    if (data.mood) reply.appendChild(moodTag(data.mood));
     updateStage(data);
     addMemories(data.memories || []);
     document.querySelectorAll("#messages .suggestions").forEach((n) => n.remove());
@@ -310,10 +314,7 @@ function showCoaching(reply, data) {
   // page renders them (written outside the role, so set apart from it); shown again for a replayed turn
   reply.querySelectorAll(":scope > .mood, :scope > .coaching").forEach((n) => n.remove());
   const added = [];
-  if (data.mood) {
-    const mood = document.createElement("span");
-    mood.className = "mood"; mood.textContent = data.mood; added.push(mood);
-  }
+  if (data.mood) added.push(moodTag(data.mood));
   if ((data.suggested_actions || []).length) {
     const box = document.createElement("div");
     box.className = "coaching";
