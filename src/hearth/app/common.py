@@ -1,14 +1,15 @@
 """Small helpers shared by the app's services: the not-found error, input text checks, saving a resent turn
-once, encrypt/decrypt of one model field (table + record id + field bound as associated data), and reading the
-sealed texts of a page so that one damaged row does not take the page down (Readable)."""
+once, reading the rows of a list of ids that may be too long for one statement (rows_in), encrypt/decrypt of one
+model field (table + record id + field bound as associated data), and reading the sealed texts of a page so that
+one damaged row does not take the page down (Readable)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import Select, and_, delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,6 +26,10 @@ FORM_TEXT_MAX = 50000
 # break of a text box as CR LF, two characters where the box's maxlength and clean_text count one, so a text of
 # FORM_TEXT_MAX characters may arrive as up to twice as many
 FORM_FIELD_MAX = 2 * FORM_TEXT_MAX
+# the most ids one statement of rows_in binds: PostgreSQL's protocol carries at most 32767 bound parameters a
+# statement (asyncpg refuses more) and SQLite caps them too (SQLITE_MAX_VARIABLE_NUMBER: 32766 since 3.32, 999
+# before), so a list of ids that grows with what a user wrote (all their posts for the export) goes in chunks
+IN_CHUNK = 1000
 
 
 class NotFound(LookupError):
@@ -66,6 +71,21 @@ async def page_before(db: AsyncSession, model: Any, scope: tuple, *, limit: int,
     rows = (await db.execute(query.order_by(model.created_at.desc(), model.id.desc()).limit(limit + 1))
             ).scalars().all()
     return list(rows[:limit]), (rows[limit - 1].id if len(rows) > limit else None)
+
+
+async def rows_in(db: AsyncSession, query: Select, column: Any, ids: Sequence[Any], *,
+                  scalars: bool = False) -> list:
+    """Inside an open transaction: the rows of ``query`` whose ``column`` is one of ``ids`` (``query.where(
+    column.in_(ids))``), asked IN_CHUNK ids a statement so that no list of ids is too long for the database;
+    ``scalars``: the first entity of each row, as ``.scalars()``. No ids: no statement, no rows. A repeated id
+    counts once, as in one IN. Rows come chunk after chunk: ``query``'s ORDER BY holds within a chunk, so among
+    the rows of any one id (they all come in that id's chunk), not across ids of different chunks."""
+    ids = list(dict.fromkeys(ids))
+    rows: list = []
+    for start in range(0, len(ids), IN_CHUNK):
+        result = await db.execute(query.where(column.in_(ids[start:start + IN_CHUNK])))
+        rows.extend(result.scalars().all() if scalars else result.all())
+    return rows
 
 
 async def delete_owned(db: AsyncSession, model: Any, user_id: str, record_id: str, what: str) -> None:

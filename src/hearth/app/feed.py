@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth import prompts
 from hearth.app.common import (LEFT_OUT, InputError, Readable, check_submission_id, clean_text, delete_owned,
-                               once_per_submission, page_before, seal, seal_json, unseal, unseal_json)
+                               once_per_submission, page_before, rows_in, seal, seal_json, unseal, unseal_json)
 from hearth.app.companions import CompanionView, context_for, get_shared_context, list_companions
 from hearth.app.crypto import UserCipher
 from hearth.app.storage.models import Comment, Companion, Post, new_id, utcnow
@@ -83,10 +83,11 @@ async def _commenters(db: AsyncSession, cipher: UserCipher, limit: int, readable
 
 async def _comment_views(db: AsyncSession, cipher: UserCipher, post_ids: list[str],
                          readable: Readable) -> dict[str, list[CommentView]]:
-    """Inside an open transaction: the comments on these posts, oldest first, by post id."""
-    comments = (await db.execute(select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
-                                 .where(Comment.post_id.in_(post_ids), Comment.user_id == cipher.user_id)
-                                 .order_by(Comment.created_at))).all() if post_ids else []
+    """Inside an open transaction: the comments on these posts, oldest first, by post id (all of a post's come in
+    one chunk of rows_in, ordered there)."""
+    comments = await rows_in(db, select(Comment, Companion).join(Companion, Companion.id == Comment.companion_id)
+                             .where(Comment.user_id == cipher.user_id).order_by(Comment.created_at),
+                             Comment.post_id, post_ids)
     by_post: dict[str, list[CommentView]] = {}
     for c, comp in comments:
         if c.tone:  # written before the tone was sealed: the body is the bare comment text

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from hearth import prompts
 from hearth.app.common import (LEFT_OUT, UNREADABLE_NAME, InputError, NotFound, Readable, UnreadableText,
                                check_owned, check_submission_id, clean_text, delete_owned, once_per_submission,
-                               page_before, reading, seal, seal_json, strict, unseal, unseal_json)
+                               page_before, reading, rows_in, seal, seal_json, strict, unseal, unseal_json)
 from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed, describe_failure, failure_for_log
@@ -242,8 +242,8 @@ async def situations_page(db: AsyncSession, cipher: UserCipher, companion_id: st
                                                          Situation.user_id == cipher.user_id),
                                         limit=limit, before=before, what="situation")
         ids = [r.id for r in rows]
-        readings = (await db.execute(select(Reading).where(Reading.situation_id.in_(ids),
-                                                           Reading.user_id == cipher.user_id))).scalars().all() if ids else []
+        readings = await rows_in(db, select(Reading).where(Reading.user_id == cipher.user_id), Reading.situation_id,
+                                 ids, scalars=True)
         by_sit: dict[str, list[Reading]] = {}
         for rd in readings:
             by_sit.setdefault(rd.situation_id, []).append(rd)
@@ -375,7 +375,7 @@ async def get_rehearsal(db: AsyncSession, cipher: UserCipher, rehearsal_id: str,
         turns = (await db.execute(select(RehearsalTurn).where(RehearsalTurn.rehearsal_id == reh.id)
                                   .order_by(RehearsalTurn.created_at))).scalars().all()
         ids = [t.id for t in turns]
-        readings = (await db.execute(select(Reading).where(Reading.turn_id.in_(ids)))).scalars().all() if ids else []
+        readings = await rows_in(db, select(Reading), Reading.turn_id, ids, scalars=True)
         by_turn: dict[str, list[Reading]] = {}
         for rd in readings:
             by_turn.setdefault(rd.turn_id, []).append(rd)
