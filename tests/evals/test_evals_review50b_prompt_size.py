@@ -24,6 +24,7 @@ from hearth.app import simulation
 from hearth.app.companions import MAX_CONTEXT, ChatContext, CompanionView, MessageView, chat_messages
 from hearth.app.relationship import STAGES as APP_STAGES, Standing
 from hearth.app.settings import AppSettings
+from hearth.app.textlimits import AGENT_FIELD_LIMITS
 from hearth.envelope import ChatReply
 from hearth.evals.suites import HERE, SUITES, load_suite
 
@@ -99,8 +100,7 @@ def test_a_rehearsal_at_full_length_with_the_companions_memories_in_its_panel_co
     assert len(memories) == MEMORIES and companion
     _at_the_cap(largest.spec["shared_context"])
     agent = largest.spec["rehearsal"]
-    assert len(agent["name"]) <= 60 and all(len(agent[f]) <= simulation.MAX_AGENT_FIELD
-                                            for f in ("personality", "backstory", "relationship"))
+    assert all(len(agent[f]) <= limit for f, limit in AGENT_FIELD_LIMITS.items())
     assert f"What {companion}, the user's companion, remembers" in largest.system_prompt()
 
     # what the app sends: simulation.panel_context (the companion's latest memories after the shared context),

@@ -36,11 +36,9 @@ from hearth.app.model import check_as_streamed
 from hearth.app.relationship import Standing, standing
 from hearth.app.storage.db import scrub_deleted
 from hearth.app.storage.models import Companion, Memory, Message, User, new_id, utcnow
+from hearth.app.textlimits import MAX_CONTEXT, MAX_NAME, MAX_PERSONA
 from hearth.envelope import ChatReply
 
-MAX_NAME = 60
-MAX_PERSONA = 4000
-MAX_CONTEXT = 8000
 MAX_MEMORIES_KEPT = 200  # per companion; the oldest go first
 
 

@@ -44,8 +44,8 @@ from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed, describe_failure, failure_for_log
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
                                        utcnow)
+from hearth.app.textlimits import AGENT_FIELD_LIMITS
 
-MAX_AGENT_FIELD = 2000
 # how long past analyst_timeout_s an agent turn without readings is shown as still being read (panel_note): the
 # panel's backstop (_ask_analyst) and the readings' commit
 PANEL_MARGIN_S = 15.0
@@ -270,7 +270,7 @@ class AgentView:  # a field is None when its sealed text does not open (a damage
         return self.name if self.name is not None else UNREADABLE_NAME
 
 
-_AGENT_FIELDS = ("name", "personality", "backstory", "relationship")
+_AGENT_FIELDS = tuple(AGENT_FIELD_LIMITS)  # name, personality, backstory, relationship
 
 
 def _agent_view(cipher: UserCipher, row: Agent, readable: Any = strict) -> AgentView:
@@ -283,8 +283,7 @@ async def create_agent(db: AsyncSession, cipher: UserCipher, **fields: str) -> A
     if unknown:
         raise TypeError(f"unexpected fields: {sorted(unknown)}")
     row = Agent(id=new_id(), user_id=cipher.user_id)
-    for f in _AGENT_FIELDS:
-        limit = 60 if f == "name" else MAX_AGENT_FIELD
+    for f, limit in AGENT_FIELD_LIMITS.items():
         setattr(row, f"{f}_ct", seal(cipher, row, f"{f}_ct", clean_text(fields.get(f), f, limit)))
     async with db.begin():
         db.add(row)
