@@ -14,7 +14,8 @@ object; it is validated with hearth.envelope and serialised with ``envelope.dump
 trains on exactly the text the app parses. The system prompt comes from hearth.prompts, i.e. at
 production size, and each example is the request the app sends at that turn (conversation_examples: its last
 CHAT_CONTEXT_TURNS earlier turns, its latest PROMPT_MEMORIES memories, growing with what the replies list, the
-user's texts as the app stores them; a feed or analyst conversation is one exchange).
+relationship stage, moved by the replies' affection and trust as hearth.app.relationship moves it, the user's texts
+as the app stores them; a feed or analyst conversation is one exchange).
 
 Output (OUT_DIR): train.jsonl (one example per assistant turn: input_ids + labels with -100 outside
 the reply + turns, the token where each message starts, when a tokenizer is given, else text + trained character spans), rejected.jsonl (line,
@@ -32,8 +33,11 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
+# the app's ladder (a pure module: importing it loads nothing of the app's database or crypto)
+from hearth.app.relationship import STAGES as LADDER
+from hearth.app.relationship import standing
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, dumps, unique_keys
-from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, STAGES, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
+from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
 
@@ -42,14 +46,14 @@ TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
 
 # What one app request carries, so that each example's prompt is the one the app sends at that turn: the app's
 # defaults (hearth.app.settings.AppSettings: chat_context_turns, prompt_memories) and limits (hearth.app.companions:
-# MAX_CONTEXT, MAX_PERSONA, MAX_MEMORIES_KEPT; its stages, hearth.app.relationship). Not imported: the corpus
-# builder does not load the app (its database and crypto); tests/train/test_train_review50b_corpus.py keeps them equal.
+# MAX_CONTEXT, MAX_PERSONA, MAX_MEMORIES_KEPT). Not imported: the corpus builder does not load the app (its database
+# and crypto); tests/train/test_train_review50b_corpus.py keeps them equal. The stages are the app's own (LADDER).
 CHAT_CONTEXT_TURNS = 20  # earlier turns (a user message and the reply) a chat or a rehearsal sends back
 PROMPT_MEMORIES = 30  # the companion's latest memories in its prompt (and in a rehearsal's / the panel's context)
 MAX_MEMORIES_KEPT = 200  # the app keeps a companion's latest 200 memories
 MAX_CONTEXT = 8000  # characters of shared context the app stores
 MAX_PERSONA = 4000  # characters of a custom persona
-APP_STAGES = tuple(STAGES)  # the app's ladder has these keys (tests/app/test_app_review50b_stages.py)
+APP_STAGES = tuple(key for key, *_ in LADDER)  # the stages the app sends (hearth.prompts.STAGES' keys, a test holds)
 HISTORY_PROMPTS = ("companion", "rehearsal")  # the app sends earlier turns with these; feed and analyst go alone
 
 
@@ -157,9 +161,46 @@ def _target(turn: dict, kind: str, index: int, conv: dict) -> tuple[str, str, An
         raise CorpusError(f"turns[{index}].envelope.{exc.field}: {exc.reason}") from None
 
 
-def _app_spec(conv: dict) -> dict:
+def stage_start(stage: str) -> tuple[int, int]:
+    """(affection, trust): the totals a companion chat starts from when its conversation gives a ``stage`` and no
+    totals: the lowest at which the app's ladder reaches that stage (trust at its gate, or 0 where the stage has
+    none; affection the rest of the stage's score, or 0), as if the companion had just got there. stranger is
+    (0, 0), where the app starts every companion. KeyError for a stage the ladder does not have."""
+    for key, _label, min_score, min_trust in LADDER:
+        if key == stage:
+            trust = max(min_trust, 0)
+            return max(min_score - trust, 0), trust
+    raise KeyError(stage)
+
+
+def _start_totals(conv: dict) -> tuple[int, int] | None:
+    """The companion's (affection, trust) when a companion chat starts, as the app stores them: the conversation's
+    own ``affection`` and ``trust`` (both, integers; a ``stage`` given beside them must be the one they reach), else
+    stage_start(its stage); None where the stage is missing or not the app's (system_prompt_for / _app_spec name
+    it)."""
+    given = [k for k in ("affection", "trust") if k in conv]
+    stage = conv.get("stage")
+    if not given:
+        return stage_start(stage) if isinstance(stage, str) and stage in APP_STAGES else None
+    if len(given) == 1:
+        other = "trust" if given == ["affection"] else "affection"
+        raise CorpusError(f"{other}: missing beside {given[0]!r} (the companion's two running totals when the "
+                          "conversation starts: give both, or neither and a stage)")
+    for k in ("affection", "trust"):
+        if not isinstance(conv[k], int) or isinstance(conv[k], bool):
+            raise CorpusError(f"{k}: the companion's running total must be an integer, got {type(conv[k]).__name__}")
+    totals = conv["affection"], conv["trust"]
+    reached = standing(*totals).key
+    if stage is not None and stage != reached:
+        raise CorpusError(f"stage: {str(stage)[:60]!r}, but affection {totals[0]} and trust {totals[1]} are the "
+                          f"app's {reached!r} (hearth.app.relationship); give the totals alone, or a stage they reach")
+    return totals
+
+
+def _app_spec(conv: dict) -> tuple[dict, tuple[int, int] | None]:
     """The conversation's prompt fields as the app holds them (clean), or CorpusError for what the app cannot send:
-    a shared context or custom persona over its limits, a world view or stage it does not have."""
+    a shared context or custom persona over its limits, a world view or stage it does not have; and a companion
+    chat's starting totals (_start_totals; None for any other prompt)."""
     spec = dict(conv)
     shared = conv.get("shared_context")
     if isinstance(shared, str):
@@ -183,7 +224,14 @@ def _app_spec(conv: dict) -> dict:
         raise CorpusError(f"world_view: the app offers {', '.join(WORLD_VIEWS)}, got {conv['world_view'][:60]!r}")
     if prompt == "companion" and isinstance(conv.get("stage"), str) and conv["stage"] not in APP_STAGES:
         raise CorpusError(f"stage: the app sends one of its stages ({', '.join(APP_STAGES)}), got {conv['stage'][:60]!r}")
-    return spec
+    totals = None
+    if prompt == "companion":
+        totals = _start_totals(conv)  # the stage the examples send is the one these reach (conversation_examples)
+    elif prompt in ("feed", "analyst", "rehearsal") and ("affection" in conv or "trust" in conv):
+        which = "affection" if "affection" in conv else "trust"
+        raise CorpusError(f"{which}: only a companion chat has relationship totals (the app moves them with chat "
+                          f"replies and sends the stage in the companion prompt), not a {prompt} conversation")
+    return spec, totals
 
 
 def _clean_fields(obj: dict) -> dict:
@@ -217,8 +265,10 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
     Each example's prompt is the app's request at that turn: its last ``context_turns`` earlier turns (companion
     chats and rehearsals; feed comments and analyst readings go with none, so such a conversation is one exchange),
     the latest ``prompt_memories`` memories (a companion chat's grow as the app stores what its replies list:
-    ``memories`` is what the companion remembers when the conversation starts), and the user's texts as the app
-    stores them (clean)."""
+    ``memories`` is what the companion remembers when the conversation starts), a companion chat's relationship
+    stage (each reply's affection and trust added to the totals, as the app's save_turn adds them, and the stage
+    hearth.app.relationship.standing gives the new totals sent from the next request on; the conversation gives the
+    start: _start_totals), and the user's texts as the app stores them (clean)."""
     if not isinstance(conv, dict):
         raise CorpusError(f"a conversation must be a JSON object, got {type(conv).__name__}")
     broken = _lone_surrogate(conv)
@@ -226,15 +276,18 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
         raise CorpusError(f"{broken}: holds a lone surrogate escape such as \\udc00 (half a character), not valid "
                           "Unicode text")
     conv_id = _field(conv, "id")
-    spec = _app_spec(conv)
+    spec, totals = _app_spec(conv)
     memories = spec.get("memories")
 
-    def prompt_for(known) -> tuple[str, str]:
+    def prompt_for(known, totals) -> tuple[str, str]:
+        now = dict(spec)
+        if totals is not None:  # the stage the app reads from the companion's totals before it asks the model
+            now["stage"] = standing(*totals).key
         if isinstance(known, list):  # anything else: system_prompt_for names it
-            return system_prompt({**spec, "memories": known[-prompt_memories:] if prompt_memories else []})
-        return system_prompt(spec)
+            now["memories"] = known[-prompt_memories:] if prompt_memories else []
+        return system_prompt(now)
 
-    kind, system = prompt_for(memories)
+    kind, system = prompt_for(memories, totals)
     prompt = spec.get("prompt") or DEFAULT_PROMPT[kind]
     turns = _field(conv, "turns", list)
     if not turns:
@@ -275,10 +328,14 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
             raise CorpusError(str(exc)) from None
         # later examples see this reply as the app sends it back: its message text, not the envelope
         messages.append({"role": "assistant", "content": as_history})
-        if prompt == "companion" and isinstance(memories, list):
-            # the app stores the memories a chat reply lists with the turn: the next turn's prompt carries them
-            memories = remember(memories, list(envelope.memories))
-            kind, system = prompt_for(memories)
+        if prompt == "companion":
+            # the app saves with the turn the memories a chat reply lists and adds its affection and trust to the
+            # companion's totals (companions.save_turn): the next turn's prompt carries them, and the stage they reach
+            if isinstance(memories, list):
+                memories = remember(memories, list(envelope.memories))
+            if totals is not None:
+                totals = totals[0] + envelope.affection, totals[1] + envelope.trust
+            kind, system = prompt_for(memories, totals)
         examples.append(Example(id=f"{conv_id}#{i}", line=line, kind=kind, rendered=rendered))
     if turns[-1].get("role") != "assistant":
         raise CorpusError("the last turn must be an assistant turn (a trailing user turn has no target)")
