@@ -36,6 +36,8 @@ from pydantic import ValidationError
 # the app's ladder (a pure module: importing it loads nothing of the app's database or crypto)
 from hearth.app.relationship import STAGES as LADDER
 from hearth.app.relationship import standing
+# the app's limits on what a user writes about a companion and a rehearsed person (a module that imports nothing)
+from hearth.app.textlimits import AGENT_FIELD_LIMITS, MAX_CONTEXT, MAX_NAME, MAX_PERSONA
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
@@ -45,14 +47,13 @@ IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
 
 # What one app request carries, so that each example's prompt is the one the app sends at that turn: the app's
-# defaults (hearth.app.settings.AppSettings: chat_context_turns, prompt_memories) and limits (hearth.app.companions:
-# MAX_CONTEXT, MAX_PERSONA, MAX_MEMORIES_KEPT). Not imported: the corpus builder does not load the app (its database
-# and crypto); tests/train/test_train_review50b_corpus.py keeps them equal. The stages are the app's own (LADDER).
+# defaults (hearth.app.settings.AppSettings: chat_context_turns, prompt_memories) and the number of memories it keeps
+# (hearth.app.companions.MAX_MEMORIES_KEPT). Not imported: the corpus builder does not load the app (its database and
+# crypto); tests/train/test_train_review50b_corpus.py keeps them equal. The stages (LADDER) and the text limits
+# (MAX_CONTEXT, MAX_PERSONA, MAX_NAME, AGENT_FIELD_LIMITS) are the app's own, from its modules that import nothing.
 CHAT_CONTEXT_TURNS = 20  # earlier turns (a user message and the reply) a chat or a rehearsal sends back
 PROMPT_MEMORIES = 30  # the companion's latest memories in its prompt (and in a rehearsal's / the panel's context)
 MAX_MEMORIES_KEPT = 200  # the app keeps a companion's latest 200 memories
-MAX_CONTEXT = 8000  # characters of shared context the app stores
-MAX_PERSONA = 4000  # characters of a custom persona
 APP_STAGES = tuple(key for key, *_ in LADDER)  # the stages the app sends (hearth.prompts.STAGES' keys, a test holds)
 HISTORY_PROMPTS = ("companion", "rehearsal")  # the app sends earlier turns with these; feed and analyst go alone
 
@@ -197,10 +198,26 @@ def _start_totals(conv: dict) -> tuple[int, int] | None:
     return totals
 
 
+def _check_person(person: dict, where: str) -> None:
+    """CorpusError for a field of the rehearsed person (``where``.field, cleaned) the app would not store: empty, or
+    longer than its limit (hearth.app.textlimits.AGENT_FIELD_LIMITS, what simulation.create_agent enforces). A field
+    missing or not text is left to hearth.prompts to name."""
+    for name, limit in AGENT_FIELD_LIMITS.items():
+        value = person.get(name)
+        if not isinstance(value, str):
+            continue
+        if not value:
+            raise CorpusError(f"{where}.{name}: must not be empty (the app asks for every field of the person)")
+        if len(value) > limit:
+            raise CorpusError(f"{where}.{name}: {len(value)} characters, over the app's {limit} for the rehearsed "
+                              f"person's {name} (the app stores no longer one)")
+
+
 def _app_spec(conv: dict) -> tuple[dict, tuple[int, int] | None]:
     """The conversation's prompt fields as the app holds them (clean), or CorpusError for what the app cannot send:
-    a shared context or custom persona over its limits, a world view or stage it does not have; and a companion
-    chat's starting totals (_start_totals; None for any other prompt)."""
+    a shared context, custom persona, companion name or field of the rehearsed person over its limits (or a field of
+    the person empty), a world view or stage it does not have; and a companion chat's starting totals
+    (_start_totals; None for any other prompt)."""
     spec = dict(conv)
     shared = conv.get("shared_context")
     if isinstance(shared, str):
@@ -216,8 +233,12 @@ def _app_spec(conv: dict) -> tuple[dict, tuple[int, int] | None]:
                               "custom persona")
     if isinstance(conv.get("companion"), str):
         spec["companion"] = clean(conv["companion"])
+        if len(spec["companion"]) > MAX_NAME:
+            raise CorpusError(f"companion: {len(spec['companion'])} characters, over the app's {MAX_NAME} for a "
+                              "companion's name")
     if isinstance(conv.get("rehearsal"), dict):  # the rehearsed person's fields, as the app stores them (create_agent)
         spec["rehearsal"] = _clean_fields(conv["rehearsal"])
+        _check_person(spec["rehearsal"], "rehearsal")
     prompt = conv.get("prompt") or DEFAULT_PROMPT.get(conv.get("kind"))
     if prompt in ("companion", "feed") and isinstance(conv.get("world_view"), str) \
             and conv["world_view"] not in WORLD_VIEWS:
@@ -309,8 +330,11 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                 if prompt != "analyst":  # the app writes this message for the panel's analysts only
                     raise CorpusError(f"turns[{i}].after_rehearsal: only an analyst conversation reads a rehearsal "
                                       f"exchange (the app sends it to the panel), not a {prompt} one")
+                exchange = _app_exchange(turn["after_rehearsal"])
+                if isinstance(exchange, dict) and isinstance(exchange.get("rehearsal"), dict):
+                    _check_person(exchange["rehearsal"], f"turns[{i}].after_rehearsal.rehearsal")  # as the app stores
                 try:
-                    content = rehearsal_exchange_for(_app_exchange(turn["after_rehearsal"]))
+                    content = rehearsal_exchange_for(exchange)
                 except (TypeError, ValueError) as exc:
                     raise CorpusError(f"turns[{i}].after_rehearsal: {exc}") from None
             else:
