@@ -42,6 +42,7 @@ from hearth.app.model import (SETUP_SNIPPET, ModelUnavailable, NoModel, build_ba
 from hearth.app.settings import AppSettings, SettingsError, load_settings
 from hearth.app.startup import StartupError, prepare
 from hearth.app.storage import create_database
+from hearth.app.textlimits import AGENT_FIELD_LIMITS, MAX_CONTEXT, MAX_NAME, MAX_PERSONA
 from hearth.app.throttle import Throttle, parse_networks
 
 log = logging.getLogger("hearth.app")
@@ -51,6 +52,10 @@ HERE = Path(__file__).parent
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["setup_snippet"] = SETUP_SNIPPET
+    # the companion's and the rehearsed person's text boxes take what the server takes (hearth.app.textlimits);
+    # the message boxes' max_text_chars comes from the settings, in create_app
+    templates.env.globals.update(max_name=MAX_NAME, max_persona=MAX_PERSONA, max_context=MAX_CONTEXT,
+                                 agent_field_limits=AGENT_FIELD_LIMITS)
     return templates
 
 

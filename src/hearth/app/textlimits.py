@@ -2,7 +2,8 @@
 (common.clean_text: stripped, CRLF as LF); the app refuses a longer one (InputError naming the field).
 
 A module of its own that imports nothing, so the corpus builder (hearth.train.corpus) refuses what the app refuses
-with these same numbers, without loading the app (its database and crypto).
+with these same numbers, without loading the app (its database and crypto). The forms' text boxes take their
+maxlength from here too (main._templates); the message boxes take the settings' max_text_chars (main.create_app).
 """
 
 from __future__ import annotations
