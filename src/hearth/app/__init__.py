@@ -19,7 +19,8 @@ Layout (one job per module):
     model.py         the seam to the gateway chain (in process), NoModel + set-up snippet
     companions.py    companions, shared context, chat turns (one transaction per turn), clearing
     relationship.py  stages from accumulated affection / trust
-    textlimits.py    how long a companion's and a rehearsed person's texts may be (imports nothing: the corpus uses it)
+    textlimits.py    how long a companion's and a rehearsed person's texts may be, and max_text_chars' default
+                     (imports nothing: the corpus uses it)
     simulation.py    the five-analyst panel, agents, rehearsals
     feed.py          posts and companion comments
     streamtext.py    the streamed message preview

@@ -31,6 +31,7 @@ from hearth.app.common import FORM_TEXT_MAX
 from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
+from hearth.app.textlimits import DEFAULT_MAX_TEXT_CHARS
 from hearth.app.throttle import Budget, Policy, parse_networks
 from hearth.envelope import REPLY_DEADLINE_S
 
@@ -78,7 +79,8 @@ class AppSettings(BaseModel):
     cookie_secure: bool = True
     session_ttl_s: int = Field(14 * 24 * 3600, ge=60, le=MAX_SESSION_TTL_S)
     max_body_bytes: int = Field(128 * 1024, ge=1024)  # at least what the longest text needs (below)
-    max_text_chars: int = Field(4000, ge=10, le=FORM_TEXT_MAX)  # the forms' own cap (common.FORM_TEXT_MAX)
+    # default in hearth.app.textlimits (the corpus builder reads it there); at most the forms' own cap, FORM_TEXT_MAX
+    max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, ge=10, le=FORM_TEXT_MAX)
     # login / signup throttling (hearth.app.throttle): free attempts, then a doubling delay up to the cap
     login_free_attempts: int = Field(5, ge=1)
     login_backoff_base_s: float = Field(1.0, gt=0)

@@ -15,7 +15,7 @@ trains on exactly the text the app parses. The system prompt comes from hearth.p
 production size, and each example is the request the app sends at that turn (conversation_examples: its last
 CHAT_CONTEXT_TURNS earlier turns, its latest PROMPT_MEMORIES memories, growing with what the replies list, the
 relationship stage, moved by the replies' affection and trust as hearth.app.relationship moves it, the user's texts
-as the app stores them; a feed or analyst conversation is one exchange).
+as the app stores them, each within the app's max_text_chars; a feed or analyst conversation is one exchange).
 
 Output (OUT_DIR): train.jsonl (one example per assistant turn: input_ids + labels with -100 outside
 the reply + turns, the token where each message starts, when a tokenizer is given, else text + trained character spans), rejected.jsonl (line,
@@ -36,8 +36,9 @@ from pydantic import ValidationError
 # the app's ladder (a pure module: importing it loads nothing of the app's database or crypto)
 from hearth.app.relationship import STAGES as LADDER
 from hearth.app.relationship import standing
-# the app's limits on what a user writes about a companion and a rehearsed person (a module that imports nothing)
-from hearth.app.textlimits import AGENT_FIELD_LIMITS, MAX_CONTEXT, MAX_NAME, MAX_PERSONA
+# the app's limits on what a user writes about a companion and a rehearsed person, and the default of the setting that
+# bounds what a user sends (a module that imports nothing)
+from hearth.app.textlimits import AGENT_FIELD_LIMITS, DEFAULT_MAX_TEXT_CHARS, MAX_CONTEXT, MAX_NAME, MAX_PERSONA
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
@@ -50,12 +51,16 @@ TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
 # defaults (hearth.app.settings.AppSettings: chat_context_turns, prompt_memories) and the number of memories it keeps
 # (hearth.app.companions.MAX_MEMORIES_KEPT). Not imported: the corpus builder does not load the app (its database and
 # crypto); tests/train/test_train_review50b_corpus.py keeps them equal. The stages (LADDER) and the text limits
-# (MAX_CONTEXT, MAX_PERSONA, MAX_NAME, AGENT_FIELD_LIMITS) are the app's own, from its modules that import nothing.
+# (MAX_CONTEXT, MAX_PERSONA, MAX_NAME, AGENT_FIELD_LIMITS, and DEFAULT_MAX_TEXT_CHARS, the default of the setting
+# max_text_chars) are the app's own, from its modules that import nothing.
 CHAT_CONTEXT_TURNS = 20  # earlier turns (a user message and the reply) a chat or a rehearsal sends back
 PROMPT_MEMORIES = 30  # the companion's latest memories in its prompt (and in a rehearsal's / the panel's context)
 MAX_MEMORIES_KEPT = 200  # the app keeps a companion's latest 200 memories
 APP_STAGES = tuple(key for key, *_ in LADDER)  # the stages the app sends (hearth.prompts.STAGES' keys, a test holds)
 HISTORY_PROMPTS = ("companion", "rehearsal")  # the app sends earlier turns with these; feed and analyst go alone
+# what a user turn's content is in the app, for each prompt: the text it holds to max_text_chars (routes.companions,
+# routes.feed, routes.simulation: clean_text(..., max_text_chars))
+SENT_TEXT = {"companion": "chat message", "rehearsal": "rehearsal line", "feed": "feed post", "analyst": "situation"}
 
 
 def clean(text: str) -> str:
@@ -259,6 +264,26 @@ def _clean_fields(obj: dict) -> dict:
     return {k: clean(v) if isinstance(v, str) else v for k, v in obj.items()}
 
 
+def _check_sent(text: str, where: str, what: str, max_text_chars: int) -> None:
+    """CorpusError for a text the user sends (``text``, clean) longer than the app's max_text_chars: the app refuses
+    it (common.clean_text in the chat, feed, situation and rehearsal routes), so it never reaches the model."""
+    if len(text) > max_text_chars:
+        raise CorpusError(f"{where}: {len(text)} characters, over the app's max_text_chars of {max_text_chars} for a "
+                          f"{what} (the app refuses a longer one)")
+
+
+def _check_exchange_lines(exchange: dict, where: str, max_text_chars: int) -> None:
+    """The user's lines of an after_rehearsal object (clean: _app_exchange) within max_text_chars, as the app held
+    them when the user sent them: the new line and every earlier one. Anything malformed is left for
+    rehearsal_exchange_for to name."""
+    if isinstance(exchange.get("history"), list):
+        for j, t in enumerate(exchange["history"]):
+            if isinstance(t, dict) and t.get("role") == "user" and isinstance(t.get("content"), str):
+                _check_sent(t["content"], f"{where}.history[{j}].content", "rehearsal line", max_text_chars)
+    if isinstance(exchange.get("text"), str):
+        _check_sent(exchange["text"], f"{where}.text", "rehearsal line", max_text_chars)
+
+
 def _app_exchange(after: Any) -> Any:
     """An after_rehearsal object with its texts as the app holds them when it writes the panel's message
     (simulation.exchange_for_panel): the person's fields and the user's lines clean, the reply's message stripped
@@ -280,7 +305,8 @@ def _app_exchange(after: Any) -> Any:
 
 
 def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT_CONTEXT_TURNS,
-                          prompt_memories: int = PROMPT_MEMORIES) -> list[Example]:
+                          prompt_memories: int = PROMPT_MEMORIES,
+                          max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> list[Example]:
     """All examples (one per assistant turn) of one conversation object; CorpusError if any is invalid.
 
     Each example's prompt is the app's request at that turn: its last ``context_turns`` earlier turns (companion
@@ -289,7 +315,9 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
     ``memories`` is what the companion remembers when the conversation starts), a companion chat's relationship
     stage (each reply's affection and trust added to the totals, as the app's save_turn adds them, and the stage
     hearth.app.relationship.standing gives the new totals sent from the next request on; the conversation gives the
-    start: _start_totals), and the user's texts as the app stores them (clean)."""
+    start: _start_totals), and the user's texts as the app stores them (clean). A text the user sends (a user turn's
+    content: a chat message, rehearsal line, feed post or situation; an after_rehearsal's lines) longer than
+    ``max_text_chars`` once clean, the app's setting of that name, is refused: the app refuses it."""
     if not isinstance(conv, dict):
         raise CorpusError(f"a conversation must be a JSON object, got {type(conv).__name__}")
     broken = _lone_surrogate(conv)
@@ -333,6 +361,8 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                 exchange = _app_exchange(turn["after_rehearsal"])
                 if isinstance(exchange, dict) and isinstance(exchange.get("rehearsal"), dict):
                     _check_person(exchange["rehearsal"], f"turns[{i}].after_rehearsal.rehearsal")  # as the app stores
+                if isinstance(exchange, dict):  # the lines the user sent in the rehearsal, each within the limit
+                    _check_exchange_lines(exchange, f"turns[{i}].after_rehearsal", max_text_chars)
                 try:
                     content = rehearsal_exchange_for(exchange)
                 except (TypeError, ValueError) as exc:
@@ -341,7 +371,10 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                 content = turn.get("content")
             if not isinstance(content, str) or not content.strip():
                 raise CorpusError(f"turns[{i}].content must be a non-empty string")
-            messages.append({"role": "user", "content": clean(content)})
+            content = clean(content)
+            if "after_rehearsal" not in turn:  # what the user sent (the panel's message is the app's own)
+                _check_sent(content, f"turns[{i}].content", SENT_TEXT.get(prompt, "user message"), max_text_chars)
+            messages.append({"role": "user", "content": content})
             continue
         target, as_history, envelope = _target(turn, kind, i, conv)
         # the earlier turns the app sends back (load_chat_context / rehearsal_messages: the last 2 x turns messages)
@@ -367,10 +400,11 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
 
 
 def read_corpus(lines: Iterable[str | bytes], *, context_turns: int = CHAT_CONTEXT_TURNS,
-                prompt_memories: int = PROMPT_MEMORIES) -> BuildResult:
+                prompt_memories: int = PROMPT_MEMORIES, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> BuildResult:
     """Parse JSONL lines (1-based line numbers; bytes lines are decoded as UTF-8 one by one, so a line that is not
     UTF-8 is rejected on its own); every bad line is collected, none stops the build. context_turns /
-    prompt_memories: the app's chat_context_turns / prompt_memories (its defaults; a deployment that changed them)."""
+    prompt_memories / max_text_chars: the app's settings of those names (chat_context_turns for context_turns; their
+    defaults, or a deployment's)."""
     result = BuildResult()
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -396,7 +430,8 @@ def read_corpus(lines: Iterable[str | bytes], *, context_turns: int = CHAT_CONTE
             if _lone_surrogate(conv_id):  # rejected.jsonl could not hold it: the reason names the field
                 conv_id = None
             result.examples.extend(conversation_examples(conv, line=number, context_turns=context_turns,
-                                                         prompt_memories=prompt_memories))
+                                                         prompt_memories=prompt_memories,
+                                                         max_text_chars=max_text_chars))
         except json.JSONDecodeError as exc:
             result.rejected.append({"line": number, "id": None, "reason": f"not JSON: {exc.msg} (column {exc.colno})"})
         except CorpusError as exc:
@@ -497,7 +532,8 @@ def _length_stats(lengths: list[int]) -> dict:
 
 
 def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None,
-          context_turns: int = CHAT_CONTEXT_TURNS, prompt_memories: int = PROMPT_MEMORIES) -> dict:
+          context_turns: int = CHAT_CONTEXT_TURNS, prompt_memories: int = PROMPT_MEMORIES,
+          max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> dict:
     """Build the corpus; returns the stats dict (also written to OUT_DIR/stats.json).
 
     Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name and
@@ -517,7 +553,8 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
             break
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     with input.open("rb") as fh:  # decoded line by line: a line that is not UTF-8 is a rejected line, named
-        result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories)
+        result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories,
+                             max_text_chars=max_text_chars)
     if not result.conversations:  # an empty train.jsonl would replace the last good build and only fail at training
         raise ValueError(f"input: {input} holds no conversation (it is empty or only blank lines)")
     if not result.examples:  # every line rejected: the same, and the reasons are what the author needs
@@ -550,7 +587,7 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         by_kind[example.kind] = by_kind.get(example.kind, 0) + 1
     stats = {
         "input": str(input), "tokenizer": str(tokenizer) if tokenizer else None, "unit": unit,
-        "context_turns": context_turns, "prompt_memories": prompt_memories,
+        "context_turns": context_turns, "prompt_memories": prompt_memories, "max_text_chars": max_text_chars,
         "conversations": result.conversations, "accepted": result.conversations - len(result.rejected),
         "rejected": len(result.rejected), "examples": len(rows), "examples_by_kind": by_kind,
         "length": _length_stats(lengths), "trained": _length_stats(trained),
@@ -576,10 +613,11 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     _write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-# `hearth corpus build`'s flags for the two app settings a deployment may change: flag -> (the app's setting, the
+# `hearth corpus build`'s flags for the app settings a deployment may change: flag -> (the app's setting, the
 # builder's own default, used only where the app is not installed)
 APP_SETTING_FLAGS = {"--context-turns": ("chat_context_turns", CHAT_CONTEXT_TURNS),
-                     "--prompt-memories": ("prompt_memories", PROMPT_MEMORIES)}
+                     "--prompt-memories": ("prompt_memories", PROMPT_MEMORIES),
+                     "--max-text-chars": ("max_text_chars", DEFAULT_MAX_TEXT_CHARS)}
 
 
 def app_setting(flag: str, value: int | None) -> int:
@@ -611,10 +649,11 @@ def app_setting(flag: str, value: int | None) -> int:
 
 
 def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, context_turns: int | None = None,
-                  prompt_memories: int | None = None) -> int:
+                  prompt_memories: int | None = None, max_text_chars: int | None = None) -> int:
     """`hearth corpus build`: build, print counts, rejections and length stats; exit code 0, or 2 on bad
     arguments. Rejected lines do not fail the command (they are reported and written out). context_turns /
-    prompt_memories: the deployment's chat_context_turns / prompt_memories (None: the app's defaults; app_setting)."""
+    prompt_memories / max_text_chars: the deployment's chat_context_turns / prompt_memories / max_text_chars (None:
+    the app's defaults; app_setting)."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
@@ -623,7 +662,9 @@ def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, 
     try:
         context_turns = app_setting("--context-turns", context_turns)
         prompt_memories = app_setting("--prompt-memories", prompt_memories)
+        max_text_chars = app_setting("--max-text-chars", max_text_chars)
         stats = build(input, out_dir, tokenizer, context_turns=context_turns, prompt_memories=prompt_memories,
+                      max_text_chars=max_text_chars,
                       progress=lambda xs: track(xs, description="tokenizing", console=console, transient=True))
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
