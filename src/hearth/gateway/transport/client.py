@@ -208,6 +208,10 @@ class AiohttpTransport(Transport):
             raise ConnectTimeout(_redacted(f"connect to {url} timed out after {connect_timeout_s:g} s", url)) from exc
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, DNS, server closed the socket
             raise ConnectFailed(_redacted(f"{method} {url}: {exc!r}", url)) from exc
+        except UnicodeError as exc:
+            # a host name the resolver cannot encode (an empty label, one over 63 characters: getaddrinfo's IDNA
+            # step), e.g. a redirect's Location: no connection, as a DNS failure is (it escaped as a ValueError)
+            raise ConnectFailed(_redacted(f"{method} {url}: unusable host name: {exc}", url)) from exc
         return _AiohttpResponse(resp)
 
     async def aclose(self) -> None:
