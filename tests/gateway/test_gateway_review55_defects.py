@@ -52,3 +52,36 @@ def test_transport_open_to_an_unencodable_host_is_a_connect_failure(host):
 
     with pytest.raises(ConnectFailed):
         asyncio.run(main())
+
+
+@pytest.mark.parametrize("field", ["base_url", "health_url"])
+@pytest.mark.parametrize("url, words", [
+    ("http://a..b/v1", "host name"),
+    ("http://" + "a" * 64 + ".example/v1", "host name"),
+    ("http://.example/v1", "host name"),
+    # a ${VAR} with a trailing space: "http://10.0.0.5:8000 /v1" resolved the host "10.0.0.5:8000 " (a DNS failure on
+    # every request); "http://10.0.0.5:8000/v1 /chat/completions" went out as /v1%20/chat/completions (a 404 each)
+    ("http://10.0.0.5 /v1", "whitespace"),
+    ("http://10.0.0.5:8000/v1 ", "whitespace"),
+    ("http://10.0.0.5:8000/v1\n", "whitespace"),
+])
+def test_a_url_whose_host_or_path_cannot_work_is_a_start_up_error(field, url, words):
+    # Such URLs loaded, and each request (or probe) to them failed: a host the resolver cannot encode raised a
+    # UnicodeError inside the HTTP client (a 500 for every request), a host with a space failed name resolution, a
+    # path with a space got a 404 — all counted against the provider, none said at start-up.
+    from hearth.gateway.config import ConfigError, config_from_dict
+
+    p = {"name": "a", "base_url": "http://10.0.0.5:8000/v1", "model": "m", "scale_to_zero": True,
+         "health_url": "http://10.0.0.5:8000/health"}
+    p[field] = url.replace("/v1", "/health") if field == "health_url" else url
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"providers": [p]})
+    assert info.value.field == f"providers[0].{field}" and words in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["http://[::1]:8000/v1", "https://bücher.example/v1", "http://a_b.example/v1",
+                                 "http://localhost./v1", "https://you--hearth-vllm-serve.modal.run/v1"])
+def test_urls_with_usable_hosts_still_load(url):
+    from hearth.gateway.config import config_from_dict
+
+    assert config_from_dict({"providers": [{"name": "a", "base_url": url, "model": "m"}]}).providers[0].base_url == url

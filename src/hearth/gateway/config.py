@@ -71,6 +71,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 _FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding"})  # how the body is sent
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters other than the tab: never valid in a header
+_SPACE = re.compile(r"[\s\x00-\x1f\x7f]")  # none of it belongs in a URL
 
 
 class _Strict(BaseModel):
@@ -173,7 +174,19 @@ class ProviderConfig(_Strict):
         if v is not None:
             if not re.match(r"^https?://[^/\s]+", v):
                 raise ValueError(f"must be an http(s) URL, got {v!r}")
+            if _SPACE.search(v):
+                # the HTTP client drops a tab or line break and sends a space: "http://h:8000 /v1" resolved the host
+                # "h:8000 " (a DNS failure on every request), ".../v1 /chat/completions" asked for /v1%20/... (a 404)
+                raise ValueError(f"holds whitespace or a control character: {v!r} (does a ${{VAR}} in it end with a "
+                                 "space or a line break?)")
             _check_url(v, ("http", "https"))
+            try:
+                urlsplit(v).hostname.encode("idna")
+            except UnicodeError:
+                # the resolver's own encoding of the name (an empty label, one over 63 characters): it raised inside
+                # the HTTP client on every request and probe
+                raise ValueError(f"has a host name that cannot be resolved: {urlsplit(v).hostname!r} (an empty "
+                                 "label or one over 63 characters)") from None
             path = urlsplit(v).path
             if "//" in path:
                 # "${HEARTH_VLLM_URL}/v1" with the variable ending in "/": servers route "//health" nowhere (404),
