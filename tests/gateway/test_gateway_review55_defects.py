@@ -4,13 +4,15 @@ fake providers, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from aiohttp import web
 
-from hearth.gateway.chain import Chain
+from hearth.gateway.chain import Chain, StreamDone
 from hearth.gateway.transport import AiohttpTransport, ConnectFailed
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, scale_to_zero, steady
+from tests.gateway.gateway_helpers import CHAT, CHAT_JSON, MESSAGES, make_config, provider, scale_to_zero, steady
 
 # Host names the system resolver cannot even encode (an empty label, a label over 63 characters): getaddrinfo
 # raises UnicodeError (a ValueError), not a resolution failure.
@@ -85,3 +87,55 @@ def test_urls_with_usable_hosts_still_load(url):
     from hearth.gateway.config import config_from_dict
 
     assert config_from_dict({"providers": [{"name": "a", "base_url": url, "model": "m"}]}).providers[0].base_url == url
+
+
+def _event(delta: dict, finish: str | None) -> bytes:
+    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("ending", ["stall", "close"])
+def test_a_stream_whose_finish_reason_arrived_is_complete_however_its_connection_ends(ending):
+    # The whole reply and its final chunk (finish_reason "stop") arrived; then the upstream neither sent [DONE] nor
+    # ended the body cleanly: it held the connection open (stall), or closed it without the body's last chunk
+    # (close: aiohttp's "payload is not completed"). A clean EOF there was a success; these two were a
+    # StreamInterrupted after the client had the whole envelope (its final chunk and [DONE] never came) and a
+    # failure counted against the provider.
+    async def main():
+        release = asyncio.Event()
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for part in (CHAT_JSON[:20], CHAT_JSON[20:]):
+                await resp.write(_event({"content": part}, None))
+            await resp.write(_event({}, "stop"))
+            if ending == "close":
+                request.transport.close()
+            await release.wait()
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+
+        class Up:
+            base_url = f"http://127.0.0.1:{port}/v1"
+
+        try:
+            async with Chain(make_config(provider("a", Up))) as chain:
+                events = [ev async for ev in chain.stream(MESSAGES, kind="chat")]
+                return events, (await chain.status())[0]
+        finally:
+            release.set()
+            await runner.cleanup()
+
+    events, state = asyncio.run(main())
+    done = events[-1]
+    assert isinstance(done, StreamDone), done
+    assert done.result.provider == "a" and done.result.finish_reason == "stop" and done.result.envelope.model_dump() == CHAT
+    assert state["consecutive_failures"] == 0

@@ -295,8 +295,15 @@ class ChatStream:
                 wait, kind = self._clock.first_token_left(), "first_token"
             try:
                 line = await self._clock.within(anext(self._lines, b""), wait, kind)
-            except ConnectFailed as exc:
-                raise ConnectionFailed(name, str(exc)) from exc
+            except (ConnectFailed, ProviderError) as exc:
+                if self.finish_reason is not None:
+                    # the reply's final chunk came: only [DONE] (and maybe the usage chunk) is missing, and an
+                    # upstream that stalls or drops the connection there ends the reply as a clean EOF does
+                    self._done = True
+                    return None
+                if isinstance(exc, ConnectFailed):
+                    raise ConnectionFailed(name, str(exc)) from exc
+                raise
             if not line:
                 self._done = True
                 if self.finish_reason is None:  # no final chunk and no [DONE]: the stream was cut short
