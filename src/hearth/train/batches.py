@@ -113,6 +113,9 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{name}: line {lineno} is not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{name}: line {lineno} is not a JSON object (a row of `hearth corpus build "
+                                 f"--tokenizer`), got {type(row).__name__}")
             ids, labels = row.get("input_ids"), row.get("labels")
             if not isinstance(ids, list) or not isinstance(labels, list) or len(ids) != len(labels) or not ids:
                 raise ValueError(f"{name}: line {lineno} has no input_ids/labels lists of equal, non-zero length "
