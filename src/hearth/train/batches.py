@@ -105,8 +105,12 @@ def load_examples(path: Path, seq_len: int, *, name: str = "corpus") -> tuple[li
     corpus holds it, rejected ones included: the seq_len that would keep every example whole) and
     longest_fitted_tokens (the longest example trained on)."""
     examples, rejected, truncated, dropped, skipped, longest = [], [], 0, 0, 0, 0
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with Path(path).open("rb") as fh:  # decoded line by line: a line that is not UTF-8 is named
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{name}: line {lineno} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
             try:
