@@ -28,7 +28,7 @@ Several processes: `torchrun --nproc-per-node N -m hearth.cli train RUN.toml --p
 FSDP2; the same optimizer steps as one process; rank 0 writes; hearth.train.distributed).
 
 Exit codes: 0 done, 2 bad arguments (the message names the argument), 1 a runtime failure (a budget the
-model cannot fit, a non-finite loss, out of memory).
+model cannot fit, a non-finite loss or gradient norm, out of memory).
 
 This module does not import pydantic (scripts/gpu/lora_e2e.py shares it on machines without it).
 """
@@ -1352,12 +1352,17 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                 value += loss.item() * share  # .item() also synchronises, so the step time is real
             value = D.all_sum([value], dist, device)[0]
             grad_norm = D.grad_norm_value(torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm))
+            # before the update: a NaN / inf gradient (clipping scales it by NaN) would make every LoRA weight NaN,
+            # and the adapter or checkpoint saved next would hold them (every rank sees the same loss and norm)
+            if not math.isfinite(value):
+                raise RunError(f"loss became {value} at step {step + 1} (lower --lr, or check the corpus)")
+            if not math.isfinite(grad_norm):
+                raise RunError(f"gradient norm became {grad_norm} at step {step + 1} with a finite loss ({value:.4g}); "
+                               "the step was not applied (lower --lr, or check the corpus)")
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             elapsed = time.perf_counter() - start
-            if not math.isfinite(value):
-                raise RunError(f"loss became {value} at step {step + 1} (lower --lr, or check the corpus)")
             done = step + 1
             row = {"step": done, "epoch": epoch, "loss": value, "eval_loss": None, "lr": lr, "grad_norm": grad_norm,
                    "tokens": tokens, "step_s": round(elapsed, 4), "tok_per_s": round(tokens / elapsed, 1),
