@@ -21,11 +21,12 @@ import pytest
 from sqlalchemy import event, insert, select
 from sqlalchemy.util.concurrency import await_
 
-from hearth.app import account, accounts, common, companions, crypto, feed, simulation
+from hearth.app import account, common, companions, feed, simulation
 from hearth.app.common import rows_in, seal, seal_json
 from hearth.app.storage.models import (Agent, Comment, Companion, Memory, Post, Reading, Rehearsal, RehearsalTurn,
-                                       Situation, User)
+                                       Situation)
 from tests.app.app_fakes import FakeModel
+from tests.app.app_users import signed_up
 
 pytestmark = pytest.mark.anyio
 
@@ -35,15 +36,6 @@ SQLITE_DEFAULT_MAX_VARIABLES = 32766  # SQLITE_MAX_VARIABLE_NUMBER of a default 
 BIG = 33000
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 IN_CLAUSE = re.compile(r"\bIN \(", re.IGNORECASE)
-
-
-async def _user(db, master_key, name="alice"):
-    async with db.sessions() as s:
-        new = await accounts.signup(s, username=name, password="correct horse battery", master_key=master_key,
-                                    ttl_s=3600)
-    async with db.sessions() as s:
-        user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-    return user, crypto.UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
 
 
 def _id(kind: str, i: int) -> str:
@@ -156,13 +148,13 @@ async def _reads(db, cipher, user, companion_id, rehearsal_id):
 
 async def _seed_someone_else(db, master_key) -> None:
     """Another user with rows of their own, which no read of alice's may show."""
-    _, other = await _user(db, master_key, "bob")
+    _, other = await signed_up(db, master_key, "bob")
     await _seed(db, other, 2, tag="z")
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 6, 7])
 async def test_a_small_chunk_reads_exactly_what_one_statement_reads(db, master_key, monkeypatch, n):
-    user, cipher = await _user(db, master_key)
+    user, cipher = await signed_up(db, master_key)
     companion_id, rehearsal_id = await _seed(db, cipher, n)
     await _seed_someone_else(db, master_key)
 
@@ -201,7 +193,7 @@ async def test_a_small_chunk_reads_exactly_what_one_statement_reads(db, master_k
 
 
 async def test_rows_in_counts_a_repeated_id_once_and_asks_nothing_for_no_ids(db, master_key, monkeypatch):
-    _, cipher = await _user(db, master_key)
+    _, cipher = await signed_up(db, master_key)
     await _seed(db, cipher, 5, with_children=False)
     monkeypatch.setattr(common, "IN_CHUNK", 2)
     ids = [_id("p", i) for i in (4, 0, 4, 2, 0, 1, 3)]  # ids repeated across chunks of the list as given
@@ -241,7 +233,7 @@ async def test_more_ids_than_one_statement_may_bind(db, master_key):
     if db.engine.dialect.name == "sqlite":
         await _hold_sqlite_to_the_default_limit(db.engine)
     assert BIG > max(PG_MAX_PARAMS, SQLITE_DEFAULT_MAX_VARIABLES)
-    user, cipher = await _user(db, master_key)
+    user, cipher = await signed_up(db, master_key)
     companion_id, _ = await _seed(db, cipher, 2)  # two situations with their readings, two posts of its own
     await _insert(db, Post, [_sealed(cipher, Post, {"body_ct": f"many {i}"}, id=_id("q", i), user_id=cipher.user_id,
                                      created_at=T0 + timedelta(days=1, seconds=i)) for i in range(BIG)])
@@ -271,7 +263,7 @@ async def test_more_ids_than_one_statement_may_bind(db, master_key):
 
 async def test_the_memory_trim_binds_no_id_of_what_it_deletes(db, master_key, monkeypatch):
     monkeypatch.setattr(companions, "MAX_MEMORIES_KEPT", 2)
-    _, cipher = await _user(db, master_key)
+    _, cipher = await signed_up(db, master_key)
     async with db.sessions() as s:
         comp = await companions.create_companion(s, cipher, persona="wren")
     await _insert(db, Memory, [_sealed(cipher, Memory, {"text_ct": f"old memory {i}"}, id=_id("o", i),

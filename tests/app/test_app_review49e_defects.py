@@ -16,11 +16,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from hearth.app import accounts, companions, crypto, feed
+from hearth.app import companions, crypto, feed
 from hearth.app.common import seal
 from hearth.app.storage.models import Post, Situation, User
 from tests.app.app_client import create_companion, signup
 from tests.app.app_fakes import FakeModel
+from tests.app.app_users import signed_up
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -29,12 +30,7 @@ POST = dict(max_chars=4000, max_commenters=3, timeout_s=5.0)
 
 
 async def _cipher(db, master_key) -> crypto.UserCipher:
-    async with db.sessions() as s:
-        new = await accounts.signup(s, username="alice", password="correct horse battery", master_key=master_key,
-                                    ttl_s=3600)
-    async with db.sessions() as s:
-        user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-    return crypto.UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
+    return (await signed_up(db, master_key))[1]
 
 
 async def test_every_companion_takes_its_turn_to_comment_on_the_feed(db, master_key):

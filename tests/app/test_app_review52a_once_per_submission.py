@@ -10,22 +10,18 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from hearth.app import accounts, companions, crypto, simulation
+from hearth.app import companions, simulation
 from hearth.app.common import InputError, once_per_submission
-from hearth.app.storage.models import Companion, Message, Reading, RehearsalTurn, Situation, User, new_id, utcnow
+from hearth.app.storage.models import Companion, Message, Reading, RehearsalTurn, Situation, new_id, utcnow
 from tests.app.app_fakes import FakeModel
+from tests.app.app_users import signed_up
 from tests.app.conftest import save_rehearsal_turn
 
 pytestmark = pytest.mark.anyio
 
 
 async def _user(db, master_key):
-    async with db.sessions() as s:
-        new = await accounts.signup(s, username="alice", password="correct horse battery", master_key=master_key,
-                                    ttl_s=3600)
-    async with db.sessions() as s:
-        user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-    return crypto.UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
+    return (await signed_up(db, master_key))[1]
 
 
 async def _count(db, model) -> int:

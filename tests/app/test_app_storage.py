@@ -22,17 +22,13 @@ from hearth.app.storage import upgrade
 from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Base, Companion, Memory, Message, Reading, RehearsalTurn, Session, User
 from tests.app.app_fakes import FakeModel
+from tests.app.app_users import signed_up
 
 pytestmark = pytest.mark.anyio
 
 
 async def _user(db, master_key, name="alice"):
-    async with db.sessions() as s:
-        new = await accounts.signup(s, username=name, password="correct horse battery", master_key=master_key,
-                                    ttl_s=3600)
-    async with db.sessions() as s:
-        user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-    return crypto.UserCipher.from_wrapped(master_key, user.wrapped_key, user.id)
+    return (await signed_up(db, master_key, name))[1]
 
 
 async def _count(db, model, *where) -> int:

@@ -15,14 +15,12 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
-from hearth.app import accounts, crypto, simulation
+from hearth.app import simulation
 from hearth.app.common import InputError
-from hearth.app.storage import create_database, upgrade
-from hearth.app.storage.models import User
 from hearth.app.textlimits import AGENT_FIELD_LIMITS, MAX_AGENT_FIELD, MAX_AGENT_NAME, MAX_NAME
 from hearth.train import corpus as C
+from tests.app.app_users import sqlite_user
 
 AGENT = {"name": "Dana", "personality": "Direct, busy, fair.", "backstory": "My manager for two years.",
          "relationship": "my manager"}
@@ -88,24 +86,12 @@ def test_the_companion_s_name_has_the_app_s_limit(make):
 
 async def _app_stores(tmp_path, person: dict) -> bool:
     """Whether the app's create_agent stores this person (False: InputError), on a fresh SQLite database."""
-    db = create_database(f"sqlite+aiosqlite:///{tmp_path / 'hearth.sqlite3'}")
-    await upgrade(db.engine)
-    key = crypto.parse_master_key(crypto.new_master_key_text())
-    try:
-        async with db.sessions() as s:
-            new = await accounts.signup(s, username="ines", password="correct horse battery", master_key=key,
-                                        ttl_s=3600)
-            user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-            await s.commit()
-        cipher = crypto.UserCipher.from_wrapped(key, user.wrapped_key, user.id)
-        async with db.sessions() as s:
-            try:
-                await simulation.create_agent(s, cipher, **person)
-            except InputError:
-                return False
-            return True
-    finally:
-        await db.dispose()
+    async with sqlite_user(tmp_path, "ines") as (db, cipher), db.sessions() as s:
+        try:
+            await simulation.create_agent(s, cipher, **person)
+        except InputError:
+            return False
+        return True
 
 
 @pytest.mark.parametrize("field", FIELDS)

@@ -19,17 +19,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from hearth import prompts
-from hearth.app import accounts, companions, crypto
+from hearth.app import companions
 from hearth.app.relationship import STAGES as LADDER
 from hearth.app.relationship import standing
-from hearth.app.storage import create_database, upgrade
-from hearth.app.storage.models import Companion, User
+from hearth.app.storage.models import Companion
+from hearth.app.textlimits import DEFAULT_MAX_TEXT_CHARS
 from hearth.envelope import ChatReply, dumps
 from hearth.train import corpus as C
 from hearth.train.chat_format import render
+from tests.app.app_users import sqlite_user
 
 SHARED = "About me: I'm Ines, 31, a product designer."
 
@@ -87,16 +88,7 @@ class Scripted:
 async def _app_requests(tmp_path, conv: dict, start: tuple[int, int]) -> list[str]:
     """Every request the app sends for ``conv``'s user turns (its chat_turn, on a fresh SQLite database, the companion
     at ``start`` totals), rendered with the reply the corpus trains."""
-    db = create_database(f"sqlite+aiosqlite:///{tmp_path / 'hearth.sqlite3'}")
-    await upgrade(db.engine)
-    key = crypto.parse_master_key(crypto.new_master_key_text())
-    try:
-        async with db.sessions() as s:
-            new = await accounts.signup(s, username="ines", password="correct horse battery", master_key=key,
-                                        ttl_s=3600)
-        async with db.sessions() as s:
-            user = (await s.execute(select(User).where(User.id == new.user_id))).scalar_one()
-        cipher = crypto.UserCipher.from_wrapped(key, user.wrapped_key, user.id)
+    async with sqlite_user(tmp_path, "ines") as (db, cipher):
         envelopes = [t["envelope"] for t in conv["turns"][1::2]]
         model = Scripted(envelopes)
         async with db.sessions() as s:
@@ -106,12 +98,10 @@ async def _app_requests(tmp_path, conv: dict, start: tuple[int, int]) -> list[st
                 await s.execute(update(Companion).where(Companion.id == comp.id)
                                 .values(affection=start[0], trust=start[1]))
             for turn in conv["turns"][0::2]:
-                await companions.chat_turn(s, model, cipher, comp.id, turn["content"], max_chars=4000,
+                await companions.chat_turn(s, model, cipher, comp.id, turn["content"], max_chars=DEFAULT_MAX_TEXT_CHARS,
                                            turns=C.CHAT_CONTEXT_TURNS, prompt_memories=C.PROMPT_MEMORIES,
                                            deadline_s=5.0)
             after = await companions.get_companion(s, cipher, comp.id)
-    finally:
-        await db.dispose()
     assert (after.affection, after.trust) == (start[0] + sum(a for a, _ in conv_moves(conv)),
                                               start[1] + sum(t for _, t in conv_moves(conv)))
     return [render(m[0]["content"], m[1:] + [{"role": "assistant", "content": dumps(ChatReply(**e))}]).text
