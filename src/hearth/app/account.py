@@ -44,6 +44,7 @@ async def change_password(db, user: User, *, current: str, new: str, ttl_s: int)
     """Set a new password after checking the current one. Every session of the user ends and one new
     session (for the browser that asked) is returned; the device epoch moves on, so every device cookie issued
     before stops counting as the account's browser (hearth.app.throttle). AccountError naming the field otherwise."""
+    checked = user.password_hash  # loaded with the session, before the slow check: it may be stale by the write
     if not await _password_ok(user, current):
         raise accounts.AccountError("current_password", "is not your current password")
     try:
@@ -54,12 +55,18 @@ async def change_password(db, user: User, *, current: str, new: str, ttl_s: int)
         raise accounts.AccountError("new_password", "is the same as the current one")
     pw_hash = await asyncio.to_thread(accounts._hasher.hash, new)
     async with db.begin():
-        epoch = (await db.execute(update(User).where(User.id == user.id)
+        # only over the hash just checked: a password changed meanwhile (by the owner, ending this very session) must
+        # not be replaced by whoever still knows the old one; nothing is written then (and the viewer's rows stay
+        # loaded for the error page, as no rollback expires them)
+        epoch = (await db.execute(update(User).where(User.id == user.id, User.password_hash == checked)
                                   .values(password_hash=pw_hash, device_epoch=User.device_epoch + 1)
-                                  .returning(User.device_epoch))).scalar_one()
-        await db.execute(delete(Session).where(Session.user_id == user.id))
-        row, fresh = accounts._session_row(user.id, ttl_s, epoch)
-        db.add(row)
+                                  .returning(User.device_epoch))).scalar_one_or_none()
+        if epoch is not None:
+            await db.execute(delete(Session).where(Session.user_id == user.id))
+            row, fresh = accounts._session_row(user.id, ttl_s, epoch)
+            db.add(row)
+    if epoch is None:
+        raise accounts.AccountError("current_password", "was changed meanwhile (or the account deleted): log in again")
     return fresh
 
 

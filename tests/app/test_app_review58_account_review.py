@@ -1,0 +1,35 @@
+"""Account review 58: defects in password change and account control, each seen failing first."""
+
+from __future__ import annotations
+
+import pytest
+
+from hearth.app import account as account_svc
+from hearth.app import accounts
+from tests.app.app_client import PASSWORD
+
+pytestmark = pytest.mark.anyio
+
+NEW_PASSWORD = "a brand new passphrase"
+THIEF_PASSWORD = "the thief's own passphrase"
+
+
+async def test_a_password_change_checked_against_a_stale_hash_is_refused(db, master_key):
+    # before: change_password checked `current` against the users row its request loaded (with the session), then
+    # wrote the new hash unconditionally. A request on a stolen session that was loaded before the owner changed
+    # the password (which ends that session) still passed with the OLD password and took the account over: the
+    # thief's password set, the owner's new session deleted.
+    async with db.sessions() as s:
+        first = await accounts.signup(s, username="alice", password=PASSWORD, master_key=master_key, ttl_s=3600)
+        stale = (await accounts.session_user(s, first.token))[1]  # the thief's request, loaded before the change
+    async with db.sessions() as s:
+        owner = (await accounts.session_user(s, first.token))[1]
+        mine = await account_svc.change_password(s, owner, current=PASSWORD, new=NEW_PASSWORD, ttl_s=3600)
+    async with db.sessions() as s:
+        with pytest.raises(accounts.AccountError) as err:
+            await account_svc.change_password(s, stale, current=PASSWORD, new=THIEF_PASSWORD, ttl_s=3600)
+        assert err.value.field == "current_password"
+    async with db.sessions() as s:
+        assert await accounts.session_user(s, mine.token) is not None, "the owner's session was ended"
+        assert await accounts.login(s, username="alice", password=THIEF_PASSWORD, ttl_s=3600) is None
+        assert await accounts.login(s, username="alice", password=NEW_PASSWORD, ttl_s=3600) is not None
