@@ -33,3 +33,22 @@ async def test_a_password_change_checked_against_a_stale_hash_is_refused(db, mas
         assert await accounts.session_user(s, mine.token) is not None, "the owner's session was ended"
         assert await accounts.login(s, username="alice", password=THIEF_PASSWORD, ttl_s=3600) is None
         assert await accounts.login(s, username="alice", password=NEW_PASSWORD, ttl_s=3600) is not None
+
+
+async def test_an_account_deletion_checked_against_a_stale_hash_is_refused(db, master_key):
+    # before: delete_account checked the password against the users row its request loaded, then deleted the user
+    # unconditionally: a request on a stolen session loaded before the owner changed the password deleted the
+    # account with the OLD password.
+    async with db.sessions() as s:
+        first = await accounts.signup(s, username="alice", password=PASSWORD, master_key=master_key, ttl_s=3600)
+        stale = (await accounts.session_user(s, first.token))[1]
+    async with db.sessions() as s:
+        owner = (await accounts.session_user(s, first.token))[1]
+        await account_svc.change_password(s, owner, current=PASSWORD, new=NEW_PASSWORD, ttl_s=3600)
+    async with db.sessions() as s:
+        with pytest.raises(accounts.AccountError) as err:
+            await account_svc.delete_account(s, stale, password=PASSWORD)
+        assert err.value.field == "password"
+    async with db.sessions() as s:
+        assert await accounts.login(s, username="alice", password=NEW_PASSWORD, ttl_s=3600) is not None, \
+            "the account was deleted with the old password"

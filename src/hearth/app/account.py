@@ -20,7 +20,7 @@ from datetime import timezone
 from typing import Any
 
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 
 from hearth.app import accounts
 from hearth.app.companions import history, list_companions, memories, get_shared_context
@@ -72,12 +72,20 @@ async def change_password(db, user: User, *, current: str, new: str, ttl_s: int)
 
 async def delete_account(db, user: User, *, password: str) -> None:
     """Delete the user and every row they own, for good (see the module docstring)."""
+    checked = user.password_hash  # loaded with the session, before the slow check: it may be stale by the delete
     if not await _password_ok(user, password):
         raise accounts.AccountError("password", "is not your password")
     async with db.begin():
-        gone = await db.execute(delete(User).where(User.id == user.id))
+        # only while the hash just checked is the account's: a password changed meanwhile (by the owner, ending this
+        # very session) must not let whoever still knows the old one delete the account
+        gone = await db.execute(delete(User).where(User.id == user.id, User.password_hash == checked))
+        still = None
         if gone.rowcount != 1:
-            raise accounts.AccountError("account", "no longer exists")
+            still = (await db.execute(select(User.id).where(User.id == user.id))).scalar_one_or_none()
+    if gone.rowcount != 1:
+        if still is not None:  # raised after the (empty) transaction: no rollback expires the viewer's rows
+            raise accounts.AccountError("password", "was changed meanwhile: log in again")
+        raise accounts.AccountError("account", "no longer exists")
     await scrub_deleted(db)
 
 
