@@ -52,3 +52,26 @@ async def test_an_account_deletion_checked_against_a_stale_hash_is_refused(db, m
     async with db.sessions() as s:
         assert await accounts.login(s, username="alice", password=NEW_PASSWORD, ttl_s=3600) is not None, \
             "the account was deleted with the old password"
+
+
+async def test_two_logins_racing_a_rehash_both_get_a_session(db, master_key, monkeypatch):
+    # before: after argon2's parameters were raised, two logins with the right password at once (two devices, a
+    # double submit) both verified the old hash; the first rehashed it, and the second then found the stored hash
+    # changed and returned None: a right password refused as a wrong one (and counted as a failed login).
+    import asyncio
+
+    from tests.app.test_app_review49c_defects import _PausingHasher
+    async with db.sessions() as s:
+        await accounts.signup(s, username="alice", password=PASSWORD, master_key=master_key, ttl_s=3600)
+    hasher = _PausingHasher(accounts._hasher, PASSWORD, True)  # every hash due for a rehash
+    monkeypatch.setattr(accounts, "_hasher", hasher)
+
+    async def one_login():
+        async with db.sessions() as s:
+            return await accounts.login(s, username="alice", password=PASSWORD, ttl_s=3600)
+
+    slow = asyncio.create_task(one_login())
+    assert await asyncio.to_thread(hasher.entered.wait, 20)  # inside its hash check of the old hash
+    assert await one_login() is not None  # the other login rehashes meanwhile
+    hasher.go.set()
+    assert await slow is not None, "a right password was refused because another login rehashed it"

@@ -109,14 +109,16 @@ async def signup(db: AsyncSession, *, username: str, password: str, master_key: 
 
 
 async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int,
-                master_key: bytes | None = None) -> NewSession | None:
+                master_key: bytes | None = None, _retries: int = 2) -> NewSession | None:
     """A new session when the password matches, else None (same cost either way). With ``master_key``: the
     account's data key must open under it, else DataKeyDamaged and nothing is written (no session, no rehash)."""
     name = (username or "").strip().lower()
     user = None
     if USERNAME_RE.match(name):  # no such account can exist otherwise (and NUL bytes never reach PostgreSQL)
         async with db.begin():  # read transaction, closed before the slow hash check
-            user = (await db.execute(select(User).where(User.username == name))).scalar_one_or_none()
+            # populate_existing: a row already in this session (a retry below) is read again, not its stale copy
+            user = (await db.execute(select(User).where(User.username == name)
+                                     .execution_options(populate_existing=True))).scalar_one_or_none()
     stored = user.password_hash if user is not None else _DUMMY_HASH
     try:
         await asyncio.to_thread(_hasher.verify, stored, password or "")
@@ -140,12 +142,21 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int,
         # change off until this commits; it then deletes this session with the rest.
         current = (await db.execute(select(User.password_hash, User.device_epoch).where(User.id == user.id)
                                     .with_for_update(read=True))).first()
-        if current is None or current.password_hash != checked:
+        if current is None:
             return None
-        row, new = _session_row(user.id, ttl_s, current.device_epoch)  # the epoch of the password just checked
-        db.add(row)
-        if rehashed is not None:
-            await db.execute(update(User).where(User.id == user.id).values(password_hash=rehashed))
+        changed = current.password_hash != checked
+        if not changed:
+            row, new = _session_row(user.id, ttl_s, current.device_epoch)  # the epoch of the password just checked
+            db.add(row)
+            if rehashed is not None:
+                await db.execute(update(User).where(User.id == user.id).values(password_hash=rehashed))
+    if changed:
+        # changed by a password change, or only rehashed by another login of the same password (argon2's parameters
+        # were raised): check the password again against the hash now stored, a few times at most
+        if _retries <= 0:
+            return None
+        return await login(db, username=username, password=password, ttl_s=ttl_s, master_key=master_key,
+                           _retries=_retries - 1)
     return new
 
 
