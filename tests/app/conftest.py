@@ -115,6 +115,20 @@ async def running_app(settings, model="fake", base_url: str = "http://testserver
             yield app, client
 
 
+@asynccontextmanager
+async def running_app_on_chain(tmp_path, master_key_text: str, base_url: str):
+    """(app, client) as running_app with model=None: the real gateway chain of a hearth.toml (app_server.write_config,
+    10 s a provider call) whose provider is the OpenAI-compatible server at base_url (a loopback fake), on a SQLite
+    file under tmp_path."""
+    from tests.app.app_server import write_config
+
+    cfg = write_config(tmp_path / "hearth.toml", base_url, total_s=10.0)
+    settings = load_settings(cfg, env={"HEARTH_MASTER_KEY": master_key_text},
+                             overrides={"database_url": f"sqlite:///{tmp_path / 'chain.sqlite3'}"})
+    async with running_app(settings, model=None) as (app, client):
+        yield app, client
+
+
 async def count_rows(app, model, *where) -> int:
     """How many rows of ``model`` (matching ``where``) the running app's database holds."""
     async with app.state.hearth.db.sessions() as s:

@@ -10,12 +10,10 @@ import logging
 import pytest
 from sqlalchemy import func, select
 
-from hearth.app.settings import load_settings
 from hearth.app.storage.models import Message
 from tests.app.app_client import create_companion, signup
 from tests.app.app_fakes import analyst_of, openai_handler
-from tests.app.app_server import write_config
-from tests.app.conftest import running_app
+from tests.app.conftest import running_app_on_chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 
 pytestmark = pytest.mark.anyio
@@ -33,10 +31,7 @@ async def test_real_chain_failures_store_nothing_and_one_analyst_failing_is_show
         return openai_handler(body)
 
     async with FakeOpenAI(handler) as fake:
-        cfg = write_config(tmp_path / "hearth.toml", fake.base_url, total_s=10.0)
-        settings = load_settings(cfg, env={"HEARTH_MASTER_KEY": master_key_text},
-                                 overrides={"database_url": f"sqlite:///{tmp_path / 'c.sqlite3'}"})
-        async with running_app(settings, model=None) as (app, client):  # model=None: the chain from the TOML
+        async with running_app_on_chain(tmp_path, master_key_text, fake.base_url) as (app, client):
             assert type(app.state.hearth.model).__name__ == "Chain"
             csrf = await signup(client, "hana")
             cid = await create_companion(client, csrf)

@@ -13,15 +13,12 @@ import re
 from contextlib import asynccontextmanager
 
 import pytest
-from sqlalchemy import func, select
 
-from hearth.app.settings import load_settings
 from hearth.app.storage.models import Message, RehearsalTurn
 from hearth.gateway.errors import InvalidResponse
 from tests.app.app_client import create_companion, signup
 from tests.app.app_fakes import envelope_for, kind_from_request, openai_handler
-from tests.app.app_server import write_config
-from tests.app.conftest import running_app
+from tests.app.conftest import count_rows, running_app_on_chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 
 pytestmark = pytest.mark.anyio
@@ -45,18 +42,10 @@ async def start_rehearsal(client, csrf: str, cid: str) -> str:
     return r.headers["location"].rsplit("/", 1)[-1]
 
 
-async def _count(app, model) -> int:
-    async with app.state.hearth.db.sessions() as s:
-        return (await s.execute(select(func.count()).select_from(model))).scalar_one()
-
-
 @asynccontextmanager
 async def _app_on_the_real_chain(tmp_path, master_key_text):
     async with FakeOpenAI(_drafted) as fake:
-        cfg = write_config(tmp_path / "hearth.toml", fake.base_url, total_s=10.0)
-        settings = load_settings(cfg, env={"HEARTH_MASTER_KEY": master_key_text},
-                                 overrides={"database_url": f"sqlite:///{tmp_path / 'c.sqlite3'}"})
-        async with running_app(settings, model=None) as (app, client):
+        async with running_app_on_chain(tmp_path, master_key_text, fake.base_url) as (app, client):
             csrf = await signup(client, "hana")
             yield app, client, csrf, await create_companion(client, csrf)
 
@@ -70,7 +59,7 @@ async def test_a_broken_draft_before_the_envelope_fails_the_chat_form_as_the_str
         r = await client.post(f"/companions/{cid}/messages", data={"message": "hello there", "csrf": csrf})
         assert r.status_code == 502 and "Nothing was saved" in r.text
         assert "could not be understood" in r.text and "hello there</textarea>" in r.text
-        assert await _count(app, Message) == 0
+        assert await count_rows(app, Message) == 0
 
 
 async def test_a_broken_draft_before_the_envelope_fails_the_rehearsal_form_as_the_stream(tmp_path, master_key_text):
@@ -81,7 +70,7 @@ async def test_a_broken_draft_before_the_envelope_fails_the_rehearsal_form_as_th
         assert "event: error" in r.text and "event: done" not in r.text
         r = await client.post(f"/rehearsals/{rid}/turns", data={"message": "about Monday", "csrf": csrf})
         assert r.status_code == 502 and "about Monday</textarea>" in r.text  # before: 303, saved
-        assert await _count(app, RehearsalTurn) == 0
+        assert await count_rows(app, RehearsalTurn) == 0
 
 
 def test_the_check_is_the_chains_stream_check():

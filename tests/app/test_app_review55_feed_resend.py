@@ -20,14 +20,12 @@ import pytest
 from sqlalchemy import select, text
 
 from hearth.app import companions, feed
-from hearth.app.settings import load_settings
 from hearth.app.storage import upgrade
 from hearth.app.storage.models import Comment, Post
 from tests.app.app_client import create_companion, forms_racing, signup
 from tests.app.app_fakes import FakeModel, GatedModel, kind_from_request, openai_handler
 from tests.app.app_schema import database_at, downgrade, insert_companion, scalars, upgrade_and_compare
-from tests.app.app_server import write_config
-from tests.app.conftest import count_rows, running_app
+from tests.app.conftest import count_rows, running_app, running_app_on_chain
 from tests.fakes.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.anyio
@@ -47,10 +45,7 @@ async def _post_ids(app) -> list[str]:
 async def test_a_resubmitted_post_is_saved_once_and_the_model_asked_once(tmp_path, master_key_text):
     # through the REAL gateway chain against the loopback fake OpenAI server: the requests it got are the model's
     async with FakeOpenAI(openai_handler) as fake:
-        cfg = write_config(tmp_path / "hearth.toml", fake.base_url, total_s=10.0)
-        settings = load_settings(cfg, env={"HEARTH_MASTER_KEY": master_key_text},
-                                 overrides={"database_url": f"sqlite:///{tmp_path / 'feed.sqlite3'}"})
-        async with running_app(settings, model=None) as (app, client):
+        async with running_app_on_chain(tmp_path, master_key_text, fake.base_url) as (app, client):
             csrf = await signup(client, "hana")
             for persona in ("wren", "sol"):
                 await create_companion(client, csrf, persona=persona)
