@@ -34,7 +34,9 @@ Streaming: deltas carry only the text of the reply's JSON object (hearth.gateway
 think block, no fences, no chatter). The chain falls back until the first such byte is yielded;
 after it, a failure ends the stream with StreamInterrupted (no fallback: the client already shows
 text from that provider). A reply past hearth.envelope.MAX_REPLY_CHARS fails as soon as it gets there
-(InvalidEnvelope, as the JSON path refuses it), not when the provider stops.
+(InvalidEnvelope, as the JSON path refuses it), not when the provider stops. While the consumer holds a delta
+(the server writing it to a slow client) the attempt's clock stops (ChatStream.away): total_s, the deadline's cap
+on the attempt and attempt_seconds measure the provider; the request's own latency keeps all of it.
 
 The result names the provider that answered and its configured model id (what the gateway's replies call
 `model`), and carries that attempt's usage as the provider reported it (None when it reported none; a failed
@@ -520,7 +522,13 @@ class Chain:
                         shown = cut.feed(delta)
                         if shown:
                             a.shown = True
+                            away = time.monotonic()
                             yield StreamDelta(shown, p.name, p.config.model)
+                            # the consumer's time with the delta (the server writing it to a slow client): neither
+                            # the provider's total_s / deadline (providers.py) nor its attempt_seconds
+                            away = time.monotonic() - away
+                            a.upstream.away(away)
+                            a.t0 += away
                         delta = await a.upstream.next_delta()
                     text = "".join(raw)
                     envelope = a.upstream.envelope(text, kind)

@@ -2,7 +2,8 @@
 
     hearth_gateway_requests_total{kind, outcome}                    one per chat request; outcome: a key of OUTCOMES
     hearth_gateway_request_seconds{kind, outcome}                   histogram, whole request (one per request)
-    hearth_gateway_attempt_seconds{provider, outcome}               histogram, one attempt (ok or failed)
+    hearth_gateway_attempt_seconds{provider, outcome}               histogram, one attempt (ok or failed); a
+                                                                    stream's without its client's delivery time
     hearth_gateway_errors_total{provider, error}                    error: timeout_first_token, status_429, ...
     hearth_gateway_fallbacks_total{provider}                        fell through from `provider` to the next
     hearth_gateway_warm_decisions_total{provider, decision}         decision: warm | cold

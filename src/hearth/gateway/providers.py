@@ -10,6 +10,12 @@ Timing of one attempt (all in seconds, against time.monotonic):
                headers; SSE: the first non-empty content delta)
     the rest   <= limit                                    -> Timeout("total")
 When budget_s is the binding limit the error is DeadlineExceeded instead, so a log says whose budget ran out.
+A stream's clock stops while the gateway delivers a delta to its own client (ChatStream.away: the chain's
+generator is suspended at its yield while the server writes, up to stream_write_timeout_s per write): the limit
+measures the provider, so a slow client never ends a healthy stream as the provider's timeout (which counted
+toward its breaker). The request deadline part of the limit stops with it: once a delta is shown there is no
+fallback, so it bounds only this attempt's waits on the provider; the client's own pace is bounded by
+stream_write_timeout_s per write (and the reply by MAX_REPLY_CHARS).
 On any early exit the response is closed, which drops the connection rather than re-pooling it.
 The caller's request id goes upstream as X-Request-ID, so provider logs can be joined with ours.
 
@@ -122,6 +128,10 @@ class _Clock:
 
     def left(self) -> float:
         return self.limit - (time.monotonic() - self.start)
+
+    def exclude(self, seconds: float) -> None:
+        """Stop counting `seconds` that were not spent waiting on the provider."""
+        self.start += seconds
 
     def first_token_left(self) -> float:
         return min(self.first_token_s, self.limit) - (time.monotonic() - self.start)
@@ -338,6 +348,10 @@ class ChatStream:
             if text:
                 return text
         return None
+
+    def away(self, seconds: float) -> None:
+        """The caller spent `seconds` elsewhere (delivering a delta to its client): not the provider's time."""
+        self._clock.exclude(seconds)
 
     def envelope(self, text: str, kind: str) -> BaseModel:
         return self.provider._envelope(text, kind, self.finish_reason)
