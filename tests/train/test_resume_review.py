@@ -4,6 +4,7 @@ test that failed before its fix. Tiny random Qwen3 on the CPU, plain transformer
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -239,3 +240,102 @@ def test_a_crash_while_saving_the_final_adapter_leaves_the_previous_one_whole(tm
     monkeypatch.setattr(D, "save_adapter", real)
     finetune.train_model(cfg(corpus, base, tmp_path / "r", max_steps=1, seed=1))  # a later run replaces it whole
     assert weights.read_bytes() != before and not (tmp_path / "r" / ".adapter.tmp").exists()
+
+
+class _Killed(BaseException):
+    """A kill at a chosen point (no except clause of the runner catches it)."""
+
+
+def test_a_kill_at_any_rename_of_the_final_adapter_never_leaves_its_config_beside_other_weights(
+        tmp_path, corpus, base, monkeypatch):
+    # the final adapter was moved from OUT/.adapter.tmp into OUT one file per rename (README.md,
+    # adapter_config.json, then adapter_model.safetensors): a kill between the last two left the new run's config
+    # (alpha 16) beside the previous run's weights, an adapter that loads and applies the wrong scale. Killed at
+    # each rename / delete of the save in turn, OUT must hold the old adapter whole, the new one whole, or no
+    # adapter_config.json (which every loader refuses), and the next save must leave the new adapter whole
+    import shutil
+
+    from hearth.train import distributed as D
+
+    names = ("adapter_config.json", "adapter_model.safetensors")
+
+    def adapter(folder):
+        return {n: (folder / n).read_bytes() for n in names} if (folder / "adapter_config.json").is_file() else None
+
+    finetune.train_model(cfg(corpus, base, tmp_path / "old", max_steps=1))
+    new_model, _ = finetune.train_model(cfg(corpus, base, tmp_path / "new", max_steps=1, seed=1, alpha=16))
+    old, new = adapter(tmp_path / "old"), adapter(tmp_path / "new")
+    assert old["adapter_config.json"] != new["adapter_config.json"]
+    assert old["adapter_model.safetensors"] != new["adapter_model.safetensors"]
+
+    killed_at = 0
+    while True:
+        killed_at += 1
+        out = tmp_path / f"out-{killed_at}"
+        shutil.copytree(tmp_path / "old", out)
+        calls = 0
+        with monkeypatch.context() as mp:
+            for name in ("rename", "replace", "unlink", "rmdir"):
+                def counting(*args, _real=getattr(os, name), **kwargs):
+                    nonlocal calls
+                    calls += 1
+                    if calls == killed_at:
+                        raise _Killed
+                    return _real(*args, **kwargs)
+                mp.setattr(os, name, counting)
+            try:
+                finetune._save_final_adapter(new_model, D.Dist(), out)
+                finished = True
+            except _Killed:
+                finished = False
+        assert adapter(out) in (old, new, None), f"killed at file operation {killed_at}: a mixed adapter"
+        finetune._save_final_adapter(new_model, D.Dist(), out)  # the next save (a resume) completes it
+        assert adapter(out) == new
+        assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+        if finished:
+            break
+    assert killed_at > 5  # every step of the publish was killed once
+
+
+def test_a_crash_while_a_resume_rewrites_metrics_jsonl_keeps_the_earlier_rows(tmp_path, corpus, base, monkeypatch):
+    # a resume rewrote metrics.jsonl in place with the rows up to its checkpoint (truncate, then write): a crash in
+    # between (a full disk, a kill) left it empty or torn, the steps before the checkpoint lost from the record
+    from pathlib import Path
+
+    from tests.train.finetune_spies import cut_after_checkpoint
+
+    kw = dict(max_steps=4, save_every=2)
+    out = tmp_path / "cut"
+    cut_after_checkpoint(cfg(corpus, base, out, **kw))
+    log = out / "metrics.jsonl"
+    before = log.read_bytes()
+    assert [json.loads(x)["step"] for x in before.splitlines()] == [1, 2]
+    real_open = Path.open
+
+    class TornWrite:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, text):
+            self.fh.write(text[: len(text) // 2])
+            self.fh.flush()
+            raise OSError(28, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    def torn_open(self, mode="r", *args, **kwargs):
+        fh = real_open(self, mode, *args, **kwargs)
+        return TornWrite(fh) if self.name.startswith("metrics.jsonl") and "w" in mode else fh
+
+    with monkeypatch.context() as mp:
+        mp.setattr(Path, "open", torn_open)
+        with pytest.raises(OSError, match="No space"):
+            finetune.train_model(cfg(corpus, base, out, resume=out, **kw))
+    assert log.read_bytes() == before
+    finetune.train_model(cfg(corpus, base, out, resume=out, **kw))
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4]
+    assert not (out / "metrics.jsonl.tmp").exists()

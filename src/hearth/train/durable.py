@@ -67,3 +67,68 @@ def restore_aside(final: Path, aside: Path) -> bool:
     aside.rename(final)
     fsync(final.parent)
     return True
+
+
+# the final adapter of a run lies in OUT itself, beside run.toml and the metrics (any peft / vLLM loader and `hearth
+# export --adapter OUT` take the folder as it is), so no single rename can swap it: publish_adapter() makes the
+# complete new one the adapter in a few renames ordered so that adapter_config.json, which every loader reads
+# first, is in OUT only beside the files of its own adapter
+ADAPTER_CONFIG = "adapter_config.json"
+# what an adapter in OUT may hold besides what the new one brings (peft's model card and its older .bin weights)
+ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors", "adapter_model.bin", "README.md")
+# OUT/.adapter.tmp: being written (a crash leaves no adapter of it); .adapter.new: complete and fsynced, the old
+# adapter still in OUT; .adapter.in: the old adapter's files moved aside into .adapter.old, the new ones moving in
+ADAPTER_TMP, ADAPTER_NEW, ADAPTER_IN, ADAPTER_OLD = ".adapter.tmp", ".adapter.new", ".adapter.in", ".adapter.old"
+
+
+def publish_adapter(tmp: Path, out: Path) -> None:
+    """``tmp`` (a complete adapter folder, fsync_tree'd, on OUT's file system) becomes the adapter in ``out``. Its
+    rename to OUT/.adapter.new is the commit: from then on a crash (a kill, a power cut) leaves what
+    finish_adapter_publish() completes into the new adapter, and before it the old adapter is untouched. In between
+    OUT holds either the whole old adapter, or no adapter_config.json (the old one is moved aside first, the new one
+    moved in last: a loader refuses the folder rather than load the new config over the old weights or the
+    reverse), or the whole new one."""
+    tmp, out = Path(tmp), Path(out)
+    finish_adapter_publish(out)  # an earlier publish killed part-way: completed first, not mixed with this one
+    tmp.rename(out / ADAPTER_NEW)
+    fsync(out)
+    finish_adapter_publish(out)
+
+
+def finish_adapter_publish(out: Path) -> bool:
+    """Complete a publish_adapter() that a crash interrupted after its commit: the old adapter's files aside, the new
+    one's in (adapter_config.json last), the leftovers deleted. Idempotent; every step is a rename in OUT, fsynced
+    before the next depends on it. An uncommitted OUT/.adapter.tmp is not touched (the writer deletes it). Whether
+    there was one to finish."""
+    import shutil
+
+    out = Path(out)
+    new, moving, old = out / ADAPTER_NEW, out / ADAPTER_IN, out / ADAPTER_OLD
+    found = new.is_dir() or moving.is_dir()
+    if new.is_dir():
+        # the old adapter aside, its config first: from that rename on OUT holds no adapter a loader takes. Every
+        # name in OUT that the old adapter or the new one can hold is the old one's here (nothing new is in yet)
+        names = list(dict.fromkeys([*ADAPTER_FILES, *sorted(p.name for p in new.iterdir())]))
+        old.mkdir(exist_ok=True)
+        for name in names:
+            if (out / name).exists() or (out / name).is_symlink():
+                if (old / name).is_dir():  # left by an earlier publish killed while deleting .adapter.old
+                    shutil.rmtree(old / name)
+                os.replace(out / name, old / name)
+                if name == ADAPTER_CONFIG:
+                    fsync(out)  # the config gone before any other file of the old adapter
+        fsync(out)
+        new.rename(moving)  # the old adapter is all aside: what is in OUT from here on is the new one's
+        fsync(out)
+    if moving.is_dir():
+        entries = sorted(moving.iterdir(), key=lambda p: (p.name == ADAPTER_CONFIG, p.name))
+        for entry in entries:
+            if entry.name == ADAPTER_CONFIG:
+                fsync(out)  # every other file of the new adapter in OUT before its config names it an adapter
+            os.replace(entry, out / entry.name)
+        fsync(out)
+        moving.rmdir()
+        fsync(out)
+    if old.exists():
+        shutil.rmtree(old)
+    return found

@@ -51,7 +51,9 @@ from hearth.train.batches import (
     EVAL_SPLIT, EVAL_SPLITS, Example, collate, conversation_of, load_examples, plan_epoch, split_eval,
 )
 from hearth.train.distributed import PARALLEL
-from hearth.train.durable import fsync, fsync_tree, replace_dir, restore_aside
+from hearth.train.durable import (
+    ADAPTER_TMP, finish_adapter_publish, fsync, fsync_tree, publish_adapter, replace_dir, restore_aside,
+)
 
 IGNORE_INDEX = -100
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -68,9 +70,9 @@ CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON
 
 
 # the files a run writes into OUT (the adapter's as peft writes them, its model card too; metrics.json and loss.png
-# through their .tmp)
-OUT_FILES = ("run.toml", "metrics.jsonl", "metrics.json", "metrics.json.tmp", "loss.png", "loss.png.tmp",
-             "adapter_config.json", "adapter_model.safetensors", "README.md")
+# and metrics.jsonl's rewrite at the start of a run or resume through their .tmp)
+OUT_FILES = ("run.toml", "metrics.jsonl", "metrics.jsonl.tmp", "metrics.json", "metrics.json.tmp", "loss.png",
+             "loss.png.tmp", "adapter_config.json", "adapter_model.safetensors", "README.md")
 
 
 class RunError(RuntimeError):
@@ -946,25 +948,38 @@ def eval_split_of(state: dict | None, path: Path | None) -> str:
 
 
 def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
-    """The run's adapter into OUT, whole or not at all: written to OUT/.adapter.tmp, then each file moved over its
-    old version with one rename. A crash while writing (out of disk, killed) used to leave a half-written
-    adapter_model.safetensors over the one a previous run or resume had left in OUT. Every rank calls it."""
+    """The run's adapter into OUT, whole or not at all: written to OUT/.adapter.tmp and fsynced, then published
+    (durable.publish_adapter): renamed to OUT/.adapter.new (the commit), the old adapter's files moved aside with
+    adapter_config.json first, the new ones moved in with it last, the old ones deleted. A crash while writing
+    leaves the old adapter as it was; one during the renames leaves OUT with the old adapter whole, or with no
+    adapter_config.json (never the new config beside the old weights, as moving the files in one by one over the
+    old ones did), and the next save into OUT (or a run's start) completes the new adapter first. Every rank
+    calls it."""
     import shutil
 
-    tmp = out / ".adapter.tmp"
-    if d.main and tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = out / ADAPTER_TMP
+    if d.main:
+        finish_adapter_publish(out)  # an earlier run killed after its adapter was committed: that one in first
+        if tmp.exists():  # a save a crash interrupted while writing: never committed
+            shutil.rmtree(tmp)
     D.barrier(d)
     D.save_adapter(model, d, tmp)
     if d.main:
         fsync_tree(tmp)
-        for entry in sorted(tmp.iterdir()):
-            target = out / entry.name
-            if entry.is_dir() and target.is_dir():
-                shutil.rmtree(target)
-            os.replace(entry, target)
-        tmp.rmdir()
-        fsync(out)
+        publish_adapter(tmp, out)
+
+
+def _write_metrics_rows(path: Path, rows: list[dict]) -> None:
+    """metrics.jsonl holding ``rows`` (a resume's kept rows; none for a fresh run), replaced whole: written to
+    metrics.jsonl.tmp beside it, fsynced, renamed over it, the folder fsynced. Truncating it in place and writing
+    the rows again lost the earlier steps' rows to a crash (a kill, a full disk) in between."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync(path.parent)
 
 
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
@@ -1312,6 +1327,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     log_path = cfg.out / "metrics.jsonl"
     if dist.main:
         cfg.out.mkdir(parents=True, exist_ok=True)
+        finish_adapter_publish(cfg.out)  # a run killed while publishing its adapter: the new one whole in OUT
         (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
     rows: list[dict] = []
     if resume_from is not None:
@@ -1324,7 +1340,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     D.barrier(dist)  # every rank has read metrics.jsonl before rank 0 rewrites it
     log = None
     if dist.main:
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        _write_metrics_rows(log_path, rows)
         log = log_path.open("a", encoding="utf-8")
     build_s = time.perf_counter() - t0
 
