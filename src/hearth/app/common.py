@@ -145,17 +145,19 @@ async def once_per_submission(db: AsyncSession, submission_id: str | None, text:
     InputError (same_submission) when the id was saved with another text, or with one that does not open (``find``
     gives the text as None; the rest of its answer may hold None for what does not open, shown as unreadable).
 
-    ``gone()``, run in a transaction of its own when the read-back finds nothing saved with the id, raises the
-    caller's error when what the turn is saved into went meanwhile (a chat cleared, a companion deleted between the
-    rollback and the read-back take the first submission's rows with them): the resend answers that, not the
-    IntegrityError, which still propagates when ``gone()`` returns."""
+    ``gone()``, run in a transaction of its own when the read-back finds nothing saved with the id (or there is no
+    id), raises the caller's error when what the turn is saved into went meanwhile: a chat cleared, a companion
+    deleted between the rollback and the read-back take the first submission's rows with them; without an id, the
+    foreign key refused the rows because their companion, chat or rehearsal was deleted after the turn had checked
+    it. The turn answers that (as it does when it finds it gone before writing), not the IntegrityError, which still
+    propagates when ``gone()`` returns."""
     if write is not None:
         try:
             async with db.begin():
                 return await write()
         except IntegrityError:
             if (saved := await once_per_submission(db, submission_id, text, find)) is None:
-                if gone is not None and submission_id is not None:
+                if gone is not None:
                     async with db.begin():
                         await gone()
                 raise

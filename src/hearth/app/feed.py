@@ -164,8 +164,9 @@ async def create_post(db: AsyncSession, model: Any, cipher: UserCipher, text: st
         return PostResult(post_id=post.id, comments=[v for v in views if v.companion_id in alive], failed=failed)
 
     async def gone() -> None:  # what the first submission saved went between the rollback and the read-back
-        raise InputError("submission_id", "was used for a post that was deleted while your companions read this "
-                                          "one, so it was not saved again; send it again to post it anew")
+        if submission_id is not None:  # (without an id, the IntegrityError is another constraint's: it propagates)
+            raise InputError("submission_id", "was used for a post that was deleted while your companions read "
+                                              "this one, so it was not saved again; send it again to post it anew")
 
     return await once_per_submission(db, submission_id, text, lambda sid: _post_with_id(db, cipher, sid), write,
                                      gone)

@@ -213,10 +213,11 @@ async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: st
         db.add_all(_reading_rows(cipher, results, situation_id=row.id))
         return SituationView(id=row.id, text=text, created_at=row.created_at, results=results)
 
-    async def gone() -> None:  # what the first submission saved went between the rollback and the read-back
+    async def gone() -> None:  # the companion went meanwhile, or what the first submission with the id saved did
         await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
-        raise InputError("submission_id", "was used for a situation that was deleted while the panel read this one, "
-                                          "so it was not saved again; send it again to ask the panel anew")
+        if submission_id is not None:  # between the rollback and the read-back
+            raise InputError("submission_id", "was used for a situation that was deleted while the panel read this one, "
+                                              "so it was not saved again; send it again to ask the panel anew")
 
     return await once_per_submission(db, submission_id, text,
                                      lambda sid: _situation_with_id(db, cipher, companion_id, sid), write, gone)
