@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import re
 import uuid
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy import text as sql_text
 
 from hearth.app.storage.models import Reading, Rehearsal, RehearsalTurn
 from tests.app.app_client import create_companion, signup, sse_events, start_rehearsal
@@ -211,3 +213,28 @@ async def test_readings_that_cannot_be_saved_leave_the_exchange_saved_and_the_st
         assert (await count_rows(app, RehearsalTurn), await count_rows(app, Reading)) == (2, 0)
         page = html.unescape((await client.get(f"/rehearsals/{rid}")).text)
         assert f"<p>Echo: {TEXT}</p>" in page and PENDING in page
+
+
+async def test_readings_the_database_refuses_leave_the_exchange_saved_and_the_form_page_says_so(make_settings,
+                                                                                                sqlite_url):
+    """Review 59: the no-script form's turn answered 500 when the readings could not be saved, though the exchange
+    was; it now shows the rehearsal page with the exchange and says that only its readings are not saved, as the
+    stream does (simulation.readings_or_kept_exchange), the box empty."""
+    async with running_app(make_settings(sqlite_url), model=FakeModel()) as (app, client):
+        csrf, rid = await _setup(client)
+        async with app.state.hearth.db.sessions() as s, s.begin():  # the database refuses the readings
+            await s.execute(sql_text("CREATE TRIGGER readings_refused BEFORE INSERT ON readings "
+                                     "BEGIN SELECT RAISE(ABORT, 'the disk is full'); END"))
+        data = {"message": TEXT, "csrf": csrf, "submission_id": uuid.uuid4().hex}
+        answer = await client.post(f"/rehearsals/{rid}/turns", data=data)
+        assert answer.status_code == 200, answer.text[-600:]
+        page = html.unescape(answer.text)
+        assert f"<p>{TEXT}</p>" in page and f"<p>Echo: {TEXT}</p>" in page
+        assert "readings of this exchange could not be saved" in page and "exchange itself is saved" in page
+        assert "Nothing was saved" not in page
+        assert NOT_SAVED in page and PENDING not in page  # the turn's note agrees with the error
+        assert re.search(r"<textarea[^>]*></textarea>", page), "the text is saved: it is not put back in the box"
+        assert (await count_rows(app, RehearsalTurn), await count_rows(app, Reading)) == (2, 0)
+        again = await client.post(f"/rehearsals/{rid}/turns", data=data)  # the form resent: the saved turn
+        assert again.status_code == 303
+        assert (await count_rows(app, RehearsalTurn), await count_rows(app, Reading)) == (2, 0)

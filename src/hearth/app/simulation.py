@@ -25,11 +25,12 @@ agent and the panel are told (one whose agent does not open is refused: Unreadab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -312,6 +313,7 @@ class TurnView:
     created_at: datetime
     results: list[PanelResult] = field(default_factory=list)
     replayed: bool = False  # saved by an earlier submission with the same id (saved_rehearsal_turn)
+    readings_lost: bool = False  # the panel's readings of it could not be saved (readings_or_kept_exchange)
     # an agent turn's: the person's mood and the suggested actions, which the page shows as coaching for the user's
     # next line (None / [] for a user's turn, one saved before schema 0007, or one whose meta does not open)
     mood: str | None = None
@@ -512,6 +514,19 @@ async def save_turn_readings(db: AsyncSession, cipher: UserCipher, turn: TurnVie
         return False
 
 
+@contextlib.contextmanager
+def readings_or_kept_exchange(turn: TurnView) -> Iterator[None]:
+    """Around phase 2 of a turn whose exchange is saved (the panel reading it, save_turn_readings): a failure in it
+    (the database refused the readings or went away) is logged, not raised, and sets ``turn.readings_lost``; the
+    exchange stays saved, and the caller tells the user that only its readings are not. The streamed turn
+    (routes.simulation._stream_rehearsal) and the form's (rehearsal_turn) both run their phase 2 in it."""
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - the exchange is saved; the page must learn that its readings are not
+        log.exception("rehearsal turn: the panel's readings could not be saved")
+        turn.readings_lost = True
+
+
 def panel_note(turn: TurnView, analyst_timeout_s: float, now: datetime | None = None) -> str:
     """What the rehearsal page says of an agent turn without readings: "pending" while the panel may still be
     reading it (saved less than analyst_timeout_s + PANEL_MARGIN_S ago), "lost" after that (the process stopped
@@ -527,7 +542,8 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
                          max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float,
                          prompt_memories: int = 30, submission_id: str | None = None) -> TurnView:
     """The agent replies, both turns are saved (save_rehearsal_exchange), the panel reads the exchange and its
-    readings are saved (save_turn_readings): if the panel's readings cannot be saved, the exchange stays saved. A
+    readings are saved (save_turn_readings): if the panel's readings cannot be saved, the exchange stays saved and
+    the turn comes back with ``readings_lost`` (readings_or_kept_exchange), nothing raised. A
     ``submission_id`` already saved in this rehearsal returns that turn without asking the model (nor the panel,
     when the resend raced the first to the save); a reply the streamed path would fail (model.check_as_streamed)
     fails here too, nothing saved."""
@@ -544,8 +560,9 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
                                          mood=result.envelope.mood, suggested_actions=result.envelope.suggested_actions)
     if turn.replayed:
         return turn
-    results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
-    await save_turn_readings(db, cipher, turn, results)
+    with readings_or_kept_exchange(turn):
+        results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+        await save_turn_readings(db, cipher, turn, results)
     return turn
 
 

@@ -23,8 +23,11 @@ from hearth.app.storage.models import new_id
 router = APIRouter()
 log = logging.getLogger("hearth.app.simulation")
 REHEARSAL_GONE = "This rehearsal was deleted while the reply was being written, so it was not saved."
-READINGS_NOT_SAVED = ("The panel's readings of this exchange could not be saved. The exchange itself is saved: "
-                      "reload the page to see it.")
+# a turn's exchange saved, the panel's readings of it not (simulation.readings_or_kept_exchange): the streamed page
+# shows the error after the reply it streamed, the form's page the saved exchange above the error
+_READINGS_LOST = "The panel's readings of this exchange could not be saved. The exchange itself is saved"
+READINGS_NOT_SAVED = _READINGS_LOST + ": reload the page to see it."
+READINGS_NOT_SAVED_FORM = _READINGS_LOST + ", above."
 Text = Annotated[str, Form(max_length=FORM_FIELD_MAX)]
 
 
@@ -172,11 +175,13 @@ async def start_rehearsal(db: DB, viewer: CsrfViewer, companion_id: IdParam,
 
 
 async def _rehearsal_page(request: Request, state: State, db, viewer, rehearsal_id: str, *, error: str = "",
-                          draft: str = "", status: int = 200) -> Response:
+                          draft: str = "", status: int = 200, readings_lost: str | None = None) -> Response:
     view = await svc.get_rehearsal(db, viewer.cipher, rehearsal_id)
     companion = await companions_svc.get_companion(db, viewer.cipher, view.companion_id)
     # an agent turn saved before the panel's readings: "pending" while the panel may still read it, else "lost"
     panel_notes = {t.id: svc.panel_note(t, state.settings.analyst_timeout_s) for t in view.turns}
+    if readings_lost in panel_notes and panel_notes[readings_lost]:  # the turn whose readings just failed to save
+        panel_notes[readings_lost] = "lost"
     return state.templates.TemplateResponse(request, "rehearsal.html", {
         "viewer": viewer, "rehearsal": view, "companion": companion, "model_configured": state.model_configured,
         "panel_notes": panel_notes,
@@ -237,15 +242,14 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
     if turn.replayed:  # a resend that raced the first to the save: the first's panel reads it
         yield _rehearsal_done(turn)
         return
-    try:
+    with svc.readings_or_kept_exchange(turn):  # a failure sets turn.readings_lost: the exchange stays saved
         results = []
         async for reading in svc.panel(model, shared, svc.exchange_for_panel(view, text, reply), s.analyst_timeout_s):
             results.append(reading)
             yield sse("reading", reading.as_json())
         async with state.db.sessions() as db:
             await svc.save_turn_readings(db, viewer.cipher, turn, results)
-    except Exception:  # noqa: BLE001 - the exchange is saved; the page must learn that its readings are not
-        log.exception("rehearsal turn: the panel's readings could not be saved")
+    if turn.readings_lost:
         yield sse("error", {"message": READINGS_NOT_SAVED})
         return
     yield _rehearsal_done(turn)
@@ -264,7 +268,7 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
                                             state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
+        turn = await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
                                  turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
                                  analyst_timeout_s=s.analyst_timeout_s, prompt_memories=s.prompt_memories,
                                  submission_id=submission_id)
@@ -273,6 +277,10 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
         status, error = await form_turn_failure(db, viewer, exc, "rehearsal turn", log)
         return await _rehearsal_page(request, state, db, viewer, rehearsal_id, status=status, draft=message,
                                      error=error)
+    if turn.readings_lost:  # the exchange is saved, its readings not: the page shows it and says so, the box empty
+        await refresh_viewer(db, viewer)  # the readings' transaction rolled back (routes._util.refresh_viewer)
+        return await _rehearsal_page(request, state, db, viewer, rehearsal_id, error=READINGS_NOT_SAVED_FORM,
+                                     readings_lost=turn.id)
     return RedirectResponse(f"/rehearsals/{rehearsal_id}#bottom", status_code=303)
 
 
