@@ -88,3 +88,24 @@ def test_a_crash_between_the_renames_does_not_lose_the_previous_export(tmp_path,
     assert out.is_dir() and snapshot(out) == before
     assert json.loads((out / "export.json").read_text())["tokenizer"] == str(tok_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]
+
+
+def test_an_adapter_whose_publish_a_crash_interrupted_is_completed_and_exported(tmp_path, export_parts):
+    """`hearth train` publishes its final adapter into OUT in a few renames (hearth.train.durable.publish_adapter); a
+    kill after the commit leaves the new adapter's files partly under OUT/.adapter.in and no adapter_config.json in
+    OUT. export refused that folder ("has no adapter_config.json") though the adapter in it was complete; it now
+    completes the publish first, as the next run into OUT does."""
+    import shutil
+
+    tok_dir, bare, adapter = export_parts
+    run = tmp_path / "run"
+    shutil.copytree(adapter, run)
+    moving = run / ".adapter.in"
+    moving.mkdir()
+    (run / "adapter_config.json").rename(moving / "adapter_config.json")  # moved in last: still in .adapter.in
+    out = tmp_path / "merged"
+    result = export("--adapter", run, "--model", bare, "--out", out, "--tokenizer", tok_dir)
+    assert result.exit_code == 0, result.output
+    assert (run / "adapter_config.json").is_file() and not moving.exists()
+    assert json.loads((out / "export.json").read_text())["adapter_config"] == \
+        json.loads((adapter / "adapter_config.json").read_text())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hearth.train.durable import fsync_tree, replace_dir, restore_aside
+from hearth.train.durable import finish_adapter_publish, fsync_tree, replace_dir, restore_aside
 
 DTYPES = ("bfloat16", "float16")
 
@@ -56,6 +56,14 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     adapter, model, out = Path(adapter), Path(model), Path(out)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if adapter.is_dir():
+        # a `hearth train` killed while publishing its final adapter into this folder: the committed new adapter is
+        # completed first (as the next run into it would), not refused for the adapter_config.json it lacks meanwhile
+        try:
+            finish_adapter_publish(adapter)
+        except OSError as exc:
+            raise ValueError(f"adapter: {adapter} holds an adapter whose publish a crash interrupted, and it cannot be "
+                             f"completed here: {exc}") from exc
     if not (adapter / "adapter_config.json").is_file():
         raise ValueError(f"adapter: {adapter} has no adapter_config.json (a folder written by `hearth train`)")
     if not (model / "config.json").is_file():
