@@ -6,12 +6,18 @@ live sessions. Each session has its own CSRF token.
 
 Signup writes the user, the user's wrapped data key and the first session in ONE transaction: an
 account either exists and can log in, or does not exist at all.
+
+Expired sessions: a login deletes its user's in the transaction that adds its new one, and every new session
+(a signup's, a login's) then deletes up to SESSION_SWEEP_BATCH expired sessions of any user (sweep_expired_sessions),
+so those of a user who never comes back go too. Sessions are only ever added by a signup or a login, so expired rows
+cannot pile up: each new row removes up to a batch of them. No background task, and each statement stays bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -20,12 +26,15 @@ from datetime import datetime, timedelta, timezone
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from sqlalchemy import delete, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth.app import crypto
 from hearth.app.storage.models import Session, User, new_id, utcnow
 
+log = logging.getLogger("hearth.app")
+# how many expired sessions (of any user) one new session's sweep deletes at most (sweep_expired_sessions)
+SESSION_SWEEP_BATCH = 500
 USERNAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{2,31}$")
 MIN_PASSWORD, MAX_PASSWORD = 10, 256
 
@@ -89,6 +98,22 @@ def _session_row(user_id: str, ttl_s: int, device_epoch: int = 0) -> tuple[Sessi
     return Session(id=token_hash(token), user_id=user_id, csrf_token=new.csrf_token, expires_at=new.expires_at), new
 
 
+async def sweep_expired_sessions(db: AsyncSession, *, limit: int | None = None) -> int:
+    """Delete up to ``limit`` (SESSION_SWEEP_BATCH) expired sessions of any user, in a transaction of its own; how
+    many went. Run after each new session (signup, login): a database error here is logged and answered 0, never
+    raised, so housekeeping cannot fail the login that ran it (its session is committed); the next one tries again."""
+    limit = SESSION_SWEEP_BATCH if limit is None else limit
+    expired = select(Session.id).where(Session.expires_at <= utcnow()).limit(limit)
+    try:
+        async with db.begin():
+            gone = await db.execute(delete(Session).where(Session.id.in_(expired.scalar_subquery()))
+                                    .execution_options(synchronize_session=False))
+    except SQLAlchemyError as exc:
+        log.warning("expired sessions not swept (tried again at the next login): %s", type(exc).__name__)
+        return 0
+    return gone.rowcount
+
+
 async def signup(db: AsyncSession, *, username: str, password: str, master_key: bytes, ttl_s: int) -> NewSession:
     """Create the account and its first session atomically. AccountError for bad input or a taken name."""
     name = normalise_username(username)
@@ -105,6 +130,7 @@ async def signup(db: AsyncSession, *, username: str, password: str, master_key: 
             db.add(row)
     except IntegrityError:
         raise AccountError("username", "is taken") from None
+    await sweep_expired_sessions(db)
     return new
 
 
@@ -157,6 +183,7 @@ async def login(db: AsyncSession, *, username: str, password: str, ttl_s: int,
             return None
         return await login(db, username=username, password=password, ttl_s=ttl_s, master_key=master_key,
                            _retries=_retries - 1)
+    await sweep_expired_sessions(db)
     return new
 
 
