@@ -17,6 +17,9 @@ from hearth.app.storage import create_database, upgrade
 from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Base, User
 
+# the newest schema revision: what every upgrade test expects to reach (each new migration moves it)
+HEAD = "0008"
+
 
 @asynccontextmanager
 async def database_at(database_url: str, revision: str, master_key: bytes):

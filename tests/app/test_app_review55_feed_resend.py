@@ -24,7 +24,7 @@ from hearth.app.storage import upgrade
 from hearth.app.storage.models import Comment, Post
 from tests.app.app_client import create_companion, forms_racing, signup
 from tests.app.app_fakes import FakeModel, GatedModel, kind_from_request, openai_handler
-from tests.app.app_schema import database_at, downgrade, insert_companion, scalars, upgrade_and_compare
+from tests.app.app_schema import HEAD, database_at, downgrade, insert_companion, scalars, upgrade_and_compare
 from tests.app.conftest import count_rows, running_app, running_app_on_chain
 from tests.fakes.openai_server import FakeOpenAI
 
@@ -163,7 +163,7 @@ async def test_schema_0006_matches_the_models_and_upgrades_and_downgrades_keepin
         assert await scalars(database, "select count(*) from posts where submission_id is null",
                              "select count(*) from comments") == [1, 1]
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == "0007"
+        assert version == HEAD
 
         model = FakeModel()
         async with database.sessions() as s:  # a companion that comments; posts with two ids and one without

@@ -24,7 +24,7 @@ from hearth.app.storage.models import RehearsalTurn
 from hearth.envelope import dumps, parse_envelope
 from tests.app.app_client import create_companion, signup, sse_events, start_rehearsal
 from tests.app.app_fakes import FakeModel
-from tests.app.app_schema import database_at, downgrade, insert_companion, scalars, upgrade_and_compare
+from tests.app.app_schema import HEAD, database_at, downgrade, insert_companion, scalars, upgrade_and_compare
 from tests.app.conftest import count_rows, running_app
 
 pytestmark = pytest.mark.anyio
@@ -167,7 +167,7 @@ async def test_schema_0007_upgrades_a_0006_database_keeping_its_rehearsal_turns_
                                dict(id="6" * 32, u=user_id, t="1" * 32, b=b"x", now=now))
         diff, version = await upgrade_and_compare(database)
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == "0007"
+        assert version == HEAD
         assert await scalars(database, "select count(*) from rehearsal_turns where meta_ct is null",
                              "select count(*) from readings") == [2, 1]
         async with database.engine.begin() as conn:

@@ -59,3 +59,17 @@ async def test_a_sweep_deletes_a_bounded_batch_of_expired_sessions_and_no_live_o
             counts.append(await accounts.sweep_expired_sessions(s))
     assert counts == [2, 2, 1, 0]
     assert (await _sessions(db, bob.id, expired=True), await _sessions(db, bob.id, expired=False)) == (0, 1)
+
+
+async def test_the_sweep_finds_expired_sessions_through_an_index(db):
+    """The sweep runs after every signup and login: without an index on sessions.expires_at (schema 0008) its
+    search read the whole sessions table each time."""
+    from sqlalchemy import text
+
+    if db.engine.dialect.name != "sqlite":
+        pytest.skip("the query plan is read with SQLite's EXPLAIN QUERY PLAN")
+    async with db.engine.connect() as conn:
+        plan = (await conn.execute(text("EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE expires_at <= :now LIMIT 500"),
+                                   dict(now=utcnow()))).all()
+    details = " ".join(str(row[-1]) for row in plan)
+    assert "ix_sessions_expires_at" in details, details

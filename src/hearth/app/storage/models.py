@@ -66,7 +66,8 @@ class Session(Base):
     user_id: Mapped[str] = _owner()
     csrf_token: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = _created()
-    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # indexed (schema 0008): each new session sweeps expired ones of any user (accounts.sweep_expired_sessions)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
 
 class Companion(Base):
