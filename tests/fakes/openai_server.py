@@ -35,8 +35,6 @@ Behaviours:
         other chunk, then one last chunk with "choices": [] and the usage, before [DONE] (none when None).
     Behavior.hang()     accepts the request and never answers (until the server stops).
     Behavior.reset()    closes the TCP connection with a RST before any response byte.
-    Behavior.hangup(head=b"")   writes `head` (e.g. the start of a status line) as it is, then closes the TCP
-        connection (FIN): a reply cut off before its headers ended.
     Behavior.raw(data, content_type="application/json", status=200, delay_s=0)   exactly these bytes.
 
 FakeOpenAI(handler, model="fake-model", health=None, port=0): port 0 picks a free port; pass one
@@ -121,10 +119,6 @@ class Behavior:
     @classmethod
     def reset(cls) -> "Behavior":
         return cls("reset")
-
-    @classmethod
-    def hangup(cls, head: bytes = b"") -> "Behavior":
-        return cls("hangup", body=bytes(head))
 
     @classmethod
     def raw(cls, data: bytes | str, content_type: str = "application/json", status: int = 200,
@@ -359,12 +353,6 @@ class FakeOpenAI:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             if transport is not None:
                 transport.abort()
-            raise asyncio.CancelledError  # nothing more can be written; aiohttp drops the request
-        if b.kind == "hangup":
-            transport = request.transport
-            if transport is not None:
-                transport.write(b.body or b"")
-                transport.close()  # FIN once `head` is out
             raise asyncio.CancelledError  # nothing more can be written; aiohttp drops the request
         if b.kind == "status":
             return web.Response(status=b.code, body=b.body, headers=b.headers, content_type="application/json")

@@ -131,10 +131,8 @@ def test_the_warmups_wait_shrinks_as_it_runs_and_the_soonest_provider_wins(clock
 # ------------------------------------------------------------------ 3. an open breaker still wakes the endpoint
 def test_a_request_that_finds_the_breaker_open_wakes_the_cold_endpoint_for_the_trial(clock):
     async def main():
-        # the probe reads warm, then (after the failed attempt) cold, then the warm-up's knock finds it up. The chat
-        # POST reuses the probe's pooled connection: its reset is sent again on a fresh connection (the stale
-        # connection race, test_gateway_stale_connection), which is reset too: the attempt fails
-        async with FakeOpenAI([Behavior.reset(), Behavior.reset(), GOOD], health=[HEALTHY, BROKEN, HEALTHY]) as ft, \
+        # the probe reads warm, then (after the failed attempt) cold, then the warm-up's knock finds it up
+        async with FakeOpenAI([Behavior.reset(), GOOD], health=[HEALTHY, BROKEN, HEALTHY]) as ft, \
                 FakeOpenAI(GOOD) as hosted:
             cfg = make_config(scale_to_zero("ft", ft, ttl_s=60.0), provider("hosted", hosted), breaker_failures=1,
                               cooldown_s=30.0)

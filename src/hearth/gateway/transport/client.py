@@ -21,14 +21,6 @@ A request goes to its URL and nowhere else, and carries only the headers its cal
     * no cookie jar: a cookie one upstream sets (a load balancer's, a session) was kept for the life of
       the process and sent with every user's requests to that host, whichever provider they went to.
 
-A chat POST that goes out on a keep-alive connection from the pool which the upstream closes (FIN or RST) before
-any byte of the reply came is sent again, ONCE, on a fresh connection (the idle-timeout race: the server closed
-the connection it thought idle as the request went out; browsers and urllib3 retry it the same way). Only that
-case: a failure on a fresh connection, a connection that sent any byte back, a timeout, all are the answer as
-before (ConnectFailed, a provider failure). The retry runs inside the same open() call, so the caller's budget
-around it (first_token_s / total_s) bounds both sends together. aiohttp itself retries such a request only for
-idempotent methods (GET: the health probe), on whatever pooled connection comes next.
-
 Why aiohttp (AiohttpTransport) and not httpx.AsyncClient: measured on the 2-core CI-like machine
 (benchmarks/gateway/results.md, rows "httpx direct" vs "aiohttp direct"), httpx's pool collapses at
 high concurrency: at 500 concurrent requests httpx managed 133 req/s (p99 11.2 s) where aiohttp did
@@ -40,13 +32,10 @@ that needs a different transport implements these two small classes.
 from __future__ import annotations
 
 import abc
-import contextvars
-import functools
 from typing import AsyncIterator, Mapping
 from urllib.parse import unquote, urlsplit
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
 from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
@@ -73,62 +62,6 @@ def _redacted(message: str, url: str) -> str:
     if len(password) >= 6:  # wherever else it shows (a short one would mangle the message, and guesses easily)
         message = message.replace(password, "***")
     return message
-
-
-class _Sent:
-    """Where one request went out (set by _Handler while aiohttp sends it): its connection's protocol, and whether
-    that connection came from the pool (it had carried a request before)."""
-
-    __slots__ = ("protocol", "reused")
-
-    def __init__(self) -> None:
-        self.protocol: "_Handler | None" = None
-        self.reused = False
-
-    def stale(self, exc: BaseException) -> bool:
-        """Whether `exc` (raised before the reply's headers) is the idle-timeout race: a pooled connection closed
-        or reset by the upstream with no byte of a reply received. Safe to send again on a fresh connection."""
-        # closed (ServerDisconnectedError), reset (ClientOSError ECONNRESET), or found closing as the request was
-        # written (ClientConnectionResetError); never a connect failure (no pooled connection) nor a timeout
-        if isinstance(exc, (aiohttp.ClientConnectorError, TimeoutError)) or \
-                not isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError)):
-            return False
-        return self.protocol is not None and self.reused and not self.protocol.received
-
-
-_SENT: contextvars.ContextVar[_Sent | None] = contextvars.ContextVar("hearth_transport_sent", default=None)
-
-
-class _Handler(ResponseHandler):
-    """aiohttp's connection protocol, which also records whether a connection is being reused and whether any byte
-    came back since the current request was sent, and tells the request being sent (_SENT, set by open())."""
-
-    def __init__(self, loop) -> None:
-        super().__init__(loop)
-        self.requests = 0        # requests sent on this connection
-        self.received = False    # a byte came since the current one was sent
-
-    def set_response_params(self, **kwargs) -> None:  # aiohttp calls it once per request, before sending it
-        self.requests += 1
-        self.received = False
-        sent = _SENT.get()
-        if sent is not None:
-            sent.protocol, sent.reused = self, self.requests > 1
-        super().set_response_params(**kwargs)
-
-    def data_received(self, data: bytes) -> None:
-        if data:
-            self.received = True
-        super().data_received(data)
-
-
-class _Connector(aiohttp.TCPConnector):
-    """A TCPConnector whose connections use _Handler. aiohttp has no public hook for the protocol: this sets the
-    connector's protocol factory (BaseConnector._factory, aiohttp 3.x); test_gateway_stale_connection pins it."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self._factory = functools.partial(_Handler, loop=self._loop)
 
 
 class TransportError(Exception):
@@ -238,36 +171,13 @@ class AiohttpTransport(Transport):
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self._fresh: aiohttp.ClientSession | None = None   # the stale-connection retry's: a new connection each time
 
     async def start(self) -> None:
         if self._session is None:
-            connector = _Connector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
-            # force_close: a connection per request, never pooled (a retry must not meet another stale one); its
-            # own limit, so retries never wait for a slot the requests they retry hold
-            fresh = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300,
-                                         force_close=True)
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
             # No session-wide timeout: every call passes its own (a hang must never outlive its budget).
-            options = dict(timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False,
-                           cookie_jar=aiohttp.DummyCookieJar())
-            self._session = aiohttp.ClientSession(connector=connector, **options)
-            self._fresh = aiohttp.ClientSession(connector=fresh, **options)
-
-    async def _send(self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None,
-                    timeout: aiohttp.ClientTimeout, allow_redirects: bool) -> aiohttp.ClientResponse:
-        """The request, sent again once on a fresh connection when a pooled one turned out closed (_Sent.stale)."""
-        sent = _Sent()
-        token = _SENT.set(sent)
-        try:
-            return await self._session.request(method, url, data=body, headers=headers, timeout=timeout,
-                                               allow_redirects=allow_redirects)
-        except (aiohttp.ClientError, OSError) as exc:
-            if not sent.stale(exc):
-                raise
-        finally:
-            _SENT.reset(token)
-        return await self._fresh.request(method, url, data=body, headers=headers, timeout=timeout,
-                                         allow_redirects=allow_redirects)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                                  raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
 
     async def open(self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None,
                    connect_timeout_s: float) -> UpstreamResponse:
@@ -279,8 +189,8 @@ class AiohttpTransport(Transport):
         try:
             follow = method == "GET" and body is None
             # aiohttp's own following would take headers such as api-key to whatever origin Location names
-            resp = await self._send(method, url, headers=headers, body=body, timeout=timeout,
-                                    allow_redirects=follow and not headers)
+            resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout,
+                                               allow_redirects=follow and not headers)
             if follow and headers:
                 hops = 0
                 while resp.status in _REDIRECTS and hops < _MAX_REDIRECTS:
@@ -308,6 +218,3 @@ class AiohttpTransport(Transport):
         if self._session is not None:
             await self._session.close()
             self._session = None
-        if self._fresh is not None:
-            await self._fresh.close()
-            self._fresh = None
