@@ -61,3 +61,49 @@ def test_aiohttp_transport_errors_are_typed():
             AiohttpTransport(0)
 
     asyncio.run(main())
+
+
+def test_the_pool_reuses_a_connection_only_while_it_is_younger_than_the_upstreams_idle_limit():
+    """uvicorn (vLLM's OpenAI server) closes a keep-alive connection idle for 5 s; aiohttp's pool kept one for 15 s,
+    so a request could go out on a connection the upstream was closing (a reset, counted against the provider).
+    The pool now drops a connection idle for pool_idle_s (POOL_IDLE_S, below 5 s by default) and opens a new one."""
+    from hearth.gateway.transport.client import POOL_IDLE_S
+
+    assert POOL_IDLE_S < 5.0
+
+    async def main():
+        accepted = 0
+
+        async def serve(reader, writer):
+            nonlocal accepted
+            accepted += 1
+            try:
+                while await reader.readuntil(b"\r\n\r\n"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/health"
+        t = AiohttpTransport(pool_idle_s=0.2)
+        await t.start()
+        counts = []
+        try:
+            for pause in (0.0, 0.0, 0.4):  # two back to back; the third after the connection idled past 0.2 s
+                await asyncio.sleep(pause)
+                resp = await t.open("GET", url, headers={}, body=None, connect_timeout_s=2.0)
+                assert resp.status == 200 and await resp.read(100) == b"{}"
+                resp.close()
+                counts.append(accepted)
+        finally:
+            await t.aclose()
+            server.close()
+        return counts
+
+    assert asyncio.run(main()) == [1, 1, 2]
+
+
+def test_a_bad_pool_idle_time_is_refused_naming_it():
+    with pytest.raises(ValueError, match="pool_idle_s"):
+        AiohttpTransport(pool_idle_s=0)

@@ -21,6 +21,13 @@ A request goes to its URL and nowhere else, and carries only the headers its cal
     * no cookie jar: a cookie one upstream sets (a load balancer's, a session) was kept for the life of
       the process and sent with every user's requests to that host, whichever provider they went to.
 
+A pooled keep-alive connection is reused only while it has been idle less than POOL_IDLE_S (4 s). uvicorn, which
+serves vLLM's OpenAI API, closes a connection idle for 5 s by default; aiohttp keeps one for 15 s, so a chat POST sent
+on a connection the upstream was closing at that moment failed as a reset (a provider failure, counted by its
+breaker). Below the upstream's idle limit that race does not come up. A request that fails so is NOT sent again: from
+the client a connection the upstream closed before reading the request cannot be told from one it closed after
+acting on it (a worker that crashed mid-generation), and a second send would run, and bill, the generation twice.
+
 Why aiohttp (AiohttpTransport) and not httpx.AsyncClient: measured on the 2-core CI-like machine
 (benchmarks/gateway/results.md, rows "httpx direct" vs "aiohttp direct"), httpx's pool collapses at
 high concurrency: at 500 concurrent requests httpx managed 133 req/s (p99 11.2 s) where aiohttp did
@@ -163,18 +170,27 @@ class _AiohttpResponse(UpstreamResponse):
         self._resp.close()
 
 
+# how long an idle pooled connection may wait to be reused: below uvicorn's (and so vLLM's) 5 s keep-alive default,
+# so the gateway does not send a request on a connection the upstream is closing as idle (module docstring)
+POOL_IDLE_S = 4.0
+
+
 class AiohttpTransport(Transport):
     """One shared aiohttp.ClientSession for the life of the gateway."""
 
-    def __init__(self, max_connections: int = 1024) -> None:
+    def __init__(self, max_connections: int = 1024, *, pool_idle_s: float = POOL_IDLE_S) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        if not pool_idle_s > 0:
+            raise ValueError(f"pool_idle_s must be > 0, got {pool_idle_s}")
         self.max_connections = max_connections
+        self.pool_idle_s = pool_idle_s
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300,
+                                             keepalive_timeout=self.pool_idle_s)
             # No session-wide timeout: every call passes its own (a hang must never outlive its budget).
             self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
                                                   raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
