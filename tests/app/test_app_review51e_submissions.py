@@ -24,7 +24,7 @@ from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Companion, Message, Reading, RehearsalTurn
 from tests.app.app_client import create_companion, signup, sse_events, start_rehearsal, streams_racing
 from tests.app.app_fakes import FakeModel, GatedModel
-from tests.app.app_schema import database_at, downgrade, insert_companion, scalars, upgrade_and_compare
+from tests.app.app_schema import HEAD, database_at, downgrade, insert_companion, scalars, upgrade_and_compare
 from tests.app.conftest import count_rows, running_app, save_rehearsal_turn
 
 pytestmark = pytest.mark.anyio
@@ -175,7 +175,7 @@ async def test_schema_0004_matches_the_models_and_upgrades_and_downgrades_keepin
         diff, version = await upgrade_and_compare(database)
         assert await scalars(database, "select count(*) from messages where submission_id is null") == [2]
         assert diff == [], f"migrations and models disagree: {diff}"
-        assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0007"
+        assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD
 
         async with database.sessions() as s:  # a rehearsal turn with readings, saved with an id
             comp = await companions.create_companion(s, cipher, persona="wren")
