@@ -451,6 +451,8 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             extra = json.loads(extra_body)
         except json.JSONDecodeError as exc:
             return bad(f"--extra-body is not JSON: {exc.msg}")
+        except (ValueError, RecursionError) as exc:  # an integer over 4300 digits; nesting deeper than the stack
+            return bad(f"--extra-body is not JSON Python can read: {type(exc).__name__}: {str(exc)[:200]}")
         if not isinstance(extra, dict):
             return bad("--extra-body must be a JSON object")
         error = extra_body_error(extra, max_tokens=max_tokens, json_schema=json_schema)
