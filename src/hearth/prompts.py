@@ -199,6 +199,14 @@ _HOUSE_RULES = (
 )
 
 
+def _check_memories(memories: object) -> None:
+    if not isinstance(memories, (list, tuple)):
+        raise TypeError(f"memories must be a list of str, got {type(memories).__name__}")
+    for i, memory in enumerate(memories):
+        if not isinstance(memory, str):
+            raise TypeError(f"memories[{i}] must be str, got {type(memory).__name__}")
+
+
 def _require_text(value: object, name: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be str, got {type(value).__name__}")
@@ -277,11 +285,7 @@ def companion_system_prompt(*, persona: str, world_view: str, shared_context: st
     view = _world_view_text(world_view)
     stage_text = _require_text(stage, "stage")
     stage_text = STAGES.get(stage_text, stage_text)
-    if not isinstance(memories, (list, tuple)):
-        raise TypeError(f"memories must be a list of str, got {type(memories).__name__}")
-    for i, memory in enumerate(memories):
-        if not isinstance(memory, str):
-            raise TypeError(f"memories[{i}] must be str, got {type(memory).__name__}")
+    _check_memories(memories)
     # one line each: a memory is model output, and a newline in it must not open a new section of the prompt
     remembered = [" ".join(m.split()) for m in memories if m.strip()]
     memory_block = "\n".join(f"- {m}" for m in remembered) if remembered else "(nothing yet)"
@@ -384,7 +388,8 @@ def panel_context(shared_context: str, *, companion: str = "", memories: Sequenc
     the three send the same prompt."""
     if not isinstance(shared_context, str):
         raise TypeError(f"shared_context must be str, got {type(shared_context).__name__}")
-    remembered = [" ".join(m.split()) for m in memories if isinstance(m, str) and m.strip()]
+    _check_memories(memories)  # as companion_system_prompt: a non-str memory is an error, not left out
+    remembered = [" ".join(m.split()) for m in memories if m.strip()]
     if not remembered:
         return shared_context
     who = f"{companion}, the user's companion," if companion else "the user's companion"
