@@ -453,6 +453,10 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         console.print(f"[red]{e}[/red]")
         return 2
     if report_only:
+        if not rows:  # a mistyped --out, or a folder without its rows: never overwrite its reports with 'no results'
+            where = f"{results}" + (" or the --merge folders" if merge else "")
+            console.print(f"[red]--report-only: no rows in {where}: nothing to report, {out} left as it was[/red]")
+            return 2
         write_rows(results, rows)
         paths = write_reports(out, rows, plots=plots)
         console.print(f"{len(rows)} rows -> {len(paths)} report files in {out}")
