@@ -38,7 +38,12 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
             groups[(r["op"], r["dtype"], r["mode"])].append(r)
     paths = []
     for (op, dtype, mode), rs in sorted(groups.items()):
-        labels = [lab for lab, _ in sorted({(r["size_label"], r.get("work") or 0) for r in rs}, key=lambda t: (t[1], t[0]))]
+        # one tick per case, placed by its work; rows of one case may count different work (merged from runs
+        # before and after a formula changed): the case's largest count places it
+        work: dict[str, float] = {}
+        for r in rs:
+            work[r["size_label"]] = max(work.get(r["size_label"], 0), r.get("work") or 0)
+        labels = sorted(work, key=lambda lab: (work[lab], lab))
         xs = {lab: i for i, lab in enumerate(labels)}
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
         have_mem = False
