@@ -358,7 +358,8 @@ def test_writers_and_merge(tmp_path):
 
 def test_corrupt_jsonl_names_the_line(tmp_path):
     p = tmp_path / "results.jsonl"
-    p.write_text('{"a": 1}\nnot json\n')
+    first = '{"op": "softmax", "size_label": "4x64", "dtype": "float32", "mode": "fwd", "provider": "hearth", "status": "ok"}'
+    p.write_text(first + '\nnot json\n')
     with pytest.raises(ValueError, match="results.jsonl:2"):
         report.read_rows(p)
     json.loads(p.read_text().splitlines()[0])

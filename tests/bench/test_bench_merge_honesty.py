@@ -75,3 +75,22 @@ def test_rows_of_a_provider_that_never_applies_to_the_op_are_dropped():
     # a provider that applies keeps its not-run row, named beside the verdict
     sdpa = {**case, "provider": "sdpa_cudnn", "status": "skipped", "reason": "time budget spent", "env": env}
     assert "sdpa_cudnn skipped" in report.verdict(report.merge_rows(rows, [sdpa]))["text"]
+
+
+def test_a_line_that_is_not_a_row_is_an_error_naming_the_file_and_line(tmp_path):
+    """read_rows took any JSON: `--merge benchmarks/gateway` (another results.jsonl, of the gateway's load tests) or a
+    row missing its key fields got through, and the merge died in row_key with a bare KeyError: 'op' naming no file."""
+    import json
+
+    import pytest
+
+    good = {"op": "softmax", "size_label": "4x64", "dtype": "float32", "mode": "fwd", "provider": "hearth", "status": "ok"}
+    p = tmp_path / "results.jsonl"
+    p.write_text(json.dumps(good) + "\n" + json.dumps({"label": "gateway", "rps": 3.0}) + "\n")
+    with pytest.raises(ValueError, match=r"results.jsonl:2: .*op"):
+        report.read_rows(p)
+    p.write_text(json.dumps(good) + "\n\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"results.jsonl:3: not a bench row"):
+        report.read_rows(p)
+    p.write_text(json.dumps(good) + "\n")
+    assert report.read_rows(p) == [good]

@@ -29,17 +29,28 @@ def case_key(r: dict) -> tuple:
     return (r["op"], r["size_label"], r["dtype"], r["mode"])
 
 
+# the fields every row has (row_key, the verdicts and tables read them unguarded)
+ROW_FIELDS = ("op", "size_label", "dtype", "mode", "provider", "status")
+
+
 def read_rows(path: Path) -> list[dict]:
-    """Rows of a results.jsonl; ValueError naming the file and line for a corrupt line."""
+    """Rows of a results.jsonl; ValueError naming the file and line for a corrupt line, or one that is not a bench
+    row (not an object, or without a ROW_FIELDS field: another tool's results.jsonl)."""
     rows = []
     if not path.exists():
         return rows
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i}: not a bench row (a JSON {type(row).__name__}, not an object)")
+            missing = [k for k in ROW_FIELDS if k not in row]
+            if missing:
+                raise ValueError(f"{path}:{i}: not a bench row (no {', '.join(missing)})")
+            rows.append(row)
     return rows
 
 
