@@ -389,7 +389,7 @@ def test_malformed_case_file_names_the_file_and_line(tmp_path):
     for bad in bad_lines:
         path = tmp_path / "suite.jsonl"
         path.write_text(json.dumps(ok) + "\n\n" + bad + "\n", encoding="utf-8")
-        with pytest.raises(ValueError, match=rf"suite\.jsonl:3: "):
+        with pytest.raises(ValueError, match=r"suite\.jsonl:3: "):
             load_suite("custom", path)
     path.write_text(json.dumps(ok) + "\n", encoding="utf-8")
     assert [c.id for c in load_suite("custom", path)] == ["c-1"]
