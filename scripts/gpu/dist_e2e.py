@@ -21,7 +21,8 @@ max over the ranks (the model build, where each rank briefly holds the whole bf1
 counted: it is reset after the build). That is what tensors held, not what the card needs: the caching allocator's
 reserve, the CUDA context and NCCL's buffers come on top. So each row also carries device_used_gib_max, the most
 `nvidia-smi` saw in use on any of the case's GPUs while it ran (sampled every 0.5 s, the build included), and
-fits_80gib judges "fits an 80 GiB card" on that (None where nvidia-smi is absent), never on the allocated peak.
+fits_80gib judges "fits an 80 GB card" on that (None where nvidia-smi is absent), never on the allocated peak: at most
+what an H100 80GB reports as its total, 81559 MiB (79.6 GiB; CARD_80GB_GIB), not 80 GiB.
 The corpus is written afresh for every invocation (a reused --work held the previous run's seq / rows), and a row
 whose steps did not train --micro x --seq tokens each is an error, not a figure.
 
@@ -50,6 +51,8 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 
 ROOT = Path(__file__).resolve().parents[2]
+# what an H100 80GB reports as its total memory (nvidia-smi: 81559 MiB), the most a case may use to "fit an 80 GB card"
+CARD_80GB_GIB = 81559 / 1024
 COMMON = dict(max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
               vocab_size=151936, head_dim=128, model_type="qwen3")
 SHAPES = {
@@ -160,7 +163,7 @@ def run_case(case: str, args, work: Path) -> dict:
            **commit_info(), "env": env_knobs(env)}
     used = device_mem.gib()
     row.update(device_used_gib=used or None, device_used_gib_max=max(used.values()) if used else None,
-               fits_80gib=(max(used.values()) <= 80.0) if used else None)
+               fits_80gib=(max(used.values()) <= CARD_80GB_GIB) if used else None)
     metrics_path = out / "metrics.json"
     if proc.returncode != 0 or not metrics_path.is_file():
         tail = (proc.stdout + proc.stderr)[-2000:]

@@ -210,6 +210,18 @@ def test_dist_e2e_judges_fits_80gib_on_the_device_not_the_allocated_peak(tmp_pat
     assert row["device_used_gib_max"] == 82.0 and row["fits_80gib"] is False, row
 
 
+def test_dist_e2e_fits_80gib_is_what_an_80gb_card_holds_not_80_gib(tmp_path, monkeypatch):
+    """An H100 80GB reports 81559 MiB in all (79.6 GiB): 81800 MiB in use (79.9 GiB) was judged to fit against 80.0
+    GiB, on a card that cannot hold it; 81000 MiB does fit."""
+    mod = _dist_module()
+    for used_mib, fits in ((81800, False), (81000, True)):
+        work, rows = tmp_path / f"work{used_mib}", tmp_path / f"rows{used_mib}.jsonl"
+        _fake_launches(monkeypatch, mod, work, seq=4096, micro=2, steps=6, smi=f"0, {used_mib}\n1, 1000\n")
+        mod.main(["--out", str(rows), "--work", str(work), "--cases", "32b-fsdp"])
+        (row,) = _rows(rows)
+        assert row["fits_80gib"] is fits, (used_mib, row)
+
+
 def test_dist_e2e_refuses_a_row_whose_steps_trained_other_token_counts(tmp_path, monkeypatch):
     """A step that trained fewer tokens than --micro x --seq (a short corpus, a stale one) is an error row."""
     mod = _dist_module()
