@@ -46,6 +46,16 @@ def test_a_non_empty_think_block_is_counted_an_empty_one_is_not():
     assert thought.to_json()["thinking"] is True
 
 
+def test_a_reply_whose_envelope_mentions_the_closing_tag_is_not_counted_as_thinking():
+    """"</think>" inside the envelope's text (a message quoting it) was read as a think block closed with no opening
+    tag: the reply counted as thinking, and cut off by the token limit its reason blamed a think block."""
+    quoting = dumps(FeedComment(comment="You typed </think> at the end, a tag of mine.", tone="proud"))
+    assert score(CASE, result(quoting)).thinking is False
+    assert score(CASE, result(f"```json\n{quoting}\n```")).thinking is False
+    cut = score(CASE, result(quoting[:40], finish="length"))
+    assert cut.thinking is False and "think" not in cut.reason, cut.reason
+
+
 def test_a_truncated_reply_with_a_think_block_says_so_in_its_reason():
     inside = score(CASE, result("<think>\nThe user baked bread. Let me consider every angle" * 40, "length"))
     assert not inside.passed and inside.thinking

@@ -62,6 +62,8 @@ class CaseScore:
 
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+# how a reply that opens with its envelope starts (the object, or a code fence around it)
+_ENVELOPE_FIRST = ("{", "```")
 
 
 def think_block(content: str, reasoning: str | None = None) -> tuple[int, bool] | None:
@@ -75,7 +77,8 @@ def think_block(content: str, reasoning: str | None = None) -> tuple[int, bool] 
     if text.startswith(_THINK_OPEN):
         end = text.find(_THINK_CLOSE)
         inner, closed = (text[len(_THINK_OPEN):end], True) if end >= 0 else (text[len(_THINK_OPEN):], False)
-    elif (end := text.find(_THINK_CLOSE)) >= 0 and _THINK_OPEN not in text[:end]:
+    elif (end := text.find(_THINK_CLOSE)) >= 0 and _THINK_OPEN not in text[:end] \
+            and not text.startswith(_ENVELOPE_FIRST):  # opening with its envelope: "</think>" is text inside it
         inner = text[:end]
     inner = inner.strip()
     if not inner and reasoning is not None and reasoning.strip():
