@@ -134,3 +134,19 @@ def test_report_and_console_of_a_run_with_thinking_on(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "15 of 15 replies carried a non-empty <think> block" in " ".join(out.split())
     assert FIX in " ".join(out.split())
+
+
+def test_a_report_stays_strict_json_when_a_server_sends_nan_in_its_usage(tmp_path):
+    """Python's JSON reader takes NaN / Infinity from a server's usage, and the report was written with them as bare
+    NaN / Infinity tokens, which strict JSON readers (jq, JavaScript's JSON.parse) refuse. Now they are null."""
+    usage = {"prompt_tokens": float("nan"), "completion_tokens": float("inf"), "total_tokens": 3}
+    report = tmp_path / "r.json"
+    with FakeOpenAI(lambda body: Behavior.reply(GOOD, usage=usage)) as server:
+        main(suite="feed", base_url=server.base_url, model="m", timeout_s=5, report=report)
+
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    doc = json.loads(report.read_text(), parse_constant=refuse)
+    assert doc["cases"] and all(c["usage"] == {"prompt_tokens": None, "completion_tokens": None, "total_tokens": 3}
+                                for c in doc["cases"]), doc["cases"][0]["usage"]

@@ -90,6 +90,18 @@ def _redacted(base_url: str) -> str:
     return str(url.copy_with(userinfo=b"")) if url.userinfo else base_url
 
 
+def _finite(value):
+    """``value`` with every NaN or infinite float (a server's usage or attempts can carry them: Python's JSON reader
+    takes NaN and Infinity) as None, so the report is strict JSON that any reader takes."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _temporary_beside(report: Path) -> str:
     """A new empty file of this run's own in report's folder (OSError when that folder cannot take one)."""
     fd, name = tempfile.mkstemp(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp")
@@ -515,7 +527,8 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         # backslashreplace: a lone surrogate (a reply cut inside an emoji) is written as its JSON escape
         name = _temporary_beside(report)
         try:
-            Path(name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8",
+            Path(name).write_text(json.dumps(_finite(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
+                                  encoding="utf-8",
                                   errors="backslashreplace")
             os.replace(name, report)
         except BaseException:
