@@ -205,6 +205,9 @@ def test_connection_refused_is_a_failure_not_a_crash():
          "--extra-body"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--api-key-env", "HEARTH_UNSET_VAR_X"],
          "HEARTH_UNSET_VAR_X"),
+        # was: an empty value (an empty shell variable) silently dropped: the run went out without the key / body
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--api-key-env", ""], "--api-key-env"),
+        (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--extra-body", ""], "--extra-body"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--concurrency", "0"], "concurrency"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--samples", "0"], "samples"),
         (["eval", "feed", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--temperature", "3"], "temperature"),

@@ -449,6 +449,13 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         return bad(f"--base-url is not a valid URL ({exc}): {base_url!r}")
     if not url.host or (port is not None and not 0 < port < 65536):
         return bad(f"--base-url needs a host and a port in 1..65535, got {base_url!r}")
+    # an empty value (a shell variable that was empty) is a mistake to report, not "no such option": the run would
+    # go out without the key, or without the extra body, and measure something else than asked
+    if api_key_env is not None and not api_key_env.strip():
+        return bad("--api-key-env is empty: give the name of the environment variable holding the key, or leave the "
+                   "option out")
+    if extra_body is not None and not extra_body.strip():
+        return bad("--extra-body is empty: give a JSON object, or leave the option out")
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
