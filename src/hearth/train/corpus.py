@@ -42,6 +42,8 @@ from hearth.app.textlimits import AGENT_FIELD_LIMITS, DEFAULT_MAX_TEXT_CHARS, MA
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
+from hearth.train.batches import Example as TrainExample
+from hearth.train.batches import conversation_of
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
 
 IGNORE_INDEX = -100
@@ -325,6 +327,12 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
         raise CorpusError(f"{broken}: holds a lone surrogate escape such as \\udc00 (half a character), not valid "
                           "Unicode text")
     conv_id = _field(conv, "id")
+    # the examples are named ID#TURN, and `hearth train --eval-fraction` groups a conversation's examples back by
+    # that name (batches.conversation_of): an id it cannot recover (empty, or holding a line break) made each
+    # example a conversation of its own, and the split held out some turns of a conversation it trained on
+    if not conv_id.strip() or conversation_of(TrainExample([0], [0], line, f"{conv_id}#1")) != conv_id:
+        raise CorpusError(f"id: {conv_id[:60]!r} cannot name a conversation (it must not be empty nor hold a line "
+                          "break: the eval split groups the examples ID#TURN by it)")
     spec, totals = _app_spec(conv)
     memories = spec.get("memories")
 
