@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 # the app's ladder (a pure module: importing it loads nothing of the app's database or crypto)
 from hearth.app.relationship import STAGES as LADDER
@@ -39,7 +39,7 @@ from hearth.app.relationship import standing
 # the app's limits on what a user writes about a companion and a rehearsed person, and the default of the setting that
 # bounds what a user sends (a module that imports nothing)
 from hearth.app.textlimits import AGENT_FIELD_LIMITS, DEFAULT_MAX_TEXT_CHARS, MAX_CONTEXT, MAX_NAME, MAX_PERSONA
-from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, dumps, unique_keys
+from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, Memory, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
 from hearth.train.batches import Example as TrainExample
@@ -247,6 +247,11 @@ def _app_spec(conv: dict) -> tuple[dict, tuple[int, int] | None]:
         spec["rehearsal"] = _clean_fields(conv["rehearsal"])
         _check_person(spec["rehearsal"], "rehearsal")
     prompt = conv.get("prompt") or DEFAULT_PROMPT.get(conv.get("kind"))
+    if prompt in ("companion", "analyst", "rehearsal") and isinstance(conv.get("memories"), list):
+        # the app stores a memory only from a reply's envelope (companions.save_turn): stripped, 1..300 characters;
+        # a padded one would not match the same fact listed by a later reply (stored twice), an empty or longer one
+        # is a prompt the app never sends. Anything not text is left to hearth.prompts to name
+        spec["memories"] = [_stored_memory(m, i) if isinstance(m, str) else m for i, m in enumerate(conv["memories"])]
     if prompt in ("companion", "feed") and isinstance(conv.get("world_view"), str) \
             and conv["world_view"] not in WORLD_VIEWS:
         raise CorpusError(f"world_view: the app offers {', '.join(WORLD_VIEWS)}, got {conv['world_view'][:60]!r}")
@@ -260,6 +265,17 @@ def _app_spec(conv: dict) -> tuple[dict, tuple[int, int] | None]:
         raise CorpusError(f"{which}: only a companion chat has relationship totals (the app moves them with chat "
                           f"replies and sends the stage in the companion prompt), not a {prompt} conversation")
     return spec, totals
+
+
+def _stored_memory(memory: str, index: int) -> str:
+    """A starting memory as the app holds it (hearth.envelope's Memory: stripped, 1..300 characters), or CorpusError
+    naming memories[index]."""
+    try:
+        return TypeAdapter(Memory).validate_python(memory)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        reason = "must not be empty (or only whitespace)" if first["type"] == "string_too_short" else first["msg"]
+        raise CorpusError(f"memories[{index}]: {reason} (the app stores a memory from a reply's envelope)") from None
 
 
 def _clean_fields(obj: dict) -> dict:
