@@ -26,6 +26,7 @@ when any of its targets fails, so no example is trained on a history the app wou
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn,
 from hearth.train.batches import Example as TrainExample
 from hearth.train.batches import conversation_of
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
+from hearth.train.durable import fsync
 
 IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
@@ -560,7 +562,7 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
           max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> dict:
     """Build the corpus; returns the stats dict (also written to OUT_DIR/stats.json).
 
-    Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name and
+    Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name, flushed and
     renamed, so an interrupted build never leaves a half-written train.jsonl behind.
     ValueError naming ``input``/``tokenizer`` when they cannot be read, ``out_dir`` when it cannot be written, or when the input holds no conversation or
     none of its lines builds an example (the first reasons in the message; nothing written).
@@ -628,9 +630,16 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
 
 
 def _write_text(path: Path, text: str) -> None:
+    """``path`` holding ``text``, whole or not at all, also after a power cut: written to PATH.tmp and flushed to the
+    disk, renamed over it, the folder flushed (a rename is not a flush: the new name could be on the disk before
+    its data, an empty train.jsonl in place of the last good one; hearth.train.durable)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync(path.parent)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
