@@ -183,7 +183,9 @@ def test_eval_every_without_eval_data_is_a_config_error(tmp_path, corpus, base):
     with pytest.raises(ValueError, match=r"eval_every: .*eval_fraction or eval_corpus"):
         cfg(corpus, base, tmp_path / "o", eval_every=2).check()
     cfg(corpus, base, tmp_path / "o", eval_every=2, eval_fraction=0.25).check()
-    cfg(corpus, base, tmp_path / "o", eval_every=2, eval_corpus=corpus).check()
+    held = tmp_path / "eval.jsonl"
+    held.write_bytes(corpus.read_bytes())
+    cfg(corpus, base, tmp_path / "o", eval_every=2, eval_corpus=held).check()
 
 
 def test_a_corpus_with_labels_shifted_already_is_refused(tmp_path, corpus):

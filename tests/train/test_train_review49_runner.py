@@ -58,9 +58,21 @@ def test_booleans_and_a_number_budget_of_the_right_type_are_accepted(tmp_path, c
     c = cfg(corpus, base, tmp_path / "o", pack=False, shuffle=True, qlora=False, random_init=False,
             memory_budget_gib=80)
     c.check()
-    c = cfg(corpus, base, tmp_path / "o", memory_budget_gib=22.5, targets=["q_proj"], eval_corpus=str(corpus))
+    held = tmp_path / "eval.jsonl"
+    held.write_bytes(corpus.read_bytes())
+    c = cfg(corpus, base, tmp_path / "o", memory_budget_gib=22.5, targets=["q_proj"], eval_corpus=str(held))
     c.check()
-    assert c.eval_corpus == corpus and c.targets == ("q_proj",)
+    assert c.eval_corpus == held and c.targets == ("q_proj",)
+
+
+def test_an_eval_corpus_that_is_the_training_corpus_is_refused_at_start_up(tmp_path, corpus, base):
+    """eval_corpus naming the corpus file itself (or a link to it) was taken: the eval loss was then measured on the
+    examples the run trains on, and read as held-out loss."""
+    link = tmp_path / "eval-link.jsonl"
+    link.symlink_to(corpus)
+    for same in (corpus, link):
+        with pytest.raises(ValueError, match=r"^eval_corpus: .* is the training corpus"):
+            cfg(corpus, base, tmp_path / "o", eval_corpus=str(same)).check()
 
 
 # ------------------------------------------------------------------------------------------- the run folder

@@ -221,6 +221,9 @@ class FinetuneConfig:
             raise ValueError(f"corpus: {self.corpus} is not a file (expected OUT_DIR/train.jsonl from `hearth corpus build`)")
         if self.eval_corpus is not None and not Path(self.eval_corpus).is_file():
             raise ValueError(f"eval_corpus: {self.eval_corpus} is not a file")
+        if self.eval_corpus is not None and Path(self.eval_corpus).resolve() == Path(self.corpus).resolve():
+            raise ValueError(f"eval_corpus: {self.eval_corpus} is the training corpus (the eval loss would be measured "
+                             "on the examples trained on); give held-out examples, or eval_fraction to hold some out")
         if not Path(self.model).exists():
             raise ValueError(f"model: {self.model} does not exist (a local model directory"
                              + (" or config JSON" if self.random_init else "") + "; nothing is downloaded)")
