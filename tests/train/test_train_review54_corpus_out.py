@@ -29,3 +29,17 @@ def test_an_out_dir_that_cannot_be_a_folder_is_refused_naming_it(tmp_path, where
     assert "out_dir" in result.output and "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert blocker.read_text(encoding="utf-8") == "not a folder\n"
+
+
+@pytest.mark.parametrize("name", ["train.jsonl", "stats.json"])
+def test_an_input_that_the_build_would_write_over_is_refused_and_kept(tmp_path, name):
+    """`hearth corpus build OUT/train.jsonl OUT` read the conversations, then replaced the file with the built
+    examples: the author's conversations were gone (exit 0)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    conversations = out / name
+    conversations.write_bytes(EXAMPLE.read_bytes())
+    result = CliRunner().invoke(app, ["corpus", "build", str(conversations), str(out)])
+    assert result.exit_code == 2, result.output
+    assert "input" in result.output and "Traceback" not in result.output
+    assert conversations.read_bytes() == EXAMPLE.read_bytes()

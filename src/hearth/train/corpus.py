@@ -557,6 +557,10 @@ def _length_stats(lengths: list[int]) -> dict:
             "max": ordered[-1], "total": sum(ordered)}
 
 
+# what a build writes into OUT_DIR (each through a temporary name beside it)
+BUILD_FILES = ("train.jsonl", "rejected.jsonl", "stats.json")
+
+
 def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None,
           context_turns: int = CHAT_CONTEXT_TURNS, prompt_memories: int = PROMPT_MEMORIES,
           max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> dict:
@@ -577,6 +581,9 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
                 raise ValueError(f"out_dir: {folder} is a file, not a folder"
                                  + (f" (so {out_dir} cannot be created)" if folder != out_dir else ""))
             break
+    if input.resolve() in {(out_dir / name).resolve() for name in BUILD_FILES}:
+        raise ValueError(f"input: {input} is one of the files the build writes into out_dir ({', '.join(BUILD_FILES)});"
+                         " it would be replaced by the build: keep the conversations outside out_dir")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     with input.open("rb") as fh:  # decoded line by line: a line that is not UTF-8 is a rejected line, named
         result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories,
