@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from hearth.envelope import REPLY_KINDS
 from hearth.gateway.errors import ConfigError
+from hearth.gateway.state import check_redis_url
 
 __all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "WarmSettings", "ConfigError",
            "load_config", "config_from_dict"]
@@ -288,6 +289,7 @@ class GatewaySettings(_Strict):
             path = urlsplit(v).path.strip("/")
             if path and not path.isdigit():
                 raise ValueError(f"the path must be a Redis database number (e.g. /0), got {v!r}")
+            check_redis_url(v)  # its query's options, as the Redis client reads them
         return v
 
     @field_validator("default_kind")

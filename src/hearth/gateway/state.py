@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from hearth.gateway.errors import GatewayError
 
 __all__ = ["StateStore", "MemoryStore", "RedisStore", "BreakerSnapshot", "WarmSnapshot", "StateStoreError",
-           "make_store"]
+           "check_redis_url", "make_store"]
 
 
 class StateStoreError(GatewayError):
@@ -310,12 +310,7 @@ class RedisStore(StateStore):
         import redis.asyncio as aioredis
 
         if self._r is None:
-            # a bounded pool that makes callers wait for a connection (the plain pool raises past its size):
-            # 500 concurrent requests share at most 64 connections to Redis
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url, max_connections=64, timeout=2.0, decode_responses=True, socket_connect_timeout=2.0,
-                socket_timeout=2.0, health_check_interval=30)
-            self._r = aioredis.Redis.from_pool(pool)
+            self._r = aioredis.Redis.from_pool(_pool(self.url))
             self._failure = self._r.register_script(_FAILURE)
             self._release = self._r.register_script(_RELEASE)
             self._claim_warmup = self._r.register_script(_CLAIM_WARMUP)
@@ -452,6 +447,28 @@ class RedisStore(StateStore):
 
 async def _nothing() -> None:
     return None
+
+
+def _pool(url: str):
+    """The Redis connection pool of RedisStore for `url`: bounded, and callers wait for a connection (the plain pool
+    raises past its size), so 500 concurrent requests share at most 64 connections to Redis."""
+    import redis.asyncio as aioredis
+
+    return aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=64, timeout=2.0, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=2.0,
+        health_check_interval=30)
+
+
+def check_redis_url(url: str) -> None:
+    """ValueError when the Redis client cannot use `url`: an option in its query that it does not take (a typo such
+    as socket_timout, an ssl_ option on redis://) or whose value it cannot read (socket_timeout=abc). Found without
+    connecting: the pool is built and one connection object made, as RedisStore.start() makes them. Before, the
+    client raised it from the chain's start (a TypeError with a traceback, exit 1), not as a start-up error naming
+    gateway.state_url."""
+    try:
+        _pool(url).make_connection()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the Redis client cannot use it: {exc}") from None
 
 
 def make_store(settings) -> StateStore:
