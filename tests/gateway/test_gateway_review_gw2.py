@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,46 @@ def test_main_exits_2_naming_state_url_for_a_query_the_client_refuses(tmp_path: 
     assert main(path, port=0) == 2
     err = capsys.readouterr().err
     assert "configuration error: gateway.state_url" in err and "Traceback" not in err, err
+
+
+# An all-digit host that is not a dotted-quad IPv4 address (a leading zero, a short form): Python's URL parsing takes
+# it, the HTTP client refuses it on every request ("is not a canonical IPv4 address"), which failed every chat request
+# as a ConnectionFailed counted against the provider (its breaker opened), or every probe of a health_url (the
+# endpoint read cold for good). A start-up error naming the setting instead.
+@pytest.mark.parametrize("field, url", [
+    ("base_url", "http://10.0.0.05:8000/v1"),
+    ("base_url", "http://127.1:8000/v1"),
+    ("base_url", "http://256.0.0.1:8000/v1"),
+    ("health_url", "http://10.0.0.05:8000/health"),
+])
+def test_an_all_digit_host_the_http_client_refuses_is_a_config_error(field, url):
+    p = {"name": "a", "base_url": "http://10.0.0.5:8000/v1", "model": "m", "scale_to_zero": True,
+         "health_url": "http://10.0.0.5:8000/health", field: url}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"providers": [p]}, {})
+    assert info.value.field == f"providers[0].{field}", str(info.value)
+    assert "IPv4" in str(info.value), str(info.value)
+
+
+def test_the_http_client_refuses_such_a_host_and_takes_the_dotted_quad():
+    # what the check stands for: the transport's own reading of the two forms
+    from hearth.gateway.transport.client import AiohttpTransport, ConnectFailed
+
+    async def main() -> tuple[str, str]:
+        transport = AiohttpTransport(4)
+        await transport.start()
+        errors = []
+        try:
+            for url in ("http://127.000.0.1:9/health", "http://127.0.0.1:9/health"):  # nothing listens on port 9
+                with pytest.raises(ConnectFailed) as info:
+                    await transport.open("GET", url, headers={}, body=None, connect_timeout_s=1.0)
+                errors.append(str(info.value))
+        finally:
+            await transport.aclose()
+        return errors[0], errors[1]
+
+    invalid, refused = asyncio.run(main())
+    assert "canonical IPv4" in invalid and "canonical" not in refused, (invalid, refused)
+    with pytest.raises(ConfigError, match="IPv4"):
+        config_from_dict({"providers": [{"name": "a", "base_url": "http://127.000.0.1:9/v1", "model": "m"}]}, {})
+    assert config_from_dict({"providers": [{"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}]}, {})

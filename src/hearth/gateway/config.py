@@ -50,6 +50,7 @@ errors (a typo would otherwise silently keep a default).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -188,6 +189,16 @@ class ProviderConfig(_Strict):
                 # the HTTP client on every request and probe
                 raise ValueError(f"has a host name that cannot be resolved: {urlsplit(v).hostname!r} (an empty "
                                  "label or one over 63 characters)") from None
+            host = urlsplit(v).hostname
+            if host.replace(".", "").isdigit():
+                # all digits: an IPv4 address, which the HTTP client takes only as four numbers 0-255 without leading
+                # zeros; "10.0.0.05" or "127.1" it refused on every request and probe (InvalidUrlClientError: "is not
+                # a canonical IPv4 address"), counted against the provider, or read the endpoint cold for good
+                try:
+                    ipaddress.IPv4Address(host)
+                except ValueError:
+                    raise ValueError(f"has a host that is no IPv4 address as the HTTP client reads one: {host!r} (four "
+                                     "numbers 0-255, no leading zeros)") from None
             path = urlsplit(v).path
             if "//" in path:
                 # "${HEARTH_VLLM_URL}/v1" with the variable ending in "/": servers route "//health" nowhere (404),
