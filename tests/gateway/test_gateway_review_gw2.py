@@ -86,3 +86,54 @@ def test_the_http_client_refuses_such_a_host_and_takes_the_dotted_quad():
     with pytest.raises(ConfigError, match="IPv4"):
         config_from_dict({"providers": [{"name": "a", "base_url": "http://127.000.0.1:9/v1", "model": "m"}]}, {})
     assert config_from_dict({"providers": [{"name": "a", "base_url": "http://127.0.0.1:9/v1", "model": "m"}]}, {})
+
+
+# A reply cut short by the request's own max_tokens (finish_reason "length", no complete envelope) counted toward the
+# provider's breaker like a broken reply: three requests asking for a few tokens opened the breaker of every provider
+# they reached, and everyone else got 503 providers_unavailable for cooldown_s from healthy providers. The request's
+# own cap is the client's choice, as a deadline it shortened is (which never counts); a reply the provider cut at a
+# limit of its own (no max_tokens in the request) still counts.
+def _truncating(body: dict):
+    from tests.fakes.openai_server import Behavior
+    from tests.gateway.gateway_helpers import CHAT_JSON
+
+    if body.get("max_tokens") is not None and body["max_tokens"] < 50:
+        # Qwen3 thinking first: the cap ends the reply inside its think block, before any JSON (a stream too fails
+        # before its first byte, and falls through)
+        return Behavior.reply("<think>The user greets me. I should", finish_reason="length")
+    return Behavior.reply(CHAT_JSON)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_replies_cut_by_the_requests_own_max_tokens_do_not_open_the_breaker(stream):
+    from tests.fakes.openai_server import FakeOpenAI
+    from tests.gateway.gateway_helpers import gateway, make_config, post_chat, steady
+
+    async def main():
+        async with FakeOpenAI(_truncating) as a:
+            async with gateway(make_config(steady("a", a), breaker_failures=3)) as client:
+                capped = [await post_chat(client, stream=stream, max_tokens=8) for _ in range(4)]
+                r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+                providers = await (await client.get("/v1/providers")).json()
+                return capped, r.status, await r.json(), providers["providers"][0], len(a.requests)
+
+    capped, status, body, state, sent = asyncio.run(main())
+    assert all(c[0] == 502 and c[2]["error"]["failures"][0]["label"] == "invalid_envelope" for c in capped), capped
+    assert status == 200 and body["hearth"]["provider"] == "a", body
+    assert state["state"] == "closed" and state["consecutive_failures"] == 0, state
+    assert sent == 5   # every capped request reached the provider: none was shed by an open breaker
+
+
+def test_replies_the_provider_cut_at_its_own_limit_still_open_the_breaker():
+    from tests.fakes.openai_server import Behavior, FakeOpenAI
+    from tests.gateway.gateway_helpers import CHAT_JSON, gateway, make_config, post_chat, steady
+
+    async def main():
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON[:20], finish_reason="length")) as a:
+            async with gateway(make_config(steady("a", a), breaker_failures=3)) as client:
+                first = [await post_chat(client) for _ in range(3)]
+                return first, await post_chat(client)
+
+    first, (status, _, body) = asyncio.run(main())
+    assert [f[0] for f in first] == [502, 502, 502]
+    assert status == 503 and body["error"]["code"] == "providers_unavailable", body

@@ -9,8 +9,9 @@
                not every request that arrives when the cooldown ends
 
 Only the provider's own failures count. A client error (an upstream 4xx other than 401/402/403/404/
-407/408/429: the request itself is wrong, e.g. context_length_exceeded) never counts, and neither does
-an attempt abandoned because the client hung up (its trial, if it held one, is given back).
+407/408/429: the request itself is wrong, e.g. context_length_exceeded) never counts, nor does a reply cut
+short by the request's own max_tokens (finish_reason "length"), nor an attempt abandoned because the
+client hung up (its trial, if it held one, is given back).
 
 The state lives in a StateStore (hearth.gateway.state): this process by default, Redis when
 [gateway].state_url is set, so every worker sees the same cooldowns and the same single trial.
@@ -18,14 +19,17 @@ The state lives in a StateStore (hearth.gateway.state): this process by default,
 
 from __future__ import annotations
 
-from hearth.gateway.errors import Cooldown, DeadlineExceeded, ProviderError, UpstreamStatus, for_log
+from hearth.gateway.errors import Cooldown, DeadlineExceeded, InvalidEnvelope, ProviderError, UpstreamStatus, for_log
 from hearth.gateway.state import BreakerSnapshot, StateStore
 
 
 def counts(error: ProviderError) -> bool:
     """Whether a failed attempt says something about the provider (and so counts toward its breaker): not a
-    4xx caused by the request, not a deadline the request itself shortened (DeadlineExceeded.client_set)."""
+    4xx caused by the request, not a deadline the request itself shortened (DeadlineExceeded.client_set), not a
+    reply cut short by the max_tokens the request asked for (InvalidEnvelope.client_capped)."""
     if isinstance(error, DeadlineExceeded) and error.client_set:
+        return False
+    if isinstance(error, InvalidEnvelope) and error.client_capped:
         return False
     return not (isinstance(error, UpstreamStatus) and error.client_error)
 

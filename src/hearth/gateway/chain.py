@@ -69,7 +69,7 @@ from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
     AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, HeldCold,
-    ProviderError, StreamInterrupted, Timeout, for_log, label,
+    InvalidEnvelope, ProviderError, StreamInterrupted, Timeout, for_log, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
@@ -145,6 +145,7 @@ class _Walk:
     errors: list[ProviderError]
     attempts: list
     client_deadline: bool = False  # the request shortened the gateway's deadline (hearth_deadline_s)
+    client_cap: bool = False       # the request capped the reply (max_tokens)
     recorded: bool = False         # its one request outcome is in the metrics (Chain._finish)
     sent: bool = False             # an attempt of it went to a provider (later ones re-read their breaker)
 
@@ -290,7 +291,7 @@ class Chain:
         deadline_s = self._check(messages, kind, deadline_s, max_tokens, request_id)
         providers = self.providers_for(model)
         return _Walk(kind, deadline_s, time.monotonic(), [], [], [],
-                     client_deadline=deadline_s < self.settings.deadline_s), providers
+                     client_deadline=deadline_s < self.settings.deadline_s, client_cap=max_tokens is not None), providers
 
     async def _plan_walk(self, w: _Walk, providers: list[Provider]) -> None:
         w.plan, w.errors = await self._plan(providers, w.start + w.deadline_s)
@@ -358,6 +359,10 @@ class Chain:
         a.settled = True
         if isinstance(error, DeadlineExceeded) and w.client_deadline:
             error.client_set = True  # the request's own short deadline: not the provider's failure (breaker.counts)
+        if isinstance(error, InvalidEnvelope) and error.finish_reason == "length" and w.client_cap:
+            # cut short by the max_tokens the request asked for: three requests for a few tokens opened the breaker
+            # of every provider they reached, for everyone (breaker.counts)
+            error.client_capped = True
         name = error.provider
         lab = label(error)
         self.metrics.child(self.metrics.errors, name, lab).inc()

@@ -112,6 +112,9 @@ class InvalidEnvelope(ProviderError):
     def __init__(self, provider: str, envelope_error: EnvelopeError, finish_reason: str | None = None) -> None:
         self.envelope_error = envelope_error
         self.finish_reason = finish_reason
+        # cut short (finish_reason "length") by the max_tokens the request itself asked for: the client's choice,
+        # not the provider's failure (hearth.gateway.breaker.counts); the chain sets it
+        self.client_capped = False
         note = " (truncated: finish_reason=length)" if finish_reason == "length" else ""
         super().__init__(provider, f"invalid envelope{note}: {envelope_error}")
         self.__cause__ = envelope_error
