@@ -97,3 +97,16 @@ def test_a_previous_master_key_equal_to_the_current_one_is_refused_naming_the_fi
         load_settings(None, env={"HEARTH_MASTER_KEY": key, "HEARTH_PREVIOUS_MASTER_KEY": key},
                       overrides={"var_dir": str(tmp_path / "var")})
     assert info.value.field == "HEARTH_PREVIOUS_MASTER_KEY"
+
+
+def test_a_previous_master_key_in_the_toml_is_refused_naming_the_field(tmp_path):
+    # it was taken as it stood: the key's text as raw bytes (43 of them for the base64 a key is written in), a
+    # secret kept in the TOML file that the master key may not be in; the start then failed inside the
+    # start-up check, from the rotation, naming master_key
+    cfg = tmp_path / "hearth.toml"
+    cfg.write_text(f'[app]\nprevious_master_key = "{new_master_key_text()}"\n')
+    with pytest.raises(SettingsError) as info:
+        load_settings(cfg, env={"HEARTH_MASTER_KEY": new_master_key_text()},
+                      overrides={"var_dir": str(tmp_path / "var")})
+    assert info.value.field == "previous_master_key"
+    assert "HEARTH_PREVIOUS_MASTER_KEY" in info.value.reason

@@ -282,6 +282,8 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     key_file = raw.pop("master_key_file", None) or env.get("HEARTH_MASTER_KEY_FILE")
     if "master_key" in raw:
         raise SettingsError("master_key", "do not put the key in the TOML file; use HEARTH_MASTER_KEY or master_key_file")
+    if "previous_master_key" in raw:  # it would be taken unparsed: the key's text as its bytes
+        raise SettingsError("previous_master_key", "do not put the key in the TOML file; use HEARTH_PREVIOUS_MASTER_KEY")
     for internal in ("master_key_source", "new_dev_key_file"):
         if internal in raw:
             raise SettingsError(internal, "is set by hearth itself, not in the TOML file")
