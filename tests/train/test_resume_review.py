@@ -299,19 +299,11 @@ def test_a_kill_at_any_rename_of_the_final_adapter_never_leaves_its_config_besid
     assert killed_at > 5  # every step of the publish was killed once
 
 
-def test_a_crash_while_a_resume_rewrites_metrics_jsonl_keeps_the_earlier_rows(tmp_path, corpus, base, monkeypatch):
-    # a resume rewrote metrics.jsonl in place with the rows up to its checkpoint (truncate, then write): a crash in
-    # between (a full disk, a kill) left it empty or torn, the steps before the checkpoint lost from the record
+def _tear_writes_of(mp, prefix: str) -> None:
+    """Every write to a file whose name starts with ``prefix`` (opened for writing through Path.open) writes half
+    its text, then fails as a full disk would."""
     from pathlib import Path
 
-    from tests.train.finetune_spies import cut_after_checkpoint
-
-    kw = dict(max_steps=4, save_every=2)
-    out = tmp_path / "cut"
-    cut_after_checkpoint(cfg(corpus, base, out, **kw))
-    log = out / "metrics.jsonl"
-    before = log.read_bytes()
-    assert [json.loads(x)["step"] for x in before.splitlines()] == [1, 2]
     real_open = Path.open
 
     class TornWrite:
@@ -331,10 +323,40 @@ def test_a_crash_while_a_resume_rewrites_metrics_jsonl_keeps_the_earlier_rows(tm
 
     def torn_open(self, mode="r", *args, **kwargs):
         fh = real_open(self, mode, *args, **kwargs)
-        return TornWrite(fh) if self.name.startswith("metrics.jsonl") and "w" in mode else fh
+        return TornWrite(fh) if self.name.startswith(prefix) and "w" in mode else fh
 
+    mp.setattr(Path, "open", torn_open)
+
+
+def test_a_crash_while_a_run_writes_run_toml_keeps_the_one_before(tmp_path, corpus, base, monkeypatch):
+    # every run start wrote OUT/run.toml in place: a crash in the write (a full disk, a kill) left it torn, and
+    # `hearth train OUT/run.toml` (the way to repeat a run) could no longer read it
+    from tests.train.finetune_spies import cut_after_checkpoint
+
+    kw = dict(max_steps=4, save_every=2)
+    out = tmp_path / "cut"
+    cut_after_checkpoint(cfg(corpus, base, out, **kw))
+    before = (out / "run.toml").read_bytes()
     with monkeypatch.context() as mp:
-        mp.setattr(Path, "open", torn_open)
+        _tear_writes_of(mp, "run.toml")
+        with pytest.raises(OSError, match="No space"):
+            finetune.train_model(cfg(corpus, base, out, resume=out, **kw))
+    assert (out / "run.toml").read_bytes() == before
+
+
+def test_a_crash_while_a_resume_rewrites_metrics_jsonl_keeps_the_earlier_rows(tmp_path, corpus, base, monkeypatch):
+    # a resume rewrote metrics.jsonl in place with the rows up to its checkpoint (truncate, then write): a crash in
+    # between (a full disk, a kill) left it empty or torn, the steps before the checkpoint lost from the record
+    from tests.train.finetune_spies import cut_after_checkpoint
+
+    kw = dict(max_steps=4, save_every=2)
+    out = tmp_path / "cut"
+    cut_after_checkpoint(cfg(corpus, base, out, **kw))
+    log = out / "metrics.jsonl"
+    before = log.read_bytes()
+    assert [json.loads(x)["step"] for x in before.splitlines()] == [1, 2]
+    with monkeypatch.context() as mp:
+        _tear_writes_of(mp, "metrics.jsonl")
         with pytest.raises(OSError, match="No space"):
             finetune.train_model(cfg(corpus, base, out, resume=out, **kw))
     assert log.read_bytes() == before

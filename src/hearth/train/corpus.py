@@ -26,7 +26,6 @@ when any of its targets fails, so no example is trained on a history the app wou
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn,
 from hearth.train.batches import Example as TrainExample
 from hearth.train.batches import conversation_of
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
-from hearth.train.durable import fsync
+from hearth.train.durable import write_text
 
 IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
@@ -629,28 +628,15 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
     try:
         _write_jsonl(out_dir / "train.jsonl", rows)
         _write_jsonl(out_dir / "rejected.jsonl", result.rejected)
-        _write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+        write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
     except OSError as exc:
         raise ValueError(f"out_dir: cannot write in {out_dir} ({exc.strerror or exc})") from None
     stats["rejected_lines"] = result.rejected
     return stats
 
 
-def _write_text(path: Path, text: str) -> None:
-    """``path`` holding ``text``, whole or not at all, also after a power cut: written to PATH.tmp and flushed to the
-    disk, renamed over it, the folder flushed (a rename is not a flush: the new name could be on the disk before
-    its data, an empty train.jsonl in place of the last good one; hearth.train.durable)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync(path.parent)
-
-
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    _write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 # `hearth corpus build`'s flags for the app settings a deployment may change: flag -> (the app's setting, the

@@ -28,6 +28,21 @@ def fsync(path: Path) -> None:
             raise
 
 
+def write_text(path: Path, text: str) -> None:
+    """``path`` holding ``text``, whole or not at all, also after a power cut: written to PATH.tmp beside it and
+    flushed, renamed over it, the folder flushed. Writing in place (truncate, then write) left it empty or torn after
+    a crash in between (a kill, a full disk); a rename alone is not a flush (the new name could reach the disk before
+    its data)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync(path.parent)
+
+
 def fsync_tree(folder: Path) -> None:
     """Everything under ``folder`` and the folder itself on the disk, before it is renamed into place: a rename is
     not a flush, and after a host crash or power cut a renamed folder could otherwise hold empty files."""

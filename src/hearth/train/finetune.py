@@ -52,7 +52,7 @@ from hearth.train.batches import (
 )
 from hearth.train.distributed import PARALLEL
 from hearth.train.durable import (
-    ADAPTER_TMP, finish_adapter_publish, fsync, fsync_tree, publish_adapter, replace_dir, restore_aside,
+    ADAPTER_TMP, finish_adapter_publish, fsync_tree, publish_adapter, replace_dir, restore_aside, write_text,
 )
 
 IGNORE_INDEX = -100
@@ -69,10 +69,10 @@ CPU_HINT = ("hearth's Triton kernels need a CUDA GPU; on a CPU start with TRITON
             "(the Triton interpreter: slow, for checking) or pass --no-patch (plain transformers)")
 
 
-# the files a run writes into OUT (the adapter's as peft writes them, its model card too; metrics.json and loss.png
-# and metrics.jsonl's rewrite at the start of a run or resume through their .tmp)
-OUT_FILES = ("run.toml", "metrics.jsonl", "metrics.jsonl.tmp", "metrics.json", "metrics.json.tmp", "loss.png",
-             "loss.png.tmp", "adapter_config.json", "adapter_model.safetensors", "README.md")
+# the files a run writes into OUT (the adapter's as peft writes them, its model card too; run.toml, metrics.json,
+# loss.png and metrics.jsonl's rewrite at the start of a run or resume through their .tmp)
+OUT_FILES = ("run.toml", "run.toml.tmp", "metrics.jsonl", "metrics.jsonl.tmp", "metrics.json", "metrics.json.tmp",
+             "loss.png", "loss.png.tmp", "adapter_config.json", "adapter_model.safetensors", "README.md")
 
 
 class RunError(RuntimeError):
@@ -972,19 +972,6 @@ def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
         publish_adapter(tmp, out)
 
 
-def _write_metrics_rows(path: Path, rows: list[dict]) -> None:
-    """metrics.jsonl holding ``rows`` (a resume's kept rows; none for a fresh run), replaced whole: written to
-    metrics.jsonl.tmp beside it, fsynced, renamed over it, the folder fsynced. Truncating it in place and writing
-    the rows again lost the earlier steps' rows to a crash (a kill, a full disk) in between."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in rows))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync(path.parent)
-
-
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
                     dist: D.Dist | None = None, data: dict | None = None) -> Path:
     """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
@@ -1331,7 +1318,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     if dist.main:
         cfg.out.mkdir(parents=True, exist_ok=True)
         finish_adapter_publish(cfg.out)  # a run killed while publishing its adapter: the new one whole in OUT
-        (cfg.out / "run.toml").write_text(to_toml(cfg), encoding="utf-8")
+        write_text(cfg.out / "run.toml", to_toml(cfg))  # whole or not at all: a crash left it torn
     rows: list[dict] = []
     if resume_from is not None:
         state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist,
@@ -1343,7 +1330,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     D.barrier(dist)  # every rank has read metrics.jsonl before rank 0 rewrites it
     log = None
     if dist.main:
-        _write_metrics_rows(log_path, rows)
+        # replaced whole (durable.write_text): rewriting it in place lost the earlier steps' rows to a crash
+        write_text(log_path, "".join(json.dumps(r) + "\n" for r in rows))
         log = log_path.open("a", encoding="utf-8")
     build_s = time.perf_counter() - t0
 
