@@ -224,3 +224,29 @@ def test_an_infinite_or_huge_retry_after_is_a_capped_429_not_a_500():
     _shape(body)
     status, retry_after, body = asyncio.run(main("86400"))
     assert (status, retry_after) == (429, "60"), (status, retry_after, body)
+
+
+def test_a_body_nested_just_below_the_decoders_limit_is_a_400_not_a_500():
+    """A content part nested just shallowly enough for the JSON decoder in the handler was taken, then failed when a
+    provider encoded the messages deeper in the stack: RecursionError, a 500 internal_error logged as a gateway bug.
+    Every depth up to past the decoder's limit is now a 400 invalid_json or an answer, never a 500."""
+    import sys
+
+    async def main():
+        async with FakeOpenAI(GOOD) as a:
+            async with gateway(make_config(provider("a", a))) as client:
+                seen = {}
+                limit = sys.getrecursionlimit()
+                for depth in range(limit - 150, limit + 10):
+                    raw = (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": '
+                           + b"[" * depth + b"]" * depth + b"}]}]}")
+                    r = await client.post("/v1/chat/completions", data=raw,
+                                          headers={"Content-Type": "application/json"})
+                    body = await r.json(content_type=None)
+                    seen[depth] = (r.status, body.get("error", {}).get("code"))
+                return seen
+
+    seen = asyncio.run(main())
+    assert all(v in ((200, None), (400, "invalid_json")) for v in seen.values()), \
+        {d: v for d, v in seen.items() if v not in ((200, None), (400, "invalid_json"))}
+    assert (200, None) in seen.values() and (400, "invalid_json") in seen.values(), seen

@@ -419,6 +419,23 @@ def _check_messages(messages) -> tuple[str, str] | None:
     return None
 
 
+# levels of nesting a body's messages must still have to spare here: a provider encodes them deeper in the stack
+# than this handler decoded them, and a body the decoder only just took failed there (a 500, not this 400)
+_ENCODE_MARGIN = 32
+
+
+def _encodable(messages: list) -> bool:
+    """Whether ``messages`` can be encoded with _ENCODE_MARGIN levels of nesting to spare (one C-speed encode)."""
+    wrapped = messages
+    for _ in range(_ENCODE_MARGIN):
+        wrapped = [wrapped]
+    try:
+        json.dumps(wrapped, separators=(",", ":"))
+    except RecursionError:
+        return False
+    return True
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     rid = request[REQUEST_ID]
     chain = request.app[CHAIN]
@@ -453,6 +470,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     problem = _check_messages(messages)
     if problem is not None:
         return _error(400, problem[1], rid, param=problem[0])
+    if not _encodable(messages):
+        return _error(400, "body is nested too deeply", rid, code="invalid_json")
     kind = body.get("hearth_kind") or request.headers.get("X-Hearth-Kind") or chain.settings.default_kind
     if kind not in env.REPLY_KINDS:
         return _error(400, f"hearth_kind must be one of {list(env.REPLY_KINDS)}, got {kind!r}", rid, param="hearth_kind")
