@@ -430,7 +430,7 @@ def _encodable(messages: list) -> bool:
     for _ in range(_ENCODE_MARGIN):
         wrapped = [wrapped]
     try:
-        json.dumps(wrapped, separators=(",", ":"))
+        json.dumps(wrapped)  # the default (cached) encoder: the depth, not the bytes, is what is checked
     except RecursionError:
         return False
     return True

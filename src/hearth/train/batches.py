@@ -159,7 +159,11 @@ def conversation_of(example: Example) -> str | int:
     train.jsonl) is its own group, keyed by its line (an int: never equal to an id)."""
     if example.id is None:
         return example.line
-    name = example.id if isinstance(example.id, str) else json.dumps(example.id, sort_keys=True)
+    return conversation_named(example.id if isinstance(example.id, str) else json.dumps(example.id, sort_keys=True))
+
+
+def conversation_named(name: str) -> str:
+    """The conversation an example named ``name`` belongs to (conversation_of): ID of ID#TURN, else the name."""
     turn = _TURN.fullmatch(name)
     return turn.group(1) if turn else name
 

@@ -42,8 +42,7 @@ from hearth.app.textlimits import AGENT_FIELD_LIMITS, DEFAULT_MAX_TEXT_CHARS, MA
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, Memory, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
-from hearth.train.batches import Example as TrainExample
-from hearth.train.batches import conversation_of
+from hearth.train.batches import conversation_named
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
 from hearth.train.durable import write_text
 
@@ -268,11 +267,15 @@ def _app_spec(conv: dict) -> tuple[dict, tuple[int, int] | None]:
     return spec, totals
 
 
+# hearth.envelope's Memory as a validator, built once (a TypeAdapter builds its schema when made)
+_MEMORY = TypeAdapter(Memory)
+
+
 def _stored_memory(memory: str, index: int) -> str:
     """A starting memory as the app holds it (hearth.envelope's Memory: stripped, 1..300 characters), or CorpusError
     naming memories[index]."""
     try:
-        return TypeAdapter(Memory).validate_python(memory)
+        return _MEMORY.validate_python(memory)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         reason = "must not be empty (or only whitespace)" if first["type"] == "string_too_short" else first["msg"]
@@ -345,9 +348,9 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                           "Unicode text")
     conv_id = _field(conv, "id")
     # the examples are named ID#TURN, and `hearth train --eval-fraction` groups a conversation's examples back by
-    # that name (batches.conversation_of): an id it cannot recover (empty, or holding a line break) made each
+    # that name (batches.conversation_named): an id it cannot recover (empty, or holding a line break) made each
     # example a conversation of its own, and the split held out some turns of a conversation it trained on
-    if not conv_id.strip() or conversation_of(TrainExample([0], [0], line, f"{conv_id}#1")) != conv_id:
+    if not conv_id.strip() or conversation_named(f"{conv_id}#1") != conv_id:
         raise CorpusError(f"id: {conv_id[:60]!r} cannot name a conversation (it must not be empty nor hold a line "
                           "break: the eval split groups the examples ID#TURN by it)")
     spec, totals = _app_spec(conv)

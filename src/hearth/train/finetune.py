@@ -961,10 +961,9 @@ def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
     import shutil
 
     tmp = out / ADAPTER_TMP
-    if d.main:
-        finish_adapter_publish(out)  # an earlier run killed after its adapter was committed: that one in first
-        if tmp.exists():  # a save a crash interrupted while writing: never committed
-            shutil.rmtree(tmp)
+    # (a publish an earlier run left part-way is completed by the run's start and again by publish_adapter)
+    if d.main and tmp.exists():  # a save a crash interrupted while writing: never committed
+        shutil.rmtree(tmp)
     D.barrier(d)
     D.save_adapter(model, d, tmp)
     if d.main:

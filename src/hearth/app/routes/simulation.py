@@ -268,10 +268,10 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
                                             state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        turn = await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message, max_chars=s.max_text_chars,
-                                 turns=s.chat_context_turns, deadline_s=s.reply_deadline_s,
-                                 analyst_timeout_s=s.analyst_timeout_s, prompt_memories=s.prompt_memories,
-                                 submission_id=submission_id)
+        turn = await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message,
+                                        max_chars=s.max_text_chars, turns=s.chat_context_turns,
+                                        deadline_s=s.reply_deadline_s, analyst_timeout_s=s.analyst_timeout_s,
+                                        prompt_memories=s.prompt_memories, submission_id=submission_id)
     except (GatewayError, ModelUnavailable, UnreadableText, InputError) as exc:
         # the rehearsal page again with the text kept in the box (routes._util.form_turn_failure)
         status, error = await form_turn_failure(db, viewer, exc, "rehearsal turn", log)
