@@ -303,6 +303,70 @@ def test_sm90_fused_backward_dq_async_builds():
         assert r["spill"] <= (0 if " varlen" in r["label"] else 40), r
 
 
+_FB_LATE_RELEASE_SCRIPT = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen, causal, pair_group in ((False, (True, False), 0), (False, (True,), 8), (True, (True,), 0)):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for late in (False, True):
+        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,),
+                                           causal=causal, fb_pair_group=pair_group, fb_late_release=late, **extra):
+            r = hi.report_compiled(label, k, sass=False)
+            sass = hi._run_cuobjdump(k.asm["cubin"], "-sass")[0]
+            out.append(dict(label=label, late=late, spill=r.spill_bytes, shared=r.shared_bytes,
+                            bars=sass.count("BAR.SYNC"), arrives=k.asm["ptx"].count("mbarrier.arrive.shared")))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_late_release_builds():
+    """The probe form LATE_RELEASE (HEARTH_ATTN_FB_LATE_RELEASE=1: the Q / dO slot given back after dQ^T's matmul, on
+    the one mbarrier that also frees dS^T's buffer) at head_dim 128 with the dQ split, dense (every-pair order, causal
+    or not; groups of 8) and packed: it builds for sm_90 within shared memory, spills no more than the shipped form,
+    has fewer mbarrier arrives in its PTX (one a consumer warpgroup) and at least 4 fewer named-barrier syncs in its
+    SASS than the shipped build of the same case (31 against 36 on 2026-12-06: Triton syncs the warpgroup beside
+    every arrive)."""
+    reports = run_offline(_FB_LATE_RELEASE_SCRIPT)
+    assert len(reports) == 8, [r["label"] for r in reports]
+    shipped = {r["label"]: r for r in reports if not r["late"]}
+    late = [r for r in reports if r["late"]]
+    assert all(" late-release" in r["label"] for r in late) and not any(" late-release" in r for r in shipped)
+    for r in late:
+        base = shipped[r["label"].replace(" late-release", "")]
+        assert r["shared"] <= 227 * 1024 and r["spill"] <= base["spill"], (r, base)
+        assert r["arrives"] < base["arrives"] and r["bars"] <= base["bars"] - 4, (r, base)
+
+
+_FB_DQ_BUFS2_SCRIPT = r"""
+import json, re, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen in (False, True):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,), causal=(True,),
+                                       fb_dq_bufs=2, **extra):
+        r = hi.report_compiled(label, k, sass=False)
+        waits = sorted(set(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+(\d+);", k.asm["ptx"])))
+        out.append(dict(label=label, spill=r.spill_bytes, shared=r.shared_bytes, waits=waits))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_dq_bufs2_builds():
+    """The probe form DQ_BUFS 2 (HEARTH_ATTN_FB_DQ_BUFS2=1: two dQ^T staging tiles a consumer warpgroup, used in turn)
+    at head_dim 128, dense and packed, causal: it builds for sm_90 within shared memory (230832 bytes dense on
+    2026-12-06), the loop's reduce waits with one reduce left in flight (the last one before the kernel's end with
+    none), and its spill stays within 8 bytes dense (8 on 2026-12-06: the tile's parity kept), none packed."""
+    reports = run_offline(_FB_DQ_BUFS2_SCRIPT)
+    assert len(reports) == 2 and all(" dq-bufs2" in r["label"] for r in reports), [r["label"] for r in reports]
+    for r in reports:
+        assert r["shared"] <= 227 * 1024 and r["waits"] == ["0", "1"], r
+        assert r["spill"] <= (0 if " varlen" in r["label"] else 8), r
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_kernel_is_opt_in(d):
     """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
@@ -1099,7 +1163,8 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
 @pytest.mark.parametrize("D,forms", [(64, "atomics"), (64, "atomics_ss"), (64, "tma"), (64, "all_pairs"),
                                      (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
-                                     (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async")])
+                                     (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async"),
+                                     (128, "late_release"), (128, "dq_bufs2")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1110,12 +1175,15 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
     pair a launch. two_launch_pre: the dQ buffer zeroed by a fill and delta by the plain preprocess
     (HEARTH_ATTN_FB_PRE_ZERO=0), not in one launch. dq_async: dQ^T's matmul issued behind dK's
-    (HEARTH_ATTN_FB_DQ_ASYNC=1, with the dQ split)."""
+    (HEARTH_ATTN_FB_DQ_ASYNC=1, with the dQ split). late_release: the Q / dO slot given back after dQ^T's matmul
+    (HEARTH_ATTN_FB_LATE_RELEASE=1, with the dQ split). dq_bufs2: two dQ^T staging tiles a warpgroup
+    (HEARTH_ATTN_FB_DQ_BUFS2=1, with the dQ split and the TMA reduce)."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
            "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0"),
-           "dq_async": dict(DQ_ASYNC="1")}[forms]
+           "dq_async": dict(DQ_ASYNC="1"), "late_release": dict(LATE_RELEASE="1"),
+           "dq_bufs2": dict(DQ_BUFS2="1")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

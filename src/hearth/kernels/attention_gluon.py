@@ -1559,16 +1559,34 @@ def _fb_add_dq(DQacc, dqt, head, offs_d, offs_m, N_PAD_Q, HEAD_DIM: ttgl.constex
 
 
 @gluon.jit
-def _fb_reduce_dq(dq_desc, dq_stage, dqt, head, row0, start_m):
+def _fb_reduce_dq(dq_desc, dq_stage, dqt, head, row0, start_m, PENDING: ttgl.constexpr = 0):
     """dqt (rows row0.. of dQ^T for queries start_m..) added into DQacc[head] by one TMA reduce-add from the
-    warpgroup's staging buffer: wait until the previous reduce has read the buffer, store, fence, issue."""
-    tma.store_wait(0)
+    warpgroup's staging buffer: wait until the reduce that last used the buffer has read it (PENDING: how many of
+    the warpgroup's later reduces may still be in flight, one per other staging buffer), store, fence, issue."""
+    tma.store_wait(PENDING)
     ttgl.thread_barrier()  # the issuing thread's wait covers every thread's store below
     dq_stage.store(dqt)
     fence_async_shared()
     ttgl.thread_barrier()  # every thread's part of the tile is in shared memory before the copy reads it
     _tma_reduce_add(dq_desc, [head, row0, start_m], dq_stage._reinterpret(ttgl.float32, dq_desc.block_shape,
                                                                            dq_desc.layout))
+
+
+@gluon.constexpr_function
+def _fb_one_release(late_release, dq_split, dq_async, num_stages):
+    """Whether the fused backward's consumers signal a step's end on one mbarrier: with LATE_RELEASE (the dQ split,
+    not DQ_ASYNC) both the Q / dO slot and dS^T's buffer are given back after dQ^T's matmul, by both warpgroups, and
+    at two stages the slot (i % 2) and the buffer (parity i % 2) are the same index with the same phases: one arrive
+    on empty_bars serves the producer's refill and the consumers' next dS^T store (ds_empty goes unused). Triton 3.6
+    puts a warpgroup bar.sync beside every mbarrier arrive, so each arrive a step saved is a sync saved."""
+    return bool(late_release and dq_split and not dq_async and num_stages == 2)
+
+
+@gluon.constexpr_function
+def _fb_dq_tiles(dq_bufs, dq_split, dq_async):
+    """dQ^T staging tiles of the fused backward: two per consumer warpgroup with DQ_BUFS 2 where the form serves (the
+    dQ split, not DQ_ASYNC), else one."""
+    return 4 if dq_bufs == 2 and dq_split and not dq_async else 2
 
 
 @gluon.jit
@@ -1595,7 +1613,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  BLOCK_N: ttgl.constexpr, NUM_STAGES: ttgl.constexpr, PREFETCH: ttgl.constexpr,
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
                  stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
-                 SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr):
+                 SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr, LATE_RELEASE: ttgl.constexpr,
+                 DQ_BUFS: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1613,6 +1632,16 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     only, with DQ_SPLIT) issues the step's dQ^T matmul right behind dK's, asynchronously, and waits for all three
     together (otherwise dQ^T's starts once dK and dV have retired): the tensor cores get it without a gap, at the
     price of its accumulator live beside P^T and dS^T (offline sm_90: 24-40 bytes of spill dense, none packed).
+    LATE_RELEASE (probe only, with DQ_SPLIT and not DQ_ASYNC) gives the Q / dO slot back after the step's dQ^T matmul,
+    together with dS^T's buffer, instead of right after dK's and dV's; at two stages one arrive on empty_bars then
+    signals both (_fb_one_release), two arrives a step instead of three. Triton 3.6 syncs the warpgroup (bar.sync)
+    after every mbarrier arrive before the next shared-memory or mbarrier operation, and before an arrive that
+    follows one (offline, a minimal kernel: arrive-arrive, arrive-wait and wait-arrive each get one, wait-wait none),
+    so the step's syncs go from 7 to 5 (offline sm_90, d128: 31 BAR.SYNC in the build against 36, no spill); the
+    producer refills the slot a matmul later (two stages: the next step's is in).
+    DQ_BUFS 2 (probe only, with DQ_TMA, DQ_SPLIT and not DQ_ASYNC; _fb_dq_tiles) gives each warpgroup two dQ^T
+    staging tiles used in turn, so a step waits for the reduce of two steps back to have read its tile, not the
+    last step's (32 KiB more shared memory: 230832 bytes at d128, of 232448).
     (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
     BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
@@ -1683,7 +1712,10 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         # is done
         par = i % 2
         use = i // 2
-        mbarrier.wait(ds_empty.index(par), (use & 1) ^ 1, pred=use > 0)
+        if _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):  # the slot's release is dS^T's too
+            mbarrier.wait(empty_bars.index(par), (use & 1) ^ 1, pred=use > 0)
+        else:
+            mbarrier.wait(ds_empty.index(par), (use & 1) ^ 1, pred=use > 0)
         ds_smem.index(par).slice(WG * HALF, HALF, dim=0).store(ds)
         fence_async_shared()
         ttgl.thread_barrier()
@@ -1705,16 +1737,23 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                 _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
         else:
             dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
-            ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
-            mbarrier.arrive(empty_bars.index(slot), count=1)
+            if not (LATE_RELEASE and DQ_SPLIT):
+                ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
+                mbarrier.arrive(empty_bars.index(slot), count=1)
         if DQ_SPLIT and not DQ_ASYNC:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
             mbarrier.wait(ds_full.index(par), use & 1)
             dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par), zero_dq,
                                 use_acc=False)
             ttgl.thread_barrier()
-            mbarrier.arrive(ds_empty.index(par), count=1)
+            if LATE_RELEASE:  # the slot's last reader (dK's matmul) retired before dQ^T's started
+                mbarrier.arrive(empty_bars.index(slot), count=1)
+            if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
+                mbarrier.arrive(ds_empty.index(par), count=1)
             if DQ_TMA:
-                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
+                if DQ_BUFS == 2:
+                    _fb_reduce_dq(dq_desc, dq_smem.index(WG * 2 + par), dqt, head, WG * DQ_ROWS, dq0 + start_m, 1)
+                else:
+                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
             else:
                 _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
         elif not DQ_SPLIT:
@@ -1785,6 +1824,7 @@ def _attn_bwd_fused_gluon_kernel(
     DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
     SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
+    LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1865,8 +1905,9 @@ def _attn_bwd_fused_gluon_kernel(
                                                  ttgl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         stats_ring = ds_smem  # a stand-in (warp_specialize takes no None); the form's code is compiled out
-    if DQ_TMA:  # one staging tile per consumer warpgroup, in the swizzle of dq_desc's box
-        dq_smem = ttgl.allocate_shared_memory(ttgl.float32, [2, DQ_ROWS, BLOCK_M],
+    if DQ_TMA:  # one staging tile per consumer warpgroup (two with DQ_BUFS 2), in the swizzle of dq_desc's box
+        DQ_TILES: ttgl.constexpr = _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC)
+        dq_smem = ttgl.allocate_shared_memory(ttgl.float32, [DQ_TILES, DQ_ROWS, BLOCK_M],
                                               ttgl.NVMMASharedLayout.get_default_for([DQ_ROWS, BLOCK_M], ttgl.float32))
     else:
         dq_smem = ds_smem  # stand-ins, as stats_ring's
@@ -1893,13 +1934,13 @@ def _attn_bwd_fused_gluon_kernel(
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
-                         SEQ_ORDER, DQ_ASYNC)),
+                         SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
-                         SEQ_ORDER, DQ_ASYNC)),
+                         SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -2238,7 +2279,9 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 DQ_SPLIT=_fb_split(head_dim, _env_flag(env, "HEARTH_ATTN_FB_DQ_SPLIT", None)),
                 DQ_TMA=_env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA),
                 STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM),
-                DQ_ASYNC=_env_flag(env, "HEARTH_ATTN_FB_DQ_ASYNC", False), num_warps=4)
+                DQ_ASYNC=_env_flag(env, "HEARTH_ATTN_FB_DQ_ASYNC", False),
+                LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", False),
+                DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1, num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2320,7 +2363,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
     HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so
     STATS_SMEM is moot with it), HEARTH_ATTN_FB_DQ_ASYNC (off by default; with the dQ split, dQ^T's matmul issued
-    behind dK's: the consumer's DQ_ASYNC); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    behind dK's: the consumer's DQ_ASYNC), HEARTH_ATTN_FB_LATE_RELEASE (off by default; with the dQ split, the Q / dO
+    slot given back after dQ^T's matmul: the consumer's LATE_RELEASE), HEARTH_ATTN_FB_DQ_BUFS2 (off by default; two
+    dQ^T staging tiles a warpgroup, used in turn: the consumer's DQ_BUFS 2); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
     (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
@@ -2465,7 +2510,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
-                    fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False):
+                    fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=False, fb_dq_bufs=1):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2475,7 +2520,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     such an int the constant 1 unless the kernel names it in do_not_specialize. varlen=True builds the packed-sequence
     (VARLEN) forms of "pp", "pps" and "bwd_fused" (forward_varlen per tile and persistent, backward_fused_varlen); fb_dq_pad, the fused backward's
     DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen); fb_dq_async,
-    its DQ_ASYNC (with the dQ split). Needs
+    its DQ_ASYNC (with the dQ split); fb_late_release, its LATE_RELEASE (likewise); fb_dq_bufs, its DQ_BUFS (likewise, with the
+    TMA reduce). Needs
     TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2528,7 +2574,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             const = dict(HEAD_DIM=d, CAUSAL=c, BLOCK_M=bm, BLOCK_N=FB_BLOCK_N, NUM_STAGES=stages,
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
-                         PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async)
+                         PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async, LATE_RELEASE=fb_late_release,
+                         DQ_BUFS=fb_dq_bufs)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2555,6 +2602,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += f" dq-pad{fb_dq_pad}" if varlen and fb_dq_pad else ""
             forms += " seq-order" if varlen and fb_seq_order else ""
             forms += " dq-async" if fb_dq_async and split else ""
+            forms += " late-release" if fb_late_release and split and not fb_dq_async else ""
+            forms += " dq-bufs2" if fb_dq_bufs == 2 and fb_dq_tma and split and not fb_dq_async else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
