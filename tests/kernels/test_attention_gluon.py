@@ -322,19 +322,19 @@ print(json.dumps(out))
 
 
 def test_sm90_fused_backward_late_release_builds():
-    """The probe form LATE_RELEASE (HEARTH_ATTN_FB_LATE_RELEASE=1: the Q / dO slot given back after dQ^T's matmul, on
-    the one mbarrier that also frees dS^T's buffer) at head_dim 128 with the dQ split, dense (every-pair order, causal
-    or not; groups of 8) and packed: it builds for sm_90 within shared memory, spills no more than the shipped form,
-    has fewer mbarrier arrives in its PTX (one a consumer warpgroup) and at least 4 fewer named-barrier syncs in its
-    SASS than the shipped build of the same case (31 against 36 on 2026-12-06: Triton syncs the warpgroup beside
+    """The shipped form LATE_RELEASE (FB_LATE_RELEASE: the Q / dO slot given back after dQ^T's matmul, on the one
+    mbarrier that also frees dS^T's buffer) at head_dim 128 with the dQ split, dense (every-pair order, causal or
+    not; groups of 8) and packed: it builds for sm_90 within shared memory, spills no more than the early-release
+    form (HEARTH_ATTN_FB_LATE_RELEASE=0), has fewer mbarrier arrives in its PTX (one a consumer warpgroup) and at
+    least 4 fewer named-barrier syncs in its SASS than the early-release build of the same case (31 against 36 on 2026-12-06: Triton syncs the warpgroup beside
     every arrive)."""
     reports = run_offline(_FB_LATE_RELEASE_SCRIPT)
     assert len(reports) == 8, [r["label"] for r in reports]
-    shipped = {r["label"]: r for r in reports if not r["late"]}
+    early = {r["label"]: r for r in reports if not r["late"]}
     late = [r for r in reports if r["late"]]
-    assert all(" late-release" in r["label"] for r in late) and not any(" late-release" in r for r in shipped)
+    assert all(" late-release" in r["label"] for r in late) and not any(" late-release" in r for r in early)
     for r in late:
-        base = shipped[r["label"].replace(" late-release", "")]
+        base = early[r["label"].replace(" late-release", "")]
         assert r["shared"] <= 227 * 1024 and r["spill"] <= base["spill"], (r, base)
         assert r["arrives"] < base["arrives"] and r["bars"] <= base["bars"] - 4, (r, base)
 
@@ -1164,7 +1164,7 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
                                      (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
                                      (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async"),
-                                     (128, "late_release"), (128, "dq_bufs2")])
+                                     (128, "early_release"), (128, "dq_bufs2")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1175,14 +1175,14 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     not, GQA 40/8 in [B, T, H, D] order, fp16 with a key tail, and with the dQ buffer bounded to one (b, K/V head)
     pair a launch. two_launch_pre: the dQ buffer zeroed by a fill and delta by the plain preprocess
     (HEARTH_ATTN_FB_PRE_ZERO=0), not in one launch. dq_async: dQ^T's matmul issued behind dK's
-    (HEARTH_ATTN_FB_DQ_ASYNC=1, with the dQ split). late_release: the Q / dO slot given back after dQ^T's matmul
-    (HEARTH_ATTN_FB_LATE_RELEASE=1, with the dQ split). dq_bufs2: two dQ^T staging tiles a warpgroup
+    (HEARTH_ATTN_FB_DQ_ASYNC=1, with the dQ split). early_release: the Q / dO slot given back after dK's matmul,
+    dS^T's buffer on its own mbarrier (HEARTH_ATTN_FB_LATE_RELEASE=0; the shipped form gives both back after dQ^T's). dq_bufs2: two dQ^T staging tiles a warpgroup
     (HEARTH_ATTN_FB_DQ_BUFS2=1, with the dQ split and the TMA reduce)."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
            "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0"),
-           "dq_async": dict(DQ_ASYNC="1"), "late_release": dict(LATE_RELEASE="1"),
+           "dq_async": dict(DQ_ASYNC="1"), "early_release": dict(LATE_RELEASE="0"),
            "dq_bufs2": dict(DQ_BUFS2="1")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)

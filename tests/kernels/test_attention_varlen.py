@@ -770,21 +770,21 @@ def test_gpu_gluon_backward_dq_async(monkeypatch):
 
 
 @gpu_only
-@pytest.mark.parametrize("knob", ["HEARTH_ATTN_FB_LATE_RELEASE", "HEARTH_ATTN_FB_DQ_BUFS2"])
-def test_gpu_gluon_backward_late_release_and_dq_bufs2(monkeypatch, knob):
-    """HEARTH_ATTN_FB_LATE_RELEASE=1 (the packed fused backward giving the Q / dO slot back after dQ^T's matmul,
-    head_dim 128) and HEARTH_ATTN_FB_DQ_BUFS2=1 (two dQ^T staging tiles a warpgroup): out, dK and dV bitwise the
-    shipped form's (the same products in the same order: only when a buffer is refilled moves), dQ under THE rule
-    (its adds land in any order); GQA 8/2, causal, ragged lengths with a one-token sequence."""
+@pytest.mark.parametrize("knob,value", [("HEARTH_ATTN_FB_LATE_RELEASE", "0"), ("HEARTH_ATTN_FB_DQ_BUFS2", "1")])
+def test_gpu_gluon_backward_early_release_and_dq_bufs2(monkeypatch, knob, value):
+    """HEARTH_ATTN_FB_LATE_RELEASE=0 (the packed fused backward giving the Q / dO slot back after dK's matmul, not
+    after dQ^T's as shipped; head_dim 128) and HEARTH_ATTN_FB_DQ_BUFS2=1 (two dQ^T staging tiles a warpgroup): out,
+    dK and dV bitwise the shipped form's (the same products in the same order: only when a buffer is refilled moves),
+    dQ under THE rule (its adds land in any order); GQA 8/2, causal, ragged lengths with a one-token sequence."""
     if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
         pytest.skip("the Gluon kernels serve Hopper only")
     lens = [300, 1000, 1, 2000, 129]
     q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, seed=12, device="cuda")
     monkeypatch.delenv(knob, raising=False)
     shipped = _rule_per_sequence(q, k, v, do, lens, lens, True)
-    monkeypatch.setenv(knob, "1")
-    late = _rule_per_sequence(q, k, v, do, lens, lens, True)
-    for name, a, b in zip(("out", "dq", "dk", "dv"), late, shipped):
+    monkeypatch.setenv(knob, value)
+    other = _rule_per_sequence(q, k, v, do, lens, lens, True)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), other, shipped):
         if name != "dq":
             torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
 

@@ -1508,6 +1508,9 @@ FB_GQA_GROUP_PROGRAMS = 128
 FB_GQA_GROUP_MAX_KB = 32
 FB_DQ_TMA = True  # dQ^T added by a TMA reduce-add (False: fp32 atomics)
 FB_STATS_SMEM = True  # lse / delta staged in the ring slot by the producer (False: each consumer loads them)
+# With the dQ split: the Q / dO slot given back after dQ^T's matmul, at two stages on the mbarrier that also frees
+# dS^T's buffer (the consumer's LATE_RELEASE; False: the slot given back after dK's matmul, dS^T's buffer on its own)
+FB_LATE_RELEASE = True
 # the fp32 dQ buffer's default bound (env HEARTH_ATTN_FB_ACC_MIB overrides; 0: none): (b, K/V head) pairs past it
 # run in further launches over the same buffer
 FB_ACC_MIB = 256
@@ -1632,13 +1635,14 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     only, with DQ_SPLIT) issues the step's dQ^T matmul right behind dK's, asynchronously, and waits for all three
     together (otherwise dQ^T's starts once dK and dV have retired): the tensor cores get it without a gap, at the
     price of its accumulator live beside P^T and dS^T (offline sm_90: 24-40 bytes of spill dense, none packed).
-    LATE_RELEASE (probe only, with DQ_SPLIT and not DQ_ASYNC) gives the Q / dO slot back after the step's dQ^T matmul,
+    LATE_RELEASE (shipped, FB_LATE_RELEASE; with DQ_SPLIT and not DQ_ASYNC) gives the Q / dO slot back after the step's dQ^T matmul,
     together with dS^T's buffer, instead of right after dK's and dV's; at two stages one arrive on empty_bars then
     signals both (_fb_one_release), two arrives a step instead of three. Triton 3.6 syncs the warpgroup (bar.sync)
     after every mbarrier arrive before the next shared-memory or mbarrier operation, and before an arrive that
     follows one (offline, a minimal kernel: arrive-arrive, arrive-wait and wait-arrive each get one, wait-wait none),
     so the step's syncs go from 7 to 5 (offline sm_90, d128: 31 BAR.SYNC in the build against 36, no spill); the
-    producer refills the slot a matmul later (two stages: the next step's is in).
+    producer refills the slot a matmul later (two stages: the next step's is in). On the H200 it took 0.6-1.8% off
+    fwd+bwd at three model shapes (BENCHMARKS.md forty-fifth run), so it ships.
     DQ_BUFS 2 (probe only, with DQ_TMA, DQ_SPLIT and not DQ_ASYNC; _fb_dq_tiles) gives each warpgroup two dQ^T
     staging tiles used in turn, so a step waits for the reduce of two steps back to have read its tile, not the
     last step's (32 KiB more shared memory: 230832 bytes at d128, of 232448).
@@ -2280,7 +2284,7 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 DQ_TMA=_env_flag(env, "HEARTH_ATTN_FB_DQ_TMA", FB_DQ_TMA),
                 STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM),
                 DQ_ASYNC=_env_flag(env, "HEARTH_ATTN_FB_DQ_ASYNC", False),
-                LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", False),
+                LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", FB_LATE_RELEASE),
                 DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1, num_warps=4)
 
 
@@ -2363,8 +2367,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     on, "0" off, unset: the shipped FB_* default): HEARTH_ATTN_FB_DQ_TMA, HEARTH_ATTN_FB_STATS_SMEM,
     HEARTH_ATTN_FB_DQ_SPLIT (D 128), HEARTH_ATTN_FB_PREFETCH (off by default; it loads lse / delta itself, so
     STATS_SMEM is moot with it), HEARTH_ATTN_FB_DQ_ASYNC (off by default; with the dQ split, dQ^T's matmul issued
-    behind dK's: the consumer's DQ_ASYNC), HEARTH_ATTN_FB_LATE_RELEASE (off by default; with the dQ split, the Q / dO
-    slot given back after dQ^T's matmul: the consumer's LATE_RELEASE), HEARTH_ATTN_FB_DQ_BUFS2 (off by default; two
+    behind dK's: the consumer's DQ_ASYNC), HEARTH_ATTN_FB_LATE_RELEASE (on by default, FB_LATE_RELEASE; with the dQ
+    split, the Q / dO slot given back after dQ^T's matmul: the consumer's LATE_RELEASE; "0": after dK's), HEARTH_ATTN_FB_DQ_BUFS2 (off by default; two
     dQ^T staging tiles a warpgroup, used in turn: the consumer's DQ_BUFS 2); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
@@ -2510,7 +2514,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     variants=("1part", "ws", "pp", "bwd", "bwd_dq"), pp_configs=None, store_lse=True,
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
-                    fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=False, fb_dq_bufs=1):
+                    fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=FB_LATE_RELEASE,
+                    fb_dq_bufs=1):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
