@@ -1575,6 +1575,21 @@ def _fb_reduce_dq(dq_desc, dq_stage, dqt, head, row0, start_m, PENDING: ttgl.con
                                                                            dq_desc.layout))
 
 
+@gluon.jit
+def _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, row0, par, WG, dq_m0, dq_offs_m, offs_d, N_PAD_Q,
+               HEAD_DIM: ttgl.constexpr, DQ_TMA: ttgl.constexpr, DQ_BUFS: ttgl.constexpr):
+    """A step's dqt (rows row0.. of dQ^T, queries from dq_m0: dq_offs_m) into DQacc[head]: by the TMA reduce-add
+    from the warpgroup's staging tile (DQ_TMA; with DQ_BUFS 2 its two tiles in turn by the step's parity `par`, one
+    reduce left in flight), else by fp32 atomics."""
+    if DQ_TMA:
+        if DQ_BUFS == 2:
+            _fb_reduce_dq(dq_desc, dq_smem.index(WG * 2 + par), dqt, head, row0, dq_m0, 1)
+        else:
+            _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, row0, dq_m0)
+    else:
+        _fb_add_dq(DQacc, dqt, head, row0 + offs_d, dq_offs_m, N_PAD_Q, HEAD_DIM)
+
+
 @gluon.constexpr_function
 def _fb_one_release(late_release, dq_split, dq_async, num_stages):
     """Whether the fused backward's consumers signal a step's end on one mbarrier: with LATE_RELEASE (the dQ split,
@@ -1735,10 +1750,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             ttgl.thread_barrier()  # every warp's wgmma on this slot and on dS^T is done
             mbarrier.arrive(empty_bars.index(slot), count=1)
             mbarrier.arrive(ds_empty.index(par), count=1)
-            if DQ_TMA:
-                _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
-            else:
-                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
+            _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m, offs_d,
+                       N_PAD_Q, HEAD_DIM, DQ_TMA, 1)
         else:
             dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
             if not (LATE_RELEASE and DQ_SPLIT):
@@ -1753,23 +1766,16 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                 mbarrier.arrive(empty_bars.index(slot), count=1)
             if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
                 mbarrier.arrive(ds_empty.index(par), count=1)
-            if DQ_TMA:
-                if DQ_BUFS == 2:
-                    _fb_reduce_dq(dq_desc, dq_smem.index(WG * 2 + par), dqt, head, WG * DQ_ROWS, dq0 + start_m, 1)
-                else:
-                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, WG * DQ_ROWS, dq0 + start_m)
-            else:
-                _fb_add_dq(DQacc, dqt, head, WG * DQ_ROWS + offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
+            _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m, offs_d,
+                       N_PAD_Q, HEAD_DIM, DQ_TMA, DQ_BUFS)
         elif not DQ_SPLIT:
             if par == WG:
                 mbarrier.wait(ds_full.index(par), use & 1)
                 dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
                 ttgl.thread_barrier()
                 mbarrier.arrive(ds_empty.index(par), count=1)
-                if DQ_TMA:
-                    _fb_reduce_dq(dq_desc, dq_smem.index(WG), dqt, head, 0, dq0 + start_m)
-                else:
-                    _fb_add_dq(DQacc, dqt, head, offs_d, dq0 + offs_m, N_PAD_Q, HEAD_DIM)
+                _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, 0, par, WG, dq0 + start_m, dq0 + offs_m, offs_d, N_PAD_Q,
+                           HEAD_DIM, DQ_TMA, 1)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce has read its staging tile before the program's shared memory goes
     if VARLEN:  # the sequence's first key row and the K/V head from the program's ids again: not live across the steps
