@@ -367,6 +367,56 @@ def test_sm90_fused_backward_dq_bufs2_builds():
         assert r["spill"] <= (0 if " varlen" in r["label"] else 8), r
 
 
+_FB_DQ_EARLY_SCRIPT = r"""
+import json, re, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen in (False, True):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for early in (0, 1, 2):
+        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(128,),
+                                           causal=(True,), fb_dq_early=early, **extra):
+            r = hi.report_compiled(label, k, sass=False)
+            waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", k.asm["ptx"])
+            out.append(dict(label=label, early=early, spill=r.spill_bytes, shared=r.shared_bytes,
+                            wait1=waits.count("1"), wait0=waits.count("0")))
+print(json.dumps(out))
+"""
+
+
+def test_fb_dq_early_env():
+    """The DQ_EARLY probe knob: unset or "0" the shipped order, "1" / "2" the two early forms; anything else is an
+    error naming the variable (not a silent fall back to the shipped form, which would time the wrong kernel)."""
+    assert ag._fb_dq_early({}) == 0
+    assert [ag._fb_dq_early({"HEARTH_ATTN_FB_DQ_EARLY": v}) for v in ("0", "1", "2")] == [0, 1, 2]
+    for bad in ("3", "yes", ""):
+        with pytest.raises(ValueError, match="HEARTH_ATTN_FB_DQ_EARLY"):
+            ag._fb_dq_early({"HEARTH_ATTN_FB_DQ_EARLY": bad})
+
+
+SPILL_DQ_EARLY = {1: (8, 24), 2: (0, 0)}  # (dense, packed) bytes, as built on 2026-12-07
+
+
+def test_sm90_fused_backward_dq_early_builds():
+    """The probe form DQ_EARLY (HEARTH_ATTN_FB_DQ_EARLY=1 or 2: dQ^T's matmul issued before dK's, its reduce while
+    dK's matmul runs; 1 with dV's matmul after dS^T, FlashAttention-4's order, 2 with dV's as shipped) at head_dim
+    128, causal, dense and packed: it builds for sm_90 in the shipped form's shared memory, each consumer
+    warpgroup's step has one more partial wgmma wait than the shipped one (form 1: dV and dQ^T each retired with a
+    matmul still in flight; form 2: dQ^T retired with dK's in flight, and dP^T with dV's as shipped), and its spill
+    stays within SPILL_DQ_EARLY (the shipped builds spill none)."""
+    reports = run_offline(_FB_DQ_EARLY_SCRIPT)
+    assert len(reports) == 6, [r["label"] for r in reports]
+    shipped = {r["label"]: r for r in reports if not r["early"]}
+    for r in (r for r in reports if r["early"]):
+        tag = f" dq-early{r['early']}"
+        base = shipped[r["label"].replace(tag, "")]
+        assert tag in r["label"] and r["shared"] == base["shared"] <= 227 * 1024, (r, base)
+        assert r["wait1"] == base["wait1"] + 2, (r, base)  # one more in each consumer warpgroup's code
+        bound = SPILL_DQ_EARLY[r["early"]][1 if " varlen" in r["label"] else 0]
+        assert base["spill"] == 0 and r["spill"] <= bound, (r, base)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_kernel_is_opt_in(d):
     """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
@@ -1164,7 +1214,7 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
                                      (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
                                      (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async"),
-                                     (128, "early_release"), (128, "dq_bufs2")])
+                                     (128, "early_release"), (128, "dq_bufs2"), (128, "dq_early"), (128, "dq_early2")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1177,13 +1227,16 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     (HEARTH_ATTN_FB_PRE_ZERO=0), not in one launch. dq_async: dQ^T's matmul issued behind dK's
     (HEARTH_ATTN_FB_DQ_ASYNC=1, with the dQ split). early_release: the Q / dO slot given back after dK's matmul,
     dS^T's buffer on its own mbarrier (HEARTH_ATTN_FB_LATE_RELEASE=0; the shipped form gives both back after dQ^T's). dq_bufs2: two dQ^T staging tiles a warpgroup
-    (HEARTH_ATTN_FB_DQ_BUFS2=1, with the dQ split and the TMA reduce)."""
+    (HEARTH_ATTN_FB_DQ_BUFS2=1, with the dQ split and the TMA reduce). dq_early / dq_early2: dQ^T's matmul issued
+    before dK's, its reduce while dK's runs, with dV's after dS^T or as shipped (HEARTH_ATTN_FB_DQ_EARLY=1 / 2, with
+    the dQ split)."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
            "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0"),
            "dq_async": dict(DQ_ASYNC="1"), "early_release": dict(LATE_RELEASE="0"),
-           "dq_bufs2": dict(DQ_BUFS2="1")}[forms]
+           "dq_bufs2": dict(DQ_BUFS2="1"), "dq_early": dict(DQ_EARLY="1"),
+           "dq_early2": dict(DQ_EARLY="2")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

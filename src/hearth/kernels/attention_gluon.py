@@ -1632,7 +1632,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
                  stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
                  SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr, LATE_RELEASE: ttgl.constexpr,
-                 DQ_BUFS: ttgl.constexpr):
+                 DQ_BUFS: ttgl.constexpr, DQ_EARLY: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1661,6 +1661,13 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     DQ_BUFS 2 (probe only, with DQ_TMA, DQ_SPLIT and not DQ_ASYNC; _fb_dq_tiles) gives each warpgroup two dQ^T
     staging tiles used in turn, so a step waits for the reduce of two steps back to have read its tile, not the
     last step's (32 KiB more shared memory: 230832 bytes at d128, of 232448).
+    DQ_EARLY (probe only, with DQ_SPLIT and not DQ_ASYNC; 0 off) issues dQ^T's matmul (as soon as both warpgroups'
+    dS^T rows are in) before dK's, and dQ^T's staging store and reduce run while dK's matmul is still on the tensor
+    cores; otherwise dQ^T's matmul starts once dK's and dV's retired and its staging store and reduce follow with
+    none of this warpgroup's matmuls in flight. 1: FlashAttention-4's SM90 order, dV's matmul waits until dS^T is
+    computed and stored, then dV, dQ^T and dK go out back to back (dV no longer overlaps dS^T's arithmetic, and
+    P^T's registers are live until dV retires, beside dQ^T's accumulator); 2: dV's issued before dS^T's arithmetic
+    as shipped, retired before dQ^T's matmul goes out (P^T's registers free first).
     (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
     BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
@@ -1669,6 +1676,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     dK / dV (b * stride_dkb): there it is the sequence's first key row and stride_dkb the token stride (one scalar
     fewer live across the steps than a separate offset, which spilled at D 128)."""
     dtype: ttgl.constexpr = k_smem.dtype
+    EARLY: ttgl.constexpr = DQ_EARLY > 0 and DQ_SPLIT and not DQ_ASYNC
+    DV_LATE: ttgl.constexpr = EARLY and DQ_EARLY == 1  # dV's matmul issued once dS^T is in, not before its arithmetic
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
     acc_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[1]
@@ -1722,8 +1731,11 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             if ragged:
                 pt = ttgl.where((offs_n < N_CTX_K)[:, None], pt, 0.0)
         pt16 = ttgl.convert_layout(pt.to(dtype), a_layout)
-        dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
+        if DV_LATE:  # dV's matmul goes out with dQ^T's, once dS^T is in (below)
+            dpt = warpgroup_mma_wait(0, deps=[dpt_tok])
+        else:
+            dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=[dpt_tok])  # dP^T retired, dV may still run
         if STATS_SMEM:  # read late: not live across the dV issue
             delta = stats_ring.index(2 * slot + 1).load(col_layout)
         ds = (pt * (dpt - delta[None, :])).to(dtype)
@@ -1740,42 +1752,65 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         ttgl.thread_barrier()
         mbarrier.arrive(ds_full.index(par), count=1)
         ds16 = ttgl.convert_layout(ds, a_layout)
-        dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
         head = acc_h0 + i // n_m
-        if DQ_SPLIT and DQ_ASYNC:  # dQ^T's matmul issued behind dK's, the three retired together
-            mbarrier.wait(ds_full.index(par), use & 1)
-            dq_tok = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par),
-                                   zero_dq, use_acc=False, is_async=True)
-            dv, dk, dqt, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, pt16, ds16])
-            ttgl.thread_barrier()  # every warp's wgmma on this slot and on dS^T is done
-            mbarrier.arrive(empty_bars.index(slot), count=1)
-            mbarrier.arrive(ds_empty.index(par), count=1)
-            _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m, offs_d,
-                       N_PAD_Q, HEAD_DIM, DQ_TMA, 1)
-        else:
-            dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
-            if not (LATE_RELEASE and DQ_SPLIT):
-                ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
-                mbarrier.arrive(empty_bars.index(slot), count=1)
-        if DQ_SPLIT and not DQ_ASYNC:  # both warpgroups, each its half of D: dQ^T[WG * D/2 ..] = K[:, half]^T dS^T
-            mbarrier.wait(ds_full.index(par), use & 1)
-            dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par), zero_dq,
-                                use_acc=False)
-            ttgl.thread_barrier()
-            if LATE_RELEASE:  # the slot's last reader (dK's matmul) retired before dQ^T's started
-                mbarrier.arrive(empty_bars.index(slot), count=1)
+        if EARLY:  # dQ^T's and dK's matmuls issued back to back; dQ^T's reduce goes out while dK's runs
+            if DV_LATE:  # dV, dQ^T, dK back to back
+                dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
+                mbarrier.wait(ds_full.index(par), use & 1)
+                dq_tok = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)),
+                                       ds_smem.index(par), zero_dq, use_acc=False, is_async=True)
+                dv, pt16 = warpgroup_mma_wait(1, deps=[dv_tok, pt16])  # dV retired, dQ^T may still run
+            else:  # dV, issued before dS^T's arithmetic, retired first: P^T's registers free before dQ^T's acc
+                dv, pt16 = warpgroup_mma_wait(0, deps=[dv_tok, pt16])
+                mbarrier.wait(ds_full.index(par), use & 1)
+                dq_tok = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)),
+                                       ds_smem.index(par), zero_dq, use_acc=False, is_async=True)
+            dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+            dqt = warpgroup_mma_wait(1, deps=[dq_tok])  # dQ^T retired (dS^T's buffer read), dK may still run
             if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
+                ttgl.thread_barrier()
                 mbarrier.arrive(ds_empty.index(par), count=1)
             _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m, offs_d,
                        N_PAD_Q, HEAD_DIM, DQ_TMA, DQ_BUFS)
-        elif not DQ_SPLIT:
-            if par == WG:
+            dk, ds16 = warpgroup_mma_wait(0, deps=[dk_tok, ds16])
+            ttgl.thread_barrier()  # every warp's wgmma on this slot is done (at one release, on dS^T's buffer too)
+            mbarrier.arrive(empty_bars.index(slot), count=1)
+        else:
+            dk_tok = warpgroup_mma(ds16, q_s, dk, is_async=True)
+            if DQ_SPLIT and DQ_ASYNC:  # dQ^T's matmul issued behind dK's, the three retired together
                 mbarrier.wait(ds_full.index(par), use & 1)
-                dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
-                ttgl.thread_barrier()
+                dq_tok = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)),
+                                       ds_smem.index(par), zero_dq, use_acc=False, is_async=True)
+                dv, dk, dqt, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, pt16, ds16])
+                ttgl.thread_barrier()  # every warp's wgmma on this slot and on dS^T is done
+                mbarrier.arrive(empty_bars.index(slot), count=1)
                 mbarrier.arrive(ds_empty.index(par), count=1)
-                _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, 0, par, WG, dq0 + start_m, dq0 + offs_m, offs_d, N_PAD_Q,
-                           HEAD_DIM, DQ_TMA, 1)
+                _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m,
+                           offs_d, N_PAD_Q, HEAD_DIM, DQ_TMA, 1)
+            else:  # dV and dK retired together
+                dv, dk, pt16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, pt16, ds16])
+                if not (LATE_RELEASE and DQ_SPLIT):
+                    ttgl.thread_barrier()  # every warp's wgmma on this slot is done: the producer may refill it
+                    mbarrier.arrive(empty_bars.index(slot), count=1)
+            if DQ_SPLIT and not DQ_ASYNC:  # both warpgroups, each its half of D: dQ^T[WG*D/2 ..] = K[:, half]^T dS^T
+                mbarrier.wait(ds_full.index(par), use & 1)
+                dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par),
+                                    zero_dq, use_acc=False)
+                ttgl.thread_barrier()
+                if LATE_RELEASE:  # the slot's last reader (dK's matmul) retired before dQ^T's started
+                    mbarrier.arrive(empty_bars.index(slot), count=1)
+                if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
+                    mbarrier.arrive(ds_empty.index(par), count=1)
+                _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m,
+                           offs_d, N_PAD_Q, HEAD_DIM, DQ_TMA, DQ_BUFS)
+            elif not DQ_SPLIT:
+                if par == WG:
+                    mbarrier.wait(ds_full.index(par), use & 1)
+                    dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem.index(par), zero_dq, use_acc=False)
+                    ttgl.thread_barrier()
+                    mbarrier.arrive(ds_empty.index(par), count=1)
+                    _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, 0, par, WG, dq0 + start_m, dq0 + offs_m, offs_d,
+                               N_PAD_Q, HEAD_DIM, DQ_TMA, 1)
     if DQ_TMA:
         tma.store_wait(0)  # the last reduce has read its staging tile before the program's shared memory goes
     if VARLEN:  # the sequence's first key row and the K/V head from the program's ids again: not live across the steps
@@ -1834,7 +1869,7 @@ def _attn_bwd_fused_gluon_kernel(
     DQ_TMA: ttgl.constexpr = False, STATS_SMEM: ttgl.constexpr = False, PAIR_GROUP: ttgl.constexpr = 1,
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
     SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
-    LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1,
+    LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1, DQ_EARLY: ttgl.constexpr = 0,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1944,13 +1979,15 @@ def _attn_bwd_fused_gluon_kernel(
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
-                         SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2)),
+                         SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
+                         DQ_EARLY)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
-                         SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2)),
+                         SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
+                         DQ_EARLY)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -2276,6 +2313,15 @@ def _dq_acc_desc(acc: torch.Tensor, split: bool, block_m: int) -> TensorDescript
     return _desc(acc, list(box), _layout(box, ttgl.float32))
 
 
+def _fb_dq_early(env) -> int:
+    """The fused backward's DQ_EARLY from env HEARTH_ATTN_FB_DQ_EARLY (a probe knob): unset or "0" 0 (the shipped
+    order), "1" FlashAttention-4's order (dV's matmul after dS^T), "2" dV's as shipped, retired before dQ^T's."""
+    raw = env.get("HEARTH_ATTN_FB_DQ_EARLY", "0")
+    if raw not in ("0", "1", "2"):
+        raise ValueError(f"HEARTH_ATTN_FB_DQ_EARLY must be 0, 1 or 2, got {raw!r}")
+    return int(raw)
+
+
 def _fb_meta(head_dim: int, config, env, table=None) -> dict:
     """The fused backward's launch constexprs but CAUSAL / PAIR_GROUP (and num_warps): config (BLOCK_M, NUM_STAGES)
     or the probe knob HEARTH_ATTN_FB_CONFIG or table's (FB_CONFIGS; FB_CONFIGS_VARLEN for packed rows), and the
@@ -2291,7 +2337,8 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 STATS_SMEM=_env_flag(env, "HEARTH_ATTN_FB_STATS_SMEM", FB_STATS_SMEM),
                 DQ_ASYNC=_env_flag(env, "HEARTH_ATTN_FB_DQ_ASYNC", False),
                 LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", FB_LATE_RELEASE),
-                DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1, num_warps=4)
+                DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1,
+                DQ_EARLY=_fb_dq_early(env), num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2375,7 +2422,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     STATS_SMEM is moot with it), HEARTH_ATTN_FB_DQ_ASYNC (off by default; with the dQ split, dQ^T's matmul issued
     behind dK's: the consumer's DQ_ASYNC), HEARTH_ATTN_FB_LATE_RELEASE (on by default, FB_LATE_RELEASE; with the dQ
     split, the Q / dO slot given back after dQ^T's matmul: the consumer's LATE_RELEASE; "0": after dK's), HEARTH_ATTN_FB_DQ_BUFS2 (off by default; two
-    dQ^T staging tiles a warpgroup, used in turn: the consumer's DQ_BUFS 2); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    dQ^T staging tiles a warpgroup, used in turn: the consumer's DQ_BUFS 2), HEARTH_ATTN_FB_DQ_EARLY (0 by
+    default; with the dQ split, "1" or "2": dQ^T's matmul issued before dK's, its reduce while dK's runs, the
+    consumer's DQ_EARLY, _fb_dq_early); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
     (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
@@ -2521,7 +2570,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
                     fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=FB_LATE_RELEASE,
-                    fb_dq_bufs=1):
+                    fb_dq_bufs=1, fb_dq_early=0):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2532,7 +2581,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     (VARLEN) forms of "pp", "pps" and "bwd_fused" (forward_varlen per tile and persistent, backward_fused_varlen); fb_dq_pad, the fused backward's
     DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen); fb_dq_async,
     its DQ_ASYNC (with the dQ split); fb_late_release, its LATE_RELEASE (likewise); fb_dq_bufs, its DQ_BUFS (likewise, with the
-    TMA reduce). Needs
+    TMA reduce); fb_dq_early, its DQ_EARLY (0, 1 or 2; with the dQ split, not fb_dq_async). Needs
     TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2586,7 +2635,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
                          PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async, LATE_RELEASE=fb_late_release,
-                         DQ_BUFS=fb_dq_bufs)
+                         DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2615,6 +2664,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += " dq-async" if fb_dq_async and split else ""
             forms += " late-release" if fb_late_release and split and not fb_dq_async else ""
             forms += " dq-bufs2" if fb_dq_bufs == 2 and fb_dq_tma and split and not fb_dq_async else ""
+            forms += f" dq-early{fb_dq_early}" if fb_dq_early and split and not fb_dq_async else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
