@@ -25,6 +25,19 @@ def plot_series(rows: list[dict]) -> dict[str, list[dict]]:
     return series
 
 
+def _save(fig, path: Path) -> None:
+    """The figure as a PNG at `path`, whole or not at all (saved under a temporary name beside it, then renamed: a run
+    cut mid-save left a torn PNG); the figure is closed either way."""
+    from hearth.train.durable import write_file
+
+    try:
+        write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
 def write_plots(out: Path, rows: list[dict]) -> list[Path]:
     """One PNG per (op, dtype, mode) with at least one ok row; returns the paths written."""
     import matplotlib
@@ -73,8 +86,7 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
                 ax.legend(fontsize=8)
         fig.tight_layout()
         p = out / f"{op}_{mode}_{dtype}.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
+        _save(fig, p)
         paths.append(p)
     return paths
 
@@ -111,6 +123,5 @@ def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     p = out / "ratios.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
+    _save(fig, p)
     return p

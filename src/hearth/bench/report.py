@@ -17,6 +17,8 @@ from pathlib import Path
 from hearth.bench.cases import SPECS
 from hearth.bench.providers import FUSED_PEERS, PROVIDERS, applies
 from hearth.bench.timing import TIMING_METHOD
+# a tiny module of os / pathlib only (no torch, nothing else of hearth.train): one atomic-write helper for the project
+from hearth.train.durable import write_text
 
 STATUSES = ("ok", "wrong", "error", "oom", "refuses", "unavailable", "skipped")
 
@@ -99,11 +101,9 @@ def merge_rows(*groups: list[dict]) -> list[dict]:
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
-    """Write all rows (atomically: a temp file renamed over the old one)."""
+    """Write all rows, whole or not at all (durable.write_text: a temp file beside it, flushed, renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    tmp.replace(path)
+    write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -557,14 +557,17 @@ def _floor_ms(r: dict) -> float | None:
 
 def write_reports(out: Path, rows: list[dict], plots: bool = True) -> list[Path]:
     """Write <op>.md per op, summary.md and (if plots) PNGs into `out`; return the paths."""
+    # each file whole or not at all (durable.write_text; plots.py saves its PNGs the same way): written in place, a
+    # run cut mid-write (a kill, a full disk, the device's hard timeout) left a torn or empty summary.md beside a
+    # complete results.jsonl
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for op in sorted({r["op"] for r in rows}):
         p = out / f"{op}.md"
-        p.write_text(op_markdown(op, rows))
+        write_text(p, op_markdown(op, rows))
         written.append(p)
     p = out / "summary.md"
-    p.write_text(summary_markdown(rows))
+    write_text(p, summary_markdown(rows))
     written.append(p)
     if plots:
         from hearth.bench.plots import write_plots, write_ratio_plot

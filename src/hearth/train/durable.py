@@ -43,6 +43,22 @@ def write_text(path: Path, text: str) -> None:
     fsync(path.parent)
 
 
+def write_file(path: Path, write) -> None:
+    """``path`` made whole or not at all by ``write(tmp)``, a callable that writes the complete file at the path it is
+    given (a matplotlib savefig, say): run on PATH.tmp beside it, flushed, renamed over it, the folder flushed. A
+    ``write`` that raises leaves the previous ``path`` as it was, and no PATH.tmp."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync(path.parent)
+
+
 def fsync_tree(folder: Path) -> None:
     """Everything under ``folder`` and the folder itself on the disk, before it is renamed into place: a rename is
     not a flush, and after a host crash or power cut a renamed folder could otherwise hold empty files."""
