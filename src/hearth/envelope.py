@@ -190,16 +190,61 @@ def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
     """Top-level brace-balanced spans ``[start, end)`` in ``text``, and the start of an unterminated one.
 
     Outside a span, everything is chatter (quotes there mean nothing); inside, JSON string literals
-    are honoured (scan_object). One linear pass.
+    are honoured (scan_object). A ``{`` that never closes and does not start like an object ("Sure {",
+    a lone "{" line) is a stray brace of chatter, not the start of everything after it: the spans
+    inside it are top-level spans (_inside_stray_brace). Linear: at most two passes over the text.
     """
     spans: list[tuple[int, int]] = []
     start = text.find("{")
     while start >= 0:
         end = scan_object(text, start)[0]
         if end < 0:
-            return spans, start
+            if _OBJECT_LIKE.match(text, start):
+                return spans, start  # a cut-off object: everything from here is that object
+            inner, open_start = _inside_stray_brace(text, start)
+            # nothing inside: the stray brace stays the candidate the parser is handed, as before
+            return spans + inner, start if open_start is None and not inner else open_start
         spans.append((start, end))
         start = text.find("{", end)
+    return spans, None
+
+
+def _inside_stray_brace(text: str, start: int) -> tuple[list[tuple[int, int]], int | None]:
+    """The spans inside the brace at ``start`` that never closes and does not start like an object.
+
+    One pass with the string state scan_object had from ``start`` (so a ``}`` inside ``"..."`` still does
+    not count) and a stack of the braces still open: a span that closes while the brace just below it on
+    the stack never does is a top-level span, as if the braces below were chatter, and so for every brace
+    that never closes, down the stack, until the first that starts like an object (``{"``): that one is a
+    cut-off object, returned as the unterminated start, and the spans inside it are its values, not
+    candidates. Trying each later ``{`` as a fresh start instead would rescan the rest of the text once per
+    brace: quadratic in a reply of braces.
+    """
+    stack: list[tuple[int, list[tuple[int, int]]]] = []  # (open brace, the spans that closed directly inside it)
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            stack.append((i, []))
+        elif ch == "}":
+            opened, _ = stack.pop()
+            if not stack:  # pragma: no cover - scan_object, in the same states, found that ``start`` never closes
+                return [], start
+            stack[-1][1].append((opened, i + 1))
+    spans: list[tuple[int, int]] = []
+    for opened, inside in stack:
+        if _OBJECT_LIKE.match(text, opened):
+            return spans, opened
+        spans.extend(inside)
     return spans, None
 
 
@@ -211,6 +256,10 @@ def repair(text: str) -> str:
     object (code fences, "Here you go:", trailing remarks). Returns the text unchanged (stripped)
     when it holds no complete JSON object, so the parser can say why; when it holds one unterminated
     object after chatter, returns that object's text from its ``{`` (still unterminated).
+
+    A ``{`` of chatter that never closes ("Sure {" before the object) is chatter like any other text,
+    unless it starts like an object (``{"``): that is a cut-off object, and an object inside it is one of
+    its values, never taken for the reply.
 
     Raises EnvelopeError (field None) when repairing would mean guessing: an unterminated leading
     think block, two or more JSON objects, one JSON object followed by a broken one (a brace span
