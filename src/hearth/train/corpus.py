@@ -44,7 +44,7 @@ from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn,
                             system_prompt_for)
 from hearth.train.batches import conversation_named
 from hearth.train.chat_format import IM_END, IM_START, Rendered, render
-from hearth.train.durable import write_text
+from hearth.train.durable import CORPUS_FILES, CORPUS_TMP, fsync_tree, publish_corpus
 
 IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
@@ -559,8 +559,8 @@ def _length_stats(lengths: list[int]) -> dict:
             "max": ordered[-1], "total": sum(ordered)}
 
 
-# what a build writes into OUT_DIR (each through a temporary name beside it)
-BUILD_FILES = ("train.jsonl", "rejected.jsonl", "stats.json")
+# what a build writes into OUT_DIR, as one set (written into OUT_DIR/.corpus.tmp, then published: _publish)
+BUILD_FILES = CORPUS_FILES
 
 
 def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None,
@@ -568,8 +568,9 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
           max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> dict:
     """Build the corpus; returns the stats dict (also written to OUT_DIR/stats.json).
 
-    Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json; each is written to a temporary name, flushed and
-    renamed, so an interrupted build never leaves a half-written train.jsonl behind.
+    Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json as one set: written into OUT_DIR/.corpus.tmp, flushed,
+    then published in renames (_publish), so an interrupted build never leaves a half-written train.jsonl behind,
+    nor a train.jsonl beside another build's rejected.jsonl and stats.json.
     ValueError naming ``input``/``tokenizer`` when they cannot be read, ``out_dir`` when it cannot be written, or when the input holds no conversation or
     none of its lines builds an example (the first reasons in the message; nothing written).
     """
@@ -628,18 +629,48 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
         "length": _length_stats(lengths), "trained": _length_stats(trained),
     }
     stats.update(_template_check(tok, result.examples))
-    try:
-        _write_jsonl(out_dir / "train.jsonl", rows)
-        _write_jsonl(out_dir / "rejected.jsonl", result.rejected)
-        write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
-    except OSError as exc:
-        raise ValueError(f"out_dir: cannot write in {out_dir} ({exc.strerror or exc})") from None
+    _publish(out_dir, {"train.jsonl": _jsonl(rows), "rejected.jsonl": _jsonl(result.rejected),
+                       "stats.json": json.dumps(stats, indent=2) + "\n"})
     stats["rejected_lines"] = result.rejected
     return stats
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def _publish(out_dir: Path, files: dict[str, str]) -> None:
+    """BUILD_FILES into ``out_dir`` as one set: written into OUT_DIR/.corpus.tmp and flushed (fsync_tree), then
+    published (durable.publish_corpus): renamed to OUT_DIR/.corpus.new (the commit), the previous build's files moved
+    aside with train.jsonl first, the new ones moved in with train.jsonl last, the previous ones deleted. Renaming the
+    three files into place one by one left, after a kill between the renames, a new train.jsonl beside the previous
+    build's rejected.jsonl and stats.json, which `hearth train` took as one corpus. Now a kill while writing leaves
+    the previous build as it was (the next build deletes the .corpus.tmp); one during the renames leaves the previous
+    build whole or no train.jsonl, and `hearth train` refuses the folder until a build into it completes the
+    committed one first. ValueError naming ``out_dir`` when it cannot be written."""
+    import shutil
+
+    tmp = out_dir / CORPUS_TMP
+    try:
+        if tmp.exists():  # a build killed while writing: never committed
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name, text in files.items():
+            with (tmp / name).open("w", encoding="utf-8") as fh:
+                fh.write(text)
+        fsync_tree(tmp)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # the previous build stays as it was
+        raise ValueError(f"out_dir: cannot write in {out_dir} ({exc.strerror or exc})") from None
+    try:
+        publish_corpus(tmp, out_dir)
+    except OSError as exc:
+        committed = not tmp.exists()
+        if not committed:
+            shutil.rmtree(tmp, ignore_errors=True)  # the previous build stays as it was
+        raise ValueError(f"out_dir: cannot write in {out_dir} ({exc.strerror or exc})"
+                         + ("; the new files are committed: run the build into it again to complete them"
+                            if committed else "")) from None
 
 
 # `hearth corpus build`'s flags for the app settings a deployment may change: flag -> (the app's setting, the

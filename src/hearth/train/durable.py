@@ -9,6 +9,7 @@ it, rename, fsync() the parent folder.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -111,51 +112,82 @@ ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors", "adapter_model.bin
 # adapter still in OUT; .adapter.in: the old adapter's files moved aside into .adapter.old, the new ones moving in
 ADAPTER_TMP, ADAPTER_NEW, ADAPTER_IN, ADAPTER_OLD = ".adapter.tmp", ".adapter.new", ".adapter.in", ".adapter.old"
 
+# `hearth corpus build`'s files lie in OUT_DIR itself too (`hearth train --corpus OUT_DIR/train.jsonl`, and the
+# author may keep the conversations there), and are published the same way, train.jsonl (what hearth train reads)
+# being the file that names the set: in OUT_DIR only beside the rejected.jsonl and stats.json of its own build
+CORPUS_KEY = "train.jsonl"
+CORPUS_FILES = (CORPUS_KEY, "rejected.jsonl", "stats.json")
+CORPUS_TMP, CORPUS_NEW, CORPUS_IN, CORPUS_OLD = ".corpus.tmp", ".corpus.new", ".corpus.in", ".corpus.old"
 
-def publish_adapter(tmp: Path, out: Path) -> None:
-    """``tmp`` (a complete adapter folder, fsync_tree'd, on OUT's file system) becomes the adapter in ``out``. Its
-    rename to OUT/.adapter.new is the commit: from then on a crash (a kill, a power cut) leaves what
-    finish_adapter_publish() completes into the new adapter, and before it the old adapter is untouched. In between
-    OUT holds either the whole old adapter, or no adapter_config.json (the old one is moved aside first, the new one
-    moved in last: a loader refuses the folder rather than load the new config over the old weights or the
-    reverse), or the whole new one."""
+
+@dataclass(frozen=True)
+class FileSet:
+    """Files published into a folder as one set (publish_set): ``key`` is the file every reader opens first (moved
+    aside first, moved in last), ``files`` every name an older set in the folder may hold, and tmp / new / moving /
+    old the folder's staging folders (being written; committed; old set aside, new one moving in; the old set)."""
+
+    key: str
+    files: tuple[str, ...]
+    tmp: str
+    new: str
+    moving: str
+    old: str
+
+
+ADAPTER = FileSet(ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_TMP, ADAPTER_NEW, ADAPTER_IN, ADAPTER_OLD)
+CORPUS = FileSet(CORPUS_KEY, CORPUS_FILES, CORPUS_TMP, CORPUS_NEW, CORPUS_IN, CORPUS_OLD)
+
+
+def publish_set(tmp: Path, out: Path, kind: FileSet) -> None:
+    """``tmp`` (a complete set of ``kind``'s files, fsync_tree'd, on OUT's file system) becomes the set in ``out``.
+    Its rename to OUT/<kind.new> is the commit: from then on a crash (a kill, a power cut) leaves what finish_publish()
+    completes into the new set, and before it the old set is untouched. In between OUT holds either the whole old
+    set, or no ``kind.key`` (the old one is moved aside first, the new one moved in last: a reader refuses the folder
+    rather than take the new key file beside the old set's other files or the reverse), or the whole new one."""
     tmp, out = Path(tmp), Path(out)
-    finish_adapter_publish(out)  # an earlier publish killed part-way: completed first, not mixed with this one
-    tmp.rename(out / ADAPTER_NEW)
+    finish_publish(out, kind)  # an earlier publish killed part-way: completed first, not mixed with this one
+    tmp.rename(out / kind.new)
     fsync(out)
-    finish_adapter_publish(out)
+    finish_publish(out, kind)
 
 
-def finish_adapter_publish(out: Path) -> bool:
-    """Complete a publish_adapter() that a crash interrupted after its commit: the old adapter's files aside, the new
-    one's in (adapter_config.json last), the leftovers deleted. Idempotent; every step is a rename in OUT, fsynced
-    before the next depends on it. An uncommitted OUT/.adapter.tmp is not touched (the writer deletes it). Whether
-    there was one to finish."""
+def publish_pending(out: Path, kind: FileSet) -> bool:
+    """Whether OUT holds a publish_set() of ``kind`` that a crash interrupted after its commit (finish_publish()
+    completes it); read-only."""
+    out = Path(out)
+    return (out / kind.new).is_dir() or (out / kind.moving).is_dir()
+
+
+def finish_publish(out: Path, kind: FileSet) -> bool:
+    """Complete a publish_set() that a crash interrupted after its commit: the old set's files aside, the new one's
+    in (``kind.key`` last), the leftovers deleted. Idempotent; every step is a rename in OUT, fsynced before the next
+    depends on it. An uncommitted OUT/<kind.tmp> is not touched (the writer deletes it). Whether there was one to
+    finish."""
     import shutil
 
     out = Path(out)
-    new, moving, old = out / ADAPTER_NEW, out / ADAPTER_IN, out / ADAPTER_OLD
+    new, moving, old = out / kind.new, out / kind.moving, out / kind.old
     found = new.is_dir() or moving.is_dir()
     if new.is_dir():
-        # the old adapter aside, its config first: from that rename on OUT holds no adapter a loader takes. Every
-        # name in OUT that the old adapter or the new one can hold is the old one's here (nothing new is in yet)
-        names = list(dict.fromkeys([*ADAPTER_FILES, *sorted(p.name for p in new.iterdir())]))
+        # the old set aside, its key first: from that rename on OUT holds no set a reader takes. Every name in OUT
+        # that the old set or the new one can hold is the old one's here (nothing new is in yet)
+        names = list(dict.fromkeys([kind.key, *kind.files, *sorted(p.name for p in new.iterdir())]))
         old.mkdir(exist_ok=True)
         for name in names:
             if (out / name).exists() or (out / name).is_symlink():
-                if (old / name).is_dir():  # left by an earlier publish killed while deleting .adapter.old
+                if (old / name).is_dir():  # left by an earlier publish killed while deleting <kind.old>
                     shutil.rmtree(old / name)
                 os.replace(out / name, old / name)
-                if name == ADAPTER_CONFIG:
-                    fsync(out)  # the config gone before any other file of the old adapter
+                if name == kind.key:
+                    fsync(out)  # the key gone before any other file of the old set
         fsync(out)
-        new.rename(moving)  # the old adapter is all aside: what is in OUT from here on is the new one's
+        new.rename(moving)  # the old set is all aside: what is in OUT from here on is the new one's
         fsync(out)
     if moving.is_dir():
-        entries = sorted(moving.iterdir(), key=lambda p: (p.name == ADAPTER_CONFIG, p.name))
+        entries = sorted(moving.iterdir(), key=lambda p: (p.name == kind.key, p.name))
         for entry in entries:
-            if entry.name == ADAPTER_CONFIG:
-                fsync(out)  # every other file of the new adapter in OUT before its config names it an adapter
+            if entry.name == kind.key:
+                fsync(out)  # every other file of the new set in OUT before its key names it a set
             os.replace(entry, out / entry.name)
         fsync(out)
         moving.rmdir()
@@ -163,3 +195,30 @@ def finish_adapter_publish(out: Path) -> bool:
     if old.exists():
         shutil.rmtree(old)
     return found
+
+
+def publish_adapter(tmp: Path, out: Path) -> None:
+    """``tmp`` (a complete adapter folder, fsync_tree'd, on OUT's file system) becomes the adapter in ``out``
+    (publish_set with adapter_config.json as the key: OUT holds the whole old adapter, no adapter_config.json, or
+    the whole new one; a loader refuses the folder rather than load the new config over the old weights or the
+    reverse)."""
+    publish_set(tmp, out, ADAPTER)
+
+
+def finish_adapter_publish(out: Path) -> bool:
+    """Complete a publish_adapter() that a crash interrupted after its commit (finish_publish). Whether there was one
+    to finish."""
+    return finish_publish(out, ADAPTER)
+
+
+def publish_corpus(tmp: Path, out: Path) -> None:
+    """``tmp`` (a complete `hearth corpus build` output, fsync_tree'd, on OUT's file system) becomes the corpus in
+    ``out`` (publish_set with train.jsonl as the key: OUT holds the whole old set, no train.jsonl, or the whole new
+    set; never a train.jsonl beside another build's rejected.jsonl / stats.json)."""
+    publish_set(tmp, out, CORPUS)
+
+
+def finish_corpus_publish(out: Path) -> bool:
+    """Complete a publish_corpus() that a crash interrupted after its commit (finish_publish). Whether there was one
+    to finish."""
+    return finish_publish(out, CORPUS)

@@ -52,7 +52,8 @@ from hearth.train.batches import (
 )
 from hearth.train.distributed import PARALLEL
 from hearth.train.durable import (
-    ADAPTER_TMP, finish_adapter_publish, fsync_tree, publish_adapter, replace_dir, restore_aside, write_text,
+    ADAPTER_TMP, CORPUS, CORPUS_FILES, CORPUS_IN, CORPUS_NEW, finish_adapter_publish, fsync_tree, publish_adapter,
+    publish_pending, replace_dir, restore_aside, write_text,
 )
 
 IGNORE_INDEX = -100
@@ -217,6 +218,15 @@ class FinetuneConfig:
             raise ValueError(f"memory_budget_gib must be a finite number of GiB > 0, got {self.memory_budget_gib!r}")
         if self.max_steps is not None:  # the run's length is known before the corpus is read
             self.check_steps(self.max_steps, saved=resumed_config(self.resume))
+        for key in ("corpus", "eval_corpus"):
+            path = getattr(self, key)
+            if path is not None and Path(path).name in CORPUS_FILES and publish_pending(Path(path).parent, CORPUS):
+                # a `hearth corpus build` killed while it replaced the files: the folder may hold the previous
+                # build, or no train.jsonl, while the build that was run is committed beside it (durable.CORPUS)
+                raise ValueError(f"{key}: {Path(path).parent} holds a `hearth corpus build` that was interrupted while "
+                                 f"it replaced the corpus files ({CORPUS_NEW} / {CORPUS_IN} there): run `hearth corpus "
+                                 f"build` into {Path(path).parent} again, which completes it first, then writes its "
+                                 "own")
         if not Path(self.corpus).is_file():
             raise ValueError(f"corpus: {self.corpus} is not a file (expected OUT_DIR/train.jsonl from `hearth corpus build`)")
         if self.eval_corpus is not None and not Path(self.eval_corpus).is_file():
