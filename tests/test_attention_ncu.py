@@ -122,3 +122,43 @@ def test_shell_script_with_every_run_left_out_exits_zero(tmp_path):
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert "left out (past BUDGET_S=0 s)" in done.stdout
     assert "no ncu runs" in (out / "ncu-table.txt").read_text()
+
+
+SOURCE = '''==PROF== Connected to process 7
+"Kernel Name","_attn_bwd_fused_gluon_kernel",
+"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_barrier",\
+"stall_long_sb","stall_barrier (Not Issued)"
+"0x10","HGMMA.64x64x16.F32.BF16 R152, gdesc[UR36].tnspA.tnspB, R152, gsb0","5","4","0","0","0"
+"0x20","WARPGROUP.DEPBAR.LE gsb0, 0x0","40","40","40","0","40"
+"0x30","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R0+URZ+0x30550], R13","1","1","0","1","0"
+"0x40","@!P0  BRA 0x90","30","30","0","30","0"
+"0x50","BAR.SYNC.DEFER_BLOCKING 0x1","2","2","2","0","2"
+"0x60","NOP","100","100","100","0","100"
+"0x70","USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x78","0","0","0","0","0"
+"0x80","FFMA R13, R152, UR60, -R16","7","3","0","0","0"
+"0x90","SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R0+URZ+0x30550], R13","0","0","0","0","0"
+'''
+
+
+def test_source_sorts_stall_samples_by_kind(tmp_path, capsys):
+    """`source` reads ncu's --page source SASS dump and puts each instruction's samples under what the warp waited at:
+    the idle warps' NOP before the setmaxnreg retry (not a stall of working warps, though the raw page's barrier figure
+    counts it), a wgmma wait, an mbarrier wait (the try-wait, and a branch into its retry loop, named by the barrier's
+    address), the instruction just after a named barrier, the rest."""
+    name, rows = ncu.read_source(SOURCE)
+    assert name == "_attn_bwd_fused_gluon_kernel" and [r["Address"] for r in rows][:2] == ["0x10", "0x20"]
+    s = ncu.source_summary(rows)
+    assert s["total"] == 185
+    kinds = {k: v["samples"] for k, v in s["kinds"].items()}
+    assert kinds == {"idle warps (setmaxnreg retry loop)": 100, "wgmma wait (WARPGROUP.DEPBAR)": 40,
+                     "mbarrier wait [R0+URZ+0x30550]": 31, "other": 7, "wgmma issue (HGMMA)": 5,
+                     "named barrier (BAR.SYNC, or just after one)": 2}
+    assert s["kinds"]["idle warps (setmaxnreg retry loop)"]["reasons"] == {"barrier": 100}  # "Not Issued" left out
+    path = tmp_path / "src.csv"
+    path.write_text(SOURCE)
+    ncu.main(["source", str(path), "--top", "2"])
+    out = capsys.readouterr().out
+    assert "9 SASS instructions, 185 stall samples" in out
+    assert "barrier samples 142, of them at idle warps 100 (70%)" in out
+    assert out.rstrip().splitlines()[-2:][0].split()[:2] == ["100", "0x60"]
+    assert ncu.read_source("==PROF== nothing\n") == ("?", [])

@@ -31,3 +31,12 @@ def test_cases_with_bad_numbers_are_named():
                       ("x:8,40,8,2048,128,1,2", "ragged 0 or 1"), ("8,40,8,2048,128,1", "LABEL")]:
         with pytest.raises(SystemExit, match=word):
             _parse_cases(bad)
+
+
+def test_settings_keep_commas_inside_a_value():
+    """--settings: a comma starts the next VAR=VALUE only before a variable's name, so a value that holds a comma
+    (HEARTH_ATTN_FB_CONFIG=64,3, "BLOCK_M,NUM_STAGES") reaches the kernel whole; it was cut at the comma, and the
+    probe stopped on the stray "3" before timing anything."""
+    parse = runpy.run_path(str(ROOT / "scripts" / "gpu" / "attention_knob_probe.py"), run_name="knob_probe")["_parse_settings"]
+    assert parse("s=;c3=HEARTH_ATTN_FB_CONFIG=64,3;two=A=1,B_2=x,y") == [
+        ("s", {}), ("c3", {"HEARTH_ATTN_FB_CONFIG": "64,3"}), ("two", {"A": "1", "B_2": "x,y"})]

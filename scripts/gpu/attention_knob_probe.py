@@ -38,6 +38,7 @@ import contextlib
 import itertools
 import importlib
 import json
+import re
 import os
 import time
 
@@ -93,7 +94,9 @@ def _parse_settings(text: str) -> list:
     settings = []
     for item in filter(None, (x.strip() for x in text.split(";"))):
         name, _, assigns = item.partition("=")
-        settings.append((name, dict(a.split("=", 1) for a in assigns.split(",") if a)))
+        # a comma starts the next VAR=VALUE only before a variable's name: a value may hold commas
+        # (HEARTH_ATTN_FB_CONFIG=64,3)
+        settings.append((name, dict(a.split("=", 1) for a in re.split(r",(?=[A-Za-z_][A-Za-z0-9_]*=)", assigns) if a)))
     return settings
 
 

@@ -3,6 +3,10 @@
     ncu --profile-from-start off --clock-control none --section ... --csv --page raw \\
         python3 scripts/gpu/attention_ncu.py run --provider hearth --case "Qwen3-32B T8192:1,64,8,8192,128,1"
     python3 scripts/gpu/attention_ncu.py table RAW.csv [RAW.csv ...]        # the compact table, from ncu's raw CSV
+    ncu --profile-from-start off --clock-control none --section SourceCounters --section WarpStateStats \\
+        --kernel-name regex:_attn_bwd_fused --launch-count 1 --page source --print-source sass --csv --log-file SRC.csv \\
+        python3 scripts/gpu/attention_ncu.py run ...
+    python3 scripts/gpu/attention_ncu.py source SRC.csv [--top 12]          # stall samples by kind of instruction
     bash scripts/gpu/attention_ncu.sh                                         # both providers, every case, on the device
 
 `run` builds one case (bf16, [B, H, T, D], random inputs), calls fwd+bwd three times unprofiled (compiles, autotune
@@ -16,6 +20,15 @@ duration, SM / tensor-pipe / DRAM throughput, issue-slot use, registers, shared 
 five largest warp-stall reasons (cycles per issued instruction): the few figures that say whether a backward is
 tensor-bound, latency-bound or stalled on a barrier, which CUDA-event timing cannot. `--json` adds one JSON object per
 kernel with every metric the table reads.
+
+`source` reads ncu's `--page source --print-source sass --csv` output (one row per SASS instruction, with the warp-stall
+samples taken at it) and sorts the samples by what the warp waited at: idle warps (the warps warp_specialize leaves
+without work, parked at a named barrier in the loop that retries `setmaxnreg` until the kernel ends: they issue
+nothing, yet the raw page's "warps stalled at a barrier per issue" counts them), wgmma waits (WARPGROUP.DEPBAR),
+named-barrier syncs (BAR.SYNC and the instruction after one, where a warp that waits at it is sampled), mbarrier
+waits (SYNCS.PHASECHK, and the branch into its retry loop, where a waiting warp is sampled; one line per mbarrier
+address) and arrives (SYNCS.ARRIVE), and the rest; then the instructions with the most samples. Found
+by it (2026-12-07, an H100): about two thirds of the fused backward's and the forward's barrier samples were idle warps.
 
 Without CUDA, `run --smoke` runs the hearth path at a tiny shape (TRITON_INTERPRET=1) to check the script itself.
 """
@@ -169,6 +182,94 @@ def table(paths: list[str], as_json: bool) -> None:
                 print(json.dumps(dict(s, file=path)))
 
 
+# the kinds of instruction `source` sorts stall samples by: (kind, test on the SASS text of the instruction, the one
+# before it and the one after it), the first match wins
+IDLE_LOOP = "USETMAXREG.TRY_ALLOC"
+
+
+def _sass_kind(text: str, before: str, after: str, target: str = "") -> str:
+    """The kind of a SASS instruction for `source`, from its text, its neighbours' and, for a branch, its target's."""
+    words = text.split()
+    op = words[1] if text.startswith("@") and len(words) > 1 else (words or [""])[0]
+    if IDLE_LOOP in after and op == "NOP":
+        return "idle warps (setmaxnreg retry loop)"
+    if op.startswith("WARPGROUP.DEPBAR"):
+        return "wgmma wait (WARPGROUP.DEPBAR)"
+    if op.startswith("SYNCS.PHASECHK") or (op == "BRA" and target.startswith("SYNCS.PHASECHK")):
+        # a try-wait, or the branch into its retry loop, where a warp that waits is sampled: named by the barrier
+        wait = target if op == "BRA" else text
+        slot = next((w.rstrip(",") for w in wait.split() if w.startswith("[")), "?")
+        return f"mbarrier wait {slot}"
+    if op.startswith("BAR.") or before.split()[:1] == ["BAR.SYNC.DEFER_BLOCKING"]:
+        return "named barrier (BAR.SYNC, or just after one)"
+    if op.startswith("SYNCS.ARRIVE"):
+        return "mbarrier arrive (SYNCS.ARRIVE)"
+    if op.startswith("HGMMA"):
+        return "wgmma issue (HGMMA)"
+    return "other"
+
+
+def read_source(text: str) -> tuple[str, list[dict[str, str]]]:
+    """(kernel name, instructions) of an ncu `--csv --page source --print-source sass` dump: a "Kernel Name" line,
+    then a header row ("Address", "Source", sample and stall columns), one row per SASS instruction. Lines before
+    it (the program's output, ==PROF== notes) are skipped."""
+    lines = text.splitlines()
+    name = next((next(csv.reader([ln]))[1] for ln in lines if ln.startswith('"Kernel Name"')), "?")
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"Address"')), None)
+    if start is None:
+        return name, []
+    return name, [r for r in csv.DictReader(io.StringIO("\n".join(lines[start:]))) if r.get("Address")]
+
+
+def source_summary(rows: list[dict[str, str]]) -> dict:
+    """Samples by kind of instruction (_sass_kind), each split by stall reason, and every instruction's kind."""
+    texts = [" ".join((r.get("Source") or "").split()) for r in rows]
+    at = {(r.get("Address") or "").lower(): t for r, t in zip(rows, texts)}
+    kinds: dict[str, dict] = {}
+    total = 0.0
+    per = []
+    for i, r in enumerate(rows):
+        words = texts[i].split()
+        target = at.get(words[-1].lower(), "") if "BRA" in words[:2] and words else ""
+        kind = _sass_kind(texts[i], texts[i - 1] if i else "", texts[i + 1] if i + 1 < len(texts) else "", target)
+        n = _number(r.get("Warp Stall Sampling (All Samples)", "")) or 0.0
+        total += n
+        k = kinds.setdefault(kind, {"samples": 0.0, "reasons": {}})
+        k["samples"] += n
+        for col, v in r.items():
+            if col and col.startswith("stall_") and "Not Issued" not in col:
+                x = _number(v)
+                if x:
+                    k["reasons"][col[len("stall_"):]] = k["reasons"].get(col[len("stall_"):], 0.0) + x
+        per.append((n, r.get("Address", "?"), texts[i], kind))
+    return {"total": total, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["samples"])),
+            "top": sorted(per, key=lambda t: -t[0])}
+
+
+def source(paths: list[str], top: int) -> None:
+    for path in paths:
+        with open(path) as f:
+            name, rows = read_source(f.read())
+        s = source_summary(rows)
+        print(f"== {path}: {name[:90]}, {len(rows)} SASS instructions, {s['total']:.0f} stall samples")
+        if not rows:
+            print("   (no source rows: was ncu run with --page source --print-source sass --csv?)")
+            continue
+        barrier = sum(k["reasons"].get("barrier", 0.0) for k in s["kinds"].values())
+        idle = next((k for kind, k in s["kinds"].items() if kind.startswith("idle")), {"samples": 0.0, "reasons": {}})
+        print(f"   barrier samples {barrier:.0f}, of them at idle warps {idle['reasons'].get('barrier', 0.0):.0f}"
+              f" ({100 * idle['reasons'].get('barrier', 0.0) / barrier if barrier else 0:.0f}%)")
+        for kind, k in s["kinds"].items():
+            if not k["samples"]:
+                continue
+            reasons = ", ".join(f"{r} {v:.0f}" for r, v in sorted(k["reasons"].items(), key=lambda kv: -kv[1])[:4])
+            print(f"   {kind:<44} {k['samples']:>9.0f} ({100 * k['samples'] / s['total'] if s['total'] else 0:4.1f}%)"
+                  f"  {reasons}")
+        print(f"   the {top} instructions with the most samples:")
+        for n, addr, text, kind in s["top"][:top]:
+            print(f"   {n:>9.0f}  {addr[-6:]}  {text[:64]:<64}  {kind}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -179,12 +280,17 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("table", help="the compact table of ncu --csv --page raw dumps")
     t.add_argument("paths", nargs="+")
     t.add_argument("--json", action="store_true")
+    so = sub.add_parser("source", help="stall samples by kind of instruction, from ncu --csv --page source dumps")
+    so.add_argument("paths", nargs="+")
+    so.add_argument("--top", type=int, default=12)
     args = ap.parse_args(argv)
     if args.cmd == "run":
         try:
             run(args.provider, args.case if not args.smoke else "smoke:1,4,2,32,16,1", args.smoke)
         except ValueError as e:
             raise SystemExit(str(e)) from None
+    elif args.cmd == "source":
+        source(args.paths, args.top)
     else:
         table(args.paths, args.json)
 
