@@ -162,3 +162,10 @@ def test_source_sorts_stall_samples_by_kind(tmp_path, capsys):
     assert "barrier samples 142, of them at idle warps 100 (70%)" in out
     assert out.rstrip().splitlines()[-2:][0].split()[:2] == ["100", "0x60"]
     assert ncu.read_source("==PROF== nothing\n") == ("?", [])
+    # one dump, several kernels (no --kernel-name filter): each its own table
+    two = SOURCE + SOURCE.split("\n", 1)[1].replace("_attn_bwd_fused_gluon_kernel", "flash_bwd_sm90")
+    assert [(n, len(r)) for n, r in ncu.read_sources(two)] == [("_attn_bwd_fused_gluon_kernel", 9), ("flash_bwd_sm90", 9)]
+    path.write_text(two)
+    ncu.main(["source", str(path)])
+    out = capsys.readouterr().out
+    assert out.count("9 SASS instructions") == 2 and "flash_bwd_sm90" in out

@@ -209,16 +209,26 @@ def _sass_kind(text: str, before: str, after: str, target: str = "") -> str:
     return "other"
 
 
-def read_source(text: str) -> tuple[str, list[dict[str, str]]]:
-    """(kernel name, instructions) of an ncu `--csv --page source --print-source sass` dump: a "Kernel Name" line,
-    then a header row ("Address", "Source", sample and stall columns), one row per SASS instruction. Lines before
-    it (the program's output, ==PROF== notes) are skipped."""
+def read_sources(text: str) -> list[tuple[str, list[dict[str, str]]]]:
+    """[(kernel name, instructions)] of an ncu `--csv --page source --print-source sass` dump, one entry per profiled
+    kernel: each is a "Kernel Name" line, then a header row ("Address", "Source", sample and stall columns) and one
+    row per SASS instruction. Lines before the first (the program's output, ==PROF== notes) are skipped."""
     lines = text.splitlines()
-    name = next((next(csv.reader([ln]))[1] for ln in lines if ln.startswith('"Kernel Name"')), "?")
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"Address"')), None)
-    if start is None:
-        return name, []
-    return name, [r for r in csv.DictReader(io.StringIO("\n".join(lines[start:]))) if r.get("Address")]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith('"Kernel Name"')]
+    out = []
+    for j, i in enumerate(starts):
+        name = next(csv.reader([lines[i]]))[1]
+        block = lines[i + 1:starts[j + 1] if j + 1 < len(starts) else len(lines)]
+        head = next((k for k, ln in enumerate(block) if ln.startswith('"Address"')), None)
+        rows = [] if head is None else [r for r in csv.DictReader(io.StringIO("\n".join(block[head:])))
+                                        if r.get("Address")]
+        out.append((name, rows))
+    return out
+
+
+def read_source(text: str) -> tuple[str, list[dict[str, str]]]:
+    """The first kernel of read_sources ("?" and no rows when there is none)."""
+    return next(iter(read_sources(text)), ("?", []))
 
 
 def source_summary(rows: list[dict[str, str]]) -> dict:
@@ -249,25 +259,31 @@ def source_summary(rows: list[dict[str, str]]) -> dict:
 def source(paths: list[str], top: int) -> None:
     for path in paths:
         with open(path) as f:
-            name, rows = read_source(f.read())
-        s = source_summary(rows)
-        print(f"== {path}: {name[:90]}, {len(rows)} SASS instructions, {s['total']:.0f} stall samples")
-        if not rows:
-            print("   (no source rows: was ncu run with --page source --print-source sass --csv?)")
+            kernels = read_sources(f.read())
+        if not kernels:
+            print(f"== {path}: no kernel (was ncu run with --page source --print-source sass --csv?)")
+        for name, rows in kernels:
+            _source_kernel(path, name, rows, top)
+
+
+def _source_kernel(path: str, name: str, rows: list[dict[str, str]], top: int) -> None:
+    s = source_summary(rows)
+    print(f"== {path}: {name[:90]}, {len(rows)} SASS instructions, {s['total']:.0f} stall samples")
+    if not rows or not s["total"]:
+        return
+    barrier = sum(k["reasons"].get("barrier", 0.0) for k in s["kinds"].values())
+    idle = next((k for kind, k in s["kinds"].items() if kind.startswith("idle")), {"samples": 0.0, "reasons": {}})
+    print(f"   barrier samples {barrier:.0f}, of them at idle warps {idle['reasons'].get('barrier', 0.0):.0f}"
+          f" ({100 * idle['reasons'].get('barrier', 0.0) / barrier if barrier else 0:.0f}%)")
+    for kind, k in s["kinds"].items():
+        if not k["samples"]:
             continue
-        barrier = sum(k["reasons"].get("barrier", 0.0) for k in s["kinds"].values())
-        idle = next((k for kind, k in s["kinds"].items() if kind.startswith("idle")), {"samples": 0.0, "reasons": {}})
-        print(f"   barrier samples {barrier:.0f}, of them at idle warps {idle['reasons'].get('barrier', 0.0):.0f}"
-              f" ({100 * idle['reasons'].get('barrier', 0.0) / barrier if barrier else 0:.0f}%)")
-        for kind, k in s["kinds"].items():
-            if not k["samples"]:
-                continue
-            reasons = ", ".join(f"{r} {v:.0f}" for r, v in sorted(k["reasons"].items(), key=lambda kv: -kv[1])[:4])
-            print(f"   {kind:<44} {k['samples']:>9.0f} ({100 * k['samples'] / s['total'] if s['total'] else 0:4.1f}%)"
-                  f"  {reasons}")
-        print(f"   the {top} instructions with the most samples:")
-        for n, addr, text, kind in s["top"][:top]:
-            print(f"   {n:>9.0f}  {addr[-6:]}  {text[:64]:<64}  {kind}")
+        reasons = ", ".join(f"{r} {v:.0f}" for r, v in sorted(k["reasons"].items(), key=lambda kv: -kv[1])[:4])
+        print(f"   {kind:<44} {k['samples']:>9.0f} ({100 * k['samples'] / s['total'] if s['total'] else 0:4.1f}%)"
+              f"  {reasons}")
+    print(f"   the {top} instructions with the most samples:")
+    for n, addr, text, kind in s["top"][:top]:
+        print(f"   {n:>9.0f}  {addr[-6:]}  {text[:64]:<64}  {kind}")
 
 
 def main(argv: list[str] | None = None) -> None:
