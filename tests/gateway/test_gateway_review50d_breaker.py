@@ -31,10 +31,11 @@ class HookedStore(MemoryStore):
         else:
             self.events.append((when, "skipped" if snap.tripped else "closed"))
 
-    async def success(self, name: str) -> None:
+    async def success(self, name: str, trial: str | None) -> bool:
         await self._other_worker(name, "during success")
-        await super().success(name)
+        closed = await super().success(name, trial)
         self.events.append(("success", name))
+        return closed
 
     async def release_trial(self, name: str, token: str) -> None:
         await self._other_worker(name, "during release")

@@ -145,7 +145,9 @@ def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend)
             await s.failure("a", threshold=3, cooldown_s=1, open_s=30, why="long", status=429, trial=None)
             await s.failure("a", threshold=3, cooldown_s=1, open_s=2, why="short", status=429, trial=None)
             opened = (await s.breakers(["a", "b"]))
-            await s.success("a")
+            # the trial's success closes it (a success without the trial leaves an open breaker open:
+            # test_gateway_breaker_stale_success.py)
+            await s.success("a", await s.claim_trial("a", 10.0))
             return opened, (await s.breakers(["a"]))[0]
         finally:
             await s.aclose()

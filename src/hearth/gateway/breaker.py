@@ -8,6 +8,12 @@
                the next one), so a provider that is still broken costs one request its timeout,
                not every request that arrives when the cooldown ends
 
+A success closes a tripped breaker only when it is the half-open trial's (the attempt holding the trial token,
+its lease not expired). The success of any other attempt resets the consecutive-failure count while the breaker is
+closed, and changes nothing while it is open or half-open: such an attempt was admitted before the breaker opened
+(a slow request that outlived the failures which tripped it), so its success is stale evidence; closing on it
+undid the cooldown the provider had just earned and wiped the lease of the trial another request held.
+
 Only the provider's own failures count. A client error (an upstream 4xx other than 401/402/403/404/
 407/408/429: the request itself is wrong, e.g. context_length_exceeded) never counts, nor does a reply cut
 short by the request's own max_tokens (finish_reason "length"), nor an attempt abandoned because the
@@ -83,8 +89,10 @@ class Breaker:
         return await self.store.failure(self.name, threshold=self.threshold, cooldown_s=self.cooldown_s, open_s=open_s,
                                         why=why, status=status, trial=trial)
 
-    async def success(self) -> None:
-        await self.store.success(self.name)
+    async def success(self, trial: str | None) -> bool:
+        """Record a successful attempt (`trial`: its trial token, or None); True when the breaker is closed now.
+        Only the trial's success closes a tripped breaker; any other resets the count only while it is closed."""
+        return await self.store.success(self.name, trial)
 
     def state(self, snap: BreakerSnapshot) -> dict:
         is_open = snap.open_left_s > 0

@@ -386,8 +386,10 @@ class Chain:
         name = a.provider.name
         self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(time.monotonic() - a.t0)
         if a.snap is not CLOSED or a.trial is not None:
-            await self.breakers[name].success()
-            self.metrics.breaker_open.labels(name).set(0)
+            # only the trial's own success closes a tripped breaker: a request admitted before it opened, whose
+            # success lands after, leaves it (and its gauge) as it is
+            if await self.breakers[name].success(a.trial):
+                self.metrics.breaker_open.labels(name).set(0)
         a.settled = True
         now = time.monotonic()
         self._finish(w, "ok", now)

@@ -11,7 +11,8 @@ Two backends behind one small async interface (StateStore):
 
 What is stored, per provider (Redis keys under "<state_prefix>:<provider>:"):
 
-    b        hash {failures, tripped}: consecutive failures; tripped = opened since the last success
+    b        hash {failures, tripped}: consecutive failures; tripped = opened since the last success that closed
+             it (the half-open trial's: a success of any other attempt never closes a tripped breaker)
     open     "<status>\\x1f<why>" with a TTL: present while the provider cools down (TTL = time left)
     trial    a token with a TTL (the lease): the one half-open trial request in flight
     warm     "1" / "0" with TTL warm.ttl_s: the last health answer, trusted that long
@@ -49,7 +50,7 @@ class BreakerSnapshot:
     open_left_s: float = 0.0     # > 0 while the provider cools down
     why: str = ""                # why it is open
     status: int | None = None    # the HTTP status whose Retry-After opened it (429, 503), else None
-    tripped: bool = False        # opened since the last success: the next attempt is the half-open trial
+    tripped: bool = False        # opened since the trial success that last closed it: the next attempt is the trial
     trial: bool = False          # that trial request is in flight now
 
 
@@ -99,8 +100,12 @@ class StateStore(abc.ABC):
         lengthened. Releases `trial`. Returns True when this opened (or re-opened) the breaker."""
 
     @abc.abstractmethod
-    async def success(self, name: str) -> None:
-        """Close the breaker: zero failures, no cooldown, no trial."""
+    async def success(self, name: str, trial: str | None) -> bool:
+        """Record a successful attempt, atomically. When `trial` holds the half-open trial's lease: close the breaker
+        (zero failures, no cooldown, no trial). Otherwise (an ordinary attempt, or a trial whose lease expired): zero
+        the consecutive failures only while the breaker is not tripped; an open or half-open one is left as it is
+        (the attempt was admitted before it opened: stale evidence), its trial lease included. True when the breaker
+        is closed now (closed, or reset, by this success); False when the success changed nothing."""
 
     @abc.abstractmethod
     async def claim_trial(self, name: str, lease_s: float) -> str | None:
@@ -195,8 +200,17 @@ class MemoryStore(StateStore):
         b.tripped = True
         return True
 
-    async def success(self, name: str) -> None:
-        self._b.pop(name, None)
+    async def success(self, name: str, trial: str | None) -> bool:
+        b = self._b.get(name)
+        if b is None:
+            return True
+        if trial is not None and b.trial == trial:
+            del self._b[name]                   # the trial's success: closed
+            return True
+        if b.tripped or b.open_until > time.monotonic():
+            return False                        # stale: admitted before the breaker opened
+        b.failures = 0                          # closed: the failures are no longer consecutive
+        return True
 
     async def claim_trial(self, name: str, lease_s: float) -> str | None:
         now = time.monotonic()
@@ -288,6 +302,19 @@ redis.call('SET', KEYS[1], ms, 'PX', ms)
 return {failures, ms}
 """
 
+# KEYS: b, open, trial. ARGV: the attempt's trial token ('' for none). Returns 1 when the breaker is closed now.
+# Only the trial's own success closes a tripped breaker; any other success resets the count only while it is not
+# tripped (and not open), and leaves an open or half-open breaker, its trial's lease included, as it is.
+_SUCCESS = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[3]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  return 1
+end
+if redis.call('HGET', KEYS[1], 'tripped') == '1' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -301,7 +328,7 @@ class RedisStore(StateStore):
         self.url = url
         self.prefix = prefix
         self._r = None
-        self._failure = self._release = self._claim_warmup = self._warmup_failed = None
+        self._failure = self._success = self._release = self._claim_warmup = self._warmup_failed = None
 
     def _k(self, name: str, what: str) -> str:
         return f"{self.prefix}:{name}:{what}"
@@ -312,6 +339,7 @@ class RedisStore(StateStore):
         if self._r is None:
             self._r = aioredis.Redis.from_pool(_pool(self.url))
             self._failure = self._r.register_script(_FAILURE)
+            self._success = self._r.register_script(_SUCCESS)
             self._release = self._r.register_script(_RELEASE)
             self._claim_warmup = self._r.register_script(_CLAIM_WARMUP)
             self._warmup_failed = self._r.register_script(_WARMUP_FAILED)
@@ -377,8 +405,9 @@ class RedisStore(StateStore):
         args = [threshold, int(cooldown_s * 1000), ms, why[:500], "" if status is None else status, trial or ""]
         return bool(await self._call(self._failure(keys=keys, args=args)))
 
-    async def success(self, name: str) -> None:
-        await self._call(self._r.delete(self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")))
+    async def success(self, name: str, trial: str | None) -> bool:
+        keys = [self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")]
+        return bool(await self._call(self._success(keys=keys, args=[trial or ""])))
 
     async def _claim(self, key: str, lease_s: float) -> str | None:
         """A lease on `key` for lease_s (the trial): its new token, or None while another holds it."""
