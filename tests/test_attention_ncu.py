@@ -169,3 +169,44 @@ def test_source_sorts_stall_samples_by_kind(tmp_path, capsys):
     ncu.main(["source", str(path)])
     out = capsys.readouterr().out
     assert out.count("9 SASS instructions") == 2 and "flash_bwd_sm90" in out
+
+
+def test_shell_script_source_mode_tabulates_the_per_instruction_pages(tmp_path):
+    """SOURCE=1: per provider and case a second ncu run with --page source, its dump compressed beside the raw one
+    and tabulated by kind of instruction in ncu-source-table.txt. A stand-in `ncu` on PATH writes a raw page or a
+    source page (SOURCE above) to its --log-file, as the real one would; the run itself is never started."""
+    import shutil
+
+    tree = tmp_path / "repo"
+    (tree / "scripts" / "gpu").mkdir(parents=True)
+    for name in ("attention_ncu.sh", "attention_ncu.py", "carried_env.sh"):
+        shutil.copy(SCRIPT.parent / name, tree / "scripts" / "gpu" / name)
+    (tree / "src").symlink_to(SCRIPT.parents[2] / "src")  # the script puts the tree's src on PYTHONPATH
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    (pages / "raw.csv").write_text(RAW)
+    (pages / "src.csv").write_text(SOURCE)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ncu"
+    fake.write_text(f"""#!/bin/sh
+log=""; page=raw
+while [ $# -gt 0 ]; do
+  case "$1" in --log-file) log="$2"; shift ;; --page) page="$2"; shift ;; esac
+  shift
+done
+[ -n "$log" ] || {{ echo fake ncu; exit 0; }}
+if [ "$page" = source ]; then cp {pages / "src.csv"} "$log"; else cp {pages / "raw.csv"} "$log"; fi
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), PROVIDERS="hearth", SOURCE="1", CASES="one:1,4,2,128,64,1",
+               HEARTH_SITE=str(tmp_path / "site"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(tree / "scripts" / "gpu" / "attention_ncu.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert (out / "ncu-hearth-1.csv").is_file() and (out / "ncu-src-hearth-1.csv.xz").is_file()
+    table = (out / "ncu-source-table.txt").read_text()
+    assert "_attn_bwd_fused_gluon_kernel, 9 SASS instructions, 185 stall samples" in table
+    assert "idle warps (setmaxnreg retry loop)" in table
