@@ -186,22 +186,23 @@ def scan_object(text: str, pos: int = 0, depth: int = 0, in_string: bool = False
     return -1, depth, in_string, escaped
 
 
-def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
+def _object_spans(text: str, pos: int = 0, fresh: bool = True) -> tuple[list[tuple[int, int]], int | None]:
     """Top-level brace-balanced spans ``[start, end)`` in ``text``, and the start of an unterminated one.
 
     Outside a span, everything is chatter (quotes there mean nothing); inside, JSON string literals
     are honoured (scan_object). A ``{`` that never closes and does not start like an object ("Sure {",
     a lone "{" line) is a stray brace of chatter, not the start of everything after it: the spans
-    inside it are top-level spans (_inside_stray_brace). Linear: at most two passes over the text.
+    inside it are top-level spans (_inside_stray_brace). Linear: at most a few passes over the text.
+    From ``pos``; ``fresh``: whether a stray brace's chatter may be read again from its first quote (once).
     """
     spans: list[tuple[int, int]] = []
-    start = text.find("{")
+    start = text.find("{", pos)
     while start >= 0:
         end = scan_object(text, start)[0]
         if end < 0:
             if _OBJECT_LIKE.match(text, start):
                 return spans, start  # a cut-off object: everything from here is that object
-            inner, open_start = _inside_stray_brace(text, start)
+            inner, open_start = _inside_stray_brace(text, start, fresh)
             # nothing inside: the stray brace stays the candidate the parser is handed, as before
             return spans + inner, start if open_start is None and not inner else open_start
         spans.append((start, end))
@@ -209,7 +210,7 @@ def _object_spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
     return spans, None
 
 
-def _inside_stray_brace(text: str, start: int) -> tuple[list[tuple[int, int]], int | None]:
+def _inside_stray_brace(text: str, start: int, fresh: bool = True) -> tuple[list[tuple[int, int]], int | None]:
     """The spans inside the brace at ``start`` that never closes and does not start like an object.
 
     One pass with the string state scan_object had from ``start`` (so a ``}`` inside ``"..."`` still does
@@ -219,8 +220,15 @@ def _inside_stray_brace(text: str, start: int) -> tuple[list[tuple[int, int]], i
     cut-off object, returned as the unterminated start, and the spans inside it are its values, not
     candidates. Trying each later ``{`` as a fresh start instead would rescan the rest of the text once per
     brace: quadratic in a reply of braces.
+
+    A ``"`` directly inside a stray brace is chatter (quotes mean nothing at the top level), but this pass
+    read it as the start of a string, which can hide what follows ('Sure {' + envelope + ' the 12" one: ' +
+    another envelope looked like one object). So from the first such quote the text is read again as top-level
+    text (``fresh``: once; a second such quote there leaves the first object-like brace after it as a cut-off
+    candidate, so repair refuses to choose rather than take what a quote may hide).
     """
-    stack: list[tuple[int, list[tuple[int, int]]]] = []  # (open brace, the spans that closed directly inside it)
+    # [open brace, the spans that closed directly inside it, the first quote directly inside it]
+    stack: list[list] = []
     in_string = escaped = False
     for i in range(start, len(text)):
         ch = text[i]
@@ -233,18 +241,29 @@ def _inside_stray_brace(text: str, start: int) -> tuple[list[tuple[int, int]], i
                 in_string = False
         elif ch == '"':
             in_string = True
+            if stack[-1][2] is None:
+                stack[-1][2] = i
         elif ch == "{":
-            stack.append((i, []))
+            stack.append([i, [], None])
         elif ch == "}":
-            opened, _ = stack.pop()
+            opened = stack.pop()[0]
             if not stack:  # pragma: no cover - scan_object, in the same states, found that ``start`` never closes
                 return [], start
             stack[-1][1].append((opened, i + 1))
     spans: list[tuple[int, int]] = []
-    for opened, inside in stack:
+    for opened, inside, quote in stack:
         if _OBJECT_LIKE.match(text, opened):
             return spans, opened
-        spans.extend(inside)
+        if quote is None:
+            spans.extend(inside)
+            continue
+        # chatter from this quote on: the spans before it stand, what follows is top-level text
+        spans.extend(span for span in inside if span[1] <= quote)
+        if fresh:
+            tail, open_start = _object_spans(text, quote + 1, fresh=False)
+            return spans + tail, open_start
+        later = _OBJECT_LIKE.search(text, quote)
+        return spans, later.start() if later else None
     return spans, None
 
 
