@@ -164,3 +164,22 @@ def test_a_slow_success_during_the_half_open_trial_keeps_the_single_trial(backen
     assert trial.attempts == [("a", "ok")]
     assert closed["state"] == "closed" and closed["consecutive_failures"] == 0 and not closed["trial_in_flight"]
     assert a_calls == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_store_a_trial_whose_lease_expired_closes_nothing(backend):
+    # the contract (StateStore.success, Breaker docs): only a trial whose lease is still held closes the breaker.
+    # Redis's lease is a key with a TTL, gone when it expires; the in-process store kept the token and compared only
+    # that, so the same late success closed the breaker there and left it half-open under Redis
+    async def main():
+        async with started_store(backend) as s:
+            await s.failure("a", threshold=1, cooldown_s=0.05, open_s=None, why="x", status=None, trial=None)
+            await asyncio.sleep(0.08)                               # the cooldown ended: half-open
+            token = await s.claim_trial("a", lease_s=0.05)
+            await asyncio.sleep(0.08)                               # the lease expired, nobody claimed a new one
+            closed_it = await s.success("a", token)
+            return token, closed_it, (await s.breakers(["a"]))[0]
+
+    token, closed_it, snap = asyncio.run(main())
+    assert token and closed_it is False
+    assert snap.tripped and not snap.trial and snap.failures == 1

@@ -204,8 +204,8 @@ class MemoryStore(StateStore):
         b = self._b.get(name)
         if b is None:
             return True
-        if trial is not None and b.trial == trial:
-            del self._b[name]                   # the trial's success: closed
+        if trial is not None and b.trial == trial and b.trial_until > time.monotonic():
+            del self._b[name]                   # the trial's success, its lease still held (as Redis's TTL): closed
             return True
         if b.tripped or b.open_until > time.monotonic():
             return False                        # stale: admitted before the breaker opened
