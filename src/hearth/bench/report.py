@@ -17,8 +17,7 @@ from pathlib import Path
 from hearth.bench.cases import SPECS
 from hearth.bench.providers import FUSED_PEERS, PROVIDERS, applies
 from hearth.bench.timing import TIMING_METHOD
-# a tiny module of os / pathlib only (no torch, nothing else of hearth.train): one atomic-write helper for the project
-from hearth.train.durable import write_text
+from hearth.durable import write_text
 
 STATUSES = ("ok", "wrong", "error", "oom", "refuses", "unavailable", "skipped")
 

@@ -12,52 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def fsync(path: Path) -> None:
-    """Flush a file's data, or a folder's entries, to the disk (OSError from a folder on a file system that cannot
-    sync one is ignored; a file's is not)."""
-    path = Path(path)
-    folder = path.is_dir()
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        if not folder:
-            raise
-
-
-def write_text(path: Path, text: str) -> None:
-    """``path`` holding ``text``, whole or not at all, also after a power cut: written to PATH.tmp beside it and
-    flushed, renamed over it, the folder flushed. Writing in place (truncate, then write) left it empty or torn after
-    a crash in between (a kill, a full disk); a rename alone is not a flush (the new name could reach the disk before
-    its data)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync(path.parent)
-
-
-def write_file(path: Path, write) -> None:
-    """``path`` made whole or not at all by ``write(tmp)``, a callable that writes the complete file at the path it is
-    given (a matplotlib savefig, say): run on PATH.tmp beside it, flushed, renamed over it, the folder flushed. A
-    ``write`` that raises leaves the previous ``path`` as it was, and no PATH.tmp."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync(path.parent)
+# the single-file helpers (fsync, write_text, write_file) live one layer down, in hearth.durable: the bench harness,
+# below hearth.train, writes its reports with them too
+from hearth.durable import fsync
 
 
 def fsync_tree(folder: Path) -> None:

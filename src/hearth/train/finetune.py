@@ -46,6 +46,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from hearth.durable import write_text
 from hearth.train import distributed as D
 from hearth.train.batches import (
     EVAL_SPLIT, EVAL_SPLITS, Example, collate, conversation_of, load_examples, plan_epoch, split_eval,
@@ -53,7 +54,7 @@ from hearth.train.batches import (
 from hearth.train.distributed import PARALLEL
 from hearth.train.durable import (
     ADAPTER_TMP, CORPUS, CORPUS_FILES, CORPUS_IN, CORPUS_NEW, finish_adapter_publish, fsync_tree, publish_adapter,
-    publish_pending, replace_dir, restore_aside, write_text,
+    publish_pending, replace_dir, restore_aside,
 )
 
 IGNORE_INDEX = -100
