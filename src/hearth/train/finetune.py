@@ -1394,6 +1394,8 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                 log.flush()
             rows.append(row)
             if cfg.save_every and done % cfg.save_every == 0 and done < total:
+                if log is not None:  # the rows up to the checkpoint on the disk before it (fsynced) takes its name
+                    os.fsync(log.fileno())
                 save_checkpoint(cfg.out, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
                                 position=(epoch, in_epoch + 1), cfg=cfg, dist=dist, data=fingerprint)
             progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
@@ -1440,9 +1442,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     }
     if dist.active and metrics["tokens_per_s"] is not None:
         metrics["tokens_per_s_per_rank"] = round(metrics["tokens_per_s"] / dist.world, 1)
-    tmp = cfg.out / "metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(cfg.out / "metrics.json")
+    write_text(cfg.out / "metrics.json", json.dumps(metrics, indent=2) + "\n")  # fsynced before it takes the name
     losses = metrics["loss"]
     console.print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; {metrics['tokens_per_s']} tok/s"
                   + (f"; eval loss {metrics['eval_loss'][-1]['eval_loss']:.4f}" if metrics["eval_loss"] else "")
