@@ -342,15 +342,27 @@ class RehearsalView:
     turns: list[TurnView]
 
 
+async def _rehearsal_parents(db: AsyncSession, user_id: str, companion_id: str, agent_id: str) -> None:
+    """Inside an open transaction: NotFound for a companion, InputError for an agent, that is not this user's."""
+    await check_owned(db, Companion, user_id, companion_id, "companion")
+    agent = (await db.execute(select(Agent.id).where(Agent.id == agent_id,
+                                                     Agent.user_id == user_id))).scalar_one_or_none()
+    if agent is None:
+        raise InputError("agent_id", "choose one of your agents")
+
+
 async def start_rehearsal(db: AsyncSession, cipher: UserCipher, companion_id: str, agent_id: str) -> str:
-    async with db.begin():
-        await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
-        agent = (await db.execute(select(Agent.id).where(Agent.id == agent_id,
-                                                         Agent.user_id == cipher.user_id))).scalar_one_or_none()
-        if agent is None:
-            raise InputError("agent_id", "choose one of your agents")
-        row = Rehearsal(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, agent_id=agent_id)
-        db.add(row)
+    """A new rehearsal with the user's agent beside their companion (NotFound / InputError("agent_id") otherwise,
+    also when either is deleted between the check and the insert: the foreign key refuses the row)."""
+    row = Rehearsal(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, agent_id=agent_id)
+    try:
+        async with db.begin():
+            await _rehearsal_parents(db, cipher.user_id, companion_id, agent_id)
+            db.add(row)
+    except IntegrityError:
+        async with db.begin():  # gone meanwhile: answered as the check answers it
+            await _rehearsal_parents(db, cipher.user_id, companion_id, agent_id)
+        raise
     return row.id
 
 
