@@ -58,6 +58,8 @@ async def change_password(request: Request, state: State, db: DB, viewer: CsrfVi
         new = await svc.change_password(db, viewer.user, current=current_password, new=new_password,
                                         ttl_s=state.settings.session_ttl_s)
     except accounts.AccountError as exc:
+        if exc.field == "new_password":  # the current password was right (checked first): it clears the count
+            await state.throttle.forget(db, _password_bucket(viewer))
         return _page(request, state, viewer, error=str(exc), status=400)
     await state.throttle.forget(db, _password_bucket(viewer))
     response = RedirectResponse("/account?changed=1", status_code=303)
