@@ -537,6 +537,10 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             Path(name).write_text(json.dumps(_finite(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
                                   encoding="utf-8",
                                   errors="backslashreplace")
+            # mkstemp made it 0600: the report gets the mode any file the user writes gets (0666 less the umask)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(name, 0o666 & ~umask)
             os.replace(name, report)
         except BaseException:
             Path(name).unlink(missing_ok=True)
