@@ -1,0 +1,49 @@
+"""Review 61: a warm-up lease claimed while the gate closes is not left behind in the shared store.
+
+The cold probe claims the warm-up's lease in the state store and then starts the warm-up. With Redis the claim is a
+round trip: the script runs on the server, then the reply comes back. A worker shutting down (Chain.aclose cancels
+the probe) while that reply was on its way lost the token, so nobody ran the warm-up and nobody gave the lease back:
+every worker read the endpoint as "warming" and skipped it, without a probe and without any warm-up, until the lease
+expired (warmup_budget_s + warmup_request_timeout_s + 5 s: 305 s with the example's settings).
+"""
+
+import asyncio
+
+from hearth.gateway.chain import Chain
+from hearth.gateway.state import MemoryStore
+from tests.fakes.openai_server import Behavior, FakeOpenAI
+from tests.gateway.gateway_helpers import CHAT_JSON, make_config, scale_to_zero
+
+
+class _SlowReplyStore(MemoryStore):
+    """The claim lands in the store at once, its answer comes back a little later (a Redis round trip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed = asyncio.Event()
+
+    async def claim_warmup(self, name, lease_s):
+        token = await super().claim_warmup(name, lease_s)
+        self.claimed.set()
+        await asyncio.sleep(0.2)
+        return token
+
+
+def test_a_probe_cancelled_while_its_claim_comes_back_leaves_no_lease_behind():
+    async def main():
+        store = _SlowReplyStore()
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON), health=Behavior.status(503)) as ft:
+            chain = Chain(make_config(scale_to_zero("ft", ft, warmup_budget_s=60.0, warmup_request_timeout_s=30.0)),
+                          store=store)
+            await chain.start()
+            gate = chain.gates["ft"]
+            asking = asyncio.create_task(gate.verdict())
+            await store.claimed.wait()   # the lease is in the store, its token on the way back
+            await chain.aclose()         # the worker shuts down: the probe is cancelled
+            verdict = await asking
+            return verdict, await store.warm("ft")
+
+    verdict, snap = asyncio.run(main())
+    assert verdict == (False, 0.0)
+    # before: warming for the whole lease (95 s here) with no warm-up running anywhere
+    assert not snap.warming, snap
