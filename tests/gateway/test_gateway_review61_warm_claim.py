@@ -12,7 +12,7 @@ import asyncio
 from hearth.gateway.chain import Chain
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, make_config, scale_to_zero
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, scale_to_zero
 
 
 class _SlowReplyStore(MemoryStore):
@@ -47,3 +47,36 @@ def test_a_probe_cancelled_while_its_claim_comes_back_leaves_no_lease_behind():
     assert verdict == (False, 0.0)
     # before: warming for the whole lease (95 s here) with no warm-up running anywhere
     assert not snap.warming, snap
+
+
+class _SlowTrialStore(MemoryStore):
+    """The half-open trial's claim lands at once, its answer comes back a little later (a Redis round trip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claimed = asyncio.Event()
+
+    async def claim_trial(self, name, lease_s):
+        token = await super().claim_trial(name, lease_s)
+        self.claimed.set()
+        await asyncio.sleep(0.2)
+        return token
+
+
+def test_a_request_cancelled_while_its_trial_claim_comes_back_leaves_no_trial_behind():
+    """The same for the half-open trial: a client hanging up while the request claimed it left the lease (total_s +
+    5 s) behind, and every request skipped the provider ("trial in flight") though no trial ran."""
+    async def main():
+        store = _SlowTrialStore()
+        async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as a:
+            async with Chain(make_config(provider("a", a)), store=store) as chain:
+                await store.failure("a", threshold=1, cooldown_s=0.01, open_s=None, why="x", status=None, trial=None)
+                await asyncio.sleep(0.05)  # the cooldown is over: the next attempt is the trial
+                request = asyncio.create_task(chain.complete(MESSAGES, kind="chat"))
+                await store.claimed.wait()
+                request.cancel()           # the client hangs up
+                await asyncio.gather(request, return_exceptions=True)
+                return (await store.breakers(["a"]))[0]
+
+    snap = asyncio.run(main())
+    assert snap.tripped and not snap.trial, snap
