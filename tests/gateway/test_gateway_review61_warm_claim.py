@@ -80,3 +80,36 @@ def test_a_request_cancelled_while_its_trial_claim_comes_back_leaves_no_trial_be
 
     snap = asyncio.run(main())
     assert snap.tripped and not snap.trial, snap
+
+
+class _SlowFailureStore(MemoryStore):
+    """Recording a failure waits before it reaches the store (e.g. for a free connection of the Redis pool)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recording = asyncio.Event()
+
+    async def failure(self, name, **kw):
+        self.recording.set()
+        await asyncio.sleep(0.2)
+        return await super().failure(name, **kw)
+
+
+def test_a_request_cancelled_while_its_trials_failure_is_recorded_gives_the_trial_back():
+    """The trial's attempt failed and the client hung up before the failure reached the store: the attempt was
+    already marked settled, so nothing gave the trial back and the provider was skipped for the trial's lease."""
+    async def main():
+        store = _SlowFailureStore()
+        async with FakeOpenAI(Behavior.status(500)) as a:
+            async with Chain(make_config(provider("a", a)), store=store) as chain:
+                await MemoryStore.failure(store, "a", threshold=1, cooldown_s=0.01, open_s=None, why="x", status=None,
+                                          trial=None)
+                await asyncio.sleep(0.05)  # the cooldown is over: the next attempt is the trial
+                request = asyncio.create_task(chain.complete(MESSAGES, kind="chat"))
+                await store.recording.wait()
+                request.cancel()           # the client hangs up
+                await asyncio.gather(request, return_exceptions=True)
+                return (await store.breakers(["a"]))[0]
+
+    snap = asyncio.run(main())
+    assert snap.tripped and not snap.trial, snap

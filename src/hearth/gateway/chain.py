@@ -356,7 +356,9 @@ class Chain:
                 log.warning("could not give back the trial of %s: %r", a.provider.name, exc)
 
     async def _failed(self, a: _Attempt, error: ProviderError, request_id: str | None, w: _Walk) -> None:
-        a.settled = True
+        # Settled only once the failure is recorded (as _succeeded): a request cancelled before (its client hung up
+        # while the gate forgot its answer or the failure waited for the store) left its half-open trial held, and
+        # the provider skipped for the trial's lease. Giving back a trial the failure already released does nothing.
         if isinstance(error, DeadlineExceeded) and w.client_deadline:
             error.client_set = True  # the request's own short deadline: not the provider's failure (breaker.counts)
         if isinstance(error, InvalidEnvelope) and error.finish_reason == "length" and w.client_cap:
@@ -372,7 +374,9 @@ class Chain:
             # the request's deadline cut the wait (a short deadline: the app's, below first_token_s): "warm" stayed
             # trusted for the rest of ttl_s and every request spent its wait on the cold endpoint first
             await self.gates[name].invalidate()
-        if await self.breakers[name].failure(error, a.trial):
+        opened = await self.breakers[name].failure(error, a.trial)
+        a.settled = True
+        if opened:
             self.metrics.breaker_open.labels(name).set(1)
             log.warning("provider %s cooling down: %s", name, for_log(error),
                         extra={"request_id": request_id, "provider": name})
