@@ -25,13 +25,8 @@ The state lives in a StateStore (hearth.gateway.state): this process by default,
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from hearth.gateway.errors import Cooldown, DeadlineExceeded, InvalidEnvelope, ProviderError, UpstreamStatus, for_log
-from hearth.gateway.state import BreakerSnapshot, StateStore
-
-log = logging.getLogger("hearth.gateway.breaker")
+from hearth.gateway.state import BreakerSnapshot, StateStore, claim_lease
 
 
 def counts(error: ProviderError) -> bool:
@@ -71,19 +66,10 @@ class Breaker:
         """(may attempt, trial token). A tripped breaker whose cooldown ended admits one trial."""
         if not snap.tripped:
             return True, None
-        claim = asyncio.ensure_future(self.store.claim_trial(self.name, self.trial_lease_s))
-        try:
-            token = await asyncio.shield(claim)
-        except asyncio.CancelledError:
-            # the request was cancelled (its client hung up) while the claim was on its way: it may have landed in
-            # the (shared) store, and a trial nobody runs made every request skip the provider for trial_lease_s
-            try:
-                token = await claim
-                if token is not None:
-                    await self.store.release_trial(self.name, token)
-            except Exception as exc:  # the lease expires by itself
-                log.warning("could not give back the trial of %s: %r", self.name, exc)
-            raise
+        # a request cancelled (its client hung up) while the claim is on its way gives the trial back: a trial nobody
+        # runs made every request skip the provider for trial_lease_s
+        token = await claim_lease(self.store.claim_trial(self.name, self.trial_lease_s),
+                                  lambda t: self.store.release_trial(self.name, t), f"the trial of {self.name}")
         return token is not None, token
 
     async def failure(self, error: ProviderError, trial: str | None) -> bool:

@@ -30,14 +30,39 @@ the lease). Updates that read and write are Lua scripts, atomic in Redis.
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from hearth.gateway.errors import GatewayError
 
 __all__ = ["StateStore", "MemoryStore", "RedisStore", "BreakerSnapshot", "WarmSnapshot", "StateStoreError",
-           "check_redis_url", "make_store"]
+           "check_redis_url", "make_store", "claim_lease"]
+
+log = logging.getLogger("hearth.gateway.state")
+
+
+async def claim_lease(claim: Awaitable[str | None], release: Callable[[str], Awaitable[None]], what: str) -> str | None:
+    """The token of a lease claim (claim_trial, claim_warmup: a token or None), awaited so that a caller cancelled
+    while the claim's reply is on its way (a client hanging up, the gateway closing) does not lose a lease that may
+    already have landed in the (shared) store: the claim is left to finish, the token it got is given back with
+    `release`, and the cancellation goes on. A lease nobody holds otherwise stood until it expired, every request
+    skipping what it guards (a half-open trial, a warm-up). `what` names the lease in the warning a failed give-back
+    logs (the lease then expires by itself)."""
+    task = asyncio.ensure_future(claim)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        try:
+            token = await task
+            if token is not None:
+                await release(token)
+        except Exception as exc:  # the lease expires by itself; say so rather than hide it
+            log.warning("could not give back %s: %r", what, exc)
+        raise
 
 
 class StateStoreError(GatewayError):

@@ -52,7 +52,7 @@ import time
 
 from hearth.gateway.config import ProviderConfig
 from hearth.gateway.metrics import GatewayMetrics
-from hearth.gateway.state import MemoryStore, StateStore
+from hearth.gateway.state import MemoryStore, StateStore, claim_lease
 from hearth.gateway.transport.client import BodyTooLarge, Transport, TransportError
 
 log = logging.getLogger("hearth.gateway.warm")
@@ -252,27 +252,15 @@ class WarmGate:
         await self._set(warm)
         if not warm and not self.warming:
             # refused while the endpoint is held cold (this probe may have started before the back-off did)
-            claim = asyncio.ensure_future(self.store.claim_warmup(self.name, self._lease_s))
-            try:
-                token = await asyncio.shield(claim)
-            except asyncio.CancelledError:
-                # aclose() while the claim was on its way: it may have landed in the (shared) store, and a lease no
-                # warm-up holds kept every worker "cold" without a probe or a warm-up until it expired (lease_s)
-                await self._give_back(claim)
-                raise
+            # aclose() while the claim is on its way gives the lease back: one no warm-up holds kept every worker
+            # "cold" without a probe or a warm-up until it expired (lease_s)
+            token = await claim_lease(self.store.claim_warmup(self.name, self._lease_s),
+                                      lambda t: self.store.release_warmup(self.name, t),
+                                      f"the warm-up lease of {self.provider.name}")
             if token is not None:
                 log.info("provider %s is cold (%s); starting warm-up", self.provider.name, self.last_error)
                 self._warmup = self._track(self._run_warmup(token), "warmup")
         return warm
-
-    async def _give_back(self, claim: asyncio.Future) -> None:
-        """Release the lease `claim` got, once it lands (the probe that made it was cancelled: no warm-up runs)."""
-        try:
-            token = await claim
-            if token is not None:
-                await self.store.release_warmup(self.name, token)
-        except Exception as exc:  # the lease expires by itself; say so rather than hide it
-            log.warning("could not release the warm-up lease of %s: %r", self.provider.name, exc)
 
     async def _run_warmup(self, token: str) -> None:
         try:
