@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from hearth.bench.providers import PROVIDERS
+from hearth.durable import write_file
 
 
 def plot_series(rows: list[dict]) -> dict[str, list[dict]]:
@@ -28,8 +29,6 @@ def plot_series(rows: list[dict]) -> dict[str, list[dict]]:
 def _save(fig, path: Path) -> None:
     """The figure as a PNG at `path`, whole or not at all (saved under a temporary name beside it, then renamed: a run
     cut mid-save left a torn PNG); the figure is closed either way."""
-    from hearth.durable import write_file
-
     try:
         write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
     finally:
