@@ -417,6 +417,39 @@ def test_sm90_fused_backward_dq_early_builds():
         assert base["spill"] == 0 and r["spill"] <= bound, (r, base)
 
 
+_FB_STATS_AHEAD_SCRIPT = r"""
+import json, re, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen in (False, True):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for ahead in (False, True):
+        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(64, 128),
+                                           causal=(True,), fb_stats_ahead=ahead, **extra):
+            r = hi.report_compiled(label, k, sass=False)
+            loads = len(re.findall(r"ld\.global[.\w]*\.(?:b32|f32)", k.asm["ptx"]))
+            out.append(dict(label=label, ahead=ahead, spill=r.spill_bytes, shared=r.shared_bytes, loads=loads))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_stats_ahead_builds():
+    """The probe form STATS_AHEAD (HEARTH_ATTN_FB_STATS_AHEAD=1: the producer loads a step's lse / delta a step
+    ahead, before it waits for the step's slot, so the Q / dO copies go out as soon as the slot is free) at head_dim
+    64 and 128, causal, dense and packed: it builds for sm_90 in the shipped form's shared memory and spill (8 / 16
+    bytes dense at d64 as shipped, none elsewhere, on 2026-12-07), and its producer has the one more pair of global
+    loads (step 0's, before the loop) that the form adds."""
+    reports = run_offline(_FB_STATS_AHEAD_SCRIPT)
+    assert len(reports) == 8, [r["label"] for r in reports]
+    shipped = {r["label"]: r for r in reports if not r["ahead"]}
+    for r in (r for r in reports if r["ahead"]):
+        assert " stats-ahead" in r["label"], r
+        base = shipped[r["label"].replace(" stats-ahead", "")]
+        assert r["shared"] == base["shared"] and r["spill"] == base["spill"], (r, base)
+        assert r["loads"] > base["loads"], (r, base)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_kernel_is_opt_in(d):
     """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
@@ -1214,7 +1247,8 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
                                      (64, "one_pair"), (64, "four_pairs"), (128, "atomics"), (128, "atomics_ss"),
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
                                      (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async"),
-                                     (128, "early_release"), (128, "dq_bufs2"), (128, "dq_early"), (128, "dq_early2")])
+                                     (128, "early_release"), (128, "dq_bufs2"), (128, "dq_early"), (128, "dq_early2"),
+                                     (64, "stats_ahead"), (128, "stats_ahead")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1229,14 +1263,15 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     dS^T's buffer on its own mbarrier (HEARTH_ATTN_FB_LATE_RELEASE=0; the shipped form gives both back after dQ^T's). dq_bufs2: two dQ^T staging tiles a warpgroup
     (HEARTH_ATTN_FB_DQ_BUFS2=1, with the dQ split and the TMA reduce). dq_early / dq_early2: dQ^T's matmul issued
     before dK's, its reduce while dK's runs, with dV's after dS^T or as shipped (HEARTH_ATTN_FB_DQ_EARLY=1 / 2, with
-    the dQ split)."""
+    the dQ split). stats_ahead: the producer loads lse / delta a step ahead, before waiting for the slot
+    (HEARTH_ATTN_FB_STATS_AHEAD=1)."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
            "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0"),
            "dq_async": dict(DQ_ASYNC="1"), "early_release": dict(LATE_RELEASE="0"),
            "dq_bufs2": dict(DQ_BUFS2="1"), "dq_early": dict(DQ_EARLY="1"),
-           "dq_early2": dict(DQ_EARLY="2")}[forms]
+           "dq_early2": dict(DQ_EARLY="2"), "stats_ahead": dict(STATS_AHEAD="1")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

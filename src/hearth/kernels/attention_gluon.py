@@ -1830,11 +1830,15 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
                  empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q,
                  HEAD_DIM: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
                  NUM_STAGES: ttgl.constexpr, STATS_SMEM: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
-                 stat_h0, stat_t, q0, k0):
+                 stat_h0, stat_t, q0, k0, STATS_AHEAD: ttgl.constexpr = False):
     """The load warp of the fused backward: the program's K and V block once, then each step's Q and dO tiles
     into ring slot i % NUM_STAGES once both consumers released the step that held it before; with STATS_SMEM
     also the step's lse * log2(e) and delta (stats_ring rows 2 * slot and 2 * slot + 1), stored before the slot's
-    mbarrier arrive that the consumers wait on."""
+    mbarrier arrive that the consumers wait on. The shipped order loads a step's lse / delta from global memory
+    after its slot is free, so the Q / dO copies go out one global-load latency after the release; STATS_AHEAD
+    (probe only, with STATS_SMEM) loads them a step ahead, before the wait for the slot, so the copies go out as
+    soon as it is free (Nsight Compute, BENCHMARKS.md forty-ninth run: at Qwen3-32B T8192 the consumers waited
+    for their Q / dO tiles in 6.3% of the backward's samples, FlashAttention-4's in 0.2%)."""
     dtype: ttgl.constexpr = q_desc.dtype
     TILE_BYTES: ttgl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     KV_BYTES: ttgl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -1845,12 +1849,22 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
                                     k_smem._reinterpret(dtype, kv_box, k_desc.layout))
     tma.async_copy_global_to_shared(v_desc, [b, hk, k0 + start_n, 0], kv_bar,
                                     v_smem._reinterpret(dtype, kv_box, v_desc.layout))
+    AHEAD: ttgl.constexpr = STATS_SMEM and STATS_AHEAD
+    if AHEAD:  # step 0's lse / delta; each step then starts the next one's loads before waiting for its slot
+        lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, 0, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
+                                       stat_layout)
     for i in range(n_iters):
         slot = i % NUM_STAGES
+        if AHEAD:
+            lse2 = lse_n
+            delta = delta_n
+            lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, i + 1, n_iters, m_lo, n_m, stat_t, N_CTX_Q,
+                                           BLOCK_M, stat_layout)
         mbarrier.wait(empty_bars.index(slot), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
         if STATS_SMEM:
-            lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
-                                        stat_layout)
+            if not AHEAD:
+                lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
+                                            stat_layout)
             stats_ring.index(2 * slot).store(lse2)
             stats_ring.index(2 * slot + 1).store(delta)
             ttgl.thread_barrier()  # every lane's stores come before the arrive (expect) that publishes the slot
@@ -1870,6 +1884,7 @@ def _attn_bwd_fused_gluon_kernel(
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
     SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
     LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1, DQ_EARLY: ttgl.constexpr = 0,
+    STATS_AHEAD: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1991,7 +2006,7 @@ def _attn_bwd_fused_gluon_kernel(
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
-                         k0))],
+                         k0, STATS_AHEAD))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_bar)
@@ -2338,7 +2353,8 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 DQ_ASYNC=_env_flag(env, "HEARTH_ATTN_FB_DQ_ASYNC", False),
                 LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", FB_LATE_RELEASE),
                 DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1,
-                DQ_EARLY=_fb_dq_early(env), num_warps=4)
+                DQ_EARLY=_fb_dq_early(env), STATS_AHEAD=_env_flag(env, "HEARTH_ATTN_FB_STATS_AHEAD", False),
+                num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2424,7 +2440,8 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     split, the Q / dO slot given back after dQ^T's matmul: the consumer's LATE_RELEASE; "0": after dK's), HEARTH_ATTN_FB_DQ_BUFS2 (off by default; two
     dQ^T staging tiles a warpgroup, used in turn: the consumer's DQ_BUFS 2), HEARTH_ATTN_FB_DQ_EARLY (0 by
     default; with the dQ split, "1" or "2": dQ^T's matmul issued before dK's, its reduce while dK's runs, the
-    consumer's DQ_EARLY, _fb_dq_early); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    consumer's DQ_EARLY, _fb_dq_early), HEARTH_ATTN_FB_STATS_AHEAD (off by default; with STATS_SMEM, the producer
+    loads a step's lse / delta a step ahead, before waiting for its slot: its STATS_AHEAD); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
     (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
@@ -2570,7 +2587,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
                     fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=FB_LATE_RELEASE,
-                    fb_dq_bufs=1, fb_dq_early=0):
+                    fb_dq_bufs=1, fb_dq_early=0, fb_stats_ahead=False):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2581,7 +2598,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     (VARLEN) forms of "pp", "pps" and "bwd_fused" (forward_varlen per tile and persistent, backward_fused_varlen); fb_dq_pad, the fused backward's
     DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen); fb_dq_async,
     its DQ_ASYNC (with the dQ split); fb_late_release, its LATE_RELEASE (likewise); fb_dq_bufs, its DQ_BUFS (likewise, with the
-    TMA reduce); fb_dq_early, its DQ_EARLY (0, 1 or 2; with the dQ split, not fb_dq_async). Needs
+    TMA reduce); fb_dq_early, its DQ_EARLY (0, 1 or 2; with the dQ split, not fb_dq_async); fb_stats_ahead, its
+    producer's STATS_AHEAD (with fb_stats_smem, not fb_prefetch). Needs
     TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2635,7 +2653,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
                          PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async, LATE_RELEASE=fb_late_release,
-                         DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early)
+                         DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early, STATS_AHEAD=fb_stats_ahead)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2665,6 +2683,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += " late-release" if fb_late_release and split and not fb_dq_async else ""
             forms += " dq-bufs2" if fb_dq_bufs == 2 and fb_dq_tma and split and not fb_dq_async else ""
             forms += f" dq-early{fb_dq_early}" if fb_dq_early and split and not fb_dq_async else ""
+            forms += " stats-ahead" if fb_stats_ahead and staged else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
