@@ -124,6 +124,31 @@ def test_shell_script_with_every_run_left_out_exits_zero(tmp_path):
     assert "no ncu runs" in (out / "ncu-table.txt").read_text()
 
 
+def test_shell_script_creates_a_missing_out_folder(tmp_path):
+    """OUT=$OUT/a (a folder under the one that comes back, as the staged 0021 row's commands had it) did not exist,
+    and the script wrote into it without creating it: every ncu run refused its log file and the table step raised
+    FileNotFoundError (2026-12-07). It now creates OUT first, as scripts/gpu/test.sh does."""
+    import shutil
+
+    tree = tmp_path / "repo"
+    (tree / "scripts" / "gpu").mkdir(parents=True)
+    for name in ("attention_ncu.sh", "attention_ncu.py", "carried_env.sh"):
+        shutil.copy(SCRIPT.parent / name, tree / "scripts" / "gpu" / name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ncu"
+    fake.write_text("#!/bin/sh\necho fake ncu\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out" / "a"
+    env = dict(os.environ, OUT=str(out), PROVIDERS="hearth", BUDGET_S="0", HEARTH_SITE=str(tmp_path / "site"),
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(tree / "scripts" / "gpu" / "attention_ncu.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "fake ncu" in (out / "ncu-metrics.txt").read_text()
+    assert "no ncu runs" in (out / "ncu-table.txt").read_text()
+
+
 SOURCE = '''==PROF== Connected to process 7
 "Kernel Name","_attn_bwd_fused_gluon_kernel",
 "Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","stall_barrier",\

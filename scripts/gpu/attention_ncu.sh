@@ -14,6 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
+mkdir -p "$OUT"
 CASES=${CASES:-"Qwen3-32B T8192:1,64,8,8192,128,1;Llama-2-7B B4 T2048:4,32,32,2048,128,1"}
 PROVIDERS=${PROVIDERS:-"hearth fa4"}
 BUDGET_S=${BUDGET_S:-300}
