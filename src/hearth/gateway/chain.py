@@ -73,7 +73,7 @@ from hearth.gateway.errors import (
 )
 from hearth.gateway.metrics import GatewayMetrics
 from hearth.gateway.providers import Provider
-from hearth.gateway.state import CLOSED, BreakerSnapshot, StateStore, StateStoreError, make_store
+from hearth.gateway.state import BreakerSnapshot, StateStore, StateStoreError, make_store
 from hearth.gateway.streamfilter import STREAMED_KINDS, EnvelopeFilter, check_streamed
 from hearth.gateway.transport.client import AiohttpTransport, Transport
 from hearth.gateway.warm import WarmGate
@@ -389,11 +389,12 @@ class Chain:
         # "single" trial in the gap before the breaker closed.
         name = a.provider.name
         self.metrics.child(self.metrics.attempt_seconds, name, "ok").observe(time.monotonic() - a.t0)
-        if a.snap is not CLOSED or a.trial is not None:
-            # only the trial's own success closes a tripped breaker: a request admitted before it opened, whose
-            # success lands after, leaves it (and its gauge) as it is
-            if await self.breakers[name].success(a.trial):
-                self.metrics.breaker_open.labels(name).set(0)
+        # recorded also when the plan read no failures (a CLOSED snapshot): failures of requests admitted after this
+        # one may have landed meanwhile, and this success ends their run (skipping the store here let failures with
+        # successes between them open the breaker as if in a row). Only the trial's own success closes a tripped
+        # breaker: a request admitted before it opened, whose success lands after, leaves it (and its gauge) as it is
+        if await self.breakers[name].success(a.trial):
+            self.metrics.child(self.metrics.breaker_open, name).set(0)  # every success now: the memoised child
         a.settled = True
         now = time.monotonic()
         self._finish(w, "ok", now)
