@@ -137,7 +137,7 @@ def test_unreachable_redis_fails_chain_start_naming_it():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend):
+def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend, clock):
     async def main():
         s = RedisStore(REDIS_URL, shared_state()["state_prefix"]) if backend == "redis" else MemoryStore()
         await s.start()
@@ -145,8 +145,13 @@ def test_store_retry_after_only_lengthens_a_cooldown_and_success_closes(backend)
             await s.failure("a", threshold=3, cooldown_s=1, open_s=30, why="long", status=429, trial=None)
             await s.failure("a", threshold=3, cooldown_s=1, open_s=2, why="short", status=429, trial=None)
             opened = (await s.breakers(["a", "b"]))
-            # the trial's success closes it (a success without the trial leaves an open breaker open:
+            # the cooldown ends (no trial is claimed while it runs: test_gateway_review62_trial_claim.py); the trial's
+            # success closes it (a success without the trial leaves an open breaker open:
             # test_gateway_breaker_stale_success.py)
+            if backend == "redis":
+                await s._r.delete(s._k("a", "open"))
+            else:
+                clock.offset += 31.0
             await s.success("a", await s.claim_trial("a", 10.0))
             return opened, (await s.breakers(["a"]))[0]
         finally:

@@ -134,7 +134,8 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def claim_trial(self, name: str, lease_s: float) -> str | None:
-        """The half-open trial for `name`, for at most lease_s: a token, or None when another holds it."""
+        """The half-open trial for `name`, for at most lease_s: a token, or None when another holds it or the breaker
+        is open (again: another worker's trial failed after the caller read it half-open), in one atomic step."""
 
     @abc.abstractmethod
     async def release_trial(self, name: str, token: str) -> None:
@@ -240,7 +241,7 @@ class MemoryStore(StateStore):
     async def claim_trial(self, name: str, lease_s: float) -> str | None:
         now = time.monotonic()
         b = self._get(name)
-        if b.trial is not None and b.trial_until > now:
+        if (b.trial is not None and b.trial_until > now) or b.open_until > now:
             return None
         b.trial, b.trial_until = _token(), now + lease_s
         return b.trial
@@ -310,6 +311,14 @@ redis.call('HSET', KEYS[1], 'tripped', 1)
 return 1
 """
 
+# KEYS: trial (the lease), open. ARGV: token, lease ms. No trial while the breaker is open: a caller that read it
+# half-open may claim after another worker's trial failed and opened it again (that failure released its lease).
+_CLAIM_TRIAL = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
 # KEYS: warmup (the lease), backoff. ARGV: token, lease ms. No lease while the endpoint is held cold.
 _CLAIM_WARMUP = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
@@ -353,7 +362,8 @@ class RedisStore(StateStore):
         self.url = url
         self.prefix = prefix
         self._r = None
-        self._failure = self._success = self._release = self._claim_warmup = self._warmup_failed = None
+        self._failure = self._success = self._release = self._claim_trial = self._claim_warmup = None
+        self._warmup_failed = None
 
     def _k(self, name: str, what: str) -> str:
         return f"{self.prefix}:{name}:{what}"
@@ -366,6 +376,7 @@ class RedisStore(StateStore):
             self._failure = self._r.register_script(_FAILURE)
             self._success = self._r.register_script(_SUCCESS)
             self._release = self._r.register_script(_RELEASE)
+            self._claim_trial = self._r.register_script(_CLAIM_TRIAL)
             self._claim_warmup = self._r.register_script(_CLAIM_WARMUP)
             self._warmup_failed = self._r.register_script(_WARMUP_FAILED)
         try:
@@ -434,18 +445,15 @@ class RedisStore(StateStore):
         keys = [self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")]
         return bool(await self._call(self._success(keys=keys, args=[trial or ""])))
 
-    async def _claim(self, key: str, lease_s: float) -> str | None:
-        """A lease on `key` for lease_s (the trial): its new token, or None while another holds it."""
-        token = _token()
-        ok = await self._call(self._r.set(key, token, nx=True, px=max(1, int(lease_s * 1000))))
-        return token if ok else None
-
     async def _give_back(self, key: str, token: str) -> None:
         """End the lease on `key` if `token` still holds it (an expired and re-claimed one is left alone)."""
         await self._call(self._release(keys=[key], args=[token]))
 
     async def claim_trial(self, name: str, lease_s: float) -> str | None:
-        return await self._claim(self._k(name, "trial"), lease_s)
+        token = _token()
+        keys = [self._k(name, "trial"), self._k(name, "open")]
+        ok = await self._call(self._claim_trial(keys=keys, args=[token, max(1, int(lease_s * 1000))]))
+        return token if ok else None
 
     async def release_trial(self, name: str, token: str) -> None:
         await self._give_back(self._k(name, "trial"), token)
