@@ -217,6 +217,9 @@ class MemoryStore(StateStore):
         was_trial = trial is not None and b.trial == trial
         if was_trial:
             b.trial = None
+            # the half-open trial only while the breaker is tripped: another worker's trial may have closed it after
+            # this attempt's request read it half-open (its failure is then one like any other)
+            was_trial = b.tripped
         if open_s is None and (b.failures >= threshold or was_trial) and cooldown_s > 0:
             open_s, status = cooldown_s, None
         if open_s is None or open_s <= 0:
@@ -295,7 +298,8 @@ local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
 local was_trial = 0
 if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) == ARGV[6] then
   redis.call('DEL', KEYS[3])
-  was_trial = 1
+  -- the half-open trial only while tripped: another worker's trial may have closed the breaker since it was claimed
+  if redis.call('HGET', KEYS[1], 'tripped') == '1' then was_trial = 1 end
 end
 local ms = tonumber(ARGV[3])
 local status = ARGV[5]
