@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from hearth.durable import fsync
 from hearth.envelope import REPLY_DEADLINE_S, REPLY_KINDS, response_format
 from hearth.evals.client import ChatResult, chat_completion
 from hearth.evals.scoring import CHECKS, CaseScore, score
@@ -541,10 +542,14 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(name, 0o666 & ~umask)
+            # on the disk before it takes the name, the folder's entry after (hearth.durable's order): a rename
+            # alone is not a flush, and a host crash could leave an empty report.json in place of the run's
+            fsync(Path(name))
             os.replace(name, report)
         except BaseException:
             Path(name).unlink(missing_ok=True)
             raise
+        fsync(report.parent)
         console.print(f"report: {escape(str(report))}")
     if interrupted:
         return 143 if stopped_by.terminated else 130  # the shell's codes for SIGTERM / SIGINT
