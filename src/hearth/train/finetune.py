@@ -46,7 +46,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from hearth.durable import write_text
+from hearth.durable import write_file, write_text
 from hearth.train import distributed as D
 from hearth.train.batches import (
     EVAL_SPLIT, EVAL_SPLITS, Example, collate, conversation_of, load_examples, plan_epoch, split_eval,
@@ -1493,14 +1493,10 @@ def plot_losses(rows: list[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    # whole or not at all, as metrics.json: a run stopped while the plot is written keeps the last good loss.png
-    tmp = path.with_name(path.name + ".tmp")
+    # whole or not at all, as metrics.json: a run stopped while the plot is written keeps the last good loss.png, and
+    # write_file flushes it before the rename (a rename alone could leave an empty loss.png after a power cut)
     try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        write_file(path, lambda tmp: fig.savefig(tmp, format="png"))
     finally:
         plt.close(fig)
 

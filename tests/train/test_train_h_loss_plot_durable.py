@@ -1,0 +1,38 @@
+"""loss.png survives a power cut whole: its temporary is fsynced before the rename and OUT after, as metrics.json
+(hearth.durable). Was: plot_losses renamed loss.png.tmp over loss.png with no fsync, so after a host crash the new
+name could reach the disk before its data: a zero-length loss.png in place of the last good plot (a resumed run
+rewrites it over its earlier run's)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hearth.train import finetune
+from tests.train.test_train_review54_loss_plot import ROWS
+
+pytest.importorskip("matplotlib")
+
+
+def test_loss_png_is_flushed_before_its_rename_and_the_folder_after(tmp_path, monkeypatch):
+    events: list[tuple[str, ...]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def recording_replace(src, dst, *args, **kwargs):
+        events.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    path = tmp_path / "loss.png"
+    finetune.plot_losses(ROWS, path)
+    rename = events.index(("replace", str(path.with_name("loss.png.tmp")), str(path)))
+    assert ("fsync", str(path.with_name("loss.png.tmp"))) in events[:rename], "loss.png.tmp not fsynced before the rename"
+    assert ("fsync", str(tmp_path)) in events[rename:], "the folder was not fsynced after the rename"
+    assert path.read_bytes().startswith(b"\x89PNG")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.png"]
