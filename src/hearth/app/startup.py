@@ -1,6 +1,8 @@
 """Start-up checks run before the app serves anything (by the lifespan, and once by ``hearth serve``
 before it starts its workers):
 
+    0. open one connection to the database: one that cannot be reached (a server down, a wrong host, port, user,
+       password or database name) is refused naming database_url (the URL without its password), not a traceback;
     1. bring the schema to the packaged alembic head;
     2. rotate: re-wrap data keys under the new master key when HEARTH_PREVIOUS_MASTER_KEY is set;
     3. the master key must open every user's data key. When users exist and their keys are wrapped
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
 
 from hearth.app import crypto
 from hearth.app.common import seal_json, unseal
@@ -159,8 +162,27 @@ async def _seal_plain_tones(db: Database, master: bytes, *, batch: int = SEAL_BA
     return done
 
 
+async def _reachable(db: Database) -> None:
+    """StartupError naming database_url when no connection to the database opens (step 0 of the module docstring):
+    the URL as the engine has it, its password shown as ***, and the driver's reason (which never holds the
+    password: it is taken out should it appear)."""
+    try:
+        async with db.engine.connect():
+            pass
+    except Exception as exc:  # noqa: BLE001 - whatever stops the first connection: OSError, the driver's errors
+        url = db.engine.url
+        reason = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        text = " ".join(str(reason).split()) or type(reason).__name__
+        if url.password:
+            text = text.replace(str(url.password), "***")
+        raise StartupError(f"database_url: cannot connect to {url.render_as_string(hide_password=True)}: {text}. "
+                           "Check that the database server is running and that the URL's host, port, user, password "
+                           "and database name are right.") from None
+
+
 async def prepare(settings: AppSettings, db: Database) -> None:
     """Migrate, rotate, and check the master key against the users (see the module docstring)."""
+    await _reachable(db)
     await upgrade(db.engine)
     master = settings.master_key.get_secret_value()
     census = await _key_census(db)
