@@ -63,3 +63,43 @@ def test_hearth_serve_reports_an_unreachable_database_in_one_line(tmp_path):
     assert "database_url" in proc.stderr and f"127.0.0.1:{port}" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "s3cret-pw" not in proc.stderr + proc.stdout
     assert "serving on" not in proc.stdout
+
+
+# A database migrated by a newer hearth (its alembic_version names a revision these migrations do not hold: the app
+# was rolled back after an upgrade) made the start-up check's migration step raise alembic's CommandError "Can't
+# locate revision" at the end of a traceback of some 360 lines, exit 1. It is refused in one line naming the
+# revision and what to do, exit 2, and the database is left as it was.
+def _stamped_by_a_newer_hearth(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('0099_from_the_future')")
+
+
+async def test_prepare_refuses_a_database_migrated_by_a_newer_hearth(tmp_path):
+    _stamped_by_a_newer_hearth(tmp_path / "h.sqlite3")
+    settings = load_settings(None, env={"HEARTH_MASTER_KEY": new_master_key_text()},
+                             overrides={"database_url": f"sqlite:///{tmp_path / 'h.sqlite3'}",
+                                        "var_dir": str(tmp_path / "var")})
+    db = create_database(settings.database_url)
+    try:
+        with pytest.raises(StartupError) as info:
+            await prepare(settings, db)
+    finally:
+        await db.dispose()
+    msg = str(info.value)
+    assert msg.startswith("database_url: ") and "0099_from_the_future" in msg and "newer" in msg, msg
+
+
+def test_hearth_serve_reports_a_database_of_a_newer_hearth_in_one_line(tmp_path):
+    _stamped_by_a_newer_hearth(tmp_path / "h.sqlite3")
+    env = {**os.environ, "HEARTH_MASTER_KEY": new_master_key_text(), "HEARTH_ENV": "", "HEARTH_DATABASE_URL": "",
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(SRC), os.environ.get("PYTHONPATH", ""))))}
+    proc = subprocess.run([sys.executable, "-m", "hearth.cli", "serve", "--database-url",
+                           f"sqlite:///{tmp_path / 'h.sqlite3'}", "--port", "0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    # before: alembic's CommandError at the end of a traceback, exit 1
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "refusing to start: database_url" in proc.stderr and "0099_from_the_future" in proc.stderr
+    assert "Traceback" not in proc.stderr and "serving on" not in proc.stdout

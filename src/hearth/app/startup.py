@@ -3,7 +3,8 @@ before it starts its workers):
 
     0. open one connection to the database: one that cannot be reached (a server down, a wrong host, port, user,
        password or database name) is refused naming database_url (the URL without its password), not a traceback;
-    1. bring the schema to the packaged alembic head;
+    1. bring the schema to the packaged alembic head; a database a newer hearth migrated (a revision these
+       migrations do not hold) is refused naming the revision, and left as it is;
     2. rotate: re-wrap data keys under the new master key when HEARTH_PREVIOUS_MASTER_KEY is set;
     3. the master key must open every user's data key. When users exist and their keys are wrapped
        under another master key, start-up is REFUSED with a message naming both keys (by fingerprint,
@@ -28,7 +29,7 @@ from hearth.app import crypto
 from hearth.app.common import seal_json, unseal
 from hearth.app.keys import rotate_master_key
 from hearth.app.settings import AppSettings, write_new_dev_key
-from hearth.app.storage import Database, upgrade
+from hearth.app.storage import Database, unknown_revisions, upgrade
 from hearth.app.storage.db import scrub_deleted
 from hearth.app.storage.models import Comment, User
 
@@ -183,6 +184,10 @@ async def _reachable(db: Database) -> None:
 async def prepare(settings: AppSettings, db: Database) -> None:
     """Migrate, rotate, and check the master key against the users (see the module docstring)."""
     await _reachable(db)
+    if unknown := await unknown_revisions(db.engine):
+        raise StartupError(f"database_url: the database's schema is at revision {', '.join(unknown)}, which this "
+                           "version of hearth does not know: a newer version migrated it. Run that version (or a newer "
+                           "one), or restore a backup taken before it. Nothing was changed.")
     await upgrade(db.engine)
     master = settings.master_key.get_secret_value()
     census = await _key_census(db)

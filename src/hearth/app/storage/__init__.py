@@ -2,6 +2,6 @@
 alembic migrations that ship inside the package and run at start-up."""
 
 from hearth.app.storage.db import Database, create_database
-from hearth.app.storage.migrate import upgrade
+from hearth.app.storage.migrate import unknown_revisions, upgrade
 
-__all__ = ["Database", "create_database", "upgrade"]
+__all__ = ["Database", "create_database", "unknown_revisions", "upgrade"]
