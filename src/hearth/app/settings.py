@@ -274,6 +274,10 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
 
     host_ = str(raw.get("host", "127.0.0.1"))
     raw.setdefault("environment", "development" if is_loopback(host_) else "production")
+    # checked before the key: an unknown value ("dev") counted as production, and the error was "master_key: missing
+    # outside development mode", naming the wrong setting
+    if raw["environment"] not in ("development", "production"):
+        raise SettingsError("environment", f"must be 'development' or 'production', got {raw['environment']!r}")
     dev = raw["environment"] == "development"
     raw.setdefault("cookie_secure", not (dev and is_loopback(host_)))
     var_dir = _path(raw.get("var_dir", "var"), "var_dir")
