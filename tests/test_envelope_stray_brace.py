@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hearth.envelope import EnvelopeError, parse_envelope, repair
-from hearth.gateway.streamfilter import streamed_cut
+from hearth.envelope_stream import streamed_cut
 
 VALID_CHAT = {"message": "Hey, how did the exam go?", "mood": "curious", "memories": [],
               "affection": 1, "trust": 0, "suggested_actions": []}

@@ -1,7 +1,7 @@
 """review51d: the eval scores a reply by the rules the app acts on it by.
 
 The app gets its chat replies streamed through hearth's gateway (app/routes/_util.reply_events), which cuts the
-envelope out of the stream as it comes (gateway/streamfilter.py: from the first '{"') and refuses the reply when
+envelope out of the stream as it comes (hearth/envelope_stream.py: from the first '{"') and refuses the reply when
 that is not the object hearth.envelope.repair finds in the whole text. repair skips a broken object-like span
 before the object (an echoed format, a broken draft), so those replies passed the eval scored against the model
 directly while the app showed the user the broken span and then failed the turn. And where the reply as a whole

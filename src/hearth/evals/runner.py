@@ -38,10 +38,10 @@ import httpx
 
 from hearth.durable import fsync
 from hearth.envelope import REPLY_DEADLINE_S, REPLY_KINDS, response_format
+from hearth.envelope_stream import STREAMED_KINDS
 from hearth.evals.client import ChatResult, chat_completion
 from hearth.evals.scoring import CHECKS, CaseScore, score
 from hearth.evals.suites import SUITES, Case, load_suite
-from hearth.gateway.streamfilter import STREAMED_KINDS
 
 
 # request keys --extra-body may not set: the messages are what the eval measures, model / stream are options of

@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hearth.envelope import EnvelopeError, parse_envelope, repair
+from hearth.envelope_stream import STREAMED_KINDS, stream_matches_repair, streamed_cut
 from hearth.evals.client import ChatResult
 from hearth.evals.suites import Case
-from hearth.gateway.errors import InvalidResponse
-from hearth.gateway.streamfilter import STREAMED_KINDS, check_streamed, streamed_cut
 
 CHECKS = ("response", "json", "schema", "non_empty", "not_truncated", "expected")
 
@@ -118,11 +117,10 @@ def score(case: Case, result: ChatResult) -> CaseScore:
             body = repair(result.content)  # cannot fail: parse_envelope got past it
             repaired = body != result.content.strip()  # whitespace around the object is not wrapping
             if envelope is not None and case.kind in STREAMED_KINDS:
-                # the gateway's rule for the kinds the app streams (streamfilter.check_streamed): the stream shows
-                # the first object-like span and fails when it is not this envelope (a broken draft before it)
-                try:
-                    check_streamed(result.content, result.provider or "model")
-                except InvalidResponse:
+                # the gateway's rule for the kinds the app streams (envelope_stream.stream_matches_repair, which the
+                # gateway's check_streamed applies): the stream shows the first object-like span and fails when it
+                # is not this envelope (a broken draft before it)
+                if not stream_matches_repair(result.content):
                     checks["json"], envelope, failure = False, None, None
                     reasons.append(f"the first object-like span ({streamed_cut(result.content)[:80]!r}) is not the "
                                    f"envelope: the app streams {case.kind} replies and would show that span, then "

@@ -30,7 +30,7 @@ provider failed: AllProvidersFailed, one ProviderError per provider in chain ord
 per provider, when it may be tried again as the state says once the request gave up (Chain._available_in_s),
 so the reply can tell the client when to come back also after attempts that opened a breaker.
 
-Streaming: deltas carry only the text of the reply's JSON object (hearth.gateway.streamfilter: no
+Streaming: deltas carry only the text of the reply's JSON object (hearth.envelope_stream.EnvelopeFilter: no
 think block, no fences, no chatter). The chain falls back until the first such byte is yielded;
 after it, a failure ends the stream with StreamInterrupted (no fallback: the client already shows
 text from that provider). A reply past hearth.envelope.MAX_REPLY_CHARS fails as soon as it gets there
