@@ -60,10 +60,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("hearth.train.corpus", "hearth.app.relationship"),
     ("hearth.train.corpus", "hearth.app.textlimits"),
     ("hearth.train.corpus", "hearth.app.settings"),
-    # linear_cross_entropy.inspect_kernels imports capture_launched_kernels from hearth.inspect (inside the
-    # function); the move of that helper into hearth.kernels._common changes src/hearth/kernels/, so it waits for a
-    # GPU suite as scripts/gpu/staged/0022
-    ("hearth.kernels.linear_cross_entropy", "hearth.inspect"),
 }
 
 

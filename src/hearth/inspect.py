@@ -301,28 +301,6 @@ def report_compiled(label: str, kernel, *, sass: bool = True) -> KernelReport:
     return rep
 
 
-def capture_launched_kernels(run, *, label: str) -> list[tuple[str, object]]:
-    """Call `run()` and return [(label, CompiledKernel)] for every distinct Triton kernel it launched
-    (autotuned kernels: each benchmarked config appears once)."""
-    from triton.runtime.jit import JITFunction
-
-    seen: dict[int, tuple[str, object]] = {}
-    original = JITFunction.run
-
-    def recording(self, *args, **kwargs):
-        kernel = original(self, *args, **kwargs)
-        if kernel is not None and hasattr(kernel, "asm"):
-            seen.setdefault(id(kernel), (f"{label}: {kernel.metadata.name}", kernel))
-        return kernel
-
-    JITFunction.run = recording
-    try:
-        run()
-    finally:
-        JITFunction.run = original
-    return list(seen.values())
-
-
 # ----------------------------------------------------------------------------------------- op table
 def _parse_shape(shape: str | None) -> tuple[int, ...] | None:
     if shape is None:
@@ -380,6 +358,8 @@ def collect(op: str, shape, dtype) -> list[KernelReport]:
     if hasattr(module, "inspect_kernels"):
         kernels = module.inspect_kernels(shape, dtype)
     else:
+        from hearth.kernels._common import capture_launched_kernels
+
         kernels = capture_launched_kernels(_generic_runner(op, shape, dtype), label=op)
     return [report_compiled(label, k) for label, k in kernels]
 

@@ -447,3 +447,28 @@ def pick_config(key, candidates, launch, device: torch.device, rows: int | None 
     if os.environ.get("HEARTH_PICK_LOG"):
         print(f"hearth pick_config {key}: {best} of {timings}", file=sys.stderr, flush=True)
     return best
+
+
+# ---------------------------------------------------------------------------------------- inspection
+# `hearth inspect` (a layer above the kernels) reads the kernels an op launches with this; an op's own
+# inspect_kernels (hearth.kernels.linear_cross_entropy) uses it too, so it lives here, below both.
+def capture_launched_kernels(run, *, label: str) -> list[tuple[str, object]]:
+    """Call `run()` and return [(label, CompiledKernel)] for every distinct Triton kernel it launched
+    (autotuned kernels: each benchmarked config appears once)."""
+    from triton.runtime.jit import JITFunction
+
+    seen: dict[int, tuple[str, object]] = {}
+    original = JITFunction.run
+
+    def recording(self, *args, **kwargs):
+        kernel = original(self, *args, **kwargs)
+        if kernel is not None and hasattr(kernel, "asm"):
+            seen.setdefault(id(kernel), (f"{label}: {kernel.metadata.name}", kernel))
+        return kernel
+
+    JITFunction.run = recording
+    try:
+        run()
+    finally:
+        JITFunction.run = original
+    return list(seen.values())

@@ -391,7 +391,7 @@ def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, igno
 def inspect_kernels(shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, object]]:
     """`hearth inspect` convention: the Triton kernels this op launches at `shape` = (N, H, V):
     the row cross-entropy kernel(s) and the gradient scaling kernel (its GEMMs are cuBLAS)."""
-    from hearth.inspect import capture_launched_kernels
+    from hearth.kernels._common import capture_launched_kernels
 
     n, h, v = (tuple(shape) + (8192, 4096, 131072))[:3] if shape else (8192, 4096, 131072)
     dev = torch.device("cuda")
