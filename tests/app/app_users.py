@@ -5,6 +5,7 @@ run the app's own code."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 from sqlalchemy import select
 
@@ -35,3 +36,11 @@ async def sqlite_user(tmp_path, name: str = "alice"):
         yield db, (await signed_up(db, key, name))[1]
     finally:
         await db.dispose()
+
+
+def left_in_sqlite_files(db, blobs) -> list:
+    """The ciphertexts among ``blobs`` of which a 32-byte slice of the body is still in the SQLite file or its -wal
+    (what a deleted or overwritten text must not leave behind; SQLite only)."""
+    path = db.engine.url.database
+    on_disk = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    return [b for b in blobs if bytes(b[13:45]) in on_disk]

@@ -5,7 +5,6 @@ rehearsal and the feed."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import pytest
@@ -22,7 +21,7 @@ from hearth.app.storage import upgrade
 from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Base, Companion, Memory, Message, Reading, RehearsalTurn, Session, User
 from tests.app.app_fakes import FakeModel
-from tests.app.app_users import signed_up
+from tests.app.app_users import left_in_sqlite_files, signed_up
 
 pytestmark = pytest.mark.anyio
 
@@ -191,9 +190,7 @@ async def test_cleared_ciphertexts_do_not_linger_in_the_sqlite_files(db, master_
         else:
             await companions.delete_companion(s, cipher.user_id, comp.id)
     assert await _count(db, Message) == 0
-    path = db.engine.url.database
-    on_disk = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
-    left = [b for b in blobs if bytes(b[13:45]) in on_disk]  # a 32-byte slice of each ciphertext body
+    left = left_in_sqlite_files(db, blobs)
     assert not left, f"{len(left)} of {len(blobs)} cleared ciphertexts still in the database files"
 
 

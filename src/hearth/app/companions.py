@@ -115,10 +115,14 @@ async def get_shared_context(db: AsyncSession, cipher: UserCipher, *, readable: 
 
 
 async def set_shared_context(db: AsyncSession, cipher: UserCipher, text: str) -> None:
+    """Replace (or, with "", clear) what the user shares; the old text goes for good, as a delete's does."""
     text = clean_text(text, "shared_context", MAX_CONTEXT, required=False)
     async with db.begin():
         user = (await db.execute(select(User).where(User.id == cipher.user_id))).scalar_one()
+        replaced = user.shared_context_ct is not None
         user.shared_context_ct = seal(cipher, user, "shared_context_ct", text) if text else None
+    if replaced:  # the old page copies in SQLite's WAL still hold the old ciphertext
+        await scrub_deleted(db)
 
 
 def context_for(companion: CompanionView, shared: str) -> str:
@@ -173,7 +177,8 @@ async def list_companions(db: AsyncSession, cipher: UserCipher, *,
 
 async def update_companion(db: AsyncSession, cipher: UserCipher, companion_id: str, *, world_view: str,
                            share_context: bool, persona: str | None = None, name: str | None = None) -> None:
-    """Switch the world view, the sharing choice, and (optionally) rename or rewrite the persona."""
+    """Switch the world view, the sharing choice, and (optionally) rename or rewrite the persona; the old name and
+    persona go for good, as a delete's text does."""
     _check_world_view(world_view)
     async with db.begin():
         row = await _row(db, cipher.user_id, companion_id)
@@ -182,6 +187,8 @@ async def update_companion(db: AsyncSession, cipher: UserCipher, companion_id: s
             row.persona_ct = seal(cipher, row, "persona_ct", clean_text(persona, "persona", MAX_PERSONA))
         if name:
             row.name_ct = seal(cipher, row, "name_ct", clean_text(name, "name", MAX_NAME))
+    if persona or name:  # the old page copies in SQLite's WAL still hold the old ciphertexts
+        await scrub_deleted(db)
 
 
 async def delete_companion(db: AsyncSession, user_id: str, companion_id: str) -> None:
@@ -328,10 +335,14 @@ async def save_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user
     reply_row.meta_ct = seal_json(cipher, reply_row, "meta_ct", {
         "mood": reply.mood, "suggested_actions": list(reply.suggested_actions), "provider": provider})
     # a pair the unique index refuses rolls back the whole turn, affection/trust included
-    return await once_per_submission(
+    dropped: list[int] = []  # how many old memories the cap deleted (a turn that committed)
+    result = await once_per_submission(
         db, submission_id, user_text, lambda sid: _turn_with_id(db, cipher, cid, sid),
-        lambda: _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now),
+        lambda: _write_turn(db, cipher, ctx, user_text, reply, provider, user_row, reply_row, now, dropped),
         lambda: _chat_gone(db, uid, ctx))
+    if any(dropped):  # the memories the cap dropped go for good, as a delete's do
+        await scrub_deleted(db)
+    return result
 
 
 async def _chat_gone(db: AsyncSession, user_id: str, ctx: ChatContext) -> None:
@@ -346,8 +357,10 @@ async def _chat_gone(db: AsyncSession, user_id: str, ctx: ChatContext) -> None:
 
 
 async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, user_text: str, reply: ChatReply,
-                      provider: str | None, user_row: Message, reply_row: Message, now: datetime) -> TurnResult:
-    """Inside an open transaction: save_turn's writes."""
+                      provider: str | None, user_row: Message, reply_row: Message, now: datetime,
+                      dropped: list[int]) -> TurnResult:
+    """Inside an open transaction: save_turn's writes; how many old memories the cap deleted is appended to
+    ``dropped``."""
     uid, cid = cipher.user_id, ctx.companion.id
     # the UPDATE doubles as the ownership/existence check (a companion deleted meanwhile aborts the turn)
     # and as the clear check: a chat cleared since the context was read has another epoch
@@ -376,7 +389,7 @@ async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, us
     if total > MAX_MEMORIES_KEPT:
         oldest = select(Memory.id).where(Memory.companion_id == cid).order_by(Memory.created_at).limit(
             total - MAX_MEMORIES_KEPT).scalar_subquery()
-        await db.execute(delete(Memory).where(Memory.id.in_(oldest)))
+        dropped.append((await db.execute(delete(Memory).where(Memory.id.in_(oldest)))).rowcount)
     comp = await _row(db, uid, cid)
     return TurnResult(
         user_message=MessageView(user_row.id, "user", user_text, user_row.created_at),
