@@ -230,6 +230,20 @@ async def refund(db: AsyncSession, bucket: str, budget: Budget, *, secret: bytes
                                  blocked_until=t.blocked_until - budget.interval_s))
 
 
+async def uncount(db: AsyncSession, bucket: str, at: float, *, secret: bytes = b"") -> None:
+    """Give back the attempt ``attempt(..., now=at)`` counted (it ended on an error before its password was judged):
+    one attempt fewer, and no delay from it. Only while that attempt is still the bucket's last: one counted after it
+    keeps its delay, and this one then stays counted (as it was before there was an uncount). A row another worker
+    deleted meanwhile is a fresh bucket: the update matches nothing."""
+    t = AuthThrottle
+    at_p = bindparam("at", at, type_=Double())
+    async with db.begin():
+        await db.execute(update(t).where(t.key == bucket_hash(bucket, secret), t.last_at == at_p)
+                         .values(attempts=case((t.attempts > 0, t.attempts - 1), else_=0),
+                                 # it went ahead at ``at``: nothing blocked the bucket then
+                                 blocked_until=case((t.blocked_until > at_p, at_p), else_=t.blocked_until)))
+
+
 async def forget(db: AsyncSession, bucket: str, *, secret: bytes = b"") -> None:
     """A successful login: the bucket starts from zero."""
     async with db.begin():
@@ -344,6 +358,9 @@ class Throttle:
 
     async def forget(self, db: AsyncSession, bucket: str) -> None:
         await forget(db, bucket, secret=self.secret)
+
+    async def uncount(self, db: AsyncSession, bucket: str, at: float) -> None:
+        await uncount(db, bucket, at, secret=self.secret)
 
     async def spend(self, db: AsyncSession, bucket: str, budget: Budget, *, now: float | None = None) -> float:
         return await spend(db, bucket, budget, now=now, secret=self.secret)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Form, HTTPException, Request
@@ -124,7 +125,8 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
     if budget is not None and (wait := await state.throttle.spend(db, address, budget)) > 0:
         return _too_many(request, state, "login.html", wait, username)
     bucket = f"login|{name}|" + (f"device:{device}" if device else "ip:" + client)
-    wait = await state.throttle.attempt(db, bucket, state.settings.policy("login"))
+    counted_at = time.time()
+    wait = await state.throttle.attempt(db, bucket, state.settings.policy("login"), now=counted_at)
     if wait > 0:
         if budget is not None:  # no password was checked: not a failed login
             await state.throttle.refund(db, address, budget)
@@ -141,6 +143,16 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
         await state.throttle.forget(db, bucket)
         return _form_page(request, state, "login.html", error=accounts.DATA_KEY_DAMAGED, status=503,
                           username=username)
+    except Exception:
+        # not a wrong password (a database error, say): what the login took is given back, or transient errors
+        # would lock the account's owner out as guesses do. Best effort: the database may still be failing
+        try:
+            if budget is not None:
+                await state.throttle.refund(db, address, budget)
+            await state.throttle.uncount(db, bucket, counted_at)
+        except Exception:
+            log.warning("a login that failed on an error could not give its throttle allowance back", exc_info=True)
+        raise
     if new is None:
         if secrets.randbelow(50) == 0:  # now and then: drop buckets idle past the window
             kinds = [state.settings.policy("login"), state.settings.policy("signup"), state.settings.address_budget()]
