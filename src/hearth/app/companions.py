@@ -63,11 +63,18 @@ class CompanionView:  # name, persona: None when the sealed text does not open (
         return self.name if self.name is not None else UNREADABLE_NAME
 
 
-class ChatCleared(RuntimeError):
-    """The chat was cleared while this turn's reply was being written: the turn is not saved."""
+CLEARED_BEFORE = ("This chat was cleared after the page this message was sent from was loaded, so it was not sent "
+                  "(a message sent again after a clear must not bring the cleared chat back). To send it to the chat "
+                  "as it is now, reload the page first if it still shows the cleared messages.")
 
-    def __init__(self) -> None:
-        super().__init__("The chat was cleared while this reply was being written, so it was not saved.")
+
+class ChatCleared(RuntimeError):
+    """The chat was cleared while this turn's reply was being written, or before the turn was sent (from a page
+    loaded before the clear): the turn is not saved."""
+
+    def __init__(self, message: str = "The chat was cleared while this reply was being written, so it was not "
+                                      "saved.") -> None:
+        super().__init__(message)
 
 
 @dataclass
@@ -254,13 +261,18 @@ def persona_needed(companion: CompanionView) -> None:
                              "replaces it; the operator of this server can look into it.")
 
 
-async def load_chat_context(db: AsyncSession, cipher: UserCipher, companion_id: str, turns: int) -> ChatContext:
+async def load_chat_context(db: AsyncSession, cipher: UserCipher, companion_id: str, turns: int,
+                            chat_epoch: int | None = None) -> ChatContext:
     """What the model is told for one turn. A memory, message or shared context whose sealed text does not open is
     left out of it (a warning counts them), never sent as a placeholder; UnreadableText when the persona does not
-    open."""
+    open. ``chat_epoch``: the chat's epoch on the page the turn was sent from; ChatCleared (CLEARED_BEFORE) when the
+    chat was cleared since (a resend after a clear finds no saved turn to answer with: it must not be sent again).
+    None (a client that sends none): not checked."""
     with Readable(cipher.user_id, "chat context", LEFT_OUT) as readable:
         async with db.begin():
             companion = _view(cipher, await _row(db, cipher.user_id, companion_id), readable)
+        if chat_epoch is not None and chat_epoch != companion.chat_epoch:
+            raise ChatCleared(CLEARED_BEFORE)
         persona_needed(companion)
         shared = await get_shared_context(db, cipher, readable=readable)
         kept = await memories(db, cipher, companion_id, readable=readable)
@@ -400,15 +412,16 @@ async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, us
 
 async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_id: str, text: str, *,
                     max_chars: int, turns: int, prompt_memories: int, deadline_s: float,
-                    submission_id: str | None = None) -> TurnResult:
+                    submission_id: str | None = None, chat_epoch: int | None = None) -> TurnResult:
     """One complete turn (non-streaming). InputError / NotFound / the gateway's errors propagate. A
-    ``submission_id`` already saved in this chat returns that turn (``replayed``) without asking the model.
-    A reply the streamed path would fail (model.check_as_streamed) fails here too."""
+    ``submission_id`` already saved in this chat returns that turn (``replayed``) without asking the model; a turn
+    sent from a page loaded before a clear (``chat_epoch``, see load_chat_context) is ChatCleared, with nothing asked
+    or saved. A reply the streamed path would fail (model.check_as_streamed) fails here too."""
     text = clean_text(text, "message", max_chars)
     submission_id = check_submission_id(submission_id)
     if (saved := await saved_turn(db, cipher, companion_id, submission_id, text)) is not None:
         return saved
-    ctx = await load_chat_context(db, cipher, companion_id, turns)
+    ctx = await load_chat_context(db, cipher, companion_id, turns, chat_epoch)
     result = await model.complete(chat_messages(ctx, text, prompt_memories=prompt_memories), kind="chat",
                                   deadline_s=deadline_s, request_id=uuid.uuid4().hex)
     check_as_streamed(result)

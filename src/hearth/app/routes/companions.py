@@ -58,17 +58,19 @@ def _turn_json(turn: svc.TurnResult, companion: svc.CompanionView | None = None)
     return doc
 
 
-async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str, submission_id: str | None):
+async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, text: str, submission_id: str | None,
+                       chat_epoch: int | None):
     """SSE: ``delta`` events with the message as it streams, then ``done`` once the turn is committed
     (that is the acknowledgement), or ``error`` (nothing saved). A page that leaves does not stop it
     (routes._util.to_the_end): the turn is saved as it would be after a plain form POST. A resend of a
-    ``submission_id`` already saved gets that turn's ``done`` (``replayed``), with no deltas and nothing saved."""
+    ``submission_id`` already saved gets that turn's ``done`` (``replayed``), with no deltas and nothing saved; one
+    sent from a page loaded before the chat was cleared (``chat_epoch``) gets an ``error``, with nothing asked."""
     s = state.settings
     try:
         async with state.db.sessions() as db:
             turn = await svc.saved_turn(db, viewer.cipher, companion_id, submission_id, text)
             if turn is None:
-                ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns)
+                ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns, chat_epoch)
                 messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories)
                 async for what, value in reply_events(state.model, messages, deadline_s=s.reply_deadline_s):
                     if what == "delta":
@@ -90,21 +92,24 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
 @router.post("/{companion_id}/messages")
 async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewer, companion_id: IdParam,
                        message: Annotated[str, Form(max_length=FORM_FIELD_MAX)],
-                       submission_id: SubmissionParam = None) -> Response:
+                       submission_id: SubmissionParam = None,
+                       chat_epoch: Annotated[int | None, Form(ge=0)] = None) -> Response:
     """One turn. ``submission_id`` (optional): the page's id for this message; a resend of one already saved
-    (the connection dropped after the commit) shows the saved turn instead of saving it again."""
+    (the connection dropped after the commit) shows the saved turn instead of saving it again. ``chat_epoch``
+    (optional): the chat's epoch the page was loaded at; a turn sent from before a clear is refused (409), so a
+    resend after the clear (whose rows went with it) does not bring the cleared chat back."""
     s = state.settings
     submission_id = check_submission_id(submission_id)
     if wants_stream(request):
         text = svc.clean_text(message, "message", s.max_text_chars)
         await svc.get_companion(db, viewer.cipher, companion_id)  # 404 before the stream starts
-        return StreamingResponse(to_the_end(_stream_turn(state, viewer, companion_id, text, submission_id),
+        return StreamingResponse(to_the_end(_stream_turn(state, viewer, companion_id, text, submission_id, chat_epoch),
                                             state.turns),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
                             turns=s.chat_context_turns, prompt_memories=s.prompt_memories,
-                            deadline_s=s.reply_deadline_s, submission_id=submission_id)
+                            deadline_s=s.reply_deadline_s, submission_id=submission_id, chat_epoch=chat_epoch)
     except (GatewayError, ModelUnavailable, UnreadableText, svc.ChatCleared, InputError) as exc:
         # the chat page again with the message kept in the box (a bare error page lost what the user had typed)
         status, error = await form_turn_failure(db, viewer, exc, "chat turn", log)
