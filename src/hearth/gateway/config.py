@@ -66,7 +66,7 @@ from hearth.gateway.errors import ConfigError
 from hearth.gateway.state import check_redis_url
 
 __all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "WarmSettings", "ConfigError",
-           "load_config", "config_from_dict"]
+           "load_config", "config_from_dict", "masked_url"]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -74,6 +74,9 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RF
 _FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding"})  # how the body is sent
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters other than the tab: never valid in a header
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f]")  # none of it belongs in a URL
+# query parameters whose value is a credential (api_key, access_token, sig, X-Amz-Signature, password, ...)
+_SECRET_PARAM = re.compile(r"key|token|secret|passw|pwd|auth|sig|credential", re.IGNORECASE)
+_QUERY_PAIR = re.compile(r"([?&;])([^=&;#]*)=([^&;#]*)")
 
 
 class _Strict(BaseModel):
@@ -112,17 +115,35 @@ def same_origin(a: str, b: str) -> bool:
     return origin(a) == origin(b)
 
 
+def masked_url(url: str) -> str:
+    """`url` as an error message or a log may show it: the password of its user:password@ (the whole userinfo when
+    it is one word, a token) and the values of query parameters named like a credential (api_key, token, sig...)
+    replaced by ***. Works on a URL that is no valid one too (that is when a start-up error quotes it)."""
+    start = url.find("://")
+    if start >= 0:
+        start += 3
+        end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
+        netloc = url[start:end]
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            user, colon, _ = userinfo.partition(":")
+            netloc = f"{user}:***@{host}" if colon else f"***@{host}"
+            url = url[:start] + netloc + url[end:]
+    return _QUERY_PAIR.sub(lambda m: f"{m[1]}{m[2]}=***" if _SECRET_PARAM.search(m[2]) else m[0], url)
+
+
 def _check_url(v: str, schemes: tuple[str, ...]) -> None:
-    """ValueError unless `v` is a URL of one of `schemes` with a host and a valid port (when given)."""
+    """ValueError unless `v` is a URL of one of `schemes` with a host and a valid port (when given). The messages show
+    it through masked_url: they are printed at start-up."""
     try:
         parts = urlsplit(v)
         port = parts.port  # raises ValueError for ':abc' and for ports outside 0-65535
     except ValueError as exc:
-        raise ValueError(f"{v!r} is not a valid URL: {exc}") from None
+        raise ValueError(f"{masked_url(v)!r} is not a valid URL: {exc}") from None
     if parts.scheme not in schemes or not parts.hostname:
-        raise ValueError(f"must be a {'/'.join(schemes)} URL with a host, got {v!r}")
+        raise ValueError(f"must be a {'/'.join(schemes)} URL with a host, got {masked_url(v)!r}")
     if port == 0:
-        raise ValueError(f"port must be 1-65535, got 0 in {v!r}")
+        raise ValueError(f"port must be 1-65535, got 0 in {masked_url(v)!r}")
 
 
 class WarmSettings(_Strict):
@@ -175,11 +196,11 @@ class ProviderConfig(_Strict):
     def _url(cls, v: str | None) -> str | None:
         if v is not None:
             if not re.match(r"^https?://[^/\s]+", v):
-                raise ValueError(f"must be an http(s) URL, got {v!r}")
+                raise ValueError(f"must be an http(s) URL, got {masked_url(v)!r}")
             if _SPACE.search(v):
                 # the HTTP client drops a tab or line break and sends a space: "http://h:8000 /v1" resolved the host
                 # "h:8000 " (a DNS failure on every request), ".../v1 /chat/completions" asked for /v1%20/... (a 404)
-                raise ValueError(f"holds whitespace or a control character: {v!r} (does a ${{VAR}} in it end with a "
+                raise ValueError(f"holds whitespace or a control character: {masked_url(v)!r} (does a ${{VAR}} in it end with a "
                                  "space or a line break?)")
             _check_url(v, ("http", "https"))
             try:
@@ -299,7 +320,7 @@ class GatewaySettings(_Strict):
             _check_url(v, ("redis", "rediss"))
             path = urlsplit(v).path.strip("/")
             if path and not path.isdigit():
-                raise ValueError(f"the path must be a Redis database number (e.g. /0), got {v!r}")
+                raise ValueError(f"the path must be a Redis database number (e.g. /0), got {masked_url(v)!r}")
             check_redis_url(v)  # its query's options, as the Redis client reads them
         return v
 
