@@ -5,7 +5,8 @@ differences are data: extra_body, headers, json_schema).
 
 Timing of one attempt (all in seconds, against time.monotonic):
     limit      = min(timeouts.total_s, budget_s)          budget_s: what is left of the request deadline
-    connect    <= timeouts.connect_s                       -> Timeout("connect")
+    connect    <= timeouts.connect_s                       -> Timeout("connect") (also when the first-token or total
+               timer below runs out while still connecting)
     headers    <= min(timeouts.first_token_s, limit)       -> Timeout("first_token") (JSON: the reply's
                headers; SSE: the first non-empty content delta)
     the rest   <= limit                                    -> Timeout("total")
@@ -44,7 +45,9 @@ from hearth.gateway.config import ProviderConfig
 from hearth.gateway.errors import (
     ConnectionFailed, DeadlineExceeded, InvalidEnvelope, InvalidResponse, ProviderError, Timeout, UpstreamStatus,
 )
-from hearth.gateway.transport.client import BodyTooLarge, ConnectFailed, ConnectTimeout, Transport, UpstreamResponse
+from hearth.gateway.transport.client import (
+    CONNECT_WATCH, BodyTooLarge, ConnectFailed, ConnectTimeout, ConnectWatch, Transport, UpstreamResponse,
+)
 
 T = TypeVar("T")
 _MAX_ERROR_BODY = 2000
@@ -197,14 +200,24 @@ class Provider:
             if request_id:
                 headers["X-Request-ID"] = request_id
         connect_s = min(self.config.timeouts.connect_s, max(clock.left(), 1e-3))
+        # the connect runs inside the first-token window: when that timer (or total_s) runs out first (connect_s >=
+        # first_token_s) while the transport is still connecting, it is the connect that ran out, not the first token
+        watch = ConnectWatch()
+        reset = CONNECT_WATCH.set(watch)
         try:
             resp = await clock.within(
                 self.transport.open("POST", self.config.chat_url, headers=headers, body=body, connect_timeout_s=connect_s),
                 clock.first_token_left(), "first_token")
         except ConnectTimeout:
             raise Timeout(self.name, "connect", connect_s) from None
+        except Timeout as exc:
+            if watch.connected is False:
+                raise Timeout(self.name, "connect", exc.after_s) from None
+            raise
         except ConnectFailed as exc:
             raise ConnectionFailed(self.name, str(exc)) from exc
+        finally:
+            CONNECT_WATCH.reset(reset)
         if not 200 <= resp.status < 300:
             try:
                 raw = await clock.within(resp.read(_ERROR_BODY_BYTES), min(clock.left(), 1.0), "total")

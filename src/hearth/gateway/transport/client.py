@@ -9,7 +9,10 @@
 The transport enforces only the connect timeout (it alone can tell connecting from waiting): getting a
 connection, i.e. name resolution, a free slot in the pool, TCP and TLS, all within connect_timeout_s;
 first-token and total budgets are enforced by the caller (providers.py) around these awaits, and the
-caller closes the response on any early exit, which drops (never re-pools) the connection.
+caller closes the response on any early exit, which drops (never re-pools) the connection. A caller whose own
+timer may run out while open() is still connecting (first_token_s <= connect_s) sets a ConnectWatch in
+CONNECT_WATCH around the call: AiohttpTransport marks it when it has a connection, so the caller can say the
+connect ran out, not the first token (a transport that does not mark it leaves .connected None).
 
 A request goes to its URL and nowhere else, and carries only the headers its caller gave:
     * redirects are followed only for a GET with no body (the health probe), and one that carries headers (the
@@ -39,6 +42,7 @@ that needs a different transport implements these two small classes.
 from __future__ import annotations
 
 import abc
+from contextvars import ContextVar
 from typing import AsyncIterator, Mapping
 from urllib.parse import unquote, urlsplit
 
@@ -69,6 +73,24 @@ def _redacted(message: str, url: str) -> str:
     if len(password) >= 6:  # wherever else it shows (a short one would mangle the message, and guesses easily)
         message = message.replace(password, "***")
     return message
+
+
+class ConnectWatch:
+    """Whether open() has its connection yet: None (the transport does not tell), False (still connecting), True."""
+
+    __slots__ = ("connected",)
+
+    def __init__(self) -> None:
+        self.connected: bool | None = None
+
+
+CONNECT_WATCH: ContextVar[ConnectWatch | None] = ContextVar("hearth_gateway_connect_watch", default=None)
+
+
+async def _on_connected(session, trace_config_ctx, params) -> None:
+    watch = trace_config_ctx.trace_request_ctx
+    if isinstance(watch, ConnectWatch):
+        watch.connected = True
 
 
 class TransportError(Exception):
@@ -191,9 +213,13 @@ class AiohttpTransport(Transport):
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300,
                                              keepalive_timeout=self.pool_idle_s)
+            trace = aiohttp.TraceConfig()  # marks a caller's ConnectWatch (a new connection, TLS done, or a pooled one)
+            trace.on_connection_create_end.append(_on_connected)
+            trace.on_connection_reuseconn.append(_on_connected)
             # No session-wide timeout: every call passes its own (a hang must never outlive its budget).
             self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                                  raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar())
+                                                  raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                                  trace_configs=[trace])
 
     async def open(self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None,
                    connect_timeout_s: float) -> UpstreamResponse:
@@ -202,11 +228,14 @@ class AiohttpTransport(Transport):
         # connect: DNS, the pool and the handshake together (sock_connect alone left a resolver that does not
         # answer to the caller's first-token budget); sock_connect: each address tried
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s)
+        watch = CONNECT_WATCH.get()
+        if watch is not None:
+            watch.connected = False
         try:
             follow = method == "GET" and body is None
             # aiohttp's own following would take headers such as api-key to whatever origin Location names
             resp = await self._session.request(method, url, data=body, headers=headers, timeout=timeout,
-                                               allow_redirects=follow and not headers)
+                                               allow_redirects=follow and not headers, trace_request_ctx=watch)
             if follow and headers:
                 hops = 0
                 while resp.status in _REDIRECTS and hops < _MAX_REDIRECTS:
