@@ -56,11 +56,11 @@ class _SlowTrialStore(MemoryStore):
         super().__init__()
         self.claimed = asyncio.Event()
 
-    async def claim_trial(self, name, lease_s):
-        token = await super().claim_trial(name, lease_s)
+    async def try_trial(self, name, lease_s):  # the claim the breaker makes (claim_trial is its token only)
+        claim = await super().try_trial(name, lease_s)
         self.claimed.set()
         await asyncio.sleep(0.2)
-        return token
+        return claim
 
 
 def test_a_request_cancelled_while_its_trial_claim_comes_back_leaves_no_trial_behind():

@@ -26,7 +26,7 @@ The state lives in a StateStore (hearth.gateway.state): this process by default,
 from __future__ import annotations
 
 from hearth.gateway.errors import Cooldown, DeadlineExceeded, InvalidEnvelope, ProviderError, UpstreamStatus, for_log
-from hearth.gateway.state import BreakerSnapshot, StateStore, claim_lease
+from hearth.gateway.state import BreakerSnapshot, StateStore, TrialClaim, claim_lease
 
 
 def counts(error: ProviderError) -> bool:
@@ -64,13 +64,29 @@ class Breaker:
 
     async def claim_trial(self, snap: BreakerSnapshot) -> tuple[bool, str | None]:
         """(may attempt, trial token). A tripped breaker whose cooldown ended admits one trial."""
+        token, refused = await self.trial(snap)
+        return refused is None, token
+
+    async def trial(self, snap: BreakerSnapshot) -> tuple[str | None, Cooldown | None]:
+        """(trial token, None) when the attempt may go (a token only for a tripped breaker's one trial), else (None,
+        the Cooldown that says why not: the breaker is open again, or another request holds the trial), as the
+        claim's one atomic step in the store found it."""
         if not snap.tripped:
-            return True, None
+            return None, None
+
+        async def give_back(claim: TrialClaim) -> None:
+            if claim.token is not None:
+                await self.store.release_trial(self.name, claim.token)
+
         # a request cancelled (its client hung up) while the claim is on its way gives the trial back: a trial nobody
         # runs made every request skip the provider for trial_lease_s
-        token = await claim_lease(self.store.claim_trial(self.name, self.trial_lease_s),
-                                  lambda t: self.store.release_trial(self.name, t), f"the trial of {self.name}")
-        return token is not None, token
+        claim = await claim_lease(self.store.try_trial(self.name, self.trial_lease_s), give_back,
+                                  f"the trial of {self.name}")
+        if claim.token is not None:
+            return claim.token, None
+        if claim.open_left_s > 0:  # another worker's trial failed after this request read the breaker half-open
+            return None, Cooldown(self.name, claim.open_left_s, claim.why, claim.status)
+        return None, self.skip(BreakerSnapshot(tripped=True, trial=True))
 
     async def failure(self, error: ProviderError, trial: str | None) -> bool:
         """Record a failed attempt; True when this opened the breaker. Client errors only give the trial back."""
@@ -78,7 +94,7 @@ class Breaker:
             if trial is not None:
                 await self.store.release_trial(self.name, trial)
             return False
-        open_s = status = None
+        open_s = status = trial_why = None
         # a Retry-After that comes to 0 s (its "0", a date past, max_retry_after_s = 0) opens no window of its own:
         # the failure still counts toward breaker_failures (returning "not opened" here skipped that rule, and a
         # provider failing every request so was never cooled down)
@@ -87,10 +103,13 @@ class Breaker:
             open_s, status = min(error.retry_after, self.max_retry_after_s), error.status
             why = f"Retry-After {error.retry_after:g} s (HTTP {error.status})"
         else:
-            why = f"{self.threshold} consecutive failures" if not trial else "the half-open trial failed"
-            why += f", last: {for_log(error)}"
+            # the store tells which: a trial token whose lease expired (or whose breaker another trial closed) makes
+            # an ordinary failure, that opens the breaker only at the threshold
+            why = f"{self.threshold} consecutive failures, last: {for_log(error)}"
+            if trial:
+                trial_why = f"the half-open trial failed, last: {for_log(error)}"
         return await self.store.failure(self.name, threshold=self.threshold, cooldown_s=self.cooldown_s, open_s=open_s,
-                                        why=why, status=status, trial=trial)
+                                        why=why, status=status, trial=trial, trial_why=trial_why)
 
     async def success(self, trial: str | None) -> bool:
         """Record a successful attempt (`trial`: its trial token, or None); True when the breaker is closed now.

@@ -335,9 +335,8 @@ class Chain:
                 w.errors.append(cooling)
                 w.attempts.append((a.provider.name, label(cooling)))
                 return False
-        ok, a.trial = await breaker.claim_trial(a.snap)
-        if not ok:
-            skipped = breaker.skip(BreakerSnapshot(tripped=True, trial=True))
+        a.trial, skipped = await breaker.trial(a.snap)
+        if skipped is not None:
             self.metrics.child(self.metrics.errors, a.provider.name, label(skipped)).inc()
             w.errors.append(skipped)
             w.attempts.append((a.provider.name, label(skipped)))

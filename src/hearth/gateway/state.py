@@ -46,7 +46,8 @@ log = logging.getLogger("hearth.gateway.state")
 
 
 async def claim_lease(claim: Awaitable[str | None], release: Callable[[str], Awaitable[None]], what: str) -> str | None:
-    """The token of a lease claim (claim_trial, claim_warmup: a token or None), awaited so that a caller cancelled
+    """The token of a lease claim (claim_trial, claim_warmup: a token or None; try_trial: a TrialClaim, which
+    `release` gives back only when it holds a token), awaited so that a caller cancelled
     while the claim's reply is on its way (a client hanging up, the gateway closing) does not lose a lease that may
     already have landed in the (shared) store: the claim is left to finish, the token it got is given back with
     `release`, and the cancellation goes on. A lease nobody holds otherwise stood until it expired, every request
@@ -80,6 +81,16 @@ class BreakerSnapshot:
 
 
 CLOSED = BreakerSnapshot()
+
+
+@dataclass(frozen=True, slots=True)
+class TrialClaim:
+    """What a half-open trial claim got (StateStore.try_trial), read in the claim's own atomic step."""
+    token: str | None = None     # the trial's lease, or None: refused
+    open_left_s: float = 0.0     # refused because the breaker is open (again): time left of its cooldown; 0: the
+                                 # trial is another request's
+    why: str = ""                # why it is open (as BreakerSnapshot.why)
+    status: int | None = None    # as BreakerSnapshot.status
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +130,12 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def failure(self, name: str, *, threshold: int, cooldown_s: float, open_s: float | None, why: str,
-                      status: int | None, trial: str | None) -> bool:
+                      status: int | None, trial: str | None, trial_why: str | None = None) -> bool:
         """Count a failure; open for open_s (a Retry-After: always), or for cooldown_s when the count
         reaches threshold or the failed attempt was the half-open trial. An open cooldown is only ever
-        lengthened. Releases `trial`. Returns True when this opened (or re-opened) the breaker."""
+        lengthened. Releases `trial`. Returns True when this opened (or re-opened) the breaker. `why` says why it
+        opened; `trial_why`, when given, instead of it when `trial` still held the half-open trial (a lease that
+        expired, or a breaker another trial closed, makes the failure an ordinary one)."""
 
     @abc.abstractmethod
     async def success(self, name: str, trial: str | None) -> bool:
@@ -133,9 +146,14 @@ class StateStore(abc.ABC):
         is closed now (closed, or reset, by this success); False when the success changed nothing."""
 
     @abc.abstractmethod
+    async def try_trial(self, name: str, lease_s: float) -> TrialClaim:
+        """The half-open trial for `name`, for at most lease_s, in one atomic step: its token, or no token and why:
+        the breaker is open (again: another worker's trial failed after the caller read it half-open; with its time
+        left and reason), or another request holds the trial."""
+
     async def claim_trial(self, name: str, lease_s: float) -> str | None:
-        """The half-open trial for `name`, for at most lease_s: a token, or None when another holds it or the breaker
-        is open (again: another worker's trial failed after the caller read it half-open), in one atomic step."""
+        """try_trial's token: None when another holds the trial or the breaker is open."""
+        return (await self.try_trial(name, lease_s)).token
 
     @abc.abstractmethod
     async def release_trial(self, name: str, token: str) -> None:
@@ -210,7 +228,7 @@ class MemoryStore(StateStore):
                                        b.trial is not None and b.trial_until > now))
         return out
 
-    async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial) -> bool:
+    async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial, trial_why=None) -> bool:
         now = time.monotonic()
         b = self._get(name)
         b.failures += 1
@@ -224,6 +242,8 @@ class MemoryStore(StateStore):
             open_s, status = cooldown_s, None
         if open_s is None or open_s <= 0:
             return False
+        if was_trial and trial_why is not None:
+            why = trial_why
         if now + open_s > b.open_until:
             b.open_until, b.why, b.status = now + open_s, why, status
         b.tripped = True
@@ -241,13 +261,15 @@ class MemoryStore(StateStore):
         b.failures = 0                          # closed: the failures are no longer consecutive
         return True
 
-    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+    async def try_trial(self, name: str, lease_s: float) -> TrialClaim:
         now = time.monotonic()
         b = self._get(name)
-        if (b.trial is not None and b.trial_until > now) or b.open_until > now:
-            return None
+        if b.open_until > now:
+            return TrialClaim(None, b.open_until - now, b.why, b.status)
+        if b.trial is not None and b.trial_until > now:
+            return TrialClaim()
         b.trial, b.trial_until = _token(), now + lease_s
-        return b.trial
+        return TrialClaim(b.trial)
 
     async def release_trial(self, name: str, token: str) -> None:
         b = self._b.get(name)
@@ -308,8 +330,10 @@ if ms < 0 and (failures >= tonumber(ARGV[1]) or was_trial == 1) and tonumber(ARG
   status = ''
 end
 if ms <= 0 then return 0 end
+local why = ARGV[4]
+if was_trial == 1 and ARGV[7] ~= '' then why = ARGV[7] end
 if redis.call('PTTL', KEYS[2]) < ms then
-  redis.call('SET', KEYS[2], status .. '\\31' .. ARGV[4], 'PX', ms)
+  redis.call('SET', KEYS[2], status .. '\\31' .. why, 'PX', ms)
 end
 redis.call('HSET', KEYS[1], 'tripped', 1)
 return 1
@@ -317,10 +341,12 @@ return 1
 
 # KEYS: trial (the lease), open. ARGV: token, lease ms. No trial while the breaker is open: a caller that read it
 # half-open may claim after another worker's trial failed and opened it again (that failure released its lease).
+# Returns {1} (claimed), {0} (another holds the trial) or {0, open ms left, open value} (open).
 _CLAIM_TRIAL = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
+local left = redis.call('PTTL', KEYS[2])
+if left ~= -2 then return {0, left, redis.call('GET', KEYS[2]) or ''} end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
+return {0}
 """
 
 # KEYS: warmup (the lease), backoff. ARGV: token, lease ms. No lease while the endpoint is held cold.
@@ -439,10 +465,11 @@ class RedisStore(StateStore):
                                        why, status, h.get("tripped") == "1", bool(trial)))
         return out
 
-    async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial) -> bool:
+    async def failure(self, name, *, threshold, cooldown_s, open_s, why, status, trial, trial_why=None) -> bool:
         ms = -1 if open_s is None else max(1, int(open_s * 1000))  # a window under 1 ms is still one (not "none")
         keys = [self._k(name, "b"), self._k(name, "open"), self._k(name, "trial")]
-        args = [threshold, int(cooldown_s * 1000), ms, why[:500], "" if status is None else status, trial or ""]
+        args = [threshold, int(cooldown_s * 1000), ms, why[:500], "" if status is None else status, trial or "",
+                (trial_why or "")[:500]]
         return bool(await self._call(self._failure(keys=keys, args=args)))
 
     async def success(self, name: str, trial: str | None) -> bool:
@@ -453,11 +480,17 @@ class RedisStore(StateStore):
         """End the lease on `key` if `token` still holds it (an expired and re-claimed one is left alone)."""
         await self._call(self._release(keys=[key], args=[token]))
 
-    async def claim_trial(self, name: str, lease_s: float) -> str | None:
+    async def try_trial(self, name: str, lease_s: float) -> TrialClaim:
         token = _token()
         keys = [self._k(name, "trial"), self._k(name, "open")]
-        ok = await self._call(self._claim_trial(keys=keys, args=[token, max(1, int(lease_s * 1000))]))
-        return token if ok else None
+        got = await self._call(self._claim_trial(keys=keys, args=[token, max(1, int(lease_s * 1000))]))
+        if got[0]:
+            return TrialClaim(token)
+        if len(got) < 3:
+            return TrialClaim()
+        s, _, why = got[2].partition("\x1f")
+        # PTTL -1 (a key without a TTL: never set so) reads as open for an unknown while: 1 ms, still "open"
+        return TrialClaim(None, got[1] / 1000 if got[1] > 0 else 0.001, why, int(s) if s else None)
 
     async def release_trial(self, name: str, token: str) -> None:
         await self._give_back(self._k(name, "trial"), token)
