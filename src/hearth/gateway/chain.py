@@ -68,7 +68,7 @@ from hearth.envelope import REPLY_KINDS
 from hearth.gateway.breaker import Breaker
 from hearth.gateway.config import GatewayConfig
 from hearth.gateway.errors import (
-    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, DeadlineExceeded, GatewayError, HeldCold,
+    AllProvidersFailed, ClientStalled, Cold, ConnectionFailed, Cooldown, DeadlineExceeded, GatewayError, HeldCold,
     InvalidEnvelope, ProviderError, StreamInterrupted, Timeout, for_log, label,
 )
 from hearth.gateway.metrics import GatewayMetrics
@@ -262,6 +262,7 @@ class Chain:
         for p, snap in zip(providers, snaps):
             cooling = self.breakers[p.name].skip(snap)
             if cooling is not None:
+                self._skipped(cooling)
                 skipped.append(cooling)
                 if p.name in self.gates:  # not tried now, but wanted: a cold endpoint warms up meanwhile
                     self.gates[p.name].wake()
@@ -332,18 +333,24 @@ class Chain:
             a.snap = (await self.store.breakers([a.provider.name]))[0]
             cooling = breaker.skip(a.snap)
             if cooling is not None:
+                self._skipped(cooling)
                 w.errors.append(cooling)
                 w.attempts.append((a.provider.name, label(cooling)))
                 return False
         a.trial, skipped = await breaker.trial(a.snap)
         if skipped is not None:
-            self.metrics.child(self.metrics.errors, a.provider.name, label(skipped)).inc()
+            self._skipped(skipped)
             w.errors.append(skipped)
             w.attempts.append((a.provider.name, label(skipped)))
             return False
         w.sent = True
         a.t0 = time.monotonic()
         return True
+
+    def _skipped(self, cooling: Cooldown) -> None:
+        """Count a request that skipped a provider for its breaker (errors_total{error="cooldown"}): the plan's skip,
+        the re-read's before a later attempt and a refused trial claim alike, once per request and provider."""
+        self.metrics.child(self.metrics.errors, cooling.provider, label(cooling)).inc()
 
     async def _abandon(self, a: _Attempt) -> None:
         """The attempt ended without a verdict (cancelled): give its trial back, count nothing."""

@@ -4,7 +4,10 @@
     hearth_gateway_request_seconds{kind, outcome}                   histogram, whole request (one per request)
     hearth_gateway_attempt_seconds{provider, outcome}               histogram, one attempt (ok or failed); a
                                                                     stream's without its client's delivery time
-    hearth_gateway_errors_total{provider, error}                    error: timeout_first_token, status_429, ...
+    hearth_gateway_errors_total{provider, error}                    error: timeout_first_token, status_429, ...: one
+                                                                    per failed attempt; error="cooldown": one per
+                                                                    request that skipped the provider for its breaker
+                                                                    (open, Retry-After, trial taken), wherever decided
     hearth_gateway_fallbacks_total{provider}                        fell through from `provider` to the next
     hearth_gateway_warm_decisions_total{provider, decision}         decision: warm | cold
     hearth_gateway_warmups_total{provider, outcome}                 outcome: ok | failed
@@ -44,7 +47,10 @@ class GatewayMetrics:
                                          ["kind", "outcome"], buckets=_BUCKETS, registry=r)
         self.attempt_seconds = Histogram("hearth_gateway_attempt_seconds", "Latency of one provider attempt",
                                          ["provider", "outcome"], buckets=_BUCKETS, registry=r)
-        self.errors = Counter("hearth_gateway_errors", "Provider failures by kind", ["provider", "error"], registry=r)
+        self.errors = Counter("hearth_gateway_errors", "Provider failures by kind: one per failed attempt; "
+                              "error=\"cooldown\": one per request that skipped the provider for its breaker (open, "
+                              "Retry-After pending, half-open trial taken); a cold skip counts in warm_decisions",
+                              ["provider", "error"], registry=r)
         self.fallbacks = Counter("hearth_gateway_fallbacks", "Fell through from this provider to the next",
                                  ["provider"], registry=r)
         self.warm_decisions = Counter("hearth_gateway_warm_decisions", "Warm gate decisions", ["provider", "decision"],
