@@ -122,14 +122,41 @@ def masked_url(url: str) -> str:
     start = url.find("://")
     if start >= 0:
         start += 3
-        end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
+        end = _authority_end(url, start)
         netloc = url[start:end]
+        if "@" not in netloc and (at := url.rfind("@", end)) >= 0 and _cut_password(netloc):
+            # a password holding an unencoded '/', '?' or '#' (a generated one) cuts the authority short at it: its
+            # start reads as a port that is no number. The userinfo then runs to the last '@' (more masked than
+            # needed in an odd URL, never less)
+            end = _authority_end(url, at + 1)
+            netloc = url[start:end]
         if "@" in netloc:
             userinfo, host = netloc.rsplit("@", 1)
             user, colon, _ = userinfo.partition(":")
             netloc = f"{user}:***@{host}" if colon else f"***@{host}"
             url = url[:start] + netloc + url[end:]
     return _QUERY_PAIR.sub(lambda m: f"{m[1]}{m[2]}=***" if _SECRET_PARAM.search(m[2]) else m[0], url)
+
+
+def _authority_end(url: str, start: int) -> int:
+    """Where the authority that starts at `start` ends: the first '/', '?' or '#' after it, else the URL's end."""
+    return min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
+
+
+def _cut_password(netloc: str) -> bool:
+    """Whether `netloc` (no '@' in it) looks like the start of user:password cut at a delimiter in the password: a
+    ':' followed by no port number (an IPv6 address in brackets aside)."""
+    if ":" not in netloc or netloc.endswith("]"):
+        return False
+    port = netloc.rsplit(":", 1)[1]
+    return not (port.isdigit() and port.isascii())
+
+
+def _masked_reason(reason: str, url: str) -> str:
+    """The URL parser's `reason` for refusing `url`, with each quoted part of it that masked_url hides shown as ***
+    (urlsplit quotes the port it could not read: with a password cut at a delimiter, the password's start)."""
+    masked = masked_url(url)
+    return re.sub(r"'([^']+)'", lambda m: "'***'" if m[1] not in masked else m[0], reason)
 
 
 def _check_url(v: str, schemes: tuple[str, ...]) -> None:
@@ -139,7 +166,7 @@ def _check_url(v: str, schemes: tuple[str, ...]) -> None:
         parts = urlsplit(v)
         port = parts.port  # raises ValueError for ':abc' and for ports outside 0-65535
     except ValueError as exc:
-        raise ValueError(f"{masked_url(v)!r} is not a valid URL: {exc}") from None
+        raise ValueError(f"{masked_url(v)!r} is not a valid URL: {_masked_reason(str(exc), v)}") from None
     if parts.scheme not in schemes or not parts.hostname:
         raise ValueError(f"must be a {'/'.join(schemes)} URL with a host, got {masked_url(v)!r}")
     if port == 0:
