@@ -89,7 +89,7 @@ CASES = {
 
 def test_the_default_is_the_app_settings_default():
     assert C.DEFAULT_MAX_TEXT_CHARS == DEFAULT_MAX_TEXT_CHARS == LIMIT
-    assert C.APP_SETTING_FLAGS["--max-text-chars"][0] == "max_text_chars"
+    assert C.APP_SETTING_FLAGS["--max-text-chars"] == "max_text_chars"
     assert C.app_setting("--max-text-chars", None) == LIMIT
 
 

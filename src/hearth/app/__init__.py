@@ -20,7 +20,7 @@ Layout (one job per module):
     companions.py    companions, shared context, chat turns (one transaction per turn), clearing
     relationship.py  stages from accumulated affection / trust
     textlimits.py    how long a companion's and a rehearsed person's texts may be, and max_text_chars' default
-                     (imports nothing: the corpus uses it)
+                     (both re-export hearth.companion_rules, the bottom-layer module the corpus builder uses too)
     simulation.py    the five-analyst panel, agents, rehearsals
     feed.py          posts and companion comments
     streamtext.py    the streamed message preview

@@ -15,13 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from hearth.app.crypto import DecryptError, UserCipher
 from hearth.app.storage.db import scrub_deleted
+# what a form's free-text field may hold once cleaned, whatever max_text_chars says (the bound of that setting, so it
+# lives with the settings' bounds)
+from hearth.companion_rules import FORM_TEXT_MAX
 
 
 log = logging.getLogger("hearth.app")
 
-# what a form's free-text field (a message, a post, a situation) may hold once cleaned, whatever max_text_chars
-# says; settings refuse a max_text_chars above it at start-up (texts over it met a 422 only when sent)
-FORM_TEXT_MAX = 50000
 # the same field as sent, the limit FastAPI checks (Form(max_length)) before clean_text: a browser sends each line
 # break of a text box as CR LF, two characters where the box's maxlength and clean_text count one, so a text of
 # FORM_TEXT_MAX characters may arrive as up to twice as many

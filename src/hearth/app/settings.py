@@ -27,12 +27,11 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, field_validator, model_validator
 
-from hearth.app.common import FORM_TEXT_MAX
 from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
-from hearth.app.textlimits import DEFAULT_MAX_TEXT_CHARS
 from hearth.app.throttle import Budget, Policy, parse_networks
+from hearth.companion_rules import SETTING_BOUNDS
 from hearth.envelope import REPLY_DEADLINE_S
 
 log = logging.getLogger("hearth.app")
@@ -43,6 +42,13 @@ FORM_BYTES_PER_CHAR = 12  # one character form-encoded, at most: 4 UTF-8 bytes, 
 # a session's expiry (now + session_ttl_s) must be a date Python can hold (year 9999): a TTL past it failed every
 # signup and login with an OverflowError, not start-up. A century is more than any session needs.
 MAX_SESSION_TTL_S = 100 * 366 * 24 * 3600
+
+
+def _bounded(setting: str) -> Any:
+    """The Field of an integer setting whose default and bounds the corpus builder shares
+    (hearth.companion_rules.SETTING_BOUNDS: default, least, most)."""
+    default, least, most = SETTING_BOUNDS[setting]
+    return Field(default, ge=least, le=most)
 
 
 class SettingsError(ValueError):
@@ -79,8 +85,9 @@ class AppSettings(BaseModel):
     cookie_secure: bool = True
     session_ttl_s: int = Field(14 * 24 * 3600, ge=60, le=MAX_SESSION_TTL_S)
     max_body_bytes: int = Field(128 * 1024, ge=1024)  # at least what the longest text needs (below)
-    # default in hearth.app.textlimits (the corpus builder reads it there); at most the forms' own cap, FORM_TEXT_MAX
-    max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, ge=10, le=FORM_TEXT_MAX)
+    # default and bounds in hearth.companion_rules.SETTING_BOUNDS (the corpus builder checks its flag against them):
+    # at most the forms' own cap, FORM_TEXT_MAX
+    max_text_chars: int = _bounded("max_text_chars")
     # login / signup throttling (hearth.app.throttle): free attempts, then a doubling delay up to the cap
     login_free_attempts: int = Field(5, ge=1)
     login_backoff_base_s: float = Field(1.0, gt=0)
@@ -99,8 +106,9 @@ class AppSettings(BaseModel):
     forwarded_allow_ips: list[str] = Field(default_factory=list)
     master_key_source: str = "HEARTH_MASTER_KEY"  # where the key came from, for start-up messages
     new_dev_key_file: Path | None = None  # development key generated in memory, written at start-up
-    chat_context_turns: int = Field(20, ge=1, le=200)
-    prompt_memories: int = Field(30, ge=0, le=500)
+    # default and bounds in hearth.companion_rules.SETTING_BOUNDS, which the corpus builder's flags are checked against
+    chat_context_turns: int = _bounded("chat_context_turns")
+    prompt_memories: int = _bounded("prompt_memories")
     # defaults shared with the eval (hearth.envelope.REPLY_DEADLINE_S), which waits as long for each kind
     reply_deadline_s: float = Field(REPLY_DEADLINE_S["chat"], gt=0)
     analyst_timeout_s: float = Field(REPLY_DEADLINE_S["analyst"], gt=0)

@@ -29,16 +29,17 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
-# the app's ladder (a pure module: importing it loads nothing of the app's database or crypto)
-from hearth.app.relationship import STAGES as LADDER
-from hearth.app.relationship import standing
-# the app's limits on what a user writes about a companion and a rehearsed person, and the default of the setting that
-# bounds what a user sends (a module that imports nothing)
-from hearth.app.textlimits import AGENT_FIELD_LIMITS, DEFAULT_MAX_TEXT_CHARS, MAX_CONTEXT, MAX_NAME, MAX_PERSONA
+# the app's rules, from the bottom-layer module the app takes them from too (importing it loads nothing of the app):
+# its relationship ladder, its limits on what a user writes about a companion and a rehearsed person, and the
+# defaults and bounds of the settings that shape a request
+from hearth.companion_rules import (AGENT_FIELD_LIMITS, CHAT_CONTEXT_TURNS, DEFAULT_MAX_TEXT_CHARS, MAX_CONTEXT,
+                                    MAX_NAME, MAX_PERSONA, PROMPT_MEMORIES, SETTING_BOUNDS)
+from hearth.companion_rules import STAGES as LADDER
+from hearth.companion_rules import standing
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, Memory, dumps, unique_keys
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
@@ -50,13 +51,12 @@ IGNORE_INDEX = -100
 TEMPLATE_PATH = Path(__file__).parent / "data" / "qwen3_nothink.jinja"
 
 # What one app request carries, so that each example's prompt is the one the app sends at that turn: the app's
-# defaults (hearth.app.settings.AppSettings: chat_context_turns, prompt_memories) and the number of memories it keeps
-# (hearth.app.companions.MAX_MEMORIES_KEPT). Not imported: the corpus builder does not load the app (its database and
-# crypto); tests/train/test_train_review50b_corpus.py keeps them equal. The stages (LADDER) and the text limits
-# (MAX_CONTEXT, MAX_PERSONA, MAX_NAME, AGENT_FIELD_LIMITS, and DEFAULT_MAX_TEXT_CHARS, the default of the setting
-# max_text_chars) are the app's own, from its modules that import nothing.
-CHAT_CONTEXT_TURNS = 20  # earlier turns (a user message and the reply) a chat or a rehearsal sends back
-PROMPT_MEMORIES = 30  # the companion's latest memories in its prompt (and in a rehearsal's / the panel's context)
+# defaults (CHAT_CONTEXT_TURNS: earlier turns, a user message and the reply, a chat or a rehearsal sends back;
+# PROMPT_MEMORIES: the companion's latest memories in its prompt and in a rehearsal's / the panel's context), the
+# stages (LADDER) and the text limits (MAX_CONTEXT, MAX_PERSONA, MAX_NAME, AGENT_FIELD_LIMITS, and
+# DEFAULT_MAX_TEXT_CHARS, the default of the setting max_text_chars) are the app's own, from hearth.companion_rules.
+# The number of memories the app keeps (hearth.app.companions.MAX_MEMORIES_KEPT) is not imported: the corpus builder
+# does not load the app (its database and crypto); tests/train/test_train_review50b_corpus.py keeps it equal.
 MAX_MEMORIES_KEPT = 200  # the app keeps a companion's latest 200 memories
 APP_STAGES = tuple(key for key, *_ in LADDER)  # the stages the app sends (hearth.prompts.STAGES' keys, a test holds)
 HISTORY_PROMPTS = ("companion", "rehearsal")  # the app sends earlier turns with these; feed and analyst go alone
@@ -673,39 +673,26 @@ def _publish(out_dir: Path, files: dict[str, str]) -> None:
                             if committed else "")) from None
 
 
-# `hearth corpus build`'s flags for the app settings a deployment may change: flag -> (the app's setting, the
-# builder's own default, used only where the app is not installed)
-APP_SETTING_FLAGS = {"--context-turns": ("chat_context_turns", CHAT_CONTEXT_TURNS),
-                     "--prompt-memories": ("prompt_memories", PROMPT_MEMORIES),
-                     "--max-text-chars": ("max_text_chars", DEFAULT_MAX_TEXT_CHARS)}
+# `hearth corpus build`'s flags for the app settings a deployment may change: flag -> the app's setting (its default
+# and bounds: hearth.companion_rules.SETTING_BOUNDS, which hearth.app.settings.AppSettings' fields are made from)
+APP_SETTING_FLAGS = {"--context-turns": "chat_context_turns",
+                     "--prompt-memories": "prompt_memories",
+                     "--max-text-chars": "max_text_chars"}
 
 
 def app_setting(flag: str, value: int | None) -> int:
     """The value `hearth corpus build` uses for ``flag``: the app's default for its setting when ``value`` is None,
-    else ``value`` validated as the app's settings validate it (hearth.app.settings.AppSettings: its default and
-    bounds are read from there, so a corpus is built for a configuration the app can run). ValueError naming the
-    flag. Without the app installed (no hearth[app] extras) the builder's own defaults, kept equal to the app's by
-    tests/train/test_train_review50b_corpus.py, and only a negative value is refused."""
-    setting, fallback = APP_SETTING_FLAGS[flag]
-    try:
-        from hearth.app.settings import AppSettings
-    except ImportError:
-        if value is not None and value < 0:
-            raise ValueError(f"{flag}: must be >= 0, got {value}") from None
-        return fallback if value is None else value
-    from typing import Annotated
-
-    from pydantic import TypeAdapter
-
-    field_info = AppSettings.model_fields[setting]
+    else ``value`` validated as the app's settings validate it (an int within the bounds of
+    hearth.companion_rules.SETTING_BOUNDS, the app's own, so a corpus is built for a configuration the app can run).
+    ValueError naming the flag."""
+    setting = APP_SETTING_FLAGS[flag]
+    default, least, most = SETTING_BOUNDS[setting]
     if value is None:
-        return field_info.default
-    bounds = " and ".join(f"{op} {getattr(m, attr)}" for m in field_info.metadata
-                          for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if hasattr(m, attr))
+        return default
     try:
-        return TypeAdapter(Annotated[field_info.annotation, *field_info.metadata]).validate_python(value)
+        return TypeAdapter(Annotated[int, Field(ge=least, le=most)]).validate_python(value)
     except ValidationError:
-        raise ValueError(f"{flag}: the app's {setting} must be {bounds}, got {value!r}") from None
+        raise ValueError(f"{flag}: the app's {setting} must be >= {least} and <= {most}, got {value!r}") from None
 
 
 def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, context_turns: int | None = None,
