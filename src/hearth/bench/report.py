@@ -419,20 +419,26 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     mean and worst case; memory = hearth's extra MiB against that same peer's (count of cases
     where hearth holds no more, and the case where it holds the most over the peer); wall =
     the fused peers' best wall ms per call / hearth's (host overhead, back to back).
-    Cases with no fused peer (eager only) or where hearth failed are counted, not ranked; ranked cases where
+    Cases with no fused peer (eager only), where hearth failed, or where hearth's row was skipped (not run: time
+    budget, a sticky CUDA error; "hearth_skipped") are counted, not ranked; ranked cases where
     a fused peer's row was not ok (wrong, error, oom, skipped...: ranked against the others) are counted too."""
     out: dict[str, dict] = {}
     for key, cr in sorted(group_cases(recount_rows(rows)).items()):
         op = key[0]
         g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0,
-                                  "peer_not_ok": 0, "unranked": [], "no_peer_why": [], "bw_mixed": [], "sol_formulas": set()})
+                                  "hearth_skipped": 0, "peer_not_ok": 0, "unranked": [], "no_peer_why": [], "bw_mixed": [], "sol_formulas": set()})
         g["cases"] += 1
         if bandwidth_mixed(cr):
             g["bw_mixed"].append(key)
         by = {r["provider"]: r for r in cr}
         h = by.get("hearth")
         if h is None or h["status"] != "ok":
-            g["hearth_failed"] += 1 if h is not None and h["status"] != "skipped" else 0
+            # a hearth row the run did not measure (time budget, a sticky CUDA error, too large) is no failure of
+            # hearth's, but the case is named as not run, never left out of the line without a word
+            if h is not None and h["status"] == "skipped":
+                g["hearth_skipped"] += 1
+            elif h is not None:
+                g["hearth_failed"] += 1
             continue
         v = verdict(cr)
         if v["peer"] is None or v["peer"] not in FUSED_PEERS:
@@ -479,6 +485,8 @@ def goals_text(g: dict) -> str:
         parts.append(f">= {GOAL_SOL_PCT:.0f}% copy BW {yn(sol_ok)}")
     if g["hearth_failed"]:
         parts.append(f"{g['hearth_failed']} hearth case(s) not ok: MISSED")
+    if g.get("hearth_skipped"):
+        parts.append(f"{g['hearth_skipped']} hearth case(s) not run: goals cover the measured cases only")
     return "goals: " + ", ".join(parts)
 
 
@@ -489,7 +497,8 @@ def geomean_lines(rows: list[dict]) -> list[str]:
         if g["geomean"] is None:
             line = f"GEOMEAN {op} - worst - (no case with hearth and a fused peer both correct"
             line += f"; {g['cases']} cases, {g['hearth_failed']} hearth not ok, {g['no_peer']} without a fused peer"
-            line += (f": {', '.join(g['no_peer_why'])})" if g["no_peer_why"] else ")")
+            line += f": {', '.join(g['no_peer_why'])}" if g["no_peer_why"] else ""
+            line += (f", {g['hearth_skipped']} hearth not run (skipped))" if g["hearth_skipped"] else ")")
             lines.append(line)
             continue
         wr, wkey, wpeer = g["worst"]
@@ -497,6 +506,8 @@ def geomean_lines(rows: list[dict]) -> list[str]:
         line += f" | {len(g['ratios'])} of {g['cases']} cases ranked"
         if g["hearth_failed"]:
             line += f", {g['hearth_failed']} hearth not ok"
+        if g["hearth_skipped"]:
+            line += f", {g['hearth_skipped']} hearth not run (skipped)"
         if g["no_peer"]:
             line += f", {g['no_peer']} without a fused peer" + (f" ({', '.join(g['no_peer_why'])})" if g["no_peer_why"] else "")
         if g["peer_not_ok"]:
