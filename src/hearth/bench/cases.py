@@ -728,5 +728,5 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
         if bad:
             raise ValueError(f"modes must be among {MODES}, got {bad}")
         distinct = list({spec.case_label(s): s for s, _ in pairs}.values())
-        pairs = [(s, m) for s in distinct for m in modes]
+        pairs = [(s, m) for s in distinct for m in dict.fromkeys(modes)]  # a mode named twice runs once
     return [(s, m) for s, m in pairs if m in spec.modes]

@@ -359,7 +359,8 @@ def _selected_ops(ops):
 
     if not ops:
         return list(OP_ORDER)
-    names = [p.strip() for o in ops for p in o.split(",") if p.strip()]
+    # each op once: a repeated name put its cases in the plan twice, and the op loop ran them once per copy per name
+    names = list(dict.fromkeys(p.strip() for o in ops for p in o.split(",") if p.strip()))
     if names == ["all"]:
         return list(OP_ORDER)
     bad = [n for n in names if n not in SPECS]
@@ -369,7 +370,8 @@ def _selected_ops(ops):
 
 
 def _selected_dtypes(dtypes, check):
-    names = [p.strip() for d in (dtypes or []) for p in d.split(",") if p.strip()] or (["float32"] if check else ["bfloat16"])
+    names = list(dict.fromkeys(p.strip() for d in (dtypes or []) for p in d.split(",") if p.strip())) or (
+        ["float32"] if check else ["bfloat16"])  # each dtype once: a repeat ran its cases again
     bad = [n for n in names if n not in ("float32", "bfloat16", "float16")]
     if bad:
         raise ValueError(f"dtype: unknown dtype(s) {bad}; choose from float32, bfloat16, float16")
