@@ -691,6 +691,19 @@ def _shrink(op: str, s: dict) -> dict:
     return t
 
 
+def _explicit_values(spec: OpSpec, sizes: str) -> list[int]:
+    """The integers of a comma list of the op's knob; ValueError naming the presets when `sizes` is not one."""
+    try:
+        values = [int(v) for v in sizes.split(",") if v.strip()]
+    except ValueError:
+        named = ", ".join(["headline", "models", *spec.sizes])
+        raise ValueError(f"sizes must be one of {spec.name}'s presets ({named}) or a comma list of integers, "
+                         f"got {sizes!r}") from None
+    if not values:
+        raise ValueError(f"sizes must name at least one size, got {sizes!r}")
+    return values
+
+
 def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) -> list[tuple[dict, str]]:
     """(size, mode) pairs for `spec` under a size preset.
 
@@ -699,7 +712,9 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
     "goal", the flash-attention goal's grid), or a comma list of
     integers for the op's knob (spec.explicit builds the size). check=True uses the tiny
     CPU-interpreter sizes (for "models": the first two model cases scaled down). modes filters (default: the preset's modes;
-    fwd+full for sweeps, since bwd alone is full minus fwd to within noise)."""
+    fwd+full for sweeps, since bwd alone is full minus fwd to within noise). A `sizes` that is none of these is a
+    ValueError, under check too (where the check sizes run in place of all but "models")."""
+    values = None if sizes in ("headline", "models") or sizes in spec.sizes else _explicit_values(spec, sizes)
     if check and sizes == "models":
         # the first two model cases, scaled down, keeping their names (the suite's naming,
         # per-op geomean and reports are exercised in CI)
@@ -714,14 +729,6 @@ def cases_for(spec: OpSpec, sizes: str, modes: list[str] | None, check: bool) ->
     elif sizes in spec.sizes:  # sweep, small, and an op's own presets (attention: goal)
         pairs = [(s, m) for s in spec.sizes[sizes] for m in ("fwd", "full")]
     else:
-        try:
-            values = [int(v) for v in sizes.split(",") if v.strip()]
-        except ValueError:
-            named = ", ".join(["headline", "models", *spec.sizes])
-            raise ValueError(f"sizes must be one of {spec.name}'s presets ({named}) or a comma list of integers, "
-                             f"got {sizes!r}") from None
-        if not values:
-            raise ValueError(f"sizes must name at least one size, got {sizes!r}")
         pairs = [(spec.explicit(v), m) for v in values for m in ("fwd", "full")]
     if modes:
         bad = [m for m in modes if m not in MODES]
