@@ -70,7 +70,8 @@ def env_info(device) -> dict:
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "hearth": version("hearth"),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": "hearth bench " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("hearth") else " ".join(sys.argv),
+        # the `hearth` console script's argv[1] is the subcommand ("bench") itself
+        "command": " ".join(["hearth", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("hearth") else " ".join(sys.argv),
         # the harness's timing procedure (a peer row timed by another is not ranked against hearth's: report._setup)
         "timing": TIMING_METHOD,
         # the correctness gate's procedure (check.py): whole-tensor and per row / column / block errors
