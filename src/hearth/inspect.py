@@ -314,13 +314,13 @@ def _parse_shape(shape: str | None) -> tuple[int, ...] | None:
     return dims
 
 
-def _generic_runner(op: str, shape, dtype):
-    """Inputs for ops without inspect_kernels: run the public op (and its backward) once."""
+def _generic_runner(op: str, shape, dtype, device="cuda"):
+    """Inputs for ops without inspect_kernels: run the public op (and its backward) once (device: tests)."""
     import torch
 
     import hearth.kernels as K
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
 
     def r(*s):
         return torch.randn(*s, device=dev, dtype=dtype, requires_grad=True)
@@ -343,6 +343,16 @@ def _generic_runner(op: str, shape, dtype):
             return lambda: K.attention(r(b, h, t, d), r(b, h, t, d), r(b, h, t, d), causal=True).float().sum().backward()
         cos, sin = torch.randn(1, t, d, device=dev, dtype=dtype), torch.randn(1, t, d, device=dev, dtype=dtype)
         return lambda: sum(o.float().sum() for o in K.rope(r(b, h, t, d), r(b, h, t, d), cos, sin)).backward()
+    if op == "attention_varlen":
+        # --shape S x H x T x D: S packed sequences of T tokens each, H heads (no GQA), causal
+        s, h, t, d = (tuple(dims) + (4, 8, 1024, 128))[:4]
+
+        def run():
+            cu = torch.arange(0, (s + 1) * t, t, device=dev, dtype=torch.int32)
+            q, k, v = (r(s * t, h, d) for _ in range(3))
+            return K.attention_varlen(q, k, v, cu, cu.clone(), t, t, causal=True).float().sum().backward()
+
+        return run
     raise ValueError(f"unknown op {op!r}; known: {', '.join(K.__all__)}")
 
 
