@@ -34,6 +34,7 @@ message boxes take the settings' max_text_chars (main.create_app).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 # ----------------------------------------------------------------------------------------- the relationship ladder
 # (stage key, label shown in the UI, minimum affection + trust, minimum trust), lowest first
@@ -92,6 +93,19 @@ FORM_TEXT_MAX = 50000
 DEFAULT_MAX_TEXT_CHARS = 4000
 CHAT_CONTEXT_TURNS = 20  # [app] chat_context_turns' default: earlier turns a chat or a rehearsal sends back
 PROMPT_MEMORIES = 30  # [app] prompt_memories' default: the companion's latest memories in its prompt
+# [app] max_prompt_chars' default: the most characters a chat or rehearsal request carries (every message's text:
+# the system prompt, the earlier turns, the new message); fit_history drops the oldest earlier exchanges to stay
+# within it. Why 32,000: the fine-tune trains at seq_len 8192 tokens, which docs/training.md gives as the length that
+# holds the app's full-size prompts, and the eval scores it at up to 23.7k characters (companion-14). Take from the
+# 8192 tokens the reply's room, 1,024 tokens (the eval's --max-tokens; the longest chat envelope, a 2,000-character
+# message with 5 memories and 3 actions, is about 4k characters): 7,168 tokens of prompt, at the 4.5 characters a
+# token that docs/training.md measured on companion-14 (a lower bound on the token count: an estimate, no Qwen
+# tokenizer is available offline), is 32,256 characters; rounded down, 32,000. It also holds what the app must
+# always be able to send whole (hearth.app.settings checks it at start-up): its largest system prompt at the
+# defaults (a rehearsal with every field of the person, the shared context and 30 memories at their caps: 27.2k
+# characters) and one max_text_chars = 4,000 message. A deployment that serves a shorter context, or raises
+# prompt_memories / max_text_chars, sets max_prompt_chars to match.
+MAX_PROMPT_CHARS = 32000
 
 # hearth.app.settings.AppSettings' fields of these names: setting -> (default, least, most), both bounds allowed. The
 # settings take their Field from here, and `hearth corpus build` checks its flags for them against the same bounds,
@@ -100,4 +114,32 @@ SETTING_BOUNDS: dict[str, tuple[int, int, int]] = {
     "chat_context_turns": (CHAT_CONTEXT_TURNS, 1, 200),
     "prompt_memories": (PROMPT_MEMORIES, 0, 500),
     "max_text_chars": (DEFAULT_MAX_TEXT_CHARS, 10, FORM_TEXT_MAX),
+    "max_prompt_chars": (MAX_PROMPT_CHARS, 1000, 10**7),
 }
+
+
+# ------------------------------------------------------------------------------------------------ the prompt budget
+def prompt_chars(messages: Sequence[Mapping[str, str]]) -> int:
+    """The size of a request as max_prompt_chars counts it: the characters of every message's content."""
+    return sum(len(m["content"]) for m in messages)
+
+
+def fit_history(system: str, earlier: Sequence[Mapping[str, str]], text: str, budget: int) -> list[Mapping[str, str]]:
+    """The earlier turns a request sends within ``budget`` characters (max_prompt_chars): ``earlier`` (oldest
+    first, {"role": "user" | "assistant", "content": text}) less its oldest exchanges, as few as needed for
+    len(system) + the kept turns' text + len(text) <= budget. An exchange is a user turn and the replies after it,
+    dropped whole (never a reply without the turn it answers, nor a turn without its reply); replies before the
+    first user turn (their turn was left out: its text did not open) are the oldest exchange. The system prompt (its reply format
+    instruction included) and the new message ``text`` are never cut: when they alone are over the budget no
+    earlier turn is kept, and the request is sent as it is (the app's start-up check makes that impossible for a
+    text within max_text_chars). The app (chat and rehearsal requests) and the corpus builder (each example's
+    prompt) call it with the same budget, so a fine-tune trains on the requests production sends."""
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise TypeError(f"budget: expected int, got {type(budget).__name__}")
+    starts = [i for i, turn in enumerate(earlier) if i == 0 or turn["role"] == "user"]  # where each exchange starts
+    size = len(system) + len(text) + prompt_chars(earlier)
+    for at, end in zip(starts, starts[1:] + [len(earlier)]):
+        if size <= budget:
+            return list(earlier[at:])
+        size -= prompt_chars(earlier[at:end])
+    return []

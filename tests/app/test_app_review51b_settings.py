@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from hearth.app.common import FORM_TEXT_MAX
-from hearth.app.settings import SettingsError
+from hearth.app.settings import SettingsError, largest_system_prompt
 from tests.app.app_client import create_companion, signup
 from tests.app.conftest import running_app
 
@@ -27,7 +27,9 @@ def test_a_text_limit_above_what_the_forms_take_is_refused_at_start_up(make_sett
 
 @pytest.mark.anyio
 async def test_the_largest_text_limit_allowed_is_taken_by_the_forms(make_settings, sqlite_url):
-    settings = make_settings(sqlite_url, max_text_chars=FORM_TEXT_MAX, max_body_bytes=BODY)
+    # a prompt budget that holds the largest system prompt and one such message (test_app_prompt_budget)
+    settings = make_settings(sqlite_url, max_text_chars=FORM_TEXT_MAX, max_body_bytes=BODY,
+                             max_prompt_chars=largest_system_prompt(30)[1] + FORM_TEXT_MAX)
     async with running_app(settings) as (_, client):
         csrf = await signup(client, "ann")
         cid = await create_companion(client, csrf)

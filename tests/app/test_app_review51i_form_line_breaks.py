@@ -11,15 +11,17 @@ from __future__ import annotations
 import pytest
 
 from hearth.app.common import FORM_TEXT_MAX
+from hearth.app.settings import largest_system_prompt
 from tests.app.app_client import create_companion, signup
 from tests.app.conftest import running_app
 
 BODY = 12 * (FORM_TEXT_MAX + 1) + 1024
+PROMPT = largest_system_prompt(30)[1] + FORM_TEXT_MAX  # the prompt budget such a message needs
 
 
 @pytest.mark.anyio
 async def test_a_message_of_many_lines_within_the_limit_is_taken(make_settings, sqlite_url):
-    settings = make_settings(sqlite_url, max_text_chars=FORM_TEXT_MAX, max_body_bytes=BODY)
+    settings = make_settings(sqlite_url, max_text_chars=FORM_TEXT_MAX, max_body_bytes=BODY, max_prompt_chars=PROMPT)
     async with running_app(settings) as (_, client):
         csrf = await signup(client, "ann")
         cid = await create_companion(client, csrf)
@@ -32,7 +34,7 @@ async def test_a_message_of_many_lines_within_the_limit_is_taken(make_settings, 
 
 @pytest.mark.anyio
 async def test_a_post_and_a_situation_of_many_lines_within_the_limit_are_taken(make_settings, sqlite_url):
-    settings = make_settings(sqlite_url, max_text_chars=FORM_TEXT_MAX, max_body_bytes=BODY)
+    settings = make_settings(sqlite_url, max_text_chars=FORM_TEXT_MAX, max_body_bytes=BODY, max_prompt_chars=PROMPT)
     async with running_app(settings) as (_, client):
         csrf = await signup(client, "ann")
         cid = await create_companion(client, csrf)

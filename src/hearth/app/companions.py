@@ -37,6 +37,7 @@ from hearth.app.relationship import Standing, standing
 from hearth.app.storage.db import scrub_deleted
 from hearth.app.storage.models import Companion, Memory, Message, User, new_id, utcnow
 from hearth.app.textlimits import MAX_CONTEXT, MAX_NAME, MAX_PERSONA
+from hearth.companion_rules import MAX_PROMPT_CHARS, fit_history
 from hearth.envelope import ChatReply
 
 MAX_MEMORIES_KEPT = 200  # per companion; the oldest go first
@@ -281,17 +282,17 @@ async def load_chat_context(db: AsyncSession, cipher: UserCipher, companion_id: 
                        recent=[m for m in recent if m.text is not None])
 
 
-def chat_messages(ctx: ChatContext, user_text: str, *, prompt_memories: int) -> list[dict]:
-    """OpenAI-style messages: the production system prompt, the recent turns, then the new message."""
+def chat_messages(ctx: ChatContext, user_text: str, *, prompt_memories: int,
+                  max_prompt_chars: int = MAX_PROMPT_CHARS) -> list[dict]:
+    """OpenAI-style messages: the production system prompt, the recent turns, then the new message; the oldest
+    recent exchanges left out as needed to fit ``max_prompt_chars`` (the setting; fit_history)."""
     system = prompts.companion_system_prompt(
         persona=ctx.companion.persona, world_view=ctx.companion.world_view,
         shared_context=context_for(ctx.companion, ctx.shared_context), stage=ctx.companion.standing.key,
         memories=ctx.memories[-prompt_memories:] if prompt_memories else [])
-    out = [{"role": "system", "content": system}]
-    for m in ctx.recent:
-        out.append({"role": "user" if m.role == "user" else "assistant", "content": m.text})
-    out.append({"role": "user", "content": user_text})
-    return out
+    recent = [{"role": "user" if m.role == "user" else "assistant", "content": m.text} for m in ctx.recent]
+    return [{"role": "system", "content": system}, *fit_history(system, recent, user_text, max_prompt_chars),
+            {"role": "user", "content": user_text}]
 
 
 def _new_memories(existing: list[str], proposed: list[str]) -> list[str]:
@@ -412,7 +413,8 @@ async def _write_turn(db: AsyncSession, cipher: UserCipher, ctx: ChatContext, us
 
 async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_id: str, text: str, *,
                     max_chars: int, turns: int, prompt_memories: int, deadline_s: float,
-                    submission_id: str | None = None, chat_epoch: int | None = None) -> TurnResult:
+                    submission_id: str | None = None, chat_epoch: int | None = None,
+                    max_prompt_chars: int = MAX_PROMPT_CHARS) -> TurnResult:
     """One complete turn (non-streaming). InputError / NotFound / the gateway's errors propagate. A
     ``submission_id`` already saved in this chat returns that turn (``replayed``) without asking the model; a turn
     sent from a page loaded before a clear (``chat_epoch``, see load_chat_context) is ChatCleared, with nothing asked
@@ -422,8 +424,8 @@ async def chat_turn(db: AsyncSession, model: Any, cipher: UserCipher, companion_
     if (saved := await saved_turn(db, cipher, companion_id, submission_id, text)) is not None:
         return saved
     ctx = await load_chat_context(db, cipher, companion_id, turns, chat_epoch)
-    result = await model.complete(chat_messages(ctx, text, prompt_memories=prompt_memories), kind="chat",
-                                  deadline_s=deadline_s, request_id=uuid.uuid4().hex)
+    messages = chat_messages(ctx, text, prompt_memories=prompt_memories, max_prompt_chars=max_prompt_chars)
+    result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
     check_as_streamed(result)
     return await save_turn(db, cipher, ctx, text, result.envelope, getattr(result, "provider", None), submission_id)
 

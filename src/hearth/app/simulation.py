@@ -46,6 +46,7 @@ from hearth.app.model import check_as_streamed, describe_failure, failure_for_lo
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
                                        utcnow)
 from hearth.app.textlimits import AGENT_FIELD_LIMITS
+from hearth.companion_rules import MAX_PROMPT_CHARS, fit_history
 
 # how long past analyst_timeout_s an agent turn without readings is shown as still being read (panel_note): the
 # panel's backstop (_ask_analyst) and the readings' commit
@@ -407,18 +408,17 @@ def agent_needed(view: RehearsalView) -> None:
                              "server can look into it.")
 
 
-def rehearsal_messages(view: RehearsalView, shared_context: str, text: str, turns: int) -> list[dict]:
-    """The agent's messages; a turn whose text does not open is not among them (get_rehearsal gives it as None)."""
+def rehearsal_messages(view: RehearsalView, shared_context: str, text: str, turns: int,
+                       max_prompt_chars: int = MAX_PROMPT_CHARS) -> list[dict]:
+    """The agent's messages; a turn whose text does not open is not among them (get_rehearsal gives it as None). The
+    oldest earlier exchanges are left out as needed to fit ``max_prompt_chars`` (the setting; fit_history)."""
     a = view.agent
     system = prompts.rehearsal_system_prompt(name=a.name, personality=a.personality, backstory=a.backstory,
                                              relationship=a.relationship, shared_context=shared_context)
-    out = [{"role": "system", "content": system}]
-    for t in view.turns[-2 * turns:]:
-        if t.text is None:
-            continue
-        out.append({"role": "user" if t.role == "user" else "assistant", "content": t.text})
-    out.append({"role": "user", "content": text})
-    return out
+    earlier = [{"role": "user" if t.role == "user" else "assistant", "content": t.text}
+               for t in view.turns[-2 * turns:] if t.text is not None]
+    return [{"role": "system", "content": system}, *fit_history(system, earlier, text, max_prompt_chars),
+            {"role": "user", "content": text}]
 
 
 def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
@@ -433,7 +433,8 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
 
 
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
-                            turns: int, prompt_memories: int = 30) -> tuple[RehearsalView, str, list[dict]]:
+                            turns: int, prompt_memories: int = 30,
+                            max_prompt_chars: int = MAX_PROMPT_CHARS) -> tuple[RehearsalView, str, list[dict]]:
     """What one rehearsal turn needs before the model is asked: the rehearsal, the context the panel may
     see (panel_context), and the messages for the agent's reply. NotFound for another user's rehearsal. What does
     not open is left out of them (counted in one warning); UnreadableText when the rehearsed person does not open."""
@@ -442,7 +443,7 @@ async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: 
         agent_needed(view)
         shared = await panel_context(db, cipher, view.companion_id, prompt_memories=prompt_memories,
                                      readable=readable)
-    return view, shared, rehearsal_messages(view, shared, text, turns)
+    return view, shared, rehearsal_messages(view, shared, text, turns, max_prompt_chars)
 
 
 async def _rehearsal_turn_with_id(db: AsyncSession, cipher: UserCipher, rehearsal_id: str,
@@ -552,7 +553,8 @@ def panel_note(turn: TurnView, analyst_timeout_s: float, now: datetime | None = 
 
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
                          max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float,
-                         prompt_memories: int = 30, submission_id: str | None = None) -> TurnView:
+                         prompt_memories: int = 30, submission_id: str | None = None,
+                         max_prompt_chars: int = MAX_PROMPT_CHARS) -> TurnView:
     """The agent replies, both turns are saved (save_rehearsal_exchange), the panel reads the exchange and its
     readings are saved (save_turn_readings): if the panel's readings cannot be saved, the exchange stays saved and
     the turn comes back with ``readings_lost`` (readings_or_kept_exchange), nothing raised. A
@@ -564,7 +566,8 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
     if (saved := await saved_rehearsal_turn(db, cipher, rehearsal_id, submission_id, text)) is not None:
         return saved
     view, shared, messages = await rehearsal_context(db, cipher, rehearsal_id, text, turns=turns,
-                                                     prompt_memories=prompt_memories)
+                                                     prompt_memories=prompt_memories,
+                                                     max_prompt_chars=max_prompt_chars)
     result = await model.complete(messages, kind="chat", deadline_s=deadline_s, request_id=uuid.uuid4().hex)
     check_as_streamed(result)
     reply = result.envelope.message

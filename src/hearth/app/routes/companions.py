@@ -71,7 +71,8 @@ async def _stream_turn(state: State, viewer: CurrentViewer, companion_id: str, t
             turn = await svc.saved_turn(db, viewer.cipher, companion_id, submission_id, text)
             if turn is None:
                 ctx = await svc.load_chat_context(db, viewer.cipher, companion_id, s.chat_context_turns, chat_epoch)
-                messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories)
+                messages = svc.chat_messages(ctx, text, prompt_memories=s.prompt_memories,
+                                             max_prompt_chars=s.max_prompt_chars)
                 async for what, value in reply_events(state.model, messages, deadline_s=s.reply_deadline_s):
                     if what == "delta":
                         yield sse("delta", {"text": value})
@@ -109,7 +110,8 @@ async def send_message(request: Request, state: State, db: DB, viewer: CsrfViewe
     try:
         await svc.chat_turn(db, state.model, viewer.cipher, companion_id, message, max_chars=s.max_text_chars,
                             turns=s.chat_context_turns, prompt_memories=s.prompt_memories,
-                            deadline_s=s.reply_deadline_s, submission_id=submission_id, chat_epoch=chat_epoch)
+                            deadline_s=s.reply_deadline_s, submission_id=submission_id, chat_epoch=chat_epoch,
+                            max_prompt_chars=s.max_prompt_chars)
     except (GatewayError, ModelUnavailable, UnreadableText, svc.ChatCleared, InputError) as exc:
         # the chat page again with the message kept in the box (a bare error page lost what the user had typed)
         status, error = await form_turn_failure(db, viewer, exc, "chat turn", log)

@@ -222,7 +222,8 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
         async with state.db.sessions() as db:
             view, shared, messages = await svc.rehearsal_context(db, viewer.cipher, rehearsal_id, text,
                                                                  turns=s.chat_context_turns,
-                                                                 prompt_memories=s.prompt_memories)
+                                                                 prompt_memories=s.prompt_memories,
+                                                                 max_prompt_chars=s.max_prompt_chars)
         async for what, value in reply_events(model, messages, deadline_s=s.reply_deadline_s):
             if what == "delta":
                 yield sse("delta", {"text": value})
@@ -271,7 +272,8 @@ async def rehearsal_turn(request: Request, state: State, db: DB, viewer: CsrfVie
         turn = await svc.rehearsal_turn(db, state.model, viewer.cipher, rehearsal_id, message,
                                         max_chars=s.max_text_chars, turns=s.chat_context_turns,
                                         deadline_s=s.reply_deadline_s, analyst_timeout_s=s.analyst_timeout_s,
-                                        prompt_memories=s.prompt_memories, submission_id=submission_id)
+                                        prompt_memories=s.prompt_memories, submission_id=submission_id,
+                                        max_prompt_chars=s.max_prompt_chars)
     except (GatewayError, ModelUnavailable, UnreadableText, InputError) as exc:
         # the rehearsal page again with the text kept in the box (routes._util.form_turn_failure)
         status, error = await form_turn_failure(db, viewer, exc, "rehearsal turn", log)
