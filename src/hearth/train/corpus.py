@@ -37,7 +37,8 @@ from pydantic import Field, TypeAdapter, ValidationError
 # its relationship ladder, its limits on what a user writes about a companion and a rehearsed person, and the
 # defaults and bounds of the settings that shape a request
 from hearth.companion_rules import (AGENT_FIELD_LIMITS, CHAT_CONTEXT_TURNS, DEFAULT_MAX_TEXT_CHARS, MAX_CONTEXT,
-                                    MAX_NAME, MAX_PERSONA, PROMPT_MEMORIES, SETTING_BOUNDS)
+                                    MAX_NAME, MAX_PERSONA, MAX_PROMPT_CHARS, PROMPT_MEMORIES, SETTING_BOUNDS,
+                                    fit_history)
 from hearth.companion_rules import STAGES as LADDER
 from hearth.companion_rules import standing
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, Memory, dumps, unique_keys
@@ -327,8 +328,8 @@ def _app_exchange(after: Any) -> Any:
 
 
 def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT_CONTEXT_TURNS,
-                          prompt_memories: int = PROMPT_MEMORIES,
-                          max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> list[Example]:
+                          prompt_memories: int = PROMPT_MEMORIES, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+                          max_prompt_chars: int = MAX_PROMPT_CHARS) -> list[Example]:
     """All examples (one per assistant turn) of one conversation object; CorpusError if any is invalid.
 
     Each example's prompt is the app's request at that turn: its last ``context_turns`` earlier turns (companion
@@ -339,7 +340,10 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
     hearth.app.relationship.standing gives the new totals sent from the next request on; the conversation gives the
     start: _start_totals), and the user's texts as the app stores them (clean). A text the user sends (a user turn's
     content: a chat message, rehearsal line, feed post or situation; an after_rehearsal's lines) longer than
-    ``max_text_chars`` once clean, the app's setting of that name, is refused: the app refuses it."""
+    ``max_text_chars`` once clean, the app's setting of that name, is refused: the app refuses it. The earlier
+    turns are those that fit ``max_prompt_chars`` (the app's setting: its oldest exchanges left out, by the function
+    the app calls, hearth.companion_rules.fit_history); the trained reply is not counted, as the app's request does
+    not carry it."""
     if not isinstance(conv, dict):
         raise CorpusError(f"a conversation must be a JSON object, got {type(conv).__name__}")
     broken = _lone_surrogate(conv)
@@ -407,6 +411,7 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
         target, as_history, envelope = _target(turn, kind, i, conv)
         # the earlier turns the app sends back (load_chat_context / rehearsal_messages: the last 2 x turns messages)
         sent = messages[:-1][-2 * context_turns:] if context_turns else []
+        sent = fit_history(system, sent, messages[-1]["content"], max_prompt_chars)  # within the app's budget
         try:
             rendered = render(system, sent + [messages[-1], {"role": "assistant", "content": target}])
         except (TypeError, ValueError) as exc:
@@ -428,11 +433,12 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
 
 
 def read_corpus(lines: Iterable[str | bytes], *, context_turns: int = CHAT_CONTEXT_TURNS,
-                prompt_memories: int = PROMPT_MEMORIES, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> BuildResult:
+                prompt_memories: int = PROMPT_MEMORIES, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+                max_prompt_chars: int = MAX_PROMPT_CHARS) -> BuildResult:
     """Parse JSONL lines (1-based line numbers; bytes lines are decoded as UTF-8 one by one, so a line that is not
     UTF-8 is rejected on its own); every bad line is collected, none stops the build. context_turns /
-    prompt_memories / max_text_chars: the app's settings of those names (chat_context_turns for context_turns; their
-    defaults, or a deployment's)."""
+    prompt_memories / max_text_chars / max_prompt_chars: the app's settings of those names (chat_context_turns for
+    context_turns; their defaults, or a deployment's)."""
     result = BuildResult()
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -459,7 +465,8 @@ def read_corpus(lines: Iterable[str | bytes], *, context_turns: int = CHAT_CONTE
                 conv_id = None
             result.examples.extend(conversation_examples(conv, line=number, context_turns=context_turns,
                                                          prompt_memories=prompt_memories,
-                                                         max_text_chars=max_text_chars))
+                                                         max_text_chars=max_text_chars,
+                                                         max_prompt_chars=max_prompt_chars))
         except json.JSONDecodeError as exc:
             result.rejected.append({"line": number, "id": None, "reason": f"not JSON: {exc.msg} (column {exc.colno})"})
         except CorpusError as exc:
@@ -565,7 +572,7 @@ BUILD_FILES = CORPUS_FILES
 
 def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress=None,
           context_turns: int = CHAT_CONTEXT_TURNS, prompt_memories: int = PROMPT_MEMORIES,
-          max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> dict:
+          max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, max_prompt_chars: int = MAX_PROMPT_CHARS) -> dict:
     """Build the corpus; returns the stats dict (also written to OUT_DIR/stats.json).
 
     Writes OUT_DIR/train.jsonl, rejected.jsonl, stats.json as one set: written into OUT_DIR/.corpus.tmp, flushed,
@@ -590,7 +597,7 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     with input.open("rb") as fh:  # decoded line by line: a line that is not UTF-8 is a rejected line, named
         result = read_corpus(fh, context_turns=context_turns, prompt_memories=prompt_memories,
-                             max_text_chars=max_text_chars)
+                             max_text_chars=max_text_chars, max_prompt_chars=max_prompt_chars)
     if not result.conversations:  # an empty train.jsonl would replace the last good build and only fail at training
         raise ValueError(f"input: {input} holds no conversation (it is empty or only blank lines)")
     if not result.examples:  # every line rejected: the same, and the reasons are what the author needs
@@ -624,6 +631,7 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
     stats = {
         "input": str(input), "tokenizer": str(tokenizer) if tokenizer else None, "unit": unit,
         "context_turns": context_turns, "prompt_memories": prompt_memories, "max_text_chars": max_text_chars,
+        "max_prompt_chars": max_prompt_chars,
         "conversations": result.conversations, "accepted": result.conversations - len(result.rejected),
         "rejected": len(result.rejected), "examples": len(rows), "examples_by_kind": by_kind,
         "length": _length_stats(lengths), "trained": _length_stats(trained),
@@ -677,7 +685,8 @@ def _publish(out_dir: Path, files: dict[str, str]) -> None:
 # and bounds: hearth.companion_rules.SETTING_BOUNDS, which hearth.app.settings.AppSettings' fields are made from)
 APP_SETTING_FLAGS = {"--context-turns": "chat_context_turns",
                      "--prompt-memories": "prompt_memories",
-                     "--max-text-chars": "max_text_chars"}
+                     "--max-text-chars": "max_text_chars",
+                     "--max-prompt-chars": "max_prompt_chars"}
 
 
 def app_setting(flag: str, value: int | None) -> int:
@@ -696,11 +705,12 @@ def app_setting(flag: str, value: int | None) -> int:
 
 
 def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, context_turns: int | None = None,
-                  prompt_memories: int | None = None, max_text_chars: int | None = None) -> int:
+                  prompt_memories: int | None = None, max_text_chars: int | None = None,
+                  max_prompt_chars: int | None = None) -> int:
     """`hearth corpus build`: build, print counts, rejections and length stats; exit code 0, or 2 on bad
     arguments. Rejected lines do not fail the command (they are reported and written out). context_turns /
-    prompt_memories / max_text_chars: the deployment's chat_context_turns / prompt_memories / max_text_chars (None:
-    the app's defaults; app_setting)."""
+    prompt_memories / max_text_chars / max_prompt_chars: the deployment's chat_context_turns / prompt_memories /
+    max_text_chars / max_prompt_chars (None: the app's defaults; app_setting)."""
     from rich.console import Console
     from rich.progress import track
     from rich.table import Table
@@ -710,8 +720,9 @@ def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, 
         context_turns = app_setting("--context-turns", context_turns)
         prompt_memories = app_setting("--prompt-memories", prompt_memories)
         max_text_chars = app_setting("--max-text-chars", max_text_chars)
+        max_prompt_chars = app_setting("--max-prompt-chars", max_prompt_chars)
         stats = build(input, out_dir, tokenizer, context_turns=context_turns, prompt_memories=prompt_memories,
-                      max_text_chars=max_text_chars,
+                      max_text_chars=max_text_chars, max_prompt_chars=max_prompt_chars,
                       progress=lambda xs: track(xs, description="tokenizing", console=console, transient=True))
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
