@@ -53,7 +53,8 @@ def test_the_apps_panel_message_is_byte_identical_and_comes_from_prompts(n):
     view = _view(n)
     text, reply = "Let me start again: I'm asking for the role.", "Good. That's the ask. Now the wrinkle."
     before = _old_exchange_for_panel(view, text, reply)
-    assert simulation.exchange_for_panel(view, text, reply) == before
+    system = prompts.analyst_system_prompt("mentor", shared_context="")  # well within the budget: nothing left out
+    assert simulation.exchange_for_panel(view, text, reply, system) == before
     earlier = [{"role": "user" if t.role == "user" else "assistant", "content": t.text} for t in view.turns]
     assert prompts.rehearsal_exchange(name=AGENT.name, personality=AGENT.personality,
                                       relationship=AGENT.relationship, earlier=earlier, text=text,
@@ -63,7 +64,7 @@ def test_the_apps_panel_message_is_byte_identical_and_comes_from_prompts(n):
 def test_the_app_calls_the_prompts_function(monkeypatch):
     """So a change to the panel's message is made once, in hearth.prompts, and the eval and corpus follow."""
     monkeypatch.setattr(prompts, "rehearsal_exchange", lambda **kw: f"from prompts: {kw['text']}")
-    assert simulation.exchange_for_panel(_view(2), "hello", "hi") == "from prompts: hello"
+    assert simulation.exchange_for_panel(_view(2), "hello", "hi", "") == "from prompts: hello"
 
 
 def test_the_window_is_the_last_six_earlier_turns():

@@ -13,15 +13,18 @@ from dataclasses import dataclass
 
 import pytest
 
+from hearth import prompts
 from hearth.app.common import FORM_TEXT_MAX
-from hearth.app.settings import SettingsError, largest_system_prompt, load_settings
-from hearth.companion_rules import MAX_PROMPT_CHARS, prompt_chars
+from hearth.app.settings import MEMORY_CHARS, SettingsError, largest_system_prompt, load_settings
+from hearth.companion_rules import AGENT_FIELD_LIMITS, MAX_CONTEXT, MAX_NAME, MAX_PROMPT_CHARS, prompt_chars
+from hearth.envelope import ChatReply
 from hearth.gateway.errors import UpstreamStatus
-from tests.app.app_client import create_companion, signup, start_rehearsal
+from tests.app.app_client import create_companion, signup, sse_events, start_rehearsal
 from tests.app.app_fakes import FakeModel
 from tests.app.conftest import running_app
 
 BODY = 12 * FORM_TEXT_MAX + 1024  # a max_body_bytes that carries the longest text
+MESSAGE_CHARS = ChatReply.model_fields["message"].metadata[0].max_length  # the longest reply the panel reads
 
 
 @dataclass
@@ -136,3 +139,63 @@ async def test_a_rehearsal_of_long_turns_keeps_getting_replies_within_the_budget
             agent = [m for k, m in model.calls if k == "chat"][-1]
             _check_request(agent, _long(i), settings.max_prompt_chars)
         assert "turn 9 " in (await client.get(f"/rehearsals/{rid}")).text
+
+
+# ------------------------------------------------------------------------------------------------ the panel
+PANEL_TEXT = 10000  # a deployment's max_text_chars: 6 earlier lines and the new exchange outgrow the budget
+
+
+def _panel_line(i: int) -> str:
+    return f"line {i} " + "y" * (PANEL_TEXT - len(f"line {i} "))
+
+
+def _check_panel(calls: list[tuple[str, list[dict]]], text: str, budget: int, earlier: bool = True) -> None:
+    """The panel's five requests of the last turn: each within the budget, its system prompt and the new exchange
+    whole, the newest earlier line kept, the oldest left out first."""
+    analysts = [m for k, m in calls if k == "analyst"][-5:]
+    assert sorted(m[0]["content"].split('"analyst" field must be exactly "')[1].split('"')[0] for m in analysts) == \
+        sorted(prompts.ANALYSTS)
+    for messages in analysts:
+        assert prompt_chars(messages) <= budget
+        assert messages[0]["role"] == "system" and "## Reply format" in messages[0]["content"]
+        ((user_turn,),) = (messages[1:],)
+        user = user_turn["content"]
+        assert f"Me: {text}\nSam: Echo: " in user and user.endswith("How is it going, and what should I say next?")
+        assert user.count("\nMe: ") >= (2 if earlier else 1)  # an earlier line kept: the newest one
+
+
+@pytest.mark.anyio
+async def test_the_panel_after_long_rehearsal_turns_reads_within_the_budget(make_settings, sqlite_url):
+    what, system = largest_system_prompt(30)
+    settings = make_settings(sqlite_url, max_text_chars=PANEL_TEXT, max_prompt_chars=system + PANEL_TEXT)
+    model = ContextModel(limit=settings.max_prompt_chars)
+    async with running_app(settings, model=model) as (_, client):
+        csrf = await signup(client, "ann")
+        cid = await create_companion(client, csrf)
+        rid = await start_rehearsal(client, csrf, cid)
+        for i in range(5):  # before: from the 3rd turn on the panel's requests went over, every reading failed
+            r = await client.post(f"/rehearsals/{rid}/turns", data={"message": _panel_line(i), "csrf": csrf})
+            assert r.status_code == 303, (i, r.text[-500:])
+            _check_panel(model.calls, _panel_line(i), settings.max_prompt_chars, earlier=i > 0)
+        last = [m for k, m in model.calls if k == "analyst"][-1][1]["content"]
+        assert "line 3 " in last and "line 0 " not in last  # the oldest lines left out, the newest kept
+        r = await client.post(f"/rehearsals/{rid}/turns", data={"message": _panel_line(5), "csrf": csrf},
+                              headers={"accept": "text/event-stream"})
+        readings = [data for event, data in sse_events(r.text) if event == "reading"]
+        assert [d["ok"] for d in readings] == [True] * 5, r.text[-500:]
+        _check_panel(model.calls, _panel_line(5), settings.max_prompt_chars)
+        assert "error" not in [event for event, _ in sse_events(r.text)]
+
+
+@pytest.mark.parametrize("memories, text", [(0, 10), (30, 4000), (30, FORM_TEXT_MAX), (500, 4000)])
+def test_the_smallest_budget_start_up_accepts_holds_the_panels_fixed_part(memories, text):
+    """The panel's request that cannot be cut (an analyst's system prompt, the exchange without earlier lines, every
+    text at its cap) is smaller than the largest system prompt and one message, which start-up checks: no second
+    check is needed. A prompt change that breaks this fails here."""
+    _, system = largest_system_prompt(memories)
+    context = prompts.panel_context("c" * MAX_CONTEXT, companion="n" * MAX_NAME,
+                                    memories=["m" * MEMORY_CHARS] * memories)
+    analyst = max(len(prompts.analyst_system_prompt(a, shared_context=context)) for a in prompts.ANALYSTS)
+    person = {field: field[0] * AGENT_FIELD_LIMITS[field] for field in ("name", "personality", "relationship")}
+    exchange = prompts.rehearsal_exchange(**person, earlier=[], text="t" * text, reply="r" * MESSAGE_CHARS)
+    assert analyst + len(exchange) <= system + text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import datetime, timedelta
+from functools import partial
 
 from hearth import prompts
 from hearth.app import simulation
@@ -50,8 +51,8 @@ def test_the_panel_after_companion_15s_turn_is_an_analysts_case_as_the_app_sends
                                     agent=simulation.AgentView(id="a1", **rehearsal.spec["rehearsal"]))
     shared = prompts.panel_context(case.spec["shared_context"], companion=case.spec["companion"],
                                    memories=case.spec["memories"][-MEMORIES:])
-    situation = simulation.exchange_for_panel(view, rehearsal.user, after["reply"])
-    assert situation == case.user
+    situation = partial(simulation.exchange_for_panel, view, rehearsal.user, after["reply"])  # as the app passes it
+    assert situation(case.system_prompt()) == case.user  # within the default budget: nothing left out
     model = FakeModel()
     results = asyncio.run(simulation.run_panel(model, shared, situation, timeout_s=5))
     assert all(r.ok for r in results)

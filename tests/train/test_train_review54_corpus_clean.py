@@ -74,9 +74,9 @@ def test_the_panels_rehearsal_exchange_is_trained_as_the_app_writes_it():
                                   created_at=T0),
               simulation.TurnView(id="a0", role="agent", text="Sure, quickly.", created_at=T0)]
     view = simulation.RehearsalView(id="r1", companion_id="c1", turns=stored, agent=_agent_view())
-    situation = simulation.exchange_for_panel(view, clean_text(after["text"], "message", 4000),
-                                              ChatReply(**{**CHAT, "message": after["reply"]}).message)
     system = prompts.analyst_system_prompt("mentor", shared_context="")
+    situation = simulation.exchange_for_panel(view, clean_text(after["text"], "message", 4000),
+                                              ChatReply(**{**CHAT, "message": after["reply"]}).message, system)
     want = render(system, [{"role": "user", "content": situation},
                            {"role": "assistant", "content": dumps(AnalystReading(**READING))}])
     assert example.rendered.text == want.text

@@ -30,7 +30,8 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Iterator, Sequence
+from functools import partial
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -86,9 +87,16 @@ def _failure(analyst: str, exc: BaseException) -> str:
     return describe_failure(exc)
 
 
-async def _ask_analyst(model: Any, analyst: str, shared_context: str, situation: str, timeout_s: float) -> PanelResult:
-    messages = [{"role": "system", "content": prompts.analyst_system_prompt(analyst, shared_context=shared_context)},
-                {"role": "user", "content": situation}]
+# what the panel reads: a situation, or (after a rehearsal turn) its message for an analyst's system prompt, within the
+# prompt budget (exchange_for_panel)
+PanelText = str | Callable[[str], str]
+
+
+async def _ask_analyst(model: Any, analyst: str, shared_context: str, situation: PanelText,
+                       timeout_s: float) -> PanelResult:
+    system = prompts.analyst_system_prompt(analyst, shared_context=shared_context)
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": situation if isinstance(situation, str) else situation(system)}]
     try:
         # the chain enforces deadline_s; wait_for is the backstop so no analyst can hang the panel
         result = await asyncio.wait_for(
@@ -103,9 +111,11 @@ async def _ask_analyst(model: Any, analyst: str, shared_context: str, situation:
     return PanelResult(analyst=analyst, ok=True, reading=env.reading, advice=env.advice, risk=env.risk)
 
 
-async def panel(model: Any, shared_context: str, situation: str, timeout_s: float) -> AsyncIterator[PanelResult]:
+async def panel(model: Any, shared_context: str, situation: PanelText,
+                timeout_s: float) -> AsyncIterator[PanelResult]:
     """Yield each analyst's result as it arrives (all five run concurrently). Pending calls are
-    cancelled if the consumer stops early."""
+    cancelled if the consumer stops early. ``situation``: the text each analyst reads, or a function of the analyst's
+    system prompt that writes it (exchange_for_panel, bound to a rehearsal turn)."""
     tasks = [asyncio.create_task(_ask_analyst(model, a, shared_context, situation, timeout_s)) for a in prompts.ANALYSTS]
     try:
         for next_done in asyncio.as_completed(tasks):
@@ -116,7 +126,7 @@ async def panel(model: Any, shared_context: str, situation: str, timeout_s: floa
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def run_panel(model: Any, shared_context: str, situation: str, timeout_s: float) -> list[PanelResult]:
+async def run_panel(model: Any, shared_context: str, situation: PanelText, timeout_s: float) -> list[PanelResult]:
     """All five results, in ANALYSTS order."""
     got = {r.analyst: r async for r in panel(model, shared_context, situation, timeout_s)}
     return [got[a] for a in prompts.ANALYSTS]
@@ -421,15 +431,19 @@ def rehearsal_messages(view: RehearsalView, shared_context: str, text: str, turn
             {"role": "user", "content": text}]
 
 
-def exchange_for_panel(view: RehearsalView, text: str, reply: str) -> str:
-    """What the analysts read after a rehearsal turn: who it is, and the latest exchange in context. Written by
+def exchange_for_panel(view: RehearsalView, text: str, reply: str, system: str,
+                       max_prompt_chars: int = MAX_PROMPT_CHARS) -> str:
+    """What an analyst reads after a rehearsal turn: who it is, and the latest exchange in context. Written by
     hearth.prompts.rehearsal_exchange (its last PANEL_EXCHANGE_TURNS earlier turns), which the eval's
-    after-rehearsal case and the corpus use too."""
+    after-rehearsal case and the corpus use too. ``system``: the analyst's system prompt, with which the request
+    fits ``max_prompt_chars``, the oldest earlier lines left out as needed (fit_history): the panel passes a
+    function of it (panel's ``situation``: partial(exchange_for_panel, view, text, reply, max_prompt_chars=...))."""
     a = view.agent
     earlier = [{"role": "user" if t.role == "user" else "assistant", "content": t.text}
                for t in view.turns[-prompts.PANEL_EXCHANGE_TURNS:] if t.text is not None]
     return prompts.rehearsal_exchange(name=a.name, personality=a.personality, relationship=a.relationship,
-                                      earlier=earlier, text=text, reply=reply)
+                                      earlier=earlier, text=text, reply=reply,
+                                      fit=lambda lines, rest: fit_history(system, lines, rest, max_prompt_chars))
 
 
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
@@ -576,7 +590,8 @@ async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehea
     if turn.replayed:
         return turn
     with readings_or_kept_exchange(turn):
-        results = await run_panel(model, shared, exchange_for_panel(view, text, reply), analyst_timeout_s)
+        situation = partial(exchange_for_panel, view, text, reply, max_prompt_chars=max_prompt_chars)
+        results = await run_panel(model, shared, situation, analyst_timeout_s)
         await save_turn_readings(db, cipher, turn, results)
     return turn
 

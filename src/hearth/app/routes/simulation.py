@@ -4,6 +4,7 @@ and rehearsals (their own thread: leaving for the companion and coming back resu
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
@@ -245,7 +246,8 @@ async def _stream_rehearsal(state: State, viewer: CurrentViewer, rehearsal_id: s
         return
     with svc.readings_or_kept_exchange(turn):  # a failure sets turn.readings_lost: the exchange stays saved
         results = []
-        async for reading in svc.panel(model, shared, svc.exchange_for_panel(view, text, reply), s.analyst_timeout_s):
+        situation = partial(svc.exchange_for_panel, view, text, reply, max_prompt_chars=s.max_prompt_chars)
+        async for reading in svc.panel(model, shared, situation, s.analyst_timeout_s):
             results.append(reading)
             yield sse("reading", reading.as_json())
         async with state.db.sessions() as db:
