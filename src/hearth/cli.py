@@ -64,7 +64,7 @@ def corpus_build(
     context_turns: Annotated[Optional[int], typer.Option("--context-turns", help="earlier turns a chat or rehearsal example sends: the deployment's chat_context_turns, within the app's bounds \\[the app's default]")] = None,
     prompt_memories: Annotated[Optional[int], typer.Option("--prompt-memories", help="latest memories a prompt carries: the deployment's prompt_memories, within the app's bounds \\[the app's default]")] = None,
     max_text_chars: Annotated[Optional[int], typer.Option("--max-text-chars", help="longest user message (chat message, rehearsal line, post, situation) a conversation may hold: the deployment's max_text_chars, within the app's bounds \\[the app's default]")] = None,
-    max_prompt_chars: Annotated[Optional[int], typer.Option("--max-prompt-chars", help="characters a chat or rehearsal example's prompt may carry, its oldest earlier exchanges left out to fit: the deployment's max_prompt_chars, within the app's bounds \\[the app's default]")] = None,
+    max_prompt_chars: Annotated[Optional[int], typer.Option("--max-prompt-chars", help="characters a chat, rehearsal or after-rehearsal analyst example's prompt may carry, its oldest earlier exchanges left out to fit: the deployment's max_prompt_chars, within the app's bounds \\[the app's default]")] = None,
 ) -> None:
     """Turn conversations into chat examples whose assistant turns are envelopes."""
     from hearth.train.corpus import build_command

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 
+from hearth import prompts
+from hearth.app import simulation
 from hearth.companion_rules import MAX_PROMPT_CHARS, prompt_chars
 from hearth.train import corpus as C
 from hearth.train.corpus import _messages_from_text
 from tests.train.test_train_review50b_corpus import MAX_TEXT, app_chat_texts, chat_conversation
+from tests.train.test_train_review54_corpus_clean import T0
 
 
 def long_chat(exchanges: int) -> dict:
@@ -40,3 +43,33 @@ def test_a_deployment_s_budget_builds_its_requests(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "out" / "train.jsonl").read_text(encoding="utf-8").splitlines()]
     assert "Message 0:" in rows[-1]["text"] and stats["max_prompt_chars"] == 10**6
     assert C.app_setting("--max-prompt-chars", None) == MAX_PROMPT_CHARS
+
+
+def test_an_analyst_reading_a_long_rehearsal_is_built_as_the_app_sends_it():
+    """The panel's message after a rehearsal turn (rehearsal_exchange) fits the budget as the app's does: its oldest
+    earlier lines left out, the analyst's system prompt and the new exchange whole."""
+    long, budget = 10000, 40000  # a deployment's max_text_chars, and a budget its six earlier lines outgrow
+    line = [f"Line {i}: " + "z" * (long - 10) for i in range(4)]
+    reply = {"message": "Go on.", "mood": "calm", "memories": [], "affection": 0, "trust": 0, "suggested_actions": []}
+    history = [t for text in line[:3] for t in ({"role": "user", "content": text},
+                                                 {"role": "assistant", "envelope": reply})]
+    after = {"rehearsal": {"name": "Dana", "personality": "Direct.", "backstory": "My manager.",
+                           "relationship": "my manager"}, "history": history, "text": line[3], "reply": "Not now."}
+    conv = {"id": "panel", "kind": "analyst", "analyst": "mentor", "memories": ["Ines has a sister."],
+            "turns": [{"role": "user", "after_rehearsal": after},
+                      {"role": "assistant", "envelope": {"analyst": "mentor", "reading": "Fine.", "advice": "Wait.",
+                                                         "risk": "low"}}]}
+    (example,) = C.conversation_examples(conv, max_text_chars=long, max_prompt_chars=budget)
+    prompt = _messages_from_text(example.rendered.text)[:-1]
+    assert prompt_chars(prompt) <= budget
+    user = prompt[1]["content"]
+    assert "Line 0:" not in user and f"Me: {line[2]}\nDana: Go on.\nMe: {line[3]}\nDana: Not now." in user
+    # the app's request for the same rehearsal (simulation.exchange_for_panel; tests/train/test_train_review54 too)
+    turns = [simulation.TurnView(id=f"t{i}", role="user" if t["role"] == "user" else "agent",
+                                 text=t.get("content", "Go on."), created_at=T0) for i, t in enumerate(history)]
+    view = simulation.RehearsalView(id="r1", companion_id="c1", turns=turns, agent=simulation.AgentView(
+        id="a1", **after["rehearsal"]))
+    system = prompt[0]["content"]
+    assert system == prompts.analyst_system_prompt("mentor", shared_context=prompts.panel_context(
+        "", memories=["Ines has a sister."]))
+    assert user == simulation.exchange_for_panel(view, line[3], "Not now.", system, budget)
