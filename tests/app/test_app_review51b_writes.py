@@ -104,7 +104,8 @@ async def test_a_chat_cleared_while_the_reply_was_written_gives_the_message_back
 
 async def test_the_text_boxes_take_as_much_as_the_server(make_settings, sqlite_url):
     # before: maxlength="4000" whatever max_text_chars said; a browser cuts a longer paste without a word
-    settings = make_settings(sqlite_url, max_text_chars=6000, max_body_bytes=12 * 8000 + 1024)
+    settings = make_settings(sqlite_url, max_text_chars=6000, max_body_bytes=12 * 8000 + 1024,
+                             max_prompt_chars=40000)  # the budget must hold one 6,000-character message
     async with running_app(settings) as (_, client):
         csrf = await signup(client, "ann")
         cid = await create_companion(client, csrf)
