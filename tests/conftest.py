@@ -29,6 +29,32 @@ def _release_cached_gpu_memory():
         torch.cuda.empty_cache()
 
 
+@pytest.fixture
+def disk_events(monkeypatch):
+    """What a crash-safe write sends to the disk, in call order, for the tests of hearth's durable writes:
+    ("fsync", the path of the file or folder), ("replace", src, dst) for os.replace and ("rename", src, dst) for
+    os.rename (Path.rename calls it). Each real call is still made; a test may append events of its own."""
+    events: list[tuple] = []
+    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.fspath(src), os.fspath(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def rename(src, dst, *args, **kwargs):
+        events.append(("rename", os.fspath(src), os.fspath(dst)))
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "rename", rename)
+    return events
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--gpu-big", choices=("with", "skip", "only"), default="with",

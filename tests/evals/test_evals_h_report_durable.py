@@ -12,21 +12,9 @@ from tests.evals.test_eval_runner import valid_reply
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 
 
-def test_the_report_is_flushed_before_its_rename_and_the_folder_after(tmp_path, monkeypatch):
+def test_the_report_is_flushed_before_its_rename_and_the_folder_after(tmp_path, disk_events):
     report = tmp_path / "out" / "r.json"
-    events: list[tuple[str, str]] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def recording_fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def recording_replace(src, dst, *args, **kwargs):
-        events.append(("replace", str(src), str(dst)))
-        return real_replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "replace", recording_replace)
+    events = disk_events
     with FakeOpenAI(lambda body: Behavior.reply(valid_reply("feed_comment"))) as server:
         assert main(suite="feed", base_url=server.base_url, model="m", timeout_s=5, report=report) == 0
     renames = [e for e in events if e[0] == "replace" and e[2] == str(report)]

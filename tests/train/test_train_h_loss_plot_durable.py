@@ -5,8 +5,6 @@ rewrites it over its earlier run's)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from hearth.train import finetune
@@ -15,20 +13,8 @@ from tests.train.test_train_review54_loss_plot import ROWS
 pytest.importorskip("matplotlib")
 
 
-def test_loss_png_is_flushed_before_its_rename_and_the_folder_after(tmp_path, monkeypatch):
-    events: list[tuple[str, ...]] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def recording_fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def recording_replace(src, dst, *args, **kwargs):
-        events.append(("replace", str(src), str(dst)))
-        return real_replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "replace", recording_replace)
+def test_loss_png_is_flushed_before_its_rename_and_the_folder_after(tmp_path, disk_events):
+    events = disk_events
     path = tmp_path / "loss.png"
     finetune.plot_losses(ROWS, path)
     rename = events.index(("replace", str(path.with_name("loss.png.tmp")), str(path)))

@@ -108,21 +108,14 @@ def test_a_fresh_run_into_an_out_with_an_earlier_runs_checkpoints_is_refused_at_
 
 
 # ------------------------------------------------------------------------------------------- durability
-def test_checkpoints_and_the_adapter_are_on_disk_before_they_are_named(tmp_path, corpus, base, monkeypatch):
+def test_checkpoints_and_the_adapter_are_on_disk_before_they_are_named(tmp_path, corpus, base, disk_events):
     # save_checkpoint wrote step-N.tmp/ and renamed it without an fsync: after a host crash or power loss the
     # rename can be on disk while the files' data is not, so `--resume OUT` found a latest checkpoint of empty
     # files (state.json "", a zero-length adapter) and failed instead of resuming. The same held for the final
     # adapter's files moved over the previous ones.
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
     out = tmp_path / "r"
     finetune.train_model(cfg(corpus, base, out, max_steps=3, save_every=2))
+    synced = [e[1] for e in disk_events if e[0] == "fsync"]
     ckpt = out / "checkpoints" / "step-000002"
     tmp = str(ckpt) + ".tmp"
     # every file of the checkpoint and the folder itself, under the temporary name (before the rename) ...

@@ -15,25 +15,13 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 
-def test_the_export_is_on_the_disk_before_it_takes_its_name(tmp_path, export_parts, monkeypatch):
+def test_the_export_is_on_the_disk_before_it_takes_its_name(tmp_path, export_parts, disk_events):
     """export() renamed .OUT.export-tmp to OUT with no fsync: a rename is not a flush, so after a power cut OUT could
     exist with empty or partial files (a zero-length model.safetensors), which a server then fails to load or, worse,
     the next re-export takes as a complete earlier export."""
     tok_dir, bare, adapter = export_parts
     out = tmp_path / "merged"
-    events: list[tuple] = []
-    real_fsync, real_rename = os.fsync, os.rename
-
-    def recording_fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def recording_rename(src, dst, *a, **k):
-        events.append(("rename", str(src), str(dst)))
-        return real_rename(src, dst, *a, **k)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "rename", recording_rename)  # Path.rename calls os.rename
+    events = disk_events
     assert export("--adapter", adapter, "--model", bare, "--out", out, "--tokenizer", tok_dir).exit_code == 0
     tmp = str(tmp_path / ".merged.export-tmp")
     named = events.index(("rename", tmp, str(out)))
