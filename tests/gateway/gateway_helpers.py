@@ -98,6 +98,24 @@ def backend_settings(backend: str) -> dict:
     return shared_state() if backend == "redis" else {}
 
 
+async def end_cooldown(store, backend: str, clock, name: str = "a") -> None:
+    """End `name`'s cooldown now: the in-process store's clock moves on 31 s (past the tests' 30 s cooldowns); in
+    Redis the key whose TTL it is goes."""
+    if backend == "memory":
+        clock.offset += 31.0
+    else:
+        await store._r.delete(store._k(name, "open"))
+
+
+async def expire_trial(store, backend: str, clock, name: str = "a") -> None:
+    """Let `name`'s half-open trial lease run out: the in-process store's clock moves on 31 s (past the tests' 30 s
+    leases); in Redis the lease key, whose TTL it is, goes."""
+    if backend == "memory":
+        clock.offset += 31.0
+    else:
+        await store._r.delete(store._k(name, "trial"))
+
+
 @asynccontextmanager
 async def started_store(backend: str):
     """A started state store of `backend` (Redis under a prefix of its own), closed afterwards."""

@@ -18,7 +18,7 @@ from hearth.gateway.errors import UpstreamStatus
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import BACKENDS, CHAT_JSON, MESSAGES, backend_settings, make_config, \
-    scale_to_zero, started_store, steady
+    scale_to_zero, started_store, steady, end_cooldown
 
 GOOD = Behavior.reply(CHAT_JSON)
 
@@ -29,7 +29,7 @@ def test_store_refuses_a_trial_while_the_breaker_is_open(backend, clock):
         async with started_store(backend) as s:
             await s.failure("a", threshold=1, cooldown_s=30.0, open_s=None, why="x", status=None, trial=None)
             while_open = await s.claim_trial("a", lease_s=30.0)
-            await _end_cooldown(s, backend, clock)
+            await end_cooldown(s, backend, clock)
             half_open = await s.claim_trial("a", lease_s=30.0)
             return while_open, half_open
 
@@ -54,7 +54,7 @@ def test_no_trial_is_claimed_once_another_workers_trial_reopened_the_breaker(bac
             async with Chain(cfg, store=shared) as chain, Chain(cfg, store=shared) as other_worker:
                 store = chain.store
                 await chain.breakers["a"].failure(_a_failure(), None)         # a opened, then its cooldown ends
-                await _end_cooldown(store, backend, clock)
+                await end_cooldown(store, backend, clock)
                 half_open = (await store.breakers(["a"]))[0]
                 request = asyncio.create_task(chain.complete(MESSAGES, kind="chat"))  # plan: a half-open
                 await probe_held.wait()
@@ -79,10 +79,3 @@ def test_no_trial_is_claimed_once_another_workers_trial_reopened_the_breaker(bac
 def _a_failure() -> UpstreamStatus:
     return UpstreamStatus("a", 500)
 
-
-async def _end_cooldown(store, backend, clock) -> None:
-    """End a's cooldown now: the in-process store's clock moves on; in Redis the key whose TTL it is goes."""
-    if backend == "memory":
-        clock.offset += 31.0
-    else:
-        await store._r.delete(store._k("a", "open"))

@@ -19,25 +19,13 @@ from hearth.gateway.errors import AllProvidersFailed, Cooldown, UpstreamStatus
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import BACKENDS, MESSAGES, backend_settings, make_config, scale_to_zero, \
-    started_store
+    started_store, end_cooldown, expire_trial
 
 
 def _a_failure() -> UpstreamStatus:
     return UpstreamStatus("a", 500)
 
 
-async def _end_cooldown(store, backend, clock) -> None:
-    if backend == "memory":
-        clock.offset += 31.0
-    else:
-        await store._r.delete(store._k("a", "open"))
-
-
-async def _expire_trial(store, backend, clock) -> None:
-    if backend == "memory":
-        clock.offset += 31.0  # the lease is 30 s
-    else:
-        await store._r.delete(store._k("a", "trial"))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -56,7 +44,7 @@ def test_a_trial_claim_refused_by_a_reopened_breaker_says_it_is_open_again(backe
             shared = MemoryStore() if backend == "memory" else None
             async with Chain(cfg, store=shared) as chain, Chain(cfg, store=shared) as other_worker:
                 await chain.breakers["a"].failure(_a_failure(), None)
-                await _end_cooldown(chain.store, backend, clock)
+                await end_cooldown(chain.store, backend, clock)
                 half_open = (await chain.store.breakers(["a"]))[0]
                 request = asyncio.create_task(chain.complete(MESSAGES, kind="chat"))
                 await probe_held.wait()
@@ -82,11 +70,11 @@ def test_a_failure_holding_an_expired_trial_is_not_described_as_the_trial(backen
         async with started_store(backend) as store:
             breaker = Breaker("a", store, threshold=1, cooldown_s=30.0, max_retry_after_s=300.0, trial_lease_s=30.0)
             await breaker.failure(_a_failure(), None)
-            await _end_cooldown(store, backend, clock)
+            await end_cooldown(store, backend, clock)
             half_open = (await store.breakers(["a"]))[0]
             ok, stale = await breaker.claim_trial(half_open)  # this attempt's lease runs out while it waits
             assert ok
-            await _expire_trial(store, backend, clock)
+            await expire_trial(store, backend, clock)
             ok, token = await breaker.claim_trial(half_open)  # another request's trial, which closes the breaker
             assert ok and await breaker.success(token)
             opened = await breaker.failure(_a_failure(), stale)  # an ordinary failure now (threshold 1)

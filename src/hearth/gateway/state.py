@@ -236,8 +236,9 @@ class MemoryStore(StateStore):
         if was_trial:
             b.trial = None
             # the half-open trial only while the breaker is tripped: another worker's trial may have closed it after
-            # this attempt's request read it half-open (its failure is then one like any other)
-            was_trial = b.tripped
+            # this attempt's request read it half-open (its failure is then one like any other); and only while its
+            # lease holds, as in Redis, where the lease key is gone with its TTL
+            was_trial = b.tripped and b.trial_until > now
         if open_s is None and (b.failures >= threshold or was_trial) and cooldown_s > 0:
             open_s, status = cooldown_s, None
         if open_s is None or open_s <= 0:
