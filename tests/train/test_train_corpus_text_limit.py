@@ -179,8 +179,8 @@ def test_values_the_app_refuses_are_refused_naming_the_flag(tmp_path):
         result, stats, _ = _build(tmp_path, src, "--max-text-chars", str(value))
         assert result.exit_code == 2 and stats is None, (value, result.output)
         assert "--max-text-chars" in result.output and "max_text_chars" in result.output, result.output
-    for value in bounds.values():
-        result, stats, _ = _build(tmp_path, src, "--max-text-chars", str(value))
+    for value in bounds.values():  # a budget that holds the largest message, as the app requires at start-up
+        result, stats, _ = _build(tmp_path, src, "--max-text-chars", str(value), "--max-prompt-chars", "100000")
         assert result.exit_code == 0 and stats["max_text_chars"] == value, (value, result.output)
 
 

@@ -73,3 +73,39 @@ def test_an_analyst_reading_a_long_rehearsal_is_built_as_the_app_sends_it():
     assert system == prompts.analyst_system_prompt("mentor", shared_context=prompts.panel_context(
         "", memories=["Ines has a sister."]))
     assert user == simulation.exchange_for_panel(view, line[3], "Not now.", system, budget)
+
+
+# ------------------------------------------------------------------------------------------------ the flags together
+def _cli_build(tmp_path, conv: dict, *flags: str):
+    from typer.testing import CliRunner
+
+    from hearth.cli import app
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out"
+    src.write_text(json.dumps(conv) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["corpus", "build", str(src), str(out), *flags])
+    stats = json.loads((out / "stats.json").read_text()) if (out / "stats.json").is_file() else None
+    return result, stats
+
+
+def test_a_budget_the_app_refuses_at_start_up_is_refused_naming_the_flag(tmp_path):
+    """`hearth corpus build` checks its flags as the app checks its settings, so a corpus is never built for a
+    configuration the app refuses to start with: the budget must hold the largest system prompt and one
+    max_text_chars message (hearth.app.settings' start-up check). Was: --max-text-chars 50000 alone (a
+    configuration the app refuses since max_prompt_chars) built, and its chat examples with a long message carried
+    prompts over the budget (fit_history never cuts the new message): requests production never sends."""
+    from hearth.app.settings import largest_system_prompt
+
+    _, system = largest_system_prompt(30)
+    conv = chat_conversation(exchanges=1, memories=5)
+    conv["turns"][0]["content"] = "x" * 40000
+    result, stats = _cli_build(tmp_path, conv, "--max-text-chars", "50000")
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2 and stats is None, result.output
+    assert "--max-prompt-chars" in out and str(system + 50000) in out and "max_text_chars" in out, out
+    result, stats = _cli_build(tmp_path, conv, "--max-prompt-chars", str(system + 4000 - 1))
+    assert result.exit_code == 2 and stats is None and "--max-prompt-chars" in result.output, result.output
+    result, stats = _cli_build(tmp_path, conv, "--prompt-memories", "100")  # more memories than the default holds
+    assert result.exit_code == 2 and stats is None and "--max-prompt-chars" in result.output, result.output
+    result, stats = _cli_build(tmp_path, conv, "--max-text-chars", "50000", "--max-prompt-chars", str(system + 50000))
+    assert result.exit_code == 0 and stats["max_prompt_chars"] == system + 50000, result.output

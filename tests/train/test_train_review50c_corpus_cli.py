@@ -64,7 +64,8 @@ def test_values_the_app_refuses_are_refused_naming_the_flag(tmp_path, flag, fiel
         assert result.exit_code == 2, (flag, value, result.output)
         assert flag in result.output and stats is None, result.output
     for value in (_bound(field, "ge"), _bound(field, "le")):  # the app's own bounds are accepted
-        result, _ = _build(tmp_path, flag, str(value))
+        # with a budget that holds 500 memories, as the app requires at start-up (hearth.prompt_budget)
+        result, _ = _build(tmp_path, flag, str(value), "--max-prompt-chars", "200000")
         assert result.exit_code == 0, (flag, value, result.output)
 
 

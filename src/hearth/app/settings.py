@@ -23,17 +23,18 @@ import os
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretBytes, ValidationError, field_validator, model_validator
 
-from hearth import prompts
 from hearth.app.companions import MAX_CONTEXT
 from hearth.app.crypto import new_master_key_text, parse_master_key
 from hearth.app.storage.db import make_private_dir, normalise_url
 from hearth.app.throttle import Budget, Policy, parse_networks
-from hearth.companion_rules import AGENT_FIELD_LIMITS, MAX_NAME, MAX_PERSONA, SETTING_BOUNDS
-from hearth.envelope import REPLY_DEADLINE_S, Memory
+from hearth.companion_rules import SETTING_BOUNDS
+from hearth.envelope import REPLY_DEADLINE_S
+# the start-up check's numbers (re-exported: tests and callers name them here)
+from hearth.prompt_budget import MEMORY_CHARS, budget_shortfall, largest_system_prompt  # noqa: F401
 
 log = logging.getLogger("hearth.app")
 
@@ -43,8 +44,6 @@ FORM_BYTES_PER_CHAR = 12  # one character form-encoded, at most: 4 UTF-8 bytes, 
 # a session's expiry (now + session_ttl_s) must be a date Python can hold (year 9999): a TTL past it failed every
 # signup and login with an OverflowError, not start-up. A century is more than any session needs.
 MAX_SESSION_TTL_S = 100 * 366 * 24 * 3600
-# the longest memory a reply may list (hearth.envelope's Memory), as the system prompts carry up to prompt_memories
-MEMORY_CHARS = next(m.max_length for m in get_args(Memory)[1:] if getattr(m, "max_length", None))
 
 
 def _bounded(setting: str) -> Any:
@@ -52,26 +51,6 @@ def _bounded(setting: str) -> Any:
     (hearth.companion_rules.SETTING_BOUNDS: default, least, most)."""
     default, least, most = SETTING_BOUNDS[setting]
     return Field(default, ge=least, le=most)
-
-
-def largest_system_prompt(prompt_memories: int) -> tuple[str, int]:
-    """(what it is, its characters): the longest system prompt the app can send with this prompt_memories, every
-    text in it at its cap (a custom persona, the shared context, each memory a reply may list, the rehearsed
-    person's fields and the companion's name), the longest world view and stage: a companion chat's, a rehearsal's
-    (its person and the panel's context), or an analyst's (the panel's context). max_prompt_chars must hold it and
-    one max_text_chars message: the app never cuts either (hearth.companion_rules.fit_history)."""
-    memories = ["m" * MEMORY_CHARS] * prompt_memories
-    context = prompts.panel_context("c" * MAX_CONTEXT, companion="n" * MAX_NAME, memories=memories)
-    person = {field: field[0] * most for field, most in AGENT_FIELD_LIMITS.items()}
-    sizes = {
-        "a companion chat's": len(prompts.companion_system_prompt(
-            persona="p" * MAX_PERSONA, world_view=max(prompts.WORLD_VIEWS, key=lambda k: len(prompts.WORLD_VIEWS[k])),
-            shared_context="c" * MAX_CONTEXT, stage=max(prompts.STAGES, key=lambda k: len(prompts.STAGES[k])),
-            memories=memories)),
-        "a rehearsal's": len(prompts.rehearsal_system_prompt(**person, shared_context=context)),
-        "an analyst's": max(len(prompts.analyst_system_prompt(a, shared_context=context)) for a in prompts.ANALYSTS),
-    }
-    return max(sizes.items(), key=lambda item: item[1])
 
 
 class SettingsError(ValueError):
@@ -193,13 +172,10 @@ class AppSettings(BaseModel):
     def _prompt_holds_the_largest_request(self) -> "AppSettings":
         # the system prompt and the new message are never cut: a budget that cannot hold them would send requests
         # over it (the served model refusing them) from the first long message on, not fail here
-        what, system = largest_system_prompt(self.prompt_memories)
-        need = system + self.max_text_chars
-        if self.max_prompt_chars < need:
-            raise ValueError(f"max_prompt_chars: must be at least {need} to hold the largest system prompt ({what}: "
-                             f"{system} characters with prompt_memories = {self.prompt_memories} and every text at "
-                             f"its cap) and one message of max_text_chars = {self.max_text_chars} characters, got "
-                             f"{self.max_prompt_chars}")
+        problem = budget_shortfall(prompt_memories=self.prompt_memories, max_text_chars=self.max_text_chars,
+                                   max_prompt_chars=self.max_prompt_chars)
+        if problem is not None:
+            raise ValueError(f"max_prompt_chars: {problem}")
         return self
 
     @model_validator(mode="after")

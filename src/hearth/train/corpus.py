@@ -42,6 +42,7 @@ from hearth.companion_rules import (AGENT_FIELD_LIMITS, CHAT_CONTEXT_TURNS, DEFA
 from hearth.companion_rules import STAGES as LADDER
 from hearth.companion_rules import standing
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, Memory, dumps, unique_keys
+from hearth.prompt_budget import budget_shortfall
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
                             system_prompt_for)
 from hearth.train.batches import conversation_named
@@ -723,6 +724,13 @@ def build_command(*, input: Path, out_dir: Path, tokenizer: Path | None = None, 
         prompt_memories = app_setting("--prompt-memories", prompt_memories)
         max_text_chars = app_setting("--max-text-chars", max_text_chars)
         max_prompt_chars = app_setting("--max-prompt-chars", max_prompt_chars)
+        # the app's start-up check of the three together (hearth.app.settings): a corpus for a configuration the app
+        # refuses would hold prompts over the budget, the system prompt and new message being never cut
+        problem = budget_shortfall(prompt_memories=prompt_memories, max_text_chars=max_text_chars,
+                                   max_prompt_chars=max_prompt_chars)
+        if problem is not None:
+            raise ValueError(f"--max-prompt-chars: the app's max_prompt_chars {problem} (the app refuses to start "
+                             "with less; raise --max-prompt-chars or lower --max-text-chars / --prompt-memories)")
         stats = build(input, out_dir, tokenizer, context_turns=context_turns, prompt_memories=prompt_memories,
                       max_text_chars=max_text_chars, max_prompt_chars=max_prompt_chars,
                       progress=lambda xs: track(xs, description="tokenizing", console=console, transient=True))
