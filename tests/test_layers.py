@@ -3,8 +3,8 @@
 Layers, bottom up; a module imports from its own layer or below, never above:
 
     0  hearth.kernels, hearth.envelope, hearth.durable, and the root modules beside them (hearth.prompts,
-       hearth.envelope_stream, hearth.companion_rules): kernels import nothing of hearth but kernels; a root
-       module of this layer imports nothing of hearth but hearth.envelope and hearth.durable
+       hearth.envelope_stream, hearth.companion_rules, hearth.prompt_budget): kernels import nothing of hearth but
+       kernels; a root module of this layer imports nothing of hearth but the other root modules of this layer
     1  hearth.nn, hearth.patch, hearth.inspect, hearth.bench
     2  hearth.train, hearth.evals
     3  hearth.gateway
@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "hearth.prompts": 0,
     "hearth.envelope_stream": 0,
     "hearth.companion_rules": 0,  # the app's rules the corpus builder follows too (ladder, text limits, bounds)
+    "hearth.prompt_budget": 0,  # the largest system prompt a budget must hold (app start-up and corpus build)
     "hearth.nn": 1,
     "hearth.patch": 1,
     "hearth.inspect": 1,
@@ -48,8 +49,9 @@ LAYERS: dict[str, int] = {
     "hearth.app": 4,
     "hearth.cli": 5,
 }
-# the layer-0 modules at the package root, and what of hearth they may import
-BOTTOM_ROOT_ALLOWED = {"hearth.envelope", "hearth.durable"}
+# the layer-0 modules at the package root: what of hearth they may import (each other, never the kernels)
+BOTTOM_ROOT_ALLOWED = {"hearth.envelope", "hearth.durable", "hearth.prompts", "hearth.envelope_stream",
+                       "hearth.companion_rules", "hearth.prompt_budget"}
 APP_FORBIDDEN_PACKAGES = {"torch", "triton", "transformers", "peft"}
 APP_FORBIDDEN_MODULES = ("hearth.kernels", "hearth.train")
 
