@@ -37,6 +37,24 @@ def _usable_tokenizer(path: Path, vocab_size: int):
     return tok
 
 
+def _adapter_key_mismatch(peft_model, adapter: Path) -> str | None:
+    """What keeps the adapter's saved weights from being exactly the LoRA weights peft put into the base (None: they
+    are). peft loads them with strict=False: a saved weight that no LoRA layer takes is dropped, and a LoRA layer with
+    no saved weight keeps its init (B = 0: no change), so an adapter from another base (more or fewer layers) or with
+    target_modules that do not name its weights merges silently into a wrong model -- the base itself, at worst."""
+    from peft.utils import get_peft_model_state_dict, load_peft_weights
+
+    saved = set(load_peft_weights(str(adapter), device="cpu"))
+    expected = set(get_peft_model_state_dict(peft_model))
+    missing, unused = sorted(expected - saved), sorted(saved - expected)
+    if unused:
+        return (f"{len(unused)} of its {len(saved)} saved weights go into no LoRA layer of the base "
+                f"(e.g. {unused[0]})")
+    if missing:
+        return (f"{len(missing)} of the base's {len(expected)} LoRA weights have none saved in it (e.g. {missing[0]})")
+    return None
+
+
 def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", tokenizer: Path | None = None) -> dict:
     """Write the merged model to ``out``; returns what export.json holds. ValueError naming the argument.
 
@@ -91,8 +109,16 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     except (OSError, ValueError) as exc:
         raise ValueError(f"model: cannot load a causal LM from {model}: {exc}") from exc
     try:
-        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        peft_model = PeftModel.from_pretrained(base, str(adapter))
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"adapter: cannot apply {adapter} to {model}: {exc}") from exc
+    mismatch = _adapter_key_mismatch(peft_model, adapter)
+    if mismatch:
+        raise ValueError(f"adapter: {adapter} does not match the base {model}: {mismatch} (target_modules in its "
+                         "adapter_config.json and --model must be what it was trained with)")
+    try:
+        merged = peft_model.merge_and_unload()
+    except (ValueError, KeyError, RuntimeError) as exc:
         raise ValueError(f"adapter: cannot apply {adapter} to {model}: {exc}") from exc
     merged = merged.to(getattr(torch, dtype))
     merged.config.use_cache = True
