@@ -37,6 +37,17 @@ def _usable_tokenizer(path: Path, vocab_size: int):
     return tok
 
 
+def _versions() -> dict:
+    """The libraries that merged and wrote the model, for export.json."""
+    import peft
+    import safetensors
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+            "safetensors": safetensors.__version__}
+
+
 def _adapter_key_mismatch(peft_model, adapter: Path) -> str | None:
     """What keeps the adapter's saved weights from being exactly the LoRA weights peft put into the base (None: they
     are). peft loads them with strict=False: a saved weight that no LoRA layer takes is dropped, and a LoRA layer with
@@ -124,7 +135,8 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     merged.config.use_cache = True
     info = {"adapter": str(adapter), "base_model": str(model), "dtype": dtype,
             "tokenizer": str(tok_src) if tok is not None else None,
-            "adapter_config": json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))}
+            "adapter_config": json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")),
+            "versions": _versions()}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp, old = out.with_name(f".{out.name}.export-tmp"), out.with_name(f".{out.name}.export-old")
     # an earlier re-export was killed between its two renames: OUT is missing and the previous export is only under
