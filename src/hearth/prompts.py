@@ -25,8 +25,9 @@ naming the argument.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from hearth.companion_rules import fit_history
 from hearth.envelope import ChatReply, dumps, json_schema
 
 __all__ = [
@@ -399,23 +400,20 @@ def panel_context(shared_context: str, *, companion: str = "", memories: Sequenc
 
 # Earlier rehearsal turns the panel reads after a rehearsal turn, before the new exchange (rehearsal_exchange).
 PANEL_EXCHANGE_TURNS = 6
-# bounds the panel's message (rehearsal_exchange's fit): (the earlier lines as turns, the rest) -> the lines kept
-Fit = Callable[[list[dict[str, str]], str], Sequence[Mapping[str, str]]]
 
 
 def rehearsal_exchange(*, name: str, personality: str, relationship: str, earlier: Sequence[Mapping[str, str]],
-                       text: str, reply: str, fit: Fit | None = None) -> str:
+                       text: str, reply: str, system: str = "", max_prompt_chars: int | None = None) -> str:
     """What the Simulation Mode panel reads after a rehearsal turn: the user message of each analyst's request
     (analyst_system_prompt is its system message, with the rehearsal's panel_context), in the user's voice.
 
     name/personality/relationship: the person rehearsed with (as rehearsal_system_prompt gets them); earlier: the
     rehearsal before this turn, oldest first, as {"role": "user" | "assistant", "content": text} (the person's
     turns as their message text, history_turn), of which the last PANEL_EXCHANGE_TURNS are read; text: the user's
-    new line; reply: the person's reply to it (its message); fit: what bounds the message, or None: given the earlier
-    lines read, oldest first, as turns ({"role", "content": the line, its line break included}) and the rest of the
-    message, the lines to keep (the newest: a suffix). The app and the corpus pass
-    hearth.companion_rules.fit_history with the analyst's system prompt and max_prompt_chars, so its oldest earlier
-    lines are left out to fit the budget, never the new exchange. The app, the eval's after-rehearsal case and the
+    new line; reply: the person's reply to it (its message); max_prompt_chars (None: no bound): the budget of the
+    analyst's request whose system prompt is ``system``: the oldest earlier lines read are left out as needed
+    (hearth.companion_rules.fit_history, each line with its line break as one exchange), never the new exchange. The
+    app and the corpus pass both, so the panel's request fits the setting. The app, the eval's after-rehearsal case and the
     corpus (rehearsal_exchange_for) all build it here. TypeError/ValueError naming the argument.
     """
     for value, what in ((name, "name"), (personality, "personality"), (relationship, "relationship"),
@@ -433,18 +431,18 @@ def rehearsal_exchange(*, name: str, personality: str, relationship: str, earlie
     said = [{"role": turn["role"], "content": f"{'Me' if turn['role'] == 'user' else name}: {turn['content']}\n"}
             for turn in earlier[-PANEL_EXCHANGE_TURNS:]]
     tail = "\n".join([f"Me: {text}", f"{name}: {reply}", "", "How is it going, and what should I say next?"])
-    if fit is not None:
-        said = fit(said, head + tail)
+    if max_prompt_chars is not None:
+        said = fit_history(system, said, head + tail, max_prompt_chars)
     return head + "".join(turn["content"] for turn in said) + tail
 
 
-def rehearsal_exchange_for(spec: Mapping[str, Any], fit: Fit | None = None) -> str:
+def rehearsal_exchange_for(spec: Mapping[str, Any], system: str = "", max_prompt_chars: int | None = None) -> str:
     """rehearsal_exchange from a spec, as the eval's after-rehearsal analyst cases and the corpus's analyst user
     turns write it: {"rehearsal": {"name", "personality", "backstory", "relationship"} (the person, as a
     rehearsal spec gives it), "history": the rehearsal's earlier turns ({"role": "user", "content"} or
     {"role": "assistant", "envelope": a chat envelope}, sent back as history_turn does), "text": the user's new
-    line, "reply": the person's reply (its message)}; fit as rehearsal_exchange's. ValueError/TypeError naming the
-    key."""
+    line, "reply": the person's reply (its message)}; system and max_prompt_chars as rehearsal_exchange's.
+    ValueError/TypeError naming the key."""
     if not isinstance(spec, Mapping):
         raise TypeError(f"after_rehearsal must be a mapping, got {type(spec).__name__}")
     person = _spec_field(spec, "rehearsal", dict)
@@ -464,7 +462,8 @@ def rehearsal_exchange_for(spec: Mapping[str, Any], fit: Fit | None = None) -> s
             raise ValueError(f"history[{i}] must be a turn with role 'user' or 'assistant'")
     return rehearsal_exchange(name=_spec_field(person, "name"), personality=_spec_field(person, "personality"),
                               relationship=_spec_field(person, "relationship"), earlier=earlier,
-                              text=_spec_field(spec, "text"), reply=_spec_field(spec, "reply"), fit=fit)
+                              text=_spec_field(spec, "text"), reply=_spec_field(spec, "reply"), system=system,
+                              max_prompt_chars=max_prompt_chars)
 
 
 def _spec_field(spec: Mapping[str, Any], name: str, kind: type = str, required: bool = True) -> Any:

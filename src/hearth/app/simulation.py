@@ -442,8 +442,8 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str, system: str,
     earlier = [{"role": "user" if t.role == "user" else "assistant", "content": t.text}
                for t in view.turns[-prompts.PANEL_EXCHANGE_TURNS:] if t.text is not None]
     return prompts.rehearsal_exchange(name=a.name, personality=a.personality, relationship=a.relationship,
-                                      earlier=earlier, text=text, reply=reply,
-                                      fit=lambda lines, rest: fit_history(system, lines, rest, max_prompt_chars))
+                                      earlier=earlier, text=text, reply=reply, system=system,
+                                      max_prompt_chars=max_prompt_chars)
 
 
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,

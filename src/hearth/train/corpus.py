@@ -398,8 +398,7 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                     _check_exchange_lines(exchange, f"turns[{i}].after_rehearsal", max_text_chars)
                 try:
                     # within the budget with this analyst's system prompt, as the app writes it (exchange_for_panel)
-                    content = rehearsal_exchange_for(
-                        exchange, fit=lambda lines, rest: fit_history(system, lines, rest, max_prompt_chars))
+                    content = rehearsal_exchange_for(exchange, system, max_prompt_chars)
                 except (TypeError, ValueError) as exc:
                     raise CorpusError(f"turns[{i}].after_rehearsal: {exc}") from None
             else:
