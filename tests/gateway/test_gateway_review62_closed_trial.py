@@ -49,7 +49,8 @@ def test_a_trial_claimed_after_another_closed_the_breaker_fails_as_one_failure(b
                 await probe_held.wait()
                 # meanwhile another worker's half-open trial succeeds: the breaker is closed
                 breaker = other_worker.breakers["a"]
-                ok, token = await breaker.claim_trial(half_open)
+                token, refused = await breaker.trial(half_open)
+                ok = refused is None
                 closed = await breaker.success(token)
                 release_probe.set()
                 result = await request                                          # a: 500

@@ -60,7 +60,8 @@ def test_no_trial_is_claimed_once_another_workers_trial_reopened_the_breaker(bac
                 await probe_held.wait()
                 # meanwhile another worker's half-open trial fails at once: the breaker is open for 30 s again
                 breaker = other_worker.breakers["a"]
-                ok, token = await breaker.claim_trial(half_open)
+                token, refused = await breaker.trial(half_open)
+                ok = refused is None
                 reopened = await breaker.failure(_a_failure(), token)
                 release_probe.set()
                 result = await request

@@ -49,8 +49,8 @@ def test_a_trial_claim_refused_by_a_reopened_breaker_says_it_is_open_again(backe
                 request = asyncio.create_task(chain.complete(MESSAGES, kind="chat"))
                 await probe_held.wait()
                 breaker = other_worker.breakers["a"]
-                ok, token = await breaker.claim_trial(half_open)
-                assert ok and await breaker.failure(_a_failure(), token)  # the other worker's trial failed: open
+                token, refused = await breaker.trial(half_open)
+                assert refused is None and await breaker.failure(_a_failure(), token)  # the other worker's trial failed: open
                 release_probe.set()
                 with pytest.raises(AllProvidersFailed) as caught:
                     await request
@@ -72,11 +72,11 @@ def test_a_failure_holding_an_expired_trial_is_not_described_as_the_trial(backen
             await breaker.failure(_a_failure(), None)
             await end_cooldown(store, backend, clock)
             half_open = (await store.breakers(["a"]))[0]
-            ok, stale = await breaker.claim_trial(half_open)  # this attempt's lease runs out while it waits
-            assert ok
+            stale, refused = await breaker.trial(half_open)  # this attempt's lease runs out while it waits
+            assert refused is None
             await expire_trial(store, backend, clock)
-            ok, token = await breaker.claim_trial(half_open)  # another request's trial, which closes the breaker
-            assert ok and await breaker.success(token)
+            token, refused = await breaker.trial(half_open)  # another request's trial, which closes the breaker
+            assert refused is None and await breaker.success(token)
             opened = await breaker.failure(_a_failure(), stale)  # an ordinary failure now (threshold 1)
             return opened, (await store.breakers(["a"]))[0]
 

@@ -62,11 +62,6 @@ class Breaker:
             return Cooldown(self.name, 0.0, "half-open: one trial request is in flight")
         return None
 
-    async def claim_trial(self, snap: BreakerSnapshot) -> tuple[bool, str | None]:
-        """(may attempt, trial token). A tripped breaker whose cooldown ended admits one trial."""
-        token, refused = await self.trial(snap)
-        return refused is None, token
-
     async def trial(self, snap: BreakerSnapshot) -> tuple[str | None, Cooldown | None]:
         """(trial token, None) when the attempt may go (a token only for a tripped breaker's one trial), else (None,
         the Cooldown that says why not: the breaker is open again, or another request holds the trial), as the
