@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hearth.gateway.errors import GatewayError
 
@@ -43,11 +44,12 @@ __all__ = ["StateStore", "MemoryStore", "RedisStore", "BreakerSnapshot", "WarmSn
            "check_redis_url", "make_store", "claim_lease"]
 
 log = logging.getLogger("hearth.gateway.state")
+T = TypeVar("T")
 
 
-async def claim_lease(claim: Awaitable[str | None], release: Callable[[str], Awaitable[None]], what: str) -> str | None:
-    """The token of a lease claim (claim_trial, claim_warmup: a token or None; try_trial: a TrialClaim, which
-    `release` gives back only when it holds a token), awaited so that a caller cancelled
+async def claim_lease(claim: Awaitable[T], release: Callable[[T], Awaitable[None]], what: str) -> T:
+    """What a lease claim returns (claim_warmup: a token or None; try_trial: a TrialClaim, which `release` gives back
+    only when it holds a token), awaited so that a caller cancelled
     while the claim's reply is on its way (a client hanging up, the gateway closing) does not lose a lease that may
     already have landed in the (shared) store: the claim is left to finish, the token it got is given back with
     `release`, and the cancellation goes on. A lease nobody holds otherwise stood until it expired, every request
@@ -386,6 +388,12 @@ return 0
 """
 
 
+def _read_open(value: str) -> tuple[int | None, str]:
+    """(status, why) of the Redis open key's value, "<status>\\x1f<why>" (the module docstring; status "" for none)."""
+    s, _, why = value.partition("\x1f")
+    return (int(s) if s else None), why
+
+
 class RedisStore(StateStore):
     """State shared through Redis (redis.asyncio); see the module docstring for the keys."""
 
@@ -458,10 +466,7 @@ class RedisStore(StateStore):
             if not h and not opened:
                 out.append(CLOSED)
                 continue
-            status, why = None, ""
-            if opened is not None and pttl > 0:
-                s, _, why = opened.partition("\x1f")
-                status = int(s) if s else None
+            status, why = _read_open(opened) if opened is not None and pttl > 0 else (None, "")
             out.append(BreakerSnapshot(int(h.get("failures", 0)), pttl / 1000 if opened is not None and pttl > 0 else 0.0,
                                        why, status, h.get("tripped") == "1", bool(trial)))
         return out
@@ -489,9 +494,9 @@ class RedisStore(StateStore):
             return TrialClaim(token)
         if len(got) < 3:
             return TrialClaim()
-        s, _, why = got[2].partition("\x1f")
+        status, why = _read_open(got[2])
         # PTTL -1 (a key without a TTL: never set so) reads as open for an unknown while: 1 ms, still "open"
-        return TrialClaim(None, got[1] / 1000 if got[1] > 0 else 0.001, why, int(s) if s else None)
+        return TrialClaim(None, got[1] / 1000 if got[1] > 0 else 0.001, why, status)
 
     async def release_trial(self, name: str, token: str) -> None:
         await self._give_back(self._k(name, "trial"), token)
