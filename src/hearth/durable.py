@@ -43,12 +43,13 @@ def write_text(path: Path, text: str) -> None:
     fsync(path.parent)
 
 
-def write_file(path: Path, write) -> None:
+def write_file(path: Path, write, *, tmp: Path | None = None) -> None:
     """``path`` made whole or not at all by ``write(tmp)``, a callable that writes the complete file at the path it is
     given (a matplotlib savefig, say): run on PATH.tmp beside it, flushed, renamed over it, the folder flushed. A
-    ``write`` that raises leaves the previous ``path`` as it was, and no PATH.tmp."""
+    ``write`` that raises leaves the previous ``path`` as it was, and no PATH.tmp. ``tmp``: another temporary in the
+    same folder (one of the caller's own, where two processes may write one ``path``)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + ".tmp") if tmp is None else Path(tmp)
     try:
         write(tmp)
         fsync(tmp)

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from hearth.durable import fsync
+from hearth.durable import write_file
 from hearth.envelope import REPLY_DEADLINE_S, REPLY_KINDS, response_format
 from hearth.envelope_stream import STREAMED_KINDS
 from hearth.evals.client import ChatResult, chat_completion
@@ -533,23 +533,18 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         report.parent.mkdir(parents=True, exist_ok=True)  # checked at start-up; recreated if removed since
         # a temporary of this run's own (two runs writing one report must not share one), then one rename;
         # backslashreplace: a lone surrogate (a reply cut inside an emoji) is written as its JSON escape
-        name = _temporary_beside(report)
-        try:
-            Path(name).write_text(json.dumps(_finite(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
-                                  encoding="utf-8",
-                                  errors="backslashreplace")
+        text = json.dumps(_finite(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+        def write(tmp: Path) -> None:
+            tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
             # mkstemp made it 0600: the report gets the mode any file the user writes gets (0666 less the umask)
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(name, 0o666 & ~umask)
-            # on the disk before it takes the name, the folder's entry after (hearth.durable's order): a rename
-            # alone is not a flush, and a host crash could leave an empty report.json in place of the run's
-            fsync(Path(name))
-            os.replace(name, report)
-        except BaseException:
-            Path(name).unlink(missing_ok=True)
-            raise
-        fsync(report.parent)
+            os.chmod(tmp, 0o666 & ~umask)
+
+        # flushed before it takes the name, the folder after (a rename alone is not a flush: a host crash could
+        # leave an empty report.json in place of the run's); the temporary removed if anything fails
+        write_file(report, write, tmp=Path(_temporary_beside(report)))
         console.print(f"report: {escape(str(report))}")
     if interrupted:
         return 143 if stopped_by.terminated else 130  # the shell's codes for SIGTERM / SIGINT
