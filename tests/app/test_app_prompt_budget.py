@@ -15,10 +15,11 @@ import pytest
 
 from hearth import prompts
 from hearth.app.common import FORM_TEXT_MAX
-from hearth.app.settings import MEMORY_CHARS, SettingsError, largest_system_prompt, load_settings
+from hearth.app.settings import SettingsError, load_settings
 from hearth.companion_rules import AGENT_FIELD_LIMITS, MAX_CONTEXT, MAX_NAME, MAX_PROMPT_CHARS, prompt_chars
 from hearth.envelope import ChatReply
 from hearth.gateway.errors import UpstreamStatus
+from hearth.prompt_budget import MEMORY_CHARS, largest_system_prompt
 from tests.app.app_client import create_companion, signup, sse_events, start_rehearsal
 from tests.app.app_fakes import FakeModel
 from tests.app.conftest import running_app

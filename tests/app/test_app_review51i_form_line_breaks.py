@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from hearth.app.common import FORM_TEXT_MAX
-from hearth.app.settings import largest_system_prompt
+from hearth.prompt_budget import largest_system_prompt
 from tests.app.app_client import create_companion, signup
 from tests.app.conftest import running_app
 

@@ -33,8 +33,7 @@ from hearth.app.storage.db import make_private_dir, normalise_url
 from hearth.app.throttle import Budget, Policy, parse_networks
 from hearth.companion_rules import SETTING_BOUNDS
 from hearth.envelope import REPLY_DEADLINE_S
-# the start-up check's numbers (re-exported: tests and callers name them here)
-from hearth.prompt_budget import MEMORY_CHARS, budget_shortfall, largest_system_prompt  # noqa: F401
+from hearth.prompt_budget import budget_shortfall
 
 log = logging.getLogger("hearth.app")
 
