@@ -94,7 +94,7 @@ def test_a_budget_the_app_refuses_at_start_up_is_refused_naming_the_flag(tmp_pat
     max_text_chars message (hearth.app.settings' start-up check). Was: --max-text-chars 50000 alone (a
     configuration the app refuses since max_prompt_chars) built, and its chat examples with a long message carried
     prompts over the budget (fit_history never cuts the new message): requests production never sends."""
-    from hearth.app.settings import largest_system_prompt
+    from hearth.prompt_budget import largest_system_prompt
 
     _, system = largest_system_prompt(30)
     conv = chat_conversation(exchanges=1, memories=5)
