@@ -251,7 +251,7 @@ async def test_panel_runs_concurrently_and_one_failure_does_not_block_the_rest(d
         await companions.set_shared_context(s, cipher, "My manager is called Priya.")
         shared = await simulation.panel_context(s, cipher, comp.id)
     t0 = time.monotonic()
-    results = await simulation.run_panel(model, shared, "Priya ignored my email.", timeout_s=0.8)
+    results = await simulation.run_panel(model, shared, "Priya ignored my email.", timeout_s=2.0)
     elapsed = time.monotonic() - t0
     assert [r.analyst for r in results] == list(prompts.ANALYSTS)
     status = {r.analyst: (r.ok, r.error) for r in results}
@@ -259,7 +259,8 @@ async def test_panel_runs_concurrently_and_one_failure_does_not_block_the_rest(d
     assert status["gossiper"] == (False, "The model took too long to answer.")
     assert all(status[a][0] for a in ("optimist", "mentor", "status_observer"))
     assert model.max_in_flight == 5  # all five were in flight at once
-    assert elapsed < 0.8 + 1.0 + 0.5  # bounded by the per-call timeout, not 5 x anything
+    # bounded by the per-call timeout (2 s: the 0.2 s answers keep 1.8 s of room for a stall on a loaded CI box)
+    assert elapsed < 2.0 + 1.5
     assert all("Priya" in m[0]["content"] for _, m in model.calls)  # each saw the shared context
     async with db.sessions() as s:
         sid = await simulation.save_situation(s, cipher, comp.id, "Priya ignored my email.", results)
@@ -319,7 +320,7 @@ async def test_feed_post_saved_with_the_comments_that_arrived(db, master_key):
 
     async with db.sessions() as s:
         result = await feed.create_post(s, HalfBroken(), cipher, "Second post", max_chars=4000, max_commenters=3,
-                                        timeout_s=0.3)
+                                        timeout_s=1.5)  # Wren's answer has 1.5 s of room
         posts = await feed.list_posts(s, cipher)
     assert result.failed == ["Juno"]
     assert posts[0].text == "Second post" and [c.companion_name for c in posts[0].comments] == ["Wren"]

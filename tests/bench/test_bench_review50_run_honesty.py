@@ -71,10 +71,10 @@ def test_setup_time_is_the_first_call_not_the_correctness_check(monkeypatch):
     real = check.check
 
     def slow_check(*a, **k):
-        time.sleep(0.5)
+        time.sleep(2.0)
         return real(*a, **k)
 
     monkeypatch.setattr(check, "check", slow_check)
     rows = runner.run_case(cases.SPECS["softmax"], dict(M=3, N=40), "float32", "fwd", ["hearth"], torch.device("cpu"), {},
                            {"gpu": "test"}, False, True, {"hearth": _softmax_bind})
-    assert rows[0]["status"] == "ok" and rows[0]["setup_s"] < 0.4, rows[0]
+    assert rows[0]["status"] == "ok" and rows[0]["setup_s"] < 1.5, rows[0]

@@ -64,7 +64,7 @@ def test_an_error_body_that_drips_keeps_its_status_and_ends_within_the_timeout()
                          stream=stream, timeout_s=0.6, length=4096)
         assert got.status == 502, (stream, got)
         assert got.error == "HTTP 502 (error body not complete after 0.6s)", (stream, got)
-        assert 0.5 < took < 1.5, took
+        assert 0.5 < took < 2.5, took  # the drip would run 200 s
 
 
 def test_an_error_body_without_end_is_read_up_to_the_cap_only():

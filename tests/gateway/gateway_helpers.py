@@ -22,17 +22,21 @@ CHAT = {"message": "Hello there.", "mood": "warm", "memories": [], "affection": 
 CHAT_JSON = json.dumps(CHAT)
 MESSAGES = [{"role": "user", "content": "hi"}]
 
-# Fault budgets: small so the suite is fast, large enough that a loaded 2-core CI box still
-# distinguishes "cost its timeout" from "hung forever". MARGIN_S is the slack allowed on top of a
-# timeout; the benchmark measures the real overhead (target <= 10 ms) on a quiet machine.
-FIRST_TOKEN_S = 0.3
-MARGIN_S = 0.25
+# Fault budgets: small so the suite is fast. MARGIN_S is the slack a wall-clock bound allows on top of what the
+# request should cost: the loaded 2-core CI machine once stalled a loopback burst by 0.87 s (2026-12-07), so the
+# slack is well above that, and a test whose bound must tell two costs apart makes the wrong one cost SLOW_S or
+# more (a long timeout, or an event the test sets), never a few tenths of a second. What a request did is
+# asserted from its attempts and the fakes' counts; the clock only bounds it. The benchmark measures the real
+# overhead (target <= 10 ms) on a quiet machine.
+FIRST_TOKEN_S = 0.8
+MARGIN_S = 1.5
+SLOW_S = 6.0
 
 
 def provider(name: str, server, **overrides) -> dict:
     """A provider table pointing at a FakeOpenAI `server`, with small timeouts."""
     p = {"name": name, "base_url": server.base_url, "model": f"{name}-model",
-         "timeouts": {"connect_s": 0.5, "first_token_s": FIRST_TOKEN_S, "total_s": 1.0}}
+         "timeouts": {"connect_s": 1.0, "first_token_s": FIRST_TOKEN_S, "total_s": 2.5}}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(p.get(key), dict):
             p[key] = {**p[key], **value}

@@ -4,7 +4,7 @@ import asyncio
 
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, gateway, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, gateway, make_config, provider, steady
 
 
 def test_stopping_the_gateway_with_a_probe_in_flight_leaves_no_warm_task():
@@ -19,7 +19,7 @@ def test_stopping_the_gateway_with_a_probe_in_flight_leaves_no_warm_task():
                 FakeOpenAI(Behavior.reply(CHAT_JSON)) as hosted:
             cfg = make_config(provider("ft", ft, scale_to_zero=True, health_url=ft.health_url,
                                        warm={"probe_timeout_s": 2.0, "warmup_request_timeout_s": 30.0}),
-                              provider("hosted", hosted))
+                              steady("hosted", hosted))
             chain = Chain(cfg)
             async with gateway(cfg, chain=chain) as client:
                 request = asyncio.create_task(client.post("/v1/chat/completions", json={"messages": MESSAGES}))

@@ -13,7 +13,7 @@ import pytest
 from hearth.gateway.chain import Chain
 from hearth.gateway.errors import AllProvidersFailed, DeadlineExceeded
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, steady
 
 GOOD = Behavior.reply(CHAT_JSON)
 WARM = {"probe_timeout_s": 0.1, "ttl_s": 30.0, "warmup_budget_s": 5.0, "warmup_poll_s": 0.02,
@@ -32,7 +32,7 @@ def test_an_attempt_cut_by_the_requests_deadline_forgets_the_warm_answer():
 
         async with FakeOpenAI(chat, health=health) as ft, FakeOpenAI(GOOD) as hosted:
             ft_cfg = provider("ft", ft, scale_to_zero=True, health_url=ft.health_url, warm=WARM)
-            async with Chain(make_config(ft_cfg, provider("hosted", hosted))) as chain:
+            async with Chain(make_config(ft_cfg, steady("hosted", hosted))) as chain:
                 first = await chain.complete(MESSAGES, kind="chat")              # probed warm: ft answers
                 cold.set()
                 # the app's short deadline (below ft's first_token_s) runs out on the cold endpoint

@@ -19,7 +19,7 @@ from hearth.gateway.chain import Chain
 from hearth.gateway.errors import AllProvidersFailed, Cold, label
 from hearth.gateway.state import MemoryStore
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, scale_to_zero, steady
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, scale_to_zero, steady
 
 GOOD = Behavior.reply(CHAT_JSON)
 BROKEN = Behavior.status(503)
@@ -38,7 +38,7 @@ def test_a_broken_endpoint_is_knocked_at_most_once_per_backoff_window(clock, cap
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
             # the default back-off: 60 s
-            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft), steady("hosted", hosted))) as chain:
                 first = await _fail_a_warmup(chain)
                 knocks = ft.health_calls
                 held = []
@@ -75,7 +75,7 @@ def test_the_backoff_doubles_after_each_failed_warmup_and_stops_at_its_cap(clock
     async def main():
         seen = []
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(scale_to_zero("ft", ft, **warm), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft, **warm), steady("hosted", hosted))) as chain:
                 gate = chain.gates["ft"]
                 for window in windows:
                     await _fail_a_warmup(chain)
@@ -101,7 +101,7 @@ def test_the_backoff_doubles_after_each_failed_warmup_and_stops_at_its_cap(clock
 def test_a_healthy_probe_or_warmup_ends_the_backoff(clock):
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft), steady("hosted", hosted))) as chain:
                 gate = chain.gates["ft"]
                 await _fail_a_warmup(chain)                     # held 60 s
                 clock.offset += 61.0
@@ -159,7 +159,7 @@ def test_the_backoff_holds_for_every_worker_that_shares_the_state(clock):
 def test_a_request_for_the_held_endpoint_alone_is_told_it_is_held_cold_not_warming(clock):
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft), steady("hosted", hosted))) as chain:
                 await _fail_a_warmup(chain)
                 clock.offset += 20.0
                 with pytest.raises(AllProvidersFailed) as info:

@@ -134,7 +134,7 @@ def test_a_request_that_finds_the_breaker_open_wakes_the_cold_endpoint_for_the_t
         # the probe reads warm, then (after the failed attempt) cold, then the warm-up's knock finds it up
         async with FakeOpenAI([Behavior.reset(), GOOD], health=[HEALTHY, BROKEN, HEALTHY]) as ft, \
                 FakeOpenAI(GOOD) as hosted:
-            cfg = make_config(scale_to_zero("ft", ft, ttl_s=60.0), provider("hosted", hosted), breaker_failures=1,
+            cfg = make_config(scale_to_zero("ft", ft, ttl_s=60.0), steady("hosted", hosted), breaker_failures=1,
                               cooldown_s=30.0)
             async with Chain(cfg) as chain:
                 gate = chain.gates["ft"]
@@ -159,7 +159,7 @@ def test_the_wake_knocks_on_nothing_while_the_endpoint_is_held_cold(clock):
     # passes before and after: it pins that the wake obeys the back-off after a failed warm-up
     async def main():
         async with FakeOpenAI(GOOD, health=BROKEN) as ft, FakeOpenAI(GOOD) as hosted:
-            async with Chain(make_config(scale_to_zero("ft", ft), provider("hosted", hosted))) as chain:
+            async with Chain(make_config(scale_to_zero("ft", ft), steady("hosted", hosted))) as chain:
                 gate = chain.gates["ft"]
                 await chain.complete(MESSAGES, kind="chat")             # cold: the warm-up fails, held 60 s
                 await gate.wait_warmup()

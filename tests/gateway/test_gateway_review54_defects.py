@@ -121,7 +121,7 @@ def test_a_warmup_that_dies_on_the_state_store_is_counted_failed(caplog):
                       "scale_to_zero": True, "health_url": f"http://127.0.0.1:{ft.port}/health",
                       "warm": {"probe_timeout_s": 0.5, "ttl_s": 30.0, "warmup_budget_s": 5.0, "warmup_poll_s": 0.02,
                                "warmup_request_timeout_s": 1.0}}
-            cfg = make_config(ft_cfg, provider("hosted", hosted))
+            cfg = make_config(ft_cfg, steady("hosted", hosted))
             async with Chain(cfg, store=StoreGoneDuringWarmup()) as chain:
                 result = await chain.complete(MESSAGES, kind="chat")
                 await chain.gates["ft"].wait_warmup()

@@ -114,10 +114,11 @@ def test_trial_lease_expires_when_its_holder_died():
         try:
             await store.failure("a", threshold=1, cooldown_s=0.05, open_s=None, why="x", status=None, trial=None)
             await asyncio.sleep(0.06)
-            held = await store.claim_trial("a", lease_s=0.1)     # a worker takes the trial and dies
-            blocked = await store.claim_trial("a", lease_s=0.1)
-            await asyncio.sleep(0.12)
-            later = await store.claim_trial("a", lease_s=0.1)
+            # a 1 s lease: the second claim comes well inside it, even after a stall on a loaded CI box
+            held = await store.claim_trial("a", lease_s=1.0)     # a worker takes the trial and dies
+            blocked = await store.claim_trial("a", lease_s=1.0)
+            await asyncio.sleep(1.05)
+            later = await store.claim_trial("a", lease_s=1.0)
             return held, blocked, later
         finally:
             await store.aclose()

@@ -7,7 +7,7 @@ import pytest
 from hearth.gateway.chain import Chain
 from hearth.gateway.transport.client import AiohttpTransport, ConnectFailed, Transport, UpstreamResponse
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
-from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider
+from tests.gateway.gateway_helpers import CHAT_JSON, MESSAGES, make_config, provider, steady
 
 
 class RecordingTransport(Transport):
@@ -33,7 +33,7 @@ def test_chain_sends_everything_through_the_given_transport():
         transport = RecordingTransport()
         async with FakeOpenAI(Behavior.reply(CHAT_JSON)) as ft, FakeOpenAI(Behavior.reply(CHAT_JSON)) as hosted:
             gated = provider("ft", ft, scale_to_zero=True, health_url=ft.health_url)
-            async with Chain(make_config(gated, provider("hosted", hosted)), transport=transport) as chain:
+            async with Chain(make_config(gated, steady("hosted", hosted)), transport=transport) as chain:
                 result = await chain.complete(MESSAGES, kind="chat", request_id="rid-7")
             return result, transport.calls, ft.headers
 
