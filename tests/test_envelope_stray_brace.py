@@ -99,4 +99,4 @@ def test_many_stray_braces_take_linear_time(text_):
         parse_envelope(text_, "chat")
     except EnvelopeError:
         pass
-    assert time.perf_counter() - began < 2.0
+    assert time.perf_counter() - began < 3.0  # ~0.07 s here, quadratic: seconds to minutes; 3: room for a CI stall

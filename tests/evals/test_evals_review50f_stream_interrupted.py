@@ -18,7 +18,8 @@ from tests.evals.test_evals_review50_gateway import CASES, case_of, gateway_url,
 from tests.fakes.openai_server import Behavior, FakeOpenAI
 from tests.gateway.gateway_helpers import make_config, provider
 
-TIMEOUTS = {"connect_s": 1.0, "first_token_s": 5.0, "total_s": 5.0}
+# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
+TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
 
 
 def test_a_stream_the_gateway_could_not_finish_names_the_provider_that_broke():

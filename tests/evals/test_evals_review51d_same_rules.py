@@ -30,7 +30,8 @@ CHAT_CASE = load_suite("companion")[0]
 FEED_CASE = load_suite("feed")[0]
 GOOD = {"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0, "suggested_actions": []}
 TEXT = json.dumps(GOOD)
-TIMEOUTS = {"connect_s": 1.0, "first_token_s": 5.0, "total_s": 5.0}
+# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
+TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
 
 
 def chat(**changes) -> str:

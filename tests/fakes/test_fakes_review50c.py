@@ -73,7 +73,15 @@ def test_the_eval_servers_docstring_tells_its_real_default_port():
 
 
 def test_an_explicit_port_as_the_docs_pass_it_is_used():
-    want = free_port()
-    assert _run_eval_server("--port", str(want)) == want
+    for attempt in range(3):
+        want = free_port()
+        try:
+            assert _run_eval_server("--port", str(want)) == want
+            break
+        except subprocess.CalledProcessError as e:
+            # free when picked, not necessarily when the child binds it: the other pytest worker's servers take
+            # ports too. Only that clash is tried again.
+            if attempt == 2 or "address already in use" not in e.stderr.lower():
+                raise
     for doc in ("README.md", "docs/eval.md"):  # the docs' commands: explicit --port, which the server takes
         assert "python -m tests.evals.fake_eval_server --port 8123" in (ROOT / doc).read_text()

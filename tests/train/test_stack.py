@@ -29,25 +29,36 @@ pytest.importorskip("openai")  # transformers serve needs it (transformers[servi
 
 @contextmanager
 def transformers_serve(model_dir: Path, log: Path, ready_s: float = 90.0):
-    port = free_port()
-    cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; "
-           "sys.exit(main())", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-           "--dtype", "float32", "--log-level", "info"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    for attempt in range(3):
+        port = free_port()
+        cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; "
+               "sys.argv[0] = 'transformers'; sys.exit(main())", "serve", str(model_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--device", "cpu", "--dtype", "float32", "--log-level", "info"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + ready_s
+            while proc.poll() is None:
+                try:
+                    if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, f"transformers serve not ready:\n{log.read_text(errors='replace')}"
+                time.sleep(0.2)
+        except BaseException:
+            proc.kill()
+            proc.wait(10)
+            raise
+        if proc.poll() is None:
+            break
+        # the free port is free when picked, not when the server binds it seconds later (importing transformers):
+        # another process (the other pytest worker's servers) can take it in between. Only that clash is tried again.
+        text = log.read_text(errors="replace")
+        assert "address already in use" in text.lower() and attempt < 2, f"transformers serve exited {proc.returncode}:\n{text}"
     try:
-        deadline = time.monotonic() + ready_s
-        while True:
-            assert proc.poll() is None, f"transformers serve exited {proc.returncode}:\n{log.read_text(errors='replace')}"
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"transformers serve not ready:\n{log.read_text(errors='replace')}"
-            time.sleep(0.2)
         yield url
     finally:
         proc.kill()
