@@ -50,6 +50,26 @@ class ServeProcess:
         return self.log.read_text(errors="replace")
 
 
+# what `hearth serve` says when its port is taken: its own check, or uvicorn's bind after the check
+PORT_CLASH = ("cannot listen on", "address already in use")
+PORT_TRIES = 3
+
+
+def port_clash(output: str) -> bool:
+    """Whether a server's output says that its port was taken."""
+    return any(s in output.lower() for s in PORT_CLASH)
+
+
+def _stop(proc: subprocess.Popen, stop_signal: int) -> None:
+    if proc.poll() is None:
+        proc.send_signal(stop_signal)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 @contextmanager
 def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | None = None, ready_s: float = 60.0,
                  pass_port: bool = True, stop_signal: int = signal.SIGKILL):
@@ -58,29 +78,33 @@ def hearth_serve(cwd: Path, *args: str, port: int | None = None, env: dict | Non
     pass_port=False runs it with exactly ARGS (the default port 8000 is then expected).
     The process is sent ``stop_signal`` (default SIGKILL) on exit if it is still running; SIGTERM stops
     a multi-worker server with its workers (then SIGKILL after 15 s).
+    A port picked here (free_port: free when picked, but another process may bind it before the server does,
+    the other xdist worker's servers included) that turns out taken is picked again, up to PORT_TRIES times.
     """
-    port = port or (free_port() if pass_port else 8000)
-    cmd = [sys.executable, "-m", "hearth.cli", "serve", *args] + (["--port", str(port)] if pass_port else [])
-    log = cwd / f"serve-{port}-{time.monotonic_ns()}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if "PYTHONPATH" not in (env or {}):  # the server runs the hearth these tests import (_HEARTH_ROOT)
         inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         full_env["PYTHONPATH"] = os.pathsep.join([_HEARTH_ROOT, *inherited])
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
-    server = ServeProcess(proc, f"http://127.0.0.1:{port}", log)
+    for attempt in range(1, PORT_TRIES + 1):
+        this_port = port or (free_port() if pass_port else 8000)
+        cmd = [sys.executable, "-m", "hearth.cli", "serve", *args] + (["--port", str(this_port)] if pass_port else [])
+        log = cwd / f"serve-{this_port}-{time.monotonic_ns()}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        server = ServeProcess(proc, f"http://127.0.0.1:{this_port}", log)
+        try:
+            wait_http_ok(server.url + "/healthz", proc, ready_s, name="hearth serve",
+                         details=lambda: "\n" + server.output(), poll_s=0.1)
+            break
+        except RuntimeError:
+            _stop(proc, stop_signal)
+            if port is None and pass_port and attempt < PORT_TRIES and port_clash(server.output()):
+                continue  # the picked port was taken meanwhile: another one
+            raise
     try:
-        wait_http_ok(server.url + "/healthz", proc, ready_s, name="hearth serve", details=lambda: "\n" + server.output(),
-                     poll_s=0.1)
         yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(stop_signal)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc, stop_signal)
 
 
 @contextmanager

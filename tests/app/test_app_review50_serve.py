@@ -30,7 +30,7 @@ import pytest
 
 from hearth.app.crypto import new_master_key_text
 from tests.app.app_fakes import openai_handler
-from tests.app.app_server import hearth_serve, write_config
+from tests.app.app_server import PORT_TRIES, hearth_serve, port_clash, write_config
 from tests.fakes.http_wait import wait_http_ok
 from tests.fakes.openai_server import FakeOpenAI, free_port
 
@@ -100,14 +100,23 @@ def test_the_start_up_check_runs_once_per_serve(tmp_path):
     """It ran in the CLI's pre-flight and again in the lifespan: migrations twice, a key rotation's "re-wrapped N
     users" twice. (With --workers N it also ran once more in every worker: the next test.)"""
     workers = 1
-    count, log, port = tmp_path / "prepare.calls", tmp_path / "serve.log", free_port()
-    cmd = [sys.executable, str(_wrapper(tmp_path)), "serve", "--port", str(port), "--workers", str(workers),
-           "--database-url", f"sqlite:///{tmp_path / 'h.sqlite3'}"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                env=_env(HEARTH_MASTER_KEY=new_master_key_text(), HEARTH_TEST_PREPARE_COUNT=str(count)))
+    for attempt in range(1, PORT_TRIES + 1):  # a fresh port (and count file) if the one picked was taken meanwhile
+        count, log, port = tmp_path / f"prepare-{attempt}.calls", tmp_path / f"serve-{attempt}.log", free_port()
+        cmd = [sys.executable, str(_wrapper(tmp_path)), "serve", "--port", str(port), "--workers", str(workers),
+               "--database-url", f"sqlite:///{tmp_path / f'h-{attempt}.sqlite3'}"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                    env=_env(HEARTH_MASTER_KEY=new_master_key_text(),
+                                             HEARTH_TEST_PREPARE_COUNT=str(count)))
+        try:
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc, 60, name="hearth serve", details=log.read_text)
+            break
+        except RuntimeError:
+            proc.kill()
+            proc.wait(30)
+            if attempt == PORT_TRIES or not port_clash(log.read_text()):
+                raise
     try:
-        wait_http_ok(f"http://127.0.0.1:{port}/healthz", proc, 60, name="hearth serve", details=log.read_text)
         _poll(lambda: log.read_text().count("Application startup complete.") >= workers, proc, 60,
               f"{workers} started worker(s)", log)
         assert len(_calls(count)) == 1, f"prepare ran in processes {_calls(count)}"
@@ -215,13 +224,16 @@ def test_a_port_in_use_is_refused_in_one_line_before_the_database_or_a_key_is_cr
 
 
 def test_with_workers_the_check_runs_once_and_a_worker_that_cannot_start_makes_serve_exit_1(tmp_path):
-    count = tmp_path / "prepare.calls"
-    proc = subprocess.Popen([sys.executable, str(_wrapper(tmp_path)), "serve", "--port", str(free_port()),
-                             "--workers", "2", "--database-url", f"sqlite:///{tmp_path / 'h.sqlite3'}"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(HEARTH_MASTER_KEY=new_master_key_text(), HEARTH_TEST_PREPARE_COUNT=str(count),
-                                     HEARTH_TEST_BREAK_WORKERS="1"))
-    _, err = proc.communicate(timeout=120)
+    for attempt in range(1, PORT_TRIES + 1):  # a fresh port (and count file) if the one picked was taken meanwhile
+        count = tmp_path / f"prepare-{attempt}.calls"
+        proc = subprocess.Popen([sys.executable, str(_wrapper(tmp_path)), "serve", "--port", str(free_port()),
+                                 "--workers", "2", "--database-url", f"sqlite:///{tmp_path / f'h-{attempt}.sqlite3'}"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_env(HEARTH_MASTER_KEY=new_master_key_text(), HEARTH_TEST_PREPARE_COUNT=str(count),
+                                         HEARTH_TEST_BREAK_WORKERS="1"))
+        _, err = proc.communicate(timeout=120)
+        if attempt == PORT_TRIES or not port_clash(err):
+            break
     # before: the check ran in `hearth serve` and again in each worker (3 calls, the workers racing each other
     # through the migrations), and after the workers failed uvicorn's process manager stopped and serve exited 0
     assert _calls(count) == [str(proc.pid)], f"prepare ran in processes {_calls(count)}"

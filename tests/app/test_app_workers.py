@@ -39,12 +39,15 @@ def test_two_workers_share_the_login_throttle_through_postgresql(tmp_path):
     try:
         env = {"HEARTH_MASTER_KEY": new_master_key_text()}
         with hearth_serve(tmp_path, "--config", str(cfg), "--database-url", url, "--workers", "2", env=env) as server:
-            pids = set()
-            for _ in range(400):  # new connections until both workers have answered (bounded)
+            # new connections until both workers have answered: /healthz answered once ONE worker was up, and the
+            # other may still be importing the app on a loaded machine, so the bound is a deadline (60 s), not a
+            # number of requests (400 of them took ~1 s here: too short for a slow second worker's start-up)
+            pids, deadline = set(), time.monotonic() + 60
+            while len(pids) < 2 and time.monotonic() < deadline:
                 pids.add(httpx.get(server.url + "/healthz", timeout=10).json()["worker"])
-                if len(pids) == 2:
-                    break
-            assert len(pids) == 2, f"only {pids} answered: not two workers"
+                if len(pids) < 2:
+                    time.sleep(0.01)
+            assert len(pids) == 2, f"only {pids} answered in 60 s: not two workers\n{server.output()}"
             assert server.proc.pid not in pids  # the workers are processes of their own
 
             assert _post_form(server.url, "/signup", {"username": "alice", "password": PASSWORD}).status_code == 303
