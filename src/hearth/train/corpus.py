@@ -26,6 +26,7 @@ when any of its targets fails, so no example is trained on a history the app wou
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -560,12 +561,15 @@ def _template_check(tok, examples: list[Example]) -> dict:
 
 # ------------------------------------------------------------------------------------------ build
 def _length_stats(lengths: list[int]) -> dict:
+    """count, min, mean, p50 (the median), p95 (nearest rank: of 20 lengths the 19th, not the longest), max and
+    total, as the eval's report gives its percentiles (hearth.evals.runner.summarize)."""
     if not lengths:
         return {"count": 0}
     ordered = sorted(lengths)
+    median = statistics.median(ordered)
     return {"count": len(ordered), "min": ordered[0], "mean": round(statistics.fmean(ordered), 1),
-            "p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-            "max": ordered[-1], "total": sum(ordered)}
+            "p50": median if isinstance(median, int) or not median.is_integer() else int(median),
+            "p95": ordered[math.ceil(0.95 * len(ordered)) - 1], "max": ordered[-1], "total": sum(ordered)}
 
 
 # what a build writes into OUT_DIR, as one set (written into OUT_DIR/.corpus.tmp, then published: _publish)
