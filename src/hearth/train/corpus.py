@@ -406,9 +406,11 @@ def conversation_examples(conv: Any, *, line: int = 0, context_turns: int = CHAT
                 content = turn.get("content")
             if not isinstance(content, str) or not content.strip():
                 raise CorpusError(f"turns[{i}].content must be a non-empty string")
-            content = clean(content)
-            if "after_rehearsal" not in turn:  # what the user sent (the panel's message is the app's own)
+            if "after_rehearsal" not in turn:  # what the user sent, as the app stores it (clean_text)
+                content = clean(content)
                 _check_sent(content, f"turns[{i}].content", SENT_TEXT.get(prompt, "user message"), max_text_chars)
+            # the panel's message is the app's own (exchange_for_panel), sent as written: the user's lines in it are
+            # clean already (_app_exchange), the person's replies are their envelopes' messages (a CRLF kept)
             messages.append({"role": "user", "content": content})
             continue
         target, as_history, envelope = _target(turn, kind, i, conv)
