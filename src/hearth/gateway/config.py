@@ -66,7 +66,7 @@ from hearth.gateway.errors import ConfigError
 from hearth.gateway.state import check_redis_url
 
 __all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "WarmSettings", "ConfigError",
-           "load_config", "config_from_dict", "masked_url"]
+           "load_config", "config_from_dict", "masked_url", "secret_query_values"]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -136,6 +136,12 @@ def masked_url(url: str) -> str:
             netloc = f"{user}:***@{host}" if colon else f"***@{host}"
             url = url[:start] + netloc + url[end:]
     return _QUERY_PAIR.sub(lambda m: f"{m[1]}{m[2]}=***" if _SECRET_PARAM.search(m[2]) else m[0], url)
+
+
+def secret_query_values(url: str) -> list[str]:
+    """The values (as written in `url`) of its query parameters that masked_url hides: those named like a
+    credential."""
+    return [m[3] for m in _QUERY_PAIR.finditer(url) if _SECRET_PARAM.search(m[2]) and m[3]]
 
 
 def _authority_end(url: str, start: int) -> int:

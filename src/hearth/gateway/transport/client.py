@@ -50,16 +50,22 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
-from hearth.gateway.config import same_origin
+from hearth.gateway.config import masked_url, same_origin, secret_query_values
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10  # aiohttp's own default
 
 
 def _redacted(message: str, url: str) -> str:
-    """`message` without the user:password@ of `url`. A provider's base_url or health_url may carry credentials
+    """`message` without the user:password@ of `url` nor the values of its query parameters named like a credential
+    (?token=, ?api_key=, ?sig=...: config.masked_url). A provider's base_url or health_url may carry credentials
     (its auth); these messages become the provider error's text, which the gateway sends to clients (the 502's
     failures) and shows in /v1/providers (a warm gate's last_error)."""
+    message = message.replace(url, masked_url(url))
+    for value in secret_query_values(url):
+        for shown in {value, unquote(value)}:
+            if len(shown) >= 6:  # wherever else it shows (as the password below)
+                message = message.replace(shown, "***")
     try:
         parts = urlsplit(url)
     except ValueError:
