@@ -463,13 +463,13 @@ def _check_json_out(path: Path) -> None:
 
 
 def _write_json(path: Path, reports: list[KernelReport]) -> None:
-    # whole or not at all: a script comparing runs never reads half a report
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps([asdict(r) for r in reports], indent=2))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # whole or not at all, also after a host crash (hearth.durable: the data flushed before the rename, the folder
+    # after it; a rename alone could leave the new name on the disk without its data): a script comparing runs never
+    # reads half a report
+    from hearth.durable import write_file
+
+    text = json.dumps([asdict(r) for r in reports], indent=2)
+    write_file(path, lambda tmp: tmp.write_text(text), tmp=path.with_name(f".{path.name}.{os.getpid()}.tmp"))
 
 
 def collect_offline(op: str, arch: int, dtype) -> list[KernelReport]:
