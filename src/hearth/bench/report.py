@@ -546,17 +546,24 @@ def attention_goal_lines(rows: list[dict]) -> list[str]:
     cuDNN and, where it ran correctly, FlashAttention: how many cases hearth is at least as fast, the worst
     ratio and its case, the goals met or missed; and for full (fwd+bwd), how many cases hold activation
     memory at least 2x below cuDNN's. Only cases where hearth and the peer both ran correctly count, a peer
-    only as verdict ranks it (_rankable: measured on hearth's setup); nothing is printed without attention
+    only as verdict ranks it (_rankable: measured on hearth's setup); a case where hearth's row is not ok is named
+    and misses the goals (skipped: named as not run), as goals_text does; nothing is printed without attention
     rows."""
     by_mode: dict[str, dict] = {}
     for key, cr in sorted(group_cases(rows).items()):
         if key[0] != "attention":
             continue
+        m = by_mode.setdefault(key[3], {p: [] for p, _ in ATTN_PEERS} | {"act": [], "cases": 0, "failed": [], "skipped": []})
         h = next((r for r in cr if r["provider"] == "hearth" and r.get("status") == "ok" and r.get("ms")), None)
         if h is None:
+            # a case where hearth's row is not ok is named, never dropped without a word: the goal is every case
+            mine = next((r for r in cr if r["provider"] == "hearth"), None)
+            if mine is not None and mine.get("status") == "skipped":
+                m["skipped"].append(_case_name(key))
+            elif mine is not None:
+                m["failed"].append(f"{_case_name(key)} {mine.get('status')}")
             continue
         by = {r["provider"]: r for r in cr if r["provider"] != "hearth" and r.get("ms") and _rankable(r, h)}
-        m = by_mode.setdefault(key[3], {p: [] for p, _ in ATTN_PEERS} | {"act": [], "cases": 0})
         m["cases"] += 1
         for peer, _ in ATTN_PEERS:
             if peer in by:
@@ -588,6 +595,11 @@ def attention_goal_lines(rows: list[dict]) -> list[str]:
             ok = sum(f >= ATTN_ACT_FACTOR for f, _ in m["act"])
             parts.append(f"activation >= {ATTN_ACT_FACTOR:.0f}x below cuDNN at {ok}/{len(m['act'])} (least "
                          f"{worst[0]:.2f}x, {_case_name(worst[1])}) {'met' if ok == len(m['act']) else 'MISSED'}")
+        if m["failed"]:
+            parts.append(f"{len(m['failed'])} hearth case(s) not ok ({', '.join(m['failed'])}): MISSED")
+        if m["skipped"]:
+            parts.append(f"{len(m['skipped'])} hearth case(s) not run ({', '.join(m['skipped'])}): goals cover the "
+                         "measured cases only")
         lines.append(" | ".join(parts))
     return lines
 
