@@ -1,5 +1,6 @@
 """PNG plots per op, dtype and mode: throughput vs size and peak extra memory vs size, one line
-per provider. Only correct ("ok") results are drawn; sizes go left to right by the work they do."""
+per provider. Only correct ("ok") results are drawn; sizes go left to right by the work they do. Each figure's foot
+names the GPU, versions and command of the runs behind it."""
 
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ def _save(fig, path: Path) -> None:
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+FOOTER_LINE_IN = 0.14  # inches of figure height per footer line
+
+
+def _footer(fig, rows: list[dict]) -> None:
+    """The GPU, versions and command lines of the runs behind the figure's rows (report.run_provenance) at its foot,
+    below the axes: a PNG read on its own says where its numbers come from."""
+    import textwrap
+
+    from hearth.bench.report import run_provenance
+
+    w, h = fig.get_size_inches()
+    width = max(40, int(w * 72 / 4.6))  # characters of 6 pt monospace across the figure, with a margin
+    lines = [part for line in run_provenance(rows)
+             for part in textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False)]
+    extra = FOOTER_LINE_IN * (len(lines) + 0.5)
+    fig.set_size_inches(w, h + extra)
+    fig.text(0.01, 0.005, "\n".join(lines), ha="left", va="bottom", fontsize=6, family="monospace")
+    fig.tight_layout(rect=(0, extra / (h + extra), 1, 1))
 
 
 def write_plots(out: Path, rows: list[dict]) -> list[Path]:
@@ -83,7 +104,7 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
-        fig.tight_layout()
+        _footer(fig, rs)
         p = out / f"{op}_{mode}_{dtype}.png"
         _save(fig, p)
         paths.append(p)
@@ -120,7 +141,8 @@ def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlabel("fastest correct fused peer ms / hearth ms (dots: cases; red: geomean; lines 0.95, 1.0, 1.10)")
     ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
+    # the rows of the cases drawn (hearth's and their peers')
+    _footer(fig, [r for r in rows if r["op"] in g])
     p = out / "ratios.png"
     _save(fig, p)
     return p

@@ -302,8 +302,9 @@ def op_markdown(op: str, rows: list[dict]) -> str:
     first = rows[0]
     provs = _providers_in(rows)
     formula = SPECS[op].formula if op in SPECS else first["formula"]
-    lines = [f"# {op}", "", f"Work counted: {formula}. Metric: {first['metric']}; "
-             "% = share of the limit measured in the same run (" + _limits_text(first.get("limits", {})) + ").", ""]
+    lines = [f"# {op}", "", "Measured by (GPU, versions, date, command of each run whose rows are here):", ""]
+    lines += env_lines(rows) + ["", f"Work counted: {formula}. Metric: {first['metric']}; "
+                                "% = share of the limit measured in the same run (" + _limits_text(first.get("limits", {})) + ").", ""]
     recounted = sorted({r["recounted_from"] for r in rows if r.get("recounted_from")})
     if recounted:
         n = sum(1 for r in rows if r.get("recounted_from"))
@@ -342,17 +343,45 @@ def _limits_text(limits: dict) -> str:
             f"{_num(limits.get('matmul_TFLOPs'), 4)} TFLOP/s from {limits.get('matmul_what')}")
 
 
+# what a page or plot says about the runs its figures come from (every row's env carries them)
+ENV_KEYS = ("gpu", "driver", "torch", "triton", "liger", "quack", "flash_attn", "date")
+VERSION_KEYS = ("driver", "torch", "triton", "liger", "quack", "flash_attn")
+
+
+def env_lines(rows: list[dict]) -> list[str]:
+    """One Markdown bullet per run (distinct env) among `rows`: GPU, driver, versions, date and the command line."""
+    envs = {json.dumps(r.get("env") or {}, sort_keys=True) for r in rows}
+    lines = []
+    for e in sorted(envs):
+        env = json.loads(e)
+        line = "- " + ", ".join(f"{k}: {env[k]}" for k in ENV_KEYS if k in env)
+        if env.get("command"):
+            line += f"; command: `{env['command']}`"
+        lines.append(line)
+    return lines
+
+
+def run_provenance(rows: list[dict]) -> list[str]:
+    """Plain-text lines naming the GPUs with their software versions, then the commands, of the runs behind `rows`
+    (the plots' footer)."""
+    setups, commands = {}, {}
+    for r in rows:
+        env = r.get("env") or {}
+        parts = [str(env.get("gpu") or "unknown GPU")]
+        parts += [f"{k} {env[k]}" for k in VERSION_KEYS if env.get(k) is not None]
+        setups[", ".join(parts)] = None
+        if env.get("command"):
+            commands[f"command: {env['command']}"] = None
+    return list(setups) + list(commands)
+
+
 def summary_markdown(rows: list[dict]) -> str:
     """summary.md: environment, the headline table, then every loss and every hearth failure."""
     if not rows:
         return "# hearth bench summary\n\nno results\n"
     rows = recount_rows(rows)
     envs = {json.dumps(r.get("env", {}), sort_keys=True) for r in rows}
-    lines = ["# hearth bench summary", ""]
-    for e in sorted(envs):
-        env = json.loads(e)
-        lines.append("- " + ", ".join(f"{k}: {env[k]}" for k in ("gpu", "driver", "torch", "triton", "liger", "quack", "flash_attn", "date")
-                                     if k in env))
+    lines = ["# hearth bench summary", ""] + env_lines(rows)
     if any(str(json.loads(e).get("gpu", "")).startswith("CPU") for e in envs):
         lines += ["", "**CPU run under the Triton interpreter (--check): times validate the harness only; they say "
                   "nothing about kernel speed.**"]
