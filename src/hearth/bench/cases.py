@@ -701,6 +701,8 @@ def _explicit_values(spec: OpSpec, sizes: str) -> list[int]:
                          f"got {sizes!r}") from None
     if not values:
         raise ValueError(f"sizes must name at least one size, got {sizes!r}")
+    if min(values) < 1:  # a case of N = 0 or -4 would only fail (rows of errors read as hearth's), or not plan at all
+        raise ValueError(f"sizes must be positive integers ({spec.name}'s {spec.knob}), got {sizes!r}")
     return values
 
 
