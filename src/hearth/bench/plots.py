@@ -59,7 +59,8 @@ def _footer(fig, rows: list[dict]) -> None:
 
 
 def write_plots(out: Path, rows: list[dict]) -> list[Path]:
-    """One PNG per (op, dtype, mode) with at least one ok row; returns the paths written."""
+    """One PNG per (op, dtype, mode) with at least one ok row; returns the paths written. The PNG of a group whose
+    rows are all not ok is removed (an earlier report's)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -69,6 +70,10 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
     for r in rows:
         if r["status"] == "ok":
             groups[(r["op"], r["dtype"], r["mode"])].append(r)
+    # a group with rows but none ok draws nothing: an earlier report's PNG of it (curves results.jsonl no longer
+    # holds, e.g. every provider failed in the rerun) is removed, not left beside pages that say otherwise
+    for op, dtype, mode in {(r["op"], r["dtype"], r["mode"]) for r in rows} - set(groups):
+        (out / f"{op}_{mode}_{dtype}.png").unlink(missing_ok=True)
     paths = []
     for (op, dtype, mode), rs in sorted(groups.items()):
         # one tick per case, placed by its work; rows of one case may count different work (merged from runs
@@ -114,7 +119,7 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
 def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
     """ratios.png: per op, every ranked case's ratio (fastest correct fused peer ms / hearth ms,
     > 1 = hearth faster) as a dot, the op's geometric mean as a bar, and the 0.95 / 1.0 / 1.10
-    lines the goals name. None when no case was ranked."""
+    lines the goals name. None when no case was ranked (and an earlier ratios.png in `out` is removed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,6 +129,9 @@ def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
 
     g = {op: v for op, v in op_geomeans(rows).items() if v["ratios"]}
     if not g:
+        # no case ranked (hearth wrong everywhere after a rerun, say): an earlier report's ratios.png, hearth's old
+        # ratios, is removed, not left beside a summary whose GEOMEAN lines rank nothing
+        (out / "ratios.png").unlink(missing_ok=True)
         return None
     ops = list(g)
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(ops) + 1.6))
