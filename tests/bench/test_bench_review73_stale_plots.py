@@ -49,3 +49,4 @@ def test_plots_of_other_groups_are_left_alone(tmp_path):
     other.write_bytes(b"not ours")
     report.write_reports(tmp_path, [_row("hearth"), _row("compile", ms=0.02)])
     assert other.read_bytes() == b"not ours"
+

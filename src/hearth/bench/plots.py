@@ -14,16 +14,28 @@ from hearth.durable import write_file
 def plot_series(rows: list[dict]) -> dict[str, list[dict]]:
     """The lines of one plot: {label: rows}, one per provider in PROVIDERS order; where the rows hold more than one
     input layout (report.row_layout: a merge of rows from before and after attention's inputs changed), one line per
-    provider and layout, labelled "provider [layout]", so rows of different layouts never share a line."""
-    from hearth.bench.report import row_layout
+    provider and layout, labelled "provider [layout]", so rows of different layouts never share a line. A peer's rows
+    measured on another setup than hearth's at their case (report._setup: GPU, software, timing procedure; merged
+    from another run) are a line of their own, labelled "(another setup: not ranked)", as verdict names them."""
+    from hearth.bench.report import _setup, row_layout
 
     layouts = sorted({row_layout(r) for r in rows})
+    hearth_at = {r.get("size_label"): r for r in rows if r["provider"] == "hearth"}
+
+    def apart(r) -> bool:
+        """A peer row measured on another GPU, software or timing procedure than hearth's row of its case (merged
+        from another run): verdict does not rank it against hearth, so it is not drawn as one line with the ranked."""
+        h = hearth_at.get(r.get("size_label"))
+        return r["provider"] != "hearth" and h is not None and _setup(r)[:-1] != _setup(h)[:-1]  # layout: above
+
     series: dict[str, list[dict]] = {}
     for prov in [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]:
         for layout in layouts:
-            mine = [r for r in rows if r["provider"] == prov and row_layout(r) == layout]
-            if mine:
-                series[prov if len(layouts) == 1 else f"{prov} [{layout}]"] = mine
+            for other in (False, True):
+                mine = [r for r in rows if r["provider"] == prov and row_layout(r) == layout and apart(r) == other]
+                if mine:
+                    name = prov if len(layouts) == 1 else f"{prov} [{layout}]"
+                    series[name + (" (another setup: not ranked)" if other else "")] = mine
     return series
 
 
@@ -87,7 +99,8 @@ def write_plots(out: Path, rows: list[dict]) -> list[Path]:
         have_mem = False
         for name, mine in plot_series(rs).items():
             pr = sorted(mine, key=lambda r: xs[r["size_label"]])
-            style = dict(marker="o", linewidth=2.5 if pr[0]["provider"] == "hearth" else 1.2, label=name)
+            style = dict(marker="o", linewidth=2.5 if pr[0]["provider"] == "hearth" else 1.2, label=name,
+                         linestyle="--" if name.endswith("not ranked)") else "-")
             ax1.plot([xs[r["size_label"]] for r in pr], [r["value"] for r in pr], **style)
             mem = [r for r in pr if r.get("extra_mib") is not None]
             if mem:
