@@ -194,3 +194,15 @@ async def gateway_url(cfg):
     """served(), as the base URL an OpenAI client is given."""
     async with served(cfg) as port:
         yield f"http://127.0.0.1:{port}/v1"
+
+
+_HELD_SOCKETS: list[socket.socket] = []
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening: bound, never listened on, and held for the rest of the process, so a
+    connection to it is refused at once and no other server can take the port meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _HELD_SOCKETS.append(sock)
+    return sock.getsockname()[1]

@@ -10,30 +10,17 @@ listening (connection refused at once).
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from hearth.gateway.transport.client import AiohttpTransport, ConnectFailed
-from tests.gateway.gateway_helpers import MESSAGES, gateway, make_config
+from tests.gateway.gateway_helpers import MESSAGES, closed_port, gateway, make_config
 
 pytestmark = pytest.mark.anyio
 SECRET = "s3cretPassw0rd"
 
 
-def _closed_port() -> int:
-    """A loopback port with nothing listening: bound, never listened on, held while the test runs."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    _closed_port.held.append(sock)
-    return sock.getsockname()[1]
-
-
-_closed_port.held = []
-
-
 def _provider(**extra) -> dict:
-    port = _closed_port()
+    port = closed_port()
     return {"name": "creds", "base_url": f"http://svc:{SECRET}@127.0.0.1:{port}/v1", "model": "m",
             "timeouts": {"connect_s": 1.0, "first_token_s": 1.0, "total_s": 2.0}, **extra}
 
@@ -55,7 +42,7 @@ async def test_a_refused_connection_does_not_send_the_providers_url_password_to_
 
 
 async def test_the_health_probes_last_error_does_not_show_the_health_urls_password():
-    port = _closed_port()
+    port = closed_port()
     cfg = make_config(_provider(scale_to_zero=True, health_url=f"http://svc:{SECRET}@127.0.0.1:{port}/health",
                                 warm={"probe_timeout_s": 1.0}))
     async with gateway(cfg) as client:
@@ -71,7 +58,7 @@ async def test_transport_errors_name_the_url_without_its_credentials():
     transport = AiohttpTransport()
     await transport.start()
     try:
-        url = f"http://svc:{SECRET}@127.0.0.1:{_closed_port()}/v1/chat/completions"
+        url = f"http://svc:{SECRET}@127.0.0.1:{closed_port()}/v1/chat/completions"
         with pytest.raises(ConnectFailed) as caught:
             await transport.open("POST", url, headers={}, body=b"{}", connect_timeout_s=1.0)
     finally:

@@ -9,26 +9,13 @@ Real loopback sockets; the endpoint is a port with nothing listening (connection
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from hearth.gateway.transport.client import AiohttpTransport, ConnectFailed
-from tests.gateway.gateway_helpers import MESSAGES, gateway, make_config
+from tests.gateway.gateway_helpers import MESSAGES, closed_port, gateway, make_config
 
 pytestmark = pytest.mark.anyio
 SECRET = "qT0kenValue42xyz"
-
-
-def _closed_port() -> int:
-    """A loopback port with nothing listening: bound, never listened on, held while the test runs."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    _closed_port.held.append(sock)
-    return sock.getsockname()[1]
-
-
-_closed_port.held = []
 
 
 @pytest.fixture
@@ -37,8 +24,8 @@ def anyio_backend():
 
 
 async def test_the_health_probes_last_error_does_not_show_a_secret_query_value():
-    port = _closed_port()
-    provider = {"name": "lora", "base_url": f"http://127.0.0.1:{_closed_port()}/v1", "model": "m",
+    port = closed_port()
+    provider = {"name": "lora", "base_url": f"http://127.0.0.1:{closed_port()}/v1", "model": "m",
                 "timeouts": {"connect_s": 1.0, "first_token_s": 1.0, "total_s": 2.0}, "scale_to_zero": True,
                 "health_url": f"http://127.0.0.1:{port}/health?token={SECRET}", "warm": {"probe_timeout_s": 1.0}}
     async with gateway(make_config(provider)) as client:
@@ -55,7 +42,7 @@ async def test_transport_errors_name_the_url_without_its_secret_query_values(que
     transport = AiohttpTransport()
     await transport.start()
     try:
-        url = f"http://127.0.0.1:{_closed_port()}/health?{query}"
+        url = f"http://127.0.0.1:{closed_port()}/health?{query}"
         with pytest.raises(ConnectFailed) as caught:
             await transport.open("GET", url, headers={}, body=None, connect_timeout_s=1.0)
     finally:
