@@ -352,3 +352,20 @@ def test_the_commands_this_file_checks_cover_every_hearth_subcommand():
     names = {name for name, _ in itertools.chain(CLI.commands.items())}
     shown = {c.split()[1] for _, c, _ in COMMANDS}
     assert names <= shown, names - shown
+
+
+def _walk(cmd, name="hearth"):
+    yield name, cmd
+    for sub_name, sub in getattr(cmd, "commands", {}).items():
+        yield from _walk(sub, f"{name} {sub_name}")
+
+
+def test_cli_help_has_no_bracket_rich_would_eat():
+    """typer renders help through rich, which takes an unescaped `[word]` for a style tag and drops it: `hearth serve
+    --help` said "default: the TOML's  host" for `[app] host`. A bracket that starts with a letter must be written
+    `\\[`; `[1]`, `[2e-4]`, `[90% of the GPU]` are left alone by rich."""
+    tag = re.compile(r"(?<!\\)\[[A-Za-z_/][^\]]*\]")
+    bad = [f"{name} {p.name}: {m.group(0)}" for name, cmd in _walk(CLI)
+           for p in cmd.params for m in tag.finditer(getattr(p, "help", None) or "")]
+    bad += [f"{name}: {m.group(0)}" for name, cmd in _walk(CLI) for m in tag.finditer(cmd.help or "")]
+    assert not bad, bad

@@ -123,8 +123,8 @@ def gateway(
 def serve(
     config: Annotated[Optional[Path], typer.Option("--config", help="TOML file (providers, app settings)")] = None,
     database_url: Annotated[Optional[str], typer.Option("--database-url", help="default: a SQLite file under ./var/")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="default: the TOML's [app] host, else 127.0.0.1")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help="default: the TOML's [app] port, else 8000")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="default: the TOML's \\[app] host, else 127.0.0.1")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="default: the TOML's \\[app] port, else 8000")] = None,
     workers: Annotated[int, typer.Option("--workers", help="worker processes (state is shared through the database; use PostgreSQL)")] = 1,
 ) -> None:
     """Run the companion app (SQLite by default, PostgreSQL by URL)."""
