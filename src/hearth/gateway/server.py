@@ -851,6 +851,10 @@ def main(config: Path, host: str = "127.0.0.1", port: int = 8400, workers: int =
     setup_logging()
     if not isinstance(workers, int) or workers < 1:
         return _fail(f"--workers must be >= 1, got {workers!r}", 2)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        # before: 70000 passed the port check (getaddrinfo wraps it) and died in aiohttp's bind with an
+        # OverflowError traceback; -1 was 'cannot listen on 127.0.0.1:-1: Servname not supported', exit 1
+        return _fail(f"--port must be 0-65535, got {port!r}", 2)
     try:
         cfg = load_config(config)
     except ConfigError as exc:
