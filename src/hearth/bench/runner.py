@@ -423,6 +423,25 @@ def _print_geomeans(rows) -> None:
         print(line, flush=True)
 
 
+def _check_out(out: Path, merge) -> None:
+    """ValueError naming --out or --merge when OUT cannot take results.jsonl and the reports (a file in its place or
+    on the way to it, a folder without write permission, a folder named results.jsonl), or a --merge folder's
+    results.jsonl is a folder."""
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(f"--out: {folder} is a file, not a folder"
+                                 + (f" (so {out} cannot be created)" if folder != out else ""))
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ValueError(f"--out: cannot write in {folder} (permission denied)")
+            break
+    if (out / "results.jsonl").is_dir():
+        raise ValueError(f"--out: {out / 'results.jsonl'} is a folder, where the run writes its results.jsonl file")
+    for d in merge or []:
+        if (Path(d) / "results.jsonl").is_dir():
+            raise ValueError(f"--merge: {Path(d) / 'results.jsonl'} is a folder, not a results.jsonl file")
+
+
 def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path("benchmarks/latest"), check=False,
          report_only=False, merge=None, budget_s=None, total_budget_s=450.0, plots=True, registry=None,
          write_report=True) -> int:
@@ -447,6 +466,9 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     out = Path(out)
     results = out / "results.jsonl"
     try:
+        # before anything runs: the first write (results.jsonl after the first case) met a file on the way, or a
+        # folder named results.jsonl, with a traceback
+        _check_out(out, merge)
         extra = [read_rows(Path(d) / "results.jsonl") for d in (merge or [])]
         for d in merge or []:
             if not (Path(d) / "results.jsonl").exists():
