@@ -1,5 +1,12 @@
 """Test-wide set-up. Without CUDA, Triton kernels run in the CPU interpreter: the variable
-must be set before triton is first imported, hence here, before anything imports torch."""
+must be set before triton is first imported, hence here, before anything imports torch.
+
+Timed tests: CI is a loaded 2-core machine that has stalled a process by about a second. A test tells right
+from wrong by what happened (attempts, counts, labels, bytes), and where it needs the clock, the wrong
+behaviour costs seconds (a long timeout, or an asyncio.Event the test sets) and a bound leaves at least
+1.5 s of slack (tests/gateway/gateway_helpers.py: MARGIN_S, SLOW_S); a call that should succeed gets over a
+second of room under its timeout. A port picked by free_port() for a child process is picked again when the
+child reports it in use."""
 
 import os
 import shutil
