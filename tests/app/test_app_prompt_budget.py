@@ -9,6 +9,7 @@ largest system prompt and one max_text_chars message is refused at start-up, nam
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -40,6 +41,16 @@ class ContextModel(FakeModel):
             self.calls.append((kind, messages))
             raise UpstreamStatus("fake", 400, body="context_length_exceeded")
         return await super().complete(messages, kind=kind, **kw)
+
+
+@asynccontextmanager
+async def _context_app(settings):
+    """The app on a ContextModel served at settings.max_prompt_chars, with a signed-in user and one companion:
+    yields (model, client, csrf, companion id)."""
+    model = ContextModel(limit=settings.max_prompt_chars)
+    async with running_app(settings, model=model) as (_, client):
+        csrf = await signup(client, "ann")
+        yield model, client, csrf, await create_companion(client, csrf)
 
 
 # ------------------------------------------------------------------------------------------------ start-up
@@ -93,10 +104,7 @@ def _check_request(messages: list[dict], text: str, budget: int) -> None:
 @pytest.mark.anyio
 async def test_a_chat_of_long_turns_keeps_getting_replies_within_the_budget(make_settings, sqlite_url):
     settings = make_settings(sqlite_url)
-    model = ContextModel(limit=settings.max_prompt_chars)
-    async with running_app(settings, model=model) as (_, client):
-        csrf = await signup(client, "ann")
-        cid = await create_companion(client, csrf)
+    async with _context_app(settings) as (model, client, csrf, cid):
         for i in range(12):  # before: the 8th turn went over the context, then every later one
             r = await client.post(f"/companions/{cid}/messages", data={"message": _long(i), "csrf": csrf})
             assert r.status_code == 303, (i, r.text[-500:])
@@ -115,10 +123,7 @@ async def test_a_chat_of_long_turns_keeps_getting_replies_within_the_budget(make
 @pytest.mark.anyio
 async def test_a_streamed_chat_turn_is_bounded_too(make_settings, sqlite_url):
     settings = make_settings(sqlite_url)
-    model = ContextModel(limit=settings.max_prompt_chars)
-    async with running_app(settings, model=model) as (_, client):
-        csrf = await signup(client, "ann")
-        cid = await create_companion(client, csrf)
+    async with _context_app(settings) as (model, client, csrf, cid):
         for i in range(10):
             r = await client.post(f"/companions/{cid}/messages", data={"message": _long(i), "csrf": csrf},
                                   headers={"accept": "text/event-stream"})
@@ -129,10 +134,7 @@ async def test_a_streamed_chat_turn_is_bounded_too(make_settings, sqlite_url):
 @pytest.mark.anyio
 async def test_a_rehearsal_of_long_turns_keeps_getting_replies_within_the_budget(make_settings, sqlite_url):
     settings = make_settings(sqlite_url)
-    model = ContextModel(limit=settings.max_prompt_chars)
-    async with running_app(settings, model=model) as (_, client):
-        csrf = await signup(client, "ann")
-        cid = await create_companion(client, csrf)
+    async with _context_app(settings) as (model, client, csrf, cid):
         rid = await start_rehearsal(client, csrf, cid)
         for i in range(10):
             r = await client.post(f"/rehearsals/{rid}/turns", data={"message": _long(i), "csrf": csrf})
@@ -169,10 +171,7 @@ def _check_panel(calls: list[tuple[str, list[dict]]], text: str, budget: int, ea
 async def test_the_panel_after_long_rehearsal_turns_reads_within_the_budget(make_settings, sqlite_url):
     what, system = largest_system_prompt(30)
     settings = make_settings(sqlite_url, max_text_chars=PANEL_TEXT, max_prompt_chars=system + PANEL_TEXT)
-    model = ContextModel(limit=settings.max_prompt_chars)
-    async with running_app(settings, model=model) as (_, client):
-        csrf = await signup(client, "ann")
-        cid = await create_companion(client, csrf)
+    async with _context_app(settings) as (model, client, csrf, cid):
         rid = await start_rehearsal(client, csrf, cid)
         for i in range(5):  # before: from the 3rd turn on the panel's requests went over, every reading failed
             r = await client.post(f"/rehearsals/{rid}/turns", data={"message": _panel_line(i), "csrf": csrf})
