@@ -28,6 +28,14 @@ def _base(path, vocab, layers):
     return path
 
 
+def _refused(out, adapter, base, tok_dir, names):
+    """export ADAPTER onto BASE exits 2 with an 'adapter:' error naming `names`, and writes nothing at OUT."""
+    result = export("--adapter", adapter, "--model", base, "--out", out, "--tokenizer", tok_dir)
+    assert result.exit_code == 2, result.output
+    assert "adapter:" in result.output and names in result.output, result.output
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def three_layers(tmp_path_factory, export_parts):
     tok_dir, base, adapter = export_parts
@@ -37,11 +45,7 @@ def three_layers(tmp_path_factory, export_parts):
 
 def test_an_adapter_for_a_smaller_base_is_refused(tmp_path, export_parts, three_layers):
     tok_dir, base, adapter = export_parts  # the adapter was trained on the 2-layer base
-    out = tmp_path / "o"
-    result = export("--adapter", adapter, "--model", three_layers, "--out", out, "--tokenizer", tok_dir)
-    assert result.exit_code == 2, result.output
-    assert "adapter:" in result.output and "layers.2." in result.output, result.output
-    assert not out.exists()
+    _refused(tmp_path / "o", adapter, three_layers, tok_dir, "layers.2.")
 
 
 def test_an_adapter_for_a_larger_base_is_refused(tmp_path, export_parts, three_layers):
@@ -54,11 +58,7 @@ def test_an_adapter_for_a_larger_base_is_refused(tmp_path, export_parts, three_l
                                                       init_lora_weights=False, task_type="CAUSAL_LM"))
     adapter3 = tmp_path / "adapter3"
     lora.save_pretrained(str(adapter3))
-    out = tmp_path / "o"
-    result = export("--adapter", adapter3, "--model", base, "--out", out, "--tokenizer", tok_dir)
-    assert result.exit_code == 2, result.output
-    assert "adapter:" in result.output and "layers.2." in result.output, result.output
-    assert not out.exists()
+    _refused(tmp_path / "o", adapter3, base, tok_dir, "layers.2.")
 
 
 def test_an_adapter_config_whose_targets_do_not_name_its_weights_is_refused(tmp_path, export_parts):
@@ -68,11 +68,7 @@ def test_an_adapter_config_whose_targets_do_not_name_its_weights_is_refused(tmp_
     cfg = json.loads((edited / "adapter_config.json").read_text(encoding="utf-8"))
     cfg["target_modules"] = ["k_proj"]
     (edited / "adapter_config.json").write_text(json.dumps(cfg), encoding="utf-8")
-    out = tmp_path / "o"
-    result = export("--adapter", edited, "--model", base, "--out", out, "--tokenizer", tok_dir)
-    assert result.exit_code == 2, result.output
-    assert "adapter:" in result.output and "target_modules" in result.output, result.output
-    assert not out.exists()
+    _refused(tmp_path / "o", edited, base, tok_dir, "target_modules")
 
 
 def test_the_matching_adapter_still_exports(tmp_path, export_parts):
