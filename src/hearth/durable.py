@@ -28,6 +28,24 @@ def fsync(path: Path) -> None:
             raise
 
 
+def folder_problem(path: Path, within: Path | None = None) -> str | None:
+    """Why the folder ``path`` (or, with ``within``, something built in ``within``: a sibling temporary) cannot be
+    created and written, judged at the nearest existing folder among ``within`` (default ``path``) and its parents:
+    it is a file, or this process cannot write in it. None when nothing stands in the way. For start-up checks: the
+    first write of a long run met these only after its work, with a bare FileExistsError / PermissionError."""
+    path = Path(path)
+    start = path if within is None else Path(within)
+    for folder in (start, *start.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                return f"{folder} is a file, not a folder" + (f" (so {path} cannot be created)" if folder != path else "")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                return f"cannot write in {folder} (permission denied)" + (
+                    f", where {path} is built" if folder != path else "")
+            return None
+    return None
+
+
 def write_text(path: Path, text: str) -> None:
     """``path`` holding ``text``, whole or not at all, also after a power cut: written to PATH.tmp beside it and
     flushed, renamed over it, the folder flushed. Writing in place (truncate, then write) left it empty or torn after

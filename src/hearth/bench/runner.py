@@ -22,6 +22,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hearth.durable import folder_problem
+
 OP_ORDER = ("softmax", "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "rope", "rope_inplace",
             "swiglu", "swiglu_mlp", "attention", "attention_varlen", "matmul")
 
@@ -427,14 +429,9 @@ def _check_out(out: Path, merge) -> None:
     """ValueError naming --out or --merge when OUT cannot take results.jsonl and the reports (a file in its place or
     on the way to it, a folder without write permission, a folder named results.jsonl), or a --merge folder's
     results.jsonl is a folder."""
-    for folder in (out, *out.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise ValueError(f"--out: {folder} is a file, not a folder"
-                                 + (f" (so {out} cannot be created)" if folder != out else ""))
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise ValueError(f"--out: cannot write in {folder} (permission denied)")
-            break
+    problem = folder_problem(out)
+    if problem:
+        raise ValueError(f"--out: {problem}")
     if (out / "results.jsonl").is_dir():
         raise ValueError(f"--out: {out / 'results.jsonl'} is a folder, where the run writes its results.jsonl file")
     for d in merge or []:

@@ -14,9 +14,9 @@ Serving the adapter without merging is documented in docs/training.md (vLLM --en
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from hearth.durable import folder_problem
 from hearth.train.durable import finish_adapter_publish, fsync_tree, replace_dir, restore_aside
 
 DTYPES = ("bfloat16", "float16")
@@ -105,13 +105,9 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     # the merged model is built beside OUT (.OUT.export-tmp) and renamed into place: a file on the way to OUT, or a
     # folder it cannot write in, failed that write only after the base model had been loaded and merged (minutes for
     # a 14B model), exit 1 and a bare FileExistsError / PermissionError
-    for folder in out.parents:
-        if folder.exists():
-            if not folder.is_dir():
-                raise ValueError(f"out: {folder} is a file, not a folder (so {out} cannot be created)")
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise ValueError(f"out: cannot write in {folder} (permission denied), where {out} is built")
-            break
+    problem = folder_problem(out, within=out.parent)
+    if problem:
+        raise ValueError(f"out: {problem}")
     if out.is_dir() and any(out.iterdir()) and not (out / "export.json").is_file():
         raise ValueError(f"out: {out} is a folder that holds other files and no export.json (not an earlier `hearth "
                          "export`); the merged model would be mixed into it: give an empty or new folder")
