@@ -135,7 +135,8 @@ def fit_history(system: str, earlier: Sequence[Mapping[str, str]], text: str, bu
     text within max_text_chars). The app (chat and rehearsal requests) and the corpus builder (each example's
     prompt) call it with the same budget, so a fine-tune trains on the requests production sends; so do both for
     the panel's message after a rehearsal turn (hearth.prompts.rehearsal_exchange, given max_prompt_chars), whose
-    ``earlier`` are its earlier lines (each line's text and line break) and ``text`` the rest of that message."""
+    ``earlier`` are its earlier lines (each line's text and line break, in the role of who said it: a user's line and
+    the person's lines after it are one exchange) and ``text`` the rest of that message."""
     if not isinstance(budget, int) or isinstance(budget, bool):
         raise TypeError(f"budget: expected int, got {type(budget).__name__}")
     starts = [i for i, turn in enumerate(earlier) if i == 0 or turn["role"] == "user"]  # where each exchange starts

@@ -412,9 +412,10 @@ def rehearsal_exchange(*, name: str, personality: str, relationship: str, earlie
     turns as their message text, history_turn), of which the last PANEL_EXCHANGE_TURNS are read; text: the user's
     new line; reply: the person's reply to it (its message); max_prompt_chars (None: no bound): the budget of the
     analyst's request whose system prompt is ``system``: the oldest earlier lines read are left out as needed
-    (hearth.companion_rules.fit_history, each line with its line break as one exchange), never the new exchange. The
-    app and the corpus pass both, so the panel's request fits the setting. The app, the eval's after-rehearsal case and the
-    corpus (rehearsal_exchange_for) all build it here. TypeError/ValueError naming the argument.
+    (hearth.companion_rules.fit_history: a line of the user's and the person's lines after it go together, each with
+    its line break), never the new exchange. The app and the corpus pass both, so the panel's request fits the
+    setting. The app, the eval's after-rehearsal case and the corpus (rehearsal_exchange_for) all build it here.
+    TypeError/ValueError naming the argument.
     """
     for value, what in ((name, "name"), (personality, "personality"), (relationship, "relationship"),
                         (text, "text"), (reply, "reply")):
