@@ -47,7 +47,7 @@ from hearth.app.model import check_as_streamed, describe_failure, failure_for_lo
 from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
                                        utcnow)
 from hearth.app.textlimits import AGENT_FIELD_LIMITS
-from hearth.companion_rules import MAX_PROMPT_CHARS, fit_history
+from hearth.companion_rules import MAX_PROMPT_CHARS, PROMPT_MEMORIES, fit_history
 
 # how long past analyst_timeout_s an agent turn without readings is shown as still being read (panel_note): the
 # panel's backstop (_ask_analyst) and the readings' commit
@@ -168,8 +168,8 @@ class SituationView:
     replayed: bool = False  # saved by an earlier submission with the same id (saved_situation)
 
 
-async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str, *, prompt_memories: int = 30,
-                        readable: Readable | None = None) -> str:
+async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str, *,
+                        prompt_memories: int = PROMPT_MEMORIES, readable: Readable | None = None) -> str:
     """The context the panel (and a rehearsal's agent) sees: what the user shares with this companion, then
     what the companion remembers from their chat (its latest ``prompt_memories``, as its own prompt carries
     them). Nothing when the user does not share their context with this companion. What does not open (the
@@ -447,7 +447,7 @@ def exchange_for_panel(view: RehearsalView, text: str, reply: str, system: str,
 
 
 async def rehearsal_context(db: AsyncSession, cipher: UserCipher, rehearsal_id: str, text: str, *,
-                            turns: int, prompt_memories: int = 30,
+                            turns: int, prompt_memories: int = PROMPT_MEMORIES,
                             max_prompt_chars: int = MAX_PROMPT_CHARS) -> tuple[RehearsalView, str, list[dict]]:
     """What one rehearsal turn needs before the model is asked: the rehearsal, the context the panel may
     see (panel_context), and the messages for the agent's reply. NotFound for another user's rehearsal. What does
@@ -567,7 +567,7 @@ def panel_note(turn: TurnView, analyst_timeout_s: float, now: datetime | None = 
 
 async def rehearsal_turn(db: AsyncSession, model: Any, cipher: UserCipher, rehearsal_id: str, text: str, *,
                          max_chars: int, turns: int, deadline_s: float, analyst_timeout_s: float,
-                         prompt_memories: int = 30, submission_id: str | None = None,
+                         prompt_memories: int = PROMPT_MEMORIES, submission_id: str | None = None,
                          max_prompt_chars: int = MAX_PROMPT_CHARS) -> TurnView:
     """The agent replies, both turns are saved (save_rehearsal_exchange), the panel reads the exchange and its
     readings are saved (save_turn_readings): if the panel's readings cannot be saved, the exchange stays saved and
