@@ -12,7 +12,7 @@ from pathlib import Path
 
 import hearth
 from tests.fakes.http_wait import wait_http_ok
-from tests.fakes.openai_server import FakeOpenAI, free_port
+from tests.fakes.openai_server import PORT_TRIES, FakeOpenAI, free_port, port_taken
 
 # where the imported hearth package lives (src/ under PYTHONPATH=src): `hearth serve` runs in another directory, where
 # a relative PYTHONPATH would find another checkout's installed hearth
@@ -50,14 +50,10 @@ class ServeProcess:
         return self.log.read_text(errors="replace")
 
 
-# what `hearth serve` says when its port is taken: its own check, or uvicorn's bind after the check
-PORT_CLASH = ("cannot listen on", "address already in use")
-PORT_TRIES = 3
-
-
 def port_clash(output: str) -> bool:
-    """Whether a server's output says that its port was taken."""
-    return any(s in output.lower() for s in PORT_CLASH)
+    """Whether `hearth serve`'s output says that its port was taken: its own check ('cannot listen on'), or
+    uvicorn's bind after the check (port_taken)."""
+    return "cannot listen on" in output.lower() or port_taken(output)
 
 
 def _stop(proc: subprocess.Popen, stop_signal: int) -> None:

@@ -30,9 +30,9 @@ import pytest
 
 from hearth.app.crypto import new_master_key_text
 from tests.app.app_fakes import openai_handler
-from tests.app.app_server import PORT_TRIES, hearth_serve, port_clash, write_config
+from tests.app.app_server import hearth_serve, port_clash, write_config
 from tests.fakes.http_wait import wait_http_ok
-from tests.fakes.openai_server import FakeOpenAI, free_port
+from tests.fakes.openai_server import PORT_TRIES, FakeOpenAI, free_port
 
 _CSRF = __import__("re").compile(r'name="csrf" value="([^"]+)"')
 PASSWORD = "correct horse battery"

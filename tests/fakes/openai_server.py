@@ -170,6 +170,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A free_port() handed to a child process is free when picked, not necessarily when the child binds it: another
+# process (the other pytest worker's servers) can take it in between. The tests that start a child on one pick
+# another port when the child says so, up to PORT_TRIES ports in all; no other failure is tried again.
+PORT_TRIES = 3
+
+
+def port_taken(output: str) -> bool:
+    """Whether a child server's output says its port was taken (EADDRINUSE)."""
+    return "address already in use" in output.lower()
+
+
 def _split(content: str, parts: int = 3) -> list[str]:
     if not content:
         return [""]

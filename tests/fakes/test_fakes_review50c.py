@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.evals import fake_eval_server
-from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port, usage_json
+from tests.fakes.openai_server import PORT_TRIES, Behavior, FakeOpenAI, free_port, port_taken, usage_json
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTENT = "x" * 100  # 25 made-up completion tokens
@@ -73,15 +73,13 @@ def test_the_eval_servers_docstring_tells_its_real_default_port():
 
 
 def test_an_explicit_port_as_the_docs_pass_it_is_used():
-    for attempt in range(3):
+    for attempt in range(1, PORT_TRIES + 1):
         want = free_port()
         try:
             assert _run_eval_server("--port", str(want)) == want
             break
         except subprocess.CalledProcessError as e:
-            # free when picked, not necessarily when the child binds it: the other pytest worker's servers take
-            # ports too. Only that clash is tried again.
-            if attempt == 2 or "address already in use" not in e.stderr.lower():
+            if attempt == PORT_TRIES or not port_taken(e.stderr):  # only a port taken meanwhile is tried again
                 raise
     for doc in ("README.md", "docs/eval.md"):  # the docs' commands: explicit --port, which the server takes
         assert "python -m tests.evals.fake_eval_server --port 8123" in (ROOT / doc).read_text()

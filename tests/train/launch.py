@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.fakes.openai_server import PORT_TRIES, free_port, port_taken
 from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,12 +35,6 @@ def tiny_run(d: Path, run: dict) -> tuple[Path, Path, Path]:
     return corpus, base, run_toml
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def failure(proc: subprocess.CompletedProcess) -> str:
     """A failed torchrun's story: the tails of stdout and stderr, and, from anywhere in stderr, the lines a rank's
     own crash leaves (a C++ `what():` or `terminate called` above torchrun's summary can fall outside the tail)."""
@@ -52,14 +46,13 @@ def failure(proc: subprocess.CompletedProcess) -> str:
 def torchrun(run_toml: Path, out: Path, parallel: str, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT), OMP_NUM_THREADS="1")
-    for _ in range(3):
+    for _ in range(PORT_TRIES):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), "-m", "hearth.cli", "train", str(run_toml), "--out", str(out),
                "--parallel", parallel, *extra]
         # generous: two ranks share 2 cores with whatever else runs; a hang still ends here, not at CI's limit
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=out.parent)
-        # the free port is free when picked, not when torchrun binds it seconds later (importing torch): another
-        # process (the other pytest worker's servers) can take it in between. Only that clash is run again.
-        if proc.returncode == 0 or "address already in use" not in (proc.stdout + proc.stderr).lower():
+        # free when picked, not when torchrun binds it seconds later (importing torch): only that clash runs again
+        if proc.returncode == 0 or not port_taken(proc.stdout + proc.stderr):
             return proc
     return proc

@@ -18,8 +18,9 @@ import torch
 
 from hearth.train import distributed as D
 from hearth.train import finetune
+from tests.fakes.openai_server import free_port
 from tests.train import launch
-from tests.train.launch import failure, free_port, tiny_run, torchrun
+from tests.train.launch import failure, tiny_run, torchrun
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")

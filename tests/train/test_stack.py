@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hearth.cli import app
-from tests.fakes.openai_server import free_port
+from tests.fakes.openai_server import PORT_TRIES, free_port, port_taken
 from tests.train.tiny import save_tiny_model, tiny_tokenizer, write_corpus
 
 transformers = pytest.importorskip("transformers")
@@ -30,7 +30,7 @@ pytest.importorskip("openai")  # transformers serve needs it (transformers[servi
 @contextmanager
 def transformers_serve(model_dir: Path, log: Path, ready_s: float = 90.0):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    for attempt in range(3):
+    for attempt in range(PORT_TRIES):
         port = free_port()
         cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; "
                "sys.argv[0] = 'transformers'; sys.exit(main())", "serve", str(model_dir), "--host", "127.0.0.1",
@@ -54,10 +54,10 @@ def transformers_serve(model_dir: Path, log: Path, ready_s: float = 90.0):
             raise
         if proc.poll() is None:
             break
-        # the free port is free when picked, not when the server binds it seconds later (importing transformers):
-        # another process (the other pytest worker's servers) can take it in between. Only that clash is tried again.
+        # free when picked, not when the server binds it seconds later (importing transformers): only that clash is
+        # tried again
         text = log.read_text(errors="replace")
-        assert "address already in use" in text.lower() and attempt < 2, f"transformers serve exited {proc.returncode}:\n{text}"
+        assert port_taken(text) and attempt < PORT_TRIES - 1, f"transformers serve exited {proc.returncode}:\n{text}"
     try:
         yield url
     finally:
