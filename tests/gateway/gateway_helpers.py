@@ -31,6 +31,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 FIRST_TOKEN_S = 0.8
 MARGIN_S = 1.5
 SLOW_S = 6.0
+# a provider's timeouts when the test's wrong behaviour is "waited for one of them": each costs SLOW_S or more
+SLOW_TIMEOUTS = {"connect_s": SLOW_S, "first_token_s": SLOW_S, "total_s": 2 * SLOW_S}
 
 
 def provider(name: str, server, **overrides) -> dict:

@@ -17,7 +17,7 @@ from hearth.gateway.errors import (
 )
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
 from tests.gateway.gateway_helpers import (
-    CHAT, CHAT_JSON, FIRST_TOKEN_S, MARGIN_S, MESSAGES, SLOW_S, make_config, provider, steady, stopwatch,
+    CHAT, CHAT_JSON, FIRST_TOKEN_S, MARGIN_S, MESSAGES, SLOW_TIMEOUTS, make_config, provider, steady, stopwatch,
 )
 
 GOOD = Behavior.reply(CHAT_JSON)
@@ -65,7 +65,7 @@ def test_fault_falls_through_to_next_provider(primary, outcome, budget_s):
 def test_slow_first_token_within_budget_is_served_by_primary():
     # a first token 0.3 s late against a 6 s budget: the gap to the timeout is far above any load stall
     late = Behavior.reply(CHAT_JSON, delay_s=FIRST_TOKEN_S)
-    result, elapsed, a, b = asyncio.run(_two(late, a_timeouts={"first_token_s": SLOW_S, "total_s": 2 * SLOW_S}))
+    result, elapsed, a, b = asyncio.run(_two(late, a_timeouts=SLOW_TIMEOUTS))
     assert result.provider == "a" and result.attempts == [("a", "ok")] and not b.requests
     assert FIRST_TOKEN_S <= elapsed < FIRST_TOKEN_S + MARGIN_S
 
@@ -75,7 +75,7 @@ def test_refused_connection_falls_through_fast():
         async with FakeOpenAI(GOOD) as b:
             # refused at once: a connect that waited for its timeout would cost SLOW_S
             dead = {"name": "a", "base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "m",
-                    "timeouts": {"connect_s": SLOW_S, "first_token_s": SLOW_S, "total_s": 2 * SLOW_S}}
+                    "timeouts": SLOW_TIMEOUTS}
             async with Chain(make_config(dead, steady("b", b))) as chain:
                 with stopwatch() as t:
                     result = await chain.complete(MESSAGES, kind="chat")

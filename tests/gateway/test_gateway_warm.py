@@ -5,7 +5,9 @@ import logging
 
 from hearth.gateway.chain import Chain
 from tests.fakes.openai_server import Behavior, FakeOpenAI, free_port
-from tests.gateway.gateway_helpers import CHAT_JSON, MARGIN_S, MESSAGES, SLOW_S, make_config, steady, stopwatch
+from tests.gateway.gateway_helpers import (
+    CHAT_JSON, MARGIN_S, MESSAGES, SLOW_S, SLOW_TIMEOUTS, make_config, steady, stopwatch,
+)
 
 GOOD = Behavior.reply(CHAT_JSON)
 PROBE_S = 0.1
@@ -62,7 +64,7 @@ def test_hanging_cold_endpoint_shares_one_probe_and_serves_after_warmup():
 
         async with FakeOpenAI(GOOD, health=health) as ft, FakeOpenAI(GOOD) as hosted:
             ft_cfg = {**_finetune(ft.port, warmup_budget_s=60.0, warmup_request_timeout_s=30.0),
-                      "timeouts": {"connect_s": SLOW_S, "first_token_s": SLOW_S, "total_s": 2 * SLOW_S}}
+                      "timeouts": SLOW_TIMEOUTS}
             async with Chain(make_config(ft_cfg, steady("hosted", hosted))) as chain:
                 with stopwatch() as t:
                     burst = await asyncio.wait_for(
