@@ -6,7 +6,7 @@
 For each case (bf16; by default the causal cases of `hearth bench attention --sizes models` that ran furthest below cuDNN)
 and each knob setting (env vars read by attention_gluon at call time: HEARTH_ATTN_FB_PAIR_GROUP,
 HEARTH_ATTN_FB_CONFIG, HEARTH_ATTN_FB_DQ_SPLIT, HEARTH_ATTN_FB_SEQ_ORDER (packed rows), HEARTH_ATTN_GLUON_PERSIST, and the persistent forward's
-HEARTH_ATTN_PPS_BALANCE / HEARTH_ATTN_PPS_TILE_COST, HEARTH_ATTN_FB_ACC_MIB; and the pseudo-knob PP_CONFIG=BMxBNxSTAGES, which
+HEARTH_ATTN_PPS_BALANCE / HEARTH_ATTN_PPS_TILE_COST, HEARTH_ATTN_FB_ACC_MIB, HEARTH_ATTN_FB_STEP_ORDER; and the pseudo-knob PP_CONFIG=BMxBNxSTAGES, which
 this probe applies by setting attention_gluon.PP_CONFIGS[D] for the setting and restores after: the ping-pong forward's
 launch config, e.g. at head_dim 64; run the probe with HEARTH_ATTN_GLUON_PP=1 exported for a setting
 HEARTH_ATTN_GLUON=1 to reach the ping-pong forward where it is not the default), hearth.kernels.attention fwd+bwd (--pass fwd: the training

@@ -450,6 +450,48 @@ def test_sm90_fused_backward_stats_ahead_builds():
         assert r["loads"] > base["loads"], (r, base)
 
 
+def test_fb_step_order_env():
+    """The STEP_ORDER probe knob: unset the shipped FB_STEP_ORDER, "0" / "1" / "2" those orders (_fb_step); anything
+    else is an error naming the variable (a silent fall back would time the wrong kernel)."""
+    assert ag._fb_step_order({}) == ag.FB_STEP_ORDER
+    assert [ag._fb_step_order({"HEARTH_ATTN_FB_STEP_ORDER": v}) for v in ("0", "1", "2")] == [0, 1, 2]
+    for bad in ("3", "-1", "yes"):
+        with pytest.raises(ValueError, match="HEARTH_ATTN_FB_STEP_ORDER"):
+            ag._fb_step_order({"HEARTH_ATTN_FB_STEP_ORDER": bad})
+    assert ag._fb_meta(128, None, {"HEARTH_ATTN_FB_STEP_ORDER": "2"})["STEP_ORDER"] == 2
+
+
+_FB_STEP_ORDER_SCRIPT = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen in (False, True):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for order in (0, 1, 2):
+        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(64, 128),
+                                           causal=(True,), fb_step_order=order, **extra):
+            r = hi.report_compiled(label, k, sass=False)
+            out.append(dict(label=label, order=order, spill=r.spill_bytes, shared=r.shared_bytes))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_step_orders_build():
+    """The probe orders STEP_ORDER 1 and 2 (each query block's heads together; 2 from the last block down) at
+    head_dim 64 and 128, causal, dense and packed: each builds for sm_90 within the shipped order's shared memory
+    (its scratch may move by a few bytes: 16 fewer at d64 packed on 2026-12-07), is named by its order, and spills
+    at most 16 bytes more than the shipped build (16 more at d64 dense and d128 packed on 2026-12-07)."""
+    reports = run_offline(_FB_STEP_ORDER_SCRIPT)
+    assert len(reports) == 12, [r["label"] for r in reports]
+    shipped = {r["label"]: r for r in reports if not r["order"]}
+    for r in (r for r in reports if r["order"]):
+        tag = f" step-order{r['order']}"
+        assert tag in r["label"], r
+        base = shipped[r["label"].replace(tag, "")]
+        assert r["shared"] <= min(base["shared"] + 64, 227 * 1024) and r["spill"] <= base["spill"] + 16, (r, base)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_kernel_is_opt_in(d):
     """dK / dV: the Gluon kernel only with HEARTH_ATTN_GLUON_BWD=1, and only where it serves."""
@@ -976,6 +1018,20 @@ def test_gpu_backward_fused_gqa_40_8_bthd_fp16_and_lengths(D, causal):
         _check_backward_lengths(300, 1111, D, parts=("fused",))
         _check_backward_lengths(1111, 100, D, parts=("fused",))
         _check_backward_lengths(200, 100, D, dtype=torch.float16, score_shift=32.0 * math.sqrt(D), parts=("fused",))
+
+
+@hopper_only
+@pytest.mark.parametrize("order", ["1", "2"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_backward_fused_step_orders(monkeypatch, D, order):
+    """The fused backward's probe step orders (HEARTH_ATTN_FB_STEP_ORDER 1 / 2: each query block's heads together,
+    2 from the last block down) within the 2x rule, causal and not, GQA 40/8 in [B, T, H, D] memory, fp16 with a
+    ragged length, and GQA 4/2 at a length with a partial last block; the order only moves when a step runs."""
+    monkeypatch.setenv("HEARTH_ATTN_FB_STEP_ORDER", order)
+    for causal in (False, True):
+        _check_backward(1, 40, 8, 1500, D, causal, bthd=True, parts=("fused",))
+        _check_backward(2, 4, 4, 777, D, causal, dtype=torch.float16, parts=("fused",))
+        _check_backward(1, 4, 2, 4160, D, causal, parts=("fused",))
 
 
 def test_fused_backward_grid_order_rule():

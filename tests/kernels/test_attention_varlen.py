@@ -794,6 +794,22 @@ def test_gpu_gluon_backward_early_release_and_dq_bufs2(monkeypatch, knob, value)
             torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
 
 
+@gpu_only
+@pytest.mark.parametrize("order", ["1", "2"])
+def test_gpu_gluon_backward_step_orders(monkeypatch, order):
+    """HEARTH_ATTN_FB_STEP_ORDER=1 / 2 (the packed fused backward taking each query block's heads together, 2 from
+    each sequence's last block down): out, dq, dk and dv under THE rule, causal and not (its dK / dV sum the same
+    steps in another order, so they are not bitwise the shipped order's); GQA 8/2, ragged lengths with a one-token
+    sequence, head_dim 128."""
+    if importlib.import_module("hearth.kernels.attention").device_capability(torch.device("cuda"))[0] != 9:
+        pytest.skip("the Gluon kernels serve Hopper only")
+    lens = [300, 1000, 1, 2000, 129]
+    q, k, v, do, _, _ = _make(lens, lens, 8, 2, 128, torch.bfloat16, seed=13, device="cuda")
+    monkeypatch.setenv("HEARTH_ATTN_FB_STEP_ORDER", order)
+    for causal in (False, True):
+        _rule_per_sequence(q, k, v, do, lens, lens, causal)
+
+
 def test_fb_seq_order_env():
     """The packed fused backward's sequence order: None unless HEARTH_ATTN_FB_SEQ_ORDER=1, then the sequences by
     key count, longest first, ties in packed order (int32, on cu_k's device); a bad value is an error naming it."""

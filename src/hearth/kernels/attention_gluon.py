@@ -1218,16 +1218,36 @@ BWD_CANDIDATES = {
 
 
 @gluon.jit
+def _fb_step(i, n_m, m_lo, GROUP, STEP_ORDER: ttgl.constexpr):
+    """(query head within the group, query block) of a backward program's step i, over its n_m query blocks from
+    m_lo and GROUP query heads. STEP_ORDER 0: each head's blocks in turn, from m_lo up (the shipped order); 1: each
+    query block's GROUP heads together, blocks from m_lo up; 2: the same, blocks from the last down to m_lo, so that
+    under causal masking every program of a (b, K/V head) pair starts at the same block and they stay in step (a
+    probe knob, env HEARTH_ATTN_FB_STEP_ORDER)."""
+    if STEP_ORDER == 0:
+        g = i // n_m
+        qb = m_lo + i % n_m
+    elif STEP_ORDER == 1:
+        g = i % GROUP
+        qb = m_lo + i // GROUP
+    else:
+        g = i % GROUP
+        qb = m_lo + n_m - 1 - i // GROUP
+    return g, qb
+
+
+@gluon.jit
 def _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
                    BLOCK_M: ttgl.constexpr, HEAD_DIM: ttgl.constexpr, NUM_STAGES: ttgl.constexpr,
-                   TILE_BYTES: ttgl.constexpr, q0=0):
+                   TILE_BYTES: ttgl.constexpr, q0=0, STEP_ORDER: ttgl.constexpr = 0):
     """Start the TMA loads of step i's Q and dO tiles into ring slot i % NUM_STAGES (no-op past the last
-    step). Step i is query block m_lo + i % n_m of query head hk * GROUP + i // n_m; its box starts at row
-    q0 + the block's first query (q0: a packed sequence's first row, else 0)."""
+    step). Step i is query block qb of query head hk * GROUP + g, (g, qb) = _fb_step(..., STEP_ORDER); its box
+    starts at row q0 + the block's first query (q0: a packed sequence's first row, else 0)."""
     slot = i % NUM_STAGES
     pred = i < n_iters
-    h = hk * GROUP + i // n_m
-    row = q0 + (m_lo + i % n_m) * BLOCK_M
+    g, qb = _fb_step(i, n_m, m_lo, GROUP, STEP_ORDER)
+    h = hk * GROUP + g
+    row = q0 + qb * BLOCK_M
     bar = bars.index(slot)
     box: ttgl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
     mbarrier.expect(bar, 2 * TILE_BYTES, pred=pred)
@@ -1540,13 +1560,14 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _fb_row_stats(Lse, Delta, stat_h0, stat_q0, i, n_iters, m_lo, n_m, STAT_T, N_CTX_Q, BLOCK_M: ttgl.constexpr,
-                  layout: ttgl.constexpr):
+                  layout: ttgl.constexpr, GROUP=1, STEP_ORDER: ttgl.constexpr = 0):
     """(lse * log2(e), delta) of step i's BLOCK_M query rows, 1-D in `layout` (lse +inf and delta 0 past T_q or
-    past the last step). Lse / Delta rows of STAT_T: step i's query head is row stat_h0 + i // n_m (stat_h0: the
-    program's first query head, b * H_Q + hk * GROUP), its queries start at column stat_q0 (a packed sequence's
-    first row, else 0); N_CTX_Q: the (sequence's) query count."""
-    base = (stat_h0 + i // n_m).to(ttgl.int64) * STAT_T + stat_q0
-    offs_m = (m_lo + i % n_m) * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=layout)
+    past the last step). Lse / Delta rows of STAT_T: step i's query head is row stat_h0 + g, its block qb ((g, qb) =
+    _fb_step's; stat_h0: the program's first query head, b * H_Q + hk * GROUP), its queries start at column stat_q0
+    (a packed sequence's first row, else 0); N_CTX_Q: the (sequence's) query count."""
+    g, qb = _fb_step(i, n_m, m_lo, GROUP, STEP_ORDER)
+    base = (stat_h0 + g).to(ttgl.int64) * STAT_T + stat_q0
+    offs_m = qb * BLOCK_M + ttgl.arange(0, BLOCK_M, layout=layout)
     ok = (offs_m < N_CTX_Q) & (i < n_iters)
     lse2 = ttgl.load(Lse + base + offs_m, mask=ok, other=float("inf")) * LOG2E_C
     return lse2, ttgl.load(Delta + base + offs_m, mask=ok, other=0.0)
@@ -1632,7 +1653,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
                  stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
                  SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr, LATE_RELEASE: ttgl.constexpr,
-                 DQ_BUFS: ttgl.constexpr, DQ_EARLY: ttgl.constexpr):
+                 DQ_BUFS: ttgl.constexpr, DQ_EARLY: ttgl.constexpr, STEP_ORDER: ttgl.constexpr):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1695,24 +1716,25 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     offs_d = ttgl.arange(0, DQ_ROWS, layout=ttgl.SliceLayout(1, st_layout))
     if PREFETCH:  # step 0's lse / delta; each step then loads the next step's before its own matmuls
         lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, 0, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
-                                       col_layout)
+                                       col_layout, GROUP, STEP_ORDER)
     mbarrier.wait(kv_bar, 0)
     for i in range(n_iters):
         slot = i % NUM_STAGES
-        start_m = (m_lo + i % n_m) * BLOCK_M
+        g, qb = _fb_step(i, n_m, m_lo, GROUP, STEP_ORDER)
+        start_m = qb * BLOCK_M
         offs_m = start_m + ttgl.arange(0, BLOCK_M, layout=col_layout)
         if PREFETCH:
             lse2 = lse_n
             delta = delta_n
             lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, i + 1, n_iters, m_lo, n_m, stat_t, N_CTX_Q,
                                            BLOCK_M,
-                                           col_layout)
+                                           col_layout, GROUP, STEP_ORDER)
         mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
         if not PREFETCH and not STATS_SMEM:  # loaded once the slot is in: not live across the wait
             lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
-                                        col_layout)
+                                        col_layout, GROUP, STEP_ORDER)
         st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
         if STATS_SMEM:  # each read from the slot just before its use: not live across the matmuls
             lse2 = stats_ring.index(2 * slot).load(col_layout)
@@ -1752,7 +1774,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         ttgl.thread_barrier()
         mbarrier.arrive(ds_full.index(par), count=1)
         ds16 = ttgl.convert_layout(ds, a_layout)
-        head = acc_h0 + i // n_m
+        head = acc_h0 + g
         if EARLY:  # dQ^T's and dK's matmuls issued back to back; dQ^T's reduce goes out while dK's runs
             if DV_LATE:  # dV, dQ^T, dK back to back
                 dv_tok = warpgroup_mma(pt16, do_s, dv, is_async=True)
@@ -1830,7 +1852,7 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
                  empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q,
                  HEAD_DIM: ttgl.constexpr, BLOCK_M: ttgl.constexpr, BLOCK_N: ttgl.constexpr,
                  NUM_STAGES: ttgl.constexpr, STATS_SMEM: ttgl.constexpr, PRODUCER_WARPS: ttgl.constexpr,
-                 stat_h0, stat_t, q0, k0, STATS_AHEAD: ttgl.constexpr = False):
+                 stat_h0, stat_t, q0, k0, STATS_AHEAD: ttgl.constexpr = False, STEP_ORDER: ttgl.constexpr = 0):
     """The load warp of the fused backward: the program's K and V block once, then each step's Q and dO tiles
     into ring slot i % NUM_STAGES once both consumers released the step that held it before; with STATS_SMEM
     also the step's lse * log2(e) and delta (stats_ring rows 2 * slot and 2 * slot + 1), stored before the slot's
@@ -1852,24 +1874,24 @@ def _fb_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring
     AHEAD: ttgl.constexpr = STATS_SMEM and STATS_AHEAD
     if AHEAD:  # step 0's lse / delta; each step then starts the next one's loads before waiting for its slot
         lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, 0, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
-                                       stat_layout)
+                                       stat_layout, GROUP, STEP_ORDER)
     for i in range(n_iters):
         slot = i % NUM_STAGES
         if AHEAD:
             lse2 = lse_n
             delta = delta_n
             lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, i + 1, n_iters, m_lo, n_m, stat_t, N_CTX_Q,
-                                           BLOCK_M, stat_layout)
+                                           BLOCK_M, stat_layout, GROUP, STEP_ORDER)
         mbarrier.wait(empty_bars.index(slot), ((i // NUM_STAGES) & 1) ^ 1, pred=i >= NUM_STAGES)
         if STATS_SMEM:
             if not AHEAD:
                 lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
-                                            stat_layout)
+                                            stat_layout, GROUP, STEP_ORDER)
             stats_ring.index(2 * slot).store(lse2)
             stats_ring.index(2 * slot + 1).store(delta)
             ttgl.thread_barrier()  # every lane's stores come before the arrive (expect) that publishes the slot
         _bwd_issue_qdo(q_desc, do_desc, q_ring, do_ring, ld_bars, i, n_iters, n_m, m_lo, b, hk, GROUP,
-                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES, q0)
+                       BLOCK_M, HEAD_DIM, NUM_STAGES, TILE_BYTES, q0, STEP_ORDER)
 
 
 @gluon.jit
@@ -1884,7 +1906,7 @@ def _attn_bwd_fused_gluon_kernel(
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
     SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
     LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1, DQ_EARLY: ttgl.constexpr = 0,
-    STATS_AHEAD: ttgl.constexpr = False,
+    STATS_AHEAD: ttgl.constexpr = False, STEP_ORDER: ttgl.constexpr = 0,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -1995,18 +2017,18 @@ def _attn_bwd_fused_gluon_kernel(
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
                          SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
-                         DQ_EARLY)),
+                         DQ_EARLY, STEP_ORDER)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
                          SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
-                         DQ_EARLY)),
+                         DQ_EARLY, STEP_ORDER)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
-                         k0, STATS_AHEAD))],
+                         k0, STATS_AHEAD, STEP_ORDER))],
         [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_bar)
@@ -2337,6 +2359,21 @@ def _fb_dq_early(env) -> int:
     return int(raw)
 
 
+# the fused backward's step order (_fb_step): 0, each query head's blocks in turn from the diagonal up
+FB_STEP_ORDER = 0
+
+
+def _fb_step_order(env) -> int:
+    """The fused backward's STEP_ORDER (_fb_step): env HEARTH_ATTN_FB_STEP_ORDER ("0", "1" or "2"; a probe knob),
+    else FB_STEP_ORDER."""
+    raw = env.get("HEARTH_ATTN_FB_STEP_ORDER", "").strip()
+    if raw == "":
+        return FB_STEP_ORDER
+    if raw not in ("0", "1", "2"):
+        raise ValueError(f"HEARTH_ATTN_FB_STEP_ORDER must be 0, 1 or 2, got {raw!r}")
+    return int(raw)
+
+
 def _fb_meta(head_dim: int, config, env, table=None) -> dict:
     """The fused backward's launch constexprs but CAUSAL / PAIR_GROUP (and num_warps): config (BLOCK_M, NUM_STAGES)
     or the probe knob HEARTH_ATTN_FB_CONFIG or table's (FB_CONFIGS; FB_CONFIGS_VARLEN for packed rows), and the
@@ -2354,7 +2391,7 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", FB_LATE_RELEASE),
                 DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1,
                 DQ_EARLY=_fb_dq_early(env), STATS_AHEAD=_env_flag(env, "HEARTH_ATTN_FB_STATS_AHEAD", False),
-                num_warps=4)
+                STEP_ORDER=_fb_step_order(env), num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2441,7 +2478,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     dQ^T staging tiles a warpgroup, used in turn: the consumer's DQ_BUFS 2), HEARTH_ATTN_FB_DQ_EARLY (0 by
     default; with the dQ split, "1" or "2": dQ^T's matmul issued before dK's, its reduce while dK's runs, the
     consumer's DQ_EARLY, _fb_dq_early), HEARTH_ATTN_FB_STATS_AHEAD (off by default; with STATS_SMEM, the producer
-    loads a step's lse / delta a step ahead, before waiting for its slot: its STATS_AHEAD); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    loads a step's lse / delta a step ahead, before waiting for its slot: its STATS_AHEAD), HEARTH_ATTN_FB_STEP_ORDER
+    (0 by default, FB_STEP_ORDER; "1" / "2": each query block's heads together, 2 from the last block down: _fb_step);
+    and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
     (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
@@ -2587,7 +2626,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
                     fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=FB_LATE_RELEASE,
-                    fb_dq_bufs=1, fb_dq_early=0, fb_stats_ahead=False):
+                    fb_dq_bufs=1, fb_dq_early=0, fb_stats_ahead=False, fb_step_order=FB_STEP_ORDER):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2599,7 +2638,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen); fb_dq_async,
     its DQ_ASYNC (with the dQ split); fb_late_release, its LATE_RELEASE (likewise); fb_dq_bufs, its DQ_BUFS (likewise, with the
     TMA reduce); fb_dq_early, its DQ_EARLY (0, 1 or 2; with the dQ split, not fb_dq_async); fb_stats_ahead, its
-    producer's STATS_AHEAD (with fb_stats_smem, not fb_prefetch). Needs
+    producer's STATS_AHEAD (with fb_stats_smem, not fb_prefetch); fb_step_order, its STEP_ORDER (_fb_step). Needs
     TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2653,7 +2692,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          CONSUMER_REGS=CONSUMER_REGS, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
                          PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async, LATE_RELEASE=fb_late_release,
-                         DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early, STATS_AHEAD=fb_stats_ahead)
+                         DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early, STATS_AHEAD=fb_stats_ahead,
+                         STEP_ORDER=fb_step_order)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2684,6 +2724,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += " dq-bufs2" if fb_dq_bufs == 2 and fb_dq_tma and split and not fb_dq_async else ""
             forms += f" dq-early{fb_dq_early}" if fb_dq_early and split and not fb_dq_async else ""
             forms += " stats-ahead" if fb_stats_ahead and staged else ""
+            forms += f" step-order{fb_step_order}" if fb_step_order else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
