@@ -168,6 +168,10 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
         raise ValueError(f"temperature must be in [0, 2], got {temperature}")
     if extra_body and (error := extra_body_error(extra_body, max_tokens=max_tokens, json_schema=json_schema)):
         raise ValueError(error)
+    # as main checks --api-key-env's value: a key that cannot go in a header failed every call with an error that
+    # quotes the header, the key in it, into each reply's reason (the console and the report); the key never shown
+    if api_key and not all("!" <= ch <= "~" for ch in api_key):
+        raise ValueError("api_key must be printable ASCII with no whitespace (a trailing newline?), without 'Bearer '")
     for i, case in enumerate(cases):  # now, not from the scorer once the calls were made
         if case.kind not in REPLY_KINDS:
             raise ValueError(f"cases[{i}].kind must be one of {REPLY_KINDS}, got {case.kind!r} (case {case.id!r})")
