@@ -454,6 +454,10 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         return bad(f"--base-url is not a valid URL ({exc}): {base_url!r}")
     if not url.host or (port is not None and not 0 < port < 65536):
         return bad(f"--base-url needs a host and a port in 1..65535, got {base_url!r}")
+    if url.query or url.fragment or "?" in base_url or "#" in base_url:
+        # /chat/completions is appended to the URL as text: "/v1?x=1" would post to /v1 with the query garbled
+        return bad(f"--base-url must not have a query or fragment (/chat/completions is appended to it), got "
+                   f"{_redacted(base_url)!r}")
     # an empty value (a shell variable that was empty) is a mistake to report, not "no such option": the run would
     # go out without the key, or without the extra body, and measure something else than asked
     if api_key_env is not None and not api_key_env.strip():
