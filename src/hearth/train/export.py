@@ -14,6 +14,7 @@ Serving the adapter without merging is documented in docs/training.md (vLLM --en
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hearth.durable import folder_problem
@@ -83,7 +84,9 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    adapter, model, out = Path(adapter), Path(model), Path(out)
+    # OUT absolute and without '.' / '..': the merged folder is built beside it under its name, and '.' has none (the
+    # export failed after the merge), '..' none to build beside
+    adapter, model, out = Path(adapter), Path(model), Path(os.path.abspath(out))
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if adapter.is_dir():
