@@ -53,8 +53,8 @@ from hearth.train.batches import (
 )
 from hearth.train.distributed import PARALLEL
 from hearth.train.durable import (
-    ADAPTER_TMP, CORPUS, CORPUS_FILES, CORPUS_IN, CORPUS_NEW, finish_adapter_publish, fsync_tree, publish_adapter,
-    publish_pending, replace_dir, restore_aside,
+    ADAPTER, ADAPTER_CONFIG, ADAPTER_TMP, CORPUS, CORPUS_FILES, CORPUS_IN, CORPUS_NEW, finish_adapter_publish, fsync_tree,
+    publish_adapter, publish_pending, replace_dir, restore_aside,
 )
 
 IGNORE_INDEX = -100
@@ -256,6 +256,15 @@ class FinetuneConfig:
             if (Path(self.out) / name).is_dir():
                 raise ValueError(f"out: {Path(self.out) / name} is a folder, where the run writes its {name} file; "
                                  "move it away or give the run another out")
+        # the final adapter is published with peft's model card, README.md, the old set's files deleted
+        # (durable.ADAPTER_FILES): a README.md no earlier adapter brought (no adapter_config.json beside it, no
+        # interrupted publish) is the user's, and would be lost
+        readme = Path(self.out) / "README.md"
+        if ((readme.is_file() or readme.is_symlink()) and not (Path(self.out) / ADAPTER_CONFIG).is_file()
+                and not publish_pending(Path(self.out), ADAPTER)):
+            raise ValueError(f"out: {self.out} holds a README.md that no earlier run's adapter wrote; the run's adapter "
+                             "is saved with peft's model card under that name and would replace it: move it away or "
+                             "give the run another out")
         checkpoints = Path(self.out) / "checkpoints"
         if self.save_every and checkpoints.exists() and not checkpoints.is_dir():
             raise ValueError(f"out: {checkpoints} is a file, where save_every = {self.save_every} writes its "
