@@ -42,6 +42,7 @@ from hearth.companion_rules import (AGENT_FIELD_LIMITS, CHAT_CONTEXT_TURNS, DEFA
                                     fit_history)
 from hearth.companion_rules import STAGES as LADDER
 from hearth.companion_rules import standing
+from hearth.durable import folder_problem
 from hearth.envelope import MODELS, DuplicateKey, EnvelopeError, Memory, dumps, unique_keys
 from hearth.prompt_budget import budget_shortfall
 from hearth.prompts import (DEFAULT_PROMPT, PERSONAS, WORLD_VIEWS, history_turn, rehearsal_exchange_for,
@@ -592,13 +593,11 @@ def build(input: Path, out_dir: Path, tokenizer: Path | None = None, *, progress
     input, out_dir = Path(input), Path(out_dir)
     if not input.is_file():
         raise ValueError(f"input: {input} is not a file")
-    # found out now, not after the input was read (mkdir raised FileExistsError / NotADirectoryError there)
-    for folder in (out_dir, *out_dir.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise ValueError(f"out_dir: {folder} is a file, not a folder"
-                                 + (f" (so {out_dir} cannot be created)" if folder != out_dir else ""))
-            break
+    # found out now, not after the input was read (mkdir raised FileExistsError / NotADirectoryError there): a file in
+    # OUT_DIR's place or on the way to it, or a folder this process cannot write in
+    problem = folder_problem(out_dir)
+    if problem:
+        raise ValueError(f"out_dir: {problem}")
     if input.resolve() in {(out_dir / name).resolve() for name in BUILD_FILES}:
         raise ValueError(f"input: {input} is one of the files the build writes into out_dir ({', '.join(BUILD_FILES)});"
                          " it would be replaced by the build: keep the conversations outside out_dir")
