@@ -447,7 +447,8 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     ratio = fastest correct fused peer's GPU ms / hearth's (> 1: hearth faster), its geometric
     mean and worst case; memory = hearth's extra MiB against that same peer's (count of cases
     where hearth holds no more, and the case where it holds the most over the peer); wall =
-    the fused peers' best wall ms per call / hearth's (host overhead, back to back).
+    the fused peers' best wall ms per call / hearth's (host overhead, back to back); sol = hearth's % of the copy
+    bandwidth at every case of >= LARGE_BYTES where hearth ran correctly, a fused peer or not.
     Cases with no fused peer (eager only), where hearth failed, or where hearth's row was skipped (not run: time
     budget, a sticky CUDA error; "hearth_skipped") are counted, not ranked; ranked cases where
     a fused peer's row was not ok (wrong, error, oom, skipped...: ranked against the others) are counted too."""
@@ -469,6 +470,10 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
             elif h is not None:
                 g["hearth_failed"] += 1
             continue
+        # the copy-bandwidth goal is hearth's own row at every large case, whether or not a fused peer ran there
+        if h.get("metric") == "GB/s" and h.get("sol_pct") is not None and (h.get("work") or 0) >= LARGE_BYTES:
+            g["sol"].append((h["sol_pct"], key))
+            g["sol_formulas"].add(h.get("formula"))
         v = verdict(cr)
         if v["peer"] is None or v["peer"] not in FUSED_PEERS:
             g["no_peer"] += 1
@@ -478,9 +483,6 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
         if v["unranked"]:
             g["peer_not_ok"] += 1
             g["unranked"] += [u for u in v["unranked"] if u not in g["unranked"]]
-        if h.get("metric") == "GB/s" and h.get("sol_pct") is not None and (h.get("work") or 0) >= LARGE_BYTES:
-            g["sol"].append((h["sol_pct"], key))
-            g["sol_formulas"].add(h.get("formula"))
         peer = by[v["peer"]]
         if h.get("extra_mib") is not None and peer.get("extra_mib") is not None:
             g["mem"].append((h["extra_mib"] - peer["extra_mib"], h["extra_mib"], peer["extra_mib"], key, v["peer"]))
