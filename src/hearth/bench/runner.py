@@ -364,6 +364,8 @@ def _selected_ops(ops):
         return list(OP_ORDER)
     # each op once: a repeated name put its cases in the plan twice, and the op loop ran them once per copy per name
     names = list(dict.fromkeys(p.strip() for o in ops for p in o.split(",") if p.strip()))
+    if not names:  # ',' or '': no case would run, and the old rows' reports would be printed as this run's
+        raise ValueError(f"ops: no op named in {ops!r}; choose from {list(OP_ORDER)} or 'all'")
     if names == ["all"]:
         return list(OP_ORDER)
     bad = [n for n in names if n not in SPECS]
@@ -499,6 +501,8 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         op_names = _selected_ops(ops)
         dtype_names = _selected_dtypes(dtypes, check)
         provider_names = expand(providers)
+        if not provider_names:  # --providers '' (an empty shell variable): every case would run no provider
+            raise ValueError(f"--providers: no provider named in {providers!r}")
         preset = sizes or "headline"
         plan = [(name, s, m, d) for name in op_names for s, m in cases_for(SPECS[name], preset, modes, check) for d in dtype_names]
     except ValueError as e:
