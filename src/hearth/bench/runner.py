@@ -490,7 +490,7 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     import torch
 
     from hearth.bench.cases import SPECS, cases_for
-    from hearth.bench.providers import expand
+    from hearth.bench.providers import applies, expand
     from hearth.bench.timing import measure_limits
 
     try:
@@ -503,6 +503,8 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
         provider_names = expand(providers)
         if not provider_names:  # --providers '' (an empty shell variable): every case would run no provider
             raise ValueError(f"--providers: no provider named in {providers!r}")
+        if registry is None and not any(applies(n, p) for n in op_names for p in provider_names):
+            raise ValueError(f"--providers: none of {provider_names} runs {', '.join(op_names)} (providers.applies)")
         preset = sizes or "headline"
         plan = [(name, s, m, d) for name in op_names for s, m in cases_for(SPECS[name], preset, modes, check) for d in dtype_names]
     except ValueError as e:
@@ -523,8 +525,6 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
     new_rows: list[dict] = []
     poisoned = ""
     start = time.perf_counter()
-    from hearth.bench.providers import applies
-
     if "compile" in provider_names and device.type == "cuda" and any(applies(n, "compile") for n in op_names):
         warm = _warm_compile(device)
         console.print(f"torch.compile start-up (compile workers, Triton imports): {warm:.1f} s, counted in the total budget")
@@ -554,7 +554,8 @@ def main(ops=None, dtypes=None, modes=None, providers=None, sizes=None, out=Path
                                  if registry is not None or applies(name, p)]
                 else:
                     case_rows = run_case(spec, size, dtype_name, mode, provider_names, device, limits, env, headline, check, registry)
-                    progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)
+                    if case_rows:  # none when no selected provider applies to this op (--providers vendor: softmax)
+                        progress.console.print(_line(case_rows), highlight=False, soft_wrap=True)
                     poisoned = _poisoned(case_rows)
                 new_rows += case_rows
                 rows = merge_rows(rows, case_rows)
