@@ -92,7 +92,9 @@ def _sum(a: Any, b: Any) -> int | None:
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
     """Retry-After as seconds from now: delta-seconds or an HTTP-date; None when absent or unparsable (a number
-    that is not finite, e.g. "inf" or "nan", included: it is no delta-seconds, and it broke the arithmetic)."""
+    that is not finite, e.g. "inf" or "nan", included: it is no delta-seconds, and it broke the arithmetic; a date
+    whose year overflows a C long, which email.utils raises as OverflowError, included: it escaped the chain as the
+    gateway's own error instead of the provider's failure)."""
     if not value:
         return None
     value = value.strip()
@@ -103,10 +105,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     else:
         return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return max(0.0, when - (time.time() if now is None else now))
 
 
 class _Clock:
