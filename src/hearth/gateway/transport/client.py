@@ -81,6 +81,16 @@ def _redacted(message: str, url: str) -> str:
     return message
 
 
+def _reason(exc: BaseException) -> str:
+    """What an error message says of the HTTP client's `exc`: its repr, except for a ClientResponseError (a reply the
+    client could not parse: a bad status line or header, a Content-Encoding it cannot decode), whose repr carries its
+    RequestInfo and so the request's headers: 'Authorization': 'Bearer <key>', a provider's api-key. That text went
+    into the 502's failures and a health probe's last_error (GET /v1/providers, the warm-up's log lines)."""
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"{type(exc).__name__}(status={exc.status}, message={exc.message!r})"
+    return repr(exc)
+
+
 class ConnectWatch:
     """Whether open() has its connection yet: None (the transport does not tell), False (still connecting), True."""
 
@@ -163,7 +173,7 @@ class _AiohttpResponse(UpstreamResponse):
                 data = await self._read_at_most(limit)
         except (aiohttp.ClientError, OSError) as exc:
             self._resp.close()
-            raise ConnectFailed(f"connection broke while reading the body: {exc!r}") from exc
+            raise ConnectFailed(f"connection broke while reading the body: {_reason(exc)}") from exc
         self._resp.release()  # body complete: the connection goes back to the pool
         return data
 
@@ -185,7 +195,7 @@ class _AiohttpResponse(UpstreamResponse):
             try:
                 line = await content.readline()
             except (aiohttp.ClientError, OSError) as exc:
-                raise ConnectFailed(f"connection broke mid-stream: {exc!r}") from exc
+                raise ConnectFailed(f"connection broke mid-stream: {_reason(exc)}") from exc
             except (HttpProcessingError, ValueError) as exc:
                 # a line past aiohttp's limit (LineTooLong, 512 KiB): a broken upstream like any other, not a
                 # gateway error that escapes the chain as a 500
@@ -258,7 +268,7 @@ class AiohttpTransport(Transport):
         except aiohttp.ConnectionTimeoutError as exc:
             raise ConnectTimeout(_redacted(f"connect to {url} timed out after {connect_timeout_s:g} s", url)) from exc
         except (aiohttp.ClientError, OSError) as exc:  # refused, reset, DNS, server closed the socket
-            raise ConnectFailed(_redacted(f"{method} {url}: {exc!r}", url)) from exc
+            raise ConnectFailed(_redacted(f"{method} {url}: {_reason(exc)}", url)) from exc
         except UnicodeError as exc:
             # a host name the resolver cannot encode (an empty label, one over 63 characters: getaddrinfo's IDNA
             # step), e.g. a redirect's Location: no connection, as a DNS failure is (it escaped as a ValueError)
