@@ -50,14 +50,19 @@ def write_text(path: Path, text: str) -> None:
     """``path`` holding ``text``, whole or not at all, also after a power cut: written to PATH.tmp beside it and
     flushed, renamed over it, the folder flushed. Writing in place (truncate, then write) left it empty or torn after
     a crash in between (a kill, a full disk); a rename alone is not a flush (the new name could reach the disk before
-    its data)."""
+    its data). A write that fails (a text UTF-8 cannot hold, a full disk) leaves the previous ``path`` as it was, and no
+    PATH.tmp."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync(path.parent)
 
 
