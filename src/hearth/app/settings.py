@@ -254,7 +254,11 @@ def write_new_dev_key(settings: "AppSettings") -> None:
     path = settings.new_dev_key_file
     if path is None:
         return
-    make_private_dir(path.parent)
+    try:
+        make_private_dir(path.parent)
+    except OSError as exc:  # a file where the folder would be, no permission, ...: not a traceback
+        raise SettingsError("var_dir", f"cannot create {path.parent} for the development master key: "
+                                       f"{exc.strerror or exc}") from None
     # O_EXCL + mode 0600 at creation: never a moment where the key is world-readable
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -262,6 +266,8 @@ def write_new_dev_key(settings: "AppSettings") -> None:
         if _read_key_file(path, "master_key_file", dev=True) == settings.master_key.get_secret_value():
             return  # written by this app's own earlier start-up step (hearth serve's pre-flight)
         raise SettingsError("master_key_file", f"{path} was created by another process meanwhile; start again") from None
+    except OSError as exc:  # a file where the folder would be, no permission, ...: not a traceback
+        raise SettingsError("var_dir", f"cannot write the development master key {path}: {exc.strerror or exc}") from None
     key = base64.urlsafe_b64encode(settings.master_key.get_secret_value()).decode().rstrip("=")
     with os.fdopen(fd, "w") as fh:
         fh.write(f"{DEV_KEY_MARKER}\n{key}\n")

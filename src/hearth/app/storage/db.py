@@ -127,12 +127,17 @@ def normalise_url(url: str) -> str:
 
 
 def create_database(url: str) -> Database:
-    """Build the engine for ``url`` (SQLite: a missing folder is created 0700 and the file 0600)."""
+    """Build the engine for ``url`` (SQLite: a missing folder is created 0700 and the file 0600; ValueError naming
+    database_url when they cannot be)."""
     url = normalise_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            make_private_sqlite_file(Path(parsed.database))
+            try:
+                make_private_sqlite_file(Path(parsed.database))
+            except OSError as exc:  # a file where the folder would be, no permission, ...: not a traceback
+                raise ValueError(f"database_url: cannot create the SQLite file {parsed.database}: "
+                                 f"{exc.strerror or exc}") from None
         engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     else:
