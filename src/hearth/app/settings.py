@@ -43,6 +43,10 @@ FORM_BYTES_PER_CHAR = 12  # one character form-encoded, at most: 4 UTF-8 bytes, 
 # a session's expiry (now + session_ttl_s) must be a date Python can hold (year 9999): a TTL past it failed every
 # signup and login with an OverflowError, not start-up. A century is more than any session needs.
 MAX_SESSION_TTL_S = 100 * 366 * 24 * 3600
+# the throttle compares a bucket's attempts column (INTEGER: 32 bits on PostgreSQL) with the free attempts and the
+# backoff tiers after them (hearth.app.throttle.Policy.delay_sql): a larger value failed every login / signup, not
+# start-up. 2**30 leaves room for the tiers and for the count itself.
+MAX_FREE_ATTEMPTS = 2 ** 30
 
 
 def _bounded(setting: str) -> Any:
@@ -90,11 +94,11 @@ class AppSettings(BaseModel):
     # at most the forms' own cap, FORM_TEXT_MAX
     max_text_chars: int = _bounded("max_text_chars")
     # login / signup throttling (hearth.app.throttle): free attempts, then a doubling delay up to the cap
-    login_free_attempts: int = Field(5, ge=1)
+    login_free_attempts: int = Field(5, ge=1, le=MAX_FREE_ATTEMPTS)
     login_backoff_base_s: float = Field(1.0, gt=0)
     login_backoff_max_s: float = Field(900.0, gt=0)
     login_window_s: float = Field(3600.0, gt=0)
-    signup_free_attempts: int = Field(10, ge=1)
+    signup_free_attempts: int = Field(10, ge=1, le=MAX_FREE_ATTEMPTS)
     signup_backoff_base_s: float = Field(30.0, gt=0)
     signup_backoff_max_s: float = Field(3600.0, gt=0)
     signup_window_s: float = Field(3600.0, gt=0)
