@@ -196,9 +196,15 @@ def main() -> None:
                 longest = max(lens)
                 ours = (lambda a, b, c: varlen.attention_varlen(a, b, c, cu, cu, longest, longest, causal=causal))
             ref = None
-            for name, env in settings:
+            for i, (name, env) in enumerate(settings):
                 if time.monotonic() - start > args.budget_s:
                     emit(dict(case=label, setting=name, status="skipped (budget)"))
+                    continue
+                if i and ref is None:  # the first setting is the reference: a knob never stands in for it
+                    emit(dict(case=label, setting=name, status=f"skipped (no reference: {settings[0][0]} did not run)"))
+                    continue
+                if "PP_CONFIG" in env and saved_pp is None:  # nothing to apply it to: it would time the shipped form
+                    emit(dict(case=label, setting=name, status=f"skipped (PP_CONFIG: no PP_CONFIGS entry at head_dim {D})"))
                     continue
                 for key in knobs:
                     os.environ.pop(key, None)
