@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.commands import fake_command, path_with
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "attention_ncu.py"
 spec = importlib.util.spec_from_file_location("attention_ncu", SCRIPT)
 ncu = importlib.util.module_from_spec(spec)
@@ -109,14 +111,11 @@ def test_shell_script_with_every_run_left_out_exits_zero(tmp_path):
     for name in ("attention_ncu.sh", "attention_ncu.py", "carried_env.sh"):
         shutil.copy(SCRIPT.parent / name, tree / "scripts" / "gpu" / name)
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "ncu"
-    fake.write_text("#!/bin/sh\necho fake ncu\n")
-    fake.chmod(0o755)
+    fake_command(bin_dir, "ncu", "#!/bin/sh\necho fake ncu\n")
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, OUT=str(out), PROVIDERS="hearth", BUDGET_S="0", HEARTH_SITE=str(tmp_path / "site"),
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+               PATH=path_with(bin_dir))
     done = subprocess.run(["bash", str(tree / "scripts" / "gpu" / "attention_ncu.sh")], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, (done.stdout, done.stderr)
@@ -135,13 +134,10 @@ def test_shell_script_creates_a_missing_out_folder(tmp_path):
     for name in ("attention_ncu.sh", "attention_ncu.py", "carried_env.sh"):
         shutil.copy(SCRIPT.parent / name, tree / "scripts" / "gpu" / name)
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "ncu"
-    fake.write_text("#!/bin/sh\necho fake ncu\n")
-    fake.chmod(0o755)
+    fake_command(bin_dir, "ncu", "#!/bin/sh\necho fake ncu\n")
     out = tmp_path / "out" / "a"
     env = dict(os.environ, OUT=str(out), PROVIDERS="hearth", BUDGET_S="0", HEARTH_SITE=str(tmp_path / "site"),
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+               PATH=path_with(bin_dir))
     done = subprocess.run(["bash", str(tree / "scripts" / "gpu" / "attention_ncu.sh")], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, (done.stdout, done.stderr)
@@ -212,9 +208,7 @@ def test_shell_script_source_mode_tabulates_the_per_instruction_pages(tmp_path):
     (pages / "raw.csv").write_text(RAW)
     (pages / "src.csv").write_text(SOURCE)
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "ncu"
-    fake.write_text(f"""#!/bin/sh
+    fake_command(bin_dir, "ncu", f"""#!/bin/sh
 log=""; page=raw
 while [ $# -gt 0 ]; do
   case "$1" in --log-file) log="$2"; shift ;; --page) page="$2"; shift ;; esac
@@ -223,11 +217,10 @@ done
 [ -n "$log" ] || {{ echo fake ncu; exit 0; }}
 if [ "$page" = source ]; then cp {pages / "src.csv"} "$log"; else cp {pages / "raw.csv"} "$log"; fi
 """)
-    fake.chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, OUT=str(out), PROVIDERS="hearth", SOURCE="1", CASES="one:1,4,2,128,64,1",
-               HEARTH_SITE=str(tmp_path / "site"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+               HEARTH_SITE=str(tmp_path / "site"), PATH=path_with(bin_dir))
     done = subprocess.run(["bash", str(tree / "scripts" / "gpu" / "attention_ncu.sh")], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, (done.stdout, done.stderr)

@@ -6,9 +6,10 @@ the reply shows, behind the summary."""
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 from pathlib import Path
+
+from tests.fakes.commands import fake_command, path_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +27,11 @@ exit 0
 
 def _run(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stub = bin_dir / "python3"
-    stub.write_text(STUB)
-    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    fake_command(bin_dir, "python3", STUB)
     out = tmp_path / "out"
     out.mkdir()
     full = dict(os.environ, OUT=str(out), TOTAL_S="0", BENCH_S="60", HEARTH_SITE=str(tmp_path / "site"),
-                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env)
+                PATH=path_with(bin_dir), **env)
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "final.sh")], cwd=ROOT, env=full, capture_output=True,
                           text=True, timeout=120)
 

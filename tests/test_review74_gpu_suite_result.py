@@ -5,9 +5,10 @@ behind), and the exit code when no pass ran a single test."""
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 from pathlib import Path
+
+from tests.fakes.commands import fake_command, path_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,13 +29,10 @@ echo "$STUB_FIRST_LINE"; exit "$STUB_FIRST_RC"
 
 def _run(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, Path]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stub = bin_dir / "python3"
-    stub.write_text(STUB)
-    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    fake_command(bin_dir, "python3", STUB)
     out = tmp_path / "out"
     out.mkdir()
-    full = dict(os.environ, OUT=str(out), COMMIT="abc1234", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env)
+    full = dict(os.environ, OUT=str(out), COMMIT="abc1234", PATH=path_with(bin_dir), **env)
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "test.sh")], cwd=ROOT, env=full, capture_output=True,
                          text=True, timeout=120)
     return res, out

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hearth.bench.runner import OP_ORDER
+from tests.fakes.commands import fake_command
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu" / "bench_models.sh"
@@ -32,10 +33,7 @@ def test_every_ops_geomean_line_and_the_attention_goal_are_printed_last(tmp_path
     two it dropped were the first in the report's (alphabetical) order, attention and attention_varlen; the
     ATTENTION-GOAL lines were never printed."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "python3"
-    fake.write_text(FAKE_PYTHON.format(ops=" ".join(sorted(OP_ORDER))))
-    fake.chmod(0o755)
+    fake_command(bin_dir, "python3", FAKE_PYTHON.format(ops=" ".join(sorted(OP_ORDER))))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
            "HEARTH_SITE": str(tmp_path / "site")}
     out = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, text=True, capture_output=True, env=env, timeout=120)
