@@ -85,6 +85,11 @@ def extra_body_error(extra: dict, *, max_tokens: int | None, json_schema: bool) 
     return None
 
 
+def header_safe(value: str) -> bool:
+    """Whether ``value`` (an API key) can go in an HTTP header as it is: printable ASCII, no whitespace."""
+    return all("!" <= ch <= "~" for ch in value)
+
+
 def _redacted(base_url: str) -> str:
     """base_url for the report, without any user:password@ in it (a report is shared; a credential is not)."""
     url = httpx.URL(base_url)
@@ -170,7 +175,7 @@ async def run_cases(cases: list[Case], *, base_url: str, model: str, api_key: st
         raise ValueError(error)
     # as main checks --api-key-env's value: a key that cannot go in a header failed every call with an error that
     # quotes the header, the key in it, into each reply's reason (the console and the report); the key never shown
-    if api_key and not all("!" <= ch <= "~" for ch in api_key):
+    if api_key and not header_safe(api_key):
         raise ValueError("api_key must be printable ASCII with no whitespace (a trailing newline?), without 'Bearer '")
     for i, case in enumerate(cases):  # now, not from the scorer once the calls were made
         if case.kind not in REPLY_KINDS:
@@ -470,7 +475,7 @@ def main(*, suite: str, base_url: str, model: str, api_key_env: str | None = Non
         api_key = os.environ.get(api_key_env)
         if not api_key:
             return bad(f"--api-key-env: environment variable {api_key_env} is not set")
-        if not all("!" <= ch <= "~" for ch in api_key):  # it goes in a header: printable ASCII, no whitespace
+        if not header_safe(api_key):
             return bad(f"--api-key-env: the value of {api_key_env} has whitespace or a non-ASCII character "
                        "(a trailing newline?)")
     extra = None
