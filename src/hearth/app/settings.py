@@ -317,8 +317,8 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     raw.setdefault("database_url", f"sqlite+aiosqlite:///{var_dir / 'hearth.sqlite3'}")
 
     # the variable wins over the TOML, as every HEARTH_* setting does (it was the other way round, silently)
-    key_file = env.get("HEARTH_MASTER_KEY_FILE") or raw.pop("master_key_file", None)
-    raw.pop("master_key_file", None)
+    toml_key_file = raw.pop("master_key_file", None)
+    key_file = env.get("HEARTH_MASTER_KEY_FILE") or toml_key_file
     if "master_key" in raw:
         raise SettingsError("master_key", "do not put the key in the TOML file; use HEARTH_MASTER_KEY or master_key_file")
     if "previous_master_key" in raw:  # it would be taken unparsed: the key's text as its bytes
