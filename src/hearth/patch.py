@@ -26,10 +26,6 @@ refuse with a reason, which the report lists):
                             lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
                             and the output has logits=None. Without labels (or with a MoE router loss asked
                             for: output_router_logits; on in the config, the loss is left) the original runs.
-                            Left when the model holds parameters outside the decoder and lm_head (a transform
-                            between them, as RoBERTa-style heads' dense + LayerNorm, that the fused loss skips),
-                            and when the class forward does not compute its loss through transformers'
-                            ForCausalLMLoss (Bart-style decoders' unshifted labels, a user's loss_function).
     lora  r"^Linear(4bit|8bitLt)?$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain
                             nn.Linear base or a bitsandbytes 4-bit one (Linear4bit, NF4 / FP4, double-quantised
                             or not: QLoRA; dequantised per use, never kept for the backward), and no DoRA; an
@@ -99,10 +95,7 @@ KINDS = ("norm", "rope", "mlp", "loss", "lora", "attention")
 _PROBE_FACTOR = 2.0
 _PROBE_FLOOR = {torch.float32: 1e-5, torch.bfloat16: 1e-3, torch.float16: 1e-4}
 # config attributes that scale the logits before the loss: the fused loss would not apply them.
-_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale", "lm_head_multiplier")
-# config attributes of terms the fused loss does not compute when set: a z-loss (Bamba), logit softcaps under other
-# names than final_logit_softcapping (RecurrentGemma, on by default; xLSTM)
-_LOSS_TERMS = ("z_loss_coefficient", "logits_soft_cap", "output_logit_soft_cap")
+_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
 class Leave(Exception):
@@ -680,47 +673,14 @@ def _loss(model: nn.Module, state: dict) -> None:
         raise Leave(f"lm_head is {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)")
     if not isinstance(decoder, nn.Module):
         raise Leave("no decoder at base_model_prefix")
-    # the fused loss is CE(decoder output @ head.weight): a parameter outside both is a transform it would skip
-    # (RoBERTa / BERT-style decoders: lm_head.dense + layer_norm before the Linear get_output_embeddings returns)
-    own = {id(p) for p in decoder.parameters()} | {id(p) for p in head.parameters()}
-    extra = [n for n, p in model.named_parameters() if id(p) not in own]
-    if extra:
-        raise Leave(f"parameters outside the decoder and the output Linear ({', '.join(extra[:3])}"
-                    f"{', ...' if len(extra) > 3 else ''}): the logits are not lm_head(decoder output)")
-    why = _not_causal_lm_loss(model)
-    if why:
-        raise Leave(why)
     config = getattr(model, "config", None)
     for name in _LOGIT_SCALES:
         if getattr(config, name, None) not in (None, 1, 1.0):
             raise Leave(f"config.{name} scales the logits")
-    for name in _LOSS_TERMS:
-        if getattr(config, name, None) not in (None, 0, 0.0):
-            raise Leave(f"config.{name}: a term of the model's loss that the fused loss does not compute")
     if getattr(config, "output_router_logits", False):  # MoE (Qwen3-MoE, Mixtral...): the loss has an aux term
         raise Leave("config.output_router_logits: the loss adds the router's load-balancing loss")
     softcap = getattr(config, "final_logit_softcapping", None)
     _wrap_forward(model, decoder, head, softcap)
-    return None
-
-
-def _not_causal_lm_loss(model: nn.Module) -> str | None:
-    """None when the model's forward computes its loss as the fused one does (transformers' causal LM loss: labels
-    shifted by one), else why not: its class forward computes the loss itself (the decoders of encoder-decoder
-    families -- Bart, Whisper, TrOCR... -- on UNshifted labels), or its loss_function is not ForCausalLMLoss (set
-    by the user, or a loss_type of another task)."""
-    try:
-        source = inspect.getsource(type(model).forward)
-    except (OSError, TypeError):
-        source = ""
-    if "self.loss_function(" not in source:
-        return (f"{type(model).__name__}.forward computes its loss itself, not through transformers' loss_function "
-                "(e.g. on unshifted labels)")
-    from transformers.loss.loss_utils import ForCausalLMLoss
-
-    fn = getattr(model, "loss_function", None)
-    if fn is not ForCausalLMLoss:
-        return f"model.loss_function is {getattr(fn, '__name__', fn)!s}, not transformers' ForCausalLMLoss"
     return None
 
 
