@@ -12,9 +12,15 @@ the tensor cores are used is read in the compiled code, not guessed. Per kernel 
     so when it is not empty `ptxas -v` on the PTX tells whether any register was spilled), shared memory
     per program (the dynamic shared memory Triton launches with; the 1 KiB the system reserves per block
     is apart);
+  * ptxas's performance advisories for a wgmma kernel (`ptxas -v` on its PTX, as Triton ran it): "(C7514)
+    wgmma.mma_async instructions are serialized" means every wgmma of the kernel waits for the one before
+    (a WARPGROUP.DEPBAR after each HGMMA): the tensor cores run one matmul at a time, with no error and no
+    wrong result. Triton throws ptxas's log away; the fused attention backward drew C7514 once from an
+    accumulator left in flight across its loop's back edge (BENCHMARKS.md, 2026-12-07);
   * a one-line verdict. A kernel whose Triton IR holds a `tt.dot` (matmul-like) but whose code has
     no tensor-core instruction gets "No tensor-core instructions were emitted", in red. Gluon kernels
-    have no TTIR: their TTGIR is read (ttng.warp_group_dot / ttng.tc_gen5_mma).
+    have no TTIR: their TTGIR is read (ttng.warp_group_dot / ttng.tc_gen5_mma). A wgmma kernel with a ptxas
+    advisory is a warning that names it.
 
 How kernels are found: a kernel module may expose `inspect_kernels(shape, dtype)` returning
 [(label, CompiledKernel)] (matmul and linear_cross_entropy do). For other ops, the public op is run
@@ -25,8 +31,9 @@ Offline (`--arch sm_90`): a module may also expose `offline_kernels(arch, dtype)
 kernels with triton.compile for GPUTarget("cuda", arch, 32) and Triton's bundled ptxas -- no GPU
 needed, so CI can check that the matmul still emits wgmma (matmul implements it).
 
-The parsing functions (count_ptx, count_sass, parse_res_usage, parse_ptxas_spills, uses_dot, verdict) are
-pure and are tested on stored compiler output (tests/data/inspect/). `main` returns an exit code: 0 fine,
+The parsing functions (count_ptx, count_sass, parse_res_usage, parse_ptxas_spills, parse_ptxas_advisories,
+uses_dot, verdict) are pure and are tested on stored compiler output (tests/data/inspect/). `main` returns an exit
+code: 0 fine,
 1 a matmul-like kernel without tensor-core instructions, 2 bad arguments (op, --shape, --dtype, an --arch
 the installed Triton's ptxas cannot build for, a --json folder that does not exist) / no CUDA (without
 --arch) / TRITON_INTERPRET=1 (the interpreter compiles nothing), 3 the build itself failed (ptxas, a compiler
@@ -127,6 +134,22 @@ def parse_ptxas_spills(text: str) -> tuple[int, int] | None:
     return sum(int(st) for st, _ in found), sum(int(ld) for _, ld in found)
 
 
+# ptxas's advisories that cost a wgmma kernel its overlap, by code: what the verdict calls them
+PTXAS_ADVISORIES = {"C7514": "ptxas serialized the wgmma", "C7515": "ptxas serialized the wgmma",
+                    "C7517": "ptxas injected a warpgroup.wait"}
+
+
+def parse_ptxas_advisories(text: str) -> list[str]:
+    """`ptxas -v` output -> its coded advisories ("ptxas info : (C7514) Potential Performance Loss: ...") as
+    "C7514: <the message>", in order, each once."""
+    found = []
+    for code, message in re.findall(r"\((C\d{4})\)\s*(.*)", text):
+        line = f"{code}: {' '.join(message.split())}"
+        if line not in found:
+            found.append(line)
+    return found
+
+
 def uses_dot(ir: str) -> bool:
     """True when the kernel's Triton IR (TTIR, or TTGIR: Gluon kernels have no TTIR) holds a dot (it is
     matmul-like: tensor cores expected): tt.dot / tt.dot_scaled, or Gluon's ttng.warp_group_dot (Hopper) /
@@ -151,6 +174,7 @@ class KernelReport:
     verdict: str = ""
     notes: list[str] = field(default_factory=list)
     stack_bytes: int | None = None  # stack frame + local memory, spills or not (local arrays live there too)
+    ptxas_advisories: list[str] = field(default_factory=list)  # parse_ptxas_advisories of `ptxas -v` (wgmma kernels)
 
 
 def _tensor_core_kinds(report: KernelReport) -> dict[str, int]:
@@ -182,7 +206,9 @@ def verdict(report: KernelReport) -> tuple[str, str]:
     if kinds["tcgen05"]:
         return ("warn" if spill else "ok"), f"tcgen05 tensor cores (Blackwell path){tma}{spill}"
     if kinds["wgmma"]:
-        return ("warn" if spill else "ok"), f"wgmma tensor cores (Hopper path){tma}{spill}"
+        advised = [PTXAS_ADVISORIES[a[:5]] + f" ({a[:5]})" for a in report.ptxas_advisories if a[:5] in PTXAS_ADVISORIES]
+        advice = "".join(f"; {a}" for a in dict.fromkeys(advised))
+        return ("warn" if spill or advice else "ok"), f"wgmma tensor cores (Hopper path){tma}{advice}{spill}"
     if kinds["mma.sync"]:
         if fast_path:
             faster = "wgmma (HGMMA)" if (report.target or "").startswith("sm_9") else "tcgen05 (UTCHMMA)"
@@ -231,9 +257,16 @@ def _ptxas_for(cc: int) -> str | None:
     return _tool("ptxas_blackwell" if cc >= 100 else "ptxas")
 
 
-def _ptxas_spills(ptx: str, metadata) -> tuple[int, int] | None:
-    """Re-assemble the kernel's PTX with `ptxas -v`, as Triton did (whose log it throws away), and read the spill
-    stores / loads; None when that cannot be done."""
+def ptxas_advisories(kernel) -> list[str] | None:
+    """parse_ptxas_advisories of `ptxas -v` on a compiled kernel's PTX (as Triton assembled it); None when ptxas
+    cannot be run for its target."""
+    text = _ptxas_verbose(kernel.asm.get("ptx", ""), kernel.metadata)
+    return None if text is None else parse_ptxas_advisories(text)
+
+
+def _ptxas_verbose(ptx: str, metadata) -> str | None:
+    """Re-assemble the kernel's PTX with `ptxas -v`, as Triton did (whose log it throws away): its output (spills,
+    advisories); None when it cannot be run or fails."""
     target = ptx_target(ptx)
     m = re.fullmatch(r"sm_(\d+)a?", target or "")
     tool = _ptxas_for(int(m.group(1))) if m else None
@@ -249,7 +282,7 @@ def _ptxas_spills(ptx: str, metadata) -> tuple[int, int] | None:
                                  capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired):
             return None
-    return parse_ptxas_spills(res.stderr + res.stdout) if res.returncode == 0 else None
+    return res.stderr + res.stdout if res.returncode == 0 else None
 
 
 def report_compiled(label: str, kernel, *, sass: bool = True) -> KernelReport:
@@ -275,21 +308,25 @@ def report_compiled(label: str, kernel, *, sass: bool = True) -> KernelReport:
         words = vars(kernel).get("n_spills")
         stack = None if words is None else 4 * words
     spills, spill_note = stack, None
-    if stack:
+    ptx_counts = count_ptx(ptx)
+    # ptxas -v once, for the spills behind a stack frame and (full reports of wgmma kernels) its advisories
+    verbose = _ptxas_verbose(ptx, kernel.metadata) if stack or (sass and ptx_counts["wgmma"]) else None
+    if stack and verbose is not None:
         # the frame also holds local arrays (the sm_120 TMA matmul: an 8-byte frame, 0 bytes spill stores)
-        counted = _ptxas_spills(ptx, kernel.metadata)
-        if counted == (0, 0):
+        if parse_ptxas_spills(verbose) == (0, 0):
             spills, spill_note = 0, f"{stack} bytes of stack frame / local memory, no register spills (ptxas -v)"
     rep = KernelReport(
         label=label, name=name, target=ptx_target(ptx),
         matmul_like=uses_dot(asm.get("ttir", "") + "\n" + asm.get("ttgir", "")),  # Gluon: TTGIR only
-        ptx=count_ptx(ptx), sass=count_sass(sass_text) if sass_text else None, registers=registers,
+        ptx=ptx_counts, sass=count_sass(sass_text) if sass_text else None, registers=registers,
         spill_bytes=spills, shared_bytes=getattr(kernel.metadata, "shared", None),
         num_warps=getattr(kernel.metadata, "num_warps", None), num_stages=getattr(kernel.metadata, "num_stages", None),
         stack_bytes=stack,
+        ptxas_advisories=parse_ptxas_advisories(verbose) if verbose is not None and sass and ptx_counts["wgmma"] else [],
     )
     if spill_note:
         rep.notes.append(spill_note)
+    rep.notes.extend(f"ptxas {a}" for a in rep.ptxas_advisories)
     if sass_text is None:
         rep.notes.append(f"SASS unavailable ({sass_why}); PTX counts only")
     else:
