@@ -271,9 +271,16 @@ class Chain:
         gated = [a for a in open_ok if a.provider.name in self.gates]
         if not gated:
             return open_ok, skipped
+        left = deadline_at - time.monotonic()
         try:
-            async with asyncio.timeout(max(deadline_at - time.monotonic(), 0.0)):
-                warm = await asyncio.gather(*(self.gates[a.provider.name].verdict(a.provider.name) for a in gated))
+            async with asyncio.timeout(max(left, 0.0)):
+                # a gate whose probe may take the whole deadline left (a request's own short hearth_deadline_s; the
+                # gateway's deadline_s is checked against probe_timeout_s at start-up) is not waited for: a hung
+                # health route spent the deadline here and no provider, the hosted fallback included, was tried
+                warm = await asyncio.gather(*(
+                    self.gates[a.provider.name].verdict(
+                        a.provider.name, wait=self.gates[a.provider.name].settings.probe_timeout_s < left)
+                    for a in gated))
         except TimeoutError:  # the request deadline is shorter than a probe: treat them as cold
             warm = [(False, 0.0)] * len(gated)
         warm_by_name = {a.provider.name: w for a, w in zip(gated, warm)}

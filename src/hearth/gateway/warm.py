@@ -99,13 +99,14 @@ class WarmGate:
         decision it is, for the metric (a gate shared by the providers of one endpoint); default the gate's."""
         return (await self.verdict(provider))[0]
 
-    async def verdict(self, provider: str | None = None) -> tuple[bool, float]:
+    async def verdict(self, provider: str | None = None, *, wait: bool = True) -> tuple[bool, float]:
         """(is_warm(), seconds the endpoint is still held cold after failed warm-ups: > 0 only when that is why it
         is cold). Once the gate is closed (aclose), a request still in flight gets what the store already says and
         otherwise "cold": no probe starts (as wake() starts nothing), and one that aclose() cancelled under a waiting
-        caller answers it "cold"."""
+        caller answers it "cold". wait=False: a caller that cannot wait for a probe (its deadline is no longer than
+        probe_timeout_s) gets "cold" when no answer is known, and the probe runs in the background as for anyone."""
         name = provider or self.provider.name
-        decision, held_s = await self._decide()
+        decision, held_s = await self._decide(wait)
         self.metrics.child(self.metrics.warm_decisions, name, "warm" if decision else "cold").inc()
         if held_s > 0:
             self.metrics.child(self.metrics.warm_backoff_skips, name).inc()
@@ -178,7 +179,7 @@ class WarmGate:
         s = self.settings
         return s.warmup_budget_s + s.warmup_request_timeout_s + 5.0
 
-    async def _decide(self) -> tuple[bool, float]:
+    async def _decide(self, wait: bool = True) -> tuple[bool, float]:
         snap = await self.store.warm(self.name)
         if snap.warm:  # a warm answer ended any back-off (set_warm)
             return True, 0.0
@@ -193,6 +194,8 @@ class WarmGate:
         if self._probe is None or self._probe.done():
             self._probe = self._track(self._run_probe(), "probe")
         probe = self._probe
+        if not wait:  # the caller's deadline cannot cover the probe: it decides later requests, not this one
+            return False, 0.0
         try:
             # shield: one caller giving up (its own deadline) must not cancel the probe the others share
             return await asyncio.shield(probe), 0.0
