@@ -145,6 +145,19 @@ class Situation(Base):
     submission_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # as Message.submission_id
 
 
+class SpentSituationSubmission(Base):
+    """A submission id whose situation was deleted (schema 0009): a resend of it (the no-script form posted again,
+    the page's script asking again after a lost stream) asks nothing and saves nothing, as a chat turn sent from a
+    page loaded before a clear is refused. Written in the delete's transaction; no text, and gone with its companion
+    or its user."""
+
+    __tablename__ = "spent_situation_submissions"
+    companion_id: Mapped[str] = mapped_column(String(32), ForeignKey("companions.id", ondelete="CASCADE"),
+                                              primary_key=True)
+    submission_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = _owner()
+
+
 class Agent(Base):
     """A person the user rehearses a conversation with (the model plays them)."""
 
