@@ -6,7 +6,9 @@ companion remembers from their chat (nothing of either when the user does not sh
 that fails or times out is reported as failed; the others still arrive. The situation and every
 reading (ok or failed) are written in one transaction once the panel has finished. A situation sent with a
 submission id is saved once per companion, as a chat turn is (hearth.app.companions): a resend gets the saved
-situation back, without asking the analysts again.
+situation back, without asking the analysts again. Deleting a situation spends its submission id (in the delete's
+transaction): a resend of it afterwards asks nothing and saves nothing (DELETED_BEFORE), as a chat turn sent from a
+page loaded before a clear is refused, so a delete is not undone by a page that still holds the id.
 
 Rehearsal: the model plays a custom agent (rehearsal_system_prompt, a ``chat`` envelope) and the
 panel reads each exchange. A rehearsal is its own thread, separate from the companion chat, so the
@@ -33,7 +35,7 @@ from datetime import datetime, timedelta, timezone
 from functools import partial
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -44,8 +46,9 @@ from hearth.app.common import (LEFT_OUT, UNREADABLE_NAME, InputError, NotFound, 
 from hearth.app.companions import get_companion, get_shared_context, memories
 from hearth.app.crypto import UserCipher
 from hearth.app.model import check_as_streamed, describe_failure, failure_for_log
-from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation, new_id,
-                                       utcnow)
+from hearth.app.storage.db import scrub_deleted
+from hearth.app.storage.models import (Agent, Companion, Reading, Rehearsal, RehearsalTurn, Situation,
+                                       SpentSituationSubmission, new_id, utcnow)
 from hearth.app.textlimits import AGENT_FIELD_LIMITS
 from hearth.companion_rules import MAX_PROMPT_CHARS, PROMPT_MEMORIES, fit_history
 
@@ -184,14 +187,32 @@ async def panel_context(db: AsyncSession, cipher: UserCipher, companion_id: str,
     return prompts.panel_context(shared, companion=companion.name or "", memories=kept)
 
 
+# a resend of a submission id whose situation was deleted (the form posted again, the page's script asking again)
+DELETED_BEFORE = ("was used for a situation that has since been deleted, so it was not asked of the panel again or "
+                  "saved (a situation sent again after its delete must not bring it back). To ask the panel anew, "
+                  "reload the page and send it again.")
+
+
+async def _check_not_spent(db: AsyncSession, user_id: str, companion_id: str, submission_id: str) -> None:
+    """Inside an open transaction: InputError (DELETED_BEFORE) when a situation of this user's companion saved with
+    ``submission_id`` was deleted (delete_situation spent the id)."""
+    spent = select(SpentSituationSubmission.submission_id).where(
+        SpentSituationSubmission.companion_id == companion_id, SpentSituationSubmission.user_id == user_id,
+        SpentSituationSubmission.submission_id == submission_id)
+    if (await db.execute(spent)).scalar_one_or_none() is not None:
+        raise InputError("submission_id", DELETED_BEFORE)
+
+
 async def _situation_with_id(db: AsyncSession, cipher: UserCipher, companion_id: str,
                              submission_id: str) -> tuple[str, SituationView] | None:
     """Inside an open transaction: the text and the situation (with its readings, ``replayed``) saved for this
-    companion with ``submission_id``, or None. What does not open (a row damaged since) is None."""
+    companion with ``submission_id``, or None; InputError (DELETED_BEFORE) when that situation was deleted. What does
+    not open (a row damaged since) is None."""
     row = (await db.execute(select(Situation).where(Situation.companion_id == companion_id,
                                                     Situation.user_id == cipher.user_id,
                                                     Situation.submission_id == submission_id))).scalar_one_or_none()
     if row is None:
+        await _check_not_spent(db, cipher.user_id, companion_id, submission_id)
         return None
     readings = (await db.execute(select(Reading).where(Reading.situation_id == row.id))).scalars().all()
     with Readable(cipher.user_id, "resent situation") as read:
@@ -203,7 +224,7 @@ async def _situation_with_id(db: AsyncSession, cipher: UserCipher, companion_id:
 async def saved_situation(db: AsyncSession, cipher: UserCipher, companion_id: str, submission_id: str | None,
                           text: str) -> SituationView | None:
     """The situation (with its readings) saved for this companion with ``submission_id``, or None (no id, or none
-    saved with it). InputError when it was saved for another text."""
+    saved with it). InputError when it was saved for another text, or its situation was deleted (DELETED_BEFORE)."""
     return await once_per_submission(db, submission_id, text,
                                      lambda sid: _situation_with_id(db, cipher, companion_id, sid))
 
@@ -212,7 +233,8 @@ async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: st
                           results: list[PanelResult], submission_id: str | None = None) -> SituationView:
     """The situation and its readings, in one transaction (NotFound for another user's companion). With a
     ``submission_id`` already saved for this companion (a resend that raced the first), nothing is written and
-    the saved situation comes back (``replayed``)."""
+    the saved situation comes back (``replayed``); one whose situation was deleted meanwhile (the id spent) is
+    InputError (DELETED_BEFORE), nothing written."""
     submission_id = check_submission_id(submission_id)
     row = Situation(id=new_id(), user_id=cipher.user_id, companion_id=companion_id, created_at=utcnow(),
                     submission_id=submission_id)
@@ -222,6 +244,11 @@ async def store_situation(db: AsyncSession, cipher: UserCipher, companion_id: st
         await check_owned(db, Companion, cipher.user_id, companion_id, "companion")
         db.add(row)
         await db.flush()
+        if submission_id is not None:
+            # after the insert, not before: an insert that got past the unique index where a situation with this id
+            # was saved means its delete has committed (PostgreSQL makes the insert wait for it), and with it the
+            # spent id, which this later statement sees; a check before the insert could miss a delete in between
+            await _check_not_spent(db, cipher.user_id, companion_id, submission_id)
         db.add_all(_reading_rows(cipher, results, situation_id=row.id))
         return SituationView(id=row.id, text=text, created_at=row.created_at, results=results)
 
@@ -266,7 +293,18 @@ async def situations_page(db: AsyncSession, cipher: UserCipher, companion_id: st
 
 
 async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) -> None:
-    await delete_owned(db, Situation, user_id, situation_id, "situation")
+    """Delete the situation and its readings for good (NotFound unless ``user_id`` owns it). Its submission id, if
+    it had one, is spent in the same transaction: a resend of it asks nothing and saves nothing (DELETED_BEFORE)."""
+    async with db.begin():
+        found = (await db.execute(select(Situation.companion_id, Situation.submission_id).where(
+            Situation.id == situation_id, Situation.user_id == user_id))).one_or_none()
+        gone = await db.execute(delete(Situation).where(Situation.id == situation_id, Situation.user_id == user_id))
+        if found is None or gone.rowcount != 1:  # none of this user's, or another delete of it committed first
+            raise NotFound("situation")
+        companion_id, submission_id = found
+        if submission_id is not None:
+            db.add(SpentSituationSubmission(companion_id=companion_id, submission_id=submission_id, user_id=user_id))
+    await scrub_deleted(db)
 
 
 # ------------------------------------------------------------------------------ agents

@@ -110,9 +110,10 @@ async def run_situation(request: Request, state: State, db: DB, viewer: CsrfView
     submission_id = check_submission_id(submission_id)
     try:
         saved = await svc.saved_situation(db, viewer.cipher, companion_id, submission_id, text)
-    except InputError as exc:  # the id came with another situation before: this one is kept in the box
-        if wants_stream(request):
+    except InputError as exc:  # the id came with another situation before, or its situation was deleted since
+        if wants_stream(request):  # (simulation.DELETED_BEFORE): this one is kept in the box, nothing asked
             return _one_event(sse("error", {"message": str(exc)}))
+        await refresh_viewer(db, viewer)  # a deleted one's look-up rolled back (routes._util.refresh_viewer)
         return await _simulate_page(request, state, db, viewer, companion_id, draft=text, status=409, error=str(exc))
     if saved is not None:
         if wants_stream(request):
