@@ -33,8 +33,7 @@ needed, so CI can check that the matmul still emits wgmma (matmul implements it)
 
 The parsing functions (count_ptx, count_sass, parse_res_usage, parse_ptxas_spills, parse_ptxas_advisories,
 uses_dot, verdict) are pure and are tested on stored compiler output (tests/data/inspect/). `main` returns an exit
-code: 0 fine,
-1 a matmul-like kernel without tensor-core instructions, 2 bad arguments (op, --shape, --dtype, an --arch
+code: 0 fine, 1 a matmul-like kernel without tensor-core instructions, 2 bad arguments (op, --shape, --dtype, an --arch
 the installed Triton's ptxas cannot build for, a --json folder that does not exist) / no CUDA (without
 --arch) / TRITON_INTERPRET=1 (the interpreter compiles nothing), 3 the build itself failed (ptxas, a compiler
 pass: the message names the error). Arguments are checked before anything is compiled.
@@ -309,8 +308,9 @@ def report_compiled(label: str, kernel, *, sass: bool = True) -> KernelReport:
         stack = None if words is None else 4 * words
     spills, spill_note = stack, None
     ptx_counts = count_ptx(ptx)
-    # ptxas -v once, for the spills behind a stack frame and (full reports of wgmma kernels) its advisories
-    verbose = _ptxas_verbose(ptx, kernel.metadata) if stack or (sass and ptx_counts["wgmma"]) else None
+    advise = sass and ptx_counts["wgmma"] > 0  # full reports of wgmma kernels read ptxas's advisories
+    # ptxas -v once, for the spills behind a stack frame and the advisories
+    verbose = _ptxas_verbose(ptx, kernel.metadata) if stack or advise else None
     if stack and verbose is not None:
         # the frame also holds local arrays (the sm_120 TMA matmul: an 8-byte frame, 0 bytes spill stores)
         if parse_ptxas_spills(verbose) == (0, 0):
@@ -322,7 +322,7 @@ def report_compiled(label: str, kernel, *, sass: bool = True) -> KernelReport:
         spill_bytes=spills, shared_bytes=getattr(kernel.metadata, "shared", None),
         num_warps=getattr(kernel.metadata, "num_warps", None), num_stages=getattr(kernel.metadata, "num_stages", None),
         stack_bytes=stack,
-        ptxas_advisories=parse_ptxas_advisories(verbose) if verbose is not None and sass and ptx_counts["wgmma"] else [],
+        ptxas_advisories=parse_ptxas_advisories(verbose) if advise and verbose is not None else [],
     )
     if spill_note:
         rep.notes.append(spill_note)

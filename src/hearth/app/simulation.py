@@ -296,12 +296,11 @@ async def delete_situation(db: AsyncSession, user_id: str, situation_id: str) ->
     """Delete the situation and its readings for good (NotFound unless ``user_id`` owns it). Its submission id, if
     it had one, is spent in the same transaction: a resend of it asks nothing and saves nothing (DELETED_BEFORE)."""
     async with db.begin():
-        found = (await db.execute(select(Situation.companion_id, Situation.submission_id).where(
-            Situation.id == situation_id, Situation.user_id == user_id))).one_or_none()
-        gone = await db.execute(delete(Situation).where(Situation.id == situation_id, Situation.user_id == user_id))
-        if found is None or gone.rowcount != 1:  # none of this user's, or another delete of it committed first
+        gone = (await db.execute(delete(Situation).where(Situation.id == situation_id, Situation.user_id == user_id)
+                                 .returning(Situation.companion_id, Situation.submission_id))).one_or_none()
+        if gone is None:  # none of this user's, or another delete of it committed first
             raise NotFound("situation")
-        companion_id, submission_id = found
+        companion_id, submission_id = gone
         if submission_id is not None:
             db.add(SpentSituationSubmission(companion_id=companion_id, submission_id=submission_id, user_id=user_id))
     await scrub_deleted(db)
