@@ -466,6 +466,57 @@ def test_fb_step_order_env():
     assert ag._fb_meta(128, None, {"HEARTH_ATTN_FB_STEP_ORDER": "2"})["STEP_ORDER"] == 2
 
 
+def test_fb_st_ahead_env():
+    """The ST_AHEAD probe knob: off by default (FB_ST_AHEAD), "1" on, "0" off; the kernel takes it only where the form
+    serves (_fb_st_ahead: the dQ split's TMA reduce with one staging tile, not DQ_ASYNC or DQ_EARLY)."""
+    assert ag._fb_meta(128, None, {})["ST_AHEAD"] is ag.FB_ST_AHEAD is False
+    assert ag._fb_meta(128, None, {"HEARTH_ATTN_FB_ST_AHEAD": "1"})["ST_AHEAD"] is True
+    assert ag._fb_meta(128, None, {"HEARTH_ATTN_FB_ST_AHEAD": "0"})["ST_AHEAD"] is False
+    serves = ag._fb_st_ahead.fn if hasattr(ag._fb_st_ahead, "fn") else ag._fb_st_ahead
+    assert serves(True, True, False, 0, True, 1)
+    for args in ((False, True, False, 0, True, 1), (True, False, False, 0, True, 1), (True, True, True, 0, True, 1),
+                 (True, True, False, 1, True, 1), (True, True, False, 0, False, 1), (True, True, False, 0, True, 2)):
+        assert not serves(*args), args
+
+
+_FB_ST_AHEAD_SCRIPT = r"""
+import json, torch
+from hearth.kernels import attention_gluon as ag
+from hearth import inspect as hi
+out = []
+for varlen in (False, True):
+    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
+    for ahead in (False, True):
+        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(64, 128),
+                                           causal=(False, True), fb_st_ahead=ahead, **extra):
+            r = hi.report_compiled(label, k, sass=False)
+            out.append(dict(label=label, ahead=ahead, spill=r.spill_bytes, shared=r.shared_bytes,
+                            wgmma=k.asm["ptx"].count("wgmma.mma_async"), advisories=hi.ptxas_advisories(k)))
+print(json.dumps(out))
+"""
+
+
+def test_sm90_fused_backward_st_ahead_builds():
+    """The probe form ST_AHEAD at head_dim 128 (the dQ split), causal and not, dense and packed: it builds for sm_90
+    in the shipped form's shared memory, is named " st-ahead", has one more S^T matmul in its PTX a consumer
+    warpgroup (step 0's, before the loop: 8 k-steps of 16 more wgmma.mma_async) and spills at most 56 bytes
+    (28-52 on 2026-12-07: three 64-bit reloads a step dense); at head_dim 64 (no dQ split) the knob leaves the
+    shipped build as it is. ptxas has no advisory for it (the first form, S^T in flight across the loop's back edge,
+    had every wgmma serialized: C7514)."""
+    reports = run_offline(_FB_ST_AHEAD_SCRIPT)
+    assert len(reports) == 16, [r["label"] for r in reports]
+    shipped = {r["label"]: r for r in reports if not r["ahead"]}
+    for r in (r for r in reports if r["ahead"]):
+        if " d64 " in r["label"]:
+            assert " st-ahead" not in r["label"] and r == dict(shipped[r["label"]], ahead=True), r
+            continue
+        assert " st-ahead" in r["label"], r
+        base = shipped[r["label"].replace(" st-ahead", "")]
+        assert r["shared"] == base["shared"] and r["spill"] <= 56, (r, base)
+        assert r["wgmma"] == base["wgmma"] + 2 * 8, (r, base)
+        assert r["advisories"] == [] == base["advisories"], (r, base)  # no wgmma serialized (C7514)
+
+
 _FB_STEP_ORDER_SCRIPT = r"""
 import json, torch
 from hearth.kernels import attention_gluon as ag
@@ -1309,7 +1360,8 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
                                      (128, "tma"), (128, "no_split"), (128, "all_pairs"), (128, "one_pair"),
                                      (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async"),
                                      (128, "early_release"), (128, "dq_bufs2"), (128, "dq_early"), (128, "dq_early2"),
-                                     (64, "stats_ahead"), (128, "stats_ahead")])
+                                     (64, "stats_ahead"), (128, "stats_ahead"), (64, "st_ahead"),
+                                     (128, "st_ahead"), (128, "st_ahead_early_release")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1325,14 +1377,17 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     (HEARTH_ATTN_FB_DQ_BUFS2=1, with the dQ split and the TMA reduce). dq_early / dq_early2: dQ^T's matmul issued
     before dK's, its reduce while dK's runs, with dV's after dS^T or as shipped (HEARTH_ATTN_FB_DQ_EARLY=1 / 2, with
     the dQ split). stats_ahead: the producer loads lse / delta a step ahead, before waiting for the slot
-    (HEARTH_ATTN_FB_STATS_AHEAD=1)."""
+    (HEARTH_ATTN_FB_STATS_AHEAD=1). st_ahead: the next step's S^T computed during this step's dQ^T staging
+    (HEARTH_ATTN_FB_ST_AHEAD=1, with the dQ split and the TMA reduce; at d64 the knob leaves the shipped form, which
+    this also checks); st_ahead_early_release: the same with the Q / dO slot given back after dK's matmul."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
            "four_pairs": dict(PAIR_GROUP="4"), "two_launch_pre": dict(PRE_ZERO="0"),
            "dq_async": dict(DQ_ASYNC="1"), "early_release": dict(LATE_RELEASE="0"),
            "dq_bufs2": dict(DQ_BUFS2="1"), "dq_early": dict(DQ_EARLY="1"),
-           "dq_early2": dict(DQ_EARLY="2"), "stats_ahead": dict(STATS_AHEAD="1")}[forms]
+           "dq_early2": dict(DQ_EARLY="2"), "stats_ahead": dict(STATS_AHEAD="1"),
+           "st_ahead": dict(ST_AHEAD="1"), "st_ahead_early_release": dict(ST_AHEAD="1", LATE_RELEASE="0")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

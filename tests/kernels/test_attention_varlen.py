@@ -772,12 +772,13 @@ def test_gpu_gluon_backward_dq_async(monkeypatch):
 @gpu_only
 @pytest.mark.parametrize("knob,value", [("HEARTH_ATTN_FB_LATE_RELEASE", "0"), ("HEARTH_ATTN_FB_DQ_BUFS2", "1"),
                                         ("HEARTH_ATTN_FB_DQ_EARLY", "1"), ("HEARTH_ATTN_FB_DQ_EARLY", "2"),
-                                        ("HEARTH_ATTN_FB_STATS_AHEAD", "1")])
+                                        ("HEARTH_ATTN_FB_STATS_AHEAD", "1"), ("HEARTH_ATTN_FB_ST_AHEAD", "1")])
 def test_gpu_gluon_backward_early_release_and_dq_bufs2(monkeypatch, knob, value):
     """HEARTH_ATTN_FB_LATE_RELEASE=0 (the packed fused backward giving the Q / dO slot back after dK's matmul, not
     after dQ^T's as shipped; head_dim 128), HEARTH_ATTN_FB_DQ_BUFS2=1 (two dQ^T staging tiles a warpgroup) and
     HEARTH_ATTN_FB_DQ_EARLY=1 / 2 (dQ^T's matmul issued before dK's, dV's after dS^T or as shipped) and
-    HEARTH_ATTN_FB_STATS_AHEAD=1 (the producer's lse / delta loads a step ahead): out, dK and dV bitwise the
+    HEARTH_ATTN_FB_STATS_AHEAD=1 (the producer's lse / delta loads a step ahead) and HEARTH_ATTN_FB_ST_AHEAD=1 (the
+    next step's S^T computed during this step's dQ^T staging): out, dK and dV bitwise the
     shipped form's (the same products in the same order: only when a buffer is refilled or a matmul is issued
     moves), dQ under THE rule (its adds land in any order); GQA 8/2, causal, ragged lengths with a one-token
     sequence."""

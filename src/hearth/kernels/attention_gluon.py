@@ -1587,9 +1587,21 @@ def _fb_reduce_dq(dq_desc, dq_stage, dqt, head, row0, start_m, PENDING: ttgl.con
     """dqt (rows row0.. of dQ^T for queries start_m..) added into DQacc[head] by one TMA reduce-add from the
     warpgroup's staging buffer: wait until the reduce that last used the buffer has read it (PENDING: how many of
     the warpgroup's later reduces may still be in flight, one per other staging buffer), store, fence, issue."""
+    _fb_stage_dq(dq_stage, dqt, PENDING)
+    _fb_issue_dq(dq_desc, dq_stage, head, row0, start_m)
+
+
+@gluon.jit
+def _fb_stage_dq(dq_stage, dqt, PENDING: ttgl.constexpr = 0):
+    """The first half of _fb_reduce_dq: once the reduce that last used dq_stage has read it, dqt into it."""
     tma.store_wait(PENDING)
     ttgl.thread_barrier()  # the issuing thread's wait covers every thread's store below
     dq_stage.store(dqt)
+
+
+@gluon.jit
+def _fb_issue_dq(dq_desc, dq_stage, head, row0, start_m):
+    """The second half of _fb_reduce_dq: fence the staged tile for the async proxy and issue its TMA reduce-add."""
     fence_async_shared()
     ttgl.thread_barrier()  # every thread's part of the tile is in shared memory before the copy reads it
     _tma_reduce_add(dq_desc, [head, row0, start_m], dq_stage._reinterpret(ttgl.float32, dq_desc.block_shape,
@@ -1619,6 +1631,14 @@ def _fb_one_release(late_release, dq_split, dq_async, num_stages):
     on empty_bars serves the producer's refill and the consumers' next dS^T store (ds_empty goes unused). Triton 3.6
     puts a warpgroup bar.sync beside every mbarrier arrive, so each arrive a step saved is a sync saved."""
     return bool(late_release and dq_split and not dq_async and num_stages == 2)
+
+
+@gluon.constexpr_function
+def _fb_st_ahead(st_ahead, dq_split, dq_async, dq_early, dq_tma, dq_bufs):
+    """Whether the fused backward's consumers compute the next step's S^T during this step's dQ^T staging (ST_AHEAD):
+    the form serves the dQ split's TMA reduce with one staging tile, without DQ_ASYNC or DQ_EARLY (their dQ^T
+    retires elsewhere in the step)."""
+    return bool(st_ahead and dq_split and dq_tma and dq_bufs == 1 and not dq_async and not dq_early)
 
 
 @gluon.constexpr_function
@@ -1653,7 +1673,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  DQ_SPLIT: ttgl.constexpr, DQ_TMA: ttgl.constexpr, STATS_SMEM: ttgl.constexpr,
                  stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
                  SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr, LATE_RELEASE: ttgl.constexpr,
-                 DQ_BUFS: ttgl.constexpr, DQ_EARLY: ttgl.constexpr, STEP_ORDER: ttgl.constexpr):
+                 DQ_BUFS: ttgl.constexpr, DQ_EARLY: ttgl.constexpr, STEP_ORDER: ttgl.constexpr,
+                 ST_AHEAD: ttgl.constexpr = False):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1689,6 +1710,15 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     computed and stored, then dV, dQ^T and dK go out back to back (dV no longer overlaps dS^T's arithmetic, and
     P^T's registers are live until dV retires, beside dQ^T's accumulator); 2: dV's issued before dS^T's arithmetic
     as shipped, retired before dQ^T's matmul goes out (P^T's registers free first).
+    ST_AHEAD (probe only, with DQ_SPLIT and DQ_TMA's one staging tile, not DQ_ASYNC nor DQ_EARLY; _fb_st_ahead)
+    computes the next step's S^T inside this step: its matmul goes out once dQ^T is in the staging tile, and runs
+    while the warpgroup fences the tile and issues the reduce (otherwise none of this warpgroup's matmuls is on
+    the tensor cores from dQ^T's end to the next step's start); the next step then issues only dP^T and starts on
+    P^T at once. Step 0's is computed before the loop; the one after the last step reads a ring slot no load
+    refills (its result unused). S^T is waited for inside the step that issues it: an accumulator in flight
+    across the loop's back edge got every wgmma of the kernel serialized by ptxas (C7514, offline sm_90), so the
+    finished S^T (32 fp32 registers a thread) is what crosses it (offline sm_90, d128: 28 bytes of spill, three
+    64-bit reloads a step).
     (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
     BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
@@ -1699,6 +1729,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     dtype: ttgl.constexpr = k_smem.dtype
     EARLY: ttgl.constexpr = DQ_EARLY > 0 and DQ_SPLIT and not DQ_ASYNC
     DV_LATE: ttgl.constexpr = EARLY and DQ_EARLY == 1  # dV's matmul issued once dS^T is in, not before its arithmetic
+    AHEAD: ttgl.constexpr = _fb_st_ahead(ST_AHEAD, DQ_SPLIT, DQ_ASYNC, DQ_EARLY, DQ_TMA, DQ_BUFS)
     HALF: ttgl.constexpr = BLOCK_N // 2
     st_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[0]
     acc_layout: ttgl.constexpr = _wgmma_layouts(4, BLOCK_M, HEAD_DIM)[1]
@@ -1718,6 +1749,10 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
         lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, 0, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
                                        col_layout, GROUP, STEP_ORDER)
     mbarrier.wait(kv_bar, 0)
+    if AHEAD:  # step 0's S^T (each step computes the next one's: st_next)
+        mbarrier.wait(ld_bars.index(0), 0, pred=n_iters > 0)
+        st_next = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_w, q_ring.index(0).permute((1, 0)), zero_st,
+                                                            use_acc=False, is_async=True)])
     for i in range(n_iters):
         slot = i % NUM_STAGES
         g, qb = _fb_step(i, n_m, m_lo, GROUP, STEP_ORDER)
@@ -1729,13 +1764,18 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             lse_n, delta_n = _fb_row_stats(Lse, Delta, stat_h0, q0, i + 1, n_iters, m_lo, n_m, stat_t, N_CTX_Q,
                                            BLOCK_M,
                                            col_layout, GROUP, STEP_ORDER)
-        mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
+        if not AHEAD:  # (AHEAD: waited for before this step's S^T went out, in the step before)
+            mbarrier.wait(ld_bars.index(slot), (i // NUM_STAGES) & 1)
         q_s = q_ring.index(slot)
         do_s = do_ring.index(slot)
         if not PREFETCH and not STATS_SMEM:  # loaded once the slot is in: not live across the wait
             lse2, delta = _fb_row_stats(Lse, Delta, stat_h0, q0, i, n_iters, m_lo, n_m, stat_t, N_CTX_Q, BLOCK_M,
                                         col_layout, GROUP, STEP_ORDER)
-        st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
+        if AHEAD:  # S^T is in (the step before computed it); dP^T goes out alone
+            dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            st = st_next
+        else:
+            st, dpt_tok = _bwd_st_dpt(k_w, v_w, q_s, do_s, zero_st)
         if STATS_SMEM:  # each read from the slot just before its use: not live across the matmuls
             lse2 = stats_ring.index(2 * slot).load(col_layout)
         pt = ttgl.exp2(st * qk_scale - lse2[None, :])
@@ -1823,8 +1863,19 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                     mbarrier.arrive(empty_bars.index(slot), count=1)
                 if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
                     mbarrier.arrive(ds_empty.index(par), count=1)
-                _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m, dq0 + offs_m,
-                           offs_d, N_PAD_Q, HEAD_DIM, DQ_TMA, DQ_BUFS)
+                if AHEAD:  # dQ^T staged, the next step's S^T out, then the fence and the reduce while it runs
+                    dq_stage = dq_smem.index(WG)
+                    _fb_stage_dq(dq_stage, dqt)
+                    nxt = i + 1
+                    nslot = nxt % NUM_STAGES
+                    mbarrier.wait(ld_bars.index(nslot), (nxt // NUM_STAGES) & 1, pred=nxt < n_iters)
+                    st_tok = warpgroup_mma(k_w, q_ring.index(nslot).permute((1, 0)), zero_st, use_acc=False,
+                                           is_async=True)
+                    _fb_issue_dq(dq_desc, dq_stage, head, WG * DQ_ROWS, dq0 + start_m)
+                    st_next = warpgroup_mma_wait(0, deps=[st_tok])
+                else:
+                    _fb_dq_out(dq_desc, dq_smem, DQacc, dqt, head, WG * DQ_ROWS, par, WG, dq0 + start_m,
+                               dq0 + offs_m, offs_d, N_PAD_Q, HEAD_DIM, DQ_TMA, DQ_BUFS)
             elif not DQ_SPLIT:
                 if par == WG:
                     mbarrier.wait(ds_full.index(par), use & 1)
@@ -1906,7 +1957,7 @@ def _attn_bwd_fused_gluon_kernel(
     CuSeqQ=None, CuSeqK=None, VARLEN: ttgl.constexpr = False, DQ_PAD: ttgl.constexpr = 0,
     SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
     LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1, DQ_EARLY: ttgl.constexpr = 0,
-    STATS_AHEAD: ttgl.constexpr = False, STEP_ORDER: ttgl.constexpr = 0,
+    STATS_AHEAD: ttgl.constexpr = False, STEP_ORDER: ttgl.constexpr = 0, ST_AHEAD: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -2017,14 +2068,14 @@ def _attn_bwd_fused_gluon_kernel(
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
                          SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
-                         DQ_EARLY, STEP_ORDER)),
+                         DQ_EARLY, STEP_ORDER, ST_AHEAD)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
                          SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
-                         DQ_EARLY, STEP_ORDER)),
+                         DQ_EARLY, STEP_ORDER, ST_AHEAD)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -2361,6 +2412,8 @@ def _fb_dq_early(env) -> int:
 
 # the fused backward's step order (_fb_step): 0, each query head's blocks in turn from the diagonal up
 FB_STEP_ORDER = 0
+# whether the fused backward issues the next step's S^T before this step's dQ^T staging (_fb_consumer's ST_AHEAD)
+FB_ST_AHEAD = False
 
 
 def _fb_step_order(env) -> int:
@@ -2391,7 +2444,8 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 LATE_RELEASE=_env_flag(env, "HEARTH_ATTN_FB_LATE_RELEASE", FB_LATE_RELEASE),
                 DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1,
                 DQ_EARLY=_fb_dq_early(env), STATS_AHEAD=_env_flag(env, "HEARTH_ATTN_FB_STATS_AHEAD", False),
-                STEP_ORDER=_fb_step_order(env), num_warps=4)
+                STEP_ORDER=_fb_step_order(env), ST_AHEAD=_env_flag(env, "HEARTH_ATTN_FB_ST_AHEAD", FB_ST_AHEAD),
+                num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2479,8 +2533,9 @@ def backward_fused(q, k, v, do, lse, delta, dq, dk, dv, causal: bool, scale: flo
     default; with the dQ split, "1" or "2": dQ^T's matmul issued before dK's, its reduce while dK's runs, the
     consumer's DQ_EARLY, _fb_dq_early), HEARTH_ATTN_FB_STATS_AHEAD (off by default; with STATS_SMEM, the producer
     loads a step's lse / delta a step ahead, before waiting for its slot: its STATS_AHEAD), HEARTH_ATTN_FB_STEP_ORDER
-    (0 by default, FB_STEP_ORDER; "1" / "2": each query block's heads together, 2 from the last block down: _fb_step);
-    and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
+    (0 by default, FB_STEP_ORDER; "1" / "2": each query block's heads together, 2 from the last block down: _fb_step),
+    HEARTH_ATTN_FB_ST_AHEAD (off by default, FB_ST_AHEAD; "1": the next step's S^T computed during this step's dQ^T
+    staging, with the dQ split: the consumer's ST_AHEAD); and the probe knobs HEARTH_ATTN_FB_PAIR_GROUP (an integer, the grid order:
     fb_pair_group) and HEARTH_ATTN_FB_CONFIG="BLOCK_M,NUM_STAGES". out: the forward's output [B, Hq, Tq, D]; when
     given, `delta` is only a [B, Hq, Tq] fp32 buffer that this call fills in the launch that clears the dQ buffer
     (_fb_prepare; HEARTH_ATTN_FB_PRE_ZERO=0: a fill and the plain preprocess instead); without it, delta is an
@@ -2626,7 +2681,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     bwd_configs=None, bwd_dq_configs=None, fb_configs=None, fb_prefetch=False, fb_dq_split=None,
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
                     fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=FB_LATE_RELEASE,
-                    fb_dq_bufs=1, fb_dq_early=0, fb_stats_ahead=False, fb_step_order=FB_STEP_ORDER):
+                    fb_dq_bufs=1, fb_dq_early=0, fb_stats_ahead=False, fb_step_order=FB_STEP_ORDER,
+                    fb_st_ahead=FB_ST_AHEAD):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2638,7 +2694,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
     DQ_PAD (its ragged-offset placement of dQ^T, with varlen); fb_seq_order, its SEQ_ORDER (with varlen); fb_dq_async,
     its DQ_ASYNC (with the dQ split); fb_late_release, its LATE_RELEASE (likewise); fb_dq_bufs, its DQ_BUFS (likewise, with the
     TMA reduce); fb_dq_early, its DQ_EARLY (0, 1 or 2; with the dQ split, not fb_dq_async); fb_stats_ahead, its
-    producer's STATS_AHEAD (with fb_stats_smem, not fb_prefetch); fb_step_order, its STEP_ORDER (_fb_step). Needs
+    producer's STATS_AHEAD (with fb_stats_smem, not fb_prefetch); fb_step_order, its STEP_ORDER (_fb_step); fb_st_ahead, its
+    consumers' ST_AHEAD (with the dQ split, not fb_dq_async nor fb_dq_early). Needs
     TRITON_INTERPRET unset."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -2693,7 +2750,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
                          PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async, LATE_RELEASE=fb_late_release,
                          DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early, STATS_AHEAD=fb_stats_ahead,
-                         STEP_ORDER=fb_step_order)
+                         STEP_ORDER=fb_step_order, ST_AHEAD=fb_st_ahead)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2725,6 +2782,8 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += f" dq-early{fb_dq_early}" if fb_dq_early and split and not fb_dq_async else ""
             forms += " stats-ahead" if fb_stats_ahead and staged else ""
             forms += f" step-order{fb_step_order}" if fb_step_order else ""
+            forms += " st-ahead" if fb_st_ahead and split and fb_dq_tma and fb_dq_bufs == 1 and not fb_dq_async \
+                and not fb_dq_early else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
