@@ -225,7 +225,44 @@ def compiled_or_eager(op, forward):
     return call
 
 
-def autograd_op(op, forward, setup_context, backward):
+def once_differentiable(backward):
+    """A Function's backward that is not differentiable (it calls launchers: its results have no history) as one
+    that says so: under create_graph=True (grad mode on in a backward) it runs without grad and hands out
+    gradients whose own backward raises. torch.autograd.function.once_differentiable does that only when an
+    incoming gradient requires grad; the usual second-order case (a gradient penalty: the loss's incoming
+    gradient is a constant, the dependence is through the saved inputs) then got gradients with no history and
+    its second-order term was silently dropped. A plain backward (grad mode off) calls `backward` as is."""
+
+    def wrapper(ctx, *grads):
+        if not torch.is_grad_enabled():
+            return backward(ctx, *grads)
+        # what the true second-order term flows through: the saved inputs that require grad (unpacked before the
+        # backward, which may overwrite saved buffers) and any incoming gradient that does
+        links = [t for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor) and t.requires_grad]
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not links:
+            return outputs
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        aliases = []
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                t = t.detach()
+                t.requires_grad_(True)
+            aliases.append(t)
+        # the error node takes the links as inputs too (their outputs dropped): it lies on every path from the
+        # gradients to the inputs, so differentiating them raises instead of skipping the node
+        err_fn = torch._C._functions.DelayedError(
+            b"hearth: this op's backward is once_differentiable: its gradient cannot be differentiated again "
+            b"(create_graph=True gives the first-order gradient only)", len(aliases) + len(links))
+        wrapped = err_fn(*aliases, *links)[: len(aliases)]
+        return wrapped[0] if single else tuple(wrapped)
+
+    return wrapper
+
+
+def autograd_op(op, forward, setup_context, backward, *, once: bool = False):
     """One differentiable hearth op, two routes to the same launchers. Returns `call(*args)`.
 
     op: the torch.library custom op (with its fake registered) whose body is `forward`. The formula
@@ -236,6 +273,9 @@ def autograd_op(op, forward, setup_context, backward):
     call, more than a small kernel's GPU time).
     `backward` launches its kernels through `ctx.eager`: True on the Function route (call the launcher
     directly), False on the op route (call the backward custom op, so the compiled graph holds it too).
+    once=True: `backward` is not differentiable (it calls the launchers, whose results have no history), so
+    under create_graph=True the Function's backward runs once_differentiable: differentiating its gradients
+    again raises, where it silently dropped the second-order term (a gradient penalty beside the loss).
     """
 
     def op_setup(ctx, inputs, output):
@@ -251,10 +291,11 @@ def autograd_op(op, forward, setup_context, backward):
         return output
 
     op.register_autograd(backward, setup_context=op_setup)
+    eager_backward = once_differentiable(backward) if once else backward
     name = "".join(part.title() for part in op._name.split("::")[-1].split("_")) + "Function"
     function = type(name, (torch.autograd.Function,), {
         "forward": staticmethod(eager_forward),
-        "backward": staticmethod(backward),
+        "backward": staticmethod(eager_backward),
     })
     call = compiled_or_eager(op, function.apply)
     call.function, call.forward = function, forward

@@ -1260,7 +1260,7 @@ def _backward(ctx, dout, _dlse):
 
 
 # eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
-_attention = autograd_op(_attention_fwd_op, _attention_forward, _setup_context, _backward)
+_attention = autograd_op(_attention_fwd_op, _attention_forward, _setup_context, _backward, once=True)
 
 
 # ----------------------------------------------------------------------------------------------

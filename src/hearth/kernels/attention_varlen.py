@@ -339,7 +339,7 @@ def _backward(ctx, dout, _dlse):
 
 
 # eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
-_attention_varlen = autograd_op(_varlen_fwd_op, _varlen_forward, _setup_context, _backward)
+_attention_varlen = autograd_op(_varlen_fwd_op, _varlen_forward, _setup_context, _backward, once=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -64,7 +64,9 @@ import torch
 import triton
 import triton.language as tl
 
-from hearth.kernels._common import cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, on_device, records_graph
+from hearth.kernels._common import (
+    cdiv, check_same_device, check_tensor, next_power_of_2, num_sms, on_device, once_differentiable, records_graph,
+)
 
 try:  # Gluon ships with Triton 3.6; without it every row stays on the Triton row kernel below
     from hearth.kernels import cross_entropy_gluon as cg
@@ -577,7 +579,7 @@ def _backward_in_place(ctx, grad_output):
     return grad.detach(), None, None
 
 
-_backward_once = torch.autograd.function.once_differentiable(_backward_in_place)
+_backward_once = once_differentiable(_backward_in_place)  # _common's: raises for a gradient penalty too
 
 
 # ------------------------------------------------------------------ torch.library ops (torch.compile)

@@ -429,7 +429,7 @@ def _autograd_backward(ctx, dy, _dmean, _drstd):
 
 
 # eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
-_layer_norm = autograd_op(_layer_norm_fwd_op, _forward, _setup_context, _autograd_backward)
+_layer_norm = autograd_op(_layer_norm_fwd_op, _forward, _setup_context, _autograd_backward, once=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -519,7 +519,7 @@ def _autograd_backward(ctx, dy, _drstd):
 
 
 # eager: a torch.autograd.Function over _forward / _backward; under torch.compile: the custom ops
-_rms_norm = autograd_op(_rms_norm_fwd_op, _forward, _setup_context, _autograd_backward)
+_rms_norm = autograd_op(_rms_norm_fwd_op, _forward, _setup_context, _autograd_backward, once=True)
 
 
 # --------------------------------------------------------------------------------------------

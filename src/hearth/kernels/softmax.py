@@ -500,7 +500,7 @@ def _backward(ctx, grad_y):
 
 
 # eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
-_softmax = autograd_op(_softmax_fwd_op, _softmax_fwd, _setup_context, _backward)
+_softmax = autograd_op(_softmax_fwd_op, _softmax_fwd, _setup_context, _backward, once=True)
 
 
 # ---------------------------------------------------------------------------------------- public fn

@@ -286,7 +286,7 @@ def _swiglu_backward(ctx, dh):
 
 
 # eager: a torch.autograd.Function over the launchers; under torch.compile: the custom ops
-_swiglu = autograd_op(_swiglu_fwd_op, _swiglu_forward, _swiglu_setup, _swiglu_backward)
+_swiglu = autograd_op(_swiglu_fwd_op, _swiglu_forward, _swiglu_setup, _swiglu_backward, once=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -601,7 +601,7 @@ def _mlp_backward(ctx, dout, _dg, _du):
 
 
 # eager: a torch.autograd.Function over _mlp_forward / _mlp_backward_impl; under torch.compile: the custom ops
-_mlp = autograd_op(_mlp_fwd_op, _mlp_forward, _mlp_setup, _mlp_backward)
+_mlp = autograd_op(_mlp_fwd_op, _mlp_forward, _mlp_setup, _mlp_backward, once=True)
 
 
 # --------------------------------------------------------------------------------------------
