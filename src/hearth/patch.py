@@ -95,7 +95,10 @@ KINDS = ("norm", "rope", "mlp", "loss", "lora", "attention")
 _PROBE_FACTOR = 2.0
 _PROBE_FLOOR = {torch.float32: 1e-5, torch.bfloat16: 1e-3, torch.float16: 1e-4}
 # config attributes that scale the logits before the loss: the fused loss would not apply them.
-_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
+_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale", "lm_head_multiplier")
+# config attributes of terms the fused loss does not compute when set: a z-loss (Bamba), logit softcaps under other
+# names than final_logit_softcapping (RecurrentGemma, on by default; xLSTM)
+_LOSS_TERMS = ("z_loss_coefficient", "logits_soft_cap", "output_logit_soft_cap")
 
 
 class Leave(Exception):
@@ -677,6 +680,9 @@ def _loss(model: nn.Module, state: dict) -> None:
     for name in _LOGIT_SCALES:
         if getattr(config, name, None) not in (None, 1, 1.0):
             raise Leave(f"config.{name} scales the logits")
+    for name in _LOSS_TERMS:
+        if getattr(config, name, None) not in (None, 0, 0.0):
+            raise Leave(f"config.{name}: a term of the model's loss that the fused loss does not compute")
     if getattr(config, "output_router_logits", False):  # MoE (Qwen3-MoE, Mixtral...): the loss has an aux term
         raise Leave("config.output_router_logits: the loss adds the router's load-balancing loss")
     softcap = getattr(config, "final_logit_softcapping", None)
