@@ -21,8 +21,8 @@ _CE_WIDE_CONFIG (rules, not run-time timings: see there why).
 IN-PLACE: when `input.requires_grad` (and grad mode is on), cross_entropy overwrites `input` with the gradient during the
 forward (as Liger-Kernel does). Callers must treat the logits as consumed: do not read them afterwards,
 and do not pass a tensor that another autograd node saved for its own backward (e.g. the output of an
-op that saves its result). The logits of an lm_head matmul are fine (matmul saves its inputs, not its
-output). A non-contiguous `input` (column stride != 1, or rows sharing memory as in an expanded
+op that saves its result: its backward then raises "modified by an inplace operation", the write bumping the
+logits' version counter). The logits of an lm_head matmul are fine (matmul saves its inputs, not its output). A non-contiguous `input` (column stride != 1, or rows sharing memory as in an expanded
 tensor) is first copied; the copy then holds the gradient and the caller's tensor is untouched.
 
 Where the scale goes (LESSON 7): the stored gradient is g = dloss/dx times a forward scale, and the
@@ -546,6 +546,11 @@ class _CrossEntropyInPlace(torch.autograd.Function):
             label_smoothing=label_smoothing, reduction=reduction, z_loss=z_loss, softcap=softcap, check=check,
         )
         if write_grad:
+            if logits is input:
+                # the gradient now sits in the caller's tensor: bump its version counter, so that a node that saved
+                # it for its own backward (tanh, exp, sigmoid save their outputs) raises "modified by an inplace
+                # operation" instead of reading the gradient as the logits (a silently wrong gradient)
+                torch.autograd.graph.increment_version(input)
             # the backward factor only when there is one (no placeholder tensor and no flag to say it is one)
             if extra is None:
                 ctx.save_for_backward(logits)
