@@ -1336,16 +1336,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if B * Hq > MAX_BATCH_HEADS:
         raise ValueError(f"q has batch x heads = {B} x {Hq} = {B * Hq}; at most {MAX_BATCH_HEADS} (CUDA grid limit) are supported")
     tensors = {"q": q, "k": k, "v": v}
+    padded = padded_head_dim(D)
+    if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
+        tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
+    # checked on the tensors the kernels read: a padded copy's rows are wider than the caller's
     for name, t in tensors.items():
         if _plane_extent(t) >= _INT32_LIMIT:
             # a strided view whose [T, D] plane spans >= 2^31 elements (e.g. a transposed [B, T, H, D]
             # tensor with T * H * D >= 2^31): the int32 in-plane offsets would overflow; a dense copy fits
             tensors[name] = t = t.contiguous()
             if _plane_extent(t) >= _INT32_LIMIT:
-                raise ValueError(f"{name} has T x D = {t.shape[2]} x {t.shape[3]} >= 2^31 elements per head; not supported")
-    padded = padded_head_dim(D)
-    if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
-        tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
+                raise ValueError(f"{name} has T x D = {t.shape[2]} x {t.shape[3]} >= 2^31 elements per head"
+                                 f"{'' if padded == D else f' (D {D} runs padded to {padded})'}; not supported")
     if records_graph(q, k, v):
         out, _ = _attention(tensors["q"], tensors["k"], tensors["v"], causal, scale)
     else:  # no graph to record: skip the logsumexp the backward would need

@@ -440,6 +440,10 @@ def attention_varlen(
         raise ValueError(f"cu_seqlens_q gives n_seqs x heads = {n_seqs} x {Hq} = {n_seqs * Hq}; at most "
                          f"{_attn.MAX_BATCH_HEADS} (CUDA grid limit) are supported")
     tensors = {"q": q, "k": k, "v": v}
+    padded = _attn.padded_head_dim(D)
+    if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
+        tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
+    # checked on the tensors the kernels read: a padded copy's rows are wider than the caller's
     for name, t in tensors.items():
         longest = max_seqlen_q if name == "q" else max_seqlen_k
         if _seq_extent(t, longest) >= _attn._INT32_LIMIT:
@@ -448,9 +452,6 @@ def attention_varlen(
             if _seq_extent(t, longest) >= _attn._INT32_LIMIT:
                 raise ValueError(f"{name}: a sequence of up to {longest} rows x {t.stride(0)} elements spans >= 2^31 "
                                  f"elements; lower max_seqlen_{name[0] if name == 'q' else 'k'}")
-    padded = _attn.padded_head_dim(D)
-    if padded != D:  # e.g. 80 or 96 -> 128: zero columns, scale kept at the real D's (computed above)
-        tensors = {n: torch.nn.functional.pad(t, (0, padded - D)) for n, t in tensors.items()}
     # the kernels read the offsets as a dense int32 array: a strided view is copied (a no-op when dense)
     args = (tensors["q"], tensors["k"], tensors["v"], cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
             max_seqlen_q, max_seqlen_k, causal, scale)
