@@ -26,6 +26,8 @@ refuse with a reason, which the report lists):
                             lm_head.weight, labels shifted by one) -- the [tokens, vocab] logits never exist,
                             and the output has logits=None. Without labels (or with a MoE router loss asked
                             for: output_router_logits; on in the config, the loss is left) the original runs.
+                            Left when the model holds parameters outside the decoder and lm_head (a transform
+                            between them, as RoBERTa-style heads' dense + LayerNorm, that the fused loss skips).
     lora  r"^Linear(4bit|8bitLt)?$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain
                             nn.Linear base or a bitsandbytes 4-bit one (Linear4bit, NF4 / FP4, double-quantised
                             or not: QLoRA; dequantised per use, never kept for the backward), and no DoRA; an
@@ -676,6 +678,13 @@ def _loss(model: nn.Module, state: dict) -> None:
         raise Leave(f"lm_head is {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)")
     if not isinstance(decoder, nn.Module):
         raise Leave("no decoder at base_model_prefix")
+    # the fused loss is CE(decoder output @ head.weight): a parameter outside both is a transform it would skip
+    # (RoBERTa / BERT-style decoders: lm_head.dense + layer_norm before the Linear get_output_embeddings returns)
+    own = {id(p) for p in decoder.parameters()} | {id(p) for p in head.parameters()}
+    extra = [n for n, p in model.named_parameters() if id(p) not in own]
+    if extra:
+        raise Leave(f"parameters outside the decoder and the output Linear ({', '.join(extra[:3])}"
+                    f"{', ...' if len(extra) > 3 else ''}): the logits are not lm_head(decoder output)")
     config = getattr(model, "config", None)
     for name in _LOGIT_SCALES:
         if getattr(config, name, None) not in (None, 1, 1.0):
