@@ -27,7 +27,9 @@ refuse with a reason, which the report lists):
                             and the output has logits=None. Without labels (or with a MoE router loss asked
                             for: output_router_logits; on in the config, the loss is left) the original runs.
                             Left when the model holds parameters outside the decoder and lm_head (a transform
-                            between them, as RoBERTa-style heads' dense + LayerNorm, that the fused loss skips).
+                            between them, as RoBERTa-style heads' dense + LayerNorm, that the fused loss skips),
+                            and when the class forward does not compute its loss through transformers'
+                            ForCausalLMLoss (Bart-style decoders' unshifted labels, a user's loss_function).
     lora  r"^Linear(4bit|8bitLt)?$" (peft's LoRA Linear only: it has base_layer and lora_A) with a plain
                             nn.Linear base or a bitsandbytes 4-bit one (Linear4bit, NF4 / FP4, double-quantised
                             or not: QLoRA; dequantised per use, never kept for the backward), and no DoRA; an
@@ -685,6 +687,9 @@ def _loss(model: nn.Module, state: dict) -> None:
     if extra:
         raise Leave(f"parameters outside the decoder and the output Linear ({', '.join(extra[:3])}"
                     f"{', ...' if len(extra) > 3 else ''}): the logits are not lm_head(decoder output)")
+    why = _not_causal_lm_loss(model)
+    if why:
+        raise Leave(why)
     config = getattr(model, "config", None)
     for name in _LOGIT_SCALES:
         if getattr(config, name, None) not in (None, 1, 1.0):
@@ -696,6 +701,26 @@ def _loss(model: nn.Module, state: dict) -> None:
         raise Leave("config.output_router_logits: the loss adds the router's load-balancing loss")
     softcap = getattr(config, "final_logit_softcapping", None)
     _wrap_forward(model, decoder, head, softcap)
+    return None
+
+
+def _not_causal_lm_loss(model: nn.Module) -> str | None:
+    """None when the model's forward computes its loss as the fused one does (transformers' causal LM loss: labels
+    shifted by one), else why not: its class forward computes the loss itself (the decoders of encoder-decoder
+    families -- Bart, Whisper, TrOCR... -- on UNshifted labels), or its loss_function is not ForCausalLMLoss (set
+    by the user, or a loss_type of another task)."""
+    try:
+        source = inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        source = ""
+    if "self.loss_function(" not in source:
+        return (f"{type(model).__name__}.forward computes its loss itself, not through transformers' loss_function "
+                "(e.g. on unshifted labels)")
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    fn = getattr(model, "loss_function", None)
+    if fn is not ForCausalLMLoss:
+        return f"model.loss_function is {getattr(fn, '__name__', fn)!s}, not transformers' ForCausalLMLoss"
     return None
 
 
