@@ -272,18 +272,32 @@ class Chain:
         if not gated:
             return open_ok, skipped
         left = deadline_at - time.monotonic()
+        warm_by_name: dict[str, tuple[bool, float]] = {}
+
+        async def decide(a: _Attempt) -> None:
+            # kept as each verdict comes back: the deadline's cut below must not take the ones already in with it
+            gate = self.gates[a.provider.name]
+            # a gate whose probe may take the whole deadline left (a request's own short hearth_deadline_s; the
+            # gateway's deadline_s is checked against probe_timeout_s at start-up) is not waited for: a hung
+            # health route spent the deadline here and no provider, the hosted fallback included, was tried
+            warm_by_name[a.provider.name] = await gate.verdict(a.provider.name,
+                                                               wait=gate.settings.probe_timeout_s < left)
+
         try:
             async with asyncio.timeout(max(left, 0.0)):
-                # a gate whose probe may take the whole deadline left (a request's own short hearth_deadline_s; the
-                # gateway's deadline_s is checked against probe_timeout_s at start-up) is not waited for: a hung
-                # health route spent the deadline here and no provider, the hosted fallback included, was tried
-                warm = await asyncio.gather(*(
-                    self.gates[a.provider.name].verdict(
-                        a.provider.name, wait=self.gates[a.provider.name].settings.probe_timeout_s < left)
-                    for a in gated))
-        except TimeoutError:  # the request deadline is shorter than a probe: treat them as cold
-            warm = [(False, 0.0)] * len(gated)
-        warm_by_name = {a.provider.name: w for a, w in zip(gated, warm)}
+                await asyncio.gather(*(decide(a) for a in gated))
+        except TimeoutError:
+            # the deadline ran out before some verdicts came back (the state store stalled on a read, a probe ran
+            # past probe_timeout_s with the store writes after its GET): those count as cold, as verdict() would
+            # have counted them, and their gates are woken, since a verdict cut before its probe started none and
+            # the cold endpoint would stay cold for the next request too. A verdict already in is kept: a warm
+            # endpoint is then skipped for the deadline (DeadlineExceeded), not reported cold.
+            for a in gated:
+                name = a.provider.name
+                if name not in warm_by_name:
+                    warm_by_name[name] = (False, 0.0)
+                    self.metrics.child(self.metrics.warm_decisions, name, "cold").inc()
+                    self.gates[name].wake()
         first = [a for a in gated if warm_by_name[a.provider.name][0]]
         for a in gated:
             is_warm, held_s = warm_by_name[a.provider.name]
