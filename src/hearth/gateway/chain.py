@@ -255,22 +255,24 @@ class Chain:
         return group
 
     async def _plan(self, providers: list[Provider], deadline_at: float) -> tuple[list[_Attempt], list[ProviderError]]:
-        """Providers to try in order, plus the skipped ones' errors (cooldown, cold)."""
+        """Providers to try in order, plus the skipped ones' errors (cooldown, cold) in the order of `providers`."""
         snaps = await self.store.breakers([p.name for p in providers])
-        skipped: list[ProviderError] = []
+        # by provider, put back in config order at the end: the breaker skips are decided before the cold ones, and
+        # a result's attempts and the failure's list named them in that order, one no config has
+        skipped: dict[str, ProviderError] = {}
         open_ok: list[_Attempt] = []
         for p, snap in zip(providers, snaps):
             cooling = self.breakers[p.name].skip(snap)
             if cooling is not None:
                 self._skipped(cooling)
-                skipped.append(cooling)
+                skipped[p.name] = cooling
                 if p.name in self.gates:  # not tried now, but wanted: a cold endpoint warms up meanwhile
                     self.gates[p.name].wake()
             else:
                 open_ok.append(_Attempt(p, snap))
         gated = [a for a in open_ok if a.provider.name in self.gates]
         if not gated:
-            return open_ok, skipped
+            return open_ok, list(skipped.values())
         left = deadline_at - time.monotonic()
         warm_by_name: dict[str, tuple[bool, float]] = {}
 
@@ -302,9 +304,9 @@ class Chain:
         for a in gated:
             is_warm, held_s = warm_by_name[a.provider.name]
             if not is_warm:
-                skipped.append(HeldCold(a.provider.name, held_s) if held_s > 0 else Cold(a.provider.name))
+                skipped[a.provider.name] = HeldCold(a.provider.name, held_s) if held_s > 0 else Cold(a.provider.name)
         rest = [a for a in open_ok if a.provider.name not in self.gates]
-        return first + rest, skipped
+        return first + rest, [skipped[p.name] for p in providers if p.name in skipped]
 
     def _walk(self, messages: list[dict], kind: str, deadline_s: float | None, model: str | None,
               max_tokens: int | None = None, request_id: str | None = None) -> tuple[_Walk, list[Provider]]:
@@ -455,6 +457,11 @@ class Chain:
         self._finish(w, outcome)
 
     async def _all_failed(self, errors: list[ProviderError]) -> AllProvidersFailed:
+        # one error per provider, in config order: the walk's list has the plan's skips first, then the attempts in
+        # the order they were made (warm gated endpoints first), and the reply's failures, the log and the server's
+        # tie-break of next_available ("the first in chain order") read it as the chain's order
+        order = {name: i for i, name in enumerate(self.names)}
+        errors = sorted(errors, key=lambda e: order.get(e.provider, len(order)))
         exc = AllProvidersFailed(f"all {len(errors)} providers failed", errors)
         try:
             exc.available_in_s = await self._available_in_s([e.provider for e in errors])
