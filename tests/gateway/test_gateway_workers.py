@@ -77,7 +77,7 @@ def test_two_workers_share_one_port_cooldowns_and_one_warmup(tmp_path):
     served_by = {l["pid"] for l in lines if str(l.get("request_id", "")).startswith("w-") and l.get("status") == 200}
     assert len(served_by) == 2, f"requests were served by {served_by} only"
     assert replies[0] == (200, [["ft", "cold"], ["a", "status_500"], ["b", "ok"]])
-    assert all(r == (200, [["a", "cooldown"], ["ft", "cold"], ["b", "ok"]]) for r in replies[1:]), replies
+    assert all(r == (200, [["ft", "cold"], ["a", "cooldown"], ["b", "ok"]]) for r in replies[1:]), replies  # chain order
     assert len(failing.requests) == 1                                  # worker B never retried what A cooled down
     assert sum("starting warm-up" in l["msg"] for l in lines) == 1     # one warm-up for both workers
     assert proc.returncode == 0
