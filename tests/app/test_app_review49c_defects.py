@@ -137,7 +137,7 @@ async def test_the_throttle_table_cannot_be_read_back_into_accounts_and_addresse
 
     from sqlalchemy import select
 
-    from hearth.app.storage.models import AuthThrottle, User
+    from hearth.app.storage.models import AuthThrottle, Session, User
 
     def unkeyed(bucket: str) -> str:
         return hashlib.sha256(b"hearth/throttle|" + bucket.encode()).hexdigest()
@@ -155,10 +155,11 @@ async def test_the_throttle_table_cannot_be_read_back_into_accounts_and_addresse
         async with app.state.hearth.db.sessions() as s:
             keys = set((await s.execute(select(AuthThrottle.key))).scalars())
             user_id = (await s.execute(select(User.id))).scalar_one()
+            session_id = (await s.execute(select(Session.id))).scalar_one()
     # the signup's address, alice from 127.0.0.1, 127.0.0.1's failed logins, and alice's account-page check
     assert len(keys) == 4
     guessable = {unkeyed(b) for b in ("signup|ip:127.0.0.1", "login|alice|ip:127.0.0.1", "login-failures|ip:127.0.0.1",
-                                      f"password|{user_id}")}
+                                      f"password|{user_id}|session:{session_id}")}
     assert not keys & guessable, "the throttle table names accounts and addresses to anyone with a copy of it"
 
 

@@ -24,7 +24,7 @@ from hearth.app import accounts, crypto, throttle
 from hearth.app.settings import SettingsError, load_settings
 from hearth.app.storage import create_database, upgrade
 from hearth.app.storage.migrate import alembic_config
-from hearth.app.storage.models import AuthThrottle, Companion, User, new_id
+from hearth.app.storage.models import AuthThrottle, Companion, Session, User, new_id
 from tests.app.app_client import PASSWORD, csrf_of, login, signup
 from tests.app.conftest import running_app
 
@@ -374,9 +374,11 @@ async def test_the_routes_key_their_buckets_with_the_throttle_key(make_settings,
         async with app.state.hearth.db.sessions() as s:
             keys = set((await s.execute(select(AuthThrottle.key))).scalars())
             user_id = (await s.execute(select(User.id))).scalar_one()
+            session_id = (await s.execute(select(Session.id))).scalar_one()  # the account page's check: per session
     secret = throttle.throttle_secret(master_key)
     assert keys == {throttle.bucket_hash(b, secret) for b in (
-        "signup|ip:127.0.0.1", "login|alice|ip:127.0.0.1", "login-failures|ip:127.0.0.1", f"password|{user_id}")}
+        "signup|ip:127.0.0.1", "login|alice|ip:127.0.0.1", "login-failures|ip:127.0.0.1",
+        f"password|{user_id}|session:{session_id}")}
 
 
 async def test_downgrading_to_the_first_schema_keeps_every_row(database_url, master_key):

@@ -1,8 +1,10 @@
 """The user's own account: change the password, export everything, delete the account.
 
-Both changes need the current password; its check is throttled per account like a login (hearth.app.throttle,
+Both changes need the current password; its check is throttled per session like a login (hearth.app.throttle,
 the login policy), so a session left open somewhere cannot be used to guess the password behind it, one argon2
-hash after another."""
+hash after another. Per session, not per account: guesses sent in one session (a cookie someone else holds) must not
+keep the owner, in theirs, from changing the password, the one way to log that session out; and a new session needs
+the password itself (a login, throttled on its own)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _page(request: Request, state: State, viewer, *, error: str = "", notice: st
 
 
 def _password_bucket(viewer) -> str:
-    return f"password|{viewer.user_id}"
+    return f"password|{viewer.user_id}|session:{viewer.session.id}"
 
 
 async def _too_many(request: Request, state: State, db, viewer) -> Response | None:
