@@ -1462,8 +1462,9 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
 
 def fit_summary(data: dict, seq_len: int) -> str:
     """The start-up line on fitting the corpus into seq_len: how many training examples lost their oldest history
-    turns (batches.fit_example) and the longest example as built (docs/training.md, "Sequence length and the
-    app's prompts": the app's largest prompt is longer than the default seq_len)."""
+    turns (batches.fit_example), how many were rejected (too long even with no history: not trained), and the
+    longest example as built (docs/training.md, "Sequence length and the app's prompts": the app's largest prompt is
+    longer than the default seq_len)."""
     longest = data.get("longest_tokens", 0)
     if "eval" in data:
         longest = max(longest, data["eval"].get("longest_tokens", 0))
@@ -1471,14 +1472,26 @@ def fit_summary(data: dict, seq_len: int) -> str:
     if data.get("eval_examples"):
         n = data.get("eval_conversations")
         held = f", {data['eval_examples']} held out" + (f" ({n} conversation{'s' * (n != 1)})" if n else "")
+    # the rejected examples are named one by one above this line; counted here too, or a corpus that lost most of
+    # its examples to seq_len read "every example fits seq_len whole"
+    lost = ""
+    for what, stats in (("examples", data), ("eval_corpus examples", data.get("eval") or {})):
+        rejected = len(stats.get("rejected") or [])
+        if rejected:
+            built = stats.get("examples", 0) + rejected + stats.get("skipped_no_target", 0)
+            lost += (f"; [yellow]{rejected} of {built} {what} rejected: longer than seq_len={seq_len} even with every "
+                     "history turn dropped (not trained)[/yellow]")
+    whole = f"; longest example {longest} tokens: seq_len={longest} would train every example whole"
     if not data.get("train_truncated") and not data.get("eval_truncated"):
+        if lost:
+            return f"[bold]data[/bold]: {data['train_examples']} training examples{held}{lost}{whole}"
         return (f"[bold]data[/bold]: {data['train_examples']} training examples{held}; every example fits "
                 f"seq_len={seq_len} whole (longest example {longest} tokens)")
     return (f"[bold]data[/bold]: [yellow]{data['train_truncated']} of {data['train_examples']} training examples had "
             f"history dropped to fit seq_len={seq_len}[/yellow] ({data['train_history_dropped']} history messages, "
             f"the oldest first){held}"
             + (f", {data['eval_truncated']} of the held-out ones" if data.get("eval_truncated") else "")
-            + f"; longest example {longest} tokens: seq_len={longest} would train every example whole")
+            + lost + whole)
 
 
 def _stored_bytes(p) -> int:
