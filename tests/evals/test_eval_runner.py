@@ -52,7 +52,8 @@ def companion_script(kind: str):
         (Behavior.reply(json.dumps({**json.loads(good), "trust": "1"})), False, "trust"),
         (Behavior.reply(good + "\n" + good), False, "2 JSON objects"),
         (Behavior.reply("<think>I should reply with {\"message\": \"hi\"}"), False, "unterminated <think>"),
-        (Behavior.raw(b"<html>bad gateway</html>", content_type="text/html"), False, "malformed completion"),
+        # a chat case is streamed (main's default): a body that is no SSE fails as the gateway fails it (review76)
+        (Behavior.raw(b"<html>bad gateway</html>", content_type="text/html"), False, "not as server-sent events"),
         (Behavior.reply(""), False, "empty reply"),
     ]
 

@@ -171,9 +171,12 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
     try:
         if response.status_code != 200:
             return await _error_result(response, deadline, timeout_s, done)
-        if body.get("stream") and "text/event-stream" in response.headers.get("content-type", ""):
+        if body.get("stream"):
+            # read as SSE whatever the Content-Type says, as hearth's gateway reads the answer to a stream it asked
+            # for (providers.ChatStream: "data:" lines, nothing else): a server that ignores "stream": true and
+            # answers in one piece fails every streamed chat turn of the app, and SSE sent as text/plain is a reply
+            # the app shows (it passed and failed the eval, when the Content-Type chose how to read it)
             return await _stream(response, deadline, timed_out, start, done)
-        # not streamed, or a server that answered in one piece after all
         try:
             async with asyncio.timeout_at(deadline):
                 raw = await _read_capped(response, REPLY_BODY_CAP, f"{REPLY_BODY_CAP >> 20} MiB")
@@ -272,6 +275,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
     kept = 0  # UTF-8 bytes of content and reasoning kept
     finish = usage = ttft = attempts = None
     ended = False  # [DONE] seen
+    events = 0  # data lines read
 
     def joined(pieces: list[str], cut: bool = False) -> str:
         text = "".join(pieces)
@@ -283,6 +287,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
+                events += 1
                 if data == "[DONE]":
                     ended = True
                     break
@@ -325,8 +330,14 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
     reasoning = "".join(thoughts) if thoughts else None
     if not ended and finish is None:  # the body ended with neither end marker: the gateway refuses this too
+        kind = response.headers.get("content-type", "")
+        if not events and "text/event-stream" not in kind:  # not a stream at all: say what came instead
+            error = (f"asked for a stream, answered in one piece ({kind or 'no Content-Type'}), not as server-sent "
+                     "events: hearth's gateway reads no event in it and fails the reply")
+        else:
+            error = "stream ended without a finish_reason or [DONE] (cut short)"
         return done(content="".join(parts), status=200, ttft=ttft, usage=usage, response=response, attempts=attempts,
-                    error="stream ended without a finish_reason or [DONE] (cut short)", reasoning=reasoning)
+                    error=error, reasoning=reasoning)
     return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage, response=response,
                 attempts=attempts, reasoning=reasoning)
 
