@@ -320,14 +320,20 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                     finish = choice.get("finish_reason") or finish
                 if kept > REPLY_BODY_CAP:
                     raise _TooLarge(f"streamed reply over {REPLY_BODY_CAP >> 20} MiB (content and reasoning)")
+    # A stall or a broken connection once the final chunk (its finish_reason) has come ends the reply as a clean
+    # end of the body does: only [DONE] (and maybe the usage chunk) is missing, and hearth's gateway takes the reply
+    # there (providers.ChatStream.next_delta), so the app shows and saves it; failing it here failed a reply the app
+    # keeps (and threw its content away).
     except (TimeoutError, httpx.TimeoutException):
-        return done(error=timed_out, ttft=ttft)
+        if finish is None:
+            return done(error=timed_out, ttft=ttft)
     except _TooLarge as exc:
         return done(content=joined(parts, cut=True), status=200, ttft=ttft, usage=usage, response=response,
                     attempts=attempts, error=f"{exc}, not read further",
                     reasoning=joined(thoughts, cut=True) if thoughts else None)
     except httpx.HTTPError as exc:
-        return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
+        if finish is None:
+            return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
     reasoning = "".join(thoughts) if thoughts else None
     if not ended and finish is None:  # the body ended with neither end marker: the gateway refuses this too
         kind = response.headers.get("content-type", "")
