@@ -64,6 +64,8 @@ REPLY_BODY_CAP = 8 * 1024 * 1024
 # characters of what came.
 STREAM_BYTES_CAP = 4 * REPLY_BODY_CAP
 _LINE_END = re.compile(r"\r\n|\r|\n")  # SSE's line ends (not str.splitlines': U+2028 in a JSON string is no end)
+# what a byte that is not UTF-8 decodes to with errors="surrogateescape" (_sse_lines); nothing UTF-8 decodes to these
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
 
 
 class _TooLarge(Exception):
@@ -236,10 +238,10 @@ def _attempts(payload) -> list | None:
 async def _sse_lines(response: httpx.Response):
     """The lines of an SSE body (line ends: CRLF, CR or LF, as SSE defines them), decoded as they come; _TooLarge
     once more than STREAM_BYTES_CAP bytes were read, or one line runs past REPLY_BODY_CAP characters."""
-    try:
-        decoder = codecs.getincrementaldecoder(response.encoding or "utf-8")(errors="replace")
-    except LookupError:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    # UTF-8 whatever charset the Content-Type names, as hearth's gateway decodes each event (json.loads of its bytes),
+    # and a byte that is not UTF-8 kept as its surrogate escape, so that _stream fails the data line holding it as
+    # the gateway does: errors="replace" made it a U+FFFD in a reply that passed, and a charset label mojibake
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     read = 0
     pending: list[str] = []  # the line being read, in pieces (joined only once it ends)
     pending_len = 0
@@ -288,6 +290,9 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                     continue
                 data = line[5:].strip()
                 events += 1
+                if _NOT_UTF8.search(data):  # the gateway's bad SSE event: an event's bytes are UTF-8 or nothing
+                    return done(status=200, error=f"malformed stream chunk (not UTF-8): {ascii(data[:200])}",
+                                response=response)
                 if data == "[DONE]":
                     ended = True
                     break
