@@ -5,7 +5,6 @@ logits' version counter, so such a graph fails loudly, as rope(inplace=True) doe
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
