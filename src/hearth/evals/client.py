@@ -25,7 +25,7 @@ class ChatResult:
     content:       the assistant message text ("" when there is none).
     finish_reason: as the server reported it (None when missing or on error).
     status:        HTTP status code, or None when no response arrived (timeout, connection error).
-    error:         why the call failed at the transport/HTTP level, or None when a 200 with a message came back.
+    error:         why the call failed at the transport/HTTP level, or None when a 2xx with a message came back.
     latency_s:     wall-clock seconds from sending to the full response (or to the failure).
     ttft_s:        streaming only: seconds from sending to the first content token (None: none came, or not streamed).
     usage:         the server's token usage ({"prompt_tokens", "completion_tokens", ...}) when it sent one.
@@ -51,7 +51,7 @@ class ChatResult:
     reasoning: str | None = None
 
 
-# What the client reads of a body, at most: an error body (HTTP status other than 200) up to ERROR_BODY_CAP, a
+# What the client reads of a body, at most: an error body (HTTP status not 2xx) up to ERROR_BODY_CAP, a
 # one-piece JSON reply up to REPLY_BODY_CAP (the gateway's own caps on what it reads from a provider). A body that
 # does not end is not read into memory until the timeout.
 ERROR_BODY_CAP = 64 * 1024
@@ -121,7 +121,7 @@ def _failed_attempts(payload) -> list | None:
 
 
 async def _error_result(response: httpx.Response, deadline: float, timeout_s: float, done) -> ChatResult:
-    """A non-200 answer: its status, and what its body says, read until the call's deadline and up to
+    """A non-2xx answer: its status, and what its body says, read until the call's deadline and up to
     ERROR_BODY_CAP. A body that drips or never ends still gives the status (it is not a timeout: the server
     answered)."""
     status = response.status_code
@@ -171,7 +171,9 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
     except httpx.HTTPError as exc:
         return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
     try:
-        if response.status_code != 200:
+        # any 2xx is an answer, as hearth's gateway takes it (providers.Provider._open: 200 <= status < 300): a 201
+        # or 203 reply the app shows failed the eval ('HTTP 201')
+        if not 200 <= response.status_code < 300:
             return await _error_result(response, deadline, timeout_s, done)
         if body.get("stream"):
             # read as SSE whatever the Content-Type says, as hearth's gateway reads the answer to a stream it asked
@@ -185,7 +187,7 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
         except (TimeoutError, httpx.TimeoutException):
             return done(error=timed_out)
         except _TooLarge as exc:
-            return done(status=200, error=f"reply body over {exc}, not read", response=response)
+            return done(status=response.status_code, error=f"reply body over {exc}, not read", response=response)
         except httpx.HTTPError as exc:
             return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}")
         return _completion(raw, response, done)
@@ -197,7 +199,8 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
 
 
 def _completion(raw: bytes, response: httpx.Response, done) -> ChatResult:
-    """A 200 JSON chat completion -> ChatResult (malformed ones are an error, not a crash)."""
+    """A 2xx JSON chat completion -> ChatResult (malformed ones are an error, not a crash)."""
+    status = response.status_code
     try:
         payload = json.loads(raw)
         choice = payload["choices"][0]
@@ -205,15 +208,15 @@ def _completion(raw: bytes, response: httpx.Response, done) -> ChatResult:
         finish = choice.get("finish_reason")
     except (ValueError, RecursionError, KeyError, IndexError, TypeError, AttributeError):
         text = raw.decode("utf-8", "replace")
-        return done(status=200, error=f"malformed completion: {text[:200]!r}", response=response)
+        return done(status=status, error=f"malformed completion: {text[:200]!r}", response=response)
     attempts = _attempts(payload)
     reasoning = _reasoning(choice["message"])
     if content is not None and not isinstance(content, str):  # refused by the gateway too: not a reply the app gets
-        return done(status=200, finish=finish, error=f"message.content is {type(content).__name__}, not a string",
+        return done(status=status, finish=finish, error=f"message.content is {type(content).__name__}, not a string",
                     response=response, attempts=attempts, reasoning=reasoning)
     content = content or ""
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
-    return done(content=content, finish=finish, status=200, usage=usage, response=response, attempts=attempts,
+    return done(content=content, finish=finish, status=status, usage=usage, response=response, attempts=attempts,
                 reasoning=reasoning)
 
 
@@ -272,6 +275,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
     """A streamed completion (SSE): content deltas joined, the time of the first one, the usage chunk
     (asked for with stream_options.include_usage) and the last finish_reason. Bounded in size as well as time
     (REPLY_BODY_CAP, STREAM_BYTES_CAP)."""
+    status = response.status_code
     parts: list[str] = []
     thoughts: list[str] = []
     kept = 0  # UTF-8 bytes of content and reasoning kept
@@ -291,7 +295,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                 data = line[5:].strip()
                 events += 1
                 if _NOT_UTF8.search(data):  # the gateway's bad SSE event: an event's bytes are UTF-8 or nothing
-                    return done(status=200, error=f"malformed stream chunk (not UTF-8): {ascii(data[:200])}",
+                    return done(status=status, error=f"malformed stream chunk (not UTF-8): {ascii(data[:200])}",
                                 response=response)
                 if data == "[DONE]":
                     ended = True
@@ -302,13 +306,13 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                     if error is not None:  # the server's way to fail mid-stream
                         message = error.get("message") if isinstance(error, dict) else error
                         provider, failed = _interrupted(error)
-                        return done(content="".join(parts), status=200, ttft=ttft, usage=usage,
+                        return done(content="".join(parts), status=status, ttft=ttft, usage=usage,
                                     error=f"error in stream: {str(message)[:200]}", response=response,
                                     reasoning="".join(thoughts) if thoughts else None,
                                     provider=provider, attempts=failed)
                     choices = _chunk_choices(chunk)
                 except (ValueError, RecursionError):
-                    return done(status=200, error=f"malformed stream chunk: {data[:200]!r}", response=response)
+                    return done(status=status, error=f"malformed stream chunk: {data[:200]!r}", response=response)
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
                 attempts = _attempts(chunk) or attempts
@@ -333,7 +337,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
         if finish is None:
             return done(error=timed_out, ttft=ttft)
     except _TooLarge as exc:
-        return done(content=joined(parts, cut=True), status=200, ttft=ttft, usage=usage, response=response,
+        return done(content=joined(parts, cut=True), status=status, ttft=ttft, usage=usage, response=response,
                     attempts=attempts, error=f"{exc}, not read further",
                     reasoning=joined(thoughts, cut=True) if thoughts else None)
     except httpx.HTTPError as exc:
@@ -347,9 +351,9 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                      "events: hearth's gateway reads no event in it and fails the reply")
         else:
             error = "stream ended without a finish_reason or [DONE] (cut short)"
-        return done(content="".join(parts), status=200, ttft=ttft, usage=usage, response=response, attempts=attempts,
+        return done(content="".join(parts), status=status, ttft=ttft, usage=usage, response=response, attempts=attempts,
                     error=error, reasoning=reasoning)
-    return done(content="".join(parts), finish=finish, status=200, ttft=ttft, usage=usage, response=response,
+    return done(content="".join(parts), finish=finish, status=status, ttft=ttft, usage=usage, response=response,
                 attempts=attempts, reasoning=reasoning)
 
 

@@ -2,7 +2,7 @@
 
 Checks, each True/False (None when an earlier failure made it meaningless):
 
-    response       the server answered 200 with a message
+    response       the server answered 2xx with a message
     json           after hearth.envelope.repair (wrapping only), the reply is one JSON object (parse_envelope's
                    reading and its reason); for a kind the app streams (chat), also the one the gateway's stream
                    cuts out (the first object-like span)

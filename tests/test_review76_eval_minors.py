@@ -1,0 +1,72 @@
+"""review76 (minors): the eval's client takes a model's answer exactly as hearth's gateway takes it.
+
+Each answer is served by a real loopback server, once straight to the eval and once through the real gateway as the
+app asks for it: the two verdicts must agree.
+
+    * any 2xx status is an answer (gateway/providers.py Provider._open: ``200 <= status < 300``); the eval failed
+      every status but 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hearth.evals.runner import run_cases
+from hearth.evals.suites import load_suite
+from tests.fakes.openai_server import Behavior, FakeOpenAI, completion_json
+from tests.gateway.gateway_helpers import gateway_url, make_config, provider
+
+CHAT_CASE = load_suite("companion")[0]
+GOOD = json.dumps({"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0,
+                   "suggested_actions": []})
+# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
+TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
+
+
+def _event(delta: dict, finish: str | None) -> str:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
+                                                                        "finish_reason": finish}]}
+    return "data: " + json.dumps(chunk) + "\n\n"
+
+
+SSE = _event({"role": "assistant", "content": GOOD[:20]}, None) + _event({"content": GOOD[20:]}, None) \
+    + _event({}, "stop") + "data: [DONE]\n\n"
+
+
+def verdicts(answers: dict[str, tuple[Behavior, bool]]) -> tuple[dict, dict]:
+    """{name: (answer, streamed)} -> (the eval's row straight from the model, its row through the gateway)."""
+    current: list[Behavior] = []
+
+    async def go():
+        async with FakeOpenAI(lambda body: current[0]) as model:
+            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=TIMEOUTS), deadline_s=10.0,
+                              breaker_failures=1000)
+            direct, gateway = {}, {}
+            async with gateway_url(cfg) as url:
+                for name, (answer, streamed) in answers.items():
+                    current[:] = [answer]
+                    direct[name], = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=10,
+                                                    stream=streamed)
+                    gateway[name], = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10,
+                                                     stream=streamed)
+            return direct, gateway
+
+    return asyncio.run(go())
+
+
+def _agree(direct: dict, gateway: dict) -> None:
+    disagree = {name: (direct[name].reason, gateway[name].reason) for name in direct
+                if direct[name].passed != gateway[name].passed}
+    assert not disagree, disagree
+
+
+def test_a_2xx_answer_other_than_200_is_scored_as_the_gateway_takes_it():
+    answers = {}
+    for code in (200, 201, 203, 299, 300):
+        answers[f"{code} in one piece"] = (Behavior.raw(json.dumps(completion_json(GOOD, "m")), status=code), False)
+        answers[f"{code} streamed"] = (Behavior.raw(SSE, content_type="text/event-stream", status=code), True)
+    direct, gateway = verdicts(answers)
+    _agree(direct, gateway)
+    assert {name for name in answers if direct[name].passed} == {name for name in answers if "300" not in name}
+    assert {name: direct[name].status for name in answers} == {name: int(name[:3]) for name in answers}
