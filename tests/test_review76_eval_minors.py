@@ -5,6 +5,9 @@ app asks for it: the two verdicts must agree.
 
     * any 2xx status is an answer (gateway/providers.py Provider._open: ``200 <= status < 300``); the eval failed
       every status but 200.
+    * an SSE line is read once stripped of ASCII whitespace (ChatStream.next_delta: ``line.strip()`` of its bytes,
+      then ``line[5:].strip()``): the eval skipped a " data: ..." line the app reads, and stripped what str.strip
+      strips (a no-break space, U+001C), reading lines the gateway refuses or skips.
 """
 
 from __future__ import annotations
@@ -70,3 +73,21 @@ def test_a_2xx_answer_other_than_200_is_scored_as_the_gateway_takes_it():
     _agree(direct, gateway)
     assert {name for name in answers if direct[name].passed} == {name for name in answers if "300" not in name}
     assert {name: direct[name].status for name in answers} == {name: int(name[:3]) for name in answers}
+
+
+def _framed(before: str, after: str) -> str:
+    """SSE with every data line as ``before + "data: ..." + after``."""
+    return "".join(before + line[:-1] + after + "\n" if line.startswith("data:") else line
+                   for line in SSE.splitlines(True))
+
+
+def test_an_sse_line_is_stripped_as_the_gateway_strips_it():
+    frames = {"space before": (" ", ""), "tab before": ("\t", ""), "form feed before": ("\x0c", ""),
+              "spaces after": ("", "  "), "no-break space before": ("\u00a0", ""),
+              "no-break space after": ("", "\u00a0"), "U+001C before": ("\x1c", "")}
+    answers = {name: (Behavior.raw(_framed(*frame), content_type="text/event-stream"), True)
+               for name, frame in frames.items()}
+    direct, gateway = verdicts(answers)
+    _agree(direct, gateway)
+    assert {name for name in answers if direct[name].passed} == {
+        "space before", "tab before", "form feed before", "spaces after"}

@@ -66,6 +66,9 @@ STREAM_BYTES_CAP = 4 * REPLY_BODY_CAP
 _LINE_END = re.compile(r"\r\n|\r|\n")  # SSE's line ends (not str.splitlines': U+2028 in a JSON string is no end)
 # what a byte that is not UTF-8 decodes to with errors="surrogateescape" (_sse_lines); nothing UTF-8 decodes to these
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
+# what hearth's gateway strips from an SSE line and from its data (bytes.strip: ASCII whitespace only); str.strip
+# strips more (a no-break space, U+001C..U+001F, U+2028), reading lines the gateway skips or refuses
+_SSE_SPACE = " \t\n\r\x0b\x0c"
 
 
 class _TooLarge(Exception):
@@ -290,9 +293,11 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
     try:
         async with asyncio.timeout_at(deadline), aclosing(_sse_lines(response)) as lines:
             async for line in lines:
+                # stripped first, as the gateway reads a line (providers.ChatStream.next_delta): " data:" is one
+                line = line.strip(_SSE_SPACE)
                 if not line.startswith("data:"):
                     continue
-                data = line[5:].strip()
+                data = line[5:].strip(_SSE_SPACE)
                 events += 1
                 if _NOT_UTF8.search(data):  # the gateway's bad SSE event: an event's bytes are UTF-8 or nothing
                     return done(status=status, error=f"malformed stream chunk (not UTF-8): {ascii(data[:200])}",
