@@ -8,6 +8,8 @@ app asks for it: the two verdicts must agree.
     * an SSE line is read once stripped of ASCII whitespace (ChatStream.next_delta: ``line.strip()`` of its bytes,
       then ``line[5:].strip()``): the eval skipped a " data: ..." line the app reads, and stripped what str.strip
       strips (a no-break space, U+001C), reading lines the gateway refuses or skips.
+    * a stream that stalls after its final chunk (the finish_reason) is a reply that ended there: the gateway takes
+      it after its idle limit (first_token_s); the eval kept it too, but its latency ran on to the eval's timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from hearth.evals.runner import run_cases
 from hearth.evals.suites import load_suite
 from tests.fakes.openai_server import Behavior, FakeOpenAI, completion_json
 from tests.gateway.gateway_helpers import gateway_url, make_config, provider
+from tests.test_review76_eval_stream_end import TIMEOUTS as IDLE_TIMEOUTS, _Upstream
 
 CHAT_CASE = load_suite("companion")[0]
 GOOD = json.dumps({"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0,
@@ -91,3 +94,20 @@ def test_an_sse_line_is_stripped_as_the_gateway_strips_it():
     _agree(direct, gateway)
     assert {name for name in answers if direct[name].passed} == {
         "space before", "tab before", "form feed before", "spaces after"}
+
+
+def test_a_stream_that_stalls_after_its_final_chunk_ends_its_latency_at_that_chunk():
+    async def go():
+        async with _Upstream() as model:
+            model.after = "stall"
+            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=IDLE_TIMEOUTS), deadline_s=10.0,
+                              breaker_failures=1000)
+            async with gateway_url(cfg) as url:
+                direct, = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=3, stream=True)
+                gateway, = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10, stream=True)
+            return direct, gateway
+
+    direct, gateway = asyncio.run(go())
+    assert direct.passed and gateway.passed, (direct.reason, gateway.reason)  # the app takes it, the eval too
+    # the reply ended with its final chunk, sent at once: not at the eval's 3 s timeout, nor the gateway's 1 s wait
+    assert direct.ttft_s <= direct.latency_s < IDLE_TIMEOUTS["first_token_s"], (direct.ttft_s, direct.latency_s)

@@ -26,7 +26,8 @@ class ChatResult:
     finish_reason: as the server reported it (None when missing or on error).
     status:        HTTP status code, or None when no response arrived (timeout, connection error).
     error:         why the call failed at the transport/HTTP level, or None when a 2xx with a message came back.
-    latency_s:     wall-clock seconds from sending to the full response (or to the failure).
+    latency_s:     wall-clock seconds from sending to the full response (or to the failure; for a stream that stalled
+                   or broke after its final chunk, to that chunk).
     ttft_s:        streaming only: seconds from sending to the first content token (None: none came, or not streamed).
     usage:         the server's token usage ({"prompt_tokens", "completion_tokens", ...}) when it sent one.
     provider:      hearth's gateway only: the provider that answered (its X-Hearth-Provider header; for a stream
@@ -159,11 +160,11 @@ async def chat_completion(client: httpx.AsyncClient, base_url: str, body: dict, 
     timed_out = f"timeout after {timeout_s:g}s"
 
     def done(content="", finish=None, status=None, error=None, ttft=None, usage=None, response=None,
-             attempts=None, reasoning=None, provider=None) -> ChatResult:
+             attempts=None, reasoning=None, provider=None, end=None) -> ChatResult:
         if provider is None and response is not None:  # given: named by the body (a gateway's error event)
             provider = response.headers.get("x-hearth-provider")
-        return ChatResult(content, finish, status, error, time.perf_counter() - start, ttft, usage, provider, attempts,
-                          reasoning)
+        latency = (time.perf_counter() if end is None else end) - start  # end: when the reply ended, if not now
+        return ChatResult(content, finish, status, error, latency, ttft, usage, provider, attempts, reasoning)
 
     try:
         async with asyncio.timeout_at(deadline):  # wall clock, to the response's headers
@@ -284,6 +285,8 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
     kept = 0  # UTF-8 bytes of content and reasoning kept
     finish = usage = ttft = attempts = None
     ended = False  # [DONE] seen
+    finished = None  # perf_counter when the final chunk (the last finish_reason) was read
+    stopped = False  # the stream stalled or broke after it
     events = 0  # data lines read
 
     def joined(pieces: list[str], cut: bool = False) -> str:
@@ -331,16 +334,19 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
                     if thought:
                         thoughts.append(thought)
                         kept += _utf8_len(thought)
-                    finish = choice.get("finish_reason") or finish
+                    if choice.get("finish_reason"):
+                        finish, finished = choice["finish_reason"], time.perf_counter()
                 if kept > REPLY_BODY_CAP:
                     raise _TooLarge(f"streamed reply over {REPLY_BODY_CAP >> 20} MiB (content and reasoning)")
     # A stall or a broken connection once the final chunk (its finish_reason) has come ends the reply as a clean
     # end of the body does: only [DONE] (and maybe the usage chunk) is missing, and hearth's gateway takes the reply
     # there (providers.ChatStream.next_delta), so the app shows and saves it; failing it here failed a reply the app
-    # keeps (and threw its content away).
+    # keeps (and threw its content away). Its latency ends at that chunk, the reply's end: the gateway waits only its
+    # idle limit (first_token_s) there, the eval its whole timeout, which the latency ran on to.
     except (TimeoutError, httpx.TimeoutException):
         if finish is None:
             return done(error=timed_out, ttft=ttft)
+        stopped = True
     except _TooLarge as exc:
         return done(content=joined(parts, cut=True), status=status, ttft=ttft, usage=usage, response=response,
                     attempts=attempts, error=f"{exc}, not read further",
@@ -348,6 +354,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
     except httpx.HTTPError as exc:
         if finish is None:
             return done(error=f"{type(exc).__name__}: {str(exc)[:200] or 'connection failed'}", ttft=ttft)
+        stopped = True
     reasoning = "".join(thoughts) if thoughts else None
     if not ended and finish is None:  # the body ended with neither end marker: the gateway refuses this too
         kind = response.headers.get("content-type", "")
@@ -359,7 +366,7 @@ async def _stream(response: httpx.Response, deadline: float, timed_out: str, sta
         return done(content="".join(parts), status=status, ttft=ttft, usage=usage, response=response, attempts=attempts,
                     error=error, reasoning=reasoning)
     return done(content="".join(parts), finish=finish, status=status, ttft=ttft, usage=usage, response=response,
-                attempts=attempts, reasoning=reasoning)
+                attempts=attempts, reasoning=reasoning, end=finished if stopped else None)
 
 
 def _utf8_len(text: str) -> int:
