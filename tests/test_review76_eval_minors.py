@@ -10,6 +10,7 @@ app asks for it: the two verdicts must agree.
       strips (a no-break space, U+001C), reading lines the gateway refuses or skips.
     * a stream that stalls after its final chunk (the finish_reason) is a reply that ended there: the gateway takes
       it after its idle limit (first_token_s); the eval kept it too, but its latency ran on to the eval's timeout.
+    * the summary's "cases" counts (suite, id) pairs: two suites with a case of the same id are two cases.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from hearth.evals.runner import run_cases
+from hearth.evals.runner import run_cases, summarize
+from hearth.evals.scoring import CaseScore
 from hearth.evals.suites import load_suite
 from tests.fakes.openai_server import Behavior, FakeOpenAI, completion_json
 from tests.gateway.gateway_helpers import gateway_url, make_config, provider
@@ -111,3 +113,18 @@ def test_a_stream_that_stalls_after_its_final_chunk_ends_its_latency_at_that_chu
     assert direct.passed and gateway.passed, (direct.reason, gateway.reason)  # the app takes it, the eval too
     # the reply ended with its final chunk, sent at once: not at the eval's 3 s timeout, nor the gateway's 1 s wait
     assert direct.ttft_s <= direct.latency_s < IDLE_TIMEOUTS["first_token_s"], (direct.ttft_s, direct.latency_s)
+
+
+def _score(suite: str, case: str, passed: bool) -> CaseScore:
+    return CaseScore(suite=suite, id=case, kind="chat", passed=passed, checks={}, reason=None if passed else "no",
+                     latency_s=0.1, status=200, finish_reason="stop", repaired=False)
+
+
+def test_cases_are_counted_by_suite_and_id():
+    # one reply to each of four cases, two ids shared by two suites: four cases, no samples to resample
+    scores = [_score(suite, case, passed) for suite in ("companion", "custom")
+              for case, passed in (("case-01", True), ("case-02", False))]
+    summary = summarize(scores)
+    assert summary["overall"]["cases"] == 4 and summary["overall"]["total"] == 4, summary["overall"]
+    assert "ci95_by_case" not in summary["overall"], summary["overall"]
+    assert {name: block["cases"] for name, block in summary["suites"].items()} == {"companion": 2, "custom": 2}

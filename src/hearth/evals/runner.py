@@ -305,7 +305,7 @@ def summarize(scores: list[CaseScore]) -> dict:
         return {**gateway(items),
             "passed": passed, "total": len(items), "fraction": passed / len(items) if items else 0.0,
             "ci95": wilson(passed, len(items)),
-            "cases": len({s.id for s in items}),
+            "cases": len({(s.suite, s.id) for s in items}),  # an id is a case within its suite
             "repaired": sum(s.repaired for s in items),
             "thinking": sum(s.thinking for s in items),
             "thinking_truncated": sum(s.thinking and s.finish_reason == "length" for s in items),
