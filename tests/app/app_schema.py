@@ -18,7 +18,7 @@ from hearth.app.storage.migrate import alembic_config
 from hearth.app.storage.models import Base, User
 
 # the newest schema revision: what every upgrade test expects to reach (each new migration moves it)
-HEAD = "0009"
+HEAD = "0010"
 
 
 @asynccontextmanager

@@ -44,7 +44,7 @@ async def test_migrations_match_models_and_are_idempotent(db):
         diff = await conn.run_sync(lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata))
         version = (await conn.execute(text("select version_num from alembic_version"))).scalar_one()
     assert diff == [], f"migrations and models disagree: {diff}"
-    assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0009"
+    assert version == ScriptDirectory.from_config(alembic_config()).get_current_head() == "0010"
 
 
 async def test_signup_is_atomic_and_login_works(db, master_key):

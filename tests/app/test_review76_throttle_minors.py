@@ -12,12 +12,16 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from hearth.app import accounts
+from hearth.app import accounts, throttle
+from hearth.app.storage.models import AuthThrottle
 from tests.app.app_client import PASSWORD, csrf_of, login, signup
+from tests.app.app_schema import HEAD, database_at, downgrade, scalars, upgrade_and_compare
 from tests.app.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +85,54 @@ async def test_an_account_deletion_that_fails_on_a_database_error_gives_its_atte
         assert left == [0]
         r = await client.post("/account/delete", data={"csrf": csrf, "password": PASSWORD})
         assert r.status_code == 303 and r.headers["location"] == "/signup", (r.status_code, r.text[-300:])
+
+
+async def _throttle_rows(app) -> int:
+    async with app.state.hearth.db.sessions() as s:
+        return (await s.execute(select(func.count()).select_from(AuthThrottle))).scalar_one()
+
+
+async def test_an_account_signed_up_again_under_a_deleted_name_does_not_inherit_its_blocked_login(make_settings,
+                                                                                                 database_url):
+    async with running_app(make_settings(database_url, **STRICT)) as (app, owner):
+        owner_csrf = await signup(owner, "alice")
+        async with httpx.AsyncClient(transport=owner._transport, base_url="http://testserver",
+                                     follow_redirects=False) as other:
+            await signup(other, "bob")
+            other.cookies.clear()  # no device cookie: the (name, address) buckets count
+            for name in ("alice", "bob"):  # someone guesses both names' passwords: both are held off
+                assert (await login(other, name, "a wrong guess")).status_code == 401
+                assert (await login(other, name)).status_code == 429
+            rows = await _throttle_rows(app)
+            r = await owner.post("/account/delete", data={"csrf": owner_csrf, "password": PASSWORD})
+            assert r.status_code == 303 and r.headers["location"] == "/signup"
+            after = await _throttle_rows(app)
+            await signup(other, "alice")  # a new account under the freed name
+            other.cookies.clear()
+            r = await login(other, "alice")
+            assert r.status_code == 303, (r.status_code, r.text[-300:])  # before: 429 for 600 s
+            assert (await login(other, "bob")).status_code == 429
+        # alice's login bucket went with her account; bob's, and the address's failed-login budget, stayed
+        assert after == rows - 1
+
+
+async def test_schema_0010_matches_the_models_and_upgrades_and_downgrades_keeping_rows(database_url, master_key):
+    policy = throttle.Policy(free=1, base_s=600.0, max_s=600.0, window_s=3600.0)
+    async with database_at(database_url, "0009", master_key) as (database, _, _):
+        async with database.engine.begin() as conn:  # a login bucket counted before 0010 (no account column yet)
+            await conn.execute(text("INSERT INTO auth_throttle (key, attempts, last_at, blocked_until) "
+                                    "VALUES (:k, 1, 100.0, 0.0)"), dict(k=throttle.bucket_hash("login|alice|ip:x")))
+        diff, version = await upgrade_and_compare(database)
+        assert diff == [], f"migrations and models disagree: {diff}"
+        assert version == HEAD == "0010"
+        assert await scalars(database, "select count(*) from auth_throttle where account is null") == [1]
+        async with database.sessions() as s:  # its next counted attempt records the name; another client's too
+            assert await throttle.attempt(s, "login|alice|ip:x", policy, now=200.0, account="alice") == 0.0
+            assert await throttle.attempt(s, "login|alice|ip:y", policy, now=200.0, account="alice") == 0.0
+            assert await throttle.attempt(s, "login|bob|ip:x", policy, now=200.0, account="bob") == 0.0
+        assert await scalars(database, "select count(*) from auth_throttle where account is null") == [0]
+        async with database.sessions() as s, s.begin():
+            await throttle.forget_account(s, "alice")
+        assert await scalars(database, "select count(*) from auth_throttle") == [1]  # bob's
+        await downgrade(database, "0009")
+        assert await scalars(database, "select count(*) from auth_throttle") == [1]

@@ -29,6 +29,7 @@ from hearth.app.feed import list_posts
 from hearth.app.simulation import get_rehearsal, list_agents, list_rehearsals, list_situations
 from hearth.app.storage.db import scrub_deleted
 from hearth.app.storage.models import Session, User
+from hearth.app.throttle import Throttle
 
 ALL = 10**9  # "no limit" for the list functions
 
@@ -70,9 +71,12 @@ async def change_password(db, user: User, *, current: str, new: str, ttl_s: int)
     return fresh
 
 
-async def delete_account(db, user: User, *, password: str) -> None:
-    """Delete the user and every row they own, for good (see the module docstring)."""
+async def delete_account(db, user: User, *, password: str, throttle: Throttle | None = None) -> None:
+    """Delete the user and every row they own, for good (see the module docstring). With ``throttle`` (the app's),
+    the login throttle buckets of the username go in the same transaction: an account signed up again under the
+    name starts with none."""
     checked = user.password_hash  # loaded with the session, before the slow check: it may be stale by the delete
+    name = user.username
     if not await _password_ok(user, password):
         raise accounts.AccountError("password", "is not your password")
     async with db.begin():
@@ -80,6 +84,8 @@ async def delete_account(db, user: User, *, password: str) -> None:
         # very session) must not let whoever still knows the old one delete the account
         gone = await db.execute(delete(User).where(User.id == user.id, User.password_hash == checked))
         still = None
+        if gone.rowcount == 1 and throttle is not None:
+            await throttle.forget_account(db, name)
         if gone.rowcount != 1:
             still = (await db.execute(select(User.id).where(User.id == user.id))).scalar_one_or_none()
     if gone.rowcount != 1:

@@ -35,6 +35,11 @@ no usernames or addresses, and a copy of it cannot be read back into them by has
 against the 2**32 IPv4 addresses, as an unkeyed hash could. (A master-key rotation starts every bucket afresh.)
 The app holds that key in one place, a :class:`Throttle`, whose methods are these functions with it bound.
 
+A login bucket also records its account's name (``AuthThrottle.account``: an HMAC of the name under the same key,
+so it names no one either), one value for every client's bucket of that name: deleting the account deletes them all
+(``forget_account``, in the deletion's transaction), so an account signed up again under the name does not inherit
+the old one's backoff.
+
 Device cookies are signed (``device_secret``) over the account's user id and its ``device_epoch``: a password
 change moves the epoch on, so every device cookie issued before it stops counting as that account's browser (a
 stolen one included), and an account deleted and signed up again under the same name is a new id.
@@ -152,6 +157,11 @@ def _insert_missing(dialect: str):
 _TRIES = 3
 
 
+def account_hash(name: str, secret: bytes = b"") -> str:
+    """The stored name (``AuthThrottle.account``) of the account ``name``, shared by its login buckets."""
+    return bucket_hash("login-account|" + name, secret)
+
+
 async def _take(db: AsyncSession, create, take, key: str) -> float | None:
     """Run ``create`` (insert the bucket's row unless there is one) then ``take`` (the conditional
     ``UPDATE ... RETURNING``) in the open transaction. None when ``take`` matched (the attempt may go ahead),
@@ -173,11 +183,14 @@ async def _take(db: AsyncSession, create, take, key: str) -> float | None:
 
 
 async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None,
-                  secret: bytes = b"") -> float:
+                  secret: bytes = b"", account: str | None = None) -> float:
     """Count one attempt in ``bucket``. Returns 0.0 when it may go ahead (it is then counted), else the
-    seconds to wait (and it is not counted)."""
+    seconds to wait (and it is not counted). ``account``: the name of the account a login bucket counts against
+    (``forget_account`` deletes the bucket with it)."""
     now = time.time() if now is None else now
     key = bucket_hash(bucket, secret)
+    # set by the update too: a row counted before the column was there gets it from its next counted attempt
+    owner = {} if account is None else {"account": account_hash(account, secret)}
     insert = _insert_missing(db.get_bind().dialect.name)
     t = AuthThrottle
     now_p = bindparam("now", now, type_=Double())
@@ -188,10 +201,10 @@ async def attempt(db: AsyncSession, bucket: str, policy: Policy, *, now: float |
             # later must not make it refuse itself)
             .values(attempts=counted, last_at=now_p,
                     blocked_until=case((counted < policy.free, t.blocked_until),
-                                       else_=now_p + policy.delay_sql(counted)))
+                                       else_=now_p + policy.delay_sql(counted)), **owner)
             .returning(t.attempts))
     async with db.begin():
-        blocked = await _take(db, insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0)
+        blocked = await _take(db, insert(t).values(key=key, attempts=0, last_at=now, blocked_until=0.0, **owner)
                               .on_conflict_do_nothing(index_elements=[t.key]), take, key)
     return 0.0 if blocked is None else max(blocked - now, 0.001)
 
@@ -248,6 +261,12 @@ async def forget(db: AsyncSession, bucket: str, *, secret: bytes = b"") -> None:
     """A successful login: the bucket starts from zero."""
     async with db.begin():
         await db.execute(delete(AuthThrottle).where(AuthThrottle.key == bucket_hash(bucket, secret)))
+
+
+async def forget_account(db: AsyncSession, name: str, *, secret: bytes = b"") -> None:
+    """The account ``name`` is deleted: delete its login buckets, every client's. Runs in the caller's OPEN
+    transaction (the deletion's), so the buckets go exactly when the account does."""
+    await db.execute(delete(AuthThrottle).where(AuthThrottle.account == account_hash(name, secret)))
 
 
 async def sweep(db: AsyncSession, *policies: Policy | Budget, now: float | None = None) -> int:
@@ -353,8 +372,12 @@ class Throttle:
     def for_master_key(cls, master_key: bytes) -> "Throttle":
         return cls(secret=throttle_secret(master_key), device_key=device_secret(master_key))
 
-    async def attempt(self, db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None) -> float:
-        return await attempt(db, bucket, policy, now=now, secret=self.secret)
+    async def attempt(self, db: AsyncSession, bucket: str, policy: Policy, *, now: float | None = None,
+                      account: str | None = None) -> float:
+        return await attempt(db, bucket, policy, now=now, secret=self.secret, account=account)
+
+    async def forget_account(self, db: AsyncSession, name: str) -> None:
+        await forget_account(db, name, secret=self.secret)
 
     async def forget(self, db: AsyncSession, bucket: str) -> None:
         await forget(db, bucket, secret=self.secret)

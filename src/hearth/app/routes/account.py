@@ -104,7 +104,7 @@ async def delete_account(request: Request, state: State, db: DB, viewer: CsrfVie
     if refused := await _too_many(request, state, db, viewer, bucket, counted_at):
         return refused
     try:
-        await svc.delete_account(db, viewer.user, password=password)
+        await svc.delete_account(db, viewer.user, password=password, throttle=state.throttle)
     except accounts.AccountError as exc:
         if exc.field != "account":
             return _page(request, state, viewer, error=str(exc), status=400)

@@ -126,7 +126,8 @@ async def login(request: Request, state: State, db: DB, username: Annotated[str,
         return _too_many(request, state, "login.html", wait, username)
     bucket = f"login|{name}|" + (f"device:{device}" if device else "ip:" + client)
     counted_at = time.time()
-    wait = await state.throttle.attempt(db, bucket, state.settings.policy("login"), now=counted_at)
+    # (its account's name goes with it: deleting the account deletes the name's buckets, every client's)
+    wait = await state.throttle.attempt(db, bucket, state.settings.policy("login"), now=counted_at, account=name)
     if wait > 0:
         if budget is not None:  # no password was checked: not a failed login
             await state.throttle.refund(db, address, budget)

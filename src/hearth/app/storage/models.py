@@ -217,6 +217,8 @@ class AuthThrottle(Base):
 
     ``key`` is a SHA-256 of what is limited (e.g. account + client address), so the table holds no
     usernames or addresses in clear. Times are epoch seconds (plain numbers: portable arithmetic in SQL).
+    ``account`` (login buckets only; schema 0010): a keyed hash of the username, the same for every client's
+    bucket of it, so that deleting the account deletes them all.
     """
 
     __tablename__ = "auth_throttle"
@@ -224,3 +226,4 @@ class AuthThrottle(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     last_at: Mapped[float] = mapped_column(Double, index=True)
     blocked_until: Mapped[float] = mapped_column(Double)
+    account: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
