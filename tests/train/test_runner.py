@@ -236,7 +236,10 @@ def test_resuming_an_earlier_checkpoint_in_the_same_folder_replaces_the_later_on
     _, again = finetune.train_model(cfg(corpus, base, tmp_path / "r", resume=tmp_path / "r" / "checkpoints" / "step-000001",
                                         **kw))
     assert again["loss"] == full["loss"]  # steps 1 (kept) + 2, 3 replayed exactly
-    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+    assert [p.name for p in finetune.run_checkpoints(tmp_path / "r")] == ["step-000001", "step-000002"]
+    # the first run's step 2 (of the line the resume left) is moved aside, not deleted (review 76)
+    aside = [p for p in (tmp_path / "r" / "checkpoints").iterdir() if p.name.startswith("superseded-")]
+    assert len(aside) == 1 and (aside[0] / "step-000002" / "state.json").is_file()
 
 
 # ------------------------------------------------------------------------------------------- 8: refusals, exits

@@ -22,7 +22,8 @@ OUT holds: the adapter (peft save_pretrained), run.toml, metrics.jsonl (one row 
 loss, eval_loss, lr, grad_norm, tokens, tok_per_s, peak_gib), metrics.json (summary), loss.png, and with
 save_every, checkpoints/step-NNNNNN/ (adapter, optimizer, scheduler, RNG state, data position). --resume
 CKPT (a checkpoint folder, or OUT to take its latest) continues a run exactly: the losses of a resumed run
-equal the uninterrupted run's.
+equal the uninterrupted run's. A resume from an earlier step starts a new line of training: the later checkpoints
+are moved into checkpoints/superseded-<time>/ (set_aside_later), so --resume OUT never takes one.
 
 Several processes: `torchrun --nproc-per-node N -m hearth.cli train RUN.toml --parallel ddp|fsdp` (PyTorch DDP or
 FSDP2; the same optimizer steps as one process; rank 0 writes; hearth.train.distributed).
@@ -922,7 +923,89 @@ def find_checkpoint(path: Path) -> Path:
     found = run_checkpoints(path)
     if not found:
         raise ValueError(f"resume: {path} is not a checkpoint folder (with state.json) nor a run folder with checkpoints/")
+    # the latest checkpoint of the line of training metrics.jsonl describes: one its rows do not lead to is of a line
+    # abandoned by a resume from an earlier step (an OUT an earlier hearth left so, which did not move such
+    # checkpoints aside, or one put back by hand). A log that leads to none of them (gone, or rewritten without its
+    # earlier rows) cannot tell: the highest step, as before
+    log = path / "metrics.jsonl"
+    if log.is_file():
+        rows = metrics_rows(log, upto=math.inf)
+        on_line = [p for p in found if leads_to(rows, _state_of(p))]
+        if on_line:
+            return on_line[-1]
     return found[-1]
+
+
+def _state_of(checkpoint: Path) -> dict:
+    try:
+        state = json.loads((Path(checkpoint) / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def leads_to(rows: list[dict], state: dict) -> bool:
+    """Whether metrics.jsonl's ``rows`` are of the line of training that saved the checkpoint whose state.json is
+    ``state``: they hold its step's row (written and fsynced before the checkpoint takes its name), with the loss the
+    checkpoint recorded (checkpoints saved before that was recorded: any row of its step). A state with no step
+    cannot be judged: True (check_resume refuses it)."""
+    step = state.get("step")
+    if not isinstance(step, int):
+        return True
+    mine = [r for r in rows if r.get("step") == step]
+    if not mine:
+        return False
+    return "loss" not in state or any(r.get("loss") == state["loss"] for r in mine)
+
+
+def superseded_name(folder: Path) -> Path:
+    """A new folder under ``folder`` for the checkpoints of an abandoned line: superseded-<local time>[-k]."""
+    base = folder / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
+def set_aside_later(out: Path, step: int, resumed: Path) -> tuple[Path | None, list[str]]:
+    """A run resuming from ``step`` starts a new line of training: the checkpoints under OUT/checkpoints of later
+    steps (and of the same step, when the checkpoint resumed is another folder) belong to the line it leaves, and
+    `--resume OUT` must never take one as the latest. They are moved, never deleted, into
+    OUT/checkpoints/superseded-<time>/ with a copy of OUT's metrics.jsonl / metrics.json as they were (the rows of that
+    line past ``step``, which this run's metrics.jsonl drops). One rename per folder, the highest step first, the one
+    resumed never touched: killed part-way, OUT keeps a prefix of the old line, which its metrics.jsonl (rewritten
+    only after this) still describes, and the same resume moves the rest. Returns (that folder or None, the names)."""
+    import shutil
+
+    from hearth.durable import fsync
+
+    folder = Path(out) / "checkpoints"
+    if not folder.is_dir():
+        return None, []
+    same = (folder / f"step-{step:06d}").resolve() == Path(resumed).resolve()
+
+    def number(p: Path) -> int | None:
+        digits = p.name[5:].split(".", 1)[0]
+        return int(digits) if p.name.startswith("step-") and digits.isdigit() else None
+
+    later = sorted((p for p in folder.iterdir() if (n := number(p)) is not None and (n > step or (n == step and not same))),
+                   key=lambda p: (-number(p), p.name))
+    if not later:
+        return None, []
+    dest = superseded_name(folder)
+    dest.mkdir()
+    for name in ("metrics.jsonl", "metrics.json"):
+        if (Path(out) / name).is_file():
+            shutil.copy2(Path(out) / name, dest / name)
+            fsync(dest / name)
+    fsync(dest)
+    fsync(folder)
+    for p in later:
+        p.rename(dest / p.name)
+    fsync(dest)
+    fsync(folder)
+    return dest, [p.name for p in later]
 
 
 def resumed_config(resume: Path | None) -> dict:
@@ -992,8 +1075,9 @@ def _save_final_adapter(model, d: D.Dist, out: Path) -> None:
 
 
 def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, position: tuple[int, int], cfg,
-                    dist: D.Dist | None = None, data: dict | None = None) -> Path:
-    """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards."""
+                    dist: D.Dist | None = None, data: dict | None = None, loss: float | None = None) -> Path:
+    """Every rank calls it under ddp / fsdp (the adapter is gathered); rank 0 writes all but FSDP's optimizer shards.
+    ``loss``: the step's, as its metrics.jsonl row holds it (leads_to)."""
     import shutil
 
     import torch
@@ -1024,6 +1108,7 @@ def save_checkpoint(out: Path, *, model, optimizer, scheduler, step: int, positi
     D.barrier(d)
     if d.main:
         state = {"step": step, "epoch": position[0], "step_in_epoch": position[1], "config": cfg.as_dict(),
+                 **({"loss": loss} if loss is not None else {}),  # its row's: find_checkpoint matches metrics.jsonl
                  "parallel": d.mode, "world_size": d.world, "data": data if data is not None else data_fingerprint(cfg)}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         fsync_tree(tmp)  # on the disk before it takes its name (every rank's files are closed: the barrier above)
@@ -1343,11 +1428,27 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
         state = load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, cfg=cfg, dist=dist,
                                 data=fingerprint)
         start_step, optimizer_resume = state["step"], state["optimizer"]
-        if log_path.is_file():
-            rows = metrics_rows(log_path, upto=start_step)
+        # the rows up to the checkpoint, of its line: OUT's metrics.jsonl, or for a checkpoint set aside with its
+        # line's metrics (set_aside_later) the copy beside it
+        sources = [p for p in (resume_from.parent / "metrics.jsonl", log_path) if p.is_file()]
+        read = [(p, metrics_rows(p, upto=start_step)) for p in dict.fromkeys(sources)]
+        rows = next((r for _, r in read if leads_to(r, state)), None)
+        if rows is None:
+            rows = next((r for p, r in read if p == log_path), [])
+            if "loss" in state and rows:
+                console.print(f"[yellow]note:[/yellow] {log_path} does not lead to {resume_from} (no row of step "
+                              f"{start_step} with its loss): its rows up to step {start_step} are kept, but may be of "
+                              "another line of training")
         console.print(f"resumed from {resume_from} at step {start_step} (epoch {state['epoch']}); AdamW state {optimizer_resume}")
     D.barrier(dist)  # every rank has read metrics.jsonl before rank 0 rewrites it
     log = None
+    if dist.main and resume_from is not None:
+        # a resume from an earlier step starts a new line of training: the later checkpoints of the line it leaves
+        # are moved aside (before metrics.jsonl is cut back to this step), so that `--resume OUT` never takes one
+        aside, moved = set_aside_later(cfg.out, start_step, resume_from)
+        if aside is not None:
+            console.print(f"[yellow]note:[/yellow] resuming from step {start_step} starts a new line of training: "
+                          f"moved {', '.join(moved)} (of the line it leaves) with that line's metrics to {aside}")
     if dist.main:
         # replaced whole (durable.write_text): rewriting it in place lost the earlier steps' rows to a crash
         write_text(log_path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -1406,7 +1507,7 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
                 if log is not None:  # the rows up to the checkpoint on the disk before it (fsynced) takes its name
                     os.fsync(log.fileno())
                 save_checkpoint(cfg.out, model=model, optimizer=optimizer, scheduler=scheduler, step=done,
-                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist, data=fingerprint)
+                                position=(epoch, in_epoch + 1), cfg=cfg, dist=dist, data=fingerprint, loss=value)
             progress.update(task, advance=1, status=f"loss {value:.4f}  {row['tok_per_s']:.0f} tok/s"
                             + (f"  eval {row['eval_loss']:.4f}" if row["eval_loss"] is not None else ""))
 
