@@ -163,7 +163,7 @@ def test_eval_examples_that_cannot_fit_are_reported_with_their_line(tmp_path, co
     fits = sorted(r["turns"][1] + len(r["input_ids"]) - r["turns"][-2] for r in rows)
     short = fits[6]  # about half the examples fit, even without their history
     val = tmp_path / "val.jsonl"
-    val.write_text(corpus.read_text())
+    val.write_text("".join(reversed(corpus.read_text().splitlines(keepends=True))))  # (a byte copy is refused)
     _, stats = batches.load_examples(val, short)
     want = stats["rejected"]
     assert want
@@ -184,7 +184,7 @@ def test_eval_every_without_eval_data_is_a_config_error(tmp_path, corpus, base):
         cfg(corpus, base, tmp_path / "o", eval_every=2).check()
     cfg(corpus, base, tmp_path / "o", eval_every=2, eval_fraction=0.25).check()
     held = tmp_path / "eval.jsonl"
-    held.write_bytes(corpus.read_bytes())
+    held.write_text("".join(reversed(corpus.read_text().splitlines(keepends=True))))  # (a byte copy is refused)
     cfg(corpus, base, tmp_path / "o", eval_every=2, eval_corpus=held).check()
 
 

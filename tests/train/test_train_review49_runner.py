@@ -59,7 +59,7 @@ def test_booleans_and_a_number_budget_of_the_right_type_are_accepted(tmp_path, c
             memory_budget_gib=80)
     c.check()
     held = tmp_path / "eval.jsonl"
-    held.write_bytes(corpus.read_bytes())
+    held.write_text("".join(reversed(corpus.read_text().splitlines(keepends=True))))  # (a byte copy is refused)
     c = cfg(corpus, base, tmp_path / "o", memory_budget_gib=22.5, targets=["q_proj"], eval_corpus=str(held))
     c.check()
     assert c.eval_corpus == held and c.targets == ("q_proj",)

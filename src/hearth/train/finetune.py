@@ -236,6 +236,11 @@ class FinetuneConfig:
         if self.eval_corpus is not None and Path(self.eval_corpus).resolve() == Path(self.corpus).resolve():
             raise ValueError(f"eval_corpus: {self.eval_corpus} is the training corpus (the eval loss would be measured "
                              "on the examples trained on); give held-out examples, or eval_fraction to hold some out")
+        if (self.eval_corpus is not None and Path(self.eval_corpus).stat().st_size == Path(self.corpus).stat().st_size
+                and file_sha256(self.eval_corpus) == file_sha256(self.corpus)):  # a copy: the same examples
+            raise ValueError(f"eval_corpus: {self.eval_corpus} has the same contents as the training corpus "
+                             f"{self.corpus} (a copy: the eval loss would be measured on the examples trained on); "
+                             "give held-out examples, or eval_fraction to hold some out")
         if not Path(self.model).exists():
             raise ValueError(f"model: {self.model} does not exist (a local model directory"
                              + (" or config JSON" if self.random_init else "") + "; nothing is downloaded)")
@@ -1024,18 +1029,22 @@ def resumed_config(resume: Path | None) -> dict:
 def data_fingerprint(cfg) -> dict:
     """sha256 of the corpus (and eval corpus) files: a checkpoint's step plan indexes THESE examples, so a resume
     over a corpus rebuilt in place must be refused (the paths alone would match)."""
-    import hashlib
-
     out = {}
     for key in ("corpus", "eval_corpus"):
         path = getattr(cfg, key)
         if path is not None:
-            digest = hashlib.sha256()
-            with Path(path).open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
-            out[f"{key}_sha256"] = digest.hexdigest()
+            out[f"{key}_sha256"] = file_sha256(path)
     return out
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def eval_split_of(state: dict | None, path: Path | None) -> str:
