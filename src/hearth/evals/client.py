@@ -252,11 +252,17 @@ async def _sse_lines(response: httpx.Response):
     read = 0
     pending: list[str] = []  # the line being read, in pieces (joined only once it ends)
     pending_len = 0
+    after_cr = False  # the text read last ended with a CR: an LF first in the next belongs to it (one CRLF)
     async for piece in response.aiter_bytes():
         read += len(piece)
         if read > STREAM_BYTES_CAP:
             raise _TooLarge(f"stream over {STREAM_BYTES_CAP >> 20} MiB")
         text = decoder.decode(piece)
+        if not text:  # the first bytes of a character
+            continue
+        if after_cr and text[0] == "\n":
+            text = text[1:]
+        after_cr = text.endswith("\r")
         if "\n" not in text and "\r" not in text:
             pending.append(text)
             pending_len += len(text)
@@ -264,7 +270,6 @@ async def _sse_lines(response: httpx.Response):
                 raise _TooLarge(f"stream line over {REPLY_BODY_CAP >> 20} MiB")
             continue
         *lines, last = _LINE_END.split("".join(pending) + text)
-        # a CRLF split between two pieces reads as a line end and an empty line: empty lines only end events
         pending, pending_len = [last], len(last)
         if pending_len > REPLY_BODY_CAP:
             raise _TooLarge(f"stream line over {REPLY_BODY_CAP >> 20} MiB")

@@ -3,6 +3,7 @@
     Transport.open(method, url, headers=..., body=..., connect_timeout_s=...) -> UpstreamResponse
         returns once the status line and headers arrived; raises ConnectTimeout or ConnectFailed.
     UpstreamResponse: .status, .headers, await .read(limit) -> bytes, async for line in .lines(), .close()
+        lines() yields the body's lines with their line ends (CRLF, LF or a bare CR: SSE's), never b"".
         read()/lines() raise ConnectFailed when the connection breaks mid-body; read(limit) raises BodyTooLarge
         (with the first `limit` bytes) as soon as the body passes `limit` bytes, instead of buffering it all.
 
@@ -42,6 +43,7 @@ that needs a different transport implements these two small classes.
 from __future__ import annotations
 
 import abc
+import re
 from contextvars import ContextVar
 from typing import AsyncIterator, Mapping
 from urllib.parse import unquote, urlsplit
@@ -54,6 +56,11 @@ from hearth.gateway.config import masked_url, same_origin, secret_query_values
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10  # aiohttp's own default
+# an SSE line with its end: CRLF, LF or a bare CR (UpstreamResponse.lines)
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n?|\n)")
+# the longest line lines() reads (its line end included): what aiohttp's readline() allowed (twice its read_bufsize,
+# 256 KiB); a longer one is a broken upstream (ConnectFailed), as readline's LineTooLong was
+MAX_LINE = 512 * 1024
 
 
 def _redacted(message: str, url: str) -> str:
@@ -190,19 +197,53 @@ class _AiohttpResponse(UpstreamResponse):
                 raise BodyTooLarge(limit, bytes(buf[:limit]))
 
     async def lines(self) -> AsyncIterator[bytes]:
+        """The body's lines, each with its line end: CRLF, LF or a bare CR, as SSE defines them (WHATWG HTML, event
+        stream interpretation), so an empty line is b"\r", b"\n" or b"\r\n", never b""; the last line may have
+        none. aiohttp's readline() ended a line at LF only: a stream whose lines end in bare CRs read as one line
+        (no data line in it: 502 invalid_response, or one past its limit), where the eval (evals/client.py
+        _sse_lines) read it line by line and passed it. A line is yielded as soon as its end arrives; a CR that
+        ends a chunk ends its line then, and an LF that starts the next chunk is that CRLF's end, not an empty line
+        (which ends an event)."""
         content = self._resp.content
+        pending: list[bytes] = []  # the line being read, in pieces (joined once it ends)
+        pending_len = 0
+        after_cr = False  # the last chunk ended with a CR: an LF first in this one belongs to it
         while True:
             try:
-                line = await content.readline()
+                chunk = await content.readany()
             except (aiohttp.ClientError, OSError) as exc:
                 raise ConnectFailed(f"connection broke mid-stream: {_reason(exc)}") from exc
             except (HttpProcessingError, ValueError) as exc:
-                # a line past aiohttp's limit (LineTooLong, 512 KiB): a broken upstream like any other, not a
-                # gateway error that escapes the chain as a 500
+                # the payload parser's own errors: a broken upstream like any other, not a gateway error that
+                # escapes the chain as a 500
                 raise ConnectFailed(f"unreadable stream: {type(exc).__name__}: {str(exc)[:200]}") from exc
-            if not line:
+            if not chunk:
+                if pending:
+                    yield b"".join(pending)
                 return
-            yield line
+            start = 1 if after_cr and chunk[0] == 0x0A else 0
+            end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1  # just past the chunk's last line end
+            if end <= start:  # no line end (but that LF): the line goes on
+                after_cr = False
+                if len(chunk) > start:
+                    pending.append(chunk[start:] if start else chunk)
+                    pending_len += len(chunk) - start
+                    if pending_len > MAX_LINE:
+                        raise ConnectFailed(f"unreadable stream: a line over {MAX_LINE} bytes")
+                continue
+            after_cr = chunk[end - 1] == 0x0D
+            found = _LINE.findall(chunk, start, end)
+            if pending:
+                pending.append(found[0])
+                found[0] = b"".join(pending)
+            if pending_len + end - start > MAX_LINE and max(map(len, found)) > MAX_LINE:
+                raise ConnectFailed(f"unreadable stream: a line over {MAX_LINE} bytes")
+            pending_len = len(chunk) - end
+            pending = [chunk[end:]] if pending_len else []
+            if pending_len > MAX_LINE:
+                raise ConnectFailed(f"unreadable stream: a line over {MAX_LINE} bytes")
+            for line in found:
+                yield line
 
     def close(self) -> None:
         self._resp.close()

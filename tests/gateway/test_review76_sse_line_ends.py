@@ -1,0 +1,215 @@
+"""review76: a streamed answer's lines are read as SSE defines them, by the gateway as by the eval.
+
+SSE (WHATWG HTML, "event stream interpretation") ends a line with CRLF, LF or a bare CR. The eval's client
+(evals/client.py _sse_lines) split on all three; the gateway (transport/client.py _AiohttpResponse.lines) read with
+aiohttp's readline(), which ends a line at LF only: a stream whose lines end in bare CRs read as one line (no data
+line in it, or one past readline's 512 KiB limit) and failed in the gateway (502) while it passed the eval. A CRLF
+split between two network chunks (the CR ends one, the LF starts the next) is ONE line end: the eval read it as a line
+end and an empty line (an empty line ends an event).
+
+Each answer is served by a real loopback server, once straight to the eval and once through the real gateway as the
+app's chat streams it: the two verdicts must agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import httpx
+import pytest
+from aiohttp import web
+
+from hearth.evals.client import _sse_lines
+from hearth.evals.runner import run_cases
+from hearth.evals.suites import load_suite
+from hearth.gateway.transport.client import AiohttpTransport
+from tests.fakes.openai_server import Behavior, FakeOpenAI
+from tests.gateway.gateway_helpers import gateway, gateway_url, make_config, provider, steady
+
+CHAT_CASE = load_suite("companion")[0]
+GOOD = json.dumps({"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0,
+                   "suggested_actions": []})
+# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
+TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _event(delta: dict, finish: str | None) -> str:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
+                                                                        "finish_reason": finish}]}
+    return "data: " + json.dumps(chunk) + "\n\n"
+
+
+SSE = _event({"role": "assistant", "content": GOOD[:20]}, None) + _event({"content": GOOD[20:]}, None) \
+    + _event({}, "stop") + "data: [DONE]\n\n"
+
+
+def _ended(end: str | list[str], text: str = SSE) -> str:
+    """``text`` with its line ends (LF) made ``end``, or the ends of ``end`` in turn."""
+    ends = [end] if isinstance(end, str) else end
+    lines = text.split("\n")
+    return "".join(line + ends[i % len(ends)] for i, line in enumerate(lines[:-1])) + lines[-1]
+
+
+class _Pieces:
+    """A model server that sends its answer as the given byte pieces, a short pause between two (so each comes as a
+    network chunk of its own), or, in lockstep, each piece once the test puts a token in ``go``."""
+
+    def __init__(self, lockstep: bool = False) -> None:
+        self.pieces: list[bytes] = []
+        self.lockstep = lockstep
+        self.go: asyncio.Queue = asyncio.Queue()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, piece in enumerate(self.pieces):
+            if i:
+                if self.lockstep:
+                    await self.go.get()
+                else:
+                    await asyncio.sleep(0.02)
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    async def __aenter__(self) -> "_Pieces":
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._runner.cleanup()
+
+
+def verdicts(answers: dict[str, list[bytes]]) -> tuple[dict, dict]:
+    """{name: the answer's pieces} -> (the eval's row straight from the model, its row through the gateway)."""
+
+    async def go():
+        async with _Pieces() as model:
+            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=TIMEOUTS), deadline_s=10.0,
+                              breaker_failures=1000)
+            direct, through = {}, {}
+            async with gateway_url(cfg) as url:
+                for name, pieces in answers.items():
+                    model.pieces = pieces
+                    direct[name], = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=10,
+                                                    stream=True)
+                    through[name], = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10,
+                                                     stream=True)
+            return direct, through
+
+    return asyncio.run(go())
+
+
+def _agree(direct: dict, through: dict) -> None:
+    disagree = {name: (direct[name].reason, through[name].reason) for name in direct
+                if direct[name].passed != through[name].passed}
+    assert not disagree, disagree
+
+
+def test_a_stream_with_any_sse_line_end_passes_the_eval_and_the_gateway_alike():
+    ends = {"LF": "\n", "CRLF": "\r\n", "CR": "\r", "mixed": ["\r", "\n", "\r\n"]}
+    answers = {}
+    for name, end in ends.items():
+        text = _ended(end)
+        answers[f"{name}, one piece"] = [text.encode()]
+        # every line end the last byte of a piece (a CRLF split between its CR and its LF)
+        answers[f"{name}, a piece a line"] = [piece.encode() for piece in re.split(r"(?<=[\r\n])", text) if piece]
+    direct, through = verdicts(answers)
+    _agree(direct, through)
+    # before: every stream with bare CRs failed through the gateway (one line, no data line: 502)
+    assert {name for name in answers if not through[name].passed} == set(), \
+        {name: row.reason for name, row in through.items() if not row.passed}
+
+
+# the pieces of one stream, in lockstep, and the lines each brings (line ends removed)
+LOCKSTEP = [
+    (b"data: a\r", ["data: a"]),              # a bare CR at a chunk's end ends the line now, not at the next byte
+    (b"\n\r", [""]),                          # that CR's LF (the same line end), then an empty line
+    (b"\n: c\r\n", [": c"]),                  # the empty line's CRLF, split; a comment
+    (b"data: b\r\r", ["data: b", ""]),
+    (b"\ndata: [DONE]\n", ["data: [DONE]"]),  # the last CR's LF; then EOF
+]
+
+
+def test_a_crlf_split_between_two_chunks_is_one_line_end_and_a_line_comes_at_its_end():
+    async def read(open_lines, strip):
+        async with _Pieces(lockstep=True) as model:
+            model.pieces = [piece for piece, _ in LOCKSTEP]
+            got = []
+            async with open_lines(model.base_url + "/chat/completions") as lines:
+                for i, (_, expected) in enumerate(LOCKSTEP):
+                    if i:
+                        model.go.put_nowait(None)
+                    for _ in expected:
+                        got.append(strip(await asyncio.wait_for(anext(lines), 5)))
+                assert [strip(line) async for line in lines] == []
+            return got
+
+    class gateway_lines:  # the gateway's reader (transport/client.py)
+        def __init__(self, url):
+            self.url = url
+
+        async def __aenter__(self):
+            self.transport = AiohttpTransport()
+            await self.transport.start()
+            self.resp = await self.transport.open("POST", self.url, headers={"Content-Type": "application/json"},
+                                                  body=b"{}", connect_timeout_s=5)
+            return self.resp.lines()
+
+        async def __aexit__(self, *exc):
+            self.resp.close()
+            await self.transport.aclose()
+
+    class eval_lines:  # the eval's reader (evals/client.py)
+        def __init__(self, url):
+            self.url = url
+
+        async def __aenter__(self):
+            self.client = httpx.AsyncClient()
+            self.stream = self.client.stream("POST", self.url, json={})
+            return _sse_lines(await self.stream.__aenter__())
+
+        async def __aexit__(self, *exc):
+            await self.stream.__aexit__(*exc)
+            await self.client.aclose()
+
+    expected = [line for _, lines in LOCKSTEP for line in lines]
+    # the gateway yields each line with its line end (an empty line is not the end of the stream)
+    assert asyncio.run(read(gateway_lines, lambda line: line.rstrip(b"\r\n").decode())) == expected
+    # before: the eval read the LF of a split CRLF as an empty line of its own
+    assert asyncio.run(read(eval_lines, lambda line: line)) == expected
+
+
+def _through(body: bytes) -> tuple[int, str | None, list[list[str]]]:
+    """``body`` streamed by provider a, b the fallback: (status, the provider that served, the attempts)."""
+
+    async def main():
+        async with FakeOpenAI(Behavior.raw(body, content_type="text/event-stream")) as a, \
+                FakeOpenAI(Behavior.reply(GOOD)) as b:
+            async with gateway(make_config(provider("a", a), steady("b", b))) as client:
+                r = await client.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})
+                return r.status, r.headers.get("X-Hearth-Provider"), await r.read()
+
+    status, served_by, raw = asyncio.run(main())
+    events = [line[5:].strip() for line in raw.decode().splitlines() if line.startswith("data:")]
+    return status, served_by, json.loads(events[-2])["hearth"]["attempts"]
+
+
+@pytest.mark.parametrize("end", ["\r", "\n"])
+def test_the_gateways_line_limit_is_per_line_whatever_the_line_end(end):
+    # 1.2 MB of short lines (keep-alive comments) before the reply: each line is short
+    chatter = (": " + "x" * 300 + end) * 4000
+    assert _through(_ended(end, chatter + SSE).encode()) == (200, "a", [["a", "ok"]])
+    # one line past the limit (512 KiB, aiohttp's readline) is a broken upstream: the next provider serves
+    long_line = ": " + "x" * 600_000 + end
+    assert _through(_ended(end, long_line + SSE).encode()) == (200, "b", [["a", "connection"], ["b", "ok"]])
