@@ -213,3 +213,34 @@ def test_the_gateways_line_limit_is_per_line_whatever_the_line_end(end):
     # one line past the limit (512 KiB, aiohttp's readline) is a broken upstream: the next provider serves
     long_line = ": " + "x" * 600_000 + end
     assert _through(_ended(end, long_line + SSE).encode()) == (200, "b", [["a", "connection"], ["b", "ok"]])
+
+
+# ------------------------------------------------------------------ a byte order mark
+BOM = "\ufeff"
+
+
+def test_a_bom_is_stripped_at_the_start_of_the_stream_only_and_an_events_data_is_utf8_json():
+    """SSE strips one BOM at the very start of the stream; anywhere else it is text. An event's data is the UTF-8 text
+    of a JSON document, and JSON text starts with no BOM: the gateway parsed it from bytes (json.loads), which skips
+    a leading UTF-8 BOM, reads UTF-16 and UTF-32 too and lets encoded surrogates through, where the eval (text) refused
+    them all; a BOM that started the stream was kept by both, so the stream's first line was no data line."""
+    first, rest = SSE.split("\n\n", 1)
+    answers = {
+        "BOM at the stream start": [(BOM + SSE).encode()],
+        "BOM at the stream start, split between two chunks": [b"\xef", b"\xbb\xbf" + SSE.encode()],
+        "BOM at the stream start, then a comment": [(BOM + ": hi\n" + SSE).encode()],
+        # only one is stripped: the first line starts with the second, so it is no data line (and GOOD[:20] is lost)
+        "two BOMs at the stream start": [(BOM + BOM + SSE).encode()],
+        "BOM before the first event's data": [(first.replace("data: ", "data: " + BOM) + "\n\n" + rest).encode()],
+        "BOM before a later event's data": [(first + "\n\n" + rest.replace("data: {", "data: " + BOM + "{", 1))
+                                            .encode()],
+        "BOM starting a later line": [(first + "\n\n" + BOM + rest).encode()],
+        "an event's data in UTF-16": [first.encode()[:6] + first[6:].encode("utf-16-le") + b"\n\n" + rest.encode()],
+        "an event's data with an encoded surrogate": [first.replace("I'm", "I\\u0027m").encode()
+                                                      .replace(b"\\u0027", b"\xed\xa0\x80") + b"\n\n" + rest.encode()],
+    }
+    direct, through = verdicts(answers)
+    _agree(direct, through)
+    assert {name for name in answers if direct[name].passed} == {
+        "BOM at the stream start", "BOM at the stream start, split between two chunks",
+        "BOM at the stream start, then a comment"}

@@ -245,10 +245,12 @@ def _attempts(payload) -> list | None:
 async def _sse_lines(response: httpx.Response):
     """The lines of an SSE body (line ends: CRLF, CR or LF, as SSE defines them), decoded as they come; _TooLarge
     once more than STREAM_BYTES_CAP bytes were read, or one line runs past REPLY_BODY_CAP characters."""
-    # UTF-8 whatever charset the Content-Type names, as hearth's gateway decodes each event (json.loads of its bytes),
+    # UTF-8 whatever charset the Content-Type names, as hearth's gateway decodes each event (the UTF-8 text of its bytes),
     # and a byte that is not UTF-8 kept as its surrogate escape, so that _stream fails the data line holding it as
-    # the gateway does: errors="replace" made it a U+FFFD in a reply that passed, and a charset label mojibake
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    # the gateway does: errors="replace" made it a U+FFFD in a reply that passed, and a charset label mojibake.
+    # utf-8-sig: one BOM at the very start of the stream is dropped, as SSE says and the gateway does; anywhere else
+    # it is text (a BOM before an event's JSON is malformed, in the gateway too)
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
     read = 0
     pending: list[str] = []  # the line being read, in pieces (joined only once it ends)
     pending_len = 0

@@ -51,6 +51,7 @@ from hearth.gateway.transport.client import (
 
 T = TypeVar("T")
 _MAX_ERROR_BODY = 2000
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 # The most of a JSON reply body read: the envelope is at most MAX_REPLY_CHARS (64,000) characters, which JSON
 # escaping (\uXXXX, surrogate pairs) can make ~12 times as many bytes; the rest of a chat completion is small. A
 # larger body is no usable reply: it fails as an InvalidResponse when it gets there, not buffered whole until
@@ -301,6 +302,7 @@ class ChatStream:
         self.provider = provider
         self._resp = resp
         self._lines = resp.lines()
+        self._first = True  # no line read yet: SSE strips one BOM at the start of the stream (next_delta)
         self._clock = clock
         self.finish_reason: str | None = None
         self.usage: dict[str, int] | None = None   # from the last chunk carrying a usable `usage` (parse_usage)
@@ -334,6 +336,10 @@ class ChatStream:
                 if self.finish_reason is None:  # no final chunk and no [DONE]: the stream was cut short
                     raise ConnectionFailed(name, "the stream ended without a finish_reason or [DONE] (cut short)")
                 return None
+            if self._first:
+                self._first = False
+                if line.startswith(_BOM):  # a BOM at the start of the stream (only there) is no part of it
+                    line = line[3:]
             line = line.strip()
             if not line.startswith(b"data:"):
                 continue  # comments, event names, blank separators
@@ -342,7 +348,9 @@ class ChatStream:
                 self._done = True
                 return None
             try:
-                doc = json.loads(data)
+                # the data's UTF-8 text, as the eval reads it (evals/client.py): json.loads of the bytes skipped a
+                # BOM before the JSON, read UTF-16 and UTF-32 and let encoded surrogates through (surrogatepass)
+                doc = json.loads(data.decode("utf-8"))
                 usage = parse_usage(doc.get("usage"))  # the usage chunk; "usage": null on the others
                 if usage is not None:
                     self.usage = usage
