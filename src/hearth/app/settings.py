@@ -33,6 +33,7 @@ from hearth.app.storage.db import make_private_dir, normalise_url
 from hearth.app.throttle import Budget, Policy, parse_networks
 from hearth.companion_rules import SETTING_BOUNDS
 from hearth.envelope import REPLY_DEADLINE_S
+from hearth.gateway.config import unknown_tables
 from hearth.prompt_budget import budget_shortfall
 
 log = logging.getLogger("hearth.app")
@@ -209,6 +210,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise SettingsError("config", f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError("config", f"{path} is not valid TOML: {exc}") from None
+    problem = unknown_tables(data, path)  # [apps] or a setting above [app]: the app ran on the defaults
+    if problem:
+        raise SettingsError("config", problem)
     app = data.get("app", {})
     if not isinstance(app, dict):
         raise SettingsError("app", "must be a table ([app])")

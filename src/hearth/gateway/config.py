@@ -44,8 +44,10 @@ in the file: a provider names the variable (``api_key_env``) and a missing one f
     warmup_backoff_s = 60.0                   # after a failed warm-up: held cold (no probe, no warm-up) this long,
     warmup_backoff_max_s = 900.0              # doubled per failed warm-up in a row up to this (>= warmup_backoff_s)
 
-Other top-level tables (e.g. [app]) are ignored. Unknown keys inside [gateway] or a provider are
-errors (a typo would otherwise silently keep a default).
+The file is shared with `hearth serve`: its [app] table (hearth.app.settings) is ignored here. Any other
+top-level key (a misspelt [gatway] or [[provider]], a setting written above the first table) is an error
+naming config, as unknown keys inside [gateway] or a provider are (a typo would otherwise silently keep a
+default).
 """
 
 from __future__ import annotations
@@ -66,8 +68,12 @@ from hearth.gateway.errors import ConfigError
 from hearth.gateway.state import check_redis_url
 
 __all__ = ["GatewayConfig", "GatewaySettings", "ProviderConfig", "Timeouts", "WarmSettings", "ConfigError",
-           "load_config", "config_from_dict", "masked_url", "secret_query_values"]
+           "load_config", "config_from_dict", "masked_url", "secret_query_values", "FILE_TABLES",
+           "unknown_tables"]
 
+# the top-level keys of hearth's TOML file, the one file of `hearth serve` and `hearth gateway`: [app]
+# (hearth.app.settings), [gateway] and [[providers]] (here)
+FILE_TABLES = ("app", "gateway", "providers")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
@@ -487,6 +493,18 @@ def config_from_dict(data: Mapping[str, Any], env: Mapping[str, str] = os.enviro
     return config.model_copy(update={"providers": tuple(providers)})
 
 
+def unknown_tables(data: Mapping[str, Any], path: Path) -> str | None:
+    """What is wrong with a TOML document's top level (None: only FILE_TABLES). Each reader took its own tables and
+    dropped the rest without a word: a misspelt table ([gatway], [apps], [[provider]]) or a key above the first table
+    left every setting in it at its default, found out at the first request that needed it."""
+    unknown = [k for k in data if k not in FILE_TABLES]
+    if not unknown:
+        return None
+    return (f"unknown top-level key(s) {', '.join(map(repr, unknown))} in {path} (hearth's TOML has "
+            f"{', '.join(repr(t) for t in FILE_TABLES)}: [app], [gateway] and [[providers]]; a setting goes inside "
+            "its table)")
+
+
 def load_config(path: Path | None, env: Mapping[str, str] = os.environ) -> GatewayConfig:
     """Read and validate the gateway TOML at `path` (None: the HEARTH_GATEWAY_CONFIG variable).
 
@@ -505,4 +523,7 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ) -> Gatew
         raise ConfigError("config", f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
+    problem = unknown_tables(data, path)
+    if problem:
+        raise ConfigError("config", problem)
     return config_from_dict(data, env)
