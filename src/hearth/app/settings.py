@@ -300,7 +300,7 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
     for var, field in _ENV_FIELDS.items():
         if env.get(var):
             raw[field] = env[var]
-    if database_url:
+    if database_url is not None:
         raw["database_url"] = database_url
     if host is not None:
         raw["host"] = host
@@ -308,6 +308,12 @@ def load_settings(config: Path | None = None, *, database_url: str | None = None
         raw["port"] = port
     raw.update(overrides or {})
     raw["config_path"] = config
+    # an empty --database-url (`--database-url "$DATABASE_URL"` with the variable unset) is a mistake, not the
+    # default: it was dropped and the app ran on a new SQLite file. (An empty host is uvicorn's every interface,
+    # docs/app.md.)
+    if isinstance(raw.get("database_url"), str) and not raw["database_url"].strip():
+        raise SettingsError("database_url", "is empty: give a SQLite or PostgreSQL URL, or leave it out for the "
+                                            "SQLite file under var_dir")
 
     host_ = str(raw.get("host", "127.0.0.1"))
     raw.setdefault("environment", "development" if is_loopback(host_) else "production")
