@@ -40,7 +40,13 @@ def read_rows(path: Path) -> list[dict]:
     rows = []
     if not path.exists():
         return rows
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:  # a ValueError naming no file: "'utf-8' codec can't decode byte 0xff ..."
+        raise ValueError(f"{path}: not a results file (not UTF-8 text: byte {e.start})") from None
+    except OSError as e:  # no read permission, a device, ...: a traceback before
+        raise ValueError(f"{path}: cannot read it ({type(e).__name__}: {e.strerror or e})") from None
+    for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 row = json.loads(line)
