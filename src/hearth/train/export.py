@@ -68,8 +68,12 @@ def _adapter_key_mismatch(peft_model, adapter: Path) -> str | None:
     return None
 
 
-def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", tokenizer: Path | None = None) -> dict:
+def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", tokenizer: Path | None = None,
+           say=None) -> dict:
     """Write the merged model to ``out``; returns what export.json holds. ValueError naming the argument.
+    ``say(text, stage)``, when given, hears each stage as it starts (stage True: "load", "merge", "write") and, before
+    the base model is loaded, that no tokenizer will be written (stage False), so a user can stop at once instead
+    of learning it after minutes of loading and merging a large model.
 
     ``out`` is written whole or not at all: the folder is built beside it (``.OUT.export-tmp``) and moved into place,
     replacing a previous export (a folder holding export.json) only once the new one is complete, so a failure (a full
@@ -125,6 +129,10 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     if tok is None and tokenizer is not None:
         raise ValueError(f"tokenizer: {tokenizer} holds no tokenizer for this model (none that loads, encodes text and "
                          f"stays within its vocab_size={vocab_size})")
+    say = say or (lambda text, stage: None)
+    if tok is None:
+        say(f"no tokenizer found in {model}: the export will hold none (pass --tokenizer, or copy one in after)", False)
+    say(f"loading {model} and applying {adapter}", True)
     try:
         base = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as exc:
@@ -137,6 +145,7 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     if mismatch:
         raise ValueError(f"adapter: {adapter} does not match the base {model}: {mismatch} (target_modules in its "
                          "adapter_config.json and --model must be what it was trained with)")
+    say("merging the adapter into the weights", True)
     try:
         merged = peft_model.merge_and_unload()
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -155,6 +164,7 @@ def export(adapter: Path, model: Path, out: Path, *, dtype: str = "bfloat16", to
     for leftover in (tmp, old):  # an earlier export that was killed half-way
         if leftover.exists():
             shutil.rmtree(leftover)
+    say(f"writing {out}", True)
     try:
         merged.save_pretrained(str(tmp), safe_serialization=True)
         if tok is not None:
@@ -179,8 +189,18 @@ def main(*, adapter: Path, model: Path, out: Path, dtype: str = "bfloat16", toke
     from rich.console import Console
 
     console = Console()
+    status = console.status("checking the arguments")
+
+    def say(text: str, stage: bool) -> None:
+        if stage:  # a spinner with the stage (loading and merging a 14B model takes minutes)
+            status.update(text)
+            status.start()
+        else:
+            console.print(f"[yellow]note:[/yellow] {text}")
+
     try:
-        info = export(adapter, model, out, dtype=dtype, tokenizer=tokenizer)
+        with status:
+            info = export(adapter, model, out, dtype=dtype, tokenizer=tokenizer, say=say)
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
