@@ -84,10 +84,10 @@ async def delete_account(db, user: User, *, password: str, throttle: Throttle | 
         # very session) must not let whoever still knows the old one delete the account
         gone = await db.execute(delete(User).where(User.id == user.id, User.password_hash == checked))
         still = None
-        if gone.rowcount == 1 and throttle is not None:
-            await throttle.forget_account(db, name)
         if gone.rowcount != 1:
             still = (await db.execute(select(User.id).where(User.id == user.id))).scalar_one_or_none()
+        elif throttle is not None:
+            await throttle.forget_account(db, name)
     if gone.rowcount != 1:
         if still is not None:  # raised after the (empty) transaction: no rollback expires the viewer's rows
             raise accounts.AccountError("password", "was changed meanwhile: log in again")

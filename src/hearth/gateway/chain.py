@@ -297,9 +297,7 @@ class Chain:
             for a in gated:
                 name = a.provider.name
                 if name not in warm_by_name:
-                    warm_by_name[name] = (False, 0.0)
-                    self.metrics.child(self.metrics.warm_decisions, name, "cold").inc()
-                    self.gates[name].wake()
+                    warm_by_name[name] = self.gates[name].cut(name)
         first = [a for a in gated if warm_by_name[a.provider.name][0]]
         for a in gated:
             is_warm, held_s = warm_by_name[a.provider.name]

@@ -112,6 +112,13 @@ class WarmGate:
             self.metrics.child(self.metrics.warm_backoff_skips, name).inc()
         return decision, held_s
 
+    def cut(self, provider: str | None = None) -> tuple[bool, float]:
+        """The verdict of a caller whose deadline ran out before verdict() answered: "cold", counted as verdict()
+        counts a cold decision, and the endpoint woken (wake) since a verdict cut before its probe started none."""
+        self.metrics.child(self.metrics.warm_decisions, provider or self.provider.name, "cold").inc()
+        self.wake()
+        return False, 0.0
+
     async def sync_backoff_gauge(self) -> None:
         """Set hearth_gateway_warm_backoff_seconds from the (shared) store: another worker may have started or ended
         the back-off, and a window simply runs out."""

@@ -192,9 +192,8 @@ def main(*, adapter: Path, model: Path, out: Path, dtype: str = "bfloat16", toke
     status = console.status("checking the arguments")
 
     def say(text: str, stage: bool) -> None:
-        if stage:  # a spinner with the stage (loading and merging a 14B model takes minutes)
+        if stage:  # the spinner names the stage (loading and merging a 14B model takes minutes)
             status.update(text)
-            status.start()
         else:
             console.print(f"[yellow]note:[/yellow] {text}")
 
