@@ -15,58 +15,23 @@ app asks for it: the two verdicts must agree.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-from hearth.evals.runner import run_cases, summarize
+from hearth.evals.runner import summarize
 from hearth.evals.scoring import CaseScore
-from hearth.evals.suites import load_suite
-from tests.fakes.openai_server import Behavior, FakeOpenAI, completion_json
-from tests.gateway.gateway_helpers import gateway_url, make_config, provider
-from tests.test_review76_eval_stream_end import TIMEOUTS as IDLE_TIMEOUTS, _Upstream
-
-CHAT_CASE = load_suite("companion")[0]
-GOOD = json.dumps({"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0,
-                   "suggested_actions": []})
-# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
-TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
+from tests.evals.eval_vs_gateway import GOOD, SSE, agree, fake_model, verdicts as both
+from tests.fakes.openai_server import Behavior, completion_json
+from tests.test_review76_eval_stream_end import TIMEOUTS as IDLE_TIMEOUTS, verdicts as after_final_chunk
 
 
-def _event(delta: dict, finish: str | None) -> str:
-    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-                                                                        "finish_reason": finish}]}
-    return "data: " + json.dumps(chunk) + "\n\n"
-
-
-SSE = _event({"role": "assistant", "content": GOOD[:20]}, None) + _event({"content": GOOD[20:]}, None) \
-    + _event({}, "stop") + "data: [DONE]\n\n"
+def _serve(model, answer: tuple[Behavior, bool]) -> bool:
+    model.answer, streamed = answer
+    return streamed
 
 
 def verdicts(answers: dict[str, tuple[Behavior, bool]]) -> tuple[dict, dict]:
     """{name: (answer, streamed)} -> (the eval's row straight from the model, its row through the gateway)."""
-    current: list[Behavior] = []
-
-    async def go():
-        async with FakeOpenAI(lambda body: current[0]) as model:
-            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=TIMEOUTS), deadline_s=10.0,
-                              breaker_failures=1000)
-            direct, gateway = {}, {}
-            async with gateway_url(cfg) as url:
-                for name, (answer, streamed) in answers.items():
-                    current[:] = [answer]
-                    direct[name], = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=10,
-                                                    stream=streamed)
-                    gateway[name], = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10,
-                                                     stream=streamed)
-            return direct, gateway
-
-    return asyncio.run(go())
-
-
-def _agree(direct: dict, gateway: dict) -> None:
-    disagree = {name: (direct[name].reason, gateway[name].reason) for name in direct
-                if direct[name].passed != gateway[name].passed}
-    assert not disagree, disagree
+    return both(fake_model(), answers, _serve)
 
 
 def test_a_2xx_answer_other_than_200_is_scored_as_the_gateway_takes_it():
@@ -75,7 +40,7 @@ def test_a_2xx_answer_other_than_200_is_scored_as_the_gateway_takes_it():
         answers[f"{code} in one piece"] = (Behavior.raw(json.dumps(completion_json(GOOD, "m")), status=code), False)
         answers[f"{code} streamed"] = (Behavior.raw(SSE, content_type="text/event-stream", status=code), True)
     direct, gateway = verdicts(answers)
-    _agree(direct, gateway)
+    agree(direct, gateway)
     assert {name for name in answers if direct[name].passed} == {name for name in answers if "300" not in name}
     assert {name: direct[name].status for name in answers} == {name: int(name[:3]) for name in answers}
 
@@ -93,23 +58,13 @@ def test_an_sse_line_is_stripped_as_the_gateway_strips_it():
     answers = {name: (Behavior.raw(_framed(*frame), content_type="text/event-stream"), True)
                for name, frame in frames.items()}
     direct, gateway = verdicts(answers)
-    _agree(direct, gateway)
+    agree(direct, gateway)
     assert {name for name in answers if direct[name].passed} == {
         "space before", "tab before", "form feed before", "spaces after"}
 
 
 def test_a_stream_that_stalls_after_its_final_chunk_ends_its_latency_at_that_chunk():
-    async def go():
-        async with _Upstream() as model:
-            model.after = "stall"
-            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=IDLE_TIMEOUTS), deadline_s=10.0,
-                              breaker_failures=1000)
-            async with gateway_url(cfg) as url:
-                direct, = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=3, stream=True)
-                gateway, = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10, stream=True)
-            return direct, gateway
-
-    direct, gateway = asyncio.run(go())
+    direct, gateway = (rows["stall"] for rows in after_final_chunk(("stall",)))
     assert direct.passed and gateway.passed, (direct.reason, gateway.reason)  # the app takes it, the eval too
     # the reply ended with its final chunk, sent at once: not at the eval's 3 s timeout, nor the gateway's 1 s wait
     assert direct.ttft_s <= direct.latency_s < IDLE_TIMEOUTS["first_token_s"], (direct.ttft_s, direct.latency_s)

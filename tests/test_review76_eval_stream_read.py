@@ -16,29 +16,10 @@ the app's chat streams it: the two verdicts must agree.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-from hearth.evals.runner import run_cases
-from hearth.evals.suites import load_suite
-from tests.fakes.openai_server import Behavior, FakeOpenAI, completion_json
-from tests.gateway.gateway_helpers import gateway_url, make_config, provider
-
-CHAT_CASE = load_suite("companion")[0]
-GOOD = json.dumps({"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0,
-                   "suggested_actions": []})
-# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
-TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
-
-
-def _event(delta: dict, finish: str | None) -> str:
-    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-                                                                        "finish_reason": finish}]}
-    return "data: " + json.dumps(chunk) + "\n\n"
-
-
-SSE = _event({"role": "assistant", "content": GOOD[:20]}, None) + _event({"content": GOOD[20:]}, None) \
-    + _event({}, "stop") + "data: [DONE]\n\n"
+from tests.evals.eval_vs_gateway import GOOD, SSE, agree, fake_model, serve_fake, verdicts as both
+from tests.fakes.openai_server import Behavior, completion_json
 
 ANSWERS = {
     "one piece, application/json": Behavior.raw(json.dumps(completion_json(GOOD, "m"))),
@@ -49,30 +30,12 @@ ANSWERS = {
 
 
 def verdicts() -> tuple[dict, dict]:
-    current: list[Behavior] = []
-
-    async def go():
-        async with FakeOpenAI(lambda body: current[0]) as model:
-            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=TIMEOUTS), deadline_s=10.0,
-                              breaker_failures=1000)
-            direct, gateway = {}, {}
-            async with gateway_url(cfg) as url:
-                for name, answer in ANSWERS.items():
-                    current[:] = [answer]
-                    direct[name], = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=10,
-                                                    stream=True)
-                    gateway[name], = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10,
-                                                     stream=True)
-            return direct, gateway
-
-    return asyncio.run(go())
+    return both(fake_model(), ANSWERS, serve_fake)
 
 
 def test_a_streamed_chat_answer_passes_the_eval_exactly_when_the_apps_streamed_chat_takes_it():
     direct, gateway = verdicts()
-    disagree = {name: (direct[name].reason, gateway[name].reason) for name in ANSWERS
-                if direct[name].passed != gateway[name].passed}
-    assert not disagree, disagree
+    agree(direct, gateway)
     assert {name for name in ANSWERS if direct[name].passed} == {
         "SSE as text/plain", "SSE with no content type", "SSE as text/event-stream"}
 

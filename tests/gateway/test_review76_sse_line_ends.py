@@ -22,28 +22,12 @@ import pytest
 from aiohttp import web
 
 from hearth.evals.client import _sse_lines
-from hearth.evals.runner import run_cases
-from hearth.evals.suites import load_suite
 from hearth.gateway.transport.client import AiohttpTransport
+from tests.evals.eval_vs_gateway import GOOD, SSE, LoopbackModel, agree as _agree, verdicts as both
 from tests.fakes.openai_server import Behavior, FakeOpenAI
-from tests.gateway.gateway_helpers import gateway, gateway_url, make_config, provider, steady
+from tests.gateway.gateway_helpers import gateway, make_config, provider, steady
 
-CHAT_CASE = load_suite("companion")[0]
-GOOD = json.dumps({"message": "I'm here.", "mood": "calm", "memories": [], "affection": 0, "trust": 0,
-                   "suggested_actions": []})
-# connect_s: a loopback connect is instant, but a loaded CI machine can stall the process for about a second
-TIMEOUTS = {"connect_s": 5.0, "first_token_s": 5.0, "total_s": 5.0}
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def _event(delta: dict, finish: str | None) -> str:
-    chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-                                                                        "finish_reason": finish}]}
-    return "data: " + json.dumps(chunk) + "\n\n"
-
-
-SSE = _event({"role": "assistant", "content": GOOD[:20]}, None) + _event({"content": GOOD[20:]}, None) \
-    + _event({}, "stop") + "data: [DONE]\n\n"
 
 
 def _ended(end: str | list[str], text: str = SSE) -> str:
@@ -53,7 +37,7 @@ def _ended(end: str | list[str], text: str = SSE) -> str:
     return "".join(line + ends[i % len(ends)] for i, line in enumerate(lines[:-1])) + lines[-1]
 
 
-class _Pieces:
+class _Pieces(LoopbackModel):
     """A model server that sends its answer as the given byte pieces, a short pause between two (so each comes as a
     network chunk of its own), or, in lockstep, each piece once the test puts a token in ``go``."""
 
@@ -76,44 +60,15 @@ class _Pieces:
         await resp.write_eof()
         return resp
 
-    async def __aenter__(self) -> "_Pieces":
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
-        return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self._runner.cleanup()
+def _serve(model: _Pieces, pieces: list[bytes]) -> bool:
+    model.pieces = pieces
+    return True
 
 
 def verdicts(answers: dict[str, list[bytes]]) -> tuple[dict, dict]:
     """{name: the answer's pieces} -> (the eval's row straight from the model, its row through the gateway)."""
-
-    async def go():
-        async with _Pieces() as model:
-            cfg = make_config(provider("a", model, model="hearth-lora", timeouts=TIMEOUTS), deadline_s=10.0,
-                              breaker_failures=1000)
-            direct, through = {}, {}
-            async with gateway_url(cfg) as url:
-                for name, pieces in answers.items():
-                    model.pieces = pieces
-                    direct[name], = await run_cases([CHAT_CASE], base_url=model.base_url, model="m", timeout_s=10,
-                                                    stream=True)
-                    through[name], = await run_cases([CHAT_CASE], base_url=url, model="hearth-lora", timeout_s=10,
-                                                     stream=True)
-            return direct, through
-
-    return asyncio.run(go())
-
-
-def _agree(direct: dict, through: dict) -> None:
-    disagree = {name: (direct[name].reason, through[name].reason) for name in direct
-                if direct[name].passed != through[name].passed}
-    assert not disagree, disagree
+    return both(_Pieces(), answers, _serve)
 
 
 def test_a_stream_with_any_sse_line_end_passes_the_eval_and_the_gateway_alike():
