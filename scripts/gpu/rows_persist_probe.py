@@ -23,7 +23,7 @@ shared memory, over the cluster size.
 Each (shape, provider): correctness over every row (softmax against torch in fp32 of the same values, with torch's
 own bf16 error beside it: over 2x is wrong and not timed; cross-entropy's loss and gradient likewise against fp64 /
 fp32 references, every row, so a row the tickets skipped cannot pass), then time_call (CUDA events, L2 flushed);
-GB/s = one read and one write of the rows. One JSON line per row; a table at the end.
+GB/s = one read and one write of the rows (the backward: two reads and one write). One JSON line per row; a table at the end.
 """
 
 from __future__ import annotations
@@ -181,10 +181,98 @@ def _rows_persist_kernel(
     buf._keep_alive()  # live to the end: nothing else may take the slot bytes at global_smem + 0
 
 
+@gluon.jit
+def _softmax_bwd_persist_kernel(
+    Yp, DY, DX, Counter, stride_y, stride_dy, stride_dx, n_rows, n_cols,
+    CTAS: ttgl.constexpr, P: ttgl.constexpr, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr,
+    layout: ttgl.constexpr, buf_shared: ttgl.constexpr, START_ASM: ttgl.constexpr, WAIT_ASM: ttgl.constexpr,
+    TICKET1_ASM: ttgl.constexpr, TICKET2_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr, ROW_ASM: ttgl.constexpr,
+    SLOTS: ttgl.constexpr,
+):
+    """dx = y * (dy - sum(y * dy)) by resident clusters over ticketed rows: y's part in buffer chunks
+    1 + par * 2 * CHUNKS.., dy's in the CHUNKS after it (par: the row's parity); the partial sums are exchanged as
+    (0, sum) pairs, which the exchange combines into the plain sum."""
+    buf = ttgl.allocate_shared_memory(Yp.dtype.element_ty, [1 + 4 * CHUNKS, CTAS, CHUNK], buf_shared)
+    ttgl.inline_asm_elementwise(START_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    vec_layout: ttgl.constexpr = ttgl.SliceLayout(1, layout)
+    part = ttgl.arange(0, CTAS, layout=vec_layout)
+    c0 = ttgl.arange(0, CHUNK, layout=ttgl.SliceLayout(0, layout))[None, :]
+    left = n_cols - part * P
+    offs = part[:, None] * P + c0
+    zero_v = ttgl.zeros([CTAS], ttgl.float32, vec_layout)
+    izero_v = ttgl.zeros([CTAS], ttgl.int32, vec_layout)
+    tk = ttgl.inline_asm_elementwise(TICKET2_ASM, "=r,l", [Counter], dtype=ttgl.int32, is_pure=False, pack=1)
+    ttgl.inline_asm_elementwise(WAIT_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
+                                [zero_v, zero_v, izero_v + SLOTS, izero_v + tk, zero_v],
+                                dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    cur = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [tk * 0 + SLOTS], dtype=ttgl.int32, is_pure=False, pack=1)
+    nxt = cur + 1
+    _issue_row2(buf, 1, Yp + cur.to(ttgl.int64) * stride_y, DY + cur.to(ttgl.int64) * stride_dy, offs, c0, left,
+                cur < n_rows, CHUNK, CHUNKS)
+    it = cur * 0
+    while cur < n_rows:
+        par = it % 2
+        base_c = 1 + par * 2 * CHUNKS
+        ttgl.thread_barrier()
+        _issue_row2(buf, 1 + (1 - par) * 2 * CHUNKS, Yp + nxt.to(ttgl.int64) * stride_y,
+                    DY + nxt.to(ttgl.int64) * stride_dy, offs, c0, left, nxt < n_rows, CHUNK, CHUNKS)
+        tk = ttgl.inline_asm_elementwise(TICKET1_ASM, "=r,l", [Counter], dtype=ttgl.int32, is_pure=False, pack=1)
+        acc = ttgl.zeros([CTAS, CHUNK], ttgl.float32, layout)
+        for c in ttgl.static_range(CHUNKS):
+            async_copy.wait_group(2 * CHUNKS - 1 - c)
+            y = buf.index(base_c + c).load(layout).to(ttgl.float32)
+            d = buf.index(base_c + CHUNKS + c).load(layout).to(ttgl.float32)
+            acc += ttgl.where(c0 < (left - c * CHUNK)[:, None], y * d, 0.0)
+        _, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
+                                           [zero_v, ttgl.sum(acc, 1), izero_v + par * SLOTS, izero_v + tk, zero_v],
+                                           dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+        nn = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [par * SLOTS], dtype=ttgl.int32, is_pure=False, pack=1)
+        out = DX + cur.to(ttgl.int64) * stride_dx
+        for c in ttgl.static_range(CHUNKS):
+            y = buf.index(base_c + c).load(layout).to(ttgl.float32)
+            d = buf.index(base_c + CHUNKS + c).load(layout).to(ttgl.float32)
+            ttgl.store(out + offs + c * CHUNK, (y * (d - s[:, None])).to(DX.dtype.element_ty),
+                       mask=c0 < (left - c * CHUNK)[:, None])
+        cur = nxt
+        nxt = nn
+        it += 1
+    async_copy.wait_group(0)
+    buf._keep_alive()
+
+
+@gluon.jit
+def _issue_row2(buf, base, yrow, drow, offs, c0, left, ok, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr):
+    """cp.async of this CTA's part of a row of y (chunks base..) and dy (base + CHUNKS..), one group a chunk of
+    both."""
+    for c in ttgl.static_range(CHUNKS):
+        mask = (c0 < (left - c * CHUNK)[:, None]) & ok
+        async_copy.async_copy_global_to_shared(buf.index(base + c), yrow + offs + c * CHUNK, mask=mask)
+        async_copy.async_copy_global_to_shared(buf.index(base + CHUNKS + c), drow + offs + c * CHUNK, mask=mask)
+        async_copy.commit_group()
+
+
+def launch_bwd(y: torch.Tensor, dy: torch.Tensor, *, ctas: int | None = None, warps: int = sg.SMEM_WARPS,
+               oversub: float = 1.0) -> torch.Tensor:
+    n, v = y.shape
+    ctas, chunk, chunks = sg.smem_config(v, y.element_size(), ctas, inputs=2)
+    counter = torch.zeros(1, dtype=torch.int32, device=y.device)
+    dx = torch.empty_like(y)
+    per_cta = (1 + 4 * chunks) * sg.CHUNK_BYTES + 1024
+    n_sm = torch.cuda.get_device_properties(y.device).multi_processor_count
+    g = max(1, min(n, math.ceil(n_sm * max(1, min(32, SMEM_PER_SM // per_cta)) * oversub / ctas)))
+    _softmax_bwd_persist_kernel[(g,)](y, dy, dx, counter, y.stride(0), dy.stride(0), dx.stride(0), n, v,
+                                      **constexprs(ctas, chunk, chunks, y.element_size(), warps, None),
+                                      num_warps=warps, num_ctas=ctas)
+    return dx
+
+
 def constexprs(ctas: int, chunk: int, chunks: int, elem_bytes: int, warps: int, ce: bool) -> dict:
     """The kernel's constexprs: softmax_gluon's layouts for the part, this form's inline PTX."""
     base = dict(sg.smem_constexprs(ctas, chunk, chunks, elem_bytes, warps))
-    base.update(CE=ce, WAIT_ASM=WAIT, TICKET1_ASM=ticket_ptx(1), TICKET2_ASM=ticket_ptx(2),
+    if ce is not None:
+        base["CE"] = ce
+    base.update(WAIT_ASM=WAIT, TICKET1_ASM=ticket_ptx(1), TICKET2_ASM=ticket_ptx(2),
                 EXCHANGE_ASM=exchange_ptx(ctas), ROW_ASM=ROW, SLOTS=SLOT_SET)
     return base
 
@@ -231,15 +319,21 @@ def offline(cases) -> list[dict]:
     found = []
     for op, n, dt, ctas in cases:
         eb = {"bf16": 2, "fp32": 4}[dt]
-        ctas, chunk, chunks = sg.smem_config(n, eb, ctas)
-        const = constexprs(ctas, chunk, chunks, eb, sg.SMEM_WARPS, op == "ce")
-        fn = _rows_persist_kernel
-        args = {"X": f"*{dt}", "Y": f"*{dt}", "Target": "*i64", "Loss": "*fp32", "Counter": "*i32",
-                "stride_x": "i32", "stride_y": "i32", "n_rows": "i32", "n_cols": "i32", "ignore_index": "i32",
-                "grad_scale": "fp32"}
+        ctas, chunk, chunks = sg.smem_config(n, eb, ctas, inputs=2 if op == "bwd" else 1)
+        if op == "bwd":
+            const = constexprs(ctas, chunk, chunks, eb, sg.SMEM_WARPS, None)
+            fn = _softmax_bwd_persist_kernel
+            args = {"Yp": f"*{dt}", "DY": f"*{dt}", "DX": f"*{dt}", "Counter": "*i32", "stride_y": "i32",
+                    "stride_dy": "i32", "stride_dx": "i32", "n_rows": "i32", "n_cols": "i32"}
+        else:
+            const = constexprs(ctas, chunk, chunks, eb, sg.SMEM_WARPS, op == "ce")
+            fn = _rows_persist_kernel
+            args = {"X": f"*{dt}", "Y": f"*{dt}", "Target": "*i64", "Loss": "*fp32", "Counter": "*i32",
+                    "stride_x": "i32", "stride_y": "i32", "n_rows": "i32", "n_cols": "i32", "ignore_index": "i32",
+                    "grad_scale": "fp32"}
         sig = {**args, **{k: "constexpr" for k in const}}
         aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                   if name in ("X", "Y", "stride_x", "stride_y", "n_cols")}
+                   if name in ("X", "Y", "Yp", "DY", "DX", "stride_x", "stride_y", "stride_dy", "stride_dx", "n_cols")}
         k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": sg.SMEM_WARPS, "num_ctas": ctas})
         ptx, llir = k.asm["ptx"], k.asm["llir"]
@@ -299,6 +393,7 @@ def grad_error(x, t, scale, got, block=1024):
 
 
 SM_SHAPES = [(4096, 262144), (4096, 151936), (8192, 131072), (4096, 128256), (16384, 32000)]
+BWD_SHAPES = [(4096, 128256), (16384, 32000), (4096, 262144)]
 CE_SHAPES = [(4096, 152064), (4096, 262144), (12289, 151936), (16384, 128256)]
 
 
@@ -310,11 +405,12 @@ def main(argv=None) -> int:
     p.add_argument("--oversub", default="1", help="grid multipliers to time, e.g. 1,2")
     p.add_argument("--sm-shapes", default=None)
     p.add_argument("--ce-shapes", default=None)
+    p.add_argument("--bwd-shapes", default=None)
     args = p.parse_args(argv)
     if args.offline:
         cases = [("softmax", 262144, "bf16", None), ("softmax", 151936, "bf16", None), ("softmax", 32000, "bf16", None),
                  ("ce", 152064, "bf16", None), ("ce", 262144, "bf16", None), ("ce", 128256, "bf16", 16),
-                 ("softmax", 65536, "fp32", None)]
+                 ("softmax", 65536, "fp32", None), ("bwd", 128256, "bf16", None), ("bwd", 262144, "bf16", None)]
         for r in offline(cases):
             print(json.dumps(r))
         return 0
@@ -374,6 +470,34 @@ def main(argv=None) -> int:
                 row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
             emit(row)
         del x, ref
+    for m, n in parse(args.bwd_shapes, BWD_SHAPES):
+        x = (torch.randn(m, n, device=device) * 3).to(torch.bfloat16)
+        y = torch.softmax(x, -1)
+        dy = torch.randn_like(y)
+        yf, df = y.float(), dy.float()
+        ref = yf * (df - (yf * df).sum(-1, keepdim=True))
+        base_err = (torch._softmax_backward_data(dy, y, -1, y.dtype).float() - ref).abs().max().item()
+        pick = sg.smem_config(n, 2, inputs=2)[0]
+        provs = [("smem", lambda a, b: sg.softmax_bwd_smem(a, b))]
+        for c in [pick] + [c for c in extra if c != pick]:
+            for o in oversubs:
+                provs.append((f"persist-c{c}-o{o:g}", lambda a, b, c=c, o=o: launch_bwd(a, b, ctas=c, oversub=o)))
+        for name, fn in provs:
+            row = {"op": "softmax_bwd", "rows": m, "cols": n, "provider": name, **meta}
+            try:
+                got = fn(y, dy)
+                err = (got.float() - ref).abs().max().item()
+                row.update(max_err=err, torch_err=base_err, ok=err <= 2 * base_err + 1e-6,
+                           err_text=f"{err:.1e} / {base_err:.1e}")
+                del got
+                if row["ok"]:
+                    tm = time_call(lambda fn=fn, y=y, dy=dy: fn(y, dy), [], device)
+                    row.update(ms=tm.median_ms, p20_ms=tm.p20_ms, p80_ms=tm.p80_ms,
+                               gbps=3 * y.numel() * 2 / (tm.median_ms * 1e-3) / 1e9, copy_gbps=copy)
+            except Exception as e:  # noqa: BLE001 -- a failing provider is a row
+                row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+            emit(row)
+        del x, y, dy, yf, df, ref
     for m, v in parse(args.ce_shapes, CE_SHAPES):
         x = (torch.randn(m, v, device=device) * 3).to(torch.bfloat16)
         t = torch.randint(0, v, (m,), device=device)
