@@ -17,6 +17,15 @@ importlib.import_module("hearth.kernels")  # as tests/test_inspect.py: import un
 HAS_PTXAS = bool(hi._tool("ptxas")) and bool(hi._tool("ptxas_blackwell"))
 
 
+def _stub_report(arch):
+    """One kernel's report as an offline build gives it (a wgmma kernel, no spill): the arguments were accepted and
+    something was inspected, so main exits 0."""
+    return hi.KernelReport(label="stub matmul", name="k", target=f"sm_{arch}a", matmul_like=True,
+                           ptx=dict(hi.count_ptx(""), wgmma=8),
+                           sass=None, registers=64, spill_bytes=0, shared_bytes=0, num_warps=4, num_stages=3,
+                           level="ok", verdict="ok")
+
+
 @pytest.fixture
 def offline(monkeypatch):
     """collect_offline replaced by a recorder: nothing is compiled, and a test sees whether it was reached."""
@@ -25,7 +34,7 @@ def offline(monkeypatch):
 
     def record(op, arch, dtype):
         calls.append((op, arch))
-        return []
+        return [_stub_report(arch)]
 
     monkeypatch.setattr(hi, "collect_offline", record)
     return calls
@@ -68,12 +77,18 @@ def test_json_into_a_missing_folder_is_refused_before_compiling(tmp_path, offlin
     assert offline == [] and not target.exists()
 
 
-def test_json_is_written_when_no_kernel_was_found(tmp_path, offline):
-    """Before: with no kernel the JSON was not written, so a script reading it found the previous run's file."""
+def test_json_is_written_when_no_kernel_was_found(tmp_path, monkeypatch, capsys):
+    """Before: with no kernel the JSON was not written, so a script reading it found the previous run's file. And
+    the run exits 2, as the help says for "nothing to compile for" (it exited 0, which a gate reads as "inspected,
+    no problem": a shape that launches no Triton kernel passed a tensor-core check it never ran)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(hi, "collect_offline", lambda op, arch, dtype: [])
     target = tmp_path / "r.json"
     target.write_text(json.dumps([{"label": "stale", "level": "ok"}]))
-    assert hi.main("matmul", arch="sm_90", json_out=target) == 0
+    assert hi.main("matmul", arch="sm_90", json_out=target) == 2
     assert json.loads(target.read_text()) == []
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "no Triton kernel was launched" in out and "nothing was inspected" in out
 
 
 def test_a_build_that_fails_is_exit_3_naming_the_error(monkeypatch, capsys):

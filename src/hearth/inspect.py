@@ -571,10 +571,13 @@ def main(op: str, shape: str | None = None, dtype: str = "bfloat16", json_out: P
         console.print(f"[bold red]error:[/] {op} at {where} / {dtype}: the build failed: {type(exc).__name__}: {first}")
         return 3
     if not reports:
-        console.print(f"[yellow]{op}: no Triton kernel was launched at this shape/dtype.[/]")
+        console.print(f"[yellow]{op}: no Triton kernel was launched at this shape/dtype: nothing was inspected "
+                      "(exit 2).[/]")
     else:
         render(reports, console)
     if json_out is not None:  # an empty list too: the file never holds an earlier run's kernels
         _write_json(json_out, reports)
         console.print(f"wrote {json_out}")
+    if not reports:  # "nothing to compile for" (the help's exit 2): a gate reading exit 0 as "inspected, fine" must not pass
+        return 2
     return 1 if any(r.level == "error" for r in reports) else 0
