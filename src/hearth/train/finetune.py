@@ -23,7 +23,9 @@ loss, eval_loss, lr, grad_norm, tokens, tok_per_s, peak_gib), metrics.json (summ
 save_every, checkpoints/step-NNNNNN/ (adapter, optimizer, scheduler, RNG state, data position). --resume
 CKPT (a checkpoint folder, or OUT to take its latest) continues a run exactly: the losses of a resumed run
 equal the uninterrupted run's. A resume from an earlier step starts a new line of training: the later checkpoints
-are moved into checkpoints/superseded-<time>/ (set_aside_later), so --resume OUT never takes one.
+are moved into checkpoints/superseded-<time>/ (set_aside_later), so --resume OUT never takes one. A fresh run into
+an OUT holding an earlier run's adapter, run.toml or metrics moves them into OUT/superseded-<time>/ before it writes
+(set_aside_earlier_run), so a run that fails part-way never leaves its run.toml beside another run's adapter.
 
 Several processes: `torchrun --nproc-per-node N -m hearth.cli train RUN.toml --parallel ddp|fsdp` (PyTorch DDP or
 FSDP2; the same optimizer steps as one process; rank 0 writes; hearth.train.distributed).
@@ -1013,6 +1015,42 @@ def set_aside_later(out: Path, step: int, resumed: Path) -> tuple[Path | None, l
     return dest, [p.name for p in later]
 
 
+# an earlier run's files at OUT's top level, which a fresh run moves aside before it writes (set_aside_earlier_run):
+# the adapter first (durable.ADAPTER_FILES, adapter_config.json leading: killed part-way, OUT never holds a config
+# beside missing weights), then run.toml and the metrics. Their leftover .tmp files (run.toml.tmp, ..., an uncommitted
+# .adapter.tmp) are left where they are: no reader takes them, and this run's writes replace or delete them
+EARLIER_RUN_FILES = (*ADAPTER.files, "run.toml", "metrics.jsonl", "metrics.json", "loss.png")
+
+
+def set_aside_earlier_run(out: Path) -> tuple[Path | None, list[str]]:
+    """A fresh run (no resume) into an OUT that holds an earlier run's files: they are moved, never deleted, into
+    OUT/superseded-<time>/ before the run writes anything into OUT. Else a run failed or killed part-way left OUT with
+    its own run.toml / metrics.jsonl beside the EARLIER run's adapter, taken for its result. An adapter publish a crash
+    interrupted is completed first (finish_adapter_publish), so the set moved is whole; peft's README.md goes with
+    the adapter only when adapter_config.json is beside it (one without is the user's: check() refuses that OUT).
+    One rename per file; not under OUT/checkpoints, so --resume OUT never looks there (run_checkpoints). Rank 0
+    only. Returns (that folder or None when OUT held none of the files: nothing is created, the names moved)."""
+    from hearth.durable import fsync
+
+    out = Path(out)
+    if not out.is_dir():
+        return None, []
+    finish_adapter_publish(out)  # a publish killed after its commit: the new adapter whole in OUT, then moved
+    names = [name for name in EARLIER_RUN_FILES if (out / name).is_file() or (out / name).is_symlink()]
+    if "README.md" in names and ADAPTER_CONFIG not in names:
+        names.remove("README.md")
+    if not names:
+        return None, []
+    dest = superseded_name(out)
+    dest.mkdir()
+    fsync(out)
+    for name in names:
+        (out / name).rename(dest / name)
+    fsync(dest)
+    fsync(out)
+    return dest, names
+
+
 def resumed_config(resume: Path | None) -> dict:
     """The config in state.json of the checkpoint ``resume`` names ({} without one, or when it cannot be read:
     check() and check_resume refuse those, naming resume)."""
@@ -1431,6 +1469,13 @@ def _train(cfg: FinetuneConfig, dist: D.Dist, console):
     if dist.main:
         cfg.out.mkdir(parents=True, exist_ok=True)
         finish_adapter_publish(cfg.out)  # a run killed while publishing its adapter: the new one whole in OUT
+        if resume_from is None:
+            # a fresh run: an earlier run's adapter, run.toml and metrics are moved aside whole before this run writes
+            # its own (the config was read before: `hearth train OUT/run.toml` repeats a run into its own OUT)
+            aside, moved = set_aside_earlier_run(cfg.out)
+            if aside is not None:
+                console.print(f"[yellow]note:[/yellow] {cfg.out} held an earlier run: moved its {', '.join(moved)} "
+                              f"to {aside} (a fresh run; --resume continues a run)")
         write_text(cfg.out / "run.toml", to_toml(cfg))  # whole or not at all: a crash left it torn
     rows: list[dict] = []
     if resume_from is not None:
