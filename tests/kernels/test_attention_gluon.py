@@ -517,62 +517,6 @@ def test_sm90_fused_backward_st_ahead_builds():
         assert r["advisories"] == [] == base["advisories"], (r, base)  # no wgmma serialized (C7514)
 
 
-def test_fused_backward_arrive_all_knob_and_where_it_serves():
-    """The ARRIVE_ALL probe knob: off by default (FB_ARRIVE_ALL), "1" on, "0" off; the kernel takes it only on the
-    shipped path (_fb_arrive_all: LATE_RELEASE with the dQ split at two stages, not DQ_ASYNC, DQ_EARLY or ST_AHEAD)."""
-    assert ag._fb_meta(128, None, {})["ARRIVE_ALL"] is ag.FB_ARRIVE_ALL is False
-    assert ag._fb_meta(128, None, {"HEARTH_ATTN_FB_ARRIVE_ALL": "1"})["ARRIVE_ALL"] is True
-    assert ag._fb_meta(128, None, {"HEARTH_ATTN_FB_ARRIVE_ALL": "0"})["ARRIVE_ALL"] is False
-    serves = ag._fb_arrive_all
-    assert serves(True, True, True, False, 0, False, 2)
-    for args in ((False, True, True, False, 0, False, 2), (True, False, True, False, 0, False, 2),
-                 (True, True, False, False, 0, False, 2), (True, True, True, True, 0, False, 2),
-                 (True, True, True, False, 1, False, 2), (True, True, True, False, 0, True, 2),
-                 (True, True, True, False, 0, False, 3)):
-        assert not serves(*args), args
-
-
-_FB_ARRIVE_ALL_SCRIPT = r"""
-import json, re, torch
-from hearth.kernels import attention_gluon as ag
-from hearth import inspect as hi
-out = []
-for varlen in (False, True):
-    extra = dict(varlen=True, fb_dq_pad=64) if varlen else {}
-    for on in (False, True):
-        for label, k in ag.offline_kernels(90, torch.bfloat16, variants=("bwd_fused",), head_dims=(64, 128),
-                                           causal=(False, True), fb_arrive_all=on, **extra):
-            ptx = k.asm["ptx"]
-            r = hi.report_compiled(label, k, sass=False)
-            out.append(dict(label=label, on=on, spill=r.spill_bytes, shared=r.shared_bytes,
-                            bar_sync=len(re.findall(r"\bbar\.sync", ptx)),
-                            noinc=ptx.count("cp.async.mbarrier.arrive.noinc"),
-                            wgmma=ptx.count("wgmma.mma_async")))
-print(json.dumps(out))
-"""
-
-
-def test_sm90_fused_backward_arrive_all_builds():
-    """The probe form ARRIVE_ALL at head_dim 128 (the shipped path: the dQ split, late release), causal and not,
-    dense and packed: it builds for sm_90 in the shipped form's shared memory with the same matmuls and no more
-    spill, is named " arrive-all", has each consumer warpgroup arrive once a thread on dS^T's ready barrier and on
-    the slot's release (two cp.async.mbarrier.arrive.noinc a consumer) and syncs its warpgroup less (at least two
-    BAR.SYNC fewer in the build: 13 against 16 dense on 2026-12-08); at head_dim 64 (no dQ split) the knob leaves the
-    shipped build as it is."""
-    reports = run_offline(_FB_ARRIVE_ALL_SCRIPT)
-    assert len(reports) == 16, [r["label"] for r in reports]
-    shipped = {r["label"]: r for r in reports if not r["on"]}
-    for r in (r for r in reports if r["on"]):
-        if " d64 " in r["label"]:
-            assert " arrive-all" not in r["label"] and r == dict(shipped[r["label"]], on=True), r
-            continue
-        assert " arrive-all" in r["label"], r
-        base = shipped[r["label"].replace(" arrive-all", "")]
-        assert base["noinc"] == 0 and r["noinc"] == 4, (r, base)
-        assert r["shared"] == base["shared"] and r["wgmma"] == base["wgmma"] and r["spill"] <= base["spill"], (r, base)
-        assert r["bar_sync"] <= base["bar_sync"] - 2, (r, base)
-
-
 _FB_STEP_ORDER_SCRIPT = r"""
 import json, torch
 from hearth.kernels import attention_gluon as ag
@@ -1417,8 +1361,7 @@ def test_gpu_every_fused_backward_candidate_is_correct(monkeypatch, D):
                                      (128, "four_pairs"), (128, "two_launch_pre"), (128, "dq_async"),
                                      (128, "early_release"), (128, "dq_bufs2"), (128, "dq_early"), (128, "dq_early2"),
                                      (64, "stats_ahead"), (128, "stats_ahead"), (64, "st_ahead"),
-                                     (128, "st_ahead"), (128, "st_ahead_early_release"), (64, "arrive_all"),
-                                     (128, "arrive_all")])
+                                     (128, "st_ahead"), (128, "st_ahead_early_release")])
 def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     """The fused backward's forms other than the shipped one (the tests above run that), each at the shipped config
     and at 32-query steps: dQ^T by fp32 atomics (HEARTH_ATTN_FB_DQ_TMA=0) with lse / delta loaded by the consumers
@@ -1436,10 +1379,7 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
     the dQ split). stats_ahead: the producer loads lse / delta a step ahead, before waiting for the slot
     (HEARTH_ATTN_FB_STATS_AHEAD=1). st_ahead: the next step's S^T computed during this step's dQ^T staging
     (HEARTH_ATTN_FB_ST_AHEAD=1, with the dQ split and the TMA reduce; at d64 the knob leaves the shipped form, which
-    this also checks); st_ahead_early_release: the same with the Q / dO slot given back after dK's matmul.
-    arrive_all: every consumer thread arrives for itself on dS^T's ready barrier and the slot's release, no warpgroup
-    barrier before (HEARTH_ATTN_FB_ARRIVE_ALL=1; at d64, no dQ split, the knob leaves
-    the shipped form, which this also checks)."""
+    this also checks); st_ahead_early_release: the same with the Q / dO slot given back after dK's matmul."""
     env = {"atomics": dict(DQ_TMA="0", STATS_SMEM="0"), "atomics_ss": dict(DQ_TMA="0"),
            "tma": dict(STATS_SMEM="0"), "no_split": dict(DQ_SPLIT="0"),
            "all_pairs": dict(PAIR_GROUP="0"), "one_pair": dict(PAIR_GROUP="1"),
@@ -1447,8 +1387,7 @@ def test_gpu_backward_fused_other_forms_match_reference(monkeypatch, D, forms):
            "dq_async": dict(DQ_ASYNC="1"), "early_release": dict(LATE_RELEASE="0"),
            "dq_bufs2": dict(DQ_BUFS2="1"), "dq_early": dict(DQ_EARLY="1"),
            "dq_early2": dict(DQ_EARLY="2"), "stats_ahead": dict(STATS_AHEAD="1"),
-           "st_ahead": dict(ST_AHEAD="1"), "st_ahead_early_release": dict(ST_AHEAD="1", LATE_RELEASE="0"),
-           "arrive_all": dict(ARRIVE_ALL="1")}[forms]
+           "st_ahead": dict(ST_AHEAD="1"), "st_ahead_early_release": dict(ST_AHEAD="1", LATE_RELEASE="0")}[forms]
     for name, value in env.items():
         monkeypatch.setenv(f"HEARTH_ATTN_FB_{name}", value)
     for cfg in dict.fromkeys([ag.FB_CONFIGS[D], (32, 2)]):

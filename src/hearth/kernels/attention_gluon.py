@@ -84,7 +84,6 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -1643,30 +1642,10 @@ def _fb_st_ahead(st_ahead, dq_split, dq_async, dq_early, dq_tma, dq_bufs):
 
 
 @gluon.constexpr_function
-def _fb_arrive_all(arrive_all, late_release, dq_split, dq_async, dq_early, st_ahead, num_stages):
-    """Whether the consumers arrive once a thread (ARRIVE_ALL): only on the shipped path (LATE_RELEASE with the dQ
-    split at two stages, one release a step; not DQ_ASYNC, DQ_EARLY nor ST_AHEAD)."""
-    return bool(arrive_all and late_release and dq_split and not dq_async and not dq_early and not st_ahead
-                and num_stages == 2)
-
-
-@gluon.constexpr_function
 def _fb_dq_tiles(dq_bufs, dq_split, dq_async):
     """dQ^T staging tiles of the fused backward: two per consumer warpgroup with DQ_BUFS 2 where the form serves (the
     dQ split, not DQ_ASYNC), else one."""
     return 4 if dq_bufs == 2 and dq_split and not dq_async else 2
-
-
-@gluon.jit
-def _fb_signal(bar, ALL: ttgl.constexpr):
-    """A consumer warpgroup's arrive on `bar`: ALL, every thread arrives for itself (cp.async.mbarrier.arrive.noinc,
-    the barrier counting 128 arrivals a warpgroup; no CTA barrier first); else one arrive after a warpgroup
-    barrier (the barrier counting one a warpgroup)."""
-    if ALL:
-        async_copy.mbarrier_arrive(bar, increment_count=False)
-    else:
-        ttgl.thread_barrier()
-        mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
@@ -1695,7 +1674,7 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                  stat_h0, stat_t, q0, dq0, CuSeqK, BHK0, H_K, PAIR_GROUP: ttgl.constexpr, VARLEN: ttgl.constexpr,
                  SeqOrder, SEQ_ORDER: ttgl.constexpr, DQ_ASYNC: ttgl.constexpr, LATE_RELEASE: ttgl.constexpr,
                  DQ_BUFS: ttgl.constexpr, DQ_EARLY: ttgl.constexpr, STEP_ORDER: ttgl.constexpr,
-                 ST_AHEAD: ttgl.constexpr = False, ARRIVE_ALL: ttgl.constexpr = False):
+                 ST_AHEAD: ttgl.constexpr = False):
     """Consumer warpgroup WG of the fused backward: keys start_n + WG * 64 + [0, 64) of K/V head (b, hk), their
     dK / dV accumulated over every step (all GROUP query heads, every query block that sees them), and every
     other step's dQ for all 128 keys of the program (step i's dQ is warpgroup i % 2's). Per step, on the
@@ -1740,12 +1719,6 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
     across the loop's back edge got every wgmma of the kernel serialized by ptxas (C7514, offline sm_90), so the
     finished S^T (32 fp32 registers a thread) is what crosses it (offline sm_90, d128: 28 bytes of spill, three
     64-bit reloads a step).
-    ARRIVE_ALL (probe only, on the shipped path: LATE_RELEASE with the dQ split at two stages, one release a step;
-    _fb_arrive_all) has every thread arrive for itself on dS^T's ready barrier and on the slot's release
-    (cp.async.mbarrier.arrive.noinc: a per-thread arrive, the barriers counting 128 arrivals a warpgroup), instead of a
-    warpgroup barrier and one thread's arrive: Triton's mbarrier.arrive is one thread's, so the warpgroup must sync
-    before it (offline sm_90, d128: 13 BAR.SYNC in the build against 16; a step keeps the syncs that order the dQ^T
-    staging tile).
     (Two more forms
     were timed and removed: P^T / dS^T from shared memory as the A operands, and red.global.add.v2.f32 adds;
     BENCHMARKS.md.) Packed sequences (the kernel's VARLEN): N_CTX_Q / N_CTX_K are the sequence's lengths, q0 its
@@ -1838,7 +1811,8 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
             mbarrier.wait(ds_empty.index(par), (use & 1) ^ 1, pred=use > 0)
         ds_smem.index(par).slice(WG * HALF, HALF, dim=0).store(ds)
         fence_async_shared()
-        _fb_signal(ds_full.index(par), ARRIVE_ALL)
+        ttgl.thread_barrier()
+        mbarrier.arrive(ds_full.index(par), count=1)
         ds16 = ttgl.convert_layout(ds, a_layout)
         head = acc_h0 + g
         if EARLY:  # dQ^T's and dK's matmuls issued back to back; dQ^T's reduce goes out while dK's runs
@@ -1884,14 +1858,11 @@ def _fb_consumer(k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, e
                 mbarrier.wait(ds_full.index(par), use & 1)
                 dqt = warpgroup_mma(k_smem.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0)), ds_smem.index(par),
                                     zero_dq, use_acc=False)
-                if ARRIVE_ALL:  # (ARRIVE_ALL: LATE_RELEASE at one release, _fb_arrive_all)
-                    _fb_signal(empty_bars.index(slot), True)
-                else:
-                    ttgl.thread_barrier()
-                    if LATE_RELEASE:  # the slot's last reader (dK's matmul) retired before dQ^T's started
-                        mbarrier.arrive(empty_bars.index(slot), count=1)
-                    if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
-                        mbarrier.arrive(ds_empty.index(par), count=1)
+                ttgl.thread_barrier()
+                if LATE_RELEASE:  # the slot's last reader (dK's matmul) retired before dQ^T's started
+                    mbarrier.arrive(empty_bars.index(slot), count=1)
+                if not _fb_one_release(LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, NUM_STAGES):
+                    mbarrier.arrive(ds_empty.index(par), count=1)
                 if AHEAD:  # dQ^T staged, the next step's S^T out, then the fence and the reduce while it runs
                     dq_stage = dq_smem.index(WG)
                     _fb_stage_dq(dq_stage, dqt)
@@ -1987,7 +1958,6 @@ def _attn_bwd_fused_gluon_kernel(
     SeqOrder=None, SEQ_ORDER: ttgl.constexpr = False, DQ_ASYNC: ttgl.constexpr = False,
     LATE_RELEASE: ttgl.constexpr = False, DQ_BUFS: ttgl.constexpr = 1, DQ_EARLY: ttgl.constexpr = 0,
     STATS_AHEAD: ttgl.constexpr = False, STEP_ORDER: ttgl.constexpr = 0, ST_AHEAD: ttgl.constexpr = False,
-    ARRIVE_ALL: ttgl.constexpr = False,
 ):
     """dK, dV of one 128-key block of one (b, K/V head) and its share of dQ (fp32, added into DQacc), in one
     pass over the query blocks that see it: FlashAttention-3's 5-matmul backward with two consumer warpgroups
@@ -2080,14 +2050,12 @@ def _attn_bwd_fused_gluon_kernel(
     empty_bars = ttgl.allocate_shared_memory(ttgl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_empty = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ALL: ttgl.constexpr = _fb_arrive_all(ARRIVE_ALL, LATE_RELEASE, DQ_SPLIT, DQ_ASYNC, DQ_EARLY, ST_AHEAD, NUM_STAGES)
-    ARRIVALS: ttgl.constexpr = 256 if ALL else 2  # a consumer warpgroup arrives once, or once a thread (ALL)
     mbarrier.init(kv_bar, count=1)
     for i in ttgl.static_range(NUM_STAGES):
         mbarrier.init(ld_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=ARRIVALS)  # both consumers release a slot
+        mbarrier.init(empty_bars.index(i), count=2)  # both consumers release a slot
     for i in ttgl.static_range(2):
-        mbarrier.init(ds_full.index(i), count=ARRIVALS)  # both consumers' dS^T rows are in
+        mbarrier.init(ds_full.index(i), count=2)  # both consumers' dS^T rows are in
         mbarrier.init(ds_empty.index(i), count=2 if DQ_SPLIT else 1)  # the dQ warpgroup(s) read them
     fence_async_shared()
 
@@ -2100,14 +2068,14 @@ def _attn_bwd_fused_gluon_kernel(
                          n_iters, 0, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
                          SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
-                         DQ_EARLY, STEP_ORDER, ST_AHEAD, ALL)),
+                         DQ_EARLY, STEP_ORDER, ST_AHEAD)),
          (_fb_consumer, (k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars, empty_bars, ds_smem, ds_full,
                          ds_empty, dq_smem, dq_desc, Lse, Delta, DK, DV, DQacc, stride_dkb, stride_dkh, stride_dkt,
                          sm_scale, qk_scale, H_Q, GROUP, N_CTX_Q, N_CTX_K, N_PAD_Q, dk_b, hk, acc_h0, start_n, m_lo, n_m,
                          n_iters, 1, HEAD_DIM, CAUSAL, BLOCK_M, BLOCK_N, NUM_STAGES, PREFETCH, DQ_SPLIT, DQ_TMA,
                          STAGED, stat_h0, stat_t, q0, dq0, cu_k, BHK0, H_K, PAIR_GROUP, VARLEN, seq_order,
                          SEQ_ORDER, DQ_ASYNC, LATE_RELEASE, _fb_dq_tiles(DQ_BUFS, DQ_SPLIT, DQ_ASYNC) // 2,
-                         DQ_EARLY, STEP_ORDER, ST_AHEAD, ALL)),
+                         DQ_EARLY, STEP_ORDER, ST_AHEAD)),
          (_fb_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, q_ring, do_ring, stats_ring, ld_bars,
                          empty_bars, Lse, Delta, b, hk, start_n, m_lo, n_m, n_iters, H_Q, GROUP, N_CTX_Q, HEAD_DIM,
                          BLOCK_M, BLOCK_N, NUM_STAGES, STAGED, PRODUCER_WARPS, stat_h0, stat_t, q0,
@@ -2446,9 +2414,6 @@ def _fb_dq_early(env) -> int:
 FB_STEP_ORDER = 0
 # whether the fused backward issues the next step's S^T before this step's dQ^T staging (_fb_consumer's ST_AHEAD)
 FB_ST_AHEAD = False
-# whether the fused backward's consumers arrive on the dS^T-ready and slot-release barriers once a thread, with no
-# warpgroup barrier before each arrive (_fb_consumer's ARRIVE_ALL)
-FB_ARRIVE_ALL = False
 
 
 def _fb_step_order(env) -> int:
@@ -2480,7 +2445,7 @@ def _fb_meta(head_dim: int, config, env, table=None) -> dict:
                 DQ_BUFS=2 if _env_flag(env, "HEARTH_ATTN_FB_DQ_BUFS2", False) else 1,
                 DQ_EARLY=_fb_dq_early(env), STATS_AHEAD=_env_flag(env, "HEARTH_ATTN_FB_STATS_AHEAD", False),
                 STEP_ORDER=_fb_step_order(env), ST_AHEAD=_env_flag(env, "HEARTH_ATTN_FB_ST_AHEAD", FB_ST_AHEAD),
-                ARRIVE_ALL=_env_flag(env, "HEARTH_ATTN_FB_ARRIVE_ALL", FB_ARRIVE_ALL), num_warps=4)
+                num_warps=4)
 
 
 def _fb_acc(meta: dict, heads: int, n_pad: int, device, zero: bool) -> tuple[torch.Tensor,
@@ -2717,7 +2682,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                     fb_dq_tma=FB_DQ_TMA, fb_stats_smem=FB_STATS_SMEM, fb_pair_group=1, ones=(), varlen=False,
                     fb_dq_pad=0, fb_seq_order=False, fb_dq_async=False, fb_late_release=FB_LATE_RELEASE,
                     fb_dq_bufs=1, fb_dq_early=0, fb_stats_ahead=False, fb_step_order=FB_STEP_ORDER,
-                    fb_st_ahead=FB_ST_AHEAD, fb_arrive_all=FB_ARRIVE_ALL):
+                    fb_st_ahead=FB_ST_AHEAD):
     """Compile the forward for compute capability `arch` without a GPU (triton.compile + bundled ptxas):
     [(label, CompiledKernel)] for each (variant, head_dim, causal). variants: "1part" (single partition),
     "ws" (producer warp), "pp" (ping-pong), "pps" (its persistent form; not in the default list), "bwd" (the dK / dV
@@ -2785,7 +2750,7 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
                          PREFETCH=fb_prefetch, DQ_SPLIT=split, DQ_TMA=fb_dq_tma, STATS_SMEM=fb_stats_smem,
                          PAIR_GROUP=fb_pair_group, DQ_ASYNC=fb_dq_async, LATE_RELEASE=fb_late_release,
                          DQ_BUFS=fb_dq_bufs, DQ_EARLY=fb_dq_early, STATS_AHEAD=fb_stats_ahead,
-                         STEP_ORDER=fb_step_order, ST_AHEAD=fb_st_ahead, ARRIVE_ALL=fb_arrive_all)
+                         STEP_ORDER=fb_step_order, ST_AHEAD=fb_st_ahead)
             sig = desc_sig(d, bm, FB_BLOCK_N, "do_desc")
             if fb_dq_tma:
                 sig["dq_desc"] = mangle_type(_dq_acc_desc(torch.empty((1, d, 64), dtype=torch.float32), split, bm))
@@ -2819,9 +2784,6 @@ def offline_kernels(arch: int, dtype: torch.dtype, *, head_dims=HEAD_DIMS, causa
             forms += f" step-order{fb_step_order}" if fb_step_order else ""
             forms += " st-ahead" if fb_st_ahead and split and fb_dq_tma and fb_dq_bufs == 1 and not fb_dq_async \
                 and not fb_dq_early else ""
-            forms += " arrive-all" if _fb_arrive_all(fb_arrive_all, fb_late_release, split, fb_dq_async, fb_dq_early,
-                                                        fb_st_ahead and split and fb_dq_tma and fb_dq_bufs == 1,
-                                                        stages) else ""
             name = f"bwd[fused] d{d} {'causal' if c else 'full'} {FB_BLOCK_N}x{bm} w4+4+{PRODUCER_WARPS} s{stages}{forms}"
             found.append((f"attention_gluon {name} sm_{arch}", kernel))
             continue
