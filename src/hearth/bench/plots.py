@@ -138,7 +138,7 @@ def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hearth.bench.report import op_geomeans
+    from hearth.bench.report import RATIO_MARKS, op_geomeans, shown
 
     g = {op: v for op, v in op_geomeans(rows).items() if v["ratios"]}
     if not g:
@@ -158,7 +158,8 @@ def write_ratio_plot(out: Path, rows: list[dict]) -> Path | None:
         ax.axvline(x, color="grey", linestyle=style, linewidth=1)
     ax.set_xscale("log")
     ax.set_yticks(range(len(ops)))
-    ax.set_yticklabels([f"{op} ({g[op]['geomean']:.2f}x)" for op in ops], fontsize=8)
+    # the geomean with the digits that keep it on its side of the 0.95 / 1.0 / 1.10 lines (report.shown)
+    ax.set_yticklabels([f"{op} ({shown(g[op]['geomean'], 2, RATIO_MARKS, 'f')}x)" for op in ops], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("fastest correct fused peer ms / hearth ms (dots: cases; red: geomean; lines 0.95, 1.0, 1.10)")
     ax.grid(alpha=0.3, axis="x")

@@ -195,7 +195,7 @@ def verdict(case_rows: list[dict]) -> dict:
     # verdict word stays (a loss is never turned into a tie that the losses table would drop)
     noise = _within_noise(h, best)
     return {"verdict": word, "ratio": ratio, "peer": best["provider"], "unranked": unranked, "within_noise": noise,
-            "text": f"{word} {ratio:.3g}x vs {best['provider']}{' (within noise: p20-p80 overlap)' if noise else ''}{suffix}"}
+            "text": f"{word} {shown(ratio, 3, RATIO_MARKS)}x vs {best['provider']}{' (within noise: p20-p80 overlap)' if noise else ''}{suffix}"}
 
 
 def _fastest_wall(case_rows: list[dict], h: dict) -> dict | None:
@@ -265,6 +265,17 @@ def bandwidth_mixed(case_rows: list[dict]) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- Markdown
+def shown(x: float, digits: int, marks=(), kind: str = "g") -> str:
+    """x as `{x:.<digits><kind>}`, with as many more digits as it takes to sit on the same side of every mark (a goal's
+    threshold, 1.0 between a win and a loss) as x itself: a 1.0964x ratio reads 1.096, not 1.1 beside a 1.10x goal it
+    misses, and a 0.9996x loss reads 0.9996, not 1."""
+    for d in range(digits, digits + 12):
+        s = f"{x:.{d}{kind}}"
+        if all((float(s) >= m) == (x >= m) for m in marks):
+            return s
+    return repr(x)
+
+
 def _num(x, digits=3) -> str:
     if x is None:
         return "-"
@@ -279,7 +290,7 @@ def cell(r: dict | None) -> str:
         return f"**{r['status']}**"
     s = f"{_num(r['ms'])} ms [{_num(r['p20_ms'])}-{_num(r['p80_ms'])}], {_num(r['value'], 4)} {r['metric']}"
     if r.get("sol_pct") is not None:
-        s += f" ({r['sol_pct']:.0f}%)"
+        s += f" ({shown(r['sol_pct'], 0, (GOAL_SOL_PCT,), 'f')}%)"
     if r.get("extra_mib") is not None:
         s += f", +{_num(r['extra_mib'])} MiB"
         if r.get("grad_mib"):
@@ -438,6 +449,10 @@ def summary_markdown(rows: list[dict]) -> str:
 # issue 17's goals on the model-shape suite, per op
 GOAL_GEOMEAN, GOAL_WORST, GOAL_SOL_PCT = 1.10, 0.95, 90.0
 LARGE_BYTES = 1e9  # a memory-bound case moving at least this much is "large" for the bandwidth goal
+# the marks a ratio (peer ms / hearth ms) is read against: a printed ratio keeps its side of each (shown)
+RATIO_MARKS = (GOAL_WORST, 1.0, GOAL_GEOMEAN)
+
+
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -539,7 +554,8 @@ def geomean_lines(rows: list[dict]) -> list[str]:
             lines.append(line)
             continue
         wr, wkey, wpeer = g["worst"]
-        line = f"GEOMEAN {op} {g['geomean']:.3f}x worst {wr:.3f}x ({_case_name(wkey)} vs {wpeer})"
+        line = (f"GEOMEAN {op} {shown(g['geomean'], 3, RATIO_MARKS, 'f')}x worst {shown(wr, 3, RATIO_MARKS, 'f')}x "
+                f"({_case_name(wkey)} vs {wpeer})")
         line += f" | {len(g['ratios'])} of {g['cases']} cases ranked"
         if g["hearth_failed"]:
             line += f", {g['hearth_failed']} hearth not ok"
@@ -558,15 +574,17 @@ def geomean_lines(rows: list[dict]) -> list[str]:
             sp, skey = g["sol_worst"]
             if len(g["sol_formulas"]) > 1:
                 line += (f" | copy BW not comparable: hearth's {len(g['sol'])} cases >= 1 GB counted bytes by "
-                         f"{len(g['sol_formulas'])} formulas (least {sp:.0f}%, {_case_name(skey)})")
+                         f"{len(g['sol_formulas'])} formulas (least {shown(sp, 0, (GOAL_SOL_PCT,), 'f')}%, "
+                         f"{_case_name(skey)})")
             else:
-                line += f" | copy BW >= {sp:.0f}% at cases >= 1 GB (worst {_case_name(skey)})"
+                line += f" | copy BW >= {shown(sp, 0, (GOAL_SOL_PCT,), 'f')}% at cases >= 1 GB (worst {_case_name(skey)})"
         if g["bw_mixed"]:
             line += (f" | GB/s not comparable between providers at {len(g['bw_mixed'])} case(s), byte formulas differ "
                      f"({', '.join(_case_name(k) for k in g['bw_mixed'])})")
         if g["wall_geomean"] is not None:
             xr, xkey, xpeer = g["wall_worst"]
-            line += f" | wall/call {g['wall_geomean']:.3f}x worst {xr:.3f}x ({_case_name(xkey)} vs {xpeer})"
+            line += (f" | wall/call {shown(g['wall_geomean'], 3, RATIO_MARKS, 'f')}x worst {shown(xr, 3, RATIO_MARKS, 'f')}x "
+                     f"({_case_name(xkey)} vs {xpeer})")
         line += " | " + goals_text(g)
         lines.append(line)
     return lines
@@ -619,8 +637,9 @@ def attention_goal_lines(rows: list[dict]) -> list[str]:
                 continue
             worst = min(rs, key=lambda t: t[0])
             ok = sum(r >= ATTN_GOAL_RATIO for r, _ in rs)
-            part = (f"vs {name}: >= {ATTN_GOAL_RATIO:.2f}x at {ok}/{len(rs)}, worst {worst[0]:.3f}x ({_case_name(worst[1])})"
-                    f", geomean {_geomean([r for r, _ in rs]):.3f}x")
+            marks = (ATTN_FLOOR_RATIO, ATTN_GOAL_RATIO)
+            part = (f"vs {name}: >= {ATTN_GOAL_RATIO:.2f}x at {ok}/{len(rs)}, worst {shown(worst[0], 3, marks, 'f')}x "
+                    f"({_case_name(worst[1])}), geomean {shown(_geomean([r for r, _ in rs]), 3, marks, 'f')}x")
             if peer == "sdpa_cudnn":
                 part += (f"; goals: >= {ATTN_GOAL_RATIO:.2f}x everywhere {'met' if ok == len(rs) else 'MISSED'}, "
                          f"none below {ATTN_FLOOR_RATIO:.2f}x {'met' if worst[0] >= ATTN_FLOOR_RATIO else 'MISSED'}")
@@ -631,7 +650,8 @@ def attention_goal_lines(rows: list[dict]) -> list[str]:
             worst = min(m["act"], key=lambda t: t[0])
             ok = sum(f >= ATTN_ACT_FACTOR for f, _ in m["act"])
             parts.append(f"activation >= {ATTN_ACT_FACTOR:.0f}x below cuDNN at {ok}/{len(m['act'])} (least "
-                         f"{worst[0]:.2f}x, {_case_name(worst[1])}) {'met' if ok == len(m['act']) else 'MISSED'}")
+                         f"{shown(worst[0], 2, (ATTN_ACT_FACTOR,), 'f')}x, {_case_name(worst[1])}) "
+                         f"{'met' if ok == len(m['act']) else 'MISSED'}")
         if m["failed"]:
             parts.append(f"{len(m['failed'])} hearth case(s) not ok ({', '.join(m['failed'])}): MISSED")
         if m["skipped"]:
@@ -668,12 +688,12 @@ def cases_markdown(rows: list[dict]) -> list[str]:
         cells = [
             f"{_num(h['ms'])} ms",
             f"{_num(peer['ms'])} ms ({peer['provider']})" if peer else "-",
-            f"{v['ratio']:.3g}x" if peer else "-",
+            f"{shown(v['ratio'], 3, RATIO_MARKS)}x" if peer else "-",
             _num(h.get("extra_mib")),
             _num(peer.get("extra_mib")) if peer else "-",
             f"{_num(h['wall_ms'])} ({_num(h.get('host_ms'))}) ms" if h.get("wall_ms") else "-",
             f"{_num(best['wall_ms'])} ms ({best['provider']})" if best else "-",
-            f"{best['wall_ms'] / h['wall_ms']:.3g}x" if best and h.get("wall_ms") else "-",
+            f"{shown(best['wall_ms'] / h['wall_ms'], 3, RATIO_MARKS)}x" if best and h.get("wall_ms") else "-",
         ]
         lines.append(f"| {key[0]} | {key[1]} | {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
