@@ -73,3 +73,19 @@ def test_ratio_plot_labels_keep_their_side_of_the_goal(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "_save", lambda fig, path: seen.append([t.get_text() for t in fig.axes[0].get_yticklabels()]))
     plots.write_ratio_plot(tmp_path, _case("softmax", "a", 1.0, {"liger": 1.0964}))
     assert seen == [["softmax (1.096x)"]], seen
+
+
+# ----------------------------------------------------------------------------- 2. the headline's SOL floor
+def test_headline_sol_floor_is_hearths_run_not_the_first_row_of_the_case():
+    """The headline table's 'SOL floor' (work / the copy bandwidth measured in the run) was taken from the case's first
+    row: after a peers-only run (--providers compile) merged before hearth's, or a merge of another GPU's folder,
+    that is a peer's row, and the floor beside hearth's time was another run's (here an H100's 2 TB/s: 2 ms, where
+    hearth's own run measured 4 TB/s: 1 ms). It is now the floor of hearth's row, the one it is read against."""
+    h100 = {**H200, "gpu": "NVIDIA H100", "date": "2026-12-01T00:00:00Z"}
+    rows = [_row("softmax", "big", "compile", 1.6, mode="fwd", metric="GB/s", work=4e9, headline=True,
+                 limits={"copy_GBps": 2000.0}, env=h100),
+            _row("softmax", "big", "hearth", 1.2, mode="fwd", metric="GB/s", work=4e9, headline=True,
+                 limits={"copy_GBps": 4000.0})]
+    md = report.summary_markdown(rows)
+    head = next(line for line in md.splitlines() if line.startswith("| softmax | big |"))
+    assert head.split(" | ")[-2] == "1 ms", head

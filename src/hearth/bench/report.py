@@ -419,7 +419,9 @@ def summary_markdown(rows: list[dict]) -> str:
                   "| op | case | dtype | mode | " + " | ".join(provs) + " | SOL floor | verdict |", "|" + "---|" * (len(provs) + 6)]
         for key, cr in sorted(head.items(), key=lambda kv: (kv[0][0], _sort_key(kv[1]))):
             by = {r["provider"]: r for r in cr}
-            floor = _floor_ms(cr[0])
+            # the floor of hearth's row (its run's work count and copy / matmul limit), which it is read against; the
+            # case's first row may be a peer's from another run or GPU merged in before hearth's
+            floor = _floor_ms(by["hearth"]) if "hearth" in by else None
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(cell(by.get(p)) for p in provs)
                          + f" | {_num(floor)} ms | {verdict(cr)['text']} |")
         lines.append("")
@@ -701,7 +703,7 @@ def cases_markdown(rows: list[dict]) -> list[str]:
 
 def _floor_ms(r: dict) -> float | None:
     """Time at the speed-of-light limit measured in the same run: work / limit."""
-    lim = r.get("limits", {})
+    lim = r.get("limits") or {}
     work = r.get("work")
     rate = lim.get("copy_GBps", 0) * 1e9 if r["metric"] == "GB/s" else lim.get("matmul_TFLOPs", 0) * 1e12
     return work / rate * 1e3 if work and rate else None
