@@ -89,3 +89,26 @@ def test_headline_sol_floor_is_hearths_run_not_the_first_row_of_the_case():
     md = report.summary_markdown(rows)
     head = next(line for line in md.splitlines() if line.startswith("| softmax | big |"))
     assert head.split(" | ")[-2] == "1 ms", head
+
+
+# ----------------------------------------------------------------------------- 3. a case without a hearth row
+def test_a_case_without_a_hearth_row_is_named_not_dropped():
+    """A case whose rows hold no hearth row at all (a peers-only run, --providers compile, of a case hearth never ran;
+    a --merge of such a folder) was counted in 'N of M cases' and in nothing else: not as hearth not ok, not run or
+    without a peer, not in the ATTENTION-GOAL line, not under 'hearth cases not measured' in summary.md, whose
+    tally then did not add up. It is now named as a case without a hearth row, and the goals say they cover the
+    measured cases only."""
+    rows = _case("softmax", "a", 1.0, {"compile": 1.2}) + [_row("softmax", "b", "compile", 1.0)]
+    (line,) = report.geomean_lines(rows)
+    assert "1 of 2 cases ranked, 1 without a hearth row" in line, line
+    assert "1 case(s) without a hearth row: goals cover the measured cases only" in line, line
+    (line,) = report.geomean_lines([_row("softmax", "b", "compile", 1.0)])
+    assert line.startswith("GEOMEAN softmax - worst -") and "1 without a hearth row" in line, line
+
+    att = _case("attention", "a", 1.0, {"sdpa_cudnn": 1.1}) + [_row("attention", "b", "sdpa_cudnn", 1.0)]
+    (line,) = report.attention_goal_lines(att)
+    assert "1 hearth case(s) not run (b full: no hearth row)" in line, line
+
+    md = report.summary_markdown(rows)
+    assert "- softmax b bfloat16 full: no hearth row" in md, md
+    assert "1 hearth cases not measured, 2 cases in all" in md

@@ -439,7 +439,9 @@ def summary_markdown(rows: list[dict]) -> str:
             losses.append(f"- {key[0]} {key[1]} {key[2]} {key[3]}: {v['text']} (hearth {_num(by['hearth']['ms'])} ms, "
                           f"{v['peer']} {_num(peer['ms'])} ms)")
         h = by.get("hearth")
-        if h is not None and h["status"] != "ok":
+        if h is None:  # only peers' rows of the case (a peers-only run or merge)
+            failures.append(f"- {key[0]} {key[1]} {key[2]} {key[3]}: no hearth row")
+        elif h["status"] != "ok":
             failures.append(f"- {key[0]} {key[1]} {key[2]} {key[3]}: hearth **{h['status']}**: {h.get('reason', '')}")
     lines += ["## Losses", ""] + (losses or ["none"]) + ["", "## hearth cases not measured", ""] + (failures or ["none"])
     wins = sum(verdict(cr)["verdict"] == "win" for cr in groups.values())
@@ -473,13 +475,14 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
     the fused peers' best wall ms per call / hearth's (host overhead, back to back); sol = hearth's % of the copy
     bandwidth at every case of >= LARGE_BYTES where hearth ran correctly, a fused peer or not.
     Cases with no fused peer (eager only), where hearth failed, or where hearth's row was skipped (not run: time
-    budget, a sticky CUDA error; "hearth_skipped") are counted, not ranked; ranked cases where
+    budget, a sticky CUDA error; "hearth_skipped") or that hold no hearth row at all (only peers were run or merged there;
+    "hearth_absent") are counted, not ranked; ranked cases where
     a fused peer's row was not ok (wrong, error, oom, skipped...: ranked against the others) are counted too."""
     out: dict[str, dict] = {}
     for key, cr in sorted(group_cases(recount_rows(rows)).items()):
         op = key[0]
         g = out.setdefault(op, {"ratios": [], "mem": [], "walls": [], "sol": [], "no_peer": 0, "hearth_failed": 0, "cases": 0,
-                                  "hearth_skipped": 0, "peer_not_ok": 0, "unranked": [], "no_peer_why": [], "bw_mixed": [], "sol_formulas": set()})
+                                  "hearth_skipped": 0, "hearth_absent": 0, "peer_not_ok": 0, "unranked": [], "no_peer_why": [], "bw_mixed": [], "sol_formulas": set()})
         g["cases"] += 1
         if bandwidth_mixed(cr):
             g["bw_mixed"].append(key)
@@ -488,9 +491,11 @@ def op_geomeans(rows: list[dict]) -> dict[str, dict]:
         if h is None or h["status"] != "ok":
             # a hearth row the run did not measure (time budget, a sticky CUDA error, too large) is no failure of
             # hearth's, but the case is named as not run, never left out of the line without a word
-            if h is not None and h["status"] == "skipped":
+            if h is None:  # only peers' rows (a peers-only run or merge): named, as a case hearth did not run
+                g["hearth_absent"] += 1
+            elif h["status"] == "skipped":
                 g["hearth_skipped"] += 1
-            elif h is not None:
+            else:
                 g["hearth_failed"] += 1
             continue
         # the copy-bandwidth goal is hearth's own row at every large case, whether or not a fused peer ran there
@@ -541,6 +546,8 @@ def goals_text(g: dict) -> str:
         parts.append(f"{g['hearth_failed']} hearth case(s) not ok: MISSED")
     if g.get("hearth_skipped"):
         parts.append(f"{g['hearth_skipped']} hearth case(s) not run: goals cover the measured cases only")
+    if g.get("hearth_absent"):
+        parts.append(f"{g['hearth_absent']} case(s) without a hearth row: goals cover the measured cases only")
     return "goals: " + ", ".join(parts)
 
 
@@ -552,7 +559,8 @@ def geomean_lines(rows: list[dict]) -> list[str]:
             line = f"GEOMEAN {op} - worst - (no case with hearth and a fused peer both correct"
             line += f"; {g['cases']} cases, {g['hearth_failed']} hearth not ok, {g['no_peer']} without a fused peer"
             line += f": {', '.join(g['no_peer_why'])}" if g["no_peer_why"] else ""
-            line += (f", {g['hearth_skipped']} hearth not run (skipped))" if g["hearth_skipped"] else ")")
+            line += f", {g['hearth_skipped']} hearth not run (skipped)" if g["hearth_skipped"] else ""
+            line += (f", {g['hearth_absent']} without a hearth row)" if g["hearth_absent"] else ")")
             lines.append(line)
             continue
         wr, wkey, wpeer = g["worst"]
@@ -563,6 +571,8 @@ def geomean_lines(rows: list[dict]) -> list[str]:
             line += f", {g['hearth_failed']} hearth not ok"
         if g["hearth_skipped"]:
             line += f", {g['hearth_skipped']} hearth not run (skipped)"
+        if g["hearth_absent"]:
+            line += f", {g['hearth_absent']} without a hearth row"
         if g["no_peer"]:
             line += f", {g['no_peer']} without a fused peer" + (f" ({', '.join(g['no_peer_why'])})" if g["no_peer_why"] else "")
         if g["peer_not_ok"]:
@@ -615,9 +625,11 @@ def attention_goal_lines(rows: list[dict]) -> list[str]:
         if h is None:
             # a case where hearth's row is not ok is named, never dropped without a word: the goal is every case
             mine = next((r for r in cr if r["provider"] == "hearth"), None)
-            if mine is not None and mine.get("status") == "skipped":
+            if mine is None:  # only peers' rows: a case hearth did not run
+                m["skipped"].append(f"{_case_name(key)}: no hearth row")
+            elif mine.get("status") == "skipped":
                 m["skipped"].append(_case_name(key))
-            elif mine is not None:
+            else:
                 m["failed"].append(f"{_case_name(key)} {mine.get('status')}")
             continue
         by = {r["provider"]: r for r in cr if r["provider"] != "hearth" and r.get("ms") and _rankable(r, h)}
