@@ -86,6 +86,30 @@ ROW = "{\n.reg .u32 la;\nmov.u32 la, global_smem;\nadd.u32 la, la, $1;\nld.share
 
 
 @gluon.jit
+def _exchange_row(m_i, s_i, slot_off, tk, dep, EXCHANGE_ASM: ttgl.constexpr, ROW_ASM: ttgl.constexpr):
+    """The exchange on the slot set at byte offset slot_off (a scalar), carrying this CTA's ticket tk (a scalar:
+    rank 0's counts) and a [CTAS] value `dep` whose load must precede the barrier; returns the row's (m, s) and rank
+    0's ticket, read from the set after the barrier."""
+    izero_v = ttgl.zeros_like(m_i).to(ttgl.int32)
+    m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
+                                       [m_i, s_i, izero_v + slot_off, izero_v + tk, dep],
+                                       dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
+    row = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [slot_off], dtype=ttgl.int32, is_pure=False, pack=1)
+    return m, s, row
+
+
+@gluon.jit
+def _first_row(Counter, zero_v, TICKET2_ASM: ttgl.constexpr, WAIT_ASM: ttgl.constexpr, EXCHANGE_ASM: ttgl.constexpr,
+               ROW_ASM: ttgl.constexpr, SLOTS: ttgl.constexpr):
+    """The cluster's first row (the second is the next one): one ticket of two, taken by rank 0 once every CTA of
+    the cluster has started (the wait pairing with START), handed round by an exchange on slot set 1."""
+    tk = ttgl.inline_asm_elementwise(TICKET2_ASM, "=r,l", [Counter], dtype=ttgl.int32, is_pure=False, pack=1)
+    ttgl.inline_asm_elementwise(WAIT_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
+    _, _, cur = _exchange_row(zero_v, zero_v, tk * 0 + SLOTS, tk, zero_v, EXCHANGE_ASM, ROW_ASM)
+    return cur
+
+
+@gluon.jit
 def _issue_row(buf, base, xrow, offs, c0, left, ok, CHUNK: ttgl.constexpr, CHUNKS: ttgl.constexpr):
     """cp.async of this CTA's part of a row into buffer chunks base.., one commit group a chunk (masked off
     entirely when not ok: the group is still committed, so the wait counts stay fixed)."""
@@ -114,14 +138,7 @@ def _rows_persist_kernel(
     left = n_cols - part * P  # [CTAS]: the row's columns from this CTA's first one
     offs = part[:, None] * P + c0
     zero_v = ttgl.zeros([CTAS], ttgl.float32, vec_layout)
-    izero_v = ttgl.zeros([CTAS], ttgl.int32, vec_layout)
-    # the cluster's first two rows: one ticket of two, handed round by an exchange on slot set 1
-    tk = ttgl.inline_asm_elementwise(TICKET2_ASM, "=r,l", [Counter], dtype=ttgl.int32, is_pure=False, pack=1)
-    ttgl.inline_asm_elementwise(WAIT_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
-    ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
-                                [zero_v, zero_v, izero_v + SLOTS, izero_v + tk, zero_v],
-                                dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
-    cur = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [tk * 0 + SLOTS], dtype=ttgl.int32, is_pure=False, pack=1)
+    cur = _first_row(Counter, zero_v, TICKET2_ASM, WAIT_ASM, EXCHANGE_ASM, ROW_ASM, SLOTS)
     nxt = cur + 1
     _issue_row(buf, 1, X + cur.to(ttgl.int64) * stride_x, offs, c0, left, cur < n_rows, CHUNK, CHUNKS)
     it = cur * 0
@@ -152,10 +169,7 @@ def _rows_persist_kernel(
             e = ttgl.exp2((x - m_part[:, None]) * LOG2E)
             se += ttgl.where(c0 < (left - c * CHUNK)[:, None], e, 0.0)
         s_part = ttgl.sum(se, 1)
-        m, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
-                                           [m_part, s_part, izero_v + par * SLOTS, izero_v + tk, zero_v + x_t],
-                                           dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
-        nn = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [par * SLOTS], dtype=ttgl.int32, is_pure=False, pack=1)
+        m, s, nn = _exchange_row(m_part, s_part, par * SLOTS, tk, zero_v + x_t, EXCHANGE_ASM, ROW_ASM)
         if CE:
             lse = m + ttgl.log(s)
             ttgl.store(Loss + cur + part * 0, ttgl.where(valid, lse - x_t, 0.0), mask=part == 0)
@@ -200,13 +214,7 @@ def _softmax_bwd_persist_kernel(
     left = n_cols - part * P
     offs = part[:, None] * P + c0
     zero_v = ttgl.zeros([CTAS], ttgl.float32, vec_layout)
-    izero_v = ttgl.zeros([CTAS], ttgl.int32, vec_layout)
-    tk = ttgl.inline_asm_elementwise(TICKET2_ASM, "=r,l", [Counter], dtype=ttgl.int32, is_pure=False, pack=1)
-    ttgl.inline_asm_elementwise(WAIT_ASM, "=r", [], dtype=ttgl.int32, is_pure=False, pack=1)
-    ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
-                                [zero_v, zero_v, izero_v + SLOTS, izero_v + tk, zero_v],
-                                dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
-    cur = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [tk * 0 + SLOTS], dtype=ttgl.int32, is_pure=False, pack=1)
+    cur = _first_row(Counter, zero_v, TICKET2_ASM, WAIT_ASM, EXCHANGE_ASM, ROW_ASM, SLOTS)
     nxt = cur + 1
     _issue_row2(buf, 1, Yp + cur.to(ttgl.int64) * stride_y, DY + cur.to(ttgl.int64) * stride_dy, offs, c0, left,
                 cur < n_rows, CHUNK, CHUNKS)
@@ -224,10 +232,7 @@ def _softmax_bwd_persist_kernel(
             y = buf.index(base_c + c).load(layout).to(ttgl.float32)
             d = buf.index(base_c + CHUNKS + c).load(layout).to(ttgl.float32)
             acc += ttgl.where(c0 < (left - c * CHUNK)[:, None], y * d, 0.0)
-        _, s = ttgl.inline_asm_elementwise(EXCHANGE_ASM, "=f,=f,f,f,r,r,f",
-                                           [zero_v, ttgl.sum(acc, 1), izero_v + par * SLOTS, izero_v + tk, zero_v],
-                                           dtype=(ttgl.float32, ttgl.float32), is_pure=False, pack=1)
-        nn = ttgl.inline_asm_elementwise(ROW_ASM, "=r,r", [par * SLOTS], dtype=ttgl.int32, is_pure=False, pack=1)
+        _, s, nn = _exchange_row(zero_v, ttgl.sum(acc, 1), par * SLOTS, tk, zero_v, EXCHANGE_ASM, ROW_ASM)
         out = DX + cur.to(ttgl.int64) * stride_dx
         for c in ttgl.static_range(CHUNKS):
             y = buf.index(base_c + c).load(layout).to(ttgl.float32)
