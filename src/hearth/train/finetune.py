@@ -1025,8 +1025,9 @@ EARLIER_RUN_FILES = (*ADAPTER.files, "run.toml", "metrics.jsonl", "metrics.json"
 def set_aside_earlier_run(out: Path) -> tuple[Path | None, list[str]]:
     """A fresh run (no resume) into an OUT that holds an earlier run's files: they are moved, never deleted, into
     OUT/superseded-<time>/ before the run writes anything into OUT. Else a run failed or killed part-way left OUT with
-    its own run.toml / metrics.jsonl beside the EARLIER run's adapter, taken for its result. An adapter publish a crash
-    interrupted is completed first (finish_adapter_publish), so the set moved is whole; peft's README.md goes with
+    its own run.toml / metrics.jsonl beside the EARLIER run's adapter, taken for its result. The caller completes an
+    adapter publish a crash interrupted first (finish_adapter_publish, as _train does at every start), so the set
+    moved is whole; peft's README.md goes with
     the adapter only when adapter_config.json is beside it (one without is the user's: check() refuses that OUT).
     One rename per file; not under OUT/checkpoints, so --resume OUT never looks there (run_checkpoints). Rank 0
     only. Returns (that folder or None when OUT held none of the files: nothing is created, the names moved)."""
@@ -1035,7 +1036,6 @@ def set_aside_earlier_run(out: Path) -> tuple[Path | None, list[str]]:
     out = Path(out)
     if not out.is_dir():
         return None, []
-    finish_adapter_publish(out)  # a publish killed after its commit: the new adapter whole in OUT, then moved
     names = [name for name in EARLIER_RUN_FILES if (out / name).is_file() or (out / name).is_symlink()]
     if "README.md" in names and ADAPTER_CONFIG not in names:
         names.remove("README.md")
